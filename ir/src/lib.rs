@@ -1,0 +1,31 @@
+//! dlrm-ir: the intermediate representation of dlrmc.
+//!
+//! A [`Graph`] is a typed SSA tensor graph: inputs (data fed each step), parameters
+//! (persistent state), nodes in execution order, outputs, and the state updates an
+//! optimizer step makes. Every op is defined in [`op`]; [`infer`] derives result
+//! types; [`verify`] checks a whole graph; [`text`] prints and parses the one text
+//! form (grammar in `docs/ir.md`); [`interp`] is the reference interpreter whose
+//! behaviour defines every op, collectives included (over a [`Communicator`]).
+
+#![warn(missing_docs)]
+
+mod comm;
+pub mod dot;
+mod error;
+mod graph;
+mod infer;
+pub mod interp;
+mod op;
+pub mod text;
+mod tensor;
+mod types;
+mod verify;
+
+pub use comm::{batch_slice, Communicator, SingleRank};
+pub use error::{IrError, Result};
+pub use graph::{Def, Graph, Node, Update, Value, ValueId};
+pub use infer::{infer, interaction_width};
+pub use op::{A2aDir, Act, Attr, InteractionKind, Op, Pool, MNEMONICS};
+pub use tensor::{Data, Tensor};
+pub use types::{DType, Dim, Shape, TensorType};
+pub use verify::verify;

@@ -1,0 +1,533 @@
+//! The operations of the IR and what each one means.
+//!
+//! Every op documents its operands, results and semantics here; the reference
+//! interpreter (`interp`) implements exactly this text, and every optimised path is
+//! checked against the interpreter. `S` below stands for any leading (sample)
+//! dimension: `B` on a single device, `B` or `G` in a partitioned program.
+//!
+//! Attributes are exposed generically ([`Op::attrs`], [`Op::from_parts`]) so that
+//! the text printer and parser need no per-op code.
+
+use crate::types::{Dim, Shape};
+use std::fmt;
+
+/// Pooling of an embedding bag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pool {
+    /// Sum of the bag's rows.
+    Sum,
+    /// Mean of the bag's rows; an empty bag gives zeros.
+    Mean,
+}
+
+/// Activation fused into a linear layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Act {
+    /// Identity.
+    None,
+    /// max(x, 0).
+    Relu,
+    /// 1 / (1 + exp(-x)).
+    Sigmoid,
+}
+
+/// Feature interaction kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InteractionKind {
+    /// Pairwise dot products (lower triangle), concatenated after the dense vector.
+    Dot,
+    /// Plain concatenation of the dense vector and all embeddings.
+    Cat,
+}
+
+/// Direction of an [`Op::AllToAll`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum A2aDir {
+    /// Owner's `[G, ..]` tensors are split by sample and scattered to every rank.
+    Scatter,
+    /// The adjoint: every rank's `[B, ..]` slices are gathered back by their owner.
+    Gather,
+}
+
+/// An IR operation with its attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    // ---------------------------------------------------------------- forward
+    /// `embedding_bag(table[R,D], indices[S,L]) -> [S,D]` (fixed pooling) or
+    /// `embedding_bag(table[R,D], indices[N], offsets[S]) -> [S,D]` (variable bags:
+    /// bag `s` is `indices[offsets[s] .. offsets[s+1]]`, the last bag ends at `N`;
+    /// offsets must be non-decreasing, start at 0 and be <= N). Output row `s` is the
+    /// sum (or mean) of `table[i]` over the bag's indices. The result has the table's
+    /// dtype. Any index outside `0..R` is an error naming the table and the sample.
+    EmbeddingBag {
+        /// Sum or mean.
+        mode: Pool,
+    },
+    /// `linear(x[S,K], w[N,K], b[N]) -> [S,N]`: `act(x · wᵀ + b)` (PyTorch's layout).
+    Linear {
+        /// Fused activation.
+        act: Act,
+    },
+    /// `relu(x) -> x'`: elementwise `max(x, 0)`.
+    Relu,
+    /// `add(a, b) -> a + b`: elementwise, same shapes (sums gradients of a value used
+    /// more than once).
+    Add,
+    /// `sigmoid(x) -> x'`: elementwise `1 / (1 + exp(-x))`.
+    Sigmoid,
+    /// `interaction(x[S,D], e_0[S,D], .., e_{n-1}[S,D]) -> r`.
+    /// `dot`: with `T = [x, e_0, .., e_{n-1}]` (F = n+1 vectors per sample),
+    /// `Z[i][j] = T_i · T_j`; keep `i > j` (and `i == j` if `self_interaction`) in
+    /// row-major order (i outer, j inner); `r = concat(x, Zflat)`, width
+    /// `D + F(F-1)/2` (`D + F(F+1)/2` with self interaction).
+    /// `cat`: `r = concat(x, e_0, .., e_{n-1})` along axis 1 (widths may differ).
+    Interaction {
+        /// Dot or cat.
+        kind: InteractionKind,
+        /// Keep the diagonal `i == j` (dot only).
+        self_interaction: bool,
+    },
+    /// `concat(x_0, .., x_k) -> y` along `axis`; other dimensions must agree.
+    Concat {
+        /// The axis joined.
+        axis: usize,
+    },
+    /// `split(x) -> (y_0, .., y_k)` along `axis` into pieces of `sizes` (the adjoint of
+    /// concat).
+    Split {
+        /// The axis split.
+        axis: usize,
+        /// Size of each piece along `axis`; they sum to the axis length.
+        sizes: Vec<usize>,
+    },
+    /// `reshape(x) -> y` with `shape`, same elements in row-major order.
+    Reshape {
+        /// The result shape (may use symbols that appear in the operand's shape).
+        shape: Shape,
+    },
+    /// `bce(p, y) -> f32[]`: `-Σ (y·log p + (1-y)·log(1-p)) / denom`, each log clamped
+    /// below at -100 (as PyTorch's `BCELoss`). `p` and `y` have the same shape.
+    Bce {
+        /// The normaliser: `B` for the batch mean; `G` in a partitioned program so
+        /// that the ranks' losses sum to the global mean.
+        denom: Dim,
+    },
+    /// `mse(p, y) -> f32[]`: `Σ (p - y)² / denom`.
+    Mse {
+        /// The normaliser (see [`Op::Bce`]).
+        denom: Dim,
+    },
+
+    // --------------------------------------------------------------- backward
+    /// `relu_grad(dy, y) -> dx`: `dy` where `y > 0`, else 0 (`y` is relu's output).
+    ReluGrad,
+    /// `sigmoid_grad(dy, y) -> dx`: `dy · y · (1 - y)` (`y` is sigmoid's output).
+    SigmoidGrad,
+    /// `linear_dx(dz[S,N], w[N,K]) -> [S,K]`: `dz · w` (gradient of the input; `dz`
+    /// is the gradient after the activation's backward).
+    LinearDx,
+    /// `linear_dw(dz[S,N], x[S,K]) -> [N,K]`: `dzᵀ · x`, in f32.
+    LinearDw,
+    /// `linear_db(dz[S,N]) -> [N]`: `Σ_s dz[s]`, in f32.
+    LinearDb,
+    /// `interaction_grad(dr, x, e_0, .., e_{n-1}) -> (dx, de_0, .., de_{n-1})`: the
+    /// gradient of [`Op::Interaction`] with the same attributes.
+    InteractionGrad {
+        /// Dot or cat.
+        kind: InteractionKind,
+        /// As in the forward op.
+        self_interaction: bool,
+    },
+    /// `embedding_bag_grad(dy[S,D], indices[S,L]) -> f32[S,L,D]` or
+    /// `embedding_bag_grad(dy[S,D], indices[N], offsets[S]) -> f32[N,D]`: one gradient
+    /// row per index (the sparse gradient of the table): row `i` is `dy[bag(i)]`
+    /// (divided by the bag's size for `mean`).
+    EmbeddingBagGrad {
+        /// As in the forward op.
+        mode: Pool,
+    },
+    /// `bce_grad(p, y) -> dp`: `(p - y) / max(p·(1-p), 1e-12) / denom`.
+    BceGrad {
+        /// As in the forward op.
+        denom: Dim,
+    },
+    /// `mse_grad(p, y) -> dp`: `2 (p - y) / denom`.
+    MseGrad {
+        /// As in the forward op.
+        denom: Dim,
+    },
+
+    // -------------------------------------------------------------- optimizer
+    /// `sgd(w, g) -> w'`: `w - lr · g` computed in f32 and stored in `w`'s dtype.
+    Sgd {
+        /// Learning rate.
+        lr: f32,
+    },
+    /// `sparse_sgd(table[R,D], indices[..], rowgrad[.., D]) -> table'`: for every
+    /// index `i` in row-major order, `table[indices[i]] -= lr · rowgrad[i]` (duplicates
+    /// accumulate; rows not indexed are unchanged).
+    SparseSgd {
+        /// Learning rate.
+        lr: f32,
+    },
+
+    // ------------------------------------------------------------ collectives
+    /// `all_reduce(x_0, .., x_k) -> (y_0, .., y_k)`: elementwise sum over all ranks;
+    /// every rank receives the sums. f32 only.
+    AllReduce,
+    /// Hybrid-parallel exchange of embedding vectors over `counts.len()` ranks, where
+    /// rank `r` owns `counts[r]` tensors and this program is rank `rank`. The sample
+    /// axis (0) of a `[G, ..]` tensor is split in rank order, rank `r` taking
+    /// [`crate::batch_slice`]`(G, ranks, r)`.
+    /// - `scatter`: operands are this rank's `counts[rank]` tensors `[G, ..]`; results
+    ///   are `Σ counts` tensors `[B, ..]`: for each rank `r` in order, its `counts[r]`
+    ///   tensors restricted to this rank's samples.
+    /// - `gather`: the adjoint: operands are `Σ counts` tensors `[B, ..]` grouped by
+    ///   owner; results are this rank's `counts[rank]` tensors `[G, ..]` assembled from
+    ///   every rank's slice.
+    AllToAll {
+        /// Scatter (forward) or gather (backward).
+        dir: A2aDir,
+        /// How many tensors each rank owns.
+        counts: Vec<usize>,
+        /// The rank this program runs on.
+        rank: usize,
+    },
+}
+
+/// A generic attribute value, for printing and parsing.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attr {
+    /// An integer.
+    Int(i64),
+    /// A float (printed so that it parses back bit-exactly).
+    Float(f32),
+    /// A boolean.
+    Bool(bool),
+    /// A bare identifier (enum values such as `relu`, `sum`, `scatter`).
+    Ident(String),
+    /// A dimension (fixed or symbolic), e.g. `denom=B`.
+    Dim(Dim),
+    /// A list of dimensions, e.g. `[B,9,64]` or `[1,2,3]`.
+    List(Vec<Dim>),
+}
+
+impl fmt::Display for Attr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Attr::Int(v) => write!(f, "{v}"),
+            Attr::Float(v) => write!(f, "{v:?}"),
+            Attr::Bool(v) => write!(f, "{v}"),
+            Attr::Ident(s) => f.write_str(s),
+            Attr::Dim(d) => write!(f, "{d}"),
+            Attr::List(ds) => {
+                f.write_str("[")?;
+                for (i, d) in ds.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{d}")?;
+                }
+                f.write_str("]")
+            }
+        }
+    }
+}
+
+impl Pool {
+    fn name(self) -> &'static str {
+        match self {
+            Pool::Sum => "sum",
+            Pool::Mean => "mean",
+        }
+    }
+}
+
+impl Act {
+    /// The attribute spelling (`none`, `relu`, `sigmoid`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Act::None => "none",
+            Act::Relu => "relu",
+            Act::Sigmoid => "sigmoid",
+        }
+    }
+}
+
+impl InteractionKind {
+    fn name(self) -> &'static str {
+        match self {
+            InteractionKind::Dot => "dot",
+            InteractionKind::Cat => "cat",
+        }
+    }
+}
+
+impl A2aDir {
+    fn name(self) -> &'static str {
+        match self {
+            A2aDir::Scatter => "scatter",
+            A2aDir::Gather => "gather",
+        }
+    }
+}
+
+/// Every op mnemonic, for diagnostics ("expected one of ...").
+pub const MNEMONICS: &[&str] = &[
+    "embedding_bag",
+    "linear",
+    "relu",
+    "add",
+    "sigmoid",
+    "interaction",
+    "concat",
+    "split",
+    "reshape",
+    "bce",
+    "mse",
+    "relu_grad",
+    "sigmoid_grad",
+    "linear_dx",
+    "linear_dw",
+    "linear_db",
+    "interaction_grad",
+    "embedding_bag_grad",
+    "bce_grad",
+    "mse_grad",
+    "sgd",
+    "sparse_sgd",
+    "all_reduce",
+    "all_to_all",
+];
+
+impl Op {
+    /// The op's name in the text form (snake case).
+    pub fn mnemonic(&self) -> &'static str {
+        match self {
+            Op::EmbeddingBag { .. } => "embedding_bag",
+            Op::Linear { .. } => "linear",
+            Op::Relu => "relu",
+            Op::Add => "add",
+            Op::Sigmoid => "sigmoid",
+            Op::Interaction { .. } => "interaction",
+            Op::Concat { .. } => "concat",
+            Op::Split { .. } => "split",
+            Op::Reshape { .. } => "reshape",
+            Op::Bce { .. } => "bce",
+            Op::Mse { .. } => "mse",
+            Op::ReluGrad => "relu_grad",
+            Op::SigmoidGrad => "sigmoid_grad",
+            Op::LinearDx => "linear_dx",
+            Op::LinearDw => "linear_dw",
+            Op::LinearDb => "linear_db",
+            Op::InteractionGrad { .. } => "interaction_grad",
+            Op::EmbeddingBagGrad { .. } => "embedding_bag_grad",
+            Op::BceGrad { .. } => "bce_grad",
+            Op::MseGrad { .. } => "mse_grad",
+            Op::Sgd { .. } => "sgd",
+            Op::SparseSgd { .. } => "sparse_sgd",
+            Op::AllReduce => "all_reduce",
+            Op::AllToAll { .. } => "all_to_all",
+        }
+    }
+
+    /// True for ops that exchange data between ranks.
+    pub fn is_collective(&self) -> bool {
+        matches!(self, Op::AllReduce | Op::AllToAll { .. })
+    }
+
+    /// True for optimizer updates (their result replaces a parameter).
+    pub fn is_update(&self) -> bool {
+        matches!(self, Op::Sgd { .. } | Op::SparseSgd { .. })
+    }
+
+    /// The attributes in their canonical (printed) order.
+    pub fn attrs(&self) -> Vec<(&'static str, Attr)> {
+        let id = |s: &str| Attr::Ident(s.to_string());
+        match self {
+            Op::EmbeddingBag { mode } | Op::EmbeddingBagGrad { mode } => {
+                vec![("mode", id(mode.name()))]
+            }
+            Op::Linear { act } => vec![("act", id(act.name()))],
+            Op::Interaction { kind, self_interaction }
+            | Op::InteractionGrad { kind, self_interaction } => vec![
+                ("kind", id(kind.name())),
+                ("self", Attr::Bool(*self_interaction)),
+            ],
+            Op::Concat { axis } => vec![("axis", Attr::Int(*axis as i64))],
+            Op::Split { axis, sizes } => vec![
+                ("axis", Attr::Int(*axis as i64)),
+                ("sizes", Attr::List(sizes.iter().map(|&s| Dim::Fixed(s)).collect())),
+            ],
+            Op::Reshape { shape } => vec![("shape", Attr::List(shape.clone()))],
+            Op::Bce { denom } | Op::Mse { denom } | Op::BceGrad { denom } | Op::MseGrad { denom } => {
+                vec![("denom", Attr::Dim(denom.clone()))]
+            }
+            Op::Sgd { lr } | Op::SparseSgd { lr } => vec![("lr", Attr::Float(*lr))],
+            Op::AllToAll { dir, counts, rank } => vec![
+                ("dir", id(dir.name())),
+                ("counts", Attr::List(counts.iter().map(|&c| Dim::Fixed(c)).collect())),
+                ("rank", Attr::Int(*rank as i64)),
+            ],
+            Op::Relu
+            | Op::Add
+            | Op::Sigmoid
+            | Op::ReluGrad
+            | Op::SigmoidGrad
+            | Op::LinearDx
+            | Op::LinearDw
+            | Op::LinearDb
+            | Op::AllReduce => vec![],
+        }
+    }
+
+    /// Builds an op from its mnemonic and attributes (the parser's entry point).
+    /// Unknown mnemonics, missing, unknown or ill-typed attributes are errors.
+    pub fn from_parts(mnemonic: &str, attrs: &[(String, Attr)]) -> Result<Op, String> {
+        let mut a = AttrReader { attrs, used: vec![false; attrs.len()] };
+        let op = match mnemonic {
+            "embedding_bag" => Op::EmbeddingBag { mode: a.pool("mode")? },
+            "embedding_bag_grad" => Op::EmbeddingBagGrad { mode: a.pool("mode")? },
+            "linear" => Op::Linear { act: a.act("act")? },
+            "relu" => Op::Relu,
+            "add" => Op::Add,
+            "sigmoid" => Op::Sigmoid,
+            "interaction" => Op::Interaction {
+                kind: a.kind("kind")?,
+                self_interaction: a.bool("self")?,
+            },
+            "interaction_grad" => Op::InteractionGrad {
+                kind: a.kind("kind")?,
+                self_interaction: a.bool("self")?,
+            },
+            "concat" => Op::Concat { axis: a.usize("axis")? },
+            "split" => Op::Split { axis: a.usize("axis")?, sizes: a.usizes("sizes")? },
+            "reshape" => Op::Reshape { shape: a.list("shape")? },
+            "bce" => Op::Bce { denom: a.dim("denom")? },
+            "mse" => Op::Mse { denom: a.dim("denom")? },
+            "bce_grad" => Op::BceGrad { denom: a.dim("denom")? },
+            "mse_grad" => Op::MseGrad { denom: a.dim("denom")? },
+            "relu_grad" => Op::ReluGrad,
+            "sigmoid_grad" => Op::SigmoidGrad,
+            "linear_dx" => Op::LinearDx,
+            "linear_dw" => Op::LinearDw,
+            "linear_db" => Op::LinearDb,
+            "sgd" => Op::Sgd { lr: a.float("lr")? },
+            "sparse_sgd" => Op::SparseSgd { lr: a.float("lr")? },
+            "all_reduce" => Op::AllReduce,
+            "all_to_all" => Op::AllToAll {
+                dir: match a.ident("dir")?.as_str() {
+                    "scatter" => A2aDir::Scatter,
+                    "gather" => A2aDir::Gather,
+                    other => return Err(format!("dir must be scatter or gather, got `{other}`")),
+                },
+                counts: a.usizes("counts")?,
+                rank: a.usize("rank")?,
+            },
+            other => {
+                return Err(format!("unknown op `{other}` (expected one of: {})", MNEMONICS.join(", ")));
+            }
+        };
+        if let Some(i) = a.used.iter().position(|u| !u) {
+            return Err(format!("op `{mnemonic}` has no attribute `{}`", attrs[i].0));
+        }
+        Ok(op)
+    }
+}
+
+struct AttrReader<'a> {
+    attrs: &'a [(String, Attr)],
+    used: Vec<bool>,
+}
+
+impl AttrReader<'_> {
+    fn get(&mut self, key: &str) -> Result<&Attr, String> {
+        let i = self
+            .attrs
+            .iter()
+            .position(|(k, _)| k == key)
+            .ok_or_else(|| format!("missing attribute `{key}`"))?;
+        self.used[i] = true;
+        Ok(&self.attrs[i].1)
+    }
+
+    fn ident(&mut self, key: &str) -> Result<String, String> {
+        match self.get(key)? {
+            Attr::Ident(s) => Ok(s.clone()),
+            // A single-letter identifier may have been read as a symbolic dimension.
+            Attr::Dim(Dim::Sym(s)) => Ok(s.clone()),
+            other => Err(format!("attribute `{key}` must be a name, got `{other}`")),
+        }
+    }
+
+    fn pool(&mut self, key: &str) -> Result<Pool, String> {
+        match self.ident(key)?.as_str() {
+            "sum" => Ok(Pool::Sum),
+            "mean" => Ok(Pool::Mean),
+            o => Err(format!("`{key}` must be sum or mean, got `{o}`")),
+        }
+    }
+
+    fn act(&mut self, key: &str) -> Result<Act, String> {
+        match self.ident(key)?.as_str() {
+            "none" => Ok(Act::None),
+            "relu" => Ok(Act::Relu),
+            "sigmoid" => Ok(Act::Sigmoid),
+            o => Err(format!("`{key}` must be none, relu or sigmoid, got `{o}`")),
+        }
+    }
+
+    fn kind(&mut self, key: &str) -> Result<InteractionKind, String> {
+        match self.ident(key)?.as_str() {
+            "dot" => Ok(InteractionKind::Dot),
+            "cat" => Ok(InteractionKind::Cat),
+            o => Err(format!("`{key}` must be dot or cat, got `{o}`")),
+        }
+    }
+
+    fn bool(&mut self, key: &str) -> Result<bool, String> {
+        match self.get(key)? {
+            Attr::Bool(b) => Ok(*b),
+            other => Err(format!("attribute `{key}` must be true or false, got `{other}`")),
+        }
+    }
+
+    fn usize(&mut self, key: &str) -> Result<usize, String> {
+        match self.get(key)? {
+            Attr::Int(v) if *v >= 0 => Ok(*v as usize),
+            Attr::Dim(Dim::Fixed(v)) => Ok(*v),
+            other => Err(format!("attribute `{key}` must be a non-negative integer, got `{other}`")),
+        }
+    }
+
+    fn float(&mut self, key: &str) -> Result<f32, String> {
+        match self.get(key)? {
+            Attr::Float(v) => Ok(*v),
+            Attr::Int(v) => Ok(*v as f32),
+            other => Err(format!("attribute `{key}` must be a number, got `{other}`")),
+        }
+    }
+
+    fn dim(&mut self, key: &str) -> Result<Dim, String> {
+        match self.get(key)? {
+            Attr::Dim(d) => Ok(d.clone()),
+            Attr::Int(v) if *v >= 0 => Ok(Dim::Fixed(*v as usize)),
+            Attr::Ident(s) => Ok(Dim::Sym(s.clone())),
+            other => Err(format!("attribute `{key}` must be a dimension, got `{other}`")),
+        }
+    }
+
+    fn list(&mut self, key: &str) -> Result<Vec<Dim>, String> {
+        match self.get(key)? {
+            Attr::List(ds) => Ok(ds.clone()),
+            other => Err(format!("attribute `{key}` must be a list, got `{other}`")),
+        }
+    }
+
+    fn usizes(&mut self, key: &str) -> Result<Vec<usize>, String> {
+        self.list(key)?
+            .iter()
+            .map(|d| d.fixed().ok_or_else(|| format!("attribute `{key}` must list integers, got `{d}`")))
+            .collect()
+    }
+}

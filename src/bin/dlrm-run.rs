@@ -1,0 +1,2 @@
+//! dlrmc (being written)
+fn main() {}
