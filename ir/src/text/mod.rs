@@ -13,3 +13,9 @@ pub fn parse(src: &str) -> Result<Graph> {
     let _ = src;
     unimplemented!("text parser being written")
 }
+
+/// Parses a file holding several graphs (e.g. one per rank), in order.
+pub fn parse_module(src: &str) -> Result<Vec<Graph>> {
+    let _ = src;
+    unimplemented!("text parser being written")
+}
