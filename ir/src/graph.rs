@@ -85,7 +85,10 @@ pub struct Graph {
 impl Graph {
     /// An empty graph.
     pub fn new(name: impl Into<String>) -> Self {
-        Graph { name: name.into(), ..Default::default() }
+        Graph {
+            name: name.into(),
+            ..Default::default()
+        }
     }
 
     // ------------------------------------------------------------ accessors
@@ -171,7 +174,11 @@ impl Graph {
             });
         }
         let id = ValueId(self.values.len() as u32);
-        self.values.push(Value { name: name.to_string(), ty, def });
+        self.values.push(Value {
+            name: name.to_string(),
+            ty,
+            def,
+        });
         self.by_name.insert(name.to_string(), id);
         Ok(id)
     }
@@ -227,7 +234,11 @@ impl Graph {
         if names.len() != out_tys.len() {
             return Err(node_err(
                 self,
-                format!("{} result names given for {} results", names.len(), out_tys.len()),
+                format!(
+                    "{} result names given for {} results",
+                    names.len(),
+                    out_tys.len()
+                ),
             ));
         }
         let mut outputs = Vec::with_capacity(out_tys.len());
@@ -235,7 +246,11 @@ impl Graph {
             let name = self.fresh_name(hint);
             outputs.push(self.push_value(&name, ty, Def::Node(n, k))?);
         }
-        self.nodes.push(Node { op, inputs: inputs.to_vec(), outputs: outputs.clone() });
+        self.nodes.push(Node {
+            op,
+            inputs: inputs.to_vec(),
+            outputs: outputs.clone(),
+        });
         Ok(outputs)
     }
 
@@ -252,7 +267,11 @@ impl Graph {
         for (k, (name, ty)) in results.into_iter().enumerate() {
             outputs.push(self.push_value(&name, ty, Def::Node(n, k))?);
         }
-        self.nodes.push(Node { op, inputs, outputs: outputs.clone() });
+        self.nodes.push(Node {
+            op,
+            inputs,
+            outputs: outputs.clone(),
+        });
         Ok(outputs)
     }
 
@@ -290,7 +309,9 @@ impl PartialEq for Graph {
     /// Value ids are not compared, so graphs built in different orders can be equal.
     fn eq(&self, other: &Self) -> bool {
         let vals = |g: &Graph, ids: &[ValueId]| -> Vec<(String, TensorType)> {
-            ids.iter().map(|&v| (g.name_of(v).to_string(), g.ty(v).clone())).collect()
+            ids.iter()
+                .map(|&v| (g.name_of(v).to_string(), g.ty(v).clone()))
+                .collect()
         };
         let names = |g: &Graph, ids: &[ValueId]| -> Vec<String> {
             ids.iter().map(|&v| g.name_of(v).to_string()).collect()
@@ -298,7 +319,12 @@ impl PartialEq for Graph {
         let upd = |g: &Graph| -> Vec<(String, String)> {
             g.updates
                 .iter()
-                .map(|u| (g.name_of(u.param).to_string(), g.name_of(u.value).to_string()))
+                .map(|u| {
+                    (
+                        g.name_of(u.param).to_string(),
+                        g.name_of(u.value).to_string(),
+                    )
+                })
                 .collect()
         };
         self.name == other.name

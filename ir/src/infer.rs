@@ -13,7 +13,12 @@ fn expect_arity(op: &Op, ins: &[&TensorType], allowed: &[usize]) -> R<()> {
         return Ok(());
     }
     let want: Vec<String> = allowed.iter().map(|n| n.to_string()).collect();
-    Err(format!("`{}` takes {} operands, got {}", op.mnemonic(), want.join(" or "), ins.len()))
+    Err(format!(
+        "`{}` takes {} operands, got {}",
+        op.mnemonic(),
+        want.join(" or "),
+        ins.len()
+    ))
 }
 
 fn expect_rank(what: &str, t: &TensorType, rank: usize) -> R<()> {
@@ -25,29 +30,47 @@ fn expect_rank(what: &str, t: &TensorType, rank: usize) -> R<()> {
 }
 
 fn expect_float(what: &str, t: &TensorType) -> R<()> {
-    if t.dtype.is_float() { Ok(()) } else { Err(format!("{what} must be f32 or bf16, got {t}")) }
+    if t.dtype.is_float() {
+        Ok(())
+    } else {
+        Err(format!("{what} must be f32 or bf16, got {t}"))
+    }
 }
 
 fn expect_int(what: &str, t: &TensorType) -> R<()> {
-    if t.dtype.is_int() { Ok(()) } else { Err(format!("{what} must be i64 or i32, got {t}")) }
+    if t.dtype.is_int() {
+        Ok(())
+    } else {
+        Err(format!("{what} must be i64 or i32, got {t}"))
+    }
 }
 
 fn expect_dim(what: &str, got: &Dim, want: &Dim) -> R<()> {
-    if got == want { Ok(()) } else { Err(format!("{what}: expected {want}, got {got}")) }
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{what}: expected {want}, got {got}"))
+    }
 }
 
 fn expect_same_shape(a_what: &str, a: &TensorType, b_what: &str, b: &TensorType) -> R<()> {
     if a.shape == b.shape {
         Ok(())
     } else {
-        Err(format!("{a_what} {a} and {b_what} {b} must have the same shape"))
+        Err(format!(
+            "{a_what} {a} and {b_what} {b} must have the same shape"
+        ))
     }
 }
 
 /// The f32 result type of a computation over operands of these dtypes: bf16 only
 /// when every float operand is bf16.
 fn float_result(ts: &[&TensorType]) -> DType {
-    if ts.iter().filter(|t| t.dtype.is_float()).all(|t| t.dtype == DType::BF16) {
+    if ts
+        .iter()
+        .filter(|t| t.dtype.is_float())
+        .all(|t| t.dtype == DType::BF16)
+    {
         DType::BF16
     } else {
         DType::F32
@@ -74,7 +97,11 @@ pub fn interaction_width(kind: InteractionKind, self_interaction: bool, widths: 
         InteractionKind::Cat => widths.iter().sum(),
         InteractionKind::Dot => {
             let f = widths.len();
-            let pairs = if self_interaction { f * (f + 1) / 2 } else { f * (f - 1) / 2 };
+            let pairs = if self_interaction {
+                f * (f + 1) / 2
+            } else {
+                f * (f - 1) / 2
+            };
             widths[0] + pairs
         }
     }
@@ -124,7 +151,10 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
                 expect_rank("offsets", ins[2], 1)?;
                 expect_int("offsets", ins[2])?;
                 expect_dim("offsets samples", &ins[2].shape[0], &dy.shape[0])?;
-                Ok(vec![TensorType::new(DType::F32, [ins[1].shape[0].clone(), d])])
+                Ok(vec![TensorType::new(
+                    DType::F32,
+                    [ins[1].shape[0].clone(), d],
+                )])
             }
         }
         Op::Linear { .. } => {
@@ -138,7 +168,10 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             }
             expect_dim("x features vs weight columns", &x.shape[1], &w.shape[1])?;
             expect_dim("bias length vs weight rows", &b.shape[0], &w.shape[0])?;
-            Ok(vec![TensorType::new(float_result(&[x, w]), [x.shape[0].clone(), w.shape[0].clone()])])
+            Ok(vec![TensorType::new(
+                float_result(&[x, w]),
+                [x.shape[0].clone(), w.shape[0].clone()],
+            )])
         }
         Op::Relu | Op::Sigmoid => {
             expect_arity(op, ins, &[1])?;
@@ -150,7 +183,10 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             expect_float("a", ins[0])?;
             expect_float("b", ins[1])?;
             expect_same_shape("a", ins[0], "b", ins[1])?;
-            Ok(vec![TensorType::new(float_result(ins), ins[0].shape.clone())])
+            Ok(vec![TensorType::new(
+                float_result(ins),
+                ins[0].shape.clone(),
+            )])
         }
         Op::ReluGrad | Op::SigmoidGrad => {
             expect_arity(op, ins, &[2])?;
@@ -159,7 +195,10 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             expect_same_shape("dy", ins[0], "y", ins[1])?;
             Ok(vec![ins[0].clone()])
         }
-        Op::Interaction { kind, self_interaction } => {
+        Op::Interaction {
+            kind,
+            self_interaction,
+        } => {
             if ins.is_empty() {
                 return Err("`interaction` needs at least the dense operand".into());
             }
@@ -169,9 +208,15 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
                 Some(w) => Dim::Fixed(w),
                 None => return Err("interaction operands need fixed feature widths".into()),
             };
-            Ok(vec![TensorType::new(float_result(ins), [ins[0].shape[0].clone(), width])])
+            Ok(vec![TensorType::new(
+                float_result(ins),
+                [ins[0].shape[0].clone(), width],
+            )])
         }
-        Op::InteractionGrad { kind, self_interaction } => {
+        Op::InteractionGrad {
+            kind,
+            self_interaction,
+        } => {
             if ins.len() < 2 {
                 return Err("`interaction_grad` needs dr and at least the dense operand".into());
             }
@@ -203,9 +248,9 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
                         return Err(format!("operand {i} {t} differs from {first} in axis {k}"));
                     }
                 }
-                total += t.shape[*axis]
-                    .fixed()
-                    .ok_or_else(|| format!("concat axis {axis} of operand {i} {t} must be fixed"))?;
+                total += t.shape[*axis].fixed().ok_or_else(|| {
+                    format!("concat axis {axis} of operand {i} {t} must be fixed")
+                })?;
             }
             let mut shape = first.shape.clone();
             shape[*axis] = Dim::Fixed(total);
@@ -257,7 +302,10 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             expect_rank("dz", dz, 2)?;
             expect_rank("weight", w, 2)?;
             expect_dim("dz width vs weight rows", &dz.shape[1], &w.shape[0])?;
-            Ok(vec![TensorType::new(DType::F32, [dz.shape[0].clone(), w.shape[1].clone()])])
+            Ok(vec![TensorType::new(
+                DType::F32,
+                [dz.shape[0].clone(), w.shape[1].clone()],
+            )])
         }
         Op::LinearDw => {
             expect_arity(op, ins, &[2])?;
@@ -265,7 +313,10 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             expect_rank("dz", dz, 2)?;
             expect_rank("x", x, 2)?;
             expect_dim("dz vs x samples", &dz.shape[0], &x.shape[0])?;
-            Ok(vec![TensorType::new(DType::F32, [dz.shape[1].clone(), x.shape[1].clone()])])
+            Ok(vec![TensorType::new(
+                DType::F32,
+                [dz.shape[1].clone(), x.shape[1].clone()],
+            )])
         }
         Op::LinearDb => {
             expect_arity(op, ins, &[1])?;
@@ -290,7 +341,10 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             if g.shape != want {
                 return Err(format!(
                     "row gradient {g} must have shape [{}] (indices shape then the table width)",
-                    want.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")
+                    want.iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
                 ));
             }
             Ok(vec![table.clone()])
@@ -309,7 +363,11 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
 
 /// Checks interaction operands; returns the feature widths when all are fixed.
 fn interaction_operands(ins: &[&TensorType], kind: InteractionKind) -> R<Option<Vec<usize>>> {
-    let s = &ins[0].shape.first().cloned().ok_or("interaction operands must have rank 2")?;
+    let s = &ins[0]
+        .shape
+        .first()
+        .cloned()
+        .ok_or("interaction operands must have rank 2")?;
     let mut widths = Vec::with_capacity(ins.len());
     for (i, t) in ins.iter().enumerate() {
         expect_rank(&format!("interaction operand {i}"), t, 2)?;
@@ -336,7 +394,10 @@ fn infer_all_to_all(
     declared: &[TensorType],
 ) -> R<Vec<TensorType>> {
     if rank >= counts.len() {
-        return Err(format!("rank {rank} out of range for {} ranks", counts.len()));
+        return Err(format!(
+            "rank {rank} out of range for {} ranks",
+            counts.len()
+        ));
     }
     let total: usize = counts.iter().sum();
     let own_start: usize = counts[..rank].iter().sum();
@@ -346,11 +407,16 @@ fn infer_all_to_all(
         A2aDir::Gather => (total, own, Dim::batch(), Dim::global()),
     };
     if ins.len() != n_in {
-        return Err(format!("all_to_all {dir:?} on rank {rank} takes {n_in} operands, got {}", ins.len()));
+        return Err(format!(
+            "all_to_all {dir:?} on rank {rank} takes {n_in} operands, got {}",
+            ins.len()
+        ));
     }
     for (i, t) in ins.iter().enumerate() {
         if t.shape.first() != Some(&from) {
-            return Err(format!("all_to_all operand {i} {t} must have leading dimension {from}"));
+            return Err(format!(
+                "all_to_all operand {i} {t} must have leading dimension {from}"
+            ));
         }
     }
     let retag = |t: &TensorType, d: &Dim| {
@@ -368,7 +434,9 @@ fn infer_all_to_all(
             }
             for (i, t) in declared.iter().enumerate() {
                 if t.shape.first() != Some(&to) {
-                    return Err(format!("all_to_all result {i} {t} must have leading dimension {to}"));
+                    return Err(format!(
+                        "all_to_all result {i} {t} must have leading dimension {to}"
+                    ));
                 }
             }
             for k in 0..own {

@@ -349,24 +349,39 @@ impl Op {
                 vec![("mode", id(mode.name()))]
             }
             Op::Linear { act } => vec![("act", id(act.name()))],
-            Op::Interaction { kind, self_interaction }
-            | Op::InteractionGrad { kind, self_interaction } => vec![
+            Op::Interaction {
+                kind,
+                self_interaction,
+            }
+            | Op::InteractionGrad {
+                kind,
+                self_interaction,
+            } => vec![
                 ("kind", id(kind.name())),
                 ("self", Attr::Bool(*self_interaction)),
             ],
             Op::Concat { axis } => vec![("axis", Attr::Int(*axis as i64))],
             Op::Split { axis, sizes } => vec![
                 ("axis", Attr::Int(*axis as i64)),
-                ("sizes", Attr::List(sizes.iter().map(|&s| Dim::Fixed(s)).collect())),
+                (
+                    "sizes",
+                    Attr::List(sizes.iter().map(|&s| Dim::Fixed(s)).collect()),
+                ),
             ],
             Op::Reshape { shape } => vec![("shape", Attr::List(shape.clone()))],
-            Op::Bce { denom } | Op::Mse { denom } | Op::BceGrad { denom } | Op::MseGrad { denom } => {
+            Op::Bce { denom }
+            | Op::Mse { denom }
+            | Op::BceGrad { denom }
+            | Op::MseGrad { denom } => {
                 vec![("denom", Attr::Dim(denom.clone()))]
             }
             Op::Sgd { lr } | Op::SparseSgd { lr } => vec![("lr", Attr::Float(*lr))],
             Op::AllToAll { dir, counts, rank } => vec![
                 ("dir", id(dir.name())),
-                ("counts", Attr::List(counts.iter().map(|&c| Dim::Fixed(c)).collect())),
+                (
+                    "counts",
+                    Attr::List(counts.iter().map(|&c| Dim::Fixed(c)).collect()),
+                ),
                 ("rank", Attr::Int(*rank as i64)),
             ],
             Op::Relu
@@ -384,10 +399,17 @@ impl Op {
     /// Builds an op from its mnemonic and attributes (the parser's entry point).
     /// Unknown mnemonics, missing, unknown or ill-typed attributes are errors.
     pub fn from_parts(mnemonic: &str, attrs: &[(String, Attr)]) -> Result<Op, String> {
-        let mut a = AttrReader { attrs, used: vec![false; attrs.len()] };
+        let mut a = AttrReader {
+            attrs,
+            used: vec![false; attrs.len()],
+        };
         let op = match mnemonic {
-            "embedding_bag" => Op::EmbeddingBag { mode: a.pool("mode")? },
-            "embedding_bag_grad" => Op::EmbeddingBagGrad { mode: a.pool("mode")? },
+            "embedding_bag" => Op::EmbeddingBag {
+                mode: a.pool("mode")?,
+            },
+            "embedding_bag_grad" => Op::EmbeddingBagGrad {
+                mode: a.pool("mode")?,
+            },
             "linear" => Op::Linear { act: a.act("act")? },
             "relu" => Op::Relu,
             "add" => Op::Add,
@@ -400,13 +422,28 @@ impl Op {
                 kind: a.kind("kind")?,
                 self_interaction: a.bool("self")?,
             },
-            "concat" => Op::Concat { axis: a.usize("axis")? },
-            "split" => Op::Split { axis: a.usize("axis")?, sizes: a.usizes("sizes")? },
-            "reshape" => Op::Reshape { shape: a.list("shape")? },
-            "bce" => Op::Bce { denom: a.dim("denom")? },
-            "mse" => Op::Mse { denom: a.dim("denom")? },
-            "bce_grad" => Op::BceGrad { denom: a.dim("denom")? },
-            "mse_grad" => Op::MseGrad { denom: a.dim("denom")? },
+            "concat" => Op::Concat {
+                axis: a.usize("axis")?,
+            },
+            "split" => Op::Split {
+                axis: a.usize("axis")?,
+                sizes: a.usizes("sizes")?,
+            },
+            "reshape" => Op::Reshape {
+                shape: a.list("shape")?,
+            },
+            "bce" => Op::Bce {
+                denom: a.dim("denom")?,
+            },
+            "mse" => Op::Mse {
+                denom: a.dim("denom")?,
+            },
+            "bce_grad" => Op::BceGrad {
+                denom: a.dim("denom")?,
+            },
+            "mse_grad" => Op::MseGrad {
+                denom: a.dim("denom")?,
+            },
             "relu_grad" => Op::ReluGrad,
             "sigmoid_grad" => Op::SigmoidGrad,
             "linear_dx" => Op::LinearDx,
@@ -425,7 +462,10 @@ impl Op {
                 rank: a.usize("rank")?,
             },
             other => {
-                return Err(format!("unknown op `{other}` (expected one of: {})", MNEMONICS.join(", ")));
+                return Err(format!(
+                    "unknown op `{other}` (expected one of: {})",
+                    MNEMONICS.join(", ")
+                ));
             }
         };
         if let Some(i) = a.used.iter().position(|u| !u) {
@@ -488,7 +528,9 @@ impl AttrReader<'_> {
     fn bool(&mut self, key: &str) -> Result<bool, String> {
         match self.get(key)? {
             Attr::Bool(b) => Ok(*b),
-            other => Err(format!("attribute `{key}` must be true or false, got `{other}`")),
+            other => Err(format!(
+                "attribute `{key}` must be true or false, got `{other}`"
+            )),
         }
     }
 
@@ -496,7 +538,9 @@ impl AttrReader<'_> {
         match self.get(key)? {
             Attr::Int(v) if *v >= 0 => Ok(*v as usize),
             Attr::Dim(Dim::Fixed(v)) => Ok(*v),
-            other => Err(format!("attribute `{key}` must be a non-negative integer, got `{other}`")),
+            other => Err(format!(
+                "attribute `{key}` must be a non-negative integer, got `{other}`"
+            )),
         }
     }
 
@@ -513,7 +557,9 @@ impl AttrReader<'_> {
             Attr::Dim(d) => Ok(d.clone()),
             Attr::Int(v) if *v >= 0 => Ok(Dim::Fixed(*v as usize)),
             Attr::Ident(s) => Ok(Dim::Sym(s.clone())),
-            other => Err(format!("attribute `{key}` must be a dimension, got `{other}`")),
+            other => Err(format!(
+                "attribute `{key}` must be a dimension, got `{other}`"
+            )),
         }
     }
 
@@ -527,7 +573,10 @@ impl AttrReader<'_> {
     fn usizes(&mut self, key: &str) -> Result<Vec<usize>, String> {
         self.list(key)?
             .iter()
-            .map(|d| d.fixed().ok_or_else(|| format!("attribute `{key}` must list integers, got `{d}`")))
+            .map(|d| {
+                d.fixed()
+                    .ok_or_else(|| format!("attribute `{key}` must list integers, got `{d}`"))
+            })
             .collect()
     }
 }

@@ -32,26 +32,54 @@ impl Tensor {
     /// An f32 tensor. Panics if the length does not match the shape (a programming
     /// error, not an input error).
     pub fn f32(shape: Vec<usize>, data: Vec<f32>) -> Tensor {
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "f32 tensor {shape:?}");
-        Tensor { shape, data: Data::F32(data) }
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "f32 tensor {shape:?}"
+        );
+        Tensor {
+            shape,
+            data: Data::F32(data),
+        }
     }
 
     /// A bf16 tensor.
     pub fn bf16(shape: Vec<usize>, data: Vec<bf16>) -> Tensor {
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "bf16 tensor {shape:?}");
-        Tensor { shape, data: Data::BF16(data) }
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "bf16 tensor {shape:?}"
+        );
+        Tensor {
+            shape,
+            data: Data::BF16(data),
+        }
     }
 
     /// An i64 tensor.
     pub fn i64(shape: Vec<usize>, data: Vec<i64>) -> Tensor {
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "i64 tensor {shape:?}");
-        Tensor { shape, data: Data::I64(data) }
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "i64 tensor {shape:?}"
+        );
+        Tensor {
+            shape,
+            data: Data::I64(data),
+        }
     }
 
     /// An i32 tensor.
     pub fn i32(shape: Vec<usize>, data: Vec<i32>) -> Tensor {
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "i32 tensor {shape:?}");
-        Tensor { shape, data: Data::I32(data) }
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "i32 tensor {shape:?}"
+        );
+        Tensor {
+            shape,
+            data: Data::I32(data),
+        }
     }
 
     /// A scalar f32.

@@ -148,7 +148,10 @@ pub struct TensorType {
 impl TensorType {
     /// Builds a type.
     pub fn new(dtype: DType, shape: impl IntoIterator<Item = Dim>) -> Self {
-        TensorType { dtype, shape: shape.into_iter().collect() }
+        TensorType {
+            dtype,
+            shape: shape.into_iter().collect(),
+        }
     }
 
     /// An f32 type.
@@ -178,7 +181,10 @@ impl TensorType {
 
     /// The same shape with another element type.
     pub fn with_dtype(&self, dtype: DType) -> Self {
-        TensorType { dtype, shape: self.shape.clone() }
+        TensorType {
+            dtype,
+            shape: self.shape.clone(),
+        }
     }
 }
 
@@ -195,4 +201,3 @@ impl fmt::Display for TensorType {
         f.write_str("]")
     }
 }
-

@@ -9,7 +9,10 @@ use crate::types::TensorType;
 
 /// Checks every invariant listed in [`crate::graph`]; returns the first violation.
 pub fn verify(g: &Graph) -> Result<()> {
-    let graph_err = |reason: String| IrError::Graph { graph: g.name.clone(), reason };
+    let graph_err = |reason: String| IrError::Graph {
+        graph: g.name.clone(),
+        reason,
+    };
     let nvals = g.values().len();
     let mut defined = vec![false; nvals];
     for &v in g.inputs().iter().chain(g.params()) {
@@ -34,10 +37,16 @@ pub fn verify(g: &Graph) -> Result<()> {
         }
         for (k, &v) in node.outputs.iter().enumerate() {
             if g.value(v).def != Def::Node(n, k) {
-                return Err(node_err(format!("result %{} is defined elsewhere", g.name_of(v))));
+                return Err(node_err(format!(
+                    "result %{} is defined elsewhere",
+                    g.name_of(v)
+                )));
             }
             if defined[v.index()] {
-                return Err(node_err(format!("result %{} is defined twice", g.name_of(v))));
+                return Err(node_err(format!(
+                    "result %{} is defined twice",
+                    g.name_of(v)
+                )));
             }
         }
         let in_tys: Vec<&TensorType> = node.inputs.iter().map(|&v| g.ty(v)).collect();
@@ -75,10 +84,16 @@ pub fn verify(g: &Graph) -> Result<()> {
     let mut updated = vec![false; nvals];
     for u in g.updates() {
         if !matches!(g.value(u.param).def, Def::Param(_)) {
-            return Err(graph_err(format!("update target %{} is not a parameter", g.name_of(u.param))));
+            return Err(graph_err(format!(
+                "update target %{} is not a parameter",
+                g.name_of(u.param)
+            )));
         }
         if updated[u.param.index()] {
-            return Err(graph_err(format!("parameter %{} is updated twice", g.name_of(u.param))));
+            return Err(graph_err(format!(
+                "parameter %{} is updated twice",
+                g.name_of(u.param)
+            )));
         }
         updated[u.param.index()] = true;
         if g.ty(u.param) != g.ty(u.value) {
