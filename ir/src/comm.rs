@@ -96,6 +96,10 @@ pub struct LocalComm {
 impl LocalGroup {
     /// Creates a group of `size` ranks; hand element `r` to the thread of rank `r`.
     /// `size` must be at least 1.
+    #[expect(
+        clippy::new_ret_no_self,
+        reason = "a group is handed out as one handle per rank"
+    )]
     pub fn new(size: usize) -> Vec<LocalComm> {
         assert!(size >= 1, "a group has at least one rank");
         let shared = Arc::new(Shared {

@@ -91,10 +91,11 @@ fn symbolic_numel(shape: &Shape) -> (usize, Vec<String>) {
     (n, syms)
 }
 
-/// Width of the interaction output for `f` vectors of dimension `d`.
+/// Width of the interaction output for `f` vectors of dimension `d` (saturating:
+/// absurd widths give `usize::MAX` rather than overflowing).
 pub fn interaction_width(kind: InteractionKind, self_interaction: bool, widths: &[usize]) -> usize {
     match kind {
-        InteractionKind::Cat => widths.iter().sum(),
+        InteractionKind::Cat => widths.iter().fold(0usize, |a, &w| a.saturating_add(w)),
         InteractionKind::Dot => {
             let f = widths.len();
             let pairs = if self_interaction {
@@ -102,7 +103,7 @@ pub fn interaction_width(kind: InteractionKind, self_interaction: bool, widths: 
             } else {
                 f * (f - 1) / 2
             };
-            widths[0] + pairs
+            widths[0].saturating_add(pairs)
         }
     }
 }
@@ -248,9 +249,12 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
                         return Err(format!("operand {i} {t} differs from {first} in axis {k}"));
                     }
                 }
-                total += t.shape[*axis].fixed().ok_or_else(|| {
+                let w = t.shape[*axis].fixed().ok_or_else(|| {
                     format!("concat axis {axis} of operand {i} {t} must be fixed")
                 })?;
+                total = total
+                    .checked_add(w)
+                    .ok_or_else(|| format!("concat axis {axis} length overflows"))?;
             }
             let mut shape = first.shape.clone();
             shape[*axis] = Dim::Fixed(total);
@@ -262,7 +266,10 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             if *axis >= x.rank() {
                 return Err(format!("axis {axis} out of range for {x}"));
             }
-            let sum: usize = sizes.iter().sum();
+            let sum = sizes
+                .iter()
+                .try_fold(0usize, |a, &s| a.checked_add(s))
+                .ok_or("split sizes overflow")?;
             expect_dim("sum of split sizes", &Dim::Fixed(sum), &x.shape[*axis])?;
             Ok(sizes
                 .iter()
@@ -399,7 +406,10 @@ fn infer_all_to_all(
             counts.len()
         ));
     }
-    let total: usize = counts.iter().sum();
+    let total = counts
+        .iter()
+        .try_fold(0usize, |a, &c| a.checked_add(c))
+        .ok_or("all_to_all counts overflow")?;
     let own_start: usize = counts[..rank].iter().sum();
     let own = counts[rank];
     let (n_in, n_out, from, to) = match dir {

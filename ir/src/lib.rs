@@ -2,8 +2,8 @@
 //!
 //! A [`Graph`] is a typed SSA tensor graph: inputs (data fed each step), parameters
 //! (persistent state), nodes in execution order, outputs, and the state updates an
-//! optimizer step makes. Every op is defined in [`op`]; [`infer`] derives result
-//! types; [`verify`] checks a whole graph; [`text`] prints and parses the one text
+//! optimizer step makes. Every op is an [`Op`]; [`infer()`] derives result
+//! types; [`verify()`] checks a whole graph; [`text`] prints and parses the one text
 //! form (grammar in `docs/ir.md`); [`interp`] is the reference interpreter whose
 //! behaviour defines every op, collectives included (over a [`Communicator`]).
 

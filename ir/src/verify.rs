@@ -7,7 +7,7 @@ use crate::graph::{Def, Graph};
 use crate::infer::infer;
 use crate::types::TensorType;
 
-/// Checks every invariant listed in [`crate::graph`]; returns the first violation.
+/// Checks every invariant listed on [`Graph`]; returns the first violation.
 pub fn verify(g: &Graph) -> Result<()> {
     let graph_err = |reason: String| IrError::Graph {
         graph: g.name.clone(),

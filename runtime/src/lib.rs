@@ -1,1 +1,31 @@
-//! (being written)
+//! dlrm-runtime: runs dlrmc plans.
+//!
+//! - [`plan`]: plans on disk (a directory: manifest, graphs in IR text, safetensors
+//!   weights), written atomically, read with checksums;
+//! - [`data`]: deterministic synthetic data that a DLRM can learn, identical
+//!   whatever the rank count;
+//! - [`exec`]: the per-rank [`Executor`] (codegen kernels, interpreter fallback,
+//!   in-place optimizer updates, per-op timers);
+//! - [`driver`]: N ranks as threads with a [`LocalGroup`] communicator, training or
+//!   inference, then held-out evaluation ([`run`] -> [`Report`]);
+//! - [`metrics`]: AUC, accuracy and the JSON-lines metrics file.
+//!
+//! Errors are one [`RuntimeError`] enum with structured fields (file, rank, step,
+//! node); [`Result`] is its alias.
+
+#![warn(missing_docs)]
+
+pub mod data;
+pub mod driver;
+mod error;
+pub mod exec;
+pub mod metrics;
+pub mod plan;
+
+pub use data::{DataSchema, SyntheticData, eval_step};
+pub use dlrm_ir::{Communicator, LocalComm, LocalGroup};
+pub use driver::{Event, Job, Mode, Report, run, run_with_params};
+pub use error::{Result, RuntimeError};
+pub use exec::{Executor, OpTime};
+pub use metrics::{MetricsWriter, accuracy, auc};
+pub use plan::{Plan, Training, read_manifest, read_plan, write_plan};

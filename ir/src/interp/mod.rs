@@ -1,7 +1,37 @@
 //! The reference interpreter: the executable definition of every op.
-//! (being written: the signatures below are the contract)
+//!
+//! It implements the text of [`crate::Op`]'s documentation with plain sequential
+//! loops; every optimised path (codegen kernels, JIT code) is tested against it.
+//! One file per op family: `dense` (linear, elementwise, losses),
+//! `embedding`, `interaction`, `shape` (concat/split/reshape), `optim`,
+//! `collective`; `common` holds the operand helpers.
+//!
+//! Rules shared by every op:
+//! - float operands of any dtype are widened to f32 (bf16 exactly), computed in f32,
+//!   and each result is stored in the dtype of its declared type (`out_types`), bf16
+//!   rounded to nearest even; index operands may be i64 or i32;
+//! - sums use one f32 accumulator in a fixed order, documented in each family;
+//! - operands are checked against each other at run time: any mismatch, bad index
+//!   or bad offset is an error message, never a panic or an out-of-bounds access;
+//! - results are checked against `out_types`: the count, the dtype, and every
+//!   fixed dimension and every *bound* symbol (a symbol missing from `ctx.syms` is
+//!   not checked, except where the op needs its value: loss `denom`, `reshape`
+//!   targets, `all_to_all`'s `G` and received shapes).
+//!
+//! [`run`] evaluates a whole graph in node order, drops each value after its last
+//! use, and applies the graph's updates to the parameters at the end.
 
-use crate::{Communicator, Graph, Op, Result, Tensor, TensorType};
+mod collective;
+mod common;
+mod dense;
+mod embedding;
+mod interaction;
+mod optim;
+mod shape;
+
+use crate::{A2aDir, Communicator, Def, Graph, IrError, Op, Result, Tensor, TensorType, ValueId};
+use common::{R, fmt_shape};
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// What an op may need besides its operands: symbol sizes and the rank's group.
@@ -14,31 +44,227 @@ pub struct EvalCtx<'a> {
 
 /// Evaluates one op on concrete operands. `out_types` are the node's declared
 /// result types (the result dtypes; the shapes of data received from other ranks).
-/// Errors are plain messages; [`run`] attaches the node.
+/// Errors are plain messages; [`run`] attaches the node. A collective whose local
+/// checks fail calls `ctx.comm.abort` before returning, so peers never hang.
 pub fn eval_op(
     op: &Op,
     inputs: &[&Tensor],
     out_types: &[TensorType],
     ctx: &EvalCtx<'_>,
 ) -> std::result::Result<Vec<Tensor>, String> {
-    let _ = (op, inputs, out_types, ctx);
-    unimplemented!("interpreter being written")
+    check_result_count(op, inputs.len(), out_types)?;
+    let results = dispatch(op, inputs, out_types, ctx)?;
+    check_results(&results, out_types, ctx.syms)?;
+    Ok(results)
+}
+
+/// The number of results `op` produces with `n_in` operands.
+fn result_count(op: &Op, n_in: usize) -> usize {
+    match op {
+        Op::Split { sizes, .. } => sizes.len(),
+        Op::InteractionGrad { .. } => n_in.saturating_sub(1),
+        Op::AllReduce => n_in,
+        Op::AllToAll {
+            dir: A2aDir::Scatter,
+            counts,
+            ..
+        } => counts.iter().fold(0usize, |a, &c| a.saturating_add(c)),
+        Op::AllToAll {
+            dir: A2aDir::Gather,
+            counts,
+            rank,
+        } => counts.get(*rank).copied().unwrap_or(0),
+        _ => 1,
+    }
+}
+
+fn check_result_count(op: &Op, n_in: usize, out_types: &[TensorType]) -> R<()> {
+    let want = result_count(op, n_in);
+    if out_types.len() == want {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{}` with {n_in} operands has {want} results, but {} result types were given",
+            op.mnemonic(),
+            out_types.len()
+        ))
+    }
+}
+
+/// Checks each result against its declared type: dtype, rank, fixed dims and bound
+/// symbols.
+fn check_results(
+    results: &[Tensor],
+    out_types: &[TensorType],
+    syms: &HashMap<String, usize>,
+) -> R<()> {
+    if results.len() != out_types.len() {
+        return Err(format!(
+            "internal: {} results for {} declared types",
+            results.len(),
+            out_types.len()
+        ));
+    }
+    for (k, (t, ty)) in results.iter().zip(out_types).enumerate() {
+        let dims_ok = t.shape.len() == ty.shape.len()
+            && t.shape.iter().zip(&ty.shape).all(|(&n, d)| match d {
+                crate::Dim::Fixed(f) => *f == n,
+                crate::Dim::Sym(s) => syms.get(s).is_none_or(|&b| b == n),
+            });
+        if t.dtype() != ty.dtype || !dims_ok {
+            return Err(format!(
+                "result {k} is {}{} but is declared {ty}{}",
+                t.dtype(),
+                fmt_shape(&t.shape),
+                bound_syms(ty, syms)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// ` (with B=4, G=8)` for the bound symbols of a type, for messages.
+fn bound_syms(ty: &TensorType, syms: &HashMap<String, usize>) -> String {
+    let mut seen: Vec<String> = Vec::new();
+    for d in &ty.shape {
+        if let crate::Dim::Sym(s) = d {
+            let b = syms
+                .get(s)
+                .map_or_else(|| format!("{s} unbound"), |v| format!("{s}={v}"));
+            if !seen.contains(&b) {
+                seen.push(b);
+            }
+        }
+    }
+    if seen.is_empty() {
+        String::new()
+    } else {
+        format!(" (with {})", seen.join(", "))
+    }
+}
+
+/// Runs the op's family implementation. `out_types` has the right length.
+fn dispatch(
+    op: &Op,
+    ins: &[&Tensor],
+    out_types: &[TensorType],
+    ctx: &EvalCtx<'_>,
+) -> R<Vec<Tensor>> {
+    let out = out_types.first().map(|t| t.dtype);
+    let dtypes: Vec<_> = out_types.iter().map(|t| t.dtype).collect();
+    // Every single-result op below reads `one`; `out_types` has exactly one entry
+    // for them (checked by `check_result_count`).
+    let one = || out.ok_or_else(|| "internal: no result type".to_string());
+    let single = |r: R<Tensor>| r.map(|t| vec![t]);
+    match op {
+        Op::EmbeddingBag { mode } => single(embedding::embedding_bag(*mode, ins, one()?)),
+        Op::EmbeddingBagGrad { mode } => single(embedding::embedding_bag_grad(*mode, ins, one()?)),
+        Op::Linear { act } => single(dense::linear(*act, ins, one()?)),
+        Op::Relu => single(dense::relu(ins, one()?)),
+        Op::Add => single(dense::add(ins, one()?)),
+        Op::Sigmoid => single(dense::sigmoid(ins, one()?)),
+        Op::Interaction {
+            kind,
+            self_interaction,
+        } => single(interaction::interaction(
+            *kind,
+            *self_interaction,
+            ins,
+            one()?,
+        )),
+        Op::InteractionGrad {
+            kind,
+            self_interaction,
+        } => interaction::interaction_grad(*kind, *self_interaction, ins, &dtypes),
+        Op::Concat { axis } => single(shape::concat(*axis, ins, one()?)),
+        Op::Split { axis, sizes } => shape::split(*axis, sizes, ins, &dtypes),
+        Op::Reshape { shape: target } => single(shape::reshape(target, ins, one()?, ctx.syms)),
+        Op::Bce { denom } => single(dense::bce(ins, denom, ctx.syms, one()?)),
+        Op::Mse { denom } => single(dense::mse(ins, denom, ctx.syms, one()?)),
+        Op::ReluGrad => single(dense::relu_grad(ins, one()?)),
+        Op::SigmoidGrad => single(dense::sigmoid_grad(ins, one()?)),
+        Op::LinearDx => single(dense::linear_dx(ins, one()?)),
+        Op::LinearDw => single(dense::linear_dw(ins, one()?)),
+        Op::LinearDb => single(dense::linear_db(ins, one()?)),
+        Op::BceGrad { denom } => single(dense::bce_grad(ins, denom, ctx.syms, one()?)),
+        Op::MseGrad { denom } => single(dense::mse_grad(ins, denom, ctx.syms, one()?)),
+        Op::Sgd { lr } => single(optim::sgd(*lr, ins, one()?)),
+        Op::SparseSgd { lr } => single(optim::sparse_sgd_ref(*lr, ins, one()?)),
+        Op::AllReduce => collective::all_reduce(ins, ctx),
+        Op::AllToAll { dir, counts, rank } => {
+            collective::all_to_all(*dir, counts, *rank, ins, out_types, ctx)
+        }
+    }
 }
 
 /// Binds symbolic dimensions from the shapes of the given inputs and parameters
 /// (conflicting sizes for one symbol are an error naming the value).
+///
+/// Walks the graph's inputs, then its parameters, in declaration order. A value
+/// missing from the maps, or whose rank differs from its declared type, is an
+/// [`IrError::Binding`] too. Symbols that no input or parameter carries (e.g. `G`
+/// on a rank that owns no table) are simply absent from the result.
 pub fn bind_symbols(
     g: &Graph,
     inputs: &HashMap<String, Tensor>,
     params: &HashMap<String, Tensor>,
 ) -> Result<HashMap<String, usize>> {
-    let _ = (g, inputs, params);
-    unimplemented!("interpreter being written")
+    let mut syms: HashMap<String, usize> = HashMap::new();
+    let mut first_seen: HashMap<String, String> = HashMap::new();
+    let sources = g
+        .inputs()
+        .iter()
+        .map(|&v| (v, inputs, "input"))
+        .chain(g.params().iter().map(|&v| (v, params, "parameter")));
+    for (v, map, kind) in sources {
+        let name = g.name_of(v);
+        let ty = g.ty(v);
+        let t = map.get(name).ok_or_else(|| IrError::Binding {
+            name: name.to_string(),
+            reason: format!("missing {kind} (declared {ty})"),
+        })?;
+        if t.shape.len() != ty.shape.len() {
+            return Err(IrError::Binding {
+                name: name.to_string(),
+                reason: format!(
+                    "{kind} has shape {} but is declared {ty}",
+                    fmt_shape(&t.shape)
+                ),
+            });
+        }
+        for (k, (d, &n)) in ty.shape.iter().zip(&t.shape).enumerate() {
+            let crate::Dim::Sym(s) = d else { continue };
+            match syms.get(s) {
+                None => {
+                    syms.insert(s.clone(), n);
+                    first_seen.insert(s.clone(), name.to_string());
+                }
+                Some(&b) if b == n => {}
+                Some(&b) => {
+                    let from = first_seen.get(s).map_or("?", String::as_str);
+                    return Err(IrError::Binding {
+                        name: name.to_string(),
+                        reason: format!(
+                            "symbol {s} (dimension {k} of {ty}) is {n} here but {b} from %{from}"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    Ok(syms)
 }
 
 /// Runs a graph once: checks every input and parameter against its declared type
 /// (under `syms`), evaluates the nodes in order, applies the updates to `params`,
 /// and returns the outputs in order.
+///
+/// Values are dropped after their last use (outputs and update values are kept to
+/// the end). Errors from an op become [`IrError::Eval`] naming the node, the op
+/// and the operands. When the table operand of a `sparse_sgd` is an intermediate
+/// value at its last use it is updated in place; a parameter table is copied once.
+/// On any error `params` is left unchanged and `comm.abort` is called, so that peer
+/// ranks waiting in a collective fail instead of hanging.
 pub fn run(
     g: &Graph,
     inputs: &HashMap<String, Tensor>,
@@ -46,6 +272,200 @@ pub fn run(
     syms: &HashMap<String, usize>,
     comm: &dyn Communicator,
 ) -> Result<Vec<Tensor>> {
-    let _ = (g, inputs, params, syms, comm);
-    unimplemented!("interpreter being written")
+    let result = evaluate(g, inputs, params, syms, comm);
+    match result {
+        Ok((outputs, updates)) => {
+            for (name, t) in updates {
+                params.insert(name, t);
+            }
+            Ok(outputs)
+        }
+        Err(e) => {
+            comm.abort(&e.to_string());
+            Err(e)
+        }
+    }
+}
+
+/// The `(param name, new value)` pairs of a finished run.
+type NewParams = Vec<(String, Tensor)>;
+
+/// A value during a run: borrowed (inputs, parameters) or computed.
+type Slot<'a> = Option<Cow<'a, Tensor>>;
+
+/// Evaluates the graph; returns the outputs and the `(param name, new value)` pairs.
+fn evaluate(
+    g: &Graph,
+    inputs: &HashMap<String, Tensor>,
+    params: &HashMap<String, Tensor>,
+    syms: &HashMap<String, usize>,
+    comm: &dyn Communicator,
+) -> Result<(Vec<Tensor>, NewParams)> {
+    let nvals = g.values().len();
+    let mut slots: Vec<Slot<'_>> = (0..nvals).map(|_| None).collect();
+    let bind = |s: &str| syms.get(s).copied();
+    for (ids, map, kind) in [
+        (g.inputs(), inputs, "input"),
+        (g.params(), params, "parameter"),
+    ] {
+        for &v in ids {
+            let name = g.name_of(v);
+            let ty = g.ty(v);
+            let t = map.get(name).ok_or_else(|| IrError::Binding {
+                name: name.to_string(),
+                reason: format!("missing {kind} (declared {ty})"),
+            })?;
+            if !t.matches(ty, &bind) {
+                return Err(IrError::Binding {
+                    name: name.to_string(),
+                    reason: format!(
+                        "{kind} is {} but is declared {ty}{}",
+                        common::describe(t),
+                        bound_syms(ty, syms)
+                    ),
+                });
+            }
+            if let Err(e) = common::check_len(t, kind) {
+                return Err(IrError::Binding {
+                    name: name.to_string(),
+                    reason: e,
+                });
+            }
+            slots[v.index()] = Some(Cow::Borrowed(t));
+        }
+    }
+
+    // Last use of each value; outputs and update values live to the end.
+    const KEEP: usize = usize::MAX;
+    let mut last: Vec<Option<usize>> = vec![None; nvals];
+    for (n, node) in g.nodes().iter().enumerate() {
+        for &v in &node.inputs {
+            if let Some(l) = last.get_mut(v.index()) {
+                *l = Some(n);
+            }
+        }
+    }
+    for &v in g
+        .outputs()
+        .iter()
+        .chain(g.updates().iter().map(|u| &u.value))
+    {
+        if let Some(l) = last.get_mut(v.index()) {
+            *l = Some(KEEP);
+        }
+    }
+
+    let ctx = EvalCtx { syms, comm };
+    for (n, node) in g.nodes().iter().enumerate() {
+        let operand_names = || -> String {
+            let names: Vec<String> = node
+                .inputs
+                .iter()
+                .map(|&v| match g.values().get(v.index()) {
+                    Some(val) => format!("%{}", val.name),
+                    None => format!("{v:?}"),
+                })
+                .collect();
+            if names.is_empty() {
+                " (no operands)".to_string()
+            } else {
+                format!(" (operands: {})", names.join(", "))
+            }
+        };
+        let eval_err = |reason: String| IrError::Eval {
+            node: g.node_label(n),
+            op: node.op.mnemonic().to_string(),
+            reason: format!("{reason}{}", operand_names()),
+        };
+        let out_types: Vec<TensorType> = node.outputs.iter().map(|&v| g.ty(v).clone()).collect();
+
+        // sparse_sgd on an owned table at its last use: update it in place.
+        let owned_table = match (&node.op, node.inputs.as_slice()) {
+            (Op::SparseSgd { lr }, [t, rest @ ..])
+                if last.get(t.index()) == Some(&Some(n))
+                    && !rest.contains(t)
+                    && matches!(slots.get(t.index()), Some(Some(Cow::Owned(_)))) =>
+            {
+                slots[t.index()].take().map(|table| (*lr, table))
+            }
+            _ => None,
+        };
+        let results = {
+            let first = usize::from(owned_table.is_some());
+            let mut operands: Vec<&Tensor> = Vec::with_capacity(node.inputs.len());
+            for &v in &node.inputs[first..] {
+                match slots.get(v.index()) {
+                    Some(Some(t)) => operands.push(t.as_ref()),
+                    _ => {
+                        return Err(eval_err(format!(
+                            "operand {v:?} has no value (is the graph in execution order?)"
+                        )));
+                    }
+                }
+            }
+            match owned_table {
+                Some((lr, table)) => check_result_count(&node.op, node.inputs.len(), &out_types)
+                    .and_then(|()| optim::sparse_sgd(lr, table, &operands, out_types[0].dtype))
+                    .map(|t| vec![t])
+                    .and_then(|r| check_results(&r, &out_types, syms).map(|()| r)),
+                None => eval_op(&node.op, &operands, &out_types, &ctx),
+            }
+            .map_err(eval_err)?
+        };
+        if results.len() != node.outputs.len() {
+            return Err(eval_err(format!(
+                "internal: {} results for {} declared",
+                results.len(),
+                node.outputs.len()
+            )));
+        }
+        for (&v, t) in node.outputs.iter().zip(results) {
+            // A result nobody uses is dropped at once.
+            if last[v.index()].is_some() {
+                slots[v.index()] = Some(Cow::Owned(t));
+            }
+        }
+        for &v in &node.inputs {
+            if last.get(v.index()) == Some(&Some(n)) {
+                slots[v.index()] = None;
+            }
+        }
+    }
+
+    let mut take = |v: ValueId, keep: bool, what: &str| -> Result<Tensor> {
+        let slot = slots.get_mut(v.index()).ok_or_else(|| IrError::Graph {
+            graph: g.name.clone(),
+            reason: format!("{what} {v:?} does not exist"),
+        })?;
+        let t = if keep { slot.clone() } else { slot.take() };
+        t.map(Cow::into_owned).ok_or_else(|| IrError::Graph {
+            graph: g.name.clone(),
+            reason: format!("{what} %{} has no value after the run", g.name_of(v)),
+        })
+    };
+    let outs = g.outputs();
+    let updates = g.updates();
+    let mut outputs = Vec::with_capacity(outs.len());
+    for (i, &v) in outs.iter().enumerate() {
+        let keep = outs[i + 1..].contains(&v) || updates.iter().any(|u| u.value == v);
+        outputs.push(take(v, keep, "output")?);
+    }
+    let mut new_params = Vec::with_capacity(updates.len());
+    for (i, u) in updates.iter().enumerate() {
+        let keep = updates[i + 1..].iter().any(|w| w.value == u.value);
+        if !matches!(
+            g.values().get(u.param.index()).map(|p| p.def),
+            Some(Def::Param(_))
+        ) {
+            return Err(IrError::Graph {
+                graph: g.name.clone(),
+                reason: format!("update target {:?} is not a parameter", u.param),
+            });
+        }
+        new_params.push((
+            g.name_of(u.param).to_string(),
+            take(u.value, keep, "update value")?,
+        ));
+    }
+    Ok((outputs, new_params))
 }

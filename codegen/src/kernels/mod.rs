@@ -1,0 +1,431 @@
+//! Reference kernels for the heavy ops, one file per family.
+//!
+//! - [`gemm`]: `linear` (bias + activation fused into the pass over each output
+//!   block), `linear_dx`, `linear_dw`, `linear_db`, on top of `matrixmultiply::sgemm`;
+//! - [`embedding`]: `embedding_bag` and `embedding_bag_grad` (fixed pooling and
+//!   offsets), parallel over bags;
+//! - [`interaction`]: `interaction` and `interaction_grad` (`dot` and `cat`);
+//! - [`elementwise`]: `relu`, `relu_grad`, `sigmoid`, `sigmoid_grad`, `add`;
+//! - [`optim`]: the in-place updates [`sgd_in_place`] and [`sparse_sgd_in_place`]
+//!   (SC20's race-free row-range update).
+//!
+//! Contract of [`try_eval`]: `None` means "no fast kernel for this op or these
+//! dtypes" (the caller runs `dlrm_ir::interp::eval_op`); `Some(Ok(results))` are the
+//! op's results exactly as the interpreter defines them, up to float reassociation
+//! (see each family's documentation for its summation order and tolerance);
+//! `Some(Err(..))` is a real error (shape mismatch, index out of range, bad
+//! offsets) found *before* any output is produced. Kernels cover f32 only (bf16
+//! storage goes through the interpreter for now), except the optimizer updates
+//! which handle f32 and bf16 parameters.
+//!
+//! Parallelism: every kernel splits its *output* into disjoint blocks, one rayon
+//! task each, so no two tasks write the same memory and no locks or atomics are
+//! needed. Block sizes depend on the shapes and the rayon pool size, but no
+//! kernel's result does: each output element is computed by the same sequence of
+//! float operations whatever the split (documented per kernel).
+
+pub mod elementwise;
+pub mod embedding;
+pub mod gemm;
+pub mod interaction;
+pub mod optim;
+
+pub use optim::{sgd_in_place, sparse_sgd_in_place};
+
+use dlrm_ir::{Data, Dim, Op, Tensor, TensorType};
+use half::bf16;
+use std::collections::HashMap;
+use thiserror::Error;
+
+/// Errors found by a kernel (always before any output or parameter is written).
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum KernelError {
+    /// Operand shapes do not fit the op (or each other).
+    #[error("`{op}`: {reason}")]
+    Shape {
+        /// The op mnemonic.
+        op: &'static str,
+        /// What does not fit.
+        reason: String,
+    },
+    /// An embedding index outside the table.
+    #[error(
+        "`{op}`: index {index} at position {position}{} is outside the table's {rows} rows",
+        sample.map(|s| format!(" (sample {s})")).unwrap_or_default()
+    )]
+    IndexOutOfRange {
+        /// The op mnemonic.
+        op: &'static str,
+        /// Flat (row-major) position of the index in the indices tensor.
+        position: usize,
+        /// The sample (bag) the index belongs to, when known.
+        sample: Option<usize>,
+        /// The offending index.
+        index: i64,
+        /// The table's row count.
+        rows: usize,
+    },
+    /// Offsets of variable-size bags that are not a valid partition of the indices.
+    #[error("`{op}`: bad offsets: {reason}")]
+    Offsets {
+        /// The op mnemonic.
+        op: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A dtype the kernel does not handle.
+    #[error("`{op}`: unsupported dtype: {reason}")]
+    DType {
+        /// The op mnemonic.
+        op: &'static str,
+        /// Which operand has which dtype.
+        reason: String,
+    },
+}
+
+/// Result alias of the kernels.
+pub type KResult<T> = Result<T, KernelError>;
+
+/// Evaluates `op` with a fast kernel, if there is one for this op and these dtypes.
+///
+/// `inputs` are the node's operands, `out_types` its declared result types and `syms`
+/// the symbol sizes (used to check the results' shapes; unbound symbols are not
+/// checked). Returns `None` when the caller must use the interpreter instead.
+pub fn try_eval(
+    op: &Op,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+    syms: &HashMap<String, usize>,
+) -> Option<KResult<Vec<Tensor>>> {
+    // A kernel only runs when every declared result is f32 (bf16 results need the
+    // interpreter's rounding rule; the JIT will cover them).
+    if out_types.iter().any(|t| t.dtype != dlrm_ir::DType::F32) {
+        return None;
+    }
+    if let Some((i, t)) = inputs
+        .iter()
+        .enumerate()
+        .find(|(_, t)| data_len(t) != t.numel())
+    {
+        return Some(Err(shape_err(
+            op.mnemonic(),
+            format!(
+                "operand {i} holds {} elements for shape {:?}",
+                data_len(t),
+                t.shape
+            ),
+        )));
+    }
+    let res: KResult<Vec<Tensor>> = match op {
+        Op::Linear { act } => one(gemm::linear(*act, inputs)?),
+        Op::LinearDx => one(gemm::linear_dx(inputs)?),
+        Op::LinearDw => one(gemm::linear_dw(inputs)?),
+        Op::LinearDb => one(gemm::linear_db(inputs)?),
+        Op::EmbeddingBag { mode } => one(embedding::embedding_bag(*mode, inputs)?),
+        Op::EmbeddingBagGrad { mode } => one(embedding::embedding_bag_grad(*mode, inputs)?),
+        Op::Interaction {
+            kind,
+            self_interaction,
+        } => one(interaction::interaction(*kind, *self_interaction, inputs)?),
+        Op::InteractionGrad {
+            kind,
+            self_interaction,
+        } => interaction::interaction_grad(*kind, *self_interaction, inputs)?,
+        Op::Relu => one(elementwise::relu(inputs)?),
+        Op::ReluGrad => one(elementwise::relu_grad(inputs)?),
+        Op::Sigmoid => one(elementwise::sigmoid(inputs)?),
+        Op::SigmoidGrad => one(elementwise::sigmoid_grad(inputs)?),
+        Op::Add => one(elementwise::add(inputs)?),
+        _ => return None,
+    };
+    Some(res.and_then(|outs| check_results(op, outs, out_types, syms)))
+}
+
+fn one(r: KResult<Tensor>) -> KResult<Vec<Tensor>> {
+    r.map(|t| vec![t])
+}
+
+/// Checks the results against the declared types (dims with unbound symbols are
+/// not checked): a kernel must never hand back something the graph did not declare.
+fn check_results(
+    op: &Op,
+    outs: Vec<Tensor>,
+    out_types: &[TensorType],
+    syms: &HashMap<String, usize>,
+) -> KResult<Vec<Tensor>> {
+    let err = |reason: String| KernelError::Shape {
+        op: op.mnemonic(),
+        reason,
+    };
+    if outs.len() != out_types.len() {
+        return Err(err(format!(
+            "{} results for {} declared types",
+            outs.len(),
+            out_types.len()
+        )));
+    }
+    for (k, (t, ty)) in outs.iter().zip(out_types).enumerate() {
+        let dims_ok = t.shape.len() == ty.shape.len()
+            && t.shape.iter().zip(&ty.shape).all(|(&n, d)| match d {
+                Dim::Fixed(k) => *k == n,
+                Dim::Sym(s) => syms.get(s).is_none_or(|&v| v == n),
+            });
+        if !dims_ok || t.dtype() != ty.dtype {
+            return Err(err(format!(
+                "result {k} has shape {:?} ({}), declared {ty}",
+                t.shape,
+                t.dtype()
+            )));
+        }
+    }
+    Ok(outs)
+}
+
+// ------------------------------------------------------------------ helpers
+
+/// The number of elements actually stored in a tensor.
+pub(crate) fn data_len(t: &Tensor) -> usize {
+    match &t.data {
+        Data::F32(v) => v.len(),
+        Data::BF16(v) => v.len(),
+        Data::I64(v) => v.len(),
+        Data::I32(v) => v.len(),
+    }
+}
+
+/// The f32 data of operand `i`, or `None` (no kernel) for another dtype.
+pub(crate) fn f32_operand<'a>(inputs: &[&'a Tensor], i: usize) -> Option<&'a [f32]> {
+    inputs.get(i).and_then(|t| t.as_f32())
+}
+
+/// Checks the operand count.
+pub(crate) fn arity(op: &'static str, inputs: &[&Tensor], allowed: &[usize]) -> KResult<()> {
+    if allowed.contains(&inputs.len()) {
+        Ok(())
+    } else {
+        Err(KernelError::Shape {
+            op,
+            reason: format!("takes {allowed:?} operands, got {}", inputs.len()),
+        })
+    }
+}
+
+/// The two dims of a rank-2 operand.
+pub(crate) fn dims2(op: &'static str, what: &str, t: &Tensor) -> KResult<(usize, usize)> {
+    match t.shape[..] {
+        [a, b] => Ok((a, b)),
+        _ => Err(KernelError::Shape {
+            op,
+            reason: format!("{what} must have rank 2, got shape {:?}", t.shape),
+        }),
+    }
+}
+
+/// A shape error.
+pub(crate) fn shape_err(op: &'static str, reason: String) -> KernelError {
+    KernelError::Shape { op, reason }
+}
+
+/// Rows per task when splitting `rows` rows for the rayon pool: about two tasks
+/// per thread, at least `min` and at most `max` rows per task.
+pub(crate) fn block_rows(rows: usize, min: usize, max: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    rows.div_ceil(2 * threads)
+        .clamp(min.max(1), max.max(min).max(1))
+}
+
+/// Rows per task for GEMMs: one task per thread (every task repacks the shared
+/// operand, so fewer, larger tasks), at least `min` and at most `max` rows.
+pub(crate) fn gemm_rows(rows: usize, min: usize, max: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    rows.div_ceil(threads)
+        .clamp(min.max(1), max.max(min).max(1))
+}
+
+/// A float element stored as f32 or bf16: loaded as f32, stored with round to
+/// nearest even (the IR's bf16 rule).
+pub(crate) trait Elem: Copy + Send + Sync {
+    fn load(self) -> f32;
+    fn store(v: f32) -> Self;
+}
+
+impl Elem for f32 {
+    #[inline(always)]
+    fn load(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn store(v: f32) -> Self {
+        v
+    }
+}
+
+impl Elem for bf16 {
+    #[inline(always)]
+    fn load(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn store(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+/// An integer index element (i64 or i32).
+pub(crate) trait Ix: Copy + Send + Sync {
+    fn get(self) -> i64;
+}
+
+impl Ix for i64 {
+    #[inline(always)]
+    fn get(self) -> i64 {
+        self
+    }
+}
+
+impl Ix for i32 {
+    #[inline(always)]
+    fn get(self) -> i64 {
+        i64::from(self)
+    }
+}
+
+/// The elements of an index tensor, by element type.
+#[derive(Clone, Copy)]
+pub(crate) enum Indices<'a> {
+    I64(&'a [i64]),
+    I32(&'a [i32]),
+}
+
+impl<'a> Indices<'a> {
+    /// The index view of a tensor; `None` if it is not an integer tensor.
+    pub(crate) fn of(t: &'a Tensor) -> Option<Indices<'a>> {
+        match &t.data {
+            Data::I64(v) => Some(Indices::I64(v)),
+            Data::I32(v) => Some(Indices::I32(v)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn len(self) -> usize {
+        match self {
+            Indices::I64(v) => v.len(),
+            Indices::I32(v) => v.len(),
+        }
+    }
+
+    /// The first position whose index is outside `0..rows`, with that index.
+    pub(crate) fn first_out_of_range(self, rows: usize) -> Option<(usize, i64)> {
+        fn scan<T: Ix>(v: &[T], rows: usize) -> Option<(usize, i64)> {
+            use rayon::prelude::*;
+            let bad = |x: &T| {
+                let i = x.get();
+                i < 0 || i as u64 >= rows as u64
+            };
+            let pos = if v.len() >= 1 << 16 {
+                v.par_iter().position_first(bad)
+            } else {
+                v.iter().position(bad)
+            };
+            pos.map(|p| (p, v[p].get()))
+        }
+        match self {
+            Indices::I64(v) => scan(v, rows),
+            Indices::I32(v) => scan(v, rows),
+        }
+    }
+}
+
+/// Validates every index of `idx` against a table of `rows` rows; `per_sample` is
+/// the number of indices per sample (fixed pooling) to name the sample, and
+/// `offsets` the bag starts (variable bags) for the same purpose.
+pub(crate) fn validate_indices(
+    op: &'static str,
+    idx: Indices<'_>,
+    rows: usize,
+    per_sample: Option<usize>,
+    offsets: Option<&[i64]>,
+) -> KResult<()> {
+    match idx.first_out_of_range(rows) {
+        None => Ok(()),
+        Some((position, index)) => {
+            let sample = match (per_sample, offsets) {
+                (Some(l), _) if l > 0 => Some(position / l),
+                (_, Some(off)) => Some(
+                    off.partition_point(|&o| o <= position as i64)
+                        .saturating_sub(1),
+                ),
+                _ => None,
+            };
+            Err(KernelError::IndexOutOfRange {
+                op,
+                position,
+                sample,
+                index,
+                rows,
+            })
+        }
+    }
+}
+
+/// Reads and validates the offsets of `s` variable bags over `n` indices: they
+/// start at 0 (when there is a bag), never decrease and stay `<= n`.
+pub(crate) fn read_offsets(op: &'static str, t: &Tensor, n: usize) -> KResult<Vec<i64>> {
+    let off = match &t.data {
+        Data::I64(v) => v.clone(),
+        Data::I32(v) => v.iter().map(|&x| i64::from(x)).collect(),
+        _ => {
+            return Err(KernelError::DType {
+                op,
+                reason: format!("offsets must be i64 or i32, got {}", t.dtype()),
+            });
+        }
+    };
+    if t.shape.len() != 1 {
+        return Err(shape_err(
+            op,
+            format!("offsets must have rank 1, got {:?}", t.shape),
+        ));
+    }
+    if let Some(&first) = off.first()
+        && first != 0
+    {
+        return Err(KernelError::Offsets {
+            op,
+            reason: format!("offsets[0] is {first}, must be 0"),
+        });
+    }
+    for (s, w) in off.windows(2).enumerate() {
+        if w[1] < w[0] {
+            return Err(KernelError::Offsets {
+                op,
+                reason: format!(
+                    "offsets[{}] = {} is below offsets[{s}] = {}",
+                    s + 1,
+                    w[1],
+                    w[0]
+                ),
+            });
+        }
+    }
+    if let Some(&last) = off.last()
+        && last as u64 > n as u64
+    {
+        return Err(KernelError::Offsets {
+            op,
+            reason: format!(
+                "offsets[{}] = {last} is beyond the {n} indices",
+                off.len() - 1
+            ),
+        });
+    }
+    Ok(off)
+}
+
+/// The index range of bag `s` of `off` over `n` indices (validated offsets).
+#[inline]
+pub(crate) fn bag_range(off: &[i64], s: usize, n: usize) -> std::ops::Range<usize> {
+    let start = off[s] as usize;
+    let end = off.get(s + 1).map_or(n, |&e| e as usize);
+    start..end
+}

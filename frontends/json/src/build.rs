@@ -1,0 +1,280 @@
+//! From a validated [`ModelSpec`] to a [`Model`]: the forward graph and initial parameters.
+//!
+//! The graph (names fixed by the contract, see the crate docs):
+//! - inputs: `dense` `f32[B, dense_features]`, then `idx.{t}` `i64[B, pooling_t]` per table;
+//! - parameters, in this order: `emb.{t}` `f32[rows_t, dim]` per table, then
+//!   `bot.{i}.w` `f32[out, in]` / `bot.{i}.b` `f32[out]` per bottom layer, then
+//!   `top.{i}.w` / `top.{i}.b` per top layer;
+//! - nodes: the bottom MLP (`linear {act=relu}` per layer, results `bot.{i}`), one
+//!   `embedding_bag {mode}` per table (results `bag.{t}`), `interaction` of
+//!   (bottom output, bag.0, ..) (result `inter`), the top MLP (`linear {act=relu}`,
+//!   results `top.{i}`; the last layer is `linear {act=sigmoid}` named `prob`);
+//! - one output: `prob` `f32[B, 1]`.
+//!
+//! The graph is checked by [`dlrm_ir::verify`] before it is returned.
+
+use crate::error::{Error, Result};
+use crate::init::{self, Init};
+use crate::spec::{Loss, ModelSpec, Optimizer};
+use dlrm_ir::{Act, DType, Dim, Graph, InteractionKind, IrError, Op, Pool, Tensor, TensorType};
+use std::fmt::Write as _;
+
+/// Training hyper-parameters of a model, as the description gives them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Training {
+    /// The loss applied to `prob` and the label.
+    pub loss: Loss,
+    /// The optimizer.
+    pub optimizer: Optimizer,
+    /// Learning rate.
+    pub learning_rate: f32,
+    /// Global mini-batch size.
+    pub batch_size: usize,
+    /// Seed (parameters were initialised from it; data generators may use it too).
+    pub seed: u64,
+}
+
+/// A model built from a description: forward graph, initial parameters, training setup.
+#[derive(Clone, Debug)]
+pub struct Model {
+    /// The validated description.
+    pub spec: ModelSpec,
+    /// The forward graph for one device; its only output is `prob` `f32[B, 1]`.
+    pub graph: Graph,
+    /// Initial value of every parameter, in the graph's parameter order.
+    pub params: Vec<(String, Tensor)>,
+    /// Training hyper-parameters.
+    pub training: Training,
+}
+
+/// One parameter: name, shape and initialisation.
+struct ParamDef {
+    name: String,
+    shape: Vec<usize>,
+    init: Init,
+}
+
+impl ModelSpec {
+    /// The training hyper-parameters.
+    pub fn training(&self) -> Training {
+        Training {
+            loss: self.loss,
+            optimizer: self.optimizer,
+            learning_rate: self.learning_rate,
+            batch_size: self.batch_size,
+            seed: self.seed,
+        }
+    }
+
+    fn origin(&self) -> String {
+        format!("model `{}`", self.name)
+    }
+
+    /// Every parameter in graph order (see the module docs).
+    fn param_defs(&self) -> Vec<ParamDef> {
+        let mut defs = Vec::new();
+        for (t, &rows) in self.table_rows.iter().enumerate() {
+            defs.push(ParamDef {
+                name: format!("emb.{t}"),
+                shape: vec![rows, self.embedding_dim],
+                init: Init::embedding(rows),
+            });
+        }
+        let nbot = self.bottom_mlp.len() - 1;
+        for (k, (fan_in, fan_out)) in self.layers().enumerate() {
+            let (prefix, i) = if k < nbot {
+                ("bot", k)
+            } else {
+                ("top", k - nbot)
+            };
+            defs.push(ParamDef {
+                name: format!("{prefix}.{i}.w"),
+                shape: vec![fan_out, fan_in],
+                init: Init::linear_weight(fan_in, fan_out),
+            });
+            defs.push(ParamDef {
+                name: format!("{prefix}.{i}.b"),
+                shape: vec![fan_out],
+                init: Init::linear_bias(fan_out),
+            });
+        }
+        defs
+    }
+
+    /// Builds the forward graph (validating the description first, with the model's
+    /// name as the origin) and verifies it.
+    pub fn graph(&self) -> Result<Graph> {
+        let origin = self.origin();
+        self.validate(&origin)?;
+        self.build_graph().map_err(|source| Error::Graph {
+            origin,
+            model: self.name.clone(),
+            source: Box::new(source),
+        })
+    }
+
+    fn build_graph(&self) -> Result<Graph, IrError> {
+        let b = Dim::batch;
+        let f32_ty = |dims: &[usize]| TensorType::f32(dims.iter().map(|&d| Dim::Fixed(d)));
+        let mut g = Graph::new(&self.name);
+        let dense = g.add_input("dense", TensorType::f32([b(), self.dense_features.into()]))?;
+        let mut idx = Vec::with_capacity(self.num_tables());
+        for (t, &l) in self.pooling.iter().enumerate() {
+            let ty = TensorType::new(DType::I64, [b(), l.into()]);
+            idx.push(g.add_input(&format!("idx.{t}"), ty)?);
+        }
+        let mut params = Vec::new();
+        for def in self.param_defs() {
+            params.push(g.add_param(&def.name, f32_ty(&def.shape))?);
+        }
+        let ntab = self.num_tables();
+        let (tables, linears) = params.split_at(ntab);
+        let nbot = self.bottom_mlp.len() - 1;
+        let (bot, top) = linears.split_at(2 * nbot);
+
+        let mut x = dense;
+        for (i, wb) in bot.chunks(2).enumerate() {
+            let op = Op::Linear { act: Act::Relu };
+            x = g.add(op, &[x, wb[0], wb[1]], &format!("bot.{i}"))?;
+        }
+        let mut feats = vec![x];
+        for (t, (&table, &ix)) in tables.iter().zip(&idx).enumerate() {
+            let op = Op::EmbeddingBag {
+                mode: self.pooling_mode,
+            };
+            feats.push(g.add(op, &[table, ix], &format!("bag.{t}"))?);
+        }
+        let op = Op::Interaction {
+            kind: self.interaction,
+            self_interaction: self.interaction_itself,
+        };
+        let mut y = g.add(op, &feats, "inter")?;
+        let ntop = top.len() / 2;
+        for (i, wb) in top.chunks(2).enumerate() {
+            let last = i + 1 == ntop;
+            let act = if last { Act::Sigmoid } else { Act::Relu };
+            let name = if last {
+                "prob".to_string()
+            } else {
+                format!("top.{i}")
+            };
+            y = g.add(Op::Linear { act }, &[y, wb[0], wb[1]], &name)?;
+        }
+        g.add_output(y);
+        dlrm_ir::verify(&g)?;
+        Ok(g)
+    }
+
+    /// Initialises every parameter (graph order) as the reference DLRM does, from
+    /// `seed`; the values do not depend on the number of threads. Validates first.
+    pub fn init_params(&self) -> Result<Vec<(String, Tensor)>> {
+        self.validate(&self.origin())?;
+        let defs = self.param_defs();
+        let mut data: Vec<Vec<f32>> = defs
+            .iter()
+            .map(|d| vec![0.0f32; d.shape.iter().product()])
+            .collect();
+        let mut bufs: Vec<(Init, &mut [f32])> = defs
+            .iter()
+            .zip(data.iter_mut())
+            .map(|(d, v)| (d.init, v.as_mut_slice()))
+            .collect();
+        init::fill(self.seed, &mut bufs);
+        Ok(defs
+            .into_iter()
+            .zip(data)
+            .map(|(d, v)| (d.name, Tensor::f32(d.shape, v)))
+            .collect())
+    }
+
+    /// Builds the model: graph, initial parameters and training setup.
+    pub fn build(self) -> Result<Model> {
+        let graph = self.graph()?;
+        let params = self.init_params()?;
+        let training = self.training();
+        Ok(Model {
+            spec: self,
+            graph,
+            params,
+            training,
+        })
+    }
+}
+
+impl Model {
+    /// The initial value of a parameter, by name.
+    pub fn param(&self, name: &str) -> Option<&Tensor> {
+        self.params.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+
+    /// A few human-readable lines: shapes, parameter counts and sizes, training setup.
+    pub fn summary(&self) -> String {
+        let s = &self.spec;
+        let join = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join("-");
+        let table_elems: u64 = s
+            .table_rows
+            .iter()
+            .map(|&r| (r * s.embedding_dim) as u64)
+            .sum();
+        let total = s.param_count();
+        let mlp_elems = total - table_elems;
+        let pooling = if s.pooling.iter().all(|&l| l == s.pooling[0]) {
+            s.pooling[0].to_string()
+        } else {
+            format!("{:?}", s.pooling)
+        };
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "model `{}`: {} dense features, {} tables ({} rows in all, dim {}, pooling {} {})",
+            s.name,
+            s.dense_features,
+            s.num_tables(),
+            s.table_rows.iter().sum::<usize>(),
+            s.embedding_dim,
+            pooling,
+            match s.pooling_mode {
+                Pool::Sum => "sum",
+                Pool::Mean => "mean",
+            },
+        );
+        let _ = writeln!(
+            out,
+            "bottom MLP {}, interaction {}{} (width {}), top MLP {}-{}",
+            join(&s.bottom_mlp),
+            match s.interaction {
+                InteractionKind::Dot => "dot",
+                InteractionKind::Cat => "cat",
+            },
+            if s.interaction_itself {
+                " with self terms"
+            } else {
+                ""
+            },
+            s.top_input_width(),
+            s.top_input_width(),
+            join(&s.top_mlp),
+        );
+        let _ = writeln!(
+            out,
+            "parameters: {total} ({:.1} MB as f32): tables {table_elems}, MLPs {mlp_elems}",
+            total as f64 * 4.0 / 1e6,
+        );
+        let t = &self.training;
+        let _ = write!(
+            out,
+            "training: {} loss, {} lr {}, batch {}, seed {}",
+            match t.loss {
+                Loss::Bce => "bce",
+                Loss::Mse => "mse",
+            },
+            match t.optimizer {
+                Optimizer::Sgd => "sgd",
+            },
+            t.learning_rate,
+            t.batch_size,
+            t.seed
+        );
+        out
+    }
+}

@@ -1,0 +1,472 @@
+//! The model description: its JSON form, parsing and validation.
+//!
+//! Parsing goes through a private serde mirror ([`RawSpec`], `deny_unknown_fields`)
+//! whose errors carry serde's line and column and the path of the field being read;
+//! it is then normalised into the public [`ModelSpec`] (one pooling factor per
+//! table, IR enums) and checked by [`ModelSpec::validate`].
+//!
+//! Invariant: a [`ModelSpec`] returned by [`ModelSpec::parse`] or [`ModelSpec::load`]
+//! has passed [`ModelSpec::validate`], so building its graph cannot fail and every
+//! parameter's element count fits in `usize`.
+
+use crate::error::{Error, Result};
+use dlrm_ir::{InteractionKind, Pool};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use std::fmt;
+use std::path::Path;
+
+/// The training loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Loss {
+    /// Binary cross-entropy of the probability (`"bce"`).
+    Bce,
+    /// Mean squared error of the probability (`"mse"`, the reference DLRM's default).
+    Mse,
+}
+
+/// The optimizer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Optimizer {
+    /// Plain SGD: dense for MLP weights, sparse (touched rows only) for tables (`"sgd"`).
+    Sgd,
+}
+
+/// A validated model description (see the crate docs for the JSON form).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSpec {
+    /// The model's (and graph's) name: one or more of `A-Z a-z 0-9 _ . -`.
+    pub name: String,
+    /// Width of the dense input `dense` `f32[B, dense_features]`.
+    pub dense_features: usize,
+    /// Width of every embedding vector.
+    pub embedding_dim: usize,
+    /// Rows of each embedding table, one entry per table.
+    pub table_rows: Vec<usize>,
+    /// Lookups per sample of each table (one entry per table; a single number in the
+    /// file is repeated for every table).
+    pub pooling: Vec<usize>,
+    /// How a bag's rows are combined.
+    pub pooling_mode: Pool,
+    /// Bottom MLP widths, the input width (`dense_features`) first.
+    pub bottom_mlp: Vec<usize>,
+    /// Top MLP widths without the input width; the last is 1.
+    pub top_mlp: Vec<usize>,
+    /// Feature interaction.
+    pub interaction: InteractionKind,
+    /// Keep the self-interaction terms `i == j` (dot only).
+    pub interaction_itself: bool,
+    /// Training loss.
+    pub loss: Loss,
+    /// Global mini-batch size.
+    pub batch_size: usize,
+    /// Optimizer.
+    pub optimizer: Optimizer,
+    /// Learning rate (finite, > 0).
+    pub learning_rate: f32,
+    /// Seed of the parameter initialisation (and of anything else random).
+    pub seed: u64,
+}
+
+// ------------------------------------------------------------------ raw form
+
+/// The JSON form exactly as written; see the crate docs.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSpec {
+    name: String,
+    dense_features: usize,
+    embedding_dim: usize,
+    table_rows: Vec<usize>,
+    #[serde(default)]
+    pooling: RawPooling,
+    #[serde(default)]
+    pooling_mode: RawPoolingMode,
+    bottom_mlp: Widths,
+    top_mlp: Widths,
+    #[serde(default)]
+    interaction: RawInteraction,
+    #[serde(default)]
+    interaction_itself: bool,
+    #[serde(default)]
+    loss: RawLoss,
+    batch_size: usize,
+    #[serde(default)]
+    optimizer: RawOptimizer,
+    learning_rate: f64,
+    #[serde(default = "default_seed")]
+    seed: u64,
+}
+
+fn default_seed() -> u64 {
+    1
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+enum RawPoolingMode {
+    #[default]
+    Sum,
+    Mean,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+enum RawInteraction {
+    #[default]
+    Dot,
+    Cat,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+enum RawLoss {
+    #[default]
+    Bce,
+    Mse,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+enum RawOptimizer {
+    #[default]
+    Sgd,
+}
+
+/// `pooling`: one number for every table, or a list with one number per table.
+enum RawPooling {
+    Uniform(usize),
+    PerTable(Vec<usize>),
+}
+
+impl Default for RawPooling {
+    fn default() -> Self {
+        RawPooling::Uniform(1)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawPooling {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawPooling;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a number of lookups per table, or a list with one per table")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawPooling, E> {
+                usize::try_from(v)
+                    .map(RawPooling::Uniform)
+                    .map_err(|_| E::custom(format!("{v} lookups is too many")))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<RawPooling, A::Error> {
+                let mut v = Vec::new();
+                while let Some(x) = seq.next_element::<usize>()? {
+                    v.push(x);
+                }
+                Ok(RawPooling::PerTable(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// MLP widths: a list of numbers or a string of numbers joined by `-`.
+struct Widths(Vec<usize>);
+
+impl<'de> Deserialize<'de> for Widths {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Widths;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    "a list of layer widths like [13, 512, 64] or a string like \"13-512-64\"",
+                )
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Widths, E> {
+                s.split('-')
+                    .map(|part| {
+                        part.trim().parse::<usize>().map_err(|_| {
+                            E::custom(format!(
+                                "`{part}` in \"{s}\" is not a layer width \
+                                 (expected numbers joined by `-`, like \"13-512-64\")"
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, E>>()
+                    .map(Widths)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Widths, A::Error> {
+                let mut v = Vec::new();
+                while let Some(x) = seq.next_element::<usize>()? {
+                    v.push(x);
+                }
+                Ok(Widths(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+// ------------------------------------------------------------------ parsing
+
+impl ModelSpec {
+    /// Reads and parses a description file; the path is the origin in errors.
+    pub fn load(path: impl AsRef<Path>) -> Result<ModelSpec> {
+        let path = path.as_ref();
+        let src = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        ModelSpec::parse(&src, &path.display().to_string())
+    }
+
+    /// Parses and validates a description. `origin` names the source in errors (a
+    /// file path, or e.g. `<inline>`).
+    pub fn parse(src: &str, origin: &str) -> Result<ModelSpec> {
+        let mut de = serde_json::Deserializer::from_str(src);
+        let raw: RawSpec = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let path = e.path().to_string();
+            // `.` is the root; `?` marks a segment serde could not name.
+            let field = (path != "." && !path.contains('?')).then_some(path);
+            json_error(origin, field, e.into_inner())
+        })?;
+        // Trailing characters after the object are an error too.
+        de.end().map_err(|e| json_error(origin, None, e))?;
+        let spec = raw.into_spec(origin)?;
+        spec.validate(origin)?;
+        Ok(spec)
+    }
+}
+
+fn json_error(origin: &str, field: Option<String>, e: serde_json::Error) -> Error {
+    let (line, column) = (e.line(), e.column());
+    let full = e.to_string();
+    let suffix = format!(" at line {line} column {column}");
+    let message = full.strip_suffix(&suffix).unwrap_or(&full).to_string();
+    Error::Json {
+        origin: origin.to_string(),
+        field,
+        line,
+        column,
+        message,
+    }
+}
+
+impl RawSpec {
+    fn into_spec(self, origin: &str) -> Result<ModelSpec> {
+        let pooling = match self.pooling {
+            RawPooling::Uniform(0) => return Err(invalid(origin, "pooling", "must be > 0, got 0")),
+            RawPooling::Uniform(l) => vec![l; self.table_rows.len()],
+            RawPooling::PerTable(v) => v,
+        };
+        Ok(ModelSpec {
+            name: self.name,
+            dense_features: self.dense_features,
+            embedding_dim: self.embedding_dim,
+            table_rows: self.table_rows,
+            pooling,
+            pooling_mode: match self.pooling_mode {
+                RawPoolingMode::Sum => Pool::Sum,
+                RawPoolingMode::Mean => Pool::Mean,
+            },
+            bottom_mlp: self.bottom_mlp.0,
+            top_mlp: self.top_mlp.0,
+            interaction: match self.interaction {
+                RawInteraction::Dot => InteractionKind::Dot,
+                RawInteraction::Cat => InteractionKind::Cat,
+            },
+            interaction_itself: self.interaction_itself,
+            loss: match self.loss {
+                RawLoss::Bce => Loss::Bce,
+                RawLoss::Mse => Loss::Mse,
+            },
+            batch_size: self.batch_size,
+            optimizer: match self.optimizer {
+                RawOptimizer::Sgd => Optimizer::Sgd,
+            },
+            learning_rate: self.learning_rate as f32,
+            seed: self.seed,
+        })
+    }
+}
+
+fn invalid(origin: &str, field: impl Into<String>, reason: impl Into<String>) -> Error {
+    Error::Invalid {
+        origin: origin.to_string(),
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+// ------------------------------------------------------------------ validation
+
+impl ModelSpec {
+    /// Checks every rule of the description; `origin` names the source in errors.
+    /// The first violation is returned, naming its field.
+    pub fn validate(&self, origin: &str) -> Result<()> {
+        let bad = |field: String, reason: String| Err(invalid(origin, field, reason));
+        let positive = |field: String, v: usize| {
+            if v == 0 {
+                bad(field, "must be > 0, got 0".into())
+            } else {
+                Ok(())
+            }
+        };
+        if !dlrm_ir::text::is_graph_name(&self.name) {
+            return bad(
+                "name".into(),
+                format!(
+                    "must be one or more of A-Z a-z 0-9 _ . - (it names the graph), got {:?}",
+                    self.name
+                ),
+            );
+        }
+        positive("dense_features".into(), self.dense_features)?;
+        positive("embedding_dim".into(), self.embedding_dim)?;
+        if self.table_rows.is_empty() {
+            return bad("table_rows".into(), "must list at least one table".into());
+        }
+        for (t, &rows) in self.table_rows.iter().enumerate() {
+            positive(format!("table_rows[{t}]"), rows)?;
+            if rows.checked_mul(self.embedding_dim).is_none() {
+                return bad(
+                    format!("table_rows[{t}]"),
+                    format!(
+                        "{rows} rows x embedding_dim {} elements do not fit in memory",
+                        self.embedding_dim
+                    ),
+                );
+            }
+        }
+        if self.pooling.len() != self.table_rows.len() {
+            return bad(
+                "pooling".into(),
+                format!(
+                    "lists {} lookup counts but `table_rows` has {} tables (give one per table, \
+                     or a single number)",
+                    self.pooling.len(),
+                    self.table_rows.len()
+                ),
+            );
+        }
+        for (t, &l) in self.pooling.iter().enumerate() {
+            positive(format!("pooling[{t}]"), l)?;
+        }
+        if self.bottom_mlp.len() < 2 {
+            return bad(
+                "bottom_mlp".into(),
+                format!(
+                    "must give the input width and at least one layer (like \"13-512-64\"), got {:?}",
+                    self.bottom_mlp
+                ),
+            );
+        }
+        for (i, &w) in self.bottom_mlp.iter().enumerate() {
+            positive(format!("bottom_mlp[{i}]"), w)?;
+        }
+        if self.bottom_mlp[0] != self.dense_features {
+            return bad(
+                "bottom_mlp[0]".into(),
+                format!(
+                    "is the bottom MLP's input width and must equal dense_features {}, got {}",
+                    self.dense_features, self.bottom_mlp[0]
+                ),
+            );
+        }
+        let last_bot = self.bottom_mlp.len() - 1;
+        if self.interaction == InteractionKind::Dot
+            && self.bottom_mlp[last_bot] != self.embedding_dim
+        {
+            return bad(
+                format!("bottom_mlp[{last_bot}]"),
+                format!(
+                    "the bottom MLP's output width must equal embedding_dim {} for interaction \
+                     \"dot\", got {}",
+                    self.embedding_dim, self.bottom_mlp[last_bot]
+                ),
+            );
+        }
+        if self.interaction == InteractionKind::Cat && self.interaction_itself {
+            return bad(
+                "interaction_itself".into(),
+                "applies only to interaction \"dot\"; remove it or set it to false".into(),
+            );
+        }
+        if self.top_mlp.is_empty() {
+            return bad(
+                "top_mlp".into(),
+                "must list at least the output layer (width 1)".into(),
+            );
+        }
+        for (i, &w) in self.top_mlp.iter().enumerate() {
+            positive(format!("top_mlp[{i}]"), w)?;
+        }
+        let last_top = self.top_mlp.len() - 1;
+        if self.top_mlp[last_top] != 1 {
+            return bad(
+                format!("top_mlp[{last_top}]"),
+                format!(
+                    "the last layer gives the click probability and must have width 1, got {}",
+                    self.top_mlp[last_top]
+                ),
+            );
+        }
+        positive("batch_size".into(), self.batch_size)?;
+        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
+            return bad(
+                "learning_rate".into(),
+                format!(
+                    "must be a finite number > 0 (as f32), got {}",
+                    self.learning_rate
+                ),
+            );
+        }
+        if self.checked_param_count().is_none() {
+            return bad(
+                "table_rows".into(),
+                "the model's parameter count overflows 64 bits".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Number of embedding tables.
+    pub fn num_tables(&self) -> usize {
+        self.table_rows.len()
+    }
+
+    /// Width of the interaction's output, the top MLP's input.
+    pub fn top_input_width(&self) -> usize {
+        let bot_out = self.bottom_mlp.last().copied().unwrap_or(0);
+        let mut widths = vec![bot_out];
+        widths.extend(std::iter::repeat_n(self.embedding_dim, self.num_tables()));
+        dlrm_ir::interaction_width(self.interaction, self.interaction_itself, &widths)
+    }
+
+    /// Total number of parameter elements (tables and MLPs), or `None` on overflow.
+    pub(crate) fn checked_param_count(&self) -> Option<u64> {
+        let mut n = 0u64;
+        for &rows in &self.table_rows {
+            n = n.checked_add((rows as u64).checked_mul(self.embedding_dim as u64)?)?;
+        }
+        for (fan_in, fan_out) in self.layers() {
+            let w = (fan_in as u64).checked_mul(fan_out as u64)?;
+            n = n.checked_add(w)?.checked_add(fan_out as u64)?;
+        }
+        Some(n)
+    }
+
+    /// Total number of parameter elements (tables and MLPs) of a validated spec.
+    pub fn param_count(&self) -> u64 {
+        self.checked_param_count().unwrap_or(u64::MAX)
+    }
+
+    /// Every linear layer as `(fan_in, fan_out)`: bottom layers, then top layers.
+    pub(crate) fn layers(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let bot = self.bottom_mlp.windows(2).map(|w| (w[0], w[1]));
+        let top_in = std::iter::once(self.top_input_width()).chain(self.top_mlp.iter().copied());
+        let top = top_in.zip(self.top_mlp.iter().copied());
+        bot.chain(top)
+    }
+}

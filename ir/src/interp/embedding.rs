@@ -1,0 +1,197 @@
+//! Embedding ops: `embedding_bag` (fixed pooling `[S,L]` or variable bags given by
+//! `indices[N]` + `offsets[S]`) and `embedding_bag_grad`. (`sparse_sgd`, the
+//! table update, is in `optim`.)
+//!
+//! Validation comes first, before any output is computed: offsets must start at 0,
+//! be non-decreasing and at most `N`; every index must lie in `0..rows` (for the
+//! gradient, which has no table, every index must be non-negative). Errors name the
+//! sample (bag) and the position inside the bag.
+//!
+//! Summation order: a bag's rows are added into an f32 accumulator starting at `0.0`
+//! in bag order (position 0 first); `mean` then divides the sum by the bag's length.
+//! An empty bag gives zeros for both `sum` and `mean`.
+
+use super::common::{
+    FView, R, describe, dims1, dims2, expect_arity, fview, ints, out_of_range, store,
+};
+use crate::{DType, Pool, Tensor};
+use std::borrow::Cow;
+use std::ops::Range;
+
+/// The bag structure of an index operand.
+pub(super) enum Bags {
+    /// `[S, L]` indices: bag `s` is row `s`.
+    Fixed {
+        /// Samples.
+        samples: usize,
+        /// Indices per bag.
+        len: usize,
+    },
+    /// `indices[N]` with `offsets[S]`, already validated.
+    Var {
+        /// Validated offsets.
+        offsets: Vec<usize>,
+        /// Number of indices.
+        n: usize,
+    },
+}
+
+impl Bags {
+    /// Reads and validates the bag structure from `indices` (and `offsets`).
+    pub(super) fn new(indices: &Tensor, offsets: Option<&Tensor>) -> R<Bags> {
+        match offsets {
+            None => {
+                let [samples, len] = dims2(indices, "indices (fixed pooling)")?;
+                Ok(Bags::Fixed { samples, len })
+            }
+            Some(off) => {
+                let n = dims1(indices, "indices (with offsets)")?;
+                dims1(off, "offsets")?;
+                let raw = ints(off, "offsets")?;
+                let mut offsets = Vec::with_capacity(raw.len());
+                for (s, &o) in raw.iter().enumerate() {
+                    let prev = offsets.last().copied();
+                    let ok = usize::try_from(o)
+                        .ok()
+                        .filter(|&o| o <= n && prev.is_none_or(|p| o >= p));
+                    match ok {
+                        Some(o) if s > 0 || o == 0 => offsets.push(o),
+                        _ => {
+                            let why = if s == 0 {
+                                "the first offset must be 0".to_string()
+                            } else if o > n as i64 {
+                                format!("offsets must be at most the {n} indices")
+                            } else {
+                                format!(
+                                    "offsets must be non-decreasing (offset {} is {})",
+                                    s - 1,
+                                    raw[s - 1]
+                                )
+                            };
+                            return Err(format!("bad offset {o} for sample {s}: {why}"));
+                        }
+                    }
+                }
+                if offsets.is_empty() && n > 0 {
+                    return Err(format!("{n} indices but no bags (offsets is empty)"));
+                }
+                Ok(Bags::Var { offsets, n })
+            }
+        }
+    }
+
+    /// Number of bags (samples).
+    pub(super) fn samples(&self) -> usize {
+        match self {
+            Bags::Fixed { samples, .. } => *samples,
+            Bags::Var { offsets, .. } => offsets.len(),
+        }
+    }
+
+    /// The positions of bag `s` in the flat indices.
+    pub(super) fn bag(&self, s: usize) -> Range<usize> {
+        match self {
+            Bags::Fixed { len, .. } => s * len..(s + 1) * len,
+            Bags::Var { offsets, n } => {
+                let end = offsets.get(s + 1).copied().unwrap_or(*n);
+                offsets[s]..end
+            }
+        }
+    }
+}
+
+/// Checks every index: inside `0..rows` when `rows` is given, else non-negative.
+/// Returns the indices as `usize`.
+fn check_indices(idx: &[i64], bags: &Bags, rows: Option<usize>) -> R<Vec<usize>> {
+    let mut out = vec![0usize; idx.len()];
+    for s in 0..bags.samples() {
+        let bag = bags.bag(s);
+        for (p, flat) in bag.clone().enumerate() {
+            let i = idx[flat];
+            let loc = format!("sample {s}, position {p}");
+            let ok = usize::try_from(i)
+                .ok()
+                .filter(|&u| rows.is_none_or(|r| u < r));
+            match (ok, rows) {
+                (Some(u), _) => out[flat] = u,
+                (None, Some(r)) => return Err(out_of_range(i, &loc, r)),
+                (None, None) => return Err(format!("index {i} at {loc} is negative")),
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Splits the operands after the first into indices and optional offsets and
+/// validates the bags.
+fn bags_of<'a>(ins: &[&'a Tensor]) -> R<(Cow<'a, [i64]>, Bags)> {
+    let idx = ins[1];
+    let off = ins.get(2).copied();
+    let bags = Bags::new(idx, off)?;
+    let raw = ints(idx, "indices")?;
+    Ok((raw, bags))
+}
+
+/// `embedding_bag(table[R,D], indices[, offsets]) -> [S,D]`.
+pub(super) fn embedding_bag(mode: Pool, ins: &[&Tensor], out: DType) -> R<Tensor> {
+    expect_arity("embedding_bag", ins, &[2, 3])?;
+    let [rows, d] = dims2(ins[0], "table")?;
+    let table: FView<'_> = fview(ins[0], "table")?;
+    let (raw, bags) = bags_of(ins)?;
+    let idx = check_indices(&raw, &bags, Some(rows))?;
+    let samples = bags.samples();
+    let mut y = Vec::with_capacity(samples * d);
+    let mut acc = vec![0.0f32; d];
+    for s in 0..samples {
+        acc.iter_mut().for_each(|a| *a = 0.0);
+        let bag = bags.bag(s);
+        let count = bag.len();
+        for flat in bag {
+            let base = idx[flat] * d;
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a += table.get(base + j);
+            }
+        }
+        if mode == Pool::Mean && count > 0 {
+            let c = count as f32;
+            acc.iter_mut().for_each(|a| *a /= c);
+        }
+        y.extend_from_slice(&acc);
+    }
+    store(out, vec![samples, d], y)
+}
+
+/// `embedding_bag_grad(dy[S,D], indices[, offsets])`: one row per index, `dy[bag]`
+/// (divided by the bag's length for `mean`); shape `indices.shape ++ [D]`.
+pub(super) fn embedding_bag_grad(mode: Pool, ins: &[&Tensor], out: DType) -> R<Tensor> {
+    expect_arity("embedding_bag_grad", ins, &[2, 3])?;
+    let [s_dy, d] = dims2(ins[0], "dy")?;
+    let dy = super::common::floats(ins[0], "dy")?;
+    let (raw, bags) = bags_of(ins)?;
+    if bags.samples() != s_dy {
+        return Err(format!(
+            "dy {} has {s_dy} samples but the indices describe {} bags",
+            describe(ins[0]),
+            bags.samples()
+        ));
+    }
+    check_indices(&raw, &bags, None)?;
+    let mut g = vec![0.0f32; raw.len() * d];
+    for s in 0..s_dy {
+        let bag = bags.bag(s);
+        let count = bag.len() as f32;
+        let row = &dy[s * d..(s + 1) * d];
+        for flat in bag {
+            let dst = &mut g[flat * d..(flat + 1) * d];
+            for (o, &v) in dst.iter_mut().zip(row) {
+                *o = match mode {
+                    Pool::Sum => v,
+                    Pool::Mean => v / count,
+                };
+            }
+        }
+    }
+    let mut shape = ins[1].shape.clone();
+    shape.push(d);
+    store(out, shape, g)
+}

@@ -1,0 +1,155 @@
+//! Feature interaction: `interaction` (`dot`, `cat`) and `interaction_grad`.
+//!
+//! `dot`: with `T = [x, e_0, .., e_{n-1}]` (`F = n+1` vectors of width `D` per
+//! sample) the result row is `x` followed by `T_i · T_j` for `i` in `0..F` (outer)
+//! and `j` in `0..i` (inner; `0..=i` with self interaction). Each dot product is one
+//! f32 accumulator from `0.0` over `d` ascending.
+//!
+//! `dot` gradient, per sample: `dT_0` starts as the `x` part of `dr` and every other
+//! `dT_k` at zero; then, for each kept pair `(i, j)` in the forward's output order
+//! with `g = dr[pair]`, for `d` ascending: `dT_i[d] += g·T_j[d]` then
+//! `dT_j[d] += g·T_i[d]` (a diagonal pair thus adds `g·T_i[d]` twice).
+//! `cat` gradient: `dr` split back into the operands' widths.
+
+use super::common::{R, describe, dims2, floats, store};
+use crate::{DType, InteractionKind, Tensor, interaction_width};
+use std::borrow::Cow;
+
+/// Checked forward operands: samples, widths and the widened values.
+type Operands<'t> = (usize, Vec<usize>, Vec<Cow<'t, [f32]>>);
+
+/// Checks the forward operands (rank 2, same samples, equal widths for `dot`).
+fn operands<'t>(fwd: &[&'t Tensor], kind: InteractionKind) -> R<Operands<'t>> {
+    let Some(first) = fwd.first() else {
+        return Err("interaction needs at least the dense operand".into());
+    };
+    let [s, _] = dims2(first, "interaction operand 0")?;
+    let mut widths = Vec::with_capacity(fwd.len());
+    let mut vals = Vec::with_capacity(fwd.len());
+    for (i, t) in fwd.iter().enumerate() {
+        let what = format!("interaction operand {i}");
+        let [si, w] = dims2(t, &what)?;
+        if si != s {
+            return Err(format!(
+                "{what} {} has {si} samples, operand 0 {} has {s}",
+                describe(t),
+                describe(first)
+            ));
+        }
+        if kind == InteractionKind::Dot && w != widths.first().copied().unwrap_or(w) {
+            return Err(format!(
+                "dot interaction needs equal widths: {what} {} differs from operand 0 {}",
+                describe(t),
+                describe(first)
+            ));
+        }
+        widths.push(w);
+        vals.push(floats(t, &what)?);
+    }
+    Ok((s, widths, vals))
+}
+
+/// The pairs `(i, j)` kept by `dot`, in output order.
+fn pairs(f: usize, self_interaction: bool) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for i in 0..f {
+        let end = if self_interaction { i + 1 } else { i };
+        for j in 0..end {
+            out.push((i, j));
+        }
+    }
+    out
+}
+
+/// `interaction(x, e_0, .., e_{n-1})`.
+pub(super) fn interaction(
+    kind: InteractionKind,
+    self_interaction: bool,
+    ins: &[&Tensor],
+    out: DType,
+) -> R<Tensor> {
+    let (s, widths, vals) = operands(ins, kind)?;
+    let width = interaction_width(kind, self_interaction, &widths);
+    let mut r = Vec::with_capacity(s * width);
+    match kind {
+        InteractionKind::Cat => {
+            for si in 0..s {
+                for (v, &w) in vals.iter().zip(&widths) {
+                    r.extend_from_slice(&v[si * w..(si + 1) * w]);
+                }
+            }
+        }
+        InteractionKind::Dot => {
+            let d = widths[0];
+            let kept = pairs(ins.len(), self_interaction);
+            for si in 0..s {
+                let row = |k: usize| &vals[k][si * d..(si + 1) * d];
+                r.extend_from_slice(row(0));
+                for &(i, j) in &kept {
+                    let mut acc = 0.0f32;
+                    for (a, b) in row(i).iter().zip(row(j)) {
+                        acc += a * b;
+                    }
+                    r.push(acc);
+                }
+            }
+        }
+    }
+    store(out, vec![s, width], r)
+}
+
+/// `interaction_grad(dr, x, e_0, .., e_{n-1}) -> (dx, de_0, .., de_{n-1})`.
+pub(super) fn interaction_grad(
+    kind: InteractionKind,
+    self_interaction: bool,
+    ins: &[&Tensor],
+    outs: &[DType],
+) -> R<Vec<Tensor>> {
+    let Some((dr_t, fwd)) = ins.split_first() else {
+        return Err("interaction_grad needs dr and at least the dense operand".into());
+    };
+    let (s, widths, vals) = operands(fwd, kind)?;
+    let width = interaction_width(kind, self_interaction, &widths);
+    let [sr, wr] = dims2(dr_t, "dr")?;
+    if sr != s || wr != width {
+        return Err(format!(
+            "dr {} must be [{s},{width}] for these interaction operands",
+            describe(dr_t)
+        ));
+    }
+    let dr = floats(dr_t, "dr")?;
+    let mut grads: Vec<Vec<f32>> = widths.iter().map(|&w| vec![0.0f32; s * w]).collect();
+    match kind {
+        InteractionKind::Cat => {
+            for si in 0..s {
+                let mut off = si * width;
+                for (g, &w) in grads.iter_mut().zip(&widths) {
+                    g[si * w..(si + 1) * w].copy_from_slice(&dr[off..off + w]);
+                    off += w;
+                }
+            }
+        }
+        InteractionKind::Dot => {
+            let d = widths[0];
+            let kept = pairs(fwd.len(), self_interaction);
+            for si in 0..s {
+                let rs = si * width;
+                let at = si * d;
+                grads[0][at..at + d].copy_from_slice(&dr[rs..rs + d]);
+                for (p, &(i, j)) in kept.iter().enumerate() {
+                    let g = dr[rs + d + p];
+                    for k in 0..d {
+                        grads[i][at + k] += g * vals[j][at + k];
+                        grads[j][at + k] += g * vals[i][at + k];
+                    }
+                }
+            }
+        }
+    }
+    grads
+        .into_iter()
+        .zip(widths)
+        .zip(outs)
+        .map(|((g, w), &dt)| store(dt, vec![s, w], g))
+        .collect()
+}

@@ -1,0 +1,116 @@
+//! Optimizer updates: `sgd` (dense) and `sparse_sgd` (embedding rows).
+//!
+//! Both are functional in the IR (they return the new parameter) and compute in f32:
+//! - `sgd`: `w' = w - lr·g` elementwise, stored in the result dtype.
+//! - `sparse_sgd`: the table is widened to f32, then for every index in row-major
+//!   order `table[idx] -= lr·rowgrad[i]` (element by element, `d` ascending), and
+//!   the result is stored in the result dtype. For a bf16 table this means a row hit
+//!   by several indices is rounded to bf16 once, after all its updates (not after
+//!   each). Rows never indexed come back bit-identical.
+//!
+//! Every index is validated before any update is applied.
+
+use super::common::{
+    R, describe, dims2, expect_arity, floats, index_location, ints, out_of_range, same_shape, store,
+};
+use crate::{DType, Data, Tensor};
+use half::bf16;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+/// `sgd(w, g) -> w - lr·g`.
+pub(super) fn sgd(lr: f32, ins: &[&Tensor], out: DType) -> R<Tensor> {
+    expect_arity("sgd", ins, &[2])?;
+    same_shape("weight", ins[0], "gradient", ins[1])?;
+    let w = floats(ins[0], "weight")?;
+    let g = floats(ins[1], "gradient")?;
+    let y = w.iter().zip(g.iter()).map(|(&a, &b)| a - lr * b).collect();
+    store(out, ins[0].shape.clone(), y)
+}
+
+/// `sparse_sgd(table[R,D], indices[..], rowgrad[.., D])`. The table is taken as a
+/// `Cow` so that a caller owning it (the interpreter's `run`, at the table's last
+/// use) has it updated in place without a copy.
+pub(super) fn sparse_sgd(
+    lr: f32,
+    table: Cow<'_, Tensor>,
+    ins: &[&Tensor],
+    out: DType,
+) -> R<Tensor> {
+    // `ins` are the indices and the row gradient.
+    let [idx_t, g_t] = ins else {
+        return Err(format!(
+            "`sparse_sgd` takes 3 operands, got {}",
+            ins.len() + 1
+        ));
+    };
+    let [rows, d] = dims2(&table, "table")?;
+    super::common::check_len(&table, "table")?;
+    let mut want = idx_t.shape.clone();
+    want.push(d);
+    if g_t.shape != want {
+        return Err(format!(
+            "row gradient {} must have shape indices ++ [{d}] for indices {} and table {}",
+            describe(g_t),
+            describe(idx_t),
+            describe(&table)
+        ));
+    }
+    let raw = ints(idx_t, "indices")?;
+    let g = floats(g_t, "row gradient")?;
+    let mut idx = Vec::with_capacity(raw.len());
+    for (flat, &i) in raw.iter().enumerate() {
+        match usize::try_from(i).ok().filter(|&u| u < rows) {
+            Some(u) => idx.push(u),
+            None => {
+                return Err(out_of_range(i, &index_location(&idx_t.shape, flat), rows));
+            }
+        }
+    }
+    let shape = table.shape.clone();
+    match (&table.data, out) {
+        (Data::BF16(_), DType::BF16) => {
+            // Only the touched rows are widened; untouched rows are unchanged by
+            // widen-then-round, so this equals widening the whole table.
+            let mut t = table.into_owned();
+            let Data::BF16(v) = &mut t.data else {
+                return Err("internal: table dtype changed".into());
+            };
+            let mut scratch: BTreeMap<usize, Vec<f32>> = BTreeMap::new();
+            for (i, &r) in idx.iter().enumerate() {
+                let row = scratch
+                    .entry(r)
+                    .or_insert_with(|| v[r * d..(r + 1) * d].iter().map(|x| x.to_f32()).collect());
+                for (w, &gv) in row.iter_mut().zip(&g[i * d..(i + 1) * d]) {
+                    *w -= lr * gv;
+                }
+            }
+            for (r, row) in scratch {
+                for (dst, w) in v[r * d..(r + 1) * d].iter_mut().zip(row) {
+                    *dst = bf16::from_f32(w);
+                }
+            }
+            Ok(t)
+        }
+        _ => {
+            let mut v: Vec<f32> = match table {
+                Cow::Owned(Tensor {
+                    data: Data::F32(v), ..
+                }) => v,
+                other => floats(&other, "table")?.into_owned(),
+            };
+            for (i, &r) in idx.iter().enumerate() {
+                for (w, &gv) in v[r * d..(r + 1) * d].iter_mut().zip(&g[i * d..(i + 1) * d]) {
+                    *w -= lr * gv;
+                }
+            }
+            store(out, shape, v)
+        }
+    }
+}
+
+/// `sparse_sgd` on borrowed operands (the table is copied once).
+pub(super) fn sparse_sgd_ref(lr: f32, ins: &[&Tensor], out: DType) -> R<Tensor> {
+    expect_arity("sparse_sgd", ins, &[3])?;
+    sparse_sgd(lr, Cow::Borrowed(ins[0]), &ins[1..], out)
+}

@@ -1,0 +1,482 @@
+//! Reverse-mode automatic differentiation and the SGD step (pass id `autodiff`).
+//!
+//! Input: a forward graph whose first output is the prediction. Output: the training
+//! step. The pass
+//! 1. adds the input `label` with the prediction's type and the loss node (`bce` or
+//!    `mse`, `denom=B`); the loss becomes the graph's only output;
+//! 2. differentiates backwards over the nodes the loss depends on, only for values
+//!    that depend on a float parameter (so nothing is computed for inputs);
+//! 3. appends the optimizer: `sgd(w, dw)` for every dense parameter with a gradient,
+//!    and for every embedding table (a parameter used as operand 0 of
+//!    `embedding_bag`) one `embedding_bag_grad` per bag plus a chain of `sparse_sgd`
+//!    (one per bag, in bag order); each new value is registered as the parameter's
+//!    update.
+//!
+//! Gradient rules (`dy` = gradient of the node's result):
+//! - `linear{act}(x, w, b) = y`: `dz` = `relu_grad(dy, y)` / `sigmoid_grad(dy, y)` /
+//!   `dy`; `dx = linear_dx(dz, w)`, `dw = linear_dw(dz, x)`, `db = linear_db(dz)`,
+//!   each only when that operand needs a gradient;
+//! - `relu`, `sigmoid`: `relu_grad(dy, y)`, `sigmoid_grad(dy, y)`;
+//! - `add(a, b)`: both operands receive `dy`;
+//! - `interaction`: `interaction_grad(dy, operands..)`, the needed results taken;
+//! - `concat` -> `split` of `dy`; `reshape` -> `reshape` back; `split` -> `concat` of
+//!   the results' gradients (every result must have one);
+//! - the loss: `bce_grad` / `mse_grad` (the seed, `d loss = 1`).
+//!
+//! A value used several times gets the sum of its gradient contributions (`add`).
+//! Gradients are f32 whatever the forward dtype. Names: the gradient of `%x` is
+//! `%d.x` (partial contributions of a value used several times are `%d.x.part*`),
+//! the pre-activation gradient of a linear layer `%y` is `%d.y.pre`, a table's row
+//! gradient `%d.t.rows`, a parameter's new value `%p.next` (all made unique with
+//! [`Graph::fresh_name`]). Any other op on the gradient path is an error naming the
+//! node and op.
+
+use crate::{LossKind, Pass, PassError, Result, TrainConfig};
+use dlrm_ir::{Def, Dim, Graph, Op, ValueId, verify};
+
+/// The pass id.
+pub const ID: &str = "autodiff";
+
+/// The autodiff pass with its training configuration.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Autodiff {
+    /// Loss and learning rate.
+    pub cfg: TrainConfig,
+}
+
+impl Pass for Autodiff {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn run(&self, g: Graph) -> Result<Graph> {
+        autodiff(&g, &self.cfg)
+    }
+}
+
+/// Builds the training step of the forward graph `fwd` (see the module docs).
+pub fn autodiff(fwd: &Graph, cfg: &TrainConfig) -> Result<Graph> {
+    let graph_err = |reason: String| PassError::Graph {
+        pass: ID.to_string(),
+        graph: fwd.name.clone(),
+        reason,
+    };
+    if !cfg.lr.is_finite() {
+        return Err(graph_err(format!(
+            "learning rate must be finite, got {}",
+            cfg.lr
+        )));
+    }
+    if !fwd.updates().is_empty() {
+        return Err(graph_err(
+            "the graph already has state updates (is it a training graph?)".into(),
+        ));
+    }
+    let &pred = fwd
+        .outputs()
+        .first()
+        .ok_or_else(|| graph_err("no output: the first output must be the prediction".into()))?;
+    if !fwd.ty(pred).dtype.is_float() {
+        return Err(graph_err(format!(
+            "the prediction %{} must be a float tensor, got {}",
+            fwd.name_of(pred),
+            fwd.ty(pred)
+        )));
+    }
+
+    let nvals = fwd.values().len();
+    // Values depending on a float parameter.
+    let mut dep = vec![false; nvals];
+    for &p in fwd.params() {
+        dep[p.index()] = fwd.ty(p).dtype.is_float();
+    }
+    for node in fwd.nodes() {
+        if node.inputs.iter().any(|v| dep[v.index()]) {
+            for &o in &node.outputs {
+                dep[o.index()] = true;
+            }
+        }
+    }
+    // Values the prediction depends on (itself included).
+    let mut reach = vec![false; nvals];
+    reach[pred.index()] = true;
+    for node in fwd.nodes().iter().rev() {
+        if node.outputs.iter().any(|v| reach[v.index()]) {
+            for &v in &node.inputs {
+                reach[v.index()] = true;
+            }
+        }
+    }
+    let need: Vec<bool> = (0..nvals).map(|i| dep[i] && reach[i]).collect();
+    if !need[pred.index()] {
+        return Err(graph_err(format!(
+            "the prediction %{} depends on no float parameter: nothing to train",
+            fwd.name_of(pred)
+        )));
+    }
+
+    // Expected number of gradient contributions per value (to name partial sums).
+    let active: Vec<bool> = fwd
+        .nodes()
+        .iter()
+        .map(|node| node.outputs.iter().any(|v| need[v.index()]))
+        .collect();
+    let mut uses = vec![0usize; nvals];
+    uses[pred.index()] += 1;
+    let mut is_table = vec![false; nvals];
+    for (n, node) in fwd.nodes().iter().enumerate() {
+        if !active[n] {
+            continue;
+        }
+        for (i, &v) in node.inputs.iter().enumerate() {
+            if !need[v.index()] {
+                continue;
+            }
+            if matches!(node.op, Op::EmbeddingBag { .. }) && i == 0 {
+                if !matches!(fwd.value(v).def, Def::Param(_)) {
+                    return Err(node_err(
+                        fwd,
+                        n,
+                        &node.op,
+                        format!(
+                            "the table %{} must be a parameter to be trained",
+                            fwd.name_of(v)
+                        ),
+                    ));
+                }
+                is_table[v.index()] = true;
+            } else {
+                uses[v.index()] += 1;
+            }
+        }
+    }
+    if let Some(t) = (0..nvals).find(|&i| is_table[i] && uses[i] > 0) {
+        return Err(graph_err(format!(
+            "parameter %{} is used both as an embedding table and densely: unsupported",
+            fwd.values()[t].name
+        )));
+    }
+
+    let mut ad = Ad {
+        g: fwd.clone(),
+        need,
+        uses,
+        contribs: vec![Vec::new(); nvals],
+        total: vec![None; nvals],
+        rows: vec![Vec::new(); nvals],
+    };
+    let e = PassError::ir(ID);
+
+    // Loss and seed.
+    let label_name = ad.g.fresh_name("label");
+    let label =
+        ad.g.add_input(&label_name, fwd.ty(pred).clone())
+            .map_err(&e)?;
+    let (loss_op, grad_op) = match cfg.loss {
+        LossKind::Bce => (
+            Op::Bce {
+                denom: Dim::batch(),
+            },
+            Op::BceGrad {
+                denom: Dim::batch(),
+            },
+        ),
+        LossKind::Mse => (
+            Op::Mse {
+                denom: Dim::batch(),
+            },
+            Op::MseGrad {
+                denom: Dim::batch(),
+            },
+        ),
+    };
+    let loss = ad.g.add(loss_op, &[pred, label], "loss").map_err(&e)?;
+    let hint = ad.hint(pred);
+    let seed = ad.g.add(grad_op, &[pred, label], &hint).map_err(&e)?;
+    ad.contribute(pred, seed);
+
+    // Backward, in reverse order of the forward nodes.
+    for n in (0..fwd.nodes().len()).rev() {
+        if active[n] {
+            ad.backward(fwd, n)?;
+        }
+    }
+
+    // Optimizer.
+    for &p in fwd.params() {
+        let name = fwd.name_of(p).to_string();
+        let bags = std::mem::take(&mut ad.rows[p.index()]);
+        if !bags.is_empty() {
+            let mut table = p;
+            let last = bags.len() - 1;
+            for (k, (index_ops, rowgrad)) in bags.into_iter().enumerate() {
+                let hint = if k == last {
+                    format!("{name}.next")
+                } else {
+                    format!("{name}.next.part")
+                };
+                let ins = [table, index_ops[0], rowgrad];
+                table =
+                    ad.g.add(Op::SparseSgd { lr: cfg.lr }, &ins, &hint)
+                        .map_err(&e)?;
+            }
+            ad.g.add_update(p, table).map_err(&e)?;
+        } else if ad.need[p.index()]
+            && let Some(dp) = ad.grad(p)?
+        {
+            let next =
+                ad.g.add(Op::Sgd { lr: cfg.lr }, &[p, dp], &format!("{name}.next"))
+                    .map_err(&e)?;
+            ad.g.add_update(p, next).map_err(&e)?;
+        }
+    }
+    ad.g.set_outputs(vec![loss]);
+    verify(&ad.g).map_err(|source| PassError::Verify {
+        after: ID.to_string(),
+        source,
+    })?;
+    Ok(ad.g)
+}
+
+fn node_err(g: &Graph, n: usize, op: &Op, reason: String) -> PassError {
+    PassError::Node {
+        pass: ID.to_string(),
+        node: g.node_label(n),
+        op: op.mnemonic().to_string(),
+        reason,
+    }
+}
+
+/// The state of one differentiation: the graph being extended and the gradients.
+struct Ad {
+    g: Graph,
+    /// Per forward value: needs a gradient.
+    need: Vec<bool>,
+    /// Per forward value: expected number of gradient contributions.
+    uses: Vec<usize>,
+    /// Per forward value: gradient contributions so far.
+    contribs: Vec<Vec<ValueId>>,
+    /// Per forward value: the summed gradient, once asked for.
+    total: Vec<Option<ValueId>>,
+    /// Per table parameter: (index operands of the bag, row gradient), in bag order
+    /// (filled in reverse and reversed when used).
+    rows: Vec<Vec<(Vec<ValueId>, ValueId)>>,
+}
+
+impl Ad {
+    /// The name hint for a gradient contribution to `v`.
+    fn hint(&self, v: ValueId) -> String {
+        let name = self.g.name_of(v);
+        if self.uses[v.index()] > 1 {
+            format!("d.{name}.part")
+        } else {
+            format!("d.{name}")
+        }
+    }
+
+    fn contribute(&mut self, v: ValueId, grad: ValueId) {
+        if self.need[v.index()] {
+            self.contribs[v.index()].push(grad);
+        }
+    }
+
+    /// The full gradient of `v` (sum of its contributions), `None` if it has none.
+    fn grad(&mut self, v: ValueId) -> Result<Option<ValueId>> {
+        if let Some(t) = self.total[v.index()] {
+            return Ok(Some(t));
+        }
+        let parts = std::mem::take(&mut self.contribs[v.index()]);
+        let Some((&first, rest)) = parts.split_first() else {
+            return Ok(None);
+        };
+        let name = self.g.name_of(v).to_string();
+        let mut acc = first;
+        for (k, &p) in rest.iter().enumerate() {
+            let hint = if k + 1 == rest.len() {
+                format!("d.{name}")
+            } else {
+                format!("d.{name}.part")
+            };
+            acc = self
+                .g
+                .add(Op::Add, &[acc, p], &hint)
+                .map_err(PassError::ir(ID))?;
+        }
+        self.total[v.index()] = Some(acc);
+        Ok(Some(acc))
+    }
+
+    /// Emits the backward of forward node `n`.
+    fn backward(&mut self, fwd: &Graph, n: usize) -> Result<()> {
+        let node = &fwd.nodes()[n];
+        let e = PassError::ir(ID);
+        let mut dys = Vec::with_capacity(node.outputs.len());
+        for &o in &node.outputs {
+            dys.push(self.grad(o)?);
+        }
+        if let Op::Split { axis, .. } = &node.op {
+            let mut parts = Vec::with_capacity(dys.len());
+            for (k, d) in dys.iter().enumerate() {
+                let Some(d) = d else {
+                    return Err(node_err(
+                        fwd,
+                        n,
+                        &node.op,
+                        format!(
+                            "unsupported: result {k} %{} has no gradient (it does not reach the loss)",
+                            fwd.name_of(node.outputs[k])
+                        ),
+                    ));
+                };
+                parts.push(*d);
+            }
+            let x = node.inputs[0];
+            let hint = self.hint(x);
+            let dx = self
+                .g
+                .add(Op::Concat { axis: *axis }, &parts, &hint)
+                .map_err(&e)?;
+            self.contribute(x, dx);
+            return Ok(());
+        }
+        // Every other op with a rule has exactly one result.
+        let (Some(dy), &[y]) = (dys.first().copied().flatten(), node.outputs.as_slice()) else {
+            if dys.iter().all(Option::is_none) {
+                return Ok(());
+            }
+            return Err(node_err(
+                fwd,
+                n,
+                &node.op,
+                format!("autodiff: no gradient rule for `{}`", node.op.mnemonic()),
+            ));
+        };
+        let ins = node.inputs.as_slice();
+        let yname = fwd.name_of(y).to_string();
+        match &node.op {
+            Op::Linear { act } => {
+                let (x, w, b) = (ins[0], ins[1], ins[2]);
+                let pre = format!("d.{yname}.pre");
+                let dz = match act {
+                    dlrm_ir::Act::None => dy,
+                    dlrm_ir::Act::Relu => self.g.add(Op::ReluGrad, &[dy, y], &pre).map_err(&e)?,
+                    dlrm_ir::Act::Sigmoid => {
+                        self.g.add(Op::SigmoidGrad, &[dy, y], &pre).map_err(&e)?
+                    }
+                };
+                if self.need[x.index()] {
+                    let h = self.hint(x);
+                    let dx = self.g.add(Op::LinearDx, &[dz, w], &h).map_err(&e)?;
+                    self.contribute(x, dx);
+                }
+                if self.need[w.index()] {
+                    let h = self.hint(w);
+                    let dw = self.g.add(Op::LinearDw, &[dz, x], &h).map_err(&e)?;
+                    self.contribute(w, dw);
+                }
+                if self.need[b.index()] {
+                    let h = self.hint(b);
+                    let db = self.g.add(Op::LinearDb, &[dz], &h).map_err(&e)?;
+                    self.contribute(b, db);
+                }
+            }
+            Op::Relu | Op::Sigmoid => {
+                let x = ins[0];
+                let op = if node.op == Op::Relu {
+                    Op::ReluGrad
+                } else {
+                    Op::SigmoidGrad
+                };
+                let h = self.hint(x);
+                let dx = self.g.add(op, &[dy, y], &h).map_err(&e)?;
+                self.contribute(x, dx);
+            }
+            Op::Add => {
+                self.contribute(ins[0], dy);
+                self.contribute(ins[1], dy);
+            }
+            Op::Interaction {
+                kind,
+                self_interaction,
+            } => {
+                let hints: Vec<String> = ins.iter().map(|&v| self.hint(v)).collect();
+                let hints: Vec<&str> = hints.iter().map(String::as_str).collect();
+                let mut operands = vec![dy];
+                operands.extend_from_slice(ins);
+                let outs = self
+                    .g
+                    .add_node(
+                        Op::InteractionGrad {
+                            kind: *kind,
+                            self_interaction: *self_interaction,
+                        },
+                        &operands,
+                        &hints,
+                    )
+                    .map_err(&e)?;
+                for (&v, d) in ins.iter().zip(outs) {
+                    self.contribute(v, d);
+                }
+            }
+            Op::Concat { axis } => {
+                let mut sizes = Vec::with_capacity(ins.len());
+                for &v in ins {
+                    let size = fwd.ty(v).shape.get(*axis).and_then(|d| d.fixed());
+                    let Some(size) = size else {
+                        return Err(node_err(
+                            fwd,
+                            n,
+                            &node.op,
+                            format!(
+                                "operand %{} has no fixed size on axis {axis}",
+                                fwd.name_of(v)
+                            ),
+                        ));
+                    };
+                    sizes.push(size);
+                }
+                let hints: Vec<String> = ins.iter().map(|&v| self.hint(v)).collect();
+                let hints: Vec<&str> = hints.iter().map(String::as_str).collect();
+                let outs = self
+                    .g
+                    .add_node(Op::Split { axis: *axis, sizes }, &[dy], &hints)
+                    .map_err(&e)?;
+                for (&v, d) in ins.iter().zip(outs) {
+                    self.contribute(v, d);
+                }
+            }
+            Op::Reshape { .. } => {
+                let x = ins[0];
+                if self.need[x.index()] {
+                    let shape = fwd.ty(x).shape.clone();
+                    let h = self.hint(x);
+                    let dx = self.g.add(Op::Reshape { shape }, &[dy], &h).map_err(&e)?;
+                    self.contribute(x, dx);
+                }
+            }
+            Op::EmbeddingBag { mode } => {
+                let table = ins[0];
+                if self.need[table.index()] {
+                    let h = format!("d.{}.rows", fwd.name_of(table));
+                    let mut operands = vec![dy];
+                    operands.extend_from_slice(&ins[1..]);
+                    let rows = self
+                        .g
+                        .add(Op::EmbeddingBagGrad { mode: *mode }, &operands, &h)
+                        .map_err(&e)?;
+                    // Backward visits bags in reverse; keep bag order.
+                    self.rows[table.index()].insert(0, (ins[1..].to_vec(), rows));
+                }
+            }
+            other => {
+                return Err(node_err(
+                    fwd,
+                    n,
+                    other,
+                    format!("autodiff: no gradient rule for `{}`", other.mnemonic()),
+                ));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,16 @@
+//! The [`Pass`] trait: one graph-to-graph transformation with a stable id.
+//!
+//! A pass receives a verified graph and returns a new graph; the pipeline verifies
+//! the result and reports failures with the pass id. Passes are pure: running one
+//! twice on equal graphs gives equal graphs.
+
+use crate::Result;
+use dlrm_ir::Graph;
+
+/// A graph transformation.
+pub trait Pass {
+    /// The pass id, as listed in [`crate::pipeline::PASSES`] and accepted by `--dump-ir`.
+    fn id(&self) -> &'static str;
+    /// Transforms the graph.
+    fn run(&self, g: Graph) -> Result<Graph>;
+}

@@ -1,0 +1,609 @@
+//! Deterministic synthetic data that a DLRM can learn.
+//!
+//! [`DataSchema::from_graph`] finds the roles of a model's inputs *structurally*
+//! (never by name) in the unpartitioned graph: sparse features are the integer
+//! inputs used as indices (operand 1) or offsets (operand 2) of `embedding_bag`, with
+//! the table's row count from the table parameter's shape and the pooling factor from
+//! the indices' shape `[B,L]`; the label is the second operand of the loss (`bce` /
+//! `mse`); every other input must be a dense float `[B,k]` feature.
+//!
+//! [`SyntheticData`] generates every value as a pure function of
+//! `(seed, step, global sample index, feature, slot)` through a counter-based hash
+//! (splitmix64), so a sample is the same whatever the rank count and whichever rank
+//! generates it; [`SyntheticData::inputs_for`] builds exactly one rank's inputs
+//! (its [`dlrm_ir::batch_slice`] of the global batch for `B`-leading tensors, the
+//! whole global batch for `G`-leading ones).
+//!
+//! Values: dense ~ U(0,1); indices follow a Zipf-like law over the table's rows
+//! (rank `r` has probability ~ 1/(r+1)), mapped through a per-feature bijection so
+//! hot rows are spread over the table; variable bags (offsets form) have 0..=2L
+//! lookups. Labels come from a hidden "teacher" fixed by the seed:
+//! `logit = Σ_j a_j·(dense_j - ½) + Σ_t w·mean_{i∈bag_t} v_t(i) + noise`, label 1 when
+//! the logit is above a threshold calibrated so that [`POSITIVE_RATE`] of samples
+//! are positive (Criteo has ~25%). The dense and sparse parts each have unit
+//! variance, so a DLRM learns both: the MLP the dense part, the embeddings the
+//! per-row values of the hot rows.
+//!
+//! Held-out evaluation batches use a disjoint step space: [`eval_step`]`(b)` =
+//! `EVAL_STEP_BASE + b`.
+
+use crate::error::{Result, RuntimeError};
+use dlrm_ir::{DType, Def, Dim, Graph, Op, Tensor, batch_slice};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// First step of the held-out evaluation step space (training steps stay below).
+pub const EVAL_STEP_BASE: u64 = 1 << 62;
+
+/// The step of held-out evaluation batch `b`.
+pub fn eval_step(b: u64) -> u64 {
+    EVAL_STEP_BASE + b
+}
+
+/// The share of positive labels the teacher's threshold aims at.
+pub const POSITIVE_RATE: f64 = 0.3;
+
+/// A dense float input `[B,width]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DenseFeature {
+    /// Input name.
+    pub input: String,
+    /// Number of columns.
+    pub width: usize,
+}
+
+/// A sparse feature: the indices (and offsets) of embedding bags.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SparseFeature {
+    /// The indices input.
+    pub input: String,
+    /// The offsets input (variable bags), if any.
+    pub offsets: Option<String>,
+    /// Rows of the table(s) it indexes (the smallest, if several tables share it).
+    pub rows: usize,
+    /// Pooling factor: lookups per sample for fixed pooling; the mean bag size for
+    /// variable bags (1 unless set; bags have 0..=2L lookups).
+    pub pooling: usize,
+}
+
+/// The label input (the loss's second operand).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LabelSpec {
+    /// Input name.
+    pub input: String,
+}
+
+/// The roles of a model's inputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DataSchema {
+    /// Dense features, in graph input order.
+    pub dense: Vec<DenseFeature>,
+    /// Sparse features, in graph input order of their indices.
+    pub sparse: Vec<SparseFeature>,
+    /// The label, if the graph has a loss.
+    pub label: Option<LabelSpec>,
+}
+
+fn data_err(reason: impl Into<String>) -> RuntimeError {
+    RuntimeError::Data {
+        reason: reason.into(),
+    }
+}
+
+impl DataSchema {
+    /// Finds the roles of `g`'s inputs (see the module docs). `g` must be an
+    /// unpartitioned graph (inference or training).
+    pub fn from_graph(g: &Graph) -> Result<DataSchema> {
+        let is_input = |v| matches!(g.value(v).def, Def::Input(_));
+        let mut sparse: HashMap<String, SparseFeature> = HashMap::new();
+        let mut offsets_of: HashMap<String, String> = HashMap::new();
+        let mut label = None;
+        for (n, node) in g.nodes().iter().enumerate() {
+            match &node.op {
+                Op::EmbeddingBag { .. } => {
+                    let (Some(&table), Some(&idx)) = (node.inputs.first(), node.inputs.get(1))
+                    else {
+                        continue;
+                    };
+                    let rows = match g.ty(table).shape.first().and_then(Dim::fixed) {
+                        Some(r) if matches!(g.value(table).def, Def::Param(_)) => r,
+                        _ => {
+                            return Err(data_err(format!(
+                                "node {}: the table %{} is not a parameter with a fixed row count",
+                                g.node_label(n),
+                                g.name_of(table)
+                            )));
+                        }
+                    };
+                    if !is_input(idx) {
+                        return Err(data_err(format!(
+                            "node {}: the indices %{} are not a graph input",
+                            g.node_label(n),
+                            g.name_of(idx)
+                        )));
+                    }
+                    let ity = g.ty(idx);
+                    let offsets = match node.inputs.get(2) {
+                        Some(&o) if is_input(o) => Some(g.name_of(o).to_string()),
+                        Some(&o) => {
+                            return Err(data_err(format!(
+                                "node {}: the offsets %{} are not a graph input",
+                                g.node_label(n),
+                                g.name_of(o)
+                            )));
+                        }
+                        None => None,
+                    };
+                    let pooling = match (&offsets, ity.shape.get(1).and_then(Dim::fixed)) {
+                        (None, Some(l)) if ity.rank() == 2 => l,
+                        (None, _) => {
+                            return Err(data_err(format!(
+                                "node {}: indices %{} {ity} need a fixed pooling [B,L]",
+                                g.node_label(n),
+                                g.name_of(idx)
+                            )));
+                        }
+                        (Some(_), _) => 1,
+                    };
+                    let name = g.name_of(idx).to_string();
+                    if let Some(o) = &offsets {
+                        offsets_of.insert(o.clone(), name.clone());
+                    }
+                    sparse
+                        .entry(name.clone())
+                        .and_modify(|f| f.rows = f.rows.min(rows))
+                        .or_insert(SparseFeature {
+                            input: name,
+                            offsets,
+                            rows,
+                            pooling,
+                        });
+                }
+                Op::Bce { .. } | Op::Mse { .. } => {
+                    if let Some(&y) = node.inputs.get(1)
+                        && is_input(y)
+                    {
+                        label = Some(LabelSpec {
+                            input: g.name_of(y).to_string(),
+                        });
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut schema = DataSchema {
+            dense: Vec::new(),
+            sparse: Vec::new(),
+            label,
+        };
+        for &v in g.inputs() {
+            let name = g.name_of(v);
+            let ty = g.ty(v);
+            if let Some(f) = sparse.remove(name) {
+                if f.rows == 0 {
+                    return Err(data_err(format!(
+                        "sparse feature %{name} indexes a table with 0 rows"
+                    )));
+                }
+                schema.sparse.push(f);
+            } else if offsets_of.contains_key(name)
+                || schema.label.as_ref().is_some_and(|l| l.input == name)
+            {
+                // Generated with its feature / the label.
+            } else if ty.dtype.is_float()
+                && ty.rank() == 2
+                && ty.shape[0].is_sym(Dim::BATCH)
+                && let Some(width) = ty.shape[1].fixed()
+            {
+                schema.dense.push(DenseFeature {
+                    input: name.to_string(),
+                    width,
+                });
+            } else {
+                return Err(data_err(format!(
+                    "input %{name} {ty} of graph `{}` has no role the data generator knows \
+                     (dense float [B,k], embedding indices/offsets, or the loss's label)",
+                    g.name
+                )));
+            }
+        }
+        Ok(schema)
+    }
+}
+
+// -------------------------------------------------------------------- hashing
+
+#[inline]
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A counter-based hash of a tuple of words.
+#[inline]
+fn hash(words: &[u64]) -> u64 {
+    words
+        .iter()
+        .fold(0x6A09_E667_F3BC_C909, |h, &w| splitmix64(h ^ splitmix64(w)))
+}
+
+/// U(0,1) with 24 random bits (exactly representable in f32, never 1).
+#[inline]
+fn unit(h: u64) -> f32 {
+    (h >> 40) as f32 / (1u64 << 24) as f32
+}
+
+// Streams: independent families of values.
+const S_DENSE: u64 = 1;
+const S_INDEX: u64 = 2;
+const S_BAGLEN: u64 = 3;
+const S_NOISE: u64 = 4;
+const S_TEACHER_DENSE: u64 = 5;
+const S_TEACHER_ROW: u64 = 6;
+const S_PERMUTE: u64 = 7;
+const S_CALIBRATE: u64 = 8;
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// A deterministic synthetic data source for one model (see the module docs).
+#[derive(Clone, Debug)]
+pub struct SyntheticData {
+    schema: DataSchema,
+    seed: u64,
+    /// Per sparse feature: (multiplier, offset) of the row bijection.
+    permute: Vec<(u64, u64)>,
+    /// Per dense feature, per column: the teacher's weight.
+    dense_w: Vec<Vec<f32>>,
+    /// Weight of each sparse feature's contribution.
+    sparse_w: f32,
+    /// Amplitude of the label noise.
+    noise: f32,
+    /// The logit threshold of a positive label.
+    threshold: f32,
+}
+
+impl SyntheticData {
+    /// A generator for `schema` with `seed`; calibrates the label threshold on a
+    /// reserved set of samples.
+    pub fn new(schema: DataSchema, seed: u64) -> SyntheticData {
+        let permute = schema
+            .sparse
+            .iter()
+            .enumerate()
+            .map(|(f, feat)| {
+                let rows = feat.rows.max(1) as u64;
+                // A multiplier coprime to rows makes `rank·a + b mod rows` a bijection.
+                let mut a = 1 + hash(&[seed, S_PERMUTE, f as u64, 0]) % rows;
+                while gcd(a, rows) != 1 {
+                    a += 1;
+                }
+                (a, hash(&[seed, S_PERMUTE, f as u64, 1]) % rows)
+            })
+            .collect();
+        let total_cols: usize = schema.dense.iter().map(|d| d.width).sum();
+        // U(-1,1) weights on U(0,1)-½ columns: variance 1/36 per column; scale the
+        // dense part to unit variance.
+        let dscale = if total_cols > 0 {
+            6.0 / (total_cols as f32).sqrt()
+        } else {
+            0.0
+        };
+        let dense_w = schema
+            .dense
+            .iter()
+            .enumerate()
+            .map(|(f, d)| {
+                (0..d.width)
+                    .map(|j| {
+                        dscale
+                            * (2.0 * unit(hash(&[seed, S_TEACHER_DENSE, f as u64, j as u64])) - 1.0)
+                    })
+                    .collect()
+            })
+            .collect();
+        // v_t ~ U(-1,1) has variance 1/3: scale the sparse part to unit variance.
+        let nsparse = schema.sparse.len();
+        let sparse_w = if nsparse > 0 {
+            (3.0 / nsparse as f32).sqrt()
+        } else {
+            0.0
+        };
+        let mut data = SyntheticData {
+            schema,
+            seed,
+            permute,
+            dense_w,
+            sparse_w,
+            noise: 0.1,
+            threshold: 0.0,
+        };
+        let mut logits: Vec<f32> = (0..4096u64)
+            .into_par_iter()
+            .map(|s| data.logit(hash(&[seed, S_CALIBRATE]), s))
+            .collect();
+        logits.sort_by(f32::total_cmp);
+        let k = ((1.0 - POSITIVE_RATE) * logits.len() as f64) as usize;
+        data.threshold = logits
+            .get(k.min(logits.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0.0);
+        data
+    }
+
+    /// The schema this generator serves.
+    pub fn schema(&self) -> &DataSchema {
+        &self.schema
+    }
+
+    /// The data seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Dense value of column `col` of dense feature `f` for a sample.
+    #[inline]
+    fn dense(&self, step: u64, sample: u64, f: usize, col: usize) -> f32 {
+        unit(hash(&[
+            self.seed, S_DENSE, step, sample, f as u64, col as u64,
+        ]))
+    }
+
+    /// The bag length of sparse feature `f` for a sample.
+    #[inline]
+    fn bag_len(&self, step: u64, sample: u64, f: usize) -> usize {
+        let feat = &self.schema.sparse[f];
+        if feat.offsets.is_none() {
+            feat.pooling
+        } else {
+            let h = hash(&[self.seed, S_BAGLEN, step, sample, f as u64]);
+            (h % (2 * feat.pooling as u64 + 1)) as usize
+        }
+    }
+
+    /// Index `slot` of sparse feature `f`'s bag for a sample: Zipf-like rank, then
+    /// the feature's row bijection.
+    #[inline]
+    fn index(&self, step: u64, sample: u64, f: usize, slot: usize) -> i64 {
+        let rows = self.schema.sparse[f].rows.max(1) as u64;
+        let u = f64::from(unit(hash(&[
+            self.seed,
+            S_INDEX,
+            step,
+            sample,
+            f as u64,
+            slot as u64,
+        ])));
+        // P(rank < r) = ln(r+1)/ln(rows+1).
+        let rank = (((rows as f64 + 1.0).ln() * u).exp() - 1.0).floor() as u64;
+        let rank = rank.min(rows - 1);
+        let (a, b) = self.permute[f];
+        ((rank.wrapping_mul(a) % rows + b) % rows) as i64
+    }
+
+    /// The teacher's value of row `row` of sparse feature `f`, in [-1, 1).
+    #[inline]
+    fn row_value(&self, f: usize, row: i64) -> f32 {
+        2.0 * unit(hash(&[self.seed, S_TEACHER_ROW, f as u64, row as u64])) - 1.0
+    }
+
+    fn logit(&self, step: u64, sample: u64) -> f32 {
+        let mut z = 0.0f32;
+        for (f, w) in self.dense_w.iter().enumerate() {
+            for (j, &a) in w.iter().enumerate() {
+                z += a * (self.dense(step, sample, f, j) - 0.5);
+            }
+        }
+        for f in 0..self.schema.sparse.len() {
+            let len = self.bag_len(step, sample, f);
+            if len == 0 {
+                continue;
+            }
+            let sum: f32 = (0..len)
+                .map(|k| self.row_value(f, self.index(step, sample, f, k)))
+                .sum();
+            z += self.sparse_w * sum / len as f32;
+        }
+        let noise = 2.0 * unit(hash(&[self.seed, S_NOISE, step, sample])) - 1.0;
+        z + self.noise * noise
+    }
+
+    /// The label (0 or 1) of a global sample of a step.
+    pub fn label(&self, step: u64, sample: u64) -> f32 {
+        if self.logit(step, sample) > self.threshold {
+            1.0
+        } else {
+            0.0
+        }
+    }
+
+    /// The labels of the global samples `samples` of a step.
+    pub fn labels(&self, step: u64, samples: Range<usize>) -> Vec<f32> {
+        samples
+            .into_par_iter()
+            .map(|s| self.label(step, s as u64))
+            .collect()
+    }
+
+    /// The inputs of `rank_graph` for `step`: exactly the graph's inputs, `B`-leading
+    /// tensors holding this rank's [`batch_slice`] of the global batch, `G`-leading
+    /// ones the whole global batch. Every input must be in the schema (by name: a
+    /// partitioned graph keeps the unpartitioned graph's input names).
+    pub fn inputs_for(
+        &self,
+        step: u64,
+        global_batch: usize,
+        ranks: usize,
+        rank: usize,
+        rank_graph: &Graph,
+    ) -> Result<HashMap<String, Tensor>> {
+        if ranks == 0 || rank >= ranks {
+            return Err(data_err(format!("rank {rank} of {ranks} ranks")));
+        }
+        let local = batch_slice(global_batch, ranks, rank);
+        let samples_of = |name: &str, d: Option<&Dim>| -> Result<Range<usize>> {
+            match d {
+                Some(Dim::Sym(s)) if s == Dim::BATCH => Ok(local.clone()),
+                Some(Dim::Sym(s)) if s == Dim::GLOBAL => Ok(0..global_batch),
+                Some(Dim::Fixed(n)) if *n == local.len() => Ok(local.clone()),
+                other => Err(data_err(format!(
+                    "input %{name} of graph `{}`: leading dimension {} is neither B ({}) nor G ({global_batch})",
+                    rank_graph.name,
+                    other.map_or_else(|| "(none)".to_string(), |d| d.to_string()),
+                    local.len()
+                ))),
+            }
+        };
+        let mut out = HashMap::new();
+        for &v in rank_graph.inputs() {
+            let name = rank_graph.name_of(v);
+            let ty = rank_graph.ty(v);
+            let schema = &self.schema;
+            if let Some(f) = schema.dense.iter().position(|d| d.input == name) {
+                let w = schema.dense[f].width;
+                if ty.rank() != 2 || ty.shape[1].fixed() != Some(w) {
+                    return Err(data_err(format!(
+                        "input %{name} is {ty}, the schema has width {w}"
+                    )));
+                }
+                let r = samples_of(name, ty.shape.first())?;
+                let mut vals = vec![0.0f32; r.len() * w];
+                if w > 0 {
+                    vals.par_chunks_mut(w).enumerate().for_each(|(k, row)| {
+                        let s = (r.start + k) as u64;
+                        for (j, x) in row.iter_mut().enumerate() {
+                            *x = self.dense(step, s, f, j);
+                        }
+                    });
+                }
+                out.insert(
+                    name.to_string(),
+                    Tensor::from_f32(ty.dtype, vec![r.len(), w], vals),
+                );
+            } else if schema.label.as_ref().is_some_and(|l| l.input == name) {
+                let r = samples_of(name, ty.shape.first())?;
+                let cols: usize = ty.shape[1..]
+                    .iter()
+                    .map(|d| d.fixed().unwrap_or(1))
+                    .product();
+                let labels = self.labels(step, r.clone());
+                let vals: Vec<f32> = labels
+                    .iter()
+                    .flat_map(|&y| std::iter::repeat_n(y, cols))
+                    .collect();
+                let mut shape = vec![r.len()];
+                shape.extend(ty.shape[1..].iter().map(|d| d.fixed().unwrap_or(1)));
+                out.insert(name.to_string(), Tensor::from_f32(ty.dtype, shape, vals));
+            } else if let Some(f) = schema.sparse.iter().position(|s| s.input == name) {
+                let feat = &schema.sparse[f];
+                match &feat.offsets {
+                    None => {
+                        let r = samples_of(name, ty.shape.first())?;
+                        let l = feat.pooling;
+                        if ty.rank() != 2 || ty.shape[1].fixed() != Some(l) {
+                            return Err(data_err(format!(
+                                "input %{name} is {ty}, the schema has pooling {l}"
+                            )));
+                        }
+                        let mut idx = vec![0i64; r.len() * l];
+                        if l > 0 {
+                            idx.par_chunks_mut(l).enumerate().for_each(|(k, bag)| {
+                                let s = (r.start + k) as u64;
+                                for (slot, x) in bag.iter_mut().enumerate() {
+                                    *x = self.index(step, s, f, slot);
+                                }
+                            });
+                        }
+                        out.insert(
+                            name.to_string(),
+                            index_tensor(ty.dtype, vec![r.len(), l], idx)?,
+                        );
+                    }
+                    Some(off_name) => {
+                        let off_v = rank_graph.find(off_name).ok_or_else(|| {
+                            data_err(format!(
+                                "graph `{}` has indices %{name} but no offsets %{off_name}",
+                                rank_graph.name
+                            ))
+                        })?;
+                        let off_ty = rank_graph.ty(off_v);
+                        let r = samples_of(off_name, off_ty.shape.first())?;
+                        let (idx, off) = self.variable_bags(step, f, r);
+                        out.insert(
+                            name.to_string(),
+                            index_tensor(ty.dtype, vec![idx.len()], idx)?,
+                        );
+                        let n = off.len();
+                        out.insert(off_name.clone(), index_tensor(off_ty.dtype, vec![n], off)?);
+                    }
+                }
+            } else if schema
+                .sparse
+                .iter()
+                .any(|s| s.offsets.as_deref() == Some(name))
+            {
+                // Generated with its indices above (or below, in input order).
+                if !out.contains_key(name) {
+                    let f = schema
+                        .sparse
+                        .iter()
+                        .position(|s| s.offsets.as_deref() == Some(name))
+                        .unwrap_or_default();
+                    let r = samples_of(name, ty.shape.first())?;
+                    let (idx, off) = self.variable_bags(step, f, r);
+                    let idx_name = schema.sparse[f].input.clone();
+                    let idx_ty = rank_graph
+                        .find(&idx_name)
+                        .map(|v| rank_graph.ty(v).dtype)
+                        .unwrap_or(DType::I64);
+                    let n = off.len();
+                    out.insert(idx_name, index_tensor(idx_ty, vec![idx.len()], idx)?);
+                    out.insert(name.to_string(), index_tensor(ty.dtype, vec![n], off)?);
+                }
+            } else {
+                return Err(data_err(format!(
+                    "input %{name} of graph `{}` is not in the data schema",
+                    rank_graph.name
+                )));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Indices and offsets of variable bags for the samples `r`.
+    fn variable_bags(&self, step: u64, f: usize, r: Range<usize>) -> (Vec<i64>, Vec<i64>) {
+        let bags: Vec<Vec<i64>> = r
+            .into_par_iter()
+            .map(|s| {
+                let len = self.bag_len(step, s as u64, f);
+                (0..len).map(|k| self.index(step, s as u64, f, k)).collect()
+            })
+            .collect();
+        let mut off = Vec::with_capacity(bags.len());
+        let mut at = 0i64;
+        for b in &bags {
+            off.push(at);
+            at += b.len() as i64;
+        }
+        (bags.into_iter().flatten().collect(), off)
+    }
+}
+
+fn index_tensor(dtype: DType, shape: Vec<usize>, v: Vec<i64>) -> Result<Tensor> {
+    match dtype {
+        DType::I64 => Ok(Tensor::i64(shape, v)),
+        DType::I32 => v
+            .into_iter()
+            .map(i32::try_from)
+            .collect::<std::result::Result<Vec<i32>, _>>()
+            .map(|v| Tensor::i32(shape, v))
+            .map_err(|_| data_err("an index does not fit i32")),
+        other => Err(data_err(format!(
+            "index inputs must be i64 or i32, got {other}"
+        ))),
+    }
+}

@@ -1,0 +1,613 @@
+//! The multi-rank driver: runs a job on N ranks (threads of this process with a
+//! [`LocalGroup`] communicator), then evaluates the trained model on held-out data.
+//!
+//! Flow of [`run`]:
+//! 1. checks the job, derives the data schema from the *unpartitioned* graph
+//!    (training graph if any, for the label; else inference) and builds the
+//!    [`SyntheticData`];
+//! 2. hands every rank the parameters its graphs declare — a parameter needed by
+//!    one rank only (an embedding table on its owner) is *moved*, replicated ones
+//!    (MLP weights) are cloned for all but the last rank that needs them;
+//! 3. spawns one thread per rank: `iters` training steps (or inference steps in
+//!    inference mode) on steps `0..iters` of the data, each rank feeding its own
+//!    slice; rank 0 reports each logged step as an [`Event`] through a channel, and
+//!    the caller's `on_event` runs on the calling thread (draw progress there);
+//! 4. every rank then runs its inference graph on `eval_batches` held-out global
+//!    batches ([`crate::data::eval_step`]) with the trained parameters; the driver
+//!    joins the ranks' predictions in rank order (= global sample order) and
+//!    computes AUC and accuracy@0.5 against the teacher's labels.
+//!
+//! Failure: a rank that returns an error or panics calls `comm.abort(..)`, so every
+//! other rank's pending or next collective fails instead of hanging; [`run`] then
+//! returns the original error (not the peers' "aborted" echoes), which names the
+//! rank and the step. A non-finite loss is an error ("loss became NaN at step k").
+//!
+//! Steps are numbered from 1 in events, reports and errors (`iter` k is the k-th
+//! step); step k reads data step k-1.
+
+use crate::data::{DataSchema, SyntheticData, eval_step};
+use crate::error::{Result, RuntimeError};
+use crate::exec::{Executor, OpTime};
+use crate::metrics::{accuracy, auc};
+use crate::plan::Plan;
+use dlrm_ir::{Communicator, Dim, Graph, LocalComm, LocalGroup, Tensor, batch_slice};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// What a job does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Training steps, then evaluation.
+    Train,
+    /// Inference steps (throughput), then evaluation.
+    Infer,
+}
+
+/// A run of a model on `ranks` ranks.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// Initial parameter values (moved to the ranks: tables to their owner).
+    pub params: Vec<(String, Tensor)>,
+    /// The unpartitioned inference graph (data schema).
+    pub full_infer: Graph,
+    /// The unpartitioned training graph (data schema with the label), if training.
+    pub full_train: Option<Graph>,
+    /// One training graph per rank, already partitioned; `None`: inference mode.
+    pub train_graphs: Option<Vec<Graph>>,
+    /// One inference graph per rank, already partitioned.
+    pub infer_graphs: Vec<Graph>,
+    /// Number of ranks.
+    pub ranks: usize,
+    /// Training (or inference) steps.
+    pub iters: u64,
+    /// Data seed.
+    pub seed: u64,
+    /// Global batch (split over the ranks with [`batch_slice`]).
+    pub global_batch: usize,
+    /// Report every `log_every`-th step (and the last); 0 reports only the last.
+    pub log_every: u64,
+    /// Held-out global batches evaluated at the end.
+    pub eval_batches: usize,
+    /// Steps excluded from the throughput median (warm-up).
+    pub warmup: u64,
+}
+
+impl Job {
+    /// A one-rank job from a plan: its graphs as the per-rank graphs (train mode if
+    /// the plan has a training graph), its batch size and seed, its parameters
+    /// (moved). 100 iterations, a report every 10, 4 evaluation batches, 3 warm-up
+    /// steps. For N ranks, set `ranks` and replace `train_graphs` / `infer_graphs`
+    /// by the partitioned graphs.
+    pub fn from_plan(plan: Plan) -> Job {
+        Job {
+            train_graphs: plan.train.clone().map(|g| vec![g]),
+            infer_graphs: vec![plan.infer.clone()],
+            full_infer: plan.infer,
+            full_train: plan.train,
+            params: plan.params,
+            ranks: 1,
+            iters: 100,
+            seed: plan.training.seed,
+            global_batch: plan.training.batch_size,
+            log_every: 10,
+            eval_batches: 4,
+            warmup: 3,
+        }
+    }
+
+    /// Training if there are training graphs, else inference.
+    pub fn mode(&self) -> Mode {
+        if self.train_graphs.is_some() {
+            Mode::Train
+        } else {
+            Mode::Infer
+        }
+    }
+}
+
+/// Progress reported by rank 0 while a job runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// A logged step.
+    Step {
+        /// The step (1-based).
+        iter: u64,
+        /// The global training loss (`None` in inference mode).
+        loss: Option<f32>,
+        /// Global samples per second of this step (executor time only).
+        samples_per_s: f64,
+        /// Time since the first step started.
+        elapsed: Duration,
+    },
+    /// An evaluation batch is done.
+    Eval {
+        /// Batches done.
+        batch: usize,
+        /// Batches in all.
+        batches: usize,
+    },
+}
+
+/// The outcome of a job.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// Train or infer.
+    pub mode: Mode,
+    /// Number of ranks.
+    pub ranks: usize,
+    /// Steps run.
+    pub iters: u64,
+    /// Global batch.
+    pub global_batch: usize,
+    /// The last step's loss (training).
+    pub final_loss: Option<f32>,
+    /// `(iter, loss)` of every logged step (training).
+    pub losses: Vec<(u64, f32)>,
+    /// Median global samples per second over the steps after warm-up (executor time
+    /// of rank 0, which waits for the others in every collective).
+    pub samples_per_s: f64,
+    /// AUC on the held-out batches (`None` if undefined or no evaluation).
+    pub auc: Option<f64>,
+    /// Accuracy at threshold 0.5 on the held-out batches.
+    pub accuracy: Option<f64>,
+    /// Samples evaluated.
+    pub eval_samples: usize,
+    /// Wall time of the whole run, in seconds.
+    pub wall_s: f64,
+    /// Rank 0's time per op kind during the steps (evaluation excluded).
+    pub op_times: Vec<OpTime>,
+}
+
+/// Runs a job (see the module docs). `on_event` runs on the calling thread.
+pub fn run(job: Job, on_event: &mut dyn FnMut(&Event)) -> Result<Report> {
+    run_with_params(job, on_event).map(|(r, _)| r)
+}
+
+/// [`run`], also returning each rank's final parameters (index = rank), e.g. to
+/// save a checkpoint or compare runs.
+pub fn run_with_params(
+    job: Job,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<(Report, Vec<HashMap<String, Tensor>>)> {
+    let wall = Instant::now();
+    let mode = job.mode();
+    check_job(&job)?;
+    let schema_graph = job.full_train.as_ref().unwrap_or(&job.full_infer);
+    let schema = DataSchema::from_graph(schema_graph)?;
+    if mode == Mode::Train && schema.label.is_none() {
+        return Err(job_err(
+            "the training graph has no loss whose label is a graph input",
+        ));
+    }
+    let data = SyntheticData::new(schema, job.seed);
+
+    let Job {
+        params,
+        train_graphs,
+        infer_graphs,
+        ranks,
+        iters,
+        global_batch,
+        log_every,
+        eval_batches,
+        warmup,
+        ..
+    } = job;
+    let per_rank = distribute(params, train_graphs.as_deref(), &infer_graphs)?;
+    let cfg = RankCfg {
+        ranks,
+        iters,
+        global_batch,
+        log_every,
+        eval_batches,
+    };
+    let comms = LocalGroup::new(ranks);
+    let (tx, rx) = mpsc::channel::<Event>();
+    let mut train_graphs = train_graphs.map(|v| v.into_iter().map(Some).collect::<Vec<_>>());
+
+    let results: Vec<Result<RankOutput>> = std::thread::scope(|s| {
+        let mut handles = Vec::with_capacity(ranks);
+        for (rank, ((comm, infer), params)) in comms
+            .into_iter()
+            .zip(infer_graphs)
+            .zip(per_rank)
+            .enumerate()
+        {
+            let train = train_graphs.as_mut().and_then(|v| v[rank].take());
+            let events = (rank == 0).then(|| tx.clone());
+            let (data, cfg) = (&data, &cfg);
+            let handle = std::thread::Builder::new()
+                .name(format!("dlrm-rank-{rank}"))
+                .spawn_scoped(s, move || {
+                    let abort_comm = comm.clone();
+                    let out = catch_unwind(AssertUnwindSafe(|| {
+                        rank_main(rank, comm, train, infer, params, data, cfg, events)
+                    }));
+                    let out = match out {
+                        Ok(r) => r,
+                        Err(payload) => Err(RuntimeError::Rank {
+                            rank,
+                            step: None,
+                            reason: format!("panicked: {}", panic_message(&*payload)),
+                        }),
+                    };
+                    if let Err(e) = &out {
+                        abort_comm.abort(&e.to_string());
+                    }
+                    out
+                });
+            handles.push((rank, handle));
+        }
+        drop(tx);
+        // Progress on the calling thread until rank 0 hangs up.
+        for ev in rx {
+            on_event(&ev);
+        }
+        handles
+            .into_iter()
+            .map(|(rank, h)| match h {
+                Ok(h) => h.join().unwrap_or_else(|p| {
+                    Err(RuntimeError::Rank {
+                        rank,
+                        step: None,
+                        reason: format!("panicked: {}", panic_message(&*p)),
+                    })
+                }),
+                Err(e) => Err(RuntimeError::Rank {
+                    rank,
+                    step: None,
+                    reason: format!("cannot start the rank's thread: {e}"),
+                }),
+            })
+            .collect()
+    });
+
+    // The original failure, not the peers' abort echoes.
+    if results.iter().any(Result::is_err) {
+        let errs: Vec<RuntimeError> = results.into_iter().filter_map(Result::err).collect();
+        let first = errs.iter().position(|e| !e.is_peer_abort()).unwrap_or(0);
+        return Err(errs
+            .into_iter()
+            .nth(first)
+            .unwrap_or_else(|| job_err("a rank failed")));
+    }
+    let outs: Vec<RankOutput> = results.into_iter().filter_map(Result::ok).collect();
+
+    // Predictions of every rank, in rank order, per evaluation batch.
+    let mut scores = Vec::new();
+    let mut labels = Vec::new();
+    for b in 0..eval_batches {
+        for o in &outs {
+            scores.extend_from_slice(&o.preds[b]);
+        }
+        labels.extend(data.labels(eval_step(b as u64), 0..global_batch));
+    }
+    let rank0 = &outs[0];
+    let measured: Vec<f64> = {
+        let skip = if (rank0.step_times.len() as u64) > warmup {
+            warmup as usize
+        } else {
+            0
+        };
+        rank0.step_times[skip..].to_vec()
+    };
+    let samples_per_s = median(&measured).map_or(0.0, |dt| {
+        if dt > 0.0 {
+            global_batch as f64 / dt
+        } else {
+            0.0
+        }
+    });
+    let report = Report {
+        mode,
+        ranks,
+        iters,
+        global_batch,
+        final_loss: rank0.last_loss,
+        losses: rank0.losses.clone(),
+        samples_per_s,
+        auc: auc(&scores, &labels),
+        accuracy: accuracy(&scores, &labels, 0.5),
+        eval_samples: scores.len(),
+        wall_s: wall.elapsed().as_secs_f64(),
+        op_times: rank0.op_times.clone(),
+    };
+    Ok((report, outs.into_iter().map(|o| o.params).collect()))
+}
+
+fn job_err(reason: impl Into<String>) -> RuntimeError {
+    RuntimeError::Job {
+        reason: reason.into(),
+    }
+}
+
+fn check_job(job: &Job) -> Result<()> {
+    if job.ranks == 0 {
+        return Err(job_err("at least one rank is needed"));
+    }
+    if job.infer_graphs.len() != job.ranks {
+        return Err(job_err(format!(
+            "{} inference graphs for {} ranks",
+            job.infer_graphs.len(),
+            job.ranks
+        )));
+    }
+    if let Some(t) = &job.train_graphs
+        && t.len() != job.ranks
+    {
+        return Err(job_err(format!(
+            "{} training graphs for {} ranks",
+            t.len(),
+            job.ranks
+        )));
+    }
+    if job.global_batch < job.ranks {
+        return Err(job_err(format!(
+            "global batch {} is smaller than the {} ranks",
+            job.global_batch, job.ranks
+        )));
+    }
+    Ok(())
+}
+
+/// Each rank's parameters: those its graphs declare; single-owner ones moved.
+fn distribute(
+    params: Vec<(String, Tensor)>,
+    train: Option<&[Graph]>,
+    infer: &[Graph],
+) -> Result<Vec<HashMap<String, Tensor>>> {
+    let ranks = infer.len();
+    let mut need: HashMap<String, Vec<usize>> = HashMap::new();
+    for r in 0..ranks {
+        let mut names: HashSet<&str> = infer[r].param_types().map(|(n, _)| n).collect();
+        if let Some(t) = train {
+            names.extend(t[r].param_types().map(|(n, _)| n));
+        }
+        for n in names {
+            need.entry(n.to_string()).or_default().push(r);
+        }
+    }
+    let mut per_rank: Vec<HashMap<String, Tensor>> = vec![HashMap::new(); ranks];
+    for (name, t) in params {
+        let Some(rs) = need.remove(&name) else {
+            continue;
+        };
+        let mut rs = rs;
+        rs.sort_unstable();
+        let Some((&last, others)) = rs.split_last() else {
+            continue;
+        };
+        for &r in others {
+            per_rank[r].insert(name.clone(), t.clone());
+        }
+        per_rank[last].insert(name, t);
+    }
+    if let Some((name, rs)) = need.into_iter().min_by(|a, b| a.0.cmp(&b.0)) {
+        return Err(RuntimeError::Param {
+            name,
+            reason: format!("needed by rank {} but the job has no value for it", rs[0]),
+        });
+    }
+    Ok(per_rank)
+}
+
+struct RankCfg {
+    ranks: usize,
+    iters: u64,
+    global_batch: usize,
+    log_every: u64,
+    eval_batches: usize,
+}
+
+struct RankOutput {
+    losses: Vec<(u64, f32)>,
+    last_loss: Option<f32>,
+    step_times: Vec<f64>,
+    preds: Vec<Vec<f32>>,
+    op_times: Vec<OpTime>,
+    params: HashMap<String, Tensor>,
+}
+
+/// Takes from `params` the parameters `g` declares.
+fn params_for(g: &Graph, params: &mut HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+    g.param_types()
+        .filter_map(|(n, _)| params.remove_entry(n))
+        .collect()
+}
+
+/// Symbols of one rank's step: those the inputs carry, plus `B` and `G`.
+fn step_syms(
+    exec: &Executor,
+    inputs: &HashMap<String, Tensor>,
+    rank: usize,
+    cfg: &RankCfg,
+) -> Result<HashMap<String, usize>> {
+    let mut syms = exec.bind_symbols(inputs)?;
+    let local = batch_slice(cfg.global_batch, cfg.ranks, rank).len();
+    for (s, v) in [(Dim::BATCH, local), (Dim::GLOBAL, cfg.global_batch)] {
+        match syms.insert(s.to_string(), v) {
+            Some(old) if old != v => {
+                return Err(RuntimeError::Rank {
+                    rank,
+                    step: Some(exec.next_step()),
+                    reason: format!("the inputs bind {s} = {old}, the job says {v}"),
+                });
+            }
+            _ => {}
+        }
+    }
+    Ok(syms)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn rank_main(
+    rank: usize,
+    comm: LocalComm,
+    train: Option<Graph>,
+    infer: Graph,
+    mut params: HashMap<String, Tensor>,
+    data: &SyntheticData,
+    cfg: &RankCfg,
+    events: Option<mpsc::Sender<Event>>,
+) -> Result<RankOutput> {
+    let data_err = |step: u64, e: RuntimeError| RuntimeError::Rank {
+        rank,
+        step: Some(step),
+        reason: e.to_string(),
+    };
+    let send = |ev: Event| {
+        if let Some(tx) = &events {
+            // The caller may have stopped listening; progress is best effort.
+            let _ = tx.send(ev);
+        }
+    };
+    let is_logged =
+        |k: u64| k == cfg.iters || (cfg.log_every > 0 && k.is_multiple_of(cfg.log_every));
+    let training = train.is_some();
+    let mut exec = match train {
+        Some(g) => {
+            let p = params_for(&g, &mut params);
+            Executor::new(g, p, rank)?
+        }
+        None => {
+            let p = params_for(&infer, &mut params);
+            Executor::new(infer.clone(), p, rank)?
+        }
+    };
+    let mut out = RankOutput {
+        losses: Vec::new(),
+        last_loss: None,
+        step_times: Vec::with_capacity(cfg.iters as usize),
+        preds: Vec::with_capacity(cfg.eval_batches),
+        op_times: Vec::new(),
+        params: HashMap::new(),
+    };
+    let start = Instant::now();
+    exec.set_step(1);
+    for k in 1..=cfg.iters {
+        let inputs = data
+            .inputs_for(k - 1, cfg.global_batch, cfg.ranks, rank, exec.graph())
+            .map_err(|e| data_err(k, e))?;
+        let syms = step_syms(&exec, &inputs, rank, cfg)?;
+        let t0 = Instant::now();
+        let outs = exec.step(inputs, &syms, &comm)?;
+        let dt = t0.elapsed().as_secs_f64();
+        out.step_times.push(dt);
+        let loss = if training {
+            let l = outs
+                .first()
+                .and_then(|t| t.to_f32_vec().first().copied())
+                .ok_or_else(|| RuntimeError::Rank {
+                    rank,
+                    step: Some(k),
+                    reason: "the training graph's first output (the loss) is empty".into(),
+                })?;
+            if !l.is_finite() {
+                return Err(RuntimeError::NonFinite {
+                    rank,
+                    step: k,
+                    value: l,
+                });
+            }
+            out.last_loss = Some(l);
+            Some(l)
+        } else {
+            None
+        };
+        if is_logged(k) {
+            if let Some(l) = loss {
+                out.losses.push((k, l));
+            }
+            send(Event::Step {
+                iter: k,
+                loss,
+                samples_per_s: if dt > 0.0 {
+                    cfg.global_batch as f64 / dt
+                } else {
+                    0.0
+                },
+                elapsed: start.elapsed(),
+            });
+        }
+    }
+    out.op_times = exec.op_times();
+
+    // Evaluation with the trained parameters.
+    let mut eval = if training {
+        let mut trained = exec.into_params();
+        trained.extend(params.drain());
+        params = trained;
+        let p = params_for(&infer, &mut params);
+        Executor::new(infer, p, rank)?
+    } else {
+        exec
+    };
+    let local = batch_slice(cfg.global_batch, cfg.ranks, rank).len();
+    for b in 0..cfg.eval_batches {
+        let step = eval_step(b as u64);
+        let eval_err = |e: RuntimeError| RuntimeError::Rank {
+            rank,
+            step: None,
+            reason: format!("evaluation batch {}: {e}", b + 1),
+        };
+        let inputs = data
+            .inputs_for(step, cfg.global_batch, cfg.ranks, rank, eval.graph())
+            .map_err(eval_err)?;
+        let syms = step_syms(&eval, &inputs, rank, cfg).map_err(eval_err)?;
+        let outs = eval.step(inputs, &syms, &comm).map_err(eval_err)?;
+        let pred = outs.first().map(Tensor::to_f32_vec).unwrap_or_default();
+        if pred.len() != local {
+            return Err(eval_err(RuntimeError::Rank {
+                rank,
+                step: None,
+                reason: format!(
+                    "the inference graph's first output has {} values for {local} samples (expected one prediction per sample)",
+                    pred.len()
+                ),
+            }));
+        }
+        out.preds.push(pred);
+        send(Event::Eval {
+            batch: b + 1,
+            batches: cfg.eval_batches,
+        });
+    }
+    let mut final_params = eval.into_params();
+    final_params.extend(params);
+    out.params = final_params;
+    // Leave the group together (a late failure elsewhere still reaches us).
+    comm.barrier().map_err(|e| RuntimeError::Rank {
+        rank,
+        step: None,
+        reason: e.to_string(),
+    })?;
+    Ok(out)
+}
+
+fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let m = s.len() / 2;
+    Some(if s.len() % 2 == 1 {
+        s[m]
+    } else {
+        (s[m - 1] + s[m]) / 2.0
+    })
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_string()
+    }
+}

@@ -1,0 +1,652 @@
+//! The per-rank executor: runs one rank's graph step after step on its own
+//! parameter storage.
+//!
+//! Each node runs with a codegen kernel ([`dlrm_codegen::try_eval`]) when there is
+//! one, else with the reference interpreter ([`dlrm_ir::interp::eval_op`]);
+//! collectives always go through `eval_op` with the rank's communicator.
+//! Optimizer updates run *in place* on the parameter storage
+//! ([`dlrm_codegen::sgd_in_place`], [`dlrm_codegen::sparse_sgd_in_place`]): when an
+//! update node is the last use of its parameter and the graph's update list gives
+//! that parameter a new value, the parameter's tensor is moved into the node's
+//! result, updated there, and moved back into the parameter slot by the update list
+//! at the end of the step — no copy of a table per step. (An update chain
+//! `t1 = sparse_sgd(t, ..); t2 = sparse_sgd(t1, ..)` moves the same storage along.)
+//! Otherwise the operand is copied first, which is always correct.
+//!
+//! Values are dropped right after their last use (precomputed at construction);
+//! graph outputs and update values live to the end of the step. Inputs are checked
+//! against their declared types (dtype, fixed dims, bound symbols) like
+//! `interp::run`, and so are parameters at construction. Every error names the
+//! rank, the step, and — for node failures — the node (`#n %result`) and its op.
+//! After a failed step the executor refuses to run again (its parameters may have
+//! been moved out mid-step).
+//!
+//! A per-op-kind timer accumulates the wall time spent in each mnemonic (the node's
+//! evaluation plus dropping the values whose last use it is).
+
+use crate::error::{Result, RuntimeError};
+use dlrm_ir::interp::{EvalCtx, eval_op};
+use dlrm_ir::{Communicator, Def, Dim, Graph, Op, Tensor, TensorType, ValueId};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+/// Time spent in one op kind.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OpTime {
+    /// The op mnemonic.
+    pub op: String,
+    /// Number of node executions.
+    pub calls: u64,
+    /// Total wall time, in seconds.
+    pub seconds: f64,
+}
+
+/// A value's lifetime end: after node `n`, or kept to the end of the step.
+const KEEP: usize = usize::MAX;
+
+/// Executes one rank's graph (see the module docs).
+pub struct Executor {
+    graph: Graph,
+    rank: usize,
+    /// Parameter storage, by parameter position; `None` only while moved mid-step.
+    params: Vec<Option<Tensor>>,
+    /// Per value: the last node using it, or [`KEEP`].
+    last_use: Vec<usize>,
+    /// Per node: values to drop after it.
+    free_after: Vec<Vec<ValueId>>,
+    /// Per node: may an update node take its operand 0's storage?
+    may_move: Vec<bool>,
+    /// Scratch value slots (reused across steps).
+    slots: Vec<Option<Tensor>>,
+    times: BTreeMap<&'static str, (u64, Duration)>,
+    step: u64,
+    poisoned: Option<String>,
+}
+
+impl Executor {
+    /// An executor for `graph` on rank `rank` with `params`: exactly the parameters
+    /// the graph declares, each matching its declared dtype and fixed dimensions.
+    pub fn new(graph: Graph, mut params: HashMap<String, Tensor>, rank: usize) -> Result<Executor> {
+        let mut storage = Vec::with_capacity(graph.params().len());
+        for (name, ty) in graph.param_types() {
+            let t = params.remove(name).ok_or_else(|| RuntimeError::Param {
+                name: name.to_string(),
+                reason: format!(
+                    "rank {rank}: declared {ty} by graph `{}` but not given",
+                    graph.name
+                ),
+            })?;
+            let fits = t.dtype() == ty.dtype
+                && t.shape.len() == ty.shape.len()
+                && t.shape
+                    .iter()
+                    .zip(&ty.shape)
+                    .all(|(&n, d)| d.fixed().is_none_or(|f| f == n));
+            if !fits || stored_len(&t) != t.numel() {
+                return Err(RuntimeError::Param {
+                    name: name.to_string(),
+                    reason: format!(
+                        "rank {rank}: given {}{:?} ({} elements stored) but graph `{}` declares {ty}",
+                        t.dtype(),
+                        t.shape,
+                        stored_len(&t),
+                        graph.name
+                    ),
+                });
+            }
+            storage.push(Some(t));
+        }
+        if let Some(extra) = params.keys().min() {
+            return Err(RuntimeError::Param {
+                name: extra.clone(),
+                reason: format!(
+                    "rank {rank}: given but graph `{}` declares no such parameter",
+                    graph.name
+                ),
+            });
+        }
+
+        let nvals = graph.values().len();
+        let mut last_use = vec![0usize; nvals];
+        // A value never used dies right after its definition (node index), or at
+        // node 0 for unused inputs.
+        for (i, v) in graph.values().iter().enumerate() {
+            if let Def::Node(n, _) = v.def {
+                last_use[i] = n;
+            }
+        }
+        for (n, node) in graph.nodes().iter().enumerate() {
+            for &v in &node.inputs {
+                last_use[v.index()] = last_use[v.index()].max(n);
+            }
+        }
+        for &o in graph.outputs() {
+            last_use[o.index()] = KEEP;
+        }
+        let mut updated = vec![false; graph.params().len()];
+        for u in graph.updates() {
+            last_use[u.value.index()] = KEEP;
+            if let Def::Param(p) = graph.value(u.param).def {
+                updated[p] = true;
+            }
+        }
+        let mut free_after = vec![Vec::new(); graph.nodes().len()];
+        for (i, v) in graph.values().iter().enumerate() {
+            let lu = last_use[i];
+            if lu != KEEP && !matches!(v.def, Def::Param(_)) && lu < free_after.len() {
+                free_after[lu].push(ValueId(i as u32));
+            }
+        }
+        let may_move = graph
+            .nodes()
+            .iter()
+            .enumerate()
+            .map(|(n, node)| {
+                if !node.op.is_update() {
+                    return false;
+                }
+                let Some(&w) = node.inputs.first() else {
+                    return false;
+                };
+                // Operand 0 must die here (not used later, not an output, not an
+                // update value) and appear only once among the operands.
+                let once = node.inputs.iter().filter(|&&v| v == w).count() == 1;
+                let dies_here = last_use[w.index()] == n && once;
+                match graph.value(w).def {
+                    // A parameter may be moved only if the update list refills it.
+                    Def::Param(p) => dies_here && updated[p],
+                    _ => dies_here,
+                }
+            })
+            .collect();
+        Ok(Executor {
+            rank,
+            params: storage,
+            last_use,
+            free_after,
+            may_move,
+            slots: vec![None; nvals],
+            graph,
+            times: BTreeMap::new(),
+            step: 0,
+            poisoned: None,
+        })
+    }
+
+    /// The graph this executor runs.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The rank this executor runs on.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of the next step (used in error messages); starts at 0 and counts
+    /// the steps run, unless set with [`Executor::set_step`].
+    pub fn next_step(&self) -> u64 {
+        self.step
+    }
+
+    /// Sets the number of the next step (e.g. to count evaluation batches).
+    pub fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
+
+    /// A parameter's current value.
+    pub fn param(&self, name: &str) -> Option<&Tensor> {
+        let v = self.graph.find(name)?;
+        match self.graph.value(v).def {
+            Def::Param(p) => self.params[p].as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The parameters, consuming the executor (e.g. to hand trained parameters to
+    /// an inference executor). A poisoned executor may have lost some.
+    pub fn into_params(self) -> HashMap<String, Tensor> {
+        let names: Vec<String> = self
+            .graph
+            .params()
+            .iter()
+            .map(|&v| self.graph.name_of(v).to_string())
+            .collect();
+        names
+            .into_iter()
+            .zip(self.params)
+            .filter_map(|(n, t)| t.map(|t| (n, t)))
+            .collect()
+    }
+
+    /// Time spent per op kind since construction (or the last reset), most
+    /// expensive first.
+    pub fn op_times(&self) -> Vec<OpTime> {
+        let mut v: Vec<OpTime> = self
+            .times
+            .iter()
+            .map(|(op, (calls, d))| OpTime {
+                op: (*op).to_string(),
+                calls: *calls,
+                seconds: d.as_secs_f64(),
+            })
+            .collect();
+        v.sort_by(|a, b| {
+            b.seconds
+                .total_cmp(&a.seconds)
+                .then_with(|| a.op.cmp(&b.op))
+        });
+        v
+    }
+
+    /// Clears the per-op timers.
+    pub fn reset_timers(&mut self) {
+        self.times.clear();
+    }
+
+    /// Binds the graph's symbols from the shapes of `inputs` and the parameters
+    /// (conflicts are errors naming the input). Symbols carried by no input (e.g.
+    /// `G` on a rank that owns no table) are absent: the caller adds them.
+    pub fn bind_symbols(&self, inputs: &HashMap<String, Tensor>) -> Result<HashMap<String, usize>> {
+        let mut syms: HashMap<String, usize> = HashMap::new();
+        let g = &self.graph;
+        let sources = g
+            .inputs()
+            .iter()
+            .map(|&v| (v, inputs.get(g.name_of(v))))
+            .chain(g.params().iter().map(|&v| match g.value(v).def {
+                Def::Param(p) => (v, self.params[p].as_ref()),
+                _ => (v, None),
+            }));
+        for (v, t) in sources {
+            let Some(t) = t else { continue };
+            let ty = g.ty(v);
+            for (d, &n) in ty.shape.iter().zip(&t.shape) {
+                let Dim::Sym(s) = d else { continue };
+                match syms.get(s) {
+                    None => {
+                        syms.insert(s.clone(), n);
+                    }
+                    Some(&b) if b == n => {}
+                    Some(&b) => {
+                        return Err(RuntimeError::Input {
+                            rank: self.rank,
+                            step: self.step,
+                            name: g.name_of(v).to_string(),
+                            reason: format!("symbol {s} is {n} here but {b} from an earlier input"),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(syms)
+    }
+
+    /// Runs one step: binds `inputs` (exactly the graph's inputs), evaluates every
+    /// node, applies the updates to the parameters, and returns the outputs in
+    /// order. `syms` must bind every symbol the graph uses.
+    pub fn step(
+        &mut self,
+        inputs: HashMap<String, Tensor>,
+        syms: &HashMap<String, usize>,
+        comm: &dyn Communicator,
+    ) -> Result<Vec<Tensor>> {
+        if let Some(why) = &self.poisoned {
+            return Err(RuntimeError::Rank {
+                rank: self.rank,
+                step: Some(self.step),
+                reason: format!("the executor is unusable after an earlier failure: {why}"),
+            });
+        }
+        let result = self.run_step(inputs, syms, comm);
+        // Never keep values of a step around.
+        self.slots.iter_mut().for_each(|s| *s = None);
+        match result {
+            Ok(outs) => {
+                self.step += 1;
+                Ok(outs)
+            }
+            Err(e) => {
+                if self.params.iter().any(Option::is_none) {
+                    self.poisoned = Some(e.to_string());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn input_err(&self, name: &str, reason: String) -> RuntimeError {
+        RuntimeError::Input {
+            rank: self.rank,
+            step: self.step,
+            name: name.to_string(),
+            reason,
+        }
+    }
+
+    fn node_err(&self, n: usize, reason: String) -> RuntimeError {
+        RuntimeError::Node {
+            rank: self.rank,
+            step: self.step,
+            node: self.graph.node_label(n),
+            op: self.graph.nodes()[n].op.mnemonic().to_string(),
+            reason,
+        }
+    }
+
+    fn bind_inputs(
+        &mut self,
+        mut inputs: HashMap<String, Tensor>,
+        syms: &HashMap<String, usize>,
+    ) -> Result<()> {
+        let bind = |s: &str| syms.get(s).copied();
+        for i in 0..self.graph.inputs().len() {
+            let v = self.graph.inputs()[i];
+            let name = self.graph.name_of(v);
+            let ty = self.graph.ty(v);
+            let t = inputs
+                .remove(name)
+                .ok_or_else(|| self.input_err(name, format!("missing (declared {ty})")))?;
+            if !t.matches(ty, &bind) || stored_len(&t) != t.numel() {
+                return Err(self.input_err(
+                    name,
+                    format!(
+                        "given {}{:?} but declared {ty}{}",
+                        t.dtype(),
+                        t.shape,
+                        fmt_syms(ty, syms)
+                    ),
+                ));
+            }
+            self.slots[v.index()] = Some(t);
+        }
+        if let Some(extra) = inputs.keys().min() {
+            return Err(self.input_err(
+                extra,
+                format!("graph `{}` has no such input", self.graph.name),
+            ));
+        }
+        // Parameters with symbolic dimensions are checked under this binding.
+        for (p, &v) in self.graph.params().iter().enumerate() {
+            let ty = self.graph.ty(v);
+            if ty.shape.iter().all(|d| d.fixed().is_some()) {
+                continue;
+            }
+            if let Some(t) = &self.params[p]
+                && !t.matches(ty, &bind)
+            {
+                return Err(RuntimeError::Param {
+                    name: self.graph.name_of(v).to_string(),
+                    reason: format!(
+                        "rank {}: is {:?} but declared {ty}{}",
+                        self.rank,
+                        t.shape,
+                        fmt_syms(ty, syms)
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn value(&self, v: ValueId) -> Option<&Tensor> {
+        match self.graph.value(v).def {
+            Def::Param(p) => self.params[p].as_ref(),
+            _ => self.slots[v.index()].as_ref(),
+        }
+    }
+
+    /// Takes value `v`'s tensor out (parameters: their storage).
+    fn take(&mut self, v: ValueId) -> Option<Tensor> {
+        match self.graph.value(v).def {
+            Def::Param(p) => self.params[p].take(),
+            _ => self.slots[v.index()].take(),
+        }
+    }
+
+    fn run_step(
+        &mut self,
+        inputs: HashMap<String, Tensor>,
+        syms: &HashMap<String, usize>,
+        comm: &dyn Communicator,
+    ) -> Result<Vec<Tensor>> {
+        self.bind_inputs(inputs, syms)?;
+        for n in 0..self.graph.nodes().len() {
+            let t0 = Instant::now();
+            let outs = self.run_node(n, syms, comm)?;
+            let node = &self.graph.nodes()[n];
+            if outs.len() != node.outputs.len() {
+                return Err(self.node_err(
+                    n,
+                    format!(
+                        "produced {} results, the node has {}",
+                        outs.len(),
+                        node.outputs.len()
+                    ),
+                ));
+            }
+            for (k, t) in outs.into_iter().enumerate() {
+                let v = self.graph.nodes()[n].outputs[k];
+                self.slots[v.index()] = Some(t);
+            }
+            let mnemonic = self.graph.nodes()[n].op.mnemonic();
+            for i in 0..self.free_after[n].len() {
+                let v = self.free_after[n][i];
+                self.slots[v.index()] = None;
+            }
+            let e = self.times.entry(mnemonic).or_default();
+            e.0 += 1;
+            e.1 += t0.elapsed();
+        }
+        // Outputs (copied when an update or a later output still needs the value).
+        let g = &self.graph;
+        let outs_ids: Vec<ValueId> = g.outputs().to_vec();
+        let update_values: Vec<ValueId> = g.updates().iter().map(|u| u.value).collect();
+        let mut outs = Vec::with_capacity(outs_ids.len());
+        for (i, &o) in outs_ids.iter().enumerate() {
+            let needed_later = update_values.contains(&o)
+                || outs_ids[i + 1..].contains(&o)
+                || matches!(self.graph.value(o).def, Def::Param(_));
+            let t = if needed_later {
+                self.value(o).cloned()
+            } else {
+                self.take(o)
+            };
+            outs.push(t.ok_or_else(|| RuntimeError::Rank {
+                rank: self.rank,
+                step: Some(self.step),
+                reason: format!("output %{} has no value", self.graph.name_of(o)),
+            })?);
+        }
+        // Updates: new values move into the parameter slots.
+        let updates = self.graph.updates().to_vec();
+        let mut new_vals = Vec::with_capacity(updates.len());
+        for u in &updates {
+            // An update value may be a parameter or used by several updates: copy then.
+            let shared = matches!(self.graph.value(u.value).def, Def::Param(_))
+                || updates.iter().filter(|w| w.value == u.value).count() > 1;
+            let t = if shared {
+                self.value(u.value).cloned()
+            } else {
+                self.take(u.value)
+            };
+            new_vals.push(t.ok_or_else(|| RuntimeError::Rank {
+                rank: self.rank,
+                step: Some(self.step),
+                reason: format!(
+                    "update of %{} by %{}: the value is gone",
+                    self.graph.name_of(u.param),
+                    self.graph.name_of(u.value)
+                ),
+            })?);
+        }
+        for (u, t) in updates.iter().zip(new_vals) {
+            if let Def::Param(p) = self.graph.value(u.param).def {
+                self.params[p] = Some(t);
+            }
+        }
+        debug_assert!(
+            self.params.iter().all(Option::is_some),
+            "every parameter slot is filled after a step"
+        );
+        Ok(outs)
+    }
+
+    fn run_node(
+        &mut self,
+        n: usize,
+        syms: &HashMap<String, usize>,
+        comm: &dyn Communicator,
+    ) -> Result<Vec<Tensor>> {
+        let node = &self.graph.nodes()[n];
+        let op = node.op.clone();
+        let out_types: Vec<TensorType> = node
+            .outputs
+            .iter()
+            .map(|&v| self.graph.ty(v).clone())
+            .collect();
+        let ins_ids = node.inputs.clone();
+        if let Op::Sgd { lr } | Op::SparseSgd { lr } = op {
+            return self.run_update(n, &op, lr, &ins_ids, &out_types, syms, comm);
+        }
+        let ins = self.operands(n, &ins_ids)?;
+        let res = if op.is_collective() {
+            None
+        } else {
+            dlrm_codegen::try_eval(&op, &ins, &out_types, syms)
+        };
+        match res {
+            Some(r) => r.map_err(|e| self.node_err(n, e.to_string())),
+            None => {
+                let ctx = EvalCtx { syms, comm };
+                eval_op(&op, &ins, &out_types, &ctx).map_err(|e| self.node_err(n, e))
+            }
+        }
+    }
+
+    fn operands(&self, n: usize, ids: &[ValueId]) -> Result<Vec<&Tensor>> {
+        ids.iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                self.value(v).ok_or_else(|| {
+                    self.node_err(
+                        n,
+                        format!(
+                            "operand {i} %{} has no value (moved or freed)",
+                            self.graph.name_of(v)
+                        ),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_update(
+        &mut self,
+        n: usize,
+        op: &Op,
+        lr: f32,
+        ids: &[ValueId],
+        out_types: &[TensorType],
+        syms: &HashMap<String, usize>,
+        comm: &dyn Communicator,
+    ) -> Result<Vec<Tensor>> {
+        let Some(&w_id) = ids.first() else {
+            return Err(self.node_err(n, "has no operands".into()));
+        };
+        // The in-place kernels keep the storage's dtype; the declared result must too.
+        let same_dtype = self.value(w_id).map(|t| t.dtype()) == out_types.first().map(|t| t.dtype);
+        if !same_dtype || out_types.len() != 1 {
+            let ins = self.operands(n, ids)?;
+            let ctx = EvalCtx { syms, comm };
+            return eval_op(op, &ins, out_types, &ctx).map_err(|e| self.node_err(n, e));
+        }
+        let mut w = if self.may_move[n] {
+            self.take(w_id)
+        } else {
+            self.value(w_id).cloned()
+        }
+        .ok_or_else(|| {
+            self.node_err(
+                n,
+                format!("operand 0 %{} has no value", self.graph.name_of(w_id)),
+            )
+        })?;
+        let rest = match self.operands(n, &ids[1..]) {
+            Ok(r) => r,
+            Err(e) => {
+                self.put_back(n, w_id, w);
+                return Err(e);
+            }
+        };
+        let res = match (op, &rest[..]) {
+            (Op::Sgd { .. }, [g]) => dlrm_codegen::sgd_in_place(&mut w, g, lr),
+            (Op::SparseSgd { .. }, [idx, g]) => {
+                dlrm_codegen::sparse_sgd_in_place(&mut w, idx, g, lr)
+            }
+            _ => Err(dlrm_codegen::KernelError::Shape {
+                op: op.mnemonic(),
+                reason: format!(
+                    "takes {} operands, got {}",
+                    if matches!(op, Op::Sgd { .. }) { 2 } else { 3 },
+                    ids.len()
+                ),
+            }),
+        };
+        match res {
+            Ok(()) => Ok(vec![w]),
+            Err(e) => {
+                let err = self.node_err(n, e.to_string());
+                // The kernels validate before writing: the storage is intact.
+                self.put_back(n, w_id, w);
+                Err(err)
+            }
+        }
+    }
+
+    fn put_back(&mut self, n: usize, v: ValueId, t: Tensor) {
+        if !self.may_move[n] {
+            return;
+        }
+        match self.graph.value(v).def {
+            Def::Param(p) => self.params[p] = Some(t),
+            _ => self.slots[v.index()] = Some(t),
+        }
+    }
+
+    /// The last node that uses each value ([`usize::MAX`]: kept to the end of the
+    /// step), for diagnostics and tests.
+    pub fn last_uses(&self) -> &[usize] {
+        &self.last_use
+    }
+}
+
+fn fmt_syms(ty: &TensorType, syms: &HashMap<String, usize>) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for d in &ty.shape {
+        if let Dim::Sym(s) = d {
+            let p = syms
+                .get(s)
+                .map_or_else(|| format!("{s} unbound"), |v| format!("{s}={v}"));
+            if !parts.contains(&p) {
+                parts.push(p);
+            }
+        }
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" (with {})", parts.join(", "))
+    }
+}
+
+pub(crate) fn stored_len(t: &Tensor) -> usize {
+    match &t.data {
+        dlrm_ir::Data::F32(v) => v.len(),
+        dlrm_ir::Data::BF16(v) => v.len(),
+        dlrm_ir::Data::I64(v) => v.len(),
+        dlrm_ir::Data::I32(v) => v.len(),
+    }
+}

@@ -1,0 +1,192 @@
+//! Metrics: AUC and accuracy of predictions, and the JSON-lines metrics file.
+//!
+//! The metrics file has one JSON object per line: one per logged step
+//! (`{"iter", "loss", "samples_per_s", "elapsed_s"}`, `loss` null in inference mode)
+//! and a last summary line (`{"auc", "accuracy", "eval_samples", "final_loss",
+//! "samples_per_s", "ranks", "iters"}`). Every line is written whole and flushed
+//! before the call returns, so a reader (or a crash) sees only complete lines,
+//! except at worst a truncated last line if the process dies inside the write; the
+//! file as a whole is not atomic (it grows while training runs, so progress can be
+//! followed with `tail -f`).
+
+use crate::driver::{Event, Report};
+use crate::error::{Result, RuntimeError};
+use serde_json::json;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// Area under the ROC curve of `scores` against binary `labels` (1 = positive),
+/// rank-based (Mann–Whitney U), tied scores getting their average rank. `None` when
+/// there are no positives or no negatives (AUC is undefined), or the lengths differ.
+pub fn auc(scores: &[f32], labels: &[f32]) -> Option<f64> {
+    if scores.len() != labels.len() {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[a].total_cmp(&scores[b]));
+    let positives = labels.iter().filter(|&&y| y > 0.5).count();
+    let negatives = labels.len() - positives;
+    if positives == 0 || negatives == 0 {
+        return None;
+    }
+    // Sum of the (1-based, tie-averaged) ranks of the positives.
+    let mut rank_sum = 0.0f64;
+    let mut i = 0;
+    while i < order.len() {
+        let mut j = i;
+        while j + 1 < order.len() && scores[order[j + 1]] == scores[order[i]] {
+            j += 1;
+        }
+        let avg_rank = (i + j) as f64 / 2.0 + 1.0;
+        let pos_in_group = order[i..=j].iter().filter(|&&k| labels[k] > 0.5).count();
+        rank_sum += avg_rank * pos_in_group as f64;
+        i = j + 1;
+    }
+    let (p, n) = (positives as f64, negatives as f64);
+    Some((rank_sum - p * (p + 1.0) / 2.0) / (p * n))
+}
+
+/// The share of predictions on the right side of `threshold` (score > threshold
+/// predicts 1). `None` for empty or mismatched inputs.
+pub fn accuracy(scores: &[f32], labels: &[f32], threshold: f32) -> Option<f64> {
+    if scores.is_empty() || scores.len() != labels.len() {
+        return None;
+    }
+    let right = scores
+        .iter()
+        .zip(labels)
+        .filter(|&(&s, &y)| (s > threshold) == (y > 0.5))
+        .count();
+    Some(right as f64 / scores.len() as f64)
+}
+
+/// Writes the JSON-lines metrics file (see the module docs).
+pub struct MetricsWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl MetricsWriter {
+    /// Creates (truncates) the metrics file.
+    pub fn create(path: &Path) -> Result<MetricsWriter> {
+        let f = File::create(path).map_err(|e| RuntimeError::io(path, e))?;
+        Ok(MetricsWriter {
+            path: path.to_path_buf(),
+            out: BufWriter::new(f),
+        })
+    }
+
+    fn line(&mut self, v: &serde_json::Value) -> Result<()> {
+        let mut s = v.to_string();
+        s.push('\n');
+        self.out
+            .write_all(s.as_bytes())
+            .and_then(|()| self.out.flush())
+            .map_err(|e| RuntimeError::io(&self.path, e))
+    }
+
+    /// Writes one step line.
+    pub fn step(
+        &mut self,
+        iter: u64,
+        loss: Option<f32>,
+        samples_per_s: f64,
+        elapsed_s: f64,
+    ) -> Result<()> {
+        self.line(&json!({
+            "iter": iter,
+            "loss": loss,
+            "samples_per_s": samples_per_s,
+            "elapsed_s": elapsed_s,
+        }))
+    }
+
+    /// Writes the line of a [`Event::Step`] (other events write nothing).
+    pub fn event(&mut self, e: &Event) -> Result<()> {
+        match e {
+            Event::Step {
+                iter,
+                loss,
+                samples_per_s,
+                elapsed,
+            } => self.step(*iter, *loss, *samples_per_s, elapsed.as_secs_f64()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes the summary line and syncs the file.
+    pub fn finish(mut self, r: &Report) -> Result<()> {
+        self.line(&json!({
+            "auc": r.auc,
+            "accuracy": r.accuracy,
+            "eval_samples": r.eval_samples,
+            "final_loss": r.final_loss,
+            "samples_per_s": r.samples_per_s,
+            "ranks": r.ranks,
+            "iters": r.iters,
+        }))?;
+        self.out
+            .get_ref()
+            .sync_all()
+            .map_err(|e| RuntimeError::io(&self.path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{accuracy, auc};
+
+    #[test]
+    fn auc_of_known_rankings() {
+        let y = [0.0, 0.0, 1.0, 1.0];
+        assert_eq!(auc(&[0.1, 0.2, 0.8, 0.9], &y), Some(1.0));
+        assert_eq!(auc(&[0.9, 0.8, 0.2, 0.1], &y), Some(0.0));
+        assert_eq!(auc(&[0.5; 4], &y), Some(0.5));
+        // One inversion out of four pairs.
+        assert_eq!(auc(&[0.1, 0.6, 0.5, 0.9], &y), Some(0.75));
+        // A tie between a positive and a negative counts half.
+        assert_eq!(auc(&[0.1, 0.5, 0.5, 0.9], &y), Some(0.875));
+        assert_eq!(auc(&[0.1, 0.2], &[1.0, 1.0]), None);
+        assert_eq!(auc(&[0.1], &[1.0, 0.0]), None);
+    }
+
+    #[test]
+    fn auc_matches_pair_counting_on_random_data() {
+        let mut x = 12345u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let scores: Vec<f32> = (0..300).map(|_| (next() % 50) as f32 / 50.0).collect();
+        let labels: Vec<f32> = (0..300).map(|_| (next() % 3 == 0) as u8 as f32).collect();
+        let (mut num, mut den) = (0.0, 0.0);
+        for i in 0..300 {
+            for j in 0..300 {
+                if labels[i] == 1.0 && labels[j] == 0.0 {
+                    den += 1.0;
+                    num += if scores[i] > scores[j] {
+                        1.0
+                    } else if scores[i] == scores[j] {
+                        0.5
+                    } else {
+                        0.0
+                    };
+                }
+            }
+        }
+        let got = auc(&scores, &labels).expect("both classes");
+        assert!((got - num / den).abs() < 1e-12, "{got} vs {}", num / den);
+    }
+
+    #[test]
+    fn accuracy_at_threshold() {
+        assert_eq!(
+            accuracy(&[0.9, 0.1, 0.6, 0.4], &[1.0, 0.0, 0.0, 0.0], 0.5),
+            Some(0.75)
+        );
+        assert_eq!(accuracy(&[], &[], 0.5), None);
+    }
+}

@@ -1,0 +1,769 @@
+//! Plans on disk: a compiled model as a directory.
+//!
+//! ```text
+//! PLAN/
+//!   manifest.json          format "dlrmc-plan", version 1, name, created_by, precision,
+//!                          training hyper-parameters, pass log, graph files and weights
+//!                          file with their sha256, the parameter list {name, dtype, shape}
+//!   infer.ir               the inference graph (IR text form)
+//!   train.ir               the training step (absent for an inference-only plan)
+//!   weights.safetensors    the parameters' initial values (f32, bf16, i64, i32)
+//! ```
+//!
+//! Invariants:
+//! - [`write_plan`] is atomic: everything is written into a temporary directory beside
+//!   the target (same parent, so the renames stay on one file system), each file and
+//!   the directory are fsynced, then the directory is renamed into place. An existing
+//!   plan is renamed aside first, the new one renamed in, and only then is the old
+//!   one removed; if the second rename fails, the old plan is put back. A crash
+//!   leaves either the old plan, the new plan, or (between the two renames) no plan
+//!   at the target and both complete directories beside it — never a half plan. A
+//!   failed write never modifies an existing plan. Anything at the target that is
+//!   not a plan (a file, a non-empty directory without a plan manifest) is refused.
+//! - [`read_plan`] checks the format and version, every file's sha256 (a corrupted
+//!   file is named), parses the graphs (parse errors carry the file name) and checks
+//!   that every parameter the graphs declare is in the weights with its declared
+//!   dtype and shape. Weights are streamed from the file straight into the tensors'
+//!   storage while being hashed: one read, no intermediate copy.
+//! - Tensors are stored little-endian (safetensors' rule); big-endian hosts are not
+//!   supported.
+
+use crate::error::{Result, RuntimeError};
+use dlrm_ir::{DType, Data, Graph, Tensor, TensorType};
+use half::bf16;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File};
+use std::io::{BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+
+#[cfg(target_endian = "big")]
+compile_error!("plans store little-endian tensors; big-endian hosts are not supported");
+
+/// The manifest's `format` value.
+pub const FORMAT: &str = "dlrmc-plan";
+/// The manifest version this crate writes and reads.
+pub const VERSION: u32 = 1;
+/// The manifest's file name.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// The inference graph's file name.
+pub const INFER_FILE: &str = "infer.ir";
+/// The training graph's file name.
+pub const TRAIN_FILE: &str = "train.ir";
+/// The weights' file name.
+pub const WEIGHTS_FILE: &str = "weights.safetensors";
+
+/// Training hyper-parameters recorded in a plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Training {
+    /// Loss: `bce` or `mse`.
+    pub loss: String,
+    /// Optimizer: `sgd`.
+    pub optimizer: String,
+    /// Learning rate (already folded into the training graph's update ops).
+    pub learning_rate: f32,
+    /// Batch size (the global batch of a multi-rank run).
+    pub batch_size: usize,
+    /// Seed of the initial weights and the default data seed.
+    pub seed: u64,
+}
+
+/// A compiled model: graphs, initial parameters, hyper-parameters, provenance.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The model's name.
+    pub name: String,
+    /// The inference graph (unpartitioned).
+    pub infer: Graph,
+    /// The training step (unpartitioned), if the plan can train.
+    pub train: Option<Graph>,
+    /// Parameter values, in manifest order.
+    pub params: Vec<(String, Tensor)>,
+    /// Training hyper-parameters.
+    pub training: Training,
+    /// Precision policy, e.g. `fp32`.
+    pub precision: String,
+    /// The compiler's pass log (opaque to the runtime).
+    pub pass_log: serde_json::Value,
+}
+
+/// A file of the plan with its checksum.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// File name inside the plan directory.
+    pub file: String,
+    /// Lower-case hex sha256 of the file's bytes.
+    pub sha256: String,
+    /// Size in bytes.
+    pub bytes: u64,
+}
+
+/// The graph files of a plan.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GraphFiles {
+    /// The inference graph.
+    pub infer: FileRef,
+    /// The training graph, if any.
+    pub train: Option<FileRef>,
+}
+
+/// One parameter as listed in the manifest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ParamEntry {
+    /// Name (as in the graphs and the weights file).
+    pub name: String,
+    /// Element type mnemonic (`f32`, `bf16`, `i64`, `i32`).
+    pub dtype: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+}
+
+/// The contents of `manifest.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// Always [`VERSION`] for this crate.
+    pub version: u32,
+    /// The model's name.
+    pub name: String,
+    /// Who wrote the plan, e.g. `dlrm-runtime 0.1.0`.
+    pub created_by: String,
+    /// Precision policy.
+    pub precision: String,
+    /// Training hyper-parameters.
+    pub training: Training,
+    /// The compiler's pass log (opaque).
+    pub pass_log: serde_json::Value,
+    /// The graph files.
+    pub graphs: GraphFiles,
+    /// The parameters, in order.
+    pub params: Vec<ParamEntry>,
+    /// The weights file.
+    pub weights: FileRef,
+}
+
+// ---------------------------------------------------------------------- write
+
+/// Writes `plan` as a plan directory at `dir`, atomically (see the module docs).
+/// The parent directory is created if needed.
+pub fn write_plan(dir: &Path, plan: &Plan) -> Result<()> {
+    write_plan_impl(dir, plan, None)
+}
+
+/// Points where a test can make [`write_plan`] fail, to check that a failure never
+/// damages an existing plan. Not part of the stable API.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailPoint {
+    /// After the weights are written into the temporary directory.
+    AfterWeights,
+    /// After the manifest is written, before any rename.
+    BeforeSwap,
+    /// After the existing plan was renamed aside, before the new one is renamed in.
+    AfterOldMovedAside,
+}
+
+/// [`write_plan`] with an injected failure (tests only).
+#[doc(hidden)]
+pub fn write_plan_failing_at(dir: &Path, plan: &Plan, at: FailPoint) -> Result<()> {
+    write_plan_impl(dir, plan, Some(at))
+}
+
+fn injected(dir: &Path, fail: Option<FailPoint>, here: FailPoint) -> Result<()> {
+    if fail == Some(here) {
+        Err(RuntimeError::plan(
+            dir,
+            format!("injected failure at {here:?}"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+fn write_plan_impl(dir: &Path, plan: &Plan, fail: Option<FailPoint>) -> Result<()> {
+    // 1. Everything that can be checked in memory, before touching the disk.
+    let (infer_text, train_text) = validate_for_write(dir, plan)?;
+    let replace_existing = check_target(dir)?;
+
+    // 2. Write into a temporary directory beside the target.
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&parent).map_err(|e| RuntimeError::io(&parent, e))?;
+    let base = dir
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .ok_or_else(|| RuntimeError::plan(dir, "the plan path has no final component"))?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{base}.tmp-"))
+        .tempdir_in(&parent)
+        .map_err(|e| RuntimeError::io(&parent, e))?;
+    let t = tmp.path();
+
+    let infer_ref = write_synced(&t.join(INFER_FILE), INFER_FILE, infer_text.as_bytes())?;
+    let train_ref = match &train_text {
+        Some(text) => Some(write_synced(
+            &t.join(TRAIN_FILE),
+            TRAIN_FILE,
+            text.as_bytes(),
+        )?),
+        None => None,
+    };
+    let weights_ref = write_weights(&t.join(WEIGHTS_FILE), &plan.params)?;
+    injected(dir, fail, FailPoint::AfterWeights)?;
+    let manifest = Manifest {
+        format: FORMAT.to_string(),
+        version: VERSION,
+        name: plan.name.clone(),
+        created_by: format!("{} {}", env!("CARGO_PKG_NAME"), env!("CARGO_PKG_VERSION")),
+        precision: plan.precision.clone(),
+        training: plan.training.clone(),
+        pass_log: plan.pass_log.clone(),
+        graphs: GraphFiles {
+            infer: infer_ref,
+            train: train_ref,
+        },
+        params: plan
+            .params
+            .iter()
+            .map(|(name, t)| ParamEntry {
+                name: name.clone(),
+                dtype: t.dtype().mnemonic().to_string(),
+                shape: t.shape.clone(),
+            })
+            .collect(),
+        weights: weights_ref,
+    };
+    let json = serde_json::to_vec_pretty(&manifest)
+        .map_err(|e| RuntimeError::plan(dir, format!("cannot encode the manifest: {e}")))?;
+    write_synced(&t.join(MANIFEST_FILE), MANIFEST_FILE, &json)?;
+    sync_dir(t)?;
+    injected(dir, fail, FailPoint::BeforeSwap)?;
+
+    // 3. Swap into place. Until `keep`, dropping `tmp` removes the new directory.
+    let new_dir = tmp.keep();
+    let result = swap_into_place(&new_dir, dir, &parent, &base, replace_existing, fail);
+    if result.is_err() {
+        let _ = fs::remove_dir_all(&new_dir);
+    }
+    result?;
+    sync_dir(&parent)
+}
+
+/// Checks the plan's consistency; returns the graphs' text forms.
+fn validate_for_write(dir: &Path, plan: &Plan) -> Result<(String, Option<String>)> {
+    let mut seen = HashSet::new();
+    for (name, t) in &plan.params {
+        if !seen.insert(name.as_str()) {
+            return Err(param_err(name, "listed twice"));
+        }
+        let stored = stored_len(t);
+        if stored != t.numel() {
+            return Err(param_err(
+                name,
+                format!(
+                    "holds {stored} elements but its shape {:?} has {}",
+                    t.shape,
+                    t.numel()
+                ),
+            ));
+        }
+    }
+    let by_name: HashMap<&str, &Tensor> =
+        plan.params.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let mut texts = Vec::new();
+    for g in std::iter::once(&plan.infer).chain(&plan.train) {
+        check_graph_params(g, |n| by_name.get(n).map(|t| (t.dtype(), t.shape.clone())))?;
+        let text = dlrm_ir::text::print(g);
+        // A plan that cannot be read back must not be written.
+        match dlrm_ir::text::parse(&text) {
+            Ok(back) if back == *g => texts.push(text),
+            Ok(_) => {
+                return Err(RuntimeError::plan(
+                    dir,
+                    format!(
+                        "graph `{}` does not survive its text form unchanged",
+                        g.name
+                    ),
+                ));
+            }
+            Err(e) => {
+                return Err(RuntimeError::plan(
+                    dir,
+                    format!(
+                        "graph `{}` does not read back from its text form: {e}",
+                        g.name
+                    ),
+                ));
+            }
+        }
+    }
+    let mut texts = texts.into_iter();
+    let infer = texts.next().unwrap_or_default();
+    Ok((infer, texts.next()))
+}
+
+/// True if `dir` holds a plan to replace; `Ok(false)` if nothing (or an empty
+/// directory) is there; an error for anything else.
+fn check_target(dir: &Path) -> Result<bool> {
+    let meta = match fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(RuntimeError::io(dir, e)),
+    };
+    if !meta.is_dir() {
+        return Err(RuntimeError::plan(
+            dir,
+            "exists and is not a directory: refusing to replace it with a plan",
+        ));
+    }
+    let manifest = dir.join(MANIFEST_FILE);
+    if manifest.is_file() {
+        let is_plan = fs::read(&manifest)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|v| v.get("format").and_then(|f| f.as_str()) == Some(FORMAT));
+        if is_plan {
+            return Ok(true);
+        }
+    }
+    let empty = fs::read_dir(dir)
+        .map_err(|e| RuntimeError::io(dir, e))?
+        .next()
+        .is_none();
+    if empty {
+        Ok(true)
+    } else {
+        Err(RuntimeError::plan(
+            dir,
+            "is a directory that is not a dlrmc plan: refusing to replace it",
+        ))
+    }
+}
+
+fn swap_into_place(
+    new_dir: &Path,
+    dir: &Path,
+    parent: &Path,
+    base: &str,
+    replace_existing: bool,
+    fail: Option<FailPoint>,
+) -> Result<()> {
+    if !replace_existing {
+        return fs::rename(new_dir, dir).map_err(|e| RuntimeError::io(dir, e));
+    }
+    // A unique holder beside the target; the old plan moves inside it.
+    let holder = tempfile::Builder::new()
+        .prefix(&format!(".{base}.old-"))
+        .tempdir_in(parent)
+        .map_err(|e| RuntimeError::io(parent, e))?;
+    let aside = holder.path().join("plan");
+    fs::rename(dir, &aside).map_err(|e| RuntimeError::io(dir, e))?;
+    let moved_in = injected(dir, fail, FailPoint::AfterOldMovedAside)
+        .and_then(|()| fs::rename(new_dir, dir).map_err(|e| RuntimeError::io(dir, e)));
+    if let Err(e) = moved_in {
+        // Put the old plan back; if even that fails, keep it beside the target.
+        if fs::rename(&aside, dir).is_err() {
+            let kept = holder.keep();
+            return Err(RuntimeError::plan(
+                dir,
+                format!(
+                    "{e}; the previous plan could not be moved back and is kept at {}",
+                    kept.join("plan").display()
+                ),
+            ));
+        }
+        return Err(e);
+    }
+    // `holder` (with the old plan inside) is removed when dropped.
+    drop(holder);
+    Ok(())
+}
+
+fn write_synced(path: &Path, name: &str, bytes: &[u8]) -> Result<FileRef> {
+    let mut f = File::create(path).map_err(|e| RuntimeError::io(path, e))?;
+    f.write_all(bytes).map_err(|e| RuntimeError::io(path, e))?;
+    f.sync_all().map_err(|e| RuntimeError::io(path, e))?;
+    Ok(FileRef {
+        file: name.to_string(),
+        sha256: hex(&Sha256::digest(bytes)),
+        bytes: bytes.len() as u64,
+    })
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| RuntimeError::io(dir, e))
+}
+
+/// A borrowed view of a tensor for safetensors (no copy of the data).
+struct View<'a>(&'a Tensor);
+
+impl safetensors::View for View<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        match self.0.dtype() {
+            DType::F32 => safetensors::Dtype::F32,
+            DType::BF16 => safetensors::Dtype::BF16,
+            DType::I64 => safetensors::Dtype::I64,
+            DType::I32 => safetensors::Dtype::I32,
+        }
+    }
+    fn shape(&self) -> &[usize] {
+        &self.0.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(match &self.0.data {
+            Data::F32(v) => bytemuck::cast_slice(v),
+            Data::BF16(v) => bytemuck::cast_slice(v),
+            Data::I64(v) => bytemuck::cast_slice(v),
+            Data::I32(v) => bytemuck::cast_slice(v),
+        })
+    }
+    fn data_len(&self) -> usize {
+        self.0.size_bytes()
+    }
+}
+
+fn write_weights(path: &Path, params: &[(String, Tensor)]) -> Result<FileRef> {
+    safetensors::serialize_to_file(
+        params.iter().map(|(n, t)| (n.as_str(), View(t))),
+        None,
+        path,
+    )
+    .map_err(|e| RuntimeError::plan(path, format!("cannot write the weights: {e}")))?;
+    // Hash what is in the file (streamed), then make it durable.
+    let (sha256, bytes) = sha256_file(path)?;
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| RuntimeError::io(path, e))?;
+    Ok(FileRef {
+        file: WEIGHTS_FILE.to_string(),
+        sha256,
+        bytes,
+    })
+}
+
+// ----------------------------------------------------------------------- read
+
+/// Reads and checks a plan directory's manifest only (format, version, fields).
+pub fn read_manifest(dir: &Path) -> Result<Manifest> {
+    match fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(RuntimeError::plan(dir, "is not a directory")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(RuntimeError::plan(dir, "no such plan directory"));
+        }
+        Err(e) => return Err(RuntimeError::io(dir, e)),
+    }
+    let path = dir.join(MANIFEST_FILE);
+    let bytes = match fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(RuntimeError::plan(
+                dir,
+                format!("missing {MANIFEST_FILE} (is this a plan directory?)"),
+            ));
+        }
+        Err(e) => return Err(RuntimeError::io(&path, e)),
+    };
+    let value: serde_json::Value = serde_json::from_slice(&bytes)
+        .map_err(|e| RuntimeError::plan(&path, format!("not valid JSON: {e}")))?;
+    match value.get("format").and_then(|f| f.as_str()) {
+        Some(FORMAT) => {}
+        other => {
+            return Err(RuntimeError::plan(
+                &path,
+                format!("not a dlrmc plan (format is {other:?}, expected \"{FORMAT}\")"),
+            ));
+        }
+    }
+    match value.get("version").and_then(|v| v.as_u64()) {
+        Some(v) if v == u64::from(VERSION) => {}
+        other => {
+            return Err(RuntimeError::plan(
+                &path,
+                format!(
+                    "plan format version {} is not supported (this dlrmc reads version {VERSION})",
+                    other.map_or_else(|| "(missing)".to_string(), |v| v.to_string())
+                ),
+            ));
+        }
+    }
+    serde_json::from_value(value)
+        .map_err(|e| RuntimeError::plan(&path, format!("bad manifest: {e}")))
+}
+
+/// Reads a plan directory, checking everything listed in the module docs.
+pub fn read_plan(dir: &Path) -> Result<Plan> {
+    let m = read_manifest(dir)?;
+    let infer = read_graph(dir, &m.graphs.infer)?;
+    let train = m
+        .graphs
+        .train
+        .as_ref()
+        .map(|f| read_graph(dir, f))
+        .transpose()?;
+    let weights_path = plan_file(dir, &m.weights.file)?;
+    let mut weights = read_weights(&weights_path, &m.weights.sha256)?;
+
+    // The manifest's list and the weights file agree.
+    if weights.len() != m.params.len() {
+        return Err(RuntimeError::plan(
+            &weights_path,
+            format!(
+                "holds {} tensors but the manifest lists {} parameters",
+                weights.len(),
+                m.params.len()
+            ),
+        ));
+    }
+    let mut params = Vec::with_capacity(m.params.len());
+    for p in &m.params {
+        let t = weights.remove(&p.name).ok_or_else(|| {
+            RuntimeError::plan(
+                &weights_path,
+                format!("has no tensor `{}` (listed in the manifest)", p.name),
+            )
+        })?;
+        if t.dtype().mnemonic() != p.dtype || t.shape != p.shape {
+            return Err(RuntimeError::plan(
+                &weights_path,
+                format!(
+                    "tensor `{}` is {}{:?} but the manifest says {}{:?}",
+                    p.name,
+                    t.dtype(),
+                    t.shape,
+                    p.dtype,
+                    p.shape
+                ),
+            ));
+        }
+        params.push((p.name.clone(), t));
+    }
+    let by_name: HashMap<&str, &Tensor> = params.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    for g in std::iter::once(&infer).chain(&train) {
+        check_graph_params(g, |n| by_name.get(n).map(|t| (t.dtype(), t.shape.clone()))).map_err(
+            |e| match e {
+                RuntimeError::Param { name, reason } => RuntimeError::Param {
+                    name,
+                    reason: format!("{reason} (graph `{}` of plan {})", g.name, dir.display()),
+                },
+                other => other,
+            },
+        )?;
+    }
+    Ok(Plan {
+        name: m.name,
+        infer,
+        train,
+        params,
+        training: m.training,
+        precision: m.precision,
+        pass_log: m.pass_log,
+    })
+}
+
+/// A file named by the manifest: a plain name inside the plan directory.
+fn plan_file(dir: &Path, name: &str) -> Result<PathBuf> {
+    let p = Path::new(name);
+    let plain = p.components().count() == 1
+        && matches!(p.components().next(), Some(std::path::Component::Normal(_)));
+    if plain {
+        Ok(dir.join(p))
+    } else {
+        Err(RuntimeError::plan(
+            dir,
+            format!("the manifest names file {name:?}, which is not a plain file name"),
+        ))
+    }
+}
+
+fn read_graph(dir: &Path, f: &FileRef) -> Result<Graph> {
+    let path = plan_file(dir, &f.file)?;
+    let bytes = fs::read(&path).map_err(|e| RuntimeError::io(&path, e))?;
+    let actual = hex(&Sha256::digest(&bytes));
+    if actual != f.sha256 {
+        return Err(RuntimeError::Checksum {
+            file: path,
+            expected: f.sha256.clone(),
+            actual,
+        });
+    }
+    let text = String::from_utf8(bytes)
+        .map_err(|e| RuntimeError::plan(&path, format!("not UTF-8 text: {e}")))?;
+    dlrm_ir::text::parse(&text).map_err(|source| RuntimeError::Parse { file: path, source })
+}
+
+/// Reads the weights, streaming each tensor into its storage while hashing. A file
+/// that does not parse is reported as a checksum mismatch when it is one.
+fn read_weights(path: &Path, expected: &str) -> Result<HashMap<String, Tensor>> {
+    let mismatch = |actual: String| RuntimeError::Checksum {
+        file: path.to_path_buf(),
+        expected: expected.to_string(),
+        actual,
+    };
+    match stream_weights(path) {
+        Ok((tensors, actual)) if actual == expected => Ok(tensors),
+        Ok((_, actual)) => Err(mismatch(actual)),
+        Err(e) => match sha256_file(path) {
+            Ok((actual, _)) if actual != expected => Err(mismatch(actual)),
+            _ => Err(e),
+        },
+    }
+}
+
+fn stream_weights(path: &Path) -> Result<(HashMap<String, Tensor>, String)> {
+    let bad = |reason: String| RuntimeError::plan(path, reason);
+    let file = File::open(path).map_err(|e| RuntimeError::io(path, e))?;
+    let total = file
+        .metadata()
+        .map_err(|e| RuntimeError::io(path, e))?
+        .len();
+    let mut r = BufReader::with_capacity(1 << 20, file);
+    let mut hasher = Sha256::new();
+    let mut n8 = [0u8; 8];
+    r.read_exact(&mut n8)
+        .map_err(|e| bad(format!("cannot read the safetensors header size: {e}")))?;
+    hasher.update(n8);
+    let n = u64::from_le_bytes(n8);
+    if n > 100 << 20 || 8 + n > total {
+        return Err(bad(format!(
+            "safetensors header size {n} is impossible for a {total}-byte file"
+        )));
+    }
+    let mut header = vec![0u8; n as usize];
+    r.read_exact(&mut header)
+        .map_err(|e| bad(format!("cannot read the safetensors header: {e}")))?;
+    hasher.update(&header);
+    let meta: safetensors::tensor::Metadata =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("bad safetensors header: {e}")))?;
+    if 8 + n + meta.data_len() as u64 != total {
+        return Err(bad(format!(
+            "file size {total} does not match its header (8 + {n} + {} data bytes)",
+            meta.data_len()
+        )));
+    }
+    let mut out = HashMap::new();
+    for name in meta.offset_keys() {
+        let info = meta
+            .info(&name)
+            .ok_or_else(|| bad(format!("tensor `{name}` vanished from the header")))?;
+        let numel: usize = info.shape.iter().product();
+        let shape = info.shape.clone();
+        let mut read_into = |bytes: &mut [u8]| -> Result<()> {
+            r.read_exact(bytes)
+                .map_err(|e| bad(format!("cannot read tensor `{name}`: {e}")))?;
+            hasher.update(&*bytes);
+            Ok(())
+        };
+        let t = match info.dtype {
+            safetensors::Dtype::F32 => {
+                let mut v = vec![0f32; numel];
+                read_into(bytemuck::cast_slice_mut(&mut v))?;
+                Tensor::f32(shape, v)
+            }
+            safetensors::Dtype::BF16 => {
+                let mut v = vec![bf16::ZERO; numel];
+                read_into(bytemuck::cast_slice_mut(&mut v))?;
+                Tensor::bf16(shape, v)
+            }
+            safetensors::Dtype::I64 => {
+                let mut v = vec![0i64; numel];
+                read_into(bytemuck::cast_slice_mut(&mut v))?;
+                Tensor::i64(shape, v)
+            }
+            safetensors::Dtype::I32 => {
+                let mut v = vec![0i32; numel];
+                read_into(bytemuck::cast_slice_mut(&mut v))?;
+                Tensor::i32(shape, v)
+            }
+            other => {
+                return Err(bad(format!(
+                    "tensor `{name}` has dtype {other}; plans hold F32, BF16, I64 or I32"
+                )));
+            }
+        };
+        out.insert(name, t);
+    }
+    Ok((out, hex(&hasher.finalize())))
+}
+
+/// Checks that every parameter `g` declares is available (by `lookup`) with its
+/// declared dtype and fixed shape.
+fn check_graph_params(
+    g: &Graph,
+    lookup: impl Fn(&str) -> Option<(DType, Vec<usize>)>,
+) -> Result<()> {
+    for (name, ty) in g.param_types() {
+        let Some((dtype, shape)) = lookup(name) else {
+            return Err(param_err(
+                name,
+                format!(
+                    "declared {ty} by graph `{}` but missing from the weights",
+                    g.name
+                ),
+            ));
+        };
+        if !fits(ty, dtype, &shape) {
+            return Err(param_err(
+                name,
+                format!(
+                    "the weights hold {dtype}{shape:?} but graph `{}` declares {ty}",
+                    g.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn fits(ty: &TensorType, dtype: DType, shape: &[usize]) -> bool {
+    ty.dtype == dtype
+        && ty.shape.len() == shape.len()
+        && ty
+            .shape
+            .iter()
+            .zip(shape)
+            .all(|(d, &n)| d.fixed() == Some(n))
+}
+
+fn param_err(name: &str, reason: impl Into<String>) -> RuntimeError {
+    RuntimeError::Param {
+        name: name.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn stored_len(t: &Tensor) -> usize {
+    match &t.data {
+        Data::F32(v) => v.len(),
+        Data::BF16(v) => v.len(),
+        Data::I64(v) => v.len(),
+        Data::I32(v) => v.len(),
+    }
+}
+
+fn sha256_file(path: &Path) -> Result<(String, u64)> {
+    let mut f = File::open(path).map_err(|e| RuntimeError::io(path, e))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let k = f.read(&mut buf).map_err(|e| RuntimeError::io(path, e))?;
+        if k == 0 {
+            break;
+        }
+        hasher.update(&buf[..k]);
+        total += k as u64;
+    }
+    Ok((hex(&hasher.finalize()), total))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

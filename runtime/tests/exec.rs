@@ -1,0 +1,199 @@
+//! The executor against the reference interpreter (`interp::run`), in-place
+//! updates, value lifetimes, and its errors.
+
+mod common;
+
+use common::*;
+use dlrm_ir::{SingleRank, Tensor, interp};
+use dlrm_runtime::data::{DataSchema, SyntheticData};
+use dlrm_runtime::{Executor, RuntimeError};
+use std::collections::HashMap;
+
+fn inputs(g: &dlrm_ir::Graph, step: u64, batch: usize) -> HashMap<String, Tensor> {
+    let data = SyntheticData::new(DataSchema::from_graph(g).expect("schema"), 3);
+    data.inputs_for(step, batch, 1, 0, g).expect("inputs")
+}
+
+fn syms(batch: usize) -> HashMap<String, usize> {
+    HashMap::from([("B".to_string(), batch)])
+}
+
+#[test]
+fn training_steps_match_the_interpreter() {
+    let g = tiny(1, 0, true, 0.05);
+    let init: HashMap<String, Tensor> = params(1).into_iter().collect();
+    let mut exec = Executor::new(g.clone(), init.clone(), 0).expect("executor");
+    let mut ref_params = init;
+    for step in 0..4 {
+        let batch = [32, 17, 1, 64][step as usize];
+        let ins = inputs(&g, step, batch);
+        let want =
+            interp::run(&g, &ins, &mut ref_params, &syms(batch), &SingleRank).expect("interp");
+        let got = exec.step(ins, &syms(batch), &SingleRank).expect("step");
+        assert_eq!(got.len(), 1);
+        assert!(
+            close(&got[0].to_f32_vec(), &want[0].to_f32_vec(), 1e-5),
+            "loss {got:?} vs {want:?}"
+        );
+    }
+    assert_eq!(exec.next_step(), 4);
+    for (name, want) in &ref_params {
+        let got = exec.param(name).expect("param");
+        assert_eq!(got.shape, want.shape, "{name}");
+        assert!(
+            close(&got.to_f32_vec(), &want.to_f32_vec(), 1e-4),
+            "{name} drifted"
+        );
+        // The update really happened (not a no-op).
+    }
+    let start: HashMap<String, Tensor> = params(1).into_iter().collect();
+    assert!(
+        start
+            .iter()
+            .all(|(n, t)| exec.param(n).expect("param") != t),
+        "every param trained"
+    );
+}
+
+#[test]
+fn inference_matches_the_interpreter_and_times_ops() {
+    let g = tiny(1, 0, false, 0.0);
+    let mut p: HashMap<String, Tensor> = params(2).into_iter().collect();
+    let mut exec = Executor::new(g.clone(), p.clone(), 0).expect("executor");
+    let ins = inputs(&g, 0, 50);
+    let want = interp::run(&g, &ins, &mut p, &syms(50), &SingleRank).expect("interp");
+    let got = exec.step(ins, &syms(50), &SingleRank).expect("step");
+    assert_eq!(got[0].shape, vec![50, 1]);
+    assert!(close(&got[0].to_f32_vec(), &want[0].to_f32_vec(), 1e-5));
+    let times = exec.op_times();
+    let linear = times
+        .iter()
+        .find(|t| t.op == "linear")
+        .expect("linear timed");
+    assert_eq!(linear.calls, 4);
+    assert_eq!(
+        times
+            .iter()
+            .find(|t| t.op == "embedding_bag")
+            .expect("bags")
+            .calls,
+        3
+    );
+}
+
+#[test]
+fn tables_are_updated_in_place_without_a_copy() {
+    let g = tiny(1, 0, true, 0.05);
+    let mut exec = Executor::new(g.clone(), params(1).into_iter().collect(), 0).expect("executor");
+    let ptr = |e: &Executor, n: &str| e.param(n).and_then(Tensor::as_f32).expect("f32").as_ptr();
+    let (t0, w0) = (ptr(&exec, "emb.2"), ptr(&exec, "top.0.w"));
+    let before = exec.param("emb.2").expect("table").clone();
+    exec.step(inputs(&g, 0, 16), &syms(16), &SingleRank)
+        .expect("step");
+    assert_eq!(
+        ptr(&exec, "emb.2"),
+        t0,
+        "the table's storage moved through the update"
+    );
+    assert_eq!(ptr(&exec, "top.0.w"), w0, "dense weights too");
+    assert_ne!(exec.param("emb.2").expect("table"), &before);
+}
+
+#[test]
+fn values_die_after_their_last_use() {
+    let g = tiny(1, 0, true, 0.05);
+    let exec = Executor::new(g.clone(), params(1).into_iter().collect(), 0).expect("executor");
+    let lu = exec.last_uses();
+    let id = |n: &str| g.find(n).expect("value").index();
+    // The bottom MLP's output is used by the interaction and its gradient, then dies.
+    let users = g.users();
+    assert_eq!(lu[id("bot.1")], *users[id("bot.1")].last().expect("used"));
+    assert_eq!(lu[id("loss")], usize::MAX, "outputs live to the end");
+    assert_eq!(lu[id("emb.0.next")], usize::MAX, "update values too");
+}
+
+#[test]
+fn bad_index_is_a_node_error_naming_rank_step_and_node() {
+    let g = tiny(1, 0, false, 0.0);
+    let mut exec = Executor::new(g.clone(), params(1).into_iter().collect(), 3).expect("executor");
+    let mut ins = inputs(&g, 0, 4);
+    ins.insert("idx.1".into(), Tensor::i64(vec![4, 1], vec![0, 1, 30, 2]));
+    let err = exec
+        .step(ins, &syms(4), &SingleRank)
+        .expect_err("row 30 of 30");
+    match &err {
+        RuntimeError::Node {
+            rank,
+            step,
+            node,
+            op,
+            reason,
+        } => {
+            assert_eq!((*rank, *step, op.as_str()), (3, 0, "embedding_bag"));
+            assert!(node.contains("%bag.1"), "{node}");
+            assert!(
+                reason.contains("30") && reason.contains("sample 2"),
+                "{reason}"
+            );
+        }
+        other => panic!("wrong error {other}"),
+    }
+    // An inference executor lost nothing: it runs again.
+    exec.step(inputs(&g, 1, 4), &syms(4), &SingleRank)
+        .expect("still usable");
+}
+
+#[test]
+fn input_bindings_are_checked() {
+    let g = tiny(1, 0, false, 0.0);
+    let mut exec = Executor::new(g.clone(), params(1).into_iter().collect(), 0).expect("executor");
+    let mut ins = inputs(&g, 0, 4);
+    ins.remove("dense");
+    let err = exec.step(ins, &syms(4), &SingleRank).expect_err("missing");
+    assert!(
+        matches!(&err, RuntimeError::Input { name, .. } if name == "dense"),
+        "{err}"
+    );
+    let mut ins = inputs(&g, 0, 4);
+    ins.insert("dense".into(), Tensor::f32(vec![4, 5], vec![0.0; 20]));
+    let err = exec
+        .step(ins, &syms(4), &SingleRank)
+        .expect_err("wrong width");
+    assert!(
+        err.to_string().contains("dense") && err.to_string().contains("B=4"),
+        "{err}"
+    );
+    let mut ins = inputs(&g, 0, 4);
+    ins.insert("bogus".into(), Tensor::scalar(1.0));
+    let err = exec.step(ins, &syms(4), &SingleRank).expect_err("extra");
+    assert!(
+        matches!(&err, RuntimeError::Input { name, .. } if name == "bogus"),
+        "{err}"
+    );
+    let err = exec
+        .step(inputs(&g, 0, 4), &syms(5), &SingleRank)
+        .expect_err("B mismatch");
+    assert!(matches!(err, RuntimeError::Input { .. }), "{err}");
+}
+
+#[test]
+fn parameters_are_checked_at_construction() {
+    let g = tiny(1, 0, false, 0.0);
+    let mut p: HashMap<String, Tensor> = params(1).into_iter().collect();
+    p.remove("top.1.b");
+    let err = Executor::new(g.clone(), p, 0).err().expect("missing");
+    assert!(
+        matches!(&err, RuntimeError::Param { name, .. } if name == "top.1.b"),
+        "{err}"
+    );
+    let mut p: HashMap<String, Tensor> = params(1).into_iter().collect();
+    p.insert("emb.0".into(), Tensor::f32(vec![51, 4], vec![0.0; 204]));
+    let err = Executor::new(g.clone(), p, 0).err().expect("wrong shape");
+    assert!(
+        matches!(&err, RuntimeError::Param { name, .. } if name == "emb.0"),
+        "{err}"
+    );
+    let mut p: HashMap<String, Tensor> = params(1).into_iter().collect();
+    p.insert("extra".into(), Tensor::scalar(0.0));
+    assert!(Executor::new(g, p, 0).is_err());
+}
