@@ -1,2 +1,181 @@
-//! dlrmc (being written)
-fn main() {}
+//! `dlrmc`: the DLRM compiler's command line (compile, inspect).
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use dlrm_ir::{Graph, dot, text};
+use dlrm_passes::pipeline::{self, DumpSpec};
+use dlrm_runtime::plan::{read_plan, write_plan};
+use dlrmc::compile::{CompileOptions, Stage, partition_stages};
+use dlrmc::model::{Overrides, load_model};
+use dlrmc::{Inspection, compile};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// Compiles DLRM models into plans that `dlrm-run` trains or serves.
+#[derive(Parser, Debug)]
+#[command(name = "dlrmc", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Import a model (`.json` description or `.onnx`), optimise it, write a plan.
+    Compile(CompileArgs),
+    /// Summarise a plan: ops by kind, parameters by dtype, FLOPs per sample.
+    Inspect(InspectArgs),
+}
+
+#[derive(Args, Debug)]
+struct CompileArgs {
+    /// The model file: a dlrmc JSON description (see examples/) or an ONNX model.
+    model: PathBuf,
+    /// The plan directory to write (replaced atomically if it exists).
+    #[arg(short, long, value_name = "PLAN")]
+    output: PathBuf,
+    /// Build only the inference graph.
+    #[arg(long)]
+    infer_only: bool,
+    /// Print the IR to stdout after the named stages: `all`, or a comma list of
+    /// `input`, pass ids (`autodiff`, `dce`) and `partition`.
+    #[arg(long, value_name = "STAGES")]
+    dump_ir: Option<String>,
+    /// Rank count for the `partition` dump stage.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    ranks: usize,
+    /// Write Graphviz of the final graph (training graph if any) to this file.
+    #[arg(long, value_name = "FILE")]
+    dot: Option<PathBuf>,
+    /// Override the description's learning rate.
+    #[arg(long)]
+    lr: Option<f32>,
+    /// Override the description's global batch size.
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Override the description's seed (parameter initialisation and data).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Print nothing but errors (and requested dumps).
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(Args, Debug)]
+struct InspectArgs {
+    /// The plan directory.
+    plan: PathBuf,
+    /// Print JSON (keys `ops`, `params`, `param_bytes`, `flops_per_sample`, `graphs`, ...).
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Compile(a) => cmd_compile(a),
+        Command::Inspect(a) => cmd_inspect(a),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dlrmc: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn write_dump(out: &mut impl Write, stage: &Stage, g: &Graph) {
+    // A closed stdout (e.g. `| head`) must not abort the compile.
+    let _ = writeln!(out, "; ---- {stage}\n{}", text::print(g));
+}
+
+fn cmd_compile(a: CompileArgs) -> Result<()> {
+    let dump = a.dump_ir.as_deref().map(DumpSpec::parse).transpose()?;
+    if a.ranks == 0 {
+        bail!("--ranks must be at least 1");
+    }
+    let wants = |pass: &str| dump.as_ref().is_some_and(|d| d.wants(pass));
+    let say = |msg: String| {
+        if !a.quiet {
+            eprintln!("{msg}");
+        }
+    };
+    let start = Instant::now();
+    let overrides = Overrides {
+        learning_rate: a.lr,
+        batch_size: a.batch_size,
+        seed: a.seed,
+    };
+    let model = load_model(&a.model, overrides)?;
+    say(format!(
+        "loaded {} in {:.2} s\n{}",
+        a.model.display(),
+        start.elapsed().as_secs_f64(),
+        model.summary.trim_end()
+    ));
+
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let opts = CompileOptions {
+        infer_only: a.infer_only,
+    };
+    let plan = compile(model, &opts, &mut |stage, g| {
+        if wants(&stage.pass) {
+            write_dump(&mut out, stage, g);
+        }
+    })?;
+    if wants(pipeline::PARTITION) {
+        partition_stages(&plan, a.ranks, &mut |stage, g| {
+            write_dump(&mut out, stage, g)
+        })?;
+    }
+    drop(out);
+
+    if let Some(path) = &a.dot {
+        let g = plan.train.as_ref().unwrap_or(&plan.infer);
+        write_atomic(path, dot::to_dot(g).as_bytes())?;
+        say(format!("wrote {}", path.display()));
+    }
+    write_plan(&a.output, &plan)?;
+    say(format!(
+        "wrote plan {} ({}) in {:.2} s",
+        a.output.display(),
+        if plan.train.is_some() {
+            "training and inference"
+        } else {
+            "inference only"
+        },
+        start.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory, so a
+/// failure never leaves a truncated file behind.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+    tmp.write_all(bytes)
+        .with_context(|| format!("writing {}", path.display()))?;
+    tmp.persist(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+fn cmd_inspect(a: InspectArgs) -> Result<()> {
+    let plan = read_plan(&a.plan)?;
+    let info = Inspection::of(&plan);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&info)?);
+    } else {
+        print!("{info}");
+    }
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! `dlrm-run`: a plan, partitioned for N ranks, as the runtime's [`Job`].
+//!
+//! The plan holds unpartitioned graphs; the partition pass splits them here, at
+//! launch, so the same plan runs on any number of ranks. The global batch is the
+//! plan's batch size (the same whatever the rank count), so N ranks train on the
+//! same samples as one rank.
+
+use anyhow::{Context, Result, bail};
+use dlrm_runtime::driver::Job;
+use dlrm_runtime::plan::Plan;
+
+/// How to run a plan.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RunOptions {
+    /// Number of ranks (threads in this process).
+    pub ranks: usize,
+    /// Steps to run.
+    pub iters: u64,
+    /// Seed of the synthetic data; `None`: the plan's seed.
+    pub seed: Option<u64>,
+    /// Global batch; `None`: the plan's batch size.
+    pub batch_size: Option<usize>,
+    /// Run inference even if the plan can train.
+    pub infer: bool,
+    /// Report a step every this many steps (0: only the last).
+    pub log_every: u64,
+    /// Held-out batches evaluated at the end (AUC and accuracy).
+    pub eval_batches: usize,
+    /// Steps excluded from the throughput median.
+    pub warmup: u64,
+}
+
+impl Default for RunOptions {
+    fn default() -> RunOptions {
+        RunOptions {
+            ranks: 1,
+            iters: 100,
+            seed: None,
+            batch_size: None,
+            infer: false,
+            log_every: 10,
+            eval_batches: 4,
+            warmup: 3,
+        }
+    }
+}
+
+/// Builds the job that runs `plan` as `opts` says, partitioning its graphs.
+pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
+    let ranks = opts.ranks;
+    if ranks == 0 {
+        bail!("--ranks must be at least 1");
+    }
+    if opts.iters == 0 {
+        bail!("--iters must be at least 1");
+    }
+    let global_batch = opts.batch_size.unwrap_or(plan.training.batch_size);
+    if global_batch == 0 {
+        bail!("the batch size must be at least 1");
+    }
+    if global_batch < ranks {
+        bail!(
+            "--ranks {ranks} is more than the global batch of {global_batch} samples: \
+             every rank needs at least one sample (lower --ranks or raise --batch-size)"
+        );
+    }
+    if !opts.infer && plan.train.is_none() {
+        bail!(
+            "plan `{}` was compiled for inference only; run it with --infer, or compile \
+             it again without --infer-only",
+            plan.name
+        );
+    }
+    let split = |g: &dlrm_ir::Graph, which: &str| -> Result<Vec<dlrm_ir::Graph>> {
+        if ranks == 1 {
+            return Ok(vec![g.clone()]);
+        }
+        Ok(dlrm_passes::partition(g, ranks)
+            .with_context(|| format!("partitioning the {which} graph for {ranks} ranks"))?
+            .graphs)
+    };
+    let infer_graphs = split(&plan.infer, "inference")?;
+    let train_graphs = match (&plan.train, opts.infer) {
+        (Some(t), false) => Some(split(t, "training")?),
+        _ => None,
+    };
+    let mut job = Job::from_plan(plan);
+    if opts.infer {
+        job.full_train = None;
+    }
+    job.train_graphs = train_graphs;
+    job.infer_graphs = infer_graphs;
+    job.ranks = ranks;
+    job.iters = opts.iters;
+    job.global_batch = global_batch;
+    if let Some(s) = opts.seed {
+        job.seed = s;
+    }
+    job.log_every = opts.log_every;
+    job.eval_batches = opts.eval_batches;
+    job.warmup = opts.warmup;
+    Ok(job)
+}

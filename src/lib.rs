@@ -1,0 +1,24 @@
+//! dlrmc: the orchestration behind the `dlrmc` and `dlrm-run` binaries.
+//!
+//! The binaries only parse arguments and print; everything they do is here, so the
+//! end-to-end tests drive the same code:
+//!
+//! - [`model`]: read a model file (JSON description or ONNX) into a forward graph,
+//!   initial parameters and training defaults;
+//! - [`compile`]: run the pass pipeline for inference and (optionally) training and
+//!   assemble a [`dlrm_runtime::plan::Plan`], calling an observer after every pass
+//!   (the `--dump-ir` hook);
+//! - [`inspect`]: the summary of a plan that `dlrmc inspect` prints;
+//! - [`launch`]: partition a plan for N ranks and build the runtime's job.
+
+#![warn(missing_docs)]
+
+pub mod compile;
+pub mod inspect;
+pub mod launch;
+pub mod model;
+
+pub use compile::{CompileOptions, Stage, compile};
+pub use inspect::Inspection;
+pub use launch::{RunOptions, job_for};
+pub use model::{Model, load_model};
