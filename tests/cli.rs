@@ -1,0 +1,316 @@
+//! The binaries as a user runs them: exit status, what they print and write, and
+//! that bad input is a clear error that damages nothing already written.
+
+use dlrm_ir::text;
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const DLRMC: &str = env!("CARGO_BIN_EXE_dlrmc");
+const DLRM_RUN: &str = env!("CARGO_BIN_EXE_dlrm-run");
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name)
+}
+
+fn run(bin: &str, args: &[&str]) -> Output {
+    Command::new(bin).args(args).output().expect("spawn")
+}
+
+fn ok(bin: &str, args: &[&str]) -> Output {
+    let out = run(bin, args);
+    assert!(
+        out.status.success(),
+        "{bin} {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Runs a command that must fail; returns its stderr.
+fn fails(bin: &str, args: &[&str]) -> String {
+    let out = run(bin, args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{bin} {args:?}: {stderr}");
+    assert!(out.stdout.is_empty(), "{bin} {args:?} printed to stdout");
+    stderr
+}
+
+fn compile_tiny(dir: &Path) -> PathBuf {
+    let plan = dir.join("tiny.plan");
+    ok(
+        DLRMC,
+        &[
+            "compile",
+            example("dlrm-tiny.json").to_str().expect("utf8"),
+            "-o",
+            plan.to_str().expect("utf8"),
+            "--quiet",
+        ],
+    );
+    plan
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf8 path")
+}
+
+#[test]
+fn inspect_json_counts_ops_and_params() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = compile_tiny(dir.path());
+    let out = ok(DLRMC, &["inspect", s(&plan), "--json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+
+    // Expected counts from the description itself.
+    let spec: Value =
+        serde_json::from_str(&fs::read_to_string(example("dlrm-tiny.json")).expect("read"))
+            .expect("spec");
+    let dim = spec["embedding_dim"].as_u64().expect("dim");
+    let rows: Vec<u64> = spec["table_rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| r.as_u64().expect("row"))
+        .collect();
+    let widths = |k: &str| -> Vec<u64> {
+        match &spec[k] {
+            Value::String(s) => s.split('-').map(|w| w.parse().expect("width")).collect(),
+            Value::Array(a) => a.iter().map(|w| w.as_u64().expect("width")).collect(),
+            other => panic!("{k}: {other}"),
+        }
+    };
+    let bottom = widths("bottom_mlp");
+    let f = rows.len() as u64 + 1;
+    let mut top = vec![dim + f * (f - 1) / 2];
+    top.extend(widths("top_mlp"));
+    let mlp = |w: &[u64]| w.windows(2).map(|p| p[0] * p[1] + p[1]).sum::<u64>();
+    let expected = rows.iter().map(|r| r * dim).sum::<u64>() + mlp(&bottom) + mlp(&top);
+    assert_eq!(v["params"]["f32"].as_u64(), Some(expected), "{v}");
+
+    let layers = (bottom.len() - 1 + top.len() - 1) as u64;
+    let ops = &v["ops"];
+    assert_eq!(ops["linear"].as_u64(), Some(layers));
+    assert_eq!(ops["linear_dw"].as_u64(), Some(layers));
+    assert_eq!(ops["embedding_bag"].as_u64(), Some(rows.len() as u64));
+    assert_eq!(ops["sparse_sgd"].as_u64(), Some(rows.len() as u64));
+    assert_eq!(ops["sgd"].as_u64(), Some(2 * layers));
+    assert_eq!(v["graphs"]["infer"]["ops"]["linear"].as_u64(), Some(layers));
+    assert!(v["graphs"]["infer"]["ops"].get("sgd").is_none());
+    assert!(v["flops_per_sample"].as_f64().expect("flops") > 0.0);
+
+    let human = String::from_utf8(ok(DLRMC, &["inspect", s(&plan)]).stdout).expect("utf8");
+    assert!(human.contains("train graph:") && human.contains("embedding_bag"), "{human}");
+}
+
+#[test]
+fn dump_ir_prints_every_stage_in_a_form_that_parses_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = dir.path().join("p");
+    let out = ok(
+        DLRMC,
+        &[
+            "compile",
+            s(&example("dlrm-tiny.json")),
+            "-o",
+            s(&plan),
+            "--dump-ir",
+            "all",
+            "--ranks",
+            "3",
+            "-q",
+        ],
+    );
+    let dump = String::from_utf8(out.stdout).expect("utf8");
+    let sections: Vec<&str> = dump.split("; ---- ").skip(1).collect();
+    let headers: Vec<&str> = sections
+        .iter()
+        .map(|s| s.lines().next().expect("header"))
+        .collect();
+    assert_eq!(
+        headers,
+        [
+            "infer: after input",
+            "infer: after dce",
+            "train: after input",
+            "train: after autodiff",
+            "train: after dce",
+            "infer: after partition (rank 0 of 3)",
+            "infer: after partition (rank 1 of 3)",
+            "infer: after partition (rank 2 of 3)",
+            "train: after partition (rank 0 of 3)",
+            "train: after partition (rank 1 of 3)",
+            "train: after partition (rank 2 of 3)",
+        ]
+    );
+    for sec in &sections {
+        let body = sec.split_once('\n').expect("body").1;
+        let g = text::parse(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+        assert_eq!(text::print(&g).trim_end(), body.trim_end());
+    }
+    assert!(sections[3].contains("sparse_sgd"));
+    assert!(sections[8].contains("all_to_all") && sections[8].contains("all_reduce"));
+
+    let only = ok(
+        DLRMC,
+        &["compile", s(&example("dlrm-tiny.json")), "-o", s(&plan), "--dump-ir", "autodiff"],
+    );
+    let only = String::from_utf8(only.stdout).expect("utf8");
+    assert_eq!(only.matches("; ---- ").count(), 1);
+    assert!(only.starts_with("; ---- train: after autodiff\n"));
+
+    let err = fails(
+        DLRMC,
+        &["compile", s(&example("dlrm-tiny.json")), "-o", s(&plan), "--dump-ir", "fusion"],
+    );
+    assert!(err.contains("fusion") && err.contains("autodiff"), "{err}");
+}
+
+#[test]
+fn dot_output_is_graphviz() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dot = dir.path().join("g.dot");
+    ok(
+        DLRMC,
+        &[
+            "compile",
+            s(&example("dlrm-tiny.json")),
+            "-o",
+            s(&dir.path().join("p")),
+            "--dot",
+            s(&dot),
+            "-q",
+        ],
+    );
+    let g = fs::read_to_string(&dot).expect("dot file");
+    assert!(g.starts_with("digraph"), "{g}");
+    assert!(g.contains("sparse_sgd") && g.trim_end().ends_with('}'));
+}
+
+#[test]
+fn dlrm_run_trains_and_writes_metrics() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = compile_tiny(dir.path());
+    let metrics = dir.path().join("m.jsonl");
+    let out = ok(
+        DLRM_RUN,
+        &[
+            s(&plan),
+            "--ranks",
+            "2",
+            "--iters",
+            "60",
+            "--log-every",
+            "20",
+            "--metrics",
+            s(&metrics),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().expect("summary");
+    assert!(
+        last.starts_with("trained `dlrm-tiny`: 60 steps on 2 ranks") && last.contains("AUC"),
+        "{stderr}"
+    );
+    let lines: Vec<Value> = fs::read_to_string(&metrics)
+        .expect("metrics")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(lines.len(), 4, "3 step lines and a summary");
+    let iters: Vec<u64> = lines[..3].iter().map(|l| l["iter"].as_u64().expect("iter")).collect();
+    assert_eq!(iters, [20, 40, 60]);
+    for l in &lines[..3] {
+        assert!(l["loss"].as_f64().expect("loss").is_finite());
+        assert!(l["samples_per_s"].as_f64().expect("samples/s") > 0.0);
+    }
+    let auc = lines[3]["auc"].as_f64().expect("auc");
+    assert!((0.5..=1.0).contains(&auc), "{auc}");
+    assert!(lines[3]["accuracy"].as_f64().is_some());
+
+    let out = ok(DLRM_RUN, &[s(&plan), "--infer", "--iters", "3", "--json", "-q"]);
+    let report: Value = serde_json::from_slice(&out.stdout).expect("report json");
+    assert_eq!(report["mode"], "infer");
+    assert!(report["final_loss"].is_null());
+}
+
+#[test]
+fn bad_models_are_clear_errors_and_leave_the_plan_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = compile_tiny(dir.path());
+    let manifest = fs::read(plan.join("manifest.json")).expect("manifest");
+    let weights = fs::read(plan.join("weights.safetensors")).expect("weights");
+
+    let good: Value =
+        serde_json::from_str(&fs::read_to_string(example("dlrm-tiny.json")).expect("read"))
+            .expect("json");
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        fs::write(&p, text).expect("write model");
+        p
+    };
+    let with = |k: &str, v: Value| {
+        let mut m = good.clone();
+        m[k] = v;
+        m.to_string()
+    };
+    let cases = [
+        (write("malformed.json", "{\"name\": \"x\",,}"), "malformed.json"),
+        (
+            write("unknown.json", &with("embeding_dim", Value::from(8))),
+            "embeding_dim",
+        ),
+        (
+            write("shapes.json", &with("bottom_mlp", Value::from("4-16-7"))),
+            "bottom_mlp",
+        ),
+        (
+            write("zero.json", &with("table_rows", serde_json::json!([50, 0, 20]))),
+            "table_rows",
+        ),
+        (write("model.txt", "{}"), "unknown model format"),
+    ];
+    for (model, expect) in &cases {
+        let err = fails(DLRMC, &["compile", s(model), "-o", s(&plan), "-q"]);
+        assert!(err.starts_with("dlrmc: error: "), "{err}");
+        assert!(err.contains(expect), "{model:?}: {err}");
+        assert_eq!(fs::read(plan.join("manifest.json")).expect("manifest"), manifest);
+        assert_eq!(fs::read(plan.join("weights.safetensors")).expect("w"), weights);
+    }
+    let missing = dir.path().join("nope.json");
+    let err = fails(DLRMC, &["compile", s(&missing), "-o", s(&plan)]);
+    assert!(err.contains("nope.json"), "{err}");
+}
+
+#[test]
+fn bad_runs_are_clear_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = compile_tiny(dir.path());
+
+    let err = fails(DLRM_RUN, &[s(&plan), "--ranks", "0"]);
+    assert!(err.contains("--ranks must be at least 1"), "{err}");
+    let err = fails(DLRM_RUN, &[s(&plan), "--ranks", "100"]);
+    assert!(err.contains("more than the global batch"), "{err}");
+    let err = fails(DLRM_RUN, &[s(&dir.path().join("missing.plan"))]);
+    assert!(err.contains("missing.plan"), "{err}");
+    let err = fails(DLRMC, &["inspect", s(&dir.path().join("missing.plan"))]);
+    assert!(err.contains("missing.plan"), "{err}");
+
+    // A corrupted weight file is caught by its checksum, not trained on.
+    let w = plan.join("weights.safetensors");
+    let mut bytes = fs::read(&w).expect("weights");
+    let n = bytes.len();
+    bytes[n - 3] ^= 0x40;
+    fs::write(&w, &bytes).expect("corrupt");
+    let err = fails(DLRM_RUN, &[s(&plan), "--iters", "1"]);
+    assert!(err.contains("weights.safetensors"), "{err}");
+
+    let other = dir.path().join("other.plan");
+    fs::create_dir(&other).expect("mkdir");
+    fs::write(other.join("manifest.json"), "{\"format\": 1}").expect("write");
+    let err = fails(DLRM_RUN, &[s(&other)]);
+    assert!(err.contains("manifest.json"), "{err}");
+}

@@ -1,0 +1,205 @@
+//! End to end through the library the binaries use: a JSON model compiled into a
+//! plan, written and read back, trained and served on 1..8 ranks, checked against
+//! the reference interpreter; and the IR text form round-trips for every example
+//! model at every stage of both pipelines and after partitioning.
+
+use dlrm_ir::{Graph, SingleRank, text};
+use dlrm_runtime::driver::{Report, run_with_params};
+use dlrm_runtime::plan::{Plan, read_plan, write_plan};
+use dlrm_runtime::{DataSchema, Executor, SyntheticData};
+use dlrmc::compile::{CompileOptions, Stage, compile, partition_stages};
+use dlrmc::model::{Overrides, load_model};
+use dlrmc::{RunOptions, job_for};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name)
+}
+
+fn tiny_plan() -> Plan {
+    let model = load_model(&example("dlrm-tiny.json"), Overrides::default()).expect("load");
+    compile(model, &CompileOptions::default(), &mut |_, _| {}).expect("compile")
+}
+
+fn train(plan: Plan, ranks: usize, iters: u64) -> (Report, Vec<HashMap<String, dlrm_ir::Tensor>>) {
+    let opts = RunOptions {
+        ranks,
+        iters,
+        log_every: 1,
+        ..RunOptions::default()
+    };
+    run_with_params(job_for(plan, &opts).expect("job"), &mut |_| {}).expect("run")
+}
+
+/// Largest relative difference, with differences below `floor` ignored.
+fn max_rel(a: &[f32], b: &[f32], floor: f32) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let d = (x - y).abs();
+            if d <= floor { 0.0 } else { d / x.abs().max(y.abs()) }
+        })
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn tiny_model_learns() {
+    let (report, _) = train(tiny_plan(), 1, 300);
+    let losses: Vec<f32> = report.losses.iter().map(|l| l.1).collect();
+    let mean = |s: &[f32]| s.iter().sum::<f32>() / s.len() as f32;
+    let (first, last) = (mean(&losses[..20]), mean(&losses[losses.len() - 20..]));
+    // The stated factor: the mean loss of the last 20 steps is at most 70% of the
+    // first 20's, and the held-out AUC is far from chance.
+    assert!(last < 0.7 * first, "loss {first} -> {last}");
+    let auc = report.auc.expect("auc");
+    assert!(auc > 0.85, "AUC {auc}");
+}
+
+#[test]
+fn n_ranks_train_like_one_rank() {
+    // Stated tolerance: every step's global loss within 1e-5 relative of one rank's,
+    // and every trained parameter within 1e-4 relative (summation order differs).
+    let (one, p1) = train(tiny_plan(), 1, 20);
+    let l1: Vec<f32> = one.losses.iter().map(|l| l.1).collect();
+    for ranks in [2usize, 3, 4, 8] {
+        let (rep, pn) = train(tiny_plan(), ranks, 20);
+        let ln: Vec<f32> = rep.losses.iter().map(|l| l.1).collect();
+        assert_eq!(ln.len(), l1.len());
+        let d = max_rel(&l1, &ln, 0.0);
+        assert!(d <= 1e-5, "{ranks} ranks: losses differ by {d} rel: {l1:?} vs {ln:?}");
+        for (name, t1) in &p1[0] {
+            let owner = pn
+                .iter()
+                .find(|p| p.contains_key(name))
+                .unwrap_or_else(|| panic!("{name} on no rank"));
+            let d = max_rel(&t1.to_f32_vec(), &owner[name].to_f32_vec(), 1e-7);
+            assert!(d <= 1e-4, "{ranks} ranks: {name} differs by {d} rel");
+        }
+        assert!((rep.auc.expect("auc") - one.auc.expect("auc")).abs() < 1e-3);
+    }
+}
+
+#[test]
+fn a_written_plan_serves_the_interpreters_answer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("tiny.plan");
+    let model = load_model(&example("dlrm-tiny.json"), Overrides::default()).expect("load");
+    let (graph, params) = (model.graph.clone(), model.params.clone());
+    let plan = compile(model, &CompileOptions::default(), &mut |_, _| {}).expect("compile");
+    write_plan(&path, &plan).expect("write");
+    let plan = read_plan(&path).expect("read");
+    assert_eq!(plan.params, params, "weights changed on the way through the plan");
+
+    let data = SyntheticData::new(DataSchema::from_graph(&graph).expect("schema"), 7);
+    let batch = 24;
+    let inputs = data.inputs_for(3, batch, 1, 0, &graph).expect("inputs");
+    let syms = HashMap::from([("B".to_string(), batch)]);
+
+    let mut interp_params: HashMap<_, _> = params.into_iter().collect();
+    let want = dlrm_ir::interp::run(&graph, &inputs, &mut interp_params, &syms, &SingleRank)
+        .expect("interpreter");
+    let mut exec = Executor::new(
+        plan.infer.clone(),
+        plan.params.iter().cloned().collect(),
+        0,
+    )
+    .expect("executor");
+    let got = exec.step(inputs, &syms, &SingleRank).expect("runtime");
+    assert_eq!(got.len(), want.len());
+    let d = max_rel(&want[0].to_f32_vec(), &got[0].to_f32_vec(), 1e-7);
+    assert!(d <= 1e-5, "plan inference differs from the interpreter by {d} rel");
+}
+
+fn assert_round_trips(stage: &Stage, g: &Graph) {
+    let src = text::print(g);
+    let back = text::parse(&src).unwrap_or_else(|e| panic!("{stage}: {e}\n{src}"));
+    assert!(back == *g, "{stage}: parse(print(g)) != g");
+    assert_eq!(text::print(&back), src, "{stage}: printing is not stable");
+}
+
+#[test]
+fn every_example_round_trips_at_every_stage() {
+    let examples = [
+        "dlrm-tiny.json",
+        "dlrm-small.json",
+        "dlrm-kaggle.json",
+        "dlrm-mlperf.json",
+        "dlrm-intel-small.json",
+    ];
+    for name in examples {
+        // Graphs only: initialising the big examples' tables takes seconds.
+        let spec = dlrm_json::ModelSpec::load(example(name)).expect("spec");
+        let training = spec.training();
+        let model = dlrmc::Model {
+            graph: spec.graph().expect("graph"),
+            params: Vec::new(),
+            training: dlrm_runtime::plan::Training {
+                loss: "bce".into(),
+                optimizer: "sgd".into(),
+                learning_rate: training.learning_rate,
+                batch_size: training.batch_size,
+                seed: training.seed,
+            },
+            summary: String::new(),
+        };
+        let mut stages = Vec::new();
+        let plan = compile(model, &CompileOptions::default(), &mut |s, g| {
+            assert_round_trips(s, g);
+            stages.push(s.to_string());
+        })
+        .expect("compile");
+        assert_eq!(
+            stages,
+            [
+                "infer: after input",
+                "infer: after dce",
+                "train: after input",
+                "train: after autodiff",
+                "train: after dce"
+            ],
+            "{name}"
+        );
+        for ranks in [2, 3] {
+            let mut n = 0;
+            partition_stages(&plan, ranks, &mut |s, g| {
+                assert_round_trips(s, g);
+                n += 1;
+            })
+            .expect("partition");
+            assert_eq!(n, 2 * ranks, "{name}");
+        }
+    }
+}
+
+#[test]
+fn bad_run_options_are_refused_before_running() {
+    let err = |opts: RunOptions| {
+        job_for(tiny_plan(), &opts)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .expect("refused")
+    };
+    let msg = err(RunOptions {
+        ranks: 0,
+        ..RunOptions::default()
+    });
+    assert!(msg.contains("--ranks must be at least 1"), "{msg}");
+    let msg = err(RunOptions {
+        ranks: 25,
+        ..RunOptions::default()
+    });
+    assert!(msg.contains("more than the global batch of 24"), "{msg}");
+    let mut plan = tiny_plan();
+    plan.train = None;
+    let msg = format!(
+        "{:#}",
+        job_for(plan, &RunOptions::default())
+            .err()
+            .expect("refused")
+    );
+    assert!(msg.contains("inference only"), "{msg}");
+}
