@@ -103,7 +103,10 @@ fn inspect_json_counts_ops_and_params() {
     assert!(v["flops_per_sample"].as_f64().expect("flops") > 0.0);
 
     let human = String::from_utf8(ok(DLRMC, &["inspect", s(&plan)]).stdout).expect("utf8");
-    assert!(human.contains("train graph:") && human.contains("embedding_bag"), "{human}");
+    assert!(
+        human.contains("train graph:") && human.contains("embedding_bag"),
+        "{human}"
+    );
 }
 
 #[test]
@@ -156,7 +159,14 @@ fn dump_ir_prints_every_stage_in_a_form_that_parses_back() {
 
     let only = ok(
         DLRMC,
-        &["compile", s(&example("dlrm-tiny.json")), "-o", s(&plan), "--dump-ir", "autodiff"],
+        &[
+            "compile",
+            s(&example("dlrm-tiny.json")),
+            "-o",
+            s(&plan),
+            "--dump-ir",
+            "autodiff",
+        ],
     );
     let only = String::from_utf8(only.stdout).expect("utf8");
     assert_eq!(only.matches("; ---- ").count(), 1);
@@ -164,7 +174,14 @@ fn dump_ir_prints_every_stage_in_a_form_that_parses_back() {
 
     let err = fails(
         DLRMC,
-        &["compile", s(&example("dlrm-tiny.json")), "-o", s(&plan), "--dump-ir", "fusion"],
+        &[
+            "compile",
+            s(&example("dlrm-tiny.json")),
+            "-o",
+            s(&plan),
+            "--dump-ir",
+            "fusion",
+        ],
     );
     assert!(err.contains("fusion") && err.contains("autodiff"), "{err}");
 }
@@ -221,7 +238,10 @@ fn dlrm_run_trains_and_writes_metrics() {
         .map(|l| serde_json::from_str(l).expect("json line"))
         .collect();
     assert_eq!(lines.len(), 4, "3 step lines and a summary");
-    let iters: Vec<u64> = lines[..3].iter().map(|l| l["iter"].as_u64().expect("iter")).collect();
+    let iters: Vec<u64> = lines[..3]
+        .iter()
+        .map(|l| l["iter"].as_u64().expect("iter"))
+        .collect();
     assert_eq!(iters, [20, 40, 60]);
     for l in &lines[..3] {
         assert!(l["loss"].as_f64().expect("loss").is_finite());
@@ -231,7 +251,10 @@ fn dlrm_run_trains_and_writes_metrics() {
     assert!((0.5..=1.0).contains(&auc), "{auc}");
     assert!(lines[3]["accuracy"].as_f64().is_some());
 
-    let out = ok(DLRM_RUN, &[s(&plan), "--infer", "--iters", "3", "--json", "-q"]);
+    let out = ok(
+        DLRM_RUN,
+        &[s(&plan), "--infer", "--iters", "3", "--json", "-q"],
+    );
     let report: Value = serde_json::from_slice(&out.stdout).expect("report json");
     assert_eq!(report["mode"], "infer");
     assert!(report["final_loss"].is_null());
@@ -258,7 +281,10 @@ fn bad_models_are_clear_errors_and_leave_the_plan_alone() {
         m.to_string()
     };
     let cases = [
-        (write("malformed.json", "{\"name\": \"x\",,}"), "malformed.json"),
+        (
+            write("malformed.json", "{\"name\": \"x\",,}"),
+            "malformed.json",
+        ),
         (
             write("unknown.json", &with("embeding_dim", Value::from(8))),
             "embeding_dim",
@@ -268,7 +294,10 @@ fn bad_models_are_clear_errors_and_leave_the_plan_alone() {
             "bottom_mlp",
         ),
         (
-            write("zero.json", &with("table_rows", serde_json::json!([50, 0, 20]))),
+            write(
+                "zero.json",
+                &with("table_rows", serde_json::json!([50, 0, 20])),
+            ),
             "table_rows",
         ),
         (write("model.txt", "{}"), "unknown model format"),
@@ -277,8 +306,14 @@ fn bad_models_are_clear_errors_and_leave_the_plan_alone() {
         let err = fails(DLRMC, &["compile", s(model), "-o", s(&plan), "-q"]);
         assert!(err.starts_with("dlrmc: error: "), "{err}");
         assert!(err.contains(expect), "{model:?}: {err}");
-        assert_eq!(fs::read(plan.join("manifest.json")).expect("manifest"), manifest);
-        assert_eq!(fs::read(plan.join("weights.safetensors")).expect("w"), weights);
+        assert_eq!(
+            fs::read(plan.join("manifest.json")).expect("manifest"),
+            manifest
+        );
+        assert_eq!(
+            fs::read(plan.join("weights.safetensors")).expect("w"),
+            weights
+        );
     }
     let missing = dir.path().join("nope.json");
     let err = fails(DLRMC, &["compile", s(&missing), "-o", s(&plan)]);

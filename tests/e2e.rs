@@ -41,7 +41,11 @@ fn max_rel(a: &[f32], b: &[f32], floor: f32) -> f32 {
         .zip(b)
         .map(|(x, y)| {
             let d = (x - y).abs();
-            if d <= floor { 0.0 } else { d / x.abs().max(y.abs()) }
+            if d <= floor {
+                0.0
+            } else {
+                d / x.abs().max(y.abs())
+            }
         })
         .fold(0.0, f32::max)
 }
@@ -70,7 +74,10 @@ fn n_ranks_train_like_one_rank() {
         let ln: Vec<f32> = rep.losses.iter().map(|l| l.1).collect();
         assert_eq!(ln.len(), l1.len());
         let d = max_rel(&l1, &ln, 0.0);
-        assert!(d <= 1e-5, "{ranks} ranks: losses differ by {d} rel: {l1:?} vs {ln:?}");
+        assert!(
+            d <= 1e-5,
+            "{ranks} ranks: losses differ by {d} rel: {l1:?} vs {ln:?}"
+        );
         for (name, t1) in &p1[0] {
             let owner = pn
                 .iter()
@@ -92,7 +99,10 @@ fn a_written_plan_serves_the_interpreters_answer() {
     let plan = compile(model, &CompileOptions::default(), &mut |_, _| {}).expect("compile");
     write_plan(&path, &plan).expect("write");
     let plan = read_plan(&path).expect("read");
-    assert_eq!(plan.params, params, "weights changed on the way through the plan");
+    assert_eq!(
+        plan.params, params,
+        "weights changed on the way through the plan"
+    );
 
     let data = SyntheticData::new(DataSchema::from_graph(&graph).expect("schema"), 7);
     let batch = 24;
@@ -102,16 +112,15 @@ fn a_written_plan_serves_the_interpreters_answer() {
     let mut interp_params: HashMap<_, _> = params.into_iter().collect();
     let want = dlrm_ir::interp::run(&graph, &inputs, &mut interp_params, &syms, &SingleRank)
         .expect("interpreter");
-    let mut exec = Executor::new(
-        plan.infer.clone(),
-        plan.params.iter().cloned().collect(),
-        0,
-    )
-    .expect("executor");
+    let mut exec = Executor::new(plan.infer.clone(), plan.params.iter().cloned().collect(), 0)
+        .expect("executor");
     let got = exec.step(inputs, &syms, &SingleRank).expect("runtime");
     assert_eq!(got.len(), want.len());
     let d = max_rel(&want[0].to_f32_vec(), &got[0].to_f32_vec(), 1e-7);
-    assert!(d <= 1e-5, "plan inference differs from the interpreter by {d} rel");
+    assert!(
+        d <= 1e-5,
+        "plan inference differs from the interpreter by {d} rel"
+    );
 }
 
 fn assert_round_trips(stage: &Stage, g: &Graph) {
