@@ -8,8 +8,8 @@
 //! any pass; partitioning for N ranks happens at run time, and [`partition_stages`]
 //! shows it at compile time for a dump.
 
+use crate::error::{Error, Result};
 use crate::model::Model;
-use anyhow::{Context, Result, bail};
 use dlrm_ir::Graph;
 use dlrm_passes::pipeline::{self, PipelineOptions};
 use dlrm_passes::{LossKind, TrainConfig};
@@ -58,8 +58,17 @@ fn loss_kind(name: &str) -> Result<LossKind> {
     Ok(match name {
         "bce" => LossKind::Bce,
         "mse" => LossKind::Mse,
-        other => bail!("unknown loss `{other}` (expected bce or mse)"),
+        other => {
+            return Err(Error::Training(format!(
+                "unknown loss `{other}` (expected bce or mse)"
+            )));
+        }
     })
+}
+
+/// A pass log as JSON (a plain data struct: serialisation cannot fail).
+fn log_json(log: &pipeline::PassLog) -> serde_json::Value {
+    serde_json::to_value(log).unwrap_or(serde_json::Value::Null)
 }
 
 /// Compiles `model` into a plan, calling `on_stage` after the input and after
@@ -80,10 +89,13 @@ pub fn compile(
         pipeline::compile(graph.clone(), &PipelineOptions::default(), &mut |p, g| {
             on_stage(&Stage::after("infer", p), g)
         })
-        .context("compiling the inference graph")?;
+        .map_err(|source| Error::Compile {
+            graph: "infer",
+            source: Box::new(source),
+        })?;
 
     let mut logs = serde_json::Map::new();
-    logs.insert("infer".into(), serde_json::to_value(&infer_log)?);
+    logs.insert("infer".into(), log_json(&infer_log));
     let train = if opts.infer_only {
         None
     } else {
@@ -95,8 +107,11 @@ pub fn compile(
             pipeline::compile(graph, &PipelineOptions { train: Some(cfg) }, &mut |p, g| {
                 on_stage(&Stage::after("train", p), g)
             })
-            .context("compiling the training graph")?;
-        logs.insert("train".into(), serde_json::to_value(&train_log)?);
+            .map_err(|source| Error::Compile {
+                graph: "train",
+                source: Box::new(source),
+            })?;
+        logs.insert("train".into(), log_json(&train_log));
         Some(train)
     };
     Ok(Plan {
@@ -120,8 +135,11 @@ pub fn partition_stages(
     let graphs = [("infer", Some(&plan.infer)), ("train", plan.train.as_ref())];
     for (which, g) in graphs {
         let Some(g) = g else { continue };
-        let parts = dlrm_passes::partition(g, ranks)
-            .with_context(|| format!("partitioning the {which} graph for {ranks} ranks"))?;
+        let parts = dlrm_passes::partition(g, ranks).map_err(|source| Error::Partition {
+            graph: which,
+            ranks,
+            source: Box::new(source),
+        })?;
         for (r, pg) in parts.graphs.iter().enumerate() {
             let stage = Stage {
                 graph: which,

@@ -5,7 +5,7 @@
 //! plan's batch size (the same whatever the rank count), so N ranks train on the
 //! same samples as one rank.
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Error, Result};
 use dlrm_runtime::driver::Job;
 use dlrm_runtime::plan::Plan;
 
@@ -49,39 +49,43 @@ impl Default for RunOptions {
 pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     let ranks = opts.ranks;
     if ranks == 0 {
-        bail!("--ranks must be at least 1");
+        return Err(Error::Options("--ranks must be at least 1".into()));
     }
     if opts.iters == 0 {
-        bail!("--iters must be at least 1");
+        return Err(Error::Options("--iters must be at least 1".into()));
     }
     let global_batch = opts.batch_size.unwrap_or(plan.training.batch_size);
     if global_batch == 0 {
-        bail!("the batch size must be at least 1");
+        return Err(Error::Options("the batch size must be at least 1".into()));
     }
     if global_batch < ranks {
-        bail!(
+        return Err(Error::Options(format!(
             "--ranks {ranks} is more than the global batch of {global_batch} samples: \
              every rank needs at least one sample (lower --ranks or raise --batch-size)"
-        );
+        )));
     }
     if !opts.infer && plan.train.is_none() {
-        bail!(
+        return Err(Error::Options(format!(
             "plan `{}` was compiled for inference only; run it with --infer, or compile \
              it again without --infer-only",
             plan.name
-        );
+        )));
     }
-    let split = |g: &dlrm_ir::Graph, which: &str| -> Result<Vec<dlrm_ir::Graph>> {
+    let split = |g: &dlrm_ir::Graph, which: &'static str| -> Result<Vec<dlrm_ir::Graph>> {
         if ranks == 1 {
             return Ok(vec![g.clone()]);
         }
         Ok(dlrm_passes::partition(g, ranks)
-            .with_context(|| format!("partitioning the {which} graph for {ranks} ranks"))?
+            .map_err(|source| Error::Partition {
+                graph: which,
+                ranks,
+                source: Box::new(source),
+            })?
             .graphs)
     };
-    let infer_graphs = split(&plan.infer, "inference")?;
+    let infer_graphs = split(&plan.infer, "infer")?;
     let train_graphs = match (&plan.train, opts.infer) {
-        (Some(t), false) => Some(split(t, "training")?),
+        (Some(t), false) => Some(split(t, "train")?),
         _ => None,
     };
     let mut job = Job::from_plan(plan);

@@ -14,11 +14,13 @@
 #![warn(missing_docs)]
 
 pub mod compile;
+mod error;
 pub mod inspect;
 pub mod launch;
 pub mod model;
 
 pub use compile::{CompileOptions, Stage, compile};
+pub use error::{Error, Result};
 pub use inspect::Inspection;
 pub use launch::{RunOptions, job_for};
 pub use model::{Model, load_model};

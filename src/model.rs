@@ -5,7 +5,7 @@
 //! initial parameters in graph order, and the training defaults that the plan
 //! records (overridable on the command line).
 
-use anyhow::{Context, Result, bail};
+use crate::error::{Error, Result};
 use dlrm_ir::{Graph, Tensor};
 use dlrm_runtime::plan::Training;
 use std::path::Path;
@@ -41,17 +41,15 @@ pub fn load_model(path: &Path, overrides: Overrides) -> Result<Model> {
     match ext.to_ascii_lowercase().as_str() {
         "json" => load_json(path, overrides),
         "onnx" => {
-            let g = dlrm_onnx::load(path)?;
-            bail!(
-                "{}: imported graph `{}` but ONNX training defaults are not wired yet",
-                path.display(),
-                g.name
-            )
+            dlrm_onnx::load(path)?;
+            Err(Error::Options(format!(
+                "{}: ONNX models import but do not compile yet",
+                path.display()
+            )))
         }
-        _ => bail!(
-            "{}: unknown model format (expected a `.json` description or an `.onnx` model)",
-            path.display()
-        ),
+        _ => Err(Error::UnknownFormat {
+            path: path.to_path_buf(),
+        }),
     }
 }
 
@@ -67,9 +65,7 @@ fn load_json(path: &Path, o: Overrides) -> Result<Model> {
         spec.seed = s;
     }
     spec.validate(&format!("{} (with command-line overrides)", path.display()))?;
-    let m = spec
-        .build()
-        .with_context(|| format!("building the model of {}", path.display()))?;
+    let m = spec.build()?;
     let t = m.training;
     let summary = m.summary();
     Ok(Model {
