@@ -37,6 +37,7 @@
 
 pub mod autodiff;
 pub mod dce;
+pub mod egraph;
 mod error;
 pub mod partition;
 mod pass;
