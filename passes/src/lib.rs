@@ -23,7 +23,7 @@
 //! let p = g.add(Op::Linear { act: Act::Sigmoid }, &[x, w, b], "p")?;
 //! g.add_output(p);
 //!
-//! let opts = PipelineOptions { train: Some(TrainConfig { loss: LossKind::Bce, lr: 0.1 }) };
+//! let opts = PipelineOptions { train: Some(TrainConfig { loss: LossKind::Bce, lr: 0.1 }), ..Default::default() };
 //! let (train, log) = compile(g, &opts, &mut |_stage, _graph| {})?;
 //! assert_eq!(train.updates().len(), 2); // w and b
 //! assert_eq!(log.passes.len(), 2); // autodiff, dce
@@ -39,9 +39,11 @@ pub mod autodiff;
 pub mod dce;
 pub mod egraph;
 mod error;
+pub mod layout;
 pub mod partition;
 mod pass;
 pub mod pipeline;
+pub mod precision;
 pub mod stats;
 
 pub use autodiff::Autodiff;
@@ -49,7 +51,10 @@ pub use dce::Dce;
 pub use error::{PassError, Result};
 pub use partition::{Partitioned, Placement, TableInfo, partition, place};
 pub use pass::Pass;
-pub use pipeline::{DumpSpec, PassLog, PassRecord, PipelineOptions, compile};
+pub use pipeline::{
+    Compiled, DumpSpec, PassLog, PassRecord, PipelineOptions, Precision, compile, compile_params,
+    run_passes,
+};
 pub use stats::GraphStats;
 
 use serde::{Deserialize, Serialize};

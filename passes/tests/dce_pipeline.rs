@@ -15,6 +15,15 @@ const TRAIN: PipelineOptions = PipelineOptions {
         loss: LossKind::Bce,
         lr: 0.05,
     }),
+    optimize: false,
+    precision: dlrm_passes::Precision::Fp32,
+    block: None,
+    fuse_embedding: false,
+    limits: dlrm_passes::egraph::Limits {
+        iterations: 30,
+        nodes: 200_000,
+        time_ms: 5_000,
+    },
 };
 
 /// `p = sigmoid(linear(x))`, optionally with a dead branch and an unused parameter.

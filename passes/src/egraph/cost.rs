@@ -9,6 +9,8 @@
 //!   `plain_eff` for `linear` and its gradients (strided, re-read weights), 1 for
 //!   the rest (memory bound: their bytes dominate);
 //! - `bytes` = operands + results, dtype-aware (bf16 moves half of f32);
+//! - each `exp`/`ln` counts `transcendental` flops: a sigmoid (op or epilogue) one
+//!   per element, `bce` three (two clamped logs), `bce_logits` two;
 //! - symbolic dimensions (`B`, `G`, bag sizes) are taken as `batch`;
 //! - relayouts of a parameter (`block_weight` of a `%param`) are free: the layout
 //!   pass does them once, at compile time;
@@ -40,6 +42,8 @@ pub struct CostModel {
     pub op_overhead_ns: f64,
     /// The size assumed for symbolic dimensions.
     pub batch: usize,
+    /// Flop-equivalents of one `exp`/`ln` (sigmoid epilogues, losses).
+    pub transcendental: f64,
 }
 
 impl Default for CostModel {
@@ -51,6 +55,7 @@ impl Default for CostModel {
             bytes_per_ns: 10.0,
             op_overhead_ns: 200.0,
             batch: 512,
+            transcendental: 10.0,
         }
     }
 }
@@ -171,6 +176,23 @@ impl DlCost<'_> {
             ),
             _ => (o0.map_or(0.0, |t| self.numel(t)), 1.0),
         };
+        // exp/ln per element: the sigmoid epilogue, the losses (the clamped BCE takes
+        // two logs, its logits form one exp and one log1p).
+        let sigmoid_epilogue = children
+            .iter()
+            .any(|&c| matches!(&self.egraph[c].data, Data::Tag(t) if t.key.as_str() == "act" && t.val.as_str() == "sigmoid"));
+        let per_elem = match m {
+            "bce" => 3.0,
+            "bce_logits" => 2.0,
+            "bce_grad" | "bce_logits_grad" | "sigmoid" => 1.0,
+            _ if sigmoid_epilogue => 1.0,
+            _ => 0.0,
+        };
+        let elems = match m {
+            "bce" | "bce_logits" | "bce_grad" | "bce_logits_grad" => i0.map_or(0.0, |t| self.numel(t)),
+            _ => o0.map_or(0.0, |t| self.numel(t)),
+        };
+        let flops = flops + per_elem * elems * self.model.transcendental;
         let m = &self.model;
         m.op_overhead_ns + flops / (m.gflops * eff) + bytes / m.bytes_per_ns
     }
