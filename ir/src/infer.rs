@@ -408,6 +408,22 @@ fn fits_blocks(what: &str, n: usize, nb: usize, b: usize) -> R<()> {
     }
 }
 
+/// The operands `(dy, y, last)` of `brgemm_dgrad`/`brgemm_wgrad`: `act=none` takes
+/// `(dy, last)` (y is not needed; dy stands for it), the others `(dy, y, last)`.
+fn dy_y_last<'a>(
+    op: &Op,
+    act: crate::op::Act,
+    ins: &[&'a TensorType],
+) -> R<(&'a TensorType, &'a TensorType, &'a TensorType)> {
+    if act == crate::op::Act::None {
+        expect_arity(op, ins, &[2])?;
+        Ok((ins[0], ins[0], ins[1]))
+    } else {
+        expect_arity(op, ins, &[3])?;
+        Ok((ins[0], ins[1], ins[2]))
+    }
+}
+
 /// Result types of the fused and blocked ops (see their docs in `op.rs`).
 fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
     let f = Dim::Fixed;
@@ -485,9 +501,8 @@ fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
                 [f(nb), xb.shape[1].clone(), f(bn)],
             )])
         }
-        Op::BrgemmDgrad { .. } => {
-            expect_arity(op, ins, &[3])?;
-            let (dy, y, wb) = (ins[0], ins[1], ins[2]);
+        Op::BrgemmDgrad { act } => {
+            let (dy, y, wb) = dy_y_last(op, *act, ins)?;
             expect_rank("blocked dy", dy, 3)?;
             expect_rank("blocked weight", wb, 4)?;
             expect_float("blocked dy", dy)?;
@@ -500,9 +515,8 @@ fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
                 [wb.shape[1].clone(), dy.shape[1].clone(), wb.shape[2].clone()],
             )])
         }
-        Op::BrgemmWgrad { n, .. } => {
-            expect_arity(op, ins, &[3])?;
-            let (dy, y, xb) = (ins[0], ins[1], ins[2]);
+        Op::BrgemmWgrad { act, n } => {
+            let (dy, y, xb) = dy_y_last(op, *act, ins)?;
             expect_rank("blocked dy", dy, 3)?;
             expect_rank("blocked x", xb, 3)?;
             expect_float("blocked dy", dy)?;

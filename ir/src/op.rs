@@ -239,7 +239,8 @@ pub enum Op {
         /// Fused activation (the epilogue).
         act: Act,
     },
-    /// `brgemm_dgrad(dyb[Nb,S,bn], yb[Nb,S,bn], wb[Nb,Kb,bk,bn]) -> f32[Kb,S,bk]`:
+    /// `brgemm_dgrad(dyb[Nb,S,bn], yb[Nb,S,bn], wb[Nb,Kb,bk,bn]) -> f32[Kb,S,bk]`
+    /// (`act=none` takes no `yb`: `brgemm_dgrad(dyb, wb)`):
     /// with `dz = act'(dy, y)` (`relu_grad`/`sigmoid_grad`/identity, fused),
     /// `dx[s][k] = Σ_n dz[s][n]·w[n][k]` over `n` ascending (as `linear_dx`), 0 in the
     /// padding.
@@ -247,7 +248,8 @@ pub enum Op {
         /// The forward activation whose gradient is fused.
         act: Act,
     },
-    /// `brgemm_wgrad(dyb[Nb,S,bn], yb[Nb,S,bn], xb[Kb,S,bk]) -> (f32[Nb,Kb,bk,bn], f32[n])`:
+    /// `brgemm_wgrad(dyb[Nb,S,bn], yb[Nb,S,bn], xb[Kb,S,bk]) -> (f32[Nb,Kb,bk,bn], f32[n])`
+    /// (`act=none` takes no `yb`: `brgemm_wgrad(dyb, xb)`):
     /// with `dz = act'(dy, y)`: the blocked weight gradient `dw[n][k] = Σ_s dz[s][n]·x[s][k]`
     /// and the bias gradient `db[n] = Σ_s dz[s][n]`, sums over `s` ascending (as
     /// `linear_dw`, `linear_db`), 0 in the padding.

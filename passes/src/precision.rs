@@ -191,7 +191,7 @@ pub fn select(g: &Graph, precision: Precision, params: Option<&mut Params>) -> R
                 let y = node.outputs[0];
                 let act_use = users[y.index()].iter().all(|&u| match &nodes[u].op {
                     Op::Brgemm { .. } => nodes[u].inputs[0] == y,
-                    Op::BrgemmWgrad { .. } => nodes[u].inputs[2] == y,
+                    Op::BrgemmWgrad { .. } => nodes[u].inputs.last() == Some(&y),
                     _ => false,
                 });
                 let dtype = if act_use && !users[y.index()].is_empty() {

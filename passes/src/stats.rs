@@ -91,10 +91,12 @@ fn node_flops(g: &Graph, n: usize) -> f64 {
         // xb[Kb,S,bk] · wb[Nb,Kb,bk,bn] -> N = bias length
         Op::Brgemm { .. } => 2.0 * d(ty(0), 1) * d(ty(2), 0) * d(ty(0), 0) * d(ty(0), 2),
         Op::BrgemmDgrad { .. } => {
-            2.0 * d(ty(0), 1) * d(ty(0), 0) * d(ty(0), 2) * d(ty(2), 1) * d(ty(2), 2)
+            let w = ty(node.inputs.len() - 1);
+            2.0 * d(ty(0), 1) * d(ty(0), 0) * d(ty(0), 2) * d(w, 1) * d(w, 2)
         }
         Op::BrgemmWgrad { .. } => {
-            2.0 * d(ty(0), 1) * d(ty(0), 0) * d(ty(0), 2) * d(ty(2), 0) * d(ty(2), 2)
+            let x = ty(node.inputs.len() - 1);
+            2.0 * d(ty(0), 1) * d(ty(0), 0) * d(ty(0), 2) * d(x, 0) * d(x, 2)
         }
         Op::BceLogits { .. } | Op::BceLogitsGrad { .. } => numel1(ty(0)),
         Op::EmbeddingUpdate { .. } => 2.0 * numel1(ty(2)) * d(ty(0), 1),

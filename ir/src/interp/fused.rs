@@ -257,8 +257,19 @@ fn brgemm(act: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
     store(out, vec![nb, s, bn], y)
 }
 
+/// `(dy, y, last)` of a gradient op: `act=none` takes `(dy, last)`.
+fn dy_y_last<'t>(act: Act, ins: &[&'t Tensor], what: &str) -> R<[&'t Tensor; 3]> {
+    if act == Act::None {
+        expect_arity(what, ins, &[2])?;
+        Ok([ins[0], ins[0], ins[1]])
+    } else {
+        expect_arity(what, ins, &[3])?;
+        Ok([ins[0], ins[1], ins[2]])
+    }
+}
+
 fn brgemm_dgrad(act: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("brgemm_dgrad", ins, &[3])?;
+    let ins = &dy_y_last(act, ins, "brgemm_dgrad")?;
     same_shape("blocked dy", ins[0], "blocked y", ins[1])?;
     let [nb_dy, s, bn_dy] = dims3(ins[0], "blocked dy")?;
     let [nb, kb, bk, bn] = dims4(ins[2], "blocked weight")?;
@@ -299,7 +310,7 @@ fn brgemm_dgrad(act: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
 }
 
 fn brgemm_wgrad(act: Act, n: usize, ins: &[&Tensor], dtypes: &[DType]) -> R<Vec<Tensor>> {
-    expect_arity("brgemm_wgrad", ins, &[3])?;
+    let ins = &dy_y_last(act, ins, "brgemm_wgrad")?;
     same_shape("blocked dy", ins[0], "blocked y", ins[1])?;
     let [nb, s, bn] = dims3(ins[0], "blocked dy")?;
     let [kb, sx, bk] = dims3(ins[2], "blocked x")?;

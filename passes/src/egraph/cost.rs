@@ -152,7 +152,7 @@ impl DlCost<'_> {
         let d = |t: Option<&TensorType>, i: usize| {
             t.and_then(|t| t.shape.get(i)).map_or(1.0, |x| self.size(x))
         };
-        let (i0, i1, i2) = (ins.first(), ins.get(1), ins.get(2));
+        let (i0, i1, last) = (ins.first(), ins.get(1), ins.last());
         let o0 = outs.first();
         let (flops, eff) = match m {
             "linear" => (2.0 * d(i0, 0) * d(i1, 0) * d(i0, 1), self.model.plain_eff),
@@ -166,12 +166,12 @@ impl DlCost<'_> {
             ),
             // dyb[Nb,S,bn] · wb[Nb,Kb,bk,bn]
             "brgemm_dgrad" => (
-                2.0 * d(i0, 1) * d(i0, 0) * d(i0, 2) * d(i2, 1) * d(i2, 2),
+                2.0 * d(i0, 1) * d(i0, 0) * d(i0, 2) * d(last, 1) * d(last, 2),
                 self.model.blocked_eff,
             ),
             // dyb[Nb,S,bn]ᵀ · xb[Kb,S,bk]
             "brgemm_wgrad" => (
-                2.0 * d(i0, 1) * d(i0, 0) * d(i0, 2) * d(i2, 0) * d(i2, 2),
+                2.0 * d(i0, 1) * d(i0, 0) * d(i0, 2) * d(last, 0) * d(last, 2),
                 self.model.blocked_eff,
             ),
             _ => (o0.map_or(0.0, |t| self.numel(t)), 1.0),

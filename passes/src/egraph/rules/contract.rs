@@ -9,7 +9,7 @@
 //! - `contract-dgrad-relu` / `-sigmoid`: `linear_dx(relu_grad(dy, linear{relu}(x,w,b)), w)`
 //!   -> `brgemm_dgrad{relu}(block(dy), Yb, block_weight(w))` (mask fused; `Yb` is the
 //!   forward brgemm, shared by hash-consing);
-//! - `contract-dgrad`: `linear_dx(dz, w)` -> `brgemm_dgrad{none}(block(dz), block(dz), ..)`;
+//! - `contract-dgrad`: `linear_dx(dz, w)` -> `brgemm_dgrad{none}(block(dz), block_weight(w))`;
 //! - `contract-wgrad-relu` / `-sigmoid`, `contract-wgrad`: `linear_dw(dz, x)` ->
 //!   `unblock_weight(get 0 (brgemm_wgrad(..)))`, and when `linear_db(dz)` exists it
 //!   is united with `get 1` of the same `brgemm_wgrad` (bias gradient fused).
@@ -131,7 +131,7 @@ fn dgrad_plain(eg: &mut DlGraph, m: Id, s: &Subst, cfg: &RuleConfig) -> Option<I
     let (bn, bk) = (block_for(n, cfg.block), block_for(k, cfg.block));
     let (dzb, _) = block(eg, dz, bn)?;
     let (wb, _) = add1(eg, &Op::BlockWeight { bn, bk }, &[w])?;
-    let (dxb, _) = add1(eg, &Op::BrgemmDgrad { act: Act::None }, &[dzb, dzb, wb])?;
+    let (dxb, _) = add1(eg, &Op::BrgemmDgrad { act: Act::None }, &[dzb, wb])?;
     name_like(eg, dxb, m, "blk");
     let (dx, _) = add1(eg, &Op::UnblockAct { k, dtype: ty_of(eg, m)?.dtype }, &[dxb])?;
     same_type(eg, m, dx)
@@ -151,7 +151,12 @@ fn wgrad_common(
     n: usize,
     k: usize,
 ) -> Option<Id> {
-    let (wg, tys) = add_op(eg, &Op::BrgemmWgrad { act, n }, &[dyb, yb, xb])?;
+    let operands = if act == Act::None {
+        vec![dyb, xb]
+    } else {
+        vec![dyb, yb, xb]
+    };
+    let (wg, tys) = add_op(eg, &Op::BrgemmWgrad { act, n }, &operands)?;
     if tys.len() != 2 {
         return None;
     }
