@@ -490,7 +490,11 @@ fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
             for (n, t) in [("blocked x", xb), ("blocked weight", wb), ("bias", b)] {
                 expect_float(n, t)?;
             }
-            expect_dim("x blocks vs weight column blocks", &xb.shape[0], &wb.shape[1])?;
+            expect_dim(
+                "x blocks vs weight column blocks",
+                &xb.shape[0],
+                &wb.shape[1],
+            )?;
             expect_dim("x block width vs weight bk", &xb.shape[2], &wb.shape[2])?;
             let nb = fixed_dim("weight row blocks", &wb.shape[0])?;
             let bn = fixed_dim("weight bn", &wb.shape[3])?;
@@ -512,7 +516,11 @@ fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
             expect_dim("dy block width vs weight bn", &dy.shape[2], &wb.shape[3])?;
             Ok(vec![TensorType::new(
                 DType::F32,
-                [wb.shape[1].clone(), dy.shape[1].clone(), wb.shape[2].clone()],
+                [
+                    wb.shape[1].clone(),
+                    dy.shape[1].clone(),
+                    wb.shape[2].clone(),
+                ],
             )])
         }
         Op::BrgemmWgrad { act, n } => {
@@ -587,7 +595,10 @@ fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
             }
             Ok(vec![table.clone()])
         }
-        other => Err(format!("internal: `{}` is not a fused op", other.mnemonic())),
+        other => Err(format!(
+            "internal: `{}` is not a fused op",
+            other.mnemonic()
+        )),
     }
 }
 

@@ -525,14 +525,12 @@ impl Op {
                 ("bk", Attr::Int(*bk as i64)),
                 ("dtype", id(dtype.mnemonic())),
             ],
-            Op::UnblockAct { k, dtype } => vec![
-                ("k", Attr::Int(*k as i64)),
-                ("dtype", id(dtype.mnemonic())),
-            ],
-            Op::BlockWeight { bn, bk } => vec![
-                ("bn", Attr::Int(*bn as i64)),
-                ("bk", Attr::Int(*bk as i64)),
-            ],
+            Op::UnblockAct { k, dtype } => {
+                vec![("k", Attr::Int(*k as i64)), ("dtype", id(dtype.mnemonic()))]
+            }
+            Op::BlockWeight { bn, bk } => {
+                vec![("bn", Attr::Int(*bn as i64)), ("bk", Attr::Int(*bk as i64))]
+            }
             Op::UnblockWeight { n, k } => {
                 vec![("n", Attr::Int(*n as i64)), ("k", Attr::Int(*k as i64))]
             }

@@ -76,30 +76,76 @@ fn brgemm_family_reproduces_linear_bit_for_bit() {
         let what = format!("case {case}: s={s} k={k} n={n} bk={bk} bn={bn} {act:?}");
 
         let y = one(Op::Linear { act }, &[&x, &w, &b]);
-        let xb = one(Op::BlockAct { bk, dtype: DType::F32 }, &[&x]);
+        let xb = one(
+            Op::BlockAct {
+                bk,
+                dtype: DType::F32,
+            },
+            &[&x],
+        );
         let wb = one(Op::BlockWeight { bn, bk }, &[&w]);
         let yb = one(Op::Brgemm { act }, &[&xb, &wb, &b]);
-        assert_eq!(one(Op::UnblockAct { k: n, dtype: DType::F32 }, &[&yb]), y, "{what}");
+        assert_eq!(
+            one(
+                Op::UnblockAct {
+                    k: n,
+                    dtype: DType::F32
+                },
+                &[&yb]
+            ),
+            y,
+            "{what}"
+        );
         // Padding is zero.
-        let full = one(Op::BlockAct { bk: bn, dtype: DType::F32 }, &[&y]);
+        let full = one(
+            Op::BlockAct {
+                bk: bn,
+                dtype: DType::F32,
+            },
+            &[&y],
+        );
         assert_eq!(yb, full, "{what}: padding");
 
         let dz = act_grad(act, &dy, &y);
         let dx = one(Op::LinearDx, &[&dz, &w]);
         let dw = one(Op::LinearDw, &[&dz, &x]);
         let db = one(Op::LinearDb, &[&dz]);
-        let dyb = one(Op::BlockAct { bk: bn, dtype: DType::F32 }, &[&dy]);
+        let dyb = one(
+            Op::BlockAct {
+                bk: bn,
+                dtype: DType::F32,
+            },
+            &[&dy],
+        );
         let (dg_ins, wg_ins): (Vec<&Tensor>, Vec<&Tensor>) = if act == Act::None {
             (vec![&dyb, &wb], vec![&dyb, &xb])
         } else {
             (vec![&dyb, &yb, &wb], vec![&dyb, &yb, &xb])
         };
         let dxb = one(Op::BrgemmDgrad { act }, &dg_ins);
-        assert_eq!(one(Op::UnblockAct { k, dtype: DType::F32 }, &[&dxb]), dx, "{what}: dgrad");
+        assert_eq!(
+            one(
+                Op::UnblockAct {
+                    k,
+                    dtype: DType::F32
+                },
+                &[&dxb]
+            ),
+            dx,
+            "{what}: dgrad"
+        );
         let wg = eval(&Op::BrgemmWgrad { act, n }, &wg_ins);
-        assert_eq!(one(Op::UnblockWeight { n, k }, &[&wg[0]]), dw, "{what}: wgrad");
+        assert_eq!(
+            one(Op::UnblockWeight { n, k }, &[&wg[0]]),
+            dw,
+            "{what}: wgrad"
+        );
         assert_eq!(wg[1], db, "{what}: bias grad");
-        assert_eq!(wg[0], one(Op::BlockWeight { bn, bk }, &[&dw]), "{what}: wgrad padding");
+        assert_eq!(
+            wg[0],
+            one(Op::BlockWeight { bn, bk }, &[&dw]),
+            "{what}: wgrad padding"
+        );
     }
 }
 
@@ -107,11 +153,27 @@ fn brgemm_family_reproduces_linear_bit_for_bit() {
 fn layouts_round_trip_and_convert() {
     let mut rng = Rng(3);
     let x = rng.tensor(vec![5, 11]);
-    let xb = one(Op::BlockAct { bk: 4, dtype: DType::BF16 }, &[&x]);
+    let xb = one(
+        Op::BlockAct {
+            bk: 4,
+            dtype: DType::BF16,
+        },
+        &[&x],
+    );
     assert_eq!(xb.shape, vec![3, 5, 4]);
     assert_eq!(xb.dtype(), DType::BF16);
-    let back = one(Op::UnblockAct { k: 11, dtype: DType::F32 }, &[&xb]);
-    let want: Vec<f32> = x.to_f32_vec().iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+    let back = one(
+        Op::UnblockAct {
+            k: 11,
+            dtype: DType::F32,
+        },
+        &[&xb],
+    );
+    let want: Vec<f32> = x
+        .to_f32_vec()
+        .iter()
+        .map(|&v| bf16::from_f32(v).to_f32())
+        .collect();
     assert_eq!(back.to_f32_vec(), want);
     let w = rng.tensor(vec![7, 5]);
     let wb = one(Op::BlockWeight { bn: 3, bk: 2 }, &[&w]);
@@ -119,8 +181,28 @@ fn layouts_round_trip_and_convert() {
     assert_eq!(one(Op::UnblockWeight { n: 7, k: 5 }, &[&wb]), w);
     // Bad shapes are errors, not panics.
     let bad = TensorType::f32([Dim::Fixed(3), Dim::batch(), Dim::Fixed(4)]);
-    assert!(infer(&Op::UnblockAct { k: 13, dtype: DType::F32 }, &[&bad], &[]).is_err());
-    assert!(infer(&Op::UnblockAct { k: 8, dtype: DType::F32 }, &[&bad], &[]).is_err());
+    assert!(
+        infer(
+            &Op::UnblockAct {
+                k: 13,
+                dtype: DType::F32
+            },
+            &[&bad],
+            &[]
+        )
+        .is_err()
+    );
+    assert!(
+        infer(
+            &Op::UnblockAct {
+                k: 8,
+                dtype: DType::F32
+            },
+            &[&bad],
+            &[]
+        )
+        .is_err()
+    );
 }
 
 #[test]
@@ -140,7 +222,10 @@ fn bce_logits_is_bce_of_sigmoid_and_stable() {
         assert!((u - v).abs() <= 1e-5, "{u} vs {v}");
     }
     let big = Tensor::f32(vec![2, 1], vec![100.0, -100.0]);
-    let l = one(Op::BceLogits { denom: d }, &[&big, &Tensor::f32(vec![2, 1], vec![0.0, 1.0])]);
+    let l = one(
+        Op::BceLogits { denom: d },
+        &[&big, &Tensor::f32(vec![2, 1], vec![0.0, 1.0])],
+    );
     assert!((l.to_f32_vec()[0] - 100.0).abs() < 1e-3, "{l:?}");
 }
 
@@ -149,8 +234,18 @@ fn split_sgd_is_exact_fp32_sgd_on_the_master() {
     let mut rng = Rng(9);
     let w: Vec<f32> = (0..40).map(|_| rng.f()).collect();
     let g = rng.tensor(vec![5, 8]);
-    let hi = Tensor::bf16(vec![5, 8], w.iter().map(|v| bf16::from_bits((v.to_bits() >> 16) as u16)).collect());
-    let lo = Tensor::bf16(vec![5, 8], w.iter().map(|v| bf16::from_bits(v.to_bits() as u16)).collect());
+    let hi = Tensor::bf16(
+        vec![5, 8],
+        w.iter()
+            .map(|v| bf16::from_bits((v.to_bits() >> 16) as u16))
+            .collect(),
+    );
+    let lo = Tensor::bf16(
+        vec![5, 8],
+        w.iter()
+            .map(|v| bf16::from_bits(v.to_bits() as u16))
+            .collect(),
+    );
     let mut master = Tensor::f32(vec![5, 8], w.clone());
     let (mut hi, mut lo) = (hi, lo);
     for _ in 0..5 {
@@ -159,7 +254,9 @@ fn split_sgd_is_exact_fp32_sgd_on_the_master() {
         hi = r[0].clone();
         lo = r[1].clone();
     }
-    let (Data::BF16(h), Data::BF16(l)) = (&hi.data, &lo.data) else { panic!() };
+    let (Data::BF16(h), Data::BF16(l)) = (&hi.data, &lo.data) else {
+        panic!()
+    };
     let joined: Vec<f32> = h
         .iter()
         .zip(l)
@@ -182,16 +279,31 @@ fn embedding_update_is_bag_grad_then_sparse_sgd() {
     }
     let flat = Tensor::i64(vec![5], vec![3, 3, 0, 4, 1]);
     let off = Tensor::i64(vec![4], vec![0, 2, 2, 4]);
-    let rows = one(Op::EmbeddingBagGrad { mode: Pool::Mean }, &[&dy, &flat, &off]);
+    let rows = one(
+        Op::EmbeddingBagGrad { mode: Pool::Mean },
+        &[&dy, &flat, &off],
+    );
     let want = one(Op::SparseSgd { lr: 0.5 }, &[&table, &flat, &rows]);
-    let got = one(Op::EmbeddingUpdate { mode: Pool::Mean, lr: 0.5 }, &[&table, &dy, &flat, &off]);
+    let got = one(
+        Op::EmbeddingUpdate {
+            mode: Pool::Mean,
+            lr: 0.5,
+        },
+        &[&table, &dy, &flat, &off],
+    );
     assert_eq!(got, want);
     // An out-of-range index is an error.
     let bad = Tensor::i64(vec![4, 2], vec![0, 9, 0, 0, 0, 0, 0, 0]);
     let tys = [ty(&table)];
     let syms = HashMap::new();
-    let ctx = EvalCtx { syms: &syms, comm: &SingleRank };
-    let op = Op::EmbeddingUpdate { mode: Pool::Sum, lr: 0.1 };
+    let ctx = EvalCtx {
+        syms: &syms,
+        comm: &SingleRank,
+    };
+    let op = Op::EmbeddingUpdate {
+        mode: Pool::Sum,
+        lr: 0.1,
+    };
     assert!(eval_op(&op, &[&table, &dy, &bad], &tys, &ctx).is_err());
 }
 

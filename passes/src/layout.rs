@@ -173,12 +173,13 @@ pub fn layout(g: &Graph, params: Option<&mut Params>) -> Result<Graph> {
         };
         for (name, t) in params.iter_mut() {
             if let Some((op, ty)) = new_types.get(name) {
-                let mut r = eval_op(op, &[t], std::slice::from_ref(ty), &ctx).map_err(|reason| {
-                    PassError::Arg {
-                        pass: ID.into(),
-                        reason: format!("blocking parameter %{name}: {reason}"),
-                    }
-                })?;
+                let mut r =
+                    eval_op(op, &[t], std::slice::from_ref(ty), &ctx).map_err(|reason| {
+                        PassError::Arg {
+                            pass: ID.into(),
+                            reason: format!("blocking parameter %{name}: {reason}"),
+                        }
+                    })?;
                 *t = r.remove(0);
             }
         }

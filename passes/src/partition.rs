@@ -467,7 +467,11 @@ impl Sparse {
         for (i, v) in g.values().iter().enumerate() {
             let id = ValueId(i as u32);
             let allowed: &[(Kind, &[usize])] = if is_table[i] {
-                &[(Kind::Bag, &[0]), (Kind::SparseSgd, &[0]), (Kind::Update, &[0])]
+                &[
+                    (Kind::Bag, &[0]),
+                    (Kind::SparseSgd, &[0]),
+                    (Kind::Update, &[0]),
+                ]
             } else if is_index[i] {
                 &[
                     (Kind::Bag, &[1, 2]),

@@ -198,8 +198,11 @@ impl fmt::Display for PassLog {
                 r.id, r.wall_ms, r.nodes_before, r.nodes_after
             )?;
             if let Some(e) = &r.egraph {
-                let rules: Vec<String> =
-                    e.rules_applied.iter().map(|(k, n)| format!("{k}:{n}")).collect();
+                let rules: Vec<String> = e
+                    .rules_applied
+                    .iter()
+                    .map(|(k, n)| format!("{k}:{n}"))
+                    .collect();
                 writeln!(
                     f,
                     "  e-graph: {} e-nodes, {} e-classes, {} iterations, stop: {}, cost {:.0} -> {:.0}",

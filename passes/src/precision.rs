@@ -203,10 +203,14 @@ pub fn select(g: &Graph, precision: Precision, params: Option<&mut Params>) -> R
             }
             Op::UnblockAct { k, dtype } => {
                 let src = node.inputs[0];
-                let from_fwd = def_node(g, src)
-                    .is_some_and(|m| matches!(nodes[m].op, Op::Brgemm { .. }));
+                let from_fwd =
+                    def_node(g, src).is_some_and(|m| matches!(nodes[m].op, Op::Brgemm { .. }));
                 let keep = sens_vals.contains(&node.outputs[0]) || mixed;
-                let dtype = if from_fwd && !keep { DType::BF16 } else { *dtype };
+                let dtype = if from_fwd && !keep {
+                    DType::BF16
+                } else {
+                    *dtype
+                };
                 Op::UnblockAct { k: *k, dtype }
             }
             Op::Sgd { lr } if trained.contains(&node.inputs[0]) => {

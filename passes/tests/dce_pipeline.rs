@@ -186,7 +186,8 @@ fn dump_specs_are_validated() {
     let err = DumpSpec::parse("fusion").unwrap_err();
     let msg = err.to_string();
     assert!(
-        msg.contains("`fusion`") && msg.contains("all, input, autodiff, fuse, layout, precision, dce, partition"),
+        msg.contains("`fusion`")
+            && msg.contains("all, input, autodiff, fuse, layout, precision, dce, partition"),
         "{msg}"
     );
     assert!(DumpSpec::parse("").is_err());

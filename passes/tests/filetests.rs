@@ -88,7 +88,10 @@ fn run_file(path: &Path) -> Result<(String, bool), String> {
     let (out, _) = run_passes(&g, &ids, &opts).map_err(|e| e.to_string())?;
     let actual = dlrm_ir::text::print(&out);
     let ok = expected.is_some_and(|e| e == actual.trim());
-    Ok((format!("{}{EXPECTED}\n{actual}", head.trim_end().to_string() + "\n"), ok))
+    Ok((
+        format!("{}{EXPECTED}\n{actual}", head.trim_end().to_string() + "\n"),
+        ok,
+    ))
 }
 
 #[test]

@@ -16,7 +16,8 @@ use dlrm_passes::{
 use std::collections::HashMap;
 
 fn model(name: &str) -> dlrm_json::Model {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/{name}.json"));
+    let p =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/{name}.json"));
     dlrm_json::load(&p).unwrap()
 }
 
@@ -59,17 +60,36 @@ fn rel(a: f32, b: f32) -> f32 {
 #[test]
 fn tiny_fp32_optimised_training_matches_unoptimised_over_50_steps() {
     let m = model("dlrm-tiny");
-    let plain = build(&m, &PipelineOptions { train: Some(cfg(&m)), ..Default::default() });
+    let plain = build(
+        &m,
+        &PipelineOptions {
+            train: Some(cfg(&m)),
+            ..Default::default()
+        },
+    );
     let opt = build(&m, &PipelineOptions::optimized(Some(cfg(&m))));
-    assert!(count(&opt.graph, "brgemm") >= 3, "{}", dlrm_ir::text::print(&opt.graph));
+    assert!(
+        count(&opt.graph, "brgemm") >= 3,
+        "{}",
+        dlrm_ir::text::print(&opt.graph)
+    );
     assert!(count(&opt.graph, "brgemm_wgrad") >= 3);
     assert!(count(&opt.graph, "brgemm_dgrad") >= 2);
-    assert_eq!(count(&opt.graph, "bce_logits"), 1, "{}", dlrm_ir::text::print(&opt.graph));
+    assert_eq!(
+        count(&opt.graph, "bce_logits"),
+        1,
+        "{}",
+        dlrm_ir::text::print(&opt.graph)
+    );
     assert_eq!(count(&opt.graph, "embedding_update"), 3);
     assert_eq!(count(&opt.graph, "relu_grad"), 0);
     let a = train(&plain, &plain.graph, 16, 50, 7);
     let b = train(&opt, &plain.graph, 16, 50, 7);
-    let worst = a.iter().zip(&b).map(|(x, y)| rel(*x, *y)).fold(0.0f32, f32::max);
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| rel(*x, *y))
+        .fold(0.0f32, f32::max);
     eprintln!("fp32: max relative loss difference over 50 steps = {worst:e}");
     for (s, (x, y)) in a.iter().zip(&b).enumerate() {
         assert!(rel(*x, *y) <= 1e-5, "step {s}: {x} vs {y}");
@@ -101,7 +121,13 @@ fn tiny_optimised_inference_matches() {
 fn optimised_training_partitions_for_1_2_3_ranks() {
     let m = model("dlrm-tiny");
     let opt = build(&m, &PipelineOptions::optimized(Some(cfg(&m))));
-    let plain = build(&m, &PipelineOptions { train: Some(cfg(&m)), ..Default::default() });
+    let plain = build(
+        &m,
+        &PipelineOptions {
+            train: Some(cfg(&m)),
+            ..Default::default()
+        },
+    );
     let params = to_map(&opt.params);
     let batch = make_batch(&plain.graph, 12, 5);
     let one = run_ranks(&partition(&opt.graph, 1).unwrap().graphs, &batch, &params);
@@ -109,16 +135,25 @@ fn optimised_training_partitions_for_1_2_3_ranks() {
         let p = partition(&opt.graph, ranks).unwrap();
         for g in &p.graphs {
             // Every blocked weight gradient is all-reduced before its update.
-            assert_eq!(count(g, "all_reduce"), count(g, "sgd") + count(g, "split_sgd") + 1);
+            assert_eq!(
+                count(g, "all_reduce"),
+                count(g, "sgd") + count(g, "split_sgd") + 1
+            );
         }
         let res = run_ranks(&p.graphs, &batch, &params);
         for (r, (out, after)) in res.iter().enumerate() {
-            assert!(rel(out[0].to_f32_vec()[0], one[0].0[0].to_f32_vec()[0]) <= 1e-5, "rank {r}");
+            assert!(
+                rel(out[0].to_f32_vec()[0], one[0].0[0].to_f32_vec()[0]) <= 1e-5,
+                "rank {r}"
+            );
             for (name, t) in after {
                 let want = one[0].1[name].to_f32_vec();
                 let got = t.to_f32_vec();
                 for (x, y) in got.iter().zip(&want) {
-                    assert!((x - y).abs() <= 1e-5 * y.abs().max(1.0), "{ranks} ranks {name}: {x} vs {y}");
+                    assert!(
+                        (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                        "{ranks} ranks {name}: {x} vs {y}"
+                    );
                 }
             }
         }
@@ -126,7 +161,8 @@ fn optimised_training_partitions_for_1_2_3_ranks() {
 }
 
 fn dtype_of(g: &Graph, name: &str) -> DType {
-    g.ty(g.find(name).unwrap_or_else(|| panic!("no %{name}"))).dtype
+    g.ty(g.find(name).unwrap_or_else(|| panic!("no %{name}")))
+        .dtype
 }
 
 /// bf16 storage changes the numbers: the losses track fp32 within this absolute
@@ -137,7 +173,13 @@ const BF16_TOL: f32 = 1e-2;
 #[test]
 fn tiny_bf16_and_mixed_track_fp32_and_converge() {
     let m = model("dlrm-tiny");
-    let plain = build(&m, &PipelineOptions { train: Some(cfg(&m)), ..Default::default() });
+    let plain = build(
+        &m,
+        &PipelineOptions {
+            train: Some(cfg(&m)),
+            ..Default::default()
+        },
+    );
     let fp32 = train(&plain, &plain.graph, 16, 50, 7);
     for prec in [Precision::Bf16, Precision::Mixed] {
         let opts = PipelineOptions {
@@ -150,15 +192,29 @@ fn tiny_bf16_and_mixed_track_fp32_and_converge() {
             assert_eq!(dtype_of(g, t), DType::BF16, "{prec} {t}");
         }
         for w in ["bot.0.w", "bot.1.w", "top.0.w"] {
-            assert_eq!(dtype_of(g, &format!("{w}.lo")), DType::BF16, "{prec} {w}.lo");
+            assert_eq!(
+                dtype_of(g, &format!("{w}.lo")),
+                DType::BF16,
+                "{prec} {w}.lo"
+            );
         }
-        let last = if prec == Precision::Mixed { DType::F32 } else { DType::BF16 };
+        let last = if prec == Precision::Mixed {
+            DType::F32
+        } else {
+            DType::BF16
+        };
         assert_eq!(dtype_of(g, "top.1.w"), last, "{prec}");
         assert_eq!(dtype_of(g, "bot.0.b"), DType::F32);
         assert!(count(g, "split_sgd") >= 3);
         // The master is exact: high half ++ low half = the f32 initial value.
         let p = to_map(&c.params);
-        let w0 = m.params.iter().find(|(n, _)| n == "bot.1.w").unwrap().1.to_f32_vec();
+        let w0 = m
+            .params
+            .iter()
+            .find(|(n, _)| n == "bot.1.w")
+            .unwrap()
+            .1
+            .to_f32_vec();
         let (hi, lo) = (&p["bot.1.w"], &p["bot.1.w.lo"]);
         let (dlrm_ir::Data::BF16(h), dlrm_ir::Data::BF16(l)) = (&hi.data, &lo.data) else {
             panic!("bf16 halves")
@@ -183,10 +239,18 @@ fn tiny_bf16_and_mixed_track_fp32_and_converge() {
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
         eprintln!("{prec}: max |loss - fp32 loss| over 50 steps = {worst}");
-        assert!(worst <= BF16_TOL, "{prec}: max |loss - fp32 loss| = {worst}");
+        assert!(
+            worst <= BF16_TOL,
+            "{prec}: max |loss - fp32 loss| = {worst}"
+        );
         // Convergence on one fixed batch.
         let fixed = train_fixed(&c, &plain.graph, 16, 40, 3);
-        assert!(fixed[39] < 0.7 * fixed[0], "{prec}: {} -> {}", fixed[0], fixed[39]);
+        assert!(
+            fixed[39] < 0.7 * fixed[0],
+            "{prec}: {} -> {}",
+            fixed[0],
+            fixed[39]
+        );
     }
 }
 
@@ -209,7 +273,16 @@ fn small_training_is_all_brgemm_and_bf16_params() {
     let (g, log) = dlrm_passes::compile(m.graph.clone(), &opts, &mut |_, _| {}).unwrap();
     let st = GraphStats::of(&g);
     assert!(st.ops.get("brgemm").copied().unwrap_or(0) >= 5, "{st}");
-    for unfused in ["linear", "relu", "relu_grad", "linear_dx", "linear_dw", "linear_db", "bce", "sigmoid_grad"] {
+    for unfused in [
+        "linear",
+        "relu",
+        "relu_grad",
+        "linear_dx",
+        "linear_dw",
+        "linear_db",
+        "bce",
+        "sigmoid_grad",
+    ] {
         assert!(
             !st.ops.contains_key(unfused),
             "{unfused} left: {st}\n{}",
@@ -250,7 +323,10 @@ fn mlperf_training_compiles_fast_with_a_logged_egraph() {
     assert!(secs < 4.0, "compiling dlrm-mlperf took {secs} s");
     let e = log.passes.iter().find_map(|r| r.egraph.clone()).unwrap();
     let shown = log.to_string();
-    assert!(shown.contains("e-nodes") && shown.contains(&e.stop_reason), "{shown}");
+    assert!(
+        shown.contains("e-nodes") && shown.contains(&e.stop_reason),
+        "{shown}"
+    );
     assert!(count(&g, "brgemm") >= 7);
     assert_eq!(count(&g, "linear"), 0);
 }

@@ -75,7 +75,10 @@ pub(super) fn eval(
                 out,
             ))
         }
-        other => Err(format!("internal: `{}` is not a fused op", other.mnemonic())),
+        other => Err(format!(
+            "internal: `{}` is not a fused op",
+            other.mnemonic()
+        )),
     }
 }
 

@@ -70,9 +70,7 @@ pub fn encode(g: &Graph) -> Encoded {
                 let t = tag(&mut eg, "i", &Attr::Int(k as i64));
                 let get = eg.add(Dl::Op(Symbol::from(GET), vec![t, id]));
                 class_of[o.index()] = get;
-                names
-                    .entry(get)
-                    .or_insert_with(|| g.name_of(o).to_string());
+                names.entry(get).or_insert_with(|| g.name_of(o).to_string());
             }
         }
     }
@@ -172,9 +170,10 @@ impl<F: Fn(Id) -> Dl> Decoder<'_, F> {
                         .copied()
                         .ok_or_else(|| err(self.src, "get without a tuple".into()))?;
                     let vs = self.emit(t, &base)?;
-                    let v = vs.get(k).copied().ok_or_else(|| {
-                        err(self.src, format!("get {k} of a {}-tuple", vs.len()))
-                    })?;
+                    let v = vs
+                        .get(k)
+                        .copied()
+                        .ok_or_else(|| err(self.src, format!("get {k} of a {}-tuple", vs.len())))?;
                     vec![v]
                 } else {
                     let op = Op::from_parts(m.as_str(), &attrs)
@@ -246,10 +245,12 @@ pub fn decode(src: &Graph, enc: &Encoded, best: impl Fn(Id) -> Dl) -> Result<Gra
     let mut out = Graph::new(src.name.clone());
     let e = PassError::ir(super::ID);
     for &v in src.inputs() {
-        out.add_input(src.name_of(v), src.ty(v).clone()).map_err(e)?;
+        out.add_input(src.name_of(v), src.ty(v).clone())
+            .map_err(e)?;
     }
     for &v in src.params() {
-        out.add_param(src.name_of(v), src.ty(v).clone()).map_err(e)?;
+        out.add_param(src.name_of(v), src.ty(v).clone())
+            .map_err(e)?;
     }
     let mut d = Decoder {
         src,

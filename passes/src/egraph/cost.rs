@@ -75,11 +75,11 @@ pub fn block_for(d: usize, forced: Option<usize>) -> usize {
     if d <= MAX_BLOCK {
         cands.push(d);
     }
-    cands.extend((8..=MAX_BLOCK).filter(|b| d % b == 0));
+    cands.extend((8..=MAX_BLOCK).filter(|b| d.is_multiple_of(*b)));
     let score = |b: usize| (d.div_ceil(b) * b) as f64 / d as f64 * (1.0 + 8.0 / b as f64);
     cands
         .into_iter()
-        .filter(|&b| b <= d.max(16).min(MAX_BLOCK) || b == d)
+        .filter(|&b| b <= d.clamp(16, MAX_BLOCK) || b == d)
         .fold(None::<(usize, f64)>, |best, b| {
             let s = score(b);
             match best {
@@ -137,9 +137,12 @@ impl DlCost<'_> {
             .filter_map(|&c| self.types(c).into_iter().next())
             .collect();
         if m == "block_weight"
-            && operands
-                .first()
-                .is_some_and(|&c| self.egraph[c].nodes.iter().any(|n| matches!(n, Dl::Value(_))))
+            && operands.first().is_some_and(|&c| {
+                self.egraph[c]
+                    .nodes
+                    .iter()
+                    .any(|n| matches!(n, Dl::Value(_)))
+            })
         {
             return 0.0;
         }
@@ -189,7 +192,9 @@ impl DlCost<'_> {
             _ => 0.0,
         };
         let elems = match m {
-            "bce" | "bce_logits" | "bce_grad" | "bce_logits_grad" => i0.map_or(0.0, |t| self.numel(t)),
+            "bce" | "bce_logits" | "bce_grad" | "bce_logits_grad" => {
+                i0.map_or(0.0, |t| self.numel(t))
+            }
             _ => o0.map_or(0.0, |t| self.numel(t)),
         };
         let flops = flops + per_elem * elems * self.model.transcendental;

@@ -22,8 +22,8 @@ use crate::{Pass, Result};
 use cost::{CostModel, DlCost};
 use dlrm_ir::Graph;
 use egg::{Extractor, Runner, SimpleScheduler, StopReason};
-use serde::{Deserialize, Serialize};
 use lang::{Data, Dl, DlGraph, GET};
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 

@@ -20,20 +20,40 @@
 
 use super::super::cost::block_for;
 use super::super::lang::{Dl, DlGraph, Types, class_name, set_hint};
-use super::{RuleConfig, add1, add_op, attr_of, bound, build_rule, get, same_type, ty_of};
+use super::{RuleConfig, add_op, add1, attr_of, bound, build_rule, get, same_type, ty_of};
 use dlrm_ir::{Act, Attr, Op, TensorType};
 use egg::{Id, Rewrite, Subst, Symbol};
 
 /// The rules of this theme.
 pub fn rules(cfg: &RuleConfig) -> Vec<Rewrite<Dl, Types>> {
     vec![
-        build_rule("contract-linear",         "(linear ?act ?x ?w ?b)", linear, cfg),
-        build_rule("contract-dgrad-relu",     "(linear_dx (relu_grad ?dy (linear act=relu ?x ?w ?b)) ?w)", dgrad_relu, cfg),
-        build_rule("contract-dgrad-sigmoid",  "(linear_dx (sigmoid_grad ?dy (linear act=sigmoid ?x ?w ?b)) ?w)", dgrad_sigmoid, cfg),
-        build_rule("contract-dgrad",          "(linear_dx ?dz ?w)", dgrad_plain, cfg),
-        build_rule("contract-wgrad-relu",     "(linear_dw (relu_grad ?dy (linear act=relu ?x ?w ?b)) ?x)", wgrad_relu, cfg),
-        build_rule("contract-wgrad-sigmoid",  "(linear_dw (sigmoid_grad ?dy (linear act=sigmoid ?x ?w ?b)) ?x)", wgrad_sigmoid, cfg),
-        build_rule("contract-wgrad",          "(linear_dw ?dz ?x)", wgrad_plain, cfg),
+        build_rule("contract-linear", "(linear ?act ?x ?w ?b)", linear, cfg),
+        build_rule(
+            "contract-dgrad-relu",
+            "(linear_dx (relu_grad ?dy (linear act=relu ?x ?w ?b)) ?w)",
+            dgrad_relu,
+            cfg,
+        ),
+        build_rule(
+            "contract-dgrad-sigmoid",
+            "(linear_dx (sigmoid_grad ?dy (linear act=sigmoid ?x ?w ?b)) ?w)",
+            dgrad_sigmoid,
+            cfg,
+        ),
+        build_rule("contract-dgrad", "(linear_dx ?dz ?w)", dgrad_plain, cfg),
+        build_rule(
+            "contract-wgrad-relu",
+            "(linear_dw (relu_grad ?dy (linear act=relu ?x ?w ?b)) ?x)",
+            wgrad_relu,
+            cfg,
+        ),
+        build_rule(
+            "contract-wgrad-sigmoid",
+            "(linear_dw (sigmoid_grad ?dy (linear act=sigmoid ?x ?w ?b)) ?x)",
+            wgrad_sigmoid,
+            cfg,
+        ),
+        build_rule("contract-wgrad", "(linear_dw ?dz ?x)", wgrad_plain, cfg),
     ]
 }
 
@@ -107,12 +127,24 @@ fn linear(eg: &mut DlGraph, m: Id, s: &Subst, cfg: &RuleConfig) -> Option<Id> {
 }
 
 fn dgrad_fused(eg: &mut DlGraph, m: Id, s: &Subst, cfg: &RuleConfig, act: Act) -> Option<Id> {
-    let (dy, x, w, b) = (bound(s, "dy")?, bound(s, "x")?, bound(s, "w")?, bound(s, "b")?);
+    let (dy, x, w, b) = (
+        bound(s, "dy")?,
+        bound(s, "x")?,
+        bound(s, "w")?,
+        bound(s, "b")?,
+    );
     let f = forward(eg, act, x, w, b, cfg)?;
     let (dyb, _) = block(eg, dy, f.bn)?;
     let (dxb, _) = add1(eg, &Op::BrgemmDgrad { act }, &[dyb, f.yb, f.wb])?;
     name_like(eg, dxb, m, "blk");
-    let (dx, _) = add1(eg, &Op::UnblockAct { k: f.k, dtype: ty_of(eg, m)?.dtype }, &[dxb])?;
+    let (dx, _) = add1(
+        eg,
+        &Op::UnblockAct {
+            k: f.k,
+            dtype: ty_of(eg, m)?.dtype,
+        },
+        &[dxb],
+    )?;
     same_type(eg, m, dx)
 }
 
@@ -133,7 +165,14 @@ fn dgrad_plain(eg: &mut DlGraph, m: Id, s: &Subst, cfg: &RuleConfig) -> Option<I
     let (wb, _) = add1(eg, &Op::BlockWeight { bn, bk }, &[w])?;
     let (dxb, _) = add1(eg, &Op::BrgemmDgrad { act: Act::None }, &[dzb, wb])?;
     name_like(eg, dxb, m, "blk");
-    let (dx, _) = add1(eg, &Op::UnblockAct { k, dtype: ty_of(eg, m)?.dtype }, &[dxb])?;
+    let (dx, _) = add1(
+        eg,
+        &Op::UnblockAct {
+            k,
+            dtype: ty_of(eg, m)?.dtype,
+        },
+        &[dxb],
+    )?;
     same_type(eg, m, dx)
 }
 
@@ -175,13 +214,22 @@ fn wgrad_common(
 }
 
 fn wgrad_fused(eg: &mut DlGraph, m: Id, s: &Subst, cfg: &RuleConfig, act: Act) -> Option<Id> {
-    let (dy, x, w, b) = (bound(s, "dy")?, bound(s, "x")?, bound(s, "w")?, bound(s, "b")?);
+    let (dy, x, w, b) = (
+        bound(s, "dy")?,
+        bound(s, "x")?,
+        bound(s, "w")?,
+        bound(s, "b")?,
+    );
     let f = forward(eg, act, x, w, b, cfg)?;
     let (dyb, _) = block(eg, dy, f.bn)?;
     // The matched dz = act_grad(dy, y): find its class for the bias gradient.
     let act_tag = super::super::convert::tag(eg, "act", &Attr::Ident(act.name().into()));
     let y = eg.lookup(Dl::Op(Symbol::from("linear"), vec![act_tag, x, w, b]))?;
-    let grad = if act == Act::Relu { "relu_grad" } else { "sigmoid_grad" };
+    let grad = if act == Act::Relu {
+        "relu_grad"
+    } else {
+        "sigmoid_grad"
+    };
     let dz = eg.lookup(Dl::Op(Symbol::from(grad), vec![dy, y]))?;
     wgrad_common(eg, m, act, dyb, f.yb, f.xb, dz, f.n, f.k)
 }

@@ -20,20 +20,42 @@ use egg::{Id, Rewrite, Subst};
 pub fn rules() -> Vec<Rewrite<Dl, Types>> {
     let cfg = RuleConfig::default();
     vec![
-        build_rule("cancel-block-unblock-act",    "(block_act ?bk ?dt (unblock_act ?k ?dt2 ?y))",    cancel, &cfg),
-        build_rule("cancel-unblock-block-act",    "(unblock_act ?k ?dt (block_act ?bk ?dt2 ?y))",    cancel, &cfg),
-        build_rule("cancel-block-unblock-weight", "(block_weight ?bn ?bk (unblock_weight ?n ?k ?y))", cancel_w, &cfg),
-        build_rule("cancel-unblock-block-weight", "(unblock_weight ?n ?k (block_weight ?bn ?bk ?y))", cancel_w, &cfg),
+        build_rule(
+            "cancel-block-unblock-act",
+            "(block_act ?bk ?dt (unblock_act ?k ?dt2 ?y))",
+            cancel,
+            &cfg,
+        ),
+        build_rule(
+            "cancel-unblock-block-act",
+            "(unblock_act ?k ?dt (block_act ?bk ?dt2 ?y))",
+            cancel,
+            &cfg,
+        ),
+        build_rule(
+            "cancel-block-unblock-weight",
+            "(block_weight ?bn ?bk (unblock_weight ?n ?k ?y))",
+            cancel_w,
+            &cfg,
+        ),
+        build_rule(
+            "cancel-unblock-block-weight",
+            "(unblock_weight ?n ?k (block_weight ?bn ?bk ?y))",
+            cancel_w,
+            &cfg,
+        ),
     ]
 }
 
 /// The class of the inner node of the match (`(outer .. (inner .. ?y))`).
 fn inner(eg: &DlGraph, m: Id, y: Id) -> Option<Id> {
     eg[m].nodes.iter().find_map(|n| match n {
-        Dl::Op(_, ch) => ch
-            .iter()
-            .copied()
-            .find(|&c| eg[c].nodes.iter().any(|k| matches!(k, Dl::Op(_, kc) if kc.contains(&y)))),
+        Dl::Op(_, ch) => ch.iter().copied().find(|&c| {
+            eg[c]
+                .nodes
+                .iter()
+                .any(|k| matches!(k, Dl::Op(_, kc) if kc.contains(&y)))
+        }),
         _ => None,
     })
 }
