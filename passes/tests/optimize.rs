@@ -15,10 +15,35 @@ use dlrm_passes::{
 };
 use std::collections::HashMap;
 
+fn example(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/{name}.json"))
+}
+
 fn model(name: &str) -> dlrm_json::Model {
-    let p =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../examples/{name}.json"));
-    dlrm_json::load(&p).unwrap()
+    dlrm_json::load(example(name)).unwrap()
+}
+
+/// The example's forward graph only (no parameter initialisation: the big tables
+/// would take gigabytes).
+fn spec_graph(name: &str) -> (Graph, TrainConfig) {
+    let spec = dlrm_json::ModelSpec::load(example(name)).unwrap();
+    let cfg = TrainConfig {
+        loss: LossKind::Bce,
+        lr: spec.learning_rate,
+    };
+    (spec.graph().unwrap(), cfg)
+}
+
+/// The example with every table capped at `rows` rows (the MLPs, the interaction
+/// and the pooling as in the example), built with its parameters.
+fn capped(name: &str, rows: u64) -> dlrm_json::Model {
+    let src = std::fs::read_to_string(example(name)).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&src).unwrap();
+    let t = v["table_rows"].as_array_mut().unwrap();
+    for r in t.iter_mut() {
+        *r = serde_json::Value::from(r.as_u64().unwrap().min(rows));
+    }
+    dlrm_json::from_str(&v.to_string(), name).unwrap()
 }
 
 fn cfg(m: &dlrm_json::Model) -> TrainConfig {
@@ -268,9 +293,9 @@ fn train_fixed(c: &Compiled, data: &Graph, batch: usize, steps: usize, seed: u64
 
 #[test]
 fn small_training_is_all_brgemm_and_bf16_params() {
-    let m = model("dlrm-small");
-    let opts = PipelineOptions::optimized(Some(cfg(&m)));
-    let (g, log) = dlrm_passes::compile(m.graph.clone(), &opts, &mut |_, _| {}).unwrap();
+    let (graph, tc) = spec_graph("dlrm-small");
+    let opts = PipelineOptions::optimized(Some(tc));
+    let (g, log) = dlrm_passes::compile(graph.clone(), &opts, &mut |_, _| {}).unwrap();
     let st = GraphStats::of(&g);
     assert!(st.ops.get("brgemm").copied().unwrap_or(0) >= 5, "{st}");
     for unfused in [
@@ -300,7 +325,7 @@ fn small_training_is_all_brgemm_and_bf16_params() {
         precision: Precision::Bf16,
         ..opts
     };
-    let (g, _) = dlrm_passes::compile(m.graph.clone(), &bf, &mut |_, _| {}).unwrap();
+    let (g, _) = dlrm_passes::compile(graph, &bf, &mut |_, _| {}).unwrap();
     let st = GraphStats::of(&g);
     // Tables and MLP weights are bf16 (the low halves too); only biases stay f32.
     let f32_params = st.params.get("f32").copied().unwrap_or(0);
@@ -314,10 +339,10 @@ fn small_training_is_all_brgemm_and_bf16_params() {
 
 #[test]
 fn mlperf_training_compiles_fast_with_a_logged_egraph() {
-    let m = model("dlrm-mlperf");
-    let opts = PipelineOptions::optimized(Some(cfg(&m)));
+    let (graph, tc) = spec_graph("dlrm-mlperf");
+    let opts = PipelineOptions::optimized(Some(tc));
     let t0 = std::time::Instant::now();
-    let (g, log) = dlrm_passes::compile(m.graph.clone(), &opts, &mut |_, _| {}).unwrap();
+    let (g, log) = dlrm_passes::compile(graph, &opts, &mut |_, _| {}).unwrap();
     let secs = t0.elapsed().as_secs_f64();
     eprintln!("dlrm-mlperf training compile: {secs:.3} s\n{log}");
     assert!(secs < 4.0, "compiling dlrm-mlperf took {secs} s");
@@ -329,4 +354,61 @@ fn mlperf_training_compiles_fast_with_a_logged_egraph() {
     );
     assert!(count(&g, "brgemm") >= 7);
     assert_eq!(count(&g, "linear"), 0);
+}
+
+/// Every example (tables capped at 40 rows so that the test is fast): the
+/// optimised fp32 plan gives the unoptimised plan's forward output bit for bit and
+/// its training losses within 1e-5 relative.
+#[test]
+fn every_example_optimised_matches_unoptimised() {
+    for (name, steps) in [
+        ("dlrm-tiny", 5),
+        ("dlrm-small", 3),
+        ("dlrm-kaggle", 3),
+        ("dlrm-mlperf", 2),
+        ("dlrm-intel-small", 2),
+    ] {
+        let m = capped(name, 40);
+        let infer_plain = build(&m, &PipelineOptions::default());
+        let infer_opt = build(&m, &PipelineOptions::optimized(None));
+        assert!(count(&infer_opt.graph, "brgemm") >= 3, "{name}");
+        let b = make_batch(&infer_plain.graph, 3, 1);
+        let o1 = interp::run(
+            &infer_plain.graph,
+            &b.inputs,
+            &mut to_map(&infer_plain.params),
+            &b.syms,
+            &SingleRank,
+        )
+        .unwrap();
+        let o2 = interp::run(
+            &infer_opt.graph,
+            &b.inputs,
+            &mut to_map(&infer_opt.params),
+            &b.syms,
+            &SingleRank,
+        )
+        .unwrap();
+        assert_eq!(o1[0], o2[0], "{name}: forward");
+
+        // A small learning rate keeps the probabilities away from saturation, where
+        // the clamped BCE and its logits form differ by design (the clamp).
+        let tc = TrainConfig {
+            loss: LossKind::Bce,
+            lr: 0.01,
+        };
+        let plain = build(
+            &m,
+            &PipelineOptions {
+                train: Some(tc),
+                ..Default::default()
+            },
+        );
+        let opt = build(&m, &PipelineOptions::optimized(Some(tc)));
+        let a = train(&plain, &plain.graph, 3, steps, 9);
+        let c = train(&opt, &plain.graph, 3, steps, 9);
+        for (s, (x, y)) in a.iter().zip(&c).enumerate() {
+            assert!(rel(*x, *y) <= 1e-5, "{name} step {s}: {x} vs {y}");
+        }
+    }
 }
