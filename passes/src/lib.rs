@@ -3,6 +3,11 @@
 //! - [`pipeline`]: the pass order in one place ([`pipeline::PASSES`]), [`compile`] runs
 //!   it, verifying the graph after every pass and logging per-pass timings;
 //! - [`autodiff`]: the training step (loss, reverse-mode backward, SGD updates);
+//! - [`egraph`]: the e-graph optimisation (pass `fuse`): linear layers as blocked
+//!   batch-reduce GEMMs (`brgemm`) with fused epilogues and backward, the stable
+//!   BCE on logits, the fused embedding update; cost-model extraction;
+//! - [`layout`]: blocked weight storage; [`precision`]: bf16 / mixed storage with
+//!   Split-SGD-BF16;
 //! - [`dce`]: dead-code elimination;
 //! - [`mod@partition`]: one graph per rank for hybrid-parallel execution (tables placed by
 //!   a cost model, `all_to_all` for embeddings, `all_reduce` for dense gradients);
