@@ -8,7 +8,7 @@
 //! Attributes are exposed generically ([`Op::attrs`], [`Op::from_parts`]) so that
 //! the text printer and parser need no per-op code.
 
-use crate::types::{Dim, Shape};
+use crate::types::{DType, Dim, Shape};
 use std::fmt;
 
 /// Pooling of an embedding bag.
@@ -193,6 +193,102 @@ pub enum Op {
         /// The rank this program runs on.
         rank: usize,
     },
+
+    // ---- fused / blocked ops (e-graph, precision)
+    // Blocked layouts (SC20): an activation `x[S,K]` blocked by `bk` is
+    // `xb[Kb,S,bk]` with `Kb = ceil(K/bk)` and `xb[kb][s][i] = x[s][kb·bk+i]`; a weight
+    // `w[N,K]` blocked by `(bn,bk)` is `wb[Nb,Kb,bk,bn]` with
+    // `wb[nb][kb][i][j] = w[nb·bn+j][kb·bk+i]`. Padding (indices past `K` or `N`) is
+    // always 0: every op producing a blocked value writes 0 there.
+    /// `block_act(x[S,K]) -> dtype[ceil(K/bk),S,bk]`: blocks an activation (zero
+    /// padding), converting to `dtype` (bf16: round to nearest even).
+    BlockAct {
+        /// Block width along the features.
+        bk: usize,
+        /// The result dtype (f32 or bf16).
+        dtype: DType,
+    },
+    /// `unblock_act(xb[Kb,S,bk]) -> dtype[S,k]`: the inverse of `block_act`, dropping
+    /// the padding (`k` must be in `((Kb-1)·bk, Kb·bk]`).
+    UnblockAct {
+        /// The unpadded feature count.
+        k: usize,
+        /// The result dtype (f32 or bf16).
+        dtype: DType,
+    },
+    /// `block_weight(w[N,K]) -> [ceil(N/bn),ceil(K/bk),bk,bn]` (same dtype, zero padding).
+    BlockWeight {
+        /// Block width along the outputs.
+        bn: usize,
+        /// Block width along the inputs.
+        bk: usize,
+    },
+    /// `unblock_weight(wb[Nb,Kb,bk,bn]) -> [n,k]`: the inverse of `block_weight`.
+    UnblockWeight {
+        /// Unpadded rows.
+        n: usize,
+        /// Unpadded columns.
+        k: usize,
+    },
+    /// `brgemm(xb[Kb,S,bk], wb[Nb,Kb,bk,bn], b[N]) -> yb[Nb,S,bn]`: the blocked
+    /// `linear`: `y[s][n] = act(Σ_k x[s][k]·w[n][k] + b[n])` for `n < N`, 0 in the
+    /// padding. The sum runs over `k` ascending in one f32 accumulator (padding
+    /// included, whose terms are 0), then the bias is added: exactly `linear`'s
+    /// arithmetic. The result dtype is bf16 only if `x` and `w` are both bf16.
+    Brgemm {
+        /// Fused activation (the epilogue).
+        act: Act,
+    },
+    /// `brgemm_dgrad(dyb[Nb,S,bn], yb[Nb,S,bn], wb[Nb,Kb,bk,bn]) -> f32[Kb,S,bk]`
+    /// (`act=none` takes no `yb`: `brgemm_dgrad(dyb, wb)`):
+    /// with `dz = act'(dy, y)` (`relu_grad`/`sigmoid_grad`/identity, fused),
+    /// `dx[s][k] = Σ_n dz[s][n]·w[n][k]` over `n` ascending (as `linear_dx`), 0 in the
+    /// padding.
+    BrgemmDgrad {
+        /// The forward activation whose gradient is fused.
+        act: Act,
+    },
+    /// `brgemm_wgrad(dyb[Nb,S,bn], yb[Nb,S,bn], xb[Kb,S,bk]) -> (f32[Nb,Kb,bk,bn], f32[n])`
+    /// (`act=none` takes no `yb`: `brgemm_wgrad(dyb, xb)`):
+    /// with `dz = act'(dy, y)`: the blocked weight gradient `dw[n][k] = Σ_s dz[s][n]·x[s][k]`
+    /// and the bias gradient `db[n] = Σ_s dz[s][n]`, sums over `s` ascending (as
+    /// `linear_dw`, `linear_db`), 0 in the padding.
+    BrgemmWgrad {
+        /// The forward activation whose gradient is fused.
+        act: Act,
+        /// The unpadded output count `N`.
+        n: usize,
+    },
+    /// `bce_logits(z, y) -> f32[]`: binary cross-entropy on logits, the stable form
+    /// `Σ (max(z,0) - z·y + ln(1 + exp(-|z|))) / denom` (sum in row-major order).
+    BceLogits {
+        /// The normaliser (see [`Op::Bce`]).
+        denom: Dim,
+    },
+    /// `bce_logits_grad(z, y) -> f32`: `(sigmoid(z) - y) / denom`.
+    BceLogitsGrad {
+        /// As in the forward op.
+        denom: Dim,
+    },
+    /// `split_sgd(hi: bf16, lo: bf16, g) -> (hi', lo')` (Split-SGD-BF16): `hi` is the
+    /// bf16 weight, the high 16 bits of an f32 master whose low 16 bits `lo` holds (as
+    /// raw bits in a bf16-typed tensor). Elementwise: `w = f32(hi << 16 | lo)`,
+    /// `w -= lr·g` in f32, `hi' = w >> 16`, `lo' = w & 0xffff`.
+    SplitSgd {
+        /// Learning rate.
+        lr: f32,
+    },
+    /// `embedding_update(table, dy[S,D], indices[S,L])` or
+    /// `embedding_update(table, dy[S,D], indices[N], offsets[S]) -> table'`: the fused
+    /// `sparse_sgd(table, indices, embedding_bag_grad(dy, indices[, offsets]))`, with
+    /// exactly that arithmetic; no row gradient is materialised (the kernel is the
+    /// race-free owner-computes update: each thread owns a row range).
+    EmbeddingUpdate {
+        /// As in the forward bag.
+        mode: Pool,
+        /// Learning rate.
+        lr: f32,
+    },
 }
 
 /// A generic attribute value, for printing and parsing.
@@ -298,6 +394,18 @@ pub const MNEMONICS: &[&str] = &[
     "sparse_sgd",
     "all_reduce",
     "all_to_all",
+    // ---- fused / blocked ops (e-graph, precision)
+    "block_act",
+    "unblock_act",
+    "block_weight",
+    "unblock_weight",
+    "brgemm",
+    "brgemm_dgrad",
+    "brgemm_wgrad",
+    "bce_logits",
+    "bce_logits_grad",
+    "split_sgd",
+    "embedding_update",
 ];
 
 impl Op {
@@ -328,6 +436,18 @@ impl Op {
             Op::SparseSgd { .. } => "sparse_sgd",
             Op::AllReduce => "all_reduce",
             Op::AllToAll { .. } => "all_to_all",
+            // ---- fused / blocked ops (e-graph, precision)
+            Op::BlockAct { .. } => "block_act",
+            Op::UnblockAct { .. } => "unblock_act",
+            Op::BlockWeight { .. } => "block_weight",
+            Op::UnblockWeight { .. } => "unblock_weight",
+            Op::Brgemm { .. } => "brgemm",
+            Op::BrgemmDgrad { .. } => "brgemm_dgrad",
+            Op::BrgemmWgrad { .. } => "brgemm_wgrad",
+            Op::BceLogits { .. } => "bce_logits",
+            Op::BceLogitsGrad { .. } => "bce_logits_grad",
+            Op::SplitSgd { .. } => "split_sgd",
+            Op::EmbeddingUpdate { .. } => "embedding_update",
         }
     }
 
@@ -338,7 +458,14 @@ impl Op {
 
     /// True for optimizer updates (their result replaces a parameter).
     pub fn is_update(&self) -> bool {
-        matches!(self, Op::Sgd { .. } | Op::SparseSgd { .. })
+        matches!(
+            self,
+            Op::Sgd { .. }
+                | Op::SparseSgd { .. }
+                // ---- fused / blocked ops (e-graph, precision)
+                | Op::SplitSgd { .. }
+                | Op::EmbeddingUpdate { .. }
+        )
     }
 
     /// The attributes in their canonical (printed) order.
@@ -393,6 +520,31 @@ impl Op {
             | Op::LinearDw
             | Op::LinearDb
             | Op::AllReduce => vec![],
+            // ---- fused / blocked ops (e-graph, precision)
+            Op::BlockAct { bk, dtype } => vec![
+                ("bk", Attr::Int(*bk as i64)),
+                ("dtype", id(dtype.mnemonic())),
+            ],
+            Op::UnblockAct { k, dtype } => {
+                vec![("k", Attr::Int(*k as i64)), ("dtype", id(dtype.mnemonic()))]
+            }
+            Op::BlockWeight { bn, bk } => {
+                vec![("bn", Attr::Int(*bn as i64)), ("bk", Attr::Int(*bk as i64))]
+            }
+            Op::UnblockWeight { n, k } => {
+                vec![("n", Attr::Int(*n as i64)), ("k", Attr::Int(*k as i64))]
+            }
+            Op::Brgemm { act } | Op::BrgemmDgrad { act } => vec![("act", id(act.name()))],
+            Op::BrgemmWgrad { act, n } => {
+                vec![("act", id(act.name())), ("n", Attr::Int(*n as i64))]
+            }
+            Op::BceLogits { denom } | Op::BceLogitsGrad { denom } => {
+                vec![("denom", Attr::Dim(denom.clone()))]
+            }
+            Op::SplitSgd { lr } => vec![("lr", Attr::Float(*lr))],
+            Op::EmbeddingUpdate { mode, lr } => {
+                vec![("mode", id(mode.name())), ("lr", Attr::Float(*lr))]
+            }
         }
     }
 
@@ -461,6 +613,40 @@ impl Op {
                 counts: a.usizes("counts")?,
                 rank: a.usize("rank")?,
             },
+            // ---- fused / blocked ops (e-graph, precision)
+            "block_act" => Op::BlockAct {
+                bk: a.usize("bk")?,
+                dtype: a.dtype("dtype")?,
+            },
+            "unblock_act" => Op::UnblockAct {
+                k: a.usize("k")?,
+                dtype: a.dtype("dtype")?,
+            },
+            "block_weight" => Op::BlockWeight {
+                bn: a.usize("bn")?,
+                bk: a.usize("bk")?,
+            },
+            "unblock_weight" => Op::UnblockWeight {
+                n: a.usize("n")?,
+                k: a.usize("k")?,
+            },
+            "brgemm" => Op::Brgemm { act: a.act("act")? },
+            "brgemm_dgrad" => Op::BrgemmDgrad { act: a.act("act")? },
+            "brgemm_wgrad" => Op::BrgemmWgrad {
+                act: a.act("act")?,
+                n: a.usize("n")?,
+            },
+            "bce_logits" => Op::BceLogits {
+                denom: a.dim("denom")?,
+            },
+            "bce_logits_grad" => Op::BceLogitsGrad {
+                denom: a.dim("denom")?,
+            },
+            "split_sgd" => Op::SplitSgd { lr: a.float("lr")? },
+            "embedding_update" => Op::EmbeddingUpdate {
+                mode: a.pool("mode")?,
+                lr: a.float("lr")?,
+            },
             other => {
                 return Err(format!(
                     "unknown op `{other}` (expected one of: {})",
@@ -514,6 +700,15 @@ impl AttrReader<'_> {
             "relu" => Ok(Act::Relu),
             "sigmoid" => Ok(Act::Sigmoid),
             o => Err(format!("`{key}` must be none, relu or sigmoid, got `{o}`")),
+        }
+    }
+
+    // ---- fused / blocked ops (e-graph, precision)
+    fn dtype(&mut self, key: &str) -> Result<DType, String> {
+        let s = self.ident(key)?;
+        match DType::from_mnemonic(&s) {
+            Some(d) if d.is_float() => Ok(d),
+            _ => Err(format!("`{key}` must be f32 or bf16, got `{s}`")),
         }
     }
 

@@ -433,7 +433,63 @@ fn all_graphs() -> Vec<Graph> {
         partitioned(0, &[1, 2, 0]),
         partitioned(1, &[1, 2, 0]),
         partitioned(2, &[1, 2, 0]),
+        // ---- fused / blocked ops (e-graph, precision)
+        fused_ops(),
+        split_sgd(),
     ]
+}
+
+// ---- fused / blocked ops (e-graph, precision)
+/// Every fused/blocked op but `split_sgd`.
+fn fused_ops() -> Graph {
+    text::parse(
+        "graph @fused {
+  input %x: f32[B,5]
+  input %y: f32[B,3]
+  input %idx: i64[B,2]
+  param %w: f32[2,2,4,2]
+  param %wh: bf16[3,5]
+  param %b: f32[3]
+  param %t: f32[6,3]
+  %xb: bf16[2,B,4] = block_act %x {bk=4, dtype=bf16}
+  %yb: f32[2,B,2] = brgemm %xb, %w, %b {act=relu}
+  %z: f32[B,3] = unblock_act %yb {k=3, dtype=f32}
+  %wb: bf16[2,2,4,2] = block_weight %wh {bn=2, bk=4}
+  %wu: bf16[3,5] = unblock_weight %wb {n=3, k=5}
+  %dyb: f32[2,B,2] = block_act %y {bk=2, dtype=f32}
+  %dxb: f32[2,B,4] = brgemm_dgrad %dyb, %yb, %w {act=relu}
+  %dw: f32[2,2,4,2], %db: f32[3] = brgemm_wgrad %dyb, %yb, %xb {act=relu, n=3}
+  %l: f32[] = bce_logits %z, %y {denom=B}
+  %g: f32[B,3] = bce_logits_grad %z, %y {denom=B}
+  %t2: f32[6,3] = embedding_update %t, %y, %idx {mode=sum, lr=0.5}
+  output %l
+  output %wu
+  output %dxb
+  output %dw
+  output %db
+  output %g
+  output %t2
+}
+",
+    )
+    .unwrap()
+}
+
+/// Split-SGD-BF16.
+fn split_sgd() -> Graph {
+    text::parse(
+        "graph @split {
+  input %g: f32[4]
+  param %w: bf16[4]
+  param %w.lo: bf16[4]
+  %w2: bf16[4], %lo2: bf16[4] = split_sgd %w, %w.lo, %g {lr=0.25}
+  output %w2
+  update %w <- %w2
+  update %w.lo <- %lo2
+}
+",
+    )
+    .unwrap()
 }
 
 /// Asserts both round trips: `parse(print(g)) == g` and `print(parse(s)) == s`.

@@ -3,6 +3,11 @@
 //! - [`pipeline`]: the pass order in one place ([`pipeline::PASSES`]), [`compile`] runs
 //!   it, verifying the graph after every pass and logging per-pass timings;
 //! - [`autodiff`]: the training step (loss, reverse-mode backward, SGD updates);
+//! - [`egraph`]: the e-graph optimisation (pass `fuse`): linear layers as blocked
+//!   batch-reduce GEMMs (`brgemm`) with fused epilogues and backward, the stable
+//!   BCE on logits, the fused embedding update; cost-model extraction;
+//! - [`layout`]: blocked weight storage; [`precision`]: bf16 / mixed storage with
+//!   Split-SGD-BF16;
 //! - [`dce`]: dead-code elimination;
 //! - [`mod@partition`]: one graph per rank for hybrid-parallel execution (tables placed by
 //!   a cost model, `all_to_all` for embeddings, `all_reduce` for dense gradients);
@@ -23,7 +28,7 @@
 //! let p = g.add(Op::Linear { act: Act::Sigmoid }, &[x, w, b], "p")?;
 //! g.add_output(p);
 //!
-//! let opts = PipelineOptions { train: Some(TrainConfig { loss: LossKind::Bce, lr: 0.1 }) };
+//! let opts = PipelineOptions { train: Some(TrainConfig { loss: LossKind::Bce, lr: 0.1 }), ..Default::default() };
 //! let (train, log) = compile(g, &opts, &mut |_stage, _graph| {})?;
 //! assert_eq!(train.updates().len(), 2); // w and b
 //! assert_eq!(log.passes.len(), 2); // autodiff, dce
@@ -37,10 +42,13 @@
 
 pub mod autodiff;
 pub mod dce;
+pub mod egraph;
 mod error;
+pub mod layout;
 pub mod partition;
 mod pass;
 pub mod pipeline;
+pub mod precision;
 pub mod stats;
 
 pub use autodiff::Autodiff;
@@ -48,7 +56,10 @@ pub use dce::Dce;
 pub use error::{PassError, Result};
 pub use partition::{Partitioned, Placement, TableInfo, partition, place};
 pub use pass::Pass;
-pub use pipeline::{DumpSpec, PassLog, PassRecord, PipelineOptions, compile};
+pub use pipeline::{
+    Compiled, DumpSpec, PassLog, PassRecord, PipelineOptions, Precision, compile, compile_params,
+    run_passes,
+};
 pub use stats::GraphStats;
 
 use serde::{Deserialize, Serialize};

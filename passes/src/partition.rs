@@ -210,6 +210,8 @@ enum Kind {
     Bag,
     BagGrad,
     SparseSgd,
+    /// `embedding_update`: bag gradient and sparse SGD fused.
+    Update,
 }
 
 #[derive(Clone, Debug)]
@@ -315,8 +317,12 @@ impl Sparse {
                     });
                 }
                 Op::EmbeddingBagGrad { .. } => kinds[n] = Kind::BagGrad,
-                Op::SparseSgd { .. } => {
-                    kinds[n] = Kind::SparseSgd;
+                Op::SparseSgd { .. } | Op::EmbeddingUpdate { .. } => {
+                    kinds[n] = if matches!(node.op, Op::SparseSgd { .. }) {
+                        Kind::SparseSgd
+                    } else {
+                        Kind::Update
+                    };
                     let t = node.inputs[0];
                     let root = if is_table[t.index()] {
                         Some(t)
@@ -418,22 +424,67 @@ impl Sparse {
             }
         }
 
+        // Fused updates: each matches a bag of its table with the same indices.
+        for (k, node) in nodes.iter().enumerate() {
+            if kinds[k] != Kind::Update {
+                continue;
+            }
+            let dy = node.inputs[1];
+            if def_node(dy).is_some_and(|m| kinds[m] != Kind::Dense) {
+                return Err(node_err(
+                    g,
+                    k,
+                    format!("the gradient %{} must be a dense value", g.name_of(dy)),
+                ));
+            }
+            let (Op::EmbeddingUpdate { mode, .. }, Some(root)) = (&node.op, sgd_root[k]) else {
+                continue;
+            };
+            let bag = bags.iter_mut().find(|b| {
+                let bn = &nodes[b.node];
+                b.grad.is_none()
+                    && b.table == root
+                    && bn.inputs[1..] == node.inputs[2..]
+                    && bn.op == Op::EmbeddingBag { mode: *mode }
+            });
+            match bag {
+                Some(b) => b.grad = Some(k),
+                None => {
+                    return Err(node_err(
+                        g,
+                        k,
+                        format!(
+                            "no embedding_bag of %{} with these indices is left to match it",
+                            g.name_of(root)
+                        ),
+                    ));
+                }
+            }
+        }
+
         // Where sparse values may go.
         let outputs: HashSet<ValueId> = g.outputs().iter().copied().collect();
         for (i, v) in g.values().iter().enumerate() {
             let id = ValueId(i as u32);
             let allowed: &[(Kind, &[usize])] = if is_table[i] {
-                &[(Kind::Bag, &[0]), (Kind::SparseSgd, &[0])]
+                &[
+                    (Kind::Bag, &[0]),
+                    (Kind::SparseSgd, &[0]),
+                    (Kind::Update, &[0]),
+                ]
             } else if is_index[i] {
                 &[
                     (Kind::Bag, &[1, 2]),
                     (Kind::BagGrad, &[1, 2]),
                     (Kind::SparseSgd, &[1]),
+                    (Kind::Update, &[2, 3]),
                 ]
             } else {
                 match def_node(id).map(|m| kinds[m]) {
                     Some(Kind::BagGrad) => &[(Kind::SparseSgd, &[2])],
-                    Some(Kind::SparseSgd) => &[(Kind::SparseSgd, &[0])],
+                    Some(Kind::SparseSgd | Kind::Update) => {
+                        &[(Kind::SparseSgd, &[0]), (Kind::Update, &[0])]
+                    }
                     _ => continue,
                 }
             };
@@ -545,8 +596,10 @@ impl<'a> RankBuilder<'a> {
         let nvals = g.values().len();
         let mut to_reduce = vec![false; nvals];
         for node in g.nodes() {
-            if matches!(node.op, Op::Sgd { .. }) {
-                to_reduce[node.inputs[1].index()] = true;
+            match node.op {
+                Op::Sgd { .. } => to_reduce[node.inputs[1].index()] = true,
+                Op::SplitSgd { .. } => to_reduce[node.inputs[2].index()] = true,
+                _ => {}
             }
         }
         for &o in g.outputs() {
@@ -671,7 +724,7 @@ impl<'a> RankBuilder<'a> {
         let mut mine = Vec::new();
         for b in &order {
             let k = b.grad.unwrap_or_else(|| unreachable!("filtered on grad"));
-            let dy = g.nodes()[k].inputs[0];
+            let dy = bag_dy(g, k);
             operands.push(self.get(dy)?);
             if self.owns(b) {
                 names.push(self.fresh(&format!("{}.G", g.name_of(dy))));
@@ -687,8 +740,13 @@ impl<'a> RankBuilder<'a> {
         let gathered = self.ng.add_node(op, &operands, &names).map_err(&e)?;
         for (k, dy) in mine.into_iter().zip(gathered) {
             let node = &g.nodes()[k];
-            let mut ins = vec![dy];
-            for &v in &node.inputs[1..] {
+            let mut ins = Vec::with_capacity(node.inputs.len());
+            let fused = matches!(node.op, Op::EmbeddingUpdate { .. });
+            if fused {
+                ins.push(self.get(node.inputs[0])?);
+            }
+            ins.push(dy);
+            for &v in &node.inputs[1 + usize::from(fused)..] {
                 ins.push(self.get(v)?);
             }
             let out = node.outputs[0];
@@ -723,7 +781,12 @@ impl<'a> RankBuilder<'a> {
         let node = &g.nodes()[n];
         let mut ins = Vec::with_capacity(node.inputs.len());
         for (i, &v) in node.inputs.iter().enumerate() {
-            let new = if i == 1 && matches!(node.op, Op::Sgd { .. }) {
+            let grad_slot = match node.op {
+                Op::Sgd { .. } => 1,
+                Op::SplitSgd { .. } => 2,
+                _ => usize::MAX,
+            };
+            let new = if i == grad_slot {
                 self.reduced[v.index()].ok_or_else(|| {
                     node_err(g, n, "internal: the gradient was not all-reduced".into())
                 })?
@@ -750,6 +813,12 @@ impl<'a> RankBuilder<'a> {
                 denom: global(denom),
             },
             Op::MseGrad { denom } => Op::MseGrad {
+                denom: global(denom),
+            },
+            Op::BceLogits { denom } => Op::BceLogits {
+                denom: global(denom),
+            },
+            Op::BceLogitsGrad { denom } => Op::BceLogitsGrad {
                 denom: global(denom),
             },
             other => other.clone(),
@@ -817,7 +886,7 @@ impl<'a> RankBuilder<'a> {
             .bags
             .iter()
             .filter_map(|b| b.grad)
-            .map(|k| g.nodes()[k].inputs[0])
+            .map(|k| bag_dy(g, k))
             .collect();
         let gather_after: Option<Option<usize>> = if grads.is_empty() {
             None
@@ -874,7 +943,20 @@ impl<'a> RankBuilder<'a> {
 /// True if `v` is a loss (a `bce` or `mse` result).
 fn is_loss(g: &Graph, v: ValueId) -> bool {
     match g.value(v).def {
-        Def::Node(m, _) => matches!(g.nodes()[m].op, Op::Bce { .. } | Op::Mse { .. }),
+        Def::Node(m, _) => matches!(
+            g.nodes()[m].op,
+            Op::Bce { .. } | Op::Mse { .. } | Op::BceLogits { .. }
+        ),
         _ => false,
+    }
+}
+
+/// The bag-output gradient of a bag's backward node (`embedding_bag_grad` or the
+/// fused `embedding_update`).
+fn bag_dy(g: &Graph, k: usize) -> ValueId {
+    let node = &g.nodes()[k];
+    match node.op {
+        Op::EmbeddingUpdate { .. } => node.inputs[1],
+        _ => node.inputs[0],
     }
 }

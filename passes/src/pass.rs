@@ -5,6 +5,7 @@
 //! twice on equal graphs gives equal graphs.
 
 use crate::Result;
+use crate::pipeline::Params;
 use dlrm_ir::Graph;
 
 /// A graph transformation.
@@ -13,4 +14,11 @@ pub trait Pass {
     fn id(&self) -> &'static str;
     /// Transforms the graph.
     fn run(&self, g: Graph) -> Result<Graph>;
+    /// Transforms the graph and, when given, the parameter tensors (for passes that
+    /// change a parameter's layout or dtype, or add parameters). The default
+    /// leaves the parameters alone.
+    fn run_with(&self, g: Graph, params: Option<&mut Params>) -> Result<Graph> {
+        let _ = params;
+        self.run(g)
+    }
 }

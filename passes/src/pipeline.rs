@@ -1,7 +1,13 @@
 //! The pass pipeline: the order of the passes in one place, and the driver.
 //!
-//! [`PASSES`] lists every pass id in its fixed order; the inference pipeline skips
-//! `autodiff`. [`compile`] verifies its input, runs the passes, verifies after each
+//! [`PASSES`] lists every pass id in its fixed order: `autodiff` (training only),
+//! `fuse` (the e-graph), `layout` (blocked weights), `precision` (bf16 / mixed
+//! only), `dce`; `fuse`, `layout` and `precision` run only when
+//! [`PipelineOptions::optimize`] is set. Passes that change parameters (layout,
+//! dtype, Split-SGD low halves) transform the parameter tensors given to
+//! [`compile_params`]; [`compile`] transforms only the graph. [`run_passes`] runs
+//! an explicit list of passes (the `dlrmc opt` golden-test tool).
+//! [`compile`] verifies its input, runs the passes, verifies after each
 //! one (an invalid result is an error naming the pass), calls an observer after the
 //! input and after each pass (the hook behind `--dump-ir`), and logs per-pass wall
 //! time and node counts in a [`PassLog`] that can be stored in a plan manifest.
@@ -12,14 +18,60 @@
 
 use crate::autodiff::{self, Autodiff};
 use crate::dce::{self, Dce};
+use crate::egraph::{self, EgraphStats, Fuse, FuseOptions, Limits};
+use crate::layout::{self, Layout};
+use crate::precision::{self, PrecisionPass};
 use crate::{Pass, PassError, Result, TrainConfig};
-use dlrm_ir::{Graph, verify};
+use dlrm_ir::{Graph, Tensor, verify};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::str::FromStr;
 use std::time::Instant;
 
 /// Every pass id, in the order the pipeline runs them.
-pub const PASSES: &[&str] = &[autodiff::ID, dce::ID];
+pub const PASSES: &[&str] = &[autodiff::ID, egraph::ID, layout::ID, precision::ID, dce::ID];
+
+/// Parameters with their values, in the graph's parameter order.
+pub type Params = Vec<(String, Tensor)>;
+
+/// Storage precision of the optimised plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Everything f32.
+    #[default]
+    Fp32,
+    /// MLP weights, activations and tables in bf16 (f32 accumulation, f32 masters
+    /// by Split-SGD-BF16).
+    Bf16,
+    /// bf16 except the precision-sensitive ops (loss, last layer, interaction output).
+    Mixed,
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Mixed => "mixed",
+        })
+    }
+}
+
+impl FromStr for Precision {
+    type Err = PassError;
+    fn from_str(s: &str) -> Result<Precision> {
+        match s {
+            "fp32" | "f32" => Ok(Precision::Fp32),
+            "bf16" => Ok(Precision::Bf16),
+            "mixed" => Ok(Precision::Mixed),
+            other => Err(PassError::Arg {
+                pass: precision::ID.into(),
+                reason: format!("precision must be fp32, bf16 or mixed, got `{other}`"),
+            }),
+        }
+    }
+}
 
 /// The dump stage of the pipeline's input.
 pub const INPUT: &str = "input";
@@ -33,6 +85,46 @@ pub struct PipelineOptions {
     /// `Some`: the training step (autodiff with this loss and learning rate);
     /// `None`: the inference graph.
     pub train: Option<TrainConfig>,
+    /// Run the optimisations (`fuse`, `layout`, `precision`).
+    #[serde(default)]
+    pub optimize: bool,
+    /// Storage precision (`precision` pass; needs `optimize`).
+    #[serde(default)]
+    pub precision: Precision,
+    /// Force one block size for the blocked GEMMs (capped at each dimension);
+    /// `None`: the cost model chooses per dimension.
+    #[serde(default)]
+    pub block: Option<usize>,
+    /// Fuse the embedding backward and its sparse SGD into `embedding_update`.
+    #[serde(default)]
+    pub fuse_embedding: bool,
+    /// E-graph runner limits.
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+impl PipelineOptions {
+    /// The optimised pipeline (fp32, embedding update fused) for training (`Some`)
+    /// or inference.
+    pub fn optimized(train: Option<TrainConfig>) -> Self {
+        PipelineOptions {
+            train,
+            optimize: true,
+            fuse_embedding: true,
+            ..Default::default()
+        }
+    }
+
+    /// The e-graph options these pipeline options imply.
+    pub fn fuse_options(&self) -> FuseOptions {
+        let mut f = FuseOptions {
+            limits: self.limits,
+            ..Default::default()
+        };
+        f.rules.block = self.block;
+        f.rules.fuse_embedding = self.fuse_embedding;
+        f
+    }
 }
 
 /// The pass ids [`compile`] runs for `opts`, in order.
@@ -40,7 +132,12 @@ pub fn pass_ids_for(opts: &PipelineOptions) -> Vec<&'static str> {
     PASSES
         .iter()
         .copied()
-        .filter(|&id| id != autodiff::ID || opts.train.is_some())
+        .filter(|&id| match id {
+            autodiff::ID => opts.train.is_some(),
+            egraph::ID | layout::ID => opts.optimize,
+            precision::ID => opts.optimize && opts.precision != Precision::Fp32,
+            _ => true,
+        })
         .collect()
 }
 
@@ -51,6 +148,13 @@ fn make_pass(id: &str, opts: &PipelineOptions) -> Option<Box<dyn Pass>> {
         autodiff::ID => opts
             .train
             .map(|cfg| Box::new(Autodiff { cfg }) as Box<dyn Pass>),
+        egraph::ID => Some(Box::new(Fuse {
+            opts: opts.fuse_options(),
+        })),
+        layout::ID => Some(Box::new(Layout)),
+        precision::ID => Some(Box::new(PrecisionPass {
+            precision: opts.precision,
+        })),
         dce::ID => Some(Box::new(Dce)),
         _ => None,
     }
@@ -67,6 +171,9 @@ pub struct PassRecord {
     pub nodes_before: usize,
     /// Node count after the pass.
     pub nodes_after: usize,
+    /// The e-graph's report (pass `fuse` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egraph: Option<EgraphStats>,
 }
 
 /// What the pipeline did, pass by pass.
@@ -90,16 +197,103 @@ impl fmt::Display for PassLog {
                 "{:<12} {:>10.3} {:>8} {:>8}",
                 r.id, r.wall_ms, r.nodes_before, r.nodes_after
             )?;
+            if let Some(e) = &r.egraph {
+                let rules: Vec<String> = e
+                    .rules_applied
+                    .iter()
+                    .map(|(k, n)| format!("{k}:{n}"))
+                    .collect();
+                writeln!(
+                    f,
+                    "  e-graph: {} e-nodes, {} e-classes, {} iterations, stop: {}, cost {:.0} -> {:.0}",
+                    e.nodes, e.classes, e.iterations, e.stop_reason, e.cost_before, e.cost_after
+                )?;
+                writeln!(f, "  rules: {}", rules.join(" "))?;
+            }
         }
         Ok(())
     }
 }
 
+/// A compiled graph with its parameters and the pass log.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// The final graph.
+    pub graph: Graph,
+    /// The parameters, transformed by the passes (same order as the graph's).
+    pub params: Params,
+    /// What each pass did.
+    pub log: PassLog,
+}
+
 /// Runs the pipeline on `g` (see the module docs). `on_pass` sees the input graph
-/// (stage `input`) and the graph after each pass (stage = pass id).
+/// (stage `input`) and the graph after each pass (stage = pass id). Parameter types
+/// may change (blocked, bf16) but no tensor is transformed: use [`compile_params`]
+/// to run the result.
 pub fn compile(
     g: Graph,
     opts: &PipelineOptions,
+    on_pass: &mut dyn FnMut(&str, &Graph),
+) -> Result<(Graph, PassLog)> {
+    let ids = pass_ids_for(opts);
+    let (g, log) = run_list(g, &ids, opts, None, on_pass)?;
+    Ok((g, log))
+}
+
+/// [`compile`], transforming the parameter tensors alongside the graph.
+pub fn compile_params(
+    g: Graph,
+    params: Params,
+    opts: &PipelineOptions,
+    on_pass: &mut dyn FnMut(&str, &Graph),
+) -> Result<Compiled> {
+    let ids = pass_ids_for(opts);
+    let mut params = params;
+    let (graph, log) = run_list(g, &ids, opts, Some(&mut params), on_pass)?;
+    // Keep the graph's parameter order.
+    let mut ordered = Vec::with_capacity(params.len());
+    for (name, _) in graph.param_types() {
+        if let Some(i) = params.iter().position(|(n, _)| n == name) {
+            ordered.push(params.swap_remove(i));
+        }
+    }
+    Ok(Compiled {
+        graph,
+        params: ordered,
+        log,
+    })
+}
+
+/// Runs the passes `ids` in the given order on `g` (the `dlrmc opt FILE.ir --passes
+/// a,b,c` tool). Unknown ids are an error listing the valid ones; `autodiff` needs
+/// `opts.train`.
+pub fn run_passes(g: &Graph, ids: &[&str], opts: &PipelineOptions) -> Result<(Graph, PassLog)> {
+    let mut valid = Vec::new();
+    for id in ids {
+        match PASSES.iter().find(|&&p| p == *id) {
+            Some(&p) => valid.push(p),
+            None => {
+                return Err(PassError::UnknownStage {
+                    got: id.to_string(),
+                    valid: PASSES.iter().map(|s| s.to_string()).collect(),
+                });
+            }
+        }
+    }
+    if valid.contains(&autodiff::ID) && opts.train.is_none() {
+        return Err(PassError::Arg {
+            pass: autodiff::ID.into(),
+            reason: "autodiff needs a training configuration".into(),
+        });
+    }
+    run_list(g.clone(), &valid, opts, None, &mut |_, _| {})
+}
+
+fn run_list(
+    g: Graph,
+    ids: &[&'static str],
+    opts: &PipelineOptions,
+    mut params: Option<&mut Params>,
     on_pass: &mut dyn FnMut(&str, &Graph),
 ) -> Result<(Graph, PassLog)> {
     verify(&g).map_err(|source| PassError::Verify {
@@ -109,13 +303,20 @@ pub fn compile(
     on_pass(INPUT, &g);
     let mut g = g;
     let mut log = PassLog::default();
-    for id in pass_ids_for(opts) {
+    for &id in ids {
         let Some(pass) = make_pass(id, opts) else {
             continue;
         };
         let nodes_before = g.nodes().len();
         let start = Instant::now();
-        g = pass.run(g)?;
+        let mut egraph_stats = None;
+        g = if id == egraph::ID {
+            let (out, stats) = egraph::fuse(&g, &opts.fuse_options())?;
+            egraph_stats = Some(stats);
+            out
+        } else {
+            pass.run_with(g, params.as_deref_mut())?
+        };
         let wall_ms = start.elapsed().as_secs_f64() * 1e3;
         verify(&g).map_err(|source| PassError::Verify {
             after: id.to_string(),
@@ -127,6 +328,7 @@ pub fn compile(
             wall_ms,
             nodes_before,
             nodes_after: g.nodes().len(),
+            egraph: egraph_stats,
         });
     }
     Ok((g, log))

@@ -87,6 +87,24 @@ fn node_flops(g: &Graph, n: usize) -> f64 {
         | Op::AllReduce
         | Op::AllToAll { .. }
         | Op::Sgd { .. } => 0.0,
+        // Blocked ops: the unpadded GEMM work (as the linear they replace).
+        // xb[Kb,S,bk] · wb[Nb,Kb,bk,bn] -> N = bias length
+        Op::Brgemm { .. } => 2.0 * d(ty(0), 1) * d(ty(2), 0) * d(ty(0), 0) * d(ty(0), 2),
+        Op::BrgemmDgrad { .. } => {
+            let w = ty(node.inputs.len() - 1);
+            2.0 * d(ty(0), 1) * d(ty(0), 0) * d(ty(0), 2) * d(w, 1) * d(w, 2)
+        }
+        Op::BrgemmWgrad { .. } => {
+            let x = ty(node.inputs.len() - 1);
+            2.0 * d(ty(0), 1) * d(ty(0), 0) * d(ty(0), 2) * d(x, 0) * d(x, 2)
+        }
+        Op::BceLogits { .. } | Op::BceLogitsGrad { .. } => numel1(ty(0)),
+        Op::EmbeddingUpdate { .. } => 2.0 * numel1(ty(2)) * d(ty(0), 1),
+        Op::BlockAct { .. }
+        | Op::UnblockAct { .. }
+        | Op::BlockWeight { .. }
+        | Op::UnblockWeight { .. }
+        | Op::SplitSgd { .. } => 0.0,
     }
 }
 

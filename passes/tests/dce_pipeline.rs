@@ -15,6 +15,15 @@ const TRAIN: PipelineOptions = PipelineOptions {
         loss: LossKind::Bce,
         lr: 0.05,
     }),
+    optimize: false,
+    precision: dlrm_passes::Precision::Fp32,
+    block: None,
+    fuse_embedding: false,
+    limits: dlrm_passes::egraph::Limits {
+        iterations: 30,
+        nodes: 200_000,
+        time_ms: 5_000,
+    },
 };
 
 /// `p = sigmoid(linear(x))`, optionally with a dead branch and an unused parameter.
@@ -95,10 +104,20 @@ fn training_pipeline_drops_forward_only_outputs() {
 
 #[test]
 fn inference_pipeline_skips_autodiff() {
-    assert_eq!(PASSES, ["autodiff", "dce"]);
+    assert_eq!(PASSES, ["autodiff", "fuse", "layout", "precision", "dce"]);
     let infer = PipelineOptions::default();
     assert_eq!(pass_ids_for(&infer), ["dce"]);
     assert_eq!(pass_ids_for(&TRAIN), ["autodiff", "dce"]);
+    let opt = PipelineOptions::optimized(TRAIN.train);
+    assert_eq!(pass_ids_for(&opt), ["autodiff", "fuse", "layout", "dce"]);
+    let bf16 = PipelineOptions {
+        precision: dlrm_passes::Precision::Bf16,
+        ..opt
+    };
+    assert_eq!(
+        pass_ids_for(&bf16),
+        ["autodiff", "fuse", "layout", "precision", "dce"]
+    );
     let (g, log) = compile(small(true), &infer, &mut |_, _| {}).unwrap();
     assert_eq!(g, small(false));
     assert_eq!(log.passes.len(), 1);
@@ -146,7 +165,18 @@ fn pass_errors_name_the_pass() {
 
 #[test]
 fn dump_specs_are_validated() {
-    assert_eq!(dump_stages(), ["input", "autodiff", "dce", "partition"]);
+    assert_eq!(
+        dump_stages(),
+        [
+            "input",
+            "autodiff",
+            "fuse",
+            "layout",
+            "precision",
+            "dce",
+            "partition"
+        ]
+    );
     assert_eq!(DumpSpec::parse("all").unwrap(), DumpSpec::All);
     let s = DumpSpec::parse("dce").unwrap();
     assert!(s.wants("dce") && !s.wants("input"));
@@ -156,7 +186,8 @@ fn dump_specs_are_validated() {
     let err = DumpSpec::parse("fusion").unwrap_err();
     let msg = err.to_string();
     assert!(
-        msg.contains("`fusion`") && msg.contains("all, input, autodiff, dce, partition"),
+        msg.contains("`fusion`")
+            && msg.contains("all, input, autodiff, fuse, layout, precision, dce, partition"),
         "{msg}"
     );
     assert!(DumpSpec::parse("").is_err());

@@ -13,6 +13,7 @@ use dlrm_passes::{LossKind, PipelineOptions, TrainConfig, compile, partition};
 fn train(spec: &Spec, loss: LossKind, lr: f32) -> Graph {
     let opts = PipelineOptions {
         train: Some(TrainConfig { loss, lr }),
+        ..Default::default()
     };
     compile(spec.build(), &opts, &mut |_, _| {}).unwrap().0
 }
@@ -475,6 +476,7 @@ fn a_model_without_tables_is_data_parallel_only() {
             loss: LossKind::Bce,
             lr: 0.5,
         }),
+        ..Default::default()
     };
     let t = compile(g, &opts, &mut |_, _| {}).unwrap().0;
     let params = init_params(&t, 1);

@@ -25,6 +25,7 @@ mod collective;
 mod common;
 mod dense;
 mod embedding;
+mod fused;
 mod interaction;
 mod optim;
 mod shape;
@@ -74,6 +75,8 @@ fn result_count(op: &Op, n_in: usize) -> usize {
             counts,
             rank,
         } => counts.get(*rank).copied().unwrap_or(0),
+        // ---- fused / blocked ops (e-graph, precision)
+        Op::BrgemmWgrad { .. } | Op::SplitSgd { .. } => 2,
         _ => 1,
     }
 }
@@ -194,6 +197,18 @@ fn dispatch(
         Op::AllToAll { dir, counts, rank } => {
             collective::all_to_all(*dir, counts, *rank, ins, out_types, ctx)
         }
+        // ---- fused / blocked ops (e-graph, precision)
+        Op::BlockAct { .. }
+        | Op::UnblockAct { .. }
+        | Op::BlockWeight { .. }
+        | Op::UnblockWeight { .. }
+        | Op::Brgemm { .. }
+        | Op::BrgemmDgrad { .. }
+        | Op::BrgemmWgrad { .. }
+        | Op::BceLogits { .. }
+        | Op::BceLogitsGrad { .. }
+        | Op::SplitSgd { .. }
+        | Op::EmbeddingUpdate { .. } => fused::eval(op, ins, &dtypes, ctx.syms),
     }
 }
 

@@ -1,0 +1,231 @@
+//! The extraction cost model: estimated time of every e-node, so that the
+//! extracted graph is the cheapest one in the e-graph, not the first one found.
+//!
+//! `time(node) = overhead + flops / (gflops · efficiency(op)) + bytes / bandwidth`
+//! (in ns), where
+//! - `flops` are those of [`crate::stats`] for the IR ops; for the blocked ops they
+//!   are counted on the *padded* sizes (padding is wasted work);
+//! - `efficiency` is `blocked_eff` for the brgemm family (blocks stay in cache),
+//!   `plain_eff` for `linear` and its gradients (strided, re-read weights), 1 for
+//!   the rest (memory bound: their bytes dominate);
+//! - `bytes` = operands + results, dtype-aware (bf16 moves half of f32);
+//! - each `exp`/`ln` counts `transcendental` flops: a sigmoid (op or epilogue) one
+//!   per element, `bce` three (two clamped logs), `bce_logits` two;
+//! - symbolic dimensions (`B`, `G`, bag sizes) are taken as `batch`;
+//! - relayouts of a parameter (`block_weight` of a `%param`) are free: the layout
+//!   pass does them once, at compile time;
+//! - `get` costs nothing; the tuple it projects is paid by its result 0 only, so
+//!   that the bias gradient fused into `brgemm_wgrad` is not counted twice (tree
+//!   extraction would otherwise prefer a separate `linear_db`).
+//!
+//! [`block_for`] chooses a block size for a dimension with the same model (padding
+//! waste against per-block overhead); it depends on the dimension only, so a
+//! layer's output blocks always equal the next layer's input blocks.
+
+use super::lang::{Data, Dl, DlGraph, GET};
+use dlrm_ir::{Dim, TensorType};
+use egg::{CostFunction, Id, Language};
+use serde::{Deserialize, Serialize};
+
+/// The machine model behind extraction.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    /// Peak f32 throughput, GFLOP/s (= flops per ns).
+    pub gflops: f64,
+    /// Fraction of peak reached by the blocked (brgemm) kernels.
+    pub blocked_eff: f64,
+    /// Fraction of peak reached by unblocked `linear` and its gradients.
+    pub plain_eff: f64,
+    /// Memory bandwidth, bytes per ns.
+    pub bytes_per_ns: f64,
+    /// Fixed cost of running one op (dispatch, one pass over its data), ns.
+    pub op_overhead_ns: f64,
+    /// The size assumed for symbolic dimensions.
+    pub batch: usize,
+    /// Flop-equivalents of one `exp`/`ln` (sigmoid epilogues, losses).
+    pub transcendental: f64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        CostModel {
+            gflops: 20.0,
+            blocked_eff: 0.9,
+            plain_eff: 0.35,
+            bytes_per_ns: 10.0,
+            op_overhead_ns: 200.0,
+            batch: 512,
+            transcendental: 10.0,
+        }
+    }
+}
+
+/// Candidate block sizes are at most this.
+pub const MAX_BLOCK: usize = 64;
+
+/// The block size for a dimension of size `d`: `forced` (capped at `d`) if given,
+/// else the candidate minimising `padded(d, b) / d · (1 + 8 / b)` among `d` itself
+/// (when `d <= 64`), its divisors in `8..=64`, and 16, 32, 64 (ties: the larger).
+pub fn block_for(d: usize, forced: Option<usize>) -> usize {
+    let d = d.max(1);
+    if let Some(b) = forced {
+        return b.clamp(1, d);
+    }
+    let mut cands: Vec<usize> = vec![16, 32, 64];
+    if d <= MAX_BLOCK {
+        cands.push(d);
+    }
+    cands.extend((8..=MAX_BLOCK).filter(|b| d.is_multiple_of(*b)));
+    let score = |b: usize| (d.div_ceil(b) * b) as f64 / d as f64 * (1.0 + 8.0 / b as f64);
+    cands
+        .into_iter()
+        .filter(|&b| b <= d.clamp(16, MAX_BLOCK) || b == d)
+        .fold(None::<(usize, f64)>, |best, b| {
+            let s = score(b);
+            match best {
+                Some((bb, bs)) if bs < s || (bs == s && bb >= b) => Some((bb, bs)),
+                _ => Some((b, s)),
+            }
+        })
+        .map_or(d.min(MAX_BLOCK), |(b, _)| b)
+}
+
+/// The tree cost function over the e-graph (see the module docs).
+pub struct DlCost<'a> {
+    /// The e-graph (for the types of children).
+    pub egraph: &'a DlGraph,
+    /// The model.
+    pub model: CostModel,
+}
+
+impl DlCost<'_> {
+    fn size(&self, d: &Dim) -> f64 {
+        d.fixed().unwrap_or(self.model.batch) as f64
+    }
+
+    fn numel(&self, t: &TensorType) -> f64 {
+        t.shape.iter().map(|d| self.size(d)).product()
+    }
+
+    fn bytes(&self, t: &TensorType) -> f64 {
+        self.numel(t) * t.dtype.size_bytes() as f64
+    }
+
+    fn types(&self, id: Id) -> Vec<TensorType> {
+        match &self.egraph[id].data {
+            Data::Types(Some(t)) => t.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The time of one op e-node, children excluded.
+    pub fn own(&self, enode: &Dl) -> f64 {
+        let Dl::Op(m, children) = enode else {
+            return 0.0;
+        };
+        let m = m.as_str();
+        if m == GET {
+            return 0.0;
+        }
+        let operands: Vec<Id> = children
+            .iter()
+            .copied()
+            .filter(|&c| !matches!(self.egraph[c].data, Data::Tag(_)))
+            .collect();
+        let ins: Vec<TensorType> = operands
+            .iter()
+            .filter_map(|&c| self.types(c).into_iter().next())
+            .collect();
+        if m == "block_weight"
+            && operands.first().is_some_and(|&c| {
+                self.egraph[c]
+                    .nodes
+                    .iter()
+                    .any(|n| matches!(n, Dl::Value(_)))
+            })
+        {
+            return 0.0;
+        }
+        let outs = self
+            .egraph
+            .lookup(enode.clone())
+            .map(|c| self.types(c))
+            .unwrap_or_default();
+        let bytes: f64 = ins.iter().chain(&outs).map(|t| self.bytes(t)).sum();
+        let d = |t: Option<&TensorType>, i: usize| {
+            t.and_then(|t| t.shape.get(i)).map_or(1.0, |x| self.size(x))
+        };
+        let (i0, i1, last) = (ins.first(), ins.get(1), ins.last());
+        let o0 = outs.first();
+        let (flops, eff) = match m {
+            "linear" => (2.0 * d(i0, 0) * d(i1, 0) * d(i0, 1), self.model.plain_eff),
+            "linear_dx" | "linear_dw" => {
+                (2.0 * d(i0, 0) * d(i0, 1) * d(i1, 1), self.model.plain_eff)
+            }
+            // xb[Kb,S,bk] · wb[Nb,Kb,bk,bn]
+            "brgemm" => (
+                2.0 * d(i0, 1) * d(i1, 0) * d(i1, 3) * d(i0, 0) * d(i0, 2),
+                self.model.blocked_eff,
+            ),
+            // dyb[Nb,S,bn] · wb[Nb,Kb,bk,bn]
+            "brgemm_dgrad" => (
+                2.0 * d(i0, 1) * d(i0, 0) * d(i0, 2) * d(last, 1) * d(last, 2),
+                self.model.blocked_eff,
+            ),
+            // dyb[Nb,S,bn]ᵀ · xb[Kb,S,bk]
+            "brgemm_wgrad" => (
+                2.0 * d(i0, 1) * d(i0, 0) * d(i0, 2) * d(last, 0) * d(last, 2),
+                self.model.blocked_eff,
+            ),
+            _ => (o0.map_or(0.0, |t| self.numel(t)), 1.0),
+        };
+        // exp/ln per element: the sigmoid epilogue, the losses (the clamped BCE takes
+        // two logs, its logits form one exp and one log1p).
+        let sigmoid_epilogue = children
+            .iter()
+            .any(|&c| matches!(&self.egraph[c].data, Data::Tag(t) if t.key.as_str() == "act" && t.val.as_str() == "sigmoid"));
+        let per_elem = match m {
+            "bce" => 3.0,
+            "bce_logits" => 2.0,
+            "bce_grad" | "bce_logits_grad" | "sigmoid" => 1.0,
+            _ if sigmoid_epilogue => 1.0,
+            _ => 0.0,
+        };
+        let elems = match m {
+            "bce" | "bce_logits" | "bce_grad" | "bce_logits_grad" => {
+                i0.map_or(0.0, |t| self.numel(t))
+            }
+            _ => o0.map_or(0.0, |t| self.numel(t)),
+        };
+        let flops = flops + per_elem * elems * self.model.transcendental;
+        let m = &self.model;
+        m.op_overhead_ns + flops / (m.gflops * eff) + bytes / m.bytes_per_ns
+    }
+}
+
+impl CostFunction<Dl> for DlCost<'_> {
+    type Cost = f64;
+
+    fn cost<C>(&mut self, enode: &Dl, mut costs: C) -> f64
+    where
+        C: FnMut(Id) -> f64,
+    {
+        if let Dl::Op(m, children) = enode
+            && m.as_str() == GET
+        {
+            // Result 0 pays for the tuple; the other results are free riders.
+            let first = children.first().and_then(|&t| match &self.egraph[t].data {
+                Data::Tag(tag) => Some(tag.val.as_str() == "0"),
+                _ => None,
+            });
+            let tuple = children.last().copied();
+            return match (first, tuple) {
+                (Some(true), Some(t)) => costs(t),
+                (_, Some(t)) => 1.0 + costs(t) * 1e-9,
+                _ => 1.0,
+            };
+        }
+        let own = self.own(enode);
+        enode.fold(own, |acc, c| acc + costs(c))
+    }
+}

@@ -1,0 +1,19 @@
+//! Theme `embedding`: the embedding backward and its sparse SGD update as one op.
+//!
+//! - `fuse-embedding-update` (fixed pooling) and `fuse-embedding-update-offsets`:
+//!   `sparse_sgd(t, idx, embedding_bag_grad(dy, idx[, off]))` ->
+//!   `embedding_update(t, dy, idx[, off])` — the race-free owner-computes update of
+//!   SC20; the `[S, L, D]` row gradient is never materialised.
+
+use super::super::lang::{Dl, Types};
+use egg::{Rewrite, rewrite};
+
+/// The rules of this theme.
+pub fn rules() -> Vec<Rewrite<Dl, Types>> {
+    vec![
+        rewrite!("fuse-embedding-update";
+            "(sparse_sgd ?lr ?t ?idx (embedding_bag_grad ?m ?dy ?idx))" => "(embedding_update ?m ?lr ?t ?dy ?idx)"),
+        rewrite!("fuse-embedding-update-offsets";
+            "(sparse_sgd ?lr ?t ?idx (embedding_bag_grad ?m ?dy ?idx ?off))" => "(embedding_update ?m ?lr ?t ?dy ?idx ?off)"),
+    ]
+}
