@@ -10,8 +10,8 @@
 
 use crate::error::{Error, Result};
 use crate::model::Model;
-use dlrm_ir::Graph;
-use dlrm_passes::pipeline::{self, PipelineOptions};
+use dlrm_ir::{Graph, Tensor};
+use dlrm_passes::pipeline::{self, PipelineOptions, Precision};
 use dlrm_passes::{LossKind, TrainConfig};
 use dlrm_runtime::plan::Plan;
 use std::fmt;
@@ -48,10 +48,46 @@ impl fmt::Display for Stage {
 }
 
 /// What to compile.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CompileOptions {
     /// Build only the inference graph (the plan cannot train).
     pub infer_only: bool,
+    /// Run the optimising passes (e-graph fusion into blocked GEMMs, layout,
+    /// precision); `false` keeps the graphs as autodiff leaves them (`-O0`).
+    pub optimize: bool,
+    /// Storage precision (needs `optimize` for anything but fp32).
+    pub precision: Precision,
+    /// One GEMM block size for every dimension; `None`: the cost model chooses.
+    pub block: Option<usize>,
+}
+
+impl Default for CompileOptions {
+    fn default() -> CompileOptions {
+        CompileOptions {
+            infer_only: false,
+            optimize: true,
+            precision: Precision::Fp32,
+            block: None,
+        }
+    }
+}
+
+impl CompileOptions {
+    fn pipeline(&self, train: Option<TrainConfig>) -> PipelineOptions {
+        let base = if self.optimize {
+            PipelineOptions::optimized(train)
+        } else {
+            PipelineOptions {
+                train,
+                ..PipelineOptions::default()
+            }
+        };
+        PipelineOptions {
+            precision: self.precision,
+            block: self.block,
+            ..base
+        }
+    }
 }
 
 fn loss_kind(name: &str) -> Result<LossKind> {
@@ -73,11 +109,21 @@ fn log_json(log: &pipeline::PassLog) -> serde_json::Value {
 
 /// Compiles `model` into a plan, calling `on_stage` after the input and after
 /// every pass of each pipeline.
+///
+/// Both pipelines transform the parameters (blocked layouts, bf16 storage, the
+/// Split-SGD low halves); the plan stores one set, so a parameter both graphs use
+/// must come out of both with one layout, which is checked ([`merge_params`]).
 pub fn compile(
     model: Model,
     opts: &CompileOptions,
     on_stage: &mut dyn FnMut(&Stage, &Graph),
 ) -> Result<Plan> {
+    if opts.precision != Precision::Fp32 && !opts.optimize {
+        return Err(Error::Options(format!(
+            "--precision {} needs the optimising passes (drop -O0)",
+            opts.precision
+        )));
+    }
     let Model {
         graph,
         params,
@@ -85,44 +131,77 @@ pub fn compile(
         ..
     } = model;
     let name = graph.name.clone();
-    let (infer, infer_log) =
-        pipeline::compile(graph.clone(), &PipelineOptions::default(), &mut |p, g| {
-            on_stage(&Stage::after("infer", p), g)
-        })
-        .map_err(|source| Error::Compile {
-            graph: "infer",
-            source: Box::new(source),
-        })?;
+    let infer = pipeline::compile_params(
+        graph.clone(),
+        params.clone(),
+        &opts.pipeline(None),
+        &mut |p, g| on_stage(&Stage::after("infer", p), g),
+    )
+    .map_err(|source| Error::Compile {
+        graph: "infer",
+        source: Box::new(source),
+    })?;
 
     let mut logs = serde_json::Map::new();
-    logs.insert("infer".into(), log_json(&infer_log));
-    let train = if opts.infer_only {
-        None
+    logs.insert("infer".into(), log_json(&infer.log));
+    let (train, params) = if opts.infer_only {
+        (None, infer.params)
     } else {
         let cfg = TrainConfig {
             loss: loss_kind(&training.loss)?,
             lr: training.learning_rate,
         };
-        let (train, train_log) =
-            pipeline::compile(graph, &PipelineOptions { train: Some(cfg) }, &mut |p, g| {
-                on_stage(&Stage::after("train", p), g)
-            })
-            .map_err(|source| Error::Compile {
-                graph: "train",
-                source: Box::new(source),
-            })?;
-        logs.insert("train".into(), log_json(&train_log));
-        Some(train)
+        let train = pipeline::compile_params(
+            graph,
+            params,
+            &opts.pipeline(Some(cfg)),
+            &mut |p, g| on_stage(&Stage::after("train", p), g),
+        )
+        .map_err(|source| Error::Compile {
+            graph: "train",
+            source: Box::new(source),
+        })?;
+        logs.insert("train".into(), log_json(&train.log));
+        let params = merge_params(train.params, infer.params)?;
+        (Some(train.graph), params)
     };
     Ok(Plan {
         name,
-        infer,
+        infer: infer.graph,
         train,
         params,
         training,
-        precision: "fp32".to_string(),
+        precision: opts.precision.to_string(),
         pass_log: serde_json::Value::Object(logs),
     })
+}
+
+/// The training graph's parameters, then any the inference graph alone uses. A
+/// parameter in both must have one dtype and shape; the training graph's value
+/// wins (under Split-SGD-BF16 the bf16 weight is the truncated high half of the f32
+/// master, where the inference pipeline alone would round to nearest).
+fn merge_params(
+    train: Vec<(String, Tensor)>,
+    infer: Vec<(String, Tensor)>,
+) -> Result<Vec<(String, Tensor)>> {
+    let mut out = train;
+    for (name, t) in infer {
+        match out.iter().find(|(n, _)| *n == name) {
+            Some((_, u)) if u.dtype() == t.dtype() && u.shape == t.shape => {}
+            Some((_, u)) => {
+                return Err(Error::Training(format!(
+                    "parameter `{name}` is {:?}{:?} in the training graph but {:?}{:?} \
+                     in the inference graph",
+                    u.dtype(),
+                    u.shape,
+                    t.dtype(),
+                    t.shape
+                )));
+            }
+            None => out.push((name, t)),
+        }
+    }
+    Ok(out)
 }
 
 /// Partitions the plan's graphs for `ranks` ranks and calls `on_stage` with each

@@ -160,7 +160,7 @@ impl DataSchema {
                             pooling,
                         });
                 }
-                Op::Bce { .. } | Op::Mse { .. } => {
+                Op::Bce { .. } | Op::BceLogits { .. } | Op::Mse { .. } => {
                     if let Some(&y) = node.inputs.get(1)
                         && is_input(y)
                     {

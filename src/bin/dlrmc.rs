@@ -3,7 +3,8 @@
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use dlrm_ir::{Graph, dot, text};
-use dlrm_passes::pipeline::{self, DumpSpec};
+use dlrm_passes::pipeline::{self, DumpSpec, PipelineOptions, Precision};
+use dlrm_passes::{LossKind, TrainConfig};
 use dlrm_runtime::plan::{read_plan, write_plan};
 use dlrmc::compile::{CompileOptions, Stage, partition_stages};
 use dlrmc::model::{Overrides, load_model};
@@ -27,6 +28,8 @@ enum Command {
     Compile(CompileArgs),
     /// Summarise a plan: ops by kind, parameters by dtype, FLOPs per sample.
     Inspect(InspectArgs),
+    /// Run passes on a textual IR file and print the result (the golden-test tool).
+    Opt(OptArgs),
 }
 
 #[derive(Args, Debug)]
@@ -40,7 +43,8 @@ struct CompileArgs {
     #[arg(long)]
     infer_only: bool,
     /// Print the IR to stdout after the named stages: `all`, or a comma list of
-    /// `input`, pass ids (`autodiff`, `dce`) and `partition`.
+    /// `input`, pass ids (`autodiff`, `fuse`, `layout`, `precision`, `dce`) and
+    /// `partition`.
     #[arg(long, value_name = "STAGES")]
     dump_ir: Option<String>,
     /// Rank count for the `partition` dump stage.
@@ -49,6 +53,18 @@ struct CompileArgs {
     /// Write Graphviz of the final graph (training graph if any) to this file.
     #[arg(long, value_name = "FILE")]
     dot: Option<PathBuf>,
+    /// Optimisation level: 1 fuses MLPs into blocked batch-reduce GEMMs with fused
+    /// epilogues (e-graph), 0 keeps the graphs as autodiff leaves them.
+    #[arg(short = 'O', long = "opt-level", value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u8).range(0..=1))]
+    opt_level: u8,
+    /// Storage precision: fp32, bf16 (MLPs and tables in bf16, Split-SGD-BF16 masters)
+    /// or mixed (bf16 except loss, last layer and interaction output).
+    #[arg(long, default_value = "fp32", value_name = "P")]
+    precision: Precision,
+    /// Force one GEMM block size (default: chosen by the cost model per shape).
+    #[arg(long, value_name = "N")]
+    block: Option<usize>,
     /// Override the description's learning rate.
     #[arg(long)]
     lr: Option<f32>,
@@ -61,6 +77,33 @@ struct CompileArgs {
     /// Print nothing but errors (and requested dumps).
     #[arg(short, long)]
     quiet: bool,
+}
+
+#[derive(Args, Debug)]
+struct OptArgs {
+    /// A file in the IR text form (see docs/ir.md).
+    input: PathBuf,
+    /// Passes to run, in order (comma list of pass ids).
+    #[arg(long, value_delimiter = ',', value_name = "IDS")]
+    passes: Vec<String>,
+    /// Loss for `autodiff`: bce or mse.
+    #[arg(long, default_value = "bce")]
+    loss: String,
+    /// Learning rate for `autodiff`.
+    #[arg(long, default_value_t = 0.1)]
+    lr: f32,
+    /// Storage precision for the `precision` pass.
+    #[arg(long, default_value = "fp32", value_name = "P")]
+    precision: Precision,
+    /// Force one GEMM block size.
+    #[arg(long, value_name = "N")]
+    block: Option<usize>,
+    /// Write the result here instead of stdout.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Print the pass log to stderr.
+    #[arg(long)]
+    log: bool,
 }
 
 #[derive(Args, Debug)]
@@ -77,6 +120,7 @@ fn main() -> ExitCode {
     let r = match cli.command {
         Command::Compile(a) => cmd_compile(a),
         Command::Inspect(a) => cmd_inspect(a),
+        Command::Opt(a) => cmd_opt(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -121,6 +165,9 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
     let mut out = stdout.lock();
     let opts = CompileOptions {
         infer_only: a.infer_only,
+        optimize: a.opt_level > 0,
+        precision: a.precision,
+        block: a.block,
     };
     let plan = compile(model, &opts, &mut |stage, g| {
         if wants(&stage.pass) {
@@ -176,6 +223,34 @@ fn cmd_inspect(a: InspectArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&info)?);
     } else {
         print!("{info}");
+    }
+    Ok(())
+}
+
+fn cmd_opt(a: OptArgs) -> Result<()> {
+    let src = std::fs::read_to_string(&a.input)
+        .with_context(|| format!("reading {}", a.input.display()))?;
+    let g = text::parse(&src).with_context(|| format!("parsing {}", a.input.display()))?;
+    let loss = match a.loss.as_str() {
+        "bce" => LossKind::Bce,
+        "mse" => LossKind::Mse,
+        other => bail!("--loss must be bce or mse, got `{other}`"),
+    };
+    let opts = PipelineOptions {
+        train: Some(TrainConfig { loss, lr: a.lr }),
+        precision: a.precision,
+        block: a.block,
+        ..PipelineOptions::optimized(None)
+    };
+    let ids: Vec<&str> = a.passes.iter().map(String::as_str).collect();
+    let (out, log) = pipeline::run_passes(&g, &ids, &opts)?;
+    if a.log {
+        eprint!("{log}");
+    }
+    let text = text::print(&out);
+    match &a.output {
+        Some(path) => write_atomic(path, text.as_bytes())?,
+        None => print!("{text}"),
     }
     Ok(())
 }
