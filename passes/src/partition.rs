@@ -43,6 +43,13 @@
 //! - dense nodes keep their names, types and order, so every rank issues its
 //!   collectives in the same order.
 //!
+//! Optimised graphs partition the same way: a fused `embedding_update` (or
+//! `split_embedding_update`, whose table low half `%t.lo` lives with its table on
+//! the owner) plays the role of the bag gradient and its `sparse_sgd`, fed by the
+//! gathered `[G, D]` gradient; blocked weight gradients consumed by `sgd` or
+//! `split_sgd` are `all_reduce`d like any dense gradient; `bce_logits` is a loss
+//! (`denom` becomes `G`, its value is all-reduced).
+//!
 //! Structural requirements (errors otherwise): tables are parameters used only as
 //! operand 0 of `embedding_bag` / `sparse_sgd`; indices/offsets are graph inputs used
 //! only by bags, bag gradients and `sparse_sgd`; a bag's samples dimension is `B`;
