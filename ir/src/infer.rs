@@ -376,7 +376,8 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
         | Op::BceLogits { .. }
         | Op::BceLogitsGrad { .. }
         | Op::SplitSgd { .. }
-        | Op::EmbeddingUpdate { .. } => infer_fused(op, ins),
+        | Op::EmbeddingUpdate { .. }
+        | Op::SplitEmbeddingUpdate { .. } => infer_fused(op, ins),
     }
 }
 
@@ -594,6 +595,26 @@ fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
                 expect_dim("offsets samples", &ins[3].shape[0], &dy.shape[0])?;
             }
             Ok(vec![table.clone()])
+        }
+        Op::SplitEmbeddingUpdate { mode, lr } => {
+            expect_arity(op, ins, &[4, 5])?;
+            let (hi, lo) = (ins[0], ins[1]);
+            for (what, t) in [("high half", hi), ("low half", lo)] {
+                if t.dtype != DType::BF16 {
+                    return Err(format!(
+                        "split_embedding_update {what} must be bf16, got {t}"
+                    ));
+                }
+            }
+            expect_same_shape("high half", hi, "low half", lo)?;
+            let mut rest = vec![hi];
+            rest.extend_from_slice(&ins[2..]);
+            let fused = Op::EmbeddingUpdate {
+                mode: *mode,
+                lr: *lr,
+            };
+            infer_fused(&fused, &rest)?;
+            Ok(vec![hi.clone(), lo.clone()])
         }
         other => Err(format!(
             "internal: `{}` is not a fused op",

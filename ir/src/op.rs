@@ -289,6 +289,17 @@ pub enum Op {
         /// Learning rate.
         lr: f32,
     },
+    /// `split_embedding_update(hi: bf16[R,D], lo: bf16[R,D], dy, indices[, offsets])
+    /// -> (hi', lo')`: [`Op::EmbeddingUpdate`] on a Split-SGD-BF16 table: the f32
+    /// master of each touched row is joined from its high (`hi`, the bf16 table) and
+    /// low (`lo`) halves, updated exactly as `embedding_update` does in f32, and split
+    /// again; untouched rows are unchanged.
+    SplitEmbeddingUpdate {
+        /// As in the forward bag.
+        mode: Pool,
+        /// Learning rate.
+        lr: f32,
+    },
 }
 
 /// A generic attribute value, for printing and parsing.
@@ -406,6 +417,7 @@ pub const MNEMONICS: &[&str] = &[
     "bce_logits_grad",
     "split_sgd",
     "embedding_update",
+    "split_embedding_update",
 ];
 
 impl Op {
@@ -448,6 +460,7 @@ impl Op {
             Op::BceLogitsGrad { .. } => "bce_logits_grad",
             Op::SplitSgd { .. } => "split_sgd",
             Op::EmbeddingUpdate { .. } => "embedding_update",
+            Op::SplitEmbeddingUpdate { .. } => "split_embedding_update",
         }
     }
 
@@ -465,6 +478,7 @@ impl Op {
                 // ---- fused / blocked ops (e-graph, precision)
                 | Op::SplitSgd { .. }
                 | Op::EmbeddingUpdate { .. }
+                | Op::SplitEmbeddingUpdate { .. }
         )
     }
 
@@ -542,7 +556,7 @@ impl Op {
                 vec![("denom", Attr::Dim(denom.clone()))]
             }
             Op::SplitSgd { lr } => vec![("lr", Attr::Float(*lr))],
-            Op::EmbeddingUpdate { mode, lr } => {
+            Op::EmbeddingUpdate { mode, lr } | Op::SplitEmbeddingUpdate { mode, lr } => {
                 vec![("mode", id(mode.name())), ("lr", Attr::Float(*lr))]
             }
         }
@@ -644,6 +658,10 @@ impl Op {
             },
             "split_sgd" => Op::SplitSgd { lr: a.float("lr")? },
             "embedding_update" => Op::EmbeddingUpdate {
+                mode: a.pool("mode")?,
+                lr: a.float("lr")?,
+            },
+            "split_embedding_update" => Op::SplitEmbeddingUpdate {
                 mode: a.pool("mode")?,
                 lr: a.float("lr")?,
             },

@@ -266,6 +266,65 @@ fn split_sgd_is_exact_fp32_sgd_on_the_master() {
 }
 
 #[test]
+fn split_embedding_update_is_the_f32_update_of_the_master() {
+    let mut rng = Rng(33);
+    let master = rng.tensor(vec![6, 3]);
+    let split = |t: &Tensor| {
+        let v = t.to_f32_vec();
+        (
+            Tensor::bf16(
+                vec![6, 3],
+                v.iter()
+                    .map(|x| bf16::from_bits((x.to_bits() >> 16) as u16))
+                    .collect(),
+            ),
+            Tensor::bf16(
+                vec![6, 3],
+                v.iter()
+                    .map(|x| bf16::from_bits(x.to_bits() as u16))
+                    .collect(),
+            ),
+        )
+    };
+    let dy = rng.tensor(vec![4, 3]);
+    let idx = Tensor::i64(vec![4, 2], vec![0, 5, 5, 5, 2, 0, 1, 1]);
+    let want = one(
+        Op::EmbeddingUpdate {
+            mode: Pool::Mean,
+            lr: 0.7,
+        },
+        &[&master, &dy, &idx],
+    );
+    let (hi, lo) = split(&master);
+    let got = eval(
+        &Op::SplitEmbeddingUpdate {
+            mode: Pool::Mean,
+            lr: 0.7,
+        },
+        &[&hi, &lo, &dy, &idx],
+    );
+    let (wh, wl) = split(&want);
+    let bits = |t: &Tensor| match &t.data {
+        Data::BF16(v) => v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>(),
+        _ => panic!("bf16"),
+    };
+    assert_eq!(bits(&got[0]), bits(&wh));
+    assert_eq!(bits(&got[1]), bits(&wl));
+    let bad = Tensor::i64(vec![4, 2], vec![0, 6, 0, 0, 0, 0, 0, 0]);
+    let tys = [ty(&hi), ty(&lo)];
+    let syms = HashMap::new();
+    let ctx = EvalCtx {
+        syms: &syms,
+        comm: &SingleRank,
+    };
+    let op = Op::SplitEmbeddingUpdate {
+        mode: Pool::Sum,
+        lr: 0.1,
+    };
+    assert!(eval_op(&op, &[&hi, &lo, &dy, &bad], &tys, &ctx).is_err());
+}
+
+#[test]
 fn embedding_update_is_bag_grad_then_sparse_sgd() {
     let mut rng = Rng(21);
     let table = rng.tensor(vec![6, 3]);

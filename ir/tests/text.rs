@@ -480,12 +480,19 @@ fn split_sgd() -> Graph {
     text::parse(
         "graph @split {
   input %g: f32[4]
+  input %dy: f32[B,3]
+  input %idx: i64[B,2]
   param %w: bf16[4]
   param %w.lo: bf16[4]
+  param %t: bf16[6,3]
+  param %t.lo: bf16[6,3]
   %w2: bf16[4], %lo2: bf16[4] = split_sgd %w, %w.lo, %g {lr=0.25}
+  %t2: bf16[6,3], %t.lo2: bf16[6,3] = split_embedding_update %t, %t.lo, %dy, %idx {mode=sum, lr=0.5}
   output %w2
   update %w <- %w2
   update %w.lo <- %lo2
+  update %t <- %t2
+  update %t.lo <- %t.lo2
 }
 ",
     )

@@ -43,6 +43,13 @@
 //! - dense nodes keep their names, types and order, so every rank issues its
 //!   collectives in the same order.
 //!
+//! Optimised graphs partition the same way: a fused `embedding_update` (or
+//! `split_embedding_update`, whose table low half `%t.lo` lives with its table on
+//! the owner) plays the role of the bag gradient and its `sparse_sgd`, fed by the
+//! gathered `[G, D]` gradient; blocked weight gradients consumed by `sgd` or
+//! `split_sgd` are `all_reduce`d like any dense gradient; `bce_logits` is a loss
+//! (`denom` becomes `G`, its value is all-reduced).
+//!
 //! Structural requirements (errors otherwise): tables are parameters used only as
 //! operand 0 of `embedding_bag` / `sparse_sgd`; indices/offsets are graph inputs used
 //! only by bags, bag gradients and `sparse_sgd`; a bag's samples dimension is `B`;
@@ -196,6 +203,9 @@ pub fn partition(g: &Graph, ranks: usize) -> Result<Partitioned> {
     for (&t, (_, r)) in sparse.tables.iter().zip(&placement.table_owner) {
         owner[t.index()] = *r;
     }
+    for &(lo, t) in &sparse.companions {
+        owner[lo.index()] = owner[t.index()];
+    }
     let graphs = (0..ranks)
         .map(|r| RankBuilder::new(g, &sparse, &owner, ranks, r).build())
         .collect::<Result<Vec<_>>>()?;
@@ -235,6 +245,8 @@ struct Sparse {
     is_index: Vec<bool>,
     /// Per node: the root table of a `sparse_sgd`.
     sgd_root: Vec<Option<ValueId>>,
+    /// Split-SGD-BF16 low halves of tables: `(low-half parameter, its table)`.
+    companions: Vec<(ValueId, ValueId)>,
 }
 
 fn node_err(g: &Graph, n: usize, reason: String) -> PassError {
@@ -263,6 +275,7 @@ impl Sparse {
         let mut is_table = vec![false; nvals];
         let mut is_index = vec![false; nvals];
         let mut sgd_root: Vec<Option<ValueId>> = vec![None; nodes.len()];
+        let mut companions: Vec<(ValueId, ValueId)> = Vec::new();
         let def_node = |v: ValueId| match g.value(v).def {
             Def::Node(m, _) => Some(m),
             _ => None,
@@ -317,7 +330,9 @@ impl Sparse {
                     });
                 }
                 Op::EmbeddingBagGrad { .. } => kinds[n] = Kind::BagGrad,
-                Op::SparseSgd { .. } | Op::EmbeddingUpdate { .. } => {
+                Op::SparseSgd { .. }
+                | Op::EmbeddingUpdate { .. }
+                | Op::SplitEmbeddingUpdate { .. } => {
                     kinds[n] = if matches!(node.op, Op::SparseSgd { .. }) {
                         Kind::SparseSgd
                     } else {
@@ -429,7 +444,7 @@ impl Sparse {
             if kinds[k] != Kind::Update {
                 continue;
             }
-            let dy = node.inputs[1];
+            let dy = bag_dy(g, k);
             if def_node(dy).is_some_and(|m| kinds[m] != Kind::Dense) {
                 return Err(node_err(
                     g,
@@ -437,14 +452,25 @@ impl Sparse {
                     format!("the gradient %{} must be a dense value", g.name_of(dy)),
                 ));
             }
-            let (Op::EmbeddingUpdate { mode, .. }, Some(root)) = (&node.op, sgd_root[k]) else {
+            let (mode, first_index) = match &node.op {
+                Op::EmbeddingUpdate { mode, .. } => (mode, 2),
+                Op::SplitEmbeddingUpdate { mode, .. } => {
+                    let lo = node.inputs[1];
+                    if let (Def::Param(_), Some(root)) = (g.value(lo).def, sgd_root[k]) {
+                        companions.push((lo, root));
+                    }
+                    (mode, 3)
+                }
+                _ => continue,
+            };
+            let Some(root) = sgd_root[k] else {
                 continue;
             };
             let bag = bags.iter_mut().find(|b| {
                 let bn = &nodes[b.node];
                 b.grad.is_none()
                     && b.table == root
-                    && bn.inputs[1..] == node.inputs[2..]
+                    && bn.inputs[1..] == node.inputs[first_index..]
                     && bn.op == Op::EmbeddingBag { mode: *mode }
             });
             match bag {
@@ -477,13 +503,13 @@ impl Sparse {
                     (Kind::Bag, &[1, 2]),
                     (Kind::BagGrad, &[1, 2]),
                     (Kind::SparseSgd, &[1]),
-                    (Kind::Update, &[2, 3]),
+                    (Kind::Update, &[2, 3, 4]),
                 ]
             } else {
                 match def_node(id).map(|m| kinds[m]) {
                     Some(Kind::BagGrad) => &[(Kind::SparseSgd, &[2])],
                     Some(Kind::SparseSgd | Kind::Update) => {
-                        &[(Kind::SparseSgd, &[0]), (Kind::Update, &[0])]
+                        &[(Kind::SparseSgd, &[0]), (Kind::Update, &[0, 1])]
                     }
                     _ => continue,
                 }
@@ -515,7 +541,16 @@ impl Sparse {
         }
         for u in g.updates() {
             let root = def_node(u.value).and_then(|m| sgd_root[m]);
-            if is_table[u.param.index()] != root.is_some() || root.is_some_and(|r| r != u.param) {
+            let companion = companions
+                .iter()
+                .find(|(lo, _)| *lo == u.param)
+                .map(|&(_, t)| t);
+            let state = if companion.is_some() {
+                companion
+            } else {
+                is_table[u.param.index()].then_some(u.param)
+            };
+            if state != root {
                 return Err(graph_err(
                     g,
                     format!(
@@ -569,6 +604,7 @@ impl Sparse {
             table_infos,
             is_index,
             sgd_root,
+            companions,
         })
     }
 }
@@ -741,20 +777,28 @@ impl<'a> RankBuilder<'a> {
         for (k, dy) in mine.into_iter().zip(gathered) {
             let node = &g.nodes()[k];
             let mut ins = Vec::with_capacity(node.inputs.len());
-            let fused = matches!(node.op, Op::EmbeddingUpdate { .. });
-            if fused {
-                ins.push(self.get(node.inputs[0])?);
-            }
-            ins.push(dy);
-            for &v in &node.inputs[1 + usize::from(fused)..] {
+            // The state operands before dy: none (bag gradient), the table (fused
+            // update), the table and its low half (split update).
+            let state = match node.op {
+                Op::EmbeddingUpdate { .. } => 1,
+                Op::SplitEmbeddingUpdate { .. } => 2,
+                _ => 0,
+            };
+            for &v in &node.inputs[..state] {
                 ins.push(self.get(v)?);
             }
-            let out = node.outputs[0];
-            let new = self
+            ins.push(dy);
+            for &v in &node.inputs[state + 1..] {
+                ins.push(self.get(v)?);
+            }
+            let names: Vec<&str> = node.outputs.iter().map(|&o| g.name_of(o)).collect();
+            let news = self
                 .ng
-                .add(node.op.clone(), &ins, g.name_of(out))
+                .add_node(node.op.clone(), &ins, &names)
                 .map_err(&e)?;
-            self.define(out, new)?;
+            for (&out, new) in node.outputs.iter().zip(news) {
+                self.define(out, new)?;
+            }
         }
         for (n, node) in g.nodes().iter().enumerate() {
             let owned = self.sp.sgd_root[n].is_some_and(|t| self.owner[t.index()] == self.rank);
@@ -957,6 +1001,7 @@ fn bag_dy(g: &Graph, k: usize) -> ValueId {
     let node = &g.nodes()[k];
     match node.op {
         Op::EmbeddingUpdate { .. } => node.inputs[1],
+        Op::SplitEmbeddingUpdate { .. } => node.inputs[2],
         _ => node.inputs[0],
     }
 }

@@ -15,9 +15,13 @@
 //! bf16 parameter `%w` is the high half of the master, a new parameter `%w.lo`
 //! (bf16-typed, raw bits) its low 16 bits, and `sgd(%w, g)` becomes
 //! `split_sgd(%w, %w.lo, g)` updating both: no second copy of the weights exists.
-//! Tables are bf16 with the plain `sparse_sgd` (f32 update, rounded once per row
-//! and step). Biases stay f32. Parameter tensors are converted alike: weights split
-//! (the bf16 weight is the truncated high half), tables rounded to nearest even.
+//! Tables updated by `embedding_update` (the fused update) are split the same way:
+//! `%t.lo` holds their low halves and the updates become `split_embedding_update`
+//! (f32 master per touched row). Tables updated by a plain `sparse_sgd` (embedding
+//! fusion off) are bf16 with that op's rounding (f32 update, rounded once per row and
+//! step). Biases stay f32. Parameter tensors are converted alike: split parameters
+//! (the bf16 value is the truncated high half), other bf16 ones rounded to nearest
+//! even.
 
 use crate::pipeline::{Params, Precision};
 use crate::{Pass, PassError, Result};
@@ -135,6 +139,29 @@ pub fn select(g: &Graph, precision: Precision, params: Option<&mut Params>) -> R
         weights.remove(w);
     }
     tables.retain(|t| matches!(g.value(*t).def, Def::Param(_)));
+    // Tables whose whole update chain is `embedding_update`: Split-SGD-BF16.
+    let users = g.users();
+    let mut split_tables: HashSet<ValueId> = HashSet::new();
+    for &t in &tables {
+        let mut ok = false;
+        let mut frontier = vec![t];
+        let mut good = true;
+        while let Some(v) = frontier.pop() {
+            for &u in &users[v.index()] {
+                match &nodes[u].op {
+                    Op::EmbeddingBag { .. } if v == t && nodes[u].inputs[0] == v => {}
+                    Op::EmbeddingUpdate { .. } if nodes[u].inputs[0] == v => {
+                        ok = true;
+                        frontier.push(nodes[u].outputs[0]);
+                    }
+                    _ => good = false,
+                }
+            }
+        }
+        if ok && good {
+            split_tables.insert(t);
+        }
+    }
     // Trained weights: sgd(w, g) is the update of w.
     let mut trained: HashSet<ValueId> = HashSet::new();
     for node in nodes {
@@ -161,7 +188,7 @@ pub fn select(g: &Graph, precision: Precision, params: Option<&mut Params>) -> R
         map[p.index()] = Some(out.add_param(g.name_of(p), ty).map_err(e)?);
     }
     for &p in g.params() {
-        if trained.contains(&p) {
+        if trained.contains(&p) || split_tables.contains(&p) {
             let name = out.fresh_name(&format!("{}.lo", g.name_of(p)));
             let lo = out
                 .add_param(&name, g.ty(p).with_dtype(DType::BF16))
@@ -176,7 +203,9 @@ pub fn select(g: &Graph, precision: Precision, params: Option<&mut Params>) -> R
             reason: format!("%{} is used before it is defined", g.name_of(v)),
         })
     };
-    let users = g.users();
+    // Per source value of a split table's chain: its low half in the new graph.
+    let mut cur_lo: HashMap<ValueId, ValueId> =
+        split_tables.iter().map(|t| (*t, lo_of[t])).collect();
     let mut extra_updates: Vec<(ValueId, ValueId)> = Vec::new();
     for node in nodes {
         let ins = node
@@ -228,6 +257,25 @@ pub fn select(g: &Graph, precision: Precision, params: Option<&mut Params>) -> R
                 extra_updates.push((lo, outs[1]));
                 continue;
             }
+            Op::EmbeddingUpdate { mode, lr } if cur_lo.contains_key(&node.inputs[0]) => {
+                let lo = cur_lo[&node.inputs[0]];
+                let lo_next = out.fresh_name(&format!("{}.next", out.name_of(lo)));
+                let mut operands = vec![ins[0], lo];
+                operands.extend_from_slice(&ins[1..]);
+                let outs = out
+                    .add_node(
+                        Op::SplitEmbeddingUpdate {
+                            mode: *mode,
+                            lr: *lr,
+                        },
+                        &operands,
+                        &[g.name_of(node.outputs[0]), &lo_next],
+                    )
+                    .map_err(e)?;
+                map[node.outputs[0].index()] = Some(outs[0]);
+                cur_lo.insert(node.outputs[0], outs[1]);
+                continue;
+            }
             other => other.clone(),
         };
         let outs = out.add_node(op, &ins, &names).map_err(e)?;
@@ -244,6 +292,11 @@ pub fn select(g: &Graph, precision: Precision, params: Option<&mut Params>) -> R
     for u in g.updates() {
         let (p, v) = (get(&map, u.param)?, get(&map, u.value)?);
         out.add_update(p, v).map_err(e)?;
+        if split_tables.contains(&u.param)
+            && let Some(&lo) = cur_lo.get(&u.value)
+        {
+            extra_updates.push((lo_of[&u.param], lo));
+        }
     }
     for (p, v) in extra_updates {
         out.add_update(p, v).map_err(e)?;
@@ -253,7 +306,7 @@ pub fn select(g: &Graph, precision: Precision, params: Option<&mut Params>) -> R
         for (name, t) in params.iter_mut() {
             let Some(v) = g.find(name) else { continue };
             let vals = t.to_f32_vec();
-            if trained.contains(&v) {
+            if trained.contains(&v) || split_tables.contains(&v) {
                 let (hi, lo): (Vec<bf16>, Vec<bf16>) = vals
                     .iter()
                     .map(|x| {

@@ -100,6 +100,7 @@ fn node_flops(g: &Graph, n: usize) -> f64 {
         }
         Op::BceLogits { .. } | Op::BceLogitsGrad { .. } => numel1(ty(0)),
         Op::EmbeddingUpdate { .. } => 2.0 * numel1(ty(2)) * d(ty(0), 1),
+        Op::SplitEmbeddingUpdate { .. } => 2.0 * numel1(ty(3)) * d(ty(0), 1),
         Op::BlockAct { .. }
         | Op::UnblockAct { .. }
         | Op::BlockWeight { .. }

@@ -229,7 +229,8 @@ fn tiny_bf16_and_mixed_track_fp32_and_converge() {
         for t in ["emb.0", "emb.1", "emb.2", "bot.0.w", "bot.1.w", "top.0.w"] {
             assert_eq!(dtype_of(g, t), DType::BF16, "{prec} {t}");
         }
-        for w in ["bot.0.w", "bot.1.w", "top.0.w"] {
+        assert_eq!(count(g, "split_embedding_update"), 3, "{prec}");
+        for w in ["bot.0.w", "bot.1.w", "top.0.w", "emb.0", "emb.1", "emb.2"] {
             assert_eq!(
                 dtype_of(g, &format!("{w}.lo")),
                 DType::BF16,

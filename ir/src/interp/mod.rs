@@ -76,7 +76,7 @@ fn result_count(op: &Op, n_in: usize) -> usize {
             rank,
         } => counts.get(*rank).copied().unwrap_or(0),
         // ---- fused / blocked ops (e-graph, precision)
-        Op::BrgemmWgrad { .. } | Op::SplitSgd { .. } => 2,
+        Op::BrgemmWgrad { .. } | Op::SplitSgd { .. } | Op::SplitEmbeddingUpdate { .. } => 2,
         _ => 1,
     }
 }
@@ -208,7 +208,8 @@ fn dispatch(
         | Op::BceLogits { .. }
         | Op::BceLogitsGrad { .. }
         | Op::SplitSgd { .. }
-        | Op::EmbeddingUpdate { .. } => fused::eval(op, ins, &dtypes, ctx.syms),
+        | Op::EmbeddingUpdate { .. }
+        | Op::SplitEmbeddingUpdate { .. } => fused::eval(op, ins, &dtypes, ctx.syms),
     }
 }
 

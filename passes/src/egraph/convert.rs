@@ -241,7 +241,6 @@ pub fn decode(src: &Graph, enc: &Encoded, best: impl Fn(Id) -> Dl) -> Result<Gra
         let c = eg.find(enc.class_of[i]);
         names.entry(c).or_insert_with(|| v.name.clone());
     }
-    let _ = &enc.names;
     let mut out = Graph::new(src.name.clone());
     let e = PassError::ir(super::ID);
     for &v in src.inputs() {
