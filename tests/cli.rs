@@ -2,6 +2,7 @@
 //! that bad input is a clear error that damages nothing already written.
 
 use dlrm_ir::text;
+use dlrm_passes::pipeline::{self, PipelineOptions};
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -39,19 +40,33 @@ fn fails(bin: &str, args: &[&str]) -> String {
     stderr
 }
 
-fn compile_tiny(dir: &Path) -> PathBuf {
+fn compile_tiny(dir: &Path, extra: &[&str]) -> PathBuf {
     let plan = dir.join("tiny.plan");
-    ok(
-        DLRMC,
-        &[
-            "compile",
-            example("dlrm-tiny.json").to_str().expect("utf8"),
-            "-o",
-            plan.to_str().expect("utf8"),
-            "--quiet",
-        ],
-    );
+    let model = example("dlrm-tiny.json");
+    let mut args = vec!["compile", s(&model), "-o", s(&plan), "--quiet"];
+    args.extend_from_slice(extra);
+    ok(DLRMC, &args);
     plan
+}
+
+/// The dump headers the pipelines produce for `graph` (`infer` or `train`).
+fn stages(graph: &str, optimize: bool) -> Vec<String> {
+    let train = (graph == "train").then_some(dlrm_passes::TrainConfig {
+        loss: dlrm_passes::LossKind::Bce,
+        lr: 0.1,
+    });
+    let opts = if optimize {
+        PipelineOptions::optimized(train)
+    } else {
+        PipelineOptions {
+            train,
+            ..PipelineOptions::default()
+        }
+    };
+    std::iter::once("input")
+        .chain(pipeline::pass_ids_for(&opts))
+        .map(|p| format!("{graph}: after {p}"))
+        .collect()
 }
 
 fn s(p: &Path) -> &str {
@@ -61,7 +76,7 @@ fn s(p: &Path) -> &str {
 #[test]
 fn inspect_json_counts_ops_and_params() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let plan = compile_tiny(dir.path());
+    let plan = compile_tiny(dir.path(), &["-O0"]);
     let out = ok(DLRMC, &["inspect", s(&plan), "--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
 
@@ -107,6 +122,74 @@ fn inspect_json_counts_ops_and_params() {
         human.contains("train graph:") && human.contains("embedding_bag"),
         "{human}"
     );
+
+    // Optimised (the default): the same parameters, MLP layers as blocked GEMMs.
+    let plan = compile_tiny(dir.path(), &[]);
+    let out = ok(DLRMC, &["inspect", s(&plan), "--json"]);
+    let o: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(o["params"]["f32"].as_u64(), Some(expected), "{o}");
+    let count = |k: &str| o["ops"][k].as_u64().unwrap_or(0);
+    assert!(count("brgemm") >= 3, "{o}");
+    assert_eq!(count("brgemm") + count("linear"), layers);
+    assert_eq!(count("relu") + count("relu_grad") + count("bce"), 0, "{o}");
+    assert_eq!(count("embedding_update"), rows.len() as u64);
+    let fuse = &o["pass_log"]["train"]["passes"]
+        .as_array()
+        .expect("passes")
+        .iter()
+        .find(|p| p["id"] == "fuse")
+        .expect("fuse pass logged")["egraph"];
+    assert!(
+        fuse["stop_reason"].is_string() && fuse["nodes"].as_u64() > Some(0),
+        "{fuse}"
+    );
+}
+
+#[test]
+fn optimised_small_model_is_fused_and_bf16_stores_bf16() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = dir.path().join("small.plan");
+    let model = example("dlrm-small.json");
+    for precision in ["fp32", "bf16"] {
+        let args = [
+            "compile",
+            s(&model),
+            "-o",
+            s(&plan),
+            "-q",
+            "--precision",
+            precision,
+        ];
+        ok(DLRMC, &args);
+        let out = ok(DLRMC, &["inspect", s(&plan), "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+        let ops = v["ops"].as_object().expect("ops");
+        assert!(ops["brgemm"].as_u64() >= Some(5), "{precision}: {v}");
+        for unfused in [
+            "linear",
+            "relu",
+            "relu_grad",
+            "linear_dx",
+            "linear_dw",
+            "linear_db",
+        ] {
+            assert!(
+                !ops.contains_key(unfused),
+                "{precision}: `{unfused}` left: {v}"
+            );
+        }
+        let params = &v["params"];
+        let tables = 8 * 100_000 * 64;
+        match precision {
+            "fp32" => assert!(params.get("bf16").is_none(), "{v}"),
+            _ => {
+                // Weights and tables bf16 (plus their Split-SGD low halves); biases f32.
+                let bf16 = params["bf16"].as_u64().expect("bf16 params");
+                assert!(bf16 >= 2 * tables, "{v}");
+                assert!(params["f32"].as_u64().expect("f32 biases") < 2_000, "{v}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -133,29 +216,22 @@ fn dump_ir_prints_every_stage_in_a_form_that_parses_back() {
         .iter()
         .map(|s| s.lines().next().expect("header"))
         .collect();
-    assert_eq!(
-        headers,
-        [
-            "infer: after input",
-            "infer: after dce",
-            "train: after input",
-            "train: after autodiff",
-            "train: after dce",
-            "infer: after partition (rank 0 of 3)",
-            "infer: after partition (rank 1 of 3)",
-            "infer: after partition (rank 2 of 3)",
-            "train: after partition (rank 0 of 3)",
-            "train: after partition (rank 1 of 3)",
-            "train: after partition (rank 2 of 3)",
-        ]
-    );
+    let mut want = stages("infer", true);
+    want.extend(stages("train", true));
+    for g in ["infer", "train"] {
+        want.extend((0..3).map(|r| format!("{g}: after partition (rank {r} of 3)")));
+    }
+    assert_eq!(headers, want);
     for sec in &sections {
         let body = sec.split_once('\n').expect("body").1;
         let g = text::parse(body).unwrap_or_else(|e| panic!("{e}\n{body}"));
         assert_eq!(text::print(&g).trim_end(), body.trim_end());
     }
-    assert!(sections[3].contains("sparse_sgd"));
-    assert!(sections[8].contains("all_to_all") && sections[8].contains("all_reduce"));
+    let after = |h: &str| sections[headers.iter().position(|x| *x == h).expect(h)];
+    assert!(after("train: after autodiff").contains("sparse_sgd"));
+    assert!(after("train: after fuse").contains("brgemm"));
+    let rank1 = after("train: after partition (rank 1 of 3)");
+    assert!(rank1.contains("all_to_all") && rank1.contains("all_reduce"));
 
     let only = ok(
         DLRMC,
@@ -204,13 +280,13 @@ fn dot_output_is_graphviz() {
     );
     let g = fs::read_to_string(&dot).expect("dot file");
     assert!(g.starts_with("digraph"), "{g}");
-    assert!(g.contains("sparse_sgd") && g.trim_end().ends_with('}'));
+    assert!(g.contains("brgemm") && g.trim_end().ends_with('}'), "{g}");
 }
 
 #[test]
 fn dlrm_run_trains_and_writes_metrics() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let plan = compile_tiny(dir.path());
+    let plan = compile_tiny(dir.path(), &[]);
     let metrics = dir.path().join("m.jsonl");
     let out = ok(
         DLRM_RUN,
@@ -263,7 +339,7 @@ fn dlrm_run_trains_and_writes_metrics() {
 #[test]
 fn bad_models_are_clear_errors_and_leave_the_plan_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let plan = compile_tiny(dir.path());
+    let plan = compile_tiny(dir.path(), &[]);
     let manifest = fs::read(plan.join("manifest.json")).expect("manifest");
     let weights = fs::read(plan.join("weights.safetensors")).expect("weights");
 
@@ -323,7 +399,7 @@ fn bad_models_are_clear_errors_and_leave_the_plan_alone() {
 #[test]
 fn bad_runs_are_clear_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let plan = compile_tiny(dir.path());
+    let plan = compile_tiny(dir.path(), &[]);
 
     let err = fails(DLRM_RUN, &[s(&plan), "--ranks", "0"]);
     assert!(err.contains("--ranks must be at least 1"), "{err}");

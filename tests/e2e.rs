@@ -4,6 +4,8 @@
 //! model at every stage of both pipelines and after partitioning.
 
 use dlrm_ir::{Graph, SingleRank, text};
+use dlrm_passes::pipeline::{self, PipelineOptions, Precision};
+use dlrm_passes::{LossKind, TrainConfig};
 use dlrm_runtime::driver::{Report, run_with_params};
 use dlrm_runtime::plan::{Plan, read_plan, write_plan};
 use dlrm_runtime::{DataSchema, Executor, SyntheticData};
@@ -19,10 +21,22 @@ fn example(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// The tiny example compiled with the optimising passes (the default).
 fn tiny_plan() -> Plan {
-    let model = load_model(&example("dlrm-tiny.json"), Overrides::default()).expect("load");
-    compile(model, &CompileOptions::default(), &mut |_, _| {}).expect("compile")
+    tiny_plan_with(&CompileOptions::default())
 }
+
+fn tiny_plan_with(opts: &CompileOptions) -> Plan {
+    let model = load_model(&example("dlrm-tiny.json"), Overrides::default()).expect("load");
+    compile(model, opts, &mut |_, _| {}).expect("compile")
+}
+
+const O0: CompileOptions = CompileOptions {
+    infer_only: false,
+    optimize: false,
+    precision: Precision::Fp32,
+    block: None,
+};
 
 fn train(plan: Plan, ranks: usize, iters: u64) -> (Report, Vec<HashMap<String, dlrm_ir::Tensor>>) {
     let opts = RunOptions {
@@ -64,13 +78,31 @@ fn tiny_model_learns() {
 }
 
 #[test]
+fn optimised_plan_trains_like_the_unoptimised_one() {
+    // Stated tolerance: fp32 losses within 1e-5 relative over 50 steps.
+    let (o0, _) = train(tiny_plan_with(&O0), 1, 50);
+    let (o1, _) = train(tiny_plan(), 1, 50);
+    let l0: Vec<f32> = o0.losses.iter().map(|l| l.1).collect();
+    let l1: Vec<f32> = o1.losses.iter().map(|l| l.1).collect();
+    let d = max_rel(&l0, &l1, 0.0);
+    assert!(d <= 1e-5, "-O0 vs -O1 losses differ by {d} rel");
+    assert!((o0.auc.expect("auc") - o1.auc.expect("auc")).abs() < 1e-3);
+}
+
+#[test]
 fn n_ranks_train_like_one_rank() {
+    for opts in [O0, CompileOptions::default()] {
+        n_ranks_agree(&opts);
+    }
+}
+
+fn n_ranks_agree(opts: &CompileOptions) {
     // Stated tolerance: every step's global loss within 1e-5 relative of one rank's,
     // and every trained parameter within 1e-4 relative (summation order differs).
-    let (one, p1) = train(tiny_plan(), 1, 20);
+    let (one, p1) = train(tiny_plan_with(opts), 1, 20);
     let l1: Vec<f32> = one.losses.iter().map(|l| l.1).collect();
     for ranks in [2usize, 3, 4, 8] {
-        let (rep, pn) = train(tiny_plan(), ranks, 20);
+        let (rep, pn) = train(tiny_plan_with(opts), ranks, 20);
         let ln: Vec<f32> = rep.losses.iter().map(|l| l.1).collect();
         assert_eq!(ln.len(), l1.len());
         let d = max_rel(&l1, &ln, 0.0);
@@ -98,11 +130,13 @@ fn a_written_plan_serves_the_interpreters_answer() {
     let (graph, params) = (model.graph.clone(), model.params.clone());
     let plan = compile(model, &CompileOptions::default(), &mut |_, _| {}).expect("compile");
     write_plan(&path, &plan).expect("write");
-    let plan = read_plan(&path).expect("read");
-    assert_eq!(
-        plan.params, params,
+    let read = read_plan(&path).expect("read");
+    assert!(
+        read.params == plan.params,
         "weights changed on the way through the plan"
     );
+    assert!(read.infer == plan.infer && read.train == plan.train);
+    let plan = read;
 
     let data = SyntheticData::new(DataSchema::from_graph(&graph).expect("schema"), 7);
     let batch = 24;
@@ -161,17 +195,18 @@ fn every_example_round_trips_at_every_stage() {
             stages.push(s.to_string());
         })
         .expect("compile");
-        assert_eq!(
-            stages,
-            [
-                "infer: after input",
-                "infer: after dce",
-                "train: after input",
-                "train: after autodiff",
-                "train: after dce"
-            ],
-            "{name}"
-        );
+        let train = TrainConfig {
+            loss: LossKind::Bce,
+            lr: 0.1,
+        };
+        let mut want = Vec::new();
+        for (g, cfg) in [("infer", None), ("train", Some(train))] {
+            want.push(format!("{g}: after input"));
+            for p in pipeline::pass_ids_for(&PipelineOptions::optimized(cfg)) {
+                want.push(format!("{g}: after {p}"));
+            }
+        }
+        assert_eq!(stages, want, "{name}");
         for ranks in [2, 3] {
             let mut n = 0;
             partition_stages(&plan, ranks, &mut |s, g| {
