@@ -25,6 +25,7 @@ mod collective;
 mod common;
 mod dense;
 mod embedding;
+mod generic;
 mod interaction;
 mod optim;
 mod shape;
@@ -194,6 +195,26 @@ fn dispatch(
         Op::AllToAll { dir, counts, rank } => {
             collective::all_to_all(*dir, counts, *rank, ins, out_types, ctx)
         }
+        // ---- generic ops (ONNX import)
+        Op::MatMul => single(generic::matmul(ins, one()?)),
+        Op::Binary { kind } => single(generic::binary(*kind, ins, one()?)),
+        Op::Transpose { perm } => single(generic::transpose(perm, ins)),
+        Op::Gather { axis } => single(generic::gather(*axis, ins)),
+        Op::GatherElements { axis } => single(generic::gather_elements(*axis, ins)),
+        Op::GatherNd { batch_dims } => single(generic::gather_nd(*batch_dims, ins)),
+        Op::Slice {
+            axes,
+            starts,
+            ends,
+            steps,
+        } => single(generic::slice(axes, starts, ends, steps, ins)),
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        } => single(generic::reduce(*kind, axes, *keepdims, ins, one()?)),
+        Op::Cast { to } => single(generic::cast(*to, ins)),
+        Op::EmbeddingBagWeighted => single(generic::embedding_bag_weighted(ins, one()?)),
     }
 }
 
