@@ -95,3 +95,47 @@ fn unsupported_op_names_the_node() {
         "{err}"
     );
 }
+
+#[test]
+fn embedding_bag_torchscript_loop_with_empty_bags() {
+    let m = check("ebag_torchscript");
+    assert!(
+        m.graph
+            .nodes()
+            .iter()
+            .any(|n| n.op.mnemonic() == "embedding_bag")
+    );
+    let off = m.graph.find("offsets").unwrap();
+    assert_eq!(m.graph.ty(off).to_string(), "i64[B]");
+}
+
+#[test]
+fn embedding_bag_torchscript_loop_with_per_sample_weights() {
+    let m = check("ebag_torchscript_weighted");
+    assert!(
+        m.graph
+            .nodes()
+            .iter()
+            .any(|n| n.op.mnemonic() == "embedding_bag_weighted")
+    );
+}
+
+#[test]
+fn embedding_bag_dynamo_loop_mean_with_empty_bags() {
+    let m = check("ebag_dynamo");
+    assert!(m.graph.nodes().iter().any(|n| n.op
+        == dlrm_ir::Op::EmbeddingBag {
+            mode: dlrm_ir::Pool::Mean
+        }));
+}
+
+#[test]
+fn embedding_bag_dynamo_loop_weighted_shuffled_carried_values() {
+    let m = check("ebag_dynamo_weighted");
+    assert!(
+        m.graph
+            .nodes()
+            .iter()
+            .any(|n| n.op.mnemonic() == "embedding_bag_weighted")
+    );
+}

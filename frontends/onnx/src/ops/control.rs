@@ -12,6 +12,7 @@ pub(super) fn register(r: &mut HashMap<&'static str, Builder>) {
     r.insert("If", if_);
     r.insert("Loop", crate::bag::lower_loop);
     r.insert("ConcatFromSequence", concat_from_sequence);
+    r.insert("SequenceEmpty", |_, _| Ok(vec![]));
 }
 
 fn if_(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
