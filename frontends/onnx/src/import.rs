@@ -352,6 +352,12 @@ impl<'m> Ctx<'m> {
                     ins.iter().map(|v| self.ty(v)).collect::<Result<_, _>>()?;
                 let refs: Vec<&TensorType> = tys.iter().collect();
                 let out = dlrm_ir::infer(&op, &refs, &[])?;
+                let small = out
+                    .iter()
+                    .all(|t| t.fixed_numel().is_some_and(|n| n <= 4 * FOLD_LIMIT));
+                if !small {
+                    return self.emit_node(op, ins, hint);
+                }
                 let syms = HashMap::new();
                 let ctx = EvalCtx {
                     syms: &syms,
@@ -365,6 +371,11 @@ impl<'m> Ctx<'m> {
                 }
             }
         }
+        self.emit_node(op, ins, hint)
+    }
+
+    /// Adds `op` as an IR node (constants become parameters).
+    fn emit_node(&mut self, op: Op, ins: &[Val], hint: &str) -> Result<Val, String> {
         let ids: Vec<ValueId> = ins
             .iter()
             .map(|v| self.tensor(v))

@@ -268,6 +268,9 @@ pub(super) fn gather_nd(b: usize, ins: &[&Tensor]) -> R<Tensor> {
         )
     };
     let k = *it.shape.last().ok_or_else(bad)?;
+    if k == 0 {
+        return Err(bad());
+    }
     if it.shape.len() < b + 1 || d.shape.len() < b + k || d.shape[..b] != it.shape[..b] {
         return Err(bad());
     }

@@ -95,7 +95,7 @@ fn constant_of_shape(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
     let count = shape
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .filter(|&c| c <= 1 << 28);
+        .filter(|&c| c <= 1 << 24);
     let count = count.ok_or("ConstantOfShape is too large")?;
     let value = n
         .attrs
