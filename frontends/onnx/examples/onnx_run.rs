@@ -17,7 +17,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t0 = Instant::now();
     let m = dlrm_onnx::load(Path::new(&args[1]))?;
     let import_s = t0.elapsed().as_secs_f64();
-    let ins: HashMap<String, Tensor> = dlrm_onnx::npz::read(Path::new(&args[2]))?.into_iter().collect();
+    let ins: HashMap<String, Tensor> = dlrm_onnx::npz::read(Path::new(&args[2]))?
+        .into_iter()
+        .collect();
     let mut params: HashMap<String, Tensor> = m.params.iter().cloned().collect();
     let syms = bind_symbols(&m.graph, &ins, &params)?;
     let mut outs = Vec::new();

@@ -53,18 +53,6 @@ impl<'a> Attrs<'a> {
         self.get(name).map(|a| a.ints.clone())
     }
 
-    /// A string attribute, if present.
-    pub(crate) fn string(&self, name: &str) -> Result<Option<String>, String> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(a) => {
-                a.s.as_ref()
-                    .map(|s| Some(String::from_utf8_lossy(s).into_owned()))
-                    .ok_or_else(|| format!("attribute `{name}` must be a string"))
-            }
-        }
-    }
-
     /// A tensor attribute (`Constant`'s `value`), if present.
     pub(crate) fn tensor(&self, name: &str) -> Result<Option<Tensor>, String> {
         match self.get(name) {

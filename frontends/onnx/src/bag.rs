@@ -208,10 +208,10 @@ fn dynamo(outer: &Scope<'_>, loop_node: &NodeProto, body: &GraphProto) -> R<(Bag
     };
     let mut found = None;
     for j in 0..n_carried {
-        if let Some(ins) = s.op(body_out(1 + j), "SequenceInsert") {
-            if input(ins, 0)? == body_in(2 + j) {
-                found = Some((j, input(ins, 1)?));
-            }
+        if let Some(ins) = s.op(body_out(1 + j), "SequenceInsert")
+            && input(ins, 0)? == body_in(2 + j)
+        {
+            found = Some((j, input(ins, 1)?));
         }
     }
     let (j, value) = found.ok_or("no loop-carried sequence built with SequenceInsert")?;

@@ -102,31 +102,20 @@ pub(crate) struct Ctx<'m> {
     pub(crate) params: Vec<(String, Tensor)>,
     vals: HashMap<String, Val>,
     materialised: HashMap<String, ValueId>,
-    /// The top-level graph's producer of each value name (node index).
-    pub(crate) producers: HashMap<&'m str, usize>,
     pub(crate) graph: &'m GraphProto,
-    pub(crate) opset: i64,
     batch_param: Option<String>,
     unnamed: usize,
 }
 
 impl<'m> Ctx<'m> {
-    pub(crate) fn new(origin: String, graph: &'m GraphProto, opset: i64) -> Self {
-        let mut producers = HashMap::new();
-        for (i, n) in graph.node.iter().enumerate() {
-            for o in &n.output {
-                producers.insert(o.as_str(), i);
-            }
-        }
+    pub(crate) fn new(origin: String, graph: &'m GraphProto) -> Self {
         Ctx {
             origin,
             g: Graph::new(sanitize(graph.name.as_deref().unwrap_or("onnx"))),
             params: Vec::new(),
             vals: HashMap::new(),
             materialised: HashMap::new(),
-            producers,
             graph,
-            opset,
             batch_param: None,
             unnamed: 0,
         }
@@ -364,10 +353,10 @@ impl<'m> Ctx<'m> {
                     comm: &SingleRank,
                 };
                 let mut r = eval_op(&op, &cs, &out, &ctx)?;
-                if r.len() == 1 {
-                    if let Some(t) = r.pop() {
-                        return Ok(Val::Const(Rc::new(t), hint.to_string()));
-                    }
+                if r.len() == 1
+                    && let Some(t) = r.pop()
+                {
+                    return Ok(Val::Const(Rc::new(t), hint.to_string()));
                 }
             }
         }

@@ -96,7 +96,7 @@ pub fn from_bytes(bytes: &[u8], origin: &str, base: Option<&Path>) -> Result<Imp
         .graph
         .as_ref()
         .ok_or_else(|| model_err("the model has no graph".into()))?;
-    let mut cx = Ctx::new(origin.to_string(), graph, opset);
+    let mut cx = Ctx::new(origin.to_string(), graph);
     cx.read_inputs(base)?;
     import_nodes(&mut cx, &graph.node, usize::MAX).map_err(|e| match e {
         NodeErr::Failed(e) => e,

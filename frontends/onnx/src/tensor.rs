@@ -89,12 +89,12 @@ fn external_bytes(t: &TensorProto, base: Option<&Path>, want: usize) -> Result<V
             "external data file `{location}` resolves outside the model's folder"
         ));
     }
-    if let Some(l) = length {
-        if l != want {
-            return Err(format!(
-                "external data length {l} but the dims need {want} bytes"
-            ));
-        }
+    if let Some(l) = length
+        && l != want
+    {
+        return Err(format!(
+            "external data length {l} but the dims need {want} bytes"
+        ));
     }
     let mut f = std::fs::File::open(&canon)
         .map_err(|e| format!("cannot open external data file `{}`: {e}", canon.display()))?;

@@ -26,21 +26,22 @@ fn binary(cx: &mut Ctx<'_>, n: &NodeCx<'_>, kind: BinaryKind) -> Built {
     let (ta, tb) = (cx.ty(&a)?, cx.ty(&b)?);
     if !ta.dtype.is_float() || !tb.dtype.is_float() {
         // Integer arithmetic only on constants (shape computations).
-        if let (Some(x), Some(y)) = (cx.konst(&a), cx.konst(&b)) {
-            if x.numel() == 1 && y.numel() == 1 {
-                let (p, q) = (x.to_i64_vec(), y.to_i64_vec());
-                if let (Some(p), Some(q)) = (p, q) {
-                    let (p, q) = (p[0], q[0]);
-                    let v = match kind {
-                        BinaryKind::Add => p.checked_add(q),
-                        BinaryKind::Sub => p.checked_sub(q),
-                        BinaryKind::Mul => p.checked_mul(q),
-                        BinaryKind::Div => p.checked_div(q),
-                    }
-                    .ok_or("integer overflow or division by zero")?;
-                    let t = Tensor::i64(x.shape.clone(), vec![v]);
-                    return Ok(vec![Val::Const(Rc::new(t), n.out_name(0))]);
+        if let (Some(x), Some(y)) = (cx.konst(&a), cx.konst(&b))
+            && x.numel() == 1
+            && y.numel() == 1
+        {
+            let (p, q) = (x.to_i64_vec(), y.to_i64_vec());
+            if let (Some(p), Some(q)) = (p, q) {
+                let (p, q) = (p[0], q[0]);
+                let v = match kind {
+                    BinaryKind::Add => p.checked_add(q),
+                    BinaryKind::Sub => p.checked_sub(q),
+                    BinaryKind::Mul => p.checked_mul(q),
+                    BinaryKind::Div => p.checked_div(q),
                 }
+                .ok_or("integer overflow or division by zero")?;
+                let t = Tensor::i64(x.shape.clone(), vec![v]);
+                return Ok(vec![Val::Const(Rc::new(t), n.out_name(0))]);
             }
         }
         return Err(format!(
@@ -86,10 +87,10 @@ fn reduce(cx: &mut Ctx<'_>, n: &NodeCx<'_>, kind: Pool, _axes_input_since: i64) 
 
 fn cast_to(cx: &mut Ctx<'_>, n: &NodeCx<'_>, to: DType) -> Built {
     let x = cx.input(n, 0)?;
-    if let Val::Shape(..) = x {
-        if to.is_int() {
-            return Ok(vec![x]);
-        }
+    if let Val::Shape(..) = x
+        && to.is_int()
+    {
+        return Ok(vec![x]);
     }
     if cx.ty(&x)?.dtype == to {
         return Ok(vec![x]);

@@ -87,27 +87,27 @@ fn gemm(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
             &format!("{name}.scaled"),
         )?;
     }
-    if let Some(c) = c {
-        if beta != 0.0 {
-            let c = if beta != 1.0 {
-                cx.emit(
-                    Op::Binary {
-                        kind: BinaryKind::Mul,
-                    },
-                    &[c, scalar(beta, &format!("{name}.beta"))],
-                    &format!("{name}.c"),
-                )?
-            } else {
-                c
-            };
-            y = cx.emit(
+    if let Some(c) = c
+        && beta != 0.0
+    {
+        let c = if beta != 1.0 {
+            cx.emit(
                 Op::Binary {
-                    kind: BinaryKind::Add,
+                    kind: BinaryKind::Mul,
                 },
-                &[y, c],
-                &name,
-            )?;
-        }
+                &[c, scalar(beta, &format!("{name}.beta"))],
+                &format!("{name}.c"),
+            )?
+        } else {
+            c
+        };
+        y = cx.emit(
+            Op::Binary {
+                kind: BinaryKind::Add,
+            },
+            &[y, c],
+            &name,
+        )?;
     }
     let _ = Dim::batch;
     Ok(vec![y])
