@@ -1,6 +1,7 @@
 //! Imports an ONNX model and runs it once through the reference interpreter:
 //! `onnx_run MODEL.onnx INPUTS.npz OUTPUTS.npz [REPEATS]`. Prints the import time
-//! and the run time per repeat (used by `scripts/compare-onnxruntime`).
+//! and the run time per repeat (used by `scripts/compare-onnxruntime`). With
+//! `DLRM_PRINT_IR` set, the imported graph's text form goes to stderr.
 
 use dlrm_ir::interp::{bind_symbols, run};
 use dlrm_ir::{SingleRank, Tensor};
@@ -17,6 +18,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t0 = Instant::now();
     let m = dlrm_onnx::load(Path::new(&args[1]))?;
     let import_s = t0.elapsed().as_secs_f64();
+    if std::env::var_os("DLRM_PRINT_IR").is_some() {
+        eprintln!("{}", dlrm_ir::text::print(&m.graph));
+    }
     let ins: HashMap<String, Tensor> = dlrm_onnx::npz::read(Path::new(&args[2]))?
         .into_iter()
         .collect();
