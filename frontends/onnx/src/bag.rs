@@ -20,7 +20,7 @@
 //! both forms (`embedding_bag`'s rule), as PyTorch does.
 
 use crate::import::{Ctx, NodeCx, Val};
-use crate::ops::{Built, norm_axes};
+use crate::ops::Built;
 use crate::proto::{GraphProto, NodeProto};
 use dlrm_ir::{Op, Pool};
 use std::collections::HashMap;
@@ -272,7 +272,7 @@ fn dynamo(outer: &Scope<'_>, loop_node: &NodeProto, body: &GraphProto) -> R<(Bag
 }
 
 /// Emits the bag for the recognised roles.
-fn emit(cx: &mut Ctx<'_>, n: &NodeCx<'_>, p: &BagParts, hint: &str) -> R<Val> {
+fn emit(cx: &mut Ctx<'_>, p: &BagParts, hint: &str) -> R<Val> {
     let get = |cx: &Ctx<'_>, name: &str| {
         cx.lookup(name).map_err(|e| match e {
             crate::import::NodeErr::Msg(m) => m,
@@ -282,7 +282,6 @@ fn emit(cx: &mut Ctx<'_>, n: &NodeCx<'_>, p: &BagParts, hint: &str) -> R<Val> {
     let table = get(cx, &p.table)?;
     let indices = get(cx, &p.indices)?;
     let offsets = get(cx, &p.offsets)?;
-    let _ = (n, norm_axes);
     match &p.weights {
         None => cx.emit(
             Op::EmbeddingBag { mode: p.mode },
@@ -312,12 +311,12 @@ pub(crate) fn lower_loop(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
         let parts = torchscript(&outer, body).map_err(|e| {
             format!("unsupported Loop: only PyTorch's EmbeddingBag loops are supported ({e})")
         })?;
-        return Ok(vec![emit(cx, n, &parts, &hint)?]);
+        return Ok(vec![emit(cx, &parts, &hint)?]);
     }
     let (parts, j) = dynamo(&outer, n.proto, body).map_err(|e| {
         format!("unsupported Loop: only PyTorch's EmbeddingBag loops are supported ({e})")
     })?;
-    let bag = emit(cx, n, &parts, &n.out_name(j))?;
+    let bag = emit(cx, &parts, &n.out_name(j))?;
     let mut outs = Vec::new();
     for k in 0..n.proto.output.len() {
         outs.push(if k == j {

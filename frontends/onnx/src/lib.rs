@@ -13,6 +13,23 @@
 //! no input makes the importer panic (a property test feeds it mutated bytes).
 //!
 //! [`npz`] reads and writes named f32/i64/i32 arrays for inference inputs/outputs.
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use std::path::Path;
+//! let case = Path::new(env!("CARGO_MANIFEST_DIR")).join("test_cases/dlrm_dot");
+//! let m = dlrm_onnx::load(&case.join("model.onnx"))?;
+//! assert_eq!(m.outputs, ["prob"]);
+//! assert_eq!(m.graph.ty(m.graph.outputs()[0]).to_string(), "f32[B,1]");
+//!
+//! let inputs: HashMap<_, _> = dlrm_onnx::npz::read(&case.join("inputs.npz"))?.into_iter().collect();
+//! let mut params: HashMap<_, _> = m.params.into_iter().collect();
+//! let syms = dlrm_ir::interp::bind_symbols(&m.graph, &inputs, &params).expect("bind");
+//! let out = dlrm_ir::interp::run(&m.graph, &inputs, &mut params, &syms, &dlrm_ir::SingleRank)
+//!     .expect("run");
+//! assert_eq!(out[0].shape, [5, 1]);
+//! # Ok::<(), dlrm_onnx::OnnxError>(())
+//! ```
 
 #![warn(missing_docs)]
 

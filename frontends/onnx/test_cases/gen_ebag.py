@@ -167,3 +167,21 @@ def main(save):
     save("ebag_torchscript_weighted", torchscript(True), inputs(True, 11))
     save("ebag_dynamo", dynamo(False, "ReduceMean", order=(1, 0, 2)), inputs(False, 12))
     save("ebag_dynamo_weighted", dynamo(True, "ReduceSum", order=(2, 1, 0)), inputs(True, 13))
+    if_const(save)
+
+
+def if_const(save):
+    """An `If` whose condition is a constant: the importer inlines the taken branch."""
+    x = helper.make_tensor_value_info("x", F, ["batch", 2])
+    y = helper.make_tensor_value_info("y", F, ["batch", 2])
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="/then/Relu")], "then", [],
+                               [helper.make_tensor_value_info("t", F, ["batch", 2])])
+    else_g = helper.make_graph([helper.make_node("Sigmoid", ["x"], ["e"], name="/else/Sigmoid")], "else", [],
+                               [helper.make_tensor_value_info("e", F, ["batch", 2])])
+    nodes = [const("c", np.array(False)),
+             helper.make_node("If", ["c"], ["y"], name="/If", then_branch=then_g, else_branch=else_g)]
+    g = helper.make_graph(nodes, "if_const", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], producer_name="dlrmc-testgen")
+    m.ir_version = 8
+    rng = np.random.default_rng(20)
+    save("if_const", m, {"x": rng.standard_normal((3, 2)).astype(np.float32)})

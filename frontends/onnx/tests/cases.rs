@@ -139,3 +139,13 @@ fn embedding_bag_dynamo_loop_weighted_shuffled_carried_values() {
             .any(|n| n.op.mnemonic() == "embedding_bag_weighted")
     );
 }
+
+#[test]
+fn if_with_a_constant_condition_inlines_the_branch() {
+    let m = check("if_const");
+    let ops: Vec<&str> = m.graph.nodes().iter().map(|n| n.op.mnemonic()).collect();
+    assert!(
+        ops.contains(&"sigmoid") && !ops.contains(&"relu"),
+        "{ops:?}"
+    );
+}

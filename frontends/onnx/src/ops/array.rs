@@ -51,17 +51,14 @@ fn constant(_cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
 }
 
 /// A value's entries as a symbolic integer vector (constants or `Shape` values).
-fn sym_ints(cx: &Ctx<'_>, v: &Val) -> Option<(Vec<SymI>, bool)> {
+fn sym_ints(v: &Val) -> Option<(Vec<SymI>, bool)> {
     match v {
         Val::Shape(s, scalar) => Some((s.clone(), *scalar)),
         Val::Const(t, _) if t.shape.len() <= 1 => Some((
             t.to_i64_vec()?.into_iter().map(SymI::I).collect(),
             t.shape.is_empty(),
         )),
-        _ => {
-            let _ = cx;
-            None
-        }
+        _ => None,
     }
 }
 
@@ -144,7 +141,7 @@ fn concat(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
     if ins.iter().any(|v| matches!(v, Val::Shape(..))) {
         let mut all = Vec::new();
         for v in &ins {
-            let (s, _) = sym_ints(cx, v).ok_or("Concat mixes a dynamic shape with data")?;
+            let (s, _) = sym_ints(v).ok_or("Concat mixes a dynamic shape with data")?;
             all.extend(s);
         }
         return Ok(vec![sym_val(all, false, n)]);
@@ -217,7 +214,7 @@ fn resolve_target(input: &[Dim], target: &[SymI], allowzero: bool) -> Result<Vec
 fn reshape(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
     let x = cx.input(n, 0)?;
     let s = cx.input(n, 1)?;
-    let (target, _) = sym_ints(cx, &s).ok_or("Reshape needs a shape computed at import")?;
+    let (target, _) = sym_ints(&s).ok_or("Reshape needs a shape computed at import")?;
     let ty = cx.ty(&x)?;
     let shape = resolve_target(&ty.shape, &target, n.attrs.int("allowzero", 0)? != 0)?;
     reshape_to(cx, n, x, shape)

@@ -13,8 +13,8 @@ pub(super) fn register(r: &mut HashMap<&'static str, Builder>) {
     r.insert("Mul", |cx, n| binary(cx, n, BinaryKind::Mul));
     r.insert("Div", |cx, n| binary(cx, n, BinaryKind::Div));
     r.insert("MatMul", matmul);
-    r.insert("ReduceSum", |cx, n| reduce(cx, n, Pool::Sum, 13));
-    r.insert("ReduceMean", |cx, n| reduce(cx, n, Pool::Mean, 18));
+    r.insert("ReduceSum", |cx, n| reduce(cx, n, Pool::Sum));
+    r.insert("ReduceMean", |cx, n| reduce(cx, n, Pool::Mean));
     r.insert("Cast", cast);
     r.insert("CastLike", cast_like);
     r.insert("Range", range);
@@ -64,7 +64,9 @@ fn matmul(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
     Ok(vec![cx.emit(Op::MatMul, &[a, b], &n.out_name(0))?])
 }
 
-fn reduce(cx: &mut Ctx<'_>, n: &NodeCx<'_>, kind: Pool, _axes_input_since: i64) -> Built {
+/// `ReduceSum` / `ReduceMean`: axes as the attribute (before opsets 13 / 18) or as
+/// the second input (from then on); both are accepted at any opset.
+fn reduce(cx: &mut Ctx<'_>, n: &NodeCx<'_>, kind: Pool) -> Built {
     let x = cx.input(n, 0)?;
     let rank = cx.ty(&x)?.rank();
     let keepdims = n.attrs.int("keepdims", 1)? != 0;

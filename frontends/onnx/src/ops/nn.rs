@@ -2,7 +2,7 @@
 
 use super::{Builder, Built};
 use crate::import::{Ctx, NodeCx, Val};
-use dlrm_ir::{Act, BinaryKind, Dim, Op, Tensor};
+use dlrm_ir::{Act, BinaryKind, Op, Tensor};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -109,6 +109,5 @@ fn gemm(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
             &name,
         )?;
     }
-    let _ = Dim::batch;
     Ok(vec![y])
 }
