@@ -196,7 +196,8 @@ impl<'m> Ctx<'m> {
                 Some(V::DimValue(v)) if *v > 0 => Dim::Fixed(*v as usize),
                 Some(V::DimParam(p)) if Some(p) == self.batch_param.as_ref() => Dim::batch(),
                 Some(V::DimParam(p)) if !p.is_empty() => {
-                    let s = sanitize(p);
+                    // Symbols are identifiers in the text form: no `.`.
+                    let s = sanitize(p).replace('.', "_");
                     if s == Dim::BATCH || s == Dim::GLOBAL {
                         Dim::Sym(format!("{s}_"))
                     } else {

@@ -70,6 +70,15 @@ pub struct Imported {
     pub producer: String,
 }
 
+/// The IR name the importer gives an ONNX value (graph input or output) name:
+/// unchanged when it is made of ASCII letters, digits, `_` and `.` and starts with a
+/// letter or `_`; otherwise other characters become `_` (and `v` is prefixed when it
+/// does not start with a letter or `_`). Use it to match npz array names (ONNX
+/// names) with [`Imported::inputs`] / [`Imported::outputs`].
+pub fn ir_name(onnx_name: &str) -> String {
+    import::sanitize(onnx_name)
+}
+
 /// Reads and imports the ONNX model at `path` (external data is looked up in the
 /// model's folder).
 pub fn load(path: &Path) -> Result<Imported> {

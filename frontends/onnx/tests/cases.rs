@@ -149,3 +149,18 @@ fn if_with_a_constant_condition_inlines_the_branch() {
         "{ops:?}"
     );
 }
+
+#[test]
+fn imported_graphs_round_trip_through_the_text_form() {
+    for name in [
+        "dlrm_dot",
+        "dlrm_cat",
+        "ebag_dynamo_weighted",
+        "ebag_torchscript",
+    ] {
+        let m = dlrm_onnx::load(&case(name).join("model.onnx")).unwrap();
+        let src = dlrm_ir::text::print(&m.graph);
+        let back = dlrm_ir::text::parse(&src).unwrap_or_else(|e| panic!("{name}: {e}\n{src}"));
+        assert_eq!(back, m.graph, "{name}");
+    }
+}

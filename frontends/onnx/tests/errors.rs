@@ -181,3 +181,15 @@ proptest! {
         let _ = dlrm_onnx::from_bytes(&b, "fuzz.onnx", None);
     }
 }
+
+#[test]
+fn ir_names_of_onnx_names() {
+    assert_eq!(dlrm_onnx::ir_name("idx_0"), "idx_0");
+    assert_eq!(dlrm_onnx::ir_name("emb.0.weight"), "emb.0.weight");
+    assert_eq!(
+        dlrm_onnx::ir_name("/bot/Gemm_output_0"),
+        "_bot_Gemm_output_0"
+    );
+    assert_eq!(dlrm_onnx::ir_name("input:0"), "input_0");
+    assert_eq!(dlrm_onnx::ir_name("0x"), "v0x");
+}
