@@ -101,7 +101,9 @@ pub(crate) struct Ctx<'m> {
     pub(crate) g: Graph,
     pub(crate) params: Vec<(String, Tensor)>,
     vals: HashMap<String, Val>,
-    materialised: HashMap<String, ValueId>,
+    /// Constants already made parameters, by the address of their shared tensor
+    /// (the map keeps the tensor alive, so an address is never reused).
+    materialised: HashMap<*const Tensor, (Rc<Tensor>, ValueId)>,
     pub(crate) graph: &'m GraphProto,
     batch_param: Option<String>,
     unnamed: usize,
@@ -300,14 +302,16 @@ impl<'m> Ctx<'m> {
         match v {
             Val::Ir(id) => Ok(*id),
             Val::Const(t, name) => {
-                if let Some(&id) = self.materialised.get(name) {
+                let key = Rc::as_ptr(t);
+                if let Some((_, id)) = self.materialised.get(&key) {
+                    let id = *id;
                     return Ok(id);
                 }
                 let ty = self.ty(v)?;
                 let pname = self.g.fresh_name(&sanitize(name));
                 let id = self.g.add_param(&pname, ty).map_err(|e| e.to_string())?;
                 self.params.push((pname, (**t).clone()));
-                self.materialised.insert(name.clone(), id);
+                self.materialised.insert(key, (t.clone(), id));
                 Ok(id)
             }
             Val::Shape(..) => Err(

@@ -168,6 +168,7 @@ def main(save):
     save("ebag_dynamo", dynamo(False, "ReduceMean", order=(1, 0, 2)), inputs(False, 12))
     save("ebag_dynamo_weighted", dynamo(True, "ReduceSum", order=(2, 1, 0)), inputs(True, 13))
     if_const(save)
+    bad_models(save)
 
 
 def if_const(save):
@@ -185,3 +186,22 @@ def if_const(save):
     m.ir_version = 8
     rng = np.random.default_rng(20)
     save("if_const", m, {"x": rng.standard_normal((3, 2)).astype(np.float32)})
+
+
+def bad_models(save):
+    """Models the importer must reject with the node named: float indices (dtype) and
+    a MatMul of mismatched shapes."""
+    x = helper.make_tensor_value_info("x", F, ["batch", 3])
+    y = helper.make_tensor_value_info("y", F, ["batch", 2])
+    w = numpy_helper.from_array(np.ones((4, 2), dtype=np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="/mm/MatMul")], "bad_shape", [x], [y], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], producer_name="dlrmc-testgen")
+    m.ir_version = 8
+    save("shape_mismatch", m, {"x": np.zeros((2, 3), dtype=np.float32)}, run=False)
+    idx = helper.make_tensor_value_info("idx", F, ["batch", 2])
+    out = helper.make_tensor_value_info("rows", F, ["batch", 2, 2])
+    t = numpy_helper.from_array(np.ones((5, 2), dtype=np.float32), "table")
+    g = helper.make_graph([helper.make_node("Gather", ["table", "idx"], ["rows"], name="/emb/Gather")], "bad_dtype", [idx], [out], [t])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], producer_name="dlrmc-testgen")
+    m.ir_version = 8
+    save("float_indices", m, {"idx": np.zeros((2, 2), dtype=np.float32)}, run=False)

@@ -164,3 +164,23 @@ fn imported_graphs_round_trip_through_the_text_form() {
         assert_eq!(back, m.graph, "{name}");
     }
 }
+
+#[test]
+fn shape_and_dtype_errors_name_the_node() {
+    let err = dlrm_onnx::load(&case("shape_mismatch").join("model.onnx"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(
+            "node #0 `/mm/MatMul` (MatMul): matmul f32[B,3] x f32[4,2]: inner dimensions differ"
+        ),
+        "{err}"
+    );
+    let err = dlrm_onnx::load(&case("float_indices").join("model.onnx"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("node #0 `/emb/Gather` (Gather): indices must be i64 or i32, got f32[B,2]"),
+        "{err}"
+    );
+}

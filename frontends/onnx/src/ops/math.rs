@@ -135,11 +135,15 @@ fn range(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
         if delta == 0 {
             return Err("Range delta is 0".into());
         }
-        let count = ((limit - start) as f64 / delta as f64).ceil().max(0.0) as usize;
-        if count > 1 << 24 {
+        let span = i128::from(limit) - i128::from(start);
+        let count = ((span as f64) / (delta as f64)).ceil().max(0.0);
+        if count > (1u64 << 24) as f64 {
             return Err("Range is too long".into());
         }
-        let vals: Vec<i64> = (0..count as i64).map(|i| start + i * delta).collect();
+        let count = count as usize;
+        let vals: Vec<i64> = (0..count as i64)
+            .map(|i| start.saturating_add(i.saturating_mul(delta)))
+            .collect();
         let t = match v[0].dtype() {
             DType::I32 => Tensor::i32(vec![count], vals.iter().map(|&x| x as i32).collect()),
             _ => Tensor::i64(vec![count], vals),
