@@ -159,7 +159,8 @@ fn npz_round_trip() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    // 256 cases by default; PROPTEST_CASES=N runs more.
+    #![proptest_config(ProptestConfig::default())]
     /// Mutated models (byte flips, truncation, insertions) give `Ok` or `Err`, never
     /// a panic.
     #[test]
