@@ -6,6 +6,9 @@
 use crate::op::{A2aDir, InteractionKind, Op};
 use crate::types::{DType, Dim, Shape, TensorType};
 
+#[path = "infer_generic.rs"]
+mod generic;
+
 type R<T> = Result<T, String>;
 
 fn expect_arity(op: &Op, ins: &[&TensorType], allowed: &[usize]) -> R<()> {
@@ -378,6 +381,17 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
         | Op::SplitSgd { .. }
         | Op::EmbeddingUpdate { .. }
         | Op::SplitEmbeddingUpdate { .. } => infer_fused(op, ins),
+        // ---- generic ops (ONNX import)
+        Op::MatMul
+        | Op::Binary { .. }
+        | Op::Transpose { .. }
+        | Op::Gather { .. }
+        | Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::Slice { .. }
+        | Op::Reduce { .. }
+        | Op::Cast { .. }
+        | Op::EmbeddingBagWeighted => generic::infer_generic(op, ins),
     }
 }
 

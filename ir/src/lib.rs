@@ -25,7 +25,7 @@ pub use comm::{Communicator, LocalComm, LocalGroup, SingleRank, batch_slice};
 pub use error::{IrError, Result};
 pub use graph::{Def, Graph, Node, Update, Value, ValueId};
 pub use infer::{infer, interaction_width};
-pub use op::{A2aDir, Act, Attr, InteractionKind, MNEMONICS, Op, Pool};
+pub use op::{A2aDir, Act, Attr, BinaryKind, InteractionKind, MNEMONICS, Op, Pool};
 pub use tensor::{Data, Tensor};
 pub use types::{DType, Dim, Shape, TensorType};
 pub use verify::verify;

@@ -300,6 +300,101 @@ pub enum Op {
         /// Learning rate.
         lr: f32,
     },
+    // ---- generic ops (ONNX import)
+    /// `matmul(a[..,M,K], b[..,K,N]) -> [..,M,N]`: batched matrix product; both
+    /// operands have rank >= 2 and their batch dimensions broadcast (numpy rules).
+    /// Floats; the sum over `k` is one f32 accumulator in increasing `k`.
+    MatMul,
+    /// `binary(a, b) -> c`: elementwise `a op b` with numpy broadcasting (a
+    /// dimension of size 1 stretches; ranks are aligned at the right). Floats.
+    Binary {
+        /// The operation.
+        kind: BinaryKind,
+    },
+    /// `transpose(x) -> y` with `y.shape[i] = x.shape[perm[i]]`.
+    Transpose {
+        /// A permutation of `0..rank`.
+        perm: Vec<usize>,
+    },
+    /// `gather(data, indices) -> data.shape[..axis] ++ indices.shape ++
+    /// data.shape[axis+1..]`: ONNX `Gather`; a negative index counts from the end of
+    /// `axis`; any other index outside the axis is an error. Any dtype.
+    Gather {
+        /// The axis indexed.
+        axis: usize,
+    },
+    /// `gather_elements(data, indices) -> [indices.shape]`: ONNX `GatherElements`:
+    /// `out[i..] = data[i.. with axis replaced by indices[i..]]`; ranks equal and
+    /// every other dimension of `indices` at most `data`'s.
+    GatherElements {
+        /// The axis indexed.
+        axis: usize,
+    },
+    /// `gather_nd(data, indices[.., k]) -> indices.shape[..-1] ++ data.shape[b+k..]`:
+    /// ONNX `GatherND` with `batch_dims = b`.
+    GatherNd {
+        /// Leading dimensions shared by `data` and `indices`.
+        batch_dims: usize,
+    },
+    /// `slice(x) -> y`: along each `axes[i]`, the elements `starts[i], starts[i] +
+    /// steps[i], ..` below `ends[i]` (resolved at import: `0 <= start <= end <= dim`,
+    /// step >= 1, fixed dimensions only).
+    Slice {
+        /// The axes sliced (distinct).
+        axes: Vec<usize>,
+        /// First element kept, per axis.
+        starts: Vec<usize>,
+        /// End (exclusive), per axis.
+        ends: Vec<usize>,
+        /// Stride, per axis.
+        steps: Vec<usize>,
+    },
+    /// `reduce(x) -> y`: sum or mean over `axes` (each reduced dimension removed, or
+    /// kept as 1 with `keepdims`). Floats; the sum runs in increasing index order; a
+    /// mean over zero elements is 0.
+    Reduce {
+        /// Sum or mean.
+        kind: Pool,
+        /// The axes reduced (distinct, sorted).
+        axes: Vec<usize>,
+        /// Keep reduced axes as size 1.
+        keepdims: bool,
+    },
+    /// `cast(x) -> y` of dtype `to`: float to int truncates toward zero (out of range
+    /// or NaN is an error), int to float rounds to nearest, i64 to i32 must fit.
+    Cast {
+        /// The result dtype.
+        to: DType,
+    },
+    /// `embedding_bag_weighted(table[R,D], indices[N], offsets[S], weights[N]) ->
+    /// [S,D]`: as [`Op::EmbeddingBag`] `sum` with offsets, each row scaled by its
+    /// per-sample weight first (PyTorch's `per_sample_weights`).
+    EmbeddingBagWeighted,
+}
+
+/// The operation of an [`Op::Binary`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryKind {
+    /// `a + b`.
+    Add,
+    /// `a - b`.
+    Sub,
+    /// `a * b`.
+    Mul,
+    /// `a / b`.
+    Div,
+}
+
+impl BinaryKind {
+    /// The attribute spelling (`add`, `sub`, `mul`, `div`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryKind::Add => "add",
+            BinaryKind::Sub => "sub",
+            BinaryKind::Mul => "mul",
+            BinaryKind::Div => "div",
+        }
+    }
 }
 
 /// A generic attribute value, for printing and parsing.
@@ -418,6 +513,17 @@ pub const MNEMONICS: &[&str] = &[
     "split_sgd",
     "embedding_update",
     "split_embedding_update",
+    // ---- generic ops (ONNX import)
+    "matmul",
+    "binary",
+    "transpose",
+    "gather",
+    "gather_elements",
+    "gather_nd",
+    "slice",
+    "reduce",
+    "cast",
+    "embedding_bag_weighted",
 ];
 
 impl Op {
@@ -461,6 +567,17 @@ impl Op {
             Op::SplitSgd { .. } => "split_sgd",
             Op::EmbeddingUpdate { .. } => "embedding_update",
             Op::SplitEmbeddingUpdate { .. } => "split_embedding_update",
+            // ---- generic ops (ONNX import)
+            Op::MatMul => "matmul",
+            Op::Binary { .. } => "binary",
+            Op::Transpose { .. } => "transpose",
+            Op::Gather { .. } => "gather",
+            Op::GatherElements { .. } => "gather_elements",
+            Op::GatherNd { .. } => "gather_nd",
+            Op::Slice { .. } => "slice",
+            Op::Reduce { .. } => "reduce",
+            Op::Cast { .. } => "cast",
+            Op::EmbeddingBagWeighted => "embedding_bag_weighted",
         }
     }
 
@@ -559,6 +676,35 @@ impl Op {
             Op::EmbeddingUpdate { mode, lr } | Op::SplitEmbeddingUpdate { mode, lr } => {
                 vec![("mode", id(mode.name())), ("lr", Attr::Float(*lr))]
             }
+            // ---- generic ops (ONNX import)
+            Op::MatMul | Op::EmbeddingBagWeighted => vec![],
+            Op::Binary { kind } => vec![("kind", id(kind.name()))],
+            Op::Transpose { perm } => vec![("perm", usize_list(perm))],
+            Op::Gather { axis } | Op::GatherElements { axis } => {
+                vec![("axis", Attr::Int(*axis as i64))]
+            }
+            Op::GatherNd { batch_dims } => vec![("batch_dims", Attr::Int(*batch_dims as i64))],
+            Op::Slice {
+                axes,
+                starts,
+                ends,
+                steps,
+            } => vec![
+                ("axes", usize_list(axes)),
+                ("starts", usize_list(starts)),
+                ("ends", usize_list(ends)),
+                ("steps", usize_list(steps)),
+            ],
+            Op::Reduce {
+                kind,
+                axes,
+                keepdims,
+            } => vec![
+                ("kind", id(kind.name())),
+                ("axes", usize_list(axes)),
+                ("keepdims", Attr::Bool(*keepdims)),
+            ],
+            Op::Cast { to } => vec![("to", id(to.mnemonic()))],
         }
     }
 
@@ -665,6 +811,48 @@ impl Op {
                 mode: a.pool("mode")?,
                 lr: a.float("lr")?,
             },
+            // ---- generic ops (ONNX import)
+            "matmul" => Op::MatMul,
+            "embedding_bag_weighted" => Op::EmbeddingBagWeighted,
+            "binary" => Op::Binary {
+                kind: match a.ident("kind")?.as_str() {
+                    "add" => BinaryKind::Add,
+                    "sub" => BinaryKind::Sub,
+                    "mul" => BinaryKind::Mul,
+                    "div" => BinaryKind::Div,
+                    o => return Err(format!("`kind` must be add, sub, mul or div, got `{o}`")),
+                },
+            },
+            "transpose" => Op::Transpose {
+                perm: a.usizes("perm")?,
+            },
+            "gather" => Op::Gather {
+                axis: a.usize("axis")?,
+            },
+            "gather_elements" => Op::GatherElements {
+                axis: a.usize("axis")?,
+            },
+            "gather_nd" => Op::GatherNd {
+                batch_dims: a.usize("batch_dims")?,
+            },
+            "slice" => Op::Slice {
+                axes: a.usizes("axes")?,
+                starts: a.usizes("starts")?,
+                ends: a.usizes("ends")?,
+                steps: a.usizes("steps")?,
+            },
+            "reduce" => Op::Reduce {
+                kind: a.pool("kind")?,
+                axes: a.usizes("axes")?,
+                keepdims: a.bool("keepdims")?,
+            },
+            "cast" => Op::Cast {
+                to: {
+                    let t = a.ident("to")?;
+                    DType::from_mnemonic(&t)
+                        .ok_or_else(|| format!("`to` must be f32, bf16, i64 or i32, got `{t}`"))?
+                },
+            },
             other => {
                 return Err(format!(
                     "unknown op `{other}` (expected one of: {})",
@@ -677,6 +865,11 @@ impl Op {
         }
         Ok(op)
     }
+}
+
+/// A list attribute of non-negative integers (generic ops).
+fn usize_list(v: &[usize]) -> Attr {
+    Attr::List(v.iter().map(|&x| Dim::Fixed(x)).collect())
 }
 
 struct AttrReader<'a> {

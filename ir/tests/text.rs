@@ -436,6 +436,8 @@ fn all_graphs() -> Vec<Graph> {
         // ---- fused / blocked ops (e-graph, precision)
         fused_ops(),
         split_sgd(),
+        // ---- generic ops (ONNX import)
+        generic_ops(),
     ]
 }
 
@@ -1110,4 +1112,75 @@ fn dot_escapes_and_sizes_big_tables() {
     assert!(s.starts_with("digraph \"q\\\"uote\\\\d\" {"), "{s}");
     assert!(s.contains("%x\\\"y"), "{s}");
     assert!(s.contains("%big\\nf32[1000000,64]\\n244.1 MiB"), "{s}");
+}
+
+// ---- generic ops (ONNX import)
+
+/// A graph using every generic op of the ONNX import.
+fn generic_ops() -> Graph {
+    use dlrm_ir::{BinaryKind, Pool};
+    let f = |d: &[usize]| TensorType::f32(d.iter().map(|&k| Dim::Fixed(k)));
+    let i64t = |d: &[usize]| TensorType::new(DType::I64, d.iter().map(|&k| Dim::Fixed(k)));
+    let mut g = Graph::new("generic");
+    let x = g
+        .add_input("x", TensorType::f32([Dim::batch(), Dim::Fixed(4)]))
+        .unwrap();
+    let w = g.add_param("w", f(&[4, 2])).unwrap();
+    let idx = g.add_input("idx", i64t(&[3])).unwrap();
+    let off = g
+        .add_input("off", TensorType::new(DType::I64, [Dim::batch()]))
+        .unwrap();
+    let psw = g.add_input("psw", f(&[3])).unwrap();
+    let nd = g.add_input("nd", i64t(&[2, 2])).unwrap();
+    let m = g.add(Op::MatMul, &[x, w], "m").unwrap();
+    let b = g
+        .add(
+            Op::Binary {
+                kind: BinaryKind::Div,
+            },
+            &[m, m],
+            "b",
+        )
+        .unwrap();
+    let t = g
+        .add(Op::Transpose { perm: vec![1, 0] }, &[w], "t")
+        .unwrap();
+    let ga = g.add(Op::Gather { axis: 1 }, &[t, idx], "ga").unwrap();
+    let ge = g
+        .add(Op::GatherElements { axis: 0 }, &[w, nd], "ge")
+        .unwrap();
+    let gn = g
+        .add(Op::GatherNd { batch_dims: 0 }, &[w, nd], "gn")
+        .unwrap();
+    let s = g
+        .add(
+            Op::Slice {
+                axes: vec![1],
+                starts: vec![0],
+                ends: vec![2],
+                steps: vec![2],
+            },
+            &[ga],
+            "s",
+        )
+        .unwrap();
+    let r = g
+        .add(
+            Op::Reduce {
+                kind: Pool::Mean,
+                axes: vec![0, 1],
+                keepdims: true,
+            },
+            &[b],
+            "r",
+        )
+        .unwrap();
+    let c = g.add(Op::Cast { to: DType::I32 }, &[gn], "c").unwrap();
+    let eb = g
+        .add(Op::EmbeddingBagWeighted, &[w, idx, off, psw], "eb")
+        .unwrap();
+    for v in [s, r, c, ge, eb] {
+        g.add_output(v);
+    }
+    g
 }

@@ -106,6 +106,17 @@ fn node_flops(g: &Graph, n: usize) -> f64 {
         | Op::BlockWeight { .. }
         | Op::UnblockWeight { .. }
         | Op::SplitSgd { .. } => 0.0,
+        // ---- generic ops (ONNX import)
+        // a[..,M,K] · b[..,K,N]: 2·K per result element.
+        Op::MatMul => 2.0 * d(ty(0), ty(0).rank().saturating_sub(1)) * numel1(out()),
+        Op::Binary { .. } | Op::Reduce { .. } => numel1(ty(0)).max(numel1(out())),
+        Op::EmbeddingBagWeighted => 2.0 * numel1(ty(1)) * d(ty(0), 1),
+        Op::Transpose { .. }
+        | Op::Gather { .. }
+        | Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::Slice { .. }
+        | Op::Cast { .. } => 0.0,
     }
 }
 

@@ -26,6 +26,7 @@ mod common;
 mod dense;
 mod embedding;
 mod fused;
+mod generic;
 mod interaction;
 mod optim;
 mod shape;
@@ -210,6 +211,26 @@ fn dispatch(
         | Op::SplitSgd { .. }
         | Op::EmbeddingUpdate { .. }
         | Op::SplitEmbeddingUpdate { .. } => fused::eval(op, ins, &dtypes, ctx.syms),
+        // ---- generic ops (ONNX import)
+        Op::MatMul => single(generic::matmul(ins, one()?)),
+        Op::Binary { kind } => single(generic::binary(*kind, ins, one()?)),
+        Op::Transpose { perm } => single(generic::transpose(perm, ins)),
+        Op::Gather { axis } => single(generic::gather(*axis, ins)),
+        Op::GatherElements { axis } => single(generic::gather_elements(*axis, ins)),
+        Op::GatherNd { batch_dims } => single(generic::gather_nd(*batch_dims, ins)),
+        Op::Slice {
+            axes,
+            starts,
+            ends,
+            steps,
+        } => single(generic::slice(axes, starts, ends, steps, ins)),
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        } => single(generic::reduce(*kind, axes, *keepdims, ins, one()?)),
+        Op::Cast { to } => single(generic::cast(*to, ins)),
+        Op::EmbeddingBagWeighted => single(generic::embedding_bag_weighted(ins, one()?)),
     }
 }
 

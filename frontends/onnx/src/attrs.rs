@@ -1,0 +1,80 @@
+//! Typed attribute helpers: op builders read attributes through [`Attrs`] and never
+//! touch protobuf fields. A missing required attribute or one of the wrong type is
+//! an error naming the attribute.
+
+use crate::proto::{AttributeProto, GraphProto, NodeProto};
+use crate::tensor::read_tensor;
+use dlrm_ir::Tensor;
+
+/// The attributes of one node.
+pub(crate) struct Attrs<'a> {
+    node: &'a NodeProto,
+}
+
+impl<'a> Attrs<'a> {
+    pub(crate) fn new(node: &'a NodeProto) -> Self {
+        Attrs { node }
+    }
+
+    fn get(&self, name: &str) -> Option<&'a AttributeProto> {
+        self.node
+            .attribute
+            .iter()
+            .find(|a| a.name.as_deref() == Some(name))
+    }
+
+    /// True if the attribute is present.
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// An integer attribute, or `default`.
+    pub(crate) fn int(&self, name: &str, default: i64) -> Result<i64, String> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(a) => {
+                a.i.ok_or_else(|| format!("attribute `{name}` must be an integer"))
+            }
+        }
+    }
+
+    /// A float attribute, or `default`.
+    pub(crate) fn float(&self, name: &str, default: f32) -> Result<f32, String> {
+        match self.get(name) {
+            None => Ok(default),
+            Some(a) => {
+                a.f.ok_or_else(|| format!("attribute `{name}` must be a float"))
+            }
+        }
+    }
+
+    /// An integer-list attribute, if present.
+    pub(crate) fn ints(&self, name: &str) -> Option<Vec<i64>> {
+        self.get(name).map(|a| a.ints.clone())
+    }
+
+    /// A tensor attribute (`Constant`'s `value`), if present.
+    pub(crate) fn tensor(&self, name: &str) -> Result<Option<Tensor>, String> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(a) => match &a.t {
+                Some(t) => read_tensor(t, None)
+                    .map(Some)
+                    .map_err(|e| format!("attribute `{name}`: {e}")),
+                None => Err(format!("attribute `{name}` must be a tensor")),
+            },
+        }
+    }
+
+    /// A graph attribute (`Loop`'s `body`, `If`'s branches).
+    pub(crate) fn graph(&self, name: &str) -> Result<&'a GraphProto, String> {
+        self.get(name)
+            .and_then(|a| a.g.as_ref())
+            .ok_or_else(|| format!("missing graph attribute `{name}`"))
+    }
+
+    /// Names of every attribute (for "unsupported attribute" checks).
+    pub(crate) fn names(&self) -> impl Iterator<Item = &'a str> {
+        self.node.attribute.iter().filter_map(|a| a.name.as_deref())
+    }
+}

@@ -1,0 +1,451 @@
+//! The import context: ONNX value names mapped to IR values, constants and symbolic
+//! shape vectors; initializers materialised as parameters on first use; constant
+//! folding through the reference interpreter; graph inputs and outputs.
+//!
+//! Invariants:
+//! - nodes are imported in file order (ONNX requires a topological order);
+//! - a node that fails to import does not stop the import at once: its outputs
+//!   become `Failed` and the error is reported, naming that node, when the value is
+//!   used (so dead code and the helper nodes of a recognised `Loop` cost nothing);
+//! - an operation whose operands are all small constants is evaluated at import
+//!   (shape arithmetic, `Range`, folded initializer transposes);
+//! - dimension symbols: the batch `dim_param` becomes `B`; other named dims keep
+//!   their (sanitised) name; unnamed ones get `N0`, `N1`, ...
+
+use crate::attrs::Attrs;
+use crate::error::{OnnxError, Result};
+use crate::proto::{GraphProto, NodeProto, ValueInfoProto, tensor_shape_proto, type_proto};
+use crate::tensor::{dtype_of, read_tensor};
+use dlrm_ir::interp::{EvalCtx, eval_op};
+use dlrm_ir::{DType, Dim, Graph, Op, SingleRank, Tensor, TensorType, ValueId};
+use std::collections::HashMap;
+use std::path::Path;
+use std::rc::Rc;
+
+/// Largest constant folded at import (elements of all operands together).
+const FOLD_LIMIT: usize = 1 << 16;
+
+/// What an ONNX value name stands for during import.
+#[derive(Clone, Debug)]
+pub(crate) enum Val {
+    /// An IR value.
+    Ir(ValueId),
+    /// A constant (initializer, `Constant` node or folded); `name` is the ONNX name,
+    /// used for the parameter it becomes when used as a tensor operand.
+    Const(Rc<Tensor>, String),
+    /// A 1-D (or scalar, when `scalar`) i64 vector whose entries may be symbolic:
+    /// the result of `Shape` on a value with a dynamic batch, and what is computed
+    /// from it (`Gather`, `Concat`, `Unsqueeze`, `Slice`, `Cast`).
+    Shape(Vec<SymI>, bool),
+    /// The producing node failed; the error is reported on use.
+    Failed(Rc<OnnxError>),
+}
+
+/// An entry of a [`Val::Shape`]: a known integer or a dimension symbol.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum SymI {
+    /// A known value (may be negative, e.g. `-1` in a reshape target).
+    I(i64),
+    /// A symbolic dimension.
+    S(String),
+}
+
+/// One node being imported: its proto, index and attributes.
+pub(crate) struct NodeCx<'a> {
+    pub(crate) proto: &'a NodeProto,
+    pub(crate) index: usize,
+    pub(crate) attrs: Attrs<'a>,
+}
+
+impl NodeCx<'_> {
+    pub(crate) fn op_type(&self) -> &str {
+        self.proto.op_type.as_deref().unwrap_or("")
+    }
+    /// The node's name, or its first output's when unnamed.
+    pub(crate) fn name(&self) -> String {
+        match self.proto.name.as_deref() {
+            Some(n) if !n.is_empty() => n.to_string(),
+            _ => self.proto.output.first().cloned().unwrap_or_default(),
+        }
+    }
+    pub(crate) fn n_inputs(&self) -> usize {
+        self.proto.input.len()
+    }
+    /// Output name `k` (as a name hint).
+    pub(crate) fn out_name(&self, k: usize) -> String {
+        sanitize(self.proto.output.get(k).map_or("v", String::as_str))
+    }
+}
+
+/// Makes an ONNX name usable as an IR value name.
+pub(crate) fn sanitize(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    match s.chars().next() {
+        Some(c) if c.is_ascii_alphabetic() || c == '_' => s,
+        _ => format!("v{s}"),
+    }
+}
+
+/// The importer's state.
+pub(crate) struct Ctx<'m> {
+    pub(crate) origin: String,
+    pub(crate) g: Graph,
+    pub(crate) params: Vec<(String, Tensor)>,
+    vals: HashMap<String, Val>,
+    /// Constants already made parameters, by the address of their shared tensor
+    /// (the map keeps the tensor alive, so an address is never reused).
+    materialised: HashMap<*const Tensor, (Rc<Tensor>, ValueId)>,
+    pub(crate) graph: &'m GraphProto,
+    batch_param: Option<String>,
+    unnamed: usize,
+}
+
+impl<'m> Ctx<'m> {
+    pub(crate) fn new(origin: String, graph: &'m GraphProto) -> Self {
+        Ctx {
+            origin,
+            g: Graph::new(sanitize(graph.name.as_deref().unwrap_or("onnx"))),
+            params: Vec::new(),
+            vals: HashMap::new(),
+            materialised: HashMap::new(),
+            graph,
+            batch_param: None,
+            unnamed: 0,
+        }
+    }
+
+    fn model_err(&self, reason: String) -> OnnxError {
+        OnnxError::Model {
+            origin: self.origin.clone(),
+            reason,
+        }
+    }
+
+    /// Reads the initializers and the graph inputs.
+    pub(crate) fn read_inputs(&mut self, base: Option<&Path>) -> Result<()> {
+        for t in &self.graph.initializer {
+            let name = t.name.clone().unwrap_or_default();
+            let tensor = read_tensor(t, base).map_err(|reason| OnnxError::Tensor {
+                origin: self.origin.clone(),
+                tensor: name.clone(),
+                reason,
+            })?;
+            self.vals
+                .insert(name.clone(), Val::Const(Rc::new(tensor), name));
+        }
+        // The batch symbol: dim 0 of the first output, else of the first input of
+        // rank >= 2, when symbolic.
+        let dim0_param = |vi: &ValueInfoProto| -> Option<(String, usize)> {
+            let (dims, _) = tensor_dims(vi)?;
+            match dims.first()?.value.as_ref()? {
+                tensor_shape_proto::dimension::Value::DimParam(p) => Some((p.clone(), dims.len())),
+                _ => None,
+            }
+        };
+        self.batch_param = self
+            .graph
+            .output
+            .first()
+            .and_then(dim0_param)
+            .map(|(p, _)| p)
+            .or_else(|| {
+                self.graph
+                    .input
+                    .iter()
+                    .filter_map(dim0_param)
+                    .find(|(_, r)| *r >= 2)
+                    .map(|(p, _)| p)
+            });
+        for vi in &self.graph.input {
+            let name = vi.name.clone().unwrap_or_default();
+            if self.vals.contains_key(&name) {
+                continue; // an initializer listed as an input (IR version < 4)
+            }
+            let ty = self.value_type(vi)?;
+            let id = self
+                .g
+                .add_input(&sanitize(&name), ty)
+                .map_err(|e| self.model_err(format!("input `{name}`: {e}")))?;
+            self.vals.insert(name, Val::Ir(id));
+        }
+        Ok(())
+    }
+
+    /// The IR type of a graph input.
+    fn value_type(&mut self, vi: &ValueInfoProto) -> Result<TensorType> {
+        let name = vi.name.as_deref().unwrap_or("");
+        let err = |r: String| OnnxError::Model {
+            origin: self.origin.clone(),
+            reason: format!("graph input `{name}`: {r}"),
+        };
+        let Some((dims, elem)) = tensor_dims(vi) else {
+            return Err(err("needs a tensor type with a shape".into()));
+        };
+        let dtype = dtype_of(elem).map_err(err)?;
+        let mut shape = Vec::with_capacity(dims.len());
+        for (k, d) in dims.iter().enumerate() {
+            use tensor_shape_proto::dimension::Value as V;
+            shape.push(match &d.value {
+                Some(V::DimValue(v)) if *v > 0 => Dim::Fixed(*v as usize),
+                Some(V::DimParam(p)) if Some(p) == self.batch_param.as_ref() => Dim::batch(),
+                Some(V::DimParam(p)) if !p.is_empty() => {
+                    // Symbols are identifiers in the text form: no `.`.
+                    let s = sanitize(p).replace('.', "_");
+                    if s == Dim::BATCH || s == Dim::GLOBAL {
+                        Dim::Sym(format!("{s}_"))
+                    } else {
+                        Dim::Sym(s)
+                    }
+                }
+                _ if k == 0 && dims.len() >= 2 && self.batch_param.is_none() => Dim::batch(),
+                _ => {
+                    self.unnamed += 1;
+                    Dim::Sym(format!("N{}", self.unnamed - 1))
+                }
+            });
+        }
+        Ok(TensorType::new(dtype, shape))
+    }
+
+    /// Marks the graph outputs.
+    pub(crate) fn set_outputs(&mut self) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        for vi in &self.graph.output {
+            let name = vi.name.clone().unwrap_or_default();
+            let v = self.lookup(&name).map_err(|e| match e {
+                NodeErr::Failed(e) => e,
+                NodeErr::Msg(m) => self.model_err(format!("graph output `{name}`: {m}")),
+            })?;
+            let id = match v {
+                Val::Ir(id) => id,
+                other => self
+                    .tensor(&other)
+                    .map_err(|m| self.model_err(format!("graph output `{name}`: {m}")))?,
+            };
+            // Outputs carry their ONNX names (an aliased value, e.g. through
+            // `Identity`, gets a no-op reshape under the output's name).
+            let want = sanitize(&name);
+            let id = if self.g.name_of(id) != want && self.g.find(&want).is_none() {
+                let shape = self.g.ty(id).shape.clone();
+                self.g
+                    .add(Op::Reshape { shape }, &[id], &want)
+                    .map_err(|e| self.model_err(format!("graph output `{name}`: {e}")))?
+            } else {
+                id
+            };
+            self.g.add_output(id);
+            names.push(self.g.name_of(id).to_string());
+        }
+        Ok(names)
+    }
+
+    /// The value bound to an ONNX name.
+    pub(crate) fn lookup(&self, name: &str) -> Result<Val, NodeErr> {
+        match self.vals.get(name) {
+            Some(Val::Failed(e)) => Err(NodeErr::Failed(clone_err(e))),
+            Some(v) => Ok(v.clone()),
+            None => Err(NodeErr::Msg(format!(
+                "input `{name}` is not defined before this node"
+            ))),
+        }
+    }
+
+    /// Operand `k` of a node (`None` when absent or given as the empty name).
+    pub(crate) fn opt_input(&self, n: &NodeCx<'_>, k: usize) -> Result<Option<Val>, NodeErr> {
+        match n.proto.input.get(k).map(String::as_str) {
+            None | Some("") => Ok(None),
+            Some(name) => self.lookup(name).map(Some),
+        }
+    }
+
+    /// Operand `k` of a node, required.
+    pub(crate) fn input(&self, n: &NodeCx<'_>, k: usize) -> Result<Val, NodeErr> {
+        self.opt_input(n, k)?
+            .ok_or_else(|| NodeErr::Msg(format!("missing operand {k}")))
+    }
+
+    /// Binds an output name.
+    pub(crate) fn bind(&mut self, name: &str, v: Val) {
+        if !name.is_empty() {
+            self.vals.insert(name.to_string(), v);
+        }
+    }
+
+    /// The IR type of a value.
+    pub(crate) fn ty(&self, v: &Val) -> Result<TensorType, String> {
+        Ok(match v {
+            Val::Ir(id) => self.g.ty(*id).clone(),
+            Val::Const(t, _) => TensorType::new(t.dtype(), t.shape.iter().map(|&d| Dim::Fixed(d))),
+            Val::Shape(d, scalar) => TensorType::new(
+                DType::I64,
+                if *scalar {
+                    vec![]
+                } else {
+                    vec![Dim::Fixed(d.len())]
+                },
+            ),
+            Val::Failed(e) => return Err(e.to_string()),
+        })
+    }
+
+    /// The value as an IR operand (constants become parameters, once per name).
+    pub(crate) fn tensor(&mut self, v: &Val) -> Result<ValueId, String> {
+        match v {
+            Val::Ir(id) => Ok(*id),
+            Val::Const(t, name) => {
+                let key = Rc::as_ptr(t);
+                if let Some((_, id)) = self.materialised.get(&key) {
+                    let id = *id;
+                    return Ok(id);
+                }
+                let ty = self.ty(v)?;
+                let pname = self.g.fresh_name(&sanitize(name));
+                let id = self.g.add_param(&pname, ty).map_err(|e| e.to_string())?;
+                self.params.push((pname, (**t).clone()));
+                self.materialised.insert(key, (t.clone(), id));
+                Ok(id)
+            }
+            Val::Shape(..) => Err(
+                "a shape that depends on the dynamic batch is used as data (unsupported)".into(),
+            ),
+            Val::Failed(e) => Err(e.to_string()),
+        }
+    }
+
+    /// The constant behind a value, if it is one.
+    pub(crate) fn konst<'v>(&self, v: &'v Val) -> Option<&'v Tensor> {
+        match v {
+            Val::Const(t, _) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// A constant integer vector (an attribute given as an input).
+    pub(crate) fn const_ints(&self, v: &Val, what: &str) -> Result<Vec<i64>, String> {
+        self.konst(v)
+            .and_then(Tensor::to_i64_vec)
+            .ok_or_else(|| format!("{what} must be a constant integer tensor"))
+    }
+
+    /// Adds `op` on `ins`: folded when every operand is a small constant.
+    pub(crate) fn emit(&mut self, op: Op, ins: &[Val], hint: &str) -> Result<Val, String> {
+        let consts: Option<Vec<&Tensor>> = ins.iter().map(|v| self.konst(v)).collect();
+        if let Some(cs) = consts {
+            let total: usize = cs.iter().map(|t| t.numel()).sum();
+            if total <= FOLD_LIMIT {
+                let tys: Vec<TensorType> =
+                    ins.iter().map(|v| self.ty(v)).collect::<Result<_, _>>()?;
+                let refs: Vec<&TensorType> = tys.iter().collect();
+                let out = dlrm_ir::infer(&op, &refs, &[])?;
+                let small = out
+                    .iter()
+                    .all(|t| t.fixed_numel().is_some_and(|n| n <= 4 * FOLD_LIMIT));
+                if !small {
+                    return self.emit_node(op, ins, hint);
+                }
+                let syms = HashMap::new();
+                let ctx = EvalCtx {
+                    syms: &syms,
+                    comm: &SingleRank,
+                };
+                let mut r = eval_op(&op, &cs, &out, &ctx)?;
+                if r.len() == 1
+                    && let Some(t) = r.pop()
+                {
+                    return Ok(Val::Const(Rc::new(t), hint.to_string()));
+                }
+            }
+        }
+        self.emit_node(op, ins, hint)
+    }
+
+    /// Adds `op` as an IR node (constants become parameters).
+    fn emit_node(&mut self, op: Op, ins: &[Val], hint: &str) -> Result<Val, String> {
+        let ids: Vec<ValueId> = ins
+            .iter()
+            .map(|v| self.tensor(v))
+            .collect::<Result<_, _>>()?;
+        let id = self.g.add(op, &ids, hint).map_err(|e| match e {
+            dlrm_ir::IrError::Node { reason, .. } => reason,
+            other => other.to_string(),
+        })?;
+        Ok(Val::Ir(id))
+    }
+
+    /// Wraps a builder error with the node.
+    pub(crate) fn node_err(&self, n: &NodeCx<'_>, reason: String) -> OnnxError {
+        let op = match n.proto.domain.as_deref() {
+            None | Some("") | Some("ai.onnx") => n.op_type().to_string(),
+            Some(d) => format!("{d}::{}", n.op_type()),
+        };
+        OnnxError::Node {
+            origin: self.origin.clone(),
+            index: n.index,
+            name: n.name(),
+            op,
+            reason,
+        }
+    }
+}
+
+/// A builder's failure: its own message, or the error of a failed operand.
+#[derive(Debug)]
+pub(crate) enum NodeErr {
+    /// What is wrong with this node.
+    Msg(String),
+    /// An operand's producer failed (reported as is).
+    Failed(OnnxError),
+}
+
+impl From<String> for NodeErr {
+    fn from(s: String) -> Self {
+        NodeErr::Msg(s)
+    }
+}
+
+impl From<&str> for NodeErr {
+    fn from(s: &str) -> Self {
+        NodeErr::Msg(s.to_string())
+    }
+}
+
+fn clone_err(e: &OnnxError) -> OnnxError {
+    match e {
+        OnnxError::Node {
+            origin,
+            index,
+            name,
+            op,
+            reason,
+        } => OnnxError::Node {
+            origin: origin.clone(),
+            index: *index,
+            name: name.clone(),
+            op: op.clone(),
+            reason: reason.clone(),
+        },
+        other => OnnxError::Model {
+            origin: String::new(),
+            reason: other.to_string(),
+        },
+    }
+}
+
+/// The dims and element type of a tensor-typed value info.
+fn tensor_dims(vi: &ValueInfoProto) -> Option<(&[tensor_shape_proto::Dimension], i32)> {
+    match vi.r#type.as_ref()?.value.as_ref()? {
+        type_proto::Value::TensorType(t) => {
+            Some((t.shape.as_ref()?.dim.as_slice(), t.elem_type.unwrap_or(0)))
+        }
+        _ => None,
+    }
+}
