@@ -14,6 +14,9 @@
 
 #![warn(missing_docs)]
 
+pub mod cost;
+pub mod jit;
 pub mod kernels;
 
+pub use jit::{Jit, JitError, JitOptions, KernelChoice};
 pub use kernels::{KernelError, sgd_in_place, sparse_sgd_in_place, try_eval};

@@ -1,0 +1,322 @@
+//! `linear`, `linear_dx` and `linear_dw` on the JIT GEMM core ([`super::gemm`]).
+//!
+//! | op | A (rows × k) | packed B | epilogue |
+//! | --- | --- | --- | --- |
+//! | `linear(x[S,K], w[N,K], b[N])` | `x` (`S×K`) | `wᵀ` (panels of w's rows) | bias, relu fused; sigmoid applied per row block after the GEMM |
+//! | `linear_dx(dz[S,N], w[N,K])` | `dz` (`S×N`) | `w` (`N×K`) | none |
+//! | `linear_dw(dz[S,N], x[S,K])` | `dzᵀ` (`N×S`, transposed once) | `x` (`S×K`) | none, f32 result |
+//!
+//! Weights are packed per call (they change every training step); the packing is
+//! `O(N·K)` against the GEMM's `O(S·N·K)`. Operands may be f32 or bf16 in any mix;
+//! results are stored in the declared dtype (bf16 rounded to nearest even).
+
+use super::gemm::{Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b, pack_bias};
+use super::{Jit, JitError, JitOptions};
+use crate::kernels::{KResult, KernelError, shape_err};
+use dlrm_ir::{Act, DType, Data, Tensor, TensorType};
+use half::bf16;
+use rayon::prelude::*;
+
+/// A float operand of a GEMM.
+pub(crate) fn operand(t: &Tensor) -> Option<Operand<'_>> {
+    match &t.data {
+        Data::F32(v) => Some(Operand::F32(v)),
+        Data::BF16(v) => Some(Operand::BF16(v)),
+        _ => None,
+    }
+}
+
+fn elt_of(d: DType) -> Option<Elt> {
+    match d {
+        DType::F32 => Some(Elt::F32),
+        DType::BF16 => Some(Elt::BF16),
+        _ => None,
+    }
+}
+
+fn jit_err(op: &'static str, e: JitError) -> KernelError {
+    KernelError::Jit {
+        op,
+        reason: e.to_string(),
+    }
+}
+
+/// A result buffer of `n` elements of `elt`.
+enum Out {
+    F32(Vec<f32>),
+    BF16(Vec<bf16>),
+}
+
+impl Out {
+    fn zeros(elt: Elt, n: usize) -> Out {
+        match elt {
+            Elt::F32 => Out::F32(vec![0.0; n]),
+            Elt::BF16 => Out::BF16(vec![bf16::ZERO; n]),
+        }
+    }
+
+    fn buf(&mut self) -> OutBuf<'_> {
+        match self {
+            Out::F32(v) => OutBuf::F32(v),
+            Out::BF16(v) => OutBuf::BF16(v),
+        }
+    }
+
+    fn tensor(self, shape: Vec<usize>) -> Tensor {
+        match self {
+            Out::F32(v) => Tensor::f32(shape, v),
+            Out::BF16(v) => Tensor::bf16(shape, v),
+        }
+    }
+}
+
+/// Picks the micro-kernel, packs B with its panel width (`pack(nr)`), and runs
+/// the GEMM into a fresh result of `m × n`.
+fn run_gemm(
+    jit: &Jit,
+    opts: &JitOptions,
+    op: &'static str,
+    base: GemmSpec,
+    a: Operand<'_>,
+    pack: &(dyn Fn(usize) -> Vec<f32> + Sync),
+    bias: Option<&[f32]>,
+) -> KResult<Out> {
+    let mut packed: Vec<(Micro, Vec<f32>)> = Vec::new();
+    let packed_for = |micro: Micro, packed: &mut Vec<(Micro, Vec<f32>)>| -> usize {
+        if let Some(i) = packed.iter().position(|(m, _)| *m == micro) {
+            return i;
+        }
+        packed.push((micro, pack(micro.nr())));
+        packed.len() - 1
+    };
+    let run = |k: GemmKernel, bp: &[f32], out: &mut Out| -> Result<(), JitError> {
+        let pb = bias.map(|b| pack_bias(b, k.spec().micro.nr()));
+        k.run(a, bp, pb.as_deref(), out.buf())
+    };
+    let micro = {
+        let mut trial = |k: GemmKernel| -> Result<(), JitError> {
+            let i = packed_for(k.spec().micro, &mut packed);
+            let mut scratch = Out::zeros(base.c, base.m * base.n);
+            run(k, &packed[i].1, &mut scratch)
+        };
+        jit.pick_micro(base, opts.kernels, &mut trial)
+            .map_err(|e| jit_err(op, e))?
+    };
+    let spec = GemmSpec { micro, ..base };
+    let k = jit.gemm(spec).map_err(|e| jit_err(op, e))?;
+    let i = packed_for(micro, &mut packed);
+    let mut out = Out::zeros(base.c, base.m * base.n);
+    run(k, &packed[i].1, &mut out).map_err(|e| jit_err(op, e))?;
+    Ok(out)
+}
+
+fn to_f32(t: &Tensor) -> Vec<f32> {
+    t.to_f32_vec()
+}
+
+/// `linear(x[S,K], w[N,K], b[N]) -> act(x · wᵀ + b)`.
+pub fn linear(
+    jit: &Jit,
+    opts: &JitOptions,
+    act: Act,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+) -> Option<KResult<Vec<Tensor>>> {
+    const OP: &str = "linear";
+    let [x, w, b] = inputs else { return None };
+    let (xa, _) = (operand(x)?, operand(w)?);
+    operand(b)?;
+    let out_elt = elt_of(out_types.first()?.dtype)?;
+    Some((|| {
+        let (&[s, k], &[n, kw], &[nb]) = (&x.shape[..], &w.shape[..], &b.shape[..]) else {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "x {:?}, weight {:?}, bias {:?} must have ranks 2, 2, 1",
+                    x.shape, w.shape, b.shape
+                ),
+            ));
+        };
+        if kw != k || nb != n {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "x {:?}, weight {:?} and bias {:?} do not fit",
+                    x.shape, w.shape, b.shape
+                ),
+            ));
+        }
+        let sigmoid = act == Act::Sigmoid;
+        let base = GemmSpec {
+            m: s,
+            n,
+            k,
+            lda: k,
+            ldc: n,
+            a: xa_elt(xa),
+            c: if sigmoid { Elt::F32 } else { out_elt },
+            bias: true,
+            relu: act == Act::Relu,
+            micro: Micro::Cranelift,
+        };
+        let bias = to_f32(b);
+        let pack = |nr: usize| match &w.data {
+            Data::F32(v) => pack_b(v, k, n, 1, k, nr),
+            Data::BF16(v) => pack_b(v, k, n, 1, k, nr),
+            _ => Vec::new(),
+        };
+        let out = run_gemm(jit, opts, OP, base, xa, &pack, Some(&bias))?;
+        let out = if sigmoid {
+            let Out::F32(mut v) = out else {
+                return Err(shape_err(OP, "internal: sigmoid scratch is not f32".into()));
+            };
+            v.par_chunks_mut(1 << 14)
+                .for_each(|c| c.iter_mut().for_each(|x| *x = 1.0 / (1.0 + (-*x).exp())));
+            match out_elt {
+                Elt::F32 => Out::F32(v),
+                Elt::BF16 => Out::BF16(v.par_iter().map(|&x| bf16::from_f32(x)).collect()),
+            }
+        } else {
+            out
+        };
+        Ok(vec![out.tensor(vec![s, n])])
+    })())
+}
+
+fn xa_elt(a: Operand<'_>) -> Elt {
+    match a {
+        Operand::F32(_) => Elt::F32,
+        Operand::BF16(_) => Elt::BF16,
+    }
+}
+
+/// `linear_dx(dz[S,N], w[N,K]) -> dz · w`.
+pub fn linear_dx(
+    jit: &Jit,
+    opts: &JitOptions,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+) -> Option<KResult<Vec<Tensor>>> {
+    const OP: &str = "linear_dx";
+    let [dz, w] = inputs else { return None };
+    let (dza, _) = (operand(dz)?, operand(w)?);
+    let out_elt = elt_of(out_types.first()?.dtype)?;
+    Some((|| {
+        let (&[s, n], &[nw, k]) = (&dz.shape[..], &w.shape[..]) else {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "dz {:?} and weight {:?} must have rank 2",
+                    dz.shape, w.shape
+                ),
+            ));
+        };
+        if nw != n {
+            return Err(shape_err(
+                OP,
+                format!("dz {:?} and weight {:?} do not fit", dz.shape, w.shape),
+            ));
+        }
+        let base = GemmSpec {
+            m: s,
+            n: k,
+            k: n,
+            lda: n,
+            ldc: k,
+            a: xa_elt(dza),
+            c: out_elt,
+            bias: false,
+            relu: false,
+            micro: Micro::Cranelift,
+        };
+        let pack = |nr: usize| match &w.data {
+            Data::F32(v) => pack_b(v, n, k, k, 1, nr),
+            Data::BF16(v) => pack_b(v, n, k, k, 1, nr),
+            _ => Vec::new(),
+        };
+        let out = run_gemm(jit, opts, OP, base, dza, &pack, None)?;
+        Ok(vec![out.tensor(vec![s, k])])
+    })())
+}
+
+/// The transpose of a row-major `[rows, cols]` matrix, by 32×32 tiles.
+fn transpose<T: Copy + Default + Send + Sync>(a: &[T], rows: usize, cols: usize) -> Vec<T> {
+    const TB: usize = 32;
+    let mut t = vec![T::default(); rows * cols];
+    if rows == 0 || cols == 0 {
+        return t;
+    }
+    t.par_chunks_mut(TB * rows)
+        .enumerate()
+        .for_each(|(jb, dst)| {
+            let j0 = jb * TB;
+            let jn = dst.len() / rows;
+            for i0 in (0..rows).step_by(TB) {
+                for i in i0..(i0 + TB).min(rows) {
+                    for j in 0..jn {
+                        dst[j * rows + i] = a[i * cols + j0 + j];
+                    }
+                }
+            }
+        });
+    t
+}
+
+/// `linear_dw(dz[S,N], x[S,K]) -> dzᵀ · x` (`[N,K]`, f32).
+pub fn linear_dw(
+    jit: &Jit,
+    opts: &JitOptions,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+) -> Option<KResult<Vec<Tensor>>> {
+    const OP: &str = "linear_dw";
+    let [dz, x] = inputs else { return None };
+    let (_, _) = (operand(dz)?, operand(x)?);
+    let out_elt = elt_of(out_types.first()?.dtype)?;
+    Some((|| {
+        let (&[s, n], &[sx, k]) = (&dz.shape[..], &x.shape[..]) else {
+            return Err(shape_err(
+                OP,
+                format!("dz {:?} and x {:?} must have rank 2", dz.shape, x.shape),
+            ));
+        };
+        if sx != s {
+            return Err(shape_err(
+                OP,
+                format!("dz {:?} and x {:?} differ in samples", dz.shape, x.shape),
+            ));
+        }
+        let dzt_f32;
+        let dzt_bf16;
+        let a = match &dz.data {
+            Data::F32(v) => {
+                dzt_f32 = transpose(v, s, n);
+                Operand::F32(&dzt_f32)
+            }
+            Data::BF16(v) => {
+                dzt_bf16 = transpose(v, s, n);
+                Operand::BF16(&dzt_bf16)
+            }
+            _ => return Err(shape_err(OP, "dz must be a float tensor".into())),
+        };
+        let base = GemmSpec {
+            m: n,
+            n: k,
+            k: s,
+            lda: s,
+            ldc: k,
+            a: xa_elt(a),
+            c: out_elt,
+            bias: false,
+            relu: false,
+            micro: Micro::Cranelift,
+        };
+        let pack = |nr: usize| match &x.data {
+            Data::F32(v) => pack_b(v, s, k, k, 1, nr),
+            Data::BF16(v) => pack_b(v, s, k, k, 1, nr),
+            _ => Vec::new(),
+        };
+        let out = run_gemm(jit, opts, OP, base, a, &pack, None)?;
+        Ok(vec![out.tensor(vec![n, k])])
+    })())
+}
