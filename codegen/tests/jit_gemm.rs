@@ -331,3 +331,22 @@ fn wrong_lengths_are_refused_before_the_call() {
     assert!(err.to_string().contains("A holds 15"), "{err}");
     assert!(c.iter().all(|&v| v == 0.0), "nothing written");
 }
+
+#[test]
+#[ignore = "prints the generated code (DLRM_JIT_DISASM=1)"]
+fn disasm_cranelift_tile() {
+    let jit = Jit::new().expect("jit");
+    let spec = GemmSpec {
+        m: 8,
+        n: 8,
+        k: 64,
+        lda: 64,
+        ldc: 8,
+        a: Elt::F32,
+        c: Elt::F32,
+        bias: false,
+        relu: false,
+        micro: Micro::Cranelift,
+    };
+    jit.gemm(spec).expect("compiles");
+}

@@ -382,7 +382,9 @@ impl GemmKernel {
 
 /// Compiles the loop nest for `spec`.
 pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError> {
-    let mut module = jit.new_module(spec.micro == Micro::Native)?;
+    let in_order =
+        std::env::var_os("DLRM_JIT_GEMM_OPT").is_none() && spec.micro == Micro::Cranelift;
+    let mut module = jit.module_with(spec.micro == Micro::Native, in_order)?;
     let ptr = module.target_config().pointer_type();
     let mut sig = module.make_signature();
     for _ in 0..4 {

@@ -134,6 +134,11 @@ pub(crate) enum Compiled {
 /// The JIT: ISA, modules and kernel cache (see the module docs).
 pub struct Jit {
     isa: OwnedTargetIsa,
+    /// The same target without the e-graph optimizer (`opt_level=none`): keeps
+    /// the emitted instruction order, which the register-blocked Cranelift GEMM
+    /// micro-kernel relies on (the optimizer sinks every pure op of an unrolled
+    /// k step below all its loads, which spills the accumulators).
+    isa_in_order: OwnedTargetIsa,
     modules: Mutex<Vec<JITModule>>,
     cache: Mutex<HashMap<Key, Compiled>>,
     /// `Auto` decisions per GEMM spec (with the micro field set to Cranelift).
@@ -144,20 +149,23 @@ pub struct Jit {
 impl Jit {
     /// A JIT for the host CPU (`cranelift-native` ISA, `opt_level=speed`).
     pub fn new() -> Result<Jit, JitError> {
-        let mut fb = settings::builder();
-        for (k, v) in [
-            ("opt_level", "speed"),
-            ("use_colocated_libcalls", "false"),
-            ("is_pic", "false"),
-        ] {
-            fb.set(k, v).map_err(JitError::module)?;
-        }
-        let isa = cranelift_native::builder()
-            .map_err(JitError::module)?
-            .finish(settings::Flags::new(fb))
-            .map_err(JitError::module)?;
+        let make = |opt: &str| -> Result<OwnedTargetIsa, JitError> {
+            let mut fb = settings::builder();
+            for (k, v) in [
+                ("opt_level", opt),
+                ("use_colocated_libcalls", "false"),
+                ("is_pic", "false"),
+            ] {
+                fb.set(k, v).map_err(JitError::module)?;
+            }
+            cranelift_native::builder()
+                .map_err(JitError::module)?
+                .finish(settings::Flags::new(fb))
+                .map_err(JitError::module)
+        };
         Ok(Jit {
-            isa,
+            isa: make("speed")?,
+            isa_in_order: make("none")?,
             modules: Mutex::new(Vec::new()),
             cache: Mutex::new(HashMap::new()),
             auto: Mutex::new(HashMap::new()),
@@ -183,8 +191,21 @@ impl Jit {
 
     /// A fresh module; `native` registers the native micro-kernel's symbol.
     pub(crate) fn new_module(&self, with_native: bool) -> Result<JITModule, JitError> {
-        let mut jb =
-            JITBuilder::with_isa(self.isa.clone(), cranelift_module::default_libcall_names());
+        self.module_with(with_native, false)
+    }
+
+    /// A fresh module; `in_order` selects the ISA without the e-graph optimizer.
+    pub(crate) fn module_with(
+        &self,
+        with_native: bool,
+        in_order: bool,
+    ) -> Result<JITModule, JitError> {
+        let isa = if in_order {
+            self.isa_in_order.clone()
+        } else {
+            self.isa.clone()
+        };
+        let mut jb = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
         if with_native {
             let p = native::ukernel_ptr().ok_or(JitError::NoNative)?;
             jb.symbol(native::UKERNEL_SYMBOL, p);
@@ -200,9 +221,16 @@ impl Jit {
         id: FuncId,
         ctx: &mut cranelift_codegen::Context,
     ) -> Result<*const u8, JitError> {
+        let disasm = std::env::var_os("DLRM_JIT_DISASM").is_some();
+        if disasm {
+            ctx.set_disasm(true);
+        }
         module
             .define_function(id, ctx)
             .map_err(|e| JitError::Codegen(format!("{e:?}")))?;
+        if disasm && let Some(code) = ctx.compiled_code() {
+            eprintln!("{}", code.vcode.as_deref().unwrap_or("(no disassembly)"));
+        }
         module.clear_context(ctx);
         module.finalize_definitions().map_err(JitError::module)?;
         let f = module.get_finalized_function(id);
