@@ -34,8 +34,14 @@ fn interp(op: &Op, ins: &[&Tensor], out: &TensorType, s: usize) -> Vec<Tensor> {
 }
 
 fn jit(op: &Op, ins: &[&Tensor], out: &TensorType, s: usize) -> Result<Vec<Tensor>, KernelError> {
-    try_eval(op, ins, std::slice::from_ref(out), &syms(s), &JitOptions::default())
-        .expect("a JIT kernel exists")
+    try_eval(
+        op,
+        ins,
+        std::slice::from_ref(out),
+        &syms(s),
+        &JitOptions::default(),
+    )
+    .expect("a JIT kernel exists")
 }
 
 /// Equal values, or within one bf16 rounding step when `bf16` (the sum in f32
