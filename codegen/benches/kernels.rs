@@ -67,6 +67,7 @@ fn bench_gemm(c: &mut Criterion) {
                     n,
                     k,
                     lda: k,
+                    acs: 1,
                     ldc: n,
                     a: if bf { Elt::BF16 } else { Elt::F32 },
                     c: if bf { Elt::BF16 } else { Elt::F32 },

@@ -62,9 +62,14 @@ fn gemm_case(
     seed: u64,
 ) {
     let jit = Jit::global().expect("jit");
-    let lda = k + (seed as usize % 3);
+    // Row-major A (acs = 1), or a transposed view (lda = 1, as wgrad reads dzᵀ).
+    let (lda, acs) = if seed % 4 == 3 {
+        (1, m + (seed as usize % 3))
+    } else {
+        (k + (seed as usize % 3), 1)
+    };
     let ldc = n + (seed as usize % 2);
-    let a32 = vals(seed, m.saturating_sub(1) * lda + k);
+    let a32 = vals(seed, m.saturating_sub(1) * lda + k.saturating_sub(1) * acs + 1);
     let abf = round_bf16(&a32);
     let a_eff: Vec<f32> = if a_bf {
         abf.iter().map(|x| x.to_f32()).collect()
@@ -81,7 +86,7 @@ fn gemm_case(
             let mut acc = if bias { bvec[j] as f64 } else { 0.0 };
             let mut sc = acc.abs();
             for kk in 0..k {
-                let t = a_eff[i * lda + kk] as f64 * w[j * k + kk] as f64;
+                let t = a_eff[i * lda + kk * acs] as f64 * w[j * k + kk] as f64;
                 acc += t;
                 sc += t.abs();
             }
@@ -99,6 +104,7 @@ fn gemm_case(
             n,
             k,
             lda,
+            acs,
             ldc,
             a: if a_bf { Elt::BF16 } else { Elt::F32 },
             c: if c_bf { Elt::BF16 } else { Elt::F32 },
@@ -291,6 +297,7 @@ fn kernel_cache_reuses_compiled_code() {
         n: 5,
         k: 3,
         lda: 3,
+        acs: 1,
         ldc: 5,
         a: Elt::F32,
         c: Elt::F32,
@@ -314,6 +321,7 @@ fn wrong_lengths_are_refused_before_the_call() {
         n: 4,
         k: 4,
         lda: 4,
+        acs: 1,
         ldc: 4,
         a: Elt::F32,
         c: Elt::F32,
@@ -341,6 +349,7 @@ fn disasm_cranelift_tile() {
         n: 8,
         k: 64,
         lda: 64,
+        acs: 1,
         ldc: 8,
         a: Elt::F32,
         c: Elt::F32,

@@ -3,8 +3,9 @@
 //! One kernel computes `C[m×n] = epilogue(A[m×k] · B[k×n])` for a fixed
 //! [`GemmSpec`] (shapes, strides, dtypes, epilogue and micro-kernel are all
 //! compile-time constants of the generated code):
-//! - `A` is row-major with row stride `lda` (f32, or bf16 widened exactly in
-//!   registers);
+//! - `A` is strided: element `(i, kk)` at `a[i·lda + kk·acs]` (row-major `acs = 1`,
+//!   or a transposed view `lda = 1` as in wgrad, so no transpose copy), f32 or bf16
+//!   widened exactly in registers;
 //! - `B` is *packed* ([`pack_b`]) into `⌈n/nr⌉` panels of `k` rows × `nr` f32
 //!   columns, zero-padded — the blocked weight layout `[N/bn][K][bn]` of SC20 with
 //!   `bk = k`: one output block is one batch-reduce over the K blocks, with its
@@ -100,8 +101,10 @@ pub struct GemmSpec {
     pub n: usize,
     /// The reduction length.
     pub k: usize,
-    /// Row stride of `A`, in elements (`>= k`).
+    /// Row stride of `A`, in elements.
     pub lda: usize,
+    /// Column (k) stride of `A`, in elements (1 for row-major `A`).
+    pub acs: usize,
     /// Row stride of `C`, in elements (`>= n`).
     pub ldc: usize,
     /// `A`'s element type.
@@ -294,10 +297,10 @@ impl GemmKernel {
         if s.m == 0 || s.n == 0 {
             return Ok(());
         }
-        if s.lda < s.k || s.ldc < s.n {
-            return Err(bad("strides below the row lengths".into()));
+        if s.ldc < s.n {
+            return Err(bad("C's row stride is below its row length".into()));
         }
-        let a_need = (s.m - 1) * s.lda + s.k;
+        let a_need = (s.m - 1) * s.lda + s.k.saturating_sub(1) * s.acs + 1;
         if s.k > 0 && a.len() < a_need {
             return Err(bad(format!("A holds {} elements, needs {a_need}", a.len())));
         }
@@ -333,8 +336,8 @@ impl GemmKernel {
             } else {
                 bp.as_ptr().cast()
             };
-            // SAFETY: `rows` rows starting at row r0 of A (checked above: the last
-            // row ends at (m-1)·lda + k <= a.len()) and of C (`cptr` is this
+            // SAFETY: `rows` rows starting at row r0 of A (checked above: the
+            // last element read, (m-1)·lda + (k-1)·acs, is inside `a`) and of C (`cptr` is this
             // block's own disjoint chunk of C, covering `rows` rows of stride ldc
             // up to column n); `rows` is a multiple of the tile height except for
             // the last block, whose remainder is m % mr as compiled; panels 0..
@@ -398,7 +401,7 @@ pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError>
         for _ in 0..4 {
             usig.params.push(AbiParam::new(ptr));
         }
-        for _ in 0..5 {
+        for _ in 0..6 {
             usig.params.push(AbiParam::new(types::I64));
         }
         usig.params.push(AbiParam::new(types::I32));
@@ -627,6 +630,7 @@ impl Gen<'_, '_> {
                     biaspan,
                     self.iconst(s.k),
                     self.iconst(s.lda),
+                    self.iconst(s.acs),
                     self.iconst(s.ldc),
                     self.iconst(rows),
                     self.iconst(ncols),
@@ -671,7 +675,7 @@ impl Gen<'_, '_> {
         let accs: Vec<Variable> = (0..rows * nv).map(|_| self.var(types::F32X4, zv)).collect();
         let pav = self.var(self.ptr, at);
         let pbv = self.var(self.ptr, bpan);
-        let (ae, lda) = (s.a.size(), s.lda);
+        let (ae, lda, acs) = (s.a.size(), s.lda, s.acs);
         let step = |g: &mut Self, u: usize| {
             let pa = g.b.use_var(pav);
             let pb = g.b.use_var(pbv);
@@ -682,7 +686,7 @@ impl Gen<'_, '_> {
                 })
                 .collect();
             for r in 0..rows {
-                let av = g.a_splat(pa, (r * lda * ae + u * ae) as i32);
+                let av = g.a_splat(pa, (r * lda * ae + u * acs * ae) as i32);
                 for (v, &bv) in bvs.iter().enumerate() {
                     let acc = g.b.use_var(accs[r * nv + v]);
                     let nacc = g.b.ins().fma(av, bv, acc);
@@ -710,7 +714,7 @@ impl Gen<'_, '_> {
                 step(self, u);
             }
             let pa = self.b.use_var(pav);
-            let npa = self.b.ins().iadd_imm_s(pa, (CL_UNROLL * ae) as i64);
+            let npa = self.b.ins().iadd_imm_s(pa, (CL_UNROLL * acs * ae) as i64);
             self.b.def_var(pav, npa);
             let pb = self.b.use_var(pbv);
             let npb = self.b.ins().iadd_imm_s(pb, (CL_UNROLL * CL_NR * 4) as i64);

@@ -4,7 +4,7 @@
 //! | --- | --- | --- | --- |
 //! | `linear(x[S,K], w[N,K], b[N])` | `x` (`S×K`) | `wᵀ` (panels of w's rows) | bias, relu fused; sigmoid applied per row block after the GEMM |
 //! | `linear_dx(dz[S,N], w[N,K])` | `dz` (`S×N`) | `w` (`N×K`) | none |
-//! | `linear_dw(dz[S,N], x[S,K])` | `dzᵀ` (`N×S`, transposed once) | `x` (`S×K`) | none, f32 result |
+//! | `linear_dw(dz[S,N], x[S,K])` | `dzᵀ` (`N×S`, read in place with strides `1, N`) | `x` (`S×K`) | none, f32 result |
 //!
 //! Weights are packed per call (they change every training step); the packing is
 //! `O(N·K)` against the GEMM's `O(S·N·K)`. Operands may be f32 or bf16 in any mix;
@@ -152,6 +152,7 @@ pub fn linear(
             n,
             k,
             lda: k,
+            acs: 1,
             ldc: n,
             a: xa_elt(xa),
             c: if sigmoid { Elt::F32 } else { out_elt },
@@ -222,6 +223,7 @@ pub fn linear_dx(
             n: k,
             k: n,
             lda: n,
+            acs: 1,
             ldc: k,
             a: xa_elt(dza),
             c: out_elt,
@@ -237,29 +239,6 @@ pub fn linear_dx(
         let out = run_gemm(jit, opts, OP, base, dza, &pack, None)?;
         Ok(vec![out.tensor(vec![s, k])])
     })())
-}
-
-/// The transpose of a row-major `[rows, cols]` matrix, by 32×32 tiles.
-fn transpose<T: Copy + Default + Send + Sync>(a: &[T], rows: usize, cols: usize) -> Vec<T> {
-    const TB: usize = 32;
-    let mut t = vec![T::default(); rows * cols];
-    if rows == 0 || cols == 0 {
-        return t;
-    }
-    t.par_chunks_mut(TB * rows)
-        .enumerate()
-        .for_each(|(jb, dst)| {
-            let j0 = jb * TB;
-            let jn = dst.len() / rows;
-            for i0 in (0..rows).step_by(TB) {
-                for i in i0..(i0 + TB).min(rows) {
-                    for j in 0..jn {
-                        dst[j * rows + i] = a[i * cols + j0 + j];
-                    }
-                }
-            }
-        });
-    t
 }
 
 /// `linear_dw(dz[S,N], x[S,K]) -> dzᵀ · x` (`[N,K]`, f32).
@@ -286,24 +265,14 @@ pub fn linear_dw(
                 format!("dz {:?} and x {:?} differ in samples", dz.shape, x.shape),
             ));
         }
-        let dzt_f32;
-        let dzt_bf16;
-        let a = match &dz.data {
-            Data::F32(v) => {
-                dzt_f32 = transpose(v, s, n);
-                Operand::F32(&dzt_f32)
-            }
-            Data::BF16(v) => {
-                dzt_bf16 = transpose(v, s, n);
-                Operand::BF16(&dzt_bf16)
-            }
-            _ => return Err(shape_err(OP, "dz must be a float tensor".into())),
-        };
+        // A = dzᵀ read in place: element (n, s) at dz[s·N + n].
+        let a = operand(dz).ok_or_else(|| shape_err(OP, "dz must be a float tensor".into()))?;
         let base = GemmSpec {
             m: n,
             n: k,
             k: s,
-            lda: s,
+            lda: 1,
+            acs: n,
             ldc: k,
             a: xa_elt(a),
             c: out_elt,

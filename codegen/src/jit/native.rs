@@ -9,7 +9,7 @@
 //!
 //! Tile semantics (identical to the Cranelift micro-kernel, bit for bit: both sum
 //! `k` in order with one fused multiply-add per term):
-//! `C[r][j] = act(bias[j] + Σ_k A[r·lda + k] · Bp[k·NR + j])` for `r < mr`, `j < nr`,
+//! `C[r][j] = act(bias[j] + Σ_k A[r·lda + k·acs] · Bp[k·NR + j])` for `r < mr`, `j < nr`,
 //! with `A` f32 or bf16 (widened exactly), `Bp` an f32 panel of `k` rows of `NR`
 //! columns (zero-padded beyond `nr`), `bias` `NR` f32 (or absent), `act` none or
 //! relu (`x > 0 ? x : 0`), and `C` stored as f32 or bf16 (round to nearest even,
@@ -67,7 +67,7 @@ pub fn ukernel_ptr() -> Option<*const u8> {
 /// The micro-kernel entry (C ABI; see the module docs for the tile semantics).
 ///
 /// # Safety
-/// `a` covers rows `r < mr` (`a + (r·lda + k')·esize` for `k' < k`), `b` covers
+/// `a` covers `a + (r·lda + k'·acs)·esize` for `r < mr`, `k' < k`, `b` covers
 /// `k·NR` f32, `bias` covers `NR` f32 when `F_BIAS` is set, `c` covers the
 /// `mr × nr` tile with row stride `ldc`; `1 <= mr <= MR`, `1 <= nr <= NR`; the
 /// CPU has AVX2 and FMA.
@@ -80,6 +80,7 @@ pub unsafe extern "C" fn ukernel(
     bias: *const f32,
     k: usize,
     lda: usize,
+    acs: usize,
     ldc: usize,
     mr: usize,
     nr: usize,
@@ -91,9 +92,9 @@ pub unsafe extern "C" fn ukernel(
         macro_rules! go {
             ($r:literal) => {
                 if flags & F_A_BF16 != 0 {
-                    tile::<$r, true>(a, b, c, bias, k, lda, ldc, nr, flags)
+                    tile::<$r, true>(a, b, c, bias, k, lda, acs, ldc, nr, flags)
                 } else {
-                    tile::<$r, false>(a, b, c, bias, k, lda, ldc, nr, flags)
+                    tile::<$r, false>(a, b, c, bias, k, lda, acs, ldc, nr, flags)
                 }
             };
         }
@@ -120,6 +121,7 @@ unsafe fn tile<const R: usize, const ABF: bool>(
     bias: *const f32,
     k: usize,
     lda: usize,
+    acs: usize,
     ldc: usize,
     nr: usize,
     flags: u32,
@@ -145,7 +147,7 @@ unsafe fn tile<const R: usize, const ABF: bool>(
                 accr[0] = _mm256_fmadd_ps(av, b0, accr[0]);
                 accr[1] = _mm256_fmadd_ps(av, b1, accr[1]);
             }
-            pa = pa.add(esize);
+            pa = pa.add(acs * esize);
             pb = pb.add(NR);
         }
         if flags & F_BIAS != 0 {
