@@ -74,6 +74,7 @@ fn bench_gemm(c: &mut Criterion) {
                     bias: false,
                     relu: false,
                     micro,
+                    pack_a: false,
                 };
                 let kern = jit.gemm(spec).expect("compiles");
                 let bp = pack_b(&w, k, n, 1, k, micro.nr());

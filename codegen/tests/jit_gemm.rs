@@ -69,7 +69,10 @@ fn gemm_case(
         (k + (seed as usize % 3), 1)
     };
     let ldc = n + (seed as usize % 2);
-    let a32 = vals(seed, m.saturating_sub(1) * lda + k.saturating_sub(1) * acs + 1);
+    let a32 = vals(
+        seed,
+        m.saturating_sub(1) * lda + k.saturating_sub(1) * acs + 1,
+    );
     let abf = round_bf16(&a32);
     let a_eff: Vec<f32> = if a_bf {
         abf.iter().map(|x| x.to_f32()).collect()
@@ -111,6 +114,7 @@ fn gemm_case(
             bias,
             relu,
             micro,
+            pack_a: seed % 3 == 1,
         };
         let kern = jit.gemm(spec).expect("compiles");
         let bp = pack_b(&w, k, n, 1, k, micro.nr());
@@ -304,6 +308,7 @@ fn kernel_cache_reuses_compiled_code() {
         bias: false,
         relu: false,
         micro: Micro::Cranelift,
+        pack_a: false,
     };
     jit.gemm(spec).expect("compiles");
     let before = jit.stats();
@@ -328,6 +333,7 @@ fn wrong_lengths_are_refused_before_the_call() {
         bias: false,
         relu: false,
         micro: Micro::Cranelift,
+        pack_a: false,
     };
     let k = jit.gemm(spec).expect("compiles");
     let a = vec![1.0f32; 15]; // one short
@@ -356,6 +362,7 @@ fn disasm_cranelift_tile() {
         bias: false,
         relu: false,
         micro: Micro::Cranelift,
+        pack_a: false,
     };
     jit.gemm(spec).expect("compiles");
 }

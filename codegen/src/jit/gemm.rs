@@ -117,6 +117,12 @@ pub struct GemmSpec {
     pub relu: bool,
     /// The micro-kernel.
     pub micro: Micro,
+    /// Pack each row block of `A` into tile-major panels (`[tile][k][mr]`, zero
+    /// rows past `m`) before the loop nest runs on it: the micro-kernel then reads
+    /// `A` as one contiguous stream instead of `mr` strided rows. Off in the
+    /// linear ops: the serial per-block copy measured slower than the strided
+    /// reads (`examples/gemm_best`).
+    pub pack_a: bool,
 }
 
 impl GemmSpec {
@@ -128,6 +134,17 @@ impl GemmSpec {
     /// Length (f32) of the packed B.
     pub fn packed_len(&self) -> usize {
         self.panels() * self.k * self.micro.nr()
+    }
+
+    /// How the generated code addresses `A`: (elements per row index to a tile's
+    /// start, row stride inside a tile, k stride). Packed: tile `t` (rows
+    /// `t·mr..`) starts at `t·mr·k = i·k`, element `(r, kk)` at `kk·mr + r`.
+    fn a_layout(&self) -> (usize, usize, usize) {
+        if self.pack_a {
+            (self.k, 1, self.micro.mr())
+        } else {
+            (self.lda, self.lda, self.acs)
+        }
     }
 
     /// Rows per cache block: the `A` block (`MC × k`) fits in about 512 KiB (a
@@ -331,13 +348,25 @@ impl GemmKernel {
         let f = self.f;
         let run_block = |blk: usize, cptr: *mut u8, rows: usize| {
             let r0 = blk * rb;
-            let aptr = if s.k > 0 {
-                a.ptr_at(r0 * lda)
+            // The packed copy of this block's rows (kept alive across the call).
+            let packed = if s.pack_a && s.k > 0 {
+                Some(match a {
+                    Operand::F32(v) => Packed::F32(pack_a_block(v, *s, r0, rows)),
+                    Operand::BF16(v) => Packed::BF16(pack_a_block(v, *s, r0, rows)),
+                })
             } else {
-                bp.as_ptr().cast()
+                None
+            };
+            let aptr = match (&packed, s.k > 0) {
+                (Some(Packed::F32(v)), _) => v.as_ptr().cast(),
+                (Some(Packed::BF16(v)), _) => v.as_ptr().cast(),
+                (None, true) => a.ptr_at(r0 * lda),
+                (None, false) => bp.as_ptr().cast(),
             };
             // SAFETY: `rows` rows starting at row r0 of A (checked above: the
-            // last element read, (m-1)·lda + (k-1)·acs, is inside `a`) and of C (`cptr` is this
+            // last element read, (m-1)·lda + (k-1)·acs, is inside `a`; a packed
+            // block holds ⌈rows/mr⌉·mr·k elements, all the packed layout reads)
+            // and of C (`cptr` is this
             // block's own disjoint chunk of C, covering `rows` rows of stride ldc
             // up to column n); `rows` is a multiple of the tile height except for
             // the last block, whose remainder is m % mr as compiled; panels 0..
@@ -379,6 +408,37 @@ impl GemmKernel {
         }
         Ok(())
     }
+}
+
+/// A packed row block of `A`.
+enum Packed {
+    F32(Vec<f32>),
+    BF16(Vec<bf16>),
+}
+
+/// Rows `r0..r0+rows` of `A` in tile-major panels `[tile][k][mr]`, rows past the
+/// block zero.
+fn pack_a_block<T: Copy + Default>(a: &[T], s: GemmSpec, r0: usize, rows: usize) -> Vec<T> {
+    let mr = s.micro.mr();
+    let tiles = rows.div_ceil(mr);
+    let mut out = vec![T::default(); tiles * mr * s.k];
+    for t in 0..tiles {
+        let dst = &mut out[t * mr * s.k..(t + 1) * mr * s.k];
+        for r in 0..mr.min(rows - t * mr) {
+            let row = r0 + t * mr + r;
+            let base = row * s.lda;
+            if s.acs == 1 {
+                for (kk, &v) in a[base..base + s.k].iter().enumerate() {
+                    dst[kk * mr + r] = v;
+                }
+            } else {
+                for kk in 0..s.k {
+                    dst[kk * mr + r] = a[base + kk * s.acs];
+                }
+            }
+        }
+    }
+    out
 }
 
 // ------------------------------------------------------------- code generation
@@ -604,7 +664,11 @@ impl Gen<'_, '_> {
         ncols: usize,
     ) {
         let s = self.spec;
-        let aoff = self.b.ins().imul_imm_s(i, (s.lda * s.a.size()) as i64);
+        let (tile_stride, lda, acs) = s.a_layout();
+        let aoff = self
+            .b
+            .ins()
+            .imul_imm_s(i, (tile_stride * s.a.size()) as i64);
         let at = self.b.ins().iadd(a, aoff);
         let coff = self.b.ins().imul_imm_s(i, (s.ldc * s.c.size()) as i64);
         let ct = self.b.ins().iadd(cpan, coff);
@@ -629,8 +693,8 @@ impl Gen<'_, '_> {
                     ct,
                     biaspan,
                     self.iconst(s.k),
-                    self.iconst(s.lda),
-                    self.iconst(s.acs),
+                    self.iconst(lda),
+                    self.iconst(acs),
                     self.iconst(s.ldc),
                     self.iconst(rows),
                     self.iconst(ncols),
@@ -675,7 +739,8 @@ impl Gen<'_, '_> {
         let accs: Vec<Variable> = (0..rows * nv).map(|_| self.var(types::F32X4, zv)).collect();
         let pav = self.var(self.ptr, at);
         let pbv = self.var(self.ptr, bpan);
-        let (ae, lda, acs) = (s.a.size(), s.lda, s.acs);
+        let (_, lda, acs) = s.a_layout();
+        let ae = s.a.size();
         let step = |g: &mut Self, u: usize| {
             let pa = g.b.use_var(pav);
             let pb = g.b.use_var(pbv);

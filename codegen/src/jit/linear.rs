@@ -102,7 +102,11 @@ fn run_gemm(
         jit.pick_micro(base, opts.kernels, &mut trial)
             .map_err(|e| jit_err(op, e))?
     };
-    let spec = GemmSpec { micro, ..base };
+    let spec = GemmSpec {
+        micro,
+        pack_a: false,
+        ..base
+    };
     let k = jit.gemm(spec).map_err(|e| jit_err(op, e))?;
     let i = packed_for(micro, &mut packed);
     let mut out = Out::zeros(base.c, base.m * base.n);
@@ -159,6 +163,7 @@ pub fn linear(
             bias: true,
             relu: act == Act::Relu,
             micro: Micro::Cranelift,
+            pack_a: false,
         };
         let bias = to_f32(b);
         let pack = |nr: usize| match &w.data {
@@ -230,6 +235,7 @@ pub fn linear_dx(
             bias: false,
             relu: false,
             micro: Micro::Cranelift,
+            pack_a: false,
         };
         let pack = |nr: usize| match &w.data {
             Data::F32(v) => pack_b(v, n, k, k, 1, nr),
@@ -279,6 +285,7 @@ pub fn linear_dw(
             bias: false,
             relu: false,
             micro: Micro::Cranelift,
+            pack_a: false,
         };
         let pack = |nr: usize| match &x.data {
             Data::F32(v) => pack_b(v, s, k, k, 1, nr),

@@ -131,9 +131,9 @@ unsafe fn tile<const R: usize, const ABF: bool>(
     // SAFETY: the caller's contract: every A element `r < R, kk < k`, every
     // `Bp[kk][0..NR]` and the bias row are readable.
     unsafe {
-        let mut pa = a;
-        let mut pb = b;
-        for _ in 0..k {
+        let step = acs * esize;
+        // One k step: two B vectors, R broadcasts, 2R FMAs.
+        let kstep = |acc: &mut [[__m256; 2]; R], pa: *const u8, pb: *const f32| {
             let b0 = _mm256_loadu_ps(pb);
             let b1 = _mm256_loadu_ps(pb.add(8));
             for (r, accr) in acc.iter_mut().enumerate() {
@@ -147,7 +147,22 @@ unsafe fn tile<const R: usize, const ABF: bool>(
                 accr[0] = _mm256_fmadd_ps(av, b0, accr[0]);
                 accr[1] = _mm256_fmadd_ps(av, b1, accr[1]);
             }
-            pa = pa.add(acs * esize);
+        };
+        let mut pa = a;
+        let mut pb = b;
+        // Unrolled by 4: the loop overhead would otherwise hold the front end at
+        // its 4-uop limit.
+        for _ in 0..k / 4 {
+            kstep(&mut acc, pa, pb);
+            kstep(&mut acc, pa.add(step), pb.add(NR));
+            kstep(&mut acc, pa.add(2 * step), pb.add(2 * NR));
+            kstep(&mut acc, pa.add(3 * step), pb.add(3 * NR));
+            pa = pa.add(4 * step);
+            pb = pb.add(4 * NR);
+        }
+        for _ in 0..k % 4 {
+            kstep(&mut acc, pa, pb);
+            pa = pa.add(step);
             pb = pb.add(NR);
         }
         if flags & F_BIAS != 0 {
