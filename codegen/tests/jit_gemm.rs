@@ -366,3 +366,10 @@ fn disasm_cranelift_tile() {
     };
     jit.gemm(spec).expect("compiles");
 }
+
+#[test]
+fn wgrad_reduction_in_chunks_matches_the_interpreter() {
+    // More samples than one wgrad chunk (256), ragged, f32 and bf16 operands.
+    linear_ops_case(600, 19, 13, false, Act::Relu, 3);
+    linear_ops_case(517, 9, 21, true, Act::None, 4);
+}

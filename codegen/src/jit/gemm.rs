@@ -424,16 +424,21 @@ fn pack_a_block<T: Copy + Default>(a: &[T], s: GemmSpec, r0: usize, rows: usize)
     let mut out = vec![T::default(); tiles * mr * s.k];
     for t in 0..tiles {
         let dst = &mut out[t * mr * s.k..(t + 1) * mr * s.k];
-        for r in 0..mr.min(rows - t * mr) {
-            let row = r0 + t * mr + r;
-            let base = row * s.lda;
-            if s.acs == 1 {
-                for (kk, &v) in a[base..base + s.k].iter().enumerate() {
+        let live = mr.min(rows - t * mr);
+        let base = (r0 + t * mr) * s.lda;
+        if s.acs == 1 {
+            for r in 0..live {
+                let row = &a[base + r * s.lda..base + r * s.lda + s.k];
+                for (kk, &v) in row.iter().enumerate() {
                     dst[kk * mr + r] = v;
                 }
-            } else {
-                for kk in 0..s.k {
-                    dst[kk * mr + r] = a[base + kk * s.acs];
+            }
+        } else {
+            // A transposed view (e.g. dzᵀ): the tile's rows are adjacent in memory
+            // for each kk, so read them k by k.
+            for kk in 0..s.k {
+                for r in 0..live {
+                    dst[kk * mr + r] = a[base + r * s.lda + kk * s.acs];
                 }
             }
         }

@@ -17,6 +17,9 @@ use dlrm_ir::{Act, DType, Data, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
 
+/// Samples per chunk of the wgrad reduction.
+const DW_CHUNK: usize = 256;
+
 /// A float operand of a GEMM.
 pub(crate) fn operand(t: &Tensor) -> Option<Operand<'_>> {
     match &t.data {
@@ -104,7 +107,9 @@ fn run_gemm(
     };
     let spec = GemmSpec {
         micro,
-        pack_a: false,
+        // Transposed A views (wgrad's dzᵀ) are packed per row block: strided
+        // reads k by k cost far more than one packing pass.
+        pack_a: base.acs != 1,
         ..base
     };
     let k = jit.gemm(spec).map_err(|e| jit_err(op, e))?;
@@ -287,12 +292,45 @@ pub fn linear_dw(
             micro: Micro::Cranelift,
             pack_a: false,
         };
-        let pack = |nr: usize| match &x.data {
-            Data::F32(v) => pack_b(v, s, k, k, 1, nr),
-            Data::BF16(v) => pack_b(v, s, k, k, 1, nr),
-            _ => Vec::new(),
+        // The reduction over samples runs in chunks of DW_CHUNK samples (the B
+        // panel of a chunk stays in L1), partial products summed in chunk order.
+        let chunks = if out_elt == Elt::F32 {
+            s.div_ceil(DW_CHUNK).max(1)
+        } else {
+            1
         };
-        let out = run_gemm(jit, opts, OP, base, a, &pack, None)?;
+        let step = s.div_ceil(chunks).max(1);
+        let mut total: Option<Vec<f32>> = None;
+        let mut single: Option<Out> = None;
+        for c0 in (0..s.max(1)).step_by(step) {
+            let len = step.min(s - c0.min(s));
+            let a_c = match a {
+                Operand::F32(v) => Operand::F32(&v[(c0 * n).min(v.len())..]),
+                Operand::BF16(v) => Operand::BF16(&v[(c0 * n).min(v.len())..]),
+            };
+            let pack = |nr: usize| match &x.data {
+                Data::F32(v) => pack_b(&v[(c0 * k).min(v.len())..], len, k, k, 1, nr),
+                Data::BF16(v) => pack_b(&v[(c0 * k).min(v.len())..], len, k, k, 1, nr),
+                _ => Vec::new(),
+            };
+            let part = run_gemm(jit, opts, OP, GemmSpec { k: len, ..base }, a_c, &pack, None)?;
+            match (chunks, part, total.as_mut()) {
+                (1, p, _) => single = Some(p),
+                (_, Out::F32(p), None) => total = Some(p),
+                (_, Out::F32(p), Some(t)) => t
+                    .par_chunks_mut(1 << 14)
+                    .zip(p.par_chunks(1 << 14))
+                    .for_each(|(t, p)| t.iter_mut().zip(p).for_each(|(t, &p)| *t += p)),
+                (_, Out::BF16(_), _) => {
+                    return Err(shape_err(OP, "internal: chunked wgrad must be f32".into()));
+                }
+            }
+        }
+        let out = match (single, total) {
+            (Some(o), _) => o,
+            (None, Some(t)) => Out::F32(t),
+            (None, None) => Out::zeros(out_elt, n * k),
+        };
         Ok(vec![out.tensor(vec![n, k])])
     })())
 }
