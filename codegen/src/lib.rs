@@ -1,19 +1,26 @@
 //! dlrm-codegen: dlrmc's kernels.
 //!
-//! For now this crate holds the plain-Rust *reference kernels* ([`kernels`]): fast,
-//! parallel (rayon) implementations of the heavy ops — linear layers and their
-//! gradients as `matrixmultiply` GEMMs with a fused bias + activation epilogue,
-//! embedding bags, interactions — and the in-place optimizer updates, including the
-//! SC20 race-free sparse update. Every kernel computes what `dlrm_ir::interp::eval_op`
-//! defines (up to float reassociation for GEMMs and dot products, bitwise for the
-//! optimizer updates); the tests check it. The Cranelift JIT comes later and will use
-//! these kernels as its oracle.
+//! - [`jit`]: Cranelift JIT kernels, one per op signature, cached process-wide
+//!   ([`Jit::global`]): a blocked batch-reduce GEMM core with fused bias/relu
+//!   epilogues (linear, dgrad, wgrad; f32 and bf16 storage) whose tiles are a
+//!   pure-Cranelift f32x4 FMA micro-kernel or a native AVX2+FMA micro-kernel
+//!   called through a JIT symbol ([`KernelChoice`]); embedding bags; elementwise
+//!   ops. Entry: [`jit::try_eval`].
+//! - [`kernels`]: the plain-Rust *reference kernels* (rayon + `matrixmultiply`),
+//!   the JIT's oracle and fallback, and the in-place optimizer updates including
+//!   the SC20 race-free sparse update. Entry: [`try_eval`].
+//! - [`cost`]: flops and bytes of an op execution (the `--bench` table).
 //!
-//! Callers ask [`try_eval`] first and fall back to the interpreter when it answers
-//! `None` (an op or dtype without a fast kernel).
+//! Every kernel computes what `dlrm_ir::interp::eval_op` defines (up to float
+//! reassociation for GEMMs and dot products; see each module); the tests check
+//! it. Callers ask [`jit::try_eval`], then [`try_eval`], and fall back to the
+//! interpreter when both answer `None`.
 
 #![warn(missing_docs)]
 
+pub mod cost;
+pub mod jit;
 pub mod kernels;
 
+pub use jit::{Jit, JitError, JitOptions, KernelChoice};
 pub use kernels::{KernelError, sgd_in_place, sparse_sgd_in_place, try_eval};

@@ -27,7 +27,7 @@
 
 use crate::data::{DataSchema, SyntheticData, eval_step};
 use crate::error::{Result, RuntimeError};
-use crate::exec::{Executor, OpTime};
+use crate::exec::{Backend, Executor, KernelChoice, OpTime};
 use crate::metrics::{accuracy, auc};
 use crate::plan::Plan;
 use dlrm_ir::{Communicator, Dim, Graph, LocalComm, LocalGroup, Tensor, batch_slice};
@@ -74,6 +74,10 @@ pub struct Job {
     pub eval_batches: usize,
     /// Steps excluded from the throughput median (warm-up).
     pub warmup: u64,
+    /// Kernel backend (`--backend jit|reference`).
+    pub backend: Backend,
+    /// GEMM micro-kernel choice of the JIT backend (`--kernels cranelift|native|auto`).
+    pub kernels: KernelChoice,
 }
 
 impl Job {
@@ -96,6 +100,8 @@ impl Job {
             log_every: 10,
             eval_batches: 4,
             warmup: 3,
+            backend: Backend::default(),
+            kernels: KernelChoice::default(),
         }
     }
 
@@ -160,6 +166,58 @@ pub struct Report {
     pub wall_s: f64,
     /// Rank 0's time per op kind during the steps (evaluation excluded).
     pub op_times: Vec<OpTime>,
+    /// The kernel backend used.
+    pub backend: Backend,
+    /// The GEMM micro-kernel choice (`cranelift`, `native` or `auto`).
+    pub kernels: &'static str,
+    /// JIT kernels compiled by the process so far (all ranks share them).
+    pub jit_kernels: usize,
+    /// Total JIT compile time of the process so far, in seconds.
+    pub jit_compile_s: f64,
+}
+
+impl Report {
+    /// The `--bench` table: per op kind, calls per step, time share, ms per step,
+    /// GFLOP/s and GB/s, then the throughput line.
+    pub fn bench_table(&self) -> String {
+        let total: f64 = self.op_times.iter().map(|t| t.seconds).sum();
+        let iters = self.iters.max(1) as f64;
+        let mut s = format!(
+            "{:<20} {:>7} {:>7} {:>10} {:>9} {:>8}\n",
+            "op", "calls", "share", "ms/step", "GFLOP/s", "GB/s"
+        );
+        for t in &self.op_times {
+            let share = if total > 0.0 {
+                100.0 * t.seconds / total
+            } else {
+                0.0
+            };
+            s.push_str(&format!(
+                "{:<20} {:>7.1} {:>6.1}% {:>10.3} {:>9.2} {:>8.2}\n",
+                t.op,
+                t.calls as f64 / iters,
+                share,
+                1e3 * t.seconds / iters,
+                t.gflops(),
+                t.gbytes()
+            ));
+        }
+        s.push_str(&format!(
+            "{} {:?} x{} ranks, backend {} (kernels {}): {:.0} samples/s; {} JIT kernels compiled in {:.3} s\n",
+            match self.mode {
+                Mode::Train => "train",
+                Mode::Infer => "infer",
+            },
+            self.global_batch,
+            self.ranks,
+            self.backend.name(),
+            self.kernels,
+            self.samples_per_s,
+            self.jit_kernels,
+            self.jit_compile_s
+        ));
+        s
+    }
 }
 
 /// Runs a job (see the module docs). `on_event` runs on the calling thread.
@@ -195,6 +253,8 @@ pub fn run_with_params(
         log_every,
         eval_batches,
         warmup,
+        backend,
+        kernels,
         ..
     } = job;
     let per_rank = distribute(params, train_graphs.as_deref(), &infer_graphs)?;
@@ -204,6 +264,8 @@ pub fn run_with_params(
         global_batch,
         log_every,
         eval_batches,
+        backend,
+        kernels,
     };
     let comms = LocalGroup::new(ranks);
     let (tx, rx) = mpsc::channel::<Event>();
@@ -287,6 +349,9 @@ pub fn run_with_params(
         labels.extend(data.labels(eval_step(b as u64), 0..global_batch));
     }
     let rank0 = &outs[0];
+    let jit_stats = dlrm_codegen::Jit::global()
+        .map(|j| j.stats())
+        .unwrap_or_default();
     let measured: Vec<f64> = {
         let skip = if (rank0.step_times.len() as u64) > warmup {
             warmup as usize
@@ -315,6 +380,10 @@ pub fn run_with_params(
         eval_samples: scores.len(),
         wall_s: wall.elapsed().as_secs_f64(),
         op_times: rank0.op_times.clone(),
+        backend,
+        kernels: kernels.name(),
+        jit_kernels: jit_stats.compiled,
+        jit_compile_s: jit_stats.compile_s,
     };
     Ok((report, outs.into_iter().map(|o| o.params).collect()))
 }
@@ -401,6 +470,8 @@ struct RankCfg {
     global_batch: usize,
     log_every: u64,
     eval_batches: usize,
+    backend: Backend,
+    kernels: KernelChoice,
 }
 
 struct RankOutput {
@@ -478,6 +549,7 @@ fn rank_main(
             Executor::new(infer.clone(), p, rank)?
         }
     };
+    exec.set_backend(cfg.backend, cfg.kernels);
     let mut out = RankOutput {
         losses: Vec::new(),
         last_loss: None,
@@ -542,7 +614,9 @@ fn rank_main(
         trained.extend(params.drain());
         params = trained;
         let p = params_for(&infer, &mut params);
-        Executor::new(infer, p, rank)?
+        let mut e = Executor::new(infer, p, rank)?;
+        e.set_backend(cfg.backend, cfg.kernels);
+        e
     } else {
         exec
     };

@@ -21,13 +21,22 @@
 //! After a failed step the executor refuses to run again (its parameters may have
 //! been moved out mid-step).
 //!
+//! Backends ([`Backend`]): `Jit` (the default) runs each node with a Cranelift
+//! kernel ([`dlrm_codegen::jit::try_eval`], compiled once per op signature and
+//! cached process-wide, GEMM micro-kernel per [`KernelChoice`]), else the reference
+//! kernel, else the interpreter; `Reference` skips the JIT.
+//!
 //! A per-op-kind timer accumulates the wall time spent in each mnemonic (the node's
-//! evaluation plus dropping the values whose last use it is).
+//! evaluation plus dropping the values whose last use it is), with the work and
+//! traffic of each execution ([`dlrm_codegen::cost::op_cost`]) for GFLOP/s and
+//! GB/s.
 
 use crate::error::{Result, RuntimeError};
+use dlrm_codegen::cost::{Cost, op_cost};
+pub use dlrm_codegen::{JitOptions, KernelChoice};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Communicator, Def, Dim, Graph, Op, Tensor, TensorType, ValueId};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
@@ -40,6 +49,69 @@ pub struct OpTime {
     pub calls: u64,
     /// Total wall time, in seconds.
     pub seconds: f64,
+    /// Total floating-point operations ([`dlrm_codegen::cost`] conventions).
+    pub flops: f64,
+    /// Total bytes moved ([`dlrm_codegen::cost`] conventions).
+    pub bytes: f64,
+}
+
+impl OpTime {
+    /// GFLOP/s over the measured time (0 when no time was measured).
+    pub fn gflops(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.flops / self.seconds / 1e9
+        } else {
+            0.0
+        }
+    }
+
+    /// GB/s over the measured time (0 when no time was measured).
+    pub fn gbytes(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.bytes / self.seconds / 1e9
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Which kernels run the nodes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Cranelift JIT kernels, falling back to the reference kernels, then to the
+    /// interpreter (`--backend jit`, the default).
+    #[default]
+    Jit,
+    /// Reference kernels, then the interpreter (`--backend reference`).
+    Reference,
+}
+
+impl Backend {
+    /// Parses `jit` or `reference`.
+    pub fn parse(s: &str) -> Option<Backend> {
+        match s {
+            "jit" => Some(Backend::Jit),
+            "reference" => Some(Backend::Reference),
+            _ => None,
+        }
+    }
+
+    /// The spelling accepted by [`Backend::parse`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Jit => "jit",
+            Backend::Reference => "reference",
+        }
+    }
+}
+
+/// Per-op-kind accumulators: calls, time, work.
+#[derive(Clone, Copy, Debug, Default)]
+struct Acc {
+    calls: u64,
+    time: Duration,
+    cost: Cost,
 }
 
 /// A value's lifetime end: after node `n`, or kept to the end of the step.
@@ -59,7 +131,9 @@ pub struct Executor {
     may_move: Vec<bool>,
     /// Scratch value slots (reused across steps).
     slots: Vec<Option<Tensor>>,
-    times: BTreeMap<&'static str, (u64, Duration)>,
+    times: BTreeMap<&'static str, Acc>,
+    backend: Backend,
+    jit: JitOptions,
     step: u64,
     poisoned: Option<String>,
 }
@@ -169,9 +243,22 @@ impl Executor {
             slots: vec![None; nvals],
             graph,
             times: BTreeMap::new(),
+            backend: Backend::default(),
+            jit: JitOptions::default(),
             step: 0,
             poisoned: None,
         })
+    }
+
+    /// Selects the backend and the GEMM micro-kernel choice (default: JIT, auto).
+    pub fn set_backend(&mut self, backend: Backend, kernels: KernelChoice) {
+        self.backend = backend;
+        self.jit = JitOptions { kernels };
+    }
+
+    /// The backend in use.
+    pub fn backend(&self) -> Backend {
+        self.backend
     }
 
     /// The graph this executor runs.
@@ -226,10 +313,12 @@ impl Executor {
         let mut v: Vec<OpTime> = self
             .times
             .iter()
-            .map(|(op, (calls, d))| OpTime {
+            .map(|(op, a)| OpTime {
                 op: (*op).to_string(),
-                calls: *calls,
-                seconds: d.as_secs_f64(),
+                calls: a.calls,
+                seconds: a.time.as_secs_f64(),
+                flops: a.cost.flops,
+                bytes: a.cost.bytes,
             })
             .collect();
         v.sort_by(|a, b| {
@@ -414,7 +503,7 @@ impl Executor {
         self.bind_inputs(inputs, syms)?;
         for n in 0..self.graph.nodes().len() {
             let t0 = Instant::now();
-            let outs = self.run_node(n, syms, comm)?;
+            let (outs, cost) = self.run_node(n, syms, comm)?;
             let node = &self.graph.nodes()[n];
             if outs.len() != node.outputs.len() {
                 return Err(self.node_err(
@@ -436,8 +525,10 @@ impl Executor {
                 self.slots[v.index()] = None;
             }
             let e = self.times.entry(mnemonic).or_default();
-            e.0 += 1;
-            e.1 += t0.elapsed();
+            e.calls += 1;
+            e.time += t0.elapsed();
+            e.cost.flops += cost.flops;
+            e.cost.bytes += cost.bytes;
         }
         // Outputs (copied when an update or a later output still needs the value).
         let g = &self.graph;
@@ -498,7 +589,7 @@ impl Executor {
         n: usize,
         syms: &HashMap<String, usize>,
         comm: &dyn Communicator,
-    ) -> Result<Vec<Tensor>> {
+    ) -> Result<(Vec<Tensor>, Cost)> {
         let node = &self.graph.nodes()[n];
         let op = node.op.clone();
         let out_types: Vec<TensorType> = node
@@ -514,15 +605,21 @@ impl Executor {
         let res = if op.is_collective() {
             None
         } else {
-            dlrm_codegen::try_eval(&op, &ins, &out_types, syms)
+            let jit = match self.backend {
+                Backend::Jit => dlrm_codegen::jit::try_eval(&op, &ins, &out_types, syms, &self.jit),
+                Backend::Reference => None,
+            };
+            jit.or_else(|| dlrm_codegen::try_eval(&op, &ins, &out_types, syms))
         };
-        match res {
-            Some(r) => r.map_err(|e| self.node_err(n, e.to_string())),
+        let outs = match res {
+            Some(r) => r.map_err(|e| self.node_err(n, self.with_table(&op, &ins_ids, e))),
             None => {
                 let ctx = EvalCtx { syms, comm };
                 eval_op(&op, &ins, &out_types, &ctx).map_err(|e| self.node_err(n, e))
             }
-        }
+        }?;
+        let cost = op_cost(&op, &ins, &outs.iter().collect::<Vec<_>>());
+        Ok((outs, cost))
     }
 
     fn operands(&self, n: usize, ids: &[ValueId]) -> Result<Vec<&Tensor>> {
@@ -552,7 +649,7 @@ impl Executor {
         out_types: &[TensorType],
         syms: &HashMap<String, usize>,
         comm: &dyn Communicator,
-    ) -> Result<Vec<Tensor>> {
+    ) -> Result<(Vec<Tensor>, Cost)> {
         let Some(&w_id) = ids.first() else {
             return Err(self.node_err(n, "has no operands".into()));
         };
@@ -561,7 +658,9 @@ impl Executor {
         if !same_dtype || out_types.len() != 1 {
             let ins = self.operands(n, ids)?;
             let ctx = EvalCtx { syms, comm };
-            return eval_op(op, &ins, out_types, &ctx).map_err(|e| self.node_err(n, e));
+            let outs = eval_op(op, &ins, out_types, &ctx).map_err(|e| self.node_err(n, e))?;
+            let cost = op_cost(op, &ins, &outs.iter().collect::<Vec<_>>());
+            return Ok((outs, cost));
         }
         let mut w = if self.may_move[n] {
             self.take(w_id)
@@ -595,14 +694,32 @@ impl Executor {
                 ),
             }),
         };
+        let cost = {
+            let mut all: Vec<&Tensor> = vec![&w];
+            all.extend(rest.iter().copied());
+            op_cost(op, &all, &[&w])
+        };
         match res {
-            Ok(()) => Ok(vec![w]),
+            Ok(()) => Ok((vec![w], cost)),
             Err(e) => {
-                let err = self.node_err(n, e.to_string());
+                let err = self.node_err(n, self.with_table(op, ids, e));
                 // The kernels validate before writing: the storage is intact.
                 self.put_back(n, w_id, w);
                 Err(err)
             }
+        }
+    }
+
+    /// A kernel error's text; for an index out of range in an embedding op, with
+    /// the table's name (operand 0 of `embedding_bag` and `sparse_sgd`).
+    fn with_table(&self, op: &Op, ids: &[ValueId], e: dlrm_codegen::KernelError) -> String {
+        match (&e, op, ids.first()) {
+            (
+                dlrm_codegen::KernelError::IndexOutOfRange { .. },
+                Op::EmbeddingBag { .. } | Op::SparseSgd { .. },
+                Some(&t),
+            ) => format!("table %{}: {e}", self.graph.name_of(t)),
+            _ => e.to_string(),
         }
     }
 

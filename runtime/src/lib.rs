@@ -26,6 +26,6 @@ pub use data::{DataSchema, SyntheticData, eval_step};
 pub use dlrm_ir::{Communicator, LocalComm, LocalGroup};
 pub use driver::{Event, Job, Mode, Report, run, run_with_params};
 pub use error::{Result, RuntimeError};
-pub use exec::{Executor, OpTime};
+pub use exec::{Backend, Executor, KernelChoice, OpTime};
 pub use metrics::{MetricsWriter, accuracy, auc};
 pub use plan::{Plan, Training, read_manifest, read_plan, write_plan};

@@ -3,7 +3,9 @@
 //! The metrics file has one JSON object per line: one per logged step
 //! (`{"iter", "loss", "samples_per_s", "elapsed_s"}`, `loss` null in inference mode)
 //! and a last summary line (`{"auc", "accuracy", "eval_samples", "final_loss",
-//! "samples_per_s", "ranks", "iters"}`). Every line is written whole and flushed
+//! "samples_per_s", "ranks", "iters", "backend", "kernels", "jit_kernels",
+//! "jit_compile_s", "ops"}`, `ops` being the per-op-kind bench table: `op`,
+//! `calls`, `seconds`, `gflops`, `gbytes_per_s`). Every line is written whole and flushed
 //! before the call returns, so a reader (or a crash) sees only complete lines,
 //! except at worst a truncated last line if the process dies inside the write; the
 //! file as a whole is not atomic (it grows while training runs, so progress can be
@@ -125,6 +127,17 @@ impl MetricsWriter {
             "samples_per_s": r.samples_per_s,
             "ranks": r.ranks,
             "iters": r.iters,
+            "backend": r.backend,
+            "kernels": r.kernels,
+            "jit_kernels": r.jit_kernels,
+            "jit_compile_s": r.jit_compile_s,
+            "ops": r.op_times.iter().map(|t| json!({
+                "op": t.op,
+                "calls": t.calls,
+                "seconds": t.seconds,
+                "gflops": t.gflops(),
+                "gbytes_per_s": t.gbytes(),
+            })).collect::<Vec<_>>(),
         }))?;
         self.out
             .get_ref()

@@ -73,6 +73,14 @@ pub enum KernelError {
         /// What is wrong.
         reason: String,
     },
+    /// The JIT failed to compile or refused a kernel's arguments.
+    #[error("`{op}`: JIT kernel: {reason}")]
+    Jit {
+        /// The op mnemonic.
+        op: &'static str,
+        /// What failed.
+        reason: String,
+    },
     /// A dtype the kernel does not handle.
     #[error("`{op}`: unsupported dtype: {reason}")]
     DType {
@@ -147,7 +155,7 @@ fn one(r: KResult<Tensor>) -> KResult<Vec<Tensor>> {
 
 /// Checks the results against the declared types (dims with unbound symbols are
 /// not checked): a kernel must never hand back something the graph did not declare.
-fn check_results(
+pub(crate) fn check_results(
     op: &Op,
     outs: Vec<Tensor>,
     out_types: &[TensorType],

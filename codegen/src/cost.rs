@@ -1,0 +1,118 @@
+//! Work and traffic of one op execution, for the `--bench` table: floating-point
+//! operations and bytes moved, computed from the operands' and results' shapes.
+//!
+//! Conventions: a multiply-add counts 2 flops; elementwise ops count one flop
+//! per result element; bytes are the bytes every operand and result occupies,
+//! except for embedding tables, of which only the rows an index touches count
+//! (read for `embedding_bag`, read and written for `sparse_sgd`). These are the
+//! compulsory traffic, not cache-level measurements.
+
+use dlrm_ir::{InteractionKind, Op, Tensor};
+
+/// Work and traffic of one execution.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Cost {
+    /// Floating-point operations.
+    pub flops: f64,
+    /// Bytes read and written.
+    pub bytes: f64,
+}
+
+fn bytes(ts: &[&Tensor]) -> f64 {
+    ts.iter().map(|t| t.size_bytes() as f64).sum()
+}
+
+/// The cost of `op` run on `inputs` producing `outputs`.
+pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
+    let out_elems: f64 = outputs.iter().map(|t| t.numel() as f64).sum();
+    let io = bytes(inputs) + bytes(outputs);
+    let dims2 = |t: Option<&&Tensor>| match t.map(|t| &t.shape[..]) {
+        Some(&[a, b]) => (a as f64, b as f64),
+        _ => (0.0, 0.0),
+    };
+    match op {
+        Op::Linear { .. } => {
+            let (s, k) = dims2(inputs.first());
+            let (n, _) = dims2(inputs.get(1));
+            Cost {
+                flops: 2.0 * s * n * k + 2.0 * s * n,
+                bytes: io,
+            }
+        }
+        Op::LinearDx => {
+            let (s, n) = dims2(inputs.first());
+            let (_, k) = dims2(inputs.get(1));
+            Cost {
+                flops: 2.0 * s * n * k,
+                bytes: io,
+            }
+        }
+        Op::LinearDw => {
+            let (s, n) = dims2(inputs.first());
+            let (_, k) = dims2(inputs.get(1));
+            Cost {
+                flops: 2.0 * s * n * k,
+                bytes: io,
+            }
+        }
+        Op::LinearDb => {
+            let (s, n) = dims2(inputs.first());
+            Cost {
+                flops: s * n,
+                bytes: io,
+            }
+        }
+        Op::EmbeddingBag { .. } => {
+            let (_, d) = dims2(inputs.first());
+            let nidx = inputs.get(1).map_or(0.0, |t| t.numel() as f64);
+            let es = inputs
+                .first()
+                .map_or(4.0, |t| t.dtype().size_bytes() as f64);
+            Cost {
+                flops: nidx * d,
+                bytes: nidx * d * es + bytes(&inputs[1.min(inputs.len())..]) + bytes(outputs),
+            }
+        }
+        Op::SparseSgd { .. } => {
+            let (_, d) = dims2(inputs.first());
+            let nidx = inputs.get(1).map_or(0.0, |t| t.numel() as f64);
+            let es = inputs
+                .first()
+                .map_or(4.0, |t| t.dtype().size_bytes() as f64);
+            Cost {
+                flops: 2.0 * nidx * d,
+                bytes: 2.0 * nidx * d * es + bytes(&inputs[1.min(inputs.len())..]),
+            }
+        }
+        Op::Interaction {
+            kind: InteractionKind::Dot,
+            self_interaction,
+        }
+        | Op::InteractionGrad {
+            kind: InteractionKind::Dot,
+            self_interaction,
+        } => {
+            let base = usize::from(matches!(op, Op::InteractionGrad { .. }));
+            let (s, d) = dims2(inputs.get(base));
+            let f = (inputs.len() - base) as f64;
+            let pairs = if *self_interaction {
+                f * (f + 1.0) / 2.0
+            } else {
+                f * (f - 1.0) / 2.0
+            };
+            let per = if base == 1 { 4.0 } else { 2.0 };
+            Cost {
+                flops: per * s * pairs * d,
+                bytes: io,
+            }
+        }
+        Op::Sgd { .. } => Cost {
+            flops: 2.0 * out_elems,
+            bytes: io,
+        },
+        _ => Cost {
+            flops: out_elems,
+            bytes: io,
+        },
+    }
+}

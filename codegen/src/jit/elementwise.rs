@@ -1,0 +1,305 @@
+//! Elementwise JIT kernels: `relu`, `relu_grad`, `sigmoid_grad`, `add`, on f32 or
+//! bf16 storage in any mix (f32x4 main loop, scalar tail), parallel over chunks.
+//!
+//! Each element is computed by the definition's own float operations in the same
+//! order (`relu`: `x > 0 ? x : 0`; `relu_grad`: `y > 0 ? dy : 0`; `sigmoid_grad`:
+//! `(dy·y)·(1-y)`; `add`: `a+b`), so f32 results equal the reference bit for bit
+//! (up to the sign of a zero from `relu`); bf16 results are rounded once, to
+//! nearest even.
+//!
+//! ABI: `fn(a: *const u8, b: *const u8, out: *mut u8, n: i64)` over `n` elements.
+
+use super::clif::{for_range, load_f32, load_f32x4, relu_x4, store_f32, store_f32x4};
+use super::gemm::Elt;
+use super::{Jit, JitError};
+use crate::kernels::{KResult, KernelError, shape_err};
+use cranelift_codegen::ir::condcodes::FloatCC;
+use cranelift_codegen::ir::{AbiParam, InstBuilder, Value, types};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_module::{Linkage, Module};
+use dlrm_ir::{DType, Data, Op, Tensor, TensorType};
+use half::bf16;
+use rayon::prelude::*;
+
+/// The elementwise function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EwKind {
+    /// `max(x, 0)` (unary).
+    Relu,
+    /// `y > 0 ? dy : 0` with operands `(dy, y)`.
+    ReluGrad,
+    /// `dy·y·(1-y)` with operands `(dy, y)`.
+    SigmoidGrad,
+    /// `a + b`.
+    Add,
+}
+
+impl EwKind {
+    fn arity(self) -> usize {
+        match self {
+            EwKind::Relu => 1,
+            _ => 2,
+        }
+    }
+}
+
+/// What an elementwise kernel is specialised on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EwSpec {
+    /// The function.
+    pub kind: EwKind,
+    /// First operand's element type.
+    pub a: Elt,
+    /// Second operand's element type (ignored for unary kinds).
+    pub b: Elt,
+    /// Result element type.
+    pub out: Elt,
+}
+
+type EwFn = unsafe extern "C" fn(*const u8, *const u8, *mut u8, i64);
+
+/// A compiled elementwise kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct EwKernel {
+    spec: EwSpec,
+    f: EwFn,
+}
+
+fn apply(b: &mut FunctionBuilder<'_>, kind: EwKind, x: Value, y: Value, vector: bool) -> Value {
+    let zero = {
+        let z = b.ins().f32const(0.0);
+        if vector {
+            b.ins().splat(types::F32X4, z)
+        } else {
+            z
+        }
+    };
+    match kind {
+        EwKind::Relu if vector => relu_x4(b, x),
+        EwKind::Relu => {
+            let c = b.ins().fcmp(FloatCC::GreaterThan, x, zero);
+            b.ins().select(c, x, zero)
+        }
+        EwKind::ReluGrad => {
+            let c = b.ins().fcmp(FloatCC::GreaterThan, y, zero);
+            if vector {
+                let m = b.ins().bitcast(types::F32X4, super::clif::bc_flags(), c);
+                b.ins().band(x, m)
+            } else {
+                b.ins().select(c, x, zero)
+            }
+        }
+        EwKind::SigmoidGrad => {
+            let one = b.ins().f32const(1.0);
+            let one = if vector {
+                b.ins().splat(types::F32X4, one)
+            } else {
+                one
+            };
+            let t = b.ins().fmul(x, y);
+            let u = b.ins().fsub(one, y);
+            b.ins().fmul(t, u)
+        }
+        EwKind::Add => b.ins().fadd(x, y),
+    }
+}
+
+pub(crate) fn compile(jit: &Jit, spec: EwSpec) -> Result<EwKernel, JitError> {
+    let mut module = jit.new_module(false)?;
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    for _ in 0..3 {
+        sig.params.push(AbiParam::new(ptr));
+    }
+    sig.params.push(AbiParam::new(types::I64));
+    let id = module
+        .declare_function("elementwise", Linkage::Export, &sig)
+        .map_err(JitError::module)?;
+    let mut ctx = module.make_context();
+    ctx.func.signature = sig;
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let p = b.block_params(entry).to_vec();
+        let (pa, pb, po, n) = (p[0], p[1], p[2], p[3]);
+        let (ea, eb, eo) = (
+            spec.a.size() as i64,
+            spec.b.size() as i64,
+            spec.out.size() as i64,
+        );
+        let n4 = b.ins().band_imm_s(n, !3);
+        let zero = b.ins().iconst(types::I64, 0);
+        let addr = |b: &mut FunctionBuilder<'_>, base: Value, i: Value, es: i64| {
+            let off = b.ins().imul_imm_s(i, es);
+            b.ins().iadd(base, off)
+        };
+        for_range(&mut b, zero, n4, 4, &mut |b, i| {
+            let a = addr(b, pa, i, ea);
+            let x = load_f32x4(b, spec.a, a, 0);
+            let y = if spec.kind.arity() == 2 {
+                let bb = addr(b, pb, i, eb);
+                load_f32x4(b, spec.b, bb, 0)
+            } else {
+                x
+            };
+            let r = apply(b, spec.kind, x, y, true);
+            let o = addr(b, po, i, eo);
+            store_f32x4(b, spec.out, r, o, 0);
+        });
+        for_range(&mut b, n4, n, 1, &mut |b, i| {
+            let a = addr(b, pa, i, ea);
+            let x = load_f32(b, spec.a, a, 0);
+            let y = if spec.kind.arity() == 2 {
+                let bb = addr(b, pb, i, eb);
+                load_f32(b, spec.b, bb, 0)
+            } else {
+                x
+            };
+            let r = apply(b, spec.kind, x, y, false);
+            let o = addr(b, po, i, eo);
+            store_f32(b, spec.out, r, o, 0);
+        });
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize(module.target_config());
+    }
+    let f = jit.define_and_finalize(module, id, &mut ctx)?;
+    // SAFETY: generated with exactly this signature and the C call convention.
+    let f: EwFn = unsafe { std::mem::transmute::<*const u8, EwFn>(f) };
+    Ok(EwKernel { spec, f })
+}
+
+/// Elements per rayon task.
+const CHUNK: usize = 1 << 14;
+
+fn float_ptr(t: &Tensor) -> Option<(Elt, *const u8, usize)> {
+    match &t.data {
+        Data::F32(v) => Some((Elt::F32, v.as_ptr().cast(), v.len())),
+        Data::BF16(v) => Some((Elt::BF16, v.as_ptr().cast(), v.len())),
+        _ => None,
+    }
+}
+
+impl EwKernel {
+    /// Runs over `n` elements: `a` (and `b`) hold `n` elements of the spec's types,
+    /// `out` receives `n` results. Lengths are checked before the call.
+    fn run(&self, a: &Tensor, b: Option<&Tensor>, out: &mut Data) -> Result<(), JitError> {
+        let s = self.spec;
+        let bad = |r: &str| JitError::Args {
+            kernel: format!("{s:?}"),
+            reason: r.to_string(),
+        };
+        let (ea, pa, n) = float_ptr(a).ok_or_else(|| bad("a is not a float tensor"))?;
+        let (eb, pb, nb) = match b {
+            Some(t) => float_ptr(t).ok_or_else(|| bad("b is not a float tensor"))?,
+            None => (s.b, pa, n),
+        };
+        if ea != s.a || eb != s.b && s.kind.arity() == 2 || nb != n {
+            return Err(bad("operand types or lengths differ from the spec"));
+        }
+        let (pa, pb) = (pa as usize, pb as usize);
+        let f = self.f;
+        let go = |chunk: usize, po: *mut u8, len: usize| {
+            let i0 = chunk * CHUNK;
+            // SAFETY: elements i0..i0+len of a and b exist (both hold n >= i0+len
+            // elements, checked above); `po` is this task's own chunk of the
+            // result, `len` elements long.
+            unsafe {
+                f(
+                    (pa as *const u8).add(i0 * s.a.size()),
+                    (pb as *const u8).add(i0 * s.b.size()),
+                    po,
+                    len as i64,
+                )
+            }
+        };
+        match (out, s.out) {
+            (Data::F32(o), Elt::F32) if o.len() == n => o
+                .par_chunks_mut(CHUNK)
+                .enumerate()
+                .for_each(|(c, ch)| go(c, ch.as_mut_ptr().cast(), ch.len())),
+            (Data::BF16(o), Elt::BF16) if o.len() == n => o
+                .par_chunks_mut(CHUNK)
+                .enumerate()
+                .for_each(|(c, ch)| go(c, ch.as_mut_ptr().cast(), ch.len())),
+            _ => return Err(bad("result type or length differs from the spec")),
+        }
+        Ok(())
+    }
+}
+
+/// `relu`, `relu_grad`, `sigmoid_grad`, `add` with a JIT kernel (`None`: other op
+/// or non-float dtypes).
+pub(crate) fn eval(
+    jit: &Jit,
+    op: &Op,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+) -> Option<KResult<Vec<Tensor>>> {
+    let kind = match op {
+        Op::Relu => EwKind::Relu,
+        Op::ReluGrad => EwKind::ReluGrad,
+        Op::SigmoidGrad => EwKind::SigmoidGrad,
+        Op::Add => EwKind::Add,
+        _ => return None,
+    };
+    let op_name = op.mnemonic();
+    if inputs.len() != kind.arity() {
+        return None;
+    }
+    let (ea, _, _) = float_ptr(inputs[0])?;
+    let eb = if kind.arity() == 2 {
+        float_ptr(inputs[1])?.0
+    } else {
+        ea
+    };
+    let out = match out_types.first()?.dtype {
+        DType::F32 => Elt::F32,
+        DType::BF16 => Elt::BF16,
+        _ => return None,
+    };
+    Some((|| {
+        if kind.arity() == 2 && inputs[0].shape != inputs[1].shape {
+            return Err(shape_err(
+                op_name,
+                format!(
+                    "shapes {:?} and {:?} differ",
+                    inputs[0].shape, inputs[1].shape
+                ),
+            ));
+        }
+        if crate::kernels::data_len(inputs[0]) != inputs[0].numel() {
+            return Err(shape_err(
+                op_name,
+                "operand length differs from its shape".into(),
+            ));
+        }
+        let spec = EwSpec {
+            kind,
+            a: ea,
+            b: eb,
+            out,
+        };
+        let k = jit.elementwise(spec).map_err(|e| KernelError::Jit {
+            op: op_name,
+            reason: e.to_string(),
+        })?;
+        let n = inputs[0].numel();
+        let mut data = match out {
+            Elt::F32 => Data::F32(vec![0.0; n]),
+            Elt::BF16 => Data::BF16(vec![bf16::ZERO; n]),
+        };
+        k.run(inputs[0], inputs.get(1).copied(), &mut data)
+            .map_err(|e| KernelError::Jit {
+                op: op_name,
+                reason: e.to_string(),
+            })?;
+        Ok(vec![Tensor {
+            shape: inputs[0].shape.clone(),
+            data,
+        }])
+    })())
+}

@@ -1,0 +1,323 @@
+//! The embedding-bag forward JIT kernel (fixed pooling or offsets, sum or mean,
+//! f32 or bf16 tables and results, i64 or i32 indices), parallel over blocks of
+//! bags.
+//!
+//! Per bag, the row width `d` is processed in chunks of up to 32 columns (8 f32x4
+//! accumulators, so they stay in registers); the bag's rows are added in index
+//! order starting from zero, and `mean` divides by the bag's size (an empty bag
+//! gives zeros) — exactly the reference's float operations, so f32 results are
+//! bitwise equal to it.
+//!
+//! Every index is validated against the table *before* the kernel runs (the error
+//! names the position and the sample; the executor adds the table's name): the
+//! generated code loads rows without bounds checks.
+//!
+//! ABI: `fn(table, idx, bounds, out, s0: i64, s1: i64)`: bags `s0..s1`, results
+//! written from `out` (bag `s0`'s row first); with fixed pooling `L` bag `s` is
+//! `idx[s·L .. (s+1)·L]`, else `idx[bounds[s] .. bounds[s+1]]` (i64 bounds).
+
+use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4, var};
+use super::gemm::Elt;
+use super::{Jit, JitError};
+use crate::kernels::{
+    Indices, KResult, KernelError, block_rows, read_offsets, shape_err, validate_indices,
+};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{AbiParam, InstBuilder, Value, types};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_module::{Linkage, Module};
+use dlrm_ir::{DType, Data, Pool, Tensor, TensorType};
+use half::bf16;
+use rayon::prelude::*;
+
+/// What an embedding-bag kernel is specialised on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BagSpec {
+    /// Row width.
+    pub d: usize,
+    /// Table element type.
+    pub table: Elt,
+    /// Result element type.
+    pub out: Elt,
+    /// Indices are i64 (else i32).
+    pub idx64: bool,
+    /// Fixed pooling `L` (else bounds).
+    pub pooling: Option<usize>,
+    /// Mean (else sum).
+    pub mean: bool,
+}
+
+type BagFn = unsafe extern "C" fn(*const u8, *const u8, *const i64, *mut u8, i64, i64);
+
+/// A compiled embedding-bag kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct BagKernel {
+    spec: BagSpec,
+    f: BagFn,
+}
+
+/// Columns per chunk (8 f32x4 accumulators).
+const CW: usize = 32;
+
+pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
+    let mut module = jit.new_module(false)?;
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    for _ in 0..4 {
+        sig.params.push(AbiParam::new(ptr));
+    }
+    sig.params.push(AbiParam::new(types::I64));
+    sig.params.push(AbiParam::new(types::I64));
+    let id = module
+        .declare_function("embedding_bag", Linkage::Export, &sig)
+        .map_err(JitError::module)?;
+    let mut ctx = module.make_context();
+    ctx.func.signature = sig;
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let p = b.block_params(entry).to_vec();
+        let (table, idx, bounds, out, s0, s1) = (p[0], p[1], p[2], p[3], p[4], p[5]);
+        let d = spec.d;
+        let eo = spec.out.size();
+        let ei: i64 = if spec.idx64 { 8 } else { 4 };
+        for_range(&mut b, s0, s1, 1, &mut |b, s| {
+            let (start, end) = match spec.pooling {
+                Some(l) => {
+                    let st = b.ins().imul_imm_s(s, l as i64);
+                    let en = b.ins().iadd_imm_s(st, l as i64);
+                    (st, en)
+                }
+                None => {
+                    let off = b.ins().ishl_imm_u(s, 3);
+                    let a = b.ins().iadd(bounds, off);
+                    let st = b.ins().load(types::I64, flags(), a, 0);
+                    let en = b.ins().load(types::I64, flags(), a, 8);
+                    (st, en)
+                }
+            };
+            let rel = b.ins().isub(s, s0);
+            let orow_off = b.ins().imul_imm_s(rel, (d * eo) as i64);
+            let orow = b.ins().iadd(out, orow_off);
+            let mut c0 = 0;
+            while c0 < d {
+                let cols = CW.min(d - c0);
+                bag_chunk(b, spec, table, idx, ei, start, end, orow, c0, cols);
+                c0 += cols;
+            }
+        });
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize(module.target_config());
+    }
+    let f = jit.define_and_finalize(module, id, &mut ctx)?;
+    // SAFETY: generated with exactly this signature and the C call convention.
+    let f: BagFn = unsafe { std::mem::transmute::<*const u8, BagFn>(f) };
+    Ok(BagKernel { spec, f })
+}
+
+/// Columns `c0..c0+cols` of one bag: accumulate the rows, pool, store.
+#[allow(clippy::too_many_arguments)]
+fn bag_chunk(
+    b: &mut FunctionBuilder<'_>,
+    spec: BagSpec,
+    table: Value,
+    idx: Value,
+    ei: i64,
+    start: Value,
+    end: Value,
+    orow: Value,
+    c0: usize,
+    cols: usize,
+) {
+    let (et, eo) = (spec.table.size(), spec.out.size());
+    let nv = cols / 4;
+    let tail = cols % 4;
+    let zf = b.ins().f32const(0.0);
+    let zv = b.ins().splat(types::F32X4, zf);
+    let vacc: Vec<_> = (0..nv).map(|_| var(b, types::F32X4, zv)).collect();
+    let sacc: Vec<_> = (0..tail).map(|_| var(b, types::F32, zf)).collect();
+    let row_bytes = (spec.d * et) as i64;
+    for_range(b, start, end, 1, &mut |b, p| {
+        let ioff = b.ins().imul_imm_s(p, ei);
+        let ia = b.ins().iadd(idx, ioff);
+        let row = if spec.idx64 {
+            b.ins().load(types::I64, flags(), ia, 0)
+        } else {
+            b.ins().sload32(flags(), ia, 0)
+        };
+        let roff = b.ins().imul_imm_s(row, row_bytes);
+        let rp = b.ins().iadd(table, roff);
+        for (v, &acc) in vacc.iter().enumerate() {
+            let x = load_f32x4(b, spec.table, rp, ((c0 + 4 * v) * et) as i32);
+            let a = b.use_var(acc);
+            let s = b.ins().fadd(a, x);
+            b.def_var(acc, s);
+        }
+        for (l, &acc) in sacc.iter().enumerate() {
+            let x = load_f32(b, spec.table, rp, ((c0 + 4 * nv + l) * et) as i32);
+            let a = b.use_var(acc);
+            let s = b.ins().fadd(a, x);
+            b.def_var(acc, s);
+        }
+    });
+    let mut vs: Vec<Value> = vacc.iter().map(|&a| b.use_var(a)).collect();
+    let mut ss: Vec<Value> = sacc.iter().map(|&a| b.use_var(a)).collect();
+    if spec.mean {
+        // Divide by the bag size; an empty bag (all zeros) is left as is.
+        let cnt = b.ins().isub(end, start);
+        let empty = b.ins().icmp_imm_s(IntCC::Equal, cnt, 0);
+        let one = b.ins().iconst(types::I64, 1);
+        let cnt = b.ins().select(empty, one, cnt);
+        let cf = b.ins().fcvt_from_sint(types::F32, cnt);
+        let cv = b.ins().splat(types::F32X4, cf);
+        for v in vs.iter_mut() {
+            *v = b.ins().fdiv(*v, cv);
+        }
+        for s in ss.iter_mut() {
+            *s = b.ins().fdiv(*s, cf);
+        }
+    }
+    for (v, &x) in vs.iter().enumerate() {
+        store_f32x4(b, spec.out, x, orow, ((c0 + 4 * v) * eo) as i32);
+    }
+    for (l, &x) in ss.iter().enumerate() {
+        store_f32(b, spec.out, x, orow, ((c0 + 4 * nv + l) * eo) as i32);
+    }
+}
+
+/// `embedding_bag` with a JIT kernel (`None`: non-float table or result).
+pub(crate) fn embedding_bag(
+    jit: &Jit,
+    mode: Pool,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+) -> Option<KResult<Vec<Tensor>>> {
+    const OP: &str = "embedding_bag";
+    if !(2..=3).contains(&inputs.len()) {
+        return None;
+    }
+    let (tab_elt, tab_ptr) = match &inputs[0].data {
+        Data::F32(v) => (Elt::F32, v.as_ptr().cast::<u8>()),
+        Data::BF16(v) => (Elt::BF16, v.as_ptr().cast::<u8>()),
+        _ => return None,
+    };
+    let out = match out_types.first()?.dtype {
+        DType::F32 => Elt::F32,
+        DType::BF16 => Elt::BF16,
+        _ => return None,
+    };
+    Some((|| {
+        let [rows, d] = inputs[0].shape[..] else {
+            return Err(shape_err(
+                OP,
+                format!("table must have rank 2, got {:?}", inputs[0].shape),
+            ));
+        };
+        if crate::kernels::data_len(inputs[0]) != rows * d {
+            return Err(shape_err(OP, "table length differs from its shape".into()));
+        }
+        let idx = Indices::of(inputs[1]).ok_or_else(|| KernelError::DType {
+            op: OP,
+            reason: format!("indices must be i64 or i32, got {}", inputs[1].dtype()),
+        })?;
+        let (s, pooling, bounds) = if inputs.len() == 2 {
+            let [s, l] = inputs[1].shape[..] else {
+                return Err(shape_err(
+                    OP,
+                    format!(
+                        "indices (fixed pooling) must have rank 2, got {:?}",
+                        inputs[1].shape
+                    ),
+                ));
+            };
+            validate_indices(OP, idx, rows, Some(l), None)?;
+            (s, Some(l), Vec::new())
+        } else {
+            if inputs[1].shape.len() != 1 {
+                return Err(shape_err(
+                    OP,
+                    format!(
+                        "indices with offsets must have rank 1, got {:?}",
+                        inputs[1].shape
+                    ),
+                ));
+            }
+            let n = idx.len();
+            let mut off = read_offsets(OP, inputs[2], n)?;
+            validate_indices(OP, idx, rows, None, Some(&off))?;
+            let s = off.len();
+            off.push(n as i64);
+            (s, None, off)
+        };
+        if idx.len() != inputs[1].numel() {
+            return Err(shape_err(
+                OP,
+                "indices length differs from their shape".into(),
+            ));
+        }
+        let spec = BagSpec {
+            d,
+            table: tab_elt,
+            out,
+            idx64: matches!(idx, Indices::I64(_)),
+            pooling,
+            mean: mode == Pool::Mean,
+        };
+        let k = jit.embedding(spec).map_err(|e| KernelError::Jit {
+            op: OP,
+            reason: e.to_string(),
+        })?;
+        let mut data = match out {
+            Elt::F32 => Data::F32(vec![0.0; s * d]),
+            Elt::BF16 => Data::BF16(vec![bf16::ZERO; s * d]),
+        };
+        if s > 0 && d > 0 {
+            let idx_ptr = match idx {
+                Indices::I64(v) => v.as_ptr().cast::<u8>(),
+                Indices::I32(v) => v.as_ptr().cast::<u8>(),
+            } as usize;
+            let (tab, bnd) = (tab_ptr as usize, bounds.as_ptr() as usize);
+            let sb = block_rows(s, 8, 256);
+            let f = k.f;
+            let go = |blk: usize, po: *mut u8, bags: usize| {
+                let s0 = blk * sb;
+                // SAFETY: every index was validated against the table's `rows`
+                // rows of `d` elements (the table holds rows·d, checked above);
+                // fixed pooling: indices s·L..(s+1)·L of the validated `s×L`
+                // indices; offsets: `bounds` holds s+1 non-decreasing entries
+                // ending at the indices' length (read_offsets). `po` is this
+                // task's own `bags × d` chunk of the result.
+                unsafe {
+                    f(
+                        tab as *const u8,
+                        idx_ptr as *const u8,
+                        bnd as *const i64,
+                        po,
+                        s0 as i64,
+                        (s0 + bags) as i64,
+                    )
+                }
+            };
+            match &mut data {
+                Data::F32(o) => o
+                    .par_chunks_mut(sb * d)
+                    .enumerate()
+                    .for_each(|(blk, ch)| go(blk, ch.as_mut_ptr().cast(), ch.len() / d)),
+                Data::BF16(o) => o
+                    .par_chunks_mut(sb * d)
+                    .enumerate()
+                    .for_each(|(blk, ch)| go(blk, ch.as_mut_ptr().cast(), ch.len() / d)),
+                _ => {}
+            }
+        }
+        let _ = k.spec;
+        Ok(vec![Tensor {
+            shape: vec![s, d],
+            data,
+        }])
+    })())
+}

@@ -1,0 +1,877 @@
+//! The GEMM core: a JIT-compiled, register-blocked batch-reduce GEMM loop nest.
+//!
+//! One kernel computes `C[m×n] = epilogue(A[m×k] · B[k×n])` for a fixed
+//! [`GemmSpec`] (shapes, strides, dtypes, epilogue and micro-kernel are all
+//! compile-time constants of the generated code):
+//! - `A` is strided: element `(i, kk)` at `a[i·lda + kk·acs]` (row-major `acs = 1`,
+//!   or a transposed view `lda = 1` as in wgrad, so no transpose copy), f32 or bf16
+//!   widened exactly in registers;
+//! - `B` is *packed* ([`pack_b`]) into `⌈n/nr⌉` panels of `k` rows × `nr` f32
+//!   columns, zero-padded — the blocked weight layout `[N/bn][K][bn]` of SC20 with
+//!   `bk = k`: one output block is one batch-reduce over the K blocks, with its
+//!   epilogue applied while the block is in registers;
+//! - the epilogue adds a packed f32 bias (`⌈n/nr⌉·nr`), applies relu
+//!   (`x > 0 ? x : 0`), and stores to `C` (row stride `ldc`) as f32 or bf16 (round
+//!   to nearest even, NaN kept NaN).
+//!
+//! Loop nest (per call: rows `0..rows` of the given `A`/`C` row block, panels
+//! `p0..p1`): row blocks of `MC` rows (so the `A` block stays in L2) → panels
+//! (the `k×nr` panel stays in L1/L2) → tiles of `mr` rows. Each tile is the
+//! micro-kernel: [`Micro::Cranelift`] inlines a `4×8` f32x4-FMA register block
+//! (8 accumulators), [`Micro::Native`] calls the AVX2+FMA `6×16` kernel
+//! ([`super::native`]) through a symbol registered in the JIT module. Ragged edges
+//! are compiled in: the last row tile has `m % mr` rows, the last panel
+//! `n % nr` columns (stores masked lane by lane).
+//!
+//! Both micro-kernels sum `k` in order with one FMA per term, so for the same spec
+//! they give bitwise-identical results; against the reference (a different
+//! association) the difference is float reassociation only.
+//!
+//! The runtime-facing entry [`GemmKernel::run`] validates every slice length
+//! against the spec before the (unsafe) call and splits rows over rayon tasks:
+//! the generated code never sees an unchecked size.
+
+use super::{Jit, JitError};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{AbiParam, Endianness, InstBuilder, MemFlagsData, Value, types};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+use cranelift_module::{Linkage, Module};
+use half::bf16;
+use rayon::prelude::*;
+
+/// Element type of a GEMM operand in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Elt {
+    /// 32-bit float.
+    F32,
+    /// bf16 storage (widened to f32 on load, rounded to nearest even on store).
+    BF16,
+}
+
+impl Elt {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Elt::F32 => 4,
+            Elt::BF16 => 2,
+        }
+    }
+}
+
+/// Which micro-kernel computes the tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Micro {
+    /// Pure Cranelift, 128-bit f32x4 FMA, 4×8 tiles.
+    Cranelift,
+    /// The native AVX2+FMA 6×16 kernel, called from the JIT loop nest.
+    Native,
+}
+
+impl Micro {
+    /// Rows of a tile.
+    pub fn mr(self) -> usize {
+        match self {
+            Micro::Cranelift => CL_MR,
+            Micro::Native => super::native::MR,
+        }
+    }
+
+    /// Columns of a tile = columns of a packed B panel.
+    pub fn nr(self) -> usize {
+        match self {
+            Micro::Cranelift => CL_NR,
+            Micro::Native => super::native::NR,
+        }
+    }
+}
+
+/// Rows of a Cranelift tile.
+pub const CL_MR: usize = 4;
+/// Columns of a Cranelift tile (two f32x4 per row).
+pub const CL_NR: usize = 8;
+/// Unrolling of the Cranelift k loop.
+const CL_UNROLL: usize = 4;
+
+/// Everything the generated code is specialised on (the kernel cache's key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmSpec {
+    /// Rows of `A` and `C` (the full problem; a call may cover fewer).
+    pub m: usize,
+    /// Columns of `C`.
+    pub n: usize,
+    /// The reduction length.
+    pub k: usize,
+    /// Row stride of `A`, in elements.
+    pub lda: usize,
+    /// Column (k) stride of `A`, in elements (1 for row-major `A`).
+    pub acs: usize,
+    /// Row stride of `C`, in elements (`>= n`).
+    pub ldc: usize,
+    /// `A`'s element type.
+    pub a: Elt,
+    /// `C`'s element type.
+    pub c: Elt,
+    /// Add the packed bias.
+    pub bias: bool,
+    /// Apply relu.
+    pub relu: bool,
+    /// The micro-kernel.
+    pub micro: Micro,
+    /// Pack each row block of `A` into tile-major panels (`[tile][k][mr]`, zero
+    /// rows past `m`) before the loop nest runs on it: the micro-kernel then reads
+    /// `A` as one contiguous stream instead of `mr` strided rows. Off in the
+    /// linear ops: the serial per-block copy measured slower than the strided
+    /// reads (`examples/gemm_best`).
+    pub pack_a: bool,
+}
+
+impl GemmSpec {
+    /// Number of packed B panels.
+    pub fn panels(&self) -> usize {
+        self.n.div_ceil(self.micro.nr())
+    }
+
+    /// Length (f32) of the packed B.
+    pub fn packed_len(&self) -> usize {
+        self.panels() * self.k * self.micro.nr()
+    }
+
+    /// How the generated code addresses `A`: (elements per row index to a tile's
+    /// start, row stride inside a tile, k stride). Packed: tile `t` (rows
+    /// `t·mr..`) starts at `t·mr·k = i·k`, element `(r, kk)` at `kk·mr + r`.
+    fn a_layout(&self) -> (usize, usize, usize) {
+        if self.pack_a {
+            (self.k, 1, self.micro.mr())
+        } else {
+            (self.lda, self.lda, self.acs)
+        }
+    }
+
+    /// Rows per cache block: the `A` block (`MC × k`) fits in about 512 KiB (a
+    /// quarter of this machine's L2), a multiple of the tile height.
+    fn mc(&self) -> usize {
+        let mr = self.micro.mr();
+        let rows = (512 * 1024) / (self.k.max(1) * self.a.size());
+        (rows / mr).clamp(1, 64) * mr
+    }
+}
+
+type GemmFn = unsafe extern "C" fn(*const u8, *const f32, *mut u8, *const f32, i64, i64, i64);
+
+/// A compiled GEMM kernel for one [`GemmSpec`].
+#[derive(Clone, Copy, Debug)]
+pub struct GemmKernel {
+    spec: GemmSpec,
+    f: GemmFn,
+}
+
+/// Packs `B` (`k × n`, element `(kk, j)` at `src[kk·rs + j·cs]`, f32 or bf16) into
+/// `⌈n/nr⌉` panels of `k × nr` f32 (zero-padded columns), in parallel over panels.
+pub fn pack_b<E: Copy + Send + Sync + Into<Widen>>(
+    src: &[E],
+    k: usize,
+    n: usize,
+    rs: usize,
+    cs: usize,
+    nr: usize,
+) -> Vec<f32> {
+    let panels = n.div_ceil(nr);
+    let mut out = vec![0.0f32; panels * k * nr];
+    if k == 0 || n == 0 {
+        return out;
+    }
+    assert!(
+        src.len() > (k - 1) * rs + (n - 1) * cs,
+        "pack_b: source too short"
+    );
+    out.par_chunks_mut(k * nr).enumerate().for_each(|(p, dst)| {
+        let j0 = p * nr;
+        let cols = nr.min(n - j0);
+        if cs == 1 {
+            for kk in 0..k {
+                let row = &src[kk * rs + j0..kk * rs + j0 + cols];
+                for (d, &s) in dst[kk * nr..kk * nr + cols].iter_mut().zip(row) {
+                    *d = s.into().0;
+                }
+            }
+        } else {
+            for jj in 0..cols {
+                let base = (j0 + jj) * cs;
+                for kk in 0..k {
+                    dst[kk * nr + jj] = src[base + kk * rs].into().0;
+                }
+            }
+        }
+    });
+    out
+}
+
+/// An f32 widened from f32 or bf16 (a helper for [`pack_b`]'s generic source).
+#[derive(Clone, Copy, Debug)]
+pub struct Widen(pub f32);
+
+impl From<f32> for Widen {
+    fn from(v: f32) -> Widen {
+        Widen(v)
+    }
+}
+
+impl From<bf16> for Widen {
+    fn from(v: bf16) -> Widen {
+        Widen(v.to_f32())
+    }
+}
+
+/// The bias padded to whole panels, as f32.
+pub fn pack_bias(bias: &[f32], nr: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; bias.len().div_ceil(nr) * nr];
+    out[..bias.len()].copy_from_slice(bias);
+    out
+}
+
+/// A GEMM operand: f32 or bf16 elements.
+#[derive(Clone, Copy, Debug)]
+pub enum Operand<'a> {
+    /// f32 elements.
+    F32(&'a [f32]),
+    /// bf16 elements.
+    BF16(&'a [bf16]),
+}
+
+impl Operand<'_> {
+    fn elt(&self) -> Elt {
+        match self {
+            Operand::F32(_) => Elt::F32,
+            Operand::BF16(_) => Elt::BF16,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Operand::F32(v) => v.len(),
+            Operand::BF16(v) => v.len(),
+        }
+    }
+
+    fn ptr_at(&self, elem: usize) -> *const u8 {
+        match self {
+            Operand::F32(v) => v[elem..].as_ptr().cast(),
+            Operand::BF16(v) => v[elem..].as_ptr().cast(),
+        }
+    }
+}
+
+/// A GEMM result: f32 or bf16 elements.
+#[derive(Debug)]
+pub enum OutBuf<'a> {
+    /// f32 elements.
+    F32(&'a mut [f32]),
+    /// bf16 elements.
+    BF16(&'a mut [bf16]),
+}
+
+impl OutBuf<'_> {
+    fn elt(&self) -> Elt {
+        match self {
+            OutBuf::F32(_) => Elt::F32,
+            OutBuf::BF16(_) => Elt::BF16,
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            OutBuf::F32(v) => v.len(),
+            OutBuf::BF16(v) => v.len(),
+        }
+    }
+}
+
+impl GemmKernel {
+    /// The spec this kernel was compiled for.
+    pub fn spec(&self) -> &GemmSpec {
+        &self.spec
+    }
+
+    /// Runs the whole GEMM, parallel over row blocks: `a` holds `A` (`m` rows of
+    /// stride `lda`), `bp` the packed `B`, `bias` the packed bias (iff the spec has
+    /// one), `c` receives `C` (`m` rows of stride `ldc`). Every length is checked
+    /// against the spec first (a mismatch is an error, nothing is written).
+    pub fn run(
+        &self,
+        a: Operand<'_>,
+        bp: &[f32],
+        bias: Option<&[f32]>,
+        c: OutBuf<'_>,
+    ) -> Result<(), JitError> {
+        let s = &self.spec;
+        let bad = |what: String| JitError::Args {
+            kernel: format!("{s:?}"),
+            reason: what,
+        };
+        if a.elt() != s.a || c.elt() != s.c {
+            return Err(bad("operand dtypes differ from the spec".into()));
+        }
+        if s.m == 0 || s.n == 0 {
+            return Ok(());
+        }
+        if s.ldc < s.n {
+            return Err(bad("C's row stride is below its row length".into()));
+        }
+        let a_need = (s.m - 1) * s.lda + s.k.saturating_sub(1) * s.acs + 1;
+        if s.k > 0 && a.len() < a_need {
+            return Err(bad(format!("A holds {} elements, needs {a_need}", a.len())));
+        }
+        if bp.len() != s.packed_len() {
+            return Err(bad(format!(
+                "packed B holds {} f32, needs {}",
+                bp.len(),
+                s.packed_len()
+            )));
+        }
+        let nr = s.micro.nr();
+        match (s.bias, bias) {
+            (true, Some(b)) if b.len() == s.panels() * nr => {}
+            (false, None) => {}
+            _ => return Err(bad("bias presence or length differs from the spec".into())),
+        }
+        let c_need = (s.m - 1) * s.ldc + s.n;
+        if c.len() < c_need {
+            return Err(bad(format!("C holds {} elements, needs {c_need}", c.len())));
+        }
+        let mr = s.micro.mr();
+        // Row blocks: about two per thread, whole tiles, at least 4 tiles.
+        let threads = rayon::current_num_threads().max(1);
+        let rb = s.m.div_ceil(2 * threads).div_ceil(mr).max(4) * mr;
+        let (lda, ldc, panels) = (s.lda, s.ldc, s.panels() as i64);
+        let bias_ptr = bias.map_or(std::ptr::null(), <[f32]>::as_ptr);
+        let bias_addr = bias_ptr as usize;
+        let f = self.f;
+        let run_block = |blk: usize, cptr: *mut u8, rows: usize| {
+            let r0 = blk * rb;
+            // The packed copy of this block's rows (kept alive across the call).
+            let packed = if s.pack_a && s.k > 0 {
+                Some(match a {
+                    Operand::F32(v) => Packed::F32(pack_a_block(v, *s, r0, rows)),
+                    Operand::BF16(v) => Packed::BF16(pack_a_block(v, *s, r0, rows)),
+                })
+            } else {
+                None
+            };
+            let aptr = match (&packed, s.k > 0) {
+                (Some(Packed::F32(v)), _) => v.as_ptr().cast(),
+                (Some(Packed::BF16(v)), _) => v.as_ptr().cast(),
+                (None, true) => a.ptr_at(r0 * lda),
+                (None, false) => bp.as_ptr().cast(),
+            };
+            // SAFETY: `rows` rows starting at row r0 of A (checked above: the
+            // last element read, (m-1)·lda + (k-1)·acs, is inside `a`; a packed
+            // block holds ⌈rows/mr⌉·mr·k elements, all the packed layout reads)
+            // and of C (`cptr` is this
+            // block's own disjoint chunk of C, covering `rows` rows of stride ldc
+            // up to column n); `rows` is a multiple of the tile height except for
+            // the last block, whose remainder is m % mr as compiled; panels 0..
+            // panels of the packed B and bias were checked above. The generated
+            // code touches exactly these ranges (module docs).
+            unsafe {
+                f(
+                    aptr,
+                    bp.as_ptr(),
+                    cptr,
+                    bias_addr as *const f32,
+                    rows as i64,
+                    0,
+                    panels,
+                );
+            }
+        };
+        // Chunks of rb rows of C; the last chunk may end at column n of its last
+        // row (c may be shorter than m·ldc).
+        match c {
+            OutBuf::F32(cv) => {
+                cv[..c_need]
+                    .par_chunks_mut(rb * ldc)
+                    .enumerate()
+                    .for_each(|(blk, ch)| {
+                        let rows = ch.len().div_ceil(ldc);
+                        run_block(blk, ch.as_mut_ptr().cast(), rows);
+                    });
+            }
+            OutBuf::BF16(cv) => {
+                cv[..c_need]
+                    .par_chunks_mut(rb * ldc)
+                    .enumerate()
+                    .for_each(|(blk, ch)| {
+                        let rows = ch.len().div_ceil(ldc);
+                        run_block(blk, ch.as_mut_ptr().cast(), rows);
+                    });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A packed row block of `A`.
+enum Packed {
+    F32(Vec<f32>),
+    BF16(Vec<bf16>),
+}
+
+/// Rows `r0..r0+rows` of `A` in tile-major panels `[tile][k][mr]`, rows past the
+/// block zero.
+fn pack_a_block<T: Copy + Default>(a: &[T], s: GemmSpec, r0: usize, rows: usize) -> Vec<T> {
+    let mr = s.micro.mr();
+    let tiles = rows.div_ceil(mr);
+    let mut out = vec![T::default(); tiles * mr * s.k];
+    for t in 0..tiles {
+        let dst = &mut out[t * mr * s.k..(t + 1) * mr * s.k];
+        let live = mr.min(rows - t * mr);
+        let base = (r0 + t * mr) * s.lda;
+        if s.acs == 1 {
+            for r in 0..live {
+                let row = &a[base + r * s.lda..base + r * s.lda + s.k];
+                for (kk, &v) in row.iter().enumerate() {
+                    dst[kk * mr + r] = v;
+                }
+            }
+        } else {
+            // A transposed view (e.g. dzᵀ): the tile's rows are adjacent in memory
+            // for each kk, so read them k by k.
+            for kk in 0..s.k {
+                for r in 0..live {
+                    dst[kk * mr + r] = a[base + r * s.lda + kk * s.acs];
+                }
+            }
+        }
+    }
+    out
+}
+
+// ------------------------------------------------------------- code generation
+
+/// Compiles the loop nest for `spec`.
+pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError> {
+    let in_order =
+        std::env::var_os("DLRM_JIT_GEMM_OPT").is_none() && spec.micro == Micro::Cranelift;
+    let mut module = jit.module_with(spec.micro == Micro::Native, in_order)?;
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    for _ in 0..4 {
+        sig.params.push(AbiParam::new(ptr));
+    }
+    for _ in 0..3 {
+        sig.params.push(AbiParam::new(types::I64));
+    }
+    let ukernel = if spec.micro == Micro::Native {
+        let mut usig = module.make_signature();
+        for _ in 0..4 {
+            usig.params.push(AbiParam::new(ptr));
+        }
+        for _ in 0..6 {
+            usig.params.push(AbiParam::new(types::I64));
+        }
+        usig.params.push(AbiParam::new(types::I32));
+        Some(
+            module
+                .declare_function(super::native::UKERNEL_SYMBOL, Linkage::Import, &usig)
+                .map_err(JitError::module)?,
+        )
+    } else {
+        None
+    };
+    let id = module
+        .declare_function("gemm", Linkage::Export, &sig)
+        .map_err(JitError::module)?;
+    let mut ctx = module.make_context();
+    ctx.func.signature = sig;
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let uref = ukernel.map(|u| module.declare_func_in_func(u, b.func));
+        let mut g = Gen {
+            b: &mut b,
+            spec,
+            ptr,
+            ukernel: uref,
+        };
+        g.body();
+        b.seal_all_blocks();
+        b.finalize(module.target_config());
+    }
+    let f = jit.define_and_finalize(module, id, &mut ctx)?;
+    // SAFETY: the function was generated with exactly this signature (7 params:
+    // 4 pointers, 3 i64) and the platform's default call convention (C).
+    let f: GemmFn = unsafe { std::mem::transmute::<*const u8, GemmFn>(f) };
+    Ok(GemmKernel { spec, f })
+}
+
+fn flags() -> MemFlagsData {
+    MemFlagsData::trusted().with_endianness(Endianness::Little)
+}
+
+fn bc_flags() -> MemFlagsData {
+    MemFlagsData::new().with_endianness(Endianness::Little)
+}
+
+struct Gen<'a, 'b> {
+    b: &'a mut FunctionBuilder<'b>,
+    spec: GemmSpec,
+    ptr: types::Type,
+    ukernel: Option<cranelift_codegen::ir::FuncRef>,
+}
+
+impl Gen<'_, '_> {
+    fn iconst(&mut self, v: usize) -> Value {
+        self.b.ins().iconst(types::I64, v as i64)
+    }
+
+    fn var(&mut self, ty: types::Type, init: Value) -> Variable {
+        let v = self.b.declare_var(ty);
+        self.b.def_var(v, init);
+        v
+    }
+
+    /// A counted loop `for i in (start..end).step_by(step)` with the body emitted by
+    /// `body(gen, i)`; `end` is a runtime value, `start` too.
+    fn for_loop(
+        &mut self,
+        start: Value,
+        end: Value,
+        step: usize,
+        body: &mut dyn FnMut(&mut Self, Value),
+    ) {
+        let iv = self.var(types::I64, start);
+        let head = self.b.create_block();
+        let blk = self.b.create_block();
+        let exit = self.b.create_block();
+        self.b.ins().jump(head, &[]);
+        self.b.switch_to_block(head);
+        let i = self.b.use_var(iv);
+        let c = self.b.ins().icmp(IntCC::SignedLessThan, i, end);
+        self.b.ins().brif(c, blk, &[], exit, &[]);
+        self.b.switch_to_block(blk);
+        let i = self.b.use_var(iv);
+        body(self, i);
+        let i = self.b.use_var(iv);
+        let next = self.b.ins().iadd_imm_s(i, step as i64);
+        self.b.def_var(iv, next);
+        self.b.ins().jump(head, &[]);
+        self.b.switch_to_block(exit);
+    }
+
+    fn body(&mut self) {
+        let s = self.spec;
+        let entry = self.b.create_block();
+        self.b.append_block_params_for_function_params(entry);
+        self.b.switch_to_block(entry);
+        let params = self.b.block_params(entry).to_vec();
+        let (a, bp, c, bias, rows, p0, p1) = (
+            params[0], params[1], params[2], params[3], params[4], params[5], params[6],
+        );
+        let (mr, nr) = (s.micro.mr(), s.micro.nr());
+        let mc = s.mc();
+        let ragged_n = s.n % nr;
+        let npanels = s.panels();
+        let zero = self.iconst(0);
+        self.for_loop(zero, rows, mc, &mut |g, mb| {
+            // mend = min(mb + mc, rows)
+            let mb_end = g.b.ins().iadd_imm_s(mb, mc as i64);
+            let lt = g.b.ins().icmp(IntCC::SignedLessThan, mb_end, rows);
+            let mend = g.b.ins().select(lt, mb_end, rows);
+            g.for_loop(p0, p1, 1, &mut |g, p| {
+                // Panel base pointers.
+                let bstride = g.iconst(s.k * nr * 4);
+                let boff = g.b.ins().imul(p, bstride);
+                let bpan = g.b.ins().iadd(bp, boff);
+                let biasoff = g.b.ins().imul_imm_s(p, (nr * 4) as i64);
+                let biaspan = g.b.ins().iadd(bias, biasoff);
+                let coff = g.b.ins().imul_imm_s(p, (nr * s.c.size()) as i64);
+                let cpan = g.b.ins().iadd(c, coff);
+                let full = g.b.create_block();
+                let done = g.b.create_block();
+                if ragged_n != 0 {
+                    let ragged = g.b.create_block();
+                    let is_last = g.b.ins().icmp_imm_s(IntCC::Equal, p, (npanels - 1) as i64);
+                    g.b.ins().brif(is_last, ragged, &[], full, &[]);
+                    g.b.switch_to_block(ragged);
+                    g.row_tiles(a, bpan, cpan, biaspan, mb, mend, mr, ragged_n);
+                    g.b.ins().jump(done, &[]);
+                } else {
+                    g.b.ins().jump(full, &[]);
+                }
+                g.b.switch_to_block(full);
+                g.row_tiles(a, bpan, cpan, biaspan, mb, mend, mr, nr);
+                g.b.ins().jump(done, &[]);
+                g.b.switch_to_block(done);
+            });
+            let _ = mr;
+        });
+        self.b.ins().return_(&[]);
+    }
+
+    /// Tiles of rows `mb..mend` of one panel with `ncols` valid columns: full tiles,
+    /// then (if any rows remain) one tile of `m % mr` rows.
+    #[allow(clippy::too_many_arguments)]
+    fn row_tiles(
+        &mut self,
+        a: Value,
+        bpan: Value,
+        cpan: Value,
+        biaspan: Value,
+        mb: Value,
+        mend: Value,
+        mr: usize,
+        ncols: usize,
+    ) {
+        let s = self.spec;
+        let last_full = self.b.ins().iadd_imm_s(mend, -(mr as i64) + 1);
+        let iv = self.var(types::I64, mb);
+        let head = self.b.create_block();
+        let blk = self.b.create_block();
+        let tail = self.b.create_block();
+        let done = self.b.create_block();
+        self.b.ins().jump(head, &[]);
+        self.b.switch_to_block(head);
+        let i = self.b.use_var(iv);
+        let cnd = self.b.ins().icmp(IntCC::SignedLessThan, i, last_full);
+        self.b.ins().brif(cnd, blk, &[], tail, &[]);
+        self.b.switch_to_block(blk);
+        let i = self.b.use_var(iv);
+        self.tile_at(a, bpan, cpan, biaspan, i, mr, ncols);
+        let i = self.b.use_var(iv);
+        let next = self.b.ins().iadd_imm_s(i, mr as i64);
+        self.b.def_var(iv, next);
+        self.b.ins().jump(head, &[]);
+        self.b.switch_to_block(tail);
+        let rem = s.m % mr;
+        if rem != 0 {
+            let i = self.b.use_var(iv);
+            let left = self.b.ins().icmp(IntCC::SignedLessThan, i, mend);
+            let rblk = self.b.create_block();
+            self.b.ins().brif(left, rblk, &[], done, &[]);
+            self.b.switch_to_block(rblk);
+            let i = self.b.use_var(iv);
+            self.tile_at(a, bpan, cpan, biaspan, i, rem, ncols);
+        }
+        self.b.ins().jump(done, &[]);
+        self.b.switch_to_block(done);
+    }
+
+    /// One tile at row `i`: pointers, then the micro-kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn tile_at(
+        &mut self,
+        a: Value,
+        bpan: Value,
+        cpan: Value,
+        biaspan: Value,
+        i: Value,
+        rows: usize,
+        ncols: usize,
+    ) {
+        let s = self.spec;
+        let (tile_stride, lda, acs) = s.a_layout();
+        let aoff = self
+            .b
+            .ins()
+            .imul_imm_s(i, (tile_stride * s.a.size()) as i64);
+        let at = self.b.ins().iadd(a, aoff);
+        let coff = self.b.ins().imul_imm_s(i, (s.ldc * s.c.size()) as i64);
+        let ct = self.b.ins().iadd(cpan, coff);
+        match self.ukernel {
+            Some(fref) => {
+                let mut fl = 0u32;
+                if s.a == Elt::BF16 {
+                    fl |= super::native::F_A_BF16;
+                }
+                if s.c == Elt::BF16 {
+                    fl |= super::native::F_C_BF16;
+                }
+                if s.bias {
+                    fl |= super::native::F_BIAS;
+                }
+                if s.relu {
+                    fl |= super::native::F_RELU;
+                }
+                let args = [
+                    at,
+                    bpan,
+                    ct,
+                    biaspan,
+                    self.iconst(s.k),
+                    self.iconst(lda),
+                    self.iconst(acs),
+                    self.iconst(s.ldc),
+                    self.iconst(rows),
+                    self.iconst(ncols),
+                    self.b.ins().iconst(types::I32, i64::from(fl)),
+                ];
+                self.b.ins().call(fref, &args);
+            }
+            None => self.cl_tile(at, bpan, ct, biaspan, rows, ncols),
+        }
+    }
+
+    /// Loads `A[r][kk]` (byte offset `off` from `pa`) and broadcasts it.
+    fn a_splat(&mut self, pa: Value, off: i32) -> Value {
+        let fl = flags();
+        let x = match self.spec.a {
+            Elt::F32 => self.b.ins().load(types::F32, fl, pa, off),
+            Elt::BF16 => {
+                let h = self.b.ins().uload16(types::I32, fl, pa, off);
+                let w = self.b.ins().ishl_imm_u(h, 16);
+                self.b.ins().bitcast(types::F32, bc_flags(), w)
+            }
+        };
+        self.b.ins().splat(types::F32X4, x)
+    }
+
+    /// The Cranelift micro-kernel: `rows × ncols` (`ncols <= CL_NR`) tile with
+    /// `rows × 2` f32x4 accumulators, k loop unrolled by [`CL_UNROLL`].
+    fn cl_tile(
+        &mut self,
+        at: Value,
+        bpan: Value,
+        ct: Value,
+        biaspan: Value,
+        rows: usize,
+        ncols: usize,
+    ) {
+        let s = self.spec;
+        let nv = CL_NR / 4;
+        let fl = flags();
+        let zf = self.b.ins().f32const(0.0);
+        let zv = self.b.ins().splat(types::F32X4, zf);
+        let accs: Vec<Variable> = (0..rows * nv).map(|_| self.var(types::F32X4, zv)).collect();
+        let pav = self.var(self.ptr, at);
+        let pbv = self.var(self.ptr, bpan);
+        let (_, lda, acs) = s.a_layout();
+        let ae = s.a.size();
+        let step = |g: &mut Self, u: usize| {
+            let pa = g.b.use_var(pav);
+            let pb = g.b.use_var(pbv);
+            let bvs: Vec<Value> = (0..nv)
+                .map(|v| {
+                    g.b.ins()
+                        .load(types::F32X4, fl, pb, ((u * CL_NR + v * 4) * 4) as i32)
+                })
+                .collect();
+            for r in 0..rows {
+                let av = g.a_splat(pa, (r * lda * ae + u * acs * ae) as i32);
+                for (v, &bv) in bvs.iter().enumerate() {
+                    let acc = g.b.use_var(accs[r * nv + v]);
+                    let nacc = g.b.ins().fma(av, bv, acc);
+                    g.b.def_var(accs[r * nv + v], nacc);
+                }
+            }
+        };
+        let iters = s.k / CL_UNROLL;
+        if iters > 0 {
+            let z = self.b.ins().iconst(types::I64, 0);
+            let cnt = self.var(types::I64, z);
+            let head = self.b.create_block();
+            let blk = self.b.create_block();
+            let exit = self.b.create_block();
+            self.b.ins().jump(head, &[]);
+            self.b.switch_to_block(head);
+            let kc = self.b.use_var(cnt);
+            let more = self
+                .b
+                .ins()
+                .icmp_imm_s(IntCC::SignedLessThan, kc, iters as i64);
+            self.b.ins().brif(more, blk, &[], exit, &[]);
+            self.b.switch_to_block(blk);
+            for u in 0..CL_UNROLL {
+                step(self, u);
+            }
+            let pa = self.b.use_var(pav);
+            let npa = self.b.ins().iadd_imm_s(pa, (CL_UNROLL * acs * ae) as i64);
+            self.b.def_var(pav, npa);
+            let pb = self.b.use_var(pbv);
+            let npb = self.b.ins().iadd_imm_s(pb, (CL_UNROLL * CL_NR * 4) as i64);
+            self.b.def_var(pbv, npb);
+            let kc = self.b.use_var(cnt);
+            let nk = self.b.ins().iadd_imm_s(kc, 1);
+            self.b.def_var(cnt, nk);
+            self.b.ins().jump(head, &[]);
+            self.b.switch_to_block(exit);
+        }
+        for u in 0..s.k % CL_UNROLL {
+            step(self, u);
+        }
+        // Epilogue.
+        let mut outs: Vec<Value> = accs.iter().map(|&v| self.b.use_var(v)).collect();
+        if s.bias {
+            for v in 0..nv {
+                let bb = self
+                    .b
+                    .ins()
+                    .load(types::F32X4, fl, biaspan, (v * 16) as i32);
+                for r in 0..rows {
+                    outs[r * nv + v] = self.b.ins().fadd(outs[r * nv + v], bb);
+                }
+            }
+        }
+        if s.relu {
+            for o in outs.iter_mut() {
+                let m = self.b.ins().fcmp(FloatCC::GreaterThan, *o, zv);
+                let mf = self.b.ins().bitcast(types::F32X4, bc_flags(), m);
+                *o = self.b.ins().band(*o, mf);
+            }
+        }
+        for r in 0..rows {
+            let row_off = (r * s.ldc * s.c.size()) as i32;
+            match s.c {
+                Elt::F32 => {
+                    for v in 0..nv {
+                        let x = outs[r * nv + v];
+                        let col = v * 4;
+                        if col + 4 <= ncols {
+                            self.b.ins().store(fl, x, ct, row_off + (col * 4) as i32);
+                        } else {
+                            for l in col..ncols.min(col + 4) {
+                                let e = self.b.ins().extractlane(x, (l - col) as u8);
+                                self.b.ins().store(fl, e, ct, row_off + (l * 4) as i32);
+                            }
+                        }
+                    }
+                }
+                Elt::BF16 => {
+                    let words: Vec<Value> =
+                        (0..nv).map(|v| self.bf16_bits(outs[r * nv + v])).collect();
+                    if ncols == CL_NR {
+                        for pair in 0..nv / 2 {
+                            let h = self.b.ins().unarrow(words[2 * pair], words[2 * pair + 1]);
+                            self.b.ins().store(fl, h, ct, row_off + (pair * 16) as i32);
+                        }
+                    } else {
+                        for l in 0..ncols {
+                            let e = self.b.ins().extractlane(words[l / 4], (l % 4) as u8);
+                            self.b.ins().istore16(fl, e, ct, row_off + (l * 2) as i32);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// f32x4 -> i32x4 holding the bf16 bit patterns (nearest even, NaN quiet).
+    fn bf16_bits(&mut self, x: Value) -> Value {
+        let bits = self.b.ins().bitcast(types::I32X4, bc_flags(), x);
+        let hi = self.b.ins().ushr_imm_u(bits, 16);
+        let one = self.splat_i32(1);
+        let lsb = self.b.ins().band(hi, one);
+        let bias = self.splat_i32(0x7FFF);
+        let t = self.b.ins().iadd(bits, bias);
+        let t = self.b.ins().iadd(t, lsb);
+        let rounded = self.b.ins().ushr_imm_u(t, 16);
+        let q = self.splat_i32(0x40);
+        let quiet = self.b.ins().bor(hi, q);
+        let nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
+        self.b.ins().bitselect(nan, quiet, rounded)
+    }
+
+    fn splat_i32(&mut self, v: i32) -> Value {
+        let c = self.b.ins().iconst(types::I32, i64::from(v));
+        self.b.ins().splat(types::I32X4, c)
+    }
+}

@@ -1,0 +1,336 @@
+//! `linear`, `linear_dx` and `linear_dw` on the JIT GEMM core ([`super::gemm`]).
+//!
+//! | op | A (rows × k) | packed B | epilogue |
+//! | --- | --- | --- | --- |
+//! | `linear(x[S,K], w[N,K], b[N])` | `x` (`S×K`) | `wᵀ` (panels of w's rows) | bias, relu fused; sigmoid applied per row block after the GEMM |
+//! | `linear_dx(dz[S,N], w[N,K])` | `dz` (`S×N`) | `w` (`N×K`) | none |
+//! | `linear_dw(dz[S,N], x[S,K])` | `dzᵀ` (`N×S`, read in place with strides `1, N`) | `x` (`S×K`) | none, f32 result |
+//!
+//! Weights are packed per call (they change every training step); the packing is
+//! `O(N·K)` against the GEMM's `O(S·N·K)`. Operands may be f32 or bf16 in any mix;
+//! results are stored in the declared dtype (bf16 rounded to nearest even).
+
+use super::gemm::{Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b, pack_bias};
+use super::{Jit, JitError, JitOptions};
+use crate::kernels::{KResult, KernelError, shape_err};
+use dlrm_ir::{Act, DType, Data, Tensor, TensorType};
+use half::bf16;
+use rayon::prelude::*;
+
+/// Samples per chunk of the wgrad reduction.
+const DW_CHUNK: usize = 256;
+
+/// A float operand of a GEMM.
+pub(crate) fn operand(t: &Tensor) -> Option<Operand<'_>> {
+    match &t.data {
+        Data::F32(v) => Some(Operand::F32(v)),
+        Data::BF16(v) => Some(Operand::BF16(v)),
+        _ => None,
+    }
+}
+
+fn elt_of(d: DType) -> Option<Elt> {
+    match d {
+        DType::F32 => Some(Elt::F32),
+        DType::BF16 => Some(Elt::BF16),
+        _ => None,
+    }
+}
+
+fn jit_err(op: &'static str, e: JitError) -> KernelError {
+    KernelError::Jit {
+        op,
+        reason: e.to_string(),
+    }
+}
+
+/// A result buffer of `n` elements of `elt`.
+enum Out {
+    F32(Vec<f32>),
+    BF16(Vec<bf16>),
+}
+
+impl Out {
+    fn zeros(elt: Elt, n: usize) -> Out {
+        match elt {
+            Elt::F32 => Out::F32(vec![0.0; n]),
+            Elt::BF16 => Out::BF16(vec![bf16::ZERO; n]),
+        }
+    }
+
+    fn buf(&mut self) -> OutBuf<'_> {
+        match self {
+            Out::F32(v) => OutBuf::F32(v),
+            Out::BF16(v) => OutBuf::BF16(v),
+        }
+    }
+
+    fn tensor(self, shape: Vec<usize>) -> Tensor {
+        match self {
+            Out::F32(v) => Tensor::f32(shape, v),
+            Out::BF16(v) => Tensor::bf16(shape, v),
+        }
+    }
+}
+
+/// Picks the micro-kernel, packs B with its panel width (`pack(nr)`), and runs
+/// the GEMM into a fresh result of `m × n`.
+fn run_gemm(
+    jit: &Jit,
+    opts: &JitOptions,
+    op: &'static str,
+    base: GemmSpec,
+    a: Operand<'_>,
+    pack: &(dyn Fn(usize) -> Vec<f32> + Sync),
+    bias: Option<&[f32]>,
+) -> KResult<Out> {
+    let mut packed: Vec<(Micro, Vec<f32>)> = Vec::new();
+    let packed_for = |micro: Micro, packed: &mut Vec<(Micro, Vec<f32>)>| -> usize {
+        if let Some(i) = packed.iter().position(|(m, _)| *m == micro) {
+            return i;
+        }
+        packed.push((micro, pack(micro.nr())));
+        packed.len() - 1
+    };
+    let run = |k: GemmKernel, bp: &[f32], out: &mut Out| -> Result<(), JitError> {
+        let pb = bias.map(|b| pack_bias(b, k.spec().micro.nr()));
+        k.run(a, bp, pb.as_deref(), out.buf())
+    };
+    let micro = {
+        let mut trial = |k: GemmKernel| -> Result<(), JitError> {
+            let i = packed_for(k.spec().micro, &mut packed);
+            let mut scratch = Out::zeros(base.c, base.m * base.n);
+            run(k, &packed[i].1, &mut scratch)
+        };
+        jit.pick_micro(base, opts.kernels, &mut trial)
+            .map_err(|e| jit_err(op, e))?
+    };
+    let spec = GemmSpec {
+        micro,
+        // Transposed A views (wgrad's dzᵀ) are packed per row block: strided
+        // reads k by k cost far more than one packing pass.
+        pack_a: base.acs != 1,
+        ..base
+    };
+    let k = jit.gemm(spec).map_err(|e| jit_err(op, e))?;
+    let i = packed_for(micro, &mut packed);
+    let mut out = Out::zeros(base.c, base.m * base.n);
+    run(k, &packed[i].1, &mut out).map_err(|e| jit_err(op, e))?;
+    Ok(out)
+}
+
+fn to_f32(t: &Tensor) -> Vec<f32> {
+    t.to_f32_vec()
+}
+
+/// `linear(x[S,K], w[N,K], b[N]) -> act(x · wᵀ + b)`.
+pub fn linear(
+    jit: &Jit,
+    opts: &JitOptions,
+    act: Act,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+) -> Option<KResult<Vec<Tensor>>> {
+    const OP: &str = "linear";
+    let [x, w, b] = inputs else { return None };
+    let (xa, _) = (operand(x)?, operand(w)?);
+    operand(b)?;
+    let out_elt = elt_of(out_types.first()?.dtype)?;
+    Some((|| {
+        let (&[s, k], &[n, kw], &[nb]) = (&x.shape[..], &w.shape[..], &b.shape[..]) else {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "x {:?}, weight {:?}, bias {:?} must have ranks 2, 2, 1",
+                    x.shape, w.shape, b.shape
+                ),
+            ));
+        };
+        if kw != k || nb != n {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "x {:?}, weight {:?} and bias {:?} do not fit",
+                    x.shape, w.shape, b.shape
+                ),
+            ));
+        }
+        let sigmoid = act == Act::Sigmoid;
+        let base = GemmSpec {
+            m: s,
+            n,
+            k,
+            lda: k,
+            acs: 1,
+            ldc: n,
+            a: xa_elt(xa),
+            c: if sigmoid { Elt::F32 } else { out_elt },
+            bias: true,
+            relu: act == Act::Relu,
+            micro: Micro::Cranelift,
+            pack_a: false,
+        };
+        let bias = to_f32(b);
+        let pack = |nr: usize| match &w.data {
+            Data::F32(v) => pack_b(v, k, n, 1, k, nr),
+            Data::BF16(v) => pack_b(v, k, n, 1, k, nr),
+            _ => Vec::new(),
+        };
+        let out = run_gemm(jit, opts, OP, base, xa, &pack, Some(&bias))?;
+        let out = if sigmoid {
+            let Out::F32(mut v) = out else {
+                return Err(shape_err(OP, "internal: sigmoid scratch is not f32".into()));
+            };
+            v.par_chunks_mut(1 << 14)
+                .for_each(|c| c.iter_mut().for_each(|x| *x = 1.0 / (1.0 + (-*x).exp())));
+            match out_elt {
+                Elt::F32 => Out::F32(v),
+                Elt::BF16 => Out::BF16(v.par_iter().map(|&x| bf16::from_f32(x)).collect()),
+            }
+        } else {
+            out
+        };
+        Ok(vec![out.tensor(vec![s, n])])
+    })())
+}
+
+fn xa_elt(a: Operand<'_>) -> Elt {
+    match a {
+        Operand::F32(_) => Elt::F32,
+        Operand::BF16(_) => Elt::BF16,
+    }
+}
+
+/// `linear_dx(dz[S,N], w[N,K]) -> dz · w`.
+pub fn linear_dx(
+    jit: &Jit,
+    opts: &JitOptions,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+) -> Option<KResult<Vec<Tensor>>> {
+    const OP: &str = "linear_dx";
+    let [dz, w] = inputs else { return None };
+    let (dza, _) = (operand(dz)?, operand(w)?);
+    let out_elt = elt_of(out_types.first()?.dtype)?;
+    Some((|| {
+        let (&[s, n], &[nw, k]) = (&dz.shape[..], &w.shape[..]) else {
+            return Err(shape_err(
+                OP,
+                format!(
+                    "dz {:?} and weight {:?} must have rank 2",
+                    dz.shape, w.shape
+                ),
+            ));
+        };
+        if nw != n {
+            return Err(shape_err(
+                OP,
+                format!("dz {:?} and weight {:?} do not fit", dz.shape, w.shape),
+            ));
+        }
+        let base = GemmSpec {
+            m: s,
+            n: k,
+            k: n,
+            lda: n,
+            acs: 1,
+            ldc: k,
+            a: xa_elt(dza),
+            c: out_elt,
+            bias: false,
+            relu: false,
+            micro: Micro::Cranelift,
+            pack_a: false,
+        };
+        let pack = |nr: usize| match &w.data {
+            Data::F32(v) => pack_b(v, n, k, k, 1, nr),
+            Data::BF16(v) => pack_b(v, n, k, k, 1, nr),
+            _ => Vec::new(),
+        };
+        let out = run_gemm(jit, opts, OP, base, dza, &pack, None)?;
+        Ok(vec![out.tensor(vec![s, k])])
+    })())
+}
+
+/// `linear_dw(dz[S,N], x[S,K]) -> dzᵀ · x` (`[N,K]`, f32).
+pub fn linear_dw(
+    jit: &Jit,
+    opts: &JitOptions,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+) -> Option<KResult<Vec<Tensor>>> {
+    const OP: &str = "linear_dw";
+    let [dz, x] = inputs else { return None };
+    let (_, _) = (operand(dz)?, operand(x)?);
+    let out_elt = elt_of(out_types.first()?.dtype)?;
+    Some((|| {
+        let (&[s, n], &[sx, k]) = (&dz.shape[..], &x.shape[..]) else {
+            return Err(shape_err(
+                OP,
+                format!("dz {:?} and x {:?} must have rank 2", dz.shape, x.shape),
+            ));
+        };
+        if sx != s {
+            return Err(shape_err(
+                OP,
+                format!("dz {:?} and x {:?} differ in samples", dz.shape, x.shape),
+            ));
+        }
+        // A = dzᵀ read in place: element (n, s) at dz[s·N + n].
+        let a = operand(dz).ok_or_else(|| shape_err(OP, "dz must be a float tensor".into()))?;
+        let base = GemmSpec {
+            m: n,
+            n: k,
+            k: s,
+            lda: 1,
+            acs: n,
+            ldc: k,
+            a: xa_elt(a),
+            c: out_elt,
+            bias: false,
+            relu: false,
+            micro: Micro::Cranelift,
+            pack_a: false,
+        };
+        // The reduction over samples runs in chunks of DW_CHUNK samples (the B
+        // panel of a chunk stays in L1), partial products summed in chunk order.
+        let chunks = if out_elt == Elt::F32 {
+            s.div_ceil(DW_CHUNK).max(1)
+        } else {
+            1
+        };
+        let step = s.div_ceil(chunks).max(1);
+        let mut total: Option<Vec<f32>> = None;
+        let mut single: Option<Out> = None;
+        for c0 in (0..s.max(1)).step_by(step) {
+            let len = step.min(s - c0.min(s));
+            let a_c = match a {
+                Operand::F32(v) => Operand::F32(&v[(c0 * n).min(v.len())..]),
+                Operand::BF16(v) => Operand::BF16(&v[(c0 * n).min(v.len())..]),
+            };
+            let pack = |nr: usize| match &x.data {
+                Data::F32(v) => pack_b(&v[(c0 * k).min(v.len())..], len, k, k, 1, nr),
+                Data::BF16(v) => pack_b(&v[(c0 * k).min(v.len())..], len, k, k, 1, nr),
+                _ => Vec::new(),
+            };
+            let part = run_gemm(jit, opts, OP, GemmSpec { k: len, ..base }, a_c, &pack, None)?;
+            match (chunks, part, total.as_mut()) {
+                (1, p, _) => single = Some(p),
+                (_, Out::F32(p), None) => total = Some(p),
+                (_, Out::F32(p), Some(t)) => t
+                    .par_chunks_mut(1 << 14)
+                    .zip(p.par_chunks(1 << 14))
+                    .for_each(|(t, p)| t.iter_mut().zip(p).for_each(|(t, &p)| *t += p)),
+                (_, Out::BF16(_), _) => {
+                    return Err(shape_err(OP, "internal: chunked wgrad must be f32".into()));
+                }
+            }
+        }
+        let out = match (single, total) {
+            (Some(o), _) => o,
+            (None, Some(t)) => Out::F32(t),
+            (None, None) => Out::zeros(out_elt, n * k),
+        };
+        Ok(vec![out.tensor(vec![n, k])])
+    })())
+}

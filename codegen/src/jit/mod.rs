@@ -1,0 +1,378 @@
+//! The Cranelift JIT: kernels generated per op signature, cached, called through a
+//! C ABI of pointers and sizes.
+//!
+//! - [`Jit`] owns the target ISA (`cranelift-native`, `opt_level=speed`), one JIT
+//!   module per compiled kernel (kept alive for the process: the code is never
+//!   freed while a function pointer to it exists) and the kernel cache, keyed by
+//!   the full signature of the generated code ([`gemm::GemmSpec`]: shapes,
+//!   strides, dtypes, epilogue, micro-kernel). [`Jit::global`] is the process-wide
+//!   instance the runtime uses, so every rank thread shares compiled kernels.
+//! - [`gemm`]: the blocked batch-reduce GEMM core with fused epilogues;
+//!   [`linear`] maps `linear`, `linear_dx`, `linear_dw` onto it (a future
+//!   `brgemm` op over blocked weights is a thinner adapter: its weights already
+//!   are the packed panels).
+//! - [`native`]: the AVX2+FMA micro-kernel registered as a JIT symbol.
+//! - [`KernelChoice`]: which micro-kernel GEMMs use; `Auto` times both on the
+//!   first call of each shape and keeps the faster.
+//!
+//! Safety model: every call into generated code goes through a Rust wrapper that
+//! checks each slice's length against the spec the code was compiled for (and
+//! every embedding index against its table) before the call; the generated code
+//! itself does no bounds checks and never sees an unchecked index or size.
+
+mod clif;
+pub mod elementwise;
+pub mod embedding;
+pub mod gemm;
+pub mod linear;
+pub mod native;
+
+use crate::kernels::KResult;
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{FuncId, Module};
+use dlrm_ir::{Op, Tensor, TensorType};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+use thiserror::Error;
+
+/// Errors of the JIT itself (code generation, or a kernel called with arguments
+/// that do not fit its spec — a bug in the caller, reported instead of run).
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum JitError {
+    /// Cranelift rejected the generated code or the module failed.
+    #[error("JIT compilation failed: {0}")]
+    Codegen(String),
+    /// A kernel's arguments do not fit the spec it was compiled for.
+    #[error("kernel {kernel}: {reason}")]
+    Args {
+        /// The kernel's spec.
+        kernel: String,
+        /// What does not fit.
+        reason: String,
+    },
+    /// The requested micro-kernel cannot run on this CPU.
+    #[error("the native AVX2+FMA micro-kernel is not available on this CPU")]
+    NoNative,
+}
+
+impl JitError {
+    pub(crate) fn module(e: impl std::fmt::Display) -> JitError {
+        JitError::Codegen(e.to_string())
+    }
+}
+
+/// Which GEMM micro-kernel to use (`--kernels cranelift|native|auto`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KernelChoice {
+    /// Pure Cranelift (128-bit f32x4 FMA).
+    Cranelift,
+    /// The native AVX2+FMA micro-kernel called from the JIT loop nest.
+    Native,
+    /// Per shape, the faster of the two (timed on the first call); Cranelift when
+    /// the CPU has no AVX2+FMA.
+    #[default]
+    Auto,
+}
+
+impl KernelChoice {
+    /// Parses `cranelift`, `native` or `auto`.
+    pub fn parse(s: &str) -> Option<KernelChoice> {
+        match s {
+            "cranelift" => Some(KernelChoice::Cranelift),
+            "native" => Some(KernelChoice::Native),
+            "auto" => Some(KernelChoice::Auto),
+            _ => None,
+        }
+    }
+
+    /// The spelling accepted by [`KernelChoice::parse`].
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelChoice::Cranelift => "cranelift",
+            KernelChoice::Native => "native",
+            KernelChoice::Auto => "auto",
+        }
+    }
+}
+
+/// Options of a JIT evaluation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JitOptions {
+    /// GEMM micro-kernel choice.
+    pub kernels: KernelChoice,
+}
+
+/// Compilation statistics of a [`Jit`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct JitStats {
+    /// Kernels compiled.
+    pub compiled: usize,
+    /// Total compile time, in seconds.
+    pub compile_s: f64,
+    /// Cache hits.
+    pub hits: u64,
+}
+
+/// A key of any cached kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Key {
+    Gemm(gemm::GemmSpec),
+    Elementwise(elementwise::EwSpec),
+    Embedding(embedding::BagSpec),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Compiled {
+    Gemm(gemm::GemmKernel),
+    Elementwise(elementwise::EwKernel),
+    Embedding(embedding::BagKernel),
+}
+
+/// The JIT: ISA, modules and kernel cache (see the module docs).
+pub struct Jit {
+    isa: OwnedTargetIsa,
+    /// The same target without the e-graph optimizer (`opt_level=none`): keeps
+    /// the emitted instruction order, which the register-blocked Cranelift GEMM
+    /// micro-kernel relies on (the optimizer sinks every pure op of an unrolled
+    /// k step below all its loads, which spills the accumulators).
+    isa_in_order: OwnedTargetIsa,
+    modules: Mutex<Vec<JITModule>>,
+    cache: Mutex<HashMap<Key, Compiled>>,
+    /// `Auto` decisions per GEMM spec (with the micro field set to Cranelift).
+    auto: Mutex<HashMap<gemm::GemmSpec, gemm::Micro>>,
+    stats: Mutex<JitStats>,
+}
+
+impl Jit {
+    /// A JIT for the host CPU (`cranelift-native` ISA, `opt_level=speed`).
+    pub fn new() -> Result<Jit, JitError> {
+        let make = |opt: &str| -> Result<OwnedTargetIsa, JitError> {
+            let mut fb = settings::builder();
+            for (k, v) in [
+                ("opt_level", opt),
+                ("use_colocated_libcalls", "false"),
+                ("is_pic", "false"),
+            ] {
+                fb.set(k, v).map_err(JitError::module)?;
+            }
+            cranelift_native::builder()
+                .map_err(JitError::module)?
+                .finish(settings::Flags::new(fb))
+                .map_err(JitError::module)
+        };
+        Ok(Jit {
+            isa: make("speed")?,
+            isa_in_order: make("none")?,
+            modules: Mutex::new(Vec::new()),
+            cache: Mutex::new(HashMap::new()),
+            auto: Mutex::new(HashMap::new()),
+            stats: Mutex::new(JitStats::default()),
+        })
+    }
+
+    /// The process-wide JIT (created on first use).
+    pub fn global() -> Result<&'static Jit, JitError> {
+        static JIT: OnceLock<Result<Jit, JitError>> = OnceLock::new();
+        JIT.get_or_init(Jit::new).as_ref().map_err(Clone::clone)
+    }
+
+    /// Compilation statistics so far.
+    pub fn stats(&self) -> JitStats {
+        *lock(&self.stats)
+    }
+
+    /// True if the native micro-kernel can run here.
+    pub fn has_native(&self) -> bool {
+        native::available()
+    }
+
+    /// A fresh module; `native` registers the native micro-kernel's symbol.
+    pub(crate) fn new_module(&self, with_native: bool) -> Result<JITModule, JitError> {
+        self.module_with(with_native, false)
+    }
+
+    /// A fresh module; `in_order` selects the ISA without the e-graph optimizer.
+    pub(crate) fn module_with(
+        &self,
+        with_native: bool,
+        in_order: bool,
+    ) -> Result<JITModule, JitError> {
+        let isa = if in_order {
+            self.isa_in_order.clone()
+        } else {
+            self.isa.clone()
+        };
+        let mut jb = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
+        if with_native {
+            let p = native::ukernel_ptr().ok_or(JitError::NoNative)?;
+            jb.symbol(native::UKERNEL_SYMBOL, p);
+        }
+        Ok(JITModule::new(jb))
+    }
+
+    /// Defines `id` from `ctx`, finalizes the module, keeps it alive and returns
+    /// the function's address.
+    pub(crate) fn define_and_finalize(
+        &self,
+        mut module: JITModule,
+        id: FuncId,
+        ctx: &mut cranelift_codegen::Context,
+    ) -> Result<*const u8, JitError> {
+        let disasm = std::env::var_os("DLRM_JIT_DISASM").is_some();
+        if disasm {
+            ctx.set_disasm(true);
+        }
+        module
+            .define_function(id, ctx)
+            .map_err(|e| JitError::Codegen(format!("{e:?}")))?;
+        if disasm && let Some(code) = ctx.compiled_code() {
+            eprintln!("{}", code.vcode.as_deref().unwrap_or("(no disassembly)"));
+        }
+        module.clear_context(ctx);
+        module.finalize_definitions().map_err(JitError::module)?;
+        let f = module.get_finalized_function(id);
+        lock(&self.modules).push(module);
+        Ok(f)
+    }
+
+    fn cached(
+        &self,
+        key: Key,
+        build: impl FnOnce() -> Result<Compiled, JitError>,
+    ) -> Result<Compiled, JitError> {
+        if let Some(k) = lock(&self.cache).get(&key) {
+            lock(&self.stats).hits += 1;
+            return Ok(*k);
+        }
+        // Compile outside the cache lock (another thread may compile the same
+        // key meanwhile; the first insert wins, both are valid).
+        let t0 = Instant::now();
+        let k = build()?;
+        {
+            let mut st = lock(&self.stats);
+            st.compiled += 1;
+            st.compile_s += t0.elapsed().as_secs_f64();
+        }
+        Ok(*lock(&self.cache).entry(key).or_insert(k))
+    }
+
+    /// The GEMM kernel for `spec` (compiled on first use).
+    pub fn gemm(&self, spec: gemm::GemmSpec) -> Result<gemm::GemmKernel, JitError> {
+        if spec.micro == gemm::Micro::Native && !native::available() {
+            return Err(JitError::NoNative);
+        }
+        match self.cached(Key::Gemm(spec), || {
+            gemm::compile(self, spec).map(Compiled::Gemm)
+        })? {
+            Compiled::Gemm(k) => Ok(k),
+            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
+        }
+    }
+
+    /// The elementwise kernel for `spec`.
+    pub fn elementwise(
+        &self,
+        spec: elementwise::EwSpec,
+    ) -> Result<elementwise::EwKernel, JitError> {
+        match self.cached(Key::Elementwise(spec), || {
+            elementwise::compile(self, spec).map(Compiled::Elementwise)
+        })? {
+            Compiled::Elementwise(k) => Ok(k),
+            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
+        }
+    }
+
+    /// The embedding-bag kernel for `spec`.
+    pub fn embedding(&self, spec: embedding::BagSpec) -> Result<embedding::BagKernel, JitError> {
+        match self.cached(Key::Embedding(spec), || {
+            embedding::compile(self, spec).map(Compiled::Embedding)
+        })? {
+            Compiled::Embedding(k) => Ok(k),
+            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
+        }
+    }
+
+    /// The micro-kernel to use for `spec` under `choice`. `Auto` runs `trial`
+    /// three times per micro-kernel (after a warm-up run) on the first call of a
+    /// shape and remembers the one with the fastest run.
+    pub(crate) fn pick_micro(
+        &self,
+        spec: gemm::GemmSpec,
+        choice: KernelChoice,
+        trial: &mut dyn FnMut(gemm::GemmKernel) -> Result<(), JitError>,
+    ) -> Result<gemm::Micro, JitError> {
+        use gemm::Micro;
+        match choice {
+            KernelChoice::Cranelift => return Ok(Micro::Cranelift),
+            KernelChoice::Native => {
+                return if native::available() {
+                    Ok(Micro::Native)
+                } else {
+                    Err(JitError::NoNative)
+                };
+            }
+            KernelChoice::Auto if !native::available() => return Ok(Micro::Cranelift),
+            KernelChoice::Auto => {}
+        }
+        let key = gemm::GemmSpec {
+            micro: Micro::Cranelift,
+            ..spec
+        };
+        if let Some(m) = lock(&self.auto).get(&key) {
+            return Ok(*m);
+        }
+        let mut best = (f64::INFINITY, Micro::Cranelift);
+        for micro in [Micro::Cranelift, Micro::Native] {
+            let k = self.gemm(gemm::GemmSpec { micro, ..spec })?;
+            trial(k)?;
+            // Best of three timed runs: robust to a busy machine.
+            for _ in 0..3 {
+                let t0 = Instant::now();
+                trial(k)?;
+                let dt = t0.elapsed().as_secs_f64();
+                if dt < best.0 {
+                    best = (dt, micro);
+                }
+            }
+        }
+        lock(&self.auto).insert(key, best.1);
+        Ok(best.1)
+    }
+}
+
+/// Locks a mutex, recovering from poisoning (the data are caches: a panic in
+/// another thread leaves them consistent).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Evaluates `op` with JIT kernels, if there are some for this op and these
+/// dtypes; `None` means "no JIT kernel" (the caller uses the reference kernels,
+/// then the interpreter). Same contract as [`crate::try_eval`]: errors (shapes,
+/// out-of-range indices naming the sample) are found before any output exists.
+pub fn try_eval(
+    op: &Op,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+    syms: &HashMap<String, usize>,
+    opts: &JitOptions,
+) -> Option<KResult<Vec<Tensor>>> {
+    let jit = match Jit::global() {
+        Ok(j) => j,
+        Err(_) => return None,
+    };
+    let res = match op {
+        Op::Linear { act } => linear::linear(jit, opts, *act, inputs, out_types),
+        Op::LinearDx => linear::linear_dx(jit, opts, inputs, out_types),
+        Op::LinearDw => linear::linear_dw(jit, opts, inputs, out_types),
+        Op::EmbeddingBag { mode } => embedding::embedding_bag(jit, *mode, inputs, out_types),
+        Op::Relu | Op::ReluGrad | Op::SigmoidGrad | Op::Add => {
+            elementwise::eval(jit, op, inputs, out_types)
+        }
+        _ => None,
+    }?;
+    Some(res.and_then(|outs| crate::kernels::check_results(op, outs, out_types, syms)))
+}

@@ -1,0 +1,375 @@
+//! Property tests of the JIT GEMM core and the linear ops on it, against an f64
+//! reference (tolerance relative to the sum of the terms' magnitudes, plus one
+//! bf16 rounding step for bf16 results) and against the reference kernels.
+//! Shapes are random and ragged (not multiples of the tile or vector width).
+
+use dlrm_codegen::jit::gemm::{Elt, GemmSpec, Micro, Operand, OutBuf, pack_b, pack_bias};
+use dlrm_codegen::jit::{Jit, JitOptions, KernelChoice, native};
+use dlrm_ir::{Act, DType, Dim, Op, Tensor, TensorType};
+use half::bf16;
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+fn micros() -> Vec<Micro> {
+    if native::available() {
+        vec![Micro::Cranelift, Micro::Native]
+    } else {
+        vec![Micro::Cranelift]
+    }
+}
+
+/// Deterministic pseudo-random values in [-1, 1).
+fn vals(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn round_bf16(v: &[f32]) -> Vec<bf16> {
+    v.iter().map(|&x| bf16::from_f32(x)).collect()
+}
+
+/// Checks `got` against f64 `want` with per-element `scale` (Σ|terms|).
+fn check(name: &str, got: &[f32], want: &[f64], scale: &[f64], bf16_out: bool) {
+    assert_eq!(got.len(), want.len(), "{name}: length");
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(scale).enumerate() {
+        let mut tol = 2e-6 * s + 1e-30;
+        if bf16_out {
+            tol += w.abs() * (1.0 / 128.0);
+        }
+        assert!(
+            ((g as f64) - w).abs() <= tol,
+            "{name}: element {i}: got {g}, want {w} (tol {tol})"
+        );
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_case(
+    m: usize,
+    n: usize,
+    k: usize,
+    a_bf: bool,
+    c_bf: bool,
+    bias: bool,
+    relu: bool,
+    seed: u64,
+) {
+    let jit = Jit::global().expect("jit");
+    // Row-major A (acs = 1), or a transposed view (lda = 1, as wgrad reads dzᵀ).
+    let (lda, acs) = if seed % 4 == 3 {
+        (1, m + (seed as usize % 3))
+    } else {
+        (k + (seed as usize % 3), 1)
+    };
+    let ldc = n + (seed as usize % 2);
+    let a32 = vals(
+        seed,
+        m.saturating_sub(1) * lda + k.saturating_sub(1) * acs + 1,
+    );
+    let abf = round_bf16(&a32);
+    let a_eff: Vec<f32> = if a_bf {
+        abf.iter().map(|x| x.to_f32()).collect()
+    } else {
+        a32.clone()
+    };
+    // B given as its transpose w[n][k] (like a linear weight).
+    let w = vals(seed + 1, n * k);
+    let bvec = vals(seed + 2, n);
+    let mut want = vec![0.0f64; m * n];
+    let mut scale = vec![0.0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = if bias { bvec[j] as f64 } else { 0.0 };
+            let mut sc = acc.abs();
+            for kk in 0..k {
+                let t = a_eff[i * lda + kk * acs] as f64 * w[j * k + kk] as f64;
+                acc += t;
+                sc += t.abs();
+            }
+            if relu && acc <= 0.0 {
+                acc = 0.0;
+            }
+            want[i * n + j] = acc;
+            scale[i * n + j] = sc;
+        }
+    }
+    let mut outs: Vec<Vec<f32>> = Vec::new();
+    for micro in micros() {
+        let spec = GemmSpec {
+            m,
+            n,
+            k,
+            lda,
+            acs,
+            ldc,
+            a: if a_bf { Elt::BF16 } else { Elt::F32 },
+            c: if c_bf { Elt::BF16 } else { Elt::F32 },
+            bias,
+            relu,
+            micro,
+            pack_a: seed % 3 == 1,
+        };
+        let kern = jit.gemm(spec).expect("compiles");
+        let bp = pack_b(&w, k, n, 1, k, micro.nr());
+        let pb = bias.then(|| pack_bias(&bvec, micro.nr()));
+        let a = if a_bf {
+            Operand::BF16(&abf)
+        } else {
+            Operand::F32(&a32)
+        };
+        let clen = m.saturating_sub(1) * ldc + n;
+        // Sentinels in the padding columns must survive.
+        let got: Vec<f32> = if c_bf {
+            let mut c = vec![bf16::from_f32(7.0); clen];
+            kern.run(a, &bp, pb.as_deref(), OutBuf::BF16(&mut c))
+                .expect("runs");
+            for i in 0..m.saturating_sub(1) {
+                for j in n..ldc {
+                    assert_eq!(c[i * ldc + j].to_f32(), 7.0, "padding written");
+                }
+            }
+            (0..m)
+                .flat_map(|i| (0..n).map(move |j| (i, j)))
+                .map(|(i, j)| c[i * ldc + j].to_f32())
+                .collect()
+        } else {
+            let mut c = vec![7.0f32; clen];
+            kern.run(a, &bp, pb.as_deref(), OutBuf::F32(&mut c))
+                .expect("runs");
+            for i in 0..m.saturating_sub(1) {
+                for j in n..ldc {
+                    assert_eq!(c[i * ldc + j], 7.0, "padding written");
+                }
+            }
+            (0..m)
+                .flat_map(|i| (0..n).map(move |j| (i, j)))
+                .map(|(i, j)| c[i * ldc + j])
+                .collect()
+        };
+        check(&format!("{spec:?}"), &got, &want, &scale, c_bf);
+        outs.push(got);
+    }
+    // Both micro-kernels sum k in order with FMAs: bitwise equal.
+    if let [a, b] = &outs[..] {
+        assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "cranelift and native differ"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn gemm_matches_f64(
+        m in 1usize..40,
+        n in 1usize..40,
+        k in 0usize..45,
+        a_bf in any::<bool>(),
+        c_bf in any::<bool>(),
+        bias in any::<bool>(),
+        relu in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        gemm_case(m, n, k, a_bf, c_bf, bias, relu, seed);
+    }
+}
+
+#[test]
+fn gemm_larger_shapes_cover_cache_blocks() {
+    // m beyond one cache block (and ragged), k long enough for the unrolled loop.
+    gemm_case(301, 37, 130, false, false, true, true, 5);
+    gemm_case(97, 70, 257, true, true, true, false, 6);
+}
+
+fn syms(s: usize) -> HashMap<String, usize> {
+    HashMap::from([("B".to_string(), s)])
+}
+
+fn ty(dtype: DType, dims: &[Dim]) -> TensorType {
+    TensorType::new(dtype, dims.iter().cloned())
+}
+
+fn tensor(dtype: DType, shape: Vec<usize>, seed: u64) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::from_f32(dtype, shape, vals(seed, n))
+}
+
+/// The JIT linear ops against the interpreter (the definition, with bf16
+/// rounding of its own), for f32 and bf16 storage and every kernel choice.
+fn linear_ops_case(s: usize, k: usize, n: usize, bf: bool, act: Act, seed: u64) {
+    let dt = if bf { DType::BF16 } else { DType::F32 };
+    let x = tensor(dt, vec![s, k], seed);
+    let w = tensor(dt, vec![n, k], seed + 1);
+    let b = tensor(dt, vec![n], seed + 2);
+    let dz = tensor(dt, vec![s, n], seed + 3);
+    let b_dim = Dim::batch();
+    let cases: Vec<(Op, Vec<&Tensor>, TensorType)> = vec![
+        (
+            Op::Linear { act },
+            vec![&x, &w, &b],
+            ty(dt, &[b_dim.clone(), Dim::Fixed(n)]),
+        ),
+        (
+            Op::LinearDx,
+            vec![&dz, &w],
+            ty(dt, &[b_dim.clone(), Dim::Fixed(k)]),
+        ),
+        (
+            Op::LinearDw,
+            vec![&dz, &x],
+            ty(DType::F32, &[Dim::Fixed(n), Dim::Fixed(k)]),
+        ),
+    ];
+    for (op, ins, out_ty) in cases {
+        let ctx = dlrm_ir::interp::EvalCtx {
+            syms: &syms(s),
+            comm: &dlrm_ir::SingleRank,
+        };
+        let want = dlrm_ir::interp::eval_op(&op, &ins, std::slice::from_ref(&out_ty), &ctx)
+            .expect("interpreter");
+        for kernels in [
+            KernelChoice::Cranelift,
+            KernelChoice::Native,
+            KernelChoice::Auto,
+        ] {
+            if kernels == KernelChoice::Native && !native::available() {
+                continue;
+            }
+            let got = dlrm_codegen::jit::try_eval(
+                &op,
+                &ins,
+                std::slice::from_ref(&out_ty),
+                &syms(s),
+                &JitOptions { kernels },
+            )
+            .expect("a JIT kernel exists")
+            .expect("runs");
+            assert_eq!(got[0].shape, want[0].shape);
+            assert_eq!(got[0].dtype(), want[0].dtype());
+            let (g, wv) = (got[0].to_f32_vec(), want[0].to_f32_vec());
+            // Scale: the terms' magnitudes are bounded by the reduction length.
+            let red = match op {
+                Op::Linear { .. } => k,
+                Op::LinearDx => n,
+                _ => s,
+            } as f32;
+            let bf_out = got[0].dtype() == DType::BF16;
+            for (i, (a, e)) in g.iter().zip(&wv).enumerate() {
+                let mut tol = 4e-6 * (red + 1.0);
+                if bf_out {
+                    tol += e.abs() / 64.0;
+                }
+                assert!(
+                    (a - e).abs() <= tol,
+                    "{op:?} {kernels:?} s={s} k={k} n={n} bf16={bf}: element {i}: {a} vs {e}"
+                );
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn linear_ops_match_the_interpreter(
+        s in 1usize..50,
+        k in 1usize..40,
+        n in 1usize..40,
+        bf in any::<bool>(),
+        act in prop_oneof![Just(Act::None), Just(Act::Relu), Just(Act::Sigmoid)],
+        seed in 0u64..1000,
+    ) {
+        linear_ops_case(s, k, n, bf, act, seed);
+    }
+}
+
+#[test]
+fn kernel_cache_reuses_compiled_code() {
+    let jit = Jit::global().expect("jit");
+    let spec = GemmSpec {
+        m: 11,
+        n: 5,
+        k: 3,
+        lda: 3,
+        acs: 1,
+        ldc: 5,
+        a: Elt::F32,
+        c: Elt::F32,
+        bias: false,
+        relu: false,
+        micro: Micro::Cranelift,
+        pack_a: false,
+    };
+    jit.gemm(spec).expect("compiles");
+    let before = jit.stats();
+    jit.gemm(spec).expect("cached");
+    let after = jit.stats();
+    assert_eq!(after.compiled, before.compiled, "no recompilation");
+    assert!(after.hits > before.hits);
+}
+
+#[test]
+fn wrong_lengths_are_refused_before_the_call() {
+    let jit = Jit::global().expect("jit");
+    let spec = GemmSpec {
+        m: 4,
+        n: 4,
+        k: 4,
+        lda: 4,
+        acs: 1,
+        ldc: 4,
+        a: Elt::F32,
+        c: Elt::F32,
+        bias: false,
+        relu: false,
+        micro: Micro::Cranelift,
+        pack_a: false,
+    };
+    let k = jit.gemm(spec).expect("compiles");
+    let a = vec![1.0f32; 15]; // one short
+    let bp = pack_b(&[1.0f32; 16], 4, 4, 1, 4, Micro::Cranelift.nr());
+    let mut c = vec![0.0f32; 16];
+    let err = k
+        .run(Operand::F32(&a), &bp, None, OutBuf::F32(&mut c))
+        .expect_err("short A");
+    assert!(err.to_string().contains("A holds 15"), "{err}");
+    assert!(c.iter().all(|&v| v == 0.0), "nothing written");
+}
+
+#[test]
+#[ignore = "prints the generated code (DLRM_JIT_DISASM=1)"]
+fn disasm_cranelift_tile() {
+    let jit = Jit::new().expect("jit");
+    let spec = GemmSpec {
+        m: 8,
+        n: 8,
+        k: 64,
+        lda: 64,
+        acs: 1,
+        ldc: 8,
+        a: Elt::F32,
+        c: Elt::F32,
+        bias: false,
+        relu: false,
+        micro: Micro::Cranelift,
+        pack_a: false,
+    };
+    jit.gemm(spec).expect("compiles");
+}
+
+#[test]
+fn wgrad_reduction_in_chunks_matches_the_interpreter() {
+    // More samples than one wgrad chunk (256), ragged, f32 and bf16 operands.
+    linear_ops_case(600, 19, 13, false, Act::Relu, 3);
+    linear_ops_case(517, 9, 21, true, Act::None, 4);
+}

@@ -1,0 +1,183 @@
+//! Property tests of the JIT embedding-bag and elementwise kernels against the
+//! interpreter (the definition) on random ragged shapes, f32 and bf16 storage.
+
+use dlrm_codegen::KernelError;
+use dlrm_codegen::jit::{JitOptions, try_eval};
+use dlrm_ir::interp::{EvalCtx, eval_op};
+use dlrm_ir::{DType, Dim, Op, Pool, SingleRank, Tensor, TensorType};
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+fn vals(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn syms(s: usize) -> HashMap<String, usize> {
+    HashMap::from([("B".to_string(), s)])
+}
+
+fn interp(op: &Op, ins: &[&Tensor], out: &TensorType, s: usize) -> Vec<Tensor> {
+    let sy = syms(s);
+    let ctx = EvalCtx {
+        syms: &sy,
+        comm: &SingleRank,
+    };
+    eval_op(op, ins, std::slice::from_ref(out), &ctx).expect("interpreter")
+}
+
+fn jit(op: &Op, ins: &[&Tensor], out: &TensorType, s: usize) -> Result<Vec<Tensor>, KernelError> {
+    try_eval(
+        op,
+        ins,
+        std::slice::from_ref(out),
+        &syms(s),
+        &JitOptions::default(),
+    )
+    .expect("a JIT kernel exists")
+}
+
+/// Equal values, or within one bf16 rounding step when `bf16` (the sum in f32
+/// before one rounding is the definition; orders agree, so usually exact).
+fn assert_close(name: &str, got: &Tensor, want: &Tensor, tol: f32) {
+    assert_eq!(got.shape, want.shape, "{name}: shape");
+    assert_eq!(got.dtype(), want.dtype(), "{name}: dtype");
+    for (i, (a, b)) in got.to_f32_vec().iter().zip(want.to_f32_vec()).enumerate() {
+        assert!(
+            (a - b).abs() <= tol * b.abs().max(1.0) || a.to_bits() == b.to_bits(),
+            "{name}: element {i}: {a} vs {b}"
+        );
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bag_case(
+    rows: usize,
+    d: usize,
+    s: usize,
+    l: usize,
+    offsets: bool,
+    mean: bool,
+    bf: bool,
+    i32s: bool,
+    seed: u64,
+) {
+    let dt = if bf { DType::BF16 } else { DType::F32 };
+    let table = Tensor::from_f32(dt, vec![rows, d], vals(seed, rows * d));
+    let n = s * l;
+    let raw: Vec<i64> = vals(seed + 1, n)
+        .iter()
+        .map(|v| ((v + 1.0) * 0.5 * rows as f32) as i64 % rows as i64)
+        .collect();
+    let idx = if i32s {
+        Tensor::i32(
+            if offsets { vec![n] } else { vec![s, l] },
+            raw.iter().map(|&x| x as i32).collect(),
+        )
+    } else {
+        Tensor::i64(if offsets { vec![n] } else { vec![s, l] }, raw)
+    };
+    // Variable bags: sizes 0..=2l, cut from the same n indices.
+    let off: Vec<i64> = (0..s)
+        .map(|b| ((b * n) / s.max(1)) as i64 - (b % 2) as i64 * ((b > 0) as i64))
+        .map(|o| o.max(0))
+        .collect();
+    let mut off_sorted = off.clone();
+    for i in 1..off_sorted.len() {
+        off_sorted[i] = off_sorted[i].max(off_sorted[i - 1]);
+    }
+    let off_t = Tensor::i64(vec![s], off_sorted);
+    let op = Op::EmbeddingBag {
+        mode: if mean { Pool::Mean } else { Pool::Sum },
+    };
+    let out_ty = TensorType::new(dt, [Dim::batch(), Dim::Fixed(d)]);
+    let ins: Vec<&Tensor> = if offsets {
+        vec![&table, &idx, &off_t]
+    } else {
+        vec![&table, &idx]
+    };
+    let want = interp(&op, &ins, &out_ty, s);
+    let got = jit(&op, &ins, &out_ty, s).expect("runs");
+    // Same association as the definition: f32 exact, bf16 one rounding apart at most.
+    let tol = if bf { 1.0 / 128.0 } else { 0.0 };
+    assert_close(
+        &format!("bag rows={rows} d={d} s={s} l={l} off={offsets} mean={mean} bf={bf}"),
+        &got[0],
+        &want[0],
+        tol,
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn embedding_bag_matches_the_interpreter(
+        rows in 1usize..60,
+        d in 1usize..75,
+        s in 1usize..40,
+        l in 0usize..6,
+        offsets in any::<bool>(),
+        mean in any::<bool>(),
+        bf in any::<bool>(),
+        i32s in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        bag_case(rows, d, s, l, offsets, mean, bf, i32s, seed);
+    }
+
+    #[test]
+    fn elementwise_matches_the_interpreter(
+        n in 1usize..300,
+        which in 0usize..4,
+        bf_a in any::<bool>(),
+        bf_out in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let dta = if bf_a { DType::BF16 } else { DType::F32 };
+        let dto = if bf_out { DType::BF16 } else { DType::F32 };
+        let a = Tensor::from_f32(dta, vec![n], vals(seed, n));
+        let b = Tensor::from_f32(dta, vec![n], vals(seed + 7, n));
+        let (op, ins): (Op, Vec<&Tensor>) = match which {
+            0 => (Op::Relu, vec![&a]),
+            1 => (Op::ReluGrad, vec![&a, &b]),
+            2 => (Op::SigmoidGrad, vec![&a, &b]),
+            _ => (Op::Add, vec![&a, &b]),
+        };
+        let out_ty = TensorType::new(dto, [Dim::Fixed(n)]);
+        let want = interp(&op, &ins, &out_ty, 1);
+        let got = jit(&op, &ins, &out_ty, 1).expect("runs");
+        // The definition's own float operations: exact (bf16: rounded once, the same way).
+        assert_close(&format!("{op:?} n={n}"), &got[0], &want[0], 0.0);
+    }
+}
+
+#[test]
+fn out_of_range_index_names_the_sample_before_running() {
+    let table = Tensor::f32(vec![10, 4], vals(1, 40));
+    let idx = Tensor::i64(vec![3, 2], vec![0, 1, 2, 3, 4, 10]);
+    let op = Op::EmbeddingBag { mode: Pool::Sum };
+    let out_ty = TensorType::new(DType::F32, [Dim::batch(), Dim::Fixed(4)]);
+    let err = jit(&op, &[&table, &idx], &out_ty, 3).expect_err("index 10 of 10 rows");
+    assert_eq!(
+        err,
+        KernelError::IndexOutOfRange {
+            op: "embedding_bag",
+            position: 5,
+            sample: Some(2),
+            index: 10,
+            rows: 10,
+        }
+    );
+    assert!(err.to_string().contains("(sample 2)"), "{err}");
+    let neg = Tensor::i64(vec![1, 1], vec![-1]);
+    let err = jit(&op, &[&table, &neg], &out_ty, 1).expect_err("negative index");
+    assert!(err.to_string().contains("index -1"), "{err}");
+}

@@ -1,0 +1,100 @@
+//! Throughput of a JSON model on this machine, training and inference, per backend
+//! and micro-kernel choice, with the per-op-kind table of the last run.
+//!
+//! `RAYON_NUM_THREADS=2 cargo run --release -p dlrm-runtime --example bench_model -- \
+//!     examples/dlrm-small.json [iters] [ranks] [configs]`
+//! where `configs` is a comma list of `reference`, `cranelift`, `native`, `auto`
+//! (default: all four).
+
+use dlrm_passes::{LossKind, PipelineOptions, TrainConfig, compile, partition};
+use dlrm_runtime::{Backend, Job, KernelChoice, Plan, Training, run};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let path = args
+        .get(1)
+        .map_or("examples/dlrm-small.json", String::as_str);
+    let iters: u64 = args.get(2).map_or(Ok(20), |s| s.parse())?;
+    let ranks: usize = args.get(3).map_or(Ok(1), |s| s.parse())?;
+    let configs = args
+        .get(4)
+        .map_or("reference,cranelift,native,auto", String::as_str);
+    let model = dlrm_json::load(path)?;
+    let loss = match model.training.loss {
+        dlrm_json::Loss::Bce => LossKind::Bce,
+        dlrm_json::Loss::Mse => LossKind::Mse,
+    };
+    let cfg = TrainConfig {
+        loss,
+        lr: model.training.learning_rate,
+    };
+    let (train, _) = compile(
+        model.graph.clone(),
+        &PipelineOptions { train: Some(cfg) },
+        &mut |_, _| {},
+    )?;
+    let (infer, _) = compile(
+        model.graph.clone(),
+        &PipelineOptions { train: None },
+        &mut |_, _| {},
+    )?;
+    let plan = Plan {
+        name: model.spec.name.clone(),
+        infer,
+        train: Some(train),
+        params: model.params,
+        training: Training {
+            loss: "bce".into(),
+            optimizer: "sgd".into(),
+            learning_rate: model.training.learning_rate,
+            batch_size: model.training.batch_size,
+            seed: model.training.seed,
+        },
+        precision: "fp32".into(),
+        pass_log: serde_json::Value::Null,
+    };
+    let threads = rayon::current_num_threads();
+    for train_mode in [true, false] {
+        for c in configs.split(',') {
+            let (backend, kernels) = match c {
+                "reference" => (Backend::Reference, KernelChoice::Auto),
+                other => (
+                    Backend::Jit,
+                    KernelChoice::parse(other).ok_or("config: reference|cranelift|native|auto")?,
+                ),
+            };
+            let mut job = Job::from_plan(plan.clone());
+            if !train_mode {
+                job.train_graphs = None;
+                job.full_train = None;
+            }
+            if ranks > 1 {
+                if let Some(t) = &job.full_train {
+                    job.train_graphs = Some(partition(t, ranks)?.graphs);
+                }
+                job.infer_graphs = partition(&job.full_infer, ranks)?.graphs;
+                job.ranks = ranks;
+            }
+            job.iters = iters;
+            job.log_every = 0;
+            job.eval_batches = 1;
+            job.warmup = 3;
+            job.backend = backend;
+            job.kernels = kernels;
+            let r = run(job, &mut |_| {})?;
+            println!(
+                "{:<6} {:<10} threads={threads} ranks={ranks}: {:>9.0} samples/s (loss {:?}, jit {} kernels {:.3}s)",
+                if train_mode { "train" } else { "infer" },
+                c,
+                r.samples_per_s,
+                r.final_loss,
+                r.jit_kernels,
+                r.jit_compile_s
+            );
+            if std::env::var_os("BENCH_TABLE").is_some() {
+                print!("{}", r.bench_table());
+            }
+        }
+    }
+    Ok(())
+}
