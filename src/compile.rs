@@ -128,6 +128,7 @@ pub fn compile(
         graph,
         params,
         training,
+        infer_only,
         ..
     } = model;
     let name = graph.name.clone();
@@ -144,7 +145,7 @@ pub fn compile(
 
     let mut logs = serde_json::Map::new();
     logs.insert("infer".into(), log_json(&infer.log));
-    let (train, params) = if opts.infer_only {
+    let (train, params) = if opts.infer_only || infer_only.is_some() {
         (None, infer.params)
     } else {
         let cfg = TrainConfig {

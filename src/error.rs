@@ -41,6 +41,9 @@ pub enum Error {
     /// A plan's training setup names something this build cannot do.
     #[error("plan training setup: {0}")]
     Training(String),
+    /// Running the plan failed.
+    #[error(transparent)]
+    Runtime(#[from] dlrm_runtime::RuntimeError),
     /// Options that cannot run (rank count, step count, batch size, mode).
     #[error("{0}")]
     Options(String),

@@ -6,8 +6,11 @@
 //! same samples as one rank.
 
 use crate::error::{Error, Result};
+use dlrm_ir::{SingleRank, Tensor};
 use dlrm_runtime::driver::Job;
 use dlrm_runtime::plan::Plan;
+use dlrm_runtime::{Backend, Executor, KernelChoice};
+use std::collections::HashMap;
 
 /// How to run a plan.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -28,6 +31,10 @@ pub struct RunOptions {
     pub eval_batches: usize,
     /// Steps excluded from the throughput median.
     pub warmup: u64,
+    /// Which kernels run the nodes.
+    pub backend: Backend,
+    /// GEMM micro-kernel of the JIT backend.
+    pub kernels: KernelChoice,
 }
 
 impl Default for RunOptions {
@@ -41,6 +48,8 @@ impl Default for RunOptions {
             log_every: 10,
             eval_batches: 4,
             warmup: 3,
+            backend: Backend::default(),
+            kernels: KernelChoice::default(),
         }
     }
 }
@@ -103,5 +112,54 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     job.log_every = opts.log_every;
     job.eval_batches = opts.eval_batches;
     job.warmup = opts.warmup;
+    job.backend = opts.backend;
+    job.kernels = opts.kernels;
     Ok(job)
+}
+
+/// Runs the plan's inference graph once on one rank with the given inputs (e.g.
+/// read from an `.npz` file) and returns its outputs by name.
+///
+/// `inputs` must name every graph input exactly once and nothing else; dtypes and
+/// shapes are checked against the graph (the batch size comes from the inputs).
+pub fn infer_once(
+    plan: Plan,
+    inputs: Vec<(String, Tensor)>,
+    backend: Backend,
+    kernels: KernelChoice,
+) -> Result<Vec<(String, Tensor)>> {
+    let graph = plan.infer;
+    let wanted: Vec<String> = graph
+        .inputs()
+        .iter()
+        .map(|&v| graph.name_of(v).to_string())
+        .collect();
+    let mut given = HashMap::new();
+    for (name, t) in inputs {
+        if !wanted.contains(&name) {
+            return Err(Error::Options(format!(
+                "input array `{name}` is not an input of the model (its inputs: {})",
+                wanted.join(", ")
+            )));
+        }
+        if given.insert(name.clone(), t).is_some() {
+            return Err(Error::Options(format!("input array `{name}` given twice")));
+        }
+    }
+    if let Some(missing) = wanted.iter().find(|n| !given.contains_key(*n)) {
+        return Err(Error::Options(format!(
+            "no array for the model input `{missing}` (its inputs: {})",
+            wanted.join(", ")
+        )));
+    }
+    let outputs: Vec<String> = graph
+        .outputs()
+        .iter()
+        .map(|&v| graph.name_of(v).to_string())
+        .collect();
+    let mut exec = Executor::new(graph, plan.params.into_iter().collect(), 0)?;
+    exec.set_backend(backend, kernels);
+    let syms = exec.bind_symbols(&given)?;
+    let values = exec.step(given, &syms, &SingleRank)?;
+    Ok(outputs.into_iter().zip(values).collect())
 }

@@ -21,6 +21,8 @@ pub struct Model {
     pub training: Training,
     /// A few human-readable lines describing the model.
     pub summary: String,
+    /// Why this model can only be compiled for inference, if it can.
+    pub infer_only: Option<String>,
 }
 
 /// Overrides of a model description's training setup.
@@ -40,13 +42,7 @@ pub fn load_model(path: &Path, overrides: Overrides) -> Result<Model> {
     let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
     match ext.to_ascii_lowercase().as_str() {
         "json" => load_json(path, overrides),
-        "onnx" => {
-            dlrm_onnx::load(path)?;
-            Err(Error::Options(format!(
-                "{}: ONNX models import but do not compile yet",
-                path.display()
-            )))
-        }
+        "onnx" => load_onnx(path, overrides),
         _ => Err(Error::UnknownFormat {
             path: path.to_path_buf(),
         }),
@@ -86,5 +82,41 @@ fn load_json(path: &Path, o: Overrides) -> Result<Model> {
             seed: t.seed,
         },
         summary,
+        infer_only: None,
+    })
+}
+
+/// Batch size of an ONNX model's plan unless `--batch-size` says otherwise (ONNX
+/// files carry no training setup).
+pub const ONNX_DEFAULT_BATCH: usize = 128;
+
+fn load_onnx(path: &Path, o: Overrides) -> Result<Model> {
+    let m = dlrm_onnx::load(path)?;
+    let summary = format!(
+        "ONNX model `{}` (opset {}, producer `{}`): inputs {}; outputs {}; {} nodes, {} parameters",
+        m.graph.name,
+        m.opset,
+        m.producer.trim(),
+        m.inputs.join(", "),
+        m.outputs.join(", "),
+        m.graph.nodes().len(),
+        m.params.len(),
+    );
+    Ok(Model {
+        graph: m.graph,
+        params: m.params,
+        training: Training {
+            loss: "bce".to_string(),
+            optimizer: "sgd".to_string(),
+            learning_rate: o.learning_rate.unwrap_or(0.1),
+            batch_size: o.batch_size.unwrap_or(ONNX_DEFAULT_BATCH),
+            seed: o.seed.unwrap_or(1),
+        },
+        summary,
+        infer_only: Some(
+            "training from ONNX models is not supported yet (the generic ops have no \
+             gradients until canonicalisation lands)"
+                .to_string(),
+        ),
     })
 }

@@ -425,3 +425,71 @@ fn bad_runs_are_clear_errors() {
     let err = fails(DLRM_RUN, &[s(&other)]);
     assert!(err.contains("manifest.json"), "{err}");
 }
+
+/// Every ONNX test case through the product: `dlrmc compile model.onnx` (optimised)
+/// then `dlrm-run --infer --inputs inputs.npz --outputs out.npz`, whose arrays must
+/// match what ONNX Runtime computed (`outputs.npz`) within 1e-5. Cases without an
+/// `outputs.npz` are error cases: compiling them must fail naming the node.
+#[test]
+fn onnx_models_compile_and_serve_onnx_runtimes_answers() {
+    let cases = Path::new(env!("CARGO_MANIFEST_DIR")).join("frontends/onnx/test_cases");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut served = 0;
+    let mut refused = 0;
+    let mut entries: Vec<_> = fs::read_dir(&cases)
+        .expect("test cases")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.join("model.onnx").exists())
+        .collect();
+    entries.sort();
+    for case in entries {
+        let name = case
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        let plan = dir.path().join(format!("{name}.plan"));
+        let model = case.join("model.onnx");
+        if !case.join("outputs.npz").exists() {
+            let err = fails(DLRMC, &["compile", s(&model), "-o", s(&plan), "-q"]);
+            assert!(err.contains("node #"), "{name}: {err}");
+            assert!(!plan.exists(), "{name}: a failed compile left a plan");
+            refused += 1;
+            continue;
+        }
+        ok(DLRMC, &["compile", s(&model), "-o", s(&plan), "-q"]);
+        let out = dir.path().join(format!("{name}.out.npz"));
+        let inputs = case.join("inputs.npz");
+        ok(
+            DLRM_RUN,
+            &[
+                s(&plan),
+                "--infer",
+                "--inputs",
+                s(&inputs),
+                "--outputs",
+                s(&out),
+                "-q",
+            ],
+        );
+        let want = dlrm_onnx::npz::read(&case.join("outputs.npz")).expect("expected");
+        let got = dlrm_onnx::npz::read(&out).expect("written");
+        assert_eq!(want.len(), got.len(), "{name}");
+        for (n, w) in &want {
+            let (_, g) = got
+                .iter()
+                .find(|(m, _)| dlrm_onnx::ir_name(m) == dlrm_onnx::ir_name(n))
+                .unwrap_or_else(|| panic!("{name}: output `{n}` missing"));
+            assert_eq!(w.shape, g.shape, "{name}: `{n}`");
+            for (a, b) in w.to_f32_vec().iter().zip(g.to_f32_vec()) {
+                let tol = 1e-5 * a.abs().max(1.0);
+                assert!((a - b).abs() <= tol, "{name}: `{n}`: {a} vs {b}");
+            }
+        }
+        served += 1;
+    }
+    assert!(
+        served >= 8 && refused >= 1,
+        "served {served}, refused {refused}"
+    );
+}

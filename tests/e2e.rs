@@ -188,6 +188,7 @@ fn every_example_round_trips_at_every_stage() {
                 seed: training.seed,
             },
             summary: String::new(),
+            infer_only: None,
         };
         let mut stages = Vec::new();
         let plan = compile(model, &CompileOptions::default(), &mut |s, g| {

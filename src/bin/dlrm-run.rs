@@ -4,11 +4,13 @@ use anyhow::{Result, bail};
 use clap::Parser;
 use dlrm_runtime::driver::{Event, Mode, Report, run};
 use dlrm_runtime::metrics::MetricsWriter;
-use dlrm_runtime::plan::read_plan;
+use dlrm_runtime::plan::{Plan, read_plan};
+use dlrm_runtime::{Backend, KernelChoice};
+use dlrmc::launch::infer_once;
 use dlrmc::{RunOptions, job_for};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 /// Trains (or, with --infer, serves) a plan written by `dlrmc compile` on synthetic
@@ -50,9 +52,35 @@ struct Cli {
     /// Print the final report as JSON on stdout.
     #[arg(long)]
     json: bool,
+    /// Kernels: `jit` (Cranelift, falling back to reference kernels per op) or
+    /// `reference` (plain Rust).
+    #[arg(long, default_value = "jit", value_parser = parse_backend)]
+    backend: Backend,
+    /// GEMM micro-kernel of the JIT: `cranelift` (128-bit), `native` (AVX2+FMA) or
+    /// `auto` (the faster per shape).
+    #[arg(long, default_value = "auto", value_parser = parse_kernels)]
+    kernels: KernelChoice,
+    /// Print a per-op-kind table (time share, ms/step, GFLOP/s, GB/s) at the end.
+    #[arg(long)]
+    bench: bool,
+    /// With --infer: run the model once on these arrays (`.npz`, named after the
+    /// model's inputs) instead of synthetic data.
+    #[arg(long, value_name = "FILE", requires = "infer")]
+    inputs: Option<PathBuf>,
+    /// With --inputs: write the model's outputs here (`.npz`, named after them).
+    #[arg(long, value_name = "FILE", requires = "inputs")]
+    outputs: Option<PathBuf>,
     /// No progress output, only the summary.
     #[arg(short, long)]
     quiet: bool,
+}
+
+fn parse_backend(s: &str) -> Result<Backend, String> {
+    Backend::parse(s).ok_or_else(|| format!("`{s}`: expected jit or reference"))
+}
+
+fn parse_kernels(s: &str) -> Result<KernelChoice, String> {
+    KernelChoice::parse(s).ok_or_else(|| format!("`{s}`: expected cranelift, native or auto"))
 }
 
 fn main() -> ExitCode {
@@ -75,11 +103,16 @@ fn real_main(cli: Cli) -> Result<()> {
         log_every: cli.log_every,
         eval_batches: cli.eval_batches,
         warmup: cli.warmup,
+        backend: cli.backend,
+        kernels: cli.kernels,
     };
     if cli.ranks == 0 {
         bail!("--ranks must be at least 1");
     }
     let plan = read_plan(&cli.plan)?;
+    if let Some(inputs) = &cli.inputs {
+        return infer_file(plan, inputs, cli.outputs.as_deref(), &cli);
+    }
     let name = plan.name.clone();
     let job = job_for(plan, &opts)?;
     let mut metrics = cli
@@ -146,6 +179,9 @@ fn real_main(cli: Cli) -> Result<()> {
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
+    if cli.bench {
+        eprint!("{}", report.bench_table());
+    }
     eprintln!("{}", summary(&name, &report));
     Ok(())
 }
@@ -174,4 +210,31 @@ fn summary(name: &str, r: &Report) -> String {
     }
     s += &format!(" ({} held-out samples), {:.1} s", r.eval_samples, r.wall_s);
     s
+}
+
+/// `--infer --inputs FILE [--outputs FILE]`: one inference on the given arrays.
+fn infer_file(plan: Plan, inputs: &Path, outputs: Option<&Path>, cli: &Cli) -> Result<()> {
+    let arrays = dlrm_onnx::npz::read(inputs)?
+        .into_iter()
+        .map(|(name, t)| (dlrm_onnx::ir_name(&name), t))
+        .collect();
+    let name = plan.name.clone();
+    let start = std::time::Instant::now();
+    let results = infer_once(plan, arrays, cli.backend, cli.kernels)?;
+    let secs = start.elapsed().as_secs_f64();
+    if let Some(path) = outputs {
+        dlrm_onnx::npz::write(path, &results)?;
+    }
+    if !cli.quiet {
+        for (n, t) in &results {
+            eprintln!("output `{n}`: {:?} {:?}", t.dtype(), t.shape);
+        }
+    }
+    eprintln!(
+        "served `{name}` on {} ({:.1} ms){}",
+        inputs.display(),
+        secs * 1e3,
+        outputs.map_or(String::new(), |p| format!(", outputs in {}", p.display()))
+    );
+    Ok(())
 }

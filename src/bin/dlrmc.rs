@@ -161,6 +161,11 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
         model.summary.trim_end()
     ));
 
+    if let Some(why) = &model.infer_only
+        && !a.infer_only
+    {
+        say(format!("note: compiling for inference only: {why}"));
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let opts = CompileOptions {
