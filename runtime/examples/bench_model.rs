@@ -30,12 +30,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let (train, _) = compile(
         model.graph.clone(),
-        &PipelineOptions { train: Some(cfg) },
+        &PipelineOptions {
+            train: Some(cfg),
+            ..Default::default()
+        },
         &mut |_, _| {},
     )?;
     let (infer, _) = compile(
         model.graph.clone(),
-        &PipelineOptions { train: None },
+        &PipelineOptions::default(),
         &mut |_, _| {},
     )?;
     let plan = Plan {
