@@ -11,6 +11,8 @@
 //! - [`dce`]: dead-code elimination;
 //! - [`mod@partition`]: one graph per rank for hybrid-parallel execution (tables placed by
 //!   a cost model, `all_to_all` for embeddings, `all_reduce` for dense gradients);
+//! - [`schedule`]: communication-aware node order (collectives early, updates late),
+//!   applied by the partition pass to every rank's graph;
 //! - [`stats`]: op counts, parameter sizes and FLOPs per sample.
 //!
 //! Every pass takes a verified graph and returns a verified graph; errors are
@@ -41,6 +43,7 @@
 #![warn(missing_docs)]
 
 pub mod autodiff;
+mod copy;
 pub mod dce;
 pub mod egraph;
 mod error;
@@ -49,6 +52,7 @@ pub mod partition;
 mod pass;
 pub mod pipeline;
 pub mod precision;
+pub mod schedule;
 pub mod stats;
 
 pub use autodiff::Autodiff;
@@ -60,6 +64,7 @@ pub use pipeline::{
     Compiled, DumpSpec, PassLog, PassRecord, PipelineOptions, Precision, compile, compile_params,
     run_passes,
 };
+pub use schedule::{Schedule, schedule};
 pub use stats::GraphStats;
 
 use serde::{Deserialize, Serialize};

@@ -43,6 +43,11 @@
 //! - dense nodes keep their names, types and order, so every rank issues its
 //!   collectives in the same order.
 //!
+//! Each rank's graph is then reordered by [`crate::schedule()`] (collectives as early
+//! as their operands allow, work that feeds no collective — the optimizer updates —
+//! last), keeping the collectives' relative order; the positions above are those
+//! before scheduling.
+//!
 //! Optimised graphs partition the same way: a fused `embedding_update` (or
 //! `split_embedding_update`, whose table low half `%t.lo` lives with its table on
 //! the owner) plays the role of the bag gradient and its `sparse_sgd`, fed by the
@@ -207,7 +212,11 @@ pub fn partition(g: &Graph, ranks: usize) -> Result<Partitioned> {
         owner[lo.index()] = owner[t.index()];
     }
     let graphs = (0..ranks)
-        .map(|r| RankBuilder::new(g, &sparse, &owner, ranks, r).build())
+        .map(|r| {
+            RankBuilder::new(g, &sparse, &owner, ranks, r)
+                .build()
+                .and_then(|rank_graph| crate::schedule(&rank_graph))
+        })
         .collect::<Result<Vec<_>>>()?;
     Ok(Partitioned { graphs, placement })
 }

@@ -1,7 +1,7 @@
 //! Collectives: `all_reduce` and `all_to_all` over the rank's [`Communicator`].
 //!
 //! `all_reduce` calls [`Communicator::all_reduce_sum`] once per operand, in operand
-//! order (the communicator sums in rank order, so every rank gets identical bits).
+//! order (the communicator gives every rank identical bits).
 //!
 //! `all_to_all` moves f32 values (bf16 operands are widened exactly and the results
 //! stored in their declared dtype). Rank `r`'s samples of a `[G, ..]` tensor are
