@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use dlrm_ir::{SingleRank, Tensor};
 use dlrm_runtime::driver::Job;
 use dlrm_runtime::plan::Plan;
-use dlrm_runtime::{Backend, Executor, KernelChoice};
+use dlrm_runtime::{AllReduceAlgo, Backend, Executor, KernelChoice};
 use std::collections::HashMap;
 
 /// How to run a plan.
@@ -35,6 +35,10 @@ pub struct RunOptions {
     pub backend: Backend,
     /// GEMM micro-kernel of the JIT backend.
     pub kernels: KernelChoice,
+    /// Overlap collectives with compute.
+    pub overlap: bool,
+    /// Allreduce algorithm of the thread ranks.
+    pub allreduce: AllReduceAlgo,
 }
 
 impl Default for RunOptions {
@@ -50,6 +54,8 @@ impl Default for RunOptions {
             warmup: 3,
             backend: Backend::default(),
             kernels: KernelChoice::default(),
+            overlap: true,
+            allreduce: AllReduceAlgo::default(),
         }
     }
 }
@@ -114,6 +120,8 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     job.warmup = opts.warmup;
     job.backend = opts.backend;
     job.kernels = opts.kernels;
+    job.overlap = opts.overlap;
+    job.allreduce = opts.allreduce;
     Ok(job)
 }
 

@@ -30,7 +30,10 @@ use crate::error::{Result, RuntimeError};
 use crate::exec::{Backend, Executor, KernelChoice, OpTime};
 use crate::metrics::{accuracy, auc};
 use crate::plan::Plan;
-use dlrm_ir::{Communicator, Dim, Graph, LocalComm, LocalGroup, Tensor, batch_slice};
+use crate::progress::CommTimes;
+use dlrm_ir::{
+    AllReduceAlgo, Communicator, Dim, Graph, LocalComm, LocalGroup, Tensor, batch_slice,
+};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -78,6 +81,10 @@ pub struct Job {
     pub backend: Backend,
     /// GEMM micro-kernel choice of the JIT backend (`--kernels cranelift|native|auto`).
     pub kernels: KernelChoice,
+    /// Overlap collectives with compute (`--no-overlap` turns it off).
+    pub overlap: bool,
+    /// Allreduce algorithm of the thread group (`--allreduce auto|doubling|ring`).
+    pub allreduce: AllReduceAlgo,
 }
 
 impl Job {
@@ -102,6 +109,8 @@ impl Job {
             warmup: 3,
             backend: Backend::default(),
             kernels: KernelChoice::default(),
+            overlap: true,
+            allreduce: AllReduceAlgo::default(),
         }
     }
 
@@ -174,6 +183,12 @@ pub struct Report {
     pub jit_kernels: usize,
     /// Total JIT compile time of the process so far, in seconds.
     pub jit_compile_s: f64,
+    /// Whether collectives overlapped compute.
+    pub overlap: bool,
+    /// The thread group's allreduce algorithm.
+    pub allreduce: &'static str,
+    /// Rank 0's collective time during the steps (in flight vs blocking it).
+    pub comm: CommTimes,
 }
 
 impl Report {
@@ -200,6 +215,16 @@ impl Report {
                 1e3 * t.seconds / iters,
                 t.gflops(),
                 t.gbytes()
+            ));
+        }
+        if self.ranks > 1 {
+            s.push_str(&format!(
+                "collectives (rank 0): {:.3} ms/step in flight, {:.3} ms/step exposed, {:.0}% hidden (overlap {}, allreduce {})\n",
+                1e3 * self.comm.busy_s / iters,
+                1e3 * self.comm.exposed_s / iters,
+                100.0 * self.comm.hidden_fraction(),
+                if self.overlap { "on" } else { "off" },
+                self.allreduce,
             ));
         }
         s.push_str(&format!(
@@ -255,11 +280,14 @@ pub fn run_with_params(
         warmup,
         backend,
         kernels,
+        overlap,
+        allreduce,
         ..
     } = job;
     let per_rank = distribute(params, train_graphs.as_deref(), &infer_graphs)?;
     let cfg = RankCfg {
         ranks,
+        overlap,
         iters,
         global_batch,
         log_every,
@@ -267,7 +295,7 @@ pub fn run_with_params(
         backend,
         kernels,
     };
-    let comms = LocalGroup::new(ranks);
+    let comms = LocalGroup::with_algo(ranks, allreduce);
     let (tx, rx) = mpsc::channel::<Event>();
     let mut train_graphs = train_graphs.map(|v| v.into_iter().map(Some).collect::<Vec<_>>());
 
@@ -384,6 +412,9 @@ pub fn run_with_params(
         kernels: kernels.name(),
         jit_kernels: jit_stats.compiled,
         jit_compile_s: jit_stats.compile_s,
+        overlap,
+        allreduce: allreduce.name(),
+        comm: rank0.comm,
     };
     Ok((report, outs.into_iter().map(|o| o.params).collect()))
 }
@@ -466,6 +497,7 @@ fn distribute(
 
 struct RankCfg {
     ranks: usize,
+    overlap: bool,
     iters: u64,
     global_batch: usize,
     log_every: u64,
@@ -480,6 +512,7 @@ struct RankOutput {
     step_times: Vec<f64>,
     preds: Vec<Vec<f32>>,
     op_times: Vec<OpTime>,
+    comm: CommTimes,
     params: HashMap<String, Tensor>,
 }
 
@@ -550,12 +583,14 @@ fn rank_main(
         }
     };
     exec.set_backend(cfg.backend, cfg.kernels);
+    exec.set_overlap(cfg.overlap);
     let mut out = RankOutput {
         losses: Vec::new(),
         last_loss: None,
         step_times: Vec::with_capacity(cfg.iters as usize),
         preds: Vec::with_capacity(cfg.eval_batches),
         op_times: Vec::new(),
+        comm: CommTimes::default(),
         params: HashMap::new(),
     };
     let start = Instant::now();
@@ -607,6 +642,7 @@ fn rank_main(
         }
     }
     out.op_times = exec.op_times();
+    out.comm = exec.comm_times();
 
     // Evaluation with the trained parameters.
     let mut eval = if training {
@@ -616,6 +652,7 @@ fn rank_main(
         let p = params_for(&infer, &mut params);
         let mut e = Executor::new(infer, p, rank)?;
         e.set_backend(cfg.backend, cfg.kernels);
+        e.set_overlap(cfg.overlap);
         e
     } else {
         exec

@@ -26,18 +26,27 @@
 //! cached process-wide, GEMM micro-kernel per [`KernelChoice`]), else the reference
 //! kernel, else the interpreter; `Reference` skips the JIT.
 //!
+//! Overlap ([`Executor::set_overlap`], on by default): with more than one rank, a
+//! progress thread ([`crate::progress`]) runs the collective nodes in issue order
+//! while this thread goes on with the nodes that do not need their results; a node
+//! that does waits for them. Without overlap, collectives run inline. Either way
+//! [`Executor::comm_times`] tells how long the collectives took and how much of that
+//! the rank spent blocked.
+//!
 //! A per-op-kind timer accumulates the wall time spent in each mnemonic (the node's
 //! evaluation plus dropping the values whose last use it is), with the work and
 //! traffic of each execution ([`dlrm_codegen::cost::op_cost`]) for GFLOP/s and
 //! GB/s.
 
 use crate::error::{Result, RuntimeError};
+use crate::progress::{self, CommTimes, Done, Request};
 use dlrm_codegen::cost::{Cost, op_cost};
 pub use dlrm_codegen::{JitOptions, KernelChoice};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Communicator, Def, Dim, Graph, Op, Tensor, TensorType, ValueId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 /// Time spent in one op kind.
@@ -136,6 +145,11 @@ pub struct Executor {
     jit: JitOptions,
     step: u64,
     poisoned: Option<String>,
+    /// Run collectives on a progress thread (see the module docs).
+    overlap: bool,
+    /// Collective time: in flight, and blocking this thread.
+    comm_busy: Duration,
+    comm_exposed: Duration,
 }
 
 impl Executor {
@@ -247,6 +261,9 @@ impl Executor {
             jit: JitOptions::default(),
             step: 0,
             poisoned: None,
+            overlap: true,
+            comm_busy: Duration::ZERO,
+            comm_exposed: Duration::ZERO,
         })
     }
 
@@ -254,6 +271,20 @@ impl Executor {
     pub fn set_backend(&mut self, backend: Backend, kernels: KernelChoice) {
         self.backend = backend;
         self.jit = JitOptions { kernels };
+    }
+
+    /// Runs collectives on a progress thread, overlapped with compute (default), or
+    /// inline.
+    pub fn set_overlap(&mut self, overlap: bool) {
+        self.overlap = overlap;
+    }
+
+    /// Collective time since construction (or the last reset).
+    pub fn comm_times(&self) -> CommTimes {
+        CommTimes {
+            busy_s: self.comm_busy.as_secs_f64(),
+            exposed_s: self.comm_exposed.as_secs_f64(),
+        }
     }
 
     /// The backend in use.
@@ -332,6 +363,8 @@ impl Executor {
     /// Clears the per-op timers.
     pub fn reset_timers(&mut self) {
         self.times.clear();
+        self.comm_busy = Duration::ZERO;
+        self.comm_exposed = Duration::ZERO;
     }
 
     /// Binds the graph's symbols from the shapes of `inputs` and the parameters
@@ -501,34 +534,33 @@ impl Executor {
         comm: &dyn Communicator,
     ) -> Result<Vec<Tensor>> {
         self.bind_inputs(inputs, syms)?;
-        for n in 0..self.graph.nodes().len() {
-            let t0 = Instant::now();
-            let (outs, cost) = self.run_node(n, syms, comm)?;
-            let node = &self.graph.nodes()[n];
-            if outs.len() != node.outputs.len() {
-                return Err(self.node_err(
-                    n,
-                    format!(
-                        "produced {} results, the node has {}",
-                        outs.len(),
-                        node.outputs.len()
-                    ),
-                ));
-            }
-            for (k, t) in outs.into_iter().enumerate() {
-                let v = self.graph.nodes()[n].outputs[k];
-                self.slots[v.index()] = Some(t);
-            }
-            let mnemonic = self.graph.nodes()[n].op.mnemonic();
-            for i in 0..self.free_after[n].len() {
-                let v = self.free_after[n][i];
-                self.slots[v.index()] = None;
-            }
-            let e = self.times.entry(mnemonic).or_default();
-            e.calls += 1;
-            e.time += t0.elapsed();
-            e.cost.flops += cost.flops;
-            e.cost.bytes += cost.bytes;
+        let overlap = self.overlap
+            && comm.size() > 1
+            && self.graph.nodes().iter().any(|n| n.op.is_collective());
+        if overlap {
+            std::thread::scope(|s| {
+                let (tx, rx) = mpsc::channel();
+                let worker = s.spawn(move || progress::serve(rx, syms, comm));
+                // A failure (or panic) of this thread must wake the progress thread
+                // if it waits in a collective for peers that wait for us.
+                let guard = AbortOnFailure(comm);
+                let res = self.run_nodes(syms, comm, Some(&tx));
+                drop(tx);
+                if let Err(e) = &res {
+                    comm.abort(&e.to_string());
+                }
+                drop(guard);
+                match worker.join() {
+                    Ok(()) => res,
+                    Err(_) => res.and(Err(RuntimeError::Rank {
+                        rank: self.rank,
+                        step: Some(self.step),
+                        reason: "the collectives' progress thread panicked".into(),
+                    })),
+                }
+            })?;
+        } else {
+            self.run_nodes(syms, comm, None)?;
         }
         // Outputs (copied when an update or a later output still needs the value).
         let g = &self.graph;
@@ -582,6 +614,173 @@ impl Executor {
             "every parameter slot is filled after a step"
         );
         Ok(outs)
+    }
+
+    /// Evaluates every node in order. With `progress`, collectives are handed to the
+    /// progress thread and their results awaited at first use (and before return).
+    fn run_nodes(
+        &mut self,
+        syms: &HashMap<String, usize>,
+        comm: &dyn Communicator,
+        progress: Option<&Sender<Request>>,
+    ) -> Result<()> {
+        // Per value: the collective node whose results are still in flight.
+        let mut in_flight: Vec<Option<usize>> = vec![None; self.graph.values().len()];
+        let mut replies: BTreeMap<usize, Receiver<Done>> = BTreeMap::new();
+        for n in 0..self.graph.nodes().len() {
+            for i in 0..self.graph.nodes()[n].inputs.len() {
+                let v = self.graph.nodes()[n].inputs[i];
+                if let Some(c) = in_flight[v.index()] {
+                    self.finish(c, &mut replies, &mut in_flight)?;
+                }
+            }
+            if let (Some(tx), true) = (progress, self.graph.nodes()[n].op.is_collective()) {
+                self.start(n, tx, &mut replies, &mut in_flight)?;
+                continue;
+            }
+            let t0 = Instant::now();
+            let (outs, cost) = self.run_node(n, syms, comm)?;
+            let node = &self.graph.nodes()[n];
+            if outs.len() != node.outputs.len() {
+                return Err(self.node_err(
+                    n,
+                    format!(
+                        "produced {} results, the node has {}",
+                        outs.len(),
+                        node.outputs.len()
+                    ),
+                ));
+            }
+            for (k, t) in outs.into_iter().enumerate() {
+                let v = self.graph.nodes()[n].outputs[k];
+                self.slots[v.index()] = Some(t);
+            }
+            let mnemonic = self.graph.nodes()[n].op.mnemonic();
+            for i in 0..self.free_after[n].len() {
+                let v = self.free_after[n][i];
+                self.slots[v.index()] = None;
+            }
+            let took = t0.elapsed();
+            if self.graph.nodes()[n].op.is_collective() {
+                self.comm_busy += took;
+                self.comm_exposed += took;
+            }
+            let e = self.times.entry(mnemonic).or_default();
+            e.calls += 1;
+            e.time += took;
+            e.cost.flops += cost.flops;
+            e.cost.bytes += cost.bytes;
+        }
+        while let Some((&c, _)) = replies.first_key_value() {
+            self.finish(c, &mut replies, &mut in_flight)?;
+        }
+        Ok(())
+    }
+
+    /// Hands collective node `n` to the progress thread: operands that die here are
+    /// moved, others copied.
+    fn start(
+        &mut self,
+        n: usize,
+        tx: &Sender<Request>,
+        replies: &mut BTreeMap<usize, Receiver<Done>>,
+        in_flight: &mut [Option<usize>],
+    ) -> Result<()> {
+        let t0 = Instant::now();
+        let node = &self.graph.nodes()[n];
+        let (op, ids, outs) = (node.op.clone(), node.inputs.clone(), node.outputs.clone());
+        let out_types = outs.iter().map(|&v| self.graph.ty(v).clone()).collect();
+        let mut ins = Vec::with_capacity(ids.len());
+        for (i, &v) in ids.iter().enumerate() {
+            let movable = self.last_use[v.index()] == n
+                && !matches!(self.graph.value(v).def, Def::Param(_))
+                && !ids[i + 1..].contains(&v);
+            let t = if movable {
+                self.take(v)
+            } else {
+                self.value(v).cloned()
+            };
+            ins.push(t.ok_or_else(|| {
+                self.node_err(
+                    n,
+                    format!(
+                        "operand {i} %{} has no value (moved or freed)",
+                        self.graph.name_of(v)
+                    ),
+                )
+            })?);
+        }
+        let (reply, rx) = mpsc::channel();
+        tx.send(Request {
+            op,
+            ins,
+            out_types,
+            reply,
+        })
+        .map_err(|_| self.node_err(n, "the collectives' progress thread is gone".into()))?;
+        replies.insert(n, rx);
+        for &v in &outs {
+            in_flight[v.index()] = Some(n);
+        }
+        for i in 0..self.free_after[n].len() {
+            let v = self.free_after[n][i];
+            if in_flight[v.index()].is_none() {
+                self.slots[v.index()] = None;
+            }
+        }
+        let e = self
+            .times
+            .entry(self.graph.nodes()[n].op.mnemonic())
+            .or_default();
+        e.calls += 1;
+        e.time += t0.elapsed();
+        Ok(())
+    }
+
+    /// Waits for collective node `c` and stores its results.
+    fn finish(
+        &mut self,
+        c: usize,
+        replies: &mut BTreeMap<usize, Receiver<Done>>,
+        in_flight: &mut [Option<usize>],
+    ) -> Result<()> {
+        let Some(rx) = replies.remove(&c) else {
+            return Ok(());
+        };
+        let t0 = Instant::now();
+        let done = rx
+            .recv()
+            .map_err(|_| self.node_err(c, "the collectives' progress thread is gone".into()))?;
+        let waited = t0.elapsed();
+        let outs = done.outs.map_err(|e| self.node_err(c, e))?;
+        let ids = self.graph.nodes()[c].outputs.clone();
+        if outs.len() != ids.len() {
+            return Err(self.node_err(
+                c,
+                format!(
+                    "produced {} results, the node has {}",
+                    outs.len(),
+                    ids.len()
+                ),
+            ));
+        }
+        for (&v, t) in ids.iter().zip(outs) {
+            in_flight[v.index()] = None;
+            // A result nobody uses died when the node was issued.
+            if self.last_use[v.index()] != c {
+                self.slots[v.index()] = Some(t);
+            }
+        }
+        self.comm_busy += done.busy;
+        self.comm_exposed += waited;
+        let e = self
+            .times
+            .entry(self.graph.nodes()[c].op.mnemonic())
+            .or_default();
+        e.time += waited;
+        e.cost.flops += done.cost.flops;
+        e.cost.bytes += done.cost.bytes;
+        Ok(())
     }
 
     fn run_node(
@@ -737,6 +936,19 @@ impl Executor {
     /// step), for diagnostics and tests.
     pub fn last_uses(&self) -> &[usize] {
         &self.last_use
+    }
+}
+
+/// Aborts the group when dropped during a panic of the computing thread, so that a
+/// progress thread waiting in a collective is woken before the scope joins it.
+struct AbortOnFailure<'a>(&'a dyn Communicator);
+
+impl Drop for AbortOnFailure<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0
+                .abort("panicked while its collectives were in flight");
+        }
     }
 }
 

@@ -5,7 +5,8 @@
 //! - [`data`]: deterministic synthetic data that a DLRM can learn, identical
 //!   whatever the rank count;
 //! - [`exec`]: the per-rank [`Executor`] (codegen kernels, interpreter fallback,
-//!   in-place optimizer updates, per-op timers);
+//!   in-place optimizer updates, per-op timers, collectives overlapped with compute);
+//! - [`progress`]: the progress thread that runs a rank's collectives in flight;
 //! - [`driver`]: N ranks as threads with a [`LocalGroup`] communicator, training or
 //!   inference, then held-out evaluation ([`run`] -> [`Report`]);
 //! - [`metrics`]: AUC, accuracy and the JSON-lines metrics file.
@@ -21,11 +22,13 @@ mod error;
 pub mod exec;
 pub mod metrics;
 pub mod plan;
+pub mod progress;
 
 pub use data::{DataSchema, SyntheticData, eval_step};
-pub use dlrm_ir::{Communicator, LocalComm, LocalGroup};
+pub use dlrm_ir::{AllReduceAlgo, Communicator, LocalComm, LocalGroup};
 pub use driver::{Event, Job, Mode, Report, run, run_with_params};
 pub use error::{Result, RuntimeError};
 pub use exec::{Backend, Executor, KernelChoice, OpTime};
 pub use metrics::{MetricsWriter, accuracy, auc};
 pub use plan::{Plan, Training, read_manifest, read_plan, write_plan};
+pub use progress::CommTimes;

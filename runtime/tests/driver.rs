@@ -248,3 +248,34 @@ fn metrics_file_has_a_line_per_logged_step_and_a_summary() {
         report.final_loss
     );
 }
+
+#[test]
+fn overlap_and_allreduce_algorithms_keep_the_losses() {
+    use dlrm_runtime::AllReduceAlgo;
+    let (one, _) = run_with_params(job(1, 0.2, 6, 24), &mut |_| {}).expect("1 rank");
+    let l1: Vec<f32> = one.losses.iter().map(|l| l.1).collect();
+    for ranks in [2usize, 3] {
+        let overlapped = run(job(ranks, 0.2, 6, 24), &mut |_| {}).expect("overlap");
+        assert!(overlapped.overlap);
+        assert!(overlapped.comm.busy_s > 0.0, "{:?}", overlapped.comm);
+        let mut j = job(ranks, 0.2, 6, 24);
+        j.overlap = false;
+        let inline = run(j, &mut |_| {}).expect("no overlap");
+        assert!(!inline.overlap);
+        // The progress thread changes when collectives run, not what they compute.
+        assert_eq!(overlapped.losses, inline.losses, "{ranks} ranks");
+        // Inline collectives block the rank for all of their time.
+        assert_eq!(inline.comm.busy_s, inline.comm.exposed_s);
+        for algo in AllReduceAlgo::ALL {
+            let mut j = job(ranks, 0.2, 6, 24);
+            j.allreduce = algo;
+            let rep = run(j, &mut |_| {}).expect("algorithm");
+            assert_eq!(rep.allreduce, algo.name());
+            let ln: Vec<f32> = rep.losses.iter().map(|l| l.1).collect();
+            assert!(
+                close(&l1, &ln, 1e-5),
+                "{algo} {ranks} ranks: {l1:?} vs {ln:?}"
+            );
+        }
+    }
+}

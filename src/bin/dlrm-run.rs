@@ -5,7 +5,7 @@ use clap::Parser;
 use dlrm_runtime::driver::{Event, Mode, Report, run};
 use dlrm_runtime::metrics::MetricsWriter;
 use dlrm_runtime::plan::{Plan, read_plan};
-use dlrm_runtime::{Backend, KernelChoice};
+use dlrm_runtime::{AllReduceAlgo, Backend, KernelChoice};
 use dlrmc::launch::infer_once;
 use dlrmc::{RunOptions, job_for};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -60,9 +60,18 @@ struct Cli {
     /// `auto` (the faster per shape).
     #[arg(long, default_value = "auto", value_parser = parse_kernels)]
     kernels: KernelChoice,
-    /// Print a per-op-kind table (time share, ms/step, GFLOP/s, GB/s) at the end.
+    /// Print a per-op-kind table (time share, ms/step, GFLOP/s, GB/s) at the end,
+    /// and with several ranks how much collective time the overlap hid.
     #[arg(long)]
     bench: bool,
+    /// Run collectives inline instead of on a progress thread overlapped with
+    /// compute (to measure what the overlap gains).
+    #[arg(long)]
+    no_overlap: bool,
+    /// Allreduce algorithm of the thread ranks: `auto` (recursive doubling up to 512
+    /// elements, ring above), `doubling` or `ring`.
+    #[arg(long, default_value = "auto", value_name = "ALGO")]
+    allreduce: AllReduceAlgo,
     /// With --infer: run the model once on these arrays (`.npz`, named after the
     /// model's inputs) instead of synthetic data.
     #[arg(long, value_name = "FILE", requires = "infer")]
@@ -105,6 +114,8 @@ fn real_main(cli: Cli) -> Result<()> {
         warmup: cli.warmup,
         backend: cli.backend,
         kernels: cli.kernels,
+        overlap: !cli.no_overlap,
+        allreduce: cli.allreduce,
     };
     if cli.ranks == 0 {
         bail!("--ranks must be at least 1");
