@@ -106,6 +106,32 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
                 bytes: io,
             }
         }
+        // The blocked GEMM family: the work the kernels do, over the padded
+        // (blocked) dims `S × Nb·bn × Kb·bk`.
+        Op::Brgemm { .. } => {
+            let (kp, s) = blocked_act(inputs.first());
+            let np = blocked_rows(inputs.get(1));
+            Cost {
+                flops: 2.0 * s * np * kp + 2.0 * s * np,
+                bytes: io,
+            }
+        }
+        Op::BrgemmDgrad { .. } => {
+            let (np, s) = blocked_act(inputs.first());
+            let kp = blocked_cols(inputs.last());
+            Cost {
+                flops: 2.0 * s * np * kp,
+                bytes: io,
+            }
+        }
+        Op::BrgemmWgrad { .. } => {
+            let (np, s) = blocked_act(inputs.first());
+            let (kp, _) = blocked_act(inputs.last());
+            Cost {
+                flops: 2.0 * s * np * kp + s * np,
+                bytes: io,
+            }
+        }
         Op::Sgd { .. } => Cost {
             flops: 2.0 * out_elems,
             bytes: io,
@@ -114,5 +140,29 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
             flops: out_elems,
             bytes: io,
         },
+    }
+}
+
+/// `(Kb·bk, S)` of a blocked activation `[Kb, S, bk]` (zeros if not rank 3).
+fn blocked_act(t: Option<&&Tensor>) -> (f64, f64) {
+    match t.map(|t| &t.shape[..]) {
+        Some(&[kb, s, bk]) => ((kb * bk) as f64, s as f64),
+        _ => (0.0, 0.0),
+    }
+}
+
+/// `Nb·bn` of a blocked weight `[Nb, Kb, bk, bn]` (0 if not rank 4).
+fn blocked_rows(t: Option<&&Tensor>) -> f64 {
+    match t.map(|t| &t.shape[..]) {
+        Some(&[nb, _, _, bn]) => (nb * bn) as f64,
+        _ => 0.0,
+    }
+}
+
+/// `Kb·bk` of a blocked weight `[Nb, Kb, bk, bn]` (0 if not rank 4).
+fn blocked_cols(t: Option<&&Tensor>) -> f64 {
+    match t.map(|t| &t.shape[..]) {
+        Some(&[_, kb, bk, _]) => (kb * bk) as f64,
+        _ => 0.0,
     }
 }

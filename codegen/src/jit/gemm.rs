@@ -410,6 +410,97 @@ impl GemmKernel {
     }
 }
 
+impl GemmKernel {
+    /// Runs one output block on an `A` the caller packed already, on the calling
+    /// thread: `a` holds `⌈rows/mr⌉` tiles in the packed layout (`[tile][k][mr]`,
+    /// as [`GemmSpec::pack_a`] describes; the spec must have `pack_a`), `bp` the
+    /// packed `B` panels, `bias` the packed bias (iff the spec has one), and `c`
+    /// receives `rows` rows of stride `ldc` (up to column `n` of the last). `rows`
+    /// must be at most `m` and a multiple of the tile height, or have the
+    /// compiled remainder `m % mr`. Every length is checked first (a mismatch is
+    /// an error, nothing is written). The blocked GEMM ops ([`super::brgemm`])
+    /// split their outputs into such blocks, one rayon task each.
+    pub fn run_packed(
+        &self,
+        a: Operand<'_>,
+        bp: &[f32],
+        bias: Option<&[f32]>,
+        c: OutBuf<'_>,
+        rows: usize,
+    ) -> Result<(), JitError> {
+        let s = &self.spec;
+        let bad = |what: String| JitError::Args {
+            kernel: format!("{s:?}"),
+            reason: what,
+        };
+        if !s.pack_a {
+            return Err(bad("run_packed needs a pack_a spec".into()));
+        }
+        if a.elt() != s.a || c.elt() != s.c {
+            return Err(bad("operand dtypes differ from the spec".into()));
+        }
+        if rows == 0 || s.n == 0 {
+            return Ok(());
+        }
+        let mr = s.micro.mr();
+        if rows > s.m || (rows % mr != 0 && rows % mr != s.m % mr) {
+            return Err(bad(format!(
+                "{rows} rows: not whole tiles nor the compiled remainder"
+            )));
+        }
+        if s.ldc < s.n {
+            return Err(bad("C's row stride is below its row length".into()));
+        }
+        let a_need = rows.div_ceil(mr) * mr * s.k;
+        if s.k > 0 && a.len() < a_need {
+            return Err(bad(format!("A holds {} elements, needs {a_need}", a.len())));
+        }
+        if bp.len() < s.packed_len() {
+            return Err(bad(format!(
+                "packed B holds {} f32, needs {}",
+                bp.len(),
+                s.packed_len()
+            )));
+        }
+        match (s.bias, bias) {
+            (true, Some(b)) if b.len() >= s.panels() * s.micro.nr() => {}
+            (false, None) => {}
+            _ => return Err(bad("bias presence or length differs from the spec".into())),
+        }
+        let c_need = (rows - 1) * s.ldc + s.n;
+        if c.len() < c_need {
+            return Err(bad(format!("C holds {} elements, needs {c_need}", c.len())));
+        }
+        let aptr = if s.k > 0 {
+            a.ptr_at(0)
+        } else {
+            bp.as_ptr().cast()
+        };
+        let cptr: *mut u8 = match c {
+            OutBuf::F32(v) => v.as_mut_ptr().cast(),
+            OutBuf::BF16(v) => v.as_mut_ptr().cast(),
+        };
+        let bias_ptr = bias.map_or(std::ptr::null(), <[f32]>::as_ptr);
+        // SAFETY: checked above: `a` holds the ⌈rows/mr⌉ packed tiles the code
+        // reads, `bp` every panel `0..panels` (k·nr f32 each), the bias (if any)
+        // panels·nr f32, and `c` the `rows` rows of stride ldc up to column n it
+        // writes; `rows` is whole tiles or ends with the compiled remainder tile.
+        // The generated code touches exactly these ranges (module docs).
+        unsafe {
+            (self.f)(
+                aptr,
+                bp.as_ptr(),
+                cptr,
+                bias_ptr,
+                rows as i64,
+                0,
+                s.panels() as i64,
+            );
+        }
+        Ok(())
+    }
+}
+
 /// A packed row block of `A`.
 enum Packed {
     F32(Vec<f32>),

@@ -8,9 +8,9 @@
 //!   strides, dtypes, epilogue, micro-kernel). [`Jit::global`] is the process-wide
 //!   instance the runtime uses, so every rank thread shares compiled kernels.
 //! - [`gemm`]: the blocked batch-reduce GEMM core with fused epilogues;
-//!   [`linear`] maps `linear`, `linear_dx`, `linear_dw` onto it (a future
-//!   `brgemm` op over blocked weights is a thinner adapter: its weights already
-//!   are the packed panels).
+//!   [`linear`] maps `linear`, `linear_dx`, `linear_dw` onto it, and
+//!   [`brgemm`] the blocked `brgemm`, `brgemm_dgrad`, `brgemm_wgrad` (operands
+//!   packed once per call, `act'` and the bias gradient fused into the packing).
 //! - [`native`]: the AVX2+FMA micro-kernel registered as a JIT symbol.
 //! - [`KernelChoice`]: which micro-kernel GEMMs use; `Auto` times both on the
 //!   first call of each shape and keeps the faster.
@@ -20,6 +20,7 @@
 //! every embedding index against its table) before the call; the generated code
 //! itself does no bounds checks and never sees an unchecked index or size.
 
+pub mod brgemm;
 mod clif;
 pub mod elementwise;
 pub mod embedding;
@@ -368,6 +369,9 @@ pub fn try_eval(
         Op::Linear { act } => linear::linear(jit, opts, *act, inputs, out_types),
         Op::LinearDx => linear::linear_dx(jit, opts, inputs, out_types),
         Op::LinearDw => linear::linear_dw(jit, opts, inputs, out_types),
+        Op::Brgemm { .. } | Op::BrgemmDgrad { .. } | Op::BrgemmWgrad { .. } => {
+            brgemm::eval(jit, opts, op, inputs, out_types)
+        }
         Op::EmbeddingBag { mode } => embedding::embedding_bag(jit, *mode, inputs, out_types),
         Op::Relu | Op::ReluGrad | Op::SigmoidGrad | Op::Add => {
             elementwise::eval(jit, op, inputs, out_types)

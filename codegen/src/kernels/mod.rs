@@ -1,5 +1,8 @@
 //! Reference kernels for the heavy ops, one file per family.
 //!
+//! - [`brgemm`]: the blocked GEMM family `brgemm`, `brgemm_dgrad`, `brgemm_wgrad`
+//!   and the re-layouts `block_act`, `unblock_act` (f32 and bf16 storage, bitwise
+//!   equal to the interpreter);
 //! - [`gemm`]: `linear` (bias + activation fused into the pass over each output
 //!   block), `linear_dx`, `linear_dw`, `linear_db`, on top of `matrixmultiply::sgemm`;
 //! - [`embedding`]: `embedding_bag` and `embedding_bag_grad` (fixed pooling and
@@ -15,8 +18,8 @@
 //! (see each family's documentation for its summation order and tolerance);
 //! `Some(Err(..))` is a real error (shape mismatch, index out of range, bad
 //! offsets) found *before* any output is produced. Kernels cover f32 only (bf16
-//! storage goes through the interpreter for now), except the optimizer updates
-//! which handle f32 and bf16 parameters.
+//! storage goes through the interpreter for now), except the blocked GEMM family
+//! and the optimizer updates, which handle f32 and bf16.
 //!
 //! Parallelism: every kernel splits its *output* into disjoint blocks, one rayon
 //! task each, so no two tasks write the same memory and no locks or atomics are
@@ -24,6 +27,7 @@
 //! kernel's result does: each output element is computed by the same sequence of
 //! float operations whatever the split (documented per kernel).
 
+pub mod brgemm;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemm;
@@ -105,11 +109,6 @@ pub fn try_eval(
     out_types: &[TensorType],
     syms: &HashMap<String, usize>,
 ) -> Option<KResult<Vec<Tensor>>> {
-    // A kernel only runs when every declared result is f32 (bf16 results need the
-    // interpreter's rounding rule; the JIT will cover them).
-    if out_types.iter().any(|t| t.dtype != dlrm_ir::DType::F32) {
-        return None;
-    }
     if let Some((i, t)) = inputs
         .iter()
         .enumerate()
@@ -123,6 +122,15 @@ pub fn try_eval(
                 t.shape
             ),
         )));
+    }
+    // The blocked GEMM family handles f32 and bf16 storage.
+    if let Some(res) = brgemm::try_eval(op, inputs, out_types) {
+        return Some(res.and_then(|outs| check_results(op, outs, out_types, syms)));
+    }
+    // The other kernels only run when every declared result is f32 (bf16 results
+    // need the interpreter's rounding rule).
+    if out_types.iter().any(|t| t.dtype != dlrm_ir::DType::F32) {
+        return None;
     }
     let res: KResult<Vec<Tensor>> = match op {
         Op::Linear { act } => one(gemm::linear(*act, inputs)?),

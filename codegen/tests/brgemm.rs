@@ -1,0 +1,306 @@
+//! The blocked GEMM family (`block_act`, `unblock_act`, `brgemm`, `brgemm_dgrad`,
+//! `brgemm_wgrad`): the reference kernels against the interpreter (bitwise: they
+//! compute the same f32 operations in the same order), and the JIT kernels
+//! against the reference kernels (float reassociation: one FMA per term,
+//! tolerance relative to the sum of the terms' magnitudes), both micro-kernels,
+//! f32 and bf16 storage, random ragged shapes (blocks that do not divide the
+//! dims, dims that are not multiples of the tiles or vector width).
+
+use dlrm_codegen::jit::{self, JitOptions, KernelChoice, native};
+use dlrm_ir::interp::{EvalCtx, eval_op};
+use dlrm_ir::{Act, DType, Dim, Op, SingleRank, Tensor, TensorType};
+use half::bf16;
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+/// Deterministic pseudo-random values in [-1, 1).
+fn vals(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn tensor(shape: Vec<usize>, v: Vec<f32>, dt: DType) -> Tensor {
+    match dt {
+        DType::BF16 => Tensor::bf16(shape, v.into_iter().map(bf16::from_f32).collect()),
+        _ => Tensor::f32(shape, v),
+    }
+}
+
+fn ty(t: &Tensor) -> TensorType {
+    TensorType::new(t.dtype(), t.shape.iter().map(|&d| Dim::Fixed(d)))
+}
+
+fn out_types(op: &Op, ins: &[&Tensor]) -> Vec<TensorType> {
+    let tys: Vec<TensorType> = ins.iter().map(|t| ty(t)).collect();
+    let refs: Vec<&TensorType> = tys.iter().collect();
+    dlrm_ir::infer(op, &refs, &[]).unwrap_or_else(|e| panic!("infer {op:?}: {e}"))
+}
+
+fn interp(op: &Op, ins: &[&Tensor]) -> Vec<Tensor> {
+    let syms = HashMap::new();
+    let ctx = EvalCtx {
+        syms: &syms,
+        comm: &SingleRank,
+    };
+    eval_op(op, ins, &out_types(op, ins), &ctx).unwrap_or_else(|e| panic!("interp {op:?}: {e}"))
+}
+
+/// A blocked activation `[ceil(k/b), s, b]` of random values (zero padding), by
+/// the interpreter's `block_act`.
+fn blocked(seed: u64, s: usize, k: usize, b: usize, dt: DType) -> Tensor {
+    let x = tensor(vec![s, k], vals(seed, s * k), DType::F32);
+    interp(&Op::BlockAct { bk: b, dtype: dt }, &[&x]).remove(0)
+}
+
+/// A blocked weight `[ceil(n/bn), ceil(k/bk), bk, bn]` (zero padding).
+fn blocked_w(seed: u64, n: usize, k: usize, bn: usize, bk: usize, dt: DType) -> Tensor {
+    let w = tensor(vec![n, k], vals(seed, n * k), dt);
+    interp(&Op::BlockWeight { bn, bk }, &[&w]).remove(0)
+}
+
+/// One random problem of the family: `(op, operands)`.
+struct Problem {
+    op: Op,
+    ins: Vec<Tensor>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn problem(
+    which: usize,
+    act: Act,
+    s: usize,
+    n: usize,
+    k: usize,
+    bn: usize,
+    bk: usize,
+    dt: DType,
+    seed: u64,
+) -> Problem {
+    let x = blocked(seed, s, k, bk, dt);
+    let w = blocked_w(seed + 1, n, k, bn, bk, dt);
+    let bias = tensor(vec![n], vals(seed + 2, n), DType::F32);
+    let dy = blocked(seed + 3, s, n, bn, dt);
+    // y as the forward would give it (relu: >= 0 with zeros; sigmoid: in (0,1)).
+    let y = {
+        let mut v = vals(seed + 4, s * n);
+        for e in &mut v {
+            *e = match act {
+                Act::Relu => e.max(0.0),
+                Act::Sigmoid => 0.5 + 0.45 * *e,
+                Act::None => *e,
+            };
+        }
+        let t = tensor(vec![s, n], v, DType::F32);
+        interp(&Op::BlockAct { bk: bn, dtype: dt }, &[&t]).remove(0)
+    };
+    let grad_ins = |last: Tensor| {
+        if act == Act::None {
+            vec![dy.clone(), last]
+        } else {
+            vec![dy.clone(), y.clone(), last]
+        }
+    };
+    match which {
+        0 => Problem {
+            op: Op::Brgemm { act },
+            ins: vec![x, w, bias],
+        },
+        1 => Problem {
+            op: Op::BrgemmDgrad { act },
+            ins: grad_ins(w),
+        },
+        2 => Problem {
+            op: Op::BrgemmWgrad { act, n },
+            ins: grad_ins(x),
+        },
+        3 => Problem {
+            op: Op::BlockAct { bk, dtype: dt },
+            ins: vec![tensor(vec![s, k], vals(seed, s * k), DType::F32)],
+        },
+        _ => Problem {
+            op: Op::UnblockAct { k, dtype: dt },
+            ins: vec![x],
+        },
+    }
+}
+
+fn acts() -> impl Strategy<Value = Act> {
+    prop_oneof![Just(Act::None), Just(Act::Relu), Just(Act::Sigmoid)]
+}
+
+fn dtypes() -> impl Strategy<Value = DType> {
+    prop_oneof![Just(DType::F32), Just(DType::BF16)]
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_f32_vec().iter().map(|x| x.to_bits()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// The reference kernels give the interpreter's results bit for bit.
+    #[test]
+    fn reference_kernels_match_the_interpreter(
+        which in 0usize..5,
+        act in acts(),
+        s in 1usize..20,
+        n in 1usize..40,
+        k in 1usize..40,
+        bn in 1usize..20,
+        bk in 1usize..20,
+        dt in dtypes(),
+        seed in 0u64..1000,
+    ) {
+        let p = problem(which, act, s, n, k, bn.min(n), bk.min(k), dt, seed);
+        let ins: Vec<&Tensor> = p.ins.iter().collect();
+        let want = interp(&p.op, &ins);
+        let got = dlrm_codegen::try_eval(&p.op, &ins, &out_types(&p.op, &ins), &HashMap::new())
+            .expect("a reference kernel")
+            .unwrap_or_else(|e| panic!("{e}"));
+        prop_assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            prop_assert_eq!(&g.shape, &w.shape);
+            prop_assert_eq!(g.dtype(), w.dtype());
+            prop_assert_eq!(bits(g), bits(w), "{:?}", p.op);
+        }
+    }
+}
+
+#[test]
+fn reference_kernels_report_shape_errors() {
+    // x has 3 blocks of 4 along k, the weight 5: a clear error, no result.
+    let x = blocked(1, 4, 10, 4, DType::F32);
+    let w = blocked_w(2, 6, 20, 3, 4, DType::F32);
+    let b = Tensor::f32(vec![6], vec![0.0; 6]);
+    let op = Op::Brgemm { act: Act::None };
+    let ty = vec![TensorType::f32([
+        Dim::Fixed(2),
+        Dim::Fixed(4),
+        Dim::Fixed(3),
+    ])];
+    let err = dlrm_codegen::try_eval(&op, &[&x, &w, &b], &ty, &HashMap::new())
+        .expect("a reference kernel")
+        .expect_err("mismatched blocks");
+    assert!(
+        err.to_string().contains("does not match blocked weight"),
+        "{err}"
+    );
+}
+
+/// `t` with every element replaced by its magnitude (exact in f32 and bf16).
+fn abs(t: &Tensor) -> Tensor {
+    let v: Vec<f32> = t.to_f32_vec().iter().map(|x| x.abs()).collect();
+    tensor(t.shape.clone(), v, t.dtype())
+}
+
+fn kernel_choices() -> Vec<KernelChoice> {
+    if native::available() {
+        vec![KernelChoice::Cranelift, KernelChoice::Native]
+    } else {
+        vec![KernelChoice::Cranelift]
+    }
+}
+
+/// The JIT kernel of `p` against the reference kernel, for every micro-kernel:
+/// `|jit - ref| <= 1e-5·scale (+ one bf16 step for bf16 results)`, where `scale`
+/// is the reference kernel run on the operands' magnitudes (Σ|terms|; `y` kept,
+/// so the relu mask and sigmoid factor are the same).
+fn check_jit(p: &Problem) {
+    let ins: Vec<&Tensor> = p.ins.iter().collect();
+    let tys = out_types(&p.op, &ins);
+    let syms = HashMap::new();
+    let want = dlrm_codegen::try_eval(&p.op, &ins, &tys, &syms)
+        .expect("a reference kernel")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let has_y = !matches!(
+        p.op,
+        Op::Brgemm { .. }
+            | Op::BrgemmDgrad { act: Act::None }
+            | Op::BrgemmWgrad { act: Act::None, .. }
+    );
+    let abs_ins: Vec<Tensor> = p
+        .ins
+        .iter()
+        .enumerate()
+        .map(|(i, t)| if has_y && i == 1 { t.clone() } else { abs(t) })
+        .collect();
+    let abs_refs: Vec<&Tensor> = abs_ins.iter().collect();
+    // Forward: the scale is taken before the activation (act=none).
+    let scale_op = match p.op {
+        Op::Brgemm { .. } => Op::Brgemm { act: Act::None },
+        ref o => o.clone(),
+    };
+    let scale = dlrm_codegen::try_eval(
+        &scale_op,
+        &abs_refs,
+        &out_types(&scale_op, &abs_refs),
+        &syms,
+    )
+    .expect("a reference kernel")
+    .unwrap_or_else(|e| panic!("{e}"));
+    for kernels in kernel_choices() {
+        let got = jit::try_eval(&p.op, &ins, &tys, &syms, &JitOptions { kernels })
+            .expect("a JIT kernel")
+            .unwrap_or_else(|e| panic!("{:?} {kernels:?}: {e}", p.op));
+        assert_eq!(got.len(), want.len());
+        for ((g, w), sc) in got.iter().zip(&want).zip(&scale) {
+            assert_eq!(g.shape, w.shape, "{:?}", p.op);
+            assert_eq!(g.dtype(), w.dtype(), "{:?}", p.op);
+            let bf = g.dtype() == DType::BF16;
+            let (g, w, sc) = (g.to_f32_vec(), w.to_f32_vec(), sc.to_f32_vec());
+            for (i, ((&a, &b), &c)) in g.iter().zip(&w).zip(&sc).enumerate() {
+                let tol = 1e-5 * f64::from(c) + if bf { f64::from(b.abs()) / 128.0 } else { 0.0 };
+                assert!(
+                    (f64::from(a) - f64::from(b)).abs() <= tol,
+                    "{:?} {kernels:?} shapes {:?}: element {i}: jit {a}, reference {b} (tol {tol})",
+                    p.op,
+                    p.ins.iter().map(|t| t.shape.clone()).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    /// The JIT brgemm family against the reference kernels, both micro-kernels,
+    /// random ragged shapes and blocks, f32 and bf16 storage, every epilogue.
+    #[test]
+    fn jit_kernels_match_the_reference(
+        which in 0usize..3,
+        act in acts(),
+        s in 1usize..40,
+        n in 1usize..70,
+        k in 1usize..70,
+        bn in 1usize..40,
+        bk in 1usize..40,
+        dt in dtypes(),
+        seed in 0u64..1000,
+    ) {
+        check_jit(&problem(which, act, s, n, k, bn.min(n), bk.min(k), dt, seed));
+    }
+}
+
+/// A DLRM-sized layer (several row blocks and tasks per block), every op.
+#[test]
+fn jit_kernels_match_the_reference_at_a_layer_shape() {
+    for (which, act) in [
+        (0, Act::Relu),
+        (1, Act::Relu),
+        (2, Act::Relu),
+        (0, Act::Sigmoid),
+    ] {
+        check_jit(&problem(which, act, 301, 100, 77, 64, 32, DType::F32, 7));
+    }
+    check_jit(&problem(0, Act::None, 130, 1, 64, 1, 64, DType::BF16, 8));
+    check_jit(&problem(2, Act::None, 130, 1, 64, 1, 64, DType::BF16, 9));
+}
