@@ -2,10 +2,12 @@
 //! operations and bytes moved, computed from the operands' and results' shapes.
 //!
 //! Conventions: a multiply-add counts 2 flops; elementwise ops count one flop
-//! per result element; bytes are the bytes every operand and result occupies,
-//! except for embedding tables, of which only the rows an index touches count
-//! (read for `embedding_bag`, read and written for `sparse_sgd`). These are the
-//! compulsory traffic, not cache-level measurements.
+//! per result element, losses one per input element; bytes are the bytes every
+//! operand and result occupies, except for embedding tables, of which only the
+//! rows an index touches count (read for `embedding_bag`, read and written for
+//! `sparse_sgd`, `embedding_update` and `split_embedding_update`, whose table
+//! element is the 4 bytes of both halves). These are the compulsory traffic, not
+//! cache-level measurements.
 
 use dlrm_ir::{InteractionKind, Op, Tensor};
 
@@ -84,6 +86,32 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
                 bytes: 2.0 * nidx * d * es + bytes(&inputs[1.min(inputs.len())..]),
             }
         }
+        Op::EmbeddingUpdate { mode, .. } | Op::SplitEmbeddingUpdate { mode, .. } => {
+            // Operands: the table (or its two halves), dy, indices[, offsets].
+            let halves = usize::from(matches!(op, Op::SplitEmbeddingUpdate { .. }));
+            let (_, d) = dims2(inputs.first());
+            let nidx = inputs.get(2 + halves).map_or(0.0, |t| t.numel() as f64);
+            let es = if halves == 1 {
+                4.0
+            } else {
+                inputs
+                    .first()
+                    .map_or(4.0, |t| t.dtype().size_bytes() as f64)
+            };
+            let div = if *mode == dlrm_ir::Pool::Mean { 1.0 } else { 0.0 };
+            Cost {
+                flops: (2.0 + div) * nidx * d,
+                bytes: 2.0 * nidx * d * es + bytes(&inputs[(1 + halves).min(inputs.len())..]),
+            }
+        }
+        Op::SplitSgd { .. } => Cost {
+            flops: 2.0 * inputs.first().map_or(0.0, |t| t.numel() as f64),
+            bytes: io,
+        },
+        Op::BceLogits { .. } | Op::Bce { .. } | Op::Mse { .. } => Cost {
+            flops: inputs.first().map_or(0.0, |t| t.numel() as f64),
+            bytes: io,
+        },
         Op::Interaction {
             kind: InteractionKind::Dot,
             self_interaction,

@@ -9,6 +9,7 @@
 //! - [`kernels`]: the plain-Rust *reference kernels* (rayon + `matrixmultiply`),
 //!   the JIT's oracle and fallback, and the in-place optimizer updates including
 //!   the SC20 race-free sparse update. Entry: [`try_eval`].
+//! - [`update`]: the in-place optimizer updates (JIT kernel, else reference).
 //! - [`cost`]: flops and bytes of an op execution (the `--bench` table).
 //!
 //! Every kernel computes what `dlrm_ir::interp::eval_op` defines (up to float
@@ -21,6 +22,11 @@
 pub mod cost;
 pub mod jit;
 pub mod kernels;
+pub mod update;
 
 pub use jit::{Jit, JitError, JitOptions, KernelChoice};
-pub use kernels::{KernelError, sgd_in_place, sparse_sgd_in_place, try_eval};
+pub use kernels::{
+    KernelError, embedding_update_in_place, sgd_in_place, sparse_sgd_in_place,
+    split_embedding_update_in_place, split_sgd_in_place, try_eval,
+};
+pub use update::{in_place_operands, update_in_place};

@@ -185,22 +185,30 @@ fn sparse_sgd_is_bitwise_the_sequential_update() {
 }
 
 #[test]
-fn sparse_sgd_bf16_table_rounds_after_each_update() {
+fn sparse_sgd_bf16_table_rounds_once_per_row() {
+    // The interpreter's rule: a touched row is updated in f32 (all of its updates,
+    // in index order) and rounded to bf16 once.
     let mut r = rng(12);
     let (t32, idx, g) = sparse_sgd_case(&mut r, 20, 8, 500, 4, false);
     let mut table = Tensor::bf16(
         t32.shape.clone(),
         t32.to_f32_vec().into_iter().map(bf16::from_f32).collect(),
     );
+    let mut master = table.to_f32_vec();
     let mut want: Vec<bf16> = match &table.data {
         dlrm_ir::Data::BF16(v) => v.clone(),
         _ => unreachable!(),
     };
     let gv = g.to_f32_vec();
-    for (p, &i) in idx.to_i64_vec().expect("ints").iter().enumerate() {
+    let iv = idx.to_i64_vec().expect("ints");
+    for (p, &i) in iv.iter().enumerate() {
         for c in 0..8 {
-            let w = &mut want[i as usize * 8 + c];
-            *w = bf16::from_f32(w.to_f32() - 0.5 * gv[p * 8 + c]);
+            master[i as usize * 8 + c] -= 0.5 * gv[p * 8 + c];
+        }
+    }
+    for &i in &iv {
+        for c in 0..8 {
+            want[i as usize * 8 + c] = bf16::from_f32(master[i as usize * 8 + c]);
         }
     }
     sparse_sgd_in_place(&mut table, &idx, &g, 0.5).expect("update");

@@ -4,12 +4,14 @@
 //! Each node runs with a codegen kernel ([`dlrm_codegen::try_eval`]) when there is
 //! one, else with the reference interpreter ([`dlrm_ir::interp::eval_op`]);
 //! collectives always go through `eval_op` with the rank's communicator.
-//! Optimizer updates run *in place* on the parameter storage
-//! ([`dlrm_codegen::sgd_in_place`], [`dlrm_codegen::sparse_sgd_in_place`]): when an
-//! update node is the last use of its parameter and the graph's update list gives
-//! that parameter a new value, the parameter's tensor is moved into the node's
-//! result, updated there, and moved back into the parameter slot by the update list
-//! at the end of the step — no copy of a table per step. (An update chain
+//! Optimizer updates (`sgd`, `split_sgd`, `sparse_sgd`, `embedding_update`,
+//! `split_embedding_update`) run *in place* on the parameter storage
+//! ([`dlrm_codegen::update_in_place`]: a JIT kernel with the JIT backend, else the
+//! reference kernel): when an update node is the last use of its parameter(s) (both
+//! halves for the Split-SGD-BF16 ops) and the graph's update list gives them new
+//! values, the parameters' tensors are moved into the node's results, updated
+//! there, and moved back into the parameter slots by the update list at the end of
+//! the step — no copy of a table per step. (An update chain
 //! `t1 = sparse_sgd(t, ..); t2 = sparse_sgd(t1, ..)` moves the same storage along.)
 //! Otherwise the operand is copied first, which is always correct.
 //!
@@ -231,21 +233,22 @@ impl Executor {
             .iter()
             .enumerate()
             .map(|(n, node)| {
-                if !node.op.is_update() {
-                    return false;
-                }
-                let Some(&w) = node.inputs.first() else {
+                // The operands updated in place (the halves of a split update).
+                let Some(k) = dlrm_codegen::in_place_operands(&node.op) else {
                     return false;
                 };
-                // Operand 0 must die here (not used later, not an output, not an
-                // update value) and appear only once among the operands.
-                let once = node.inputs.iter().filter(|&&v| v == w).count() == 1;
-                let dies_here = last_use[w.index()] == n && once;
-                match graph.value(w).def {
-                    // A parameter may be moved only if the update list refills it.
-                    Def::Param(p) => dies_here && updated[p],
-                    _ => dies_here,
-                }
+                node.inputs.len() > k
+                    && node.inputs[..k].iter().all(|&w| {
+                        // Each must die here (not used later, not an output, not an
+                        // update value) and appear only once among the operands.
+                        let once = node.inputs.iter().filter(|&&v| v == w).count() == 1;
+                        let dies_here = last_use[w.index()] == n && once;
+                        match graph.value(w).def {
+                            // A parameter may be moved only if the update list refills it.
+                            Def::Param(p) => dies_here && updated[p],
+                            _ => dies_here,
+                        }
+                    })
             })
             .collect();
         Ok(Executor {
@@ -797,8 +800,8 @@ impl Executor {
             .map(|&v| self.graph.ty(v).clone())
             .collect();
         let ins_ids = node.inputs.clone();
-        if let Op::Sgd { lr } | Op::SparseSgd { lr } = op {
-            return self.run_update(n, &op, lr, &ins_ids, &out_types, syms, comm);
+        if op.is_update() {
+            return self.run_update(n, &op, &ins_ids, &out_types, syms, comm);
         }
         let ins = self.operands(n, &ins_ids)?;
         let res = if op.is_collective() {
@@ -838,87 +841,99 @@ impl Executor {
             .collect()
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Runs an optimizer update in place on its parameter storage (operands
+    /// `0..k`, moved when they die here, else copied), see the module docs.
     fn run_update(
         &mut self,
         n: usize,
         op: &Op,
-        lr: f32,
         ids: &[ValueId],
         out_types: &[TensorType],
         syms: &HashMap<String, usize>,
         comm: &dyn Communicator,
     ) -> Result<(Vec<Tensor>, Cost)> {
-        let Some(&w_id) = ids.first() else {
-            return Err(self.node_err(n, "has no operands".into()));
-        };
-        // The in-place kernels keep the storage's dtype; the declared result must too.
-        let same_dtype = self.value(w_id).map(|t| t.dtype()) == out_types.first().map(|t| t.dtype);
-        if !same_dtype || out_types.len() != 1 {
+        let k = dlrm_codegen::in_place_operands(op).unwrap_or(0);
+        // The in-place kernels keep the storage's dtype; the declared results must too.
+        let fits = k > 0
+            && ids.len() > k
+            && out_types.len() == k
+            && (0..k).all(|i| self.value(ids[i]).map(|t| t.dtype()) == Some(out_types[i].dtype));
+        if !fits {
             let ins = self.operands(n, ids)?;
             let ctx = EvalCtx { syms, comm };
             let outs = eval_op(op, &ins, out_types, &ctx).map_err(|e| self.node_err(n, e))?;
             let cost = op_cost(op, &ins, &outs.iter().collect::<Vec<_>>());
             return Ok((outs, cost));
         }
-        let mut w = if self.may_move[n] {
-            self.take(w_id)
-        } else {
-            self.value(w_id).cloned()
+        let mut ws: Vec<Tensor> = Vec::with_capacity(k);
+        for &w_id in &ids[..k] {
+            let t = if self.may_move[n] {
+                self.take(w_id)
+            } else {
+                self.value(w_id).cloned()
+            };
+            match t {
+                Some(t) => ws.push(t),
+                None => {
+                    let err = self.node_err(
+                        n,
+                        format!("operand %{} has no value", self.graph.name_of(w_id)),
+                    );
+                    self.put_back_all(n, &ids[..ws.len()], ws);
+                    return Err(err);
+                }
+            }
         }
-        .ok_or_else(|| {
-            self.node_err(
-                n,
-                format!("operand 0 %{} has no value", self.graph.name_of(w_id)),
-            )
-        })?;
-        let rest = match self.operands(n, &ids[1..]) {
+        let rest = match self.operands(n, &ids[k..]) {
             Ok(r) => r,
             Err(e) => {
-                self.put_back(n, w_id, w);
+                self.put_back_all(n, &ids[..k], ws);
                 return Err(e);
             }
         };
-        let res = match (op, &rest[..]) {
-            (Op::Sgd { .. }, [g]) => dlrm_codegen::sgd_in_place(&mut w, g, lr),
-            (Op::SparseSgd { .. }, [idx, g]) => {
-                dlrm_codegen::sparse_sgd_in_place(&mut w, idx, g, lr)
-            }
-            _ => Err(dlrm_codegen::KernelError::Shape {
+        let jit = (self.backend == Backend::Jit).then_some(&self.jit);
+        let res = dlrm_codegen::update_in_place(op, &mut ws, &rest, jit).unwrap_or_else(|| {
+            Err(dlrm_codegen::KernelError::Shape {
                 op: op.mnemonic(),
-                reason: format!(
-                    "takes {} operands, got {}",
-                    if matches!(op, Op::Sgd { .. }) { 2 } else { 3 },
-                    ids.len()
-                ),
-            }),
-        };
+                reason: format!("no in-place kernel for {} operands", ids.len()),
+            })
+        });
         let cost = {
-            let mut all: Vec<&Tensor> = vec![&w];
+            let mut all: Vec<&Tensor> = ws.iter().collect();
             all.extend(rest.iter().copied());
-            op_cost(op, &all, &[&w])
+            op_cost(op, &all, &ws.iter().collect::<Vec<_>>())
         };
         match res {
-            Ok(()) => Ok((vec![w], cost)),
+            Ok(()) => Ok((ws, cost)),
             Err(e) => {
                 let err = self.node_err(n, self.with_table(op, ids, e));
                 // The kernels validate before writing: the storage is intact.
-                self.put_back(n, w_id, w);
+                self.put_back_all(n, &ids[..k], ws);
                 Err(err)
             }
         }
     }
 
     /// A kernel error's text; for an index out of range in an embedding op, with
-    /// the table's name (operand 0 of `embedding_bag` and `sparse_sgd`).
+    /// the table's name (operand 0 of `embedding_bag`, `sparse_sgd` and the fused
+    /// updates).
     fn with_table(&self, op: &Op, ids: &[ValueId], e: dlrm_codegen::KernelError) -> String {
         match (&e, op, ids.first()) {
             (
                 dlrm_codegen::KernelError::IndexOutOfRange { .. },
-                Op::EmbeddingBag { .. } | Op::SparseSgd { .. },
+                Op::EmbeddingBag { .. }
+                | Op::SparseSgd { .. }
+                | Op::EmbeddingUpdate { .. }
+                | Op::SplitEmbeddingUpdate { .. },
                 Some(&t),
             ) => format!("table %{}: {e}", self.graph.name_of(t)),
             _ => e.to_string(),
+        }
+    }
+
+    fn put_back_all(&mut self, n: usize, ids: &[ValueId], ts: Vec<Tensor>) {
+        for (&v, t) in ids.iter().zip(ts) {
+            self.put_back(n, v, t);
         }
     }
 

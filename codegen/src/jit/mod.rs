@@ -12,6 +12,9 @@
 //!   [`brgemm`] the blocked `brgemm`, `brgemm_dgrad`, `brgemm_wgrad` (operands
 //!   packed once per call, `act'` and the bias gradient fused into the packing).
 //! - [`native`]: the AVX2+FMA micro-kernel registered as a JIT symbol.
+//! - [`embedding`], [`sparse`], [`interaction`], [`elementwise`]: embedding bag,
+//!   the race-free sparse and dense optimizer updates, dot interaction forward
+//!   and backward, elementwise ops.
 //! - [`KernelChoice`]: which micro-kernel GEMMs use; `Auto` times both on the
 //!   first call of each shape and keeps the faster.
 //!
@@ -25,8 +28,10 @@ mod clif;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemm;
+pub mod interaction;
 pub mod linear;
 pub mod native;
+pub mod sparse;
 
 use crate::kernels::KResult;
 use cranelift_codegen::isa::OwnedTargetIsa;
@@ -123,6 +128,9 @@ pub(crate) enum Key {
     Gemm(gemm::GemmSpec),
     Elementwise(elementwise::EwSpec),
     Embedding(embedding::BagSpec),
+    Sparse(sparse::SparseSpec),
+    Dense(sparse::DenseSpec),
+    Interaction(interaction::DotSpec),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -130,6 +138,9 @@ pub(crate) enum Compiled {
     Gemm(gemm::GemmKernel),
     Elementwise(elementwise::EwKernel),
     Embedding(embedding::BagKernel),
+    Sparse(sparse::SparseKernel),
+    Dense(sparse::DenseKernel),
+    Interaction(interaction::DotKernel),
 }
 
 /// The JIT: ISA, modules and kernel cache (see the module docs).
@@ -296,6 +307,39 @@ impl Jit {
         }
     }
 
+    /// The sparse (embedding) update kernel for `spec`.
+    pub fn sparse(&self, spec: sparse::SparseSpec) -> Result<sparse::SparseKernel, JitError> {
+        match self.cached(Key::Sparse(spec), || {
+            sparse::compile_sparse(self, spec).map(Compiled::Sparse)
+        })? {
+            Compiled::Sparse(k) => Ok(k),
+            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
+        }
+    }
+
+    /// The dense update kernel for `spec`.
+    pub fn dense(&self, spec: sparse::DenseSpec) -> Result<sparse::DenseKernel, JitError> {
+        match self.cached(Key::Dense(spec), || {
+            sparse::compile_dense(self, spec).map(Compiled::Dense)
+        })? {
+            Compiled::Dense(k) => Ok(k),
+            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
+        }
+    }
+
+    /// The dot-interaction kernel (forward or backward) for `spec`.
+    pub fn interaction(
+        &self,
+        spec: interaction::DotSpec,
+    ) -> Result<interaction::DotKernel, JitError> {
+        match self.cached(Key::Interaction(spec), || {
+            interaction::compile(self, spec).map(Compiled::Interaction)
+        })? {
+            Compiled::Interaction(k) => Ok(k),
+            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
+        }
+    }
+
     /// The micro-kernel to use for `spec` under `choice`. `Auto` runs `trial`
     /// three times per micro-kernel (after a warm-up run) on the first call of a
     /// shape and remembers the one with the fastest run.
@@ -375,6 +419,9 @@ pub fn try_eval(
         Op::EmbeddingBag { mode } => embedding::embedding_bag(jit, *mode, inputs, out_types),
         Op::Relu | Op::ReluGrad | Op::SigmoidGrad | Op::Add => {
             elementwise::eval(jit, op, inputs, out_types)
+        }
+        Op::Interaction { .. } | Op::InteractionGrad { .. } => {
+            interaction::eval(jit, op, inputs, out_types)
         }
         _ => None,
     }?;

@@ -9,8 +9,10 @@
 //!   offsets), parallel over bags;
 //! - [`interaction`]: `interaction` and `interaction_grad` (`dot` and `cat`);
 //! - [`elementwise`]: `relu`, `relu_grad`, `sigmoid`, `sigmoid_grad`, `add`;
-//! - [`optim`]: the in-place updates [`sgd_in_place`] and [`sparse_sgd_in_place`]
-//!   (SC20's race-free row-range update).
+//! - [`loss`]: `bce_logits`, `bce_logits_grad`;
+//! - [`optim`]: the in-place updates [`sgd_in_place`], [`split_sgd_in_place`],
+//!   [`sparse_sgd_in_place`], [`embedding_update_in_place`] and
+//!   [`split_embedding_update_in_place`] (SC20's race-free row-range update).
 //!
 //! Contract of [`try_eval`]: `None` means "no fast kernel for this op or these
 //! dtypes" (the caller runs `dlrm_ir::interp::eval_op`); `Some(Ok(results))` are the
@@ -32,9 +34,13 @@ pub mod elementwise;
 pub mod embedding;
 pub mod gemm;
 pub mod interaction;
+pub mod loss;
 pub mod optim;
 
-pub use optim::{sgd_in_place, sparse_sgd_in_place};
+pub use optim::{
+    embedding_update_in_place, sgd_in_place, sparse_sgd_in_place, split_embedding_update_in_place,
+    split_sgd_in_place,
+};
 
 use dlrm_ir::{Data, Dim, Op, Tensor, TensorType};
 use half::bf16;
@@ -152,6 +158,8 @@ pub fn try_eval(
         Op::Sigmoid => one(elementwise::sigmoid(inputs)?),
         Op::SigmoidGrad => one(elementwise::sigmoid_grad(inputs)?),
         Op::Add => one(elementwise::add(inputs)?),
+        Op::BceLogits { denom } => one(loss::bce_logits(denom, inputs, syms)?),
+        Op::BceLogitsGrad { denom } => one(loss::bce_logits_grad(denom, inputs, syms)?),
         _ => return None,
     };
     Some(res.and_then(|outs| check_results(op, outs, out_types, syms)))

@@ -2,19 +2,30 @@
 //!
 //! - [`sgd_in_place`]: `w[i] = w[i] - lr · g[i]`, computed in f32, stored in `w`'s
 //!   dtype (f32, or bf16 rounded to nearest even), parallel over chunks.
-//! - [`sparse_sgd_in_place`]: SC20's race-free embedding update. The table's rows
-//!   are split into contiguous ranges, one per rayon task; every task scans *all*
-//!   indices in order and applies only those that fall in its range. No two tasks
-//!   touch the same row, so no atomics or locks, and each row receives its updates
-//!   in index order — exactly the sequence of float operations of the sequential
-//!   definition, so the result is bitwise equal to the interpreter's (duplicates
-//!   included, bf16 rounding after each update included).
+//! - [`split_sgd_in_place`]: Split-SGD-BF16 (`split_sgd`): the f32 master
+//!   `hi << 16 | lo` is updated in f32 and split again (exact: no rounding).
+//! - [`sparse_sgd_in_place`], [`embedding_update_in_place`] and
+//!   [`split_embedding_update_in_place`]: SC20's race-free embedding update. The
+//!   table's rows are split into contiguous ranges, one per rayon task; every task
+//!   scans *all* indices in order and applies only those that fall in its range.
+//!   No two tasks touch the same row, so no atomics or locks, and each row receives
+//!   its updates in index order — exactly the sequence of float operations of the
+//!   sequential definition, so results are bitwise equal to the interpreter's
+//!   (duplicates included). `embedding_update` takes its row gradient straight
+//!   from `dy[bag]` (divided by the bag's size for `mean`, as `embedding_bag_grad`
+//!   does) without materialising it. A bf16 table (not split) is rounded once per
+//!   touched row, after all of its updates (the interpreter's rule): its task
+//!   groups its positions by row (stable, so index order within a row) and keeps
+//!   the row in f32 meanwhile; an f32 table and a split table need no grouping
+//!   (the split form is exact after every update).
 //!
-//! Both validate everything (shapes, dtypes, every index) before writing anything:
-//! on error the parameter is unchanged.
+//! All validate everything (shapes, dtypes, every index, offsets) before writing
+//! anything: on error the parameters are unchanged.
 
-use super::{Elem, Indices, Ix, KResult, KernelError, data_len, shape_err, validate_indices};
-use dlrm_ir::{Data, Tensor};
+use super::{
+    Elem, Indices, Ix, KResult, KernelError, data_len, read_offsets, shape_err, validate_indices,
+};
+use dlrm_ir::{Data, Pool, Tensor};
 use half::bf16;
 use rayon::prelude::*;
 
@@ -23,12 +34,12 @@ const CHUNK: usize = 1 << 15;
 
 /// A float gradient, f32 or bf16.
 #[derive(Clone, Copy)]
-enum Grad<'a> {
+pub(crate) enum Grad<'a> {
     F32(&'a [f32]),
     BF16(&'a [bf16]),
 }
 
-fn grad_of<'a>(op: &'static str, g: &'a Tensor) -> KResult<Grad<'a>> {
+pub(crate) fn grad_of<'a>(op: &'static str, g: &'a Tensor) -> KResult<Grad<'a>> {
     match &g.data {
         Data::F32(v) => Ok(Grad::F32(v)),
         Data::BF16(v) => Ok(Grad::BF16(v)),
@@ -39,7 +50,7 @@ fn grad_of<'a>(op: &'static str, g: &'a Tensor) -> KResult<Grad<'a>> {
     }
 }
 
-fn check_consistent(op: &'static str, what: &str, t: &Tensor) -> KResult<()> {
+pub(crate) fn check_consistent(op: &'static str, what: &str, t: &Tensor) -> KResult<()> {
     if data_len(t) == t.numel() {
         Ok(())
     } else {
@@ -91,22 +102,217 @@ pub fn sgd_in_place(w: &mut Tensor, g: &Tensor, lr: f32) -> KResult<()> {
     Ok(())
 }
 
-/// `table[indices[i]] -= lr · rowgrad[i]` for every index `i` in row-major order,
-/// in place (`sparse_sgd`'s semantics), race-free (see the module docs). `table` is
-/// `[R,D]` f32 or bf16, `indices` any shape of i64/i32, `rowgrad` the indices' shape
-/// then `D`, f32 or bf16. An index outside `0..R` is an error naming its position
-/// (and sample, for indices of rank >= 2), reported before any row is touched.
-pub fn sparse_sgd_in_place(
-    table: &mut Tensor,
-    indices: &Tensor,
-    rowgrad: &Tensor,
-    lr: f32,
-) -> KResult<()> {
+
+/// Which gradient row a position takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GradRows {
+    /// Row `p` for index position `p` (`sparse_sgd`'s row gradient).
+    PerPosition,
+    /// Row `s` for every position of bag `s` (`embedding_update`'s `dy`), divided
+    /// by the bag's size when `mean`.
+    PerBag {
+        /// Mean pooling (else sum).
+        mean: bool,
+    },
+}
+
+/// A validated sparse update: the bags over the indices and where each position's
+/// gradient row comes from. Bag `s` is `idx[bounds[s]..bounds[s+1]]` (or
+/// `s·L..(s+1)·L` with fixed pooling `L`).
+pub(crate) struct SparsePlan<'a> {
+    /// Table rows.
+    pub rows: usize,
+    /// Row width.
+    pub d: usize,
+    /// The indices (validated against `rows`).
+    pub idx: Indices<'a>,
+    /// Number of bags.
+    pub bags: usize,
+    /// Fixed pooling `L`, else `bounds` (`bags + 1` non-decreasing entries from 0
+    /// to the number of indices).
+    pub pooling: Option<usize>,
+    /// Bag bounds when `pooling` is `None`.
+    pub bounds: Vec<i64>,
+    /// Where the gradient rows come from.
+    pub src: GradRows,
+    /// The gradient rows.
+    pub grad: Grad<'a>,
+}
+
+impl SparsePlan<'_> {
+    /// The index range of bag `s`.
+    #[inline]
+    fn bag(&self, s: usize) -> std::ops::Range<usize> {
+        match self.pooling {
+            Some(l) => s * l..(s + 1) * l,
+            None => self.bounds[s] as usize..self.bounds[s + 1] as usize,
+        }
+    }
+
+    /// Calls `f(row, grad_row, divisor)` for every position whose row is in
+    /// `r0..r1`, in index order.
+    fn visit(&self, r0: usize, r1: usize, mut f: impl FnMut(usize, usize, Option<f32>)) {
+        fn go<I: Ix>(
+            plan: &SparsePlan<'_>,
+            idx: &[I],
+            r0: usize,
+            r1: usize,
+            f: &mut dyn FnMut(usize, usize, Option<f32>),
+        ) {
+            for s in 0..plan.bags {
+                let bag = plan.bag(s);
+                let div = match plan.src {
+                    GradRows::PerBag { mean: true } => Some(bag.len() as f32),
+                    _ => None,
+                };
+                for p in bag {
+                    let r = idx[p].get() as usize;
+                    if r < r0 || r >= r1 {
+                        continue;
+                    }
+                    let src = match plan.src {
+                        GradRows::PerPosition => p,
+                        GradRows::PerBag { .. } => s,
+                    };
+                    f(r, src, div);
+                }
+            }
+        }
+        match self.idx {
+            Indices::I64(v) => go(self, v, r0, r1, &mut f),
+            Indices::I32(v) => go(self, v, r0, r1, &mut f),
+        }
+    }
+
+    /// Rows per task: one range per thread, or one range for little work.
+    pub(crate) fn range_rows(&self) -> usize {
+        let threads = rayon::current_num_threads().max(1);
+        let ranges = if self.idx.len() * self.d < 1 << 14 {
+            1
+        } else {
+            threads
+        };
+        self.rows.div_ceil(ranges).max(1)
+    }
+}
+
+/// The update value of element `c` of gradient row `src`: `g` (divided by the bag
+/// size when given), as `embedding_bag_grad` computes it.
+#[inline(always)]
+fn gval<G: Elem>(g: &[G], d: usize, src: usize, c: usize, div: Option<f32>) -> f32 {
+    let v = g[src * d + c].load();
+    match div {
+        None => v,
+        Some(n) => v / n,
+    }
+}
+
+/// Applies `plan` to an f32 or bf16 table, race-free (see the module docs).
+fn apply_plain<W: Elem>(t: &mut [W], plan: &SparsePlan<'_>, lr: f32, round_once: bool) {
+    let (d, rr) = (plan.d, plan.range_rows());
+    fn rows_of<W: Elem, G: Elem>(
+        part: &mut [W],
+        r0: usize,
+        plan: &SparsePlan<'_>,
+        g: &[G],
+        lr: f32,
+        round_once: bool,
+    ) {
+        let d = plan.d;
+        let r1 = r0 + part.len() / d;
+        if !round_once {
+            plan.visit(r0, r1, |r, src, div| {
+                let row = &mut part[(r - r0) * d..(r - r0 + 1) * d];
+                for (c, w) in row.iter_mut().enumerate() {
+                    *w = W::store(w.load() - lr * gval(g, d, src, c, div));
+                }
+            });
+            return;
+        }
+        // Round once per row: group the positions by row (stable: index order kept).
+        let mut hits: Vec<(usize, usize, Option<f32>)> = Vec::new();
+        plan.visit(r0, r1, |r, src, div| hits.push((r, src, div)));
+        hits.sort_by_key(|h| h.0);
+        let mut acc = vec![0.0f32; d];
+        for grp in hits.chunk_by(|a, b| a.0 == b.0) {
+            let r = grp[0].0;
+            let row = &mut part[(r - r0) * d..(r - r0 + 1) * d];
+            acc.iter_mut().zip(row.iter()).for_each(|(a, w)| *a = w.load());
+            for &(_, src, div) in grp {
+                for (c, a) in acc.iter_mut().enumerate() {
+                    *a -= lr * gval(g, d, src, c, div);
+                }
+            }
+            row.iter_mut().zip(&acc).for_each(|(w, &a)| *w = W::store(a));
+        }
+    }
+    t.par_chunks_mut(rr * d)
+        .enumerate()
+        .for_each(|(blk, part)| match plan.grad {
+            Grad::F32(g) => rows_of(part, blk * rr, plan, g, lr, round_once),
+            Grad::BF16(g) => rows_of(part, blk * rr, plan, g, lr, round_once),
+        });
+}
+
+/// Applies `plan` to a Split-SGD-BF16 table (`hi`, `lo`), race-free.
+fn apply_split(hi: &mut [bf16], lo: &mut [bf16], plan: &SparsePlan<'_>, lr: f32) {
+    let (d, rr) = (plan.d, plan.range_rows());
+    fn rows_of<G: Elem>(
+        hi: &mut [bf16],
+        lo: &mut [bf16],
+        r0: usize,
+        plan: &SparsePlan<'_>,
+        g: &[G],
+        lr: f32,
+    ) {
+        let d = plan.d;
+        let r1 = r0 + hi.len() / d;
+        plan.visit(r0, r1, |r, src, div| {
+            let e0 = (r - r0) * d;
+            for c in 0..d {
+                let (h, l) = (&mut hi[e0 + c], &mut lo[e0 + c]);
+                let (nh, nl) = split_step(*h, *l, lr * gval(g, d, src, c, div));
+                *h = nh;
+                *l = nl;
+            }
+        });
+    }
+    hi.par_chunks_mut(rr * d)
+        .zip(lo.par_chunks_mut(rr * d))
+        .enumerate()
+        .for_each(|(blk, (h, l))| match plan.grad {
+            Grad::F32(g) => rows_of(h, l, blk * rr, plan, g, lr),
+            Grad::BF16(g) => rows_of(h, l, blk * rr, plan, g, lr),
+        });
+}
+
+/// One Split-SGD-BF16 step: `w = f32(hi << 16 | lo) - u`, split again.
+#[inline(always)]
+fn split_step(hi: bf16, lo: bf16, u: f32) -> (bf16, bf16) {
+    let w = f32::from_bits((u32::from(hi.to_bits()) << 16) | u32::from(lo.to_bits())) - u;
+    let b = w.to_bits();
+    (bf16::from_bits((b >> 16) as u16), bf16::from_bits(b as u16))
+}
+
+/// The indices of an update, as an index view.
+fn index_view<'a>(op: &'static str, t: &'a Tensor) -> KResult<Indices<'a>> {
+    Indices::of(t).ok_or_else(|| KernelError::DType {
+        op,
+        reason: format!("indices must be i64 or i32, got {}", t.dtype()),
+    })
+}
+
+/// Validates `sparse_sgd(table[R,D], indices, rowgrad)` operands into a plan.
+pub(crate) fn sparse_sgd_plan<'a>(
+    table_shape: &[usize],
+    indices: &'a Tensor,
+    rowgrad: &'a Tensor,
+) -> KResult<SparsePlan<'a>> {
     const OP: &str = "sparse_sgd";
-    let [rows, d] = table.shape[..] else {
+    let [rows, d] = table_shape[..] else {
         return Err(shape_err(
             OP,
-            format!("table must have rank 2, got {:?}", table.shape),
+            format!("table must have rank 2, got {table_shape:?}"),
         ));
     };
     let mut want = indices.shape.clone();
@@ -120,62 +326,255 @@ pub fn sparse_sgd_in_place(
             ),
         ));
     }
-    check_consistent(OP, "table", table)?;
     check_consistent(OP, "indices", indices)?;
     check_consistent(OP, "row gradient", rowgrad)?;
-    let idx = Indices::of(indices).ok_or_else(|| KernelError::DType {
-        op: OP,
-        reason: format!("indices must be i64 or i32, got {}", indices.dtype()),
-    })?;
+    let idx = index_view(OP, indices)?;
     let per_sample =
         (indices.shape.len() >= 2).then(|| indices.shape[1..].iter().product::<usize>());
     validate_indices(OP, idx, rows, per_sample, None)?;
     let grad = grad_of(OP, rowgrad)?;
-    if d == 0 || idx.len() == 0 {
-        return Ok(());
-    }
-    // One row range per thread (or one range when there is little work).
-    let threads = rayon::current_num_threads().max(1);
-    let ranges = if idx.len() * d < 1 << 14 { 1 } else { threads };
-    let range_rows = rows.div_ceil(ranges).max(1);
+    let n = idx.len();
+    Ok(SparsePlan {
+        rows,
+        d,
+        idx,
+        bags: usize::from(n > 0),
+        pooling: Some(n),
+        bounds: Vec::new(),
+        src: GradRows::PerPosition,
+        grad,
+    })
+}
 
-    fn go<W: Elem, I: Ix, G: Elem>(t: &mut [W], d: usize, rr: usize, idx: &[I], g: &[G], lr: f32) {
-        t.par_chunks_mut(rr * d)
-            .enumerate()
-            .for_each(|(blk, part)| {
-                let r0 = blk * rr;
-                let r1 = r0 + part.len() / d;
-                for (p, &i) in idx.iter().enumerate() {
-                    let r = i.get() as usize;
-                    if r < r0 || r >= r1 {
-                        continue;
-                    }
-                    let row = &mut part[(r - r0) * d..(r - r0 + 1) * d];
-                    row.iter_mut()
-                        .zip(&g[p * d..(p + 1) * d])
-                        .for_each(|(w, &gv)| *w = W::store(w.load() - lr * gv.load()));
+/// Validates `embedding_update`-style operands `(dy[S,D], indices[S,L])` or
+/// `(dy[S,D], indices[N], offsets[S])` against a table of shape `table_shape`.
+pub(crate) fn embedding_update_plan<'a>(
+    op: &'static str,
+    table_shape: &[usize],
+    mode: Pool,
+    dy: &'a Tensor,
+    indices: &'a Tensor,
+    offsets: Option<&'a Tensor>,
+) -> KResult<SparsePlan<'a>> {
+    let [rows, d] = table_shape[..] else {
+        return Err(shape_err(
+            op,
+            format!("table must have rank 2, got {table_shape:?}"),
+        ));
+    };
+    let [s, dd] = dy.shape[..] else {
+        return Err(shape_err(
+            op,
+            format!("dy must have rank 2, got {:?}", dy.shape),
+        ));
+    };
+    if dd != d {
+        return Err(shape_err(
+            op,
+            format!("dy {:?} and table {table_shape:?} differ in width", dy.shape),
+        ));
+    }
+    check_consistent(op, "dy", dy)?;
+    check_consistent(op, "indices", indices)?;
+    let idx = index_view(op, indices)?;
+    let grad = grad_of(op, dy)?;
+    let (pooling, bounds) = match offsets {
+        None => {
+            let [si, l] = indices.shape[..] else {
+                return Err(shape_err(
+                    op,
+                    format!(
+                        "indices (fixed pooling) must have rank 2, got {:?}",
+                        indices.shape
+                    ),
+                ));
+            };
+            if si != s {
+                return Err(shape_err(
+                    op,
+                    format!(
+                        "dy {:?} and indices {:?} differ in samples",
+                        dy.shape, indices.shape
+                    ),
+                ));
+            }
+            validate_indices(op, idx, rows, Some(l), None)?;
+            (Some(l), Vec::new())
+        }
+        Some(off) => {
+            if indices.shape.len() != 1 {
+                return Err(shape_err(
+                    op,
+                    format!(
+                        "indices with offsets must have rank 1, got {:?}",
+                        indices.shape
+                    ),
+                ));
+            }
+            let n = idx.len();
+            let mut b = read_offsets(op, off, n)?;
+            if b.len() != s {
+                return Err(shape_err(
+                    op,
+                    format!("dy has {s} samples, offsets {}", b.len()),
+                ));
+            }
+            if s == 0 && n > 0 {
+                return Err(KernelError::Offsets {
+                    op,
+                    reason: format!("{n} indices but no bags (offsets is empty)"),
+                });
+            }
+            validate_indices(op, idx, rows, None, Some(&b))?;
+            b.push(n as i64);
+            (None, b)
+        }
+    };
+    Ok(SparsePlan {
+        rows,
+        d,
+        idx,
+        bags: s,
+        pooling,
+        bounds,
+        src: GradRows::PerBag {
+            mean: mode == Pool::Mean,
+        },
+        grad,
+    })
+}
+
+/// Applies a validated plan to `table` (f32 or bf16), race-free.
+pub(crate) fn apply_plan(op: &'static str, table: &mut Tensor, plan: &SparsePlan<'_>, lr: f32) -> KResult<()> {
+    if plan.d == 0 || plan.idx.len() == 0 {
+        return match table.data {
+            Data::F32(_) | Data::BF16(_) => Ok(()),
+            _ => Err(table_dtype_err(op, table)),
+        };
+    }
+    match &mut table.data {
+        Data::F32(w) => apply_plain(w, plan, lr, false),
+        Data::BF16(w) => apply_plain(w, plan, lr, true),
+        _ => return Err(table_dtype_err(op, table)),
+    }
+    Ok(())
+}
+
+fn table_dtype_err(op: &'static str, t: &Tensor) -> KernelError {
+    KernelError::DType {
+        op,
+        reason: format!("table must be f32 or bf16, got {}", t.dtype()),
+    }
+}
+
+/// `table[indices[i]] -= lr · rowgrad[i]` for every index `i` in row-major order,
+/// in place (`sparse_sgd`'s semantics), race-free (see the module docs). `table` is
+/// `[R,D]` f32 or bf16 (bf16: each touched row rounded once, after its updates),
+/// `indices` any shape of i64/i32, `rowgrad` the indices' shape then `D`, f32 or
+/// bf16. An index outside `0..R` is an error naming its position (and sample, for
+/// indices of rank >= 2), reported before any row is touched.
+pub fn sparse_sgd_in_place(
+    table: &mut Tensor,
+    indices: &Tensor,
+    rowgrad: &Tensor,
+    lr: f32,
+) -> KResult<()> {
+    const OP: &str = "sparse_sgd";
+    check_consistent(OP, "table", table)?;
+    let plan = sparse_sgd_plan(&table.shape, indices, rowgrad)?;
+    apply_plan(OP, table, &plan, lr)
+}
+
+/// `embedding_update(table, dy, indices[, offsets])` in place: the fused
+/// `sparse_sgd(table, indices, embedding_bag_grad(dy, indices[, offsets]))` with
+/// exactly its arithmetic, no row gradient materialised, race-free. `table` is
+/// `[R,D]` f32 or bf16, `dy` `[S,D]` f32 or bf16.
+pub fn embedding_update_in_place(
+    table: &mut Tensor,
+    mode: Pool,
+    dy: &Tensor,
+    indices: &Tensor,
+    offsets: Option<&Tensor>,
+    lr: f32,
+) -> KResult<()> {
+    const OP: &str = "embedding_update";
+    check_consistent(OP, "table", table)?;
+    let plan = embedding_update_plan(OP, &table.shape, mode, dy, indices, offsets)?;
+    apply_plan(OP, table, &plan, lr)
+}
+
+/// Checks a Split-SGD-BF16 pair: both bf16, same shape, consistent lengths.
+pub(crate) fn split_pair<'a>(
+    op: &'static str,
+    hi: &'a mut Tensor,
+    lo: &'a mut Tensor,
+) -> KResult<(&'a [usize], &'a mut [bf16], &'a mut [bf16])> {
+    if hi.shape != lo.shape {
+        return Err(shape_err(
+            op,
+            format!("high half {:?} and low half {:?} differ", hi.shape, lo.shape),
+        ));
+    }
+    check_consistent(op, "high half", hi)?;
+    check_consistent(op, "low half", lo)?;
+    let (hd, ld) = (hi.dtype(), lo.dtype());
+    match (&mut hi.data, &mut lo.data) {
+        (Data::BF16(h), Data::BF16(l)) => Ok((&hi.shape, h, l)),
+        _ => Err(KernelError::DType {
+            op,
+            reason: format!("both halves must be bf16, got {hd} and {ld}"),
+        }),
+    }
+}
+
+/// `split_embedding_update(hi, lo, dy, indices[, offsets])` in place:
+/// [`embedding_update_in_place`] on a Split-SGD-BF16 table (f32 master
+/// `hi << 16 | lo`, updated in f32 and split again after each update: exact).
+pub fn split_embedding_update_in_place(
+    hi: &mut Tensor,
+    lo: &mut Tensor,
+    mode: Pool,
+    dy: &Tensor,
+    indices: &Tensor,
+    offsets: Option<&Tensor>,
+    lr: f32,
+) -> KResult<()> {
+    const OP: &str = "split_embedding_update";
+    let (shape, h, l) = split_pair(OP, hi, lo)?;
+    let plan = embedding_update_plan(OP, shape, mode, dy, indices, offsets)?;
+    if plan.d > 0 && plan.idx.len() > 0 {
+        apply_split(h, l, &plan, lr);
+    }
+    Ok(())
+}
+
+/// `split_sgd(hi, lo, g)` in place (Split-SGD-BF16): elementwise
+/// `w = f32(hi << 16 | lo) - lr·g`, split again; `g` f32 or bf16 of the same shape.
+pub fn split_sgd_in_place(hi: &mut Tensor, lo: &mut Tensor, g: &Tensor, lr: f32) -> KResult<()> {
+    const OP: &str = "split_sgd";
+    let (shape, h, l) = split_pair(OP, hi, lo)?;
+    if shape != &g.shape[..] {
+        return Err(shape_err(
+            OP,
+            format!("weight {shape:?} and gradient {:?} differ", g.shape),
+        ));
+    }
+    check_consistent(OP, "gradient", g)?;
+    fn go<G: Elem>(h: &mut [bf16], l: &mut [bf16], g: &[G], lr: f32) {
+        h.par_chunks_mut(CHUNK)
+            .zip(l.par_chunks_mut(CHUNK))
+            .zip(g.par_chunks(CHUNK))
+            .for_each(|((h, l), g)| {
+                for ((h, l), g) in h.iter_mut().zip(l.iter_mut()).zip(g) {
+                    let (nh, nl) = split_step(*h, *l, lr * g.load());
+                    *h = nh;
+                    *l = nl;
                 }
             });
     }
-    macro_rules! dispatch_idx {
-        ($w:expr, $g:expr) => {
-            match idx {
-                Indices::I64(i) => go($w, d, range_rows, i, $g, lr),
-                Indices::I32(i) => go($w, d, range_rows, i, $g, lr),
-            }
-        };
-    }
-    match (&mut table.data, grad) {
-        (Data::F32(w), Grad::F32(g)) => dispatch_idx!(w, g),
-        (Data::F32(w), Grad::BF16(g)) => dispatch_idx!(w, g),
-        (Data::BF16(w), Grad::F32(g)) => dispatch_idx!(w, g),
-        (Data::BF16(w), Grad::BF16(g)) => dispatch_idx!(w, g),
-        (_, _) => {
-            return Err(KernelError::DType {
-                op: OP,
-                reason: format!("table must be f32 or bf16, got {}", table.dtype()),
-            });
-        }
+    match grad_of(OP, g)? {
+        Grad::F32(g) => go(h, l, g, lr),
+        Grad::BF16(g) => go(h, l, g, lr),
     }
     Ok(())
 }

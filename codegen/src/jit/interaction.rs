@@ -1,0 +1,541 @@
+//! The dot interaction's JIT kernels, forward and backward, parallel over blocks
+//! of samples; every operand f32 or bf16 (independently), results f32 or bf16.
+//!
+//! Forward, per sample: `T = [x, e_0, .., e_{n-1}]` is read in place from the
+//! operands (row pointers, no concatenation copy); the result row is `x` then
+//! `T_i · T_j` for the kept pairs in row-major order. The pairs of one `i` are
+//! computed four `j` at a time (four f32x4 FMA accumulators sharing each load of
+//! `T_i`), then each accumulator is summed across lanes and the scalar tail
+//! (`D mod 4`) added: a reassociation of the definition's sum (the tests allow
+//! 1e-5 relative to the terms' magnitudes).
+//!
+//! Backward, per sample and operand `i`, in chunks of up to 32 columns (8 f32x4
+//! accumulators): `dT_i = [i == 0] dr[..D] + Σ_{k≠i} dZ_{ik} T_k (+ 2 dZ_ii T_i)`
+//! with `dZ_{ik}` the `dr` entry of the pair `(max, min)` — the reference's sums in
+//! another order.
+//!
+//! The pair loops and the operand choice are unrolled at compile time (operands
+//! may differ in element type); the column loop runs at run time in 16- (forward)
+//! or 32-column (backward) steps with a static tail.
+//!
+//! ABI: forward `fn(ops: *const *const u8, out: *mut u8, s0: i64, s1: i64)` writes
+//! samples `s0..s1` from `out` (sample `s0`'s row first); backward
+//! `fn(ops, dr: *const u8, grads: *const *mut u8, s0, s1)` writes rows `s0..s1` of
+//! each gradient (absolute rows). Shapes are checked by the Rust wrappers.
+
+use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4, var};
+use super::gemm::Elt;
+use super::{Jit, JitError};
+use crate::kernels::{KResult, KernelError, block_rows, data_len, shape_err};
+use cranelift_codegen::ir::{AbiParam, InstBuilder, Value, types};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_module::{Linkage, Module};
+use dlrm_ir::{DType, Data, InteractionKind, Op, Tensor, TensorType, interaction_width};
+use half::bf16;
+use rayon::prelude::*;
+
+/// Most operands a kernel takes (one bit per operand in [`DotSpec::bf16_ops`]).
+const MAX_F: usize = 64;
+
+/// What a dot-interaction kernel is specialised on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DotSpec {
+    /// Operands (`x` and the embeddings), `F`.
+    pub f: usize,
+    /// Their width `D`.
+    pub d: usize,
+    /// Keep the diagonal pairs.
+    pub self_interaction: bool,
+    /// Backward (`interaction_grad`), else forward.
+    pub backward: bool,
+    /// Bit `i` set: operand `i` is bf16 (else f32).
+    pub bf16_ops: u64,
+    /// `dr`'s element type (backward).
+    pub dr: Elt,
+    /// The results' element type.
+    pub out: Elt,
+}
+
+impl DotSpec {
+    fn elt(&self, i: usize) -> Elt {
+        if self.bf16_ops >> i & 1 == 1 {
+            Elt::BF16
+        } else {
+            Elt::F32
+        }
+    }
+
+    fn pairs(&self) -> Vec<(usize, usize)> {
+        let si = self.self_interaction;
+        (0..self.f)
+            .flat_map(|i| (0..if si { i + 1 } else { i }).map(move |j| (i, j)))
+            .collect()
+    }
+
+    fn width(&self) -> usize {
+        self.d + self.pairs().len()
+    }
+}
+
+type FwdFn = unsafe extern "C" fn(*const usize, *mut u8, i64, i64);
+type BwdFn = unsafe extern "C" fn(*const usize, *const u8, *const usize, i64, i64);
+
+#[derive(Clone, Copy, Debug)]
+enum DotFn {
+    Fwd(FwdFn),
+    Bwd(BwdFn),
+}
+
+/// A compiled dot-interaction kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct DotKernel {
+    spec: DotSpec,
+    f: DotFn,
+}
+
+/// Row pointers of sample `s` of every operand: `ops[i] + s·D·size_i`.
+fn rows_of(
+    b: &mut FunctionBuilder<'_>,
+    spec: &DotSpec,
+    ops: Value,
+    s: Value,
+) -> Vec<Value> {
+    (0..spec.f)
+        .map(|i| {
+            let base = b.ins().load(types::I64, flags(), ops, (8 * i) as i32);
+            let o = b.ins().imul_imm_s(s, (spec.d * spec.elt(i).size()) as i64);
+            b.ins().iadd(base, o)
+        })
+        .collect()
+}
+
+/// Copies `d` values from `src` (`se`) to `dst` (`de`), converting.
+fn copy_row(b: &mut FunctionBuilder<'_>, d: usize, src: Value, se: Elt, dst: Value, de: Elt) {
+    for c in (0..d / 4).map(|v| 4 * v) {
+        let x = load_f32x4(b, se, src, (c * se.size()) as i32);
+        store_f32x4(b, de, x, dst, (c * de.size()) as i32);
+    }
+    for c in d / 4 * 4..d {
+        let x = load_f32(b, se, src, (c * se.size()) as i32);
+        store_f32(b, de, x, dst, (c * de.size()) as i32);
+    }
+}
+
+fn zero_x4(b: &mut FunctionBuilder<'_>) -> Value {
+    let z = b.ins().f32const(0.0);
+    b.ins().splat(types::F32X4, z)
+}
+
+/// Offsets `p + c·k` for a runtime column chunk `c`.
+fn at(b: &mut FunctionBuilder<'_>, p: Value, c: Value, k: i64) -> Value {
+    let o = b.ins().imul_imm_s(c, k);
+    b.ins().iadd(p, o)
+}
+
+/// The dot products of `T_i` with up to four `T_j` (row pointers `ti`, `tjs`).
+fn dot_block(
+    b: &mut FunctionBuilder<'_>,
+    spec: &DotSpec,
+    i: usize,
+    ti: Value,
+    js: &[(usize, Value)],
+) -> Vec<Value> {
+    const CC: usize = 16;
+    let d = spec.d;
+    let ei = spec.elt(i);
+    let z = zero_x4(b);
+    let accs: Vec<_> = js.iter().map(|_| var(b, types::F32X4, z)).collect();
+    // Accumulates vectors at column offsets `cols` from the row pointers given.
+    let step = |b: &mut FunctionBuilder<'_>, pi: Value, pjs: &[Value], cols: &[usize]| {
+        for &c in cols {
+            let xi = load_f32x4(b, ei, pi, (c * ei.size()) as i32);
+            for (k, &(j, _)) in js.iter().enumerate() {
+                let ej = spec.elt(j);
+                let xj = load_f32x4(b, ej, pjs[k], (c * ej.size()) as i32);
+                let a = b.use_var(accs[k]);
+                let a = b.ins().fma(xi, xj, a);
+                b.def_var(accs[k], a);
+            }
+        }
+    };
+    let full = d / CC;
+    if full > 0 {
+        let zero = b.ins().iconst(types::I64, 0);
+        let end = b.ins().iconst(types::I64, full as i64);
+        for_range(b, zero, end, 1, &mut |b, c| {
+            let pi = at(b, ti, c, (CC * ei.size()) as i64);
+            let pjs: Vec<Value> = js
+                .iter()
+                .map(|&(j, tj)| at(b, tj, c, (CC * spec.elt(j).size()) as i64))
+                .collect();
+            step(b, pi, &pjs, &[0, 4, 8, 12]);
+        });
+    }
+    let rest: Vec<usize> = (full * CC..d / 4 * 4).step_by(4).collect();
+    let tjs: Vec<Value> = js.iter().map(|&(_, tj)| tj).collect();
+    step(b, ti, &tjs, &rest);
+    js.iter()
+        .enumerate()
+        .map(|(k, &(j, tj))| {
+            let a = b.use_var(accs[k]);
+            let l: Vec<Value> = (0..4).map(|q| b.ins().extractlane(a, q)).collect();
+            let s01 = b.ins().fadd(l[0], l[1]);
+            let s23 = b.ins().fadd(l[2], l[3]);
+            let mut s = b.ins().fadd(s01, s23);
+            let ej = spec.elt(j);
+            for c in d / 4 * 4..d {
+                let xi = load_f32(b, ei, ti, (c * ei.size()) as i32);
+                let xj = load_f32(b, ej, tj, (c * ej.size()) as i32);
+                let p = b.ins().fmul(xi, xj);
+                s = b.ins().fadd(s, p);
+            }
+            s
+        })
+        .collect()
+}
+
+fn emit_forward(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value]) {
+    let (ops, out, s0, s1) = (p[0], p[1], p[2], p[3]);
+    let eo = spec.out.size();
+    let width = spec.width();
+    for_range(b, s0, s1, 1, &mut |b, s| {
+        let t = rows_of(b, spec, ops, s);
+        let rel = b.ins().isub(s, s0);
+        let orow = {
+            let o = b.ins().imul_imm_s(rel, (width * eo) as i64);
+            b.ins().iadd(out, o)
+        };
+        copy_row(b, spec.d, t[0], spec.elt(0), orow, spec.out);
+        let mut k = spec.d;
+        for i in 0..spec.f {
+            let nj = if spec.self_interaction { i + 1 } else { i };
+            for j0 in (0..nj).step_by(4) {
+                let js: Vec<(usize, Value)> = (j0..nj.min(j0 + 4)).map(|j| (j, t[j])).collect();
+                for z in dot_block(b, spec, i, t[i], &js) {
+                    store_f32(b, spec.out, z, orow, (k * eo) as i32);
+                    k += 1;
+                }
+            }
+        }
+    });
+}
+
+fn emit_backward(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value]) {
+    const CC: usize = 32;
+    let (ops, dr, grads, s0, s1) = (p[0], p[1], p[2], p[3], p[4]);
+    let (d, f) = (spec.d, spec.f);
+    let (ed, eo) = (spec.dr.size(), spec.out.size());
+    let width = spec.width();
+    // The `dr` column of each pair.
+    let mut col = vec![vec![usize::MAX; f]; f];
+    for (k, &(i, j)) in spec.pairs().iter().enumerate() {
+        col[i][j] = d + k;
+    }
+    for_range(b, s0, s1, 1, &mut |b, s| {
+        let t = rows_of(b, spec, ops, s);
+        let drow = at(b, dr, s, (width * ed) as i64);
+        for i in 0..f {
+            let g = {
+                let base = b.ins().load(types::I64, flags(), grads, (8 * i) as i32);
+                at(b, base, s, (d * eo) as i64)
+            };
+            // Partners of operand i with the dr column of their pair and the factor.
+            let mut partners: Vec<(usize, usize, bool)> = Vec::new();
+            for k in 0..f {
+                let (hi, lo) = if k > i { (k, i) } else { (i, k) };
+                let c = col[hi][lo];
+                if c != usize::MAX {
+                    partners.push((k, c, k == i));
+                }
+            }
+            // Columns [c0, c0+cols) of dT_i from the pointers (relative offsets).
+            let chunk = |b: &mut FunctionBuilder<'_>,
+                         tp: &[Value],
+                         dp: Value,
+                         gp: Value,
+                         c0: usize,
+                         cols: usize| {
+                let nv = cols / 4;
+                let z = b.ins().f32const(0.0);
+                let zv = b.ins().splat(types::F32X4, z);
+                let mut acc: Vec<Value> = (0..nv)
+                    .map(|v| {
+                        if i == 0 {
+                            load_f32x4(b, spec.dr, dp, ((c0 + 4 * v) * ed) as i32)
+                        } else {
+                            zv
+                        }
+                    })
+                    .collect();
+                let mut sacc: Vec<Value> = (c0 + 4 * nv..c0 + cols)
+                    .map(|c| {
+                        if i == 0 {
+                            load_f32(b, spec.dr, dp, (c * ed) as i32)
+                        } else {
+                            z
+                        }
+                    })
+                    .collect();
+                for &(k, c, diag) in &partners {
+                    let mut coef = load_f32(b, spec.dr, drow, (c * ed) as i32);
+                    if diag {
+                        let two = b.ins().f32const(2.0);
+                        coef = b.ins().fmul(two, coef);
+                    }
+                    let cv = b.ins().splat(types::F32X4, coef);
+                    let ek = spec.elt(k);
+                    for (v, a) in acc.iter_mut().enumerate() {
+                        let x = load_f32x4(b, ek, tp[k], ((c0 + 4 * v) * ek.size()) as i32);
+                        *a = b.ins().fma(cv, x, *a);
+                    }
+                    for (q, a) in sacc.iter_mut().enumerate() {
+                        let x = load_f32(b, ek, tp[k], ((c0 + 4 * nv + q) * ek.size()) as i32);
+                        let m = b.ins().fmul(coef, x);
+                        *a = b.ins().fadd(*a, m);
+                    }
+                }
+                for (v, &a) in acc.iter().enumerate() {
+                    store_f32x4(b, spec.out, a, gp, ((c0 + 4 * v) * eo) as i32);
+                }
+                for (q, &a) in sacc.iter().enumerate() {
+                    store_f32(b, spec.out, a, gp, ((c0 + 4 * nv + q) * eo) as i32);
+                }
+            };
+            let full = d / CC;
+            if full > 0 {
+                let zero = b.ins().iconst(types::I64, 0);
+                let end = b.ins().iconst(types::I64, full as i64);
+                for_range(b, zero, end, 1, &mut |b, c| {
+                    let tp: Vec<Value> = (0..f)
+                        .map(|k| at(b, t[k], c, (CC * spec.elt(k).size()) as i64))
+                        .collect();
+                    let dp = at(b, drow, c, (CC * ed) as i64);
+                    let gp = at(b, g, c, (CC * eo) as i64);
+                    chunk(b, &tp, dp, gp, 0, CC);
+                });
+            }
+            if d % CC > 0 {
+                chunk(b, &t, drow, g, full * CC, d % CC);
+            }
+        }
+    });
+}
+
+pub(crate) fn compile(jit: &Jit, spec: DotSpec) -> Result<DotKernel, JitError> {
+    let mut module = jit.new_module(false)?;
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    let nptr = if spec.backward { 3 } else { 2 };
+    for _ in 0..nptr {
+        sig.params.push(AbiParam::new(ptr));
+    }
+    sig.params.push(AbiParam::new(types::I64));
+    sig.params.push(AbiParam::new(types::I64));
+    let id = module
+        .declare_function("interaction", Linkage::Export, &sig)
+        .map_err(JitError::module)?;
+    let mut ctx = module.make_context();
+    ctx.func.signature = sig;
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let p = b.block_params(entry).to_vec();
+        if spec.backward {
+            emit_backward(&mut b, &spec, &p);
+        } else {
+            emit_forward(&mut b, &spec, &p);
+        }
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize(module.target_config());
+    }
+    let f = jit.define_and_finalize(module, id, &mut ctx)?;
+    // SAFETY: generated with exactly the signature of the spec's direction and the
+    // C call convention.
+    let f = unsafe {
+        if spec.backward {
+            DotFn::Bwd(std::mem::transmute::<*const u8, BwdFn>(f))
+        } else {
+            DotFn::Fwd(std::mem::transmute::<*const u8, FwdFn>(f))
+        }
+    };
+    Ok(DotKernel { spec, f })
+}
+
+fn elt_of(t: &Tensor) -> Option<(Elt, usize)> {
+    match &t.data {
+        Data::F32(v) => Some((Elt::F32, v.as_ptr() as usize)),
+        Data::BF16(v) => Some((Elt::BF16, v.as_ptr() as usize)),
+        _ => None,
+    }
+}
+
+fn elt_dtype(d: DType) -> Option<Elt> {
+    match d {
+        DType::F32 => Some(Elt::F32),
+        DType::BF16 => Some(Elt::BF16),
+        _ => None,
+    }
+}
+
+fn zeros(e: Elt, n: usize) -> Data {
+    match e {
+        Elt::F32 => Data::F32(vec![0.0; n]),
+        Elt::BF16 => Data::BF16(vec![bf16::ZERO; n]),
+    }
+}
+
+fn data_ptr(d: &mut Data) -> *mut u8 {
+    match d {
+        Data::F32(v) => v.as_mut_ptr().cast(),
+        Data::BF16(v) => v.as_mut_ptr().cast(),
+        Data::I64(v) => v.as_mut_ptr().cast(),
+        Data::I32(v) => v.as_mut_ptr().cast(),
+    }
+}
+
+/// `interaction` / `interaction_grad` of kind `dot` with a JIT kernel (`None`:
+/// `cat`, non-float operands or results, more than 64 operands).
+pub(crate) fn eval(
+    jit: &Jit,
+    op: &Op,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+) -> Option<KResult<Vec<Tensor>>> {
+    let (self_interaction, backward) = match op {
+        Op::Interaction {
+            kind: InteractionKind::Dot,
+            self_interaction,
+        } => (*self_interaction, false),
+        Op::InteractionGrad {
+            kind: InteractionKind::Dot,
+            self_interaction,
+        } => (*self_interaction, true),
+        _ => return None,
+    };
+    let name = op.mnemonic();
+    let fwd = if backward { inputs.get(1..)? } else { inputs };
+    let f = fwd.len();
+    if f == 0 || f > MAX_F {
+        return None;
+    }
+    let mut bf16_ops = 0u64;
+    let mut ptrs = Vec::with_capacity(f);
+    for (i, t) in fwd.iter().enumerate() {
+        let (e, p) = elt_of(t)?;
+        bf16_ops |= u64::from(e == Elt::BF16) << i;
+        ptrs.push(p);
+    }
+    let out = elt_dtype(out_types.first()?.dtype)?;
+    if out_types.iter().any(|t| elt_dtype(t.dtype) != Some(out)) {
+        return None;
+    }
+    let dr = if backward { elt_of(inputs[0])?.0 } else { Elt::F32 };
+    Some((|| {
+        let s = fwd[0].shape.first().copied().unwrap_or(0);
+        let d = fwd[0].shape.get(1).copied().unwrap_or(0);
+        for (i, t) in fwd.iter().enumerate() {
+            if t.shape != [s, d] || data_len(t) != s * d {
+                return Err(shape_err(
+                    name,
+                    format!(
+                        "operand {i} has shape {:?}; dot needs [{s}, {d}] for every operand",
+                        t.shape
+                    ),
+                ));
+            }
+        }
+        let spec = DotSpec {
+            f,
+            d,
+            self_interaction,
+            backward,
+            bf16_ops,
+            dr,
+            out,
+        };
+        let width = interaction_width(InteractionKind::Dot, self_interaction, &vec![d; f]);
+        debug_assert_eq!(width, spec.width());
+        if backward && (inputs[0].shape != [s, width] || data_len(inputs[0]) != s * width) {
+            return Err(shape_err(
+                name,
+                format!(
+                    "dr has shape {:?}, expected [{s}, {width}]",
+                    inputs[0].shape
+                ),
+            ));
+        }
+        let k = jit.interaction(spec).map_err(|e| KernelError::Jit {
+            op: name,
+            reason: e.to_string(),
+        })?;
+        let sb = block_rows(s, 8, 256);
+        if !backward {
+            let mut data = zeros(out, s * width);
+            if s > 0 && width > 0 {
+                let DotFn::Fwd(fun) = k.f else {
+                    return Err(shape_err(name, "internal: kernel direction".into()));
+                };
+                let base = data_ptr(&mut data) as usize;
+                let ops = ptrs.as_ptr() as usize;
+                let eo = out.size();
+                (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
+                    let s0 = blk * sb;
+                    let s1 = (s0 + sb).min(s);
+                    // SAFETY: every operand holds s·d elements of its spec type
+                    // (checked above); the result holds s·width elements and this
+                    // task writes rows s0..s1 only, from its own row s0.
+                    unsafe {
+                        fun(
+                            ops as *const usize,
+                            (base as *mut u8).add(s0 * width * eo),
+                            s0 as i64,
+                            s1 as i64,
+                        )
+                    }
+                });
+            }
+            let _ = k.spec;
+            return Ok(vec![Tensor {
+                shape: vec![s, width],
+                data,
+            }]);
+        }
+        let mut grads: Vec<Data> = (0..f).map(|_| zeros(out, s * d)).collect();
+        if s > 0 && d > 0 {
+            let DotFn::Bwd(fun) = k.f else {
+                return Err(shape_err(name, "internal: kernel direction".into()));
+            };
+            let gptrs: Vec<usize> = grads.iter_mut().map(|g| data_ptr(g) as usize).collect();
+            let ops = ptrs.as_ptr() as usize;
+            let gp = gptrs.as_ptr() as usize;
+            let drp = elt_of(inputs[0]).map_or(0, |(_, p)| p);
+            (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
+                let s0 = blk * sb;
+                let s1 = (s0 + sb).min(s);
+                // SAFETY: operands hold s·d elements, dr s·width, every gradient
+                // s·d (checked or allocated above); this task writes rows s0..s1 of
+                // each gradient only.
+                unsafe {
+                    fun(
+                        ops as *const usize,
+                        drp as *const u8,
+                        gp as *const usize,
+                        s0 as i64,
+                        s1 as i64,
+                    )
+                }
+            });
+        }
+        Ok(grads
+            .into_iter()
+            .map(|data| Tensor {
+                shape: vec![s, d],
+                data,
+            })
+            .collect())
+    })())
+}

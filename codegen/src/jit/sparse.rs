@@ -1,0 +1,607 @@
+//! JIT kernels of the in-place optimizer updates: the race-free sparse update
+//! (`sparse_sgd`, the fused `embedding_update`, `split_embedding_update`) and the
+//! dense `sgd` / `split_sgd`.
+//!
+//! Sparse update (SC20): the table's rows are split into one contiguous range per
+//! rayon task; every task runs the kernel over *all* bags and positions in order
+//! and applies only the positions whose row is in its range — no two tasks write
+//! the same row, no atomics, no locks, and each row sees its updates in index
+//! order: exactly the reference's float operations (`w - lr·g`, with
+//! `g = dy[bag] / size` for `mean`), so results are bitwise equal to it. Tables are
+//! f32 or Split-SGD-BF16 (`hi`, `lo`: the f32 master joined in registers, updated,
+//! split again — exact). A plain bf16 table is rounded once per row after all of
+//! its updates; that needs grouping by row, which the reference kernel does (no
+//! JIT kernel: `None`).
+//!
+//! Every operand is validated by the reference kernels' planners
+//! ([`crate::kernels::optim`]) before the kernel runs: every index lies in the
+//! table, bag bounds are a valid partition of the indices, lengths fit the shapes.
+//!
+//! ABI, sparse: `fn(hi, lo, grad, idx, bounds, nbags: i64, r0: i64, r1: i64, lr: f32)`
+//! with bag `s` = positions `bounds[s]..bounds[s+1]` (or `s·L..(s+1)·L` with fixed
+//! pooling `L`); gradient row `p` per position or `s` per bag. Dense:
+//! `fn(w, lo, g, n: i64, lr: f32)` over `n` elements.
+
+use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4};
+use super::gemm::Elt;
+use super::{Jit, JitError};
+use crate::kernels::optim::{
+    Grad, GradRows, SparsePlan, check_consistent, embedding_update_plan, grad_of, sparse_sgd_plan,
+    split_pair,
+};
+use crate::kernels::{Indices, KResult, KernelError, shape_err};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{AbiParam, InstBuilder, Value, types};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_module::{Linkage, Module};
+use dlrm_ir::{Data, Op, Tensor};
+use rayon::prelude::*;
+
+/// Parameter storage of an update kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Store {
+    /// f32.
+    F32,
+    /// bf16, rounded to nearest even on every store (dense `sgd` only).
+    BF16,
+    /// Split-SGD-BF16: the high (`hi`) and low (`lo`) halves of an f32 master.
+    Split,
+}
+
+impl Store {
+    fn size(self) -> i64 {
+        match self {
+            Store::F32 => 4,
+            Store::BF16 | Store::Split => 2,
+        }
+    }
+}
+
+/// What a sparse update kernel is specialised on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SparseSpec {
+    /// Row width.
+    pub d: usize,
+    /// Table storage (`F32` or `Split`).
+    pub table: Store,
+    /// Gradient element type.
+    pub grad: Elt,
+    /// Indices are i64 (else i32).
+    pub idx64: bool,
+    /// Fixed pooling `L` (else bounds).
+    pub pooling: Option<usize>,
+    /// Gradient row per position (else per bag).
+    pub per_pos: bool,
+    /// Divide the bag's gradient by its size (per bag only).
+    pub mean: bool,
+}
+
+/// What a dense update kernel is specialised on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DenseSpec {
+    /// Weight storage.
+    pub w: Store,
+    /// Gradient element type.
+    pub grad: Elt,
+}
+
+type SparseFn =
+    unsafe extern "C" fn(*mut u8, *mut u8, *const u8, *const u8, *const i64, i64, i64, i64, f32);
+type DenseFn = unsafe extern "C" fn(*mut u8, *mut u8, *const u8, i64, f32);
+
+/// A compiled sparse update kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct SparseKernel {
+    f: SparseFn,
+}
+
+/// A compiled dense update kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct DenseKernel {
+    f: DenseFn,
+}
+
+/// Columns per chunk (8 f32x4 registers of values in flight).
+const CW: usize = 32;
+
+/// Loads 4 (or 1) stored weights as f32 (split: the joined master).
+fn load_w(b: &mut FunctionBuilder<'_>, st: Store, hi: Value, lo: Value, off: i32, x4: bool) -> Value {
+    match (st, x4) {
+        (Store::F32, true) => load_f32x4(b, Elt::F32, hi, off),
+        (Store::F32, false) => load_f32(b, Elt::F32, hi, off),
+        (Store::BF16, true) => load_f32x4(b, Elt::BF16, hi, off),
+        (Store::BF16, false) => load_f32(b, Elt::BF16, hi, off),
+        (Store::Split, true) => {
+            let h = b.ins().uload16x4(flags(), hi, off);
+            let h = b.ins().ishl_imm_u(h, 16);
+            let l = b.ins().uload16x4(flags(), lo, off);
+            let w = b.ins().bor(h, l);
+            b.ins()
+                .bitcast(types::F32X4, super::clif::bc_flags(), w)
+        }
+        (Store::Split, false) => {
+            let h = b.ins().uload16(types::I32, flags(), hi, off);
+            let h = b.ins().ishl_imm_u(h, 16);
+            let l = b.ins().uload16(types::I32, flags(), lo, off);
+            let w = b.ins().bor(h, l);
+            b.ins().bitcast(types::F32, super::clif::bc_flags(), w)
+        }
+    }
+}
+
+/// Stores 4 (or 1) f32 weights (split: high and low halves, exact).
+fn store_w(
+    b: &mut FunctionBuilder<'_>,
+    st: Store,
+    x: Value,
+    hi: Value,
+    lo: Value,
+    off: i32,
+    x4: bool,
+) {
+    match (st, x4) {
+        (Store::F32, true) => store_f32x4(b, Elt::F32, x, hi, off),
+        (Store::F32, false) => store_f32(b, Elt::F32, x, hi, off),
+        (Store::BF16, true) => store_f32x4(b, Elt::BF16, x, hi, off),
+        (Store::BF16, false) => store_f32(b, Elt::BF16, x, hi, off),
+        (Store::Split, true) => {
+            let bits = b
+                .ins()
+                .bitcast(types::I32X4, super::clif::bc_flags(), x);
+            let h = b.ins().ushr_imm_u(bits, 16);
+            let m = b.ins().iconst(types::I32, 0xFFFF);
+            let m = b.ins().splat(types::I32X4, m);
+            let l = b.ins().band(bits, m);
+            for (v, p) in [(h, hi), (l, lo)] {
+                let n = b.ins().unarrow(v, v);
+                let q = b.ins().bitcast(types::I64X2, super::clif::bc_flags(), n);
+                let q = b.ins().extractlane(q, 0);
+                b.ins().store(flags(), q, p, off);
+            }
+        }
+        (Store::Split, false) => {
+            let bits = b.ins().bitcast(types::I32, super::clif::bc_flags(), x);
+            let h = b.ins().ushr_imm_u(bits, 16);
+            b.ins().istore16(flags(), h, hi, off);
+            b.ins().istore16(flags(), bits, lo, off);
+        }
+    }
+}
+
+/// `w -= lr · (g / div)` for `cols` columns from column `c0` of the rows at `wp`
+/// (`lp`: low halves) and `gp`.
+#[allow(clippy::too_many_arguments)]
+fn update_cols(
+    b: &mut FunctionBuilder<'_>,
+    st: Store,
+    ge: Elt,
+    wp: Value,
+    lp: Value,
+    gp: Value,
+    lr: (Value, Value),
+    div: Option<(Value, Value)>,
+    c0: usize,
+    cols: usize,
+) {
+    let (et, eg) = (st.size() as usize, ge.size());
+    let nv = cols / 4;
+    for c in (0..nv).map(|v| c0 + 4 * v).chain(c0 + 4 * nv..c0 + cols) {
+        let x4 = c < c0 + 4 * nv;
+        let g = if x4 {
+            load_f32x4(b, ge, gp, (c * eg) as i32)
+        } else {
+            load_f32(b, ge, gp, (c * eg) as i32)
+        };
+        let g = match div {
+            Some((s, v)) => b.ins().fdiv(g, if x4 { v } else { s }),
+            None => g,
+        };
+        let u = b.ins().fmul(if x4 { lr.1 } else { lr.0 }, g);
+        let w = load_w(b, st, wp, lp, (c * et) as i32, x4);
+        let w = b.ins().fsub(w, u);
+        store_w(b, st, w, wp, lp, (c * et) as i32, x4);
+    }
+}
+
+/// The whole row of width `d`: a runtime loop over full chunks, then the tail.
+#[allow(clippy::too_many_arguments)]
+fn update_row(
+    b: &mut FunctionBuilder<'_>,
+    st: Store,
+    ge: Elt,
+    d: usize,
+    wp: Value,
+    lp: Value,
+    gp: Value,
+    lr: (Value, Value),
+    div: Option<(Value, Value)>,
+) {
+    let (et, eg) = (st.size(), ge.size() as i64);
+    let full = d / CW;
+    if full == 1 {
+        update_cols(b, st, ge, wp, lp, gp, lr, div, 0, CW);
+    } else if full > 1 {
+        let zero = b.ins().iconst(types::I64, 0);
+        let end = b.ins().iconst(types::I64, full as i64);
+        for_range(b, zero, end, 1, &mut |b, c| {
+            let ow = b.ins().imul_imm_s(c, CW as i64 * et);
+            let og = b.ins().imul_imm_s(c, CW as i64 * eg);
+            let (wc, lc, gc) = (b.ins().iadd(wp, ow), b.ins().iadd(lp, ow), b.ins().iadd(gp, og));
+            update_cols(b, st, ge, wc, lc, gc, lr, div, 0, CW);
+        });
+    }
+    if d % CW > 0 {
+        update_cols(b, st, ge, wp, lp, gp, lr, div, full * CW, d % CW);
+    }
+}
+
+fn lr_pair(b: &mut FunctionBuilder<'_>, lr: Value) -> (Value, Value) {
+    (lr, b.ins().splat(types::F32X4, lr))
+}
+
+pub(crate) fn compile_sparse(jit: &Jit, spec: SparseSpec) -> Result<SparseKernel, JitError> {
+    let mut module = jit.new_module(false)?;
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    for _ in 0..5 {
+        sig.params.push(AbiParam::new(ptr));
+    }
+    for _ in 0..3 {
+        sig.params.push(AbiParam::new(types::I64));
+    }
+    sig.params.push(AbiParam::new(types::F32));
+    let id = module
+        .declare_function("sparse_update", Linkage::Export, &sig)
+        .map_err(JitError::module)?;
+    let mut ctx = module.make_context();
+    ctx.func.signature = sig;
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let p = b.block_params(entry).to_vec();
+        let (hi, lo, grad, idx, bounds) = (p[0], p[1], p[2], p[3], p[4]);
+        let (nbags, r0, r1, lr) = (p[5], p[6], p[7], p[8]);
+        let lr = lr_pair(&mut b, lr);
+        let span = b.ins().isub(r1, r0);
+        let d = spec.d as i64;
+        let (et, eg) = (spec.table.size(), spec.grad.size() as i64);
+        let ei: i64 = if spec.idx64 { 8 } else { 4 };
+        let zero = b.ins().iconst(types::I64, 0);
+        for_range(&mut b, zero, nbags, 1, &mut |b, s| {
+            let (start, end) = match spec.pooling {
+                Some(l) => {
+                    let st = b.ins().imul_imm_s(s, l as i64);
+                    let en = b.ins().iadd_imm_s(st, l as i64);
+                    (st, en)
+                }
+                None => {
+                    let off = b.ins().ishl_imm_u(s, 3);
+                    let a = b.ins().iadd(bounds, off);
+                    let st = b.ins().load(types::I64, flags(), a, 0);
+                    let en = b.ins().load(types::I64, flags(), a, 8);
+                    (st, en)
+                }
+            };
+            let div = if spec.mean && !spec.per_pos {
+                let cnt = b.ins().isub(end, start);
+                let cf = b.ins().fcvt_from_sint(types::F32, cnt);
+                Some((cf, b.ins().splat(types::F32X4, cf)))
+            } else {
+                None
+            };
+            let bag_g = if spec.per_pos {
+                None
+            } else {
+                let o = b.ins().imul_imm_s(s, d * eg);
+                Some(b.ins().iadd(grad, o))
+            };
+            for_range(b, start, end, 1, &mut |b, p| {
+                let ia = {
+                    let o = b.ins().imul_imm_s(p, ei);
+                    b.ins().iadd(idx, o)
+                };
+                let row = if spec.idx64 {
+                    b.ins().load(types::I64, flags(), ia, 0)
+                } else {
+                    b.ins().sload32(flags(), ia, 0)
+                };
+                let rel = b.ins().isub(row, r0);
+                let mine = b.ins().icmp(IntCC::UnsignedLessThan, rel, span);
+                let upd = b.create_block();
+                let next = b.create_block();
+                b.ins().brif(mine, upd, &[], next, &[]);
+                b.switch_to_block(upd);
+                let gp = match bag_g {
+                    Some(g) => g,
+                    None => {
+                        let o = b.ins().imul_imm_s(p, d * eg);
+                        b.ins().iadd(grad, o)
+                    }
+                };
+                let wp = {
+                    let o = b.ins().imul_imm_s(row, d * et);
+                    b.ins().iadd(hi, o)
+                };
+                let lp = {
+                    let o = b.ins().imul_imm_s(row, d * et);
+                    b.ins().iadd(lo, o)
+                };
+                update_row(b, spec.table, spec.grad, spec.d, wp, lp, gp, lr, div);
+                b.ins().jump(next, &[]);
+                b.switch_to_block(next);
+            });
+        });
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize(module.target_config());
+    }
+    let f = jit.define_and_finalize(module, id, &mut ctx)?;
+    // SAFETY: generated with exactly this signature and the C call convention.
+    let f: SparseFn = unsafe { std::mem::transmute::<*const u8, SparseFn>(f) };
+    Ok(SparseKernel { f })
+}
+
+pub(crate) fn compile_dense(jit: &Jit, spec: DenseSpec) -> Result<DenseKernel, JitError> {
+    let mut module = jit.new_module(false)?;
+    let ptr = module.target_config().pointer_type();
+    let mut sig = module.make_signature();
+    for _ in 0..3 {
+        sig.params.push(AbiParam::new(ptr));
+    }
+    sig.params.push(AbiParam::new(types::I64));
+    sig.params.push(AbiParam::new(types::F32));
+    let id = module
+        .declare_function("dense_update", Linkage::Export, &sig)
+        .map_err(JitError::module)?;
+    let mut ctx = module.make_context();
+    ctx.func.signature = sig;
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let p = b.block_params(entry).to_vec();
+        let (w, lo, g, n, lr) = (p[0], p[1], p[2], p[3], p[4]);
+        let lr = lr_pair(&mut b, lr);
+        let (et, eg) = (spec.w.size(), spec.grad.size() as i64);
+        let n16 = b.ins().band_imm_s(n, !15);
+        let n1 = b.ins().band_imm_s(n, !3);
+        let zero = b.ins().iconst(types::I64, 0);
+        let at = |b: &mut FunctionBuilder<'_>, i: Value| {
+            let ow = b.ins().imul_imm_s(i, et);
+            let og = b.ins().imul_imm_s(i, eg);
+            (b.ins().iadd(w, ow), b.ins().iadd(lo, ow), b.ins().iadd(g, og))
+        };
+        // 16 elements per trip, then 4, then one at a time.
+        for (from, to, step, cols) in [(zero, n16, 16, 16), (n16, n1, 4, 4)] {
+            for_range(&mut b, from, to, step, &mut |b, i| {
+                let (wp, lp, gp) = at(b, i);
+                update_cols(b, spec.w, spec.grad, wp, lp, gp, lr, None, 0, cols);
+            });
+        }
+        for_range(&mut b, n1, n, 1, &mut |b, i| {
+            let (wp, lp, gp) = at(b, i);
+            update_cols(b, spec.w, spec.grad, wp, lp, gp, lr, None, 0, 1);
+        });
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize(module.target_config());
+    }
+    let f = jit.define_and_finalize(module, id, &mut ctx)?;
+    // SAFETY: generated with exactly this signature and the C call convention.
+    let f: DenseFn = unsafe { std::mem::transmute::<*const u8, DenseFn>(f) };
+    Ok(DenseKernel { f })
+}
+
+fn jit_err(op: &'static str) -> impl Fn(JitError) -> KernelError {
+    move |e| KernelError::Jit {
+        op,
+        reason: e.to_string(),
+    }
+}
+
+fn grad_ptr(g: Grad<'_>) -> (Elt, usize) {
+    match g {
+        Grad::F32(v) => (Elt::F32, v.as_ptr() as usize),
+        Grad::BF16(v) => (Elt::BF16, v.as_ptr() as usize),
+    }
+}
+
+/// Runs a validated sparse plan on a table at `hi` (and `lo`) with a JIT kernel.
+fn run_sparse(
+    jit: &Jit,
+    op: &'static str,
+    table: Store,
+    hi: *mut u8,
+    lo: *mut u8,
+    plan: &SparsePlan<'_>,
+    lr: f32,
+) -> KResult<()> {
+    if plan.d == 0 || plan.idx.len() == 0 || plan.bags == 0 {
+        return Ok(());
+    }
+    let (grad, gptr) = grad_ptr(plan.grad);
+    let per_pos = plan.src == GradRows::PerPosition;
+    // Per-position gradients: one bag of all positions, given by bounds.
+    let (pooling, bounds) = match (per_pos, plan.pooling) {
+        (true, _) => (None, vec![0, plan.idx.len() as i64]),
+        (false, Some(l)) => (Some(l), Vec::new()),
+        (false, None) => (None, plan.bounds.clone()),
+    };
+    let nbags = if per_pos { 1 } else { plan.bags };
+    let spec = SparseSpec {
+        d: plan.d,
+        table,
+        grad,
+        idx64: matches!(plan.idx, Indices::I64(_)),
+        pooling,
+        per_pos,
+        mean: matches!(plan.src, GradRows::PerBag { mean: true }),
+    };
+    let k = jit.sparse(spec).map_err(jit_err(op))?;
+    let idx_ptr = match plan.idx {
+        Indices::I64(v) => v.as_ptr() as usize,
+        Indices::I32(v) => v.as_ptr() as usize,
+    };
+    let (hi, lo, bptr) = (hi as usize, lo as usize, bounds.as_ptr() as usize);
+    let rr = plan.range_rows();
+    let rows = plan.rows;
+    let f = k.f;
+    (0..rows.div_ceil(rr)).into_par_iter().for_each(|t| {
+        let r0 = t * rr;
+        let r1 = (r0 + rr).min(rows);
+        // SAFETY: the plan validated every index against the table's `rows` rows of
+        // `d` elements (`hi`, `lo` hold rows·d elements of the spec's storage, checked
+        // by the caller), the bounds (a partition of the indices, `nbags + 1`
+        // entries) or the fixed pooling (`nbags·L` indices), and the gradient's shape
+        // (a row per bag or per position). This task writes only rows `r0..r1`: the
+        // tasks' ranges are disjoint.
+        unsafe {
+            f(
+                hi as *mut u8,
+                lo as *mut u8,
+                gptr as *const u8,
+                idx_ptr as *const u8,
+                bptr as *const i64,
+                nbags as i64,
+                r0 as i64,
+                r1 as i64,
+                lr,
+            )
+        }
+    });
+    Ok(())
+}
+
+/// Elements per task of the dense updates.
+const CHUNK: usize = 1 << 15;
+
+/// Runs a dense update of `n` elements at `w` (and `lo`) with gradient `g`.
+fn run_dense(
+    jit: &Jit,
+    op: &'static str,
+    st: Store,
+    w: *mut u8,
+    lo: *mut u8,
+    n: usize,
+    g: Grad<'_>,
+    lr: f32,
+) -> KResult<()> {
+    let (grad, gptr) = grad_ptr(g);
+    let k = jit
+        .dense(DenseSpec { w: st, grad })
+        .map_err(jit_err(op))?;
+    let (w, lo, f) = (w as usize, lo as usize, k.f);
+    let (et, eg) = (st.size() as usize, grad.size());
+    (0..n.div_ceil(CHUNK)).into_par_iter().for_each(|c| {
+        let i0 = c * CHUNK;
+        let len = CHUNK.min(n - i0);
+        // SAFETY: `w` (and `lo`) and `g` hold `n` elements of their element types
+        // (checked by the caller); this task owns elements `i0..i0+len`.
+        unsafe {
+            f(
+                (w as *mut u8).add(i0 * et),
+                (lo as *mut u8).add(i0 * et),
+                (gptr as *const u8).add(i0 * eg),
+                len as i64,
+                lr,
+            )
+        }
+    });
+    Ok(())
+}
+
+/// The update `op` on `params` with a JIT kernel (`None`: no JIT kernel for this
+/// op or storage; the caller runs the reference kernel). Same contract as
+/// [`crate::update::update_in_place`].
+pub(crate) fn update_in_place(
+    op: &Op,
+    params: &mut [Tensor],
+    rest: &[&Tensor],
+) -> Option<KResult<()>> {
+    let jit = Jit::global().ok()?;
+    match (op, params, rest) {
+        (Op::SparseSgd { lr }, [t], [idx, g]) => {
+            let Data::F32(_) = t.data else { return None };
+            Some((|| {
+                check_consistent("sparse_sgd", "table", t)?;
+                let plan = sparse_sgd_plan(&t.shape, idx, g)?;
+                let Data::F32(w) = &mut t.data else {
+                    unreachable!("checked above")
+                };
+                let p = w.as_mut_ptr().cast::<u8>();
+                run_sparse(jit, "sparse_sgd", Store::F32, p, p, &plan, *lr)
+            })())
+        }
+        (Op::EmbeddingUpdate { mode, lr }, [t], [dy, idx, off @ ..]) if off.len() <= 1 => {
+            let Data::F32(_) = t.data else { return None };
+            Some((|| {
+                const OP: &str = "embedding_update";
+                check_consistent(OP, "table", t)?;
+                let plan = embedding_update_plan(OP, &t.shape, *mode, dy, idx, off.first().copied())?;
+                let Data::F32(w) = &mut t.data else {
+                    unreachable!("checked above")
+                };
+                let p = w.as_mut_ptr().cast::<u8>();
+                run_sparse(jit, OP, Store::F32, p, p, &plan, *lr)
+            })())
+        }
+        (Op::SplitEmbeddingUpdate { mode, lr }, [hi, lo], [dy, idx, off @ ..])
+            if off.len() <= 1 =>
+        {
+            Some((|| {
+                const OP: &str = "split_embedding_update";
+                let (shape, h, l) = split_pair(OP, hi, lo)?;
+                let plan = embedding_update_plan(OP, shape, *mode, dy, idx, off.first().copied())?;
+                let (hp, lp) = (h.as_mut_ptr().cast::<u8>(), l.as_mut_ptr().cast::<u8>());
+                run_sparse(jit, OP, Store::Split, hp, lp, &plan, *lr)
+            })())
+        }
+        (Op::Sgd { lr }, [w], [g]) => {
+            let st = match w.data {
+                Data::F32(_) => Store::F32,
+                Data::BF16(_) => Store::BF16,
+                _ => return None,
+            };
+            Some((|| {
+                const OP: &str = "sgd";
+                if w.shape != g.shape {
+                    return Err(shape_err(
+                        OP,
+                        format!("weight {:?} and gradient {:?} differ", w.shape, g.shape),
+                    ));
+                }
+                check_consistent(OP, "weight", w)?;
+                check_consistent(OP, "gradient", g)?;
+                let gr = grad_of(OP, g)?;
+                let n = w.numel();
+                let p = match &mut w.data {
+                    Data::F32(v) => v.as_mut_ptr().cast::<u8>(),
+                    Data::BF16(v) => v.as_mut_ptr().cast::<u8>(),
+                    _ => unreachable!("checked above"),
+                };
+                run_dense(jit, OP, st, p, p, n, gr, *lr)
+            })())
+        }
+        (Op::SplitSgd { lr }, [hi, lo], [g]) => Some((|| {
+            const OP: &str = "split_sgd";
+            let (shape, h, l) = split_pair(OP, hi, lo)?;
+            if shape != &g.shape[..] {
+                return Err(shape_err(
+                    OP,
+                    format!("weight {shape:?} and gradient {:?} differ", g.shape),
+                ));
+            }
+            check_consistent(OP, "gradient", g)?;
+            let gr = grad_of(OP, g)?;
+            let n = h.len();
+            let (hp, lp) = (h.as_mut_ptr().cast::<u8>(), l.as_mut_ptr().cast::<u8>());
+            run_dense(jit, OP, Store::Split, hp, lp, n, gr, *lr)
+        })()),
+        _ => None,
+    }
+}

@@ -1,0 +1,79 @@
+//! In-place parameter updates (the optimizer ops `sgd`, `split_sgd`, `sparse_sgd`,
+//! `embedding_update`, `split_embedding_update`) with the best kernel there is: a
+//! JIT kernel when the caller allows it and one exists for these dtypes, else the
+//! reference kernel ([`crate::kernels::optim`]).
+//!
+//! The updated parameters are operands `0..k` of the op (`k` from
+//! [`in_place_operands`]: 2 for the Split-SGD-BF16 ops, whose operands 0 and 1 are
+//! the high and low halves, else 1); they are modified in place and are the op's
+//! `k` results. Every kernel validates all operands (shapes, dtypes, every index,
+//! offsets) before writing: on error the parameters are unchanged.
+
+use crate::jit::{self, JitOptions};
+use crate::kernels::{self, KResult, KernelError};
+use dlrm_ir::{Op, Tensor};
+
+/// How many leading operands of `op` are updated in place (and are its results);
+/// `None` for an op that is not an in-place update.
+pub fn in_place_operands(op: &Op) -> Option<usize> {
+    match op {
+        Op::Sgd { .. } | Op::SparseSgd { .. } | Op::EmbeddingUpdate { .. } => Some(1),
+        Op::SplitSgd { .. } | Op::SplitEmbeddingUpdate { .. } => Some(2),
+        _ => None,
+    }
+}
+
+/// Applies the update `op` to `params` (its first [`in_place_operands`] operands)
+/// given the remaining operands `rest`. `jit`: use JIT kernels where there are
+/// some (`None`: reference kernels only). `None` when `op` is not an in-place
+/// update or the counts do not fit it (the caller uses the interpreter).
+pub fn update_in_place(
+    op: &Op,
+    params: &mut [Tensor],
+    rest: &[&Tensor],
+    jit: Option<&JitOptions>,
+) -> Option<KResult<()>> {
+    let k = in_place_operands(op)?;
+    if params.len() != k {
+        return None;
+    }
+    let arity = |allowed: &[usize]| -> KResult<()> {
+        if allowed.contains(&(rest.len() + k)) {
+            Ok(())
+        } else {
+            Err(KernelError::Shape {
+                op: op.mnemonic(),
+                reason: format!("takes {allowed:?} operands, got {}", rest.len() + k),
+            })
+        }
+    };
+    if jit.is_some()
+        && let Some(r) = jit::sparse::update_in_place(op, params, rest)
+    {
+        return Some(r);
+    }
+    Some(match (op, params) {
+        (Op::Sgd { lr }, [w]) => arity(&[2]).and_then(|()| kernels::sgd_in_place(w, rest[0], *lr)),
+        (Op::SparseSgd { lr }, [t]) => {
+            arity(&[3]).and_then(|()| kernels::sparse_sgd_in_place(t, rest[0], rest[1], *lr))
+        }
+        (Op::EmbeddingUpdate { mode, lr }, [t]) => arity(&[3, 4]).and_then(|()| {
+            kernels::embedding_update_in_place(t, *mode, rest[0], rest[1], rest.get(2).copied(), *lr)
+        }),
+        (Op::SplitSgd { lr }, [hi, lo]) => {
+            arity(&[3]).and_then(|()| kernels::split_sgd_in_place(hi, lo, rest[0], *lr))
+        }
+        (Op::SplitEmbeddingUpdate { mode, lr }, [hi, lo]) => arity(&[4, 5]).and_then(|()| {
+            kernels::split_embedding_update_in_place(
+                hi,
+                lo,
+                *mode,
+                rest[0],
+                rest[1],
+                rest.get(2).copied(),
+                *lr,
+            )
+        }),
+        _ => return None,
+    })
+}

@@ -1,0 +1,449 @@
+//! Property tests of the sparse/dense optimizer updates and the dot interaction:
+//! JIT kernels against the reference kernels, and the reference kernels against
+//! the interpreter (the definition), on random ragged shapes with duplicate
+//! indices, f32 and bf16 data. Updates must be bitwise equal; interaction agrees
+//! up to reassociation (1e-5 relative to the terms' magnitudes, plus one bf16
+//! rounding step for bf16 results).
+
+use dlrm_codegen::jit::JitOptions;
+use dlrm_codegen::{KernelError, update_in_place};
+use dlrm_ir::interp::{EvalCtx, eval_op};
+use dlrm_ir::{DType, Dim, InteractionKind, Op, Pool, SingleRank, Tensor, TensorType};
+use half::bf16;
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+fn vals(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn bits(seed: u64, n: usize) -> Vec<bf16> {
+    vals(seed, n)
+        .iter()
+        .map(|v| bf16::from_bits((v.to_bits() >> 7) as u16))
+        .collect()
+}
+
+fn syms(s: usize) -> HashMap<String, usize> {
+    HashMap::from([("B".to_string(), s)])
+}
+
+fn interp(op: &Op, ins: &[&Tensor], outs: &[TensorType], s: usize) -> Result<Vec<Tensor>, String> {
+    let sy = syms(s);
+    let ctx = EvalCtx {
+        syms: &sy,
+        comm: &SingleRank,
+    };
+    eval_op(op, ins, outs, &ctx)
+}
+
+fn ty_of(t: &Tensor) -> TensorType {
+    TensorType::new(t.dtype(), t.shape.iter().map(|&n| Dim::Fixed(n)))
+}
+
+/// Runs `op` in place on copies of `params` with the JIT (`jit`) or the reference
+/// kernels.
+fn run(op: &Op, params: &[Tensor], rest: &[&Tensor], jit: bool) -> Result<Vec<Tensor>, KernelError> {
+    let mut ps = params.to_vec();
+    let o = JitOptions::default();
+    update_in_place(op, &mut ps, rest, jit.then_some(&o)).expect("an in-place kernel")?;
+    Ok(ps)
+}
+
+fn same_bits(name: &str, a: &Tensor, b: &Tensor) {
+    assert_eq!(a.shape, b.shape, "{name}: shape");
+    assert_eq!(a.dtype(), b.dtype(), "{name}: dtype");
+    let (x, y) = (a.to_f32_vec(), b.to_f32_vec());
+    if let Some(i) = (0..x.len()).find(|&i| x[i].to_bits() != y[i].to_bits()) {
+        panic!("{name}: element {i}: {} vs {}", x[i], y[i]);
+    }
+}
+
+/// Indices into `rows` rows, with many duplicates when `rows` is small.
+fn indices(seed: u64, n: usize, rows: usize, i32s: bool, shape: Vec<usize>) -> Tensor {
+    let raw: Vec<i64> = vals(seed, n)
+        .iter()
+        .map(|v| ((v + 1.0) * 0.5 * rows as f32) as i64 % rows as i64)
+        .collect();
+    if i32s {
+        Tensor::i32(shape, raw.iter().map(|&x| x as i32).collect())
+    } else {
+        Tensor::i64(shape, raw)
+    }
+}
+
+/// Non-decreasing offsets from 0 cutting `n` indices into `s` bags (some empty).
+fn offsets(seed: u64, s: usize, n: usize) -> Tensor {
+    let mut cuts: Vec<i64> = vals(seed, s)
+        .iter()
+        .map(|v| ((v + 1.0) * 0.5 * n as f32) as i64)
+        .collect();
+    cuts.sort_unstable();
+    if let Some(c) = cuts.first_mut() {
+        *c = 0;
+    }
+    Tensor::i64(vec![s], cuts)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum TableKind {
+    F32,
+    BF16,
+    Split,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn update_case(
+    kind: TableKind,
+    rows: usize,
+    d: usize,
+    s: usize,
+    l: usize,
+    var: bool,
+    mean: bool,
+    i32s: bool,
+    bf_grad: bool,
+    seed: u64,
+) {
+    let n = s * l;
+    let idx = indices(seed, n, rows, i32s, if var { vec![n] } else { vec![s, l] });
+    let off = offsets(seed + 1, s, n);
+    let gdt = if bf_grad { DType::BF16 } else { DType::F32 };
+    let dy = Tensor::from_f32(gdt, vec![s, d], vals(seed + 2, s * d));
+    let mode = if mean { Pool::Mean } else { Pool::Sum };
+    let lr = 0.37;
+    let tab = vals(seed + 3, rows * d);
+    let (op, params) = match kind {
+        TableKind::F32 | TableKind::BF16 => {
+            let dt = if matches!(kind, TableKind::F32) {
+                DType::F32
+            } else {
+                DType::BF16
+            };
+            (
+                Op::EmbeddingUpdate { mode, lr },
+                vec![Tensor::from_f32(dt, vec![rows, d], tab)],
+            )
+        }
+        TableKind::Split => (
+            Op::SplitEmbeddingUpdate { mode, lr },
+            vec![
+                Tensor::from_f32(DType::BF16, vec![rows, d], tab),
+                Tensor::bf16(vec![rows, d], bits(seed + 4, rows * d)),
+            ],
+        ),
+    };
+    let mut rest: Vec<&Tensor> = vec![&dy, &idx];
+    if var {
+        rest.push(&off);
+    }
+    let name = format!("{kind:?} rows={rows} d={d} s={s} l={l} var={var} mean={mean} i32={i32s} bfg={bf_grad}");
+    let reference = run(&op, &params, &rest, false).expect("reference");
+    let jit = run(&op, &params, &rest, true).expect("jit");
+    // The definition.
+    let mut all: Vec<&Tensor> = params.iter().collect();
+    all.extend(&rest);
+    let tys: Vec<TensorType> = params.iter().map(ty_of).collect();
+    let want = interp(&op, &all, &tys, s).expect("interpreter");
+    for k in 0..params.len() {
+        same_bits(&format!("{name} reference vs interpreter"), &reference[k], &want[k]);
+        same_bits(&format!("{name} jit vs reference"), &jit[k], &reference[k]);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn embedding_updates_agree(
+        kind in prop_oneof![Just(TableKind::F32), Just(TableKind::BF16), Just(TableKind::Split)],
+        rows in 1usize..300,
+        d in 1usize..80,
+        s in 0usize..40,
+        l in 0usize..6,
+        var: bool,
+        mean: bool,
+        i32s: bool,
+        bf_grad: bool,
+        seed in 0u64..1000,
+    ) {
+        update_case(kind, rows, d, s, l, var, mean, i32s, bf_grad, seed);
+    }
+
+    #[test]
+    fn sparse_sgd_agrees(
+        bf_table: bool,
+        rows in 1usize..200,
+        d in 1usize..70,
+        s in 0usize..30,
+        l in 1usize..5,
+        i32s: bool,
+        bf_grad: bool,
+        seed in 0u64..1000,
+    ) {
+        let n = s * l;
+        let idx = indices(seed, n, rows, i32s, vec![s, l]);
+        let gdt = if bf_grad { DType::BF16 } else { DType::F32 };
+        let g = Tensor::from_f32(gdt, vec![s, l, d], vals(seed + 1, n * d));
+        let tdt = if bf_table { DType::BF16 } else { DType::F32 };
+        let table = Tensor::from_f32(tdt, vec![rows, d], vals(seed + 2, rows * d));
+        let op = Op::SparseSgd { lr: 0.5 };
+        let params = vec![table];
+        let reference = run(&op, &params, &[&idx, &g], false).expect("reference");
+        let jit = run(&op, &params, &[&idx, &g], true).expect("jit");
+        let want = interp(&op, &[&params[0], &idx, &g], &[ty_of(&params[0])], s).expect("interp");
+        same_bits("sparse_sgd reference vs interpreter", &reference[0], &want[0]);
+        same_bits("sparse_sgd jit vs reference", &jit[0], &reference[0]);
+    }
+
+    #[test]
+    fn dense_updates_agree(
+        n in 0usize..200,
+        big: bool,
+        w_kind in 0usize..3,
+        bf_grad: bool,
+        seed in 0u64..1000,
+    ) {
+        let n = if big { n + 70_000 } else { n };
+        let gdt = if bf_grad { DType::BF16 } else { DType::F32 };
+        let g = Tensor::from_f32(gdt, vec![n], vals(seed, n));
+        let w = vals(seed + 1, n);
+        let (op, params) = match w_kind {
+            0 => (Op::Sgd { lr: 0.1 }, vec![Tensor::f32(vec![n], w)]),
+            1 => (Op::Sgd { lr: 0.1 }, vec![Tensor::from_f32(DType::BF16, vec![n], w)]),
+            _ => (
+                Op::SplitSgd { lr: 0.1 },
+                vec![
+                    Tensor::from_f32(DType::BF16, vec![n], w),
+                    Tensor::bf16(vec![n], bits(seed + 2, n)),
+                ],
+            ),
+        };
+        let reference = run(&op, &params, &[&g], false).expect("reference");
+        let jit = run(&op, &params, &[&g], true).expect("jit");
+        let mut all: Vec<&Tensor> = params.iter().collect();
+        all.push(&g);
+        let tys: Vec<TensorType> = params.iter().map(ty_of).collect();
+        let want = interp(&op, &all, &tys, 1).expect("interpreter");
+        for k in 0..params.len() {
+            same_bits("dense reference vs interpreter", &reference[k], &want[k]);
+            same_bits("dense jit vs reference", &jit[k], &reference[k]);
+        }
+    }
+}
+
+#[test]
+fn update_errors_name_the_sample_and_leave_the_table() {
+    let table = Tensor::f32(vec![4, 3], (0..12).map(|x| x as f32).collect());
+    let dy = Tensor::f32(vec![2, 3], vec![1.0; 6]);
+    let op = Op::EmbeddingUpdate {
+        mode: Pool::Sum,
+        lr: 1.0,
+    };
+    for jit in [false, true] {
+        // Fixed pooling: position 5 is sample 1.
+        let idx = Tensor::i64(vec![2, 3], vec![0, 1, 2, 3, 0, 4]);
+        let mut ps = vec![table.clone()];
+        let o = JitOptions::default();
+        let err = update_in_place(&op, &mut ps, &[&dy, &idx], jit.then_some(&o))
+            .expect("kernel")
+            .expect_err("index 4 of 4 rows");
+        assert_eq!(
+            err,
+            KernelError::IndexOutOfRange {
+                op: "embedding_update",
+                position: 5,
+                sample: Some(1),
+                index: 4,
+                rows: 4
+            }
+        );
+        assert_eq!(ps[0], table);
+        // Offsets: position 1 (negative) is in bag 0 of [0, 2).
+        let idx = Tensor::i64(vec![3], vec![0, -1, 2]);
+        let off = Tensor::i64(vec![2], vec![0, 2]);
+        let err = update_in_place(&op, &mut ps, &[&dy, &idx, &off], jit.then_some(&o))
+            .expect("kernel")
+            .expect_err("negative index");
+        assert!(
+            matches!(err, KernelError::IndexOutOfRange { sample: Some(0), index: -1, .. }),
+            "{err}"
+        );
+        // Bad offsets and a dy of the wrong width.
+        let bad_off = Tensor::i64(vec![2], vec![0, 5]);
+        assert!(matches!(
+            update_in_place(&op, &mut ps, &[&dy, &idx, &bad_off], jit.then_some(&o)).expect("kernel"),
+            Err(KernelError::Offsets { .. })
+        ));
+        let dy4 = Tensor::f32(vec![2, 4], vec![1.0; 8]);
+        let idx = Tensor::i64(vec![2, 1], vec![0, 1]);
+        assert!(update_in_place(&op, &mut ps, &[&dy4, &idx], jit.then_some(&o))
+            .expect("kernel")
+            .is_err());
+        assert_eq!(ps[0], table);
+    }
+}
+
+fn interaction_case(f: usize, d: usize, s: usize, self_i: bool, bf_mask: u64, bf_out: bool, seed: u64) {
+    let ops: Vec<Tensor> = (0..f)
+        .map(|i| {
+            let dt = if bf_mask >> i & 1 == 1 { DType::BF16 } else { DType::F32 };
+            Tensor::from_f32(dt, vec![s, d], vals(seed + i as u64, s * d))
+        })
+        .collect();
+    // The reference kernels take f32: the same values widened (exact).
+    let ops32: Vec<Tensor> = ops
+        .iter()
+        .map(|t| Tensor::f32(t.shape.clone(), t.to_f32_vec()))
+        .collect();
+    let kind = InteractionKind::Dot;
+    let width = dlrm_ir::interaction_width(kind, self_i, &vec![d; f]);
+    let out_dt = if bf_out { DType::BF16 } else { DType::F32 };
+    let name = format!("f={f} d={d} s={s} self={self_i} bf={bf_mask:b} out={out_dt}");
+    let sy = syms(s);
+    let o = JitOptions::default();
+    let tol = if bf_out { 1.0 / 128.0 } else { 1e-5 };
+    // Forward.
+    let op = Op::Interaction {
+        kind,
+        self_interaction: self_i,
+    };
+    let ins: Vec<&Tensor> = ops.iter().collect();
+    let ins32: Vec<&Tensor> = ops32.iter().collect();
+    let ty = TensorType::new(out_dt, [Dim::Fixed(s), Dim::Fixed(width)]);
+    let got = dlrm_codegen::jit::try_eval(&op, &ins, std::slice::from_ref(&ty), &sy, &o)
+        .expect("a JIT kernel")
+        .expect("runs");
+    let ty32 = TensorType::new(DType::F32, [Dim::Fixed(s), Dim::Fixed(width)]);
+    let want = dlrm_codegen::try_eval(&op, &ins32, std::slice::from_ref(&ty32), &sy)
+        .expect("a reference kernel")
+        .expect("runs");
+    // Magnitude of the terms of each dot product: |T_i|·|T_j|.
+    let mags: Vec<Tensor> = ops32
+        .iter()
+        .map(|t| Tensor::f32(t.shape.clone(), t.to_f32_vec().iter().map(|v| v.abs()).collect()))
+        .collect();
+    let mag_ins: Vec<&Tensor> = mags.iter().collect();
+    let scale = dlrm_codegen::try_eval(&op, &mag_ins, std::slice::from_ref(&ty32), &sy)
+        .expect("kernel")
+        .expect("runs");
+    close(&format!("{name} forward"), &got[0], &want[0], &scale[0], tol);
+    // Backward.
+    let dr = Tensor::from_f32(out_dt, vec![s, width], vals(seed + 99, s * width));
+    let dr32 = Tensor::f32(dr.shape.clone(), dr.to_f32_vec());
+    let op = Op::InteractionGrad {
+        kind,
+        self_interaction: self_i,
+    };
+    let mut ins: Vec<&Tensor> = vec![&dr];
+    ins.extend(ops.iter());
+    let mut ins32: Vec<&Tensor> = vec![&dr32];
+    ins32.extend(ops32.iter());
+    let tys: Vec<TensorType> = (0..f)
+        .map(|_| TensorType::new(out_dt, [Dim::Fixed(s), Dim::Fixed(d)]))
+        .collect();
+    let tys32: Vec<TensorType> = (0..f)
+        .map(|_| TensorType::new(DType::F32, [Dim::Fixed(s), Dim::Fixed(d)]))
+        .collect();
+    let got = dlrm_codegen::jit::try_eval(&op, &ins, &tys, &sy, &o)
+        .expect("a JIT kernel")
+        .expect("runs");
+    let want = dlrm_codegen::try_eval(&op, &ins32, &tys32, &sy)
+        .expect("a reference kernel")
+        .expect("runs");
+    let dra = Tensor::f32(dr.shape.clone(), dr32.to_f32_vec().iter().map(|v| v.abs()).collect());
+    let mut mag_ins: Vec<&Tensor> = vec![&dra];
+    mag_ins.extend(mags.iter());
+    let scale = dlrm_codegen::try_eval(&op, &mag_ins, &tys32, &sy)
+        .expect("kernel")
+        .expect("runs");
+    assert_eq!(got.len(), f);
+    for k in 0..f {
+        close(&format!("{name} backward {k}"), &got[k], &want[k], &scale[k], tol);
+    }
+}
+
+fn close(name: &str, got: &Tensor, want: &Tensor, scale: &Tensor, tol: f32) {
+    assert_eq!(got.shape, want.shape, "{name}: shape");
+    let (g, w, m) = (got.to_f32_vec(), want.to_f32_vec(), scale.to_f32_vec());
+    for i in 0..g.len() {
+        let bound = tol * m[i].max(w[i].abs()).max(1e-30) + 1e-30;
+        assert!(
+            (g[i] - w[i]).abs() <= bound,
+            "{name}: element {i}: {} vs {} (scale {})",
+            g[i],
+            w[i],
+            m[i]
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn dot_interaction_agrees(
+        f in 1usize..12,
+        d in 1usize..70,
+        s in 0usize..20,
+        self_i: bool,
+        bf_mask: u64,
+        bf_out: bool,
+        seed in 0u64..1000,
+    ) {
+        interaction_case(f, d, s, self_i, bf_mask, bf_out, seed);
+    }
+}
+
+#[test]
+fn dot_interaction_at_dlrm_shapes() {
+    for (f, d) in [(9, 64), (27, 128), (27, 16), (3, 33)] {
+        for self_i in [false, true] {
+            interaction_case(f, d, 37, self_i, 0, false, 5);
+            interaction_case(f, d, 37, self_i, !1, true, 6);
+        }
+    }
+}
+
+#[test]
+fn bce_logits_kernels_are_bitwise_the_interpreter() {
+    for n in [1usize, 7, 2048, 70_001] {
+        let z = Tensor::f32(vec![n, 1], vals(1, n).iter().map(|v| 8.0 * v).collect());
+        let y = Tensor::f32(vec![n, 1], vals(2, n).iter().map(|v| f32::from(*v > 0.0)).collect());
+        let denom = Dim::batch();
+        for op in [
+            Op::BceLogits {
+                denom: denom.clone(),
+            },
+            Op::BceLogitsGrad {
+                denom: denom.clone(),
+            },
+        ] {
+            let ty = if matches!(op, Op::BceLogits { .. }) {
+                TensorType::new(DType::F32, [])
+            } else {
+                ty_of(&z)
+            };
+            let want = interp(&op, &[&z, &y], std::slice::from_ref(&ty), n).expect("interp");
+            let got = dlrm_codegen::try_eval(&op, &[&z, &y], std::slice::from_ref(&ty), &syms(n))
+                .expect("a kernel")
+                .expect("runs");
+            same_bits(&format!("{} n={n}", op.mnemonic()), &got[0], &want[0]);
+        }
+    }
+    // Unbound denominator: no kernel (the interpreter reports it).
+    let z = Tensor::f32(vec![2], vec![0.0; 2]);
+    let op = Op::BceLogits {
+        denom: Dim::Sym("G".into()),
+    };
+    let ty = TensorType::new(DType::F32, []);
+    assert!(dlrm_codegen::try_eval(&op, &[&z, &z], &[ty], &HashMap::new()).is_none());
+}
