@@ -7,10 +7,15 @@
 //! pipelines, labelled by a [`Stage`], which is how `--dump-ir` prints the IR after
 //! any pass; partitioning for N ranks happens at run time, and [`partition_stages`]
 //! shows it at compile time for a dump.
+//!
+//! A model with generic ops (an imported ONNX model) runs the `canon` pass first in
+//! both pipelines, so that autodiff sees DLRM ops; where generic ops without a
+//! gradient remain, compiling the training graph fails naming the node and op
+//! (`--infer-only` still compiles the inference plan).
 
 use crate::error::{Error, Result};
 use crate::model::Model;
-use dlrm_ir::{Graph, Tensor};
+use dlrm_ir::{Def, Graph, Op, Tensor};
 use dlrm_passes::pipeline::{self, PipelineOptions, Precision};
 use dlrm_passes::{LossKind, TrainConfig};
 use dlrm_runtime::plan::Plan;
@@ -73,7 +78,7 @@ impl Default for CompileOptions {
 }
 
 impl CompileOptions {
-    fn pipeline(&self, train: Option<TrainConfig>) -> PipelineOptions {
+    fn pipeline(&self, train: Option<TrainConfig>, canon: bool) -> PipelineOptions {
         let base = if self.optimize {
             PipelineOptions::optimized(train)
         } else {
@@ -85,6 +90,7 @@ impl CompileOptions {
         PipelineOptions {
             precision: self.precision,
             block: self.block,
+            canon,
             ..base
         }
     }
@@ -129,13 +135,15 @@ pub fn compile(
         params,
         training,
         infer_only,
+        label,
         ..
     } = model;
     let name = graph.name.clone();
+    let canon = dlrm_passes::egraph::canon::applies(&graph);
     let infer = pipeline::compile_params(
         graph.clone(),
         params.clone(),
-        &opts.pipeline(None),
+        &opts.pipeline(None, canon),
         &mut |p, g| on_stage(&Stage::after("infer", p), g),
     )
     .map_err(|source| Error::Compile {
@@ -153,7 +161,7 @@ pub fn compile(
             lr: training.learning_rate,
         };
         let train =
-            pipeline::compile_params(graph, params, &opts.pipeline(Some(cfg)), &mut |p, g| {
+            pipeline::compile_params(graph, params, &opts.pipeline(Some(cfg), canon), &mut |p, g| {
                 on_stage(&Stage::after("train", p), g)
             })
             .map_err(|source| Error::Compile {
@@ -162,7 +170,11 @@ pub fn compile(
             })?;
         logs.insert("train".into(), log_json(&train.log));
         let params = merge_params(train.params, infer.params)?;
-        (Some(train.graph), params)
+        let graph = match &label {
+            Some(l) => name_label(&train.graph, l)?,
+            None => train.graph,
+        };
+        (Some(graph), params)
     };
     Ok(Plan {
         name,
@@ -173,6 +185,27 @@ pub fn compile(
         precision: opts.precision.to_string(),
         pass_log: serde_json::Value::Object(logs),
     })
+}
+
+/// The training graph with its label input (the loss's second operand) renamed
+/// to `label`.
+fn name_label(g: &Graph, label: &str) -> Result<Graph> {
+    let from = g
+        .nodes()
+        .iter()
+        .filter(|n| matches!(n.op, Op::Bce { .. } | Op::BceLogits { .. } | Op::Mse { .. }))
+        .filter_map(|n| n.inputs.get(1).copied())
+        .find(|&y| matches!(g.value(y).def, Def::Input(_)))
+        .map(|y| g.name_of(y).to_string())
+        .ok_or_else(|| Error::Training("the training graph has no label input".into()))?;
+    crate::model::rebuild(g, None, &|n| {
+        if n == from {
+            label.to_string()
+        } else {
+            n.to_string()
+        }
+    })
+    .map_err(|e| Error::Training(format!("naming the label input `{label}`: {e}")))
 }
 
 /// The training graph's parameters, then any the inference graph alone uses. A

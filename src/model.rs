@@ -4,9 +4,16 @@
 //! (`dlrm_onnx`). Either becomes a [`Model`]: the forward graph for one device, its
 //! initial parameters in graph order, and the training defaults that the plan
 //! records (overridable on the command line).
+//!
+//! An ONNX model trains like a JSON one: its parameters are the initializers, the
+//! `canon` pass turns its generic ops into DLRM ops before autodiff adds the loss
+//! (`bce`, SGD; `--lr`, `--batch-size` override the defaults). `--label NAME`
+//! names a graph input of the model as the label: it leaves the forward graph and
+//! becomes the training graph's label input (without it, the label input is
+//! `label`, which the synthetic data fills from its teacher).
 
 use crate::error::{Error, Result};
-use dlrm_ir::{Graph, Tensor};
+use dlrm_ir::{Graph, IrError, Tensor, ValueId};
 use dlrm_runtime::plan::Training;
 use std::path::Path;
 
@@ -23,10 +30,12 @@ pub struct Model {
     pub summary: String,
     /// Why this model can only be compiled for inference, if it can.
     pub infer_only: Option<String>,
+    /// The name of the training graph's label input (`None`: `label`).
+    pub label: Option<String>,
 }
 
 /// Overrides of a model description's training setup.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Overrides {
     /// Learning rate.
     pub learning_rate: Option<f32>,
@@ -34,6 +43,8 @@ pub struct Overrides {
     pub batch_size: Option<usize>,
     /// Seed of the parameter initialisation and of the synthetic data.
     pub seed: Option<u64>,
+    /// A graph input of the model that is the label (ONNX models only).
+    pub label: Option<String>,
 }
 
 /// Reads the model at `path`, choosing the frontend by extension, and applies
@@ -50,6 +61,12 @@ pub fn load_model(path: &Path, overrides: Overrides) -> Result<Model> {
 }
 
 fn load_json(path: &Path, o: Overrides) -> Result<Model> {
+    if let Some(l) = &o.label {
+        return Err(Error::Options(format!(
+            "--label {l}: a JSON description has no label input to name (its label is \
+             the synthetic data's); --label applies to ONNX models"
+        )));
+    }
     let mut spec = dlrm_json::ModelSpec::load(path)?;
     if let Some(lr) = o.learning_rate {
         spec.learning_rate = lr;
@@ -83,6 +100,7 @@ fn load_json(path: &Path, o: Overrides) -> Result<Model> {
         },
         summary,
         infer_only: None,
+        label: None,
     })
 }
 
@@ -102,8 +120,12 @@ fn load_onnx(path: &Path, o: Overrides) -> Result<Model> {
         m.graph.nodes().len(),
         m.params.len(),
     );
+    let (graph, label) = match &o.label {
+        Some(name) => (without_label(&m.graph, name, path)?, Some(dlrm_onnx::ir_name(name))),
+        None => (m.graph, None),
+    };
     Ok(Model {
-        graph: m.graph,
+        graph,
         params: m.params,
         training: Training {
             loss: "bce".to_string(),
@@ -113,10 +135,89 @@ fn load_onnx(path: &Path, o: Overrides) -> Result<Model> {
             seed: o.seed.unwrap_or(1),
         },
         summary,
-        infer_only: Some(
-            "training from ONNX models is not supported yet (the generic ops have no \
-             gradients until canonicalisation lands)"
-                .to_string(),
-        ),
+        infer_only: None,
+        label,
     })
+}
+
+/// `g` without its input `name` (the label, given by `--label`): it must be an
+/// input that the outputs do not depend on, typed like the prediction.
+fn without_label(g: &Graph, name: &str, path: &Path) -> Result<Graph> {
+    let bad = |why: String| Error::Options(format!("--label {name} ({}): {why}", path.display()));
+    let ir = dlrm_onnx::ir_name(name);
+    let inputs: Vec<&str> = g.inputs().iter().map(|&v| g.name_of(v)).collect();
+    let label = g
+        .inputs()
+        .iter()
+        .copied()
+        .find(|&v| g.name_of(v) == ir)
+        .ok_or_else(|| bad(format!("the model has no such input (inputs: {})", inputs.join(", "))))?;
+    if let Some(&pred) = g.outputs().first()
+        && g.ty(pred) != g.ty(label)
+    {
+        return Err(bad(format!(
+            "the label is {} but the prediction %{} is {}",
+            g.ty(label),
+            g.name_of(pred),
+            g.ty(pred)
+        )));
+    }
+    if let Some(n) = g.nodes().iter().position(|n| n.inputs.contains(&label)) {
+        return Err(bad(format!(
+            "node {} uses the label: a label input must not feed the prediction",
+            g.node_label(n)
+        )));
+    }
+    rebuild(g, Some(label), &|n| n.to_string()).map_err(|e| bad(e.to_string()))
+}
+
+/// A copy of `g` without the input `drop` (which nothing may use) and with every
+/// value renamed by `rename`; verified.
+pub(crate) fn rebuild(
+    g: &Graph,
+    drop: Option<ValueId>,
+    rename: &dyn Fn(&str) -> String,
+) -> std::result::Result<Graph, IrError> {
+    let mut out = Graph::new(g.name.clone());
+    let mut map: Vec<Option<ValueId>> = vec![None; g.values().len()];
+    let name = |v: ValueId| rename(g.name_of(v));
+    for &v in g.inputs().iter().filter(|&&v| Some(v) != drop) {
+        map[v.index()] = Some(out.add_input(&name(v), g.ty(v).clone())?);
+    }
+    for &p in g.params() {
+        map[p.index()] = Some(out.add_param(&name(p), g.ty(p).clone())?);
+    }
+    let get = |map: &[Option<ValueId>], v: ValueId| {
+        map[v.index()].ok_or_else(|| IrError::Graph {
+            graph: g.name.clone(),
+            reason: format!("%{} is used before it is defined", g.name_of(v)),
+        })
+    };
+    for node in g.nodes() {
+        let ins = node
+            .inputs
+            .iter()
+            .map(|&v| get(&map, v))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let results = node
+            .outputs
+            .iter()
+            .map(|&o| (name(o), g.ty(o).clone()))
+            .collect();
+        let outs = out.push_node_unchecked(node.op.clone(), ins, results)?;
+        for (&o, v) in node.outputs.iter().zip(outs) {
+            map[o.index()] = Some(v);
+        }
+    }
+    let outputs = g
+        .outputs()
+        .iter()
+        .map(|&v| get(&map, v))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    out.set_outputs(outputs);
+    for u in g.updates() {
+        out.add_update(get(&map, u.param)?, get(&map, u.value)?)?;
+    }
+    dlrm_ir::verify(&out)?;
+    Ok(out)
 }

@@ -189,6 +189,7 @@ fn every_example_round_trips_at_every_stage() {
             },
             summary: String::new(),
             infer_only: None,
+            label: None,
         };
         let mut stages = Vec::new();
         let plan = compile(model, &CompileOptions::default(), &mut |s, g| {

@@ -3,7 +3,9 @@
 //! - [`pipeline`]: the pass order in one place ([`pipeline::PASSES`]), [`compile`] runs
 //!   it, verifying the graph after every pass and logging per-pass timings;
 //! - [`autodiff`]: the training step (loss, reverse-mode backward, SGD updates);
-//! - [`egraph`]: the e-graph optimisation (pass `fuse`): linear layers as blocked
+//! - [`egraph`]: the e-graphs: canonicalisation of imported models (pass `canon`:
+//!   embedding bags, `linear`, interactions from generic ops) and the optimisation
+//!   (pass `fuse`): linear layers as blocked
 //!   batch-reduce GEMMs (`brgemm`) with fused epilogues and backward, the stable
 //!   BCE on logits, the fused embedding update; cost-model extraction;
 //! - [`layout`]: blocked weight storage; [`precision`]: bf16 / mixed storage with

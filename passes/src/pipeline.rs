@@ -1,6 +1,8 @@
 //! The pass pipeline: the order of the passes in one place, and the driver.
 //!
-//! [`PASSES`] lists every pass id in its fixed order: `autodiff` (training only),
+//! [`PASSES`] lists every pass id in its fixed order: `canon` (the DLRM ops of an
+//! imported model's generic ops, when [`PipelineOptions::canon`] is set),
+//! `autodiff` (training only),
 //! `fuse` (the e-graph), `layout` (blocked weights), `precision` (bf16 / mixed
 //! only), `dce`; `fuse`, `layout` and `precision` run only when
 //! [`PipelineOptions::optimize`] is set. Passes that change parameters (layout,
@@ -17,6 +19,7 @@
 //! value against them.
 
 use crate::autodiff::{self, Autodiff};
+use crate::egraph::canon::{self, Canon};
 use crate::dce::{self, Dce};
 use crate::egraph::{self, EgraphStats, Fuse, FuseOptions, Limits};
 use crate::layout::{self, Layout};
@@ -29,7 +32,14 @@ use std::str::FromStr;
 use std::time::Instant;
 
 /// Every pass id, in the order the pipeline runs them.
-pub const PASSES: &[&str] = &[autodiff::ID, egraph::ID, layout::ID, precision::ID, dce::ID];
+pub const PASSES: &[&str] = &[
+    canon::ID,
+    autodiff::ID,
+    egraph::ID,
+    layout::ID,
+    precision::ID,
+    dce::ID,
+];
 
 /// Parameters with their values, in the graph's parameter order.
 pub type Params = Vec<(String, Tensor)>;
@@ -101,6 +111,10 @@ pub struct PipelineOptions {
     /// E-graph runner limits.
     #[serde(default)]
     pub limits: Limits,
+    /// Run `canon` first (set it for imported models with generic ops, see
+    /// [`canon::applies`]).
+    #[serde(default)]
+    pub canon: bool,
 }
 
 impl PipelineOptions {
@@ -133,6 +147,7 @@ pub fn pass_ids_for(opts: &PipelineOptions) -> Vec<&'static str> {
         .iter()
         .copied()
         .filter(|&id| match id {
+            canon::ID => opts.canon,
             autodiff::ID => opts.train.is_some(),
             egraph::ID | layout::ID => opts.optimize,
             precision::ID => opts.optimize && opts.precision != Precision::Fp32,
@@ -145,6 +160,9 @@ pub fn pass_ids_for(opts: &PipelineOptions) -> Vec<&'static str> {
 /// not apply, e.g. autodiff without a training configuration).
 fn make_pass(id: &str, opts: &PipelineOptions) -> Option<Box<dyn Pass>> {
     match id {
+        canon::ID => Some(Box::new(Canon {
+            limits: opts.limits,
+        })),
         autodiff::ID => opts
             .train
             .map(|cfg| Box::new(Autodiff { cfg }) as Box<dyn Pass>),
@@ -171,7 +189,7 @@ pub struct PassRecord {
     pub nodes_before: usize,
     /// Node count after the pass.
     pub nodes_after: usize,
-    /// The e-graph's report (pass `fuse` only).
+    /// The e-graph's report (passes `fuse` and `canon`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egraph: Option<EgraphStats>,
 }
@@ -268,6 +286,17 @@ pub fn compile_params(
 /// a,b,c` tool). Unknown ids are an error listing the valid ones; `autodiff` needs
 /// `opts.train`.
 pub fn run_passes(g: &Graph, ids: &[&str], opts: &PipelineOptions) -> Result<(Graph, PassLog)> {
+    run_passes_with(g, ids, opts, None)
+}
+
+/// [`run_passes`] with parameter tensors (transformed alongside the graph; `canon`
+/// reads its constants from them).
+pub fn run_passes_with(
+    g: &Graph,
+    ids: &[&str],
+    opts: &PipelineOptions,
+    params: Option<&mut Params>,
+) -> Result<(Graph, PassLog)> {
     let mut valid = Vec::new();
     for id in ids {
         match PASSES.iter().find(|&&p| p == *id) {
@@ -286,7 +315,7 @@ pub fn run_passes(g: &Graph, ids: &[&str], opts: &PipelineOptions) -> Result<(Gr
             reason: "autodiff needs a training configuration".into(),
         });
     }
-    run_list(g.clone(), &valid, opts, None, &mut |_, _| {})
+    run_list(g.clone(), &valid, opts, params, &mut |_, _| {})
 }
 
 fn run_list(
@@ -312,6 +341,10 @@ fn run_list(
         let mut egraph_stats = None;
         g = if id == egraph::ID {
             let (out, stats) = egraph::fuse(&g, &opts.fuse_options())?;
+            egraph_stats = Some(stats);
+            out
+        } else if id == canon::ID {
+            let (out, stats) = canon::canonicalise(&g, params.as_deref_mut(), &opts.limits)?;
             egraph_stats = Some(stats);
             out
         } else {

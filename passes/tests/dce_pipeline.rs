@@ -104,7 +104,10 @@ fn training_pipeline_drops_forward_only_outputs() {
 
 #[test]
 fn inference_pipeline_skips_autodiff() {
-    assert_eq!(PASSES, ["autodiff", "fuse", "layout", "precision", "dce"]);
+    assert_eq!(
+        PASSES,
+        ["canon", "autodiff", "fuse", "layout", "precision", "dce"]
+    );
     let infer = PipelineOptions::default();
     assert_eq!(pass_ids_for(&infer), ["dce"]);
     assert_eq!(pass_ids_for(&TRAIN), ["autodiff", "dce"]);
@@ -117,6 +120,11 @@ fn inference_pipeline_skips_autodiff() {
     assert_eq!(
         pass_ids_for(&bf16),
         ["autodiff", "fuse", "layout", "precision", "dce"]
+    );
+    let imported = PipelineOptions { canon: true, ..opt };
+    assert_eq!(
+        pass_ids_for(&imported),
+        ["canon", "autodiff", "fuse", "layout", "dce"]
     );
     let (g, log) = compile(small(true), &infer, &mut |_, _| {}).unwrap();
     assert_eq!(g, small(false));
@@ -169,6 +177,7 @@ fn dump_specs_are_validated() {
         dump_stages(),
         [
             "input",
+            "canon",
             "autodiff",
             "fuse",
             "layout",

@@ -6,6 +6,8 @@
 //! ; train: bce 0.1             (optional: loss and learning rate for autodiff)
 //! ; precision: bf16            (optional: fp32, bf16, mixed)
 //! ; block: 16                  (optional: forced block size)
+//! ; const: %idx = 1, 2, 5      (optional, repeatable: an i64[n] parameter's value,
+//!                               for the `canon` rules that read constants)
 //! graph @name { ... }          (the input)
 //! ; expected:
 //! graph @name { ... }          (the expected output, canonical text)
@@ -16,7 +18,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use dlrm_passes::{LossKind, PipelineOptions, Precision, TrainConfig, run_passes};
+use dlrm_ir::Tensor;
+use dlrm_passes::pipeline::run_passes_with;
+use dlrm_passes::{LossKind, PipelineOptions, Precision, TrainConfig};
 use std::path::{Path, PathBuf};
 
 const EXPECTED: &str = "; expected:";
@@ -45,6 +49,7 @@ fn run_file(path: &Path) -> Result<(String, bool), String> {
     };
     let mut opts = PipelineOptions::optimized(None);
     let mut passes: Vec<String> = Vec::new();
+    let mut consts: Vec<(String, Tensor)> = Vec::new();
     for line in head.lines() {
         let Some(rest) = line.trim().strip_prefix(';') else {
             continue;
@@ -72,6 +77,15 @@ fn run_file(path: &Path) -> Result<(String, bool), String> {
                 opts.precision = val.parse::<Precision>().map_err(|e| e.to_string())?;
             }
             "block" => opts.block = Some(val.parse().map_err(|_| "bad block")?),
+            "const" => {
+                let (name, vals) = val.split_once('=').ok_or("const: needs %name = values")?;
+                let name = name.trim().trim_start_matches('%').to_string();
+                let vals: Vec<i64> = vals
+                    .split(',')
+                    .map(|v| v.trim().parse().map_err(|_| format!("const: bad value `{v}`")))
+                    .collect::<Result<_, String>>()?;
+                consts.push((name, Tensor::i64(vec![vals.len()], vals)));
+            }
             _ => {}
         }
     }
@@ -85,7 +99,8 @@ fn run_file(path: &Path) -> Result<(String, bool), String> {
         .join("\n");
     let g = dlrm_ir::text::parse(&input).map_err(|e| format!("input: {e}"))?;
     let ids: Vec<&str> = passes.iter().map(String::as_str).collect();
-    let (out, _) = run_passes(&g, &ids, &opts).map_err(|e| e.to_string())?;
+    let params = (!consts.is_empty()).then_some(&mut consts);
+    let (out, _) = run_passes_with(&g, &ids, &opts, params).map_err(|e| e.to_string())?;
     let actual = dlrm_ir::text::print(&out);
     let ok = expected.is_some_and(|e| e == actual.trim());
     Ok((

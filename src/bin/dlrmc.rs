@@ -43,7 +43,7 @@ struct CompileArgs {
     #[arg(long)]
     infer_only: bool,
     /// Print the IR to stdout after the named stages: `all`, or a comma list of
-    /// `input`, pass ids (`autodiff`, `fuse`, `layout`, `precision`, `dce`) and
+    /// `input`, pass ids (`canon`, `autodiff`, `fuse`, `layout`, `precision`, `dce`) and
     /// `partition`.
     #[arg(long, value_name = "STAGES")]
     dump_ir: Option<String>,
@@ -74,6 +74,10 @@ struct CompileArgs {
     /// Override the description's seed (parameter initialisation and data).
     #[arg(long)]
     seed: Option<u64>,
+    /// ONNX models: the graph input that is the label (it becomes the training
+    /// graph's label input; default: a new input `label`).
+    #[arg(long, value_name = "NAME")]
+    label: Option<String>,
     /// Print nothing but errors (and requested dumps).
     #[arg(short, long)]
     quiet: bool,
@@ -152,6 +156,7 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
         learning_rate: a.lr,
         batch_size: a.batch_size,
         seed: a.seed,
+        label: a.label.clone(),
     };
     let model = load_model(&a.model, overrides)?;
     say(format!(

@@ -20,7 +20,11 @@ outputs, computed by ONNX Runtime here). The models are small DLRMs written with
 - ebag_dynamo[_weighted]: the dynamo exporter's form (rows gathered first, a Loop
   carrying a sequence, If yielding zeros for an empty bag, SequenceInsert,
   ConcatFromSequence), loop-carried values in a shuffled order, with empty bags;
-- unsupported_op: a model using `Erf` (the importer must name the node).
+- unsupported_op: a model using `Erf` (the importer must name the node);
+- dlrm_pytorch: `gen_dlrm.py` on the JSON twin `dlrm_pytorch/model.json`: the
+  reference DLRM as the TorchScript exporter writes it (Gemm bottom MLP, MatMul +
+  Add top MLP, Gather + ReduceSum bags with pooling 2, `Z[:, li, lj]` advanced
+  indexing), with an unused `click` label input.
 """
 import os
 import shutil
@@ -146,6 +150,10 @@ def main():
     save("unsupported_op", dlrm("dot", 13, I64, "batch", unsupported=True), dlrm_inputs(2, np.int64), run=False)
     import gen_ebag
     gen_ebag.main(save)
+    import gen_dlrm
+    twin = os.path.join(HERE, "dlrm_pytorch")
+    gen_dlrm.main([os.path.join(twin, "model.json"), twin, "--top", "matmul", "--tril", "index",
+                   "--batch", "6", "--label-input", "click"])
 
 
 if __name__ == "__main__":

@@ -165,10 +165,10 @@ proptest! {
     /// a panic.
     #[test]
     fn mutated_bytes_never_panic(
-        which in 0usize..4,
+        which in 0usize..5,
         edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..8),
     ) {
-        let name = ["dlrm_dot", "dlrm_cat", "ebag_torchscript_weighted", "ebag_dynamo"][which];
+        let name = ["dlrm_dot", "dlrm_cat", "ebag_torchscript_weighted", "ebag_dynamo", "dlrm_pytorch"][which];
         let mut b = model_bytes(name);
         for (at, byte, kind) in edits {
             if b.is_empty() { break; }

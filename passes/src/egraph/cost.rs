@@ -12,8 +12,13 @@
 //! - each `exp`/`ln` counts `transcendental` flops: a sigmoid (op or epilogue) one
 //!   per element, `bce` three (two clamped logs), `bce_logits` two;
 //! - symbolic dimensions (`B`, `G`, bag sizes) are taken as `batch`;
-//! - relayouts of a parameter (`block_weight` of a `%param`) are free: the layout
-//!   pass does them once, at compile time;
+//! - `matmul` counts `2·M·N·K` flops per batch entry at `plain_eff` (as `linear`);
+//! - the generic ops of imported models ([`super::canon::GENERIC`]) pay the
+//!   per-op overhead twice (plain-Rust generic kernels, an extra pass over memory),
+//!   so their DLRM-level equivalents win even where the work is equal (`concat`
+//!   vs `interaction{cat}`);
+//! - relayouts of a parameter (`block_weight` or `transpose` of a `%param`) are
+//!   free: the layout pass (`canon`, for transposes) does them once, at compile time;
 //! - `get` costs nothing; the tuple it projects is paid by its result 0 only, so
 //!   that the bias gradient fused into `brgemm_wgrad` is not counted twice (tree
 //!   extraction would otherwise prefer a separate `linear_db`).
@@ -136,7 +141,7 @@ impl DlCost<'_> {
             .iter()
             .filter_map(|&c| self.types(c).into_iter().next())
             .collect();
-        if m == "block_weight"
+        if matches!(m, "block_weight" | "transpose")
             && operands.first().is_some_and(|&c| {
                 self.egraph[c]
                     .nodes
@@ -159,6 +164,16 @@ impl DlCost<'_> {
         let o0 = outs.first();
         let (flops, eff) = match m {
             "linear" => (2.0 * d(i0, 0) * d(i1, 0) * d(i0, 1), self.model.plain_eff),
+            // a[.., M, K] · b[.., K, N]
+            "matmul" => {
+                let k = i0.map_or(1.0, |t| {
+                    t.shape.last().map_or(1.0, |x| self.size(x))
+                });
+                (
+                    2.0 * o0.map_or(0.0, |t| self.numel(t)) * k,
+                    self.model.plain_eff,
+                )
+            }
             "linear_dx" | "linear_dw" => {
                 (2.0 * d(i0, 0) * d(i0, 1) * d(i1, 1), self.model.plain_eff)
             }
@@ -198,8 +213,13 @@ impl DlCost<'_> {
             _ => o0.map_or(0.0, |t| self.numel(t)),
         };
         let flops = flops + per_elem * elems * self.model.transcendental;
+        let overhead = if super::canon::GENERIC.contains(&m) {
+            2.0 * self.model.op_overhead_ns
+        } else {
+            self.model.op_overhead_ns
+        };
         let m = &self.model;
-        m.op_overhead_ns + flops / (m.gflops * eff) + bytes / m.bytes_per_ns
+        overhead + flops / (m.gflops * eff) + bytes / m.bytes_per_ns
     }
 }
 

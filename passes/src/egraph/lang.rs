@@ -164,6 +164,10 @@ pub struct Types {
     pub names: HashMap<Id, String>,
     /// Name hints for e-classes the rules create (e.g. `bot.0.blk`).
     pub hints: HashMap<Id, String>,
+    /// Values of the small integer parameters (constants of an imported model, e.g.
+    /// the lower-triangle indices of an interaction), by leaf name; only the
+    /// `canon` pass fills it, from the parameter tensors it is given.
+    pub consts: HashMap<Symbol, Vec<i64>>,
 }
 
 /// The original name, else the hint, of e-class `c` (ids compared canonically).

@@ -1,5 +1,7 @@
 //! E-graph optimisation (pass id `fuse`): MLPs as blocked batch-reduce GEMMs with
-//! fused epilogues, the stable BCE on logits, the fused embedding update.
+//! fused epilogues, the stable BCE on logits, the fused embedding update. The
+//! [`canon`] pass runs the same machinery ([`saturate`]) with the rules of theme
+//! `canon` (DLRM ops from an imported model's generic ops).
 //!
 //! The graph goes into an e-graph ([`convert::encode`]; training ops and every op
 //! no rule mentions are opaque e-nodes, kept as they are), the rules of
@@ -13,6 +15,7 @@
 //! input computes with the same arithmetic, except the `loss` theme (stable BCE,
 //! equal up to rounding).
 
+pub mod canon;
 pub mod convert;
 pub mod cost;
 pub mod lang;
@@ -112,7 +115,22 @@ fn reason(r: &Option<StopReason>) -> String {
 
 /// Runs the e-graph optimisation on `g` (see the module docs).
 pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<(Graph, EgraphStats)> {
-    let enc = convert::encode(g);
+    let rules = rules::all(&opts.rules);
+    saturate(g, &rules, &opts.limits, opts.cost, HashMap::new())
+}
+
+/// Encodes `g`, runs `rules` under `limits` (the rules see `consts` as the values
+/// of the integer parameter leaves, [`lang::Types::consts`]), and extracts the
+/// cheapest graph under `cost`.
+pub fn saturate(
+    g: &Graph,
+    rules: &[egg::Rewrite<Dl, lang::Types>],
+    limits: &Limits,
+    cost: CostModel,
+    consts: HashMap<egg::Symbol, Vec<i64>>,
+) -> Result<(Graph, EgraphStats)> {
+    let mut enc = convert::encode(g);
+    enc.egraph.analysis.consts = consts;
     let roots: Vec<egg::Id> = g
         .outputs()
         .iter()
@@ -124,12 +142,11 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<(Graph, EgraphStats)> {
             &enc.egraph,
             DlCost {
                 egraph: &enc.egraph,
-                model: opts.cost,
+                model: cost,
             },
         );
         roots.iter().map(|&r| ex.find_best_cost(r)).sum::<f64>()
     };
-    let rules = rules::all(&opts.rules);
     let convert::Encoded {
         egraph,
         class_of,
@@ -137,11 +154,11 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<(Graph, EgraphStats)> {
     } = enc;
     let runner = Runner::default()
         .with_scheduler(SimpleScheduler)
-        .with_iter_limit(opts.limits.iterations)
-        .with_node_limit(opts.limits.nodes)
-        .with_time_limit(Duration::from_millis(opts.limits.time_ms))
+        .with_iter_limit(limits.iterations)
+        .with_node_limit(limits.nodes)
+        .with_time_limit(Duration::from_millis(limits.time_ms))
         .with_egraph(egraph)
-        .run(&rules);
+        .run(rules);
     let mut applied: BTreeMap<String, usize> = BTreeMap::new();
     for it in &runner.iterations {
         for (name, n) in &it.applied {
@@ -157,11 +174,11 @@ pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<(Graph, EgraphStats)> {
         &enc.egraph,
         DlCost {
             egraph: &enc.egraph,
-            model: opts.cost,
+            model: cost,
         },
     );
     let cost_after = roots.iter().map(|&r| ex.find_best_cost(r)).sum::<f64>();
-    let chosen = select(&enc.egraph, &ex, opts.cost, &roots);
+    let chosen = select(&enc.egraph, &ex, cost, &roots);
     let out = convert::decode(g, &enc, |c| {
         chosen
             .get(&enc.egraph.find(c))

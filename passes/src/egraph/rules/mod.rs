@@ -1,5 +1,7 @@
 //! The rewrite rules, one file per theme (invariants in `README.md` beside this
-//! file): [`recognise`], [`contract`], [`loss`], [`embedding`], [`layout`].
+//! file): [`recognise`], [`contract`], [`loss`], [`embedding`], [`layout`] (the
+//! `fuse` pass, [`all`]), and [`canon`] (the `canon` pass, run before autodiff:
+//! DLRM ops from the generic ONNX ops).
 //!
 //! Simple rules are egg patterns over the IR mnemonics; rules that need shapes
 //! (block sizes, type conditions) use [`Build`], an applier that runs a Rust
@@ -7,6 +9,7 @@
 //! builder checks with [`dlrm_ir::infer()`] that what it adds is well typed and has
 //! the matched class's type, and adds nothing otherwise.
 
+pub mod canon;
 pub mod contract;
 pub mod embedding;
 pub mod layout;
@@ -16,7 +19,7 @@ pub mod recognise;
 use super::convert::op_children;
 use super::lang::{Data, Dl, DlGraph, Types};
 use dlrm_ir::{Attr, Op, TensorType, infer};
-use egg::{Applier, Id, PatternAst, Rewrite, Subst, Symbol, Var};
+use egg::{Applier, Id, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
 
 /// What the rules are configured with.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -80,6 +83,70 @@ pub fn build_rule(name: &str, pattern: &str, f: BuildFn, cfg: &RuleConfig) -> Re
         .unwrap_or_else(|e| panic!("rule {name}: bad pattern {pattern}: {e:?}"));
     Rewrite::new(name, searcher, Build { f, cfg: *cfg })
         .unwrap_or_else(|e| panic!("rule {name}: {e}"))
+}
+
+/// A searcher matching every e-class that holds an e-node of one op (any arity,
+/// any attributes), with an empty substitution: for rules over variadic ops
+/// (`concat`), whose builder reads the e-nodes of the matched class itself.
+pub struct OpSearcher {
+    /// The op mnemonic.
+    pub op: Symbol,
+}
+
+impl Searcher<Dl, Types> for OpSearcher {
+    fn search_eclass_with_limit(
+        &self,
+        egraph: &DlGraph,
+        eclass: Id,
+        limit: usize,
+    ) -> Option<SearchMatches<'_, Dl>> {
+        let found = egraph[eclass]
+            .nodes
+            .iter()
+            .any(|n| matches!(n, Dl::Op(m, _) if *m == self.op));
+        (found && limit > 0).then(|| SearchMatches {
+            eclass,
+            substs: vec![Subst::default()],
+            ast: None,
+        })
+    }
+
+    fn vars(&self) -> Vec<Var> {
+        Vec::new()
+    }
+}
+
+/// A rule `any e-class holding an op e-node => builder` (see [`OpSearcher`]).
+pub fn build_op_rule(name: &str, op: &str, f: BuildFn, cfg: &RuleConfig) -> Rewrite<Dl, Types> {
+    let searcher = OpSearcher {
+        op: Symbol::from(op),
+    };
+    Rewrite::new(name, searcher, Build { f, cfg: *cfg })
+        .unwrap_or_else(|e| panic!("rule {name}: {e}"))
+}
+
+/// The operand classes of the e-nodes of op `op` in class `c` (attribute tags
+/// dropped), with their attributes.
+pub fn op_nodes(eg: &DlGraph, c: Id, op: &str) -> Vec<(Vec<(String, Attr)>, Vec<Id>)> {
+    eg[c]
+        .nodes
+        .iter()
+        .filter_map(|n| match n {
+            Dl::Op(m, ch) if m.as_str() == op => {
+                Some(super::lang::split_children(eg, ch))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The value of an integer constant class (a parameter leaf whose tensor the
+/// `canon` pass was given, see [`Types::consts`]).
+pub fn const_ints(eg: &DlGraph, c: Id) -> Option<Vec<i64>> {
+    eg[c].nodes.iter().find_map(|n| match n {
+        Dl::Value(v) => eg.analysis.consts.get(&v.0).cloned(),
+        _ => None,
+    })
 }
 
 /// The variable `?name` (given without the `?`).

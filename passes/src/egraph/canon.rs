@@ -1,0 +1,219 @@
+//! Canonicalisation (pass id `canon`): the DLRM ops of an imported model, found in
+//! its generic ops by the e-graph rules of theme [`super::rules::canon`]
+//! (embedding bags, `linear` layers, the dot / cat interaction), with the
+//! [`super::rules::recognise`] rules (activations into the `linear` epilogue), so
+//! that the canonical forward graph is what the JSON frontend builds.
+//!
+//! It runs first, before autodiff, whenever the graph has generic ops
+//! ([`applies`]): autodiff differentiates the canonical ops, and the `fuse` rules
+//! expect `linear`. A graph that does not match keeps its generic ops (it still
+//! runs, op by op). After extraction, a parameter used only through
+//! `transpose{[1,0]}` (the pre-transposed weight of an exported `MatMul` + `Add`)
+//! is stored transposed: it keeps its name, takes the transposed type, and the
+//! transposes disappear; its tensor, when given, is transposed alike.
+//!
+//! The rules read the values of the integer parameters of at most
+//! [`CONST_LIMIT`] elements (the lower-triangle indices of an interaction); without
+//! parameter tensors (`dlrmc opt`, [`crate::compile`]) the rules that need them do
+//! not fire. Invariants: those of the e-graph pass (names of surviving values and
+//! the interface kept, the result verifies, f32 results bit-exact; see
+//! `rules/README.md`).
+
+use super::cost::CostModel;
+use super::{EgraphStats, Limits, rules, saturate};
+use crate::pipeline::Params;
+use crate::{Pass, PassError, Result};
+use dlrm_ir::interp::{EvalCtx, eval_op};
+use dlrm_ir::{Def, Graph, Op, SingleRank, TensorType, ValueId};
+use egg::Symbol;
+use std::collections::HashMap;
+
+/// The pass id.
+pub const ID: &str = "canon";
+
+/// Integer parameters up to this many elements are visible to the rules.
+pub const CONST_LIMIT: usize = 1 << 16;
+
+/// The canonicalisation pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Canon {
+    /// Runner limits.
+    pub limits: Limits,
+}
+
+impl Pass for Canon {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn run(&self, g: Graph) -> Result<Graph> {
+        Ok(canonicalise(&g, None, &self.limits)?.0)
+    }
+
+    fn run_with(&self, g: Graph, params: Option<&mut Params>) -> Result<Graph> {
+        Ok(canonicalise(&g, params, &self.limits)?.0)
+    }
+}
+
+/// The ops only an imported model has (no DLRM-level meaning of their own).
+pub const GENERIC: &[&str] = &[
+    "matmul",
+    "binary",
+    "transpose",
+    "gather",
+    "gather_elements",
+    "gather_nd",
+    "slice",
+    "reduce",
+    "cast",
+    "concat",
+];
+
+/// True if `g` has an op that a canonicalisation rule starts from.
+pub fn applies(g: &Graph) -> bool {
+    g.nodes()
+        .iter()
+        .any(|n| GENERIC.contains(&n.op.mnemonic()))
+}
+
+/// Runs the `canon` rules on `g` (see the module docs); `params`, when given,
+/// provide the constants and are transformed with the graph.
+pub fn canonicalise(
+    g: &Graph,
+    params: Option<&mut Params>,
+    limits: &Limits,
+) -> Result<(Graph, EgraphStats)> {
+    if !applies(g) {
+        let stats = EgraphStats {
+            stop_reason: "no generic ops".into(),
+            ..EgraphStats::default()
+        };
+        return Ok((g.clone(), stats));
+    }
+    let consts: HashMap<Symbol, Vec<i64>> = params
+        .as_deref()
+        .into_iter()
+        .flatten()
+        .filter(|(_, t)| t.dtype().is_int() && t.numel() <= CONST_LIMIT)
+        .filter_map(|(n, t)| Some((Symbol::from(n.as_str()), t.to_i64_vec()?)))
+        .collect();
+    let mut rules = rules::canon::rules(&rules::RuleConfig::default());
+    rules.extend(rules::recognise::rules());
+    let (out, stats) = saturate(g, &rules, limits, CostModel::default(), consts)?;
+    let out = store_transposed(&out, params)?;
+    Ok((out, stats))
+}
+
+/// The parameters used only as operand of `transpose{[1,0]}` (and not updated).
+fn transposed_params(g: &Graph) -> Vec<ValueId> {
+    let users = g.users();
+    let flip = Op::Transpose { perm: vec![1, 0] };
+    g.params()
+        .iter()
+        .copied()
+        .filter(|&p| {
+            let us = &users[p.index()];
+            !us.is_empty()
+                && us.iter().all(|&n| g.nodes()[n].op == flip)
+                && !g.outputs().contains(&p)
+                && g.updates().iter().all(|u| u.param != p && u.value != p)
+        })
+        .collect()
+}
+
+/// Stores the parameters of [`transposed_params`] transposed (see the module docs).
+fn store_transposed(g: &Graph, params: Option<&mut Params>) -> Result<Graph> {
+    let flipped = transposed_params(g);
+    if flipped.is_empty() {
+        return Ok(g.clone());
+    }
+    let e = PassError::ir(ID);
+    let flip = Op::Transpose { perm: vec![1, 0] };
+    let mut out = Graph::new(g.name.clone());
+    let mut map: Vec<Option<ValueId>> = vec![None; g.values().len()];
+    for &v in g.inputs() {
+        map[v.index()] = Some(out.add_input(g.name_of(v), g.ty(v).clone()).map_err(e)?);
+    }
+    let mut new_types: HashMap<String, TensorType> = HashMap::new();
+    for &p in g.params() {
+        let ty = if flipped.contains(&p) {
+            let t = dlrm_ir::infer(&flip, &[g.ty(p)], &[])
+                .map_err(|reason| graph_err(g, reason))?
+                .remove(0);
+            new_types.insert(g.name_of(p).to_string(), t.clone());
+            t
+        } else {
+            g.ty(p).clone()
+        };
+        map[p.index()] = Some(out.add_param(g.name_of(p), ty).map_err(e)?);
+    }
+    let get = |map: &[Option<ValueId>], v: ValueId| {
+        map[v.index()]
+            .ok_or_else(|| graph_err(g, format!("%{} is used before it is defined", g.name_of(v))))
+    };
+    for node in g.nodes() {
+        if let [p] = node.inputs.as_slice()
+            && node.op == flip
+            && flipped.contains(p)
+        {
+            map[node.outputs[0].index()] = map[p.index()];
+            continue;
+        }
+        let ins = node
+            .inputs
+            .iter()
+            .map(|&v| get(&map, v))
+            .collect::<Result<Vec<_>>>()?;
+        let results = node
+            .outputs
+            .iter()
+            .map(|&o| (g.name_of(o).to_string(), g.ty(o).clone()))
+            .collect();
+        let outs = out
+            .push_node_unchecked(node.op.clone(), ins, results)
+            .map_err(e)?;
+        for (&o, n) in node.outputs.iter().zip(outs) {
+            map[o.index()] = Some(n);
+        }
+    }
+    let outputs = g
+        .outputs()
+        .iter()
+        .map(|&v| get(&map, v))
+        .collect::<Result<Vec<_>>>()?;
+    out.set_outputs(outputs);
+    for u in g.updates() {
+        let (p, v) = (get(&map, u.param)?, get(&map, u.value)?);
+        if !matches!(out.value(p).def, Def::Param(_)) {
+            return Err(graph_err(g, "an update target is not a parameter".into()));
+        }
+        out.add_update(p, v).map_err(e)?;
+    }
+    if let Some(params) = params {
+        let syms = HashMap::new();
+        let ctx = EvalCtx {
+            syms: &syms,
+            comm: &SingleRank,
+        };
+        for (name, t) in params.iter_mut() {
+            if let Some(ty) = new_types.get(name) {
+                let mut r = eval_op(&flip, &[t], std::slice::from_ref(ty), &ctx).map_err(
+                    |reason| PassError::Arg {
+                        pass: ID.into(),
+                        reason: format!("transposing parameter %{name}: {reason}"),
+                    },
+                )?;
+                *t = r.remove(0);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn graph_err(g: &Graph, reason: String) -> PassError {
+    PassError::Graph {
+        pass: ID.into(),
+        graph: g.name.clone(),
+        reason,
+    }
+}

@@ -1,0 +1,178 @@
+//! ONNX models through the library the binaries use: canonicalisation is exact and
+//! complete on PyTorch-style DLRMs, an ONNX DLRM compiles to the same optimised plan
+//! as its JSON twin, and ONNX models train (with `--label`).
+
+use dlrm_ir::interp::{bind_symbols, run};
+use dlrm_ir::{Graph, SingleRank, Tensor};
+use dlrm_passes::egraph::canon::{GENERIC, canonicalise};
+use dlrm_passes::egraph::Limits;
+use dlrm_runtime::driver::run_with_params;
+use dlrmc::compile::{CompileOptions, compile};
+use dlrmc::model::{Overrides, load_model};
+use dlrmc::{Inspection, RunOptions, job_for};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+fn case(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("frontends/onnx/test_cases")
+        .join(name)
+}
+
+/// The cases that are whole DLRMs (dense MLP, bags, interaction).
+const DLRMS: &[&str] = &[
+    "dlrm_dot",
+    "dlrm_cat",
+    "dynamic_batch",
+    "external_data",
+    "dlrm_pytorch",
+];
+
+fn generic_ops(g: &Graph) -> Vec<String> {
+    g.nodes()
+        .iter()
+        .map(|n| n.op.mnemonic())
+        .filter(|m| GENERIC.contains(m))
+        .map(str::to_string)
+        .collect()
+}
+
+fn eval(g: &Graph, inputs: &HashMap<String, Tensor>, params: &[(String, Tensor)]) -> Vec<Tensor> {
+    let mut params: HashMap<String, Tensor> = params.iter().cloned().collect();
+    let inputs: HashMap<String, Tensor> = inputs
+        .iter()
+        .filter(|(n, _)| g.find(n).is_some())
+        .map(|(n, t)| (n.clone(), t.clone()))
+        .collect();
+    let syms = bind_symbols(g, &inputs, &params).expect("bind");
+    run(g, &inputs, &mut params, &syms, &SingleRank).expect("run")
+}
+
+/// Every DLRM case canonicalises to DLRM ops only (no generic op left), and the
+/// canonical graph computes bit for bit what the imported graph computes.
+#[test]
+fn canonicalisation_is_complete_and_exact_on_onnx_dlrms() {
+    for name in DLRMS {
+        let m = dlrm_onnx::load(&case(name).join("model.onnx")).expect("import");
+        assert!(!generic_ops(&m.graph).is_empty(), "{name}: nothing to do");
+        let mut params = m.params.clone();
+        let (g, stats) =
+            canonicalise(&m.graph, Some(&mut params), &Limits::default()).expect("canon");
+        dlrm_ir::verify(&g).expect("verifies");
+        assert_eq!(generic_ops(&g), Vec::<String>::new(), "{name}");
+        let kinds: Vec<&str> = g.nodes().iter().map(|n| n.op.mnemonic()).collect();
+        assert!(kinds.contains(&"embedding_bag"), "{name}: {kinds:?}");
+        assert!(kinds.contains(&"interaction"), "{name}: {kinds:?}");
+        assert_eq!(stats.stop_reason, "saturated", "{name}");
+        let inputs: HashMap<String, Tensor> = dlrm_onnx::npz::read(&case(name).join("inputs.npz"))
+            .expect("inputs")
+            .into_iter()
+            .map(|(n, t)| (dlrm_onnx::ir_name(&n), t))
+            .collect();
+        let before = eval(&m.graph, &inputs, &m.params);
+        let after = eval(&g, &inputs, &params);
+        assert_eq!(before.len(), after.len());
+        for (a, b) in before.iter().zip(&after) {
+            assert_eq!(a.shape, b.shape, "{name}");
+            let (a, b) = (a.to_f32_vec(), b.to_f32_vec());
+            let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{name}: canonical graph differs: {a:?} vs {b:?}");
+        }
+    }
+}
+
+fn plan_of(path: &Path, batch: usize) -> dlrm_runtime::plan::Plan {
+    let overrides = Overrides {
+        batch_size: Some(batch),
+        ..Overrides::default()
+    };
+    let model = load_model(path, overrides).expect("load");
+    compile(model, &CompileOptions::default(), &mut |_, _| {}).expect("compile")
+}
+
+/// The PyTorch-style ONNX DLRM (`gen_dlrm.py` on `dlrm_pytorch/model.json`) compiles
+/// to exactly the ops of its JSON twin, by kind, in both graphs: blocked GEMMs,
+/// embedding bags (and their fused updates), the interaction, no generic leftovers.
+#[test]
+fn onnx_dlrm_plan_is_as_optimised_as_its_json_twin() {
+    let dir = case("dlrm_pytorch");
+    let onnx = Inspection::of(&plan_of(&dir.join("model.onnx"), 64));
+    let json = Inspection::of(&plan_of(&dir.join("model.json"), 64));
+    for graph in ["infer", "train"] {
+        let (o, j) = (&onnx.graphs[graph].ops, &json.graphs[graph].ops);
+        assert_eq!(o, j, "{graph}: ONNX plan vs JSON plan ops by kind");
+        for kind in ["brgemm", "embedding_bag", "interaction"] {
+            assert!(j.contains_key(kind), "{graph}: no {kind} in {j:?}");
+        }
+        assert!(
+            o.keys().all(|k| !GENERIC.contains(&k.as_str())),
+            "{graph}: generic ops left: {o:?}"
+        );
+    }
+    assert_eq!(onnx.stats.flops_per_sample, json.stats.flops_per_sample);
+}
+
+/// An ONNX model trains like a JSON one (the loss falls on the synthetic teacher's
+/// labels); `--label NAME` makes an input of the model the training graph's label.
+#[test]
+fn onnx_models_train() {
+    for (name, label) in [("dlrm_dot", None), ("dlrm_pytorch", Some("click"))] {
+        let overrides = Overrides {
+            batch_size: Some(256),
+            learning_rate: Some(0.2),
+            label: label.map(str::to_string),
+            ..Overrides::default()
+        };
+        let model = load_model(&case(name).join("model.onnx"), overrides).expect("load");
+        let plan = compile(model, &CompileOptions::default(), &mut |_, _| {}).expect("compile");
+        let train = plan.train.as_ref().expect("a training graph");
+        if let Some(l) = label {
+            assert!(plan.infer.find(l).is_none(), "{name}: the label left the forward graph");
+            assert!(train.find(l).is_some(), "{name}: the training label is `{l}`");
+            assert!(train.find("label").is_none(), "{name}");
+        }
+        let opts = RunOptions {
+            ranks: 2,
+            iters: 60,
+            log_every: 1,
+            ..RunOptions::default()
+        };
+        let (report, _) =
+            run_with_params(job_for(plan, &opts).expect("job"), &mut |_| {}).expect("run");
+        let losses: Vec<f32> = report.losses.iter().map(|l| l.1).collect();
+        assert!(losses.iter().all(|l| l.is_finite()), "{name}: {losses:?}");
+        let head: f32 = losses[..10].iter().sum::<f32>() / 10.0;
+        let tail: f32 = losses[losses.len() - 10..].iter().sum::<f32>() / 10.0;
+        assert!(tail < head, "{name}: loss did not fall: {head} -> {tail}");
+    }
+}
+
+/// Bad `--label` values are refused naming the problem; a model whose generic ops
+/// have no gradient fails to compile for training naming the node and the op, and
+/// still compiles for inference.
+#[test]
+fn onnx_training_errors_are_clear() {
+    let load = |name: &str, label: Option<&str>| {
+        let overrides = Overrides {
+            label: label.map(str::to_string),
+            ..Overrides::default()
+        };
+        load_model(&case(name).join("model.onnx"), overrides)
+    };
+    let err = load("dlrm_dot", Some("nope")).expect_err("no such input").to_string();
+    assert!(err.contains("no such input") && err.contains("dense"), "{err}");
+    let err = load("dlrm_dot", Some("dense")).expect_err("used input").to_string();
+    assert!(err.contains("the label is f32[B,5]"), "{err}");
+    // Per-sample weights: `embedding_bag_weighted` has no gradient.
+    let model = load("ebag_torchscript_weighted", None).expect("load");
+    let err = compile(model.clone(), &CompileOptions::default(), &mut |_, _| {})
+        .expect_err("no gradient");
+    let chain = format!("{err}: {}", std::error::Error::source(&err).map(|s| s.to_string()).unwrap_or_default());
+    assert!(chain.contains("embedding_bag_weighted") && chain.contains("node #"), "{chain}");
+    let infer_only = CompileOptions {
+        infer_only: true,
+        ..CompileOptions::default()
+    };
+    let plan = compile(model, &infer_only, &mut |_, _| {}).expect("inference plan");
+    assert!(plan.train.is_none());
+}
