@@ -11,6 +11,8 @@
 //! - [`dce`]: dead-code elimination;
 //! - [`mod@partition`]: one graph per rank for hybrid-parallel execution (tables placed by
 //!   a cost model, `all_to_all` for embeddings, `all_reduce` for dense gradients);
+//! - [`shard`]: the sharding planner (table-wise, row-wise and data-parallel
+//!   tables chosen by a cost model; predicted step times and scaling);
 //! - [`stats`]: op counts, parameter sizes and FLOPs per sample.
 //!
 //! Every pass takes a verified graph and returns a verified graph; errors are
@@ -49,6 +51,7 @@ pub mod partition;
 mod pass;
 pub mod pipeline;
 pub mod precision;
+pub mod shard;
 pub mod stats;
 
 pub use autodiff::Autodiff;

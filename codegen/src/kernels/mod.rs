@@ -6,6 +6,8 @@
 //!   offsets), parallel over bags;
 //! - [`interaction`]: `interaction` and `interaction_grad` (`dot` and `cat`);
 //! - [`elementwise`]: `relu`, `relu_grad`, `sigmoid`, `sigmoid_grad`, `add`;
+//! - [`shard`]: `embedding_bag_rows` and `embedding_grad_dense` (row-wise and
+//!   data-parallel tables of the partition pass);
 //! - [`optim`]: the in-place updates [`sgd_in_place`] and [`sparse_sgd_in_place`]
 //!   (SC20's race-free row-range update).
 //!
@@ -29,6 +31,7 @@ pub mod embedding;
 pub mod gemm;
 pub mod interaction;
 pub mod optim;
+pub mod shard;
 
 pub use optim::{sgd_in_place, sparse_sgd_in_place};
 
@@ -144,6 +147,12 @@ pub fn try_eval(
         Op::Sigmoid => one(elementwise::sigmoid(inputs)?),
         Op::SigmoidGrad => one(elementwise::sigmoid_grad(inputs)?),
         Op::Add => one(elementwise::add(inputs)?),
+        Op::EmbeddingBagRows { mode, lo, rows } => {
+            one(shard::embedding_bag_rows(*mode, *lo, *rows, inputs)?)
+        }
+        Op::EmbeddingGradDense { mode, rows } => {
+            one(shard::embedding_grad_dense(*mode, *rows, inputs)?)
+        }
         _ => return None,
     };
     Some(res.and_then(|outs| check_results(op, outs, out_types, syms)))
