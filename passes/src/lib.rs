@@ -57,7 +57,10 @@ pub mod stats;
 pub use autodiff::Autodiff;
 pub use dce::Dce;
 pub use error::{PassError, Result};
-pub use partition::{Partitioned, Placement, TableInfo, partition, place};
+pub use partition::{
+    Partitioned, Placement, RowShard, TableInfo, partition, partition_with, place,
+};
+pub use shard::{PlannerOptions, ShardKind, ShardPlan};
 pub use pass::Pass;
 pub use pipeline::{
     Compiled, DumpSpec, PassLog, PassRecord, PipelineOptions, Precision, compile, compile_params,
