@@ -210,7 +210,7 @@ fn every_example_round_trips_at_every_stage() {
         assert_eq!(stages, want, "{name}");
         for ranks in [2, 3] {
             let mut n = 0;
-            partition_stages(&plan, ranks, &mut |s, g| {
+            partition_stages(&plan, ranks, &dlrmc::ShardSettings::default(), &mut |s, g| {
                 assert_round_trips(s, g);
                 n += 1;
             })

@@ -55,6 +55,14 @@ fn bags(op: &'static str, inputs: &[&Tensor], rows: usize) -> KResult<(usize, Op
     }
 }
 
+/// The indices as i64 (validated: non-negative, in range).
+fn as_i64(idx: Indices<'_>) -> std::borrow::Cow<'_, [i64]> {
+    match idx {
+        Indices::I64(v) => std::borrow::Cow::Borrowed(v),
+        Indices::I32(v) => std::borrow::Cow::Owned(v.iter().map(|x| x.get()).collect()),
+    }
+}
+
 /// The index positions of bag `s`.
 fn bag_of(off: &Option<Vec<i64>>, l: usize, n: usize, s: usize) -> Range<usize> {
     match off {
@@ -86,14 +94,15 @@ pub fn embedding_bag_rows(
         let l = if off.is_none() { inputs[1].shape[1] } else { 0 };
         let mut out = vec![0.0f32; s * d];
         if d > 0 && s > 0 {
-            let go = |v: &dyn Fn(usize) -> i64| {
+            let v = as_i64(idx);
+            {
                 let sb = block_rows(s, 8, 256);
                 out.par_chunks_mut(sb * d).enumerate().for_each(|(blk, o)| {
                     for (k, row) in o.chunks_exact_mut(d).enumerate() {
                         let bag = bag_of(&off, l, n, blk * sb + k);
                         let count = bag.len();
                         for p in bag {
-                            let i = v(p) as usize;
+                            let i = v[p] as usize;
                             if i < lo || i >= lo + rs {
                                 continue;
                             }
@@ -106,10 +115,6 @@ pub fn embedding_bag_rows(
                         }
                     }
                 });
-            };
-            match idx {
-                Indices::I64(v) => go(&|p| v[p].get()),
-                Indices::I32(v) => go(&|p| v[p].get()),
             }
         }
         Ok(Tensor::f32(vec![s, d], out))
@@ -142,13 +147,14 @@ pub fn embedding_grad_dense(mode: Pool, rows: usize, inputs: &[&Tensor]) -> Opti
         let count = |sample: usize| bag_of(&off, l, n, sample).len() as f32;
         let mut out = vec![0.0f32; rows * d];
         if d > 0 && rows > 0 {
-            let go = |v: &dyn Fn(usize) -> i64| {
+            let v = as_i64(idx);
+            {
                 let rb = block_rows(rows, 64, 1 << 16);
                 out.par_chunks_mut(rb * d).enumerate().for_each(|(blk, o)| {
                     let r0 = blk * rb;
                     let r1 = r0 + o.len() / d;
                     for (p, &sample) in owner.iter().enumerate() {
-                        let r = v(p) as usize;
+                        let r = v[p] as usize;
                         if r < r0 || r >= r1 {
                             continue;
                         }
@@ -163,10 +169,6 @@ pub fn embedding_grad_dense(mode: Pool, rows: usize, inputs: &[&Tensor]) -> Opti
                         }
                     }
                 });
-            };
-            match idx {
-                Indices::I64(v) => go(&|p| v[p].get()),
-                Indices::I32(v) => go(&|p| v[p].get()),
             }
         }
         Ok(Tensor::f32(vec![rows, d], out))
