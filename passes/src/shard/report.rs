@@ -5,7 +5,8 @@
 //!
 //! Strong scaling keeps the global batch `G`: efficiency `T(1) / (R·T(R))`.
 //! Weak scaling keeps the local batch `b = G/N` (N the largest rank count asked
-//! for): global batch `b·R`, efficiency `T(1, b) / T(R, b·R)`. The step time is the
+//! for): global batch `b·R`, efficiency `T(1, b) / T(R, b·R)` (see [`scaling`] for
+//! rank counts whose plan is infeasible). The step time is the
 //! slowest rank's (the ranks synchronise in every collective).
 
 use super::cost::{CostModel, DenseProfile};
@@ -66,16 +67,16 @@ pub struct Prediction {
 pub struct ScalePoint {
     /// Rank count.
     pub ranks: usize,
-    /// Step time at the fixed global batch, ms (`None`: fewer samples than ranks).
+    /// Step time at the fixed global batch, ms (`None`: no feasible plan).
     pub strong_step_ms: Option<f64>,
     /// Strong scaling efficiency.
     pub strong_efficiency: Option<f64>,
     /// Global batch of the weak-scaling step.
     pub weak_global_batch: usize,
-    /// Step time at the fixed local batch, ms.
-    pub weak_step_ms: f64,
+    /// Step time at the fixed local batch, ms (`None`: no feasible plan).
+    pub weak_step_ms: Option<f64>,
     /// Weak scaling efficiency.
-    pub weak_efficiency: f64,
+    pub weak_efficiency: Option<f64>,
 }
 
 /// Predicts every rank's step for `plan` (see [`super::cost`]).
@@ -187,7 +188,10 @@ pub fn rank_counts(n: usize) -> Vec<usize> {
     v
 }
 
-/// The predicted scaling from 1 to `opts.ranks` ranks (module docs).
+/// The predicted scaling from 1 to `opts.ranks` ranks (module docs). A rank count
+/// whose plan is infeasible (tables do not fit `mem_per_rank`, fewer samples than
+/// ranks) has no times; efficiencies are then relative to the smallest feasible
+/// rank count `r0` (`r0·T(r0) / (R·T(R))`, and `T(r0, b·r0) / T(R, b·R)`).
 pub fn scaling(
     tables: &[TableInfo],
     dense: &DenseProfile,
@@ -195,32 +199,36 @@ pub fn scaling(
 ) -> Result<Vec<ScalePoint>> {
     let n = opts.ranks.max(1);
     let local = (opts.global_batch / n).max(1);
-    let step = |ranks: usize, batch: usize| -> Result<f64> {
+    let step = |ranks: usize, batch: usize| -> Option<f64> {
         let o = PlannerOptions {
             ranks,
             global_batch: batch,
             ..*opts
         };
-        let p = plan(tables, &o)?;
-        Ok(predict(tables, dense, &p, &o).step_ms)
+        let p = plan(tables, &o).ok()?;
+        Some(predict(tables, dense, &p, &o).step_ms)
     };
-    let strong1 = step(1, opts.global_batch)?;
-    let weak1 = step(1, local)?;
     let mut out = Vec::new();
+    let mut strong0: Option<(usize, f64)> = None;
+    let mut weak0: Option<(usize, f64)> = None;
     for r in rank_counts(n) {
-        let strong = if opts.global_batch >= r {
-            Some(step(r, opts.global_batch)?)
-        } else {
-            None
-        };
-        let weak = step(r, local * r)?;
+        let strong = step(r, opts.global_batch);
+        let weak = step(r, local * r);
+        if strong0.is_none() {
+            strong0 = strong.map(|t| (r, t));
+        }
+        if weak0.is_none() {
+            weak0 = weak.map(|t| (r, t));
+        }
         out.push(ScalePoint {
             ranks: r,
             strong_step_ms: strong,
-            strong_efficiency: strong.map(|t| strong1 / (r as f64 * t)),
+            strong_efficiency: strong
+                .zip(strong0)
+                .map(|(t, (r0, t0))| r0 as f64 * t0 / (r as f64 * t)),
             weak_global_batch: local * r,
             weak_step_ms: weak,
-            weak_efficiency: weak1 / weak,
+            weak_efficiency: weak.zip(weak0).map(|(t, (_, t0))| t0 / t),
         });
     }
     Ok(out)
@@ -271,19 +279,20 @@ pub fn scaling_table(points: &[ScalePoint]) -> String {
         "{:>6} {:>14} {:>10} {:>12} {:>12} {:>10}\n",
         "ranks", "strong ms/step", "strong eff", "weak batch", "weak ms/step", "weak eff"
     );
+    let cell = |v: Option<f64>, pct: bool| match v {
+        Some(x) if pct => format!("{:.1}%", x * 100.0),
+        Some(x) => format!("{x:.3}"),
+        None => "-".into(),
+    };
     for p in points {
-        let (sm, se) = match (p.strong_step_ms, p.strong_efficiency) {
-            (Some(m), Some(e)) => (format!("{m:.3}"), format!("{:.1}%", e * 100.0)),
-            _ => ("-".into(), "-".into()),
-        };
         s.push_str(&format!(
-            "{:>6} {:>14} {:>10} {:>12} {:>12.3} {:>9.1}%\n",
+            "{:>6} {:>14} {:>10} {:>12} {:>12} {:>10}\n",
             p.ranks,
-            sm,
-            se,
+            cell(p.strong_step_ms, false),
+            cell(p.strong_efficiency, true),
             p.weak_global_batch,
-            p.weak_step_ms,
-            p.weak_efficiency * 100.0
+            cell(p.weak_step_ms, false),
+            cell(p.weak_efficiency, true)
         ));
     }
     s
