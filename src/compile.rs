@@ -236,21 +236,20 @@ fn merge_params(
     Ok(out)
 }
 
-/// Partitions the plan's graphs for `ranks` ranks and calls `on_stage` with each
-/// rank's graph (the `partition` dump stage).
+/// Partitions the plan's graphs for `ranks` ranks, with the tables placed by the
+/// sharding planner ([`crate::shard`]; the plan's batch size), and calls `on_stage`
+/// with each rank's graph (the `partition` dump stage).
 pub fn partition_stages(
     plan: &Plan,
     ranks: usize,
+    settings: &crate::ShardSettings,
     on_stage: &mut dyn FnMut(&Stage, &Graph),
 ) -> Result<()> {
+    let sp = crate::shard::shard_plan(plan, ranks, plan.training.batch_size.max(ranks), settings)?;
     let graphs = [("infer", Some(&plan.infer)), ("train", plan.train.as_ref())];
     for (which, g) in graphs {
         let Some(g) = g else { continue };
-        let parts = dlrm_passes::partition(g, ranks).map_err(|source| Error::Partition {
-            graph: which,
-            ranks,
-            source: Box::new(source),
-        })?;
+        let parts = crate::shard::partition_graph(g, which, &sp)?;
         for (r, pg) in parts.graphs.iter().enumerate() {
             let stage = Stage {
                 graph: which,

@@ -3,9 +3,12 @@
 //! The plan holds unpartitioned graphs; the partition pass splits them here, at
 //! launch, so the same plan runs on any number of ranks. The global batch is the
 //! plan's batch size (the same whatever the rank count), so N ranks train on the
-//! same samples as one rank.
+//! same samples as one rank. The tables are placed by the sharding planner
+//! ([`crate::shard`]) with [`RunOptions::shards`]; row-wise tables' shard
+//! parameters are cut from the plan's tables here.
 
 use crate::error::{Error, Result};
+use crate::shard::{ShardSettings, partition_graph, shard_plan};
 use dlrm_ir::{SingleRank, Tensor};
 use dlrm_runtime::driver::Job;
 use dlrm_runtime::plan::Plan;
@@ -39,6 +42,8 @@ pub struct RunOptions {
     pub overlap: bool,
     /// Allreduce algorithm of the thread ranks.
     pub allreduce: AllReduceAlgo,
+    /// The sharding planner's settings (where the tables go on N ranks).
+    pub shards: ShardSettings,
 }
 
 impl Default for RunOptions {
@@ -56,6 +61,7 @@ impl Default for RunOptions {
             kernels: KernelChoice::default(),
             overlap: true,
             allreduce: AllReduceAlgo::default(),
+            shards: ShardSettings::default(),
         }
     }
 }
@@ -86,24 +92,33 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
             plan.name
         )));
     }
-    let split = |g: &dlrm_ir::Graph, which: &'static str| -> Result<Vec<dlrm_ir::Graph>> {
-        if ranks == 1 {
-            return Ok(vec![g.clone()]);
-        }
-        Ok(dlrm_passes::partition(g, ranks)
-            .map_err(|source| Error::Partition {
-                graph: which,
-                ranks,
-                source: Box::new(source),
-            })?
-            .graphs)
-    };
-    let infer_graphs = split(&plan.infer, "infer")?;
-    let train_graphs = match (&plan.train, opts.infer) {
-        (Some(t), false) => Some(split(t, "train")?),
-        _ => None,
+    // One placement for both graphs (crate::shard).
+    let (infer_graphs, train_graphs, row_shards) = if ranks == 1 {
+        let train = match (&plan.train, opts.infer) {
+            (Some(t), false) => Some(vec![t.clone()]),
+            _ => None,
+        };
+        (vec![plan.infer.clone()], train, None)
+    } else {
+        let sp = shard_plan(&plan, ranks, global_batch, &opts.shards)?;
+        let infer = partition_graph(&plan.infer, "infer", &sp)?;
+        let train = match (&plan.train, opts.infer) {
+            (Some(t), false) => Some(partition_graph(t, "train", &sp)?),
+            _ => None,
+        };
+        let graphs = train.as_ref().map(|t| t.graphs.clone());
+        (infer.graphs.clone(), graphs, Some(infer))
     };
     let mut job = Job::from_plan(plan);
+    if let Some(parts) = &row_shards {
+        // Row-wise tables: each shard parameter gets its rows of the table.
+        let params = std::mem::take(&mut job.params);
+        job.params = parts.shard_params(params).map_err(|source| Error::Partition {
+            graph: "infer",
+            ranks,
+            source: Box::new(source),
+        })?;
+    }
     if opts.infer {
         job.full_train = None;
     }

@@ -9,7 +9,8 @@
 //!   assemble a [`dlrm_runtime::plan::Plan`], calling an observer after every pass
 //!   (the `--dump-ir` hook);
 //! - [`inspect`]: the summary of a plan that `dlrmc inspect` prints;
-//! - [`launch`]: partition a plan for N ranks and build the runtime's job.
+//! - [`launch`]: partition a plan for N ranks and build the runtime's job;
+//! - [`shard`]: the sharding planner on a plan (placement, predictions, scaling).
 
 #![warn(missing_docs)]
 
@@ -18,9 +19,11 @@ mod error;
 pub mod inspect;
 pub mod launch;
 pub mod model;
+pub mod shard;
 
 pub use compile::{CompileOptions, Stage, compile};
 pub use error::{Error, Result};
 pub use inspect::Inspection;
 pub use launch::{RunOptions, job_for};
 pub use model::{Model, load_model};
+pub use shard::{ShardSettings, plan_shards};

@@ -64,7 +64,7 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
                 bytes: io,
             }
         }
-        Op::EmbeddingBag { .. } => {
+        Op::EmbeddingBag { .. } | Op::EmbeddingBagRows { .. } => {
             let (_, d) = dims2(inputs.first());
             let nidx = inputs.get(1).map_or(0.0, |t| t.numel() as f64);
             let es = inputs
@@ -75,7 +75,7 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
                 bytes: nidx * d * es + bytes(&inputs[1.min(inputs.len())..]) + bytes(outputs),
             }
         }
-        Op::SparseSgd { .. } => {
+        Op::SparseSgd { .. } | Op::SparseSgdRows { .. } => {
             let (_, d) = dims2(inputs.first());
             let nidx = inputs.get(1).map_or(0.0, |t| t.numel() as f64);
             let es = inputs

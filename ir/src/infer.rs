@@ -381,6 +381,28 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
         | Op::SplitSgd { .. }
         | Op::EmbeddingUpdate { .. }
         | Op::SplitEmbeddingUpdate { .. } => infer_fused(op, ins),
+        // ---- sharded embeddings
+        Op::EmbeddingBagRows { mode, lo, rows } => {
+            shard_range(op, ins, *lo, *rows)?;
+            infer(&Op::EmbeddingBag { mode: *mode }, ins, declared)
+        }
+        Op::SparseSgdRows { lr, lo, rows } => {
+            shard_range(op, ins, *lo, *rows)?;
+            infer(&Op::SparseSgd { lr: *lr }, ins, declared)
+        }
+        Op::EmbeddingUpdateRows { mode, lr, lo, rows } => {
+            shard_range(op, ins, *lo, *rows)?;
+            let fused = Op::EmbeddingUpdate {
+                mode: *mode,
+                lr: *lr,
+            };
+            infer_fused(&fused, ins)
+        }
+        Op::EmbeddingGradDense { mode, rows } => {
+            infer(&Op::EmbeddingBagGrad { mode: *mode }, ins, declared)?;
+            let d = ins[0].shape[1].clone();
+            Ok(vec![TensorType::new(DType::F32, [Dim::Fixed(*rows), d])])
+        }
         // ---- generic ops (ONNX import)
         Op::MatMul
         | Op::Binary { .. }
@@ -393,6 +415,24 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
         | Op::Cast { .. }
         | Op::EmbeddingBagWeighted => generic::infer_generic(op, ins),
     }
+}
+
+// ---- sharded embeddings
+
+/// Checks that a shard (operand 0, `[Rs, D]`) holds rows `lo .. lo+Rs` of a table of
+/// `rows` rows.
+fn shard_range(op: &Op, ins: &[&TensorType], lo: usize, rows: usize) -> R<()> {
+    let Some(shard) = ins.first() else {
+        return Err(format!("`{}` needs the table shard as operand 0", op.mnemonic()));
+    };
+    expect_rank("table shard", shard, 2)?;
+    let rs = fixed_dim("the table shard's rows", &shard.shape[0])?;
+    if lo.checked_add(rs).is_none_or(|hi| hi > rows) {
+        return Err(format!(
+            "the shard {shard} starting at row {lo} does not fit a table of {rows} rows"
+        ));
+    }
+    Ok(())
 }
 
 // ---- fused / blocked ops (e-graph, precision)

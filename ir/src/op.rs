@@ -300,6 +300,58 @@ pub enum Op {
         /// Learning rate.
         lr: f32,
     },
+    // ---- sharded embeddings (partition: row-wise and data-parallel tables)
+    /// `embedding_bag_rows(shard[Rs,D], indices[S,L] | indices[N], offsets[S]) ->
+    /// [S,D]`: [`Op::EmbeddingBag`] on the rows `lo .. lo+Rs` of a table of `rows`
+    /// rows whose shard this is (row-wise sharding). Every index must lie in
+    /// `0..rows`; an index outside the shard's range contributes zero, one inside
+    /// adds `shard[i - lo]` (f32 accumulator from 0.0, in bag order); `mean` divides
+    /// by the *full* bag length, so the shards' results sum to the whole table's bag.
+    /// Requires `lo + Rs <= rows`.
+    EmbeddingBagRows {
+        /// Sum or mean.
+        mode: Pool,
+        /// The first table row this shard holds.
+        lo: usize,
+        /// Rows of the whole table.
+        rows: usize,
+    },
+    /// `sparse_sgd_rows(shard[Rs,D], indices[..], rowgrad[.., D]) -> shard'`:
+    /// [`Op::SparseSgd`] restricted to the shard's rows `lo .. lo+Rs` of a table of
+    /// `rows` rows: every index must lie in `0..rows`; those in range update
+    /// `shard[i - lo]` in row-major order, the others are skipped.
+    SparseSgdRows {
+        /// Learning rate.
+        lr: f32,
+        /// The first table row this shard holds.
+        lo: usize,
+        /// Rows of the whole table.
+        rows: usize,
+    },
+    /// `embedding_update_rows(shard, dy[S,D], indices[, offsets]) -> shard'`: the
+    /// fused `sparse_sgd_rows(shard, indices, embedding_bag_grad(dy, indices[,
+    /// offsets]))` (same attributes), with exactly that arithmetic.
+    EmbeddingUpdateRows {
+        /// As in the forward bag.
+        mode: Pool,
+        /// Learning rate.
+        lr: f32,
+        /// The first table row this shard holds.
+        lo: usize,
+        /// Rows of the whole table.
+        rows: usize,
+    },
+    /// `embedding_grad_dense(dy[S,D], indices[, offsets]) -> f32[rows,D]`: the dense
+    /// gradient of a table of `rows` rows: zeros, plus each row gradient of
+    /// `embedding_bag_grad(dy, ..)` added to row `indices[i]`, `i` in row-major
+    /// order (f32). Every index must lie in `0..rows`. Used for data-parallel
+    /// (replicated) tables, whose gradients are all-reduced and applied by `sgd`.
+    EmbeddingGradDense {
+        /// As in the forward bag.
+        mode: Pool,
+        /// Rows of the table.
+        rows: usize,
+    },
     // ---- generic ops (ONNX import)
     /// `matmul(a[..,M,K], b[..,K,N]) -> [..,M,N]`: batched matrix product; both
     /// operands have rank >= 2 and their batch dimensions broadcast (numpy rules).
@@ -513,6 +565,11 @@ pub const MNEMONICS: &[&str] = &[
     "split_sgd",
     "embedding_update",
     "split_embedding_update",
+    // ---- sharded embeddings
+    "embedding_bag_rows",
+    "sparse_sgd_rows",
+    "embedding_update_rows",
+    "embedding_grad_dense",
     // ---- generic ops (ONNX import)
     "matmul",
     "binary",
@@ -567,6 +624,11 @@ impl Op {
             Op::SplitSgd { .. } => "split_sgd",
             Op::EmbeddingUpdate { .. } => "embedding_update",
             Op::SplitEmbeddingUpdate { .. } => "split_embedding_update",
+            // ---- sharded embeddings
+            Op::EmbeddingBagRows { .. } => "embedding_bag_rows",
+            Op::SparseSgdRows { .. } => "sparse_sgd_rows",
+            Op::EmbeddingUpdateRows { .. } => "embedding_update_rows",
+            Op::EmbeddingGradDense { .. } => "embedding_grad_dense",
             // ---- generic ops (ONNX import)
             Op::MatMul => "matmul",
             Op::Binary { .. } => "binary",
@@ -596,6 +658,9 @@ impl Op {
                 | Op::SplitSgd { .. }
                 | Op::EmbeddingUpdate { .. }
                 | Op::SplitEmbeddingUpdate { .. }
+                // ---- sharded embeddings
+                | Op::SparseSgdRows { .. }
+                | Op::EmbeddingUpdateRows { .. }
         )
     }
 
@@ -676,6 +741,27 @@ impl Op {
             Op::EmbeddingUpdate { mode, lr } | Op::SplitEmbeddingUpdate { mode, lr } => {
                 vec![("mode", id(mode.name())), ("lr", Attr::Float(*lr))]
             }
+            // ---- sharded embeddings
+            Op::EmbeddingBagRows { mode, lo, rows } => vec![
+                ("mode", id(mode.name())),
+                ("lo", Attr::Int(*lo as i64)),
+                ("rows", Attr::Int(*rows as i64)),
+            ],
+            Op::SparseSgdRows { lr, lo, rows } => vec![
+                ("lr", Attr::Float(*lr)),
+                ("lo", Attr::Int(*lo as i64)),
+                ("rows", Attr::Int(*rows as i64)),
+            ],
+            Op::EmbeddingUpdateRows { mode, lr, lo, rows } => vec![
+                ("mode", id(mode.name())),
+                ("lr", Attr::Float(*lr)),
+                ("lo", Attr::Int(*lo as i64)),
+                ("rows", Attr::Int(*rows as i64)),
+            ],
+            Op::EmbeddingGradDense { mode, rows } => vec![
+                ("mode", id(mode.name())),
+                ("rows", Attr::Int(*rows as i64)),
+            ],
             // ---- generic ops (ONNX import)
             Op::MatMul | Op::EmbeddingBagWeighted => vec![],
             Op::Binary { kind } => vec![("kind", id(kind.name()))],
@@ -810,6 +896,27 @@ impl Op {
             "split_embedding_update" => Op::SplitEmbeddingUpdate {
                 mode: a.pool("mode")?,
                 lr: a.float("lr")?,
+            },
+            // ---- sharded embeddings
+            "embedding_bag_rows" => Op::EmbeddingBagRows {
+                mode: a.pool("mode")?,
+                lo: a.usize("lo")?,
+                rows: a.usize("rows")?,
+            },
+            "sparse_sgd_rows" => Op::SparseSgdRows {
+                lr: a.float("lr")?,
+                lo: a.usize("lo")?,
+                rows: a.usize("rows")?,
+            },
+            "embedding_update_rows" => Op::EmbeddingUpdateRows {
+                mode: a.pool("mode")?,
+                lr: a.float("lr")?,
+                lo: a.usize("lo")?,
+                rows: a.usize("rows")?,
+            },
+            "embedding_grad_dense" => Op::EmbeddingGradDense {
+                mode: a.pool("mode")?,
+                rows: a.usize("rows")?,
             },
             // ---- generic ops (ONNX import)
             "matmul" => Op::MatMul,

@@ -15,6 +15,8 @@
 //!   a cost model, `all_to_all` for embeddings, `all_reduce` for dense gradients);
 //! - [`schedule`]: communication-aware node order (collectives early, updates late),
 //!   applied by the partition pass to every rank's graph;
+//! - [`shard`]: the sharding planner (table-wise, row-wise and data-parallel
+//!   tables chosen by a cost model; predicted step times and scaling);
 //! - [`stats`]: op counts, parameter sizes and FLOPs per sample.
 //!
 //! Every pass takes a verified graph and returns a verified graph; errors are
@@ -55,12 +57,16 @@ mod pass;
 pub mod pipeline;
 pub mod precision;
 pub mod schedule;
+pub mod shard;
 pub mod stats;
 
 pub use autodiff::Autodiff;
 pub use dce::Dce;
 pub use error::{PassError, Result};
-pub use partition::{Partitioned, Placement, TableInfo, partition, place};
+pub use partition::{
+    Partitioned, Placement, RowShard, TableInfo, partition, partition_with, place,
+};
+pub use shard::{PlannerOptions, ShardKind, ShardPlan};
 pub use pass::Pass;
 pub use pipeline::{
     Compiled, DumpSpec, PassLog, PassRecord, PipelineOptions, Precision, compile, compile_params,

@@ -61,8 +61,9 @@
 //! every `embedding_bag_grad` feeds exactly one `sparse_sgd` chain of a table with a
 //! matching bag; the graph holds no collective yet.
 
+use crate::shard::{Shard, ShardKind, ShardPlan};
 use crate::{PassError, Result};
-use dlrm_ir::{A2aDir, Def, Dim, Graph, Op, TensorType, ValueId, verify};
+use dlrm_ir::{A2aDir, Data, Def, Dim, Graph, Op, Tensor, TensorType, ValueId, verify};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::fmt;
@@ -83,6 +84,14 @@ pub struct TableInfo {
     pub elem_bytes: usize,
     /// Lookups per sample over all the table's bags (see the module docs).
     pub lookups_per_sample: usize,
+    /// The number of bags (`embedding_bag` nodes) of the table; each is one
+    /// `[G, D]` tensor in the exchange.
+    #[serde(default = "one")]
+    pub bags: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl TableInfo {
@@ -185,7 +194,73 @@ pub struct Partitioned {
     /// Rank `r`'s graph at index `r`.
     pub graphs: Vec<Graph>,
     /// Where the tables went.
-    pub placement: Placement,
+    pub plan: ShardPlan,
+    /// The parameters that hold a row range of a table (row-wise tables), for
+    /// [`Partitioned::shard_params`].
+    pub row_shards: Vec<RowShard>,
+}
+
+/// A parameter of the per-rank graphs holding rows `lo..hi` of a table.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RowShard {
+    /// The shard parameter's name: `<table>.rows<lo>_<hi>`.
+    pub param: String,
+    /// The table parameter it comes from.
+    pub table: String,
+    /// First row.
+    pub lo: usize,
+    /// One past the last row.
+    pub hi: usize,
+}
+
+impl RowShard {
+    /// Rows `lo..hi` of a table's value (any dtype); `None` if `t` is not a
+    /// `[rows, D]` tensor with `hi <= rows`.
+    pub fn slice(&self, t: &Tensor) -> Option<Tensor> {
+        let [rows, d] = t.shape[..] else {
+            return None;
+        };
+        if self.hi > rows || self.lo > self.hi {
+            return None;
+        }
+        let r = self.lo * d..self.hi * d;
+        let data = match &t.data {
+            Data::F32(v) => Data::F32(v.get(r)?.to_vec()),
+            Data::BF16(v) => Data::BF16(v.get(r)?.to_vec()),
+            Data::I64(v) => Data::I64(v.get(r)?.to_vec()),
+            Data::I32(v) => Data::I32(v.get(r)?.to_vec()),
+        };
+        Some(Tensor {
+            shape: vec![self.hi - self.lo, d],
+            data,
+        })
+    }
+}
+
+impl Partitioned {
+    /// `params` (name, value) with every row shard's slice added (the tables
+    /// themselves stay; the per-rank graphs do not declare the split ones).
+    pub fn shard_params(&self, mut params: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
+        for s in &self.row_shards {
+            let t = params
+                .iter()
+                .find(|(n, _)| *n == s.table)
+                .map(|(_, t)| t)
+                .ok_or_else(|| PassError::Arg {
+                    pass: ID.to_string(),
+                    reason: format!("no value for the row-wise table `{}`", s.table),
+                })?;
+            let slice = s.slice(t).ok_or_else(|| PassError::Arg {
+                pass: ID.to_string(),
+                reason: format!(
+                    "the value of `{}` (shape {:?}) has no rows {}..{}",
+                    s.table, t.shape, s.lo, s.hi
+                ),
+            })?;
+            params.push((s.param.clone(), slice));
+        }
+        Ok(params)
+    }
 }
 
 /// The embedding tables of `g` with their cost-model data, in parameter order.
@@ -193,7 +268,8 @@ pub fn tables(g: &Graph) -> Result<Vec<TableInfo>> {
     Ok(Sparse::analyze(g)?.table_infos)
 }
 
-/// Partitions `g` for `ranks` ranks (see the module docs).
+/// Partitions `g` for `ranks` ranks with every table placed table-wise by [`place`]
+/// (see the module docs).
 pub fn partition(g: &Graph, ranks: usize) -> Result<Partitioned> {
     if ranks == 0 {
         return Err(PassError::Arg {
@@ -204,21 +280,86 @@ pub fn partition(g: &Graph, ranks: usize) -> Result<Partitioned> {
     verify(g).map_err(PassError::ir(ID))?;
     let sparse = Sparse::analyze(g)?;
     let placement = place(&sparse.table_infos, ranks)?;
-    let mut owner = vec![usize::MAX; g.values().len()];
-    for (&t, (_, r)) in sparse.tables.iter().zip(&placement.table_owner) {
-        owner[t.index()] = *r;
+    let plan = ShardPlan::table_wise(&placement, &sparse.table_infos);
+    partition_sparse(g, &sparse, &plan)
+}
+
+/// Partitions `g` as `plan` says (table-wise, row-wise and data-parallel tables;
+/// see the module docs and [`crate::shard`]).
+pub fn partition_with(g: &Graph, plan: &ShardPlan) -> Result<Partitioned> {
+    verify(g).map_err(PassError::ir(ID))?;
+    let sparse = Sparse::analyze(g)?;
+    plan.check(&sparse.table_infos)?;
+    partition_sparse(g, &sparse, plan)
+}
+
+fn partition_sparse(g: &Graph, sparse: &Sparse, plan: &ShardPlan) -> Result<Partitioned> {
+    let mut home = vec![Home::NotTable; g.values().len()];
+    let mut row_shards = Vec::new();
+    for (&t, tp) in sparse.tables.iter().zip(&plan.tables) {
+        home[t.index()] = match tp.kind {
+            ShardKind::TableWise => Home::Owner(tp.shards[0].rank),
+            ShardKind::DataParallel => Home::Replicated,
+            ShardKind::RowWise => {
+                let mut names = Vec::with_capacity(tp.shards.len());
+                for s in &tp.shards {
+                    let name = format!("{}.rows{}_{}", tp.table, s.lo, s.hi);
+                    if g.find(&name).is_some() {
+                        return Err(graph_err(
+                            g,
+                            format!("the shard name %{name} is already a value of the graph"),
+                        ));
+                    }
+                    row_shards.push(RowShard {
+                        param: name.clone(),
+                        table: tp.table.clone(),
+                        lo: s.lo,
+                        hi: s.hi,
+                    });
+                    names.push(name);
+                }
+                Home::Rows(tp.shards.clone(), names)
+            }
+        };
     }
     for &(lo, t) in &sparse.companions {
-        owner[lo.index()] = owner[t.index()];
+        if matches!(home[t.index()], Home::Rows(..)) {
+            return Err(graph_err(
+                g,
+                format!(
+                    "table %{} is a Split-SGD-BF16 table (low half %{}): it cannot be split by rows",
+                    g.name_of(t),
+                    g.name_of(lo)
+                ),
+            ));
+        }
+        home[lo.index()] = home[t.index()].clone();
     }
-    let graphs = (0..ranks)
+    let graphs = (0..plan.ranks)
         .map(|r| {
-            RankBuilder::new(g, &sparse, &owner, ranks, r)
+            RankBuilder::new(g, sparse, &home, plan.ranks, r)
                 .build()
                 .and_then(|rank_graph| crate::schedule(&rank_graph))
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(Partitioned { graphs, placement })
+    Ok(Partitioned {
+        graphs,
+        plan: plan.clone(),
+        row_shards,
+    })
+}
+
+/// Where a parameter lives.
+#[derive(Clone, Debug)]
+enum Home {
+    /// Not a table: dense parameters (replicated) and non-parameters.
+    NotTable,
+    /// A table-wise table on its owner.
+    Owner(usize),
+    /// A row-wise table: its shards (row order) and their parameter names.
+    Rows(Vec<Shard>, Vec<String>),
+    /// A data-parallel table, on every rank.
+    Replicated,
 }
 
 // ------------------------------------------------------------------ analysis
@@ -252,8 +393,10 @@ struct Sparse {
     table_infos: Vec<TableInfo>,
     /// Per value: an index/offset input of a bag.
     is_index: Vec<bool>,
-    /// Per node: the root table of a `sparse_sgd`.
+    /// Per node: the root table of a `sparse_sgd` or fused update.
     sgd_root: Vec<Option<ValueId>>,
+    /// Per node: the root table of an `embedding_bag_grad`.
+    grad_root: Vec<Option<ValueId>>,
     /// Split-SGD-BF16 low halves of tables: `(low-half parameter, its table)`.
     companions: Vec<(ValueId, ValueId)>,
 }
@@ -604,6 +747,7 @@ impl Sparse {
                 dim,
                 elem_bytes: ty.dtype.size_bytes(),
                 lookups_per_sample: lookups,
+                bags: bags.iter().filter(|b| b.table == t).count(),
             });
         }
         Ok(Sparse {
@@ -613,6 +757,7 @@ impl Sparse {
             table_infos,
             is_index,
             sgd_root,
+            grad_root,
             companions,
         })
     }
@@ -620,11 +765,20 @@ impl Sparse {
 
 // ------------------------------------------------------------------ rebuild
 
+/// One `[G, D]` tensor of the exchange: a bag looked up by one rank, for the whole
+/// table (table-wise) or one row shard (`Some(k)`: shard index).
+#[derive(Clone, Copy)]
+struct Inst<'a> {
+    bag: &'a Bag,
+    rank: usize,
+    shard: Option<usize>,
+}
+
 struct RankBuilder<'a> {
     g: &'a Graph,
     sp: &'a Sparse,
-    /// Per value: owner rank of a table (usize::MAX otherwise).
-    owner: &'a [usize],
+    /// Per value: where it lives (tables and their low halves).
+    home: &'a [Home],
     ranks: usize,
     rank: usize,
     ng: Graph,
@@ -633,11 +787,14 @@ struct RankBuilder<'a> {
     reduced: Vec<Option<ValueId>>,
     /// Per source value: must be all_reduced once defined.
     to_reduce: Vec<bool>,
+    /// Per source value (row gradient of a replicated table's bag): the all-reduced
+    /// dense table gradient that replaces it.
+    dense_grad: Vec<Option<ValueId>>,
     names: HashSet<&'a str>,
 }
 
 impl<'a> RankBuilder<'a> {
-    fn new(g: &'a Graph, sp: &'a Sparse, owner: &'a [usize], ranks: usize, rank: usize) -> Self {
+    fn new(g: &'a Graph, sp: &'a Sparse, home: &'a [Home], ranks: usize, rank: usize) -> Self {
         let nvals = g.values().len();
         let mut to_reduce = vec![false; nvals];
         for node in g.nodes() {
@@ -655,19 +812,33 @@ impl<'a> RankBuilder<'a> {
         RankBuilder {
             g,
             sp,
-            owner,
+            home,
             ranks,
             rank,
             ng: Graph::new(format!("{}.rank{rank}", g.name)),
             map: vec![None; nvals],
             reduced: vec![None; nvals],
             to_reduce,
+            dense_grad: vec![None; nvals],
             names: g.values().iter().map(|v| v.name.as_str()).collect(),
         }
     }
 
-    fn owns(&self, b: &Bag) -> bool {
-        self.owner[b.table.index()] == self.rank
+    fn replicated(&self, table: ValueId) -> bool {
+        matches!(self.home[table.index()], Home::Replicated)
+    }
+
+    /// This rank's part of a model-parallel table: `Some(None)` the whole table,
+    /// `Some(Some(k))` row shard `k`, `None` nothing (or a replicated table).
+    fn held(&self, table: ValueId) -> Option<Option<usize>> {
+        match &self.home[table.index()] {
+            Home::Owner(r) if *r == self.rank => Some(None),
+            Home::Rows(shards, _) => shards
+                .iter()
+                .position(|s| s.rank == self.rank)
+                .map(Some),
+            _ => None,
+        }
     }
 
     /// A name free in both the source and the new graph.
@@ -709,30 +880,65 @@ impl<'a> RankBuilder<'a> {
         Ok(())
     }
 
-    /// Bags in the exchange order: by owner rank, then node order.
-    fn exchange_order(&self, with_grad: bool) -> (Vec<&'a Bag>, Vec<usize>) {
-        let mut order: Vec<&Bag> = self
-            .sp
-            .bags
-            .iter()
-            .filter(|b| !with_grad || b.grad.is_some())
-            .collect();
-        order.sort_by_key(|b| self.owner[b.table.index()]);
+    /// The exchanged tensors in order: by holder rank, then bag (node order), then
+    /// shard; only bags with a gradient when `with_grad`. Also the count per rank.
+    fn exchange_order(&self, with_grad: bool) -> (Vec<Inst<'a>>, Vec<usize>) {
+        let mut order: Vec<Inst<'a>> = Vec::new();
+        for b in &self.sp.bags {
+            if with_grad && b.grad.is_none() {
+                continue;
+            }
+            match &self.home[b.table.index()] {
+                Home::Owner(r) => order.push(Inst {
+                    bag: b,
+                    rank: *r,
+                    shard: None,
+                }),
+                Home::Rows(shards, _) => {
+                    for (k, s) in shards.iter().enumerate() {
+                        order.push(Inst {
+                            bag: b,
+                            rank: s.rank,
+                            shard: Some(k),
+                        });
+                    }
+                }
+                Home::Replicated | Home::NotTable => {}
+            }
+        }
+        order.sort_by_key(|i| i.rank);
         let mut counts = vec![0usize; self.ranks];
-        for b in &order {
-            counts[self.owner[b.table.index()]] += 1;
+        for i in &order {
+            counts[i.rank] += 1;
         }
         (order, counts)
+    }
+
+    /// The shard `k` of a row-wise table.
+    fn shard(&self, table: ValueId, k: usize) -> Result<Shard> {
+        match &self.home[table.index()] {
+            Home::Rows(shards, _) => Ok(shards[k]),
+            _ => Err(graph_err(
+                self.g,
+                format!("internal: %{} is not row-wise", self.g.name_of(table)),
+            )),
+        }
+    }
+
+    fn table_rows(&self, table: ValueId) -> usize {
+        self.g.ty(table).shape[0].fixed().unwrap_or(0)
     }
 
     fn scatter_block(&mut self) -> Result<()> {
         let e = PassError::ir(ID);
         let g = self.g;
+        let (order, counts) = self.exchange_order(false);
+        if order.is_empty() {
+            return Ok(());
+        }
         let mut owned = Vec::new();
-        for b in &self.sp.bags {
-            if !self.owns(b) {
-                continue;
-            }
+        for inst in order.iter().filter(|i| i.rank == self.rank) {
+            let b = inst.bag;
             let node = &g.nodes()[b.node];
             let ins = node
                 .inputs
@@ -740,11 +946,39 @@ impl<'a> RankBuilder<'a> {
                 .map(|&v| self.get(v))
                 .collect::<Result<Vec<_>>>()?;
             let name = self.fresh(&format!("{}.G", g.name_of(b.out)));
-            owned.push(self.ng.add(node.op.clone(), &ins, &name).map_err(&e)?);
+            let op = match (inst.shard, &node.op) {
+                (None, op) => op.clone(),
+                (Some(k), Op::EmbeddingBag { mode }) => {
+                    let s = self.shard(b.table, k)?;
+                    Op::EmbeddingBagRows {
+                        mode: *mode,
+                        lo: s.lo,
+                        rows: self.table_rows(b.table),
+                    }
+                }
+                (Some(_), op) => {
+                    return Err(node_err(
+                        g,
+                        b.node,
+                        format!("`{}` has no row-wise form", op.mnemonic()),
+                    ));
+                }
+            };
+            owned.push(self.ng.add(op, &ins, &name).map_err(&e)?);
         }
-        let (order, counts) = self.exchange_order(false);
-        let names: Vec<&str> = order.iter().map(|b| g.name_of(b.out)).collect();
-        let declared: Vec<TensorType> = order.iter().map(|b| g.ty(b.out).clone()).collect();
+        let mut names = Vec::with_capacity(order.len());
+        for inst in &order {
+            let out = g.name_of(inst.bag.out);
+            names.push(match inst.shard {
+                None => out.to_string(),
+                Some(k) => {
+                    let s = self.shard(inst.bag.table, k)?;
+                    self.fresh(&format!("{out}.rows{}_{}", s.lo, s.hi))
+                }
+            });
+        }
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let declared: Vec<TensorType> = order.iter().map(|i| g.ty(i.bag.out).clone()).collect();
         let op = Op::AllToAll {
             dir: A2aDir::Scatter,
             counts,
@@ -754,8 +988,31 @@ impl<'a> RankBuilder<'a> {
             .ng
             .add_node_typed(op, &owned, &names, &declared)
             .map_err(&e)?;
-        for (b, v) in order.iter().zip(res) {
-            self.define(b.out, v)?;
+        // Whole bags are defined directly; row shards' partial sums are added in
+        // shard order: ((p0 + p1) + p2) ...
+        let mut partials: Vec<Vec<(usize, ValueId)>> = vec![Vec::new(); g.nodes().len()];
+        for (inst, v) in order.iter().zip(res) {
+            match inst.shard {
+                None => self.define(inst.bag.out, v)?,
+                Some(k) => partials[inst.bag.node].push((k, v)),
+            }
+        }
+        for b in &self.sp.bags {
+            let mut parts = std::mem::take(&mut partials[b.node]);
+            if parts.is_empty() {
+                continue;
+            }
+            parts.sort_by_key(|&(k, _)| k);
+            let mut acc = parts[0].1;
+            for (i, &(_, p)) in parts.iter().enumerate().skip(1) {
+                let name = if i + 1 == parts.len() {
+                    g.name_of(b.out).to_string()
+                } else {
+                    self.fresh(&format!("{}.psum{i}", g.name_of(b.out)))
+                };
+                acc = self.ng.add(Op::Add, &[acc, p], &name).map_err(&e)?;
+            }
+            self.define(b.out, acc)?;
         }
         Ok(())
     }
@@ -767,13 +1024,13 @@ impl<'a> RankBuilder<'a> {
         let mut operands = Vec::with_capacity(order.len());
         let mut names = Vec::new();
         let mut mine = Vec::new();
-        for b in &order {
-            let k = b.grad.unwrap_or_else(|| unreachable!("filtered on grad"));
+        for inst in &order {
+            let k = inst.bag.grad.unwrap_or_else(|| unreachable!("filtered on grad"));
             let dy = bag_dy(g, k);
             operands.push(self.get(dy)?);
-            if self.owns(b) {
+            if inst.rank == self.rank {
                 names.push(self.fresh(&format!("{}.G", g.name_of(dy))));
-                mine.push(k);
+                mine.push((k, inst.shard, inst.bag.table));
             }
         }
         let names: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -783,7 +1040,7 @@ impl<'a> RankBuilder<'a> {
             rank: self.rank,
         };
         let gathered = self.ng.add_node(op, &operands, &names).map_err(&e)?;
-        for (k, dy) in mine.into_iter().zip(gathered) {
+        for ((k, shard, table), dy) in mine.into_iter().zip(gathered) {
             let node = &g.nodes()[k];
             let mut ins = Vec::with_capacity(node.inputs.len());
             // The state operands before dy: none (bag gradient), the table (fused
@@ -800,33 +1057,169 @@ impl<'a> RankBuilder<'a> {
             for &v in &node.inputs[state + 1..] {
                 ins.push(self.get(v)?);
             }
+            let op = match (shard, &node.op) {
+                (None, op) | (Some(_), op @ Op::EmbeddingBagGrad { .. }) => op.clone(),
+                (Some(sk), Op::EmbeddingUpdate { mode, lr }) => {
+                    let s = self.shard(table, sk)?;
+                    Op::EmbeddingUpdateRows {
+                        mode: *mode,
+                        lr: *lr,
+                        lo: s.lo,
+                        rows: self.table_rows(table),
+                    }
+                }
+                (Some(_), op) => {
+                    return Err(node_err(
+                        g,
+                        k,
+                        format!("`{}` has no row-wise form", op.mnemonic()),
+                    ));
+                }
+            };
             let names: Vec<&str> = node.outputs.iter().map(|&o| g.name_of(o)).collect();
-            let news = self
-                .ng
-                .add_node(node.op.clone(), &ins, &names)
-                .map_err(&e)?;
+            let news = self.ng.add_node(op, &ins, &names).map_err(&e)?;
             for (&out, new) in node.outputs.iter().zip(news) {
                 self.define(out, new)?;
             }
         }
         for (n, node) in g.nodes().iter().enumerate() {
-            let owned = self.sp.sgd_root[n].is_some_and(|t| self.owner[t.index()] == self.rank);
-            if self.sp.kinds[n] != Kind::SparseSgd || !owned {
+            if self.sp.kinds[n] != Kind::SparseSgd {
                 continue;
             }
+            let Some(root) = self.sp.sgd_root[n] else {
+                continue;
+            };
+            let Some(held) = self.held(root) else {
+                continue;
+            };
             let ins = node
                 .inputs
                 .iter()
                 .map(|&v| self.get(v))
                 .collect::<Result<Vec<_>>>()?;
+            let op = match (held, &node.op) {
+                (Some(sk), Op::SparseSgd { lr }) => {
+                    let s = self.shard(root, sk)?;
+                    Op::SparseSgdRows {
+                        lr: *lr,
+                        lo: s.lo,
+                        rows: self.table_rows(root),
+                    }
+                }
+                (_, op) => op.clone(),
+            };
             let out = node.outputs[0];
-            let new = self
-                .ng
-                .add(node.op.clone(), &ins, g.name_of(out))
-                .map_err(&e)?;
+            let new = self.ng.add(op, &ins, g.name_of(out)).map_err(&e)?;
             self.define(out, new)?;
         }
         Ok(())
+    }
+
+    /// The all-reduced dense gradient `embedding_grad_dense(dy, indices[, offsets])`
+    /// of a replicated table, named after `hint`.
+    fn replicated_grad(
+        &mut self,
+        mode: dlrm_ir::Pool,
+        table: ValueId,
+        dy: ValueId,
+        index_ins: &[ValueId],
+        hint: &str,
+    ) -> Result<ValueId> {
+        let e = PassError::ir(ID);
+        let mut ins = vec![self.get(dy)?];
+        for &v in index_ins {
+            ins.push(self.get(v)?);
+        }
+        let rows = self.table_rows(table);
+        let name = self.fresh(&format!("{hint}.dense"));
+        let dense = self
+            .ng
+            .add(Op::EmbeddingGradDense { mode, rows }, &ins, &name)
+            .map_err(&e)?;
+        let name = self.fresh(&format!("{hint}.dense.sum"));
+        self.ng.add(Op::AllReduce, &[dense], &name).map_err(&e)
+    }
+
+    /// A sparse node of a data-parallel table, at its place in node order: the bag
+    /// on the local samples; the backward as a dense, all-reduced gradient and
+    /// `sgd` (or `split_sgd`).
+    fn replicated_node(&mut self, n: usize) -> Result<()> {
+        let e = PassError::ir(ID);
+        let g = self.g;
+        let node = &g.nodes()[n];
+        let name = |i: usize| g.name_of(node.outputs[i]);
+        match (&node.op, self.sp.kinds[n]) {
+            (Op::EmbeddingBag { .. }, _) => {
+                let ins = node
+                    .inputs
+                    .iter()
+                    .map(|&v| self.get(v))
+                    .collect::<Result<Vec<_>>>()?;
+                let v = self.ng.add(node.op.clone(), &ins, name(0)).map_err(&e)?;
+                self.define(node.outputs[0], v)
+            }
+            (Op::EmbeddingBagGrad { mode }, _) => {
+                let table = self.sp.grad_root[n]
+                    .ok_or_else(|| node_err(g, n, "internal: no table".into()))?;
+                let r =
+                    self.replicated_grad(*mode, table, node.inputs[0], &node.inputs[1..], name(0))?;
+                self.dense_grad[node.outputs[0].index()] = Some(r);
+                Ok(())
+            }
+            (Op::SparseSgd { lr }, _) => {
+                let grad = self.dense_grad[node.inputs[2].index()].ok_or_else(|| {
+                    node_err(g, n, "internal: no dense gradient for the rows".into())
+                })?;
+                let w = self.get(node.inputs[0])?;
+                let v = self
+                    .ng
+                    .add(Op::Sgd { lr: *lr }, &[w, grad], name(0))
+                    .map_err(&e)?;
+                self.define(node.outputs[0], v)
+            }
+            (Op::EmbeddingUpdate { mode, lr }, _) => {
+                let table = self.sp.sgd_root[n]
+                    .ok_or_else(|| node_err(g, n, "internal: no table".into()))?;
+                let grad =
+                    self.replicated_grad(*mode, table, node.inputs[1], &node.inputs[2..], name(0))?;
+                let w = self.get(node.inputs[0])?;
+                let v = self
+                    .ng
+                    .add(Op::Sgd { lr: *lr }, &[w, grad], name(0))
+                    .map_err(&e)?;
+                self.define(node.outputs[0], v)
+            }
+            (Op::SplitEmbeddingUpdate { mode, lr }, _) => {
+                let table = self.sp.sgd_root[n]
+                    .ok_or_else(|| node_err(g, n, "internal: no table".into()))?;
+                let grad =
+                    self.replicated_grad(*mode, table, node.inputs[2], &node.inputs[3..], name(0))?;
+                let (hi, lo) = (self.get(node.inputs[0])?, self.get(node.inputs[1])?);
+                let news = self
+                    .ng
+                    .add_node(Op::SplitSgd { lr: *lr }, &[hi, lo, grad], &[name(0), name(1)])
+                    .map_err(&e)?;
+                for (&out, new) in node.outputs.iter().zip(news) {
+                    self.define(out, new)?;
+                }
+                Ok(())
+            }
+            (op, _) => Err(node_err(
+                g,
+                n,
+                format!("internal: `{}` on a replicated table", op.mnemonic()),
+            )),
+        }
+    }
+
+    /// The table a sparse node works on (its bag's, its update's root).
+    fn sparse_table(&self, n: usize) -> Option<ValueId> {
+        match self.sp.kinds[n] {
+            Kind::Bag => Some(self.g.nodes()[n].inputs[0]),
+            Kind::BagGrad => self.sp.grad_root[n],
+            Kind::SparseSgd | Kind::Update => self.sp.sgd_root[n],
+            Kind::Dense => None,
+        }
     }
 
     fn dense_node(&mut self, n: usize) -> Result<()> {
@@ -894,22 +1287,34 @@ impl<'a> RankBuilder<'a> {
     fn build(mut self) -> Result<Graph> {
         let g = self.g;
         let e = PassError::ir(ID);
-        // Inputs: owned bags' index inputs with G, other bags' dropped.
-        let mut keep = vec![false; g.values().len()];
+        // Index inputs: `[G, ..]` for the bags of tables this rank holds (whole or a
+        // row shard), as in the source for replicated tables, dropped otherwise.
+        let mut global = vec![false; g.values().len()];
+        let mut local = vec![false; g.values().len()];
         for b in &self.sp.bags {
-            if self.owns(b) {
-                for &v in &g.nodes()[b.node].inputs[1..] {
-                    keep[v.index()] = true;
-                }
+            let (held, rep) = (self.held(b.table).is_some(), self.replicated(b.table));
+            for &v in &g.nodes()[b.node].inputs[1..] {
+                global[v.index()] |= held;
+                local[v.index()] |= rep;
             }
         }
         for &v in g.inputs() {
             let mut ty = g.ty(v).clone();
             if self.sp.is_index[v.index()] {
-                if !keep[v.index()] {
+                if global[v.index()] && local[v.index()] {
+                    return Err(graph_err(
+                        g,
+                        format!(
+                            "the indices %{} feed a replicated and a model-parallel table: \
+                             place their tables alike",
+                            g.name_of(v)
+                        ),
+                    ));
+                }
+                if !global[v.index()] && !local[v.index()] {
                     continue;
                 }
-                if ty.shape.first().is_some_and(|d| d.is_sym(Dim::BATCH)) {
+                if global[v.index()] && ty.shape.first().is_some_and(|d| d.is_sym(Dim::BATCH)) {
                     ty.shape[0] = Dim::global();
                 }
             }
@@ -917,13 +1322,25 @@ impl<'a> RankBuilder<'a> {
             self.map[v.index()] = Some(new);
         }
         for &p in g.params() {
-            if self.owner[p.index()] != usize::MAX && self.owner[p.index()] != self.rank {
-                continue;
-            }
-            let new = self
-                .ng
-                .add_param(g.name_of(p), g.ty(p).clone())
-                .map_err(&e)?;
+            let new = match &self.home[p.index()] {
+                Home::NotTable | Home::Replicated => self
+                    .ng
+                    .add_param(g.name_of(p), g.ty(p).clone())
+                    .map_err(&e)?,
+                Home::Owner(r) if *r == self.rank => self
+                    .ng
+                    .add_param(g.name_of(p), g.ty(p).clone())
+                    .map_err(&e)?,
+                Home::Owner(_) => continue,
+                Home::Rows(shards, names) => {
+                    let Some(k) = shards.iter().position(|s| s.rank == self.rank) else {
+                        continue;
+                    };
+                    let mut ty = g.ty(p).clone();
+                    ty.shape[0] = Dim::Fixed(shards[k].hi - shards[k].lo);
+                    self.ng.add_param(&names[k], ty).map_err(&e)?
+                }
+            };
             self.map[p.index()] = Some(new);
         }
         for &v in g.inputs().iter().chain(g.params()) {
@@ -933,11 +1350,13 @@ impl<'a> RankBuilder<'a> {
         }
 
         let first_bag = self.sp.bags.first().map(|b| b.node);
-        // The gather goes after the last bag gradient is defined (None: at the start).
+        // The gather goes after the last exchanged bag gradient is defined (None: at
+        // the start).
         let grads: Vec<ValueId> = self
             .sp
             .bags
             .iter()
+            .filter(|b| !self.replicated(b.table))
             .filter_map(|b| b.grad)
             .map(|k| bag_dy(g, k))
             .collect();
@@ -961,8 +1380,10 @@ impl<'a> RankBuilder<'a> {
             if first_bag == Some(n) {
                 self.scatter_block()?;
             }
-            if self.sp.kinds[n] == Kind::Dense {
-                self.dense_node(n)?;
+            match self.sparse_table(n) {
+                None => self.dense_node(n)?,
+                Some(t) if self.replicated(t) => self.replicated_node(n)?,
+                Some(_) => {}
             }
             if gather_after == Some(Some(n)) {
                 self.gather_block()?;

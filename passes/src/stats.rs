@@ -53,7 +53,7 @@ fn dot_pairs(f: usize, self_interaction: bool) -> f64 {
 }
 
 /// FLOPs of node `n` for one sample.
-fn node_flops(g: &Graph, n: usize) -> f64 {
+pub(crate) fn node_flops(g: &Graph, n: usize) -> f64 {
     let node = &g.nodes()[n];
     let ty = |i: usize| g.ty(node.inputs[i]);
     let out = || g.ty(node.outputs[0]);
@@ -106,6 +106,11 @@ fn node_flops(g: &Graph, n: usize) -> f64 {
         | Op::BlockWeight { .. }
         | Op::UnblockWeight { .. }
         | Op::SplitSgd { .. } => 0.0,
+        // ---- sharded embeddings (upper bounds: every index counted)
+        Op::EmbeddingBagRows { .. } => numel1(ty(1)) * d(ty(0), 1),
+        Op::SparseSgdRows { .. } => 2.0 * numel1(ty(2)),
+        Op::EmbeddingUpdateRows { .. } => 2.0 * numel1(ty(2)) * d(ty(0), 1),
+        Op::EmbeddingGradDense { .. } => numel1(ty(1)) * d(ty(0), 1),
         // ---- generic ops (ONNX import)
         // a[..,M,K] · b[..,K,N]: 2·K per result element.
         Op::MatMul => 2.0 * d(ty(0), ty(0).rank().saturating_sub(1)) * numel1(out()),

@@ -45,7 +45,7 @@ fn training_graphs_partition_for_1_to_5_ranks() {
         for ranks in 1..=5 {
             let p = partition(&t, ranks).unwrap();
             assert_eq!(p.graphs.len(), ranks);
-            assert_eq!(p.placement.ranks(), ranks);
+            assert_eq!(p.plan.ranks, ranks);
             // Each table is owned exactly once, and only its owner holds it.
             let mut owners = vec![Vec::new(); n_tables];
             for (r, g) in p.graphs.iter().enumerate() {
@@ -64,7 +64,7 @@ fn training_graphs_partition_for_1_to_5_ranks() {
                     "{} ranks {ranks}: table {k} on {o:?}",
                     spec.name
                 );
-                assert_eq!(p.placement.owner(&format!("emb.{k}")), Some(o[0]));
+                assert_eq!(p.plan.owner(&format!("emb.{k}")), Some(o[0]));
             }
             let owned_bags: Vec<usize> = (0..ranks)
                 .map(|r| spec.bags.iter().filter(|b| owners[b.table][0] == r).count())
@@ -214,8 +214,8 @@ fn train_and_inference_graphs_place_identically() {
         let t = train(&spec, LossKind::Mse, 0.1);
         assert_eq!(tables(&fwd).unwrap(), tables(&t).unwrap());
         for ranks in 1..=5 {
-            let a = partition(&fwd, ranks).unwrap().placement;
-            let b = partition(&t, ranks).unwrap().placement;
+            let a = partition(&fwd, ranks).unwrap().plan;
+            let b = partition(&t, ranks).unwrap().plan;
             assert_eq!(a, b);
         }
     }
@@ -234,6 +234,7 @@ fn table_costs_follow_the_formula() {
             dim: 4,
             elem_bytes: 4,
             lookups_per_sample: 5,
+            bags: 2,
         }
     );
     assert_eq!(t[0].cost(), (7 * 4 * 4 + 5 * 4) as f64);
@@ -248,6 +249,7 @@ fn table(name: &str, rows: usize) -> TableInfo {
         dim: 8,
         elem_bytes: 4,
         lookups_per_sample: 1,
+        bags: 1,
     }
 }
 
@@ -484,8 +486,8 @@ fn a_model_without_tables_is_data_parallel_only() {
     let (out1, after1) = run1(&t, &batch, &params);
     for ranks in [1, 3] {
         let p = partition(&t, ranks).unwrap();
-        assert!(p.placement.table_owner.is_empty());
-        assert_eq!(p.placement.per_rank_cost, vec![0.0; ranks]);
+        assert!(p.plan.tables.is_empty());
+        assert_eq!(p.plan.ranks, ranks);
         for g in &p.graphs {
             assert_eq!(count(g, "all_to_all"), 0);
             assert_eq!(count(g, "all_reduce"), 5);

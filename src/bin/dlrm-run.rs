@@ -7,7 +7,7 @@ use dlrm_runtime::metrics::MetricsWriter;
 use dlrm_runtime::plan::{Plan, read_plan};
 use dlrm_runtime::{AllReduceAlgo, Backend, KernelChoice};
 use dlrmc::launch::infer_once;
-use dlrmc::{RunOptions, job_for};
+use dlrmc::{RunOptions, ShardSettings, job_for};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -82,6 +82,28 @@ struct Cli {
     /// No progress output, only the summary.
     #[arg(short, long)]
     quiet: bool,
+    /// Sharding planner: bytes of embedding tables one rank may hold, e.g.
+    /// `512MiB` (default 16GiB); larger tables are split by rows.
+    #[arg(long, value_name = "BYTES", value_parser = parse_mem)]
+    mem_per_rank: Option<u64>,
+    /// Sharding planner: the network, `latency_us,GBps` (default 2,12.5).
+    #[arg(long, value_name = "US,GBPS", value_parser = parse_network)]
+    network: Option<dlrm_passes::shard::Network>,
+    /// Sharding planner: one rank's rates, `GFLOPs,GBps` (default 20,4).
+    #[arg(long, value_name = "GFLOPS,GBPS", value_parser = parse_machine)]
+    machine: Option<dlrm_passes::shard::Machine>,
+}
+
+fn parse_mem(s: &str) -> Result<u64, String> {
+    dlrm_passes::shard::parse_bytes(s).map_err(|e| e.to_string())
+}
+
+fn parse_network(s: &str) -> Result<dlrm_passes::shard::Network, String> {
+    dlrm_passes::shard::Network::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_machine(s: &str) -> Result<dlrm_passes::shard::Machine, String> {
+    dlrm_passes::shard::Machine::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_backend(s: &str) -> Result<Backend, String> {
@@ -116,6 +138,14 @@ fn real_main(cli: Cli) -> Result<()> {
         kernels: cli.kernels,
         overlap: !cli.no_overlap,
         allreduce: cli.allreduce,
+        shards: {
+            let d = ShardSettings::default();
+            ShardSettings {
+                mem_per_rank: cli.mem_per_rank.unwrap_or(d.mem_per_rank),
+                network: cli.network.unwrap_or(d.network),
+                machine: cli.machine.unwrap_or(d.machine),
+            }
+        },
     };
     if cli.ranks == 0 {
         bail!("--ranks must be at least 1");

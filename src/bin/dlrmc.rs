@@ -1,4 +1,4 @@
-//! `dlrmc`: the DLRM compiler's command line (compile, inspect).
+//! `dlrmc`: the DLRM compiler's command line (compile, inspect, opt, plan-shards).
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
@@ -8,7 +8,7 @@ use dlrm_passes::{LossKind, TrainConfig};
 use dlrm_runtime::plan::{read_plan, write_plan};
 use dlrmc::compile::{CompileOptions, Stage, partition_stages};
 use dlrmc::model::{Overrides, load_model};
-use dlrmc::{Inspection, compile};
+use dlrmc::{Inspection, ShardSettings, compile, plan_shards};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -30,6 +30,64 @@ enum Command {
     Inspect(InspectArgs),
     /// Run passes on a textual IR file and print the result (the golden-test tool).
     Opt(OptArgs),
+    /// Place a plan's embedding tables on N ranks (table-wise, row-wise,
+    /// data-parallel) and predict each rank's step time and the scaling from 1 to N.
+    PlanShards(PlanShardsArgs),
+}
+
+/// The sharding planner's options (shared by `compile` and `plan-shards`).
+#[derive(Args, Debug, Clone)]
+struct ShardArgs {
+    /// Bytes of embedding tables one rank may hold, e.g. `512MiB`, `2GB`
+    /// (default 16GiB); larger tables are split by rows.
+    #[arg(long, value_name = "BYTES", value_parser = parse_mem)]
+    mem_per_rank: Option<u64>,
+    /// The network between ranks: `latency_us,GBps` (default 2,12.5).
+    #[arg(long, value_name = "US,GBPS", value_parser = parse_network)]
+    network: Option<dlrm_passes::shard::Network>,
+    /// One rank's compute rates: `GFLOPs,GBps` (default 20,4: one core here).
+    #[arg(long, value_name = "GFLOPS,GBPS", value_parser = parse_machine)]
+    machine: Option<dlrm_passes::shard::Machine>,
+}
+
+impl ShardArgs {
+    fn settings(&self) -> ShardSettings {
+        let d = ShardSettings::default();
+        ShardSettings {
+            mem_per_rank: self.mem_per_rank.unwrap_or(d.mem_per_rank),
+            network: self.network.unwrap_or(d.network),
+            machine: self.machine.unwrap_or(d.machine),
+        }
+    }
+}
+
+fn parse_mem(s: &str) -> Result<u64, String> {
+    dlrm_passes::shard::parse_bytes(s).map_err(|e| e.to_string())
+}
+
+fn parse_network(s: &str) -> Result<dlrm_passes::shard::Network, String> {
+    dlrm_passes::shard::Network::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_machine(s: &str) -> Result<dlrm_passes::shard::Machine, String> {
+    dlrm_passes::shard::Machine::parse(s).map_err(|e| e.to_string())
+}
+
+#[derive(Args, Debug)]
+struct PlanShardsArgs {
+    /// The plan directory.
+    plan: PathBuf,
+    /// Rank count.
+    #[arg(long, value_name = "N")]
+    ranks: usize,
+    /// Global batch (default: the plan's).
+    #[arg(long, value_name = "N")]
+    batch_size: Option<usize>,
+    /// Print JSON (keys `prediction`, `scaling`, `options`).
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    shards: ShardArgs,
 }
 
 #[derive(Args, Debug)]
@@ -50,6 +108,8 @@ struct CompileArgs {
     /// Rank count for the `partition` dump stage.
     #[arg(long, value_name = "N", default_value_t = 2)]
     ranks: usize,
+    #[command(flatten)]
+    shards: ShardArgs,
     /// Write Graphviz of the final graph (training graph if any) to this file.
     #[arg(long, value_name = "FILE")]
     dot: Option<PathBuf>,
@@ -125,6 +185,7 @@ fn main() -> ExitCode {
         Command::Compile(a) => cmd_compile(a),
         Command::Inspect(a) => cmd_inspect(a),
         Command::Opt(a) => cmd_opt(a),
+        Command::PlanShards(a) => cmd_plan_shards(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -185,7 +246,7 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
         }
     })?;
     if wants(pipeline::PARTITION) {
-        partition_stages(&plan, a.ranks, &mut |stage, g| {
+        partition_stages(&plan, a.ranks, &a.shards.settings(), &mut |stage, g| {
             write_dump(&mut out, stage, g)
         })?;
     }
@@ -233,6 +294,17 @@ fn cmd_inspect(a: InspectArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&info)?);
     } else {
         print!("{info}");
+    }
+    Ok(())
+}
+
+fn cmd_plan_shards(a: PlanShardsArgs) -> Result<()> {
+    let plan = read_plan(&a.plan)?;
+    let report = plan_shards(&plan, a.ranks, a.batch_size, &a.shards.settings())?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
     }
     Ok(())
 }

@@ -13,6 +13,10 @@
 //! - [`optim`]: the in-place updates [`sgd_in_place`], [`split_sgd_in_place`],
 //!   [`sparse_sgd_in_place`], [`embedding_update_in_place`] and
 //!   [`split_embedding_update_in_place`] (SC20's race-free row-range update).
+//! - [`shard`]: `embedding_bag_rows` and `embedding_grad_dense` (row-wise and
+//!   data-parallel tables of the partition pass);
+//! - [`optim`]: the in-place updates [`sgd_in_place`] and [`sparse_sgd_in_place`]
+//!   (SC20's race-free row-range update).
 //!
 //! Contract of [`try_eval`]: `None` means "no fast kernel for this op or these
 //! dtypes" (the caller runs `dlrm_ir::interp::eval_op`); `Some(Ok(results))` are the
@@ -36,6 +40,7 @@ pub mod gemm;
 pub mod interaction;
 pub mod loss;
 pub mod optim;
+pub mod shard;
 
 pub use optim::{
     embedding_update_in_place, sgd_in_place, sparse_sgd_in_place, split_embedding_update_in_place,
@@ -160,6 +165,12 @@ pub fn try_eval(
         Op::Add => one(elementwise::add(inputs)?),
         Op::BceLogits { denom } => one(loss::bce_logits(denom, inputs, syms)?),
         Op::BceLogitsGrad { denom } => one(loss::bce_logits_grad(denom, inputs, syms)?),
+        Op::EmbeddingBagRows { mode, lo, rows } => {
+            one(shard::embedding_bag_rows(*mode, *lo, *rows, inputs)?)
+        }
+        Op::EmbeddingGradDense { mode, rows } => {
+            one(shard::embedding_grad_dense(*mode, *rows, inputs)?)
+        }
         _ => return None,
     };
     Some(res.and_then(|outs| check_results(op, outs, out_types, syms)))

@@ -195,3 +195,76 @@ pub(super) fn embedding_bag_grad(mode: Pool, ins: &[&Tensor], out: DType) -> R<T
     shape.push(d);
     store(out, shape, g)
 }
+
+// ---- sharded embeddings
+
+/// `embedding_bag_rows {mode, lo, rows}(shard[Rs,D], indices[, offsets]) -> [S,D]`:
+/// indices are validated against the whole table (`0..rows`); only those in
+/// `lo..lo+Rs` are looked up; `mean` divides by the full bag length.
+pub(super) fn embedding_bag_rows(
+    mode: Pool,
+    lo: usize,
+    rows: usize,
+    ins: &[&Tensor],
+    out: DType,
+) -> R<Tensor> {
+    expect_arity("embedding_bag_rows", ins, &[2, 3])?;
+    let [rs, d] = dims2(ins[0], "table shard")?;
+    let range = shard_range(lo, rs, rows)?;
+    let shard: FView<'_> = fview(ins[0], "table shard")?;
+    let (raw, bags) = bags_of(ins)?;
+    let idx = check_indices(&raw, &bags, Some(rows))?;
+    let samples = bags.samples();
+    let mut y = Vec::with_capacity(samples * d);
+    let mut acc = vec![0.0f32; d];
+    for s in 0..samples {
+        acc.iter_mut().for_each(|a| *a = 0.0);
+        let bag = bags.bag(s);
+        let count = bag.len();
+        for flat in bag {
+            if !range.contains(&idx[flat]) {
+                continue;
+            }
+            let base = (idx[flat] - lo) * d;
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a += shard.get(base + j);
+            }
+        }
+        if mode == Pool::Mean && count > 0 {
+            let c = count as f32;
+            acc.iter_mut().for_each(|a| *a /= c);
+        }
+        y.extend_from_slice(&acc);
+    }
+    store(out, vec![samples, d], y)
+}
+
+/// The rows `lo..lo+rs` of a table of `rows` rows, checked.
+pub(super) fn shard_range(lo: usize, rs: usize, rows: usize) -> R<Range<usize>> {
+    match lo.checked_add(rs) {
+        Some(hi) if hi <= rows => Ok(lo..hi),
+        _ => Err(format!(
+            "a shard of {rs} rows starting at row {lo} does not fit a table of {rows} rows"
+        )),
+    }
+}
+
+/// `embedding_grad_dense {mode, rows}(dy[S,D], indices[, offsets]) -> f32[rows,D]`.
+pub(super) fn embedding_grad_dense(mode: Pool, rows: usize, ins: &[&Tensor]) -> R<Tensor> {
+    expect_arity("embedding_grad_dense", ins, &[2, 3])?;
+    let rowgrad = embedding_bag_grad(mode, ins, DType::F32)?;
+    let g = super::common::floats(&rowgrad, "row gradient")?;
+    let (raw, bags) = bags_of(ins)?;
+    let idx = check_indices(&raw, &bags, Some(rows))?;
+    let d = ins[0].shape.get(1).copied().unwrap_or(0);
+    let mut dense = vec![0.0f32; rows * d];
+    for (i, &r) in idx.iter().enumerate() {
+        for (o, &v) in dense[r * d..(r + 1) * d]
+            .iter_mut()
+            .zip(&g[i * d..(i + 1) * d])
+        {
+            *o += v;
+        }
+    }
+    store(DType::F32, vec![rows, d], dense)
+}

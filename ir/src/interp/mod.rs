@@ -211,6 +211,33 @@ fn dispatch(
         | Op::SplitSgd { .. }
         | Op::EmbeddingUpdate { .. }
         | Op::SplitEmbeddingUpdate { .. } => fused::eval(op, ins, &dtypes, ctx.syms),
+        // ---- sharded embeddings
+        Op::EmbeddingBagRows { mode, lo, rows } => single(embedding::embedding_bag_rows(
+            *mode,
+            *lo,
+            *rows,
+            ins,
+            one()?,
+        )),
+        Op::SparseSgdRows { lr, lo, rows } => {
+            single(optim::sparse_sgd_rows_ref(*lr, *lo, *rows, ins, one()?))
+        }
+        Op::EmbeddingUpdateRows { mode, lr, lo, rows } => {
+            common::expect_arity("embedding_update_rows", ins, &[3, 4])?;
+            let mut grad_ins = vec![ins[1]];
+            grad_ins.extend_from_slice(&ins[2..]);
+            let rowgrad = embedding::embedding_bag_grad(*mode, &grad_ins, crate::DType::F32)?;
+            single(optim::sparse_sgd_rows_ref(
+                *lr,
+                *lo,
+                *rows,
+                &[ins[0], ins[2], &rowgrad],
+                one()?,
+            ))
+        }
+        Op::EmbeddingGradDense { mode, rows } => {
+            single(embedding::embedding_grad_dense(*mode, *rows, ins))
+        }
         // ---- generic ops (ONNX import)
         Op::MatMul => single(generic::matmul(ins, one()?)),
         Op::Binary { kind } => single(generic::binary(*kind, ins, one()?)),

@@ -114,3 +114,72 @@ pub(super) fn sparse_sgd_ref(lr: f32, ins: &[&Tensor], out: DType) -> R<Tensor> 
     expect_arity("sparse_sgd", ins, &[3])?;
     sparse_sgd(lr, Cow::Borrowed(ins[0]), &ins[1..], out)
 }
+
+/// `sparse_sgd_rows {lr, lo, rows}(shard[Rs,D], indices[..], rowgrad[.., D])`: every
+/// index is checked against the whole table (`0..rows`), then the in-range ones
+/// (shifted by `lo`, in row-major order) update the shard exactly as `sparse_sgd`.
+pub(super) fn sparse_sgd_rows(
+    lr: f32,
+    lo: usize,
+    rows: usize,
+    table: Cow<'_, Tensor>,
+    ins: &[&Tensor],
+    out: DType,
+) -> R<Tensor> {
+    let [idx_t, g_t] = ins else {
+        return Err(format!(
+            "`sparse_sgd_rows` takes 3 operands, got {}",
+            ins.len() + 1
+        ));
+    };
+    let [rs, d] = dims2(&table, "table shard")?;
+    let range = super::embedding::shard_range(lo, rs, rows)?;
+    let mut want = idx_t.shape.clone();
+    want.push(d);
+    if g_t.shape != want {
+        return Err(format!(
+            "row gradient {} must have shape indices ++ [{d}] for indices {} and shard {}",
+            describe(g_t),
+            describe(idx_t),
+            describe(&table)
+        ));
+    }
+    let raw = ints(idx_t, "indices")?;
+    let g = floats(g_t, "row gradient")?;
+    let mut local = Vec::new();
+    let mut grads = Vec::new();
+    for (flat, &i) in raw.iter().enumerate() {
+        match usize::try_from(i).ok().filter(|&u| u < rows) {
+            Some(u) if range.contains(&u) => {
+                local.push((u - lo) as i64);
+                grads.extend_from_slice(&g[flat * d..(flat + 1) * d]);
+            }
+            Some(_) => {}
+            None => {
+                return Err(out_of_range(i, &index_location(&idx_t.shape, flat), rows));
+            }
+        }
+    }
+    let n = local.len();
+    let idx = Tensor {
+        shape: vec![n],
+        data: Data::I64(local),
+    };
+    let rowgrad = Tensor {
+        shape: vec![n, d],
+        data: Data::F32(grads),
+    };
+    sparse_sgd(lr, table, &[&idx, &rowgrad], out)
+}
+
+/// `sparse_sgd_rows` on borrowed operands (the shard is copied once).
+pub(super) fn sparse_sgd_rows_ref(
+    lr: f32,
+    lo: usize,
+    rows: usize,
+    ins: &[&Tensor],
+    out: DType,
+) -> R<Tensor> {
+    expect_arity("sparse_sgd_rows", ins, &[3])?;
+    sparse_sgd_rows(lr, lo, rows, Cow::Borrowed(ins[0]), &ins[1..], out)
+}

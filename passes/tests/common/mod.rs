@@ -381,8 +381,14 @@ pub fn rows(t: &Tensor, r: std::ops::Range<usize>) -> Tensor {
     let row: usize = t.shape[1..].iter().product();
     let mut shape = t.shape.clone();
     shape[0] = r.len();
-    let v = t.to_f32_vec();
-    Tensor::f32(shape, v[r.start * row..r.end * row].to_vec())
+    let e = r.start * row..r.end * row;
+    let data = match &t.data {
+        dlrm_ir::Data::F32(v) => dlrm_ir::Data::F32(v[e].to_vec()),
+        dlrm_ir::Data::BF16(v) => dlrm_ir::Data::BF16(v[e].to_vec()),
+        dlrm_ir::Data::I64(v) => dlrm_ir::Data::I64(v[e].to_vec()),
+        dlrm_ir::Data::I32(v) => dlrm_ir::Data::I32(v[e].to_vec()),
+    };
+    Tensor { shape, data }
 }
 
 /// Runs the per-rank graphs on threads with a [`LocalGroup`]; rank `r` gets its
