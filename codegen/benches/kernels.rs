@@ -5,6 +5,11 @@
 //!   M=2048 (packed B), and `matrixmultiply::sgemm` (single-threaded; compare
 //!   with `RAYON_NUM_THREADS=1`). Shapes: K=N in {13,64,128,256,512,1024} plus
 //!   the DLRM layer shapes; `BENCH_FULL=1` runs the whole K×N grid.
+//! - `brgemm/{op}/{shape}/{dtype}/{cranelift|native}`: the blocked `brgemm` (relu),
+//!   `brgemm_dgrad` (relu) and `brgemm_wgrad` (relu, with the bias gradient) JIT
+//!   ops at M=2048 on the same shapes, blocks as the e-graph picks them (`bk =
+//!   min(K, 64)`, `bn = min(N, 64)`), operand packing included; bf16 for the
+//!   forward op only.
 //! - `embedding_bag/{dim}x{pooling}/{jit|reference}`: batch 2048, 100k-row table.
 //! - `interaction/{F}x{D}/reference`: batch 2048 (no JIT interaction kernel yet).
 //!
@@ -235,5 +240,90 @@ fn bench_interaction(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_gemm, bench_embedding, bench_interaction);
+fn fixed_ty(dt: DType, shape: &[usize]) -> TensorType {
+    TensorType::new(dt, shape.iter().map(|&d| Dim::Fixed(d)))
+}
+
+fn float_tensor(dt: DType, shape: Vec<usize>, v: Vec<f32>) -> Tensor {
+    match dt {
+        DType::BF16 => Tensor::bf16(shape, v.into_iter().map(bf16::from_f32).collect()),
+        _ => Tensor::f32(shape, v),
+    }
+}
+
+fn bench_brgemm(c: &mut Criterion) {
+    use dlrm_ir::Act;
+    let m = 2048;
+    let mut g = c.benchmark_group("brgemm");
+    g.sample_size(10);
+    let mut choices = vec![dlrm_codegen::KernelChoice::Cranelift];
+    if native::available() {
+        choices.push(dlrm_codegen::KernelChoice::Native);
+    }
+    let syms = HashMap::new();
+    for (k, n) in gemm_shapes() {
+        let (bk, bn) = (k.min(64), n.min(64));
+        let (kb, nb) = (k.div_ceil(bk), n.div_ceil(bn));
+        g.throughput(Throughput::Elements((2 * m * n * k) as u64));
+        let shape = format!("m{m}k{k}n{n}");
+        for (op_name, dt) in [
+            ("brgemm", DType::F32),
+            ("brgemm", DType::BF16),
+            ("brgemm_dgrad", DType::F32),
+            ("brgemm_wgrad", DType::F32),
+        ] {
+            let x = float_tensor(dt, vec![kb, m, bk], vals(1, kb * m * bk));
+            let w = float_tensor(dt, vec![nb, kb, bk, bn], vals(2, nb * kb * bk * bn));
+            let b = Tensor::f32(vec![n], vals(3, n));
+            let dy = float_tensor(dt, vec![nb, m, bn], vals(4, nb * m * bn));
+            let y = float_tensor(dt, vec![nb, m, bn], vals(5, nb * m * bn));
+            let (op, ins, tys) = match op_name {
+                "brgemm" => (
+                    Op::Brgemm { act: Act::Relu },
+                    vec![x, w, b],
+                    vec![fixed_ty(dt, &[nb, m, bn])],
+                ),
+                "brgemm_dgrad" => (
+                    Op::BrgemmDgrad { act: Act::Relu },
+                    vec![dy, y, w],
+                    vec![fixed_ty(DType::F32, &[kb, m, bk])],
+                ),
+                _ => (
+                    Op::BrgemmWgrad { act: Act::Relu, n },
+                    vec![dy, y, x],
+                    vec![
+                        fixed_ty(DType::F32, &[nb, kb, bk, bn]),
+                        fixed_ty(DType::F32, &[n]),
+                    ],
+                ),
+            };
+            let refs: Vec<&Tensor> = ins.iter().collect();
+            for kernels in &choices {
+                let opts = JitOptions { kernels: *kernels };
+                let id = BenchmarkId::new(
+                    format!("{op_name}/{shape}/{}", dt.mnemonic()),
+                    kernels.name(),
+                );
+                g.bench_function(id, |bch| {
+                    bch.iter(|| {
+                        black_box(
+                            dlrm_codegen::jit::try_eval(&op, &refs, &tys, &syms, &opts)
+                                .expect("a JIT kernel")
+                                .expect("runs"),
+                        )
+                    })
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_gemm,
+    bench_brgemm,
+    bench_embedding,
+    bench_interaction
+);
 criterion_main!(benches);

@@ -2,11 +2,13 @@
 //!
 //! - [`jit`]: Cranelift JIT kernels, one per op signature, cached process-wide
 //!   ([`Jit::global`]): a blocked batch-reduce GEMM core with fused bias/relu
-//!   epilogues (linear, dgrad, wgrad; f32 and bf16 storage) whose tiles are a
+//!   epilogues (linear, dgrad, wgrad, and the blocked `brgemm` family; f32 and
+//!   bf16 storage) whose tiles are a
 //!   pure-Cranelift f32x4 FMA micro-kernel or a native AVX2+FMA micro-kernel
 //!   called through a JIT symbol ([`KernelChoice`]); embedding bags; elementwise
 //!   ops. Entry: [`jit::try_eval`].
-//! - [`kernels`]: the plain-Rust *reference kernels* (rayon + `matrixmultiply`),
+//! - [`kernels`]: the plain-Rust *reference kernels* (rayon + `matrixmultiply`;
+//!   the blocked GEMM family bitwise equal to the interpreter),
 //!   the JIT's oracle and fallback, and the in-place optimizer updates including
 //!   the SC20 race-free sparse update. Entry: [`try_eval`].
 //! - [`update`]: the in-place optimizer updates (JIT kernel, else reference).

@@ -443,7 +443,7 @@ impl GemmKernel {
             return Ok(());
         }
         let mr = s.micro.mr();
-        if rows > s.m || (rows % mr != 0 && rows % mr != s.m % mr) {
+        if rows > s.m || (!rows.is_multiple_of(mr) && rows % mr != s.m % mr) {
             return Err(bad(format!(
                 "{rows} rows: not whole tiles nor the compiled remainder"
             )));

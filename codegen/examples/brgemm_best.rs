@@ -1,0 +1,111 @@
+//! Best-of-N throughput of the blocked GEMM ops against the unblocked linear ops
+//! on the same problem (robust on a shared machine: runs interleaved, best kept):
+//! `brgemm`/`linear` (relu), `brgemm_dgrad`/`linear_dx`, `brgemm_wgrad`/`linear_dw`,
+//! each with the Cranelift and the native micro-kernel. Blocks as the e-graph
+//! picks them for these dims (`min(dim, 64)`, or `BLOCK`).
+//!
+//! `RAYON_NUM_THREADS=2 cargo run --release -p dlrm-codegen --example brgemm_best -- S K N [reps]`
+
+use dlrm_codegen::KernelChoice;
+use dlrm_codegen::jit::{self, JitOptions, native};
+use dlrm_ir::{Act, DType, Dim, Op, Tensor, TensorType};
+use std::collections::HashMap;
+use std::time::Instant;
+
+fn vals(seed: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i + seed) * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect()
+}
+
+/// A timed case: name, op, operands, result types.
+type Case<'a> = (&'static str, Op, Vec<&'a Tensor>, Vec<TensorType>);
+
+fn ty(shape: &[usize]) -> TensorType {
+    TensorType::new(DType::F32, shape.iter().map(|&d| Dim::Fixed(d)))
+}
+
+fn main() {
+    let a: Vec<usize> = std::env::args()
+        .skip(1)
+        .map(|s| s.parse().expect("numbers: S K N [reps]"))
+        .collect();
+    let (s, k, n) = (a[0], a[1], a[2]);
+    let reps = a.get(3).copied().unwrap_or(10);
+    let forced: Option<usize> = std::env::var("BLOCK").ok().and_then(|b| b.parse().ok());
+    let (bk, bn) = (forced.unwrap_or(64).min(k), forced.unwrap_or(64).min(n));
+    let (kb, nb) = (k.div_ceil(bk), n.div_ceil(bn));
+    let t = |shape: Vec<usize>, seed| {
+        let len = shape.iter().product();
+        Tensor::f32(shape, vals(seed, len))
+    };
+    let (x, w, b) = (t(vec![s, k], 1), t(vec![n, k], 2), t(vec![n], 3));
+    let dy = t(vec![s, n], 4);
+    let (xb, wb) = (t(vec![kb, s, bk], 1), t(vec![nb, kb, bk, bn], 2));
+    let (dyb, yb) = (t(vec![nb, s, bn], 4), t(vec![nb, s, bn], 5));
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "linear",
+            Op::Linear { act: Act::Relu },
+            vec![&x, &w, &b],
+            vec![ty(&[s, n])],
+        ),
+        (
+            "brgemm",
+            Op::Brgemm { act: Act::Relu },
+            vec![&xb, &wb, &b],
+            vec![ty(&[nb, s, bn])],
+        ),
+        ("linear_dx", Op::LinearDx, vec![&dy, &w], vec![ty(&[s, k])]),
+        (
+            "brgemm_dgrad",
+            Op::BrgemmDgrad { act: Act::Relu },
+            vec![&dyb, &yb, &wb],
+            vec![ty(&[kb, s, bk])],
+        ),
+        ("linear_dw", Op::LinearDw, vec![&dy, &x], vec![ty(&[n, k])]),
+        (
+            "brgemm_wgrad",
+            Op::BrgemmWgrad { act: Act::Relu, n },
+            vec![&dyb, &yb, &xb],
+            vec![ty(&[nb, kb, bk, bn]), ty(&[n])],
+        ),
+    ];
+    let mut choices = vec![KernelChoice::Cranelift];
+    if native::available() {
+        choices.push(KernelChoice::Native);
+    }
+    let flops = 2.0 * (s * n * k) as f64;
+    let syms = HashMap::new();
+    let mut best = vec![f64::INFINITY; cases.len() * choices.len()];
+    for _ in 0..reps {
+        for (ci, (_, op, ins, tys)) in cases.iter().enumerate() {
+            for (ki, &kernels) in choices.iter().enumerate() {
+                let opts = JitOptions { kernels };
+                let t0 = Instant::now();
+                let r = jit::try_eval(op, ins, tys, &syms, &opts)
+                    .expect("a JIT kernel")
+                    .expect("runs");
+                let dt = t0.elapsed().as_secs_f64();
+                std::hint::black_box(r);
+                let e = &mut best[ci * choices.len() + ki];
+                *e = e.min(dt);
+            }
+        }
+    }
+    println!(
+        "S={s} K={k} N={n} bk={bk} bn={bn}, best of {reps}, {} threads",
+        rayon::current_num_threads()
+    );
+    for (ci, (name, ..)) in cases.iter().enumerate() {
+        for (ki, kc) in choices.iter().enumerate() {
+            let dt = best[ci * choices.len() + ki];
+            println!(
+                "{name:>14} {:>9}: {:8.3} ms {:7.1} GFLOP/s",
+                kc.name(),
+                dt * 1e3,
+                flops / dt / 1e9
+            );
+        }
+    }
+}
