@@ -127,9 +127,14 @@ fn bench_embedding_update(c: &mut Criterion) {
                     let id = BenchmarkId::new(&name, if jit { "jit" } else { "reference" });
                     g.bench_function(id, |b| {
                         b.iter(|| {
-                            dlrm_codegen::update_in_place(&op, &mut params, &rest, jit.then_some(&o))
-                                .expect("a kernel")
-                                .expect("runs");
+                            dlrm_codegen::update_in_place(
+                                &op,
+                                &mut params,
+                                &rest,
+                                jit.then_some(&o),
+                            )
+                            .expect("a kernel")
+                            .expect("runs");
                             black_box(&params);
                         })
                     });

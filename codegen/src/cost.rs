@@ -98,7 +98,11 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
                     .first()
                     .map_or(4.0, |t| t.dtype().size_bytes() as f64)
             };
-            let div = if *mode == dlrm_ir::Pool::Mean { 1.0 } else { 0.0 };
+            let div = if *mode == dlrm_ir::Pool::Mean {
+                1.0
+            } else {
+                0.0
+            };
             Cost {
                 flops: (2.0 + div) * nidx * d,
                 bytes: 2.0 * nidx * d * es + bytes(&inputs[(1 + halves).min(inputs.len())..]),

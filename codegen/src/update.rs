@@ -58,7 +58,14 @@ pub fn update_in_place(
             arity(&[3]).and_then(|()| kernels::sparse_sgd_in_place(t, rest[0], rest[1], *lr))
         }
         (Op::EmbeddingUpdate { mode, lr }, [t]) => arity(&[3, 4]).and_then(|()| {
-            kernels::embedding_update_in_place(t, *mode, rest[0], rest[1], rest.get(2).copied(), *lr)
+            kernels::embedding_update_in_place(
+                t,
+                *mode,
+                rest[0],
+                rest[1],
+                rest.get(2).copied(),
+                *lr,
+            )
         }),
         (Op::SplitSgd { lr }, [hi, lo]) => {
             arity(&[3]).and_then(|()| kernels::split_sgd_in_place(hi, lo, rest[0], *lr))

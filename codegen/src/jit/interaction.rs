@@ -94,12 +94,7 @@ pub struct DotKernel {
 }
 
 /// Row pointers of sample `s` of every operand: `ops[i] + s·D·size_i`.
-fn rows_of(
-    b: &mut FunctionBuilder<'_>,
-    spec: &DotSpec,
-    ops: Value,
-    s: Value,
-) -> Vec<Value> {
+fn rows_of(b: &mut FunctionBuilder<'_>, spec: &DotSpec, ops: Value, s: Value) -> Vec<Value> {
     (0..spec.f)
         .map(|i| {
             let base = b.ins().load(types::I64, flags(), ops, (8 * i) as i32);
@@ -433,7 +428,11 @@ pub(crate) fn eval(
     if out_types.iter().any(|t| elt_dtype(t.dtype) != Some(out)) {
         return None;
     }
-    let dr = if backward { elt_of(inputs[0])?.0 } else { Elt::F32 };
+    let dr = if backward {
+        elt_of(inputs[0])?.0
+    } else {
+        Elt::F32
+    };
     Some((|| {
         let s = fwd[0].shape.first().copied().unwrap_or(0);
         let d = fwd[0].shape.get(1).copied().unwrap_or(0);

@@ -105,7 +105,14 @@ pub struct DenseKernel {
 const CW: usize = 32;
 
 /// Loads 4 (or 1) stored weights as f32 (split: the joined master).
-fn load_w(b: &mut FunctionBuilder<'_>, st: Store, hi: Value, lo: Value, off: i32, x4: bool) -> Value {
+fn load_w(
+    b: &mut FunctionBuilder<'_>,
+    st: Store,
+    hi: Value,
+    lo: Value,
+    off: i32,
+    x4: bool,
+) -> Value {
     match (st, x4) {
         (Store::F32, true) => load_f32x4(b, Elt::F32, hi, off),
         (Store::F32, false) => load_f32(b, Elt::F32, hi, off),
@@ -116,8 +123,7 @@ fn load_w(b: &mut FunctionBuilder<'_>, st: Store, hi: Value, lo: Value, off: i32
             let h = b.ins().ishl_imm_u(h, 16);
             let l = b.ins().uload16x4(flags(), lo, off);
             let w = b.ins().bor(h, l);
-            b.ins()
-                .bitcast(types::F32X4, super::clif::bc_flags(), w)
+            b.ins().bitcast(types::F32X4, super::clif::bc_flags(), w)
         }
         (Store::Split, false) => {
             let h = b.ins().uload16(types::I32, flags(), hi, off);
@@ -145,9 +151,7 @@ fn store_w(
         (Store::BF16, true) => store_f32x4(b, Elt::BF16, x, hi, off),
         (Store::BF16, false) => store_f32(b, Elt::BF16, x, hi, off),
         (Store::Split, true) => {
-            let bits = b
-                .ins()
-                .bitcast(types::I32X4, super::clif::bc_flags(), x);
+            let bits = b.ins().bitcast(types::I32X4, super::clif::bc_flags(), x);
             let h = b.ins().ushr_imm_u(bits, 16);
             let m = b.ins().iconst(types::I32, 0xFFFF);
             let m = b.ins().splat(types::I32X4, m);
@@ -226,7 +230,11 @@ fn update_row(
         for_range(b, zero, end, 1, &mut |b, c| {
             let ow = b.ins().imul_imm_s(c, CW as i64 * et);
             let og = b.ins().imul_imm_s(c, CW as i64 * eg);
-            let (wc, lc, gc) = (b.ins().iadd(wp, ow), b.ins().iadd(lp, ow), b.ins().iadd(gp, og));
+            let (wc, lc, gc) = (
+                b.ins().iadd(wp, ow),
+                b.ins().iadd(lp, ow),
+                b.ins().iadd(gp, og),
+            );
             update_cols(b, st, ge, wc, lc, gc, lr, div, 0, CW);
         });
     }
@@ -374,7 +382,11 @@ pub(crate) fn compile_dense(jit: &Jit, spec: DenseSpec) -> Result<DenseKernel, J
         let at = |b: &mut FunctionBuilder<'_>, i: Value| {
             let ow = b.ins().imul_imm_s(i, et);
             let og = b.ins().imul_imm_s(i, eg);
-            (b.ins().iadd(w, ow), b.ins().iadd(lo, ow), b.ins().iadd(g, og))
+            (
+                b.ins().iadd(w, ow),
+                b.ins().iadd(lo, ow),
+                b.ins().iadd(g, og),
+            )
         };
         // 16 elements per trip, then 4, then one at a time.
         for (from, to, step, cols) in [(zero, n16, 16, 16), (n16, n1, 4, 4)] {
@@ -492,9 +504,7 @@ fn run_dense(
     lr: f32,
 ) -> KResult<()> {
     let (grad, gptr) = grad_ptr(g);
-    let k = jit
-        .dense(DenseSpec { w: st, grad })
-        .map_err(jit_err(op))?;
+    let k = jit.dense(DenseSpec { w: st, grad }).map_err(jit_err(op))?;
     let (w, lo, f) = (w as usize, lo as usize, k.f);
     let (et, eg) = (st.size() as usize, grad.size());
     (0..n.div_ceil(CHUNK)).into_par_iter().for_each(|c| {
@@ -542,7 +552,8 @@ pub(crate) fn update_in_place(
             Some((|| {
                 const OP: &str = "embedding_update";
                 check_consistent(OP, "table", t)?;
-                let plan = embedding_update_plan(OP, &t.shape, *mode, dy, idx, off.first().copied())?;
+                let plan =
+                    embedding_update_plan(OP, &t.shape, *mode, dy, idx, off.first().copied())?;
                 let Data::F32(w) = &mut t.data else {
                     unreachable!("checked above")
                 };

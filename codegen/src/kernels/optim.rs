@@ -102,7 +102,6 @@ pub fn sgd_in_place(w: &mut Tensor, g: &Tensor, lr: f32) -> KResult<()> {
     Ok(())
 }
 
-
 /// Which gradient row a position takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GradRows {
@@ -237,13 +236,17 @@ fn apply_plain<W: Elem>(t: &mut [W], plan: &SparsePlan<'_>, lr: f32, round_once:
         for grp in hits.chunk_by(|a, b| a.0 == b.0) {
             let r = grp[0].0;
             let row = &mut part[(r - r0) * d..(r - r0 + 1) * d];
-            acc.iter_mut().zip(row.iter()).for_each(|(a, w)| *a = w.load());
+            acc.iter_mut()
+                .zip(row.iter())
+                .for_each(|(a, w)| *a = w.load());
             for &(_, src, div) in grp {
                 for (c, a) in acc.iter_mut().enumerate() {
                     *a -= lr * gval(g, d, src, c, div);
                 }
             }
-            row.iter_mut().zip(&acc).for_each(|(w, &a)| *w = W::store(a));
+            row.iter_mut()
+                .zip(&acc)
+                .for_each(|(w, &a)| *w = W::store(a));
         }
     }
     t.par_chunks_mut(rr * d)
@@ -371,7 +374,10 @@ pub(crate) fn embedding_update_plan<'a>(
     if dd != d {
         return Err(shape_err(
             op,
-            format!("dy {:?} and table {table_shape:?} differ in width", dy.shape),
+            format!(
+                "dy {:?} and table {table_shape:?} differ in width",
+                dy.shape
+            ),
         ));
     }
     check_consistent(op, "dy", dy)?;
@@ -445,7 +451,12 @@ pub(crate) fn embedding_update_plan<'a>(
 }
 
 /// Applies a validated plan to `table` (f32 or bf16), race-free.
-pub(crate) fn apply_plan(op: &'static str, table: &mut Tensor, plan: &SparsePlan<'_>, lr: f32) -> KResult<()> {
+pub(crate) fn apply_plan(
+    op: &'static str,
+    table: &mut Tensor,
+    plan: &SparsePlan<'_>,
+    lr: f32,
+) -> KResult<()> {
     if plan.d == 0 || plan.idx.len() == 0 {
         return match table.data {
             Data::F32(_) | Data::BF16(_) => Ok(()),
@@ -512,7 +523,10 @@ pub(crate) fn split_pair<'a>(
     if hi.shape != lo.shape {
         return Err(shape_err(
             op,
-            format!("high half {:?} and low half {:?} differ", hi.shape, lo.shape),
+            format!(
+                "high half {:?} and low half {:?} differ",
+                hi.shape, lo.shape
+            ),
         ));
     }
     check_consistent(op, "high half", hi)?;
