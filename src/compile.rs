@@ -160,14 +160,16 @@ pub fn compile(
             loss: loss_kind(&training.loss)?,
             lr: training.learning_rate,
         };
-        let train =
-            pipeline::compile_params(graph, params, &opts.pipeline(Some(cfg), canon), &mut |p, g| {
-                on_stage(&Stage::after("train", p), g)
-            })
-            .map_err(|source| Error::Compile {
-                graph: "train",
-                source: Box::new(source),
-            })?;
+        let train = pipeline::compile_params(
+            graph,
+            params,
+            &opts.pipeline(Some(cfg), canon),
+            &mut |p, g| on_stage(&Stage::after("train", p), g),
+        )
+        .map_err(|source| Error::Compile {
+            graph: "train",
+            source: Box::new(source),
+        })?;
         logs.insert("train".into(), log_json(&train.log));
         let params = merge_params(train.params, infer.params)?;
         let graph = match &label {

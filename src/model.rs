@@ -121,7 +121,10 @@ fn load_onnx(path: &Path, o: Overrides) -> Result<Model> {
         m.params.len(),
     );
     let (graph, label) = match &o.label {
-        Some(name) => (without_label(&m.graph, name, path)?, Some(dlrm_onnx::ir_name(name))),
+        Some(name) => (
+            without_label(&m.graph, name, path)?,
+            Some(dlrm_onnx::ir_name(name)),
+        ),
         None => (m.graph, None),
     };
     Ok(Model {
@@ -151,7 +154,12 @@ fn without_label(g: &Graph, name: &str, path: &Path) -> Result<Graph> {
         .iter()
         .copied()
         .find(|&v| g.name_of(v) == ir)
-        .ok_or_else(|| bad(format!("the model has no such input (inputs: {})", inputs.join(", "))))?;
+        .ok_or_else(|| {
+            bad(format!(
+                "the model has no such input (inputs: {})",
+                inputs.join(", ")
+            ))
+        })?;
     if let Some(&pred) = g.outputs().first()
         && g.ty(pred) != g.ty(label)
     {

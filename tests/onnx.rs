@@ -4,8 +4,8 @@
 
 use dlrm_ir::interp::{bind_symbols, run};
 use dlrm_ir::{Graph, SingleRank, Tensor};
-use dlrm_passes::egraph::canon::{GENERIC, canonicalise};
 use dlrm_passes::egraph::Limits;
+use dlrm_passes::egraph::canon::{GENERIC, canonicalise};
 use dlrm_runtime::driver::run_with_params;
 use dlrmc::compile::{CompileOptions, compile};
 use dlrmc::model::{Overrides, load_model};
@@ -127,8 +127,14 @@ fn onnx_models_train() {
         let plan = compile(model, &CompileOptions::default(), &mut |_, _| {}).expect("compile");
         let train = plan.train.as_ref().expect("a training graph");
         if let Some(l) = label {
-            assert!(plan.infer.find(l).is_none(), "{name}: the label left the forward graph");
-            assert!(train.find(l).is_some(), "{name}: the training label is `{l}`");
+            assert!(
+                plan.infer.find(l).is_none(),
+                "{name}: the label left the forward graph"
+            );
+            assert!(
+                train.find(l).is_some(),
+                "{name}: the training label is `{l}`"
+            );
             assert!(train.find("label").is_none(), "{name}");
         }
         let opts = RunOptions {
@@ -159,16 +165,31 @@ fn onnx_training_errors_are_clear() {
         };
         load_model(&case(name).join("model.onnx"), overrides)
     };
-    let err = load("dlrm_dot", Some("nope")).expect_err("no such input").to_string();
-    assert!(err.contains("no such input") && err.contains("dense"), "{err}");
-    let err = load("dlrm_dot", Some("dense")).expect_err("used input").to_string();
+    let err = load("dlrm_dot", Some("nope"))
+        .expect_err("no such input")
+        .to_string();
+    assert!(
+        err.contains("no such input") && err.contains("dense"),
+        "{err}"
+    );
+    let err = load("dlrm_dot", Some("dense"))
+        .expect_err("used input")
+        .to_string();
     assert!(err.contains("the label is f32[B,5]"), "{err}");
     // Per-sample weights: `embedding_bag_weighted` has no gradient.
     let model = load("ebag_torchscript_weighted", None).expect("load");
     let err = compile(model.clone(), &CompileOptions::default(), &mut |_, _| {})
         .expect_err("no gradient");
-    let chain = format!("{err}: {}", std::error::Error::source(&err).map(|s| s.to_string()).unwrap_or_default());
-    assert!(chain.contains("embedding_bag_weighted") && chain.contains("node #"), "{chain}");
+    let chain = format!(
+        "{err}: {}",
+        std::error::Error::source(&err)
+            .map(|s| s.to_string())
+            .unwrap_or_default()
+    );
+    assert!(
+        chain.contains("embedding_bag_weighted") && chain.contains("node #"),
+        "{chain}"
+    );
     let infer_only = CompileOptions {
         infer_only: true,
         ..CompileOptions::default()

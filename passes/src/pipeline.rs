@@ -19,8 +19,8 @@
 //! value against them.
 
 use crate::autodiff::{self, Autodiff};
-use crate::egraph::canon::{self, Canon};
 use crate::dce::{self, Dce};
+use crate::egraph::canon::{self, Canon};
 use crate::egraph::{self, EgraphStats, Fuse, FuseOptions, Limits};
 use crate::layout::{self, Layout};
 use crate::precision::{self, PrecisionPass};

@@ -19,6 +19,7 @@ const TRAIN: PipelineOptions = PipelineOptions {
     precision: dlrm_passes::Precision::Fp32,
     block: None,
     fuse_embedding: false,
+    canon: false,
     limits: dlrm_passes::egraph::Limits {
         iterations: 30,
         nodes: 200_000,

@@ -15,8 +15,14 @@ fn rule_names_are_kebab_case_and_unique() {
         fuse_embedding: true,
         ..Default::default()
     };
-    let all = names(&cfg);
+    let mut all = names(&cfg);
     assert!(all.len() >= 17, "{all:?}");
+    // The canon pass runs its theme with `recognise`: names unique there too.
+    all.extend(
+        dlrm_passes::egraph::rules::canon::rules(&cfg)
+            .iter()
+            .map(|r| r.name.to_string()),
+    );
     for n in &all {
         assert!(
             n.chars().all(|c| c.is_ascii_lowercase() || c == '-') && !n.starts_with('-'),

@@ -82,7 +82,11 @@ fn run_file(path: &Path) -> Result<(String, bool), String> {
                 let name = name.trim().trim_start_matches('%').to_string();
                 let vals: Vec<i64> = vals
                     .split(',')
-                    .map(|v| v.trim().parse().map_err(|_| format!("const: bad value `{v}`")))
+                    .map(|v| {
+                        v.trim()
+                            .parse()
+                            .map_err(|_| format!("const: bad value `{v}`"))
+                    })
                     .collect::<Result<_, String>>()?;
                 consts.push((name, Tensor::i64(vec![vals.len()], vals)));
             }

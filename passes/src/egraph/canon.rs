@@ -71,9 +71,7 @@ pub const GENERIC: &[&str] = &[
 
 /// True if `g` has an op that a canonicalisation rule starts from.
 pub fn applies(g: &Graph) -> bool {
-    g.nodes()
-        .iter()
-        .any(|n| GENERIC.contains(&n.op.mnemonic()))
+    g.nodes().iter().any(|n| GENERIC.contains(&n.op.mnemonic()))
 }
 
 /// Runs the `canon` rules on `g` (see the module docs); `params`, when given,
@@ -197,12 +195,13 @@ fn store_transposed(g: &Graph, params: Option<&mut Params>) -> Result<Graph> {
         };
         for (name, t) in params.iter_mut() {
             if let Some(ty) = new_types.get(name) {
-                let mut r = eval_op(&flip, &[t], std::slice::from_ref(ty), &ctx).map_err(
-                    |reason| PassError::Arg {
-                        pass: ID.into(),
-                        reason: format!("transposing parameter %{name}: {reason}"),
-                    },
-                )?;
+                let mut r =
+                    eval_op(&flip, &[t], std::slice::from_ref(ty), &ctx).map_err(|reason| {
+                        PassError::Arg {
+                            pass: ID.into(),
+                            reason: format!("transposing parameter %{name}: {reason}"),
+                        }
+                    })?;
                 *t = r.remove(0);
             }
         }

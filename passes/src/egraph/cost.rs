@@ -166,9 +166,7 @@ impl DlCost<'_> {
             "linear" => (2.0 * d(i0, 0) * d(i1, 0) * d(i0, 1), self.model.plain_eff),
             // a[.., M, K] · b[.., K, N]
             "matmul" => {
-                let k = i0.map_or(1.0, |t| {
-                    t.shape.last().map_or(1.0, |x| self.size(x))
-                });
+                let k = i0.map_or(1.0, |t| t.shape.last().map_or(1.0, |x| self.size(x)));
                 (
                     2.0 * o0.map_or(0.0, |t| self.numel(t)) * k,
                     self.model.plain_eff,

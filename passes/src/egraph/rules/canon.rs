@@ -35,8 +35,8 @@
 
 use super::super::lang::{Dl, DlGraph, Types, class_name, set_hint};
 use super::{
-    RuleConfig, add1, attr_of, bound, build_op_rule, build_rule, const_ints, op_nodes,
-    same_type, ty_of,
+    RuleConfig, add1, attr_of, bound, build_op_rule, build_rule, const_ints, op_nodes, same_type,
+    ty_of,
 };
 use dlrm_ir::{Act, Attr, Dim, InteractionKind, Op, Pool};
 use egg::{Id, Rewrite, Subst, rewrite};
@@ -56,11 +56,26 @@ pub fn rules(cfg: &RuleConfig) -> Vec<Rewrite<Dl, Types>> {
             bag_mean,
             cfg,
         ),
-        build_rule("linear-matmul-add", "(binary kind=add (matmul ?x ?w) ?b)", linear, cfg),
-        build_rule("linear-add-matmul", "(binary kind=add ?b (matmul ?x ?w))", linear, cfg),
+        build_rule(
+            "linear-matmul-add",
+            "(binary kind=add (matmul ?x ?w) ?b)",
+            linear,
+            cfg,
+        ),
+        build_rule(
+            "linear-add-matmul",
+            "(binary kind=add ?b (matmul ?x ?w))",
+            linear,
+            cfg,
+        ),
         rewrite!("cancel-transpose-transpose";
             "(transpose perm=[1,0] (transpose perm=[1,0] ?w))" => "?w"),
-        build_rule("drop-identity-reshape", "(reshape ?s ?x)", identity_reshape, cfg),
+        build_rule(
+            "drop-identity-reshape",
+            "(reshape ?s ?x)",
+            identity_reshape,
+            cfg,
+        ),
         build_rule(
             "interaction-dot",
             "(concat axis=1 ?x (gather axis=1 (reshape ?zs (matmul ?t (transpose perm=[0,2,1] ?t))) ?idx))",
@@ -188,11 +203,15 @@ fn dot(eg: &mut DlGraph, m: Id, s: &Subst, flat: impl Fn(&Dim, usize) -> Vec<Dim
 }
 
 fn dot_flat(eg: &mut DlGraph, m: Id, s: &Subst, _: &RuleConfig) -> Option<Id> {
-    dot(eg, m, s, |samples, f| vec![samples.clone(), Dim::Fixed(f * f)])
+    dot(eg, m, s, |samples, f| {
+        vec![samples.clone(), Dim::Fixed(f * f)]
+    })
 }
 
 fn dot_indexed(eg: &mut DlGraph, m: Id, s: &Subst, _: &RuleConfig) -> Option<Id> {
-    dot(eg, m, s, |samples, f| vec![Dim::Fixed(f * f), samples.clone()])
+    dot(eg, m, s, |samples, f| {
+        vec![Dim::Fixed(f * f), samples.clone()]
+    })
 }
 
 fn is_bag(eg: &DlGraph, c: Id) -> bool {
@@ -206,11 +225,13 @@ fn cat(eg: &mut DlGraph, m: Id, _: &Subst, _: &RuleConfig) -> Option<Id> {
     if ty_of(eg, m)?.rank() != 2 {
         return None;
     }
-    let found = op_nodes(eg, m, "concat").into_iter().find(|(attrs, parts)| {
-        matches!(attrs.as_slice(), [(_, Attr::Int(1))])
-            && parts.len() >= 2
-            && parts[1..].iter().all(|&p| is_bag(eg, p))
-    })?;
+    let found = op_nodes(eg, m, "concat")
+        .into_iter()
+        .find(|(attrs, parts)| {
+            matches!(attrs.as_slice(), [(_, Attr::Int(1))])
+                && parts.len() >= 2
+                && parts[1..].iter().all(|&p| is_bag(eg, p))
+        })?;
     let op = Op::Interaction {
         kind: InteractionKind::Cat,
         self_interaction: false,

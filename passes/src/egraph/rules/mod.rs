@@ -132,9 +132,7 @@ pub fn op_nodes(eg: &DlGraph, c: Id, op: &str) -> Vec<(Vec<(String, Attr)>, Vec<
         .nodes
         .iter()
         .filter_map(|n| match n {
-            Dl::Op(m, ch) if m.as_str() == op => {
-                Some(super::lang::split_children(eg, ch))
-            }
+            Dl::Op(m, ch) if m.as_str() == op => Some(super::lang::split_children(eg, ch)),
             _ => None,
         })
         .collect()
