@@ -9,7 +9,8 @@
 //!   assemble a [`dlrm_runtime::plan::Plan`], calling an observer after every pass
 //!   (the `--dump-ir` hook);
 //! - [`inspect`]: the summary of a plan that `dlrmc inspect` prints;
-//! - [`launch`]: partition a plan for N ranks and build the runtime's job.
+//! - [`launch`]: partition a plan for N ranks, build the runtime's job and run it
+//!   on threads or as one rank of an MPI job.
 
 #![warn(missing_docs)]
 
@@ -22,5 +23,5 @@ pub mod model;
 pub use compile::{CompileOptions, Stage, compile};
 pub use error::{Error, Result};
 pub use inspect::Inspection;
-pub use launch::{RunOptions, job_for};
+pub use launch::{Comm, Ranks, RunOptions, job_for, run_job};
 pub use model::{Model, load_model};
