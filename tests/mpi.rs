@@ -299,7 +299,7 @@ fn a_killed_rank_ends_the_job_naming_the_rank() {
     let t0 = Instant::now();
     let mut child = cmd.spawn().expect("spawn mpirun");
     // Wait until training is under way (rank 0 has logged a step) ...
-    while fs::read_to_string(&m).map_or(true, |t| t.lines().count() < 2) {
+    while !fs::read_to_string(&m).is_ok_and(|t| t.lines().count() >= 2) {
         if t0.elapsed() > TIMEOUT || child.try_wait().expect("wait").is_some() {
             let _ = child.kill();
             panic!(
