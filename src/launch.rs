@@ -6,13 +6,17 @@
 //! same samples as one rank. The tables are placed by the sharding planner
 //! ([`crate::shard`]) with [`RunOptions::shards`]; row-wise tables' shard
 //! parameters are cut from the plan's tables here.
+//!
+//! [`run_job`] runs the job on the chosen [`Comm`]: N threads of this process, or
+//! this process's rank of an MPI job (`mpirun -n N dlrm-run PLAN --comm mpi`), where
+//! every process partitions the same plan the same way and runs its own rank.
 
 use crate::error::{Error, Result};
 use crate::shard::{ShardSettings, partition_graph, shard_plan};
-use dlrm_ir::{SingleRank, Tensor};
-use dlrm_runtime::driver::Job;
+use dlrm_ir::{Communicator, SingleRank, Tensor};
+use dlrm_runtime::driver::{Event, Job, Report, run, run_rank};
 use dlrm_runtime::plan::Plan;
-use dlrm_runtime::{AllReduceAlgo, Backend, Executor, KernelChoice};
+use dlrm_runtime::{AllReduceAlgo, Backend, Executor, KernelChoice, MpiComm};
 use std::collections::HashMap;
 
 /// How to run a plan.
@@ -64,6 +68,67 @@ impl Default for RunOptions {
             shards: ShardSettings::default(),
         }
     }
+}
+
+/// Which communicator connects the ranks (`dlrm-run --comm`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Comm {
+    /// N threads of this process (`--ranks N`).
+    #[default]
+    Threads,
+    /// One rank per MPI process, rank and size from MPI (launched by `mpirun`).
+    Mpi,
+}
+
+impl Comm {
+    /// Parses `threads` or `mpi`.
+    pub fn parse(s: &str) -> Option<Comm> {
+        match s {
+            "threads" => Some(Comm::Threads),
+            "mpi" => Some(Comm::Mpi),
+            _ => None,
+        }
+    }
+}
+
+/// The rank count of an MPI job of `size` processes: `--ranks`, if given, must
+/// agree with it.
+pub fn mpi_ranks(size: usize, ranks: Option<usize>) -> Result<usize> {
+    match ranks {
+        Some(r) if r != size => Err(Error::Options(format!(
+            "--ranks {r} disagrees with the MPI job's {size} processes (drop --ranks \
+             under --comm mpi, or launch `mpirun -n {r}`)"
+        ))),
+        _ => Ok(size),
+    }
+}
+
+/// Where a job runs: this process's threads, or one rank of a multi-process group.
+pub enum Ranks<'a> {
+    /// `job.ranks` threads of this process.
+    Threads,
+    /// This process's rank of a group whose other ranks are other processes.
+    Process(&'a dyn Communicator),
+}
+
+/// Runs `job` where `ranks` says. Returns the report on rank 0 (always with
+/// threads) and `None` on the other ranks of a multi-process group; `on_event`
+/// runs on rank 0 only.
+pub fn run_job(
+    job: Job,
+    ranks: Ranks<'_>,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<Option<Report>> {
+    Ok(match ranks {
+        Ranks::Threads => Some(run(job, on_event)?),
+        Ranks::Process(comm) => run_rank(job, comm, on_event)?,
+    })
+}
+
+/// Initialises MPI for `--comm mpi` (once per process). In a build without the
+/// `mpi` feature this is the clear "built without MPI support" error.
+pub fn init_mpi() -> Result<MpiComm> {
+    Ok(MpiComm::init()?)
 }
 
 /// Builds the job that runs `plan` as `opts` says, partitioning its graphs.

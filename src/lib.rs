@@ -9,7 +9,8 @@
 //!   assemble a [`dlrm_runtime::plan::Plan`], calling an observer after every pass
 //!   (the `--dump-ir` hook);
 //! - [`inspect`]: the summary of a plan that `dlrmc inspect` prints;
-//! - [`launch`]: partition a plan for N ranks and build the runtime's job;
+//! - [`launch`]: partition a plan for N ranks, build the runtime's job and run it
+//!   on threads or as one rank of an MPI job;
 //! - [`shard`]: the sharding planner on a plan (placement, predictions, scaling).
 
 #![warn(missing_docs)]
@@ -24,6 +25,6 @@ pub mod shard;
 pub use compile::{CompileOptions, Stage, compile};
 pub use error::{Error, Result};
 pub use inspect::Inspection;
-pub use launch::{RunOptions, job_for};
+pub use launch::{Comm, Ranks, RunOptions, job_for, run_job};
 pub use model::{Model, load_model};
 pub use shard::{ShardSettings, plan_shards};

@@ -426,6 +426,35 @@ fn bad_runs_are_clear_errors() {
     assert!(err.contains("manifest.json"), "{err}");
 }
 
+#[test]
+fn comm_mpi_runs_as_one_mpi_rank_or_says_the_build_lacks_mpi() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = compile_tiny(dir.path(), &[]);
+    let args = [s(&plan), "--comm", "mpi", "--iters", "2"];
+    if cfg!(feature = "mpi") {
+        // Started without mpirun, the process is an MPI group of one.
+        let out = Command::new(DLRM_RUN)
+            .args(args)
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .output()
+            .expect("spawn");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(stderr.contains("2 steps on 1 rank,"), "{stderr}");
+    } else {
+        let err = fails(DLRM_RUN, &args);
+        assert!(
+            err.contains("built without MPI support; rebuild with `--features mpi`"),
+            "{err}"
+        );
+    }
+    let out = run(DLRM_RUN, &[s(&plan), "--comm", "nccl"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("expected threads or mpi"), "{stderr}");
+}
+
 /// Every ONNX test case through the product: `dlrmc compile model.onnx` (optimised)
 /// then `dlrm-run --infer --inputs inputs.npz --outputs out.npz`, whose arrays must
 /// match what ONNX Runtime computed (`outputs.npz`) within 1e-5. Cases without an

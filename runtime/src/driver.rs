@@ -1,26 +1,34 @@
-//! The multi-rank driver: runs a job on N ranks (threads of this process with a
-//! [`LocalGroup`] communicator), then evaluates the trained model on held-out data.
+//! The multi-rank driver: runs a job on N ranks, then evaluates the trained model on
+//! held-out data. The same per-rank code ([`rank_main`]) runs either as N threads
+//! of this process with a [`LocalGroup`] ([`run`], [`run_with_params`]) or as this
+//! process's single rank of a job whose other ranks are other processes, with any
+//! [`Communicator`] (e.g. [`crate::MpiComm`] under `mpirun`: [`run_rank`]).
 //!
-//! Flow of [`run`]:
+//! Flow:
 //! 1. checks the job, derives the data schema from the *unpartitioned* graph
 //!    (training graph if any, for the label; else inference) and builds the
-//!    [`SyntheticData`];
+//!    [`SyntheticData`] (a pure function of the seed: every process builds the same);
 //! 2. hands every rank the parameters its graphs declare — a parameter needed by
 //!    one rank only (an embedding table on its owner) is *moved*, replicated ones
-//!    (MLP weights) are cloned for all but the last rank that needs them;
-//! 3. spawns one thread per rank: `iters` training steps (or inference steps in
-//!    inference mode) on steps `0..iters` of the data, each rank feeding its own
-//!    slice; rank 0 reports each logged step as an [`Event`] through a channel, and
-//!    the caller's `on_event` runs on the calling thread (draw progress there);
+//!    (MLP weights) are cloned for all but the last rank that needs them; a process
+//!    running one rank keeps only that rank's parameters;
+//! 3. every rank runs `iters` training steps (or inference steps in inference mode)
+//!    on steps `0..iters` of the data, feeding its own slice; rank 0 reports each
+//!    logged step as an [`Event`] (threads: through a channel to the calling
+//!    thread, where the caller's `on_event` runs and can draw progress);
 //! 4. every rank then runs its inference graph on `eval_batches` held-out global
-//!    batches ([`crate::data::eval_step`]) with the trained parameters; the driver
-//!    joins the ranks' predictions in rank order (= global sample order) and
-//!    computes AUC and accuracy@0.5 against the teacher's labels.
+//!    batches ([`crate::data::eval_step`]) with the trained parameters and sends its
+//!    predictions to rank 0 through the communicator (an `all_to_all_v` with empty
+//!    buffers to the other ranks); rank 0 joins them in rank order (= global sample
+//!    order), computes AUC and accuracy@0.5 against the teacher's labels and builds
+//!    the [`Report`] (only rank 0 has one).
 //!
 //! Failure: a rank that returns an error or panics calls `comm.abort(..)`, so every
-//! other rank's pending or next collective fails instead of hanging; [`run`] then
-//! returns the original error (not the peers' "aborted" echoes), which names the
-//! rank and the step. A non-finite loss is an error ("loss became NaN at step k").
+//! other rank's pending or next collective fails instead of hanging (threads), or
+//! the whole job ends (MPI: `MPI_Abort`); [`run`] then returns the original error
+//! (not the peers' "aborted" echoes), which names the rank and the step (a panic
+//! names the step it happened in). A non-finite loss is an error ("loss became NaN
+//! at step k").
 //!
 //! Steps are numbered from 1 in events, reports and errors (`iter` k is the k-th
 //! step); step k reads data step k-1.
@@ -31,10 +39,9 @@ use crate::exec::{Backend, Executor, KernelChoice, OpTime};
 use crate::metrics::{accuracy, auc};
 use crate::plan::Plan;
 use crate::progress::CommTimes;
-use dlrm_ir::{
-    AllReduceAlgo, Communicator, Dim, Graph, LocalComm, LocalGroup, Tensor, batch_slice,
-};
+use dlrm_ir::{AllReduceAlgo, Communicator, Dim, Graph, LocalGroup, Tensor, batch_slice};
 use serde::Serialize;
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc;
@@ -245,9 +252,48 @@ impl Report {
     }
 }
 
-/// Runs a job (see the module docs). `on_event` runs on the calling thread.
+/// Runs a job on `job.ranks` threads of this process (see the module docs).
+/// `on_event` runs on the calling thread.
 pub fn run(job: Job, on_event: &mut dyn FnMut(&Event)) -> Result<Report> {
     run_with_params(job, on_event).map(|(r, _)| r)
+}
+
+/// What every rank shares: the data, the step configuration, the start time.
+struct Setup {
+    data: SyntheticData,
+    cfg: RankCfg,
+    wall: Instant,
+}
+
+/// Checks the job and builds the data (step 1 of the module docs).
+fn setup(job: &Job) -> Result<Setup> {
+    let wall = Instant::now();
+    check_job(job)?;
+    let mode = job.mode();
+    let schema_graph = job.full_train.as_ref().unwrap_or(&job.full_infer);
+    let schema = DataSchema::from_graph(schema_graph)?;
+    if mode == Mode::Train && schema.label.is_none() {
+        return Err(job_err(
+            "the training graph has no loss whose label is a graph input",
+        ));
+    }
+    Ok(Setup {
+        data: SyntheticData::new(schema, job.seed),
+        cfg: RankCfg {
+            mode,
+            ranks: job.ranks,
+            iters: job.iters,
+            global_batch: job.global_batch,
+            log_every: job.log_every,
+            eval_batches: job.eval_batches,
+            warmup: job.warmup,
+            backend: job.backend,
+            kernels: job.kernels,
+            overlap: job.overlap,
+            allreduce: job.allreduce,
+        },
+        wall,
+    })
 }
 
 /// [`run`], also returning each rank's final parameters (index = rank), e.g. to
@@ -256,46 +302,16 @@ pub fn run_with_params(
     job: Job,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<(Report, Vec<HashMap<String, Tensor>>)> {
-    let wall = Instant::now();
-    let mode = job.mode();
-    check_job(&job)?;
-    let schema_graph = job.full_train.as_ref().unwrap_or(&job.full_infer);
-    let schema = DataSchema::from_graph(schema_graph)?;
-    if mode == Mode::Train && schema.label.is_none() {
-        return Err(job_err(
-            "the training graph has no loss whose label is a graph input",
-        ));
-    }
-    let data = SyntheticData::new(schema, job.seed);
-
+    let Setup { data, cfg, wall } = setup(&job)?;
+    let ranks = cfg.ranks;
     let Job {
         params,
         train_graphs,
         infer_graphs,
-        ranks,
-        iters,
-        global_batch,
-        log_every,
-        eval_batches,
-        warmup,
-        backend,
-        kernels,
-        overlap,
-        allreduce,
         ..
     } = job;
-    let per_rank = distribute(params, train_graphs.as_deref(), &infer_graphs)?;
-    let cfg = RankCfg {
-        ranks,
-        overlap,
-        iters,
-        global_batch,
-        log_every,
-        eval_batches,
-        backend,
-        kernels,
-    };
-    let comms = LocalGroup::with_algo(ranks, allreduce);
+    let per_rank = distribute(params, train_graphs.as_deref(), &infer_graphs, None)?;
+    let comms = LocalGroup::with_algo(ranks, cfg.allreduce);
     let (tx, rx) = mpsc::channel::<Event>();
     let mut train_graphs = train_graphs.map(|v| v.into_iter().map(Some).collect::<Vec<_>>());
 
@@ -313,22 +329,15 @@ pub fn run_with_params(
             let handle = std::thread::Builder::new()
                 .name(format!("dlrm-rank-{rank}"))
                 .spawn_scoped(s, move || {
-                    let abort_comm = comm.clone();
-                    let out = catch_unwind(AssertUnwindSafe(|| {
-                        rank_main(rank, comm, train, infer, params, data, cfg, events)
-                    }));
-                    let out = match out {
-                        Ok(r) => r,
-                        Err(payload) => Err(RuntimeError::Rank {
-                            rank,
-                            step: None,
-                            reason: format!("panicked: {}", panic_message(&*payload)),
-                        }),
+                    let mut send = |ev: Event| {
+                        if let Some(tx) = &events {
+                            // The caller may have stopped listening; progress is
+                            // best effort.
+                            let _ = tx.send(ev);
+                        }
                     };
-                    if let Err(e) = &out {
-                        abort_comm.abort(&e.to_string());
-                    }
-                    out
+                    let graphs = (train, infer);
+                    rank_guarded(rank, &comm, graphs, params, data, cfg, &mut send)
                 });
             handles.push((rank, handle));
         }
@@ -365,24 +374,79 @@ pub fn run_with_params(
             .nth(first)
             .unwrap_or_else(|| job_err("a rank failed")));
     }
-    let outs: Vec<RankOutput> = results.into_iter().filter_map(Result::ok).collect();
+    let mut outs: Vec<RankOutput> = results.into_iter().filter_map(Result::ok).collect();
+    let params = outs
+        .iter_mut()
+        .map(|o| std::mem::take(&mut o.params))
+        .collect();
+    let report = report(&outs[0], &data, &cfg, wall);
+    Ok((report, params))
+}
 
-    // Predictions of every rank, in rank order, per evaluation batch.
-    let mut scores = Vec::new();
-    let mut labels = Vec::new();
-    for b in 0..eval_batches {
-        for o in &outs {
-            scores.extend_from_slice(&o.preds[b]);
-        }
-        labels.extend(data.labels(eval_step(b as u64), 0..global_batch));
+/// Runs this process's rank (`comm.rank()`) of a job whose other ranks run in other
+/// processes with the same job (e.g. MPI processes launched by `mpirun`, each
+/// calling this with its [`crate::MpiComm`]). The job holds every rank's graphs
+/// (partitioned the same way in every process); this process keeps only its own
+/// graphs and parameters. `on_event` runs on rank 0 only, on the calling thread.
+///
+/// Returns the [`Report`] on rank 0 and `None` on the others. On failure the rank
+/// calls `comm.abort` first (with MPI that ends the job and does not return).
+pub fn run_rank(
+    job: Job,
+    comm: &dyn Communicator,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<Option<Report>> {
+    if comm.size() != job.ranks {
+        let e = job_err(format!(
+            "the job is for {} ranks but the communicator has {}",
+            job.ranks,
+            comm.size()
+        ));
+        comm.abort(&e.to_string());
+        return Err(e);
     }
-    let rank0 = &outs[0];
+    let rank = comm.rank();
+    let fail = |e: RuntimeError| {
+        comm.abort(&e.to_string());
+        e
+    };
+    let Setup { data, cfg, wall } = setup(&job).map_err(fail)?;
+    let Job {
+        params,
+        train_graphs,
+        infer_graphs,
+        ..
+    } = job;
+    let mut per_rank =
+        distribute(params, train_graphs.as_deref(), &infer_graphs, Some(rank)).map_err(fail)?;
+    let params = std::mem::take(&mut per_rank[rank]);
+    let train = train_graphs.and_then(|v| v.into_iter().nth(rank));
+    let infer = infer_graphs
+        .into_iter()
+        .nth(rank)
+        .ok_or_else(|| fail(job_err(format!("no inference graph for rank {rank}"))))?;
+    let mut send = |ev: Event| {
+        if rank == 0 {
+            on_event(&ev);
+        }
+    };
+    let out = rank_guarded(rank, comm, (train, infer), params, &data, &cfg, &mut send)?;
+    Ok((rank == 0).then(|| report(&out, &data, &cfg, wall)))
+}
+
+/// Rank 0's report from its output (which holds every rank's predictions).
+fn report(rank0: &RankOutput, data: &SyntheticData, cfg: &RankCfg, wall: Instant) -> Report {
+    let mut labels = Vec::with_capacity(rank0.scores.len());
+    for b in 0..cfg.eval_batches {
+        labels.extend(data.labels(eval_step(b as u64), 0..cfg.global_batch));
+    }
+    let scores = &rank0.scores;
     let jit_stats = dlrm_codegen::Jit::global()
         .map(|j| j.stats())
         .unwrap_or_default();
     let measured: Vec<f64> = {
-        let skip = if (rank0.step_times.len() as u64) > warmup {
-            warmup as usize
+        let skip = if (rank0.step_times.len() as u64) > cfg.warmup {
+            cfg.warmup as usize
         } else {
             0
         };
@@ -390,33 +454,32 @@ pub fn run_with_params(
     };
     let samples_per_s = median(&measured).map_or(0.0, |dt| {
         if dt > 0.0 {
-            global_batch as f64 / dt
+            cfg.global_batch as f64 / dt
         } else {
             0.0
         }
     });
-    let report = Report {
-        mode,
-        ranks,
-        iters,
-        global_batch,
+    Report {
+        mode: cfg.mode,
+        ranks: cfg.ranks,
+        iters: cfg.iters,
+        global_batch: cfg.global_batch,
         final_loss: rank0.last_loss,
         losses: rank0.losses.clone(),
         samples_per_s,
-        auc: auc(&scores, &labels),
-        accuracy: accuracy(&scores, &labels, 0.5),
+        auc: auc(scores, &labels),
+        accuracy: accuracy(scores, &labels, 0.5),
         eval_samples: scores.len(),
         wall_s: wall.elapsed().as_secs_f64(),
         op_times: rank0.op_times.clone(),
-        backend,
-        kernels: kernels.name(),
+        backend: cfg.backend,
+        kernels: cfg.kernels.name(),
         jit_kernels: jit_stats.compiled,
         jit_compile_s: jit_stats.compile_s,
-        overlap,
-        allreduce: allreduce.name(),
+        overlap: cfg.overlap,
+        allreduce: cfg.allreduce.name(),
         comm: rank0.comm,
-    };
-    Ok((report, outs.into_iter().map(|o| o.params).collect()))
+    }
 }
 
 fn job_err(reason: impl Into<String>) -> RuntimeError {
@@ -454,11 +517,14 @@ fn check_job(job: &Job) -> Result<()> {
     Ok(())
 }
 
-/// Each rank's parameters: those its graphs declare; single-owner ones moved.
+/// Each rank's parameters: those its graphs declare; single-owner ones moved. With
+/// `only = Some(r)`, the other ranks' maps stay empty (a process running rank r),
+/// but a parameter missing for any rank is still an error.
 fn distribute(
     params: Vec<(String, Tensor)>,
     train: Option<&[Graph]>,
     infer: &[Graph],
+    only: Option<usize>,
 ) -> Result<Vec<HashMap<String, Tensor>>> {
     let ranks = infer.len();
     let mut need: HashMap<String, Vec<usize>> = HashMap::new();
@@ -477,6 +543,7 @@ fn distribute(
             continue;
         };
         let mut rs = rs;
+        rs.retain(|&r| only.is_none_or(|o| o == r));
         rs.sort_unstable();
         let Some((&last, others)) = rs.split_last() else {
             continue;
@@ -496,12 +563,15 @@ fn distribute(
 }
 
 struct RankCfg {
+    mode: Mode,
     ranks: usize,
     overlap: bool,
+    allreduce: AllReduceAlgo,
     iters: u64,
     global_batch: usize,
     log_every: u64,
     eval_batches: usize,
+    warmup: u64,
     backend: Backend,
     kernels: KernelChoice,
 }
@@ -510,7 +580,9 @@ struct RankOutput {
     losses: Vec<(u64, f32)>,
     last_loss: Option<f32>,
     step_times: Vec<f64>,
-    preds: Vec<Vec<f32>>,
+    /// Rank 0: every rank's held-out predictions in global sample order, batch
+    /// after batch; other ranks: empty.
+    scores: Vec<f32>,
     op_times: Vec<OpTime>,
     comm: CommTimes,
     params: HashMap<String, Tensor>,
@@ -547,27 +619,52 @@ fn step_syms(
     Ok(syms)
 }
 
+/// [`rank_main`] with the failure rule: a panic becomes an error naming the rank
+/// and the step it happened in, and any error aborts the group before returning.
+fn rank_guarded(
+    rank: usize,
+    comm: &dyn Communicator,
+    graphs: (Option<Graph>, Graph),
+    params: HashMap<String, Tensor>,
+    data: &SyntheticData,
+    cfg: &RankCfg,
+    events: &mut dyn FnMut(Event),
+) -> Result<RankOutput> {
+    let step = Cell::new(None);
+    let out = catch_unwind(AssertUnwindSafe(|| {
+        rank_main(rank, comm, graphs, params, data, cfg, events, &step)
+    }));
+    let out = match out {
+        Ok(r) => r,
+        Err(payload) => Err(RuntimeError::Rank {
+            rank,
+            step: step.get(),
+            reason: format!("panicked: {}", panic_message(&*payload)),
+        }),
+    };
+    if let Err(e) = &out {
+        comm.abort(&e.to_string());
+    }
+    out
+}
+
+/// One rank's whole run: steps, evaluation, predictions to rank 0. `step` tracks
+/// the training (or inference) step in progress, for error reports.
 #[allow(clippy::too_many_arguments)]
 fn rank_main(
     rank: usize,
-    comm: LocalComm,
-    train: Option<Graph>,
-    infer: Graph,
+    comm: &dyn Communicator,
+    (train, infer): (Option<Graph>, Graph),
     mut params: HashMap<String, Tensor>,
     data: &SyntheticData,
     cfg: &RankCfg,
-    events: Option<mpsc::Sender<Event>>,
+    send: &mut dyn FnMut(Event),
+    at_step: &Cell<Option<u64>>,
 ) -> Result<RankOutput> {
     let data_err = |step: u64, e: RuntimeError| RuntimeError::Rank {
         rank,
         step: Some(step),
         reason: e.to_string(),
-    };
-    let send = |ev: Event| {
-        if let Some(tx) = &events {
-            // The caller may have stopped listening; progress is best effort.
-            let _ = tx.send(ev);
-        }
     };
     let is_logged =
         |k: u64| k == cfg.iters || (cfg.log_every > 0 && k.is_multiple_of(cfg.log_every));
@@ -588,7 +685,7 @@ fn rank_main(
         losses: Vec::new(),
         last_loss: None,
         step_times: Vec::with_capacity(cfg.iters as usize),
-        preds: Vec::with_capacity(cfg.eval_batches),
+        scores: Vec::new(),
         op_times: Vec::new(),
         comm: CommTimes::default(),
         params: HashMap::new(),
@@ -596,12 +693,13 @@ fn rank_main(
     let start = Instant::now();
     exec.set_step(1);
     for k in 1..=cfg.iters {
+        at_step.set(Some(k));
         let inputs = data
             .inputs_for(k - 1, cfg.global_batch, cfg.ranks, rank, exec.graph())
             .map_err(|e| data_err(k, e))?;
         let syms = step_syms(&exec, &inputs, rank, cfg)?;
         let t0 = Instant::now();
-        let outs = exec.step(inputs, &syms, &comm)?;
+        let outs = exec.step(inputs, &syms, comm)?;
         let dt = t0.elapsed().as_secs_f64();
         out.step_times.push(dt);
         let loss = if training {
@@ -645,6 +743,7 @@ fn rank_main(
     out.comm = exec.comm_times();
 
     // Evaluation with the trained parameters.
+    at_step.set(None);
     let mut eval = if training {
         let mut trained = exec.into_params();
         trained.extend(params.drain());
@@ -658,6 +757,7 @@ fn rank_main(
         exec
     };
     let local = batch_slice(cfg.global_batch, cfg.ranks, rank).len();
+    let mut preds = Vec::with_capacity(cfg.eval_batches * local);
     for b in 0..cfg.eval_batches {
         let step = eval_step(b as u64);
         let eval_err = |e: RuntimeError| RuntimeError::Rank {
@@ -669,7 +769,7 @@ fn rank_main(
             .inputs_for(step, cfg.global_batch, cfg.ranks, rank, eval.graph())
             .map_err(eval_err)?;
         let syms = step_syms(&eval, &inputs, rank, cfg).map_err(eval_err)?;
-        let outs = eval.step(inputs, &syms, &comm).map_err(eval_err)?;
+        let outs = eval.step(inputs, &syms, comm).map_err(eval_err)?;
         let pred = outs.first().map(Tensor::to_f32_vec).unwrap_or_default();
         if pred.len() != local {
             return Err(eval_err(RuntimeError::Rank {
@@ -681,7 +781,7 @@ fn rank_main(
                 ),
             }));
         }
-        out.preds.push(pred);
+        preds.extend_from_slice(&pred);
         send(Event::Eval {
             batch: b + 1,
             batches: cfg.eval_batches,
@@ -690,13 +790,50 @@ fn rank_main(
     let mut final_params = eval.into_params();
     final_params.extend(params);
     out.params = final_params;
-    // Leave the group together (a late failure elsewhere still reaches us).
-    comm.barrier().map_err(|e| RuntimeError::Rank {
+    let comm_err = |e: dlrm_ir::IrError| RuntimeError::Rank {
         rank,
         step: None,
         reason: e.to_string(),
-    })?;
+    };
+    // The predictions to rank 0, which joins them in global sample order.
+    let mut send_preds = vec![Vec::new(); cfg.ranks];
+    send_preds[0] = preds;
+    let got = comm.all_to_all_v(send_preds).map_err(comm_err)?;
+    if rank == 0 {
+        out.scores = join_predictions(got, cfg).map_err(|reason| RuntimeError::Rank {
+            rank,
+            step: None,
+            reason,
+        })?;
+    }
+    // Leave the group together (a late failure elsewhere still reaches us).
+    comm.barrier().map_err(comm_err)?;
     Ok(out)
+}
+
+/// Rank 0's view of the gathered predictions: `got[r]` is rank r's predictions,
+/// batch after batch; returns them in global sample order, batch after batch.
+fn join_predictions(got: Vec<Vec<f32>>, cfg: &RankCfg) -> std::result::Result<Vec<f32>, String> {
+    let locals: Vec<usize> = (0..cfg.ranks)
+        .map(|r| batch_slice(cfg.global_batch, cfg.ranks, r).len())
+        .collect();
+    for (r, (g, l)) in got.iter().zip(&locals).enumerate() {
+        if g.len() != l * cfg.eval_batches {
+            return Err(format!(
+                "rank {r} sent {} predictions, expected {} ({} batches of {l})",
+                g.len(),
+                l * cfg.eval_batches,
+                cfg.eval_batches
+            ));
+        }
+    }
+    let mut scores = Vec::with_capacity(cfg.global_batch * cfg.eval_batches);
+    for b in 0..cfg.eval_batches {
+        for (g, &l) in got.iter().zip(&locals) {
+            scores.extend_from_slice(&g[b * l..(b + 1) * l]);
+        }
+    }
+    Ok(scores)
 }
 
 fn median(v: &[f64]) -> Option<f64> {

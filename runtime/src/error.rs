@@ -108,6 +108,15 @@ pub enum RuntimeError {
         /// What is wrong.
         reason: String,
     },
+    /// `--comm mpi` in a build without the `mpi` cargo feature.
+    #[error("built without MPI support; rebuild with `--features mpi`")]
+    NoMpi,
+    /// MPI could not be set up (e.g. initialised twice).
+    #[error("MPI: {reason}")]
+    Mpi {
+        /// What is wrong.
+        reason: String,
+    },
     /// An IR error (e.g. from a verifier or the interpreter).
     #[error(transparent)]
     Ir(#[from] IrError),

@@ -7,8 +7,11 @@
 //! - [`exec`]: the per-rank [`Executor`] (codegen kernels, interpreter fallback,
 //!   in-place optimizer updates, per-op timers, collectives overlapped with compute);
 //! - [`progress`]: the progress thread that runs a rank's collectives in flight;
-//! - [`driver`]: N ranks as threads with a [`LocalGroup`] communicator, training or
+//! - [`driver`]: N ranks as threads with a [`LocalGroup`] communicator, or this
+//!   process's one rank with any communicator ([`run_rank`]), training or
 //!   inference, then held-out evaluation ([`run`] -> [`Report`]);
+//! - [`MpiComm`]: one rank per MPI process (`mpirun`), with the `mpi` cargo
+//!   feature; without it a stand-in whose [`MpiComm::init`] is a clear error;
 //! - [`metrics`]: AUC, accuracy and the JSON-lines metrics file.
 //!
 //! Errors are one [`RuntimeError`] enum with structured fields (file, rank, step,
@@ -21,14 +24,20 @@ pub mod driver;
 mod error;
 pub mod exec;
 pub mod metrics;
+#[cfg(feature = "mpi")]
+mod mpi_comm;
+#[cfg(not(feature = "mpi"))]
+#[path = "mpi_stub.rs"]
+mod mpi_comm;
 pub mod plan;
 pub mod progress;
 
 pub use data::{DataSchema, SyntheticData, eval_step};
 pub use dlrm_ir::{AllReduceAlgo, Communicator, LocalComm, LocalGroup};
-pub use driver::{Event, Job, Mode, Report, run, run_with_params};
+pub use driver::{Event, Job, Mode, Report, run, run_rank, run_with_params};
 pub use error::{Result, RuntimeError};
 pub use exec::{Backend, Executor, KernelChoice, OpTime};
 pub use metrics::{MetricsWriter, accuracy, auc};
+pub use mpi_comm::MpiComm;
 pub use plan::{Plan, Training, read_manifest, read_plan, write_plan};
 pub use progress::CommTimes;

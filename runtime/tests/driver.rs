@@ -5,7 +5,10 @@ mod common;
 
 use common::*;
 use dlrm_ir::{Tensor, text};
-use dlrm_runtime::{Event, Job, MetricsWriter, Mode, RuntimeError, run, run_with_params};
+use dlrm_runtime::driver::run_rank;
+use dlrm_runtime::{
+    Event, Job, LocalGroup, MetricsWriter, Mode, RuntimeError, run, run_with_params,
+};
 use std::time::{Duration, Instant};
 
 fn job(ranks: usize, lr: f32, iters: u64, batch: usize) -> Job {
@@ -93,6 +96,65 @@ fn several_ranks_match_one_rank() {
             1e-4
         ));
     }
+}
+
+/// The one-rank-per-process path (what `--comm mpi` runs), with each "process" a
+/// thread holding its own copy of the job and its own communicator handle: the
+/// same losses, bit for bit, and the same AUC as the thread driver; only rank 0
+/// reports, and its events are the thread driver's.
+#[test]
+fn one_rank_per_process_runs_like_the_thread_driver() {
+    for ranks in [1usize, 3, 4] {
+        let mut want_events = Vec::new();
+        let want =
+            run(job(ranks, 0.2, 6, 24), &mut |e| want_events.push(e.clone())).expect("threads");
+        let got: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = LocalGroup::new(ranks)
+                .into_iter()
+                .map(|comm| {
+                    s.spawn(move || {
+                        let mut events = Vec::new();
+                        let rep = run_rank(job(ranks, 0.2, 6, 24), &comm, &mut |e| {
+                            events.push(e.clone())
+                        });
+                        (rep, events)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("rank thread"))
+                .collect()
+        });
+        for (r, (rep, events)) in got.into_iter().enumerate() {
+            let rep = rep.expect("run_rank");
+            if r > 0 {
+                assert!(rep.is_none() && events.is_empty(), "rank {r} reported");
+                continue;
+            }
+            let rep = rep.expect("rank 0 reports");
+            assert_eq!(rep.losses, want.losses, "{ranks} ranks");
+            assert_eq!(rep.auc, want.auc);
+            assert_eq!(rep.eval_samples, want.eval_samples);
+            let steps = |ev: &[Event]| -> Vec<(u64, Option<f32>)> {
+                ev.iter()
+                    .filter_map(|e| match e {
+                        Event::Step { iter, loss, .. } => Some((*iter, *loss)),
+                        Event::Eval { .. } => None,
+                    })
+                    .collect()
+            };
+            assert_eq!(steps(&events), steps(&want_events));
+        }
+    }
+    // A communicator of another size than the job is refused.
+    let comm = LocalGroup::new(1).pop().expect("one rank");
+    let err = run_rank(job(2, 0.2, 1, 24), &comm, &mut |_| {}).expect_err("size mismatch");
+    assert!(
+        err.to_string()
+            .contains("the job is for 2 ranks but the communicator has 1"),
+        "{err}"
+    );
 }
 
 #[test]

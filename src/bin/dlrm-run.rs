@@ -1,13 +1,16 @@
-//! `dlrm-run`: trains or serves a plan on N ranks (threads in this process).
+//! `dlrm-run`: trains or serves a plan on N ranks: threads of this process
+//! (`--ranks N`), or one rank per MPI process (`mpirun -n N dlrm-run PLAN --comm
+//! mpi`, where only rank 0 prints and writes `--metrics`).
 
 use anyhow::{Result, bail};
 use clap::Parser;
-use dlrm_runtime::driver::{Event, Mode, Report, run};
+use dlrm_ir::Communicator;
+use dlrm_runtime::driver::{Event, Mode, Report};
 use dlrm_runtime::metrics::MetricsWriter;
 use dlrm_runtime::plan::{Plan, read_plan};
 use dlrm_runtime::{AllReduceAlgo, Backend, KernelChoice};
-use dlrmc::launch::infer_once;
-use dlrmc::{RunOptions, ShardSettings, job_for};
+use dlrmc::launch::{infer_once, init_mpi, mpi_ranks};
+use dlrmc::{Comm, Ranks, RunOptions, ShardSettings, job_for, run_job};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -16,15 +19,24 @@ use std::process::ExitCode;
 /// Trains (or, with --infer, serves) a plan written by `dlrmc compile` on synthetic
 /// data whose labels come from a hidden teacher model, then reports AUC and
 /// accuracy on held-out batches.
+///
+/// Ranks are threads of this process (`--ranks N`), or one per MPI process:
+/// `mpirun -n N dlrm-run PLAN --comm mpi` (a build with `--features mpi`).
 #[derive(Parser, Debug)]
 #[command(name = "dlrm-run", version, about, long_about = None)]
 struct Cli {
     /// The plan directory.
     plan: PathBuf,
-    /// Ranks: threads in this process, each running its share of the global batch
-    /// and owning a share of the embedding tables.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    ranks: usize,
+    /// Ranks, each running its share of the global batch and owning a share of the
+    /// embedding tables [default: 1 with --comm threads; with --comm mpi the MPI
+    /// job's size, which a given --ranks must equal].
+    #[arg(long, value_name = "N")]
+    ranks: Option<usize>,
+    /// How ranks talk: `threads` (ranks are threads of this process) or `mpi` (this
+    /// process is one rank of an MPI job: launch with `mpirun -n N`; only rank 0
+    /// prints and writes --metrics; needs a build with `--features mpi`).
+    #[arg(long, default_value = "threads", value_name = "KIND", value_parser = parse_comm)]
+    comm: Comm,
     /// Steps to run.
     #[arg(long, default_value_t = 100, value_name = "K")]
     iters: u64,
@@ -106,6 +118,10 @@ fn parse_machine(s: &str) -> Result<dlrm_passes::shard::Machine, String> {
     dlrm_passes::shard::Machine::parse(s).map_err(|e| e.to_string())
 }
 
+fn parse_comm(s: &str) -> Result<Comm, String> {
+    Comm::parse(s).ok_or_else(|| format!("`{s}`: expected threads or mpi"))
+}
+
 fn parse_backend(s: &str) -> Result<Backend, String> {
     Backend::parse(s).ok_or_else(|| format!("`{s}`: expected jit or reference"))
 }
@@ -125,8 +141,33 @@ fn main() -> ExitCode {
 }
 
 fn real_main(cli: Cli) -> Result<()> {
+    if cli.ranks == Some(0) {
+        bail!("--ranks must be at least 1");
+    }
+    match cli.comm {
+        Comm::Threads => run_plan(&cli, cli.ranks.unwrap_or(1), Ranks::Threads),
+        Comm::Mpi => {
+            let comm = init_mpi()?;
+            let out = mpi_ranks(comm.size(), cli.ranks)
+                .map_err(anyhow::Error::from)
+                .and_then(|n| run_plan(&cli, n, Ranks::Process(&comm)));
+            if let Err(e) = &out {
+                // Ends the whole MPI job (every rank) unless this is a group of one.
+                comm.abort(&format!("{e:#}"));
+            }
+            out
+        }
+    }
+}
+
+/// Runs the plan on `ranks` ranks placed as `place` says; only rank 0 reports.
+fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
+    let root = match place {
+        Ranks::Threads => true,
+        Ranks::Process(comm) => comm.rank() == 0,
+    };
     let opts = RunOptions {
-        ranks: cli.ranks,
+        ranks,
         iters: cli.iters,
         seed: cli.seed,
         batch_size: cli.batch_size,
@@ -147,22 +188,21 @@ fn real_main(cli: Cli) -> Result<()> {
             }
         },
     };
-    if cli.ranks == 0 {
-        bail!("--ranks must be at least 1");
+    if cli.inputs.is_some() && cli.comm == Comm::Mpi {
+        bail!("--inputs runs the model once in one process: drop --comm mpi");
     }
     let plan = read_plan(&cli.plan)?;
     if let Some(inputs) = &cli.inputs {
-        return infer_file(plan, inputs, cli.outputs.as_deref(), &cli);
+        return infer_file(plan, inputs, cli.outputs.as_deref(), cli);
     }
     let name = plan.name.clone();
     let job = job_for(plan, &opts)?;
-    let mut metrics = cli
-        .metrics
-        .as_deref()
-        .map(MetricsWriter::create)
-        .transpose()?;
+    let mut metrics = match &cli.metrics {
+        Some(path) if root => Some(MetricsWriter::create(path)?),
+        _ => None,
+    };
 
-    let bar = (!cli.quiet && std::io::stderr().is_terminal()).then(|| {
+    let bar = (root && !cli.quiet && std::io::stderr().is_terminal()).then(|| {
         let pb = ProgressBar::new(cli.iters);
         pb.set_style(
             ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
@@ -171,7 +211,7 @@ fn real_main(cli: Cli) -> Result<()> {
         pb
     });
     let mut metrics_err = None;
-    let report = run(job, &mut |e| {
+    let report = run_job(job, place, &mut |e| {
         if let Some(m) = metrics.as_mut()
             && metrics_err.is_none()
             && let Err(err) = m.event(e)
@@ -210,7 +250,10 @@ fn real_main(cli: Cli) -> Result<()> {
     if let Some(pb) = &bar {
         pb.finish_and_clear();
     }
-    let report = report?;
+    let Some(report) = report? else {
+        // Not rank 0: rank 0 reports for the job.
+        return Ok(());
+    };
     if let Some(err) = metrics_err {
         return Err(err.into());
     }

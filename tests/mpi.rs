@@ -1,0 +1,386 @@
+//! `mpirun` of the built `dlrm-run` (compiled only with the `mpi` feature): N MPI
+//! processes train a plan like N thread ranks, with fewer and with more tables than
+//! ranks; a failing or killed rank ends the whole job, naming the rank, within a
+//! timeout; bad rank counts are clear errors.
+//!
+//! Stated tolerance: every logged loss of `mpirun -n N ... --comm mpi` within 1e-6
+//! relative of the thread backend's with `--ranks N` (same plan, seed, global
+//! batch), and the same AUC within 1e-6. The MPI all-reduce sums in the thread
+//! backend's order, so in practice the losses are bit-identical; the slack only
+//! covers a kernel choice that could differ between processes.
+//!
+//! Open MPI runs as root and oversubscribes the 2 cores of CI through environment
+//! variables set on each `mpirun` here; `MPIRUN` names another launcher.
+
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const DLRMC: &str = env!("CARGO_BIN_EXE_dlrmc");
+const DLRM_RUN: &str = env!("CARGO_BIN_EXE_dlrm-run");
+/// No test here should come near it; a hung job fails the test instead of CI.
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name)
+}
+
+/// Compiles a JSON model (the tiny example, or `json` if given) into `dir/name`.
+fn compile(dir: &Path, name: &str, json: Option<&str>) -> PathBuf {
+    let model = match json {
+        Some(text) => {
+            let p = dir.join(format!("{name}.json"));
+            fs::write(&p, text).expect("write model");
+            p
+        }
+        None => example("dlrm-tiny.json"),
+    };
+    let plan = dir.join(name);
+    let out = Command::new(DLRMC)
+        .args(["compile", s(&model), "-o", s(&plan), "--quiet"])
+        .output()
+        .expect("spawn dlrmc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    plan
+}
+
+/// `mpirun` with the settings this machine (and CI) needs.
+fn mpirun() -> Command {
+    let mut c = Command::new(std::env::var("MPIRUN").unwrap_or_else(|_| "mpirun".into()));
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        // More processes than cores: yield instead of busy-polling in collectives.
+        .env("OMPI_MCA_mpi_yield_when_idle", "1")
+        // Containers often forbid the cross-memory-attach single copy.
+        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        .env("OMPI_MCA_hwloc_base_binding_policy", "none")
+        .env("RAYON_NUM_THREADS", "1");
+    c
+}
+
+struct Ran {
+    status: ExitStatus,
+    stderr: String,
+    secs: f64,
+}
+
+/// Runs `cmd` to the end, or kills it after `timeout` (then panics: a hang).
+fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Ran {
+    let dir = tempfile::tempdir().expect("tmp");
+    let err_path = dir.path().join("stderr");
+    let err = fs::File::create(&err_path).expect("stderr file");
+    let t0 = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(err)
+        .spawn()
+        .expect("spawn mpirun");
+    let status = wait_or_kill(&mut child, timeout, t0);
+    Ran {
+        status,
+        stderr: fs::read_to_string(&err_path).unwrap_or_default(),
+        secs: t0.elapsed().as_secs_f64(),
+    }
+}
+
+fn wait_or_kill(child: &mut Child, timeout: Duration, t0: Instant) -> ExitStatus {
+    loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            return st;
+        }
+        if t0.elapsed() > timeout {
+            // SIGTERM first: mpirun then ends its processes.
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            std::thread::sleep(Duration::from_secs(3));
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the job hung: still running after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Losses (by iter) and the summary line of a metrics file.
+fn metrics(path: &Path) -> (Vec<(u64, f64)>, Value) {
+    let lines: Vec<Value> = fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    let (last, steps) = lines.split_last().expect("a summary line");
+    let losses = steps
+        .iter()
+        .map(|l| {
+            (
+                l["iter"].as_u64().expect("iter"),
+                l["loss"].as_f64().expect("loss"),
+            )
+        })
+        .collect();
+    (losses, last.clone())
+}
+
+/// `mpirun -n N dlrm-run PLAN --comm mpi` and `dlrm-run PLAN --ranks N` log the
+/// same losses and the same held-out AUC.
+fn mpi_matches_threads(plan: &Path, n: usize, iters: u64) {
+    let dir = plan.parent().expect("plan dir");
+    let m_mpi = dir.join(format!("mpi-{n}.jsonl"));
+    let m_thr = dir.join(format!("threads-{n}.jsonl"));
+    let iters = iters.to_string();
+    let common = ["--iters", &iters, "--log-every", "1", "--eval-batches", "2"];
+
+    let mut cmd = mpirun();
+    cmd.args(["-n", &n.to_string(), DLRM_RUN, s(plan), "--comm", "mpi"])
+        .args(common)
+        .args(["--metrics", s(&m_mpi)]);
+    let ran = run_with_timeout(cmd, TIMEOUT);
+    assert!(ran.status.success(), "mpirun -n {n}: {}", ran.stderr);
+    // Only rank 0 prints the summary.
+    let summaries: Vec<&str> = ran
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("trained `"))
+        .collect();
+    assert_eq!(summaries.len(), 1, "{}", ran.stderr);
+    assert!(
+        summaries[0].contains(&format!("on {n} ranks")),
+        "{}",
+        summaries[0]
+    );
+    eprintln!("mpirun -n {n}: {:.1} s", ran.secs);
+
+    let out = Command::new(DLRM_RUN)
+        .args([s(plan), "--ranks", &n.to_string()])
+        .args(common)
+        .args(["--metrics", s(&m_thr), "-q"])
+        .output()
+        .expect("spawn dlrm-run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let (lm, sm) = metrics(&m_mpi);
+    let (lt, st) = metrics(&m_thr);
+    assert_eq!(
+        lm.iter().map(|l| l.0).collect::<Vec<_>>(),
+        lt.iter().map(|l| l.0).collect::<Vec<_>>()
+    );
+    let mut worst = 0.0f64;
+    for ((k, a), (_, b)) in lm.iter().zip(&lt) {
+        assert!(a.is_finite(), "step {k}: loss {a}");
+        let rel = (a - b).abs() / a.abs().max(b.abs()).max(1e-30);
+        worst = worst.max(rel);
+        assert!(rel <= 1e-6, "{n} ranks, step {k}: mpi {a} vs threads {b}");
+    }
+    eprintln!("{n} ranks: largest relative loss difference mpi vs threads {worst:e}");
+    let (am, at) = (sm["auc"].as_f64(), st["auc"].as_f64());
+    let (am, at) = (am.expect("mpi auc"), at.expect("threads auc"));
+    assert!((am - at).abs() <= 1e-6, "AUC mpi {am} vs threads {at}");
+}
+
+#[test]
+fn four_processes_train_like_four_threads_with_fewer_tables_than_ranks() {
+    // dlrm-tiny has 3 tables: one of the 4 ranks owns none.
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = compile(dir.path(), "tiny.plan", None);
+    mpi_matches_threads(&plan, 4, 12);
+}
+
+#[test]
+fn eight_processes_train_like_eight_threads_with_more_tables_than_ranks() {
+    // 10 tables on 8 ranks: some ranks own two.
+    let model = fs::read_to_string(example("dlrm-tiny.json")).expect("tiny");
+    let mut v: Value = serde_json::from_str(&model).expect("json");
+    v["name"] = "dlrm-tiny-10t".into();
+    v["table_rows"] = (0..10).map(|t| 20 + 5 * t).collect::<Vec<u64>>().into();
+    v["top_mlp"] = serde_json::json!([64, 1]);
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = compile(dir.path(), "ten.plan", Some(&v.to_string()));
+    mpi_matches_threads(&plan, 8, 6);
+}
+
+#[test]
+fn a_rank_that_fails_ends_the_job_naming_the_rank() {
+    // Rank 3 is given a copy of the plan with a corrupted weight file (MPMD launch):
+    // it fails while ranks 0..2 go on into their first collective.
+    let dir = tempfile::tempdir().expect("tmp");
+    let good = compile(dir.path(), "good.plan", None);
+    let bad = compile(dir.path(), "bad.plan", None);
+    let w = bad.join("weights.safetensors");
+    let mut bytes = fs::read(&w).expect("weights");
+    let n = bytes.len();
+    bytes[n - 3] ^= 0x40;
+    fs::write(&w, &bytes).expect("corrupt");
+    let mut cmd = mpirun();
+    cmd.args([
+        "-n",
+        "3",
+        DLRM_RUN,
+        s(&good),
+        "--comm",
+        "mpi",
+        "--iters",
+        "50",
+    ])
+    .args([":", "-n", "1", DLRM_RUN, s(&bad), "--comm", "mpi"])
+    .args(["--iters", "50"]);
+    let ran = run_with_timeout(cmd, TIMEOUT);
+    assert!(!ran.status.success(), "{}", ran.stderr);
+    assert!(
+        ran.stderr.contains("MPI rank 3 of 4 failed") && ran.stderr.contains("checksum"),
+        "{}",
+        ran.stderr
+    );
+}
+
+#[test]
+fn a_diverging_loss_ends_the_job_naming_the_rank_and_the_step() {
+    // A learning rate this large overflows the weights in the first updates; the
+    // loss turns NaN on every rank at the same step.
+    let model = fs::read_to_string(example("dlrm-tiny.json")).expect("tiny");
+    let mut v: Value = serde_json::from_str(&model).expect("json");
+    v["learning_rate"] = 1e30.into();
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = compile(dir.path(), "nan.plan", Some(&v.to_string()));
+    let mut cmd = mpirun();
+    cmd.args([
+        "-n",
+        "2",
+        DLRM_RUN,
+        s(&plan),
+        "--comm",
+        "mpi",
+        "--iters",
+        "50",
+    ]);
+    let ran = run_with_timeout(cmd, TIMEOUT);
+    assert!(!ran.status.success(), "{}", ran.stderr);
+    let line = ran
+        .stderr
+        .lines()
+        .find(|l| l.contains("failed, aborting the job"))
+        .unwrap_or_else(|| panic!("no abort message: {}", ran.stderr));
+    assert!(
+        line.contains("loss became") && line.contains("at step "),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_killed_rank_ends_the_job_naming_the_rank() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = compile(dir.path(), "tiny.plan", None);
+    let m = dir.path().join("m.jsonl");
+    let err_path = dir.path().join("stderr");
+    let mut cmd = mpirun();
+    cmd.args(["-n", "3", DLRM_RUN, s(&plan), "--comm", "mpi"])
+        .args(["--iters", "1000000", "--log-every", "1", "--metrics", s(&m)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&err_path).expect("stderr file"));
+    let t0 = Instant::now();
+    let mut child = cmd.spawn().expect("spawn mpirun");
+    // Wait until training is under way (rank 0 has logged a step) ...
+    while !fs::read_to_string(&m).is_ok_and(|t| t.lines().count() >= 2) {
+        if t0.elapsed() > TIMEOUT || child.try_wait().expect("wait").is_some() {
+            let _ = child.kill();
+            panic!(
+                "training never started: {}",
+                fs::read_to_string(&err_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // ... then SIGKILL the process of rank 1 (Open MPI tells each its rank).
+    let victim = rank_pid(1, s(&m)).expect("the process of rank 1");
+    let killed = Command::new("kill")
+        .args(["-KILL", &victim.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let status = wait_or_kill(&mut child, TIMEOUT, Instant::now());
+    let stderr = fs::read_to_string(&err_path).unwrap_or_default();
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("rank 1") && stderr.contains("signal 9"),
+        "{stderr}"
+    );
+}
+
+/// The pid of the `dlrm-run` process of MPI rank `rank` (Open MPI sets
+/// `OMPI_COMM_WORLD_RANK` in its environment) among those whose command line holds
+/// `marker` (a path of this test's own temporary directory).
+fn rank_pid(rank: usize, marker: &str) -> Option<u32> {
+    let want = format!("OMPI_COMM_WORLD_RANK={rank}");
+    for entry in fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if !cmdline.starts_with(DLRM_RUN) || !cmdline.contains(marker) {
+            continue;
+        }
+        let env = fs::read(entry.path().join("environ")).unwrap_or_default();
+        if env.split(|&b| b == 0).any(|v| v == want.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn bad_rank_counts_are_clear_errors() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = compile(dir.path(), "tiny.plan", None);
+    // --ranks must agree with the MPI job's size.
+    let mut cmd = mpirun();
+    cmd.args([
+        "-n",
+        "2",
+        DLRM_RUN,
+        s(&plan),
+        "--comm",
+        "mpi",
+        "--ranks",
+        "3",
+    ]);
+    let ran = run_with_timeout(cmd, TIMEOUT);
+    assert!(!ran.status.success());
+    assert!(
+        ran.stderr
+            .contains("--ranks 3 disagrees with the MPI job's 2 processes"),
+        "{}",
+        ran.stderr
+    );
+    // More processes than samples in the global batch.
+    let mut cmd = mpirun();
+    cmd.args(["-n", "3", DLRM_RUN, s(&plan), "--comm", "mpi"])
+        .args(["--batch-size", "2", "--iters", "1"]);
+    let ran = run_with_timeout(cmd, TIMEOUT);
+    assert!(!ran.status.success());
+    assert!(
+        ran.stderr
+            .contains("--ranks 3 is more than the global batch of 2 samples"),
+        "{}",
+        ran.stderr
+    );
+}
