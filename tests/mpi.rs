@@ -3,11 +3,12 @@
 //! ranks; a failing or killed rank ends the whole job, naming the rank, within a
 //! timeout; bad rank counts are clear errors.
 //!
-//! Stated tolerance: every logged loss of `mpirun -n N ... --comm mpi` within 1e-6
+//! Stated tolerance: every logged loss of `mpirun -n N ... --comm mpi` within 1e-5
 //! relative of the thread backend's with `--ranks N` (same plan, seed, global
-//! batch), and the same AUC within 1e-6. The MPI all-reduce sums in the thread
-//! backend's order, so in practice the losses are bit-identical; the slack only
-//! covers a kernel choice that could differ between processes.
+//! batch), and the AUC within 1e-4: the tolerance of N ranks against one. The MPI
+//! all-reduce sums each chunk in rank order; the thread group picks recursive
+//! doubling or a ring by message size (`dlrm_ir::AllReduceAlgo`), so the two agree
+//! up to float reassociation, not bit for bit.
 //!
 //! Open MPI runs as root and oversubscribes the 2 cores of CI through environment
 //! variables set on each `mpirun` here; `MPIRUN` names another launcher.
@@ -188,12 +189,12 @@ fn mpi_matches_threads(plan: &Path, n: usize, iters: u64) {
         assert!(a.is_finite(), "step {k}: loss {a}");
         let rel = (a - b).abs() / a.abs().max(b.abs()).max(1e-30);
         worst = worst.max(rel);
-        assert!(rel <= 1e-6, "{n} ranks, step {k}: mpi {a} vs threads {b}");
+        assert!(rel <= 1e-5, "{n} ranks, step {k}: mpi {a} vs threads {b}");
     }
     eprintln!("{n} ranks: largest relative loss difference mpi vs threads {worst:e}");
     let (am, at) = (sm["auc"].as_f64(), st["auc"].as_f64());
     let (am, at) = (am.expect("mpi auc"), at.expect("threads auc"));
-    assert!((am - at).abs() <= 1e-6, "AUC mpi {am} vs threads {at}");
+    assert!((am - at).abs() <= 1e-4, "AUC mpi {am} vs threads {at}");
 }
 
 #[test]
