@@ -119,7 +119,8 @@ fn bf16_plan_trains_alike_on_both_backends() {
     let lr: Vec<f32> = reference.losses.iter().map(|l| l.1).collect();
     let d = max_rel(&lj, &lr, 0.0);
     assert!(d <= 1e-3, "jit vs reference losses differ by {d} rel");
-    for (name, t) in &pr[0] {
+    // (The `.lo` halves are raw low bits of the masters: compared through `hi`.)
+    for (name, t) in pr[0].iter().filter(|(n, _)| !n.ends_with(".lo")) {
         let d = max_rel(&t.to_f32_vec(), &pj[0][name].to_f32_vec(), 1e-3);
         assert!(d <= 1e-2, "{name} differs by {d} rel");
     }

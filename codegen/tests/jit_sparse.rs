@@ -160,13 +160,9 @@ fn update_case(
     all.extend(&rest);
     let tys: Vec<TensorType> = params.iter().map(ty_of).collect();
     let want = interp(&op, &all, &tys, s).expect("interpreter");
-    for k in 0..params.len() {
-        same_bits(
-            &format!("{name} reference vs interpreter"),
-            &reference[k],
-            &want[k],
-        );
-        same_bits(&format!("{name} jit vs reference"), &jit[k], &reference[k]);
+    for ((r, j), w) in reference.iter().zip(&jit).zip(&want) {
+        same_bits(&format!("{name} reference vs interpreter"), r, w);
+        same_bits(&format!("{name} jit vs reference"), j, r);
     }
 }
 
@@ -244,9 +240,9 @@ proptest! {
         all.push(&g);
         let tys: Vec<TensorType> = params.iter().map(ty_of).collect();
         let want = interp(&op, &all, &tys, 1).expect("interpreter");
-        for k in 0..params.len() {
-            same_bits("dense reference vs interpreter", &reference[k], &want[k]);
-            same_bits("dense jit vs reference", &jit[k], &reference[k]);
+        for ((r, j), w) in reference.iter().zip(&jit).zip(&want) {
+            same_bits("dense reference vs interpreter", r, w);
+            same_bits("dense jit vs reference", j, r);
         }
     }
 }
@@ -324,7 +320,7 @@ fn interaction_case(
 ) {
     let ops: Vec<Tensor> = (0..f)
         .map(|i| {
-            let dt = if bf_mask >> i & 1 == 1 {
+            let dt = if (bf_mask >> i) & 1 == 1 {
                 DType::BF16
             } else {
                 DType::F32
@@ -413,28 +409,19 @@ fn interaction_case(
         .expect("kernel")
         .expect("runs");
     assert_eq!(got.len(), f);
-    for k in 0..f {
-        close(
-            &format!("{name} backward {k}"),
-            &got[k],
-            &want[k],
-            &scale[k],
-            tol,
-        );
+    for (k, ((g, w), m)) in got.iter().zip(&want).zip(&scale).enumerate() {
+        close(&format!("{name} backward {k}"), g, w, m, tol);
     }
 }
 
 fn close(name: &str, got: &Tensor, want: &Tensor, scale: &Tensor, tol: f32) {
     assert_eq!(got.shape, want.shape, "{name}: shape");
     let (g, w, m) = (got.to_f32_vec(), want.to_f32_vec(), scale.to_f32_vec());
-    for i in 0..g.len() {
-        let bound = tol * m[i].max(w[i].abs()).max(1e-30) + 1e-30;
+    for (i, ((g, w), m)) in g.iter().zip(&w).zip(&m).enumerate() {
+        let bound = tol * m.max(w.abs()).max(1e-30) + 1e-30;
         assert!(
-            (g[i] - w[i]).abs() <= bound,
-            "{name}: element {i}: {} vs {} (scale {})",
-            g[i],
-            w[i],
-            m[i]
+            (g - w).abs() <= bound,
+            "{name}: element {i}: {g} vs {w} (scale {m})"
         );
     }
 }

@@ -58,7 +58,7 @@ pub struct DotSpec {
 
 impl DotSpec {
     fn elt(&self, i: usize) -> Elt {
-        if self.bf16_ops >> i & 1 == 1 {
+        if (self.bf16_ops >> i) & 1 == 1 {
             Elt::BF16
         } else {
             Elt::F32
@@ -309,7 +309,7 @@ fn emit_backward(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value]) {
                     chunk(b, &tp, dp, gp, 0, CC);
                 });
             }
-            if d % CC > 0 {
+            if !d.is_multiple_of(CC) {
                 chunk(b, &t, drow, g, full * CC, d % CC);
             }
         }

@@ -238,7 +238,7 @@ fn update_row(
             update_cols(b, st, ge, wc, lc, gc, lr, div, 0, CW);
         });
     }
-    if d % CW > 0 {
+    if !d.is_multiple_of(CW) {
         update_cols(b, st, ge, wp, lp, gp, lr, div, full * CW, d % CW);
     }
 }
@@ -493,6 +493,7 @@ fn run_sparse(
 const CHUNK: usize = 1 << 15;
 
 /// Runs a dense update of `n` elements at `w` (and `lo`) with gradient `g`.
+#[allow(clippy::too_many_arguments)]
 fn run_dense(
     jit: &Jit,
     op: &'static str,
