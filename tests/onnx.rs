@@ -64,6 +64,13 @@ fn canonicalisation_is_complete_and_exact_on_onnx_dlrms() {
         assert!(kinds.contains(&"embedding_bag"), "{name}: {kinds:?}");
         assert!(kinds.contains(&"interaction"), "{name}: {kinds:?}");
         assert_eq!(stats.stop_reason, "saturated", "{name}");
+        let outs = |g: &Graph| -> Vec<String> {
+            g.outputs()
+                .iter()
+                .map(|&v| g.name_of(v).to_string())
+                .collect()
+        };
+        assert_eq!(outs(&g), outs(&m.graph), "{name}: output names kept");
         let inputs: HashMap<String, Tensor> = dlrm_onnx::npz::read(&case(name).join("inputs.npz"))
             .expect("inputs")
             .into_iter()

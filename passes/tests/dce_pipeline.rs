@@ -197,7 +197,7 @@ fn dump_specs_are_validated() {
     let msg = err.to_string();
     assert!(
         msg.contains("`fusion`")
-            && msg.contains("all, input, autodiff, fuse, layout, precision, dce, partition"),
+            && msg.contains("all, input, canon, autodiff, fuse, layout, precision, dce, partition"),
         "{msg}"
     );
     assert!(DumpSpec::parse("").is_err());

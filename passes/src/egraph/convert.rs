@@ -7,7 +7,8 @@
 //! choice), starting from the outputs and the update values: only what they need
 //! is emitted, in a valid order (operands first). The interface is kept verbatim:
 //! the graph's name, every input and parameter (name, type, order), outputs and
-//! updates. Every value whose e-class is emitted keeps its original name; new
+//! updates. Every value whose e-class is emitted keeps its original name (where
+//! rules united values, the output's name, else the first in source order); new
 //! values get fresh names derived from the value they help compute
 //! (`<name>.<mnemonic>`), never taken from the original graph's names.
 
@@ -236,7 +237,13 @@ impl<F: Fn(Id) -> Dl> Decoder<'_, F> {
 pub fn decode(src: &Graph, enc: &Encoded, best: impl Fn(Id) -> Dl) -> Result<Graph> {
     let eg = &enc.egraph;
     let mut names = HashMap::new();
-    // Names of the source values, by canonical class (source order: first wins).
+    // Names of the source values, by canonical class: the outputs' names first (an
+    // output keeps its name when a rule unites it with an earlier value, e.g. an
+    // identity reshape), then source order (first wins).
+    for &o in src.outputs() {
+        let c = eg.find(enc.class_of[o.index()]);
+        names.entry(c).or_insert_with(|| src.name_of(o).to_string());
+    }
     for (i, v) in src.values().iter().enumerate() {
         let c = eg.find(enc.class_of[i]);
         names.entry(c).or_insert_with(|| v.name.clone());

@@ -125,9 +125,11 @@ pub fn build_op_rule(name: &str, op: &str, f: BuildFn, cfg: &RuleConfig) -> Rewr
         .unwrap_or_else(|e| panic!("rule {name}: {e}"))
 }
 
-/// The operand classes of the e-nodes of op `op` in class `c` (attribute tags
-/// dropped), with their attributes.
-pub fn op_nodes(eg: &DlGraph, c: Id, op: &str) -> Vec<(Vec<(String, Attr)>, Vec<Id>)> {
+/// An op e-node's attributes and operand classes.
+pub type OpNode = (Vec<(String, Attr)>, Vec<Id>);
+
+/// The e-nodes of op `op` in class `c`: attributes and operand classes.
+pub fn op_nodes(eg: &DlGraph, c: Id, op: &str) -> Vec<OpNode> {
     eg[c]
         .nodes
         .iter()
