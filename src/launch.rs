@@ -178,11 +178,13 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     if let Some(parts) = &row_shards {
         // Row-wise tables: each shard parameter gets its rows of the table.
         let params = std::mem::take(&mut job.params);
-        job.params = parts.shard_params(params).map_err(|source| Error::Partition {
-            graph: "infer",
-            ranks,
-            source: Box::new(source),
-        })?;
+        job.params = parts
+            .shard_params(params)
+            .map_err(|source| Error::Partition {
+                graph: "infer",
+                ranks,
+                source: Box::new(source),
+            })?;
     }
     if opts.infer {
         job.full_train = None;

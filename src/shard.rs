@@ -82,7 +82,8 @@ pub fn shard_plan(
 ) -> Result<ShardPlan> {
     let (which, _) = source(plan);
     let ts = plan_tables(plan)?;
-    shard::plan(&ts, &settings.options(ranks, global_batch)).map_err(|e| planner_err(which, ranks, e))
+    shard::plan(&ts, &settings.options(ranks, global_batch))
+        .map_err(|e| planner_err(which, ranks, e))
 }
 
 /// `g` partitioned as `sp` says; `which` names the graph in errors.
@@ -151,8 +152,12 @@ impl std::fmt::Display for ShardReport {
             o.mem_per_rank as f64 / (1024.0 * 1024.0)
         )?;
         write!(f, "{}", self.prediction)?;
-        writeln!(f, "\npredicted scaling (strong: global batch {}; weak: {} samples per rank):",
-            o.global_batch, (o.global_batch / o.ranks.max(1)).max(1))?;
+        writeln!(
+            f,
+            "\npredicted scaling (strong: global batch {}; weak: {} samples per rank):",
+            o.global_batch,
+            (o.global_batch / o.ranks.max(1)).max(1)
+        )?;
         write!(f, "{}", shard::scaling_table(&self.scaling))
     }
 }

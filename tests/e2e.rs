@@ -202,7 +202,10 @@ fn planner_placements_train_like_one_rank() {
         let sp = dlrmc::shard::shard_plan(&plan, 8, 24, &settings).expect("plan");
         let kinds: Vec<_> = sp.tables.iter().map(|t| t.kind).collect();
         use dlrm_passes::ShardKind::{DataParallel, RowWise};
-        assert!(kinds.contains(&RowWise) && kinds.contains(&DataParallel), "{sp}");
+        assert!(
+            kinds.contains(&RowWise) && kinds.contains(&DataParallel),
+            "{sp}"
+        );
         let run = |ranks: usize| {
             let o = RunOptions {
                 ranks,
@@ -317,10 +320,15 @@ fn every_example_round_trips_at_every_stage() {
         assert_eq!(stages, want, "{name}");
         for ranks in [2, 3] {
             let mut n = 0;
-            partition_stages(&plan, ranks, &dlrmc::ShardSettings::default(), &mut |s, g| {
-                assert_round_trips(s, g);
-                n += 1;
-            })
+            partition_stages(
+                &plan,
+                ranks,
+                &dlrmc::ShardSettings::default(),
+                &mut |s, g| {
+                    assert_round_trips(s, g);
+                    n += 1;
+                },
+            )
             .expect("partition");
             assert_eq!(n, 2 * ranks, "{name}");
         }

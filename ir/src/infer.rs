@@ -423,7 +423,10 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
 /// `rows` rows.
 fn shard_range(op: &Op, ins: &[&TensorType], lo: usize, rows: usize) -> R<()> {
     let Some(shard) = ins.first() else {
-        return Err(format!("`{}` needs the table shard as operand 0", op.mnemonic()));
+        return Err(format!(
+            "`{}` needs the table shard as operand 0",
+            op.mnemonic()
+        ));
     };
     expect_rank("table shard", shard, 2)?;
     let rs = fixed_dim("the table shard's rows", &shard.shape[0])?;

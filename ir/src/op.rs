@@ -758,10 +758,9 @@ impl Op {
                 ("lo", Attr::Int(*lo as i64)),
                 ("rows", Attr::Int(*rows as i64)),
             ],
-            Op::EmbeddingGradDense { mode, rows } => vec![
-                ("mode", id(mode.name())),
-                ("rows", Attr::Int(*rows as i64)),
-            ],
+            Op::EmbeddingGradDense { mode, rows } => {
+                vec![("mode", id(mode.name())), ("rows", Attr::Int(*rows as i64))]
+            }
             // ---- generic ops (ONNX import)
             Op::MatMul | Op::EmbeddingBagWeighted => vec![],
             Op::Binary { kind } => vec![("kind", id(kind.name()))],

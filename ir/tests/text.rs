@@ -436,6 +436,8 @@ fn all_graphs() -> Vec<Graph> {
         // ---- fused / blocked ops (e-graph, precision)
         fused_ops(),
         split_sgd(),
+        // ---- sharded embeddings
+        sharded_ops(),
         // ---- generic ops (ONNX import)
         generic_ops(),
     ]
@@ -1183,4 +1185,23 @@ fn generic_ops() -> Graph {
         g.add_output(v);
     }
     g
+}
+
+/// The sharded embedding ops of the partition pass (row-wise and replicated tables).
+fn sharded_ops() -> Graph {
+    let src = "graph @sharded {
+  input %idx: i64[G,2]
+  input %dy: f32[G,4]
+  param %t.rows5_10: f32[5,4]
+  %e: f32[G,4] = embedding_bag_rows %t.rows5_10, %idx {mode=mean, lo=5, rows=10}
+  %rg: f32[G,2,4] = embedding_bag_grad %dy, %idx {mode=mean}
+  %t1: f32[5,4] = sparse_sgd_rows %t.rows5_10, %idx, %rg {lr=0.5, lo=5, rows=10}
+  %t2: f32[5,4] = embedding_update_rows %t1, %dy, %idx {mode=sum, lr=0.5, lo=5, rows=10}
+  %gd: f32[10,4] = embedding_grad_dense %dy, %idx {mode=sum, rows=10}
+  output %e
+  output %gd
+  update %t.rows5_10 <- %t2
+}
+";
+    dlrm_ir::text::parse(src).unwrap()
 }

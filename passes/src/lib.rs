@@ -66,13 +66,13 @@ pub use error::{PassError, Result};
 pub use partition::{
     Partitioned, Placement, RowShard, TableInfo, partition, partition_with, place,
 };
-pub use shard::{PlannerOptions, ShardKind, ShardPlan};
 pub use pass::Pass;
 pub use pipeline::{
     Compiled, DumpSpec, PassLog, PassRecord, PipelineOptions, Precision, compile, compile_params,
     run_passes,
 };
 pub use schedule::{Schedule, schedule};
+pub use shard::{PlannerOptions, ShardKind, ShardPlan};
 pub use stats::GraphStats;
 
 use serde::{Deserialize, Serialize};

@@ -833,10 +833,7 @@ impl<'a> RankBuilder<'a> {
     fn held(&self, table: ValueId) -> Option<Option<usize>> {
         match &self.home[table.index()] {
             Home::Owner(r) if *r == self.rank => Some(None),
-            Home::Rows(shards, _) => shards
-                .iter()
-                .position(|s| s.rank == self.rank)
-                .map(Some),
+            Home::Rows(shards, _) => shards.iter().position(|s| s.rank == self.rank).map(Some),
             _ => None,
         }
     }
@@ -1025,7 +1022,10 @@ impl<'a> RankBuilder<'a> {
         let mut names = Vec::new();
         let mut mine = Vec::new();
         for inst in &order {
-            let k = inst.bag.grad.unwrap_or_else(|| unreachable!("filtered on grad"));
+            let k = inst
+                .bag
+                .grad
+                .unwrap_or_else(|| unreachable!("filtered on grad"));
             let dy = bag_dy(g, k);
             operands.push(self.get(dy)?);
             if inst.rank == self.rank {
@@ -1197,7 +1197,11 @@ impl<'a> RankBuilder<'a> {
                 let (hi, lo) = (self.get(node.inputs[0])?, self.get(node.inputs[1])?);
                 let news = self
                     .ng
-                    .add_node(Op::SplitSgd { lr: *lr }, &[hi, lo, grad], &[name(0), name(1)])
+                    .add_node(
+                        Op::SplitSgd { lr: *lr },
+                        &[hi, lo, grad],
+                        &[name(0), name(1)],
+                    )
                     .map_err(&e)?;
                 for (&out, new) in node.outputs.iter().zip(news) {
                     self.define(out, new)?;

@@ -80,7 +80,12 @@ fn check_plan(t: &Graph, plan: &ShardPlan) {
     let mut seen = 0;
     for (r, (out, after)) in results.iter().enumerate() {
         let what = format!("{} on {} ranks, rank {r}", t.name, plan.ranks);
-        common::assert_close(&format!("{what}: loss"), &out[0].to_f32_vec(), &[loss1], 1e-5);
+        common::assert_close(
+            &format!("{what}: loss"),
+            &out[0].to_f32_vec(),
+            &[loss1],
+            1e-5,
+        );
         for (name, v) in after {
             let want = match p.row_shards.iter().find(|s| &s.param == name) {
                 Some(s) => s.slice(&after1[&s.table]).unwrap(),
@@ -126,7 +131,11 @@ fn row_wise_tables_train_like_one_device() {
             assert_eq!(count(g, "all_to_all"), 2, "{}", g.name);
         }
         // Every rank adds the partial sums: (3 - 1) + (2 - 1) adds per bag set.
-        let rows_bags: usize = p.graphs.iter().map(|g| count(g, "embedding_bag_rows")).sum();
+        let rows_bags: usize = p
+            .graphs
+            .iter()
+            .map(|g| count(g, "embedding_bag_rows"))
+            .sum();
         let shared_bags = spec.bags.iter().filter(|b| b.table == 0).count();
         assert_eq!(rows_bags, 3 * shared_bags + 2);
         let upd = if optimize {
@@ -191,7 +200,9 @@ fn bf16_tables_replicate_but_do_not_split() {
         precision: dlrm_passes::Precision::Bf16,
         ..PipelineOptions::optimized(None)
     };
-    let t = compile(Spec::dot().build(), &opts, &mut |_, _| {}).unwrap().0;
+    let t = compile(Spec::dot().build(), &opts, &mut |_, _| {})
+        .unwrap()
+        .0;
     let ts = tables(&t).unwrap();
     let plan = hand_plan(
         &ts,
@@ -273,7 +284,9 @@ fn planner_honours_the_memory_budget() {
         for (p, t) in plan.tables.iter().zip(&ts) {
             let row = (t.dim * t.elem_bytes) as u64;
             match p.kind {
-                ShardKind::DataParallel => per_rank.iter_mut().for_each(|b| *b += t.rows as u64 * row),
+                ShardKind::DataParallel => {
+                    per_rank.iter_mut().for_each(|b| *b += t.rows as u64 * row)
+                }
                 _ => {
                     for s in &p.shards {
                         per_rank[s.rank] += (s.hi - s.lo) as u64 * row;
@@ -281,7 +294,10 @@ fn planner_honours_the_memory_budget() {
                 }
             }
         }
-        assert!(per_rank.iter().all(|&b| b <= budget), "{ranks}: {per_rank:?} > {budget}\n{plan}");
+        assert!(
+            per_rank.iter().all(|&b| b <= budget),
+            "{ranks}: {per_rank:?} > {budget}\n{plan}"
+        );
         // The largest table cannot fit one rank: it is split.
         assert_eq!(plan.tables[5].kind, ShardKind::RowWise, "{plan}");
     }
@@ -295,16 +311,27 @@ fn an_infeasible_budget_is_a_clear_error() {
         ..PlannerOptions::new(2, 64)
     };
     let err = shard::plan(&ts, &opts).unwrap_err().to_string();
-    assert!(err.contains("table `big`") && err.contains("--mem-per-rank"), "{err}");
+    assert!(
+        err.contains("table `big`") && err.contains("--mem-per-rank"),
+        "{err}"
+    );
     // A bf16 table cannot be split to fit.
     let mut bf = info("bf", 1000, 16, 1);
     bf.elem_bytes = 2;
-    let err = shard::plan(&[bf], &PlannerOptions { mem_per_rank: 10_000, ..PlannerOptions::new(4, 64) })
-        .unwrap_err()
-        .to_string();
+    let err = shard::plan(
+        &[bf],
+        &PlannerOptions {
+            mem_per_rank: 10_000,
+            ..PlannerOptions::new(4, 64)
+        },
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("only f32 tables"), "{err}");
     // Too few samples for the ranks.
-    let err = shard::plan(&ts, &PlannerOptions::new(8, 4)).unwrap_err().to_string();
+    let err = shard::plan(&ts, &PlannerOptions::new(8, 4))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("global batch"), "{err}");
     assert!(shard::plan(&ts, &PlannerOptions::new(0, 4)).is_err());
 }
@@ -348,9 +375,20 @@ fn more_ranks_than_tables_split_and_tiny_tables_replicate() {
     // shards' worth of work.
     let pred = shard::predict(&ts, &shard::DenseProfile::default(), &plan, &opts);
     let total: f64 = pred.per_rank.iter().map(|p| p.lookup_share).sum();
-    assert!((total - 1.0).abs() < 1e-9, "lookup shares sum to 1: {total}");
-    let max = pred.per_rank.iter().map(|p| p.embedding_ms).fold(0.0, f64::max);
-    let min = pred.per_rank.iter().map(|p| p.embedding_ms).fold(f64::MAX, f64::min);
+    assert!(
+        (total - 1.0).abs() < 1e-9,
+        "lookup shares sum to 1: {total}"
+    );
+    let max = pred
+        .per_rank
+        .iter()
+        .map(|p| p.embedding_ms)
+        .fold(0.0, f64::max);
+    let min = pred
+        .per_rank
+        .iter()
+        .map(|p| p.embedding_ms)
+        .fold(f64::MAX, f64::min);
     assert!(max < 2.0 * min, "balanced: {pred}");
     // On one rank everything is table-wise.
     let one = shard::plan(&ts, &PlannerOptions::new(1, 4096)).unwrap();
@@ -416,7 +454,10 @@ fn scaling_curve_covers_1_to_n() {
     };
     let pts = shard::scaling(&ts, &dense, &opts).unwrap();
     assert!(pts[0].strong_step_ms.is_none() && pts[0].weak_efficiency.is_none());
-    assert!((pts[1].strong_efficiency.unwrap() - 1.0).abs() < 1e-12, "{pts:?}");
+    assert!(
+        (pts[1].strong_efficiency.unwrap() - 1.0).abs() < 1e-12,
+        "{pts:?}"
+    );
 }
 
 #[test]

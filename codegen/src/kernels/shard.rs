@@ -122,7 +122,11 @@ pub fn embedding_bag_rows(
 }
 
 /// `embedding_grad_dense {mode, rows}(dy[S,D], indices[, offsets]) -> f32[rows,D]`.
-pub fn embedding_grad_dense(mode: Pool, rows: usize, inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
+pub fn embedding_grad_dense(
+    mode: Pool,
+    rows: usize,
+    inputs: &[&Tensor],
+) -> Option<KResult<Tensor>> {
     let dy = f32_operand(inputs, 0)?;
     Some((|| {
         arity(DENSE, inputs, &[2, 3])?;

@@ -225,7 +225,10 @@ impl CostModel {
             t.elem_bytes as f64,
         );
         let nb = t.bags.max(1) as f64;
-        let fwd = m.time(f * g * l * d, f * g * l * d * e + g * l * 8.0 + g * nb * d * 4.0);
+        let fwd = m.time(
+            f * g * l * d,
+            f * g * l * d * e + g * l * 8.0 + g * nb * d * 4.0,
+        );
         if !self.train {
             return fwd;
         }
@@ -309,7 +312,11 @@ impl CostModel {
             return (compute, 0.0);
         }
         // The gradients, then the loss (4 bytes).
-        let comm = p.grad_bytes.iter().map(|&n| self.all_reduce(n)).sum::<f64>()
+        let comm = p
+            .grad_bytes
+            .iter()
+            .map(|&n| self.all_reduce(n))
+            .sum::<f64>()
             + self.all_reduce(4.0);
         (compute, comm)
     }

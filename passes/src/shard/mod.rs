@@ -33,7 +33,9 @@ pub mod report;
 
 pub use cost::{CostModel, DenseProfile, Machine, Network};
 pub use planner::plan;
-pub use report::{Prediction, RankPrediction, ScalePoint, predict, rank_counts, scaling, scaling_table};
+pub use report::{
+    Prediction, RankPrediction, ScalePoint, predict, rank_counts, scaling, scaling_table,
+};
 
 use crate::partition::{Placement, TableInfo};
 use crate::{PassError, Result};
@@ -278,7 +280,9 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
     };
     let bytes = v * mul;
     if !bytes.is_finite() || bytes < 1.0 {
-        return Err(arg_err(format!("the byte count `{s}` must be at least 1 byte")));
+        return Err(arg_err(format!(
+            "the byte count `{s}` must be at least 1 byte"
+        )));
     }
     Ok(bytes as u64)
 }

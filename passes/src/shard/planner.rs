@@ -211,6 +211,10 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
     Ok(plan)
 }
 
+/// A refinement step: its score (max rank time, sum of squares), the unit moved,
+/// the rank it goes to, and the unit it is swapped with (if any).
+type Candidate = ((f64, f64), usize, usize, Option<usize>);
+
 /// A shard to place: table index, rows, and its costs.
 #[derive(Clone, Debug)]
 struct Unit {
@@ -315,7 +319,13 @@ impl<'a> State<'a> {
     }
 
     /// The time of `rank` with unit `out` removed and unit `inn` added.
-    fn time_with(&self, units: &[Unit], rank: usize, out: Option<usize>, inn: Option<usize>) -> f64 {
+    fn time_with(
+        &self,
+        units: &[Unit],
+        rank: usize,
+        out: Option<usize>,
+        inn: Option<usize>,
+    ) -> f64 {
         let (mut c, mut s, mut h) = (self.compute[rank], self.send[rank], self.held_recv[rank]);
         if let Some(o) = out {
             c -= units[o].compute;
@@ -354,7 +364,7 @@ impl<'a> State<'a> {
             let mine: Vec<usize> = (0..units.len())
                 .filter(|&u| self.rank_of[u] == worst)
                 .collect();
-            let mut best: Option<((f64, f64), usize, usize, Option<usize>)> = None;
+            let mut best: Option<Candidate> = None;
             let mut consider = |score: (f64, f64), u: usize, to: usize, v: Option<usize>| {
                 let better_than_cur =
                     score.0 < cur.0 - eps || (score.0 <= cur.0 + eps && score.1 < cur.1 - eps);

@@ -92,10 +92,7 @@ pub fn predict(
     let (dense_c, dense_m) = cm.dense(dense);
     let g = opts.global_batch as f64;
     let b = g / r as f64;
-    let total_lookups: f64 = tables
-        .iter()
-        .map(|t| g * t.lookups_per_sample as f64)
-        .sum();
+    let total_lookups: f64 = tables.iter().map(|t| g * t.lookups_per_sample as f64).sum();
     let mut per = vec![
         RankPrediction {
             rank: 0,
