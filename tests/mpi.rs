@@ -254,11 +254,11 @@ fn a_rank_that_fails_ends_the_job_naming_the_rank() {
 
 #[test]
 fn a_diverging_loss_ends_the_job_naming_the_rank_and_the_step() {
-    // A learning rate this large overflows the weights in the first updates; the
-    // loss turns NaN on every rank at the same step.
+    // The largest finite learning rate overflows the weights in the first update;
+    // the loss turns infinite on every rank at the same step.
     let model = fs::read_to_string(example("dlrm-tiny.json")).expect("tiny");
     let mut v: Value = serde_json::from_str(&model).expect("json");
-    v["learning_rate"] = 1e30.into();
+    v["learning_rate"] = 3e38.into();
     let dir = tempfile::tempdir().expect("tmp");
     let plan = compile(dir.path(), "nan.plan", Some(&v.to_string()));
     let mut cmd = mpirun();
