@@ -216,7 +216,7 @@ fn bf16_tables_replicate_but_do_not_split() {
     let p = partition_with(&t, &plan).unwrap();
     for g in &p.graphs {
         verify(g).unwrap();
-        assert_eq!(count(g, "split_sgd") >= 1, true);
+        assert!(count(g, "split_sgd") >= 1);
     }
     let plan = hand_plan(
         &ts,
