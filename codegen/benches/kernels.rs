@@ -16,7 +16,7 @@
 //! `cargo bench -p dlrm-codegen --bench kernels -- --quick [filter]`
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use dlrm_codegen::jit::gemm::{Elt, GemmSpec, Micro, Operand, OutBuf, pack_b};
+use dlrm_codegen::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand, OutBuf, pack_b};
 use dlrm_codegen::jit::{Jit, JitOptions, native};
 use dlrm_ir::{DType, Dim, InteractionKind, Op, Pool, Tensor, TensorType};
 use half::bf16;
@@ -80,6 +80,9 @@ fn bench_gemm(c: &mut Criterion) {
                     relu: false,
                     micro,
                     pack_a: false,
+                    b: BLayout::Packed,
+                    kb: 0,
+                    a_blk: 0,
                 };
                 let kern = jit.gemm(spec).expect("compiles");
                 let bp = pack_b(&w, k, n, 1, k, micro.nr());

@@ -3,7 +3,7 @@
 //!
 //! `RAYON_NUM_THREADS=1 cargo run --release -p dlrm-codegen --example gemm_best -- M K N [reps]`
 
-use dlrm_codegen::jit::gemm::{Elt, GemmSpec, Micro, Operand, OutBuf, pack_b};
+use dlrm_codegen::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand, OutBuf, pack_b};
 use dlrm_codegen::jit::{Jit, native};
 use half::bf16;
 use std::time::Instant;
@@ -46,6 +46,9 @@ fn main() {
                 relu: false,
                 micro,
                 pack_a,
+                b: BLayout::Packed,
+                kb: 0,
+                a_blk: 0,
             };
             let kern = jit.gemm(spec).expect("compiles");
             let bp = pack_b(&w, k, n, 1, k, micro.nr());

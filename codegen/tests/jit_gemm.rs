@@ -3,7 +3,7 @@
 //! bf16 rounding step for bf16 results) and against the reference kernels.
 //! Shapes are random and ragged (not multiples of the tile or vector width).
 
-use dlrm_codegen::jit::gemm::{Elt, GemmSpec, Micro, Operand, OutBuf, pack_b, pack_bias};
+use dlrm_codegen::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand, OutBuf, pack_b, pack_bias};
 use dlrm_codegen::jit::{Jit, JitOptions, KernelChoice, native};
 use dlrm_ir::{Act, DType, Dim, Op, Tensor, TensorType};
 use half::bf16;
@@ -115,6 +115,9 @@ fn gemm_case(
             relu,
             micro,
             pack_a: seed % 3 == 1,
+            b: BLayout::Packed,
+            kb: 0,
+            a_blk: 0,
         };
         let kern = jit.gemm(spec).expect("compiles");
         let bp = pack_b(&w, k, n, 1, k, micro.nr());
@@ -277,6 +280,128 @@ fn linear_ops_case(s: usize, k: usize, n: usize, bf: bool, act: Act, seed: u64) 
     }
 }
 
+/// The batch-reduce `A` (blocks of `kb` steps, `a_blk` apart, each row `lda`
+/// apart inside them) and an in-place `B` (row stride `ldb`, garbage beyond
+/// column `n`), against f64 and bitwise between the micro-kernels; a width that
+/// is not whole tiles falls back to a packed `B`.
+#[allow(clippy::too_many_arguments)]
+fn batch_reduce_case(
+    m: usize,
+    n: usize,
+    k: usize,
+    kb: usize,
+    a_bf: bool,
+    bias: bool,
+    relu: bool,
+    seed: u64,
+) {
+    let jit = Jit::global().expect("jit");
+    let kb = kb.clamp(1, k.max(1));
+    let blocks = k.div_ceil(kb).max(1);
+    let lda = kb + (seed as usize % 3);
+    let a_blk = m * lda + (seed as usize % 5);
+    let a32 = vals(seed, blocks * a_blk + m * lda + kb);
+    let abf = round_bf16(&a32);
+    let a_at = |i: usize, kk: usize| {
+        let e = i * lda + (kk / kb) * a_blk + kk % kb;
+        if a_bf { abf[e].to_f32() } else { a32[e] }
+    };
+    let ldb = n + (seed as usize % 7);
+    // In place: B[kk][j] at kk·ldb + j; the columns past n hold garbage.
+    let b = vals(seed + 1, k.max(1) * ldb + 64);
+    let bvec = vals(seed + 2, n);
+    let mut want = vec![0.0f64; m * n];
+    let mut scale = vec![0.0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = if bias { bvec[j] as f64 } else { 0.0 };
+            let mut sc = acc.abs();
+            for kk in 0..k {
+                let t = a_at(i, kk) as f64 * b[kk * ldb + j] as f64;
+                acc += t;
+                sc += t.abs();
+            }
+            if relu && acc <= 0.0 {
+                acc = 0.0;
+            }
+            want[i * n + j] = acc;
+            scale[i * n + j] = sc;
+        }
+    }
+    let mut outs: Vec<Vec<f32>> = Vec::new();
+    for micro in micros() {
+        let kern = jit
+            .gemm(GemmSpec {
+                m,
+                n,
+                k,
+                lda,
+                acs: 1,
+                ldc: n,
+                a: if a_bf { Elt::BF16 } else { Elt::F32 },
+                c: Elt::F32,
+                bias,
+                relu,
+                micro,
+                pack_a: false,
+                b: BLayout::InPlace { ldb },
+                kb,
+                a_blk,
+            })
+            .expect("compiles");
+        let nr = micro.nr();
+        assert_eq!(
+            kern.spec().packed_b(),
+            !n.is_multiple_of(nr),
+            "layout fallback"
+        );
+        let (bp, pb) = if kern.spec().packed_b() {
+            (
+                pack_b(&b, k, n, ldb, 1, nr),
+                bias.then(|| pack_bias(&bvec, nr)),
+            )
+        } else {
+            (b.clone(), bias.then(|| bvec.clone()))
+        };
+        let a = if a_bf {
+            Operand::BF16(&abf)
+        } else {
+            Operand::F32(&a32)
+        };
+        let mut c = vec![0.0f32; m * n];
+        kern.run(a, &bp, pb.as_deref(), OutBuf::F32(&mut c))
+            .expect("runs");
+        check(&format!("{micro:?}"), &c, &want, &scale, false);
+        outs.push(c);
+    }
+    for o in &outs[1..] {
+        assert!(
+            o.iter()
+                .zip(&outs[0])
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "micro-kernels differ"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn batch_reduce_a_and_in_place_b_match_f64(
+        m in 1usize..30,
+        n in prop_oneof![Just(16usize), Just(32), Just(48), 1usize..40],
+        k in 0usize..70,
+        kb in 1usize..20,
+        a_bf in any::<bool>(),
+        bias in any::<bool>(),
+        relu in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        batch_reduce_case(m, n, k, kb, a_bf, bias, relu, seed);
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
@@ -309,6 +434,9 @@ fn kernel_cache_reuses_compiled_code() {
         relu: false,
         micro: Micro::Cranelift,
         pack_a: false,
+        b: BLayout::Packed,
+        kb: 0,
+        a_blk: 0,
     };
     jit.gemm(spec).expect("compiles");
     let before = jit.stats();
@@ -334,6 +462,9 @@ fn wrong_lengths_are_refused_before_the_call() {
         relu: false,
         micro: Micro::Cranelift,
         pack_a: false,
+        b: BLayout::Packed,
+        kb: 0,
+        a_blk: 0,
     };
     let k = jit.gemm(spec).expect("compiles");
     let a = vec![1.0f32; 15]; // one short
@@ -363,6 +494,9 @@ fn disasm_cranelift_tile() {
         relu: false,
         micro: Micro::Cranelift,
         pack_a: false,
+        b: BLayout::Packed,
+        kb: 0,
+        a_blk: 0,
     };
     jit.gemm(spec).expect("compiles");
 }

@@ -180,8 +180,12 @@ pub struct Report {
     pub eval_samples: usize,
     /// Wall time of the whole run, in seconds.
     pub wall_s: f64,
-    /// Rank 0's time per op kind during the steps (evaluation excluded).
+    /// Rank 0's time per op kind during the timed steps (evaluation and
+    /// warm-up excluded).
     pub op_times: Vec<OpTime>,
+    /// Steps `op_times` and `comm` cover (the steps after the warm-up, or all
+    /// if there are no more than `warmup`).
+    pub timed_steps: u64,
     /// The kernel backend used.
     pub backend: Backend,
     /// The GEMM micro-kernel choice (`cranelift`, `native` or `auto`).
@@ -203,7 +207,7 @@ impl Report {
     /// GFLOP/s and GB/s, then the throughput line.
     pub fn bench_table(&self) -> String {
         let total: f64 = self.op_times.iter().map(|t| t.seconds).sum();
-        let iters = self.iters.max(1) as f64;
+        let iters = self.timed_steps.max(1) as f64;
         let mut s = format!(
             "{:<20} {:>7} {:>7} {:>10} {:>9} {:>8}\n",
             "op", "calls", "share", "ms/step", "GFLOP/s", "GB/s"
@@ -472,6 +476,11 @@ fn report(rank0: &RankOutput, data: &SyntheticData, cfg: &RankCfg, wall: Instant
         eval_samples: scores.len(),
         wall_s: wall.elapsed().as_secs_f64(),
         op_times: rank0.op_times.clone(),
+        timed_steps: if cfg.iters > cfg.warmup {
+            cfg.iters - cfg.warmup
+        } else {
+            cfg.iters
+        },
         backend: cfg.backend,
         kernels: cfg.kernels.name(),
         jit_kernels: jit_stats.compiled,
@@ -702,6 +711,11 @@ fn rank_main(
         let outs = exec.step(inputs, &syms, comm)?;
         let dt = t0.elapsed().as_secs_f64();
         out.step_times.push(dt);
+        if k == cfg.warmup && cfg.iters > cfg.warmup {
+            // The per-op times (--bench) cover the same steps as samples/s: not
+            // the warm-up, whose first step compiles and tunes the kernels.
+            exec.reset_timers();
+        }
         let loss = if training {
             let l = outs
                 .first()

@@ -1,17 +1,21 @@
 //! `brgemm`, `brgemm_dgrad` and `brgemm_wgrad` on the JIT GEMM core
 //! ([`super::gemm`]): the blocked MLP layers of the `-O1` plans.
 //!
-//! Each op packs its operands once per call into the layouts the generated loop
-//! nest streams (`A` in tile-major panels `[tile][k][mr]`, a [`GemmSpec::pack_a`]
-//! spec; `B` in `k × nr` panels), fusing what the op fuses into the packing, then
-//! runs one compiled kernel on disjoint output blocks, one rayon task each
-//! ([`GemmKernel::run_packed`]):
+//! The operands are read where they are, in their blocked layouts, wherever the
+//! GEMM core can address them: the activations as a batch-reduce over their
+//! blocks (`A` block `q` of row `i` at `i·lda + q·a_blk`, [`GemmSpec::kb`]), the
+//! f32 weight blocks and `dz` as in-place `B` ([`BLayout::InPlace`], when the
+//! block width is whole tiles of the micro-kernel). Only what the layouts cannot
+//! express is copied, once per call: `wᵀ` for dgrad (`K·N` elements), `dz` when
+//! the activation has a derivative, and `B` when its block width is ragged or its
+//! elements are bf16. One compiled kernel then runs on disjoint output blocks, one
+//! rayon task each ([`GemmKernel::run_block`]):
 //!
-//! | op | GEMM per output block | A (packed) | B (packed) | epilogue |
+//! | op | GEMM per output block | A (in place) | B | epilogue |
 //! | --- | --- | --- | --- | --- |
-//! | `brgemm(xb, wb, b)` | `yb[nb]` rows `r0..`: `S × bn`, `k = Kb·bk` | `x` (the `Kb` blocks of a row, in order) | `wb[nb]` (`Kb·bk × bn`) | bias, relu fused; sigmoid after |
-//! | `brgemm_dgrad(dyb, (yb,) wb)` | `dx[kb]` rows `r0..`: `S × bk`, `k = Nb·bn` | `dz = act'(dy, y)`, fused into the packing | `wb[·][kb]ᵀ` | none |
-//! | `brgemm_wgrad(dyb, (yb,) xb)` | `dw[nb][kb]`: `bk × bn`, `k = S` | `xb[kb]ᵀ` | `dz[nb]`, with `act'` and the bias gradient fused into the packing | none |
+//! | `brgemm(xb, wb, b)` | `yb[nb]` rows `r0..`: `S × bn`, `k = Kb·bk` | `xb`, batch-reduce over `Kb` | `wb[nb]` (`Kb·bk × bn`), in place | bias, relu fused; sigmoid after |
+//! | `brgemm_dgrad(dyb, (yb,) wb)` | `dx[kb]` rows `r0..`: `S × bk`, `k = Nb·bn` | `dz = act'(dy, y)`, batch-reduce over `Nb` | `wb[·][kb]ᵀ`, packed | none |
+//! | `brgemm_wgrad(dyb, (yb,) xb)` | `dw[nb][kb]`: `bk × bn`, `k = S` | `xb[kb]ᵀ` (transposed view) | `dz[nb]`, in place | none; `db` summed from `dz` |
 //!
 //! Arithmetic: every output element is one accumulator summed over its reduction
 //! index ascending (the interpreter's order) with one FMA per term, then the
@@ -23,14 +27,15 @@
 //! gradients are f32. The micro-kernel is chosen per shape by
 //! [`Jit::pick_micro`] under [`JitOptions::kernels`].
 
-use super::gemm::{Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf};
+use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b};
 use super::linear::operand;
 use super::{Jit, JitError, JitOptions};
-use crate::kernels::brgemm::{act_grad, check_fit, check_xw, dims, dy_y_last, floats};
+use crate::kernels::brgemm::{check_fit, check_xw, dims, dy_y_last, dz_of, floats};
 use crate::kernels::{KResult, KernelError, shape_err};
 use dlrm_ir::{Act, DType, Data, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 /// Evaluates `brgemm`, `brgemm_dgrad` or `brgemm_wgrad`; `None` for other ops or
 /// non-float operands or results.
@@ -72,21 +77,6 @@ fn jit_err(op: &'static str, e: JitError) -> KernelError {
     }
 }
 
-/// A packed `A` (f32 or bf16 elements).
-enum PackedA {
-    F32(Vec<f32>),
-    BF16(Vec<bf16>),
-}
-
-impl PackedA {
-    fn operand(&self, from: usize) -> Operand<'_> {
-        match self {
-            PackedA::F32(v) => Operand::F32(&v[from.min(v.len())..]),
-            PackedA::BF16(v) => Operand::BF16(&v[from.min(v.len())..]),
-        }
-    }
-}
-
 /// A result buffer (f32 or bf16).
 enum Out {
     F32(Vec<f32>),
@@ -115,36 +105,6 @@ impl Out {
             Out::BF16(v) => Tensor::bf16(shape, v),
         }
     }
-}
-
-/// Tile-major `A` (`[⌈S/mr⌉][Kb·bk][mr]`, rows past `S` zero) of a blocked
-/// activation `[Kb][S][bk]` viewed as `S × Kb·bk`; `get(e)` is the element at
-/// flat position `e` of the blocked source. Parallel over tiles.
-fn pack_blocked_rows<T: Copy + Default + Send + Sync>(
-    kb: usize,
-    s: usize,
-    bk: usize,
-    mr: usize,
-    get: impl Fn(usize) -> T + Sync,
-) -> Vec<T> {
-    let k = kb * bk;
-    let tiles = s.div_ceil(mr);
-    let mut out = vec![T::default(); tiles * k * mr];
-    if k == 0 {
-        return out;
-    }
-    out.par_chunks_mut(k * mr).enumerate().for_each(|(t, dst)| {
-        let live = mr.min(s - t * mr);
-        for kbi in 0..kb {
-            for r in 0..live {
-                let src = (kbi * s + t * mr + r) * bk;
-                for i in 0..bk {
-                    dst[(kbi * bk + i) * mr + r] = get(src + i);
-                }
-            }
-        }
-    });
-    out
 }
 
 /// Row blocks of `m` rows for `tasks_per_row_block` output blocks: whole tiles,
@@ -177,7 +137,70 @@ fn with_kernel<T>(
     go(k).map_err(|e| jit_err(op, e))
 }
 
+/// Runs `kern` on every row chunk of every output block, one rayon task each:
+/// `out` holds `blocks` blocks of `m` rows × `width` (row stride `width`), cut
+/// into chunks of `rb` rows; the chunk of block `q` from row `r0` reads `A` from
+/// `a_of(q, r0)` and `B` and the bias from `b_of(q)`. Chunks are ordered row
+/// chunk outer, block inner, so neighbouring tasks share `A` rows.
+#[allow(clippy::type_complexity)]
+fn run_blocks<'d>(
+    kern: GemmKernel,
+    out: &mut Out,
+    (blocks, m, width, rb): (usize, usize, usize, usize),
+    a_of: &(dyn Fn(usize, usize) -> Operand<'d> + Sync),
+    b_of: &(dyn Fn(usize) -> (&'d [f32], Option<&'d [f32]>) + Sync),
+) -> Result<(), JitError> {
+    let rb = rb.max(1);
+    let mut tasks: Vec<(usize, usize, OutBuf<'_>)> = Vec::with_capacity(blocks * m.div_ceil(rb));
+    for (q, blk) in out.chunks(m * width).into_iter().enumerate().take(blocks) {
+        let parts: Vec<OutBuf<'_>> = match blk {
+            OutBuf::F32(v) => v.chunks_mut(rb * width).map(OutBuf::F32).collect(),
+            OutBuf::BF16(v) => v.chunks_mut(rb * width).map(OutBuf::BF16).collect(),
+        };
+        for (ri, ch) in parts.into_iter().enumerate() {
+            tasks.push((q, ri, ch));
+        }
+    }
+    tasks.sort_by_key(|&(q, ri, _)| (ri, q));
+    tasks
+        .into_par_iter()
+        .with_max_len(1)
+        .try_for_each(|(q, ri, cb)| {
+            let r0 = ri * rb;
+            let (b, bias) = b_of(q);
+            kern.run_block(a_of(q, r0), b, bias, cb, rb.min(m - r0))
+        })
+}
+
+/// `v[from..]` of an operand (empty past the end).
+fn tail(a: Operand<'_>, from: usize) -> Operand<'_> {
+    match a {
+        Operand::F32(v) => Operand::F32(&v[from.min(v.len())..]),
+        Operand::BF16(v) => Operand::BF16(&v[from.min(v.len())..]),
+    }
+}
+
+/// `nb` blocks of `k × bn` (`B` of the forward op: the blocked weights
+/// `[Nb][Kb·bk][bn]`) packed into `⌈bn/nr⌉` zero-padded panels each.
+fn pack_w_blocks(w: &Tensor, nb: usize, k: usize, bn: usize, nr: usize) -> Vec<f32> {
+    let blk = bn.div_ceil(nr) * k * nr;
+    let mut bp = vec![0.0f32; nb * blk];
+    bp.par_chunks_mut(blk).enumerate().for_each(|(q, dst)| {
+        let src = q * k * bn;
+        match &w.data {
+            Data::F32(v) => dst.copy_from_slice(&pack_b(&v[src..src + k * bn], k, bn, bn, 1, nr)),
+            Data::BF16(v) => dst.copy_from_slice(&pack_b(&v[src..src + k * bn], k, bn, bn, 1, nr)),
+            _ => {}
+        }
+    });
+    bp
+}
+
 /// `brgemm(xb[Kb,S,bk], wb[Nb,Kb,bk,bn], b[N]) -> act(x·wᵀ + b)` as `[Nb,S,bn]`.
+///
+/// `A` is the blocked activation read in place (the batch-reduce over its `Kb`
+/// blocks); `B` is the f32 weight block `wb[nb]` read in place when `bn` is whole
+/// tiles (packed otherwise, and for bf16 weights).
 pub fn brgemm(
     jit: &Jit,
     opts: &JitOptions,
@@ -195,104 +218,69 @@ pub fn brgemm(
     let c = if sigmoid { Elt::F32 } else { out };
     let (x, w) = (ins[0], ins[1]);
     let xa = operand(x).ok_or_else(|| shape_err(OP, "x must be a float tensor".into()))?;
-    let bias = floats(ins[2]);
+    let mut bias = floats(ins[2]).into_owned();
+    bias.resize(nb * bn, 0.0);
     if s == 0 || nb == 0 || bn == 0 {
         return Ok(Out::zeros(out, nb * s * bn).tensor(vec![nb, s, bn]));
     }
+    let w_f32 = match &w.data {
+        Data::F32(v) => Some(v.as_slice()),
+        _ => None,
+    };
     let base = GemmSpec {
         m: s,
         n: bn,
         k: kp,
-        lda: kp,
+        lda: bk,
         acs: 1,
         ldc: bn,
-        a: match xa {
-            Operand::F32(_) => Elt::F32,
-            Operand::BF16(_) => Elt::BF16,
-        },
+        a: elt_of_operand(xa),
         c,
         bias: true,
         relu: act == Act::Relu,
         micro: Micro::Cranelift,
-        pack_a: true,
+        pack_a: false,
+        b: match w_f32 {
+            Some(_) => BLayout::InPlace { ldb: bn },
+            None => BLayout::Packed,
+        },
+        kb: bk,
+        a_blk: s * bk,
     };
     let mut result = None;
     with_kernel(jit, opts, OP, base, &mut |kern| {
         let sp = *kern.spec();
-        let (mr, nr) = (sp.micro.mr(), sp.micro.nr());
-        let a = match &x.data {
-            Data::F32(v) => PackedA::F32(pack_blocked_rows(kb, s, bk, mr, |e| v[e])),
-            Data::BF16(v) => PackedA::BF16(pack_blocked_rows(kb, s, bk, mr, |e| v[e])),
-            _ => PackedA::F32(Vec::new()),
+        let nr = sp.micro.nr();
+        let (bp, pbias, blk_b, blk_bias) = match (sp.packed_b(), w_f32) {
+            (false, Some(v)) => (Cow::Borrowed(v), Cow::Borrowed(&bias[..]), kp * bn, bn),
+            _ => {
+                let panels = bn.div_ceil(nr);
+                let mut pb = vec![0.0f32; nb * panels * nr];
+                for (q, dst) in pb.chunks_mut(panels * nr).enumerate() {
+                    dst[..bn].copy_from_slice(&bias[q * bn..(q + 1) * bn]);
+                }
+                let bp = pack_w_blocks(w, nb, kp, bn, nr);
+                (
+                    Cow::Owned(bp),
+                    Cow::Owned(pb),
+                    panels * kp * nr,
+                    panels * nr,
+                )
+            }
         };
-        let panels = bn.div_ceil(nr);
-        let blk_b = panels * kp * nr;
-        let mut bp = vec![0.0f32; nb * blk_b];
-        bp.par_chunks_mut(blk_b).enumerate().for_each(|(nbi, dst)| {
-            let src_base = nbi * kp * bn;
-            for (p, pan) in dst.chunks_mut(kp * nr).enumerate() {
-                let j0 = p * nr;
-                let cols = nr.min(bn - j0);
-                for kk in 0..kp {
-                    let row = src_base + kk * bn + j0;
-                    match &w.data {
-                        Data::F32(v) => {
-                            pan[kk * nr..kk * nr + cols].copy_from_slice(&v[row..row + cols])
-                        }
-                        Data::BF16(v) => {
-                            for (d, &e) in pan[kk * nr..kk * nr + cols]
-                                .iter_mut()
-                                .zip(&v[row..row + cols])
-                            {
-                                *d = e.to_f32();
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            }
-        });
-        let mut pbias = vec![0.0f32; nb * panels * nr];
-        for (nbi, dst) in pbias.chunks_mut(panels * nr).enumerate() {
-            let live = bn.min(n - nbi * bn);
-            dst[..live].copy_from_slice(&bias[nbi * bn..nbi * bn + live]);
-        }
-        let rb = row_block(s, mr, nb);
         let mut y = Out::zeros(c, nb * s * bn);
-        {
-            let mut tasks: Vec<(usize, usize, OutBuf<'_>)> = Vec::new();
-            match &mut y {
-                Out::F32(v) => {
-                    for (nbi, yb) in v.chunks_mut(s * bn).enumerate() {
-                        for (ri, ch) in yb.chunks_mut(rb * bn).enumerate() {
-                            tasks.push((nbi, ri, OutBuf::F32(ch)));
-                        }
-                    }
-                }
-                Out::BF16(v) => {
-                    for (nbi, yb) in v.chunks_mut(s * bn).enumerate() {
-                        for (ri, ch) in yb.chunks_mut(rb * bn).enumerate() {
-                            tasks.push((nbi, ri, OutBuf::BF16(ch)));
-                        }
-                    }
-                }
-            }
-            // Row block outer, N block inner: neighbouring tasks share A rows.
-            tasks.sort_by_key(|&(nbi, ri, _)| (ri, nbi));
-            tasks
-                .into_par_iter()
-                .with_max_len(1)
-                .try_for_each(|(nbi, ri, cb)| {
-                    let rows = rb.min(s - ri * rb);
-                    kern.run_packed(
-                        a.operand(ri * rb * kp),
-                        &bp[nbi * blk_b..(nbi + 1) * blk_b],
-                        Some(&pbias[nbi * panels * nr..(nbi + 1) * panels * nr]),
-                        cb,
-                        rows,
-                    )
-                })?;
-        }
+        run_blocks(
+            kern,
+            &mut y,
+            (nb, s, bn, row_block(s, sp.micro.mr(), nb)),
+            &|_, r0| tail(xa, r0 * bk),
+            &|q| {
+                (
+                    &bp[q * blk_b..(q + 1) * blk_b],
+                    Some(&pbias[q * blk_bias..(q + 1) * blk_bias]),
+                )
+            },
+        )?;
         result = Some(y);
         Ok(())
     })?;
@@ -300,6 +288,13 @@ pub fn brgemm(
     let live_last = n - (nb - 1) * bn;
     let y = finish_forward(y, sigmoid, out, nb, s, bn, live_last);
     Ok(y.tensor(vec![nb, s, bn]))
+}
+
+fn elt_of_operand(a: Operand<'_>) -> Elt {
+    match a {
+        Operand::F32(_) => Elt::F32,
+        Operand::BF16(_) => Elt::BF16,
+    }
 }
 
 /// Sigmoid (when fused after the GEMM) and exact zeros in the padding columns of
@@ -376,12 +371,15 @@ pub fn brgemm_dgrad(
     if s == 0 || kb == 0 || bk == 0 {
         return Ok(Out::zeros(out, kb * s * bk).tensor(vec![kb, s, bk]));
     }
-    let (dyv, yv, wv) = (floats(dy), floats(y), floats(w));
+    // A = dz = act'(dy, y) in dy's blocked layout `[Nb][S][bn]`, read in place
+    // as the batch-reduce over its Nb blocks.
+    let dz = dz_of(act, dy, y);
+    let wv = floats(w);
     let base = GemmSpec {
         m: s,
         n: bk,
         k: np,
-        lda: np,
+        lda: bn,
         acs: 1,
         ldc: bk,
         a: Elt::F32,
@@ -389,14 +387,15 @@ pub fn brgemm_dgrad(
         bias: false,
         relu: false,
         micro: Micro::Cranelift,
-        pack_a: true,
+        pack_a: false,
+        b: BLayout::Packed,
+        kb: bn,
+        a_blk: s * bn,
     };
     let mut result = None;
     with_kernel(jit, opts, OP, base, &mut |kern| {
         let sp = *kern.spec();
-        let (mr, nr) = (sp.micro.mr(), sp.micro.nr());
-        // A = dz = act'(dy, y), `S × Nb·bn`, packed.
-        let a = pack_blocked_rows(nb, s, bn, mr, |e| act_grad(act, dyv[e], yv[e]));
+        let nr = sp.micro.nr();
         // B for dx block kb: wᵀ, `Nb·bn × bk`: B(n', i) = wb[n'/bn][kb][i][n'%bn].
         let panels = bk.div_ceil(nr);
         let blk_b = panels * np * nr;
@@ -407,42 +406,23 @@ pub fn brgemm_dgrad(
             let cols = nr.min(bk - i0);
             for nbi in 0..nb {
                 let blk = (nbi * kb + kbi) * bk * bn;
+                let dst = &mut pan[nbi * bn * nr..(nbi + 1) * bn * nr];
                 for ii in 0..cols {
                     let src = &wv[blk + (i0 + ii) * bn..blk + (i0 + ii + 1) * bn];
-                    for (j, &e) in src.iter().enumerate() {
-                        pan[(nbi * bn + j) * nr + ii] = e;
+                    for (d, &e) in dst[ii..].iter_mut().step_by(nr).zip(src) {
+                        *d = e;
                     }
                 }
             }
         });
-        let rb = row_block(s, mr, kb);
         let mut dx = Out::zeros(out, kb * s * bk);
-        {
-            let mut tasks: Vec<(usize, usize, OutBuf<'_>)> = Vec::new();
-            for (kbi, blk) in dx.chunks(s * bk).into_iter().enumerate() {
-                let parts: Vec<OutBuf<'_>> = match blk {
-                    OutBuf::F32(v) => v.chunks_mut(rb * bk).map(OutBuf::F32).collect(),
-                    OutBuf::BF16(v) => v.chunks_mut(rb * bk).map(OutBuf::BF16).collect(),
-                };
-                for (ri, ch) in parts.into_iter().enumerate() {
-                    tasks.push((kbi, ri, ch));
-                }
-            }
-            tasks.sort_by_key(|&(kbi, ri, _)| (ri, kbi));
-            tasks
-                .into_par_iter()
-                .with_max_len(1)
-                .try_for_each(|(kbi, ri, cb)| {
-                    let rows = rb.min(s - ri * rb);
-                    kern.run_packed(
-                        Operand::F32(&a[(ri * rb * np).min(a.len())..]),
-                        &bp[kbi * blk_b..(kbi + 1) * blk_b],
-                        None,
-                        cb,
-                        rows,
-                    )
-                })?;
-        }
+        run_blocks(
+            kern,
+            &mut dx,
+            (kb, s, bk, row_block(s, sp.micro.mr(), kb)),
+            &|_, r0| Operand::F32(&dz[(r0 * bn).min(dz.len())..]),
+            &|q| (&bp[q * blk_b..(q + 1) * blk_b], None),
+        )?;
         result = Some(dx);
         Ok(())
     })?;
@@ -498,7 +478,9 @@ pub fn brgemm_wgrad(
         let db = Out::zeros(db_elt, n).tensor(vec![n]);
         return Ok(vec![dw, db]);
     }
-    let (dyv, yv) = (floats(dy), floats(y));
+    // B = dz[nb] (`S × bn`) in dy's blocked layout, read in place when bn is
+    // whole tiles; A = xb[kb]ᵀ (`bk × S`), read in place (transposed view).
+    let dz = dz_of(act, dy, y);
     let base = GemmSpec {
         m: bk,
         n: bn,
@@ -506,70 +488,57 @@ pub fn brgemm_wgrad(
         lda: 1,
         acs: bk,
         ldc: bn,
-        a: match xa {
-            Operand::F32(_) => Elt::F32,
-            Operand::BF16(_) => Elt::BF16,
-        },
+        a: elt_of_operand(xa),
         c: dw_elt,
         bias: false,
         relu: false,
         micro: Micro::Cranelift,
-        pack_a: true,
+        pack_a: false,
+        b: BLayout::InPlace { ldb: bn },
+        kb: 0,
+        a_blk: 0,
     };
     let mut result = None;
     with_kernel(jit, opts, OP, base, &mut |kern| {
         let sp = *kern.spec();
-        let (mr, nr) = (sp.micro.mr(), sp.micro.nr());
-        // A per kb block: xb[kb]ᵀ (`bk × S`), packed.
-        let tiles = bk.div_ceil(mr);
-        let blk_a = tiles * s * mr;
-        let a = match &x.data {
-            Data::F32(v) => PackedA::F32(pack_x_t(v, kb, s, bk, mr)),
-            Data::BF16(v) => PackedA::BF16(pack_x_t(v, kb, s, bk, mr)),
-            _ => PackedA::F32(Vec::new()),
-        };
-        // B per nb block: dz[nb] (`S × bn`), packed, with db summed on the way.
-        let panels = bn.div_ceil(nr);
-        let blk_b = panels * s * nr;
-        let mut bp = vec![0.0f32; nb * blk_b];
-        let mut dbp = vec![0.0f32; nb * panels * nr];
-        bp.par_chunks_mut(s * nr)
-            .zip(dbp.par_chunks_mut(nr))
-            .enumerate()
-            .for_each(|(q, (pan, dbq))| {
-                let (nbi, p) = (q / panels, q % panels);
-                let j0 = p * nr;
-                let cols = nr.min(bn - j0);
-                for si in 0..s {
-                    let e = (nbi * s + si) * bn + j0;
-                    let (d, yy) = (&dyv[e..e + cols], &yv[e..e + cols]);
-                    let row = &mut pan[si * nr..si * nr + cols];
-                    for (((o, &d), &yy), acc) in row.iter_mut().zip(d).zip(yy).zip(dbq.iter_mut()) {
-                        let z = act_grad(act, d, yy);
-                        *o = z;
-                        *acc += z;
-                    }
-                }
+        let nr = sp.micro.nr();
+        let (bp, blk_b) = if sp.packed_b() {
+            let panels = bn.div_ceil(nr);
+            let blk = panels * s * nr;
+            let mut bp = vec![0.0f32; nb * blk];
+            bp.par_chunks_mut(blk).enumerate().for_each(|(q, dst)| {
+                let src = &dz[q * s * bn..(q + 1) * s * bn];
+                dst.copy_from_slice(&pack_b(src, s, bn, bn, 1, nr));
             });
+            (Cow::Owned(bp), blk)
+        } else {
+            (Cow::Borrowed(&dz[..]), s * bn)
+        };
         let mut dw = Out::zeros(dw_elt, nb * kb * bk * bn);
-        dw.chunks(bk * bn)
-            .into_par_iter()
-            .with_max_len(1)
-            .enumerate()
-            .try_for_each(|(blk, cb)| {
-                let (nbi, kbi) = (blk / kb, blk % kb);
-                kern.run_packed(
-                    a.operand(kbi * blk_a),
-                    &bp[nbi * blk_b..(nbi + 1) * blk_b],
-                    None,
-                    cb,
-                    bk,
-                )
-            })?;
-        result = Some((dw, dbp));
+        run_blocks(
+            kern,
+            &mut dw,
+            (nb * kb, bk, bn, bk),
+            &|q, _| tail(xa, (q % kb) * s * bk),
+            &|q| {
+                let nbi = q / kb;
+                (&bp[nbi * blk_b..(nbi + 1) * blk_b], None)
+            },
+        )?;
+        result = Some(dw);
         Ok(())
     })?;
-    let (mut dw, dbp) = result.ok_or_else(|| shape_err(OP, "internal: no result".into()))?;
+    // db[j] = Σ_s dz[s][j], s ascending (as the reference kernel sums).
+    let mut dbp = vec![0.0f32; nb * bn];
+    dbp.par_chunks_mut(bn).enumerate().for_each(|(q, acc)| {
+        for row in dz[q * s * bn..(q + 1) * s * bn].chunks(bn) {
+            for (a, &z) in acc.iter_mut().zip(row) {
+                *a += z;
+            }
+        }
+    });
+    let dw = result.ok_or_else(|| shape_err(OP, "internal: no result".into()));
+    let mut dw = dw?;
     // Exact zeros in the padding columns n >= N (the interpreter writes 0).
     let live_last = n - (nb - 1) * bn;
     if live_last < bn {
@@ -582,35 +551,11 @@ pub fn brgemm_wgrad(
                 .for_each(|r| r[live_last..].fill(bf16::ZERO)),
         }
     }
-    // dbp is [Nb][panels·nr]: column j of block nb at nb·panels·nr + j.
-    let panels_nr = dbp.len() / nb;
-    let db: Vec<f32> = (0..n).map(|j| dbp[(j / bn) * panels_nr + j % bn]).collect();
+    dbp.truncate(n);
+    let db = dbp;
     let db = match db_elt {
         Elt::F32 => Out::F32(db),
         Elt::BF16 => Out::BF16(db.iter().map(|&v| bf16::from_f32(v)).collect()),
     };
     Ok(vec![dw.tensor(vec![nb, kb, bk, bn]), db.tensor(vec![n])])
-}
-
-/// `xb[Kb][S][bk]` as `Kb` blocks of `xb[kb]ᵀ` (`bk × S`) in tile-major panels
-/// `[kb][⌈bk/mr⌉][S][mr]`.
-fn pack_x_t<T: Copy + Default + Send + Sync>(
-    v: &[T],
-    kb: usize,
-    s: usize,
-    bk: usize,
-    mr: usize,
-) -> Vec<T> {
-    let tiles = bk.div_ceil(mr);
-    let mut out = vec![T::default(); kb * tiles * s * mr];
-    out.par_chunks_mut(s * mr).enumerate().for_each(|(q, dst)| {
-        let (kbi, t) = (q / tiles, q % tiles);
-        let i0 = t * mr;
-        let live = mr.min(bk - i0);
-        for si in 0..s {
-            let src = &v[(kbi * s + si) * bk + i0..(kbi * s + si) * bk + i0 + live];
-            dst[si * mr..si * mr + live].copy_from_slice(src);
-        }
-    });
-    out
 }

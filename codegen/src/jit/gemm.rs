@@ -4,13 +4,17 @@
 //! [`GemmSpec`] (shapes, strides, dtypes, epilogue and micro-kernel are all
 //! compile-time constants of the generated code):
 //! - `A` is strided: element `(i, kk)` at `a[i·lda + kk·acs]` (row-major `acs = 1`,
-//!   or a transposed view `lda = 1` as in wgrad, so no transpose copy), f32 or bf16
-//!   widened exactly in registers;
-//! - `B` is *packed* ([`pack_b`]) into `⌈n/nr⌉` panels of `k` rows × `nr` f32
-//!   columns, zero-padded — the blocked weight layout `[N/bn][K][bn]` of SC20 with
-//!   `bk = k`: one output block is one batch-reduce over the K blocks, with its
-//!   epilogue applied while the block is in registers;
-//! - the epilogue adds a packed f32 bias (`⌈n/nr⌉·nr`), applies relu
+//!   or a transposed view `lda = 1` as in wgrad, so no transpose copy), or in the
+//!   batch-reduce form `a[i·lda + (kk / kb)·a_blk + (kk % kb)·acs]` (a blocked
+//!   activation `[Kb][S][bk]` read in place, one block after another), or packed
+//!   per row block into tiles ([`GemmSpec::pack_a`]); f32 or bf16 widened exactly
+//!   in registers;
+//! - `B` is either *packed* ([`pack_b`]) into `⌈n/nr⌉` panels of `k` rows × `nr` f32
+//!   columns, zero-padded, or read *in place* with row stride `ldb`
+//!   ([`BLayout`]) — the blocked weight layout `[N/bn][K][bn]` of SC20 is one
+//!   `k × bn` matrix per N block: one output block is one batch-reduce over the K
+//!   blocks, with its epilogue applied while the block is in registers;
+//! - the epilogue adds an f32 bias (packed to `⌈n/nr⌉·nr`, or `n` in place), applies relu
 //!   (`x > 0 ? x : 0`), and stores to `C` (row stride `ldc`) as f32 or bf16 (round
 //!   to nearest even, NaN kept NaN).
 //!
@@ -123,9 +127,97 @@ pub struct GemmSpec {
     /// linear ops: the serial per-block copy measured slower than the strided
     /// reads (`examples/gemm_best`).
     pub pack_a: bool,
+    /// Where `B` (and the bias) live.
+    pub b: BLayout,
+    /// The batch-reduce form of `A` (unpacked only): the reduction runs over
+    /// blocks of `kb` steps, block `q` of row `i` starting at element
+    /// `i·lda + q·a_blk` (steps `acs` apart inside a block). `kb = 0` (or `>= k`)
+    /// is one block: the plain strided `A`. This reads a blocked activation
+    /// `[Kb][S][bk]` in place (`lda = bk`, `kb = bk`, `a_blk = S·bk`).
+    pub kb: usize,
+    /// Elements between consecutive blocks of `A` (see [`GemmSpec::kb`]).
+    pub a_blk: usize,
+}
+
+/// Where a GEMM's `B` operand and bias live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BLayout {
+    /// Packed by [`pack_b`] into zero-padded `k × nr` panels, the bias by
+    /// [`pack_bias`].
+    Packed,
+    /// In place: `B[kk][j]` at `b[kk·ldb + j]` (f32), the bias as `n` f32 — e.g.
+    /// one block `[K][bn]` of the blocked weights, or a block of `dz`. Only when
+    /// `n` is a multiple of the tile width (the micro-kernels read whole tile
+    /// rows); [`GemmSpec::normalized`] falls back to [`BLayout::Packed`]
+    /// otherwise.
+    InPlace {
+        /// Row stride of `B`, in f32 (`>= n`).
+        ldb: usize,
+    },
 }
 
 impl GemmSpec {
+    /// The spec as compiled: an in-place `B` whose width is not whole tiles of
+    /// this micro-kernel, or whose row stride is below `n`, becomes packed; a
+    /// one-block or packed `A` gets `kb = k`.
+    pub fn normalized(self) -> GemmSpec {
+        let mut s = self;
+        if let BLayout::InPlace { ldb } = s.b {
+            if !s.n.is_multiple_of(s.micro.nr()) || ldb < s.n {
+                s.b = BLayout::Packed;
+            }
+        }
+        if s.pack_a || s.kb == 0 || s.kb >= s.k {
+            s.kb = s.k;
+            s.a_blk = 0;
+        }
+        s
+    }
+
+    /// Whether the kernel reads a packed `B` ([`pack_b`]) and bias
+    /// ([`pack_bias`]).
+    pub fn packed_b(&self) -> bool {
+        self.b == BLayout::Packed
+    }
+
+    /// (Row stride of `B` in f32, f32 between consecutive panels).
+    fn b_geom(&self) -> (usize, usize) {
+        let nr = self.micro.nr();
+        match self.b {
+            BLayout::Packed => (nr, self.k * nr),
+            BLayout::InPlace { ldb } => (ldb, nr),
+        }
+    }
+
+    /// Length (f32) the kernel reads from `B`.
+    pub fn b_len(&self) -> usize {
+        if self.k == 0 || self.n == 0 {
+            return 0;
+        }
+        let (ldb, pstride) = self.b_geom();
+        (self.panels() - 1) * pstride + (self.k - 1) * ldb + self.micro.nr()
+    }
+
+    /// Length (f32) the kernel reads from the bias.
+    pub fn bias_len(&self) -> usize {
+        match self.b {
+            BLayout::Packed => self.panels() * self.micro.nr(),
+            BLayout::InPlace { .. } => self.n,
+        }
+    }
+
+    /// Elements of an unpacked `A` that `rows` rows reach (0 if `k = 0`).
+    fn a_need(&self, rows: usize) -> usize {
+        if self.k == 0 || rows == 0 {
+            return 0;
+        }
+        let kb = self.kb.max(1);
+        let blocks = self.k.div_ceil(kb);
+        let last = self.k - (blocks - 1) * kb;
+        let within = if blocks > 1 { kb } else { last };
+        (rows - 1) * self.lda + (blocks - 1) * self.a_blk + (within.max(last) - 1) * self.acs + 1
+    }
+
     /// Number of packed B panels.
     pub fn panels(&self) -> usize {
         self.n.div_ceil(self.micro.nr())
@@ -317,23 +409,11 @@ impl GemmKernel {
         if s.ldc < s.n {
             return Err(bad("C's row stride is below its row length".into()));
         }
-        let a_need = (s.m - 1) * s.lda + s.k.saturating_sub(1) * s.acs + 1;
+        let a_need = s.a_need(s.m);
         if s.k > 0 && a.len() < a_need {
             return Err(bad(format!("A holds {} elements, needs {a_need}", a.len())));
         }
-        if bp.len() != s.packed_len() {
-            return Err(bad(format!(
-                "packed B holds {} f32, needs {}",
-                bp.len(),
-                s.packed_len()
-            )));
-        }
-        let nr = s.micro.nr();
-        match (s.bias, bias) {
-            (true, Some(b)) if b.len() == s.panels() * nr => {}
-            (false, None) => {}
-            _ => return Err(bad("bias presence or length differs from the spec".into())),
-        }
+        check_b_bias(s, bp, bias).map_err(bad)?;
         let c_need = (s.m - 1) * s.ldc + s.n;
         if c.len() < c_need {
             return Err(bad(format!("C holds {} elements, needs {c_need}", c.len())));
@@ -411,16 +491,18 @@ impl GemmKernel {
 }
 
 impl GemmKernel {
-    /// Runs one output block on an `A` the caller packed already, on the calling
-    /// thread: `a` holds `⌈rows/mr⌉` tiles in the packed layout (`[tile][k][mr]`,
-    /// as [`GemmSpec::pack_a`] describes; the spec must have `pack_a`), `bp` the
-    /// packed `B` panels, `bias` the packed bias (iff the spec has one), and `c`
-    /// receives `rows` rows of stride `ldc` (up to column `n` of the last). `rows`
-    /// must be at most `m` and a multiple of the tile height, or have the
-    /// compiled remainder `m % mr`. Every length is checked first (a mismatch is
-    /// an error, nothing is written). The blocked GEMM ops ([`super::brgemm`])
-    /// split their outputs into such blocks, one rayon task each.
-    pub fn run_packed(
+    /// Runs one output block of `rows` rows on the calling thread: `a` holds the
+    /// block's `A` — with [`GemmSpec::pack_a`], `⌈rows/mr⌉` tiles the caller
+    /// packed (`[tile][k][mr]`); otherwise `A` from the block's first row in the
+    /// spec's strided (batch-reduce) layout — `bp` the `B` operand (packed panels
+    /// or in place, as the spec's [`BLayout`] says), `bias` the bias (iff the spec
+    /// has one), and `c` receives `rows` rows of stride `ldc` (up to column `n`
+    /// of the last). `rows` must be at most `m` and a multiple of the tile
+    /// height, or have the compiled remainder `m % mr`. Every length is checked
+    /// first (a mismatch is an error, nothing is written). The blocked GEMM ops
+    /// ([`super::brgemm`]) split their outputs into such blocks, one rayon task
+    /// each.
+    pub fn run_block(
         &self,
         a: Operand<'_>,
         bp: &[f32],
@@ -433,9 +515,6 @@ impl GemmKernel {
             kernel: format!("{s:?}"),
             reason: what,
         };
-        if !s.pack_a {
-            return Err(bad("run_packed needs a pack_a spec".into()));
-        }
         if a.elt() != s.a || c.elt() != s.c {
             return Err(bad("operand dtypes differ from the spec".into()));
         }
@@ -451,22 +530,15 @@ impl GemmKernel {
         if s.ldc < s.n {
             return Err(bad("C's row stride is below its row length".into()));
         }
-        let a_need = rows.div_ceil(mr) * mr * s.k;
+        let a_need = if s.pack_a {
+            rows.div_ceil(mr) * mr * s.k
+        } else {
+            s.a_need(rows)
+        };
         if s.k > 0 && a.len() < a_need {
             return Err(bad(format!("A holds {} elements, needs {a_need}", a.len())));
         }
-        if bp.len() < s.packed_len() {
-            return Err(bad(format!(
-                "packed B holds {} f32, needs {}",
-                bp.len(),
-                s.packed_len()
-            )));
-        }
-        match (s.bias, bias) {
-            (true, Some(b)) if b.len() >= s.panels() * s.micro.nr() => {}
-            (false, None) => {}
-            _ => return Err(bad("bias presence or length differs from the spec".into())),
-        }
+        check_b_bias(s, bp, bias).map_err(bad)?;
         let c_need = (rows - 1) * s.ldc + s.n;
         if c.len() < c_need {
             return Err(bad(format!("C holds {} elements, needs {c_need}", c.len())));
@@ -481,9 +553,9 @@ impl GemmKernel {
             OutBuf::BF16(v) => v.as_mut_ptr().cast(),
         };
         let bias_ptr = bias.map_or(std::ptr::null(), <[f32]>::as_ptr);
-        // SAFETY: checked above: `a` holds the ⌈rows/mr⌉ packed tiles the code
-        // reads, `bp` every panel `0..panels` (k·nr f32 each), the bias (if any)
-        // panels·nr f32, and `c` the `rows` rows of stride ldc up to column n it
+        // SAFETY: checked above: `a` holds the ⌈rows/mr⌉ packed tiles or the
+        // `rows` strided rows the code reads, `bp` every panel `0..panels` as
+        // laid out (`b_len`), the bias (if any) `bias_len` f32, and `c` the `rows` rows of stride ldc up to column n it
         // writes; `rows` is whole tiles or ends with the compiled remainder tile.
         // The generated code touches exactly these ranges (module docs).
         unsafe {
@@ -498,6 +570,22 @@ impl GemmKernel {
             );
         }
         Ok(())
+    }
+}
+
+/// Checks that `bp` and `bias` cover what a kernel of spec `s` reads.
+fn check_b_bias(s: &GemmSpec, bp: &[f32], bias: Option<&[f32]>) -> Result<(), String> {
+    if bp.len() < s.b_len() {
+        return Err(format!(
+            "B holds {} f32, the kernel reads {}",
+            bp.len(),
+            s.b_len()
+        ));
+    }
+    match (s.bias, bias) {
+        (true, Some(b)) if b.len() >= s.bias_len() => Ok(()),
+        (false, None) => Ok(()),
+        _ => Err("bias presence or length differs from the spec".into()),
     }
 }
 
@@ -561,6 +649,9 @@ pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError>
             usig.params.push(AbiParam::new(types::I64));
         }
         usig.params.push(AbiParam::new(types::I32));
+        for _ in 0..3 {
+            usig.params.push(AbiParam::new(types::I64));
+        }
         Some(
             module
                 .declare_function(super::native::UKERNEL_SYMBOL, Linkage::Import, &usig)
@@ -670,7 +761,7 @@ impl Gen<'_, '_> {
             let mend = g.b.ins().select(lt, mb_end, rows);
             g.for_loop(p0, p1, 1, &mut |g, p| {
                 // Panel base pointers.
-                let bstride = g.iconst(s.k * nr * 4);
+                let bstride = g.iconst(s.b_geom().1 * 4);
                 let boff = g.b.ins().imul(p, bstride);
                 let bpan = g.b.ins().iadd(bp, boff);
                 let biasoff = g.b.ins().imul_imm_s(p, (nr * 4) as i64);
@@ -795,6 +886,9 @@ impl Gen<'_, '_> {
                     self.iconst(rows),
                     self.iconst(ncols),
                     self.b.ins().iconst(types::I32, i64::from(fl)),
+                    self.iconst(s.b_geom().0),
+                    self.iconst(s.kb.max(1)),
+                    self.iconst(s.a_blk),
                 ];
                 self.b.ins().call(fref, &args);
             }
@@ -837,13 +931,14 @@ impl Gen<'_, '_> {
         let pbv = self.var(self.ptr, bpan);
         let (_, lda, acs) = s.a_layout();
         let ae = s.a.size();
+        let ldb = s.b_geom().0;
         let step = |g: &mut Self, u: usize| {
             let pa = g.b.use_var(pav);
             let pb = g.b.use_var(pbv);
             let bvs: Vec<Value> = (0..nv)
                 .map(|v| {
                     g.b.ins()
-                        .load(types::F32X4, fl, pb, ((u * CL_NR + v * 4) * 4) as i32)
+                        .load(types::F32X4, fl, pb, ((u * ldb + v * 4) * 4) as i32)
                 })
                 .collect();
             for r in 0..rows {
@@ -855,39 +950,94 @@ impl Gen<'_, '_> {
                 }
             }
         };
-        let iters = s.k / CL_UNROLL;
-        if iters > 0 {
-            let z = self.b.ins().iconst(types::I64, 0);
-            let cnt = self.var(types::I64, z);
-            let head = self.b.create_block();
-            let blk = self.b.create_block();
-            let exit = self.b.create_block();
-            self.b.ins().jump(head, &[]);
-            self.b.switch_to_block(head);
-            let kc = self.b.use_var(cnt);
-            let more = self
-                .b
-                .ins()
-                .icmp_imm_s(IntCC::SignedLessThan, kc, iters as i64);
-            self.b.ins().brif(more, blk, &[], exit, &[]);
-            self.b.switch_to_block(blk);
-            for u in 0..CL_UNROLL {
-                step(self, u);
+        // `len` steps of the reduction from the current A and B pointers (both
+        // advance).
+        let run = |g: &mut Self, len: usize| {
+            let iters = len / CL_UNROLL;
+            if iters > 0 {
+                let z = g.b.ins().iconst(types::I64, 0);
+                let cnt = g.var(types::I64, z);
+                let head = g.b.create_block();
+                let blk = g.b.create_block();
+                let exit = g.b.create_block();
+                g.b.ins().jump(head, &[]);
+                g.b.switch_to_block(head);
+                let kc = g.b.use_var(cnt);
+                let more =
+                    g.b.ins()
+                        .icmp_imm_s(IntCC::SignedLessThan, kc, iters as i64);
+                g.b.ins().brif(more, blk, &[], exit, &[]);
+                g.b.switch_to_block(blk);
+                for u in 0..CL_UNROLL {
+                    step(g, u);
+                }
+                let pa = g.b.use_var(pav);
+                let npa = g.b.ins().iadd_imm_s(pa, (CL_UNROLL * acs * ae) as i64);
+                g.b.def_var(pav, npa);
+                let pb = g.b.use_var(pbv);
+                let npb = g.b.ins().iadd_imm_s(pb, (CL_UNROLL * ldb * 4) as i64);
+                g.b.def_var(pbv, npb);
+                let kc = g.b.use_var(cnt);
+                let nk = g.b.ins().iadd_imm_s(kc, 1);
+                g.b.def_var(cnt, nk);
+                g.b.ins().jump(head, &[]);
+                g.b.switch_to_block(exit);
             }
-            let pa = self.b.use_var(pav);
-            let npa = self.b.ins().iadd_imm_s(pa, (CL_UNROLL * acs * ae) as i64);
-            self.b.def_var(pav, npa);
-            let pb = self.b.use_var(pbv);
-            let npb = self.b.ins().iadd_imm_s(pb, (CL_UNROLL * CL_NR * 4) as i64);
-            self.b.def_var(pbv, npb);
-            let kc = self.b.use_var(cnt);
-            let nk = self.b.ins().iadd_imm_s(kc, 1);
-            self.b.def_var(cnt, nk);
-            self.b.ins().jump(head, &[]);
-            self.b.switch_to_block(exit);
-        }
-        for u in 0..s.k % CL_UNROLL {
-            step(self, u);
+            let tail = len % CL_UNROLL;
+            for u in 0..tail {
+                step(g, u);
+            }
+            if tail > 0 {
+                let pa = g.b.use_var(pav);
+                let npa = g.b.ins().iadd_imm_s(pa, (tail * acs * ae) as i64);
+                g.b.def_var(pav, npa);
+                let pb = g.b.use_var(pbv);
+                let npb = g.b.ins().iadd_imm_s(pb, (tail * ldb * 4) as i64);
+                g.b.def_var(pbv, npb);
+            }
+        };
+        // The batch-reduce: full blocks of `kb` steps (a loop when there are
+        // several), then the partial last one; each block restarts A at its
+        // own base, B runs on.
+        let kb = s.kb.clamp(1, s.k.max(1));
+        let (full, last) = (s.k / kb, s.k % kb);
+        if full == 1 && last == 0 {
+            run(self, kb);
+        } else if s.k > 0 {
+            let blk_a = self.var(self.ptr, at);
+            let blk_step = (s.a_blk * ae) as i64;
+            if full > 0 {
+                let z = self.b.ins().iconst(types::I64, 0);
+                let q = self.var(types::I64, z);
+                let head = self.b.create_block();
+                let body = self.b.create_block();
+                let exit = self.b.create_block();
+                self.b.ins().jump(head, &[]);
+                self.b.switch_to_block(head);
+                let qv = self.b.use_var(q);
+                let more = self
+                    .b
+                    .ins()
+                    .icmp_imm_s(IntCC::SignedLessThan, qv, full as i64);
+                self.b.ins().brif(more, body, &[], exit, &[]);
+                self.b.switch_to_block(body);
+                let base = self.b.use_var(blk_a);
+                self.b.def_var(pav, base);
+                run(self, kb);
+                let base = self.b.use_var(blk_a);
+                let nb = self.b.ins().iadd_imm_s(base, blk_step);
+                self.b.def_var(blk_a, nb);
+                let qv = self.b.use_var(q);
+                let nq = self.b.ins().iadd_imm_s(qv, 1);
+                self.b.def_var(q, nq);
+                self.b.ins().jump(head, &[]);
+                self.b.switch_to_block(exit);
+            }
+            if last > 0 {
+                let base = self.b.use_var(blk_a);
+                self.b.def_var(pav, base);
+                run(self, last);
+            }
         }
         // Epilogue.
         let mut outs: Vec<Value> = accs.iter().map(|&v| self.b.use_var(v)).collect();

@@ -10,7 +10,7 @@
 //! `O(N·K)` against the GEMM's `O(S·N·K)`. Operands may be f32 or bf16 in any mix;
 //! results are stored in the declared dtype (bf16 rounded to nearest even).
 
-use super::gemm::{Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b, pack_bias};
+use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b, pack_bias};
 use super::{Jit, JitError, JitOptions};
 use crate::kernels::{KResult, KernelError, shape_err};
 use dlrm_ir::{Act, DType, Data, Tensor, TensorType};
@@ -110,6 +110,9 @@ fn run_gemm(
         // Transposed A views (wgrad's dzᵀ) are packed per row block: strided
         // reads k by k cost far more than one packing pass.
         pack_a: base.acs != 1,
+        b: BLayout::Packed,
+        kb: 0,
+        a_blk: 0,
         ..base
     };
     let k = jit.gemm(spec).map_err(|e| jit_err(op, e))?;
@@ -169,6 +172,9 @@ pub fn linear(
             relu: act == Act::Relu,
             micro: Micro::Cranelift,
             pack_a: false,
+            b: BLayout::Packed,
+            kb: 0,
+            a_blk: 0,
         };
         let bias = to_f32(b);
         let pack = |nr: usize| match &w.data {
@@ -241,6 +247,9 @@ pub fn linear_dx(
             relu: false,
             micro: Micro::Cranelift,
             pack_a: false,
+            b: BLayout::Packed,
+            kb: 0,
+            a_blk: 0,
         };
         let pack = |nr: usize| match &w.data {
             Data::F32(v) => pack_b(v, n, k, k, 1, nr),
@@ -291,6 +300,9 @@ pub fn linear_dw(
             relu: false,
             micro: Micro::Cranelift,
             pack_a: false,
+            b: BLayout::Packed,
+            kb: 0,
+            a_blk: 0,
         };
         // The reduction over samples runs in chunks of DW_CHUNK samples (the B
         // panel of a chunk stays in L1), partial products summed in chunk order.

@@ -272,7 +272,10 @@ impl Jit {
     }
 
     /// The GEMM kernel for `spec` (compiled on first use).
+    /// The spec is [`gemm::GemmSpec::normalized`] first: read the compiled
+    /// kernel's [`gemm::GemmKernel::spec`] for the operand layouts it expects.
     pub fn gemm(&self, spec: gemm::GemmSpec) -> Result<gemm::GemmKernel, JitError> {
+        let spec = spec.normalized();
         if spec.micro == gemm::Micro::Native && !native::available() {
             return Err(JitError::NoNative);
         }

@@ -9,12 +9,17 @@
 //!
 //! Tile semantics (identical to the Cranelift micro-kernel, bit for bit: both sum
 //! `k` in order with one fused multiply-add per term):
-//! `C[r][j] = act(bias[j] + Σ_k A[r·lda + k·acs] · Bp[k·NR + j])` for `r < mr`, `j < nr`,
-//! with `A` f32 or bf16 (widened exactly), `Bp` an f32 panel of `k` rows of `NR`
-//! columns (zero-padded beyond `nr`), `bias` `NR` f32 (or absent), `act` none or
-//! relu (`x > 0 ? x : 0`), and `C` stored as f32 or bf16 (round to nearest even,
-//! NaN kept NaN) with row stride `ldc` elements. Nothing outside the `mr×nr` tile
-//! is read from `A` or written to `C`.
+//! `C[r][j] = act(bias[j] + Σ_kk A(r, kk) · B[kk·ldb + j])` for `r < mr`, `j < nr`,
+//! where `A(r, kk) = a[r·lda + (kk / kb)·a_blk + (kk % kb)·acs]` (the batch-reduce
+//! form: `A` is a sequence of blocks of `kb` reduction steps, `a_blk` elements
+//! apart; `kb = k` is a plain strided `A`), f32 or bf16 (widened exactly); `B` rows
+//! are `ldb` f32 apart with `NR` readable columns each (a zero-padded packed panel,
+//! or the weights in place), lanes `>= nr` never reach `C`; `bias` `NR` f32 (or
+//! absent); `act` none or relu (`x > 0 ? x : 0`); the accumulators start at 0, or
+//! at the tile's f32 `C` values with [`F_ACC`] (so a loop nest may split `k` into
+//! chunks and get the one-pass result bit for bit); `C` stored as f32 or bf16
+//! (round to nearest even, NaN kept NaN) with row stride `ldc` elements. Nothing
+//! outside the `mr×nr` tile is read from `A` or written to `C`.
 //!
 //! Invariants the caller (the JIT loop nest, itself validated by its Rust wrapper)
 //! guarantees: `1 <= mr <= MR`, `1 <= nr <= NR`, the pointers cover the tile, and
@@ -36,6 +41,8 @@ pub const F_C_BF16: u32 = 2;
 pub const F_BIAS: u32 = 4;
 /// Flag: apply relu.
 pub const F_RELU: u32 = 8;
+/// Flag: start from the f32 values in `C` (accumulate) instead of 0.
+pub const F_ACC: u32 = 16;
 
 /// The symbol name under which [`ukernel_ptr`] is registered in JIT modules.
 pub const UKERNEL_SYMBOL: &str = "dlrm_gemm_ukernel_avx2_6x16";
@@ -67,10 +74,10 @@ pub fn ukernel_ptr() -> Option<*const u8> {
 /// The micro-kernel entry (C ABI; see the module docs for the tile semantics).
 ///
 /// # Safety
-/// `a` covers `a + (r·lda + k'·acs)·esize` for `r < mr`, `k' < k`, `b` covers
-/// `k·NR` f32, `bias` covers `NR` f32 when `F_BIAS` is set, `c` covers the
-/// `mr × nr` tile with row stride `ldc`; `1 <= mr <= MR`, `1 <= nr <= NR`; the
-/// CPU has AVX2 and FMA.
+/// `a` covers every `A(r, kk)` above for `r < mr`, `kk < k`, `b` covers
+/// `(k-1)·ldb + NR` f32, `bias` covers `NR` f32 when `F_BIAS` is set, `c` covers
+/// the `mr × nr` tile with row stride `ldc` (f32 when `F_ACC` is set);
+/// `1 <= mr <= MR`, `1 <= nr <= NR`, `kb >= 1`; the CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn ukernel(
@@ -85,16 +92,30 @@ pub unsafe extern "C" fn ukernel(
     mr: usize,
     nr: usize,
     flags: u32,
+    ldb: usize,
+    kb: usize,
+    a_blk: usize,
 ) {
+    let g = Geom {
+        k,
+        lda,
+        acs,
+        ldc,
+        nr,
+        flags,
+        ldb,
+        kb: kb.max(1),
+        a_blk,
+    };
     // SAFETY: forwarded contract (see above); `tile` reads and writes exactly the
     // documented ranges.
     unsafe {
         macro_rules! go {
             ($r:literal) => {
                 if flags & F_A_BF16 != 0 {
-                    tile::<$r, true>(a, b, c, bias, k, lda, acs, ldc, nr, flags)
+                    tile::<$r, true>(a, b, c, bias, &g)
                 } else {
-                    tile::<$r, false>(a, b, c, bias, k, lda, acs, ldc, nr, flags)
+                    tile::<$r, false>(a, b, c, bias, &g)
                 }
             };
         }
@@ -110,28 +131,45 @@ pub unsafe extern "C" fn ukernel(
     }
 }
 
-/// One tile of `R` rows.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile<const R: usize, const ABF: bool>(
-    a: *const u8,
-    b: *const f32,
-    c: *mut u8,
-    bias: *const f32,
+/// A tile's geometry and flags (the scalar arguments of [`ukernel`]).
+struct Geom {
     k: usize,
     lda: usize,
     acs: usize,
     ldc: usize,
     nr: usize,
     flags: u32,
+    ldb: usize,
+    kb: usize,
+    a_blk: usize,
+}
+
+/// One tile of `R` rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile<const R: usize, const ABF: bool>(
+    a: *const u8,
+    b: *const f32,
+    c: *mut u8,
+    bias: *const f32,
+    g: &Geom,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
     let esize = if ABF { 2 } else { 4 };
+    let (lda, ldc, nr, flags, ldb) = (g.lda, g.ldc, g.nr, g.flags, g.ldb);
     // SAFETY: the caller's contract: every A element `r < R, kk < k`, every
-    // `Bp[kk][0..NR]` and the bias row are readable.
+    // `B[kk][0..NR]`, the bias row and (with F_ACC) the f32 C tile are readable.
     unsafe {
-        let step = acs * esize;
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        if flags & F_ACC != 0 {
+            for (r, accr) in acc.iter_mut().enumerate() {
+                let row = c.add(r * ldc * 4).cast::<f32>();
+                let mut tmp = [0f32; NR];
+                std::ptr::copy_nonoverlapping(row, tmp.as_mut_ptr(), nr);
+                accr[0] = _mm256_loadu_ps(tmp.as_ptr());
+                accr[1] = _mm256_loadu_ps(tmp.as_ptr().add(8));
+            }
+        }
+        let step = g.acs * esize;
         // One k step: two B vectors, R broadcasts, 2R FMAs.
         let kstep = |acc: &mut [[__m256; 2]; R], pa: *const u8, pb: *const f32| {
             let b0 = _mm256_loadu_ps(pb);
@@ -148,22 +186,31 @@ unsafe fn tile<const R: usize, const ABF: bool>(
                 accr[1] = _mm256_fmadd_ps(av, b1, accr[1]);
             }
         };
-        let mut pa = a;
+        // Batch-reduce: the blocks of A in order, `kb` steps each (the last may be
+        // shorter); B runs on row by row.
         let mut pb = b;
-        // Unrolled by 4: the loop overhead would otherwise hold the front end at
-        // its 4-uop limit.
-        for _ in 0..k / 4 {
-            kstep(&mut acc, pa, pb);
-            kstep(&mut acc, pa.add(step), pb.add(NR));
-            kstep(&mut acc, pa.add(2 * step), pb.add(2 * NR));
-            kstep(&mut acc, pa.add(3 * step), pb.add(3 * NR));
-            pa = pa.add(4 * step);
-            pb = pb.add(4 * NR);
-        }
-        for _ in 0..k % 4 {
-            kstep(&mut acc, pa, pb);
-            pa = pa.add(step);
-            pb = pb.add(NR);
+        let mut done = 0;
+        let mut blk_a = a;
+        while done < g.k {
+            let len = g.kb.min(g.k - done);
+            let mut pa = blk_a;
+            // Unrolled by 4: the loop overhead would otherwise hold the front end
+            // at its 4-uop limit.
+            for _ in 0..len / 4 {
+                kstep(&mut acc, pa, pb);
+                kstep(&mut acc, pa.add(step), pb.add(ldb));
+                kstep(&mut acc, pa.add(2 * step), pb.add(2 * ldb));
+                kstep(&mut acc, pa.add(3 * step), pb.add(3 * ldb));
+                pa = pa.add(4 * step);
+                pb = pb.add(4 * ldb);
+            }
+            for _ in 0..len % 4 {
+                kstep(&mut acc, pa, pb);
+                pa = pa.add(step);
+                pb = pb.add(ldb);
+            }
+            done += len;
+            blk_a = blk_a.add(g.a_blk * esize);
         }
         if flags & F_BIAS != 0 {
             let bb0 = _mm256_loadu_ps(bias);
