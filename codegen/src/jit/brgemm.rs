@@ -30,7 +30,7 @@
 use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b};
 use super::linear::operand;
 use super::{Jit, JitError, JitOptions};
-use crate::kernels::brgemm::{check_fit, check_xw, dims, dy_y_last, dz_of, floats};
+use crate::kernels::brgemm::{act_grad, check_fit, check_xw, dims, dy_y_last, dz_of, floats};
 use crate::kernels::{KResult, KernelError, shape_err};
 use dlrm_ir::{Act, DType, Data, Tensor, TensorType};
 use half::bf16;
@@ -478,9 +478,7 @@ pub fn brgemm_wgrad(
         let db = Out::zeros(db_elt, n).tensor(vec![n]);
         return Ok(vec![dw, db]);
     }
-    // B = dz[nb] (`S × bn`) in dy's blocked layout, read in place when bn is
-    // whole tiles; A = xb[kb]ᵀ (`bk × S`), read in place (transposed view).
-    let dz = dz_of(act, dy, y);
+    let (dyv, yv) = (floats(dy), floats(y));
     let base = GemmSpec {
         m: bk,
         n: bn,
@@ -488,57 +486,73 @@ pub fn brgemm_wgrad(
         lda: 1,
         acs: bk,
         ldc: bn,
-        a: elt_of_operand(xa),
+        a: match xa {
+            Operand::F32(_) => Elt::F32,
+            Operand::BF16(_) => Elt::BF16,
+        },
         c: dw_elt,
         bias: false,
         relu: false,
         micro: Micro::Cranelift,
-        pack_a: false,
-        b: BLayout::InPlace { ldb: bn },
+        pack_a: true,
+        b: BLayout::Packed,
         kb: 0,
         a_blk: 0,
     };
     let mut result = None;
     with_kernel(jit, opts, OP, base, &mut |kern| {
         let sp = *kern.spec();
-        let nr = sp.micro.nr();
-        let (bp, blk_b) = if sp.packed_b() {
-            let panels = bn.div_ceil(nr);
-            let blk = panels * s * nr;
-            let mut bp = vec![0.0f32; nb * blk];
-            bp.par_chunks_mut(blk).enumerate().for_each(|(q, dst)| {
-                let src = &dz[q * s * bn..(q + 1) * s * bn];
-                dst.copy_from_slice(&pack_b(src, s, bn, bn, 1, nr));
-            });
-            (Cow::Owned(bp), blk)
-        } else {
-            (Cow::Borrowed(&dz[..]), s * bn)
+        let (mr, nr) = (sp.micro.mr(), sp.micro.nr());
+        // A per kb block: xb[kb]ᵀ (`bk × S`), packed.
+        let tiles = bk.div_ceil(mr);
+        let blk_a = tiles * s * mr;
+        let a = match &x.data {
+            Data::F32(v) => Packed::F32(pack_x_t(v, kb, s, bk, mr)),
+            Data::BF16(v) => Packed::BF16(pack_x_t(v, kb, s, bk, mr)),
+            _ => Packed::F32(Vec::new()),
         };
+        // B per nb block: dz[nb] (`S × bn`), packed, with db summed on the way.
+        let panels = bn.div_ceil(nr);
+        let blk_b = panels * s * nr;
+        let mut bp = vec![0.0f32; nb * blk_b];
+        let mut dbp = vec![0.0f32; nb * panels * nr];
+        bp.par_chunks_mut(s * nr)
+            .zip(dbp.par_chunks_mut(nr))
+            .enumerate()
+            .for_each(|(q, (pan, dbq))| {
+                let (nbi, p) = (q / panels, q % panels);
+                let j0 = p * nr;
+                let cols = nr.min(bn - j0);
+                for si in 0..s {
+                    let e = (nbi * s + si) * bn + j0;
+                    let (d, yy) = (&dyv[e..e + cols], &yv[e..e + cols]);
+                    let row = &mut pan[si * nr..si * nr + cols];
+                    for (((o, &d), &yy), acc) in row.iter_mut().zip(d).zip(yy).zip(dbq.iter_mut()) {
+                        let z = act_grad(act, d, yy);
+                        *o = z;
+                        *acc += z;
+                    }
+                }
+            });
         let mut dw = Out::zeros(dw_elt, nb * kb * bk * bn);
-        run_blocks(
-            kern,
-            &mut dw,
-            (nb * kb, bk, bn, bk),
-            &|q, _| tail(xa, (q % kb) * s * bk),
-            &|q| {
-                let nbi = q / kb;
-                (&bp[nbi * blk_b..(nbi + 1) * blk_b], None)
-            },
-        )?;
-        result = Some(dw);
+        dw.chunks(bk * bn)
+            .into_par_iter()
+            .with_max_len(1)
+            .enumerate()
+            .try_for_each(|(blk, cb)| {
+                let (nbi, kbi) = (blk / kb, blk % kb);
+                kern.run_block(
+                    tail(a.operand(), kbi * blk_a),
+                    &bp[nbi * blk_b..(nbi + 1) * blk_b],
+                    None,
+                    cb,
+                    bk,
+                )
+            })?;
+        result = Some((dw, dbp));
         Ok(())
     })?;
-    // db[j] = Σ_s dz[s][j], s ascending (as the reference kernel sums).
-    let mut dbp = vec![0.0f32; nb * bn];
-    dbp.par_chunks_mut(bn).enumerate().for_each(|(q, acc)| {
-        for row in dz[q * s * bn..(q + 1) * s * bn].chunks(bn) {
-            for (a, &z) in acc.iter_mut().zip(row) {
-                *a += z;
-            }
-        }
-    });
-    let dw = result.ok_or_else(|| shape_err(OP, "internal: no result".into()));
-    let mut dw = dw?;
+    let (mut dw, dbp) = result.ok_or_else(|| shape_err(OP, "internal: no result".into()))?;
     // Exact zeros in the padding columns n >= N (the interpreter writes 0).
     let live_last = n - (nb - 1) * bn;
     if live_last < bn {
@@ -551,11 +565,50 @@ pub fn brgemm_wgrad(
                 .for_each(|r| r[live_last..].fill(bf16::ZERO)),
         }
     }
-    dbp.truncate(n);
-    let db = dbp;
+    // dbp is [Nb][panels·nr]: column j of block nb at nb·panels·nr + j.
+    let panels_nr = dbp.len() / nb;
+    let db: Vec<f32> = (0..n).map(|j| dbp[(j / bn) * panels_nr + j % bn]).collect();
     let db = match db_elt {
         Elt::F32 => Out::F32(db),
         Elt::BF16 => Out::BF16(db.iter().map(|&v| bf16::from_f32(v)).collect()),
     };
     Ok(vec![dw.tensor(vec![nb, kb, bk, bn]), db.tensor(vec![n])])
+}
+
+/// A packed operand (f32 or bf16 elements).
+enum Packed {
+    F32(Vec<f32>),
+    BF16(Vec<bf16>),
+}
+
+impl Packed {
+    fn operand(&self) -> Operand<'_> {
+        match self {
+            Packed::F32(v) => Operand::F32(v),
+            Packed::BF16(v) => Operand::BF16(v),
+        }
+    }
+}
+
+/// `xb[Kb][S][bk]` as `Kb` blocks of `xb[kb]ᵀ` (`bk × S`) in tile-major panels
+/// `[kb][⌈bk/mr⌉][S][mr]`.
+fn pack_x_t<T: Copy + Default + Send + Sync>(
+    v: &[T],
+    kb: usize,
+    s: usize,
+    bk: usize,
+    mr: usize,
+) -> Vec<T> {
+    let tiles = bk.div_ceil(mr);
+    let mut out = vec![T::default(); kb * tiles * s * mr];
+    out.par_chunks_mut(s * mr).enumerate().for_each(|(q, dst)| {
+        let (kbi, t) = (q / tiles, q % tiles);
+        let i0 = t * mr;
+        let live = mr.min(bk - i0);
+        for si in 0..s {
+            let src = &v[(kbi * s + si) * bk + i0..(kbi * s + si) * bk + i0 + live];
+            dst[si * mr..si * mr + live].copy_from_slice(src);
+        }
+    });
+    out
 }
