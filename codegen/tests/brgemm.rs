@@ -304,3 +304,49 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
     check_jit(&problem(0, Act::None, 130, 1, 64, 1, 64, DType::BF16, 8));
     check_jit(&problem(2, Act::None, 130, 1, 64, 1, 64, DType::BF16, 9));
 }
+
+/// A NaN reaching the fused relu stays NaN, as in the interpreter (a diverging
+/// model must not be hidden by the epilogue), with every micro-kernel, and the
+/// reference kernel agrees.
+#[test]
+fn fused_relu_keeps_nan_like_the_interpreter() {
+    let (s, k, n) = (13, 20, 17);
+    let mut xv = vals(3, s * k);
+    xv[5 * k + 2] = f32::NAN;
+    let x = tensor(vec![s, k], xv, DType::F32);
+    let xb = interp(
+        &Op::BlockAct {
+            bk: 8,
+            dtype: DType::F32,
+        },
+        &[&x],
+    )
+    .remove(0);
+    let w = blocked_w(4, n, k, 16, 8, DType::F32);
+    let b = tensor(vec![n], vals(5, n), DType::F32);
+    let op = Op::Brgemm { act: Act::Relu };
+    let ins = [&xb, &w, &b];
+    let tys = out_types(&op, &ins);
+    let want = interp(&op, &ins).remove(0).to_f32_vec();
+    let nans = want.iter().filter(|v| v.is_nan()).count();
+    assert!(nans > 0, "the interpreter keeps NaN");
+    let reference = dlrm_codegen::try_eval(&op, &ins, &tys, &HashMap::new())
+        .expect("a reference kernel")
+        .expect("runs")
+        .remove(0)
+        .to_f32_vec();
+    let mut results = vec![("reference".to_string(), reference)];
+    for kernels in kernel_choices() {
+        let got = jit::try_eval(&op, &ins, &tys, &HashMap::new(), &JitOptions { kernels })
+            .expect("a JIT kernel")
+            .expect("runs")
+            .remove(0)
+            .to_f32_vec();
+        results.push((format!("{kernels:?}"), got));
+    }
+    for (name, got) in results {
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.is_nan(), w.is_nan(), "{name}: element {i}: {g} vs {w}");
+        }
+    }
+}

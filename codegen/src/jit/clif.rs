@@ -107,11 +107,12 @@ pub(crate) fn store_f32x4(b: &mut FunctionBuilder<'_>, elt: Elt, x: Value, p: Va
     }
 }
 
-/// `x > 0 ? x : 0` on f32x4 (NaN -> 0).
+/// `x > 0 || x is NaN ? x : 0` on f32x4 (NaN kept, as the interpreter keeps it).
 pub(crate) fn relu_x4(b: &mut FunctionBuilder<'_>, x: Value) -> Value {
     let zf = b.ins().f32const(0.0);
     let z = b.ins().splat(types::F32X4, zf);
-    let m = b.ins().fcmp(FloatCC::GreaterThan, x, z);
+    // `x > 0` or NaN (kept, as the interpreter keeps it): the mask keeps x.
+    let m = b.ins().fcmp(FloatCC::UnorderedOrGreaterThan, x, z);
     let mf = b.ins().bitcast(types::F32X4, bc_flags(), m);
     b.ins().band(x, mf)
 }

@@ -2,7 +2,7 @@
 //! bf16 storage in any mix (f32x4 main loop, scalar tail), parallel over chunks.
 //!
 //! Each element is computed by the definition's own float operations in the same
-//! order (`relu`: `x > 0 ? x : 0`; `relu_grad`: `y > 0 ? dy : 0`; `sigmoid_grad`:
+//! order (`relu`: `x > 0 || x is NaN ? x : 0`; `relu_grad`: `y > 0 ? dy : 0`; `sigmoid_grad`:
 //! `(dy·y)·(1-y)`; `add`: `a+b`), so f32 results equal the reference bit for bit
 //! (up to the sign of a zero from `relu`); bf16 results are rounded once, to
 //! nearest even.
@@ -77,7 +77,7 @@ fn apply(b: &mut FunctionBuilder<'_>, kind: EwKind, x: Value, y: Value, vector: 
     match kind {
         EwKind::Relu if vector => relu_x4(b, x),
         EwKind::Relu => {
-            let c = b.ins().fcmp(FloatCC::GreaterThan, x, zero);
+            let c = b.ins().fcmp(FloatCC::UnorderedOrGreaterThan, x, zero);
             b.ins().select(c, x, zero)
         }
         EwKind::ReluGrad => {

@@ -15,7 +15,7 @@
 //!   `k × bn` matrix per N block: one output block is one batch-reduce over the K
 //!   blocks, with its epilogue applied while the block is in registers;
 //! - the epilogue adds an f32 bias (packed to `⌈n/nr⌉·nr`, or `n` in place), applies relu
-//!   (`x > 0 ? x : 0`), and stores to `C` (row stride `ldc`) as f32 or bf16 (round
+//!   (`x > 0 || x is NaN ? x : 0`, NaN kept as the interpreter keeps it), and stores to `C` (row stride `ldc`) as f32 or bf16 (round
 //!   to nearest even, NaN kept NaN).
 //!
 //! Loop nest (per call: rows `0..rows` of the given `A`/`C` row block, panels
@@ -1059,7 +1059,8 @@ impl Gen<'_, '_> {
         }
         if s.relu {
             for o in outs.iter_mut() {
-                let m = self.b.ins().fcmp(FloatCC::GreaterThan, *o, zv);
+                // `x > 0` or NaN (kept, as the interpreter keeps it).
+                let m = self.b.ins().fcmp(FloatCC::UnorderedOrGreaterThan, *o, zv);
                 let mf = self.b.ins().bitcast(types::F32X4, bc_flags(), m);
                 *o = self.b.ins().band(*o, mf);
             }

@@ -15,7 +15,7 @@
 //! apart; `kb = k` is a plain strided `A`), f32 or bf16 (widened exactly); `B` rows
 //! are `ldb` f32 apart with `NR` readable columns each (a zero-padded packed panel,
 //! or the weights in place), lanes `>= nr` never reach `C`; `bias` `NR` f32 (or
-//! absent); `act` none or relu (`x > 0 ? x : 0`); the accumulators start at 0, or
+//! absent); `act` none or relu (`x > 0 || x is NaN ? x : 0`); the accumulators start at 0, or
 //! at the tile's f32 `C` values with [`F_ACC`] (so a loop nest may split `k` into
 //! chunks and get the one-pass result bit for bit); `C` stored as f32 or bf16
 //! (round to nearest even, NaN kept NaN) with row stride `ldc` elements. Nothing
@@ -221,12 +221,16 @@ unsafe fn tile<const R: usize, const ABF: bool>(
             }
         }
         if flags & F_RELU != 0 {
-            // maxps(x, 0) returns its second operand when x is NaN or ±0: exactly
-            // `x > 0 ? x : 0`.
+            // maxps(x, 0) returns its second operand when x is NaN or ±0: `x > 0 ?
+            // x : +0`; then NaN is put back (the interpreter keeps it).
             let z = _mm256_setzero_ps();
+            let relu = |x: __m256| {
+                let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+                _mm256_blendv_ps(_mm256_max_ps(x, z), x, nan)
+            };
             for accr in acc.iter_mut() {
-                accr[0] = _mm256_max_ps(accr[0], z);
-                accr[1] = _mm256_max_ps(accr[1], z);
+                accr[0] = relu(accr[0]);
+                accr[1] = relu(accr[1]);
             }
         }
         for (r, accr) in acc.iter().enumerate() {

@@ -49,7 +49,13 @@ fn binary(
 /// `relu(x) = max(x, 0)`.
 pub fn relu(inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
     let x = f32_operand(inputs, 0)?;
-    Some(arity("relu", inputs, &[1]).map(|()| unary(inputs[0], x, |v| v.max(0.0))))
+    Some(arity("relu", inputs, &[1]).map(|()| {
+        unary(
+            inputs[0],
+            x,
+            |v| if v > 0.0 || v.is_nan() { v } else { 0.0 },
+        )
+    }))
 }
 
 /// `sigmoid(x) = 1 / (1 + exp(-x))`.

@@ -146,7 +146,7 @@ fn bias_act(c: &mut [f32], b: &[f32], act: Act) {
             Act::None => row.iter_mut().zip(b).for_each(|(v, &bb)| *v += bb),
             Act::Relu => row.iter_mut().zip(b).for_each(|(v, &bb)| {
                 let x = *v + bb;
-                *v = if x > 0.0 { x } else { 0.0 };
+                *v = if x > 0.0 || x.is_nan() { x } else { 0.0 };
             }),
             Act::Sigmoid => row.iter_mut().zip(b).for_each(|(v, &bb)| {
                 let x = *v + bb;
