@@ -38,8 +38,11 @@ fn main() {
                     kernels.push(("avx2", native::MR, native::NR));
                 }
                 if have512 {
-                    kernels.push(("avx512", 8, native512::NR));
-                    kernels.push(("avx512", native512::MR, native512::NR));
+                    for mr in [8, 12, 14] {
+                        if mr <= native512::MR {
+                            kernels.push(("avx512", mr, native512::NR));
+                        }
+                    }
                 }
                 for (kern, mr, nr) in kernels {
                     variants.push(variant(kern, mr, nr, k, packed, abf));

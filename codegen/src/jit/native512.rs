@@ -29,23 +29,32 @@
 //!
 //! # Register budget and the tile shape
 //! 32 `zmm` registers: `MR·2 = 24` accumulators (`NR = 32` = two `zmm` per row), 2
-//! for the current `B` row, the `A` value broadcast straight from memory
-//! (`vbroadcastss zmm, m32` is a load-port uop, or an embedded `{1to16}` operand of
-//! the FMA), leaving a few registers for the epilogue and for LLVM. `2·MR = 24`
+//! for the current `B` row, 1–2 for the broadcast `A` value (`vbroadcastss zmm,
+//! m32` from memory: a load-port uop, no shuffle; LLVM prefers it to folding an
+//! embedded `{1to16}` broadcast into both FMAs of the value, which would double
+//! the loads), leaving a few registers for the epilogue. `2·MR = 24`
 //! independent FMA chains cover the FMA latency (4 cycles) × 2 FMA ports eight
 //! times over, and per k step the loads (2 `B` + `MR` `A`) stay well under the two
-//! load ports while the `2·MR` FMAs keep both FMA ports busy. `MR = 12` was chosen
-//! by measurement over 8, 12 and 14 rows (`examples/ukernel_best.rs`; 14 rows —
-//! 28 accumulators — leave too few registers and GPRs for the row pointers and
-//! were not faster, 8 rows load more per FMA); see the module's bench numbers in
-//! the README.
+//! load ports while the `2·MR` FMAs keep both FMA ports busy. `MR = 12` was
+//! chosen by measurement (`examples/ukernel_best.rs`, hot cache, one thread, on
+//! a shared 2-core AVX-512 Xeon, GFLOP/s packed f32 `A` k = 64/256/512): 8 rows
+//! 130/114/116, 12 rows 130/110/110, 14 rows 46/45/48 — at 14 rows (28
+//! accumulators) LLVM spills, 8 and 12 are equal within noise on f32 and 12 is
+//! ahead on bf16 `A` (108/100/102 against 99/91/102) and on row-major f32 `A`
+//! at large k, and takes 1.5× fewer `B` loads per FMA. The AVX2 `6×16` kernel
+//! measured 63–67 in the same runs.
 //!
 //! # The k loop
 //! The `kb_len` split is hoisted: the kernel loops over `A` blocks, and inside a
-//! block runs a branch-free k loop unrolled by 4. f32 `A` is read in place; bf16
-//! `A` is first widened, [`KC`] k steps at a time, into an f32 scratch on the
-//! stack (vectorised when the tile's rows or its k steps are adjacent in memory),
-//! so the hot loop is the same broadcast-FMA loop for both element types.
+//! block runs a branch-free k loop unrolled by 4. f32 `A` whose rows are adjacent
+//! (`lda = 1`: packed `[kk][MR]` or a transposed view) is read in place; any other
+//! `A` (row-major, general strides, bf16) is first copied, [`KC`] k steps at a
+//! time, into an f32 scratch on the stack (bf16 widened exactly; vectorised with
+//! masked loads when the tile's rows or its k steps are adjacent), so that every
+//! hot loop addresses `A` with constant strides folded into immediate
+//! displacements. The loop (checked with `--emit=asm`) is, per 4 k steps,
+//! 96 `vfmadd231ps zmm`, 48 `vbroadcastss zmm, m32`, 8 `B` loads and 3–4 scalar
+//! ops, with no spill.
 //!
 //! Invariants the caller (the JIT loop nest, validated by its Rust wrapper)
 //! guarantees: `1 <= mr <= MR`, `1 <= nr <= NR`, `kb_len >= 1`, the pointers cover
@@ -206,11 +215,7 @@ unsafe fn tile<const R: usize, const ABF: bool>(t: &Tile) {
         kb_len,
         a_blk,
     } = *t;
-    let mask = if nr >= NR {
-        u32::MAX
-    } else {
-        (1u32 << nr) - 1
-    };
+    let mask = if nr >= NR { u32::MAX } else { (1u32 << nr) - 1 };
     let (m0, m1) = (mask as u16, (mask >> 16) as u16);
     let cbf = flags & F_C_BF16 != 0;
     // SAFETY: the caller's contract: the C tile (masked to `nr` lanes), every
