@@ -11,7 +11,8 @@
 //!   [`linear`] maps `linear`, `linear_dx`, `linear_dw` onto it, and
 //!   [`brgemm`] the blocked `brgemm`, `brgemm_dgrad`, `brgemm_wgrad` (operands
 //!   packed once per call, `act'` and the bias gradient fused into the packing).
-//! - [`native`]: the AVX2+FMA micro-kernel registered as a JIT symbol.
+//! - [`native`]: the AVX2+FMA micro-kernel registered as a JIT symbol; [`native512`]
+//!   its AVX-512 sibling (12×32 tiles, batch-reduce `A`, chosen at run time).
 //! - [`embedding`], [`sparse`], [`interaction`], [`elementwise`]: embedding bag,
 //!   the race-free sparse and dense optimizer updates, dot interaction forward
 //!   and backward, elementwise ops.
@@ -31,6 +32,7 @@ pub mod gemm;
 pub mod interaction;
 pub mod linear;
 pub mod native;
+pub mod native512;
 pub mod sparse;
 
 use crate::kernels::KResult;

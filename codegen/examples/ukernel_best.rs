@@ -1,0 +1,141 @@
+//! Hot-cache throughput of one micro-kernel tile called repeatedly: the AVX2+FMA
+//! `6×16` kernel ([`native`]) against the AVX-512 kernel ([`native512`]) at 8 and
+//! 12 rows (its full `MR` and a shorter tile, to show the choice of `MR`), for
+//! `k` = 64, 256, 512, `A` packed (`[kk][mr]`, as the loop nest packs it) or
+//! unpacked (row-major, `lda = k`), f32 and bf16 `A`. Best of N samples (robust on
+//! a shared machine), one thread, variants interleaved.
+//!
+//! `cargo run --release -p dlrm-codegen --example ukernel_best -- [samples]`
+
+use dlrm_codegen::jit::{native, native512};
+use half::bf16;
+use std::time::Instant;
+
+/// One variant: a name, flops per call and the call.
+struct Variant {
+    name: String,
+    flops: f64,
+    run: Box<dyn FnMut()>,
+}
+
+fn main() {
+    let samples: usize = std::env::args()
+        .nth(1)
+        .map(|s| s.parse().expect("samples: a number"))
+        .unwrap_or(30);
+    let have2 = native::available();
+    let have512 = native512::available();
+    if !have512 {
+        println!("note: no AVX-512 on this CPU: only the AVX2 kernel is measured");
+    }
+    let mut variants = Vec::new();
+    for k in [64usize, 256, 512] {
+        for packed in [true, false] {
+            for abf in [false, true] {
+                // (kernel, mr, nr): the AVX2 tile and two AVX-512 heights.
+                let mut kernels = Vec::new();
+                if have2 {
+                    kernels.push(("avx2", native::MR, native::NR));
+                }
+                if have512 {
+                    for mr in [8, 12, 14] {
+                        if mr <= native512::MR {
+                            kernels.push(("avx512", mr, native512::NR));
+                        }
+                    }
+                }
+                for (kern, mr, nr) in kernels {
+                    variants.push(variant(kern, mr, nr, k, packed, abf));
+                }
+            }
+        }
+    }
+    let mut best = vec![f64::INFINITY; variants.len()];
+    for _ in 0..samples {
+        for (v, b) in variants.iter_mut().zip(&mut best) {
+            let t0 = Instant::now();
+            (v.run)();
+            *b = b.min(t0.elapsed().as_secs_f64());
+        }
+    }
+    println!("{:<44} {:>9}", "variant (one thread, hot cache)", "GFLOP/s");
+    for (v, t) in variants.iter().zip(best) {
+        println!("{:<44} {:>9.1}", v.name, v.flops / t / 1e9);
+    }
+}
+
+/// A variant calling `kern`'s `mr×nr` tile `calls` times on its own buffers.
+fn variant(kern: &'static str, mr: usize, nr: usize, k: usize, packed: bool, abf: bool) -> Variant {
+    let a: Vec<f32> = (0..mr * k)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let a_bf: Vec<bf16> = a.iter().map(|&x| bf16::from_f32(x)).collect();
+    let b: Vec<f32> = (0..k * nr)
+        .map(|i| ((i * 104729) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let bias = vec![0.25f32; nr];
+    let mut c = vec![0f32; mr * nr];
+    // Packed: `[kk][mr]`; unpacked: row-major `mr × k`.
+    let (lda, acs) = if packed { (1, mr) } else { (k, 1) };
+    let flops_call = 2.0 * (mr * nr * k) as f64;
+    // About 20 MFLOP per sample.
+    let calls = (2e7 / flops_call).ceil() as usize;
+    let flags = native::F_BIAS | if abf { native::F_A_BF16 } else { 0 };
+    let name = format!(
+        "{kern} {mr}x{nr} k={k:<3} A {} {}",
+        if packed { "packed  " } else { "unpacked" },
+        if abf { "bf16" } else { "f32" }
+    );
+    let run: Box<dyn FnMut()> = Box::new(move || {
+        let ap: *const u8 = if abf {
+            a_bf.as_ptr().cast()
+        } else {
+            a.as_ptr().cast()
+        };
+        for _ in 0..calls {
+            // SAFETY: `a` holds the `mr × k` tile in the (lda, acs) layout, `b`
+            // k rows of `nr` (the kernel's NR), `bias` NR floats, `c` the tile
+            // (`ldc = nr`); the kernel's CPU features were detected above.
+            unsafe {
+                if kern == "avx2" {
+                    native::ukernel(
+                        ap,
+                        b.as_ptr(),
+                        c.as_mut_ptr().cast(),
+                        bias.as_ptr(),
+                        k,
+                        lda,
+                        acs,
+                        nr,
+                        mr,
+                        nr,
+                        flags,
+                    );
+                } else {
+                    native512::ukernel(
+                        ap,
+                        b.as_ptr(),
+                        c.as_mut_ptr().cast(),
+                        bias.as_ptr(),
+                        k,
+                        lda,
+                        acs,
+                        nr,
+                        mr,
+                        nr,
+                        flags,
+                        nr,
+                        k,
+                        0,
+                    );
+                }
+            }
+            std::hint::black_box(&mut c);
+        }
+    });
+    Variant {
+        name,
+        flops: flops_call * calls as f64,
+        run,
+    }
+}

@@ -1,0 +1,443 @@
+//! The native AVX-512 GEMM micro-kernel: the 512-bit sibling of [`super::native`],
+//! chosen at run time ([`available`]) on CPUs with AVX-512 F/BW/VL, registered in
+//! JIT modules under [`UKERNEL_SYMBOL`] and called by the JIT loop nest per tile.
+//!
+//! # Tile semantics
+//! For `r < mr` (`1..=MR`) and `j < nr` (`1..=NR`):
+//! `C[r·ldc + j] = act(bias[j] + Σ_{kk<k} A(r,kk) · b[kk·ldb + j])`, the sum taken in
+//! ascending `kk` with one fused multiply-add per term into an accumulator that
+//! starts at `0.0` — bitwise identical to the AVX2 kernel, the Cranelift
+//! micro-kernel and a scalar `f32::mul_add` loop. `A` is in *batch-reduce* form: a
+//! sequence of blocks of `kb_len` k-steps, `a_blk` elements apart, the last block
+//! possibly partial (`k` need not be a multiple of `kb_len`):
+//! `A(r,kk) = a[r·lda + (kk / kb_len)·a_blk + (kk % kb_len)·acs]`, f32, or bf16
+//! widened exactly (`<< 16`) with [`F_A_BF16`]. `b` rows are `ldb >= NR` f32 apart,
+//! each with `NR` readable floats (lanes `>= nr` may hold anything: they only reach
+//! accumulator lanes that are never stored).
+//!
+//! Flags (the AVX2 kernel's, plus [`F_ACC`]): [`F_A_BF16`]; [`F_C_BF16`] stores `C`
+//! as bf16 (round to nearest even, NaN kept NaN with the quiet bit set, as
+//! `half::bf16::from_f32`); [`F_BIAS`] adds `bias[j]` (`NR` readable f32); [`F_RELU`]
+//! applies `x > 0 ? x : 0` (NaN and `-0` give `+0`: `vmaxps(x, 0)` returns its
+//! second operand then); [`F_ACC`] starts the accumulators from the current `C`
+//! tile instead of `0.0` (f32 `C`: so a loop nest can split `k` into chunks and get
+//! the one-pass result bit for bit; with bf16 `C` the stored values are widened
+//! exactly), bias and relu still applied at the end when flagged. Only the
+//! `mr×nr` tile of `C` is read (with [`F_ACC`]) and written — masked loads and
+//! stores for `nr < NR` and for the bf16 halves — and nothing outside the tile of
+//! `A` is read.
+//!
+//! # Register budget and the tile shape
+//! 32 `zmm` registers: `MR·2 = 24` accumulators (`NR = 32` = two `zmm` per row), 2
+//! for the current `B` row, 1–2 for the broadcast `A` value (`vbroadcastss zmm,
+//! m32` from memory: a load-port uop, no shuffle; LLVM prefers it to folding an
+//! embedded `{1to16}` broadcast into both FMAs of the value, which would double
+//! the loads), leaving a few registers for the epilogue. `2·MR = 24`
+//! independent FMA chains cover the FMA latency (4 cycles) × 2 FMA ports eight
+//! times over, and per k step the loads (2 `B` + `MR` `A`) stay well under the two
+//! load ports while the `2·MR` FMAs keep both FMA ports busy. `MR = 12` was
+//! chosen by measurement (`examples/ukernel_best.rs`, hot cache, one thread, on
+//! a shared 2-core AVX-512 Xeon, GFLOP/s packed f32 `A` k = 64/256/512): 8 rows
+//! 130/114/116, 12 rows 130/110/110, 14 rows 46/45/48 — at 14 rows (28
+//! accumulators) LLVM spills, 8 and 12 are equal within noise on f32 and 12 is
+//! ahead on bf16 `A` (108/100/102 against 99/91/102) and on row-major f32 `A`
+//! at large k, and takes 1.5× fewer `B` loads per FMA. The AVX2 `6×16` kernel
+//! measured 63–67 in the same runs.
+//!
+//! # The k loop
+//! The `kb_len` split is hoisted: the kernel loops over `A` blocks, and inside a
+//! block runs a branch-free k loop unrolled by 4. f32 `A` whose rows are adjacent
+//! (`lda = 1`: packed `[kk][MR]` or a transposed view) is read in place; any other
+//! `A` (row-major, general strides, bf16) is first copied, [`KC`] k steps at a
+//! time, into an f32 scratch on the stack (bf16 widened exactly; vectorised with
+//! masked loads when the tile's rows or its k steps are adjacent), so that every
+//! hot loop addresses `A` with constant strides folded into immediate
+//! displacements. The loop (checked with `--emit=asm`) is, per 4 k steps,
+//! 96 `vfmadd231ps zmm`, 48 `vbroadcastss zmm, m32`, 8 `B` loads and 3–4 scalar
+//! ops, with no spill.
+//!
+//! Invariants the caller (the JIT loop nest, validated by its Rust wrapper)
+//! guarantees: `1 <= mr <= MR`, `1 <= nr <= NR`, `kb_len >= 1`, the pointers cover
+//! the documented ranges, and the CPU has AVX-512 F/BW/VL ([`available`]) — the
+//! symbol is registered only then.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+pub use super::native::{F_A_BF16, F_BIAS, F_C_BF16, F_RELU};
+
+/// Rows of an AVX-512 tile.
+pub const MR: usize = 12;
+/// Columns of an AVX-512 tile: two `zmm` of f32 per row.
+pub const NR: usize = 32;
+
+/// Flag: the accumulators start from the current `C` tile instead of `0.0`.
+pub const F_ACC: u32 = 16;
+
+/// The symbol name under which [`ukernel_ptr`] is registered in JIT modules.
+pub const UKERNEL_SYMBOL: &str = "dlrm_gemm_ukernel_avx512_12x32";
+
+/// k steps of bf16 `A` widened into the f32 scratch at a time.
+pub const KC: usize = 64;
+
+/// Floats of the bf16 widening scratch: `KC` steps of `MR` rows, plus the slack
+/// of one 16-lane store.
+const SCRATCH: usize = KC * MR + 16;
+
+/// True if this CPU can run the AVX-512 kernel (x86-64 with AVX-512 F, BW, VL).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The address of the micro-kernel, if this CPU can run it.
+pub fn ukernel_ptr() -> Option<*const u8> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        available().then_some(ukernel as *const u8)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
+/// The micro-kernel entry (C ABI; see the module docs for the tile semantics).
+///
+/// # Safety
+/// For `r < mr`, `kk < k`: `A(r,kk)` (module docs) is readable at
+/// `a + index·esize` (`esize` 2 with [`F_A_BF16`], else 4); `b` covers `NR` f32 at
+/// `b + kk·ldb` for every `kk < k`; `bias` covers `NR` f32 when [`F_BIAS`] is set;
+/// `c` covers the `mr × nr` tile with row stride `ldc` elements (readable too with
+/// [`F_ACC`]); `1 <= mr <= MR`, `1 <= nr <= NR`, `kb_len >= 1`; the CPU has
+/// AVX-512 F, BW and VL ([`available`]). Other `mr`/`nr` return without a write.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ukernel(
+    a: *const u8,
+    b: *const f32,
+    c: *mut u8,
+    bias: *const f32,
+    k: usize,
+    lda: usize,
+    acs: usize,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    flags: u32,
+    ldb: usize,
+    kb_len: usize,
+    a_blk: usize,
+) {
+    if nr == 0 || nr > NR || kb_len == 0 {
+        return;
+    }
+    let t = Tile {
+        a,
+        b,
+        c,
+        bias,
+        k,
+        lda,
+        acs,
+        ldc,
+        nr,
+        flags,
+        ldb,
+        kb_len,
+        a_blk,
+    };
+    // SAFETY: forwarded contract (see above); `tile` reads and writes exactly the
+    // documented ranges.
+    unsafe {
+        macro_rules! go {
+            ($($r:literal)*) => {
+                match mr {
+                    $($r => if flags & F_A_BF16 != 0 {
+                        tile::<$r, true>(&t)
+                    } else {
+                        tile::<$r, false>(&t)
+                    },)*
+                    _ => {}
+                }
+            };
+        }
+        go!(1 2 3 4 5 6 7 8 9 10 11 12);
+    }
+}
+
+/// The arguments of one call.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Tile {
+    a: *const u8,
+    b: *const f32,
+    c: *mut u8,
+    bias: *const f32,
+    k: usize,
+    lda: usize,
+    acs: usize,
+    ldc: usize,
+    nr: usize,
+    flags: u32,
+    ldb: usize,
+    kb_len: usize,
+    a_blk: usize,
+}
+
+/// One tile of `R` rows, `A` f32 (`ABF = false`) or bf16.
+///
+/// # Safety
+/// [`ukernel`]'s contract with `mr = R`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn tile<const R: usize, const ABF: bool>(t: &Tile) {
+    let Tile {
+        a,
+        b,
+        c,
+        bias,
+        k,
+        lda,
+        acs,
+        ldc,
+        nr,
+        flags,
+        ldb,
+        kb_len,
+        a_blk,
+    } = *t;
+    let mask = if nr >= NR { u32::MAX } else { (1u32 << nr) - 1 };
+    let (m0, m1) = (mask as u16, (mask >> 16) as u16);
+    let cbf = flags & F_C_BF16 != 0;
+    // SAFETY: the caller's contract: the C tile (masked to `nr` lanes), every
+    // `A(r,kk)`, the `B` rows and the bias row are accessible as documented; the
+    // masked loads and stores touch no lane outside the tile.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        if flags & F_ACC != 0 {
+            for (r, accr) in acc.iter_mut().enumerate() {
+                if cbf {
+                    let row = c.wrapping_add(r * ldc * 2).cast::<i16>();
+                    accr[0] = widen_bf16(_mm256_maskz_loadu_epi16(m0, row));
+                    accr[1] = widen_bf16(_mm256_maskz_loadu_epi16(m1, row.wrapping_add(16)));
+                } else {
+                    let row = c.wrapping_add(r * ldc * 4).cast::<f32>();
+                    accr[0] = _mm512_maskz_loadu_ps(m0, row);
+                    accr[1] = _mm512_maskz_loadu_ps(m1, row.wrapping_add(16));
+                }
+            }
+        }
+        // `len` k steps from `pa`/`pb`: `acc[r] += A[r·lda + kk·acs] · B[kk·ldb..]`,
+        // in order, one FMA per term (`lda`, `acs` in bytes). A macro, so that each
+        // layout gets its own loop with the strides it knows as constants folded
+        // into the addresses, inlined with the accumulators in registers.
+        macro_rules! kloop {
+            ($pa:expr, $lda:expr, $acs:expr, $pb:expr, $len:expr) => {{
+                let (lda, acs, len): (usize, usize, usize) = ($lda, $acs, $len);
+                // One k step: two B vectors, R broadcasts (load-port
+                // `vbroadcastss`, or folded into an FMA), 2R FMAs.
+                let kstep = |acc: &mut [[__m512; 2]; R], pa: *const u8, pb: *const f32| {
+                    let b0 = _mm512_loadu_ps(pb);
+                    let b1 = _mm512_loadu_ps(pb.add(16));
+                    for (r, accr) in acc.iter_mut().enumerate() {
+                        let av = _mm512_set1_ps(pa.add(r * lda).cast::<f32>().read_unaligned());
+                        accr[0] = _mm512_fmadd_ps(av, b0, accr[0]);
+                        accr[1] = _mm512_fmadd_ps(av, b1, accr[1]);
+                    }
+                };
+                let mut pa: *const u8 = $pa;
+                let mut pb: *const f32 = $pb;
+                // Unrolled by 4: the loop overhead would otherwise crowd the
+                // front end.
+                for _ in 0..len / 4 {
+                    kstep(&mut acc, pa, pb);
+                    kstep(&mut acc, pa.add(acs), pb.add(ldb));
+                    kstep(&mut acc, pa.add(2 * acs), pb.add(2 * ldb));
+                    kstep(&mut acc, pa.add(3 * acs), pb.add(3 * ldb));
+                    pa = pa.wrapping_add(4 * acs);
+                    pb = pb.wrapping_add(4 * ldb);
+                }
+                for _ in 0..len % 4 {
+                    kstep(&mut acc, pa, pb);
+                    pa = pa.wrapping_add(acs);
+                    pb = pb.wrapping_add(ldb);
+                }
+            }};
+        }
+        let esize = if ABF { 2 } else { 4 };
+        // Written before read (see `stage_a`), never read beyond what was written.
+        let mut scratch = [std::mem::MaybeUninit::<f32>::uninit(); SCRATCH];
+        let sp = scratch.as_ptr().cast::<u8>();
+        let mut kk = 0;
+        let mut pa = a;
+        let mut pb = b;
+        // The batch-reduce blocks: `A` jumps by `a_blk` elements, `B` runs on.
+        while kk < k {
+            let len = kb_len.min(k - kk);
+            if !ABF && lda == 1 {
+                // f32 with the rows adjacent (packed or transposed): in place,
+                // the row offsets are immediates.
+                if acs == R {
+                    kloop!(pa, 4, R * 4, pb, len);
+                } else {
+                    kloop!(pa, 4, acs * 4, pb, len);
+                }
+                pb = pb.wrapping_add(len * ldb);
+            } else {
+                // Otherwise staged, KC steps at a time, into the f32 scratch with
+                // constant strides (bf16 widened exactly on the way).
+                let mut done = 0;
+                while done < len {
+                    let n = KC.min(len - done);
+                    let src = pa.add(done * acs * esize);
+                    if stage_a::<R, ABF>(src, lda, acs, n, &mut scratch) {
+                        kloop!(sp, KC * 4, 4, pb, n);
+                    } else {
+                        kloop!(sp, 4, R * 4, pb, n);
+                    }
+                    pb = pb.wrapping_add(n * ldb);
+                    done += n;
+                }
+            }
+            kk += len;
+            pa = pa.wrapping_add(a_blk * esize);
+        }
+        if flags & F_BIAS != 0 {
+            let bb0 = _mm512_loadu_ps(bias);
+            let bb1 = _mm512_loadu_ps(bias.add(16));
+            for accr in acc.iter_mut() {
+                accr[0] = _mm512_add_ps(accr[0], bb0);
+                accr[1] = _mm512_add_ps(accr[1], bb1);
+            }
+        }
+        if flags & F_RELU != 0 {
+            // maxps(x, 0) returns its second operand when x is NaN or ±0: exactly
+            // `x > 0 ? x : 0`.
+            let z = _mm512_setzero_ps();
+            for accr in acc.iter_mut() {
+                accr[0] = _mm512_max_ps(accr[0], z);
+                accr[1] = _mm512_max_ps(accr[1], z);
+            }
+        }
+        for (r, accr) in acc.iter().enumerate() {
+            if cbf {
+                let row = c.wrapping_add(r * ldc * 2).cast::<i16>();
+                _mm512_mask_cvtepi32_storeu_epi16(row, m0, to_bf16(accr[0]));
+                _mm512_mask_cvtepi32_storeu_epi16(row.wrapping_add(16), m1, to_bf16(accr[1]));
+            } else {
+                let row = c.wrapping_add(r * ldc * 4).cast::<f32>();
+                _mm512_mask_storeu_ps(row, m0, accr[0]);
+                _mm512_mask_storeu_ps(row.wrapping_add(16), m1, accr[1]);
+            }
+        }
+    }
+}
+
+/// Copies `n <= KC` k steps of an `A` tile (`R` rows, strides `lda`, `acs` in
+/// elements, starting at `pa`; bf16 when `ABF`, widened exactly) into `scratch`
+/// as f32: row-major `[r][KC]` when the tile's k steps are adjacent (`acs = 1`,
+/// returns true), else `[kk][R]` (returns false).
+///
+/// # Safety
+/// Every element `pa[r·lda + kk·acs]`, `r < R`, `kk < n`, is readable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn stage_a<const R: usize, const ABF: bool>(
+    pa: *const u8,
+    lda: usize,
+    acs: usize,
+    n: usize,
+    scratch: &mut [std::mem::MaybeUninit<f32>; SCRATCH],
+) -> bool {
+    let s = scratch.as_mut_ptr().cast::<f32>();
+    let esize = if ABF { 2 } else { 4 };
+    // 16 elements from `p` (lanes `>= cnt` zero; masked: no lane past `cnt` read).
+    let load16 = |p: *const u8, cnt: usize| {
+        let m = if cnt >= 16 {
+            u16::MAX
+        } else {
+            (1u16 << cnt) - 1
+        };
+        // SAFETY: the caller's contract covers the `cnt` unmasked lanes.
+        unsafe {
+            if ABF {
+                widen_bf16(_mm256_maskz_loadu_epi16(m, p.cast()))
+            } else {
+                _mm512_maskz_loadu_ps(m, p.cast())
+            }
+        }
+    };
+    // SAFETY: the reads are the tile's elements (masked loads touch no other
+    // lane); the writes stay inside `scratch` ([`SCRATCH`] floats, `R <= MR`: a
+    // 16-lane store at `kk·R` or `r·KC + j` with `kk, j < KC` fits).
+    unsafe {
+        if acs == 1 {
+            // Each row's k steps are adjacent: 16 at a time.
+            for r in 0..R {
+                let row = pa.add(r * lda * esize);
+                let mut j = 0;
+                while j < n {
+                    _mm512_storeu_ps(s.add(r * KC + j), load16(row.add(j * esize), n - j));
+                    j += 16;
+                }
+            }
+            true
+        } else if lda == 1 && R > 1 {
+            // The R rows of each k step are adjacent: one masked load.
+            for kk in 0..n {
+                _mm512_storeu_ps(s.add(kk * R), load16(pa.add(kk * acs * esize), R));
+            }
+            false
+        } else {
+            for kk in 0..n {
+                for r in 0..R {
+                    let p = pa.add((r * lda + kk * acs) * esize);
+                    let v = if ABF {
+                        f32::from_bits(u32::from(p.cast::<u16>().read_unaligned()) << 16)
+                    } else {
+                        p.cast::<f32>().read_unaligned()
+                    };
+                    s.add(kk * R + r).write(v);
+                }
+            }
+            false
+        }
+    }
+}
+
+/// 16 bf16 widened exactly to f32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn widen_bf16(v: __m256i) -> __m512 {
+    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
+}
+
+/// 16 f32 rounded to bf16 (in the low half of each 32-bit lane), nearest even,
+/// NaN kept NaN with the quiet bit set (as `half::bf16::from_f32` and
+/// [`super::native`]'s `to_bf16x16`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn to_bf16(x: __m512) -> __m512i {
+    let bits = _mm512_castps_si512(x);
+    let hi = _mm512_srli_epi32::<16>(bits);
+    let lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+    let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(
+        _mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)),
+        lsb,
+    ));
+    let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+    let quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
+    _mm512_mask_blend_epi32(nan, rounded, quiet)
+}
