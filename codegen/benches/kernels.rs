@@ -66,6 +66,9 @@ fn bench_gemm(c: &mut Criterion) {
             if native::available() {
                 micros.push(Micro::Native);
             }
+            if Micro::Native512.available() {
+                micros.push(Micro::Native512);
+            }
             for micro in micros {
                 let spec = GemmSpec {
                     m,
@@ -89,6 +92,7 @@ fn bench_gemm(c: &mut Criterion) {
                 let name = match micro {
                     Micro::Cranelift => "cranelift",
                     Micro::Native => "native",
+                    Micro::Native512 => "avx512",
                 };
                 let id = BenchmarkId::new(format!("{shape}/{dt}"), name);
                 if bf {

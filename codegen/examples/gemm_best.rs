@@ -30,6 +30,9 @@ fn main() {
     if native::available() {
         micros.push(Micro::Native);
     }
+    if Micro::Native512.available() {
+        micros.push(Micro::Native512);
+    }
     let mut variants: Vec<(String, Box<dyn FnMut()>)> = Vec::new();
     for (micro, pack_a) in micros.into_iter().flat_map(|m| [(m, false), (m, true)]) {
         for bf in [false, true] {

@@ -110,6 +110,9 @@ fn variant(kern: &'static str, mr: usize, nr: usize, k: usize, packed: bool, abf
                         mr,
                         nr,
                         flags,
+                        native::NR,
+                        k,
+                        0,
                     );
                 } else {
                     native512::ukernel(

@@ -6,7 +6,7 @@
 //! f32 and bf16 storage, random ragged shapes (blocks that do not divide the
 //! dims, dims that are not multiples of the tiles or vector width).
 
-use dlrm_codegen::jit::{self, JitOptions, KernelChoice, native};
+use dlrm_codegen::jit::{self, JitOptions, KernelChoice, native, native512};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Act, DType, Dim, Op, SingleRank, Tensor, TensorType};
 use half::bf16;
@@ -201,12 +201,16 @@ fn abs(t: &Tensor) -> Tensor {
     tensor(t.shape.clone(), v, t.dtype())
 }
 
+/// Every micro-kernel this CPU can run, forced.
 fn kernel_choices() -> Vec<KernelChoice> {
+    let mut v = vec![KernelChoice::Cranelift];
     if native::available() {
-        vec![KernelChoice::Cranelift, KernelChoice::Native]
-    } else {
-        vec![KernelChoice::Cranelift]
+        v.push(KernelChoice::Native);
     }
+    if native512::available() {
+        v.push(KernelChoice::Avx512);
+    }
+    v
 }
 
 /// The JIT kernel of `p` against the reference kernel, for every micro-kernel:

@@ -10,12 +10,12 @@ use half::bf16;
 use proptest::prelude::*;
 use std::collections::HashMap;
 
+/// Every micro-kernel this CPU can run.
 fn micros() -> Vec<Micro> {
-    if native::available() {
-        vec![Micro::Cranelift, Micro::Native]
-    } else {
-        vec![Micro::Cranelift]
-    }
+    [Micro::Cranelift, Micro::Native, Micro::Native512]
+        .into_iter()
+        .filter(|m| m.available())
+        .collect()
 }
 
 /// Deterministic pseudo-random values in [-1, 1).

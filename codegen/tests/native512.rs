@@ -228,7 +228,7 @@ impl Problem {
                     acc += self.bias[j];
                 }
                 if c.flags & F_RELU != 0 {
-                    acc = if acc > 0.0 { acc } else { 0.0 };
+                    acc = if acc > 0.0 || acc.is_nan() { acc } else { 0.0 };
                 }
                 out[r * self.ldc + j] = if c.flags & F_C_BF16 != 0 {
                     bf16::from_f32(acc).to_f32()
@@ -322,6 +322,9 @@ impl Problem {
                     mr,
                     nr,
                     flags,
+                    native::NR,
+                    c.k.max(1),
+                    0,
                 )
             }
         });

@@ -68,8 +68,9 @@ struct Cli {
     /// `reference` (plain Rust).
     #[arg(long, default_value = "jit", value_parser = parse_backend)]
     backend: Backend,
-    /// GEMM micro-kernel of the JIT: `cranelift` (128-bit), `native` (AVX2+FMA) or
-    /// `auto` (the faster per shape).
+    /// GEMM micro-kernel of the JIT: `cranelift` (128-bit), `native` (AVX2+FMA),
+    /// `avx512` (AVX-512, where the CPU has it) or `auto` (the fastest this CPU
+    /// can run, per shape).
     #[arg(long, default_value = "auto", value_parser = parse_kernels)]
     kernels: KernelChoice,
     /// Print a per-op-kind table (time share, ms/step, GFLOP/s, GB/s) at the end,
@@ -127,7 +128,8 @@ fn parse_backend(s: &str) -> Result<Backend, String> {
 }
 
 fn parse_kernels(s: &str) -> Result<KernelChoice, String> {
-    KernelChoice::parse(s).ok_or_else(|| format!("`{s}`: expected cranelift, native or auto"))
+    KernelChoice::parse(s)
+        .ok_or_else(|| format!("`{s}`: expected cranelift, native, avx512 or auto"))
 }
 
 fn main() -> ExitCode {

@@ -105,7 +105,7 @@ fn apply(b: &mut FunctionBuilder<'_>, kind: EwKind, x: Value, y: Value, vector: 
 }
 
 pub(crate) fn compile(jit: &Jit, spec: EwSpec) -> Result<EwKernel, JitError> {
-    let mut module = jit.new_module(false)?;
+    let mut module = jit.new_module()?;
     let ptr = module.target_config().pointer_type();
     let mut sig = module.make_signature();
     for _ in 0..3 {

@@ -60,7 +60,7 @@ pub struct BagKernel {
 const CW: usize = 32;
 
 pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
-    let mut module = jit.new_module(false)?;
+    let mut module = jit.new_module()?;
     let ptr = module.target_config().pointer_type();
     let mut sig = module.make_signature();
     for _ in 0..4 {

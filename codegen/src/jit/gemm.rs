@@ -69,6 +69,9 @@ pub enum Micro {
     Cranelift,
     /// The native AVX2+FMA 6×16 kernel, called from the JIT loop nest.
     Native,
+    /// The native AVX-512 12×32 kernel ([`super::native512`]), called from the
+    /// JIT loop nest.
+    Native512,
 }
 
 impl Micro {
@@ -77,6 +80,7 @@ impl Micro {
         match self {
             Micro::Cranelift => CL_MR,
             Micro::Native => super::native::MR,
+            Micro::Native512 => super::native512::MR,
         }
     }
 
@@ -85,6 +89,35 @@ impl Micro {
         match self {
             Micro::Cranelift => CL_NR,
             Micro::Native => super::native::NR,
+            Micro::Native512 => super::native512::NR,
+        }
+    }
+
+    /// The micro-kernel's name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Micro::Cranelift => "Cranelift",
+            Micro::Native => "AVX2+FMA",
+            Micro::Native512 => "AVX-512",
+        }
+    }
+
+    /// Whether this CPU can run the micro-kernel.
+    pub fn available(self) -> bool {
+        match self {
+            Micro::Cranelift => true,
+            Micro::Native => super::native::available(),
+            Micro::Native512 => super::native512::available(),
+        }
+    }
+
+    /// The symbol of a native micro-kernel (`None` for Cranelift's, which is
+    /// inlined).
+    fn symbol(self) -> Option<&'static str> {
+        match self {
+            Micro::Cranelift => None,
+            Micro::Native => Some(super::native::UKERNEL_SYMBOL),
+            Micro::Native512 => Some(super::native512::UKERNEL_SYMBOL),
         }
     }
 }
@@ -636,7 +669,7 @@ fn pack_a_block<T: Copy + Default>(a: &[T], s: GemmSpec, r0: usize, rows: usize)
 pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError> {
     let in_order =
         std::env::var_os("DLRM_JIT_GEMM_OPT").is_none() && spec.micro == Micro::Cranelift;
-    let mut module = jit.module_with(spec.micro == Micro::Native, in_order)?;
+    let mut module = jit.module_with(spec.micro, in_order)?;
     let ptr = module.target_config().pointer_type();
     let mut sig = module.make_signature();
     for _ in 0..4 {
@@ -645,7 +678,7 @@ pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError>
     for _ in 0..3 {
         sig.params.push(AbiParam::new(types::I64));
     }
-    let ukernel = if spec.micro == Micro::Native {
+    let ukernel = if let Some(symbol) = spec.micro.symbol() {
         let mut usig = module.make_signature();
         for _ in 0..4 {
             usig.params.push(AbiParam::new(ptr));
@@ -659,7 +692,7 @@ pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError>
         }
         Some(
             module
-                .declare_function(super::native::UKERNEL_SYMBOL, Linkage::Import, &usig)
+                .declare_function(symbol, Linkage::Import, &usig)
                 .map_err(JitError::module)?,
         )
     } else {

@@ -317,7 +317,7 @@ fn emit_backward(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value]) {
 }
 
 pub(crate) fn compile(jit: &Jit, spec: DotSpec) -> Result<DotKernel, JitError> {
-    let mut module = jit.new_module(false)?;
+    let mut module = jit.new_module()?;
     let ptr = module.target_config().pointer_type();
     let mut sig = module.make_signature();
     let nptr = if spec.backward { 3 } else { 2 };

@@ -62,8 +62,8 @@ pub enum JitError {
         reason: String,
     },
     /// The requested micro-kernel cannot run on this CPU.
-    #[error("the native AVX2+FMA micro-kernel is not available on this CPU")]
-    NoNative,
+    #[error("the native {0} micro-kernel is not available on this CPU")]
+    NoNative(&'static str),
 }
 
 impl JitError {
@@ -72,25 +72,28 @@ impl JitError {
     }
 }
 
-/// Which GEMM micro-kernel to use (`--kernels cranelift|native|auto`).
+/// Which GEMM micro-kernel to use (`--kernels cranelift|native|avx512|auto`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum KernelChoice {
     /// Pure Cranelift (128-bit f32x4 FMA).
     Cranelift,
     /// The native AVX2+FMA micro-kernel called from the JIT loop nest.
     Native,
-    /// Per shape, the faster of the two (timed on the first call); Cranelift when
-    /// the CPU has no AVX2+FMA.
+    /// The native AVX-512 micro-kernel called from the JIT loop nest.
+    Avx512,
+    /// Per shape, the fastest of those this CPU can run (timed on the first
+    /// call).
     #[default]
     Auto,
 }
 
 impl KernelChoice {
-    /// Parses `cranelift`, `native` or `auto`.
+    /// Parses `cranelift`, `native`, `avx512` or `auto`.
     pub fn parse(s: &str) -> Option<KernelChoice> {
         match s {
             "cranelift" => Some(KernelChoice::Cranelift),
             "native" => Some(KernelChoice::Native),
+            "avx512" => Some(KernelChoice::Avx512),
             "auto" => Some(KernelChoice::Auto),
             _ => None,
         }
@@ -101,6 +104,7 @@ impl KernelChoice {
         match self {
             KernelChoice::Cranelift => "cranelift",
             KernelChoice::Native => "native",
+            KernelChoice::Avx512 => "avx512",
             KernelChoice::Auto => "auto",
         }
     }
@@ -198,20 +202,15 @@ impl Jit {
         *lock(&self.stats)
     }
 
-    /// True if the native micro-kernel can run here.
-    pub fn has_native(&self) -> bool {
-        native::available()
-    }
-
-    /// A fresh module; `native` registers the native micro-kernel's symbol.
-    pub(crate) fn new_module(&self, with_native: bool) -> Result<JITModule, JitError> {
-        self.module_with(with_native, false)
+    /// A fresh module (no micro-kernel symbol registered).
+    pub(crate) fn new_module(&self) -> Result<JITModule, JitError> {
+        self.module_with(gemm::Micro::Cranelift, false)
     }
 
     /// A fresh module; `in_order` selects the ISA without the e-graph optimizer.
     pub(crate) fn module_with(
         &self,
-        with_native: bool,
+        micro: gemm::Micro,
         in_order: bool,
     ) -> Result<JITModule, JitError> {
         let isa = if in_order {
@@ -220,9 +219,16 @@ impl Jit {
             self.isa.clone()
         };
         let mut jb = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
-        if with_native {
-            let p = native::ukernel_ptr().ok_or(JitError::NoNative)?;
-            jb.symbol(native::UKERNEL_SYMBOL, p);
+        match micro {
+            gemm::Micro::Cranelift => {}
+            gemm::Micro::Native => {
+                let p = native::ukernel_ptr().ok_or(JitError::NoNative("AVX2+FMA"))?;
+                jb.symbol(native::UKERNEL_SYMBOL, p);
+            }
+            gemm::Micro::Native512 => {
+                let p = native512::ukernel_ptr().ok_or(JitError::NoNative("AVX-512"))?;
+                jb.symbol(native512::UKERNEL_SYMBOL, p);
+            }
         }
         Ok(JITModule::new(jb))
     }
@@ -278,8 +284,8 @@ impl Jit {
     /// kernel's [`gemm::GemmKernel::spec`] for the operand layouts it expects.
     pub fn gemm(&self, spec: gemm::GemmSpec) -> Result<gemm::GemmKernel, JitError> {
         let spec = spec.normalized();
-        if spec.micro == gemm::Micro::Native && !native::available() {
-            return Err(JitError::NoNative);
+        if !spec.micro.available() {
+            return Err(JitError::NoNative(spec.micro.name()));
         }
         match self.cached(Key::Gemm(spec), || {
             gemm::compile(self, spec).map(Compiled::Gemm)
@@ -355,16 +361,22 @@ impl Jit {
         trial: &mut dyn FnMut(gemm::GemmKernel) -> Result<(), JitError>,
     ) -> Result<gemm::Micro, JitError> {
         use gemm::Micro;
+        let forced = |m: Micro| {
+            if m.available() {
+                Ok(m)
+            } else {
+                Err(JitError::NoNative(m.name()))
+            }
+        };
+        let candidates: Vec<Micro> = [Micro::Cranelift, Micro::Native, Micro::Native512]
+            .into_iter()
+            .filter(|m| m.available())
+            .collect();
         match choice {
             KernelChoice::Cranelift => return Ok(Micro::Cranelift),
-            KernelChoice::Native => {
-                return if native::available() {
-                    Ok(Micro::Native)
-                } else {
-                    Err(JitError::NoNative)
-                };
-            }
-            KernelChoice::Auto if !native::available() => return Ok(Micro::Cranelift),
+            KernelChoice::Native => return forced(Micro::Native),
+            KernelChoice::Avx512 => return forced(Micro::Native512),
+            KernelChoice::Auto if candidates.len() == 1 => return Ok(Micro::Cranelift),
             KernelChoice::Auto => {}
         }
         let key = gemm::GemmSpec {
@@ -375,7 +387,7 @@ impl Jit {
             return Ok(*m);
         }
         let mut best = (f64::INFINITY, Micro::Cranelift);
-        for micro in [Micro::Cranelift, Micro::Native] {
+        for micro in candidates {
             let k = self.gemm(gemm::GemmSpec { micro, ..spec })?;
             trial(k)?;
             // Best of three timed runs: robust to a busy machine.

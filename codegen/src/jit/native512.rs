@@ -18,8 +18,8 @@
 //! Flags (the AVX2 kernel's, plus [`F_ACC`]): [`F_A_BF16`]; [`F_C_BF16`] stores `C`
 //! as bf16 (round to nearest even, NaN kept NaN with the quiet bit set, as
 //! `half::bf16::from_f32`); [`F_BIAS`] adds `bias[j]` (`NR` readable f32); [`F_RELU`]
-//! applies `x > 0 ? x : 0` (NaN and `-0` give `+0`: `vmaxps(x, 0)` returns its
-//! second operand then); [`F_ACC`] starts the accumulators from the current `C`
+//! applies `x > 0 || x is NaN ? x : 0` (`-0` gives `+0`: `vmaxps(x, 0)` returns its
+//! second operand then; NaN is blended back, as the interpreter keeps it); [`F_ACC`] starts the accumulators from the current `C`
 //! tile instead of `0.0` (f32 `C`: so a loop nest can split `k` into chunks and get
 //! the one-pass result bit for bit; with bf16 `C` the stored values are widened
 //! exactly), bias and relu still applied at the end when flagged. Only the
@@ -64,15 +64,12 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-pub use super::native::{F_A_BF16, F_BIAS, F_C_BF16, F_RELU};
+pub use super::native::{F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_RELU};
 
 /// Rows of an AVX-512 tile.
 pub const MR: usize = 12;
 /// Columns of an AVX-512 tile: two `zmm` of f32 per row.
 pub const NR: usize = 32;
-
-/// Flag: the accumulators start from the current `C` tile instead of `0.0`.
-pub const F_ACC: u32 = 16;
 
 /// The symbol name under which [`ukernel_ptr`] is registered in JIT modules.
 pub const UKERNEL_SYMBOL: &str = "dlrm_gemm_ukernel_avx512_12x32";
@@ -320,12 +317,16 @@ unsafe fn tile<const R: usize, const ABF: bool>(t: &Tile) {
             }
         }
         if flags & F_RELU != 0 {
-            // maxps(x, 0) returns its second operand when x is NaN or ±0: exactly
-            // `x > 0 ? x : 0`.
+            // maxps(x, 0) returns its second operand when x is NaN or ±0: `x > 0 ?
+            // x : +0`; then NaN is put back (the interpreter keeps it).
             let z = _mm512_setzero_ps();
+            let relu = |x: __m512| {
+                let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+                _mm512_mask_blend_ps(nan, _mm512_max_ps(x, z), x)
+            };
             for accr in acc.iter_mut() {
-                accr[0] = _mm512_max_ps(accr[0], z);
-                accr[1] = _mm512_max_ps(accr[1], z);
+                accr[0] = relu(accr[0]);
+                accr[1] = relu(accr[1]);
             }
         }
         for (r, accr) in acc.iter().enumerate() {

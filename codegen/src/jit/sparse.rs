@@ -248,7 +248,7 @@ fn lr_pair(b: &mut FunctionBuilder<'_>, lr: Value) -> (Value, Value) {
 }
 
 pub(crate) fn compile_sparse(jit: &Jit, spec: SparseSpec) -> Result<SparseKernel, JitError> {
-    let mut module = jit.new_module(false)?;
+    let mut module = jit.new_module()?;
     let ptr = module.target_config().pointer_type();
     let mut sig = module.make_signature();
     for _ in 0..5 {
@@ -353,7 +353,7 @@ pub(crate) fn compile_sparse(jit: &Jit, spec: SparseSpec) -> Result<SparseKernel
 }
 
 pub(crate) fn compile_dense(jit: &Jit, spec: DenseSpec) -> Result<DenseKernel, JitError> {
-    let mut module = jit.new_module(false)?;
+    let mut module = jit.new_module()?;
     let ptr = module.target_config().pointer_type();
     let mut sig = module.make_signature();
     for _ in 0..3 {
