@@ -36,13 +36,21 @@
 //! independent FMA chains cover the FMA latency (4 cycles) × 2 FMA ports eight
 //! times over, and per k step the loads (2 `B` + `MR` `A`) stay well under the two
 //! load ports while the `2·MR` FMAs keep both FMA ports busy. `MR = 12` was
-//! chosen by measurement (`examples/ukernel_best.rs`, hot cache, one thread, on
-//! a shared 2-core AVX-512 Xeon, GFLOP/s packed f32 `A` k = 64/256/512): 8 rows
-//! 130/114/116, 12 rows 130/110/110, 14 rows 46/45/48 — at 14 rows (28
-//! accumulators) LLVM spills, 8 and 12 are equal within noise on f32 and 12 is
-//! ahead on bf16 `A` (108/100/102 against 99/91/102) and on row-major f32 `A`
-//! at large k, and takes 1.5× fewer `B` loads per FMA. The AVX2 `6×16` kernel
-//! measured 63–67 in the same runs.
+//! chosen by measurement (`examples/ukernel_best.rs`, hot cache, one thread, a
+//! shared 2-core AVX-512 Xeon; GFLOP/s at k = 64/256/512):
+//!
+//! | `A` | 8×32 | 12×32 | 14×32 | AVX2 6×16 |
+//! | --- | --- | --- | --- | --- |
+//! | packed f32 | 131/126/126 | 126/122/121 | 46/45/48 | 63/68/65 |
+//! | packed bf16 | 98/95/97 | 104/107/107 | 42/44/42 | 37/38/38 |
+//! | row-major f32 | 109/97/96 | 103/99/99 | 39/41/40 | 61/68/65 |
+//! | row-major bf16 | 105/99/97 | 106/109/107 | 40/40/44 | 37/38/38 |
+//!
+//! (14×32 from a separate run built with `MR = 14`; the rest from one run.)
+//! At 14 rows (28 accumulators) LLVM spills. 8 rows are ~4% ahead on packed f32
+//! `A`, 12 rows ~10% ahead on bf16 `A` and even on row-major f32 at larger k,
+//! and 12 rows load 1.5× fewer `B` bytes per FMA, which counts once `B` streams
+//! from L2/L3 in the real loop nest (here it is at most 64 KiB and hot).
 //!
 //! # The k loop
 //! The `kb_len` split is hoisted: the kernel loops over `A` blocks, and inside a
