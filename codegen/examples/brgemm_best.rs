@@ -7,7 +7,7 @@
 //! `RAYON_NUM_THREADS=2 cargo run --release -p dlrm-codegen --example brgemm_best -- S K N [reps]`
 
 use dlrm_codegen::KernelChoice;
-use dlrm_codegen::jit::{self, JitOptions, native};
+use dlrm_codegen::jit::{self, JitOptions, native, native512};
 use dlrm_ir::{Act, DType, Dim, Op, Tensor, TensorType};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -74,6 +74,9 @@ fn main() {
     let mut choices = vec![KernelChoice::Cranelift];
     if native::available() {
         choices.push(KernelChoice::Native);
+    }
+    if native512::available() {
+        choices.push(KernelChoice::Avx512);
     }
     let flops = 2.0 * (s * n * k) as f64;
     let syms = HashMap::new();
