@@ -1,14 +1,14 @@
 //! Kernel benchmarks (criterion): GFLOP/s (reported as elements/s = FLOP/s) and
 //! GB/s of the JIT kernels against the reference kernels.
 //!
-//! - `gemm/{shape}/{dtype}/{cranelift|native|matrixmultiply}`: the JIT GEMM core at
+//! - `gemm/{shape}/{dtype}/{cranelift|native|avx512|matrixmultiply}`: the JIT GEMM core at
 //!   M=2048 (packed B), and `matrixmultiply::sgemm` (single-threaded; compare
 //!   with `RAYON_NUM_THREADS=1`). Shapes: K=N in {13,64,128,256,512,1024} plus
 //!   the DLRM layer shapes; `BENCH_FULL=1` runs the whole K×N grid.
-//! - `brgemm/{op}/{shape}/{dtype}/{cranelift|native}`: the blocked `brgemm` (relu),
+//! - `brgemm/{op}/{shape}/{dtype}/{cranelift|native|avx512}`: the blocked `brgemm` (relu),
 //!   `brgemm_dgrad` (relu) and `brgemm_wgrad` (relu, with the bias gradient) JIT
 //!   ops at M=2048 on the same shapes, blocks as the e-graph picks them (`bk =
-//!   min(K, 64)`, `bn = min(N, 64)`), operand packing included; bf16 for the
+//!   min(K, 64)`, `bn = min(N, 64)`), operand copies included; bf16 for the
 //!   forward op only.
 //! - `embedding_bag/{dim}x{pooling}/{jit|reference}`: batch 2048, 100k-row table.
 //! - `interaction/{F}x{D}/reference`: batch 2048 (no JIT interaction kernel yet).
@@ -266,6 +266,9 @@ fn bench_brgemm(c: &mut Criterion) {
     let mut choices = vec![dlrm_codegen::KernelChoice::Cranelift];
     if native::available() {
         choices.push(dlrm_codegen::KernelChoice::Native);
+    }
+    if Micro::Native512.available() {
+        choices.push(dlrm_codegen::KernelChoice::Avx512);
     }
     let syms = HashMap::new();
     for (k, n) in gemm_shapes() {
