@@ -3,11 +3,13 @@
 //! as its JSON twin, and ONNX models train (with `--label`).
 
 use dlrm_ir::interp::{bind_symbols, run};
-use dlrm_ir::{Graph, SingleRank, Tensor};
+use dlrm_ir::{Graph, InteractionKind, Op, SingleRank, Tensor};
 use dlrm_passes::egraph::Limits;
 use dlrm_passes::egraph::canon::{GENERIC, canonicalise};
 use dlrm_runtime::driver::run_with_params;
+use dlrm_runtime::{Backend, KernelChoice};
 use dlrmc::compile::{CompileOptions, compile};
+use dlrmc::launch::infer_once;
 use dlrmc::model::{Overrides, load_model};
 use dlrmc::{Inspection, RunOptions, job_for};
 use std::collections::HashMap;
@@ -26,6 +28,10 @@ const DLRMS: &[&str] = &[
     "dynamic_batch",
     "external_data",
     "dlrm_pytorch",
+    "dlrm_slice",
+    "dlrm_slice_self",
+    "dlrm_gather_nd",
+    "dlrm_gather_nd_self",
 ];
 
 fn generic_ops(g: &Graph) -> Vec<String> {
@@ -85,6 +91,85 @@ fn canonicalisation_is_complete_and_exact_on_onnx_dlrms() {
             let same = a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(same, "{name}: canonical graph differs: {a:?} vs {b:?}");
         }
+    }
+}
+
+/// The dot interactions of a graph (`Some(self_interaction)` per node).
+fn dot_interactions(g: &Graph) -> Vec<bool> {
+    g.nodes()
+        .iter()
+        .filter_map(|n| match n.op {
+            Op::Interaction {
+                kind: InteractionKind::Dot,
+                self_interaction,
+            } => Some(self_interaction),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The largest difference of a compiled plan's inference outputs on a case's
+/// `inputs.npz` from ONNX Runtime's `outputs.npz`.
+fn plan_vs_onnxruntime(name: &str, plan: dlrm_runtime::plan::Plan) -> f32 {
+    let dir = case(name);
+    let inputs: Vec<(String, Tensor)> = dlrm_onnx::npz::read(&dir.join("inputs.npz"))
+        .expect("inputs")
+        .into_iter()
+        .map(|(n, t)| (dlrm_onnx::ir_name(&n), t))
+        .filter(|(n, _)| plan.infer.find(n).is_some())
+        .collect();
+    let want = dlrm_onnx::npz::read(&dir.join("outputs.npz")).expect("outputs");
+    let got = infer_once(plan, inputs, Backend::default(), KernelChoice::default()).expect("infer");
+    assert_eq!(got.len(), want.len(), "{name}: outputs");
+    let mut max = 0.0f32;
+    for ((_, w), (_, g)) in want.iter().zip(&got) {
+        assert_eq!(w.shape, g.shape, "{name}");
+        for (a, b) in w.to_f32_vec().iter().zip(g.to_f32_vec()) {
+            max = max.max((a - b).abs());
+        }
+    }
+    max
+}
+
+/// The lower triangle taken by Slice (per-row slices, with and without the
+/// diagonal) or GatherND compiles to `interaction {kind=dot}` with no generic op
+/// left, and the compiled plan matches ONNX Runtime within 1e-5; the triangle in
+/// another order (`dlrm_tril_order`: column-major pairs) stays generic and still
+/// matches.
+#[test]
+fn sliced_and_gather_nd_triangles_compile_to_the_interaction() {
+    for (name, want) in [
+        ("dlrm_slice", Some(false)),
+        ("dlrm_slice_self", Some(true)),
+        ("dlrm_gather_nd", Some(false)),
+        ("dlrm_gather_nd_self", Some(true)),
+        ("dlrm_tril_order", None),
+    ] {
+        let model = load_model(&case(name).join("model.onnx"), Overrides::default()).expect("load");
+        let infer_only = CompileOptions {
+            infer_only: true,
+            ..CompileOptions::default()
+        };
+        let plan = compile(model, &infer_only, &mut |_, _| {}).expect("compile");
+        let ops = &Inspection::of(&plan).graphs["infer"].ops;
+        let dots = dot_interactions(&plan.infer);
+        match want {
+            Some(self_interaction) => {
+                assert_eq!(dots, vec![self_interaction], "{name}: {ops:?}");
+                assert!(
+                    ops.keys().all(|k| !GENERIC.contains(&k.as_str())),
+                    "{name}: generic ops left: {ops:?}"
+                );
+            }
+            None => {
+                assert!(dots.is_empty(), "{name}: rewritten: {ops:?}");
+                for kind in ["gather_nd", "matmul"] {
+                    assert!(ops.contains_key(kind), "{name}: no {kind} in {ops:?}");
+                }
+            }
+        }
+        let diff = plan_vs_onnxruntime(name, plan);
+        assert!(diff <= 1e-5, "{name}: differs from ONNX Runtime by {diff}");
     }
 }
 

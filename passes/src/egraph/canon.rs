@@ -21,8 +21,8 @@
 
 use super::cost::CostModel;
 use super::{EgraphStats, Limits, rules, saturate};
-use crate::pipeline::Params;
 use crate::copy::{Rewire, copy_rewired};
+use crate::pipeline::Params;
 use crate::{Pass, PassError, Result};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Graph, Node, Op, SingleRank, TensorType, ValueId};

@@ -318,32 +318,38 @@ fn range_of(start: usize, end: usize, step: usize) -> Vec<usize> {
 /// A `slice` of a product `Z[S,F,F]` in class `c` that keeps every sample: `Z`'s
 /// class and the rows and columns kept (in order).
 fn slice_of_z(eg: &DlGraph, c: Id) -> Option<(Id, Vec<usize>, Vec<usize>)> {
-    op_nodes(eg, c, "slice").into_iter().find_map(|(attrs, ins)| {
-        let [z] = ins.as_slice() else {
-            return None;
-        };
-        let Some(Op::Slice {
-            axes,
-            starts,
-            ends,
-            steps,
-        }) = ir_op("slice", &attrs)
-        else {
-            return None;
-        };
-        let zt = ty_of(eg, *z)?;
-        let [_, r, c] = zt.shape.as_slice() else {
-            return None;
-        };
-        let mut kept = [None, Some(range_of(0, r.fixed()?, 1)), Some(range_of(0, c.fixed()?, 1))];
-        for (k, &a) in axes.iter().enumerate() {
-            *kept.get_mut(a)? = Some(range_of(starts[k], ends[k], steps[k]));
-        }
-        let [None, Some(rows), Some(cols)] = kept else {
-            return None;
-        };
-        Some((*z, rows, cols))
-    })
+    op_nodes(eg, c, "slice")
+        .into_iter()
+        .find_map(|(attrs, ins)| {
+            let [z] = ins.as_slice() else {
+                return None;
+            };
+            let Some(Op::Slice {
+                axes,
+                starts,
+                ends,
+                steps,
+            }) = ir_op("slice", &attrs)
+            else {
+                return None;
+            };
+            let zt = ty_of(eg, *z)?;
+            let [_, r, c] = zt.shape.as_slice() else {
+                return None;
+            };
+            let mut kept = [
+                None,
+                Some(range_of(0, r.fixed()?, 1)),
+                Some(range_of(0, c.fixed()?, 1)),
+            ];
+            for (k, &a) in axes.iter().enumerate() {
+                *kept.get_mut(a)? = Some(range_of(starts[k], ends[k], steps[k]));
+            }
+            let [None, Some(rows), Some(cols)] = kept else {
+                return None;
+            };
+            Some((*z, rows, cols))
+        })
 }
 
 /// The triangle as slices of `Z` (class `tri`, type `[S,P]`): the `Z`'s class and
