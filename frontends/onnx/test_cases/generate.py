@@ -24,6 +24,7 @@ outputs, computed by ONNX Runtime here). The models are small DLRMs written with
   dlrm_tril_order: the dot model with the lower triangle of Z taken by Slice or
   GatherND, with and without the diagonal, and (dlrm_tril_order) in an order
   that is not the interaction's (see `gen_tril.py`);
+- dlrm_weighted: Gemm + Sigmoid on the TorchScript weighted bag (trains);
 - unsupported_op: a model using `Erf` (the importer must name the node);
 - dlrm_pytorch: `gen_dlrm.py` on the JSON twin `dlrm_pytorch/model.json`: the
   reference DLRM as the TorchScript exporter writes it (Gemm bottom MLP, MatMul +
