@@ -8,9 +8,9 @@
 //!    that depend on a float parameter (so nothing is computed for inputs);
 //! 3. appends the optimizer: `sgd(w, dw)` for every dense parameter with a gradient,
 //!    and for every embedding table (a parameter used as operand 0 of
-//!    `embedding_bag` or `embedding_bag_weighted`) one `embedding_bag_grad` per bag plus a chain of `sparse_sgd`
-//!    (one per bag, in bag order); each new value is registered as the parameter's
-//!    update.
+//!    `embedding_bag` or `embedding_bag_weighted`) one row gradient per bag (see
+//!    below) plus a chain of `sparse_sgd` (one per bag, in bag order); each new
+//!    value is registered as the parameter's update.
 //!
 //! Gradient rules (`dy` = gradient of the node's result):
 //! - `linear{act}(x, w, b) = y`: `dz` = `relu_grad(dy, y)` / `sigmoid_grad(dy, y)` /
@@ -18,8 +18,8 @@
 //!   each only when that operand needs a gradient;
 //! - `embedding_bag_weighted(t, idx, off, w)`: the table's row gradient is
 //!   `binary{mul}(embedding_bag_grad{sum}(dy, idx, off), reshape[N,1](w))` (row `i`
-//!   is `w[i]·dy[bag(i)]`, exactly PyTorch's), applied by `sparse_sgd` like an
-//!   unweighted bag's; weights that depend on a parameter are an error;
+//!   is `w[i]·dy[bag(i)]`), applied by `sparse_sgd` like an unweighted bag's
+//!   `embedding_bag_grad`; weights that depend on a parameter are an error;
 //! - `relu`, `sigmoid`: `relu_grad(dy, y)`, `sigmoid_grad(dy, y)`;
 //! - `add(a, b)`: both operands receive `dy`;
 //! - `interaction`: `interaction_grad(dy, operands..)`, the needed results taken;
