@@ -21,6 +21,18 @@
 //!   TorchScript exporter writes advanced indexing: `transpose{[1,0]}(gather
 //!   {axis=0}(reshape[F·F,S](transpose{[1,2,0]}(Z)), li·F + lj))` (its other
 //!   reshapes are identities, dropped by `drop-identity-reshape`);
+//! - `interaction-dot-sliced`: the triangle as slices of `Z` (the diagonal optional):
+//!   `concat{axis=1}` of `reshape[S,n·k](slice(Z))` pieces (one piece alone, too),
+//!   or `reshape[S,P](concat{axis=2}(slice(Z), ..))`; the kept pairs are read from
+//!   the slices' bounds in output order;
+//! - `interaction-dot-gather-nd`: `transpose{[1,0]}(gather_nd{batch_dims=0}
+//!   (transpose{[1,2,0]}(Z), pairs[P,2]))` with constant pairs `[i, j]`;
+//! - `interaction-dot-gather-nd-batched`: `gather_nd{batch_dims=1}(Z, pairs[S,P,2])`
+//!   (a fixed batch) with the same constant pairs for every sample;
+//!
+//!   in every `interaction-dot*` rule the kept pairs must be exactly the lower
+//!   triangle (`j < i`, or `j <= i`: `self=true`) in row-major order; any other
+//!   order or set keeps the generic ops;
 //! - `interaction-cat`: `concat{axis=1}(x, e_1, ..)` of 2-D values whose operands
 //!   after the first are embedding bags -> `interaction{cat}(x, e_1, ..)`.
 //!
@@ -342,6 +354,9 @@ fn slice_of_z(eg: &DlGraph, c: Id) -> Option<(Id, Vec<usize>, Vec<usize>)> {
                 Some(range_of(0, r.fixed()?, 1)),
                 Some(range_of(0, c.fixed()?, 1)),
             ];
+            if [starts.len(), ends.len(), steps.len()] != [axes.len(); 3] {
+                return None;
+            }
             for (k, &a) in axes.iter().enumerate() {
                 *kept.get_mut(a)? = Some(range_of(starts[k], ends[k], steps[k]));
             }
@@ -383,8 +398,10 @@ fn sliced(eg: &DlGraph, tri: Id, samples: &Dim) -> Option<(Id, Vec<(i64, i64)>)>
             continue;
         };
         let zs: Vec<Id> = pieces.iter().map(|p| p.0).collect();
-        if same_z(&zs) {
-            return Some((zs[0], pieces.into_iter().flat_map(|p| p.1).collect()));
+        if let Some(&z) = zs.first()
+            && same_z(&zs)
+        {
+            return Some((z, pieces.into_iter().flat_map(|p| p.1).collect()));
         }
     }
     // `reshape[S,P](concat{axis=2}(slices..))`: rows outer, then the slices.
