@@ -8,14 +8,18 @@
 //!    that depend on a float parameter (so nothing is computed for inputs);
 //! 3. appends the optimizer: `sgd(w, dw)` for every dense parameter with a gradient,
 //!    and for every embedding table (a parameter used as operand 0 of
-//!    `embedding_bag`) one `embedding_bag_grad` per bag plus a chain of `sparse_sgd`
-//!    (one per bag, in bag order); each new value is registered as the parameter's
-//!    update.
+//!    `embedding_bag` or `embedding_bag_weighted`) one row gradient per bag (see
+//!    below) plus a chain of `sparse_sgd` (one per bag, in bag order); each new
+//!    value is registered as the parameter's update.
 //!
 //! Gradient rules (`dy` = gradient of the node's result):
 //! - `linear{act}(x, w, b) = y`: `dz` = `relu_grad(dy, y)` / `sigmoid_grad(dy, y)` /
 //!   `dy`; `dx = linear_dx(dz, w)`, `dw = linear_dw(dz, x)`, `db = linear_db(dz)`,
 //!   each only when that operand needs a gradient;
+//! - `embedding_bag_weighted(t, idx, off, w)`: the table's row gradient is
+//!   `binary{mul}(embedding_bag_grad{sum}(dy, idx, off), reshape[N,1](w))` (row `i`
+//!   is `w[i]·dy[bag(i)]`), applied by `sparse_sgd` like an unweighted bag's
+//!   `embedding_bag_grad`; weights that depend on a parameter are an error;
 //! - `relu`, `sigmoid`: `relu_grad(dy, y)`, `sigmoid_grad(dy, y)`;
 //! - `add(a, b)`: both operands receive `dy`;
 //! - `interaction`: `interaction_grad(dy, operands..)`, the needed results taken;
@@ -32,7 +36,7 @@
 //! node and op.
 
 use crate::{LossKind, Pass, PassError, Result, TrainConfig};
-use dlrm_ir::{Def, Dim, Graph, Op, ValueId, verify};
+use dlrm_ir::{BinaryKind, Def, Dim, Graph, Op, Pool, ValueId, verify};
 
 /// The pass id.
 pub const ID: &str = "autodiff";
@@ -132,7 +136,19 @@ pub fn autodiff(fwd: &Graph, cfg: &TrainConfig) -> Result<Graph> {
             if !need[v.index()] {
                 continue;
             }
-            if matches!(node.op, Op::EmbeddingBag { .. }) && i == 0 {
+            if matches!(node.op, Op::EmbeddingBagWeighted) && i == 3 {
+                return Err(node_err(
+                    fwd,
+                    n,
+                    &node.op,
+                    format!(
+                        "unsupported: the per-sample weights %{} depend on a parameter \
+                         (only the table is trained)",
+                        fwd.name_of(v)
+                    ),
+                ));
+            }
+            if matches!(node.op, Op::EmbeddingBag { .. } | Op::EmbeddingBagWeighted) && i == 0 {
                 if !matches!(fwd.value(v).def, Def::Param(_)) {
                     return Err(node_err(
                         fwd,
@@ -466,6 +482,35 @@ impl Ad {
                         .map_err(&e)?;
                     // Backward visits bags in reverse; keep bag order.
                     self.rows[table.index()].insert(0, (ins[1..].to_vec(), rows));
+                }
+            }
+            Op::EmbeddingBagWeighted => {
+                // Row i of the sum bag's gradient is dy[bag(i)]; scaled by w[i].
+                let [table, idx, off, w] = ins else {
+                    return Err(node_err(fwd, n, &node.op, "needs 4 operands".into()));
+                };
+                if self.need[table.index()] {
+                    let name = fwd.name_of(*table);
+                    let h = format!("d.{name}.rows");
+                    let rows = self
+                        .g
+                        .add(
+                            Op::EmbeddingBagGrad { mode: Pool::Sum },
+                            &[dy, *idx, *off],
+                            &format!("{h}.unweighted"),
+                        )
+                        .map_err(&e)?;
+                    let mut shape = fwd.ty(*w).shape.clone();
+                    shape.push(Dim::Fixed(1));
+                    let w1 = self
+                        .g
+                        .add(Op::Reshape { shape }, &[*w], &format!("{h}.weights"))
+                        .map_err(&e)?;
+                    let mul = Op::Binary {
+                        kind: BinaryKind::Mul,
+                    };
+                    let rows = self.g.add(mul, &[rows, w1], &h).map_err(&e)?;
+                    self.rows[table.index()].insert(0, (vec![*idx, *off], rows));
                 }
             }
             other => {

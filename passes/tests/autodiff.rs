@@ -5,10 +5,13 @@
 
 mod common;
 
-use common::{Spec, count, init_params, make_batch, run1};
-use dlrm_ir::{Act, DType, Dim, Graph, Op, TensorType, verify};
+use common::{Batch, Rng, Spec, count, init_params, make_batch, run1};
+use dlrm_ir::{
+    Act, BinaryKind, DType, Dim, Graph, InteractionKind, Op, Pool, Tensor, TensorType, verify,
+};
 use dlrm_passes::autodiff::autodiff;
 use dlrm_passes::{LossKind, PassError, TrainConfig};
+use std::collections::HashMap;
 
 const BCE: TrainConfig = TrainConfig {
     loss: LossKind::Bce,
@@ -245,11 +248,15 @@ fn bf16_parameters_get_f32_gradients() {
 /// Gradients recovered from the SGD step (`g = (w - w') / lr`) against central
 /// finite differences of the loss, for a few entries of every parameter.
 fn check_gradients(spec: &Spec, loss: LossKind) {
+    check_gradients_of(spec.name, &spec.build(), loss, |t| make_batch(t, 6, 7));
+}
+
+/// [`check_gradients`] of a forward graph with a batch made for its training graph.
+fn check_gradients_of(name: &str, fwd: &Graph, loss: LossKind, batch: impl Fn(&Graph) -> Batch) {
     let lr = 1.0;
-    let fwd = spec.build();
-    let t = autodiff(&fwd, &TrainConfig { loss, lr }).unwrap();
-    let batch = make_batch(&t, 6, 7);
-    let params = init_params(&fwd, 3);
+    let t = autodiff(fwd, &TrainConfig { loss, lr }).unwrap();
+    let batch = batch(&t);
+    let params = init_params(fwd, 3);
     let (_, stepped) = run1(&t, &batch, &params);
     let loss_at = |p: &std::collections::HashMap<String, dlrm_ir::Tensor>| -> f64 {
         f64::from(run1(&t, &batch, p).0[0].to_f32_vec()[0])
@@ -257,9 +264,9 @@ fn check_gradients(spec: &Spec, loss: LossKind) {
     let eps = 1e-3f32;
     let mut nonzero = 0;
     let mut checked = 0;
-    for name in param_names(&fwd) {
-        let w = params[&name].to_f32_vec();
-        let w1 = stepped[&name].to_f32_vec();
+    for pname in param_names(fwd) {
+        let w = params[&pname].to_f32_vec();
+        let w1 = stepped[&pname].to_f32_vec();
         // Entries: first, last, and a few in between (all rows of small tables).
         let n = w.len();
         let mut entries: Vec<usize> = vec![0, n - 1, n / 2, n / 3];
@@ -269,14 +276,13 @@ fn check_gradients(spec: &Spec, loss: LossKind) {
             let g_step = f64::from(w[i] - w1[i]) / f64::from(lr);
             let mut plus = params.clone();
             let mut minus = params.clone();
-            plus.get_mut(&name).unwrap().as_f32_mut().unwrap()[i] += eps;
-            minus.get_mut(&name).unwrap().as_f32_mut().unwrap()[i] -= eps;
+            plus.get_mut(&pname).unwrap().as_f32_mut().unwrap()[i] += eps;
+            minus.get_mut(&pname).unwrap().as_f32_mut().unwrap()[i] -= eps;
             let fd = (loss_at(&plus) - loss_at(&minus)) / (2.0 * f64::from(eps));
             let tol = 2e-3 + 3e-2 * fd.abs().max(g_step.abs());
             assert!(
                 (fd - g_step).abs() <= tol,
-                "{}: d loss / d {name}[{i}]: finite difference {fd}, autodiff {g_step}",
-                spec.name
+                "{name}: d loss / d {pname}[{i}]: finite difference {fd}, autodiff {g_step}"
             );
             checked += 1;
             if g_step.abs() > 1e-3 {
@@ -286,8 +292,7 @@ fn check_gradients(spec: &Spec, loss: LossKind) {
     }
     assert!(
         nonzero * 2 >= checked,
-        "{}: only {nonzero} of {checked} checked gradients are non-zero",
-        spec.name
+        "{name}: only {nonzero} of {checked} checked gradients are non-zero"
     );
 }
 
@@ -319,4 +324,150 @@ fn gradients_match_finite_differences_value_used_twice() {
 #[test]
 fn gradients_match_finite_differences_concat_split_reshape() {
     check_gradients(&Spec::exotic(), LossKind::Bce);
+}
+
+/// `dense -> linear -> x`; table `emb` serves a weighted bag (`idx`, `off`, per-
+/// sample weights `psw` as inputs) and a fixed-pooling bag; dot interaction; top.
+fn weighted_model(weights_from_param: bool) -> Graph {
+    let b = Dim::batch;
+    let f = Dim::Fixed;
+    let mut g = Graph::new("weighted");
+    let dense = g.add_input("dense", TensorType::f32([b(), f(3)])).unwrap();
+    let n = Dim::Sym("N".into());
+    let idx = g
+        .add_input("idx", TensorType::new(DType::I64, [n.clone()]))
+        .unwrap();
+    let off = g
+        .add_input("off", TensorType::new(DType::I64, [b()]))
+        .unwrap();
+    let idx2 = g
+        .add_input("idx2", TensorType::new(DType::I64, [b(), f(2)]))
+        .unwrap();
+    let psw = g.add_input("psw", TensorType::f32([n.clone()])).unwrap();
+    let emb = g.add_param("emb", TensorType::f32([f(9), f(4)])).unwrap();
+    let w0 = g.add_param("bot.w", TensorType::f32([f(4), f(3)])).unwrap();
+    let b0 = g.add_param("bot.b", TensorType::f32([f(4)])).unwrap();
+    let x = g
+        .add(Op::Linear { act: Act::Relu }, &[dense, w0, b0], "x")
+        .unwrap();
+    let psw = if weights_from_param {
+        let s = g.add_param("scale", TensorType::f32([n])).unwrap();
+        g.add(Op::Add, &[psw, s], "psw.scaled").unwrap()
+    } else {
+        psw
+    };
+    let e0 = g
+        .add(Op::EmbeddingBagWeighted, &[emb, idx, off, psw], "e0")
+        .unwrap();
+    let e1 = g
+        .add(Op::EmbeddingBag { mode: Pool::Sum }, &[emb, idx2], "e1")
+        .unwrap();
+    let op = Op::Interaction {
+        kind: InteractionKind::Dot,
+        self_interaction: false,
+    };
+    let r = g.add(op, &[x, e0, e1], "r").unwrap();
+    let w1 = g.add_param("top.w", TensorType::f32([f(1), f(7)])).unwrap();
+    let b1 = g.add_param("top.b", TensorType::f32([f(1)])).unwrap();
+    let p = g
+        .add(Op::Linear { act: Act::Sigmoid }, &[r, w1, b1], "prob")
+        .unwrap();
+    g.add_output(p);
+    verify(&g).unwrap();
+    g
+}
+
+/// A batch of 5 for [`weighted_model`]'s training graph: bags of 0..=3 rows
+/// (an empty one included), weights in [-1.5, 1.5), labels 0/1.
+fn weighted_batch(t: &Graph) -> Batch {
+    let mut rng = Rng(11);
+    let sizes = [2usize, 0, 3, 1, 3];
+    let n: usize = sizes.iter().sum();
+    let mut offs = Vec::new();
+    let mut acc = 0i64;
+    for &s in &sizes {
+        offs.push(acc);
+        acc += s as i64;
+    }
+    let label = t
+        .inputs()
+        .iter()
+        .map(|&v| t.name_of(v))
+        .find(|n| n.starts_with("label"))
+        .unwrap()
+        .to_string();
+    let inputs = HashMap::from([
+        (
+            "dense".to_string(),
+            Tensor::f32(vec![5, 3], (0..15).map(|_| rng.uniform(1.0)).collect()),
+        ),
+        (
+            "idx".to_string(),
+            Tensor::i64(vec![n], (0..n).map(|_| rng.below(9) as i64).collect()),
+        ),
+        ("off".to_string(), Tensor::i64(vec![5], offs)),
+        (
+            "idx2".to_string(),
+            Tensor::i64(vec![5, 2], (0..10).map(|_| rng.below(9) as i64).collect()),
+        ),
+        (
+            "psw".to_string(),
+            Tensor::f32(vec![n], (0..n).map(|_| rng.uniform(1.5)).collect()),
+        ),
+        (
+            label,
+            Tensor::f32(vec![5, 1], (0..5).map(|i| (i % 2) as f32).collect()),
+        ),
+    ]);
+    Batch {
+        inputs,
+        syms: HashMap::from([("B".to_string(), 5), ("N".to_string(), n)]),
+        bag_sizes: HashMap::new(),
+    }
+}
+
+/// A per-sample-weighted bag trains its table: the row gradient is the sum bag's
+/// scaled by the weights, applied by `sparse_sgd` (chained with the same table's
+/// unweighted bag), and matches finite differences of the loss.
+#[test]
+fn weighted_bag_gradients_match_finite_differences() {
+    let fwd = weighted_model(false);
+    let t = autodiff(&fwd, &BCE).unwrap();
+    assert_eq!(count(&t, "embedding_bag_grad"), 2);
+    assert_eq!(count(&t, "sparse_sgd"), 2);
+    let mul = Op::Binary {
+        kind: BinaryKind::Mul,
+    };
+    let scaled: Vec<_> = t.nodes().iter().filter(|n| n.op == mul).collect();
+    assert_eq!(scaled.len(), 1);
+    let operand_ops: Vec<&str> = scaled[0]
+        .inputs
+        .iter()
+        .map(|&v| {
+            let n = t.nodes().iter().find(|n| n.outputs.contains(&v)).unwrap();
+            n.op.mnemonic()
+        })
+        .collect();
+    assert_eq!(operand_ops, ["embedding_bag_grad", "reshape"]);
+    assert!(
+        t.nodes()
+            .iter()
+            .any(|n| n.op.mnemonic() == "sparse_sgd" && n.inputs[2] == scaled[0].outputs[0]),
+        "the weighted row gradient updates the table"
+    );
+    check_gradients_of("weighted", &fwd, LossKind::Bce, weighted_batch);
+    check_gradients_of("weighted", &fwd, LossKind::Mse, weighted_batch);
+}
+
+/// Per-sample weights computed from a parameter have no gradient rule: an error
+/// naming the node.
+#[test]
+fn weighted_bag_with_trained_weights_is_unsupported() {
+    let err = autodiff(&weighted_model(true), &BCE)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("%e0") && err.contains("per-sample weights %psw.scaled"),
+        "{err}"
+    );
 }

@@ -2,7 +2,8 @@
 
 The two Loop structures follow what PyTorch's exporters write for `nn.EmbeddingBag`
 with offsets: the TorchScript exporter (opset 11 here) and the dynamo exporter
-(opset 18 here). Offsets include empty bags.
+(opset 18 here). Offsets include empty bags. `dlrm_weighted` puts a Gemm + Sigmoid
+on the TorchScript weighted bag (a model that trains).
 """
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
@@ -153,6 +154,25 @@ def dynamo(weighted, mode="ReduceSum", order=(1, 0, 2)):
     return m
 
 
+def weighted_dlrm():
+    """A trainable model on the TorchScript weighted bag: `prob = sigmoid(Gemm(bags))`."""
+    m = torchscript(True)
+    g = m.graph
+    rng = np.random.default_rng(15)
+    g.initializer.extend([
+        numpy_helper.from_array(rng.uniform(-1, 1, (1, DIM)).astype(np.float32), "top.weight"),
+        numpy_helper.from_array(np.array([0.1], dtype=np.float32), "top.bias"),
+    ])
+    g.node.extend([
+        helper.make_node("Gemm", ["bags", "top.weight", "top.bias"], ["logit"], name="/top/Gemm", transB=1),
+        helper.make_node("Sigmoid", ["logit"], ["prob"], name="/top/Sigmoid"),
+    ])
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("prob", F, ["batch", 1]))
+    g.name = "dlrm_weighted"
+    return m
+
+
 def inputs(weighted, seed):
     rng = np.random.default_rng(seed)
     offsets = np.array([0, 2, 2, 5, 5, 6], dtype=np.int64)  # bags 1 and 3 are empty
@@ -167,6 +187,7 @@ def main(save):
     save("ebag_torchscript_weighted", torchscript(True), inputs(True, 11))
     save("ebag_dynamo", dynamo(False, "ReduceMean", order=(1, 0, 2)), inputs(False, 12))
     save("ebag_dynamo_weighted", dynamo(True, "ReduceSum", order=(2, 1, 0)), inputs(True, 13))
+    save("dlrm_weighted", weighted_dlrm(), inputs(True, 14))
     if_const(save)
     bad_models(save)
 

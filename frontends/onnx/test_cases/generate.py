@@ -20,6 +20,11 @@ outputs, computed by ONNX Runtime here). The models are small DLRMs written with
 - ebag_dynamo[_weighted]: the dynamo exporter's form (rows gathered first, a Loop
   carrying a sequence, If yielding zeros for an empty bag, SequenceInsert,
   ConcatFromSequence), loop-carried values in a shuffled order, with empty bags;
+- dlrm_slice, dlrm_slice_self, dlrm_gather_nd, dlrm_gather_nd_self,
+  dlrm_tril_order: the dot model with the lower triangle of Z taken by Slice or
+  GatherND, with and without the diagonal, and (dlrm_tril_order) in an order
+  that is not the interaction's (see `gen_tril.py`);
+- dlrm_weighted: Gemm + Sigmoid on the TorchScript weighted bag (trains);
 - unsupported_op: a model using `Erf` (the importer must name the node);
 - dlrm_pytorch: `gen_dlrm.py` on the JSON twin `dlrm_pytorch/model.json`: the
   reference DLRM as the TorchScript exporter writes it (Gemm bottom MLP, MatMul +
@@ -79,7 +84,7 @@ def mlp(nodes, inits, x, widths, prefix, rng, last_sigmoid=False, typed=False):
 
 
 def dlrm(kind, opset, idx_type, batch_dim, typed=False, seed=0, pooling=(2, 3, 1), rows=(20, 15, 30),
-         dim=4, dense=5, top=(8, 1), mean=False, unsupported=False):
+         dim=4, dense=5, top=(8, 1), mean=False, unsupported=False, tril=None):
     rng = np.random.default_rng(seed)
     nodes, inits = [], []
     inputs = [helper.make_tensor_value_info("dense", F, [batch_dim, dense])]
@@ -116,12 +121,16 @@ def dlrm(kind, opset, idx_type, batch_dim, typed=False, seed=0, pooling=(2, 3, 1
         nodes.append(helper.make_node("Reshape", ["T_flat", "T_shape"], ["T"], name="/inter/Reshape"))
         nodes.append(helper.make_node("Transpose", ["T"], ["Tt"], name="/inter/Transpose", perm=[0, 2, 1]))
         nodes.append(helper.make_node("MatMul", ["T", "Tt"], ["Z"], name="/inter/MatMul"))
-        nodes.append(helper.make_node("Flatten", ["Z"], ["Zf"], name="/inter/Flatten", axis=1))
-        li = [i * fcount + j for i in range(fcount) for j in range(i)]
-        inits.append(init("tri_idx", np.array(li, dtype=np.int64)))
-        nodes.append(helper.make_node("Gather", ["Zf", "tri_idx"], ["Zflat"], name="/inter/Gather_1", axis=1))
+        if tril is None:
+            nodes.append(helper.make_node("Flatten", ["Z"], ["Zf"], name="/inter/Flatten", axis=1))
+            li = [i * fcount + j for i in range(fcount) for j in range(i)]
+            inits.append(init("tri_idx", np.array(li, dtype=np.int64)))
+            nodes.append(helper.make_node("Gather", ["Zf", "tri_idx"], ["Zflat"], name="/inter/Gather_1", axis=1))
+            pairs = len(li)
+        else:
+            pairs = tril(nodes, inits, "Z", "Zflat", fcount)
         nodes.append(helper.make_node("Concat", [x, "Zflat"], ["R"], name="/inter/Concat_2", axis=1))
-        width = dim + fcount * (fcount - 1) // 2
+        width = dim + pairs
     else:
         nodes.append(helper.make_node("Concat", [x] + ly, ["R"], name="/inter/Concat", axis=1))
         width = dim * fcount
@@ -150,6 +159,8 @@ def main():
     save("unsupported_op", dlrm("dot", 13, I64, "batch", unsupported=True), dlrm_inputs(2, np.int64), run=False)
     import gen_ebag
     gen_ebag.main(save)
+    import gen_tril
+    gen_tril.main(save, dlrm, dlrm_inputs)
     import gen_dlrm
     twin = os.path.join(HERE, "dlrm_pytorch")
     gen_dlrm.main([os.path.join(twin, "model.json"), twin, "--top", "matmul", "--tril", "index",

@@ -78,6 +78,27 @@ fn dynamic_batch_without_a_name_binds_b() {
     assert_eq!(m.graph.ty(prob).shape[0], Dim::batch());
 }
 
+/// The dot models whose triangle is taken by Slice or GatherND (`gen_tril.py`),
+/// imported as generic ops (`canon` finds the interaction; `tests/onnx.rs`), and
+/// the trainable model on a weighted bag (`gen_ebag.py`).
+#[test]
+fn sliced_and_gather_nd_triangles_and_weighted_dlrm_match_onnxruntime() {
+    for (name, op) in [
+        ("dlrm_slice", "slice"),
+        ("dlrm_slice_self", "slice"),
+        ("dlrm_gather_nd", "gather_nd"),
+        ("dlrm_gather_nd_self", "gather_nd"),
+        ("dlrm_tril_order", "gather_nd"),
+        ("dlrm_weighted", "embedding_bag_weighted"),
+    ] {
+        let m = check(name);
+        assert!(
+            m.graph.nodes().iter().any(|n| n.op.mnemonic() == op),
+            "{name}: no {op}"
+        );
+    }
+}
+
 #[test]
 fn external_data_matches_onnxruntime() {
     check("external_data");

@@ -21,10 +21,11 @@
 
 use super::cost::CostModel;
 use super::{EgraphStats, Limits, rules, saturate};
+use crate::copy::{Rewire, copy_rewired};
 use crate::pipeline::Params;
 use crate::{Pass, PassError, Result};
 use dlrm_ir::interp::{EvalCtx, eval_op};
-use dlrm_ir::{Def, Graph, Op, SingleRank, TensorType, ValueId};
+use dlrm_ir::{Graph, Node, Op, SingleRank, TensorType, ValueId};
 use egg::Symbol;
 use std::collections::HashMap;
 
@@ -125,68 +126,26 @@ fn store_transposed(g: &Graph, params: Option<&mut Params>) -> Result<Graph> {
     if flipped.is_empty() {
         return Ok(g.clone());
     }
-    let e = PassError::ir(ID);
     let flip = Op::Transpose { perm: vec![1, 0] };
-    let mut out = Graph::new(g.name.clone());
-    let mut map: Vec<Option<ValueId>> = vec![None; g.values().len()];
-    for &v in g.inputs() {
-        map[v.index()] = Some(out.add_input(g.name_of(v), g.ty(v).clone()).map_err(e)?);
-    }
+    let mut param_types = Vec::with_capacity(flipped.len());
     let mut new_types: HashMap<String, TensorType> = HashMap::new();
-    for &p in g.params() {
-        let ty = if flipped.contains(&p) {
-            let t = dlrm_ir::infer(&flip, &[g.ty(p)], &[])
-                .map_err(|reason| graph_err(g, reason))?
-                .remove(0);
-            new_types.insert(g.name_of(p).to_string(), t.clone());
-            t
-        } else {
-            g.ty(p).clone()
-        };
-        map[p.index()] = Some(out.add_param(g.name_of(p), ty).map_err(e)?);
+    for &p in &flipped {
+        let t = dlrm_ir::infer(&flip, &[g.ty(p)], &[])
+            .map_err(|reason| graph_err(g, reason))?
+            .remove(0);
+        new_types.insert(g.name_of(p).to_string(), t.clone());
+        param_types.push((p, t));
     }
-    let get = |map: &[Option<ValueId>], v: ValueId| {
-        map[v.index()]
-            .ok_or_else(|| graph_err(g, format!("%{} is used before it is defined", g.name_of(v))))
+    // `transpose{[1,0]}(p)` of a flipped parameter becomes `p` itself.
+    let forward = |node: &Node| match node.inputs.as_slice() {
+        [p] if node.op == flip && flipped.contains(p) => Some(*p),
+        _ => None,
     };
-    for node in g.nodes() {
-        if let [p] = node.inputs.as_slice()
-            && node.op == flip
-            && flipped.contains(p)
-        {
-            map[node.outputs[0].index()] = map[p.index()];
-            continue;
-        }
-        let ins = node
-            .inputs
-            .iter()
-            .map(|&v| get(&map, v))
-            .collect::<Result<Vec<_>>>()?;
-        let results = node
-            .outputs
-            .iter()
-            .map(|&o| (g.name_of(o).to_string(), g.ty(o).clone()))
-            .collect();
-        let outs = out
-            .push_node_unchecked(node.op.clone(), ins, results)
-            .map_err(e)?;
-        for (&o, n) in node.outputs.iter().zip(outs) {
-            map[o.index()] = Some(n);
-        }
-    }
-    let outputs = g
-        .outputs()
-        .iter()
-        .map(|&v| get(&map, v))
-        .collect::<Result<Vec<_>>>()?;
-    out.set_outputs(outputs);
-    for u in g.updates() {
-        let (p, v) = (get(&map, u.param)?, get(&map, u.value)?);
-        if !matches!(out.value(p).def, Def::Param(_)) {
-            return Err(graph_err(g, "an update target is not a parameter".into()));
-        }
-        out.add_update(p, v).map_err(e)?;
-    }
+    let rewire = Rewire {
+        param_types,
+        forward: Some(&forward),
+    };
+    let out = copy_rewired(g, 0..g.nodes().len(), ID, &rewire)?;
     if let Some(params) = params {
         let syms = HashMap::new();
         let ctx = EvalCtx {
