@@ -43,7 +43,11 @@
 //! - dense nodes keep their names, types and order, so every rank issues its
 //!   collectives in the same order.
 //!
-//! Each rank's graph is then reordered by [`crate::schedule()`] (collectives as early
+//! Each rank's graph then has its gradient `all_reduce`s fused into buckets by
+//! [`crate::bucket()`] when [`partition_buckets`] is given a bucket size (the other
+//! entry points keep one per gradient; the loss's always stays alone) and is
+//! reordered by
+//! [`crate::schedule()`] (collectives as early
 //! as their operands allow, work that feeds no collective — the optimizer updates —
 //! last), keeping the collectives' relative order; the positions above are those
 //! before scheduling.
@@ -269,7 +273,7 @@ pub fn tables(g: &Graph) -> Result<Vec<TableInfo>> {
 }
 
 /// Partitions `g` for `ranks` ranks with every table placed table-wise by [`place`]
-/// (see the module docs).
+/// (see the module docs), one `all_reduce` per gradient.
 pub fn partition(g: &Graph, ranks: usize) -> Result<Partitioned> {
     if ranks == 0 {
         return Err(PassError::Arg {
@@ -281,19 +285,32 @@ pub fn partition(g: &Graph, ranks: usize) -> Result<Partitioned> {
     let sparse = Sparse::analyze(g)?;
     let placement = place(&sparse.table_infos, ranks)?;
     let plan = ShardPlan::table_wise(&placement, &sparse.table_infos);
-    partition_sparse(g, &sparse, &plan)
+    partition_sparse(g, &sparse, &plan, 0)
 }
 
 /// Partitions `g` as `plan` says (table-wise, row-wise and data-parallel tables;
 /// see the module docs and [`crate::shard`]).
+/// One `all_reduce` per gradient (no buckets, as [`partition`]).
 pub fn partition_with(g: &Graph, plan: &ShardPlan) -> Result<Partitioned> {
+    partition_buckets(g, plan, 0)
+}
+
+/// [`partition_with`] with gradient all-reduce buckets of `bucket_bytes` bytes
+/// ([`crate::bucket()`]; 0: one `all_reduce` per gradient; `dlrm-run` uses
+/// [`crate::DEFAULT_BUCKET_BYTES`] unless `--bucket-bytes` says otherwise).
+pub fn partition_buckets(g: &Graph, plan: &ShardPlan, bucket_bytes: u64) -> Result<Partitioned> {
     verify(g).map_err(PassError::ir(ID))?;
     let sparse = Sparse::analyze(g)?;
     plan.check(&sparse.table_infos)?;
-    partition_sparse(g, &sparse, plan)
+    partition_sparse(g, &sparse, plan, bucket_bytes)
 }
 
-fn partition_sparse(g: &Graph, sparse: &Sparse, plan: &ShardPlan) -> Result<Partitioned> {
+fn partition_sparse(
+    g: &Graph,
+    sparse: &Sparse,
+    plan: &ShardPlan,
+    bucket_bytes: u64,
+) -> Result<Partitioned> {
     let mut home = vec![Home::NotTable; g.values().len()];
     let mut row_shards = Vec::new();
     for (&t, tp) in sparse.tables.iter().zip(&plan.tables) {
@@ -339,6 +356,7 @@ fn partition_sparse(g: &Graph, sparse: &Sparse, plan: &ShardPlan) -> Result<Part
         .map(|r| {
             RankBuilder::new(g, sparse, &home, plan.ranks, r)
                 .build()
+                .and_then(|rank_graph| crate::bucket(&rank_graph, bucket_bytes))
                 .and_then(|rank_graph| crate::schedule(&rank_graph))
         })
         .collect::<Result<Vec<_>>>()?;
