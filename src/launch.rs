@@ -166,9 +166,9 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
         (vec![plan.infer.clone()], train, None)
     } else {
         let sp = shard_plan(&plan, ranks, global_batch, &opts.shards)?;
-        let infer = partition_graph(&plan.infer, "infer", &sp)?;
+        let infer = partition_graph(&plan.infer, "infer", &sp, opts.shards.bucket_bytes)?;
         let train = match (&plan.train, opts.infer) {
-            (Some(t), false) => Some(partition_graph(t, "train", &sp)?),
+            (Some(t), false) => Some(partition_graph(t, "train", &sp, opts.shards.bucket_bytes)?),
             _ => None,
         };
         let graphs = train.as_ref().map(|t| t.graphs.clone());
