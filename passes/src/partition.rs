@@ -339,18 +339,32 @@ fn partition_sparse(
             }
         };
     }
+    // A Split-SGD-BF16 low half lives with its table; a row-wise table's low half
+    // is split at the same rows (shards `<low half>.rows<lo>_<hi>`).
     for &(lo, t) in &sparse.companions {
-        if matches!(home[t.index()], Home::Rows(..)) {
-            return Err(graph_err(
-                g,
-                format!(
-                    "table %{} is a Split-SGD-BF16 table (low half %{}): it cannot be split by rows",
-                    g.name_of(t),
-                    g.name_of(lo)
-                ),
-            ));
-        }
-        home[lo.index()] = home[t.index()].clone();
+        home[lo.index()] = match &home[t.index()] {
+            Home::Rows(shards, _) => {
+                let mut names = Vec::with_capacity(shards.len());
+                for s in shards {
+                    let name = format!("{}.rows{}_{}", g.name_of(lo), s.lo, s.hi);
+                    if g.find(&name).is_some() {
+                        return Err(graph_err(
+                            g,
+                            format!("the shard name %{name} is already a value of the graph"),
+                        ));
+                    }
+                    row_shards.push(RowShard {
+                        param: name.clone(),
+                        table: g.name_of(lo).to_string(),
+                        lo: s.lo,
+                        hi: s.hi,
+                    });
+                    names.push(name);
+                }
+                Home::Rows(shards.clone(), names)
+            }
+            other => other.clone(),
+        };
     }
     let graphs = (0..plan.ranks)
         .map(|r| {
@@ -1080,6 +1094,15 @@ impl<'a> RankBuilder<'a> {
                 (Some(sk), Op::EmbeddingUpdate { mode, lr }) => {
                     let s = self.shard(table, sk)?;
                     Op::EmbeddingUpdateRows {
+                        mode: *mode,
+                        lr: *lr,
+                        lo: s.lo,
+                        rows: self.table_rows(table),
+                    }
+                }
+                (Some(sk), Op::SplitEmbeddingUpdate { mode, lr }) => {
+                    let s = self.shard(table, sk)?;
+                    Op::SplitEmbeddingUpdateRows {
                         mode: *mode,
                         lr: *lr,
                         lo: s.lo,
