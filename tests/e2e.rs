@@ -386,7 +386,10 @@ fn gradient_buckets_train_like_one_allreduce_per_gradient() {
         for bucket_bytes in [256u64, dlrm_passes::DEFAULT_BUCKET_BYTES] {
             let (b, _) = run(ranks, bucket_bytes);
             let d = max_rel(&losses(&b), &losses(&plain), 0.0);
-            assert!(d <= 1e-5, "{ranks} ranks, {bucket_bytes} B buckets: {d} rel");
+            assert!(
+                d <= 1e-5,
+                "{ranks} ranks, {bucket_bytes} B buckets: {d} rel"
+            );
             let d = max_rel(&losses(&b), &losses(&one), 0.0);
             assert!(d <= 1e-5, "{ranks} ranks vs 1: {d} rel");
             calls.push(b.all_reduce_calls_per_step());

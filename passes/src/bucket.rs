@@ -164,7 +164,10 @@ pub fn bucket(g: &Graph, bucket_bytes: u64) -> Result<Graph> {
     let mut def_item: Vec<Option<usize>> = vec![None; g.values().len()];
     for (k, &(_, it)) in items.iter().enumerate() {
         match it {
-            Item::Node(n) => nodes[n].outputs.iter().for_each(|v| def_item[v.index()] = Some(k)),
+            Item::Node(n) => nodes[n]
+                .outputs
+                .iter()
+                .for_each(|v| def_item[v.index()] = Some(k)),
             Item::Bucket(b) => members[b]
                 .iter()
                 .for_each(|&(n, i)| def_item[nodes[n].outputs[i].index()] = Some(k)),
@@ -173,7 +176,10 @@ pub fn bucket(g: &Graph, bucket_bytes: u64) -> Result<Graph> {
     let operands = |it: Item| -> Vec<ValueId> {
         match it {
             Item::Node(n) => nodes[n].inputs.clone(),
-            Item::Bucket(b) => members[b].iter().map(|&(n, i)| nodes[n].inputs[i]).collect(),
+            Item::Bucket(b) => members[b]
+                .iter()
+                .map(|&(n, i)| nodes[n].inputs[i])
+                .collect(),
         }
     };
     // Kahn's algorithm, earliest position first: the original order, except that
@@ -221,7 +227,10 @@ pub fn bucket(g: &Graph, bucket_bytes: u64) -> Result<Graph> {
             Item::Node(n) => (nodes[n].op.clone(), nodes[n].outputs.clone()),
             Item::Bucket(b) => (
                 Op::AllReduce,
-                members[b].iter().map(|&(n, i)| nodes[n].outputs[i]).collect(),
+                members[b]
+                    .iter()
+                    .map(|&(n, i)| nodes[n].outputs[i])
+                    .collect(),
             ),
         };
         let inputs = operands(it)

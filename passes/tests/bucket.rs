@@ -73,7 +73,12 @@ fn buckets_group_gradients_in_backward_order_up_to_the_size() {
             let p = partition_buckets(&t, &per_grad.plan, cap).unwrap();
             let first = reduces(&p.graphs[0]);
             for g in &p.graphs {
-                assert_eq!(reduces(g), first, "{}: buckets differ between ranks", g.name);
+                assert_eq!(
+                    reduces(g),
+                    first,
+                    "{}: buckets differ between ranks",
+                    g.name
+                );
                 // Updates still come after every all_reduce.
                 let last = g
                     .nodes()
@@ -181,7 +186,11 @@ fn bucketed_steps_equal_unbucketed_and_one_device() {
             let (one, one_params) = run1(&t, &batch, &params);
             for ranks in [1usize, 2, 4] {
                 let plan = partition(&t, ranks).unwrap().plan;
-                let plain = run_ranks(&partition_buckets(&t, &plan, 0).unwrap().graphs, &batch, &params);
+                let plain = run_ranks(
+                    &partition_buckets(&t, &plan, 0).unwrap().graphs,
+                    &batch,
+                    &params,
+                );
                 for cap in [128u64, 1 << 20] {
                     let p = partition_buckets(&t, &plan, cap).unwrap();
                     let res = run_ranks(&p.graphs, &batch, &params);

@@ -238,8 +238,11 @@ fn bf16_tables_replicate_and_split_by_rows() {
         .map(|g| count(g, "split_embedding_update_rows"))
         .sum();
     assert_eq!(updates, 3 + 2, "one update per row shard");
-    let lows: Vec<&dlrm_passes::RowShard> =
-        p.row_shards.iter().filter(|s| s.table.ends_with(".lo")).collect();
+    let lows: Vec<&dlrm_passes::RowShard> = p
+        .row_shards
+        .iter()
+        .filter(|s| s.table.ends_with(".lo"))
+        .collect();
     assert_eq!(lows.len(), 3 + 2, "{:?}", p.row_shards);
     // Against one device: the loss, and every shard's f32 master (high and low
     // halves joined) against the same rows of the one-device table.
@@ -265,7 +268,9 @@ fn bf16_tables_replicate_and_split_by_rows() {
             (dlrm_ir::Data::BF16(h), dlrm_ir::Data::BF16(l)) => h
                 .iter()
                 .zip(l)
-                .map(|(h, l)| f32::from_bits((u32::from(h.to_bits()) << 16) | u32::from(l.to_bits())))
+                .map(|(h, l)| {
+                    f32::from_bits((u32::from(h.to_bits()) << 16) | u32::from(l.to_bits()))
+                })
                 .collect(),
             _ => panic!("split halves must be bf16"),
         }
