@@ -251,7 +251,7 @@ pub fn partition_stages(
     let graphs = [("infer", Some(&plan.infer)), ("train", plan.train.as_ref())];
     for (which, g) in graphs {
         let Some(g) = g else { continue };
-        let parts = crate::shard::partition_graph(g, which, &sp)?;
+        let parts = crate::shard::partition_graph(g, which, &sp, settings.bucket_bytes)?;
         for (r, pg) in parts.graphs.iter().enumerate() {
             let stage = Stage {
                 graph: which,

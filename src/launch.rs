@@ -166,13 +166,16 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
         (vec![plan.infer.clone()], train, None)
     } else {
         let sp = shard_plan(&plan, ranks, global_batch, &opts.shards)?;
-        let infer = partition_graph(&plan.infer, "infer", &sp)?;
+        let infer = partition_graph(&plan.infer, "infer", &sp, opts.shards.bucket_bytes)?;
         let train = match (&plan.train, opts.infer) {
-            (Some(t), false) => Some(partition_graph(t, "train", &sp)?),
+            (Some(t), false) => Some(partition_graph(t, "train", &sp, opts.shards.bucket_bytes)?),
             _ => None,
         };
         let graphs = train.as_ref().map(|t| t.graphs.clone());
-        (infer.graphs.clone(), graphs, Some(infer))
+        // The training partition's row shards also cover the tables' Split-SGD
+        // low halves, which the inference graph does not hold.
+        let infer_graphs = infer.graphs.clone();
+        (infer_graphs, graphs, Some(train.unwrap_or(infer)))
     };
     let mut job = Job::from_plan(plan);
     if let Some(parts) = &row_shards {
@@ -181,7 +184,11 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
         job.params = parts
             .shard_params(params)
             .map_err(|source| Error::Partition {
-                graph: "infer",
+                graph: if opts.infer || job.full_train.is_none() {
+                    "infer"
+                } else {
+                    "train"
+                },
                 ranks,
                 source: Box::new(source),
             })?;

@@ -9,15 +9,16 @@
 
 use crate::error::{Error, Result};
 use dlrm_ir::Graph;
-use dlrm_passes::partition::{Partitioned, TableInfo, partition_with, tables};
+use dlrm_passes::partition::{Partitioned, TableInfo, partition_buckets, tables};
 use dlrm_passes::shard::{
     self, DEFAULT_MEM_PER_RANK, DenseProfile, Machine, Network, Prediction, ScalePoint,
 };
-use dlrm_passes::{PlannerOptions, ShardPlan};
+use dlrm_passes::{DEFAULT_BUCKET_BYTES, PlannerOptions, ShardPlan};
 use dlrm_runtime::plan::Plan;
 use serde::Serialize;
 
-/// The planner's knobs (`--mem-per-rank`, `--network`, `--machine`).
+/// How a plan is split over N ranks: the sharding planner's knobs (`--mem-per-rank`,
+/// `--network`, `--machine`) and the gradient all-reduce buckets (`--bucket-bytes`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ShardSettings {
     /// Bytes of tables one rank may hold.
@@ -26,6 +27,9 @@ pub struct ShardSettings {
     pub network: Network,
     /// One rank's compute and memory rates.
     pub machine: Machine,
+    /// Bytes per dense-gradient all-reduce bucket (0: one all-reduce per gradient;
+    /// see `dlrm_passes::bucket`).
+    pub bucket_bytes: u64,
 }
 
 impl Default for ShardSettings {
@@ -34,6 +38,7 @@ impl Default for ShardSettings {
             mem_per_rank: DEFAULT_MEM_PER_RANK,
             network: Network::default(),
             machine: Machine::default(),
+            bucket_bytes: DEFAULT_BUCKET_BYTES,
         }
     }
 }
@@ -49,6 +54,15 @@ impl ShardSettings {
             machine: self.machine,
         }
     }
+}
+
+/// Parses a `--bucket-bytes` value: `0` (no buckets) or a byte count such as
+/// `1MiB` (as `--mem-per-rank`).
+pub fn parse_bucket_bytes(s: &str) -> Result<u64> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    shard::parse_bytes(s).map_err(|e| Error::Options(e.to_string()))
 }
 
 fn planner_err(graph: &'static str, ranks: usize, e: dlrm_passes::PassError) -> Error {
@@ -86,9 +100,15 @@ pub fn shard_plan(
         .map_err(|e| planner_err(which, ranks, e))
 }
 
-/// `g` partitioned as `sp` says; `which` names the graph in errors.
-pub fn partition_graph(g: &Graph, which: &'static str, sp: &ShardPlan) -> Result<Partitioned> {
-    partition_with(g, sp).map_err(|e| planner_err(which, sp.ranks, e))
+/// `g` partitioned as `sp` says, its dense gradients all-reduced in buckets of
+/// `bucket_bytes`; `which` names the graph in errors.
+pub fn partition_graph(
+    g: &Graph,
+    which: &'static str,
+    sp: &ShardPlan,
+    bucket_bytes: u64,
+) -> Result<Partitioned> {
+    partition_buckets(g, sp, bucket_bytes).map_err(|e| planner_err(which, sp.ranks, e))
 }
 
 /// What `dlrmc plan-shards` prints.

@@ -357,3 +357,106 @@ fn bad_run_options_are_refused_before_running() {
     let msg = refused(plan, RunOptions::default());
     assert!(msg.contains("inference only"), "{msg}");
 }
+
+fn losses(r: &Report) -> Vec<f32> {
+    r.losses.iter().map(|l| l.1).collect()
+}
+
+#[test]
+fn gradient_buckets_train_like_one_allreduce_per_gradient() {
+    // dlrm-tiny's dense gradients total ~2.6 KB: 256-byte buckets make several,
+    // the 1 MiB default one. Same tolerance as `n_ranks_train_like_one_rank`.
+    let run = |ranks: usize, bucket_bytes: u64| {
+        let opts = RunOptions {
+            ranks,
+            iters: 10,
+            log_every: 1,
+            shards: dlrmc::ShardSettings {
+                bucket_bytes,
+                ..dlrmc::ShardSettings::default()
+            },
+            ..RunOptions::default()
+        };
+        run_with_params(job_for(tiny_plan(), &opts).expect("job"), &mut |_| {}).expect("run")
+    };
+    let (one, _) = run(1, 0);
+    for ranks in [1usize, 2, 4] {
+        let (plain, _) = run(ranks, 0);
+        let mut calls = vec![plain.all_reduce_calls_per_step()];
+        for bucket_bytes in [256u64, dlrm_passes::DEFAULT_BUCKET_BYTES] {
+            let (b, _) = run(ranks, bucket_bytes);
+            let d = max_rel(&losses(&b), &losses(&plain), 0.0);
+            assert!(
+                d <= 1e-5,
+                "{ranks} ranks, {bucket_bytes} B buckets: {d} rel"
+            );
+            let d = max_rel(&losses(&b), &losses(&one), 0.0);
+            assert!(d <= 1e-5, "{ranks} ranks vs 1: {d} rel");
+            calls.push(b.all_reduce_calls_per_step());
+        }
+        if ranks > 1 {
+            // Fewer all-reduce calls per step as the buckets grow; the default
+            // bucket takes every gradient (plus the loss's all-reduce).
+            assert!(calls[0] > calls[1] && calls[1] > calls[2], "{calls:?}");
+            assert_eq!(calls[2], 2, "{calls:?}");
+        }
+    }
+}
+
+#[test]
+fn sixty_four_ranks_train_like_one() {
+    // 64 thread ranks (more than cores and tables: row-wise tables) on a global
+    // batch of 64; the full dlrm-small run is in the README.
+    let run = |ranks: usize| {
+        let opts = RunOptions {
+            ranks,
+            iters: 5,
+            log_every: 1,
+            batch_size: Some(64),
+            eval_batches: 1,
+            ..RunOptions::default()
+        };
+        run_with_params(job_for(tiny_plan(), &opts).expect("job"), &mut |_| {}).expect("run")
+    };
+    let (one, _) = run(1);
+    let (many, _) = run(64);
+    let d = max_rel(&losses(&many), &losses(&one), 0.0);
+    assert!(d <= 1e-5, "64 ranks vs 1: losses differ by {d} rel");
+}
+
+#[test]
+fn bf16_row_wise_tables_train_like_one_rank() {
+    // A 600-byte table budget splits dlrm-tiny's bf16 tables (800, 480 and 320
+    // bytes) by rows, with their Split-SGD low halves, over 4 ranks. Tolerance as `bf16_plan_trains_alike..`.
+    let bf16 = CompileOptions {
+        precision: Precision::Bf16,
+        ..CompileOptions::default()
+    };
+    let run = |ranks: usize| {
+        let opts = RunOptions {
+            ranks,
+            iters: 10,
+            log_every: 1,
+            shards: dlrmc::ShardSettings {
+                mem_per_rank: 600,
+                ..dlrmc::ShardSettings::default()
+            },
+            ..RunOptions::default()
+        };
+        let plan = tiny_plan_with(&bf16);
+        if ranks > 1 {
+            let sp = dlrmc::shard::shard_plan(&plan, ranks, 24, &opts.shards).expect("plan");
+            assert!(
+                sp.tables
+                    .iter()
+                    .any(|t| t.kind == dlrm_passes::ShardKind::RowWise),
+                "{sp}"
+            );
+        }
+        run_with_params(job_for(plan, &opts).expect("job"), &mut |_| {}).expect("run")
+    };
+    let (one, _) = run(1);
+    let (four, _) = run(4);
+    let d = max_rel(&losses(&four), &losses(&one), 0.0);
+    assert!(d <= 1e-3, "bf16 row-wise on 4 ranks vs 1: {d} rel");
+}

@@ -28,6 +28,11 @@ pub trait Communicator: Send + Sync {
     fn all_to_all_v(&self, send: Vec<Vec<f32>>) -> Result<Vec<Vec<f32>>>;
     /// Waits until every rank has called it.
     fn barrier(&self) -> Result<()>;
+    /// How [`Communicator::all_reduce_sum`] reduces, for reports (e.g. `ring`, or
+    /// the MPI library's own algorithm).
+    fn all_reduce_algo(&self) -> String {
+        "sequential".to_string()
+    }
     /// Ends the group: this rank failed for `reason`. Every other rank's pending and
     /// future collectives return an error carrying the reason.
     fn abort(&self, reason: &str);
@@ -58,6 +63,9 @@ impl Communicator for SingleRank {
     }
     fn barrier(&self) -> Result<()> {
         Ok(())
+    }
+    fn all_reduce_algo(&self) -> String {
+        "none (1 rank)".to_string()
     }
     fn abort(&self, _reason: &str) {}
 }

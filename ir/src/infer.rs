@@ -398,6 +398,14 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             };
             infer_fused(&fused, ins)
         }
+        Op::SplitEmbeddingUpdateRows { mode, lr, lo, rows } => {
+            shard_range(op, ins, *lo, *rows)?;
+            let fused = Op::SplitEmbeddingUpdate {
+                mode: *mode,
+                lr: *lr,
+            };
+            infer(&fused, ins, declared)
+        }
         Op::EmbeddingGradDense { mode, rows } => {
             infer(&Op::EmbeddingBagGrad { mode: *mode }, ins, declared)?;
             let d = ins[0].shape[1].clone();

@@ -320,6 +320,10 @@ impl Communicator for LocalComm {
         Ok(recv)
     }
 
+    fn all_reduce_algo(&self) -> String {
+        self.shared.algo.name().to_string()
+    }
+
     fn barrier(&self) -> Result<()> {
         // Dissemination barrier: ceil(log2 n) rounds.
         let (n, r) = (self.shared.size, self.rank);

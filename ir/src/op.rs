@@ -341,6 +341,20 @@ pub enum Op {
         /// Rows of the whole table.
         rows: usize,
     },
+    /// `split_embedding_update_rows(hi, lo, dy[S,D], indices[, offsets]) -> (hi',
+    /// lo')`: [`Op::SplitEmbeddingUpdate`] on the row shard `lo .. lo+Rs` of a
+    /// Split-SGD-BF16 table of `rows` rows (both halves sharded alike); indices
+    /// outside the shard are skipped, as in [`Op::SparseSgdRows`].
+    SplitEmbeddingUpdateRows {
+        /// As in the forward bag.
+        mode: Pool,
+        /// Learning rate.
+        lr: f32,
+        /// The first table row this shard holds.
+        lo: usize,
+        /// Rows of the whole table.
+        rows: usize,
+    },
     /// `embedding_grad_dense(dy[S,D], indices[, offsets]) -> f32[rows,D]`: the dense
     /// gradient of a table of `rows` rows: zeros, plus each row gradient of
     /// `embedding_bag_grad(dy, ..)` added to row `indices[i]`, `i` in row-major
@@ -569,6 +583,7 @@ pub const MNEMONICS: &[&str] = &[
     "embedding_bag_rows",
     "sparse_sgd_rows",
     "embedding_update_rows",
+    "split_embedding_update_rows",
     "embedding_grad_dense",
     // ---- generic ops (ONNX import)
     "matmul",
@@ -628,6 +643,7 @@ impl Op {
             Op::EmbeddingBagRows { .. } => "embedding_bag_rows",
             Op::SparseSgdRows { .. } => "sparse_sgd_rows",
             Op::EmbeddingUpdateRows { .. } => "embedding_update_rows",
+            Op::SplitEmbeddingUpdateRows { .. } => "split_embedding_update_rows",
             Op::EmbeddingGradDense { .. } => "embedding_grad_dense",
             // ---- generic ops (ONNX import)
             Op::MatMul => "matmul",
@@ -661,6 +677,7 @@ impl Op {
                 // ---- sharded embeddings
                 | Op::SparseSgdRows { .. }
                 | Op::EmbeddingUpdateRows { .. }
+                | Op::SplitEmbeddingUpdateRows { .. }
         )
     }
 
@@ -752,7 +769,8 @@ impl Op {
                 ("lo", Attr::Int(*lo as i64)),
                 ("rows", Attr::Int(*rows as i64)),
             ],
-            Op::EmbeddingUpdateRows { mode, lr, lo, rows } => vec![
+            Op::EmbeddingUpdateRows { mode, lr, lo, rows }
+            | Op::SplitEmbeddingUpdateRows { mode, lr, lo, rows } => vec![
                 ("mode", id(mode.name())),
                 ("lr", Attr::Float(*lr)),
                 ("lo", Attr::Int(*lo as i64)),
@@ -908,6 +926,12 @@ impl Op {
                 rows: a.usize("rows")?,
             },
             "embedding_update_rows" => Op::EmbeddingUpdateRows {
+                mode: a.pool("mode")?,
+                lr: a.float("lr")?,
+                lo: a.usize("lo")?,
+                rows: a.usize("rows")?,
+            },
+            "split_embedding_update_rows" => Op::SplitEmbeddingUpdateRows {
                 mode: a.pool("mode")?,
                 lr: a.float("lr")?,
                 lo: a.usize("lo")?,

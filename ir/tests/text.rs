@@ -1193,14 +1193,19 @@ fn sharded_ops() -> Graph {
   input %idx: i64[G,2]
   input %dy: f32[G,4]
   param %t.rows5_10: f32[5,4]
+  param %s.rows5_10: bf16[5,4]
+  param %s.lo.rows5_10: bf16[5,4]
   %e: f32[G,4] = embedding_bag_rows %t.rows5_10, %idx {mode=mean, lo=5, rows=10}
   %rg: f32[G,2,4] = embedding_bag_grad %dy, %idx {mode=mean}
   %t1: f32[5,4] = sparse_sgd_rows %t.rows5_10, %idx, %rg {lr=0.5, lo=5, rows=10}
   %t2: f32[5,4] = embedding_update_rows %t1, %dy, %idx {mode=sum, lr=0.5, lo=5, rows=10}
   %gd: f32[10,4] = embedding_grad_dense %dy, %idx {mode=sum, rows=10}
+  %s1: bf16[5,4], %s1.lo: bf16[5,4] = split_embedding_update_rows %s.rows5_10, %s.lo.rows5_10, %dy, %idx {mode=sum, lr=0.5, lo=5, rows=10}
   output %e
   output %gd
   update %t.rows5_10 <- %t2
+  update %s.rows5_10 <- %s1
+  update %s.lo.rows5_10 <- %s1.lo
 }
 ";
     dlrm_ir::text::parse(src).unwrap()

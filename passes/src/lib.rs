@@ -13,6 +13,8 @@
 //! - [`dce`]: dead-code elimination;
 //! - [`mod@partition`]: one graph per rank for hybrid-parallel execution (tables placed by
 //!   a cost model, `all_to_all` for embeddings, `all_reduce` for dense gradients);
+//! - [`mod@bucket`]: dense-gradient `all_reduce`s fused into buckets (DDP style),
+//!   applied by the partition pass to every rank's graph before the schedule;
 //! - [`schedule`]: communication-aware node order (collectives early, updates late),
 //!   applied by the partition pass to every rank's graph;
 //! - [`shard`]: the sharding planner (table-wise, row-wise and data-parallel
@@ -47,6 +49,7 @@
 #![warn(missing_docs)]
 
 pub mod autodiff;
+pub mod bucket;
 mod copy;
 pub mod dce;
 pub mod egraph;
@@ -61,10 +64,12 @@ pub mod shard;
 pub mod stats;
 
 pub use autodiff::Autodiff;
+pub use bucket::{Bucket, DEFAULT_BUCKET_BYTES, bucket};
 pub use dce::Dce;
 pub use error::{PassError, Result};
 pub use partition::{
-    Partitioned, Placement, RowShard, TableInfo, partition, partition_with, place,
+    Partitioned, Placement, RowShard, TableInfo, partition, partition_buckets, partition_with,
+    place,
 };
 pub use pass::Pass;
 pub use pipeline::{

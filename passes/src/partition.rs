@@ -43,7 +43,11 @@
 //! - dense nodes keep their names, types and order, so every rank issues its
 //!   collectives in the same order.
 //!
-//! Each rank's graph is then reordered by [`crate::schedule()`] (collectives as early
+//! Each rank's graph then has its gradient `all_reduce`s fused into buckets by
+//! [`crate::bucket()`] when [`partition_buckets`] is given a bucket size (the other
+//! entry points keep one per gradient; the loss's always stays alone) and is
+//! reordered by
+//! [`crate::schedule()`] (collectives as early
 //! as their operands allow, work that feeds no collective — the optimizer updates —
 //! last), keeping the collectives' relative order; the positions above are those
 //! before scheduling.
@@ -269,7 +273,7 @@ pub fn tables(g: &Graph) -> Result<Vec<TableInfo>> {
 }
 
 /// Partitions `g` for `ranks` ranks with every table placed table-wise by [`place`]
-/// (see the module docs).
+/// (see the module docs), one `all_reduce` per gradient.
 pub fn partition(g: &Graph, ranks: usize) -> Result<Partitioned> {
     if ranks == 0 {
         return Err(PassError::Arg {
@@ -281,19 +285,32 @@ pub fn partition(g: &Graph, ranks: usize) -> Result<Partitioned> {
     let sparse = Sparse::analyze(g)?;
     let placement = place(&sparse.table_infos, ranks)?;
     let plan = ShardPlan::table_wise(&placement, &sparse.table_infos);
-    partition_sparse(g, &sparse, &plan)
+    partition_sparse(g, &sparse, &plan, 0)
 }
 
 /// Partitions `g` as `plan` says (table-wise, row-wise and data-parallel tables;
 /// see the module docs and [`crate::shard`]).
+/// One `all_reduce` per gradient (no buckets, as [`partition`]).
 pub fn partition_with(g: &Graph, plan: &ShardPlan) -> Result<Partitioned> {
+    partition_buckets(g, plan, 0)
+}
+
+/// [`partition_with`] with gradient all-reduce buckets of `bucket_bytes` bytes
+/// ([`crate::bucket()`]; 0: one `all_reduce` per gradient; `dlrm-run` uses
+/// [`crate::DEFAULT_BUCKET_BYTES`] unless `--bucket-bytes` says otherwise).
+pub fn partition_buckets(g: &Graph, plan: &ShardPlan, bucket_bytes: u64) -> Result<Partitioned> {
     verify(g).map_err(PassError::ir(ID))?;
     let sparse = Sparse::analyze(g)?;
     plan.check(&sparse.table_infos)?;
-    partition_sparse(g, &sparse, plan)
+    partition_sparse(g, &sparse, plan, bucket_bytes)
 }
 
-fn partition_sparse(g: &Graph, sparse: &Sparse, plan: &ShardPlan) -> Result<Partitioned> {
+fn partition_sparse(
+    g: &Graph,
+    sparse: &Sparse,
+    plan: &ShardPlan,
+    bucket_bytes: u64,
+) -> Result<Partitioned> {
     let mut home = vec![Home::NotTable; g.values().len()];
     let mut row_shards = Vec::new();
     for (&t, tp) in sparse.tables.iter().zip(&plan.tables) {
@@ -322,23 +339,38 @@ fn partition_sparse(g: &Graph, sparse: &Sparse, plan: &ShardPlan) -> Result<Part
             }
         };
     }
+    // A Split-SGD-BF16 low half lives with its table; a row-wise table's low half
+    // is split at the same rows (shards `<low half>.rows<lo>_<hi>`).
     for &(lo, t) in &sparse.companions {
-        if matches!(home[t.index()], Home::Rows(..)) {
-            return Err(graph_err(
-                g,
-                format!(
-                    "table %{} is a Split-SGD-BF16 table (low half %{}): it cannot be split by rows",
-                    g.name_of(t),
-                    g.name_of(lo)
-                ),
-            ));
-        }
-        home[lo.index()] = home[t.index()].clone();
+        home[lo.index()] = match &home[t.index()] {
+            Home::Rows(shards, _) => {
+                let mut names = Vec::with_capacity(shards.len());
+                for s in shards {
+                    let name = format!("{}.rows{}_{}", g.name_of(lo), s.lo, s.hi);
+                    if g.find(&name).is_some() {
+                        return Err(graph_err(
+                            g,
+                            format!("the shard name %{name} is already a value of the graph"),
+                        ));
+                    }
+                    row_shards.push(RowShard {
+                        param: name.clone(),
+                        table: g.name_of(lo).to_string(),
+                        lo: s.lo,
+                        hi: s.hi,
+                    });
+                    names.push(name);
+                }
+                Home::Rows(shards.clone(), names)
+            }
+            other => other.clone(),
+        };
     }
     let graphs = (0..plan.ranks)
         .map(|r| {
             RankBuilder::new(g, sparse, &home, plan.ranks, r)
                 .build()
+                .and_then(|rank_graph| crate::bucket(&rank_graph, bucket_bytes))
                 .and_then(|rank_graph| crate::schedule(&rank_graph))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -1062,6 +1094,15 @@ impl<'a> RankBuilder<'a> {
                 (Some(sk), Op::EmbeddingUpdate { mode, lr }) => {
                     let s = self.shard(table, sk)?;
                     Op::EmbeddingUpdateRows {
+                        mode: *mode,
+                        lr: *lr,
+                        lo: s.lo,
+                        rows: self.table_rows(table),
+                    }
+                }
+                (Some(sk), Op::SplitEmbeddingUpdate { mode, lr }) => {
+                    let s = self.shard(table, sk)?;
+                    Op::SplitEmbeddingUpdateRows {
                         mode: *mode,
                         lr: *lr,
                         lo: s.lo,

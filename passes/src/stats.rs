@@ -110,6 +110,7 @@ pub(crate) fn node_flops(g: &Graph, n: usize) -> f64 {
         Op::EmbeddingBagRows { .. } => numel1(ty(1)) * d(ty(0), 1),
         Op::SparseSgdRows { .. } => 2.0 * numel1(ty(2)),
         Op::EmbeddingUpdateRows { .. } => 2.0 * numel1(ty(2)) * d(ty(0), 1),
+        Op::SplitEmbeddingUpdateRows { .. } => 2.0 * numel1(ty(3)) * d(ty(0), 1),
         Op::EmbeddingGradDense { .. } => numel1(ty(1)) * d(ty(0), 1),
         // ---- generic ops (ONNX import)
         // a[..,M,K] · b[..,K,N]: 2·K per result element.

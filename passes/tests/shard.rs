@@ -191,7 +191,7 @@ fn data_parallel_tables_train_like_one_device() {
 }
 
 #[test]
-fn bf16_tables_replicate_but_do_not_split() {
+fn bf16_tables_replicate_and_split_by_rows() {
     let opts = PipelineOptions {
         train: Some(TrainConfig {
             loss: LossKind::Bce,
@@ -218,17 +218,96 @@ fn bf16_tables_replicate_but_do_not_split() {
         verify(g).unwrap();
         assert!(count(g, "split_sgd") >= 1);
     }
+    // Table 0 over 3 ranks, table 1 over 2: the low halves split with the rows.
     let plan = hand_plan(
         &ts,
-        2,
+        3,
         &[
+            (ShardKind::RowWise, 3),
             (ShardKind::RowWise, 2),
-            (ShardKind::TableWise, 1),
             (ShardKind::TableWise, 0),
         ],
     );
-    let err = partition_with(&t, &plan).unwrap_err().to_string();
-    assert!(err.contains("cannot be split by rows"), "{err}");
+    let p = partition_with(&t, &plan).unwrap();
+    for g in &p.graphs {
+        verify(g).unwrap();
+    }
+    let updates: usize = p
+        .graphs
+        .iter()
+        .map(|g| count(g, "split_embedding_update_rows"))
+        .sum();
+    assert_eq!(updates, 3 + 2, "one update per row shard");
+    let lows: Vec<&dlrm_passes::RowShard> = p
+        .row_shards
+        .iter()
+        .filter(|s| s.table.ends_with(".lo"))
+        .collect();
+    assert_eq!(lows.len(), 3 + 2, "{:?}", p.row_shards);
+    // Against one device: the loss, and every shard's f32 master (high and low
+    // halves joined) against the same rows of the one-device table.
+    // Parameters in their declared dtypes (the low halves: arbitrary bits).
+    let params: HashMap<String, Tensor> = init_params(&t, 11)
+        .into_iter()
+        .map(|(name, v)| {
+            let dtype = t.ty(t.find(&name).unwrap()).dtype;
+            let cast = Tensor::from_f32(dtype, v.shape.clone(), v.to_f32_vec());
+            (name, cast)
+        })
+        .collect();
+    let batch = make_batch(&t, 12, 5);
+    let (out1, after1) = run1(&t, &batch, &params);
+    let with_shards: HashMap<String, Tensor> = p
+        .shard_params(params.clone().into_iter().collect())
+        .unwrap()
+        .into_iter()
+        .collect();
+    let results = run_ranks(&p.graphs, &batch, &with_shards);
+    let master = |hi: &Tensor, lo: &Tensor| -> Vec<f32> {
+        match (&hi.data, &lo.data) {
+            (dlrm_ir::Data::BF16(h), dlrm_ir::Data::BF16(l)) => h
+                .iter()
+                .zip(l)
+                .map(|(h, l)| {
+                    f32::from_bits((u32::from(h.to_bits()) << 16) | u32::from(l.to_bits()))
+                })
+                .collect(),
+            _ => panic!("split halves must be bf16"),
+        }
+    };
+    let mut checked = 0;
+    for (r, (out, after)) in results.iter().enumerate() {
+        common::assert_close(
+            &format!("rank {r}: loss"),
+            &out[0].to_f32_vec(),
+            &out1[0].to_f32_vec(),
+            1e-4,
+        );
+        for low in &lows {
+            let Some(lo_shard) = after.get(&low.param) else {
+                continue;
+            };
+            let table = low.table.trim_end_matches(".lo");
+            let hi_name = format!("{table}.rows{}_{}", low.lo, low.hi);
+            let hi_shard = &after[&hi_name];
+            let hi_want = p
+                .row_shards
+                .iter()
+                .find(|s| s.param == hi_name)
+                .unwrap()
+                .slice(&after1[table])
+                .unwrap();
+            let lo_want = low.slice(&after1[&low.table]).unwrap();
+            common::assert_close(
+                &format!("rank {r}: {hi_name} master"),
+                &master(hi_shard, lo_shard),
+                &master(&hi_want, &lo_want),
+                1e-5,
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, lows.len());
 }
 
 #[test]
@@ -315,19 +394,18 @@ fn an_infeasible_budget_is_a_clear_error() {
         err.contains("table `big`") && err.contains("--mem-per-rank"),
         "{err}"
     );
-    // A bf16 table cannot be split to fit.
+    // A bf16 table is split to fit, like an f32 one.
     let mut bf = info("bf", 1000, 16, 1);
     bf.elem_bytes = 2;
-    let err = shard::plan(
+    let plan = shard::plan(
         &[bf],
         &PlannerOptions {
             mem_per_rank: 10_000,
             ..PlannerOptions::new(4, 64)
         },
     )
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("only f32 tables"), "{err}");
+    .unwrap();
+    assert_eq!(plan.tables[0].kind, ShardKind::RowWise, "{plan}");
     // Too few samples for the ranks.
     let err = shard::plan(&ts, &PlannerOptions::new(8, 4))
         .unwrap_err()

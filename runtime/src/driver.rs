@@ -196,13 +196,25 @@ pub struct Report {
     pub jit_compile_s: f64,
     /// Whether collectives overlapped compute.
     pub overlap: bool,
-    /// The thread group's allreduce algorithm.
-    pub allreduce: &'static str,
+    /// How the communicator all-reduces (the thread group's algorithm, or MPI's).
+    pub allreduce: String,
     /// Rank 0's collective time during the steps (in flight vs blocking it).
     pub comm: CommTimes,
 }
 
 impl Report {
+    /// Rank 0's `all_reduce` calls per step (one per node: a gradient bucket is
+    /// one call), rounded.
+    pub fn all_reduce_calls_per_step(&self) -> u64 {
+        let calls: u64 = self
+            .op_times
+            .iter()
+            .filter(|t| t.op == "all_reduce")
+            .map(|t| t.calls)
+            .sum();
+        (calls as f64 / self.iters.max(1) as f64).round() as u64
+    }
+
     /// The `--bench` table: per op kind, calls per step, time share, ms per step,
     /// GFLOP/s and GB/s, then the throughput line.
     pub fn bench_table(&self) -> String {
@@ -230,10 +242,11 @@ impl Report {
         }
         if self.ranks > 1 {
             s.push_str(&format!(
-                "collectives (rank 0): {:.3} ms/step in flight, {:.3} ms/step exposed, {:.0}% hidden (overlap {}, allreduce {})\n",
+                "collectives (rank 0): {:.3} ms/step in flight, {:.3} ms/step exposed, {:.0}% hidden, {} all_reduce calls/step (overlap {}, allreduce {})\n",
                 1e3 * self.comm.busy_s / iters,
                 1e3 * self.comm.exposed_s / iters,
                 100.0 * self.comm.hidden_fraction(),
+                self.all_reduce_calls_per_step(),
                 if self.overlap { "on" } else { "off" },
                 self.allreduce,
             ));
@@ -383,7 +396,7 @@ pub fn run_with_params(
         .iter_mut()
         .map(|o| std::mem::take(&mut o.params))
         .collect();
-    let report = report(&outs[0], &data, &cfg, wall);
+    let report = report(&outs[0], &data, &cfg, wall, cfg.allreduce.name());
     Ok((report, params))
 }
 
@@ -435,11 +448,18 @@ pub fn run_rank(
         }
     };
     let out = rank_guarded(rank, comm, (train, infer), params, &data, &cfg, &mut send)?;
-    Ok((rank == 0).then(|| report(&out, &data, &cfg, wall)))
+    Ok((rank == 0).then(|| report(&out, &data, &cfg, wall, &comm.all_reduce_algo())))
 }
 
 /// Rank 0's report from its output (which holds every rank's predictions).
-fn report(rank0: &RankOutput, data: &SyntheticData, cfg: &RankCfg, wall: Instant) -> Report {
+/// `allreduce` names the communicator's all-reduce ([`Communicator::all_reduce_algo`]).
+fn report(
+    rank0: &RankOutput,
+    data: &SyntheticData,
+    cfg: &RankCfg,
+    wall: Instant,
+    allreduce: &str,
+) -> Report {
     let mut labels = Vec::with_capacity(rank0.scores.len());
     for b in 0..cfg.eval_batches {
         labels.extend(data.labels(eval_step(b as u64), 0..cfg.global_batch));
@@ -486,7 +506,7 @@ fn report(rank0: &RankOutput, data: &SyntheticData, cfg: &RankCfg, wall: Instant
         jit_kernels: jit_stats.compiled,
         jit_compile_s: jit_stats.compile_s,
         overlap: cfg.overlap,
-        allreduce: cfg.allreduce.name(),
+        allreduce: allreduce.to_string(),
         comm: rank0.comm,
     }
 }

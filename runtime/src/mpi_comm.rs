@@ -168,6 +168,10 @@ impl Communicator for MpiComm {
         Ok(())
     }
 
+    fn all_reduce_algo(&self) -> String {
+        "mpi (MPI_Alltoallv reduce-scatter in rank order + MPI_Allgatherv)".to_string()
+    }
+
     fn all_to_all_v(&self, send: Vec<Vec<f32>>) -> dlrm_ir::Result<Vec<Vec<f32>>> {
         let n = self.size;
         if send.len() != n {

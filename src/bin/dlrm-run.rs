@@ -105,6 +105,15 @@ struct Cli {
     /// Sharding planner: one rank's rates, `GFLOPs,GBps` (default 20,4).
     #[arg(long, value_name = "GFLOPS,GBPS", value_parser = parse_machine)]
     machine: Option<dlrm_passes::shard::Machine>,
+    /// Fuse the dense-gradient all-reduces into buckets of this many bytes, in the
+    /// order backward produces the gradients, e.g. `1MiB` (default), `25MiB`; 0:
+    /// one all-reduce per gradient.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bucket)]
+    bucket_bytes: Option<u64>,
+}
+
+fn parse_bucket(s: &str) -> Result<u64, String> {
+    dlrmc::shard::parse_bucket_bytes(s).map_err(|e| e.to_string())
 }
 
 fn parse_mem(s: &str) -> Result<u64, String> {
@@ -187,6 +196,7 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
                 mem_per_rank: cli.mem_per_rank.unwrap_or(d.mem_per_rank),
                 network: cli.network.unwrap_or(d.network),
                 machine: cli.machine.unwrap_or(d.machine),
+                bucket_bytes: cli.bucket_bytes.unwrap_or(d.bucket_bytes),
             }
         },
     };

@@ -48,6 +48,10 @@ struct ShardArgs {
     /// One rank's compute rates: `GFLOPs,GBps` (default 20,4: one core here).
     #[arg(long, value_name = "GFLOPS,GBPS", value_parser = parse_machine)]
     machine: Option<dlrm_passes::shard::Machine>,
+    /// Dense-gradient all-reduce buckets of this many bytes, e.g. `1MiB` (default;
+    /// 0: one all-reduce per gradient), in the `partition` dump.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bucket)]
+    bucket_bytes: Option<u64>,
 }
 
 impl ShardArgs {
@@ -57,8 +61,13 @@ impl ShardArgs {
             mem_per_rank: self.mem_per_rank.unwrap_or(d.mem_per_rank),
             network: self.network.unwrap_or(d.network),
             machine: self.machine.unwrap_or(d.machine),
+            bucket_bytes: self.bucket_bytes.unwrap_or(d.bucket_bytes),
         }
     }
+}
+
+fn parse_bucket(s: &str) -> Result<u64, String> {
+    dlrmc::shard::parse_bucket_bytes(s).map_err(|e| e.to_string())
 }
 
 fn parse_mem(s: &str) -> Result<u64, String> {

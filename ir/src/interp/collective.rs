@@ -1,7 +1,8 @@
 //! Collectives: `all_reduce` and `all_to_all` over the rank's [`Communicator`].
 //!
-//! `all_reduce` calls [`Communicator::all_reduce_sum`] once per operand, in operand
-//! order (the communicator gives every rank identical bits).
+//! `all_reduce` calls [`Communicator::all_reduce_sum`] once per node, on its
+//! operands packed back to back (a gradient bucket of several operands is one
+//! call; the communicator gives every rank identical bits).
 //!
 //! `all_to_all` moves f32 values (bf16 operands are widened exactly and the results
 //! stored in their declared dtype). Rank `r`'s samples of a `[G, ..]` tensor are
@@ -28,13 +29,16 @@ fn fail(ctx: &EvalCtx<'_>, why: String) -> String {
     why
 }
 
-/// `all_reduce(x_0, .., x_k)`: elementwise sums over the ranks.
+/// `all_reduce(x_0, .., x_k)`: elementwise sums over the ranks, with one
+/// [`Communicator::all_reduce_sum`](crate::Communicator::all_reduce_sum) call for
+/// the whole node (a gradient bucket): the operands are packed back to back into
+/// one buffer, reduced, and the results cut from it in operand order.
 pub(super) fn all_reduce(ins: &[&Tensor], ctx: &EvalCtx<'_>) -> R<Vec<Tensor>> {
-    let mut bufs = Vec::with_capacity(ins.len());
+    let mut lens = Vec::with_capacity(ins.len());
     for (i, t) in ins.iter().enumerate() {
         let what = format!("all_reduce operand {i}");
         match (&t.data, super::common::check_len(t, &what)) {
-            (Data::F32(v), Ok(_)) => bufs.push(v.clone()),
+            (Data::F32(v), Ok(_)) => lens.push(v.len()),
             (_, Err(e)) => return Err(fail(ctx, e)),
             _ => {
                 return Err(fail(
@@ -44,15 +48,23 @@ pub(super) fn all_reduce(ins: &[&Tensor], ctx: &EvalCtx<'_>) -> R<Vec<Tensor>> {
             }
         }
     }
+    let mut buf = Vec::with_capacity(lens.iter().sum());
+    for t in ins {
+        if let Data::F32(v) = &t.data {
+            buf.extend_from_slice(v);
+        }
+    }
+    ctx.comm
+        .all_reduce_sum(&mut buf)
+        .map_err(|e| e.to_string())?;
     let mut out = Vec::with_capacity(ins.len());
-    for (t, mut buf) in ins.iter().zip(bufs) {
-        ctx.comm
-            .all_reduce_sum(&mut buf)
-            .map_err(|e| e.to_string())?;
+    let mut at = 0;
+    for (t, n) in ins.iter().zip(lens) {
         out.push(Tensor {
             shape: t.shape.clone(),
-            data: Data::F32(buf),
+            data: Data::F32(buf[at..at + n].to_vec()),
         });
+        at += n;
     }
     Ok(out)
 }

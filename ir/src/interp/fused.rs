@@ -146,6 +146,75 @@ fn split_embedding_update(mode: crate::Pool, lr: f32, ins: &[&Tensor]) -> R<Vec<
     ])
 }
 
+/// `split_embedding_update_rows {mode, lr, lo, rows}(hi, lo, dy, indices[,
+/// offsets])`: [`split_embedding_update`] on a row shard `lo .. lo+Rs` of a table
+/// of `rows` rows (indices outside the shard are skipped, as in `sparse_sgd_rows`).
+pub(super) fn split_embedding_update_rows(
+    mode: crate::Pool,
+    lr: f32,
+    first: usize,
+    rows: usize,
+    ins: &[&Tensor],
+) -> R<Vec<Tensor>> {
+    expect_arity("split_embedding_update_rows", ins, &[4, 5])?;
+    same_shape("high half", ins[0], "low half", ins[1])?;
+    let hi = bf16_bits(ins[0], "high half")?;
+    let lo = bf16_bits(ins[1], "low half")?;
+    let [rs, d] = dims2(ins[0], "table shard")?;
+    let range = embedding::shard_range(first, rs, rows)?;
+    let mut grad_ins = vec![ins[2]];
+    grad_ins.extend_from_slice(&ins[3..]);
+    let g_t = embedding::embedding_bag_grad(mode, &grad_ins, DType::F32)?;
+    let g = floats(&g_t, "row gradient")?;
+    let idx = super::common::ints(ins[3], "indices")?;
+    if g.len() != idx.len() * d {
+        return Err(format!(
+            "row gradient {} does not match indices {} and shard {}",
+            describe(&g_t),
+            describe(ins[3]),
+            describe(ins[0])
+        ));
+    }
+    let mut scratch: std::collections::BTreeMap<usize, Vec<f32>> = Default::default();
+    for (flat, &i) in idx.iter().enumerate() {
+        let r = match usize::try_from(i).ok().filter(|&u| u < rows) {
+            Some(u) if range.contains(&u) => u - first,
+            Some(_) => continue,
+            None => {
+                return Err(super::common::out_of_range(
+                    i,
+                    &super::common::index_location(&ins[3].shape, flat),
+                    rows,
+                ));
+            }
+        };
+        let row = scratch.entry(r).or_insert_with(|| {
+            (r * d..(r + 1) * d)
+                .map(|e| f32::from_bits((u32::from(hi[e]) << 16) | u32::from(lo[e])))
+                .collect()
+        });
+        for (w, &gv) in row.iter_mut().zip(&g[flat * d..(flat + 1) * d]) {
+            *w -= lr * gv;
+        }
+    }
+    let (mut nhi, mut nlo) = (hi, lo);
+    for (r, row) in scratch {
+        for (k, w) in row.into_iter().enumerate() {
+            let b = w.to_bits();
+            nhi[r * d + k] = (b >> 16) as u16;
+            nlo[r * d + k] = (b & 0xffff) as u16;
+        }
+    }
+    let shape = ins[0].shape.clone();
+    Ok(vec![
+        Tensor::bf16(
+            shape.clone(),
+            nhi.into_iter().map(bf16::from_bits).collect(),
+        ),
+        Tensor::bf16(shape, nlo.into_iter().map(bf16::from_bits).collect()),
+    ])
+}
+
 fn sigmoid1(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }

@@ -77,7 +77,10 @@ fn result_count(op: &Op, n_in: usize) -> usize {
             rank,
         } => counts.get(*rank).copied().unwrap_or(0),
         // ---- fused / blocked ops (e-graph, precision)
-        Op::BrgemmWgrad { .. } | Op::SplitSgd { .. } | Op::SplitEmbeddingUpdate { .. } => 2,
+        Op::BrgemmWgrad { .. }
+        | Op::SplitSgd { .. }
+        | Op::SplitEmbeddingUpdate { .. }
+        | Op::SplitEmbeddingUpdateRows { .. } => 2,
         _ => 1,
     }
 }
@@ -234,6 +237,9 @@ fn dispatch(
                 &[ins[0], ins[2], &rowgrad],
                 one()?,
             ))
+        }
+        Op::SplitEmbeddingUpdateRows { mode, lr, lo, rows } => {
+            fused::split_embedding_update_rows(*mode, *lr, *lo, *rows, ins)
         }
         Op::EmbeddingGradDense { mode, rows } => {
             single(embedding::embedding_grad_dense(*mode, *rows, ins))

@@ -24,8 +24,8 @@
 //! Invariants of a [`ShardPlan`]: one [`TablePlan`] per table, in table order;
 //! table-wise: one shard covering `0..rows`; row-wise: `k >= 2` shards in row
 //! order, contiguous, covering `0..rows`, non-empty, on distinct ranks;
-//! data-parallel: no shards (every rank). Row-wise only for f32 tables (the
-//! Split-SGD-BF16 update has no row-range form).
+//! data-parallel: no shards (every rank). A row-wise Split-SGD-BF16 table has its
+//! low half split at the same rows (`split_embedding_update_rows`).
 
 pub mod cost;
 pub mod planner;

@@ -9,8 +9,8 @@
 //!    tried smallest first).
 //! 2. Shard count `k` of every other table: at least `ceil(bytes / budget left)`
 //!    (a table larger than a rank's budget must be split; more than `min(ranks,
-//!    rows)` shards or a bf16 table that must be split is an error); an f32 table
-//!    then takes the `k` (up to `min(ranks, rows)`) that minimises
+//!    rows)` shards is an error); the table (f32, or bf16 with its Split-SGD low
+//!    half split alike) then takes the `k` (up to `min(ranks, rows)`) that minimises
 //!    `max(unit(k), mean load) + k·receive` — a hot table is split until its
 //!    shards stop being the slowest units or their extra messages cost more than
 //!    they save. Rows are split evenly: shard `i` of `k` holds rows
@@ -95,28 +95,8 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
         }
         let need = bytes(t).div_ceil(avail.max(1)).max(1) as usize;
         let k_max = r.min(t.rows.max(1));
-        let splittable = t.elem_bytes == 4;
-        if need > 1 && !splittable {
-            return Err(err(format!(
-                "table `{}` ({} bytes) exceeds the {} bytes a rank has left for tables \
-                 (--mem-per-rank {budget}, {replicated_bytes} replicated) and is not f32: \
-                 only f32 tables can be split by rows",
-                t.name,
-                bytes(t),
-                avail
-            )));
-        }
-        if need > k_max {
-            return Err(err(format!(
-                "table `{}` ({} bytes) needs {need} ranks of {avail} bytes (--mem-per-rank \
-                 {budget}, {replicated_bytes} replicated) but there are only {k_max} \
-                 ranks to split it over: raise --mem-per-rank or --ranks",
-                t.name,
-                bytes(t)
-            )));
-        }
         let mut k = need;
-        if splittable && k_max >= 2 {
+        if k_max >= 2 {
             let beta = 1.0 / (opts.network.gbps * 1e9);
             let recv = cm.exchanges() * cm.unit_recv_bytes(t) * beta;
             let est = |k: usize| unit_cost(t, k).max(mean_load) + k as f64 * recv;
