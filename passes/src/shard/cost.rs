@@ -9,8 +9,8 @@
 //!   read, `G·L·8` index bytes, `G·nb·D·4` output bytes; `f·G·L·D` flops;
 //! - update (training): the row gradients `G·L·D·4` written and read (the bag
 //!   gradient is materialised for every index, a shard skips the rows it does not
-//!   hold), `2·f·G·L·D·e` row bytes, and a copy of the shard `2·f·rows·D·e` (the
-//!   runtime's update runs functionally on a copy of the table); `2·f·G·L·D` flops;
+//!   hold) and `2·f·G·L·D·e` row bytes (the runtime updates the table in place:
+//!   no copy of the shard); `2·f·G·L·D` flops;
 //! - data-parallel tables: the lookup for the `B` local samples, the dense gradient
 //!   (`rows·D·4` written, `B·L·D·4` added), its all-reduce and a dense `sgd`
 //!   (`3·rows·D·e` bytes) on every rank;
@@ -232,14 +232,9 @@ impl CostModel {
         if !self.train {
             return fwd;
         }
-        let rows = t.rows as f64;
         let bwd = m.time(
             2.0 * f * g * l * d,
-            2.0 * g * l * d * 4.0
-                + 2.0 * f * g * l * d * e
-                + g * nb * d * 4.0
-                + g * l * 8.0
-                + 2.0 * f * rows * d * e,
+            2.0 * g * l * d * 4.0 + 2.0 * f * g * l * d * e + g * nb * d * 4.0 + g * l * 8.0,
         );
         fwd + bwd
     }
