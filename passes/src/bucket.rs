@@ -29,6 +29,7 @@
 //! interface, value names and types are unchanged; a graph without gradient
 //! all-reduces comes back node for node.
 
+use crate::copy::Copier;
 use crate::{PassError, Result};
 use dlrm_ir::{Def, Graph, Op, ValueId, verify};
 use std::cmp::Reverse;
@@ -203,22 +204,7 @@ pub fn bucket(g: &Graph, bucket_bytes: u64) -> Result<Graph> {
         .filter(|&k| pending[k] == 0)
         .map(|k| Reverse((items[k].0, k)))
         .collect();
-    let err = PassError::ir(ID);
-    let mut out = Graph::new(g.name.clone());
-    let mut map: Vec<Option<ValueId>> = vec![None; g.values().len()];
-    for &v in g.inputs() {
-        map[v.index()] = Some(out.add_input(g.name_of(v), g.ty(v).clone()).map_err(&err)?);
-    }
-    for &v in g.params() {
-        map[v.index()] = Some(out.add_param(g.name_of(v), g.ty(v).clone()).map_err(&err)?);
-    }
-    let get = |map: &[Option<ValueId>], v: ValueId| {
-        map[v.index()].ok_or_else(|| PassError::Graph {
-            pass: ID.to_string(),
-            graph: g.name.clone(),
-            reason: format!("value %{} is used but not defined before", g.name_of(v)),
-        })
-    };
+    let mut c = Copier::new(g, ID, &[])?;
     let mut placed = 0;
     while let Some(Reverse((_, k))) = ready.pop() {
         placed += 1;
@@ -233,18 +219,7 @@ pub fn bucket(g: &Graph, bucket_bytes: u64) -> Result<Graph> {
                     .collect(),
             ),
         };
-        let inputs = operands(it)
-            .into_iter()
-            .map(|v| get(&map, v))
-            .collect::<Result<Vec<_>>>()?;
-        let decl = results
-            .iter()
-            .map(|&v| (g.name_of(v).to_string(), g.ty(v).clone()))
-            .collect();
-        let new = out.push_node_unchecked(op, inputs, decl).map_err(&err)?;
-        for (&old, new) in results.iter().zip(new) {
-            map[old.index()] = Some(new);
-        }
+        c.push(op, &operands(it), &results)?;
         for &s in &succ[k] {
             pending[s] -= 1;
             if pending[s] == 0 {
@@ -259,16 +234,7 @@ pub fn bucket(g: &Graph, bucket_bytes: u64) -> Result<Graph> {
             reason: "the buckets would make the graph cyclic".into(),
         });
     }
-    let outputs = g
-        .outputs()
-        .iter()
-        .map(|&v| get(&map, v))
-        .collect::<Result<Vec<_>>>()?;
-    out.set_outputs(outputs);
-    for u in g.updates() {
-        let (p, v) = (get(&map, u.param)?, get(&map, u.value)?);
-        out.add_update(p, v).map_err(&err)?;
-    }
-    verify(&out).map_err(&err)?;
+    let out = c.finish()?;
+    verify(&out).map_err(PassError::ir(ID))?;
     Ok(out)
 }

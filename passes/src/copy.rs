@@ -10,7 +10,7 @@
 //! value.
 
 use crate::{PassError, Result};
-use dlrm_ir::{Graph, Node, TensorType, ValueId};
+use dlrm_ir::{Graph, Node, Op, TensorType, ValueId};
 
 /// `g` with the nodes `order` (indices into `g.nodes()`, each at most once), in that
 /// order. `pass` names the pass in errors.
@@ -42,61 +42,109 @@ pub(crate) fn copy_rewired(
     pass: &str,
     rw: &Rewire<'_>,
 ) -> Result<Graph> {
-    let err = PassError::ir(pass);
-    let mut out = Graph::new(g.name.clone());
-    let mut map: Vec<Option<ValueId>> = vec![None; g.values().len()];
-    for &v in g.inputs() {
-        map[v.index()] = Some(out.add_input(g.name_of(v), g.ty(v).clone()).map_err(&err)?);
-    }
-    for &v in g.params() {
-        let ty = rw
-            .param_types
-            .iter()
-            .find(|(p, _)| *p == v)
-            .map_or_else(|| g.ty(v).clone(), |(_, t)| t.clone());
-        map[v.index()] = Some(out.add_param(g.name_of(v), ty).map_err(&err)?);
-    }
-    let get = |map: &[Option<ValueId>], v: ValueId| {
-        map[v.index()].ok_or_else(|| PassError::Graph {
-            pass: pass.to_string(),
-            graph: g.name.clone(),
-            reason: format!("value %{} is used but not defined before", g.name_of(v)),
-        })
-    };
+    let mut c = Copier::new(g, pass, &rw.param_types)?;
     for n in order {
         let node = &g.nodes()[n];
         if let (Some(fwd), [o]) = (rw.forward, node.outputs.as_slice())
             && let Some(v) = fwd(node)
         {
-            map[o.index()] = Some(get(&map, v)?);
+            c.alias(*o, v)?;
             continue;
         }
-        let inputs = node
-            .inputs
-            .iter()
-            .map(|&v| get(&map, v))
-            .collect::<Result<Vec<_>>>()?;
-        let results = node
-            .outputs
-            .iter()
-            .map(|&v| (g.name_of(v).to_string(), g.ty(v).clone()))
-            .collect();
-        let new = out
-            .push_node_unchecked(node.op.clone(), inputs, results)
-            .map_err(&err)?;
-        for (&old, new) in node.outputs.iter().zip(new) {
-            map[old.index()] = Some(new);
+        c.push(node.op.clone(), &node.inputs, &node.outputs)?;
+    }
+    c.finish()
+}
+
+/// A copy of `g` under construction: `g`'s inputs and parameters first (same
+/// names and types, or a new type per [`Rewire::param_types`]), then nodes pushed
+/// in any order that defines each operand before its use, each value of `g` mapped
+/// to its copy; [`Copier::finish`] adds the outputs and updates. The passes that
+/// rebuild a graph (this module's copies, `bucket`) share it.
+pub(crate) struct Copier<'g> {
+    g: &'g Graph,
+    pass: &'g str,
+    out: Graph,
+    map: Vec<Option<ValueId>>,
+}
+
+impl<'g> Copier<'g> {
+    /// The copy of `g`'s interface; `pass` names the pass in errors.
+    pub(crate) fn new(
+        g: &'g Graph,
+        pass: &'g str,
+        param_types: &[(ValueId, TensorType)],
+    ) -> Result<Copier<'g>> {
+        let err = PassError::ir(pass);
+        let mut out = Graph::new(g.name.clone());
+        let mut map: Vec<Option<ValueId>> = vec![None; g.values().len()];
+        for &v in g.inputs() {
+            map[v.index()] = Some(out.add_input(g.name_of(v), g.ty(v).clone()).map_err(&err)?);
         }
+        for &v in g.params() {
+            let ty = param_types
+                .iter()
+                .find(|(p, _)| *p == v)
+                .map_or_else(|| g.ty(v).clone(), |(_, t)| t.clone());
+            map[v.index()] = Some(out.add_param(g.name_of(v), ty).map_err(&err)?);
+        }
+        Ok(Copier { g, pass, out, map })
     }
-    let outputs = g
-        .outputs()
-        .iter()
-        .map(|&v| get(&map, v))
-        .collect::<Result<Vec<_>>>()?;
-    out.set_outputs(outputs);
-    for u in g.updates() {
-        let (p, v) = (get(&map, u.param)?, get(&map, u.value)?);
-        out.add_update(p, v).map_err(&err)?;
+
+    /// The copy of `g`'s value `v` (an error naming it if not copied yet).
+    pub(crate) fn get(&self, v: ValueId) -> Result<ValueId> {
+        self.map[v.index()].ok_or_else(|| PassError::Graph {
+            pass: self.pass.to_string(),
+            graph: self.g.name.clone(),
+            reason: format!(
+                "value %{} is used but not defined before",
+                self.g.name_of(v)
+            ),
+        })
     }
-    Ok(out)
+
+    /// Maps `old` to the copy of `to` (`old`'s users read that value instead).
+    pub(crate) fn alias(&mut self, old: ValueId, to: ValueId) -> Result<()> {
+        self.map[old.index()] = Some(self.get(to)?);
+        Ok(())
+    }
+
+    /// Appends `op` on the copies of `inputs` (values of `g`), with results named
+    /// and typed as `results` (values of `g`, which then map to them).
+    pub(crate) fn push(&mut self, op: Op, inputs: &[ValueId], results: &[ValueId]) -> Result<()> {
+        let ins = inputs
+            .iter()
+            .map(|&v| self.get(v))
+            .collect::<Result<Vec<_>>>()?;
+        let decl = results
+            .iter()
+            .map(|&v| (self.g.name_of(v).to_string(), self.g.ty(v).clone()))
+            .collect();
+        let new = self
+            .out
+            .push_node_unchecked(op, ins, decl)
+            .map_err(PassError::ir(self.pass))?;
+        for (&old, new) in results.iter().zip(new) {
+            self.map[old.index()] = Some(new);
+        }
+        Ok(())
+    }
+
+    /// The copy, with `g`'s outputs and updates.
+    pub(crate) fn finish(mut self) -> Result<Graph> {
+        let outputs = self
+            .g
+            .outputs()
+            .iter()
+            .map(|&v| self.get(v))
+            .collect::<Result<Vec<_>>>()?;
+        self.out.set_outputs(outputs);
+        for u in self.g.updates() {
+            let (p, v) = (self.get(u.param)?, self.get(u.value)?);
+            self.out
+                .add_update(p, v)
+                .map_err(PassError::ir(self.pass))?;
+        }
+        Ok(self.out)
+    }
 }

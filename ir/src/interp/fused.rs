@@ -84,66 +84,11 @@ pub(super) fn eval(
 }
 
 /// Joins the touched rows' f32 masters, updates them as `embedding_update` does,
-/// and splits them again.
+/// and splits them again: [`split_embedding_update_rows`] on the whole table.
 fn split_embedding_update(mode: crate::Pool, lr: f32, ins: &[&Tensor]) -> R<Vec<Tensor>> {
     expect_arity("split_embedding_update", ins, &[4, 5])?;
-    same_shape("high half", ins[0], "low half", ins[1])?;
-    let hi = bf16_bits(ins[0], "high half")?;
-    let lo = bf16_bits(ins[1], "low half")?;
-    let [rows, d] = dims2(ins[0], "table")?;
-    let mut grad_ins = vec![ins[2]];
-    grad_ins.extend_from_slice(&ins[3..]);
-    let g_t = embedding::embedding_bag_grad(mode, &grad_ins, DType::F32)?;
-    let g = floats(&g_t, "row gradient")?;
-    let idx = super::common::ints(ins[3], "indices")?;
-    if g.len() != idx.len() * d {
-        return Err(format!(
-            "row gradient {} does not match indices {} and table {}",
-            describe(&g_t),
-            describe(ins[3]),
-            describe(ins[0])
-        ));
-    }
-    let mut checked = Vec::with_capacity(idx.len());
-    for (flat, &i) in idx.iter().enumerate() {
-        match usize::try_from(i).ok().filter(|&u| u < rows) {
-            Some(u) => checked.push(u),
-            None => {
-                return Err(super::common::out_of_range(
-                    i,
-                    &super::common::index_location(&ins[3].shape, flat),
-                    rows,
-                ));
-            }
-        }
-    }
-    let mut scratch: std::collections::BTreeMap<usize, Vec<f32>> = Default::default();
-    for (i, &r) in checked.iter().enumerate() {
-        let row = scratch.entry(r).or_insert_with(|| {
-            (r * d..(r + 1) * d)
-                .map(|e| f32::from_bits((u32::from(hi[e]) << 16) | u32::from(lo[e])))
-                .collect()
-        });
-        for (w, &gv) in row.iter_mut().zip(&g[i * d..(i + 1) * d]) {
-            *w -= lr * gv;
-        }
-    }
-    let (mut nhi, mut nlo) = (hi, lo);
-    for (r, row) in scratch {
-        for (k, w) in row.into_iter().enumerate() {
-            let b = w.to_bits();
-            nhi[r * d + k] = (b >> 16) as u16;
-            nlo[r * d + k] = (b & 0xffff) as u16;
-        }
-    }
-    let shape = ins[0].shape.clone();
-    Ok(vec![
-        Tensor::bf16(
-            shape.clone(),
-            nhi.into_iter().map(bf16::from_bits).collect(),
-        ),
-        Tensor::bf16(shape, nlo.into_iter().map(bf16::from_bits).collect()),
-    ])
+    let [rows, _] = dims2(ins[0], "table")?;
+    split_embedding_update_rows(mode, lr, 0, rows, ins)
 }
 
 /// `split_embedding_update_rows {mode, lr, lo, rows}(hi, lo, dy, indices[,
