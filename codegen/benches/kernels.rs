@@ -11,7 +11,8 @@
 //!   min(K, 64)`, `bn = min(N, 64)`), operand copies included; bf16 for the
 //!   forward op only.
 //! - `embedding_bag/{dim}x{pooling}/{jit|reference}`: batch 2048, 100k-row table.
-//! - `interaction/{F}x{D}/reference`: batch 2048 (no JIT interaction kernel yet).
+//! - `interaction/{F}x{D}/reference`: batch 2048, the reference kernel (the JIT one
+//!   is in `--bench sparse`).
 //!
 //! `cargo bench -p dlrm-codegen --bench kernels -- --quick [filter]`
 
