@@ -212,7 +212,7 @@ impl Report {
             .filter(|t| t.op == "all_reduce")
             .map(|t| t.calls)
             .sum();
-        (calls as f64 / self.iters.max(1) as f64).round() as u64
+        (calls as f64 / self.timed_steps.max(1) as f64).round() as u64
     }
 
     /// The `--bench` table: per op kind, calls per step, time share, ms per step,
