@@ -28,11 +28,11 @@
 //! [`Jit::pick_micro`] under [`JitOptions::kernels`].
 
 use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b};
-use super::linear::operand;
+use super::linear::{elt_of, operand};
 use super::{Jit, JitError, JitOptions};
 use crate::kernels::brgemm::{act_grad, check_fit, check_xw, dims, dy_y_last, dz_of, floats};
 use crate::kernels::{KResult, KernelError, shape_err};
-use dlrm_ir::{Act, DType, Data, Tensor, TensorType};
+use dlrm_ir::{Act, Data, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -60,14 +60,6 @@ pub fn eval(
         Op::BrgemmWgrad { act, n } => brgemm_wgrad(jit, opts, *act, *n, inputs, out_types),
         _ => return None,
     })
-}
-
-fn elt_of(d: DType) -> Option<Elt> {
-    match d {
-        DType::F32 => Some(Elt::F32),
-        DType::BF16 => Some(Elt::BF16),
-        _ => None,
-    }
 }
 
 fn jit_err(op: &'static str, e: JitError) -> KernelError {
@@ -234,7 +226,7 @@ pub fn brgemm(
         lda: bk,
         acs: 1,
         ldc: bn,
-        a: elt_of_operand(xa),
+        a: xa.elt(),
         c,
         bias: true,
         relu: act == Act::Relu,
@@ -288,13 +280,6 @@ pub fn brgemm(
     let live_last = n - (nb - 1) * bn;
     let y = finish_forward(y, sigmoid, out, nb, s, bn, live_last);
     Ok(y.tensor(vec![nb, s, bn]))
-}
-
-fn elt_of_operand(a: Operand<'_>) -> Elt {
-    match a {
-        Operand::F32(_) => Elt::F32,
-        Operand::BF16(_) => Elt::BF16,
-    }
 }
 
 /// Sigmoid (when fused after the GEMM) and exact zeros in the padding columns of

@@ -261,11 +261,6 @@ impl GemmSpec {
         self.n.div_ceil(self.micro.nr())
     }
 
-    /// Length (f32) of the packed B.
-    pub fn packed_len(&self) -> usize {
-        self.panels() * self.k * self.micro.nr()
-    }
-
     /// How the generated code addresses `A`: (elements per row index to a tile's
     /// start, row stride inside a tile, k stride). Packed: tile `t` (rows
     /// `t·mr..`) starts at `t·mr·k = i·k`, element `(r, kk)` at `kk·mr + r`.
@@ -369,7 +364,8 @@ pub enum Operand<'a> {
 }
 
 impl Operand<'_> {
-    fn elt(&self) -> Elt {
+    /// The element type.
+    pub(crate) fn elt(&self) -> Elt {
         match self {
             Operand::F32(_) => Elt::F32,
             Operand::BF16(_) => Elt::BF16,

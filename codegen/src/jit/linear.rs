@@ -29,7 +29,8 @@ pub(crate) fn operand(t: &Tensor) -> Option<Operand<'_>> {
     }
 }
 
-fn elt_of(d: DType) -> Option<Elt> {
+/// The GEMM element type of a float dtype (`None` for others).
+pub(crate) fn elt_of(d: DType) -> Option<Elt> {
     match d {
         DType::F32 => Some(Elt::F32),
         DType::BF16 => Some(Elt::BF16),
