@@ -14,9 +14,8 @@ use super::gemm::Elt;
 use super::{Jit, JitError};
 use crate::kernels::{KResult, KernelError, shape_err};
 use cranelift_codegen::ir::condcodes::FloatCC;
-use cranelift_codegen::ir::{AbiParam, InstBuilder, Value, types};
-use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use cranelift_module::{Linkage, Module};
+use cranelift_codegen::ir::{InstBuilder, Value, types};
+use cranelift_frontend::FunctionBuilder;
 use dlrm_ir::{DType, Data, Op, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
@@ -105,25 +104,8 @@ fn apply(b: &mut FunctionBuilder<'_>, kind: EwKind, x: Value, y: Value, vector: 
 }
 
 pub(crate) fn compile(jit: &Jit, spec: EwSpec) -> Result<EwKernel, JitError> {
-    let mut module = jit.new_module()?;
-    let ptr = module.target_config().pointer_type();
-    let mut sig = module.make_signature();
-    for _ in 0..3 {
-        sig.params.push(AbiParam::new(ptr));
-    }
-    sig.params.push(AbiParam::new(types::I64));
-    let id = module
-        .declare_function("elementwise", Linkage::Export, &sig)
-        .map_err(JitError::module)?;
-    let mut ctx = module.make_context();
-    ctx.func.signature = sig;
-    let mut fctx = FunctionBuilderContext::new();
-    {
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-        let entry = b.create_block();
-        b.append_block_params_for_function_params(entry);
-        b.switch_to_block(entry);
-        let p = b.block_params(entry).to_vec();
+    let module = jit.new_module()?;
+    let f = jit.compile_fn(module, "elementwise", 3, &[types::I64], |_, b, p| {
         let (pa, pb, po, n) = (p[0], p[1], p[2], p[3]);
         let (ea, eb, eo) = (
             spec.a.size() as i64,
@@ -136,7 +118,7 @@ pub(crate) fn compile(jit: &Jit, spec: EwSpec) -> Result<EwKernel, JitError> {
             let off = b.ins().imul_imm_s(i, es);
             b.ins().iadd(base, off)
         };
-        for_range(&mut b, zero, n4, 4, &mut |b, i| {
+        for_range(b, zero, n4, 4, &mut |b, i| {
             let a = addr(b, pa, i, ea);
             let x = load_f32x4(b, spec.a, a, 0);
             let y = if spec.kind.arity() == 2 {
@@ -149,7 +131,7 @@ pub(crate) fn compile(jit: &Jit, spec: EwSpec) -> Result<EwKernel, JitError> {
             let o = addr(b, po, i, eo);
             store_f32x4(b, spec.out, r, o, 0);
         });
-        for_range(&mut b, n4, n, 1, &mut |b, i| {
+        for_range(b, n4, n, 1, &mut |b, i| {
             let a = addr(b, pa, i, ea);
             let x = load_f32(b, spec.a, a, 0);
             let y = if spec.kind.arity() == 2 {
@@ -162,11 +144,7 @@ pub(crate) fn compile(jit: &Jit, spec: EwSpec) -> Result<EwKernel, JitError> {
             let o = addr(b, po, i, eo);
             store_f32(b, spec.out, r, o, 0);
         });
-        b.ins().return_(&[]);
-        b.seal_all_blocks();
-        b.finalize(module.target_config());
-    }
-    let f = jit.define_and_finalize(module, id, &mut ctx)?;
+    })?;
     // SAFETY: generated with exactly this signature and the C call convention.
     let f: EwFn = unsafe { std::mem::transmute::<*const u8, EwFn>(f) };
     Ok(EwKernel { spec, f })

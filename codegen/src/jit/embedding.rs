@@ -23,9 +23,8 @@ use crate::kernels::{
     Indices, KResult, KernelError, block_rows, read_offsets, shape_err, validate_indices,
 };
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{AbiParam, InstBuilder, Value, types};
-use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use cranelift_module::{Linkage, Module};
+use cranelift_codegen::ir::{InstBuilder, Value, types};
+use cranelift_frontend::FunctionBuilder;
 use dlrm_ir::{DType, Data, Pool, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
@@ -60,31 +59,13 @@ pub struct BagKernel {
 const CW: usize = 32;
 
 pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
-    let mut module = jit.new_module()?;
-    let ptr = module.target_config().pointer_type();
-    let mut sig = module.make_signature();
-    for _ in 0..4 {
-        sig.params.push(AbiParam::new(ptr));
-    }
-    sig.params.push(AbiParam::new(types::I64));
-    sig.params.push(AbiParam::new(types::I64));
-    let id = module
-        .declare_function("embedding_bag", Linkage::Export, &sig)
-        .map_err(JitError::module)?;
-    let mut ctx = module.make_context();
-    ctx.func.signature = sig;
-    let mut fctx = FunctionBuilderContext::new();
-    {
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-        let entry = b.create_block();
-        b.append_block_params_for_function_params(entry);
-        b.switch_to_block(entry);
-        let p = b.block_params(entry).to_vec();
+    let module = jit.new_module()?;
+    let f = jit.compile_fn(module, "embedding_bag", 4, &[types::I64; 2], |_, b, p| {
         let (table, idx, bounds, out, s0, s1) = (p[0], p[1], p[2], p[3], p[4], p[5]);
         let d = spec.d;
         let eo = spec.out.size();
         let ei: i64 = if spec.idx64 { 8 } else { 4 };
-        for_range(&mut b, s0, s1, 1, &mut |b, s| {
+        for_range(b, s0, s1, 1, &mut |b, s| {
             let (start, end) = match spec.pooling {
                 Some(l) => {
                     let st = b.ins().imul_imm_s(s, l as i64);
@@ -109,11 +90,7 @@ pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
                 c0 += cols;
             }
         });
-        b.ins().return_(&[]);
-        b.seal_all_blocks();
-        b.finalize(module.target_config());
-    }
-    let f = jit.define_and_finalize(module, id, &mut ctx)?;
+    })?;
     // SAFETY: generated with exactly this signature and the C call convention.
     let f: BagFn = unsafe { std::mem::transmute::<*const u8, BagFn>(f) };
     Ok(BagKernel { spec, f })

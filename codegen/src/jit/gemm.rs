@@ -38,7 +38,7 @@
 use super::{Jit, JitError};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{AbiParam, Endianness, InstBuilder, MemFlagsData, Value, types};
-use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+use cranelift_frontend::{FunctionBuilder, Variable};
 use cranelift_module::{Linkage, Module};
 use half::bf16;
 use rayon::prelude::*;
@@ -667,13 +667,6 @@ pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError>
         std::env::var_os("DLRM_JIT_GEMM_OPT").is_none() && spec.micro == Micro::Cranelift;
     let mut module = jit.module_with(spec.micro, in_order)?;
     let ptr = module.target_config().pointer_type();
-    let mut sig = module.make_signature();
-    for _ in 0..4 {
-        sig.params.push(AbiParam::new(ptr));
-    }
-    for _ in 0..3 {
-        sig.params.push(AbiParam::new(types::I64));
-    }
     let ukernel = if let Some(symbol) = spec.micro.symbol() {
         let mut usig = module.make_signature();
         for _ in 0..4 {
@@ -694,26 +687,16 @@ pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError>
     } else {
         None
     };
-    let id = module
-        .declare_function("gemm", Linkage::Export, &sig)
-        .map_err(JitError::module)?;
-    let mut ctx = module.make_context();
-    ctx.func.signature = sig;
-    let mut fctx = FunctionBuilderContext::new();
-    {
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+    let f = jit.compile_fn(module, "gemm", 4, &[types::I64; 3], |module, b, params| {
         let uref = ukernel.map(|u| module.declare_func_in_func(u, b.func));
         let mut g = Gen {
-            b: &mut b,
+            b,
             spec,
             ptr,
             ukernel: uref,
         };
-        g.body();
-        b.seal_all_blocks();
-        b.finalize(module.target_config());
-    }
-    let f = jit.define_and_finalize(module, id, &mut ctx)?;
+        g.body(params);
+    })?;
     // SAFETY: the function was generated with exactly this signature (7 params:
     // 4 pointers, 3 i64) and the platform's default call convention (C).
     let f: GemmFn = unsafe { std::mem::transmute::<*const u8, GemmFn>(f) };
@@ -774,12 +757,9 @@ impl Gen<'_, '_> {
         self.b.switch_to_block(exit);
     }
 
-    fn body(&mut self) {
+    /// The loop nest, from the entry block with parameters `params`.
+    fn body(&mut self, params: &[Value]) {
         let s = self.spec;
-        let entry = self.b.create_block();
-        self.b.append_block_params_for_function_params(entry);
-        self.b.switch_to_block(entry);
-        let params = self.b.block_params(entry).to_vec();
         let (a, bp, c, bias, rows, p0, p1) = (
             params[0], params[1], params[2], params[3], params[4], params[5], params[6],
         );
@@ -821,7 +801,6 @@ impl Gen<'_, '_> {
             });
             let _ = mr;
         });
-        self.b.ins().return_(&[]);
     }
 
     /// Tiles of rows `mb..mend` of one panel with `ncols` valid columns: full tiles,

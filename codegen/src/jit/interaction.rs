@@ -27,9 +27,8 @@ use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4
 use super::gemm::Elt;
 use super::{Jit, JitError};
 use crate::kernels::{KResult, KernelError, block_rows, data_len, shape_err};
-use cranelift_codegen::ir::{AbiParam, InstBuilder, Value, types};
-use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use cranelift_module::{Linkage, Module};
+use cranelift_codegen::ir::{InstBuilder, Value, types};
+use cranelift_frontend::FunctionBuilder;
 use dlrm_ir::{DType, Data, InteractionKind, Op, Tensor, TensorType, interaction_width};
 use half::bf16;
 use rayon::prelude::*;
@@ -317,37 +316,15 @@ fn emit_backward(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value]) {
 }
 
 pub(crate) fn compile(jit: &Jit, spec: DotSpec) -> Result<DotKernel, JitError> {
-    let mut module = jit.new_module()?;
-    let ptr = module.target_config().pointer_type();
-    let mut sig = module.make_signature();
     let nptr = if spec.backward { 3 } else { 2 };
-    for _ in 0..nptr {
-        sig.params.push(AbiParam::new(ptr));
-    }
-    sig.params.push(AbiParam::new(types::I64));
-    sig.params.push(AbiParam::new(types::I64));
-    let id = module
-        .declare_function("interaction", Linkage::Export, &sig)
-        .map_err(JitError::module)?;
-    let mut ctx = module.make_context();
-    ctx.func.signature = sig;
-    let mut fctx = FunctionBuilderContext::new();
-    {
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-        let entry = b.create_block();
-        b.append_block_params_for_function_params(entry);
-        b.switch_to_block(entry);
-        let p = b.block_params(entry).to_vec();
+    let module = jit.new_module()?;
+    let f = jit.compile_fn(module, "interaction", nptr, &[types::I64; 2], |_, b, p| {
         if spec.backward {
-            emit_backward(&mut b, &spec, &p);
+            emit_backward(b, &spec, p);
         } else {
-            emit_forward(&mut b, &spec, &p);
+            emit_forward(b, &spec, p);
         }
-        b.ins().return_(&[]);
-        b.seal_all_blocks();
-        b.finalize(module.target_config());
-    }
-    let f = jit.define_and_finalize(module, id, &mut ctx)?;
+    })?;
     // SAFETY: generated with exactly the signature of the spec's direction and the
     // C call convention.
     let f = unsafe {

@@ -36,10 +36,12 @@ pub mod native512;
 pub mod sparse;
 
 use crate::kernels::KResult;
+use cranelift_codegen::ir::{AbiParam, InstBuilder, Value, types};
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
-use cranelift_module::{FuncId, Module};
+use cranelift_module::{FuncId, Linkage, Module};
 use dlrm_ir::{Op, Tensor, TensorType};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -233,9 +235,52 @@ impl Jit {
         Ok(JITModule::new(jb))
     }
 
+    /// Generates the exported function `name` in `module` (fresh from
+    /// [`Jit::new_module`] or [`Jit::module_with`], with any imports the body
+    /// calls already declared), finalizes it (see [`Jit::define_and_finalize`])
+    /// and returns its address.
+    ///
+    /// The signature is `ptrs` pointer parameters, then one parameter of each of
+    /// `scalars`, no results, the platform's default call convention (C).
+    /// `body(module, b, params)` emits the code from the entry block, whose
+    /// parameters are `params` (one per function parameter, in order), and
+    /// leaves `b` in an open block: the `return` is appended here. The caller
+    /// transmutes the address to the `extern "C"` fn type of that signature.
+    pub(crate) fn compile_fn(
+        &self,
+        mut module: JITModule,
+        name: &str,
+        ptrs: usize,
+        scalars: &[types::Type],
+        body: impl FnOnce(&mut JITModule, &mut FunctionBuilder<'_>, &[Value]),
+    ) -> Result<*const u8, JitError> {
+        let ptr = module.target_config().pointer_type();
+        let mut sig = module.make_signature();
+        sig.params.extend((0..ptrs).map(|_| AbiParam::new(ptr)));
+        sig.params.extend(scalars.iter().map(|&t| AbiParam::new(t)));
+        let id = module
+            .declare_function(name, Linkage::Export, &sig)
+            .map_err(JitError::module)?;
+        let mut ctx = module.make_context();
+        ctx.func.signature = sig;
+        let mut fctx = FunctionBuilderContext::new();
+        {
+            let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+            let entry = b.create_block();
+            b.append_block_params_for_function_params(entry);
+            b.switch_to_block(entry);
+            let params = b.block_params(entry).to_vec();
+            body(&mut module, &mut b, &params);
+            b.ins().return_(&[]);
+            b.seal_all_blocks();
+            b.finalize(module.target_config());
+        }
+        self.define_and_finalize(module, id, &mut ctx)
+    }
+
     /// Defines `id` from `ctx`, finalizes the module, keeps it alive and returns
     /// the function's address.
-    pub(crate) fn define_and_finalize(
+    fn define_and_finalize(
         &self,
         mut module: JITModule,
         id: FuncId,

@@ -31,9 +31,8 @@ use crate::kernels::optim::{
 };
 use crate::kernels::{Indices, KResult, KernelError, shape_err};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{AbiParam, InstBuilder, Value, types};
-use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use cranelift_module::{Linkage, Module};
+use cranelift_codegen::ir::{InstBuilder, Value, types};
+use cranelift_frontend::FunctionBuilder;
 use dlrm_ir::{Data, Op, Tensor};
 use rayon::prelude::*;
 
@@ -248,37 +247,18 @@ fn lr_pair(b: &mut FunctionBuilder<'_>, lr: Value) -> (Value, Value) {
 }
 
 pub(crate) fn compile_sparse(jit: &Jit, spec: SparseSpec) -> Result<SparseKernel, JitError> {
-    let mut module = jit.new_module()?;
-    let ptr = module.target_config().pointer_type();
-    let mut sig = module.make_signature();
-    for _ in 0..5 {
-        sig.params.push(AbiParam::new(ptr));
-    }
-    for _ in 0..3 {
-        sig.params.push(AbiParam::new(types::I64));
-    }
-    sig.params.push(AbiParam::new(types::F32));
-    let id = module
-        .declare_function("sparse_update", Linkage::Export, &sig)
-        .map_err(JitError::module)?;
-    let mut ctx = module.make_context();
-    ctx.func.signature = sig;
-    let mut fctx = FunctionBuilderContext::new();
-    {
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-        let entry = b.create_block();
-        b.append_block_params_for_function_params(entry);
-        b.switch_to_block(entry);
-        let p = b.block_params(entry).to_vec();
+    let module = jit.new_module()?;
+    let scalars = [types::I64, types::I64, types::I64, types::F32];
+    let f = jit.compile_fn(module, "sparse_update", 5, &scalars, |_, b, p| {
         let (hi, lo, grad, idx, bounds) = (p[0], p[1], p[2], p[3], p[4]);
         let (nbags, r0, r1, lr) = (p[5], p[6], p[7], p[8]);
-        let lr = lr_pair(&mut b, lr);
+        let lr = lr_pair(b, lr);
         let span = b.ins().isub(r1, r0);
         let d = spec.d as i64;
         let (et, eg) = (spec.table.size(), spec.grad.size() as i64);
         let ei: i64 = if spec.idx64 { 8 } else { 4 };
         let zero = b.ins().iconst(types::I64, 0);
-        for_range(&mut b, zero, nbags, 1, &mut |b, s| {
+        for_range(b, zero, nbags, 1, &mut |b, s| {
             let (start, end) = match spec.pooling {
                 Some(l) => {
                     let st = b.ins().imul_imm_s(s, l as i64);
@@ -342,39 +322,18 @@ pub(crate) fn compile_sparse(jit: &Jit, spec: SparseSpec) -> Result<SparseKernel
                 b.switch_to_block(next);
             });
         });
-        b.ins().return_(&[]);
-        b.seal_all_blocks();
-        b.finalize(module.target_config());
-    }
-    let f = jit.define_and_finalize(module, id, &mut ctx)?;
+    })?;
     // SAFETY: generated with exactly this signature and the C call convention.
     let f: SparseFn = unsafe { std::mem::transmute::<*const u8, SparseFn>(f) };
     Ok(SparseKernel { f })
 }
 
 pub(crate) fn compile_dense(jit: &Jit, spec: DenseSpec) -> Result<DenseKernel, JitError> {
-    let mut module = jit.new_module()?;
-    let ptr = module.target_config().pointer_type();
-    let mut sig = module.make_signature();
-    for _ in 0..3 {
-        sig.params.push(AbiParam::new(ptr));
-    }
-    sig.params.push(AbiParam::new(types::I64));
-    sig.params.push(AbiParam::new(types::F32));
-    let id = module
-        .declare_function("dense_update", Linkage::Export, &sig)
-        .map_err(JitError::module)?;
-    let mut ctx = module.make_context();
-    ctx.func.signature = sig;
-    let mut fctx = FunctionBuilderContext::new();
-    {
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-        let entry = b.create_block();
-        b.append_block_params_for_function_params(entry);
-        b.switch_to_block(entry);
-        let p = b.block_params(entry).to_vec();
+    let module = jit.new_module()?;
+    let scalars = [types::I64, types::F32];
+    let f = jit.compile_fn(module, "dense_update", 3, &scalars, |_, b, p| {
         let (w, lo, g, n, lr) = (p[0], p[1], p[2], p[3], p[4]);
-        let lr = lr_pair(&mut b, lr);
+        let lr = lr_pair(b, lr);
         let (et, eg) = (spec.w.size(), spec.grad.size() as i64);
         let n16 = b.ins().band_imm_s(n, !15);
         let n1 = b.ins().band_imm_s(n, !3);
@@ -390,20 +349,16 @@ pub(crate) fn compile_dense(jit: &Jit, spec: DenseSpec) -> Result<DenseKernel, J
         };
         // 16 elements per trip, then 4, then one at a time.
         for (from, to, step, cols) in [(zero, n16, 16, 16), (n16, n1, 4, 4)] {
-            for_range(&mut b, from, to, step, &mut |b, i| {
+            for_range(b, from, to, step, &mut |b, i| {
                 let (wp, lp, gp) = at(b, i);
                 update_cols(b, spec.w, spec.grad, wp, lp, gp, lr, None, 0, cols);
             });
         }
-        for_range(&mut b, n1, n, 1, &mut |b, i| {
+        for_range(b, n1, n, 1, &mut |b, i| {
             let (wp, lp, gp) = at(b, i);
             update_cols(b, spec.w, spec.grad, wp, lp, gp, lr, None, 0, 1);
         });
-        b.ins().return_(&[]);
-        b.seal_all_blocks();
-        b.finalize(module.target_config());
-    }
-    let f = jit.define_and_finalize(module, id, &mut ctx)?;
+    })?;
     // SAFETY: generated with exactly this signature and the C call convention.
     let f: DenseFn = unsafe { std::mem::transmute::<*const u8, DenseFn>(f) };
     Ok(DenseKernel { f })
