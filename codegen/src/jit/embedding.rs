@@ -260,23 +260,42 @@ pub(crate) fn embedding_bag(
             let (tab, bnd) = (tab_ptr as usize, bounds.as_ptr() as usize);
             let sb = block_rows(s, 8, 256);
             let f = k.f;
+            let row_bytes = d * tab_elt.size();
+            // The index positions bags `b0..b1` read.
+            let positions = |b0: usize, b1: usize| match pooling {
+                Some(l) => b0 * l..b1 * l,
+                None => bounds[b0] as usize..bounds[b1] as usize,
+            };
+            // Bags per kernel call: about `PREFETCH_ROWS` rows.
+            let sub = match pooling {
+                Some(l) => (PREFETCH_ROWS / l.max(1)).max(1),
+                None => 8,
+            };
             let go = |blk: usize, po: *mut u8, bags: usize| {
                 let s0 = blk * sb;
-                // SAFETY: every index was validated against the table's `rows`
-                // rows of `d` elements (the table holds rows·d, checked above);
-                // fixed pooling: indices s·L..(s+1)·L of the validated `s×L`
-                // indices; offsets: `bounds` holds s+1 non-decreasing entries
-                // ending at the indices' length (read_offsets). `po` is this
-                // task's own `bags × d` chunk of the result.
-                unsafe {
-                    f(
-                        tab as *const u8,
-                        idx_ptr as *const u8,
-                        bnd as *const i64,
-                        po,
-                        s0 as i64,
-                        (s0 + bags) as i64,
-                    )
+                let end = s0 + bags;
+                prefetch_rows(tab, row_bytes, idx, positions(s0, (s0 + sub).min(end)));
+                for b0 in (s0..end).step_by(sub) {
+                    let b1 = (b0 + sub).min(end);
+                    // The next call's rows are on their way while this one runs.
+                    prefetch_rows(tab, row_bytes, idx, positions(b1, (b1 + sub).min(end)));
+                    // SAFETY: every index was validated against the table's
+                    // `rows` rows of `d` elements (the table holds rows·d,
+                    // checked above); fixed pooling: indices s·L..(s+1)·L of the
+                    // validated `s×L` indices; offsets: `bounds` holds s+1
+                    // non-decreasing entries ending at the indices' length
+                    // (read_offsets). `po` is this task's own `bags × d` chunk of
+                    // the result, bag b0's row at `(b0 - s0)·d`.
+                    unsafe {
+                        f(
+                            tab as *const u8,
+                            idx_ptr as *const u8,
+                            bnd as *const i64,
+                            po.add((b0 - s0) * d * out.size()),
+                            b0 as i64,
+                            b1 as i64,
+                        )
+                    }
                 }
             };
             match &mut data {
@@ -297,4 +316,32 @@ pub(crate) fn embedding_bag(
             data,
         }])
     })())
+}
+
+/// Table rows fetched ahead of the kernel (a few per line-fill buffer of a core).
+const PREFETCH_ROWS: usize = 16;
+
+/// Asks the CPU to fetch the table rows of index positions `pos` into cache (a
+/// hint: the bag kernel's loads are latency-bound random reads of rows, and
+/// these let the next few rows' misses overlap). `tab` is the table's address,
+/// every index already validated against it.
+fn prefetch_rows(tab: usize, row_bytes: usize, idx: Indices<'_>, pos: std::ops::Range<usize>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let fetch = |row: usize| {
+            let base = tab + row * row_bytes;
+            for off in (0..row_bytes).step_by(64) {
+                // SAFETY: a prefetch is a hint that never faults, and the
+                // address is inside the table (the index was validated).
+                unsafe { _mm_prefetch::<_MM_HINT_T0>((base + off) as *const i8) };
+            }
+        };
+        match idx {
+            Indices::I64(v) => v[pos].iter().for_each(|&r| fetch(r as usize)),
+            Indices::I32(v) => v[pos].iter().for_each(|&r| fetch(r as usize)),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (tab, row_bytes, idx, pos);
 }
