@@ -258,6 +258,38 @@ proptest! {
     }
 
     #[test]
+    fn bce_logits_and_grad_match_the_references(
+        s in 1usize..300,
+        rank2 in any::<bool>(),
+        fixed_denom in any::<bool>(),
+        bf_z in any::<bool>(),
+        bf_y in any::<bool>(),
+        bf_out in any::<bool>(),
+        soft in any::<bool>(),
+        specials in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let shape = if rank2 { vec![s, 1] } else { vec![s] };
+        let z = Tensor::from_f32(dt(bf_z), shape.clone(), wide_vals(seed, s, specials));
+        // Labels: 0/1, or soft labels in [0, 1].
+        let y: Vec<f32> = vals(seed + 1, s)
+            .iter()
+            .map(|v| if soft { (v + 1.0) * 0.5 } else { f32::from(*v > 0.0) })
+            .collect();
+        let y = Tensor::from_f32(dt(bf_y), shape.clone(), y);
+        let denom = if fixed_denom { Dim::Fixed(s + 3) } else { Dim::batch() };
+        let op = Op::BceLogits { denom: denom.clone() };
+        let out = TensorType::new(dt(bf_out), Vec::<Dim>::new());
+        let name = format!("bce_logits s={s} bf={bf_z},{bf_y}->{bf_out}");
+        three_way(&name, &op, &[&z, &y], &[out], s, 0.0);
+        let op = Op::BceLogitsGrad { denom };
+        let dims: Vec<Dim> = shape.iter().map(|&d| Dim::Fixed(d)).collect();
+        let out = TensorType::new(dt(bf_out), dims);
+        let name = format!("bce_logits_grad s={s} bf={bf_z},{bf_y}->{bf_out}");
+        three_way(&name, &op, &[&z, &y], &[out], s, 0.0);
+    }
+
+    #[test]
     fn cat_interaction_and_grad_match_the_references(
         s in 0usize..40,
         widths in proptest::collection::vec(0usize..90, 1..5),

@@ -18,6 +18,8 @@
 //!   and backward, elementwise ops.
 //! - [`layout`]: one strided row copy (f32/bf16 in any mix, zero padding) for
 //!   `block_act`, `unblock_act` and the `cat` interaction forward and backward.
+//! - [`loss`]: `bce_logits` and `bce_logits_grad`, calling Rust's `f32::exp` and
+//!   `f32::ln_1p` through JIT symbols (bitwise the reference's results).
 //! - [`KernelChoice`]: which micro-kernel GEMMs use; `Auto` times both on the
 //!   first call of each shape and keeps the faster.
 //!
@@ -34,6 +36,7 @@ pub mod gemm;
 pub mod interaction;
 pub mod layout;
 pub mod linear;
+pub mod loss;
 pub mod native;
 pub mod native512;
 pub mod sparse;
@@ -143,6 +146,7 @@ pub(crate) enum Key {
     Dense(sparse::DenseSpec),
     Interaction(interaction::DotSpec),
     Copy(layout::CopySpec),
+    Loss(loss::LossSpec),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -154,6 +158,7 @@ pub(crate) enum Compiled {
     Dense(sparse::DenseKernel),
     Interaction(interaction::DotKernel),
     Copy(layout::CopyKernel),
+    Loss(loss::LossKernel),
 }
 
 /// The JIT: ISA, modules and kernel cache (see the module docs).
@@ -237,6 +242,16 @@ impl Jit {
             )),
         };
         Ok(module_of(isa, symbol.as_slice()))
+    }
+
+    /// A fresh module (optimizing ISA) in which each `(name, address)` of
+    /// `symbols` is a symbol the generated code may import (functions with the C
+    /// call convention, alive for the process).
+    pub(crate) fn module_with_symbols(
+        &self,
+        symbols: &[(&str, *const u8)],
+    ) -> Result<JITModule, JitError> {
+        Ok(module_of(self.isa.clone(), symbols))
     }
 
     /// Generates the exported function `name` in `module` (fresh from
@@ -410,6 +425,16 @@ impl Jit {
         }
     }
 
+    /// The loss kernel (`bce_logits`, `bce_logits_grad`) for `spec`.
+    pub fn loss(&self, spec: loss::LossSpec) -> Result<loss::LossKernel, JitError> {
+        match self.cached(Key::Loss(spec), || {
+            loss::compile(self, spec).map(Compiled::Loss)
+        })? {
+            Compiled::Loss(k) => Ok(k),
+            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
+        }
+    }
+
     /// The micro-kernel to use for `spec` under `choice`. `Auto` runs `trial`
     /// three times per micro-kernel (after a warm-up run) on the first call of a
     /// shape and remembers the one with the fastest run.
@@ -517,6 +542,9 @@ pub fn try_eval(
         | Op::UnblockAct { .. } => layout::eval(jit, op, inputs, out_types),
         Op::Interaction { .. } | Op::InteractionGrad { .. } => {
             interaction::eval(jit, op, inputs, out_types)
+        }
+        Op::BceLogits { .. } | Op::BceLogitsGrad { .. } => {
+            loss::eval(jit, op, inputs, out_types, syms)
         }
         _ => None,
     }?;
