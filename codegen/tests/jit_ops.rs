@@ -1,10 +1,12 @@
-//! Property tests of the JIT embedding-bag and elementwise kernels against the
-//! interpreter (the definition) on random ragged shapes, f32 and bf16 storage.
+//! Property tests of the JIT embedding-bag, elementwise, layout-copy (`block_act`,
+//! `unblock_act`, `cat` interaction) and loss kernels against the interpreter (the
+//! definition) and the reference kernels, on random ragged shapes, f32 and bf16
+//! storage.
 
 use dlrm_codegen::KernelError;
 use dlrm_codegen::jit::{JitOptions, try_eval};
 use dlrm_ir::interp::{EvalCtx, eval_op};
-use dlrm_ir::{DType, Dim, Op, Pool, SingleRank, Tensor, TensorType};
+use dlrm_ir::{DType, Dim, InteractionKind, Op, Pool, SingleRank, Tensor, TensorType};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -44,14 +46,18 @@ fn jit(op: &Op, ins: &[&Tensor], out: &TensorType, s: usize) -> Result<Vec<Tenso
     .expect("a JIT kernel exists")
 }
 
-/// Equal values, or within one bf16 rounding step when `bf16` (the sum in f32
-/// before one rounding is the definition; orders agree, so usually exact).
+/// Equal values, or within `tol` relative (one bf16 rounding step when the
+/// sum in f32 before one rounding is the definition; orders agree, so usually
+/// exact). NaN matches any NaN: which NaN an invalid operation returns (sign,
+/// payload) depends on the hardware's operand order, which no definition fixes.
 fn assert_close(name: &str, got: &Tensor, want: &Tensor, tol: f32) {
     assert_eq!(got.shape, want.shape, "{name}: shape");
     assert_eq!(got.dtype(), want.dtype(), "{name}: dtype");
     for (i, (a, b)) in got.to_f32_vec().iter().zip(want.to_f32_vec()).enumerate() {
         assert!(
-            (a - b).abs() <= tol * b.abs().max(1.0) || a.to_bits() == b.to_bits(),
+            (a - b).abs() <= tol * b.abs().max(1.0)
+                || a.to_bits() == b.to_bits()
+                || a.is_nan() && b.is_nan(),
             "{name}: element {i}: {a} vs {b}"
         );
     }
@@ -189,4 +195,138 @@ fn out_of_range_index_names_the_sample_before_running() {
     let neg = Tensor::i64(vec![1, 1], vec![-1]);
     let err = jit(&op, &[&table, &neg], &out_ty, 1).expect_err("negative index");
     assert!(err.to_string().contains("index -1"), "{err}");
+}
+
+/// Runs `op` with the JIT, the reference kernels (when they cover it) and the
+/// interpreter, and checks the three agree bit for bit (`tol` 0) or within `tol`.
+fn three_way(name: &str, op: &Op, ins: &[&Tensor], outs: &[TensorType], s: usize, tol: f32) {
+    let sy = syms(s);
+    let ctx = EvalCtx {
+        syms: &sy,
+        comm: &SingleRank,
+    };
+    let want = eval_op(op, ins, outs, &ctx).expect("interpreter");
+    let got = try_eval(op, ins, outs, &sy, &JitOptions::default())
+        .expect("a JIT kernel exists")
+        .expect("runs");
+    assert_eq!(got.len(), want.len(), "{name}: result count");
+    for (g, w) in got.iter().zip(&want) {
+        assert_close(&format!("{name} vs interpreter"), g, w, tol);
+    }
+    if let Some(reference) = dlrm_codegen::try_eval(op, ins, outs, &sy) {
+        let reference = reference.expect("reference runs");
+        for (g, r) in got.iter().zip(&reference) {
+            assert_close(&format!("{name} vs reference"), g, r, tol);
+        }
+    }
+}
+
+fn dt(bf: bool) -> DType {
+    if bf { DType::BF16 } else { DType::F32 }
+}
+
+/// Values in [-8, 8) with some NaNs and infinities when `specials`.
+fn wide_vals(seed: u64, n: usize, specials: bool) -> Vec<f32> {
+    vals(seed, n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| match i % 37 {
+            5 if specials => f32::NAN,
+            11 if specials => f32::INFINITY,
+            17 if specials => f32::NEG_INFINITY,
+            _ => v * 8.0,
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn block_act_and_unblock_act_match_the_references(
+        s in 0usize..40,
+        k in 1usize..200,
+        bk in 1usize..100,
+        bf_in in any::<bool>(),
+        bf_out in any::<bool>(),
+        specials in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let x = Tensor::from_f32(dt(bf_in), vec![s, k], wide_vals(seed, s * k, specials));
+        let kb = k.div_ceil(bk);
+        let op = Op::BlockAct { bk, dtype: dt(bf_out) };
+        let out = TensorType::new(dt(bf_out), [Dim::Fixed(kb), Dim::batch(), Dim::Fixed(bk)]);
+        let name = format!("block_act s={s} k={k} bk={bk} bf={bf_in}->{bf_out}");
+        three_way(&name, &op, &[&x], &[out], s, 0.0);
+        // Unblock a blocked tensor whose padding holds garbage (dropped).
+        let xb = Tensor::from_f32(dt(bf_in), vec![kb, s, bk], wide_vals(seed + 3, kb * s * bk, specials));
+        let op = Op::UnblockAct { k, dtype: dt(bf_out) };
+        let out = TensorType::new(dt(bf_out), [Dim::batch(), Dim::Fixed(k)]);
+        let name = format!("unblock_act s={s} k={k} bk={bk} bf={bf_in}->{bf_out}");
+        three_way(&name, &op, &[&xb], &[out], s, 0.0);
+    }
+
+    #[test]
+    fn bce_logits_and_grad_match_the_references(
+        s in 1usize..300,
+        rank2 in any::<bool>(),
+        fixed_denom in any::<bool>(),
+        bf_z in any::<bool>(),
+        bf_y in any::<bool>(),
+        bf_out in any::<bool>(),
+        soft in any::<bool>(),
+        specials in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let shape = if rank2 { vec![s, 1] } else { vec![s] };
+        let z = Tensor::from_f32(dt(bf_z), shape.clone(), wide_vals(seed, s, specials));
+        // Labels: 0/1, or soft labels in [0, 1].
+        let y: Vec<f32> = vals(seed + 1, s)
+            .iter()
+            .map(|v| if soft { (v + 1.0) * 0.5 } else { f32::from(*v > 0.0) })
+            .collect();
+        let y = Tensor::from_f32(dt(bf_y), shape.clone(), y);
+        let denom = if fixed_denom { Dim::Fixed(s + 3) } else { Dim::batch() };
+        let op = Op::BceLogits { denom: denom.clone() };
+        let out = TensorType::new(dt(bf_out), Vec::<Dim>::new());
+        let name = format!("bce_logits s={s} bf={bf_z},{bf_y}->{bf_out}");
+        three_way(&name, &op, &[&z, &y], &[out], s, 0.0);
+        let op = Op::BceLogitsGrad { denom };
+        let dims: Vec<Dim> = shape.iter().map(|&d| Dim::Fixed(d)).collect();
+        let out = TensorType::new(dt(bf_out), dims);
+        let name = format!("bce_logits_grad s={s} bf={bf_z},{bf_y}->{bf_out}");
+        three_way(&name, &op, &[&z, &y], &[out], s, 0.0);
+    }
+
+    #[test]
+    fn cat_interaction_and_grad_match_the_references(
+        s in 0usize..40,
+        widths in proptest::collection::vec(0usize..90, 1..5),
+        bfs in proptest::collection::vec(any::<bool>(), 5),
+        bf_out in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let xs: Vec<Tensor> = widths
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| Tensor::from_f32(dt(bfs[i]), vec![s, w], wide_vals(seed + i as u64, s * w, true)))
+            .collect();
+        let ins: Vec<&Tensor> = xs.iter().collect();
+        let width: usize = widths.iter().sum();
+        let op = Op::Interaction { kind: InteractionKind::Cat, self_interaction: false };
+        let out = TensorType::new(dt(bf_out), [Dim::batch(), Dim::Fixed(width)]);
+        let name = format!("cat s={s} widths={widths:?} bf={bfs:?}->{bf_out}");
+        three_way(&name, &op, &ins, &[out], s, 0.0);
+        let dr = Tensor::from_f32(dt(bfs[4]), vec![s, width], wide_vals(seed + 9, s * width, true));
+        let mut gins = vec![&dr];
+        gins.extend(xs.iter());
+        // Gradients in mixed dtypes.
+        let outs: Vec<TensorType> = widths
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| TensorType::new(dt(bf_out ^ (i % 2 == 1)), [Dim::batch(), Dim::Fixed(w)]))
+            .collect();
+        let op = Op::InteractionGrad { kind: InteractionKind::Cat, self_interaction: false };
+        three_way(&format!("cat grad s={s} widths={widths:?}"), &op, &gins, &outs, s, 0.0);
+    }
 }

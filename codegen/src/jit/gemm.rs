@@ -372,14 +372,14 @@ impl Operand<'_> {
         }
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             Operand::F32(v) => v.len(),
             Operand::BF16(v) => v.len(),
         }
     }
 
-    fn ptr_at(&self, elem: usize) -> *const u8 {
+    pub(crate) fn ptr_at(&self, elem: usize) -> *const u8 {
         match self {
             Operand::F32(v) => v[elem..].as_ptr().cast(),
             Operand::BF16(v) => v[elem..].as_ptr().cast(),
@@ -397,14 +397,14 @@ pub enum OutBuf<'a> {
 }
 
 impl OutBuf<'_> {
-    fn elt(&self) -> Elt {
+    pub(crate) fn elt(&self) -> Elt {
         match self {
             OutBuf::F32(_) => Elt::F32,
             OutBuf::BF16(_) => Elt::BF16,
         }
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             OutBuf::F32(v) => v.len(),
             OutBuf::BF16(v) => v.len(),

@@ -370,7 +370,8 @@ fn data_ptr(d: &mut Data) -> *mut u8 {
 }
 
 /// `interaction` / `interaction_grad` of kind `dot` with a JIT kernel (`None`:
-/// `cat`, non-float operands or results, more than 64 operands).
+/// `cat`, which [`super::layout`] copies; non-float operands or results; more
+/// than 64 operands).
 pub(crate) fn eval(
     jit: &Jit,
     op: &Op,

@@ -16,6 +16,10 @@
 //! - [`embedding`], [`sparse`], [`interaction`], [`elementwise`]: embedding bag,
 //!   the race-free sparse and dense optimizer updates, dot interaction forward
 //!   and backward, elementwise ops.
+//! - [`layout`]: one strided row copy (f32/bf16 in any mix, zero padding) for
+//!   `block_act`, `unblock_act` and the `cat` interaction forward and backward.
+//! - [`loss`]: `bce_logits` and `bce_logits_grad`, calling Rust's `f32::exp` and
+//!   `f32::ln_1p` through JIT symbols (bitwise the reference's results).
 //! - [`KernelChoice`]: which micro-kernel GEMMs use; `Auto` times both on the
 //!   first call of each shape and keeps the faster.
 //!
@@ -30,7 +34,9 @@ pub mod elementwise;
 pub mod embedding;
 pub mod gemm;
 pub mod interaction;
+pub mod layout;
 pub mod linear;
+pub mod loss;
 pub mod native;
 pub mod native512;
 pub mod sparse;
@@ -42,7 +48,7 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module};
-use dlrm_ir::{Op, Tensor, TensorType};
+use dlrm_ir::{InteractionKind, Op, Tensor, TensorType};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
@@ -139,6 +145,8 @@ pub(crate) enum Key {
     Sparse(sparse::SparseSpec),
     Dense(sparse::DenseSpec),
     Interaction(interaction::DotSpec),
+    Copy(layout::CopySpec),
+    Loss(loss::LossSpec),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -149,6 +157,8 @@ pub(crate) enum Compiled {
     Sparse(sparse::SparseKernel),
     Dense(sparse::DenseKernel),
     Interaction(interaction::DotKernel),
+    Copy(layout::CopyKernel),
+    Loss(loss::LossKernel),
 }
 
 /// The JIT: ISA, modules and kernel cache (see the module docs).
@@ -220,19 +230,28 @@ impl Jit {
         } else {
             self.isa.clone()
         };
-        let mut jb = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
-        match micro {
-            gemm::Micro::Cranelift => {}
-            gemm::Micro::Native => {
-                let p = native::ukernel_ptr().ok_or(JitError::NoNative("AVX2+FMA"))?;
-                jb.symbol(native::UKERNEL_SYMBOL, p);
-            }
-            gemm::Micro::Native512 => {
-                let p = native512::ukernel_ptr().ok_or(JitError::NoNative("AVX-512"))?;
-                jb.symbol(native512::UKERNEL_SYMBOL, p);
-            }
-        }
-        Ok(JITModule::new(jb))
+        let symbol = match micro {
+            gemm::Micro::Cranelift => None,
+            gemm::Micro::Native => Some((
+                native::UKERNEL_SYMBOL,
+                native::ukernel_ptr().ok_or(JitError::NoNative("AVX2+FMA"))?,
+            )),
+            gemm::Micro::Native512 => Some((
+                native512::UKERNEL_SYMBOL,
+                native512::ukernel_ptr().ok_or(JitError::NoNative("AVX-512"))?,
+            )),
+        };
+        Ok(module_of(isa, symbol.as_slice()))
+    }
+
+    /// A fresh module (optimizing ISA) in which each `(name, address)` of
+    /// `symbols` is a symbol the generated code may import (functions with the C
+    /// call convention, alive for the process).
+    pub(crate) fn module_with_symbols(
+        &self,
+        symbols: &[(&str, *const u8)],
+    ) -> Result<JITModule, JitError> {
+        Ok(module_of(self.isa.clone(), symbols))
     }
 
     /// Generates the exported function `name` in `module` (fresh from
@@ -396,6 +415,26 @@ impl Jit {
         }
     }
 
+    /// The row-copy kernel (`block_act`, `unblock_act`, `cat`) for `spec`.
+    pub fn copy(&self, spec: layout::CopySpec) -> Result<layout::CopyKernel, JitError> {
+        match self.cached(Key::Copy(spec), || {
+            layout::compile(self, spec).map(Compiled::Copy)
+        })? {
+            Compiled::Copy(k) => Ok(k),
+            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
+        }
+    }
+
+    /// The loss kernel (`bce_logits`, `bce_logits_grad`) for `spec`.
+    pub fn loss(&self, spec: loss::LossSpec) -> Result<loss::LossKernel, JitError> {
+        match self.cached(Key::Loss(spec), || {
+            loss::compile(self, spec).map(Compiled::Loss)
+        })? {
+            Compiled::Loss(k) => Ok(k),
+            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
+        }
+    }
+
     /// The micro-kernel to use for `spec` under `choice`. `Auto` runs `trial`
     /// three times per micro-kernel (after a warm-up run) on the first call of a
     /// shape and remembers the one with the fastest run.
@@ -450,6 +489,15 @@ impl Jit {
     }
 }
 
+/// A JIT module for `isa` with `symbols` registered.
+fn module_of(isa: OwnedTargetIsa, symbols: &[(&str, *const u8)]) -> JITModule {
+    let mut jb = JITBuilder::with_isa(isa, cranelift_module::default_libcall_names());
+    for &(name, p) in symbols {
+        jb.symbol(name, p);
+    }
+    JITModule::new(jb)
+}
+
 /// Locks a mutex, recovering from poisoning (the data are caches: a panic in
 /// another thread leaves them consistent).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -482,8 +530,21 @@ pub fn try_eval(
         Op::Relu | Op::ReluGrad | Op::SigmoidGrad | Op::Add => {
             elementwise::eval(jit, op, inputs, out_types)
         }
+        Op::Interaction {
+            kind: InteractionKind::Cat,
+            ..
+        }
+        | Op::InteractionGrad {
+            kind: InteractionKind::Cat,
+            ..
+        }
+        | Op::BlockAct { .. }
+        | Op::UnblockAct { .. } => layout::eval(jit, op, inputs, out_types),
         Op::Interaction { .. } | Op::InteractionGrad { .. } => {
             interaction::eval(jit, op, inputs, out_types)
+        }
+        Op::BceLogits { .. } | Op::BceLogitsGrad { .. } => {
+            loss::eval(jit, op, inputs, out_types, syms)
         }
         _ => None,
     }?;
