@@ -35,9 +35,10 @@
 //! against the spec before the (unsafe) call and splits rows over rayon tasks:
 //! the generated code never sees an unchecked size.
 
+use super::clif::{self, flags};
 use super::{Jit, JitError};
-use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::{AbiParam, Endianness, InstBuilder, MemFlagsData, Value, types};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{AbiParam, InstBuilder, Value, types};
 use cranelift_frontend::{FunctionBuilder, Variable};
 use cranelift_module::{Linkage, Module};
 use half::bf16;
@@ -703,14 +704,6 @@ pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError>
     Ok(GemmKernel { spec, f })
 }
 
-fn flags() -> MemFlagsData {
-    MemFlagsData::trusted().with_endianness(Endianness::Little)
-}
-
-fn bc_flags() -> MemFlagsData {
-    MemFlagsData::new().with_endianness(Endianness::Little)
-}
-
 struct Gen<'a, 'b> {
     b: &'a mut FunctionBuilder<'b>,
     spec: GemmSpec,
@@ -724,9 +717,7 @@ impl Gen<'_, '_> {
     }
 
     fn var(&mut self, ty: types::Type, init: Value) -> Variable {
-        let v = self.b.declare_var(ty);
-        self.b.def_var(v, init);
-        v
+        clif::var(self.b, ty, init)
     }
 
     /// A counted loop `for i in (start..end).step_by(step)` with the body emitted by
@@ -911,15 +902,7 @@ impl Gen<'_, '_> {
 
     /// Loads `A[r][kk]` (byte offset `off` from `pa`) and broadcasts it.
     fn a_splat(&mut self, pa: Value, off: i32) -> Value {
-        let fl = flags();
-        let x = match self.spec.a {
-            Elt::F32 => self.b.ins().load(types::F32, fl, pa, off),
-            Elt::BF16 => {
-                let h = self.b.ins().uload16(types::I32, fl, pa, off);
-                let w = self.b.ins().ishl_imm_u(h, 16);
-                self.b.ins().bitcast(types::F32, bc_flags(), w)
-            }
-        };
+        let x = clif::load_f32(self.b, self.spec.a, pa, off);
         self.b.ins().splat(types::F32X4, x)
     }
 
@@ -1067,10 +1050,7 @@ impl Gen<'_, '_> {
         }
         if s.relu {
             for o in outs.iter_mut() {
-                // `x > 0` or NaN (kept, as the interpreter keeps it).
-                let m = self.b.ins().fcmp(FloatCC::UnorderedOrGreaterThan, *o, zv);
-                let mf = self.b.ins().bitcast(types::F32X4, bc_flags(), m);
-                *o = self.b.ins().band(*o, mf);
+                *o = clif::relu_x4(self.b, *o);
             }
         }
         for r in 0..rows {
@@ -1091,8 +1071,9 @@ impl Gen<'_, '_> {
                     }
                 }
                 Elt::BF16 => {
-                    let words: Vec<Value> =
-                        (0..nv).map(|v| self.bf16_bits(outs[r * nv + v])).collect();
+                    let words: Vec<Value> = (0..nv)
+                        .map(|v| clif::bf16_bits_x4(self.b, outs[r * nv + v]))
+                        .collect();
                     if ncols == CL_NR {
                         for pair in 0..nv / 2 {
                             let h = self.b.ins().unarrow(words[2 * pair], words[2 * pair + 1]);
@@ -1107,26 +1088,5 @@ impl Gen<'_, '_> {
                 }
             }
         }
-    }
-
-    /// f32x4 -> i32x4 holding the bf16 bit patterns (nearest even, NaN quiet).
-    fn bf16_bits(&mut self, x: Value) -> Value {
-        let bits = self.b.ins().bitcast(types::I32X4, bc_flags(), x);
-        let hi = self.b.ins().ushr_imm_u(bits, 16);
-        let one = self.splat_i32(1);
-        let lsb = self.b.ins().band(hi, one);
-        let bias = self.splat_i32(0x7FFF);
-        let t = self.b.ins().iadd(bits, bias);
-        let t = self.b.ins().iadd(t, lsb);
-        let rounded = self.b.ins().ushr_imm_u(t, 16);
-        let q = self.splat_i32(0x40);
-        let quiet = self.b.ins().bor(hi, q);
-        let nan = self.b.ins().fcmp(FloatCC::Unordered, x, x);
-        self.b.ins().bitselect(nan, quiet, rounded)
-    }
-
-    fn splat_i32(&mut self, v: i32) -> Value {
-        let c = self.b.ins().iconst(types::I32, i64::from(v));
-        self.b.ins().splat(types::I32X4, c)
     }
 }
