@@ -399,31 +399,10 @@ fn reborrow<'a>(o: &'a mut OutBuf<'_>) -> OutBuf<'a> {
     }
 }
 
-/// Samples and widths of the `cat` operands (rank 2, same samples).
-fn cat_operands(op: &'static str, fwd: &[&Tensor]) -> KResult<(usize, Vec<usize>)> {
-    let Some(first) = fwd.first() else {
-        return Err(shape_err(op, "needs at least the dense operand".into()));
-    };
-    let s = first.shape.first().copied().unwrap_or(0);
-    let mut widths = Vec::with_capacity(fwd.len());
-    for (i, t) in fwd.iter().enumerate() {
-        match t.shape[..] {
-            [si, w] if si == s => widths.push(w),
-            _ => {
-                return Err(shape_err(
-                    op,
-                    format!("operand {i} has shape {:?}; expected [{s}, width]", t.shape),
-                ));
-            }
-        }
-    }
-    Ok((s, widths))
-}
-
 /// `interaction{cat}(x, e_0, ..) -> [S, Σ widths]`.
 fn cat(jit: &Jit, inputs: &[&Tensor], out: Elt) -> KResult<Vec<Tensor>> {
     const OP: &str = "interaction";
-    let (s, widths) = cat_operands(OP, inputs)?;
+    let (s, widths) = crate::kernels::interaction::samples_and_widths(OP, inputs)?;
     let ops = inputs
         .iter()
         .enumerate()
@@ -475,7 +454,7 @@ fn cat_grad(jit: &Jit, inputs: &[&Tensor], outs: &[Elt]) -> KResult<Vec<Tensor>>
             "needs dr and at least the dense operand".into(),
         ));
     }
-    let (s, widths) = cat_operands(OP, &inputs[1..])?;
+    let (s, widths) = crate::kernels::interaction::samples_and_widths(OP, &inputs[1..])?;
     let width = interaction_width(InteractionKind::Cat, false, &widths);
     if inputs[0].shape != [s, width] {
         return Err(shape_err(

@@ -21,6 +21,28 @@ const BWD: &str = "interaction_grad";
 /// Samples, per-operand f32 data, per-operand widths.
 type Operands<'a> = (usize, Vec<&'a [f32]>, Vec<usize>);
 
+/// Samples and widths of the interaction operands: rank 2, the same samples, at
+/// least the dense operand.
+pub(crate) fn samples_and_widths(op: &'static str, ts: &[&Tensor]) -> KResult<(usize, Vec<usize>)> {
+    let Some(first) = ts.first() else {
+        return Err(shape_err(op, "needs at least the dense operand".into()));
+    };
+    let s = first.shape.first().copied().unwrap_or(0);
+    let mut widths = Vec::with_capacity(ts.len());
+    for (i, t) in ts.iter().enumerate() {
+        match t.shape[..] {
+            [si, w] if si == s => widths.push(w),
+            _ => {
+                return Err(shape_err(
+                    op,
+                    format!("operand {i} has shape {:?}; expected [{s}, width]", t.shape),
+                ));
+            }
+        }
+    }
+    Ok((s, widths))
+}
+
 /// The f32 data and widths of the interaction operands (`None`: not all f32).
 fn operands<'a>(
     op: &'static str,
@@ -29,22 +51,7 @@ fn operands<'a>(
 ) -> Option<KResult<Operands<'a>>> {
     let data: Vec<&[f32]> = ts.iter().map(|t| t.as_f32()).collect::<Option<_>>()?;
     Some((|| {
-        if ts.is_empty() {
-            return Err(shape_err(op, "needs at least the dense operand".into()));
-        }
-        let mut widths = Vec::with_capacity(ts.len());
-        let s = ts[0].shape.first().copied().unwrap_or(0);
-        for (i, t) in ts.iter().enumerate() {
-            match t.shape[..] {
-                [si, w] if si == s => widths.push(w),
-                _ => {
-                    return Err(shape_err(
-                        op,
-                        format!("operand {i} has shape {:?}; expected [{s}, width]", t.shape),
-                    ));
-                }
-            }
-        }
+        let (s, widths) = samples_and_widths(op, ts)?;
         if kind == InteractionKind::Dot && widths.iter().any(|&w| w != widths[0]) {
             return Err(shape_err(
                 op,
