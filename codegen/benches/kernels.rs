@@ -24,6 +24,11 @@ use half::bf16;
 use std::collections::HashMap;
 use std::hint::black_box;
 
+/// The allocator `dlrm-run` uses (freed buffers are reused, not page-faulted
+/// back), so the timings include the same allocation costs as a training step.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn vals(seed: u64, n: usize) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)

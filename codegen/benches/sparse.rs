@@ -19,6 +19,11 @@ use half::bf16;
 use std::collections::HashMap;
 use std::hint::black_box;
 
+/// The allocator `dlrm-run` uses (freed buffers are reused, not page-faulted
+/// back), so the timings include the same allocation costs as a training step.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const BATCH: usize = 2048;
 const ROWS: usize = 100_000;
 

@@ -12,6 +12,11 @@ use dlrm_ir::{Act, DType, Dim, Op, Tensor, TensorType};
 use std::collections::HashMap;
 use std::time::Instant;
 
+/// The allocator `dlrm-run` uses (freed buffers are reused, not page-faulted
+/// back), so the timings include the same allocation costs as a training step.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn vals(seed: usize, n: usize) -> Vec<f32> {
     (0..n)
         .map(|i| (((i + seed) * 7919) % 1000) as f32 / 1000.0 - 0.5)

@@ -8,6 +8,11 @@ use dlrm_codegen::jit::{Jit, native};
 use half::bf16;
 use std::time::Instant;
 
+/// The allocator `dlrm-run` uses (freed buffers are reused, not page-faulted
+/// back), so the timings include the same allocation costs as a training step.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let a: Vec<usize> = std::env::args()
         .skip(1)

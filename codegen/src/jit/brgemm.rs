@@ -15,7 +15,7 @@
 //! | --- | --- | --- | --- | --- |
 //! | `brgemm(xb, wb, b)` | `yb[nb]` rows `r0..`: `S × bn`, `k = Kb·bk` | `xb`, batch-reduce over `Kb` | `wb[nb]` (`Kb·bk × bn`), in place | bias, relu fused; sigmoid after |
 //! | `brgemm_dgrad(dyb, (yb,) wb)` | `dx[kb]` rows `r0..`: `S × bk`, `k = Nb·bn` | `dz = act'(dy, y)`, batch-reduce over `Nb` | `wb[·][kb]ᵀ`, packed | none |
-//! | `brgemm_wgrad(dyb, (yb,) xb)` | `dw[nb][kb]`: `bk × bn`, `k = S` | `xb[kb]ᵀ` (transposed view) | `dz[nb]`, in place | none; `db` summed from `dz` |
+//! | `brgemm_wgrad(dyb, (yb,) xb)` | `dw[nb][kb]`: `bk × bn`, `k = S` | `xb[kb]ᵀ`: the transposed view in place, or packed once when at least 4 N blocks reuse it | `dz[nb]`, packed (`act'` applied on the way) | none; `db` summed from `dz` |
 //!
 //! Arithmetic: every output element is one accumulator summed over its reduction
 //! index ascending (the interpreter's order) with one FMA per term, then the
@@ -479,7 +479,10 @@ pub fn brgemm_wgrad(
         bias: false,
         relu: false,
         micro: Micro::Cranelift,
-        pack_a: true,
+        // xᵀ packed once per call pays off when many N blocks reuse it; with
+        // few, the transposed view read in place is faster (`brgemm_best`:
+        // 256→64 1.0 vs 1.4 ms, 256→1 0.4 vs 1.1; 512→256 ~5% slower).
+        pack_a: nb >= PACK_X_MIN_NB,
         b: BLayout::Packed,
         kb: 0,
         a_blk: 0,
@@ -492,9 +495,14 @@ pub fn brgemm_wgrad(
         let tiles = bk.div_ceil(mr);
         let blk_a = tiles * s * mr;
         let a = match &x.data {
-            Data::F32(v) => Packed::F32(pack_x_t(v, kb, s, bk, mr)),
-            Data::BF16(v) => Packed::BF16(pack_x_t(v, kb, s, bk, mr)),
-            _ => Packed::F32(Vec::new()),
+            Data::F32(v) if sp.pack_a => Some(Packed::F32(pack_x_t(v, kb, s, bk, mr))),
+            Data::BF16(v) if sp.pack_a => Some(Packed::BF16(pack_x_t(v, kb, s, bk, mr))),
+            _ => None,
+        };
+        // Block kb of A: packed tiles, or `xb[kb]` read as its transpose.
+        let (a, blk_a) = match &a {
+            Some(p) => (p.operand(), blk_a),
+            None => (xa, s * bk),
         };
         // B per nb block: dz[nb] (`S × bn`), packed, with db summed on the way.
         let panels = bn.div_ceil(nr);
@@ -508,15 +516,18 @@ pub fn brgemm_wgrad(
                 let (nbi, p) = (q / panels, q % panels);
                 let j0 = p * nr;
                 let cols = nr.min(bn - j0);
-                for si in 0..s {
-                    let e = (nbi * s + si) * bn + j0;
-                    let (d, yy) = (&dyv[e..e + cols], &yv[e..e + cols]);
-                    let row = &mut pan[si * nr..si * nr + cols];
-                    for (((o, &d), &yy), acc) in row.iter_mut().zip(d).zip(yy).zip(dbq.iter_mut()) {
-                        let z = act_grad(act, d, yy);
-                        *o = z;
-                        *acc += z;
-                    }
+                let rows = (
+                    &dyv[nbi * s * bn..(nbi + 1) * s * bn],
+                    &yv[nbi * s * bn..(nbi + 1) * s * bn],
+                );
+                match act {
+                    Act::None => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, _| d),
+                    Act::Relu => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
+                        act_grad(Act::Relu, d, y)
+                    }),
+                    Act::Sigmoid => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
+                        act_grad(Act::Sigmoid, d, y)
+                    }),
                 }
             });
         let mut dw = Out::zeros(dw_elt, nb * kb * bk * bn);
@@ -527,7 +538,7 @@ pub fn brgemm_wgrad(
             .try_for_each(|(blk, cb)| {
                 let (nbi, kbi) = (blk / kb, blk % kb);
                 kern.run_block(
-                    tail(a.operand(), kbi * blk_a),
+                    tail(a, kbi * blk_a),
                     &bp[nbi * blk_b..(nbi + 1) * blk_b],
                     None,
                     cb,
@@ -571,6 +582,38 @@ impl Packed {
         match self {
             Packed::F32(v) => Operand::F32(v),
             Packed::BF16(v) => Operand::BF16(v),
+        }
+    }
+}
+
+/// N blocks from which `brgemm_wgrad` packs `xᵀ` (fewer read it in place).
+const PACK_X_MIN_NB: usize = 4;
+
+/// One packed panel of `dz = g(dy, y)` (`S` rows of `nr`, the first `db.len()`
+/// columns live, from column `j0` of the `[S][bn]` block `dy`, `y`), adding each
+/// row into `db` in sample order.
+fn pack_dz(
+    (dy, y): (&[f32], &[f32]),
+    pan: &mut [f32],
+    db: &mut [f32],
+    (bn, j0, nr): (usize, usize, usize),
+    g: impl Fn(f32, f32) -> f32,
+) {
+    let cols = db.len();
+    for ((row, d), yy) in pan
+        .chunks_exact_mut(nr)
+        .zip(dy.chunks_exact(bn))
+        .zip(y.chunks_exact(bn))
+    {
+        for (((o, &d), &yy), acc) in row[..cols]
+            .iter_mut()
+            .zip(&d[j0..j0 + cols])
+            .zip(&yy[j0..j0 + cols])
+            .zip(db.iter_mut())
+        {
+            let z = g(d, yy);
+            *o = z;
+            *acc += z;
         }
     }
 }
