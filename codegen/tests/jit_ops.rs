@@ -329,4 +329,42 @@ proptest! {
         let op = Op::InteractionGrad { kind: InteractionKind::Cat, self_interaction: false };
         three_way(&format!("cat grad s={s} widths={widths:?}"), &op, &gins, &outs, s, 0.0);
     }
+
+    #[test]
+    fn embedding_bag_grad_matches_the_references(
+        s in 0usize..60,
+        d in 0usize..80,
+        l in 0usize..6,
+        offsets in any::<bool>(),
+        mean in any::<bool>(),
+        bf_dy in any::<bool>(),
+        bf_out in any::<bool>(),
+        i32s in any::<bool>(),
+        specials in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let dy = Tensor::from_f32(dt(bf_dy), vec![s, d], wide_vals(seed, s * d, specials));
+        // With offsets, a few indices more (bags of 0..2l+2 rows).
+        let n = s * l + if s > 0 { seed as usize % 3 } else { 0 };
+        let raw: Vec<i64> = (0..n as i64).map(|i| (i * 7 + seed as i64) % 11).collect();
+        let idx_shape = if offsets { vec![n] } else { vec![s, l] };
+        let raw = if offsets { raw } else { raw[..s * l].to_vec() };
+        let idx = if i32s {
+            Tensor::i32(idx_shape, raw.iter().map(|&x| x as i32).collect())
+        } else {
+            Tensor::i64(idx_shape, raw)
+        };
+        // Ragged bags, the first ones short or empty: bag b starts at ⌊b²·n/s²⌋.
+        let off: Vec<i64> = (0..s).map(|b| (b * b * n / (s * s)) as i64).collect();
+        let off = Tensor::i64(vec![s], off);
+        let op = Op::EmbeddingBagGrad { mode: if mean { Pool::Mean } else { Pool::Sum } };
+        let (ins, dims): (Vec<&Tensor>, Vec<Dim>) = if offsets {
+            (vec![&dy, &idx, &off], vec![Dim::Fixed(n), Dim::Fixed(d)])
+        } else {
+            (vec![&dy, &idx], vec![Dim::batch(), Dim::Fixed(l), Dim::Fixed(d)])
+        };
+        let out = TensorType::new(dt(bf_out), dims);
+        let name = format!("embedding_bag_grad s={s} d={d} l={l} n={n} off={offsets} mean={mean} bf={bf_dy}->{bf_out}");
+        three_way(&name, &op, &ins, &[out], s, 0.0);
+    }
 }

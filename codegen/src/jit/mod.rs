@@ -527,6 +527,9 @@ pub fn try_eval(
             brgemm::eval(jit, opts, op, inputs, out_types)
         }
         Op::EmbeddingBag { mode } => embedding::embedding_bag(jit, *mode, inputs, out_types),
+        Op::EmbeddingBagGrad { mode } => {
+            embedding::embedding_bag_grad(jit, *mode, inputs, out_types)
+        }
         Op::Relu | Op::ReluGrad | Op::SigmoidGrad | Op::Add => {
             elementwise::eval(jit, op, inputs, out_types)
         }
