@@ -197,6 +197,23 @@ fn out_of_range_index_names_the_sample_before_running() {
     assert!(err.to_string().contains("index -1"), "{err}");
 }
 
+#[test]
+fn linear_db_column_blocks_match_the_references() {
+    // Large enough for column blocks (one task each), the last one ragged.
+    for (s, n, bf) in [(700, 130, false), (1025, 67, true), (513, 257, false)] {
+        let dz = Tensor::from_f32(dt(bf), vec![s, n], wide_vals(s as u64, s * n, false));
+        let out = TensorType::new(DType::F32, [Dim::Fixed(n)]);
+        three_way(
+            &format!("linear_db s={s} n={n}"),
+            &Op::LinearDb,
+            &[&dz],
+            &[out],
+            s,
+            0.0,
+        );
+    }
+}
+
 /// Runs `op` with the JIT, the reference kernels (when they cover it) and the
 /// interpreter, and checks the three agree bit for bit (`tol` 0) or within `tol`.
 fn three_way(name: &str, op: &Op, ins: &[&Tensor], outs: &[TensorType], s: usize, tol: f32) {
@@ -366,5 +383,20 @@ proptest! {
         let out = TensorType::new(dt(bf_out), dims);
         let name = format!("embedding_bag_grad s={s} d={d} l={l} n={n} off={offsets} mean={mean} bf={bf_dy}->{bf_out}");
         three_way(&name, &op, &ins, &[out], s, 0.0);
+    }
+
+    #[test]
+    fn linear_db_matches_the_references(
+        s in 0usize..300,
+        n in 0usize..150,
+        bf_dz in any::<bool>(),
+        bf_out in any::<bool>(),
+        specials in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let dz = Tensor::from_f32(dt(bf_dz), vec![s, n], wide_vals(seed, s * n, specials));
+        let out = TensorType::new(dt(bf_out), [Dim::Fixed(n)]);
+        let name = format!("linear_db s={s} n={n} bf={bf_dz}->{bf_out}");
+        three_way(&name, &Op::LinearDb, &[&dz], &[out], s, 0.0);
     }
 }

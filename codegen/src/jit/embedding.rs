@@ -79,12 +79,23 @@ pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
             let rel = b.ins().isub(s, s0);
             let orow_off = b.ins().imul_imm_s(rel, (d * eo) as i64);
             let orow = b.ins().iadd(out, orow_off);
-            let mut c0 = 0;
-            while c0 < d {
-                let cols = CW.min(d - c0);
-                bag_chunk(b, spec, table, idx, ei, start, end, orow, c0, cols);
-                c0 += cols;
-            }
+            let row_bytes = (d * spec.table.size()) as i64;
+            let pool = RowSum {
+                src: spec.table,
+                out: spec.out,
+                mean: spec.mean,
+            };
+            sum_rows(b, pool, start, end, d, orow, &mut |b, p| {
+                let ioff = b.ins().imul_imm_s(p, ei);
+                let ia = b.ins().iadd(idx, ioff);
+                let row = if spec.idx64 {
+                    b.ins().load(types::I64, flags(), ia, 0)
+                } else {
+                    b.ins().sload32(flags(), ia, 0)
+                };
+                let roff = b.ins().imul_imm_s(row, row_bytes);
+                b.ins().iadd(table, roff)
+            });
         });
     })?;
     // SAFETY: generated with exactly this signature and the C call convention.
@@ -169,46 +180,67 @@ fn bag_grad(
     });
 }
 
-/// Columns `c0..c0+cols` of one bag: accumulate the rows, pool, store.
-#[allow(clippy::too_many_arguments)]
-fn bag_chunk(
+/// The element types and pooling of a [`sum_rows`].
+#[derive(Clone, Copy)]
+pub(super) struct RowSum {
+    /// Element type of the rows summed.
+    pub src: Elt,
+    /// Element type of the result.
+    pub out: Elt,
+    /// Divide by the number of rows (an empty sum stays zero).
+    pub mean: bool,
+}
+
+/// Emits the sum, from +0 and in order, of the `w`-element rows at `row(b, p)`
+/// for `p` in `start..end` (divided by their count for `mean`), stored at
+/// `orow`: chunks of up to [`CW`] columns, each summed over all the rows in
+/// registers (f32x4 groups, then a scalar tail).
+pub(super) fn sum_rows(
     b: &mut FunctionBuilder<'_>,
-    spec: BagSpec,
-    table: Value,
-    idx: Value,
-    ei: i64,
+    pool: RowSum,
+    start: Value,
+    end: Value,
+    w: usize,
+    orow: Value,
+    row: &mut dyn FnMut(&mut FunctionBuilder<'_>, Value) -> Value,
+) {
+    let mut c0 = 0;
+    while c0 < w {
+        let cols = CW.min(w - c0);
+        sum_chunk(b, pool, start, end, orow, c0, cols, row);
+        c0 += cols;
+    }
+}
+
+/// Columns `c0..c0+cols` of a [`sum_rows`]: accumulate the rows, pool, store.
+#[allow(clippy::too_many_arguments)]
+fn sum_chunk(
+    b: &mut FunctionBuilder<'_>,
+    pool: RowSum,
     start: Value,
     end: Value,
     orow: Value,
     c0: usize,
     cols: usize,
+    row: &mut dyn FnMut(&mut FunctionBuilder<'_>, Value) -> Value,
 ) {
-    let (et, eo) = (spec.table.size(), spec.out.size());
+    let (et, eo) = (pool.src.size(), pool.out.size());
     let nv = cols / 4;
     let tail = cols % 4;
     let zf = b.ins().f32const(0.0);
     let zv = b.ins().splat(types::F32X4, zf);
     let vacc: Vec<_> = (0..nv).map(|_| var(b, types::F32X4, zv)).collect();
     let sacc: Vec<_> = (0..tail).map(|_| var(b, types::F32, zf)).collect();
-    let row_bytes = (spec.d * et) as i64;
     for_range(b, start, end, 1, &mut |b, p| {
-        let ioff = b.ins().imul_imm_s(p, ei);
-        let ia = b.ins().iadd(idx, ioff);
-        let row = if spec.idx64 {
-            b.ins().load(types::I64, flags(), ia, 0)
-        } else {
-            b.ins().sload32(flags(), ia, 0)
-        };
-        let roff = b.ins().imul_imm_s(row, row_bytes);
-        let rp = b.ins().iadd(table, roff);
+        let rp = row(b, p);
         for (v, &acc) in vacc.iter().enumerate() {
-            let x = load_f32x4(b, spec.table, rp, ((c0 + 4 * v) * et) as i32);
+            let x = load_f32x4(b, pool.src, rp, ((c0 + 4 * v) * et) as i32);
             let a = b.use_var(acc);
             let s = b.ins().fadd(a, x);
             b.def_var(acc, s);
         }
         for (l, &acc) in sacc.iter().enumerate() {
-            let x = load_f32(b, spec.table, rp, ((c0 + 4 * nv + l) * et) as i32);
+            let x = load_f32(b, pool.src, rp, ((c0 + 4 * nv + l) * et) as i32);
             let a = b.use_var(acc);
             let s = b.ins().fadd(a, x);
             b.def_var(acc, s);
@@ -216,7 +248,7 @@ fn bag_chunk(
     });
     let mut vs: Vec<Value> = vacc.iter().map(|&a| b.use_var(a)).collect();
     let mut ss: Vec<Value> = sacc.iter().map(|&a| b.use_var(a)).collect();
-    if spec.mean {
+    if pool.mean {
         // Divide by the bag size; an empty bag (all zeros) is left as is.
         let cf = bag_size(b, start, end);
         let cv = b.ins().splat(types::F32X4, cf);
@@ -228,10 +260,10 @@ fn bag_chunk(
         }
     }
     for (v, &x) in vs.iter().enumerate() {
-        store_f32x4(b, spec.out, x, orow, ((c0 + 4 * v) * eo) as i32);
+        store_f32x4(b, pool.out, x, orow, ((c0 + 4 * v) * eo) as i32);
     }
     for (l, &x) in ss.iter().enumerate() {
-        store_f32(b, spec.out, x, orow, ((c0 + 4 * nv + l) * eo) as i32);
+        store_f32(b, pool.out, x, orow, ((c0 + 4 * nv + l) * eo) as i32);
     }
 }
 

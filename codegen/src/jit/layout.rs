@@ -167,7 +167,7 @@ pub(crate) fn compile(jit: &Jit, spec: CopySpec) -> Result<CopyKernel, JitError>
     Ok(CopyKernel { spec, f })
 }
 
-fn out_ptr(o: &mut OutBuf<'_>) -> *mut u8 {
+pub(super) fn out_ptr(o: &mut OutBuf<'_>) -> *mut u8 {
     match o {
         OutBuf::F32(v) => v.as_mut_ptr().cast(),
         OutBuf::BF16(v) => v.as_mut_ptr().cast(),
@@ -227,7 +227,7 @@ impl CopyKernel {
 
 /// Runs `task(i, chunk)` over the consecutive chunks of `chunk` elements of `out`,
 /// one rayon task each.
-fn par_chunks(
+pub(super) fn par_chunks(
     out: OutBuf<'_>,
     chunk: usize,
     task: &(dyn Fn(usize, OutBuf<'_>) -> Result<(), JitError> + Sync),
@@ -252,7 +252,7 @@ pub(super) fn zeros(e: Elt, n: usize) -> Data {
     }
 }
 
-fn buf(d: &mut Data) -> OutBuf<'_> {
+pub(super) fn buf(d: &mut Data) -> OutBuf<'_> {
     match d {
         Data::BF16(v) => OutBuf::BF16(v),
         Data::F32(v) => OutBuf::F32(v),

@@ -39,6 +39,7 @@ pub mod linear;
 pub mod loss;
 pub mod native;
 pub mod native512;
+pub mod reduce;
 pub mod sparse;
 
 use crate::kernels::KResult;
@@ -147,6 +148,7 @@ pub(crate) enum Key {
     Interaction(interaction::DotSpec),
     Copy(layout::CopySpec),
     Loss(loss::LossSpec),
+    Db(reduce::DbSpec),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -159,6 +161,7 @@ pub(crate) enum Compiled {
     Interaction(interaction::DotKernel),
     Copy(layout::CopyKernel),
     Loss(loss::LossKernel),
+    Db(reduce::DbKernel),
 }
 
 /// The JIT: ISA, modules and kernel cache (see the module docs).
@@ -435,6 +438,16 @@ impl Jit {
         }
     }
 
+    /// The column-sum kernel (`linear_db`) for `spec`.
+    pub fn db(&self, spec: reduce::DbSpec) -> Result<reduce::DbKernel, JitError> {
+        match self.cached(Key::Db(spec), || {
+            reduce::compile(self, spec).map(Compiled::Db)
+        })? {
+            Compiled::Db(k) => Ok(k),
+            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
+        }
+    }
+
     /// The micro-kernel to use for `spec` under `choice`. `Auto` runs `trial`
     /// three times per micro-kernel (after a warm-up run) on the first call of a
     /// shape and remembers the one with the fastest run.
@@ -523,6 +536,7 @@ pub fn try_eval(
         Op::Linear { act } => linear::linear(jit, opts, *act, inputs, out_types),
         Op::LinearDx => linear::linear_dx(jit, opts, inputs, out_types),
         Op::LinearDw => linear::linear_dw(jit, opts, inputs, out_types),
+        Op::LinearDb => reduce::linear_db(jit, inputs, out_types),
         Op::Brgemm { .. } | Op::BrgemmDgrad { .. } | Op::BrgemmWgrad { .. } => {
             brgemm::eval(jit, opts, op, inputs, out_types)
         }
