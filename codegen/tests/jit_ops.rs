@@ -284,7 +284,7 @@ proptest! {
     }
 
     #[test]
-    fn bce_logits_and_grad_match_the_references(
+    fn bce_losses_and_grads_match_the_references(
         s in 1usize..300,
         rank2 in any::<bool>(),
         fixed_denom in any::<bool>(),
@@ -296,7 +296,22 @@ proptest! {
         seed in 0u64..1000,
     ) {
         let shape = if rank2 { vec![s, 1] } else { vec![s] };
-        let z = Tensor::from_f32(dt(bf_z), shape.clone(), wide_vals(seed, s, specials));
+        let zs = wide_vals(seed, s, specials);
+        let z = Tensor::from_f32(dt(bf_z), shape.clone(), zs.clone());
+        // Probabilities (bce) in [0, 1], some exactly 0 or 1 (ln clamped at
+        // -100) or tiny (p·(1-p) below 1e-12); NaN and ±inf when `specials`.
+        let ps: Vec<f32> = zs
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| match i % 13 {
+                3 => 0.0,
+                7 => 1.0,
+                9 => 1e-13,
+                _ if v.is_finite() => (v + 8.0) / 16.0,
+                _ => v,
+            })
+            .collect();
+        let p = Tensor::from_f32(dt(bf_z), shape.clone(), ps);
         // Labels: 0/1, or soft labels in [0, 1].
         let y: Vec<f32> = vals(seed + 1, s)
             .iter()
@@ -304,15 +319,18 @@ proptest! {
             .collect();
         let y = Tensor::from_f32(dt(bf_y), shape.clone(), y);
         let denom = if fixed_denom { Dim::Fixed(s + 3) } else { Dim::batch() };
-        let op = Op::BceLogits { denom: denom.clone() };
-        let out = TensorType::new(dt(bf_out), Vec::<Dim>::new());
-        let name = format!("bce_logits s={s} bf={bf_z},{bf_y}->{bf_out}");
-        three_way(&name, &op, &[&z, &y], &[out], s, 0.0);
-        let op = Op::BceLogitsGrad { denom };
         let dims: Vec<Dim> = shape.iter().map(|&d| Dim::Fixed(d)).collect();
-        let out = TensorType::new(dt(bf_out), dims);
-        let name = format!("bce_logits_grad s={s} bf={bf_z},{bf_y}->{bf_out}");
-        three_way(&name, &op, &[&z, &y], &[out], s, 0.0);
+        let cases = [
+            (Op::BceLogits { denom: denom.clone() }, &z, vec![]),
+            (Op::BceLogitsGrad { denom: denom.clone() }, &z, dims.clone()),
+            (Op::Bce { denom: denom.clone() }, &p, vec![]),
+            (Op::BceGrad { denom }, &p, dims),
+        ];
+        for (op, x, out_dims) in cases {
+            let out = TensorType::new(dt(bf_out), out_dims);
+            let name = format!("{} s={s} bf={bf_z},{bf_y}->{bf_out}", op.mnemonic());
+            three_way(&name, &op, &[x, &y], &[out], s, 0.0);
+        }
     }
 
     #[test]
@@ -399,4 +417,5 @@ proptest! {
         let name = format!("linear_db s={s} n={n} bf={bf_dz}->{bf_out}");
         three_way(&name, &Op::LinearDb, &[&dz], &[out], s, 0.0);
     }
+
 }

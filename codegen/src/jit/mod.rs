@@ -560,7 +560,7 @@ pub fn try_eval(
         Op::Interaction { .. } | Op::InteractionGrad { .. } => {
             interaction::eval(jit, op, inputs, out_types)
         }
-        Op::BceLogits { .. } | Op::BceLogitsGrad { .. } => {
+        Op::BceLogits { .. } | Op::BceLogitsGrad { .. } | Op::Bce { .. } | Op::BceGrad { .. } => {
             loss::eval(jit, op, inputs, out_types, syms)
         }
         _ => None,
