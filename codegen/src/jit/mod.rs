@@ -13,13 +13,17 @@
 //!   packed once per call, `act'` and the bias gradient fused into the packing).
 //! - [`native`]: the AVX2+FMA micro-kernel registered as a JIT symbol; [`native512`]
 //!   its AVX-512 sibling (12×32 tiles, batch-reduce `A`, chosen at run time).
-//! - [`embedding`], [`sparse`], [`interaction`], [`elementwise`]: embedding bag,
-//!   the race-free sparse and dense optimizer updates, dot interaction forward
-//!   and backward, elementwise ops.
+//! - [`reduce`]: `linear_db` (the bias gradient: column sums over the samples,
+//!   parallel over column blocks, on the embedding bag's row sum).
+//! - [`embedding`], [`sparse`], [`interaction`], [`elementwise`]: embedding bag
+//!   forward and `embedding_bag_grad` (each bag's `dy` row, or its mean share,
+//!   copied to the bag's gradient rows), the race-free sparse and dense
+//!   optimizer updates, dot interaction forward and backward, elementwise ops.
 //! - [`layout`]: one strided row copy (f32/bf16 in any mix, zero padding) for
 //!   `block_act`, `unblock_act` and the `cat` interaction forward and backward.
-//! - [`loss`]: `bce_logits` and `bce_logits_grad`, calling Rust's `f32::exp` and
-//!   `f32::ln_1p` through JIT symbols (bitwise the reference's results).
+//! - [`loss`]: `bce_logits`, `bce_logits_grad`, `bce` and `bce_grad`, calling
+//!   Rust's `f32::exp`, `f32::ln_1p` and `f32::ln` through JIT symbols (bitwise
+//!   the reference's and the interpreter's results).
 //! - [`KernelChoice`]: which micro-kernel GEMMs use; `Auto` times both on the
 //!   first call of each shape and keeps the faster.
 //!
