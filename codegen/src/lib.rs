@@ -5,9 +5,11 @@
 //!   epilogues (linear, dgrad, wgrad, and the blocked `brgemm` family; f32 and
 //!   bf16 storage) whose tiles are a
 //!   pure-Cranelift f32x4 FMA micro-kernel or a native AVX2+FMA micro-kernel
-//!   called through a JIT symbol ([`KernelChoice`]); embedding bags; dot and cat
-//!   interactions; the `block_act`/`unblock_act` layout copies; the
-//!   `bce_logits` losses; elementwise ops. Entry: [`jit::try_eval`].
+//!   called through a JIT symbol ([`KernelChoice`]); the `linear_db` bias
+//!   gradient; embedding bags and their row gradient (`embedding_bag_grad`);
+//!   dot and cat interactions; the `block_act`/`unblock_act` layout copies; the
+//!   `bce_logits` and `bce` losses and their gradients; elementwise ops. Entry:
+//!   [`jit::try_eval`].
 //! - [`kernels`]: the plain-Rust *reference kernels* (rayon + `matrixmultiply`;
 //!   the blocked GEMM family bitwise equal to the interpreter),
 //!   the JIT's oracle and fallback, and the in-place optimizer updates including

@@ -1,7 +1,8 @@
-//! Property tests of the JIT embedding-bag, elementwise, layout-copy (`block_act`,
-//! `unblock_act`, `cat` interaction) and loss kernels against the interpreter (the
-//! definition) and the reference kernels, on random ragged shapes, f32 and bf16
-//! storage.
+//! Property tests of the JIT embedding-bag (forward and `embedding_bag_grad`),
+//! `linear_db`, elementwise, layout-copy (`block_act`, `unblock_act`, `cat`
+//! interaction) and loss (`bce_logits`, `bce` and their gradients) kernels against
+//! the interpreter (the definition) and the reference kernels, on random ragged
+//! shapes, f32 and bf16 storage.
 
 use dlrm_codegen::KernelError;
 use dlrm_codegen::jit::{JitOptions, try_eval};
@@ -197,6 +198,23 @@ fn out_of_range_index_names_the_sample_before_running() {
     assert!(err.to_string().contains("index -1"), "{err}");
 }
 
+#[test]
+fn linear_db_column_blocks_match_the_references() {
+    // Large enough for column blocks (one task each), the last one ragged.
+    for (s, n, bf) in [(700, 130, false), (1025, 67, true), (513, 257, false)] {
+        let dz = Tensor::from_f32(dt(bf), vec![s, n], wide_vals(s as u64, s * n, false));
+        let out = TensorType::new(DType::F32, [Dim::Fixed(n)]);
+        three_way(
+            &format!("linear_db s={s} n={n}"),
+            &Op::LinearDb,
+            &[&dz],
+            &[out],
+            s,
+            0.0,
+        );
+    }
+}
+
 /// Runs `op` with the JIT, the reference kernels (when they cover it) and the
 /// interpreter, and checks the three agree bit for bit (`tol` 0) or within `tol`.
 fn three_way(name: &str, op: &Op, ins: &[&Tensor], outs: &[TensorType], s: usize, tol: f32) {
@@ -267,7 +285,7 @@ proptest! {
     }
 
     #[test]
-    fn bce_logits_and_grad_match_the_references(
+    fn bce_losses_and_grads_match_the_references(
         s in 1usize..300,
         rank2 in any::<bool>(),
         fixed_denom in any::<bool>(),
@@ -279,7 +297,22 @@ proptest! {
         seed in 0u64..1000,
     ) {
         let shape = if rank2 { vec![s, 1] } else { vec![s] };
-        let z = Tensor::from_f32(dt(bf_z), shape.clone(), wide_vals(seed, s, specials));
+        let zs = wide_vals(seed, s, specials);
+        let z = Tensor::from_f32(dt(bf_z), shape.clone(), zs.clone());
+        // Probabilities (bce) in [0, 1], some exactly 0 or 1 (ln clamped at
+        // -100) or tiny (p·(1-p) below 1e-12); NaN and ±inf when `specials`.
+        let ps: Vec<f32> = zs
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| match i % 13 {
+                3 => 0.0,
+                7 => 1.0,
+                9 => 1e-13,
+                _ if v.is_finite() => (v + 8.0) / 16.0,
+                _ => v,
+            })
+            .collect();
+        let p = Tensor::from_f32(dt(bf_z), shape.clone(), ps);
         // Labels: 0/1, or soft labels in [0, 1].
         let y: Vec<f32> = vals(seed + 1, s)
             .iter()
@@ -287,15 +320,18 @@ proptest! {
             .collect();
         let y = Tensor::from_f32(dt(bf_y), shape.clone(), y);
         let denom = if fixed_denom { Dim::Fixed(s + 3) } else { Dim::batch() };
-        let op = Op::BceLogits { denom: denom.clone() };
-        let out = TensorType::new(dt(bf_out), Vec::<Dim>::new());
-        let name = format!("bce_logits s={s} bf={bf_z},{bf_y}->{bf_out}");
-        three_way(&name, &op, &[&z, &y], &[out], s, 0.0);
-        let op = Op::BceLogitsGrad { denom };
         let dims: Vec<Dim> = shape.iter().map(|&d| Dim::Fixed(d)).collect();
-        let out = TensorType::new(dt(bf_out), dims);
-        let name = format!("bce_logits_grad s={s} bf={bf_z},{bf_y}->{bf_out}");
-        three_way(&name, &op, &[&z, &y], &[out], s, 0.0);
+        let cases = [
+            (Op::BceLogits { denom: denom.clone() }, &z, vec![]),
+            (Op::BceLogitsGrad { denom: denom.clone() }, &z, dims.clone()),
+            (Op::Bce { denom: denom.clone() }, &p, vec![]),
+            (Op::BceGrad { denom }, &p, dims),
+        ];
+        for (op, x, out_dims) in cases {
+            let out = TensorType::new(dt(bf_out), out_dims);
+            let name = format!("{} s={s} bf={bf_z},{bf_y}->{bf_out}", op.mnemonic());
+            three_way(&name, &op, &[x, &y], &[out], s, 0.0);
+        }
     }
 
     #[test]
@@ -329,4 +365,58 @@ proptest! {
         let op = Op::InteractionGrad { kind: InteractionKind::Cat, self_interaction: false };
         three_way(&format!("cat grad s={s} widths={widths:?}"), &op, &gins, &outs, s, 0.0);
     }
+
+    #[test]
+    fn embedding_bag_grad_matches_the_references(
+        s in 0usize..60,
+        d in 0usize..80,
+        l in 0usize..6,
+        offsets in any::<bool>(),
+        mean in any::<bool>(),
+        bf_dy in any::<bool>(),
+        bf_out in any::<bool>(),
+        i32s in any::<bool>(),
+        specials in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let dy = Tensor::from_f32(dt(bf_dy), vec![s, d], wide_vals(seed, s * d, specials));
+        // With offsets, a few indices more (bags of 0..2l+2 rows).
+        let n = s * l + if s > 0 { seed as usize % 3 } else { 0 };
+        let raw: Vec<i64> = (0..n as i64).map(|i| (i * 7 + seed as i64) % 11).collect();
+        let idx_shape = if offsets { vec![n] } else { vec![s, l] };
+        let raw = if offsets { raw } else { raw[..s * l].to_vec() };
+        let idx = if i32s {
+            Tensor::i32(idx_shape, raw.iter().map(|&x| x as i32).collect())
+        } else {
+            Tensor::i64(idx_shape, raw)
+        };
+        // Ragged bags, the first ones short or empty: bag b starts at ⌊b²·n/s²⌋.
+        let off: Vec<i64> = (0..s).map(|b| (b * b * n / (s * s)) as i64).collect();
+        let off = Tensor::i64(vec![s], off);
+        let op = Op::EmbeddingBagGrad { mode: if mean { Pool::Mean } else { Pool::Sum } };
+        let (ins, dims): (Vec<&Tensor>, Vec<Dim>) = if offsets {
+            (vec![&dy, &idx, &off], vec![Dim::Fixed(n), Dim::Fixed(d)])
+        } else {
+            (vec![&dy, &idx], vec![Dim::batch(), Dim::Fixed(l), Dim::Fixed(d)])
+        };
+        let out = TensorType::new(dt(bf_out), dims);
+        let name = format!("embedding_bag_grad s={s} d={d} l={l} n={n} off={offsets} mean={mean} bf={bf_dy}->{bf_out}");
+        three_way(&name, &op, &ins, &[out], s, 0.0);
+    }
+
+    #[test]
+    fn linear_db_matches_the_references(
+        s in 0usize..300,
+        n in 0usize..150,
+        bf_dz in any::<bool>(),
+        bf_out in any::<bool>(),
+        specials in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let dz = Tensor::from_f32(dt(bf_dz), vec![s, n], wide_vals(seed, s * n, specials));
+        let out = TensorType::new(dt(bf_out), [Dim::Fixed(n)]);
+        let name = format!("linear_db s={s} n={n} bf={bf_dz}->{bf_out}");
+        three_way(&name, &Op::LinearDb, &[&dz], &[out], s, 0.0);
+    }
+
 }

@@ -18,7 +18,10 @@
 
 use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4, var};
 use super::gemm::Elt;
+use super::layout::{checked, copy_row, jit_err, zeros};
+use super::linear::{elt_of, operand};
 use super::{Jit, JitError};
+use crate::kernels::embedding::grad_bags;
 use crate::kernels::{
     Indices, KResult, KernelError, block_rows, read_offsets, shape_err, validate_indices,
 };
@@ -44,6 +47,9 @@ pub struct BagSpec {
     pub pooling: Option<usize>,
     /// Mean (else sum).
     pub mean: bool,
+    /// `embedding_bag_grad` (`table` is `dy`, `idx64` unused): bag `s`'s
+    /// gradient rows are `dy[s]` (divided by the bag's size for `mean`).
+    pub grad: bool,
 }
 
 type BagFn = unsafe extern "C" fn(*const u8, *const u8, *const i64, *mut u8, i64, i64);
@@ -62,33 +68,34 @@ pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
     let module = jit.new_module()?;
     let f = jit.compile_fn(module, "embedding_bag", 4, &[types::I64; 2], |_, b, p| {
         let (table, idx, bounds, out, s0, s1) = (p[0], p[1], p[2], p[3], p[4], p[5]);
+        if spec.grad {
+            return bag_grad(b, spec, table, bounds, out, s0, s1);
+        }
         let d = spec.d;
         let eo = spec.out.size();
         let ei: i64 = if spec.idx64 { 8 } else { 4 };
         for_range(b, s0, s1, 1, &mut |b, s| {
-            let (start, end) = match spec.pooling {
-                Some(l) => {
-                    let st = b.ins().imul_imm_s(s, l as i64);
-                    let en = b.ins().iadd_imm_s(st, l as i64);
-                    (st, en)
-                }
-                None => {
-                    let off = b.ins().ishl_imm_u(s, 3);
-                    let a = b.ins().iadd(bounds, off);
-                    let st = b.ins().load(types::I64, flags(), a, 0);
-                    let en = b.ins().load(types::I64, flags(), a, 8);
-                    (st, en)
-                }
-            };
+            let (start, end) = bag_bounds(b, spec.pooling, bounds, s);
             let rel = b.ins().isub(s, s0);
             let orow_off = b.ins().imul_imm_s(rel, (d * eo) as i64);
             let orow = b.ins().iadd(out, orow_off);
-            let mut c0 = 0;
-            while c0 < d {
-                let cols = CW.min(d - c0);
-                bag_chunk(b, spec, table, idx, ei, start, end, orow, c0, cols);
-                c0 += cols;
-            }
+            let row_bytes = (d * spec.table.size()) as i64;
+            let pool = RowSum {
+                src: spec.table,
+                out: spec.out,
+                mean: spec.mean,
+            };
+            sum_rows(b, pool, start, end, d, orow, &mut |b, p| {
+                let ioff = b.ins().imul_imm_s(p, ei);
+                let ia = b.ins().iadd(idx, ioff);
+                let row = if spec.idx64 {
+                    b.ins().load(types::I64, flags(), ia, 0)
+                } else {
+                    b.ins().sload32(flags(), ia, 0)
+                };
+                let roff = b.ins().imul_imm_s(row, row_bytes);
+                b.ins().iadd(table, roff)
+            });
         });
     })?;
     // SAFETY: generated with exactly this signature and the C call convention.
@@ -96,46 +103,144 @@ pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
     Ok(BagKernel { spec, f })
 }
 
-/// Columns `c0..c0+cols` of one bag: accumulate the rows, pool, store.
-#[allow(clippy::too_many_arguments)]
-fn bag_chunk(
+/// The index positions `start..end` of bag `s`: `s·L..(s+1)·L` with fixed
+/// pooling `L`, else `bounds[s]..bounds[s+1]`.
+pub(super) fn bag_bounds(
+    b: &mut FunctionBuilder<'_>,
+    pooling: Option<usize>,
+    bounds: Value,
+    s: Value,
+) -> (Value, Value) {
+    match pooling {
+        Some(l) => {
+            let st = b.ins().imul_imm_s(s, l as i64);
+            let en = b.ins().iadd_imm_s(st, l as i64);
+            (st, en)
+        }
+        None => {
+            let off = b.ins().ishl_imm_u(s, 3);
+            let a = b.ins().iadd(bounds, off);
+            let st = b.ins().load(types::I64, flags(), a, 0);
+            let en = b.ins().load(types::I64, flags(), a, 8);
+            (st, en)
+        }
+    }
+}
+
+/// The divisor of a `mean` bag `start..end`: its size as f32 (1 when empty).
+fn bag_size(b: &mut FunctionBuilder<'_>, start: Value, end: Value) -> Value {
+    let cnt = b.ins().isub(end, start);
+    let empty = b.ins().icmp_imm_s(IntCC::Equal, cnt, 0);
+    let one = b.ins().iconst(types::I64, 1);
+    let cnt = b.ins().select(empty, one, cnt);
+    b.ins().fcvt_from_sint(types::F32, cnt)
+}
+
+/// `embedding_bag_grad` over bags `s0..s1`: each gradient row of bag `s` is
+/// `dy[s]`, divided by the bag's size for `mean` (the reference's `v / count`,
+/// element by element); the rows are written from `out` on, bag `s0`'s first
+/// row first.
+fn bag_grad(
     b: &mut FunctionBuilder<'_>,
     spec: BagSpec,
-    table: Value,
-    idx: Value,
-    ei: i64,
+    dy: Value,
+    bounds: Value,
+    out: Value,
+    s0: Value,
+    s1: Value,
+) {
+    let (ed, eo) = (spec.table.size() as i64, spec.out.size() as i64);
+    let d = spec.d as i64;
+    let (base, _) = bag_bounds(b, spec.pooling, bounds, s0);
+    for_range(b, s0, s1, 1, &mut |b, s| {
+        let (start, end) = bag_bounds(b, spec.pooling, bounds, s);
+        let src = b.ins().imul_imm_s(s, d * ed);
+        let src = b.ins().iadd(dy, src);
+        let div = spec.mean.then(|| {
+            let c = bag_size(b, start, end);
+            (c, b.ins().splat(types::F32X4, c))
+        });
+        for_range(b, start, end, 1, &mut |b, r| {
+            let rel = b.ins().isub(r, base);
+            let dst = b.ins().imul_imm_s(rel, d * eo);
+            let dst = b.ins().iadd(out, dst);
+            copy_row(
+                b,
+                spec.table,
+                spec.out,
+                src,
+                dst,
+                spec.d,
+                &mut |b, x, vector| match div {
+                    Some((c, cv)) => b.ins().fdiv(x, if vector { cv } else { c }),
+                    None => x,
+                },
+            );
+        });
+    });
+}
+
+/// The element types and pooling of a [`sum_rows`].
+#[derive(Clone, Copy)]
+pub(super) struct RowSum {
+    /// Element type of the rows summed.
+    pub src: Elt,
+    /// Element type of the result.
+    pub out: Elt,
+    /// Divide by the number of rows (an empty sum stays zero).
+    pub mean: bool,
+}
+
+/// Emits the sum, from +0 and in order, of the `w`-element rows at `row(b, p)`
+/// for `p` in `start..end` (divided by their count for `mean`), stored at
+/// `orow`: chunks of up to [`CW`] columns, each summed over all the rows in
+/// registers (f32x4 groups, then a scalar tail).
+pub(super) fn sum_rows(
+    b: &mut FunctionBuilder<'_>,
+    pool: RowSum,
+    start: Value,
+    end: Value,
+    w: usize,
+    orow: Value,
+    row: &mut dyn FnMut(&mut FunctionBuilder<'_>, Value) -> Value,
+) {
+    let mut c0 = 0;
+    while c0 < w {
+        let cols = CW.min(w - c0);
+        sum_chunk(b, pool, start, end, orow, c0, cols, row);
+        c0 += cols;
+    }
+}
+
+/// Columns `c0..c0+cols` of a [`sum_rows`]: accumulate the rows, pool, store.
+#[allow(clippy::too_many_arguments)]
+fn sum_chunk(
+    b: &mut FunctionBuilder<'_>,
+    pool: RowSum,
     start: Value,
     end: Value,
     orow: Value,
     c0: usize,
     cols: usize,
+    row: &mut dyn FnMut(&mut FunctionBuilder<'_>, Value) -> Value,
 ) {
-    let (et, eo) = (spec.table.size(), spec.out.size());
+    let (et, eo) = (pool.src.size(), pool.out.size());
     let nv = cols / 4;
     let tail = cols % 4;
     let zf = b.ins().f32const(0.0);
     let zv = b.ins().splat(types::F32X4, zf);
     let vacc: Vec<_> = (0..nv).map(|_| var(b, types::F32X4, zv)).collect();
     let sacc: Vec<_> = (0..tail).map(|_| var(b, types::F32, zf)).collect();
-    let row_bytes = (spec.d * et) as i64;
     for_range(b, start, end, 1, &mut |b, p| {
-        let ioff = b.ins().imul_imm_s(p, ei);
-        let ia = b.ins().iadd(idx, ioff);
-        let row = if spec.idx64 {
-            b.ins().load(types::I64, flags(), ia, 0)
-        } else {
-            b.ins().sload32(flags(), ia, 0)
-        };
-        let roff = b.ins().imul_imm_s(row, row_bytes);
-        let rp = b.ins().iadd(table, roff);
+        let rp = row(b, p);
         for (v, &acc) in vacc.iter().enumerate() {
-            let x = load_f32x4(b, spec.table, rp, ((c0 + 4 * v) * et) as i32);
+            let x = load_f32x4(b, pool.src, rp, ((c0 + 4 * v) * et) as i32);
             let a = b.use_var(acc);
             let s = b.ins().fadd(a, x);
             b.def_var(acc, s);
         }
         for (l, &acc) in sacc.iter().enumerate() {
-            let x = load_f32(b, spec.table, rp, ((c0 + 4 * nv + l) * et) as i32);
+            let x = load_f32(b, pool.src, rp, ((c0 + 4 * nv + l) * et) as i32);
             let a = b.use_var(acc);
             let s = b.ins().fadd(a, x);
             b.def_var(acc, s);
@@ -143,13 +248,9 @@ fn bag_chunk(
     });
     let mut vs: Vec<Value> = vacc.iter().map(|&a| b.use_var(a)).collect();
     let mut ss: Vec<Value> = sacc.iter().map(|&a| b.use_var(a)).collect();
-    if spec.mean {
+    if pool.mean {
         // Divide by the bag size; an empty bag (all zeros) is left as is.
-        let cnt = b.ins().isub(end, start);
-        let empty = b.ins().icmp_imm_s(IntCC::Equal, cnt, 0);
-        let one = b.ins().iconst(types::I64, 1);
-        let cnt = b.ins().select(empty, one, cnt);
-        let cf = b.ins().fcvt_from_sint(types::F32, cnt);
+        let cf = bag_size(b, start, end);
         let cv = b.ins().splat(types::F32X4, cf);
         for v in vs.iter_mut() {
             *v = b.ins().fdiv(*v, cv);
@@ -159,10 +260,10 @@ fn bag_chunk(
         }
     }
     for (v, &x) in vs.iter().enumerate() {
-        store_f32x4(b, spec.out, x, orow, ((c0 + 4 * v) * eo) as i32);
+        store_f32x4(b, pool.out, x, orow, ((c0 + 4 * v) * eo) as i32);
     }
     for (l, &x) in ss.iter().enumerate() {
-        store_f32(b, spec.out, x, orow, ((c0 + 4 * nv + l) * eo) as i32);
+        store_f32(b, pool.out, x, orow, ((c0 + 4 * nv + l) * eo) as i32);
     }
 }
 
@@ -243,6 +344,7 @@ pub(crate) fn embedding_bag(
             idx64: matches!(idx, Indices::I64(_)),
             pooling,
             mean: mode == Pool::Mean,
+            grad: false,
         };
         let k = jit.embedding(spec).map_err(|e| KernelError::Jit {
             op: OP,
@@ -313,6 +415,74 @@ pub(crate) fn embedding_bag(
         let _ = k.spec;
         Ok(vec![Tensor {
             shape: vec![s, d],
+            data,
+        }])
+    })())
+}
+
+/// `embedding_bag_grad` with a JIT kernel (`None`: non-float `dy` or result).
+/// The operands are checked as the reference checks them
+/// ([`crate::kernels::embedding::grad_bags`]; the index values are not read).
+pub(crate) fn embedding_bag_grad(
+    jit: &Jit,
+    mode: Pool,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+) -> Option<KResult<Vec<Tensor>>> {
+    const OP: &str = "embedding_bag_grad";
+    operand(inputs.first()?)?;
+    let out = elt_of(out_types.first()?.dtype)?;
+    Some((|| {
+        let g = grad_bags(inputs)?;
+        let dy = checked(OP, 0, inputs[0])?;
+        let spec = BagSpec {
+            d: g.d,
+            table: dy.elt(),
+            out,
+            idx64: false,
+            pooling: g.pooling,
+            mean: mode == Pool::Mean,
+            grad: true,
+        };
+        let k = jit.embedding(spec).map_err(jit_err(OP))?;
+        let mut data = zeros(out, g.n * g.d);
+        if g.n > 0 && g.d > 0 {
+            let f = k.f;
+            let sb = block_rows(g.s, 8, 256);
+            let (pdy, bnd) = (dy.ptr_at(0) as usize, g.bounds.as_ptr() as usize);
+            let go = |s0: usize, po: *mut u8| {
+                // SAFETY: `dy` holds s·d elements of the spec's type (checked);
+                // bags s0..s1 read its rows s0..s1 < s; with offsets, `bounds`
+                // holds the s+1 validated, non-decreasing row bounds (ending at
+                // n). `po` is this task's own run of the result: the rows
+                // rows(s0).start..rows(s1-1).end, `d` elements each, which the
+                // kernel writes relative to rows(s0).start.
+                unsafe {
+                    f(
+                        pdy as *const u8,
+                        std::ptr::null(),
+                        bnd as *const i64,
+                        po,
+                        s0 as i64,
+                        (s0 + sb).min(g.s) as i64,
+                    )
+                }
+            };
+            match &mut data {
+                Data::F32(o) => g
+                    .blocks(o, sb)
+                    .into_par_iter()
+                    .for_each(|(s0, o)| go(s0, o.as_mut_ptr().cast())),
+                Data::BF16(o) => g
+                    .blocks(o, sb)
+                    .into_par_iter()
+                    .for_each(|(s0, o)| go(s0, o.as_mut_ptr().cast())),
+                _ => {}
+            }
+        }
+        let _ = k.spec;
+        Ok(vec![Tensor {
+            shape: g.shape,
             data,
         }])
     })())

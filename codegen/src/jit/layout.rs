@@ -90,6 +90,39 @@ fn columns(
     }
 }
 
+/// Emits the copy of the `w` elements of the row at `ps` (`src` elements) to the
+/// row at `pd` (`dst` elements), each value (f32x4 when `vector`, else f32)
+/// passed through `map(b, x, vector)` on the way.
+pub(super) fn copy_row(
+    b: &mut FunctionBuilder<'_>,
+    src: Elt,
+    dst: Elt,
+    ps: Value,
+    pd: Value,
+    w: usize,
+    map: &mut dyn FnMut(&mut FunctionBuilder<'_>, Value, bool) -> Value,
+) {
+    let (es, ed) = (src.size() as i64, dst.size() as i64);
+    // `at` is an element index in the row (addresses derived per access).
+    let zero = b.ins().iconst(types::I64, 0);
+    columns(b, w, zero, &mut |b, at, off, vector| {
+        let a = b.ins().imul_imm_s(at, es);
+        let a = b.ins().iadd(ps, a);
+        let d = b.ins().imul_imm_s(at, ed);
+        let d = b.ins().iadd(pd, d);
+        let (os, od) = ((off as i64 * es) as i32, (off as i64 * ed) as i32);
+        if vector {
+            let x = load_f32x4(b, src, a, os);
+            let x = map(b, x, true);
+            store_f32x4(b, dst, x, d, od);
+        } else {
+            let x = load_f32(b, src, a, os);
+            let x = map(b, x, false);
+            store_f32(b, dst, x, d, od);
+        }
+    });
+}
+
 pub(crate) fn compile(jit: &Jit, spec: CopySpec) -> Result<CopyKernel, JitError> {
     let module = jit.new_module()?;
     let f = jit.compile_fn(module, "row_copy", 2, &[types::I64], |_, b, p| {
@@ -101,22 +134,7 @@ pub(crate) fn compile(jit: &Jit, spec: CopySpec) -> Result<CopyKernel, JitError>
             let ps = b.ins().iadd(src, so);
             let dof = b.ins().imul_imm_s(r, spec.dst_stride as i64 * ed);
             let pd = b.ins().iadd(dst, dof);
-            // `at` is an element index in the row (addresses derived per access).
-            let zero = b.ins().iconst(types::I64, 0);
-            columns(b, spec.w, zero, &mut |b, at, off, vector| {
-                let a = b.ins().imul_imm_s(at, es);
-                let a = b.ins().iadd(ps, a);
-                let d = b.ins().imul_imm_s(at, ed);
-                let d = b.ins().iadd(pd, d);
-                let (os, od) = ((off as i64 * es) as i32, (off as i64 * ed) as i32);
-                if vector {
-                    let x = load_f32x4(b, spec.src, a, os);
-                    store_f32x4(b, spec.dst, x, d, od);
-                } else {
-                    let x = load_f32(b, spec.src, a, os);
-                    store_f32(b, spec.dst, x, d, od);
-                }
-            });
+            copy_row(b, spec.src, spec.dst, ps, pd, spec.w, &mut |_, x, _| x);
             let w = b.ins().iconst(types::I64, spec.w as i64);
             columns(b, spec.pad, w, &mut |b, at, off, vector| {
                 let d = b.ins().imul_imm_s(at, ed);
@@ -149,7 +167,7 @@ pub(crate) fn compile(jit: &Jit, spec: CopySpec) -> Result<CopyKernel, JitError>
     Ok(CopyKernel { spec, f })
 }
 
-fn out_ptr(o: &mut OutBuf<'_>) -> *mut u8 {
+pub(super) fn out_ptr(o: &mut OutBuf<'_>) -> *mut u8 {
     match o {
         OutBuf::F32(v) => v.as_mut_ptr().cast(),
         OutBuf::BF16(v) => v.as_mut_ptr().cast(),
@@ -209,7 +227,7 @@ impl CopyKernel {
 
 /// Runs `task(i, chunk)` over the consecutive chunks of `chunk` elements of `out`,
 /// one rayon task each.
-fn par_chunks(
+pub(super) fn par_chunks(
     out: OutBuf<'_>,
     chunk: usize,
     task: &(dyn Fn(usize, OutBuf<'_>) -> Result<(), JitError> + Sync),
@@ -227,14 +245,14 @@ fn par_chunks(
     }
 }
 
-fn zeros(e: Elt, n: usize) -> Data {
+pub(super) fn zeros(e: Elt, n: usize) -> Data {
     match e {
         Elt::F32 => Data::F32(vec![0.0; n]),
         Elt::BF16 => Data::BF16(vec![bf16::ZERO; n]),
     }
 }
 
-fn buf(d: &mut Data) -> OutBuf<'_> {
+pub(super) fn buf(d: &mut Data) -> OutBuf<'_> {
     match d {
         Data::BF16(v) => OutBuf::BF16(v),
         Data::F32(v) => OutBuf::F32(v),
@@ -248,7 +266,7 @@ fn sample_block(s: usize) -> usize {
     block_rows(s, 16, 1024)
 }
 
-fn jit_err(op: &'static str) -> impl Fn(JitError) -> KernelError {
+pub(super) fn jit_err(op: &'static str) -> impl Fn(JitError) -> KernelError {
     move |e| KernelError::Jit {
         op,
         reason: e.to_string(),
@@ -256,7 +274,7 @@ fn jit_err(op: &'static str) -> impl Fn(JitError) -> KernelError {
 }
 
 /// The float operand `i`, its data length checked against its shape.
-fn checked<'a>(op: &'static str, i: usize, t: &'a Tensor) -> KResult<Operand<'a>> {
+pub(super) fn checked<'a>(op: &'static str, i: usize, t: &'a Tensor) -> KResult<Operand<'a>> {
     let o = operand(t).ok_or_else(|| shape_err(op, format!("operand {i} is not float")))?;
     if data_len(t) != t.numel() {
         return Err(shape_err(

@@ -1,15 +1,22 @@
-//! Loss JIT kernels on logits: `bce_logits` and `bce_logits_grad`, f32 or bf16
-//! operands and result.
+//! Loss JIT kernels: `bce_logits` and `bce_logits_grad` on logits, `bce` and
+//! `bce_grad` on probabilities; f32 or bf16 operands and result.
 //!
-//! Cranelift has no `exp`/`log1p`: the kernels call [`EXP_SYMBOL`] and
-//! [`LOG1P_SYMBOL`], JIT symbols bound to Rust's own `f32::exp` and `f32::ln_1p`
-//! (the functions the reference kernel and the interpreter call), so every
-//! element is computed by the definition's own operations, unfused, in its order:
+//! Cranelift has no `exp`/`log1p`/`ln`: the kernels call [`EXP_SYMBOL`],
+//! [`LOG1P_SYMBOL`] and [`LN_SYMBOL`], JIT symbols bound to Rust's own
+//! `f32::exp`, `f32::ln_1p` and `f32::ln` (the functions the reference kernel
+//! and the interpreter call), so every element is computed by the definition's
+//! own operations, unfused, in its order:
 //! - `bce_logits`: `acc += (max(z,0) - z·y) + ln_1p(exp(-|z|))` over the elements
 //!   in row-major order, one f32 accumulator, sequentially (the order is the
 //!   contract; the batch is small), then `acc / denom`: bitwise the reference's;
 //! - `bce_logits_grad`: `(1 / (1 + exp(-z)) - y) / denom` elementwise, parallel
-//!   over chunks: bitwise the reference's.
+//!   over chunks: bitwise the reference's;
+//! - `bce`: `acc += y·ln'(p) + (1-y)·ln'(1-p)` likewise sequentially, then
+//!   `-acc / denom`, `ln'` being `ln` clamped below at -100 (`l < -100 ? -100 :
+//!   l`, NaN kept): bitwise the interpreter's (no reference kernel covers it);
+//! - `bce_grad`: `(p - y) / max(p·(1-p), 1e-12) / denom` elementwise, parallel
+//!   over chunks, the `max` as `f32::max` (a NaN product gives 1e-12): bitwise
+//!   the interpreter's.
 //!
 //! `max(z, 0)` is `z > 0 ? z : 0`: a NaN logit gives 0 there, as `f32::max` does
 //! (the NaN still reaches the sum through `z·y`). bf16 operands widen exactly; a
@@ -36,6 +43,8 @@ use std::collections::HashMap;
 pub const EXP_SYMBOL: &str = "dlrm_expf";
 /// The JIT symbol of `f32::ln_1p`.
 pub const LOG1P_SYMBOL: &str = "dlrm_log1pf";
+/// The JIT symbol of `f32::ln`.
+pub const LN_SYMBOL: &str = "dlrm_logf";
 
 extern "C" fn expf(x: f32) -> f32 {
     x.exp()
@@ -45,15 +54,39 @@ extern "C" fn log1pf(x: f32) -> f32 {
     x.ln_1p()
 }
 
+extern "C" fn logf(x: f32) -> f32 {
+    x.ln()
+}
+
 /// Elements per rayon task of the gradient.
 const CHUNK: usize = 1 << 14;
+
+/// Which loss a kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LossKind {
+    /// `bce_logits(z, y)`.
+    BceLogits,
+    /// `bce_logits_grad(z, y)`.
+    BceLogitsGrad,
+    /// `bce(p, y)`.
+    Bce,
+    /// `bce_grad(p, y)`.
+    BceGrad,
+}
+
+impl LossKind {
+    /// A scalar sum over the elements (else elementwise).
+    fn reduces(self) -> bool {
+        matches!(self, LossKind::BceLogits | LossKind::Bce)
+    }
+}
 
 /// What a loss kernel is specialised on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LossSpec {
-    /// `bce_logits_grad` (else `bce_logits`).
-    pub grad: bool,
-    /// Logits element type.
+    /// The loss.
+    pub kind: LossKind,
+    /// Logits (or probabilities) element type.
     pub z: Elt,
     /// Labels element type.
     pub y: Elt,
@@ -74,16 +107,17 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
     let mut module = jit.module_with_symbols(&[
         (EXP_SYMBOL, expf as *const u8),
         (LOG1P_SYMBOL, log1pf as *const u8),
+        (LN_SYMBOL, logf as *const u8),
     ])?;
     let mut sig = module.make_signature();
     sig.params.push(AbiParam::new(types::F32));
     sig.returns.push(AbiParam::new(types::F32));
-    let exp_id = module
-        .declare_function(EXP_SYMBOL, Linkage::Import, &sig)
-        .map_err(JitError::module)?;
-    let log1p_id = module
-        .declare_function(LOG1P_SYMBOL, Linkage::Import, &sig)
-        .map_err(JitError::module)?;
+    let [exp_id, log1p_id, ln_id] = [EXP_SYMBOL, LOG1P_SYMBOL, LN_SYMBOL].map(|name| {
+        module
+            .declare_function(name, Linkage::Import, &sig)
+            .map_err(JitError::module)
+    });
+    let (exp_id, log1p_id, ln_id) = (exp_id?, log1p_id?, ln_id?);
     let f = jit.compile_fn(
         module,
         "loss",
@@ -93,9 +127,17 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
             let (pz, py, po, n, den) = (p[0], p[1], p[2], p[3], p[4]);
             let exp = module.declare_func_in_func(exp_id, b.func);
             let log1p = module.declare_func_in_func(log1p_id, b.func);
+            let ln = module.declare_func_in_func(ln_id, b.func);
             let call = |b: &mut FunctionBuilder<'_>, f, x| {
                 let c = b.ins().call(f, &[x]);
                 b.inst_results(c)[0]
+            };
+            // `ln(v)` clamped below at -100 (NaN stays NaN).
+            let clamped_ln = |b: &mut FunctionBuilder<'_>, v| {
+                let l = call(b, ln, v);
+                let lo = b.ins().f32const(-100.0);
+                let below = b.ins().fcmp(FloatCC::LessThan, l, lo);
+                b.ins().select(below, lo, l)
             };
             let (ez, ey, eo) = (
                 spec.z.size() as i64,
@@ -113,33 +155,65 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
                 let a = b.ins().imul_imm_s(i, ey);
                 let a = b.ins().iadd(py, a);
                 let y = load_f32(b, spec.y, a, 0);
-                if spec.grad {
-                    let nz = b.ins().fneg(z);
-                    let e = call(b, exp, nz);
-                    let d = b.ins().fadd(one, e);
-                    let s = b.ins().fdiv(one, d);
-                    let t = b.ins().fsub(s, y);
-                    let r = b.ins().fdiv(t, den);
+                let v = match spec.kind {
+                    LossKind::BceLogitsGrad => {
+                        let nz = b.ins().fneg(z);
+                        let e = call(b, exp, nz);
+                        let d = b.ins().fadd(one, e);
+                        let s = b.ins().fdiv(one, d);
+                        let t = b.ins().fsub(s, y);
+                        b.ins().fdiv(t, den)
+                    }
+                    LossKind::BceLogits => {
+                        let pos = b.ins().fcmp(FloatCC::GreaterThan, z, fzero);
+                        let m = b.ins().select(pos, z, fzero);
+                        let zy = b.ins().fmul(z, y);
+                        let t = b.ins().fsub(m, zy);
+                        let az = b.ins().fabs(z);
+                        let naz = b.ins().fneg(az);
+                        let e = call(b, exp, naz);
+                        let l = call(b, log1p, e);
+                        b.ins().fadd(t, l)
+                    }
+                    LossKind::Bce => {
+                        // y·ln p + (1-y)·ln(1-p), z being the probability p.
+                        let lp = clamped_ln(b, z);
+                        let t1 = b.ins().fmul(y, lp);
+                        let q = b.ins().fsub(one, z);
+                        let lq = clamped_ln(b, q);
+                        let ny = b.ins().fsub(one, y);
+                        let t2 = b.ins().fmul(ny, lq);
+                        b.ins().fadd(t1, t2)
+                    }
+                    LossKind::BceGrad => {
+                        // (p - y) / max(p·(1-p), 1e-12) / denom; `f32::max`
+                        // gives 1e-12 for a NaN product, as `q > 1e-12 ? q :
+                        // 1e-12` does.
+                        let t = b.ins().fsub(z, y);
+                        let q = b.ins().fsub(one, z);
+                        let q = b.ins().fmul(z, q);
+                        let eps = b.ins().f32const(1e-12);
+                        let big = b.ins().fcmp(FloatCC::GreaterThan, q, eps);
+                        let m = b.ins().select(big, q, eps);
+                        let r = b.ins().fdiv(t, m);
+                        b.ins().fdiv(r, den)
+                    }
+                };
+                if spec.kind.reduces() {
+                    let a = b.use_var(acc);
+                    let a = b.ins().fadd(a, v);
+                    b.def_var(acc, a);
+                } else {
                     let o = b.ins().imul_imm_s(i, eo);
                     let o = b.ins().iadd(po, o);
-                    store_f32(b, spec.out, r, o, 0);
-                } else {
-                    let pos = b.ins().fcmp(FloatCC::GreaterThan, z, fzero);
-                    let m = b.ins().select(pos, z, fzero);
-                    let zy = b.ins().fmul(z, y);
-                    let t = b.ins().fsub(m, zy);
-                    let az = b.ins().fabs(z);
-                    let naz = b.ins().fneg(az);
-                    let e = call(b, exp, naz);
-                    let l = call(b, log1p, e);
-                    let term = b.ins().fadd(t, l);
-                    let a = b.use_var(acc);
-                    let a = b.ins().fadd(a, term);
-                    b.def_var(acc, a);
+                    store_f32(b, spec.out, v, o, 0);
                 }
             });
-            if !spec.grad {
-                let a = b.use_var(acc);
+            if spec.kind.reduces() {
+                let mut a = b.use_var(acc);
+                if spec.kind == LossKind::Bce {
+                    a = b.ins().fneg(a);
+                }
                 let r = b.ins().fdiv(a, den);
                 store_f32(b, spec.out, r, po, 0);
             }
@@ -166,7 +240,8 @@ fn resolve(d: &Dim, syms: &HashMap<String, usize>) -> Option<f32> {
     (n > 0).then_some(n as f32)
 }
 
-/// `bce_logits` and `bce_logits_grad` with JIT kernels (`None`: another op,
+/// `bce_logits`, `bce_logits_grad`, `bce` and `bce_grad` with JIT kernels
+/// (`None`: another op,
 /// non-float operands or result, or an unresolved or zero denominator).
 pub(crate) fn eval(
     jit: &Jit,
@@ -175,9 +250,11 @@ pub(crate) fn eval(
     out_types: &[TensorType],
     syms: &HashMap<String, usize>,
 ) -> Option<KResult<Vec<Tensor>>> {
-    let (grad, denom) = match op {
-        Op::BceLogits { denom } => (false, denom),
-        Op::BceLogitsGrad { denom } => (true, denom),
+    let (kind, denom) = match op {
+        Op::BceLogits { denom } => (LossKind::BceLogits, denom),
+        Op::BceLogitsGrad { denom } => (LossKind::BceLogitsGrad, denom),
+        Op::Bce { denom } => (LossKind::Bce, denom),
+        Op::BceGrad { denom } => (LossKind::BceGrad, denom),
         _ => return None,
     };
     let name = op.mnemonic();
@@ -189,9 +266,13 @@ pub(crate) fn eval(
         crate::kernels::arity(name, inputs, &[2])?;
         let (z, y) = (inputs[0], inputs[1]);
         if z.shape != y.shape {
+            let what = match kind {
+                LossKind::Bce | LossKind::BceGrad => "prediction",
+                _ => "logits",
+            };
             return Err(shape_err(
                 name,
-                format!("logits {:?} and label {:?} differ", z.shape, y.shape),
+                format!("{what} {:?} and label {:?} differ", z.shape, y.shape),
             ));
         }
         let n = z.numel();
@@ -202,7 +283,7 @@ pub(crate) fn eval(
             ));
         }
         let spec = LossSpec {
-            grad,
+            kind,
             z: ez,
             y: ey,
             out,
@@ -213,7 +294,7 @@ pub(crate) fn eval(
         })?;
         let f = k.f;
         let _ = k.spec;
-        if !grad {
+        if kind.reduces() {
             let mut data = match out {
                 Elt::F32 => Data::F32(vec![0.0]),
                 Elt::BF16 => Data::BF16(vec![bf16::ZERO]),

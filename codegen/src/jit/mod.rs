@@ -13,13 +13,17 @@
 //!   packed once per call, `act'` and the bias gradient fused into the packing).
 //! - [`native`]: the AVX2+FMA micro-kernel registered as a JIT symbol; [`native512`]
 //!   its AVX-512 sibling (12×32 tiles, batch-reduce `A`, chosen at run time).
-//! - [`embedding`], [`sparse`], [`interaction`], [`elementwise`]: embedding bag,
-//!   the race-free sparse and dense optimizer updates, dot interaction forward
-//!   and backward, elementwise ops.
+//! - [`reduce`]: `linear_db` (the bias gradient: column sums over the samples,
+//!   parallel over column blocks, on the embedding bag's row sum).
+//! - [`embedding`], [`sparse`], [`interaction`], [`elementwise`]: embedding bag
+//!   forward and `embedding_bag_grad` (each bag's `dy` row, or its mean share,
+//!   copied to the bag's gradient rows), the race-free sparse and dense
+//!   optimizer updates, dot interaction forward and backward, elementwise ops.
 //! - [`layout`]: one strided row copy (f32/bf16 in any mix, zero padding) for
 //!   `block_act`, `unblock_act` and the `cat` interaction forward and backward.
-//! - [`loss`]: `bce_logits` and `bce_logits_grad`, calling Rust's `f32::exp` and
-//!   `f32::ln_1p` through JIT symbols (bitwise the reference's results).
+//! - [`loss`]: `bce_logits`, `bce_logits_grad`, `bce` and `bce_grad`, calling
+//!   Rust's `f32::exp`, `f32::ln_1p` and `f32::ln` through JIT symbols (bitwise
+//!   the reference's and the interpreter's results).
 //! - [`KernelChoice`]: which micro-kernel GEMMs use; `Auto` times both on the
 //!   first call of each shape and keeps the faster.
 //!
@@ -39,6 +43,7 @@ pub mod linear;
 pub mod loss;
 pub mod native;
 pub mod native512;
+pub mod reduce;
 pub mod sparse;
 
 use crate::kernels::KResult;
@@ -147,6 +152,7 @@ pub(crate) enum Key {
     Interaction(interaction::DotSpec),
     Copy(layout::CopySpec),
     Loss(loss::LossSpec),
+    Db(reduce::DbSpec),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -159,6 +165,7 @@ pub(crate) enum Compiled {
     Interaction(interaction::DotKernel),
     Copy(layout::CopyKernel),
     Loss(loss::LossKernel),
+    Db(reduce::DbKernel),
 }
 
 /// The JIT: ISA, modules and kernel cache (see the module docs).
@@ -435,6 +442,16 @@ impl Jit {
         }
     }
 
+    /// The column-sum kernel (`linear_db`) for `spec`.
+    pub fn db(&self, spec: reduce::DbSpec) -> Result<reduce::DbKernel, JitError> {
+        match self.cached(Key::Db(spec), || {
+            reduce::compile(self, spec).map(Compiled::Db)
+        })? {
+            Compiled::Db(k) => Ok(k),
+            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
+        }
+    }
+
     /// The micro-kernel to use for `spec` under `choice`. `Auto` runs `trial`
     /// three times per micro-kernel (after a warm-up run) on the first call of a
     /// shape and remembers the one with the fastest run.
@@ -523,10 +540,14 @@ pub fn try_eval(
         Op::Linear { act } => linear::linear(jit, opts, *act, inputs, out_types),
         Op::LinearDx => linear::linear_dx(jit, opts, inputs, out_types),
         Op::LinearDw => linear::linear_dw(jit, opts, inputs, out_types),
+        Op::LinearDb => reduce::linear_db(jit, inputs, out_types),
         Op::Brgemm { .. } | Op::BrgemmDgrad { .. } | Op::BrgemmWgrad { .. } => {
             brgemm::eval(jit, opts, op, inputs, out_types)
         }
         Op::EmbeddingBag { mode } => embedding::embedding_bag(jit, *mode, inputs, out_types),
+        Op::EmbeddingBagGrad { mode } => {
+            embedding::embedding_bag_grad(jit, *mode, inputs, out_types)
+        }
         Op::Relu | Op::ReluGrad | Op::SigmoidGrad | Op::Add => {
             elementwise::eval(jit, op, inputs, out_types)
         }
@@ -543,7 +564,7 @@ pub fn try_eval(
         Op::Interaction { .. } | Op::InteractionGrad { .. } => {
             interaction::eval(jit, op, inputs, out_types)
         }
-        Op::BceLogits { .. } | Op::BceLogitsGrad { .. } => {
+        Op::BceLogits { .. } | Op::BceLogitsGrad { .. } | Op::Bce { .. } | Op::BceGrad { .. } => {
             loss::eval(jit, op, inputs, out_types, syms)
         }
         _ => None,

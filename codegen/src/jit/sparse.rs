@@ -259,20 +259,7 @@ pub(crate) fn compile_sparse(jit: &Jit, spec: SparseSpec) -> Result<SparseKernel
         let ei: i64 = if spec.idx64 { 8 } else { 4 };
         let zero = b.ins().iconst(types::I64, 0);
         for_range(b, zero, nbags, 1, &mut |b, s| {
-            let (start, end) = match spec.pooling {
-                Some(l) => {
-                    let st = b.ins().imul_imm_s(s, l as i64);
-                    let en = b.ins().iadd_imm_s(st, l as i64);
-                    (st, en)
-                }
-                None => {
-                    let off = b.ins().ishl_imm_u(s, 3);
-                    let a = b.ins().iadd(bounds, off);
-                    let st = b.ins().load(types::I64, flags(), a, 0);
-                    let en = b.ins().load(types::I64, flags(), a, 8);
-                    (st, en)
-                }
-            };
+            let (start, end) = super::embedding::bag_bounds(b, spec.pooling, bounds, s);
             let div = if spec.mean && !spec.per_pos {
                 let cnt = b.ins().isub(end, start);
                 let cf = b.ins().fcvt_from_sint(types::F32, cnt);

@@ -118,91 +118,131 @@ fn bag_offsets<T: Ix>(
     });
 }
 
+/// Where the gradient rows of an `embedding_bag_grad` go: bag `s`'s rows are
+/// [`GradBags::rows`]`(s)` of the `n × d` result (validated operands).
+pub(crate) struct GradBags {
+    /// Samples (bags).
+    pub s: usize,
+    /// Row width.
+    pub d: usize,
+    /// Gradient rows (one per index).
+    pub n: usize,
+    /// Fixed pooling `L`, else `None` (variable bags of `off`).
+    pub pooling: Option<usize>,
+    /// Variable bags: the validated offsets, then `n` (`s + 1` entries); empty
+    /// with fixed pooling.
+    pub bounds: Vec<i64>,
+    /// The result's shape (`indices.shape ++ [d]`).
+    pub shape: Vec<usize>,
+}
+
+impl GradBags {
+    /// The gradient rows of bag `sample`.
+    pub fn rows(&self, sample: usize) -> std::ops::Range<usize> {
+        match self.pooling {
+            Some(l) => sample * l..(sample + 1) * l,
+            None => self.bounds[sample] as usize..self.bounds[sample + 1] as usize,
+        }
+    }
+
+    /// Splits the result `out` (`n·d` elements) into the contiguous runs of rows
+    /// of the blocks of `sb` bags: `(first bag, its block's rows)`.
+    pub fn blocks<'a, T>(&self, out: &'a mut [T], sb: usize) -> Vec<(usize, &'a mut [T])> {
+        let mut pieces = Vec::with_capacity(self.s.div_ceil(sb));
+        let mut rest = out;
+        for s0 in (0..self.s).step_by(sb) {
+            let s1 = (s0 + sb).min(self.s);
+            let len = (self.rows(s1 - 1).end - self.rows(s0).start) * self.d;
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
+            pieces.push((s0, head));
+            rest = tail;
+        }
+        pieces
+    }
+}
+
+/// Checks the operands of `embedding_bag_grad(dy[S,D], indices[S,L])` or
+/// `embedding_bag_grad(dy[S,D], indices[N], offsets[S])` (shapes, index dtype,
+/// offsets; the index values are not read) and returns where the rows go.
+pub(crate) fn grad_bags(inputs: &[&Tensor]) -> KResult<GradBags> {
+    arity(BWD, inputs, &[2, 3])?;
+    let (s, d) = dims2(BWD, "dy", inputs[0])?;
+    index_operand(BWD, inputs[1])?;
+    if inputs.len() == 2 {
+        let (si, l) = dims2(BWD, "indices (fixed pooling)", inputs[1])?;
+        if si != s {
+            return Err(shape_err(
+                BWD,
+                format!(
+                    "dy {:?} and indices {:?} differ in samples",
+                    inputs[0].shape, inputs[1].shape
+                ),
+            ));
+        }
+        return Ok(GradBags {
+            s,
+            d,
+            n: s * l,
+            pooling: Some(l),
+            bounds: Vec::new(),
+            shape: vec![s, l, d],
+        });
+    }
+    if inputs[1].shape.len() != 1 {
+        return Err(shape_err(
+            BWD,
+            format!(
+                "indices with offsets must have rank 1, got {:?}",
+                inputs[1].shape
+            ),
+        ));
+    }
+    let n = inputs[1].shape[0];
+    let mut bounds = read_offsets(BWD, inputs[2], n)?;
+    if bounds.len() != s {
+        return Err(shape_err(
+            BWD,
+            format!("dy has {s} samples, offsets {}", bounds.len()),
+        ));
+    }
+    bounds.push(n as i64);
+    Ok(GradBags {
+        s,
+        d,
+        n,
+        pooling: None,
+        bounds,
+        shape: vec![n, d],
+    })
+}
+
 /// `embedding_bag_grad(dy[S,D], indices[S,L]) -> [S,L,D]` or
 /// `embedding_bag_grad(dy[S,D], indices[N], offsets[S]) -> [N,D]`.
 pub fn embedding_bag_grad(mode: Pool, inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
     let dy = f32_operand(inputs, 0)?;
     Some((|| {
-        arity(BWD, inputs, &[2, 3])?;
-        let (s, d) = dims2(BWD, "dy", inputs[0])?;
-        index_operand(BWD, inputs[1])?;
-        let scale = |cnt: usize| match mode {
-            Pool::Sum => None,
-            Pool::Mean => Some(cnt as f32),
-        };
-        if inputs.len() == 2 {
-            let (si, l) = dims2(BWD, "indices (fixed pooling)", inputs[1])?;
-            if si != s {
-                return Err(shape_err(
-                    BWD,
-                    format!(
-                        "dy {:?} and indices {:?} differ in samples",
-                        inputs[0].shape, inputs[1].shape
-                    ),
-                ));
-            }
-            let mut out = vec![0.0f32; s * l * d];
-            if s > 0 && l > 0 && d > 0 {
-                let div = scale(l);
-                let sb = block_rows(s, 8, 256);
-                out.par_chunks_mut(sb * l * d)
-                    .enumerate()
-                    .for_each(|(blk, o)| {
-                        let s0 = blk * sb;
-                        for (k, bag) in o.chunks_exact_mut(l * d).enumerate() {
-                            let src = &dy[(s0 + k) * d..(s0 + k + 1) * d];
-                            for row in bag.chunks_exact_mut(d) {
-                                copy_row(row, src, div);
-                            }
-                        }
-                    });
-            }
-            Ok(Tensor::f32(vec![s, l, d], out))
-        } else {
-            if inputs[1].shape.len() != 1 {
-                return Err(shape_err(
-                    BWD,
-                    format!(
-                        "indices with offsets must have rank 1, got {:?}",
-                        inputs[1].shape
-                    ),
-                ));
-            }
-            let n = inputs[1].shape[0];
-            let off = read_offsets(BWD, inputs[2], n)?;
-            if off.len() != s {
-                return Err(shape_err(
-                    BWD,
-                    format!("dy has {s} samples, offsets {}", off.len()),
-                ));
-            }
-            let mut out = vec![0.0f32; n * d];
-            if s > 0 && d > 0 {
-                // Blocks of bags own contiguous runs of gradient rows.
-                let sb = block_rows(s, 8, 256);
-                let mut pieces: Vec<(usize, &mut [f32])> = Vec::with_capacity(s.div_ceil(sb));
-                let mut rest: &mut [f32] = &mut out;
-                for s0 in (0..s).step_by(sb) {
-                    let s1 = (s0 + sb).min(s);
-                    let rows = bag_range(&off, s0, n).start..bag_range(&off, s1 - 1, n).end;
-                    let (head, tail) = std::mem::take(&mut rest).split_at_mut(rows.len() * d);
-                    pieces.push((s0, head));
-                    rest = tail;
-                }
-                pieces.into_par_iter().for_each(|(s0, o)| {
-                    let base = off[s0] as usize;
-                    for sample in s0..(s0 + sb).min(s) {
-                        let r = bag_range(&off, sample, n);
-                        let div = scale(r.len());
-                        let src = &dy[sample * d..(sample + 1) * d];
-                        for row in o[(r.start - base) * d..(r.end - base) * d].chunks_exact_mut(d) {
-                            copy_row(row, src, div);
-                        }
+        let g = grad_bags(inputs)?;
+        let d = g.d;
+        let mut out = vec![0.0f32; g.n * d];
+        if g.n > 0 && d > 0 {
+            // Blocks of bags own contiguous runs of gradient rows.
+            let sb = block_rows(g.s, 8, 256);
+            g.blocks(&mut out, sb).into_par_iter().for_each(|(s0, o)| {
+                let base = g.rows(s0).start;
+                for sample in s0..(s0 + sb).min(g.s) {
+                    let r = g.rows(sample);
+                    let div = match mode {
+                        Pool::Sum => None,
+                        Pool::Mean => Some(r.len() as f32),
+                    };
+                    let src = &dy[sample * d..(sample + 1) * d];
+                    for row in o[(r.start - base) * d..(r.end - base) * d].chunks_exact_mut(d) {
+                        copy_row(row, src, div);
                     }
-                });
-            }
-            Ok(Tensor::f32(vec![n, d], out))
+                }
+            });
         }
+        Ok(Tensor::f32(g.shape, out))
     })())
 }
 
