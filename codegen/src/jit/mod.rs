@@ -141,31 +141,58 @@ pub struct JitStats {
     pub hits: u64,
 }
 
-/// A key of any cached kernel.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Key {
-    Gemm(gemm::GemmSpec),
-    Elementwise(elementwise::EwSpec),
-    Embedding(embedding::BagSpec),
-    Sparse(sparse::SparseSpec),
-    Dense(sparse::DenseSpec),
-    Interaction(interaction::DotSpec),
-    Copy(layout::CopySpec),
-    Loss(loss::LossSpec),
-    Db(reduce::DbSpec),
+/// The kernel kinds of the cache, each declared once: its accessor on [`Jit`]
+/// (compiled on first use of a spec, then shared), its spec, its compiled
+/// kernel and the function that compiles it. Generates [`Key`], [`Compiled`]
+/// and the accessors.
+macro_rules! kernel_kinds {
+    ($($(#[$doc:meta])* $vis:vis fn $name:ident => $variant:ident($spec:ty) -> $kernel:ty = $compile:path;)*) => {
+        /// A key of any cached kernel.
+        #[derive(Clone, Debug, PartialEq, Eq, Hash)]
+        pub(crate) enum Key {
+            $($variant($spec),)*
+        }
+
+        /// Any cached kernel.
+        #[derive(Clone, Copy, Debug)]
+        pub(crate) enum Compiled {
+            $($variant($kernel),)*
+        }
+
+        impl Jit {
+            $(
+                $(#[$doc])*
+                $vis fn $name(&self, spec: $spec) -> Result<$kernel, JitError> {
+                    match self.cached(Key::$variant(spec), || $compile(self, spec).map(Compiled::$variant))? {
+                        Compiled::$variant(k) => Ok(k),
+                        #[allow(unreachable_patterns)]
+                        _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
+                    }
+                }
+            )*
+        }
+    };
 }
 
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Compiled {
-    Gemm(gemm::GemmKernel),
-    Elementwise(elementwise::EwKernel),
-    Embedding(embedding::BagKernel),
-    Sparse(sparse::SparseKernel),
-    Dense(sparse::DenseKernel),
-    Interaction(interaction::DotKernel),
-    Copy(layout::CopyKernel),
-    Loss(loss::LossKernel),
-    Db(reduce::DbKernel),
+kernel_kinds! {
+    /// The GEMM kernel for a normalized spec (see [`Jit::gemm`]).
+    fn gemm_normalized => Gemm(gemm::GemmSpec) -> gemm::GemmKernel = gemm::compile;
+    /// The elementwise kernel for `spec`.
+    pub fn elementwise => Elementwise(elementwise::EwSpec) -> elementwise::EwKernel = elementwise::compile;
+    /// The embedding-bag kernel (forward or backward) for `spec`.
+    pub fn embedding => Embedding(embedding::BagSpec) -> embedding::BagKernel = embedding::compile;
+    /// The sparse (embedding) update kernel for `spec`.
+    pub fn sparse => Sparse(sparse::SparseSpec) -> sparse::SparseKernel = sparse::compile_sparse;
+    /// The dense update kernel for `spec`.
+    pub fn dense => Dense(sparse::DenseSpec) -> sparse::DenseKernel = sparse::compile_dense;
+    /// The dot-interaction kernel (forward or backward) for `spec`.
+    pub fn interaction => Interaction(interaction::DotSpec) -> interaction::DotKernel = interaction::compile;
+    /// The row-copy kernel (`block_act`, `unblock_act`, `cat`) for `spec`.
+    pub fn copy => Copy(layout::CopySpec) -> layout::CopyKernel = layout::compile;
+    /// The loss kernel (`bce_logits`, `bce`, and their gradients) for `spec`.
+    pub fn loss => Loss(loss::LossSpec) -> loss::LossKernel = loss::compile;
+    /// The column-sum kernel (`linear_db`) for `spec`.
+    pub fn db => Db(reduce::DbSpec) -> reduce::DbKernel = reduce::compile;
 }
 
 /// The JIT: ISA, modules and kernel cache (see the module docs).
@@ -358,98 +385,7 @@ impl Jit {
         if !spec.micro.available() {
             return Err(JitError::NoNative(spec.micro.name()));
         }
-        match self.cached(Key::Gemm(spec), || {
-            gemm::compile(self, spec).map(Compiled::Gemm)
-        })? {
-            Compiled::Gemm(k) => Ok(k),
-            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
-        }
-    }
-
-    /// The elementwise kernel for `spec`.
-    pub fn elementwise(
-        &self,
-        spec: elementwise::EwSpec,
-    ) -> Result<elementwise::EwKernel, JitError> {
-        match self.cached(Key::Elementwise(spec), || {
-            elementwise::compile(self, spec).map(Compiled::Elementwise)
-        })? {
-            Compiled::Elementwise(k) => Ok(k),
-            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
-        }
-    }
-
-    /// The embedding-bag kernel for `spec`.
-    pub fn embedding(&self, spec: embedding::BagSpec) -> Result<embedding::BagKernel, JitError> {
-        match self.cached(Key::Embedding(spec), || {
-            embedding::compile(self, spec).map(Compiled::Embedding)
-        })? {
-            Compiled::Embedding(k) => Ok(k),
-            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
-        }
-    }
-
-    /// The sparse (embedding) update kernel for `spec`.
-    pub fn sparse(&self, spec: sparse::SparseSpec) -> Result<sparse::SparseKernel, JitError> {
-        match self.cached(Key::Sparse(spec), || {
-            sparse::compile_sparse(self, spec).map(Compiled::Sparse)
-        })? {
-            Compiled::Sparse(k) => Ok(k),
-            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
-        }
-    }
-
-    /// The dense update kernel for `spec`.
-    pub fn dense(&self, spec: sparse::DenseSpec) -> Result<sparse::DenseKernel, JitError> {
-        match self.cached(Key::Dense(spec), || {
-            sparse::compile_dense(self, spec).map(Compiled::Dense)
-        })? {
-            Compiled::Dense(k) => Ok(k),
-            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
-        }
-    }
-
-    /// The dot-interaction kernel (forward or backward) for `spec`.
-    pub fn interaction(
-        &self,
-        spec: interaction::DotSpec,
-    ) -> Result<interaction::DotKernel, JitError> {
-        match self.cached(Key::Interaction(spec), || {
-            interaction::compile(self, spec).map(Compiled::Interaction)
-        })? {
-            Compiled::Interaction(k) => Ok(k),
-            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
-        }
-    }
-
-    /// The row-copy kernel (`block_act`, `unblock_act`, `cat`) for `spec`.
-    pub fn copy(&self, spec: layout::CopySpec) -> Result<layout::CopyKernel, JitError> {
-        match self.cached(Key::Copy(spec), || {
-            layout::compile(self, spec).map(Compiled::Copy)
-        })? {
-            Compiled::Copy(k) => Ok(k),
-            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
-        }
-    }
-
-    /// The loss kernel (`bce_logits`, `bce_logits_grad`) for `spec`.
-    pub fn loss(&self, spec: loss::LossSpec) -> Result<loss::LossKernel, JitError> {
-        match self.cached(Key::Loss(spec), || {
-            loss::compile(self, spec).map(Compiled::Loss)
-        })? {
-            Compiled::Loss(k) => Ok(k),
-            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
-        }
-    }
-
-    /// The column-sum kernel (`linear_db`) for `spec`.
-    pub fn db(&self, spec: reduce::DbSpec) -> Result<reduce::DbKernel, JitError> {
-        match self.cached(Key::Db(spec), || {
-            reduce::compile(self, spec).map(Compiled::Db)
-        })? {
-            Compiled::Db(k) => Ok(k),
-            _ => Err(JitError::Codegen("cache entry of the wrong kind".into())),
-        }
+        self.gemm_normalized(spec)
     }
 
     /// The micro-kernel to use for `spec` under `choice`. `Auto` runs `trial`
