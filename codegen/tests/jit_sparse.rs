@@ -454,6 +454,18 @@ fn dot_interaction_at_dlrm_shapes() {
         interaction_case(f, d, 37, self_i, 0, false, 5);
         interaction_case(f, d, 37, self_i, !1, true, 6);
     }
+    // More operands than the unrolled backward takes (it loops over operands
+    // and partners at run time when operands 1.. share a type): every width
+    // class, with and without the diagonal, and mixed types (unrolled again).
+    for (f, d, self_i, mask) in [
+        (13, 1, false, 0),
+        (20, 40, true, 0),
+        (27, 35, false, !1),
+        (16, 67, true, 1),
+        (14, 36, false, 0b1010_1010),
+    ] {
+        interaction_case(f, d, 23, self_i, mask, false, 7);
+    }
 }
 
 #[test]

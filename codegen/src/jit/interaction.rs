@@ -28,7 +28,7 @@ use super::gemm::Elt;
 use super::{Jit, JitError};
 use crate::kernels::{KResult, KernelError, block_rows, data_len, shape_err};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
-use cranelift_frontend::FunctionBuilder;
+use cranelift_frontend::{FunctionBuilder, Variable};
 use dlrm_ir::{DType, Data, InteractionKind, Op, Tensor, TensorType, interaction_width};
 use half::bf16;
 use rayon::prelude::*;
@@ -73,6 +73,12 @@ impl DotSpec {
 
     fn width(&self) -> usize {
         self.d + self.pairs().len()
+    }
+
+    /// The element type of operands `1..F` when they share one.
+    fn tail_elt(&self) -> Option<Elt> {
+        let e = self.elt(1.min(self.f - 1));
+        (1..self.f).all(|k| self.elt(k) == e).then_some(e)
     }
 }
 
@@ -214,8 +220,20 @@ fn emit_forward(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value]) {
     });
 }
 
+/// Columns per backward chunk (8 f32x4 accumulators).
+const CC: usize = 32;
+
+/// Operands up to which the backward is unrolled over every operand and
+/// partner; above, it loops over them at run time: the unrolled code grows as F²
+/// and at 27 operands outgrew the instruction cache (slower than the reference).
+const UNROLL_F: usize = 12;
+
 fn emit_backward(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value]) {
-    const CC: usize = 32;
+    if spec.f > UNROLL_F
+        && let Some(e) = spec.tail_elt()
+    {
+        return emit_backward_loops(b, spec, p, e);
+    }
     let (ops, dr, grads, s0, s1) = (p[0], p[1], p[2], p[3], p[4]);
     let (d, f) = (spec.d, spec.f);
     let (ed, eo) = (spec.dr.size(), spec.out.size());
@@ -312,6 +330,172 @@ fn emit_backward(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value]) {
                 chunk(b, &t, drow, g, full * CC, d % CC);
             }
         }
+    });
+}
+
+/// The backward with run-time loops (many operands, operands `1..F` all of
+/// element type `e`): per sample, operand 0 (with `dr`'s first `D` columns) then
+/// operands `i = 1..F` in a loop; per 32-column chunk, the partners `k` in a loop,
+/// each adding `dZ_ik · T_k` (`2·dZ_ii` on the diagonal with self-interaction).
+/// The `dr` column of pair `(hi, lo)` (row-major lower triangle) is
+/// `D + hi(hi∓1)/2 + lo`, computed at run time.
+fn emit_backward_loops(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value], e: Elt) {
+    let (ops, dr, grads, s0, s1) = (p[0], p[1], p[2], p[3], p[4]);
+    let (d, f) = (spec.d, spec.f);
+    let (ed, eo, ex) = (spec.dr.size(), spec.out.size(), spec.elt(0));
+    let width = spec.width();
+    let self_i = spec.self_interaction;
+    for_range(b, s0, s1, 1, &mut |b, s| {
+        let drow = at(b, dr, s, (width * ed) as i64);
+        // Row pointer of operand k (run time) for this sample.
+        let row_of = |b: &mut FunctionBuilder<'_>, base: Value, k: Value, size: usize| {
+            let off = b.ins().ishl_imm_u(k, 3);
+            let addr = b.ins().iadd(base, off);
+            let p = b.ins().load(types::I64, flags(), addr, 0);
+            at(b, p, s, (d * size) as i64)
+        };
+        // `dr` column of pair (hi, lo): D + hi(hi∓1)/2 + lo.
+        let col_of = |b: &mut FunctionBuilder<'_>, hi: Value, lo: Value| {
+            let n = if self_i {
+                b.ins().iadd_imm_s(hi, 1)
+            } else {
+                b.ins().iadd_imm_s(hi, -1)
+            };
+            let t = b.ins().imul(hi, n);
+            let t = b.ins().ushr_imm_u(t, 1);
+            let t = b.ins().iadd(t, lo);
+            b.ins().iadd_imm_s(t, d as i64)
+        };
+        // dT_i for operand i (run time; `first`: i = 0, with dr's passthrough).
+        let operand = |b: &mut FunctionBuilder<'_>, i: Value, first: bool| {
+            let g = row_of(b, grads, i, eo);
+            let ei = if first { ex } else { e };
+            let ti = row_of(b, ops, i, ei.size());
+            let x = {
+                let z = b.ins().iconst(types::I64, 0);
+                row_of(b, ops, z, ex.size())
+            };
+            let one = b.ins().iconst(types::I64, 1);
+            let fv = b.ins().iconst(types::I64, f as i64);
+            let i1 = b.ins().iadd_imm_s(i, 1);
+            // Columns [c0, c0 + cols) at byte offsets `off(size)`.
+            let chunk = |b: &mut FunctionBuilder<'_>, c: Option<Value>, c0: usize, cols: usize| {
+                let off = |b: &mut FunctionBuilder<'_>, p: Value, size: usize| match c {
+                    Some(c) => at(b, p, c, (CC * size) as i64),
+                    None => b.ins().iadd_imm_s(p, (c0 * size) as i64),
+                };
+                let nv = cols / 4;
+                let zf = b.ins().f32const(0.0);
+                let zv = b.ins().splat(types::F32X4, zf);
+                let dp = off(b, drow, ed);
+                let accs: Vec<Variable> = (0..nv)
+                    .map(|v| {
+                        let init = if first {
+                            load_f32x4(b, spec.dr, dp, (4 * v * ed) as i32)
+                        } else {
+                            zv
+                        };
+                        var(b, types::F32X4, init)
+                    })
+                    .collect();
+                let saccs: Vec<Variable> = (4 * nv..cols)
+                    .map(|q| {
+                        let init = if first {
+                            load_f32(b, spec.dr, dp, (q * ed) as i32)
+                        } else {
+                            zf
+                        };
+                        var(b, types::F32, init)
+                    })
+                    .collect();
+                // acc += coef · T_k[chunk] (T_k's row at `tk`, element type `ek`).
+                let add = |b: &mut FunctionBuilder<'_>, coef: Value, tk: Value, ek: Elt| {
+                    let tk = off(b, tk, ek.size());
+                    let cv = b.ins().splat(types::F32X4, coef);
+                    for (v, &a) in accs.iter().enumerate() {
+                        let xk = load_f32x4(b, ek, tk, (4 * v * ek.size()) as i32);
+                        let acc = b.use_var(a);
+                        let nacc = b.ins().fma(cv, xk, acc);
+                        b.def_var(a, nacc);
+                    }
+                    for (q, &a) in saccs.iter().enumerate() {
+                        let xk = load_f32(b, ek, tk, ((4 * nv + q) * ek.size()) as i32);
+                        let m = b.ins().fmul(coef, xk);
+                        let acc = b.use_var(a);
+                        let nacc = b.ins().fadd(acc, m);
+                        b.def_var(a, nacc);
+                    }
+                };
+                let coef_at = |b: &mut FunctionBuilder<'_>, col: Value| {
+                    let o = b.ins().imul_imm_s(col, ed as i64);
+                    let a = b.ins().iadd(drow, o);
+                    load_f32(b, spec.dr, a, 0)
+                };
+                if first {
+                    // Partners k = 1..F of operand 0: pairs (k, 0).
+                    let zero = b.ins().iconst(types::I64, 0);
+                    for_range(b, one, fv, 1, &mut |b, k| {
+                        let col = col_of(b, k, zero);
+                        let coef = coef_at(b, col);
+                        let tk = row_of(b, ops, k, e.size());
+                        add(b, coef, tk, e);
+                    });
+                } else {
+                    // Partner 0 (x): pair (i, 0).
+                    let zero = b.ins().iconst(types::I64, 0);
+                    let col = col_of(b, i, zero);
+                    let coef = coef_at(b, col);
+                    add(b, coef, x, ex);
+                    // Partners 1 <= k < i: pairs (i, k).
+                    for_range(b, one, i, 1, &mut |b, k| {
+                        let col = col_of(b, i, k);
+                        let coef = coef_at(b, col);
+                        let tk = row_of(b, ops, k, e.size());
+                        add(b, coef, tk, e);
+                    });
+                }
+                if self_i {
+                    // The diagonal: 2·dZ_ii · T_i.
+                    let col = col_of(b, i, i);
+                    let c1 = coef_at(b, col);
+                    let two = b.ins().f32const(2.0);
+                    let coef = b.ins().fmul(two, c1);
+                    add(b, coef, ti, ei);
+                }
+                if !first {
+                    // Partners i < k < F: pairs (k, i).
+                    for_range(b, i1, fv, 1, &mut |b, k| {
+                        let col = col_of(b, k, i);
+                        let coef = coef_at(b, col);
+                        let tk = row_of(b, ops, k, e.size());
+                        add(b, coef, tk, e);
+                    });
+                }
+                let gp = off(b, g, eo);
+                for (v, &a) in accs.iter().enumerate() {
+                    let val = b.use_var(a);
+                    store_f32x4(b, spec.out, val, gp, (4 * v * eo) as i32);
+                }
+                for (q, &a) in saccs.iter().enumerate() {
+                    let val = b.use_var(a);
+                    store_f32(b, spec.out, val, gp, ((4 * nv + q) * eo) as i32);
+                }
+            };
+            let full = d / CC;
+            if full > 0 {
+                let zero = b.ins().iconst(types::I64, 0);
+                let end = b.ins().iconst(types::I64, full as i64);
+                for_range(b, zero, end, 1, &mut |b, c| chunk(b, Some(c), 0, CC));
+            }
+            if !d.is_multiple_of(CC) {
+                chunk(b, None, full * CC, d % CC);
+            }
+        };
+        let zero = b.ins().iconst(types::I64, 0);
+        operand(b, zero, true);
+        let one = b.ins().iconst(types::I64, 1);
+        let fv = b.ins().iconst(types::I64, f as i64);
+        for_range(b, one, fv, 1, &mut |b, i| operand(b, i, false));
     });
 }
 
