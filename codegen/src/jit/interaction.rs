@@ -16,7 +16,9 @@
 //!
 //! The pair loops and the operand choice are unrolled at compile time (operands
 //! may differ in element type); the column loop runs at run time in 16- (forward)
-//! or 32-column (backward) steps with a static tail.
+//! or 32-column (backward) steps with a static tail. Above [`UNROLL_F`] operands
+//! whose embeddings share one element type, the backward loops over the operands
+//! and their partners at run time instead (the unrolled code grows as `F²`).
 //!
 //! ABI: forward `fn(ops: *const *const u8, out: *mut u8, s0: i64, s1: i64)` writes
 //! samples `s0..s1` from `out` (sample `s0`'s row first); backward
