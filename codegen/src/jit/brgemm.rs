@@ -25,7 +25,7 @@
 //! are exactly 0. Operands may be f32 or bf16 (widened exactly); `brgemm`'s
 //! result is stored in its declared dtype (bf16 rounded to nearest even), the
 //! gradients are f32. The micro-kernel is chosen per shape by
-//! [`Jit::pick_micro`] under [`JitOptions::kernels`].
+//! `Jit::pick_micro` under [`JitOptions::kernels`].
 
 use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b};
 use super::linear::{elt_of, operand};

@@ -16,7 +16,7 @@
 //!
 //! The pair loops and the operand choice are unrolled at compile time (operands
 //! may differ in element type); the column loop runs at run time in 16- (forward)
-//! or 32-column (backward) steps with a static tail. Above [`UNROLL_F`] operands
+//! or 32-column (backward) steps with a static tail. Above `UNROLL_F` (12) operands
 //! whose embeddings share one element type, the backward loops over the operands
 //! and their partners at run time instead (the unrolled code grows as `F²`).
 //!

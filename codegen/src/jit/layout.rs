@@ -5,7 +5,7 @@
 //! The kernel ([`CopySpec`]) copies `rows` rows: row `r` reads `w` elements at
 //! `src + r·src_stride` and writes them, followed by `pad` zeros, at
 //! `dst + r·dst_stride` (f32x4 groups, then a scalar tail; the columns are
-//! unrolled with immediate offsets up to [`UNROLL`] groups, else a loop). Every
+//! unrolled with immediate offsets up to `UNROLL` (16) groups, else a loop). Every
 //! element goes through f32: bf16 widens exactly and rounds back to nearest even,
 //! so bf16 → bf16 is the identity on every value (a signalling NaN comes out
 //! quiet, as in the reference and the interpreter) and every result is bitwise

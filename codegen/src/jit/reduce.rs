@@ -3,7 +3,7 @@
 //!
 //! Each column is summed from +0 over the samples in order, in one f32
 //! accumulator (f32x4 groups of columns, chunks of 32 columns held in
-//! registers: the embedding bag's row sum, [`super::embedding::sum_rows`]) —
+//! registers: the embedding bag's row sum, `embedding::sum_rows`) —
 //! exactly the reference's and the interpreter's float operations, so the
 //! results are bitwise theirs (bf16 operands widen exactly; a bf16 result is
 //! rounded once, to nearest even).
