@@ -86,6 +86,12 @@ fn variant(kern: &'static str, mr: usize, nr: usize, k: usize, packed: bool, abf
         if packed { "packed  " } else { "unpacked" },
         if abf { "bf16" } else { "f32" }
     );
+    // The two kernels share one ABI (rows of B `nr` apart: each kernel's NR).
+    let uk = if kern == "avx2" {
+        native::ukernel
+    } else {
+        native512::ukernel
+    };
     let run: Box<dyn FnMut()> = Box::new(move || {
         let ap: *const u8 = if abf {
             a_bf.as_ptr().cast()
@@ -97,41 +103,22 @@ fn variant(kern: &'static str, mr: usize, nr: usize, k: usize, packed: bool, abf
             // k rows of `nr` (the kernel's NR), `bias` NR floats, `c` the tile
             // (`ldc = nr`); the kernel's CPU features were detected above.
             unsafe {
-                if kern == "avx2" {
-                    native::ukernel(
-                        ap,
-                        b.as_ptr(),
-                        c.as_mut_ptr().cast(),
-                        bias.as_ptr(),
-                        k,
-                        lda,
-                        acs,
-                        nr,
-                        mr,
-                        nr,
-                        flags,
-                        native::NR,
-                        k,
-                        0,
-                    );
-                } else {
-                    native512::ukernel(
-                        ap,
-                        b.as_ptr(),
-                        c.as_mut_ptr().cast(),
-                        bias.as_ptr(),
-                        k,
-                        lda,
-                        acs,
-                        nr,
-                        mr,
-                        nr,
-                        flags,
-                        nr,
-                        k,
-                        0,
-                    );
-                }
+                uk(
+                    ap,
+                    b.as_ptr(),
+                    c.as_mut_ptr().cast(),
+                    bias.as_ptr(),
+                    k,
+                    lda,
+                    acs,
+                    nr,
+                    mr,
+                    nr,
+                    flags,
+                    nr,
+                    k,
+                    0,
+                );
             }
             std::hint::black_box(&mut c);
         }
