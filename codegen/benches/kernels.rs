@@ -315,7 +315,10 @@ fn bench_brgemm(c: &mut Criterion) {
             };
             let refs: Vec<&Tensor> = ins.iter().collect();
             for kernels in &choices {
-                let opts = JitOptions { kernels: *kernels };
+                let opts = JitOptions {
+                    kernels: *kernels,
+                    ..JitOptions::default()
+                };
                 let id = BenchmarkId::new(
                     format!("{op_name}/{shape}/{}", dt.mnemonic()),
                     kernels.name(),

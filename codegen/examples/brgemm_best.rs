@@ -89,7 +89,10 @@ fn main() {
     for _ in 0..reps {
         for (ci, (_, op, ins, tys)) in cases.iter().enumerate() {
             for (ki, &kernels) in choices.iter().enumerate() {
-                let opts = JitOptions { kernels };
+                let opts = JitOptions {
+                    kernels,
+                    ..JitOptions::default()
+                };
                 let t0 = Instant::now();
                 let r = jit::try_eval(op, ins, tys, &syms, &opts)
                     .expect("a JIT kernel")

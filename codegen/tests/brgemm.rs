@@ -201,8 +201,9 @@ fn abs(t: &Tensor) -> Tensor {
     tensor(t.shape.clone(), v, t.dtype())
 }
 
-/// Every micro-kernel this CPU can run, forced.
-fn kernel_choices() -> Vec<KernelChoice> {
+/// Every micro-kernel this CPU can run, each with `A` packed per row chunk and
+/// read in place, forced.
+fn kernel_choices() -> Vec<JitOptions> {
     let mut v = vec![KernelChoice::Cranelift];
     if native::available() {
         v.push(KernelChoice::Native);
@@ -210,7 +211,14 @@ fn kernel_choices() -> Vec<KernelChoice> {
     if native512::available() {
         v.push(KernelChoice::Avx512);
     }
-    v
+    v.into_iter()
+        .flat_map(|kernels| {
+            [false, true].map(|p| JitOptions {
+                kernels,
+                pack_a: Some(p),
+            })
+        })
+        .collect()
 }
 
 /// The JIT kernel of `p` against the reference kernel, for every micro-kernel:
@@ -250,11 +258,34 @@ fn check_jit(p: &Problem) {
     )
     .expect("a reference kernel")
     .unwrap_or_else(|e| panic!("{e}"));
-    for kernels in kernel_choices() {
-        let got = jit::try_eval(&p.op, &ins, &tys, &syms, &JitOptions { kernels })
+    let mut in_place: HashMap<KernelChoice, Vec<Tensor>> = HashMap::new();
+    for opts in kernel_choices() {
+        let got = jit::try_eval(&p.op, &ins, &tys, &syms, &opts)
             .expect("a JIT kernel")
-            .unwrap_or_else(|e| panic!("{:?} {kernels:?}: {e}", p.op));
+            .unwrap_or_else(|e| panic!("{:?} {opts:?}: {e}", p.op));
         assert_eq!(got.len(), want.len());
+        // Packing A changes where the kernel reads it, not the arithmetic.
+        match in_place.get(&opts.kernels) {
+            None => {
+                in_place.insert(opts.kernels, got.clone());
+            }
+            Some(first) => {
+                for (a, b) in got.iter().zip(first) {
+                    let bits = |t: &Tensor| {
+                        t.to_f32_vec()
+                            .iter()
+                            .map(|v| v.to_bits())
+                            .collect::<Vec<_>>()
+                    };
+                    assert_eq!(
+                        bits(a),
+                        bits(b),
+                        "{:?} {opts:?}: packed A differs from A in place",
+                        p.op
+                    );
+                }
+            }
+        }
         for ((g, w), sc) in got.iter().zip(&want).zip(&scale) {
             assert_eq!(g.shape, w.shape, "{:?}", p.op);
             assert_eq!(g.dtype(), w.dtype(), "{:?}", p.op);
@@ -264,7 +295,7 @@ fn check_jit(p: &Problem) {
                 let tol = 1e-5 * f64::from(c) + if bf { f64::from(b.abs()) / 128.0 } else { 0.0 };
                 assert!(
                     (f64::from(a) - f64::from(b)).abs() <= tol,
-                    "{:?} {kernels:?} shapes {:?}: element {i}: jit {a}, reference {b} (tol {tol})",
+                    "{:?} {opts:?} shapes {:?}: element {i}: jit {a}, reference {b} (tol {tol})",
                     p.op,
                     p.ins.iter().map(|t| t.shape.clone()).collect::<Vec<_>>()
                 );
@@ -340,13 +371,13 @@ fn fused_relu_keeps_nan_like_the_interpreter() {
         .remove(0)
         .to_f32_vec();
     let mut results = vec![("reference".to_string(), reference)];
-    for kernels in kernel_choices() {
-        let got = jit::try_eval(&op, &ins, &tys, &HashMap::new(), &JitOptions { kernels })
+    for opts in kernel_choices() {
+        let got = jit::try_eval(&op, &ins, &tys, &HashMap::new(), &opts)
             .expect("a JIT kernel")
             .expect("runs")
             .remove(0)
             .to_f32_vec();
-        results.push((format!("{kernels:?}"), got));
+        results.push((format!("{opts:?}"), got));
     }
     for (name, got) in results {
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {

@@ -252,7 +252,10 @@ fn linear_ops_case(s: usize, k: usize, n: usize, bf: bool, act: Act, seed: u64) 
                 &ins,
                 std::slice::from_ref(&out_ty),
                 &syms(s),
-                &JitOptions { kernels },
+                &JitOptions {
+                    kernels,
+                    ..JitOptions::default()
+                },
             )
             .expect("a JIT kernel exists")
             .expect("runs");

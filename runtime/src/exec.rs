@@ -273,7 +273,10 @@ impl Executor {
     /// Selects the backend and the GEMM micro-kernel choice (default: JIT, auto).
     pub fn set_backend(&mut self, backend: Backend, kernels: KernelChoice) {
         self.backend = backend;
-        self.jit = JitOptions { kernels };
+        self.jit = JitOptions {
+            kernels,
+            ..self.jit
+        };
     }
 
     /// Runs collectives on a progress thread, overlapped with compute (default), or

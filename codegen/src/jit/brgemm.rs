@@ -11,11 +11,21 @@
 //! elements are bf16. One compiled kernel then runs on disjoint output blocks, one
 //! rayon task each ([`GemmKernel::run_block`]):
 //!
-//! | op | GEMM per output block | A (in place) | B | epilogue |
+//! | op | GEMM per output block | A | B | epilogue |
 //! | --- | --- | --- | --- | --- |
 //! | `brgemm(xb, wb, b)` | `yb[nb]` rows `r0..`: `S × bn`, `k = Kb·bk` | `xb`, batch-reduce over `Kb` | `wb[nb]` (`Kb·bk × bn`), in place | bias, relu fused; sigmoid after |
 //! | `brgemm_dgrad(dyb, (yb,) wb)` | `dx[kb]` rows `r0..`: `S × bk`, `k = Nb·bn` | `dz = act'(dy, y)`, batch-reduce over `Nb` | `wb[·][kb]ᵀ`, packed | none |
 //! | `brgemm_wgrad(dyb, (yb,) xb)` | `dw[nb][kb]`: `bk × bn`, `k = S` | `xb[kb]ᵀ`: the transposed view in place, or packed once when at least 4 N blocks reuse it | `dz[nb]`, packed (`act'` applied on the way) | none; `db` summed from `dz` |
+//!
+//! `brgemm` and `brgemm_dgrad` have a second form (`run_row_chunks`): one task
+//! per row chunk packs its rows of `A` once into the micro-kernel's tiles (f32,
+//! bf16 widened, dgrad's `act'` applied on the way) and runs every output block
+//! on them, instead of each output block reading the blocked `A` in place. Which
+//! form runs is timed per shape with the micro-kernel (`Jit::pick_variant`,
+//! [`JitOptions::pack_a`]); the AVX-512 kernel gains most from packing (at
+//! 2048×512×512, 2 threads: `brgemm` 182 against 170 GFLOP/s).
+//!
+//! Results are not zeroed first (`Fresh`): the kernels write every element.
 //!
 //! Arithmetic: every output element is one accumulator summed over its reduction
 //! index ascending (the interpreter's order) with one FMA per term, then the
@@ -36,6 +46,7 @@ use dlrm_ir::{Act, Data, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
 
 /// Evaluates `brgemm`, `brgemm_dgrad` or `brgemm_wgrad`; `None` for other ops or
 /// non-float operands or results.
@@ -83,20 +94,93 @@ impl Out {
         }
     }
 
-    /// Disjoint consecutive chunks of `len` elements (the last may be shorter).
-    fn chunks(&mut self, len: usize) -> Vec<OutBuf<'_>> {
-        match self {
-            Out::F32(v) => v.chunks_mut(len.max(1)).map(OutBuf::F32).collect(),
-            Out::BF16(v) => v.chunks_mut(len.max(1)).map(OutBuf::BF16).collect(),
-        }
-    }
-
     fn tensor(self, shape: Vec<usize>) -> Tensor {
         match self {
             Out::F32(v) => Tensor::f32(shape, v),
             Out::BF16(v) => Tensor::bf16(shape, v),
         }
     }
+}
+
+/// A result buffer not yet written: [`run_blocks`] and [`run_row_chunks`] have
+/// their kernels write every element and only then hand it back as an [`Out`].
+/// Not zeroing it saves a serial pass over the result (a 4 MiB result took ~14%
+/// of a 2048×512×512 `brgemm`). Debug builds fill it with NaN, so an element a
+/// kernel left unwritten would show in the tests.
+enum Fresh {
+    F32(Vec<MaybeUninit<f32>>),
+    BF16(Vec<MaybeUninit<bf16>>),
+}
+
+impl Fresh {
+    fn new(elt: Elt, n: usize) -> Fresh {
+        fn uninit<T: Copy>(n: usize, debug_fill: T) -> Vec<MaybeUninit<T>> {
+            let mut v = Vec::with_capacity(n);
+            if cfg!(debug_assertions) {
+                v.resize(n, MaybeUninit::new(debug_fill));
+            } else {
+                // SAFETY: `MaybeUninit` needs no initialisation; the capacity is `n`.
+                unsafe { v.set_len(n) };
+            }
+            v
+        }
+        match elt {
+            Elt::F32 => Fresh::F32(uninit(n, f32::NAN)),
+            Elt::BF16 => Fresh::BF16(uninit(n, bf16::NAN)),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Fresh::F32(v) => v.len(),
+            Fresh::BF16(v) => v.len(),
+        }
+    }
+
+    fn buf(&mut self) -> OutBuf<'_> {
+        match self {
+            Fresh::F32(v) => OutBuf::F32Uninit(v),
+            Fresh::BF16(v) => OutBuf::BF16Uninit(v),
+        }
+    }
+
+    /// The buffer as initialised.
+    ///
+    /// # Safety
+    /// Every element has been written.
+    unsafe fn assume_init(self) -> Out {
+        fn init<T>(v: Vec<MaybeUninit<T>>) -> Vec<T> {
+            let mut v = std::mem::ManuallyDrop::new(v);
+            // SAFETY: the caller's promise: all `len` elements are initialised;
+            // `MaybeUninit<T>` has `T`'s layout, so the allocation is reused as is.
+            unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<T>(), v.len(), v.capacity()) }
+        }
+        match self {
+            Fresh::F32(v) => Out::F32(init(v)),
+            Fresh::BF16(v) => Out::BF16(init(v)),
+        }
+    }
+}
+
+/// Checks that `kern` writes whole rows of `width` elements and that `out` is
+/// `blocks` blocks of `m` such rows: then running it on every row chunk of every
+/// block writes every element of `out`.
+fn check_cover(
+    kern: &GemmKernel,
+    out: &Fresh,
+    (blocks, m, width): (usize, usize, usize),
+) -> Result<(), JitError> {
+    let sp = kern.spec();
+    if sp.n != width || sp.ldc != width || out.len() != blocks * m * width || m > sp.m {
+        return Err(JitError::Args {
+            kernel: format!("{sp:?}"),
+            reason: format!(
+                "a result of {} elements is not {blocks} blocks of {m} rows of {width}",
+                out.len()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Row blocks of `m` rows for `tasks_per_row_block` output blocks: whole tiles,
@@ -110,23 +194,107 @@ fn row_block(m: usize, mr: usize, blocks: usize) -> usize {
         .max(mr)
 }
 
-/// Picks the micro-kernel for `base` and runs `go` with the chosen kernel.
+/// Picks the kernel for `base` ([`Jit::pick_variant`]: the micro-kernel and,
+/// when `packable`, whether `A` is packed per row chunk) and runs `go` with it.
 fn with_kernel<T>(
     jit: &Jit,
     opts: &JitOptions,
     op: &'static str,
-    base: GemmSpec,
+    (base, packable): (GemmSpec, bool),
     go: &mut dyn FnMut(GemmKernel) -> Result<T, JitError>,
 ) -> KResult<T> {
-    let micro = {
+    let spec = {
         let mut trial = |k: GemmKernel| go(k).map(|_| ());
-        jit.pick_micro(base, opts.kernels, &mut trial)
+        jit.pick_variant(base, opts, packable, &mut trial)
             .map_err(|e| jit_err(op, e))?
     };
-    let k = jit
-        .gemm(GemmSpec { micro, ..base })
-        .map_err(|e| jit_err(op, e))?;
+    let k = jit.gemm(spec).map_err(|e| jit_err(op, e))?;
     go(k).map_err(|e| jit_err(op, e))
+}
+
+thread_local! {
+    /// Each worker thread's packed `A` rows ([`run_row_chunks`]), reused across
+    /// calls so a step's packing allocates and page-faults nothing.
+    static PACKED_A: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `kern` (a spec with [`GemmSpec::pack_a`]) on row chunks of `rb` rows,
+/// one rayon task each: `out` holds `blocks` blocks of `m` rows × `width` (row
+/// stride `width`); the task for rows `r0..r0+rows` packs them once —
+/// `pack(r0, rows, dst)` must write all of `dst`, `⌈rows/mr⌉` tiles `[k][mr]`,
+/// rows past `rows` zero — and then runs every output block `q` on the packed
+/// rows, reading `B` and the bias from `b_of(q)`. So `A` is packed once per
+/// call, however many blocks reuse it.
+#[allow(clippy::type_complexity)]
+fn run_row_chunks<'d>(
+    kern: GemmKernel,
+    mut out: Fresh,
+    (blocks, m, width, rb): (usize, usize, usize, usize),
+    pack: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
+    b_of: &(dyn Fn(usize) -> (&'d [f32], Option<&'d [f32]>) + Sync),
+) -> Result<Out, JitError> {
+    check_cover(&kern, &out, (blocks, m, width))?;
+    let rb = rb.max(1);
+    let mut tasks: Vec<Vec<OutBuf<'_>>> = (0..m.div_ceil(rb)).map(|_| Vec::new()).collect();
+    for blk in out.buf().chunks(m * width) {
+        for (task, part) in tasks.iter_mut().zip(blk.chunks(rb * width)) {
+            task.push(part);
+        }
+    }
+    let (mr, k) = (kern.spec().micro.mr(), kern.spec().k);
+    tasks
+        .into_par_iter()
+        .with_max_len(1)
+        .enumerate()
+        .try_for_each(|(ri, parts)| {
+            let (r0, rows) = (ri * rb, rb.min(m - ri * rb));
+            PACKED_A.with_borrow_mut(|buf| {
+                let need = rows.div_ceil(mr) * mr * k;
+                if buf.len() < need {
+                    buf.resize(need, 0.0);
+                }
+                let a = &mut buf[..need];
+                pack(r0, rows, a);
+                for (q, cb) in parts.into_iter().enumerate() {
+                    let (b, bias) = b_of(q);
+                    kern.run_block(Operand::F32(a), b, bias, cb, rows)?;
+                }
+                Ok(())
+            })
+        })?;
+    // SAFETY: every task returned Ok, and `check_cover` held: each wrote its
+    // `rows` whole rows of every block, and the tasks' rows cover `0..m`.
+    Ok(unsafe { out.assume_init() })
+}
+
+/// Packs rows `r0..r0+rows` of a blocked operand `[Kb][S][w]` (the
+/// batch-reduce `A`, `k = Kb·w`: element `(row, q·w+j)` is
+/// `at((q·S+row)·w + j)`) into `dst`: tile-major f32 panels `[tile][k][mr]`,
+/// rows past `rows` zero.
+fn pack_blocked(
+    dst: &mut [f32],
+    (s, w, mr): (usize, usize, usize),
+    (r0, rows): (usize, usize),
+    at: impl Fn(usize) -> f32,
+) {
+    let k = dst.len() / rows.div_ceil(mr).max(1) / mr.max(1);
+    let blocks = k / w.max(1);
+    for (t, tile) in dst.chunks_exact_mut(k * mr).enumerate() {
+        for r in 0..mr {
+            let row = r0 + t * mr + r;
+            if t * mr + r >= rows {
+                tile.iter_mut().skip(r).step_by(mr).for_each(|d| *d = 0.0);
+                continue;
+            }
+            for q in 0..blocks {
+                let src = (q * s + row) * w;
+                let seg = &mut tile[q * w * mr..(q + 1) * w * mr];
+                for (j, d) in seg.iter_mut().skip(r).step_by(mr).enumerate() {
+                    *d = at(src + j);
+                }
+            }
+        }
+    }
 }
 
 /// Runs `kern` on every row chunk of every output block, one rayon task each:
@@ -137,19 +305,16 @@ fn with_kernel<T>(
 #[allow(clippy::type_complexity)]
 fn run_blocks<'d>(
     kern: GemmKernel,
-    out: &mut Out,
+    mut out: Fresh,
     (blocks, m, width, rb): (usize, usize, usize, usize),
     a_of: &(dyn Fn(usize, usize) -> Operand<'d> + Sync),
     b_of: &(dyn Fn(usize) -> (&'d [f32], Option<&'d [f32]>) + Sync),
-) -> Result<(), JitError> {
+) -> Result<Out, JitError> {
+    check_cover(&kern, &out, (blocks, m, width))?;
     let rb = rb.max(1);
     let mut tasks: Vec<(usize, usize, OutBuf<'_>)> = Vec::with_capacity(blocks * m.div_ceil(rb));
-    for (q, blk) in out.chunks(m * width).into_iter().enumerate().take(blocks) {
-        let parts: Vec<OutBuf<'_>> = match blk {
-            OutBuf::F32(v) => v.chunks_mut(rb * width).map(OutBuf::F32).collect(),
-            OutBuf::BF16(v) => v.chunks_mut(rb * width).map(OutBuf::BF16).collect(),
-        };
-        for (ri, ch) in parts.into_iter().enumerate() {
+    for (q, blk) in out.buf().chunks(m * width).into_iter().enumerate() {
+        for (ri, ch) in blk.chunks(rb * width).into_iter().enumerate() {
             tasks.push((q, ri, ch));
         }
     }
@@ -161,7 +326,10 @@ fn run_blocks<'d>(
             let r0 = ri * rb;
             let (b, bias) = b_of(q);
             kern.run_block(a_of(q, r0), b, bias, cb, rb.min(m - r0))
-        })
+        })?;
+    // SAFETY: every task returned Ok, and `check_cover` held: each wrote its
+    // whole rows, and the tasks' row chunks cover every block.
+    Ok(unsafe { out.assume_init() })
 }
 
 /// `v[from..]` of an operand (empty past the end).
@@ -240,7 +408,7 @@ pub fn brgemm(
         a_blk: s * bk,
     };
     let mut result = None;
-    with_kernel(jit, opts, OP, base, &mut |kern| {
+    with_kernel(jit, opts, OP, (base, true), &mut |kern| {
         let sp = *kern.spec();
         let nr = sp.micro.nr();
         let (bp, pbias, blk_b, blk_bias) = match (sp.packed_b(), w_f32) {
@@ -260,19 +428,29 @@ pub fn brgemm(
                 )
             }
         };
-        let mut y = Out::zeros(c, nb * s * bn);
-        run_blocks(
-            kern,
-            &mut y,
-            (nb, s, bn, row_block(s, sp.micro.mr(), nb)),
-            &|_, r0| tail(xa, r0 * bk),
-            &|q| {
-                (
-                    &bp[q * blk_b..(q + 1) * blk_b],
-                    Some(&pbias[q * blk_bias..(q + 1) * blk_bias]),
-                )
-            },
-        )?;
+        let fresh = Fresh::new(c, nb * s * bn);
+        let mr = sp.micro.mr();
+        let b_of = |q: usize| {
+            (
+                &bp[q * blk_b..(q + 1) * blk_b],
+                Some(&pbias[q * blk_bias..(q + 1) * blk_bias]),
+            )
+        };
+        let y = if sp.pack_a {
+            let pack = |r0, rows, dst: &mut [f32]| match xa {
+                Operand::F32(v) => pack_blocked(dst, (s, bk, mr), (r0, rows), |i| v[i]),
+                Operand::BF16(v) => pack_blocked(dst, (s, bk, mr), (r0, rows), |i| v[i].to_f32()),
+            };
+            run_row_chunks(kern, fresh, (nb, s, bn, row_block(s, mr, 1)), &pack, &b_of)?
+        } else {
+            run_blocks(
+                kern,
+                fresh,
+                (nb, s, bn, row_block(s, mr, nb)),
+                &|_, r0| tail(xa, r0 * bk),
+                &b_of,
+            )?
+        };
         result = Some(y);
         Ok(())
     })?;
@@ -356,9 +534,11 @@ pub fn brgemm_dgrad(
     if s == 0 || kb == 0 || bk == 0 {
         return Ok(Out::zeros(out, kb * s * bk).tensor(vec![kb, s, bk]));
     }
-    // A = dz = act'(dy, y) in dy's blocked layout `[Nb][S][bn]`, read in place
-    // as the batch-reduce over its Nb blocks.
-    let dz = dz_of(act, dy, y);
+    // A = dz = act'(dy, y) in dy's blocked layout `[Nb][S][bn]`: read in place
+    // as the batch-reduce over its Nb blocks (computed once, on first use), or
+    // computed into each row chunk's packed tiles.
+    let dz = std::cell::OnceCell::new();
+    let (dv, yv) = (floats(dy), floats(y));
     let wv = floats(w);
     let base = GemmSpec {
         m: s,
@@ -378,7 +558,7 @@ pub fn brgemm_dgrad(
         a_blk: s * bn,
     };
     let mut result = None;
-    with_kernel(jit, opts, OP, base, &mut |kern| {
+    with_kernel(jit, opts, OP, (base, true), &mut |kern| {
         let sp = *kern.spec();
         let nr = sp.micro.nr();
         // B for dx block kb: wᵀ, `Nb·bn × bk`: B(n', i) = wb[n'/bn][kb][i][n'%bn].
@@ -400,14 +580,31 @@ pub fn brgemm_dgrad(
                 }
             }
         });
-        let mut dx = Out::zeros(out, kb * s * bk);
-        run_blocks(
-            kern,
-            &mut dx,
-            (kb, s, bk, row_block(s, sp.micro.mr(), kb)),
-            &|_, r0| Operand::F32(&dz[(r0 * bn).min(dz.len())..]),
-            &|q| (&bp[q * blk_b..(q + 1) * blk_b], None),
-        )?;
+        let fresh = Fresh::new(out, kb * s * bk);
+        let mr = sp.micro.mr();
+        let b_of = |q: usize| (&bp[q * blk_b..(q + 1) * blk_b], None);
+        let dx = if sp.pack_a {
+            let geom = (s, bn, mr);
+            let pack = |r0, rows, dst: &mut [f32]| match act {
+                Act::None => pack_blocked(dst, geom, (r0, rows), |i| dv[i]),
+                Act::Relu => {
+                    pack_blocked(dst, geom, (r0, rows), |i| act_grad(Act::Relu, dv[i], yv[i]))
+                }
+                Act::Sigmoid => pack_blocked(dst, geom, (r0, rows), |i| {
+                    act_grad(Act::Sigmoid, dv[i], yv[i])
+                }),
+            };
+            run_row_chunks(kern, fresh, (kb, s, bk, row_block(s, mr, 1)), &pack, &b_of)?
+        } else {
+            let dz = dz.get_or_init(|| dz_of(act, dy, y));
+            run_blocks(
+                kern,
+                fresh,
+                (kb, s, bk, row_block(s, mr, kb)),
+                &|_, r0| Operand::F32(&dz[(r0 * bn).min(dz.len())..]),
+                &b_of,
+            )?
+        };
         result = Some(dx);
         Ok(())
     })?;
@@ -488,7 +685,7 @@ pub fn brgemm_wgrad(
         a_blk: 0,
     };
     let mut result = None;
-    with_kernel(jit, opts, OP, base, &mut |kern| {
+    with_kernel(jit, opts, OP, (base, false), &mut |kern| {
         let sp = *kern.spec();
         let (mr, nr) = (sp.micro.mr(), sp.micro.nr());
         // A per kb block: xb[kb]ᵀ (`bk × S`), packed.
@@ -530,21 +727,14 @@ pub fn brgemm_wgrad(
                     }),
                 }
             });
-        let mut dw = Out::zeros(dw_elt, nb * kb * bk * bn);
-        dw.chunks(bk * bn)
-            .into_par_iter()
-            .with_max_len(1)
-            .enumerate()
-            .try_for_each(|(blk, cb)| {
-                let (nbi, kbi) = (blk / kb, blk % kb);
-                kern.run_block(
-                    tail(a, kbi * blk_a),
-                    &bp[nbi * blk_b..(nbi + 1) * blk_b],
-                    None,
-                    cb,
-                    bk,
-                )
-            })?;
+        // One task per block dw[nb][kb] (`bk × bn`, all of its rows).
+        let dw = run_blocks(
+            kern,
+            Fresh::new(dw_elt, nb * kb * bk * bn),
+            (nb * kb, bk, bn, bk),
+            &|blk, _| tail(a, (blk % kb) * blk_a),
+            &|blk| (&bp[(blk / kb) * blk_b..(blk / kb + 1) * blk_b], None),
+        )?;
         result = Some((dw, dbp));
         Ok(())
     })?;

@@ -43,6 +43,7 @@ use cranelift_frontend::{FunctionBuilder, Variable};
 use cranelift_module::{Linkage, Module};
 use half::bf16;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Element type of a GEMM operand in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -388,20 +389,27 @@ impl Operand<'_> {
     }
 }
 
-/// A GEMM result: f32 or bf16 elements.
+/// A GEMM result: f32 or bf16 elements, initialised or not. The kernels only
+/// ever write it, so an uninitialised buffer is as good as a zeroed one for a
+/// kernel that writes all of it (the blocked GEMM ops, [`super::brgemm`], skip
+/// zeroing their results this way).
 #[derive(Debug)]
 pub enum OutBuf<'a> {
     /// f32 elements.
     F32(&'a mut [f32]),
     /// bf16 elements.
     BF16(&'a mut [bf16]),
+    /// f32 elements not yet initialised.
+    F32Uninit(&'a mut [MaybeUninit<f32>]),
+    /// bf16 elements not yet initialised.
+    BF16Uninit(&'a mut [MaybeUninit<bf16>]),
 }
 
-impl OutBuf<'_> {
+impl<'a> OutBuf<'a> {
     pub(crate) fn elt(&self) -> Elt {
         match self {
-            OutBuf::F32(_) => Elt::F32,
-            OutBuf::BF16(_) => Elt::BF16,
+            OutBuf::F32(_) | OutBuf::F32Uninit(_) => Elt::F32,
+            OutBuf::BF16(_) | OutBuf::BF16Uninit(_) => Elt::BF16,
         }
     }
 
@@ -409,6 +417,50 @@ impl OutBuf<'_> {
         match self {
             OutBuf::F32(v) => v.len(),
             OutBuf::BF16(v) => v.len(),
+            OutBuf::F32Uninit(v) => v.len(),
+            OutBuf::BF16Uninit(v) => v.len(),
+        }
+    }
+
+    /// The first element, for the generated code to write through.
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
+        match self {
+            OutBuf::F32(v) => v.as_mut_ptr().cast(),
+            OutBuf::BF16(v) => v.as_mut_ptr().cast(),
+            OutBuf::F32Uninit(v) => v.as_mut_ptr().cast(),
+            OutBuf::BF16Uninit(v) => v.as_mut_ptr().cast(),
+        }
+    }
+
+    /// The same buffer, borrowed for a shorter time.
+    pub(crate) fn reborrow(&mut self) -> OutBuf<'_> {
+        match self {
+            OutBuf::F32(v) => OutBuf::F32(v),
+            OutBuf::BF16(v) => OutBuf::BF16(v),
+            OutBuf::F32Uninit(v) => OutBuf::F32Uninit(v),
+            OutBuf::BF16Uninit(v) => OutBuf::BF16Uninit(v),
+        }
+    }
+
+    /// The first `len` elements (all of them if fewer).
+    pub(crate) fn prefix(self, len: usize) -> OutBuf<'a> {
+        let len = len.min(self.len());
+        match self {
+            OutBuf::F32(v) => OutBuf::F32(&mut v[..len]),
+            OutBuf::BF16(v) => OutBuf::BF16(&mut v[..len]),
+            OutBuf::F32Uninit(v) => OutBuf::F32Uninit(&mut v[..len]),
+            OutBuf::BF16Uninit(v) => OutBuf::BF16Uninit(&mut v[..len]),
+        }
+    }
+
+    /// Consecutive disjoint chunks of `len` elements (the last may be shorter).
+    pub(crate) fn chunks(self, len: usize) -> Vec<OutBuf<'a>> {
+        let len = len.max(1);
+        match self {
+            OutBuf::F32(v) => v.chunks_mut(len).map(OutBuf::F32).collect(),
+            OutBuf::BF16(v) => v.chunks_mut(len).map(OutBuf::BF16).collect(),
+            OutBuf::F32Uninit(v) => v.chunks_mut(len).map(OutBuf::F32Uninit).collect(),
+            OutBuf::BF16Uninit(v) => v.chunks_mut(len).map(OutBuf::BF16Uninit).collect(),
         }
     }
 }
@@ -501,26 +553,14 @@ impl GemmKernel {
         };
         // Chunks of rb rows of C; the last chunk may end at column n of its last
         // row (c may be shorter than m·ldc).
-        match c {
-            OutBuf::F32(cv) => {
-                cv[..c_need]
-                    .par_chunks_mut(rb * ldc)
-                    .enumerate()
-                    .for_each(|(blk, ch)| {
-                        let rows = ch.len().div_ceil(ldc);
-                        run_block(blk, ch.as_mut_ptr().cast(), rows);
-                    });
-            }
-            OutBuf::BF16(cv) => {
-                cv[..c_need]
-                    .par_chunks_mut(rb * ldc)
-                    .enumerate()
-                    .for_each(|(blk, ch)| {
-                        let rows = ch.len().div_ceil(ldc);
-                        run_block(blk, ch.as_mut_ptr().cast(), rows);
-                    });
-            }
-        }
+        c.prefix(c_need)
+            .chunks(rb * ldc)
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(blk, mut ch)| {
+                let rows = ch.len().div_ceil(ldc);
+                run_block(blk, ch.as_mut_ptr(), rows);
+            });
         Ok(())
     }
 }
@@ -583,10 +623,8 @@ impl GemmKernel {
         } else {
             bp.as_ptr().cast()
         };
-        let cptr: *mut u8 = match c {
-            OutBuf::F32(v) => v.as_mut_ptr().cast(),
-            OutBuf::BF16(v) => v.as_mut_ptr().cast(),
-        };
+        let mut c = c;
+        let cptr = c.as_mut_ptr();
         let bias_ptr = bias.map_or(std::ptr::null(), <[f32]>::as_ptr);
         // SAFETY: checked above: `a` holds the ⌈rows/mr⌉ packed tiles or the
         // `rows` strided rows the code reads, `bp` every panel `0..panels` as

@@ -167,13 +167,6 @@ pub(crate) fn compile(jit: &Jit, spec: CopySpec) -> Result<CopyKernel, JitError>
     Ok(CopyKernel { spec, f })
 }
 
-pub(super) fn out_ptr(o: &mut OutBuf<'_>) -> *mut u8 {
-    match o {
-        OutBuf::F32(v) => v.as_mut_ptr().cast(),
-        OutBuf::BF16(v) => v.as_mut_ptr().cast(),
-    }
-}
-
 impl CopyKernel {
     /// Copies `rows` rows from `src` (row 0 at element `src_off`) into `dst` (row
     /// 0 at element `dst_off`). Every row's extent is checked against both
@@ -216,7 +209,7 @@ impl CopyKernel {
             src.ptr_at(0)
         };
         // SAFETY: `dst_off < dst.len()` (checked above: w + pad > 0).
-        let dp = unsafe { out_ptr(&mut dst).add(dst_off * s.dst.size()) };
+        let dp = unsafe { dst.as_mut_ptr().add(dst_off * s.dst.size()) };
         // SAFETY: row r reads elements src_off + r·src_stride + [0, w) of `src`
         // and writes dst_off + r·dst_stride + [0, w + pad) of `dst`, r < rows:
         // all inside the slices (checked above); `dst` is borrowed mutably.
@@ -232,17 +225,10 @@ pub(super) fn par_chunks(
     chunk: usize,
     task: &(dyn Fn(usize, OutBuf<'_>) -> Result<(), JitError> + Sync),
 ) -> Result<(), JitError> {
-    let chunk = chunk.max(1);
-    match out {
-        OutBuf::F32(v) => v
-            .par_chunks_mut(chunk)
-            .enumerate()
-            .try_for_each(|(i, c)| task(i, OutBuf::F32(c))),
-        OutBuf::BF16(v) => v
-            .par_chunks_mut(chunk)
-            .enumerate()
-            .try_for_each(|(i, c)| task(i, OutBuf::BF16(c))),
-    }
+    out.chunks(chunk)
+        .into_par_iter()
+        .enumerate()
+        .try_for_each(|(i, c)| task(i, c))
 }
 
 pub(super) fn zeros(e: Elt, n: usize) -> Data {
@@ -398,7 +384,7 @@ fn unblock_act(jit: &Jit, k: usize, inputs: &[&Tensor], out: Elt) -> KResult<Vec
             let s0 = c * sb;
             let rows = ch.len() / k;
             for (kbi, kern) in kerns.iter().enumerate() {
-                kern.run(xb, (kbi * s + s0) * bk, reborrow(&mut ch), kbi * bk, rows)?;
+                kern.run(xb, (kbi * s + s0) * bk, ch.reborrow(), kbi * bk, rows)?;
             }
             Ok(())
         })
@@ -408,13 +394,6 @@ fn unblock_act(jit: &Jit, k: usize, inputs: &[&Tensor], out: Elt) -> KResult<Vec
         shape: vec![s, k],
         data,
     }])
-}
-
-fn reborrow<'a>(o: &'a mut OutBuf<'_>) -> OutBuf<'a> {
-    match o {
-        OutBuf::F32(v) => OutBuf::F32(v),
-        OutBuf::BF16(v) => OutBuf::BF16(v),
-    }
 }
 
 /// `interaction{cat}(x, e_0, ..) -> [S, Σ widths]`.
@@ -450,7 +429,7 @@ fn cat(jit: &Jit, inputs: &[&Tensor], out: Elt) -> KResult<Vec<Tensor>> {
             let rows = ch.len() / width;
             let mut at = 0;
             for ((kern, o), &w) in kerns.iter().zip(&ops).zip(&widths) {
-                kern.run(*o, s0 * w, reborrow(&mut ch), at, rows)?;
+                kern.run(*o, s0 * w, ch.reborrow(), at, rows)?;
                 at += w;
             }
             Ok(())

@@ -124,10 +124,14 @@ impl KernelChoice {
 }
 
 /// Options of a JIT evaluation.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct JitOptions {
     /// GEMM micro-kernel choice.
     pub kernels: KernelChoice,
+    /// Whether the blocked GEMM ops (`brgemm`, `brgemm_dgrad`) pack each row
+    /// chunk of `A` once for all output blocks (`Some(true)`), read `A` in
+    /// place (`Some(false)`), or time both per shape (`None`, the default).
+    pub pack_a: Option<bool>,
 }
 
 /// Compilation statistics of a [`Jit`].
@@ -195,6 +199,9 @@ kernel_kinds! {
     pub fn db => Db(reduce::DbSpec) -> reduce::DbKernel = reduce::compile;
 }
 
+/// [`Jit::pick_variant`]'s remembered picks.
+type AutoPicks = HashMap<(gemm::GemmSpec, bool, JitOptions), gemm::GemmSpec>;
+
 /// The JIT: ISA, modules and kernel cache (see the module docs).
 pub struct Jit {
     isa: OwnedTargetIsa,
@@ -205,8 +212,9 @@ pub struct Jit {
     isa_in_order: OwnedTargetIsa,
     modules: Mutex<Vec<JITModule>>,
     cache: Mutex<HashMap<Key, Compiled>>,
-    /// `Auto` decisions per GEMM spec (with the micro field set to Cranelift).
-    auto: Mutex<HashMap<gemm::GemmSpec, gemm::Micro>>,
+    /// Timed picks per GEMM spec (its micro field set to Cranelift),
+    /// packability and options.
+    auto: Mutex<AutoPicks>,
     stats: Mutex<JitStats>,
 }
 
@@ -388,44 +396,66 @@ impl Jit {
         self.gemm_normalized(spec)
     }
 
-    /// The micro-kernel to use for `spec` under `choice`. `Auto` runs `trial`
-    /// three times per micro-kernel (after a warm-up run) on the first call of a
-    /// shape and remembers the one with the fastest run.
-    pub(crate) fn pick_micro(
+    /// The spec to compile for `spec` under `opts`: its micro-kernel
+    /// ([`JitOptions::kernels`]) and, when `packable` (the caller can pack `A`
+    /// itself: [`gemm::GemmSpec::pack_a`] with `A` widened to f32), whether to
+    /// pack ([`JitOptions::pack_a`]). With more than one candidate, `trial` runs
+    /// each three times (after a warm-up run) on the first call of a shape and
+    /// the fastest is remembered.
+    pub(crate) fn pick_variant(
         &self,
         spec: gemm::GemmSpec,
-        choice: KernelChoice,
+        opts: &JitOptions,
+        packable: bool,
         trial: &mut dyn FnMut(gemm::GemmKernel) -> Result<(), JitError>,
-    ) -> Result<gemm::Micro, JitError> {
+    ) -> Result<gemm::GemmSpec, JitError> {
         use gemm::Micro;
-        let forced = |m: Micro| {
-            if m.available() {
-                Ok(m)
-            } else {
-                Err(JitError::NoNative(m.name()))
-            }
+        let micros: Vec<Micro> = match opts.kernels {
+            KernelChoice::Cranelift => vec![Micro::Cranelift],
+            KernelChoice::Native => vec![Micro::Native],
+            KernelChoice::Avx512 => vec![Micro::Native512],
+            KernelChoice::Auto => [Micro::Cranelift, Micro::Native, Micro::Native512]
+                .into_iter()
+                .filter(|m| m.available())
+                .collect(),
         };
-        let candidates: Vec<Micro> = [Micro::Cranelift, Micro::Native, Micro::Native512]
-            .into_iter()
-            .filter(|m| m.available())
-            .collect();
-        match choice {
-            KernelChoice::Cranelift => return Ok(Micro::Cranelift),
-            KernelChoice::Native => return forced(Micro::Native),
-            KernelChoice::Avx512 => return forced(Micro::Native512),
-            KernelChoice::Auto if candidates.len() == 1 => return Ok(Micro::Cranelift),
-            KernelChoice::Auto => {}
+        if let Some(m) = micros.iter().find(|m| !m.available()) {
+            return Err(JitError::NoNative(m.name()));
+        }
+        let packs: &[bool] = match (packable && !spec.pack_a, opts.pack_a) {
+            (false, _) => &[false],
+            (true, None) => &[false, true],
+            (true, Some(true)) => &[true],
+            (true, Some(false)) => &[false],
+        };
+        let mut candidates = Vec::new();
+        for &micro in &micros {
+            for &pack in packs {
+                candidates.push(match pack {
+                    false => gemm::GemmSpec { micro, ..spec },
+                    true => gemm::GemmSpec {
+                        micro,
+                        pack_a: true,
+                        a: gemm::Elt::F32,
+                        ..spec
+                    },
+                });
+            }
+        }
+        if let [only] = candidates[..] {
+            return Ok(only);
         }
         let key = gemm::GemmSpec {
             micro: Micro::Cranelift,
             ..spec
         };
-        if let Some(m) = lock(&self.auto).get(&key) {
-            return Ok(*m);
+        let pick_key = (key, packable, *opts);
+        if let Some(&s) = lock(&self.auto).get(&pick_key) {
+            return Ok(s);
         }
-        let mut best = (f64::INFINITY, Micro::Cranelift);
-        for micro in candidates {
-            let k = self.gemm(gemm::GemmSpec { micro, ..spec })?;
+        let mut best = (f64::INFINITY, candidates[0]);
+        for cand in candidates {
+            let k = self.gemm(cand)?;
             trial(k)?;
             // Best of three timed runs: robust to a busy machine.
             for _ in 0..3 {
@@ -433,11 +463,11 @@ impl Jit {
                 trial(k)?;
                 let dt = t0.elapsed().as_secs_f64();
                 if dt < best.0 {
-                    best = (dt, micro);
+                    best = (dt, cand);
                 }
             }
         }
-        lock(&self.auto).insert(key, best.1);
+        lock(&self.auto).insert(pick_key, best.1);
         Ok(best.1)
     }
 }

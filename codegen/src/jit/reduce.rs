@@ -13,7 +13,7 @@
 
 use super::embedding::{RowSum, sum_rows};
 use super::gemm::Elt;
-use super::layout::{buf, checked, jit_err, out_ptr, par_chunks, zeros};
+use super::layout::{buf, checked, jit_err, par_chunks, zeros};
 use super::linear::{elt_of, operand};
 use super::{Jit, JitError};
 use crate::kernels::{KResult, block_rows, dims2};
@@ -103,7 +103,7 @@ pub(crate) fn linear_db(
                         reason: "operands differ from the spec".into(),
                     });
                 }
-                let po = out_ptr(&mut ch);
+                let po = ch.as_mut_ptr();
                 // SAFETY: `dz` holds s·n elements of the spec's type (checked);
                 // the kernel reads elements r·n + c0 + [0, w) for r < s, and
                 // c0 + w <= n, so all inside. `po` is this task's own `w`
