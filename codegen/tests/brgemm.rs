@@ -336,6 +336,19 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
     ] {
         check_jit(&problem(which, act, 301, 100, 77, 64, 32, DType::F32, 7));
     }
+    // wgrad with xᵀ packed (at least 4 N blocks), its tiles across K blocks.
+    check_jit(&problem(2, Act::Relu, 301, 300, 77, 64, 32, DType::F32, 10));
+    check_jit(&problem(
+        2,
+        Act::Sigmoid,
+        130,
+        200,
+        100,
+        40,
+        13,
+        DType::BF16,
+        11,
+    ));
     check_jit(&problem(0, Act::None, 130, 1, 64, 1, 64, DType::BF16, 8));
     check_jit(&problem(2, Act::None, 130, 1, 64, 1, 64, DType::BF16, 9));
 }

@@ -37,8 +37,9 @@
 //! gradients are f32. The micro-kernel is chosen per shape by
 //! `Jit::pick_micro` under [`JitOptions::kernels`].
 
-use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b};
+use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b_into};
 use super::linear::{elt_of, operand};
+use super::scratch::Scratch;
 use super::{Jit, JitError, JitOptions};
 use crate::kernels::brgemm::{act_grad, check_fit, check_xw, dims, dy_y_last, dz_of, floats};
 use crate::kernels::{KResult, KernelError, shape_err};
@@ -342,15 +343,17 @@ fn tail(a: Operand<'_>, from: usize) -> Operand<'_> {
 
 /// `nb` blocks of `k × bn` (`B` of the forward op: the blocked weights
 /// `[Nb][Kb·bk][bn]`) packed into `⌈bn/nr⌉` zero-padded panels each.
-fn pack_w_blocks(w: &Tensor, nb: usize, k: usize, bn: usize, nr: usize) -> Vec<f32> {
+fn pack_w_blocks(w: &Tensor, nb: usize, k: usize, bn: usize, nr: usize) -> Scratch {
     let blk = bn.div_ceil(nr) * k * nr;
-    let mut bp = vec![0.0f32; nb * blk];
+    let mut bp = Scratch::new(nb * blk);
     bp.par_chunks_mut(blk).enumerate().for_each(|(q, dst)| {
         let src = q * k * bn;
+        let geom = (k, bn, bn, 1);
         match &w.data {
-            Data::F32(v) => dst.copy_from_slice(&pack_b(&v[src..src + k * bn], k, bn, bn, 1, nr)),
-            Data::BF16(v) => dst.copy_from_slice(&pack_b(&v[src..src + k * bn], k, bn, bn, 1, nr)),
-            _ => {}
+            Data::F32(v) => pack_b_into(dst, &v[src..src + k * bn], geom, nr),
+            Data::BF16(v) => pack_b_into(dst, &v[src..src + k * bn], geom, nr),
+            // Not reached: the op takes float weights only.
+            _ => dst.fill(0.0),
         }
     });
     bp
@@ -411,21 +414,17 @@ pub fn brgemm(
     with_kernel(jit, opts, OP, (base, true), &mut |kern| {
         let sp = *kern.spec();
         let nr = sp.micro.nr();
+        let packed;
         let (bp, pbias, blk_b, blk_bias) = match (sp.packed_b(), w_f32) {
-            (false, Some(v)) => (Cow::Borrowed(v), Cow::Borrowed(&bias[..]), kp * bn, bn),
+            (false, Some(v)) => (v, Cow::Borrowed(&bias[..]), kp * bn, bn),
             _ => {
                 let panels = bn.div_ceil(nr);
                 let mut pb = vec![0.0f32; nb * panels * nr];
                 for (q, dst) in pb.chunks_mut(panels * nr).enumerate() {
                     dst[..bn].copy_from_slice(&bias[q * bn..(q + 1) * bn]);
                 }
-                let bp = pack_w_blocks(w, nb, kp, bn, nr);
-                (
-                    Cow::Owned(bp),
-                    Cow::Owned(pb),
-                    panels * kp * nr,
-                    panels * nr,
-                )
+                packed = pack_w_blocks(w, nb, kp, bn, nr);
+                (&packed[..], Cow::Owned(pb), panels * kp * nr, panels * nr)
             }
         };
         let fresh = Fresh::new(c, nb * s * bn);
@@ -564,11 +563,14 @@ pub fn brgemm_dgrad(
         // B for dx block kb: wᵀ, `Nb·bn × bk`: B(n', i) = wb[n'/bn][kb][i][n'%bn].
         let panels = bk.div_ceil(nr);
         let blk_b = panels * np * nr;
-        let mut bp = vec![0.0f32; kb * blk_b];
+        let mut bp = Scratch::new(kb * blk_b);
         bp.par_chunks_mut(np * nr).enumerate().for_each(|(q, pan)| {
             let (kbi, p) = (q / panels, q % panels);
             let i0 = p * nr;
             let cols = nr.min(bk - i0);
+            if cols < nr {
+                pan.fill(0.0);
+            }
             for nbi in 0..nb {
                 let blk = (nbi * kb + kbi) * bk * bn;
                 let dst = &mut pan[nbi * bn * nr..(nbi + 1) * bn * nr];
@@ -661,25 +663,27 @@ pub fn brgemm_wgrad(
         return Ok(vec![dw, db]);
     }
     let (dyv, yv) = (floats(dy), floats(y));
+    // xᵀ packed once per call pays off when many N blocks reuse it; with few,
+    // the transposed view read in place is faster (`brgemm_best`: 256→64 1.0
+    // vs 1.4 ms, 256→1 0.4 vs 1.1; 512→256 ~5% slower).
+    let pack_x = nb >= PACK_X_MIN_NB;
+    let kp = kb * bk;
     let base = GemmSpec {
-        m: bk,
+        // Packed: one GEMM per N block over all `Kb·bk` rows of xᵀ (its tiles
+        // run across the K blocks: no ragged tile per block), whose `[Kb·bk][bn]`
+        // result is exactly dw[nb]. In place: one per block dw[nb][kb].
+        m: if pack_x { kp } else { bk },
         n: bn,
         k: s,
         lda: 1,
         acs: bk,
         ldc: bn,
-        a: match xa {
-            Operand::F32(_) => Elt::F32,
-            Operand::BF16(_) => Elt::BF16,
-        },
+        a: if pack_x { Elt::F32 } else { xa.elt() },
         c: dw_elt,
         bias: false,
         relu: false,
         micro: Micro::Cranelift,
-        // xᵀ packed once per call pays off when many N blocks reuse it; with
-        // few, the transposed view read in place is faster (`brgemm_best`:
-        // 256→64 1.0 vs 1.4 ms, 256→1 0.4 vs 1.1; 512→256 ~5% slower).
-        pack_a: nb >= PACK_X_MIN_NB,
+        pack_a: pack_x,
         b: BLayout::Packed,
         kb: 0,
         a_blk: 0,
@@ -688,23 +692,10 @@ pub fn brgemm_wgrad(
     with_kernel(jit, opts, OP, (base, false), &mut |kern| {
         let sp = *kern.spec();
         let (mr, nr) = (sp.micro.mr(), sp.micro.nr());
-        // A per kb block: xb[kb]ᵀ (`bk × S`), packed.
-        let tiles = bk.div_ceil(mr);
-        let blk_a = tiles * s * mr;
-        let a = match &x.data {
-            Data::F32(v) if sp.pack_a => Some(Packed::F32(pack_x_t(v, kb, s, bk, mr))),
-            Data::BF16(v) if sp.pack_a => Some(Packed::BF16(pack_x_t(v, kb, s, bk, mr))),
-            _ => None,
-        };
-        // Block kb of A: packed tiles, or `xb[kb]` read as its transpose.
-        let (a, blk_a) = match &a {
-            Some(p) => (p.operand(), blk_a),
-            None => (xa, s * bk),
-        };
         // B per nb block: dz[nb] (`S × bn`), packed, with db summed on the way.
         let panels = bn.div_ceil(nr);
         let blk_b = panels * s * nr;
-        let mut bp = vec![0.0f32; nb * blk_b];
+        let mut bp = Scratch::new(nb * blk_b);
         let mut dbp = vec![0.0f32; nb * panels * nr];
         bp.par_chunks_mut(s * nr)
             .zip(dbp.par_chunks_mut(nr))
@@ -713,6 +704,9 @@ pub fn brgemm_wgrad(
                 let (nbi, p) = (q / panels, q % panels);
                 let j0 = p * nr;
                 let cols = nr.min(bn - j0);
+                if cols < nr {
+                    pan.fill(0.0);
+                }
                 let rows = (
                     &dyv[nbi * s * bn..(nbi + 1) * s * bn],
                     &yv[nbi * s * bn..(nbi + 1) * s * bn],
@@ -727,14 +721,33 @@ pub fn brgemm_wgrad(
                     }),
                 }
             });
-        // One task per block dw[nb][kb] (`bk × bn`, all of its rows).
-        let dw = run_blocks(
-            kern,
-            Fresh::new(dw_elt, nb * kb * bk * bn),
-            (nb * kb, bk, bn, bk),
-            &|blk, _| tail(a, (blk % kb) * blk_a),
-            &|blk| (&bp[(blk / kb) * blk_b..(blk / kb + 1) * blk_b], None),
-        )?;
+        let b_of = |nbi: usize| (&bp[nbi * blk_b..(nbi + 1) * blk_b], None);
+        let fresh = Fresh::new(dw_elt, nb * kp * bn);
+        let dw = if sp.pack_a {
+            let mut xt = Scratch::new(kp.div_ceil(mr) * mr * s);
+            match xa {
+                Operand::F32(v) => pack_x_t(&mut xt, v, (kb, s, bk), mr),
+                Operand::BF16(v) => pack_x_t(&mut xt, v, (kb, s, bk), mr),
+            }
+            // Row chunks of dw[nb] (whole tiles: chunk r0 starts at tile r0/mr,
+            // element r0·S of the packed xᵀ).
+            run_blocks(
+                kern,
+                fresh,
+                (nb, kp, bn, row_block(kp, mr, nb)),
+                &|_, r0| Operand::F32(&xt[(r0 * s).min(xt.len())..]),
+                &b_of,
+            )?
+        } else {
+            // One task per block dw[nb][kb]: `xb[kb]` read as its transpose.
+            run_blocks(
+                kern,
+                fresh,
+                (nb * kb, bk, bn, bk),
+                &|blk, _| tail(xa, (blk % kb) * s * bk),
+                &|blk| b_of(blk / kb),
+            )?
+        };
         result = Some((dw, dbp));
         Ok(())
     })?;
@@ -759,21 +772,6 @@ pub fn brgemm_wgrad(
         Elt::BF16 => Out::BF16(db.iter().map(|&v| bf16::from_f32(v)).collect()),
     };
     Ok(vec![dw.tensor(vec![nb, kb, bk, bn]), db.tensor(vec![n])])
-}
-
-/// A packed operand (f32 or bf16 elements).
-enum Packed {
-    F32(Vec<f32>),
-    BF16(Vec<bf16>),
-}
-
-impl Packed {
-    fn operand(&self) -> Operand<'_> {
-        match self {
-            Packed::F32(v) => Operand::F32(v),
-            Packed::BF16(v) => Operand::BF16(v),
-        }
-    }
 }
 
 /// N blocks from which `brgemm_wgrad` packs `xᵀ` (fewer read it in place).
@@ -808,25 +806,35 @@ fn pack_dz(
     }
 }
 
-/// `xb[Kb][S][bk]` as `Kb` blocks of `xb[kb]ᵀ` (`bk × S`) in tile-major panels
-/// `[kb][⌈bk/mr⌉][S][mr]`.
-fn pack_x_t<T: Copy + Default + Send + Sync>(
+/// `xᵀ` of a blocked activation `xb[Kb][S][bk]` (`Kb·bk × S`: row `r` is column
+/// `r % bk` of block `r / bk`) into `dst` as tile-major panels `[⌈Kb·bk/mr⌉][S][mr]`
+/// (f32, bf16 widened exactly), every element written: rows past `Kb·bk` zero.
+fn pack_x_t<T: Copy + Send + Sync + Into<f32>>(
+    dst: &mut [f32],
     v: &[T],
-    kb: usize,
-    s: usize,
-    bk: usize,
+    (kb, s, bk): (usize, usize, usize),
     mr: usize,
-) -> Vec<T> {
-    let tiles = bk.div_ceil(mr);
-    let mut out = vec![T::default(); kb * tiles * s * mr];
-    out.par_chunks_mut(s * mr).enumerate().for_each(|(q, dst)| {
-        let (kbi, t) = (q / tiles, q % tiles);
-        let i0 = t * mr;
-        let live = mr.min(bk - i0);
-        for si in 0..s {
-            let src = &v[(kbi * s + si) * bk + i0..(kbi * s + si) * bk + i0 + live];
-            dst[si * mr..si * mr + live].copy_from_slice(src);
+) {
+    let kp = kb * bk;
+    dst.par_chunks_mut(s * mr).enumerate().for_each(|(t, dst)| {
+        // The tile's rows as runs inside one K block: (block, first column,
+        // offset in the tile, length).
+        let mut runs = Vec::new();
+        let mut r = t * mr;
+        while r < kp.min((t + 1) * mr) {
+            let len = (bk - r % bk).min((t + 1) * mr - r).min(kp - r);
+            runs.push((r / bk, r % bk, r - t * mr, len));
+            r += len;
+        }
+        let live = r - t * mr;
+        for (si, row) in dst.chunks_exact_mut(mr).enumerate() {
+            for &(q, i0, off, len) in &runs {
+                let src = &v[(q * s + si) * bk + i0..(q * s + si) * bk + i0 + len];
+                for (d, &e) in row[off..off + len].iter_mut().zip(src) {
+                    *d = e.into();
+                }
+            }
+            row[live..].fill(0.0);
         }
     });
-    out
 }

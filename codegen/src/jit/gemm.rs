@@ -302,18 +302,37 @@ pub fn pack_b<E: Copy + Send + Sync + Into<Widen>>(
     cs: usize,
     nr: usize,
 ) -> Vec<f32> {
-    let panels = n.div_ceil(nr);
-    let mut out = vec![0.0f32; panels * k * nr];
+    let mut out = vec![0.0f32; n.div_ceil(nr) * k * nr];
+    pack_b_into(&mut out, src, (k, n, rs, cs), nr);
+    out
+}
+
+/// [`pack_b`] into `dst` (`⌈n/nr⌉·k·nr` f32), every element written: the
+/// padding columns are set to zero, so `dst` may hold anything before.
+pub(crate) fn pack_b_into<E: Copy + Send + Sync + Into<Widen>>(
+    dst: &mut [f32],
+    src: &[E],
+    (k, n, rs, cs): (usize, usize, usize, usize),
+    nr: usize,
+) {
+    assert_eq!(
+        dst.len(),
+        n.div_ceil(nr) * k * nr,
+        "pack_b: destination size"
+    );
     if k == 0 || n == 0 {
-        return out;
+        return;
     }
     assert!(
         src.len() > (k - 1) * rs + (n - 1) * cs,
         "pack_b: source too short"
     );
-    out.par_chunks_mut(k * nr).enumerate().for_each(|(p, dst)| {
+    dst.par_chunks_mut(k * nr).enumerate().for_each(|(p, dst)| {
         let j0 = p * nr;
         let cols = nr.min(n - j0);
+        if cols < nr {
+            dst.fill(0.0);
+        }
         if cs == 1 {
             for kk in 0..k {
                 let row = &src[kk * rs + j0..kk * rs + j0 + cols];
@@ -330,7 +349,6 @@ pub fn pack_b<E: Copy + Send + Sync + Into<Widen>>(
             }
         }
     });
-    out
 }
 
 /// An f32 widened from f32 or bf16 (a helper for [`pack_b`]'s generic source).

@@ -44,6 +44,7 @@ pub mod loss;
 pub mod native;
 pub mod native512;
 pub mod reduce;
+mod scratch;
 pub mod sparse;
 
 use crate::kernels::KResult;
