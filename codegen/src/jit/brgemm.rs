@@ -37,9 +37,9 @@
 //! gradients are f32. The micro-kernel is chosen per shape by
 //! `Jit::pick_micro` under [`JitOptions::kernels`].
 
+use super::buffers::{Floats, Fresh, Scratch};
 use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b_into};
 use super::linear::{elt_of, operand};
-use super::scratch::Scratch;
 use super::{Jit, JitError, JitOptions};
 use crate::kernels::brgemm::{act_grad, check_fit, check_xw, dims, dy_y_last, dz_of, floats};
 use crate::kernels::{KResult, KernelError, shape_err};
@@ -47,7 +47,6 @@ use dlrm_ir::{Act, Data, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
 use std::borrow::Cow;
-use std::mem::MaybeUninit;
 
 /// Evaluates `brgemm`, `brgemm_dgrad` or `brgemm_wgrad`; `None` for other ops or
 /// non-float operands or results.
@@ -78,88 +77,6 @@ fn jit_err(op: &'static str, e: JitError) -> KernelError {
     KernelError::Jit {
         op,
         reason: e.to_string(),
-    }
-}
-
-/// A result buffer (f32 or bf16).
-enum Out {
-    F32(Vec<f32>),
-    BF16(Vec<bf16>),
-}
-
-impl Out {
-    fn zeros(elt: Elt, n: usize) -> Out {
-        match elt {
-            Elt::F32 => Out::F32(vec![0.0; n]),
-            Elt::BF16 => Out::BF16(vec![bf16::ZERO; n]),
-        }
-    }
-
-    fn tensor(self, shape: Vec<usize>) -> Tensor {
-        match self {
-            Out::F32(v) => Tensor::f32(shape, v),
-            Out::BF16(v) => Tensor::bf16(shape, v),
-        }
-    }
-}
-
-/// A result buffer not yet written: [`run_blocks`] and [`run_row_chunks`] have
-/// their kernels write every element and only then hand it back as an [`Out`].
-/// Not zeroing it saves a serial pass over the result (a 4 MiB result took ~14%
-/// of a 2048×512×512 `brgemm`). Debug builds fill it with NaN, so an element a
-/// kernel left unwritten would show in the tests.
-enum Fresh {
-    F32(Vec<MaybeUninit<f32>>),
-    BF16(Vec<MaybeUninit<bf16>>),
-}
-
-impl Fresh {
-    fn new(elt: Elt, n: usize) -> Fresh {
-        fn uninit<T: Copy>(n: usize, debug_fill: T) -> Vec<MaybeUninit<T>> {
-            let mut v = Vec::with_capacity(n);
-            if cfg!(debug_assertions) {
-                v.resize(n, MaybeUninit::new(debug_fill));
-            } else {
-                // SAFETY: `MaybeUninit` needs no initialisation; the capacity is `n`.
-                unsafe { v.set_len(n) };
-            }
-            v
-        }
-        match elt {
-            Elt::F32 => Fresh::F32(uninit(n, f32::NAN)),
-            Elt::BF16 => Fresh::BF16(uninit(n, bf16::NAN)),
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Fresh::F32(v) => v.len(),
-            Fresh::BF16(v) => v.len(),
-        }
-    }
-
-    fn buf(&mut self) -> OutBuf<'_> {
-        match self {
-            Fresh::F32(v) => OutBuf::F32Uninit(v),
-            Fresh::BF16(v) => OutBuf::BF16Uninit(v),
-        }
-    }
-
-    /// The buffer as initialised.
-    ///
-    /// # Safety
-    /// Every element has been written.
-    unsafe fn assume_init(self) -> Out {
-        fn init<T>(v: Vec<MaybeUninit<T>>) -> Vec<T> {
-            let mut v = std::mem::ManuallyDrop::new(v);
-            // SAFETY: the caller's promise: all `len` elements are initialised;
-            // `MaybeUninit<T>` has `T`'s layout, so the allocation is reused as is.
-            unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<T>(), v.len(), v.capacity()) }
-        }
-        match self {
-            Fresh::F32(v) => Out::F32(init(v)),
-            Fresh::BF16(v) => Out::BF16(init(v)),
-        }
     }
 }
 
@@ -233,7 +150,7 @@ fn run_row_chunks<'d>(
     (blocks, m, width, rb): (usize, usize, usize, usize),
     pack: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
     b_of: &(dyn Fn(usize) -> (&'d [f32], Option<&'d [f32]>) + Sync),
-) -> Result<Out, JitError> {
+) -> Result<Floats, JitError> {
     check_cover(&kern, &out, (blocks, m, width))?;
     let rb = rb.max(1);
     let mut tasks: Vec<Vec<OutBuf<'_>>> = (0..m.div_ceil(rb)).map(|_| Vec::new()).collect();
@@ -310,7 +227,7 @@ fn run_blocks<'d>(
     (blocks, m, width, rb): (usize, usize, usize, usize),
     a_of: &(dyn Fn(usize, usize) -> Operand<'d> + Sync),
     b_of: &(dyn Fn(usize) -> (&'d [f32], Option<&'d [f32]>) + Sync),
-) -> Result<Out, JitError> {
+) -> Result<Floats, JitError> {
     check_cover(&kern, &out, (blocks, m, width))?;
     let rb = rb.max(1);
     let mut tasks: Vec<(usize, usize, OutBuf<'_>)> = Vec::with_capacity(blocks * m.div_ceil(rb));
@@ -384,7 +301,7 @@ pub fn brgemm(
     let mut bias = floats(ins[2]).into_owned();
     bias.resize(nb * bn, 0.0);
     if s == 0 || nb == 0 || bn == 0 {
-        return Ok(Out::zeros(out, nb * s * bn).tensor(vec![nb, s, bn]));
+        return Ok(Floats::zeros(out, nb * s * bn).tensor(vec![nb, s, bn]));
     }
     let w_f32 = match &w.data {
         Data::F32(v) => Some(v.as_slice()),
@@ -462,14 +379,14 @@ pub fn brgemm(
 /// Sigmoid (when fused after the GEMM) and exact zeros in the padding columns of
 /// the last N block.
 fn finish_forward(
-    mut y: Out,
+    mut y: Floats,
     sigmoid: bool,
     out: Elt,
     nb: usize,
     s: usize,
     bn: usize,
     live_last: usize,
-) -> Out {
+) -> Floats {
     let pad = |v: &mut [f32]| {
         if live_last < bn {
             for row in v[(nb - 1) * s * bn..].chunks_mut(bn) {
@@ -478,14 +395,14 @@ fn finish_forward(
         }
     };
     match &mut y {
-        Out::F32(v) => {
+        Floats::F32(v) => {
             if sigmoid {
                 v.par_chunks_mut(1 << 14)
                     .for_each(|c| c.iter_mut().for_each(|x| *x = 1.0 / (1.0 + (-*x).exp())));
             }
             pad(v);
         }
-        Out::BF16(v) => {
+        Floats::BF16(v) => {
             if live_last < bn {
                 for row in v[(nb - 1) * s * bn..].chunks_mut(bn) {
                     row[live_last..].fill(bf16::ZERO);
@@ -494,7 +411,9 @@ fn finish_forward(
         }
     }
     match (y, out) {
-        (Out::F32(v), Elt::BF16) => Out::BF16(v.par_iter().map(|&x| bf16::from_f32(x)).collect()),
+        (Floats::F32(v), Elt::BF16) => {
+            Floats::BF16(v.par_iter().map(|&x| bf16::from_f32(x)).collect())
+        }
         (y, _) => y,
     }
 }
@@ -531,7 +450,7 @@ pub fn brgemm_dgrad(
     }
     let np = nb * bn;
     if s == 0 || kb == 0 || bk == 0 {
-        return Ok(Out::zeros(out, kb * s * bk).tensor(vec![kb, s, bk]));
+        return Ok(Floats::zeros(out, kb * s * bk).tensor(vec![kb, s, bk]));
     }
     // A = dz = act'(dy, y) in dy's blocked layout `[Nb][S][bn]`: read in place
     // as the batch-reduce over its Nb blocks (computed once, on first use), or
@@ -658,8 +577,8 @@ pub fn brgemm_wgrad(
     );
     let xa = operand(x).ok_or_else(|| shape_err(OP, "x must be a float tensor".into()))?;
     if nb == 0 || kb == 0 || bn == 0 || bk == 0 || s == 0 {
-        let dw = Out::zeros(dw_elt, nb * kb * bk * bn).tensor(vec![nb, kb, bk, bn]);
-        let db = Out::zeros(db_elt, n).tensor(vec![n]);
+        let dw = Floats::zeros(dw_elt, nb * kb * bk * bn).tensor(vec![nb, kb, bk, bn]);
+        let db = Floats::zeros(db_elt, n).tensor(vec![n]);
         return Ok(vec![dw, db]);
     }
     let (dyv, yv) = (floats(dy), floats(y));
@@ -756,10 +675,10 @@ pub fn brgemm_wgrad(
     let live_last = n - (nb - 1) * bn;
     if live_last < bn {
         match &mut dw {
-            Out::F32(v) => v[(nb - 1) * kb * bk * bn..]
+            Floats::F32(v) => v[(nb - 1) * kb * bk * bn..]
                 .chunks_mut(bn)
                 .for_each(|r| r[live_last..].fill(0.0)),
-            Out::BF16(v) => v[(nb - 1) * kb * bk * bn..]
+            Floats::BF16(v) => v[(nb - 1) * kb * bk * bn..]
                 .chunks_mut(bn)
                 .for_each(|r| r[live_last..].fill(bf16::ZERO)),
         }
@@ -768,8 +687,8 @@ pub fn brgemm_wgrad(
     let panels_nr = dbp.len() / nb;
     let db: Vec<f32> = (0..n).map(|j| dbp[(j / bn) * panels_nr + j % bn]).collect();
     let db = match db_elt {
-        Elt::F32 => Out::F32(db),
-        Elt::BF16 => Out::BF16(db.iter().map(|&v| bf16::from_f32(v)).collect()),
+        Elt::F32 => Floats::F32(db),
+        Elt::BF16 => Floats::BF16(db.iter().map(|&v| bf16::from_f32(v)).collect()),
     };
     Ok(vec![dw.tensor(vec![nb, kb, bk, bn]), db.tensor(vec![n])])
 }

@@ -16,6 +16,7 @@
 //! written from `out` (bag `s0`'s row first); with fixed pooling `L` bag `s` is
 //! `idx[s·L .. (s+1)·L]`, else `idx[bounds[s] .. bounds[s+1]]` (i64 bounds).
 
+use super::buffers::Fresh;
 use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4, var};
 use super::gemm::Elt;
 use super::layout::{checked, copy_row, jit_err, zeros};
@@ -29,7 +30,6 @@ use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
 use dlrm_ir::{DType, Data, Pool, Tensor, TensorType};
-use half::bf16;
 use rayon::prelude::*;
 
 /// What an embedding-bag kernel is specialised on.
@@ -350,10 +350,9 @@ pub(crate) fn embedding_bag(
             op: OP,
             reason: e.to_string(),
         })?;
-        let mut data = match out {
-            Elt::F32 => Data::F32(vec![0.0; s * d]),
-            Elt::BF16 => Data::BF16(vec![bf16::ZERO; s * d]),
-        };
+        // Not zeroed: the kernel stores every column of every bag (an empty
+        // bag's zeros too), and the tasks below cover all `s` bags.
+        let mut fresh = Fresh::new(out, s * d);
         if s > 0 && d > 0 {
             let idx_ptr = match idx {
                 Indices::I64(v) => v.as_ptr().cast::<u8>(),
@@ -400,23 +399,17 @@ pub(crate) fn embedding_bag(
                     }
                 }
             };
-            match &mut data {
-                Data::F32(o) => o
-                    .par_chunks_mut(sb * d)
-                    .enumerate()
-                    .for_each(|(blk, ch)| go(blk, ch.as_mut_ptr().cast(), ch.len() / d)),
-                Data::BF16(o) => o
-                    .par_chunks_mut(sb * d)
-                    .enumerate()
-                    .for_each(|(blk, ch)| go(blk, ch.as_mut_ptr().cast(), ch.len() / d)),
-                _ => {}
-            }
+            fresh
+                .buf()
+                .chunks(sb * d)
+                .into_par_iter()
+                .enumerate()
+                .for_each(|(blk, mut ch)| go(blk, ch.as_mut_ptr(), ch.len() / d));
         }
         let _ = k.spec;
-        Ok(vec![Tensor {
-            shape: vec![s, d],
-            data,
-        }])
+        // SAFETY: every bag's row was written by its task's kernel calls (see
+        // above); with s = 0 or d = 0 the result is empty.
+        Ok(vec![unsafe { fresh.assume_init() }.tensor(vec![s, d])])
     })())
 }
 

@@ -22,6 +22,7 @@
 //!
 //! ABI: `fn(src: *const u8, dst: *mut u8, rows: i64)`.
 
+use super::buffers::Fresh;
 use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4};
 use super::gemm::{Elt, Operand, OutBuf};
 use super::linear::{elt_of, operand};
@@ -328,7 +329,8 @@ fn block_act(jit: &Jit, bk: usize, inputs: &[&Tensor], out: Elt) -> KResult<Vec<
     }
     let x = checked(OP, 0, inputs[0])?;
     let kb = k.div_ceil(bk);
-    let mut data = zeros(out, kb * s * bk);
+    // Not zeroed: every row of every block is written, padding included.
+    let mut fresh = Fresh::new(out, kb * s * bk);
     if s > 0 && kb > 0 {
         // The full blocks' kernel and the last block's (ragged when bk ∤ K).
         let spec = |w: usize| CopySpec {
@@ -342,7 +344,7 @@ fn block_act(jit: &Jit, bk: usize, inputs: &[&Tensor], out: Elt) -> KResult<Vec<
         let full = jit.copy(spec(bk)).map_err(jit_err(OP))?;
         let last = jit.copy(spec(k - (kb - 1) * bk)).map_err(jit_err(OP))?;
         let sb = sample_block(s);
-        par_chunks(buf(&mut data), s * bk, &|kbi, blk| {
+        par_chunks(fresh.buf(), s * bk, &|kbi, blk| {
             let kern = if kbi + 1 == kb { last } else { full };
             par_chunks(blk, sb * bk, &|c, ch| {
                 let s0 = c * sb;
@@ -352,10 +354,9 @@ fn block_act(jit: &Jit, bk: usize, inputs: &[&Tensor], out: Elt) -> KResult<Vec<
         })
         .map_err(jit_err(OP))?;
     }
-    Ok(vec![Tensor {
-        shape: vec![kb, s, bk],
-        data,
-    }])
+    // SAFETY: each block's sample chunks cover its `s` rows, each written
+    // whole (`w + pad = bk` elements at stride `bk`); empty if s = 0.
+    Ok(vec![unsafe { fresh.assume_init() }.tensor(vec![kb, s, bk])])
 }
 
 /// `unblock_act{k}(xb[Kb,S,bk]) -> [S, k]`.
@@ -365,7 +366,8 @@ fn unblock_act(jit: &Jit, k: usize, inputs: &[&Tensor], out: Elt) -> KResult<Vec
     let [kb, s, bk] = dims::<3>(OP, "blocked x", inputs[0])?;
     crate::kernels::brgemm::check_fit(OP, "unblock_act", k, kb, bk)?;
     let xb = checked(OP, 0, inputs[0])?;
-    let mut data = zeros(out, s * k);
+    // Not zeroed: every column of every row is written.
+    let mut fresh = Fresh::new(out, s * k);
     if s > 0 && k > 0 {
         let spec = |w: usize| CopySpec {
             src: xb.elt(),
@@ -380,7 +382,7 @@ fn unblock_act(jit: &Jit, k: usize, inputs: &[&Tensor], out: Elt) -> KResult<Vec
             .collect::<Result<Vec<_>, _>>()
             .map_err(jit_err(OP))?;
         let sb = sample_block(s);
-        par_chunks(buf(&mut data), sb * k, &|c, mut ch| {
+        par_chunks(fresh.buf(), sb * k, &|c, mut ch| {
             let s0 = c * sb;
             let rows = ch.len() / k;
             for (kbi, kern) in kerns.iter().enumerate() {
@@ -390,10 +392,9 @@ fn unblock_act(jit: &Jit, k: usize, inputs: &[&Tensor], out: Elt) -> KResult<Vec
         })
         .map_err(jit_err(OP))?;
     }
-    Ok(vec![Tensor {
-        shape: vec![s, k],
-        data,
-    }])
+    // SAFETY: the sample chunks cover all `s` rows, and per row the blocks'
+    // live columns `kbi·bk..` cover all `k` (check_fit); empty if s·k = 0.
+    Ok(vec![unsafe { fresh.assume_init() }.tensor(vec![s, k])])
 }
 
 /// `interaction{cat}(x, e_0, ..) -> [S, Σ widths]`.
@@ -406,7 +407,8 @@ fn cat(jit: &Jit, inputs: &[&Tensor], out: Elt) -> KResult<Vec<Tensor>> {
         .map(|(i, t)| checked(OP, i, t))
         .collect::<KResult<Vec<_>>>()?;
     let width = interaction_width(InteractionKind::Cat, false, &widths);
-    let mut data = zeros(out, s * width);
+    // Not zeroed: every column of every row is written.
+    let mut fresh = Fresh::new(out, s * width);
     if s > 0 && width > 0 {
         let kerns = ops
             .iter()
@@ -424,7 +426,7 @@ fn cat(jit: &Jit, inputs: &[&Tensor], out: Elt) -> KResult<Vec<Tensor>> {
             .collect::<Result<Vec<_>, _>>()
             .map_err(jit_err(OP))?;
         let sb = sample_block(s);
-        par_chunks(buf(&mut data), sb * width, &|c, mut ch| {
+        par_chunks(fresh.buf(), sb * width, &|c, mut ch| {
             let s0 = c * sb;
             let rows = ch.len() / width;
             let mut at = 0;
@@ -436,10 +438,9 @@ fn cat(jit: &Jit, inputs: &[&Tensor], out: Elt) -> KResult<Vec<Tensor>> {
         })
         .map_err(jit_err(OP))?;
     }
-    Ok(vec![Tensor {
-        shape: vec![s, width],
-        data,
-    }])
+    // SAFETY: the sample chunks cover all `s` rows, and per row the operands'
+    // columns, one after another, cover `width` (their sum); empty if 0.
+    Ok(vec![unsafe { fresh.assume_init() }.tensor(vec![s, width])])
 }
 
 /// `interaction_grad{cat}(dr, x, e_0, ..) -> (dx, de_0, ..)`: `dr` split by width.

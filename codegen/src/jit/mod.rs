@@ -33,6 +33,7 @@
 //! itself does no bounds checks and never sees an unchecked index or size.
 
 pub mod brgemm;
+mod buffers;
 mod clif;
 pub mod elementwise;
 pub mod embedding;
@@ -44,7 +45,6 @@ pub mod loss;
 pub mod native;
 pub mod native512;
 pub mod reduce;
-mod scratch;
 pub mod sparse;
 
 use crate::kernels::KResult;
