@@ -25,6 +25,7 @@
 //! `fn(ops, dr: *const u8, grads: *const *mut u8, s0, s1)` writes rows `s0..s1` of
 //! each gradient (absolute rows). Shapes are checked by the Rust wrappers.
 
+use super::buffers::Fresh;
 use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4, var};
 use super::gemm::Elt;
 use super::{Jit, JitError};
@@ -32,7 +33,6 @@ use crate::kernels::{KResult, KernelError, block_rows, data_len, shape_err};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::{FunctionBuilder, Variable};
 use dlrm_ir::{DType, Data, InteractionKind, Op, Tensor, TensorType, interaction_width};
-use half::bf16;
 use rayon::prelude::*;
 
 /// Most operands a kernel takes (one bit per operand in [`DotSpec::bf16_ops`]).
@@ -539,22 +539,6 @@ fn elt_dtype(d: DType) -> Option<Elt> {
     }
 }
 
-fn zeros(e: Elt, n: usize) -> Data {
-    match e {
-        Elt::F32 => Data::F32(vec![0.0; n]),
-        Elt::BF16 => Data::BF16(vec![bf16::ZERO; n]),
-    }
-}
-
-fn data_ptr(d: &mut Data) -> *mut u8 {
-    match d {
-        Data::F32(v) => v.as_mut_ptr().cast(),
-        Data::BF16(v) => v.as_mut_ptr().cast(),
-        Data::I64(v) => v.as_mut_ptr().cast(),
-        Data::I32(v) => v.as_mut_ptr().cast(),
-    }
-}
-
 /// `interaction` / `interaction_grad` of kind `dot` with a JIT kernel (`None`:
 /// `cat`, which [`super::layout`] copies; non-float operands or results; more
 /// than 64 operands).
@@ -637,12 +621,13 @@ pub(crate) fn eval(
         })?;
         let sb = block_rows(s, 8, 256);
         if !backward {
-            let mut data = zeros(out, s * width);
+            // Not zeroed: the kernel writes every element of its rows.
+            let mut fresh = Fresh::new(out, s * width);
             if s > 0 && width > 0 {
                 let DotFn::Fwd(fun) = k.f else {
                     return Err(shape_err(name, "internal: kernel direction".into()));
                 };
-                let base = data_ptr(&mut data) as usize;
+                let base = fresh.buf().as_mut_ptr() as usize;
                 let ops = ptrs.as_ptr() as usize;
                 let eo = out.size();
                 (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
@@ -662,17 +647,20 @@ pub(crate) fn eval(
                 });
             }
             let _ = k.spec;
-            return Ok(vec![Tensor {
-                shape: vec![s, width],
-                data,
-            }]);
+            // SAFETY: the tasks cover rows 0..s, each written whole (`x`, then
+            // every kept pair); empty if s·width = 0.
+            return Ok(vec![unsafe { fresh.assume_init() }.tensor(vec![s, width])]);
         }
-        let mut grads: Vec<Data> = (0..f).map(|_| zeros(out, s * d)).collect();
+        // Not zeroed: the kernel writes every column of its rows of each.
+        let mut grads: Vec<Fresh> = (0..f).map(|_| Fresh::new(out, s * d)).collect();
         if s > 0 && d > 0 {
             let DotFn::Bwd(fun) = k.f else {
                 return Err(shape_err(name, "internal: kernel direction".into()));
             };
-            let gptrs: Vec<usize> = grads.iter_mut().map(|g| data_ptr(g) as usize).collect();
+            let gptrs: Vec<usize> = grads
+                .iter_mut()
+                .map(|g| g.buf().as_mut_ptr() as usize)
+                .collect();
             let ops = ptrs.as_ptr() as usize;
             let gp = gptrs.as_ptr() as usize;
             let drp = elt_of(inputs[0]).map_or(0, |(_, p)| p);
@@ -693,12 +681,11 @@ pub(crate) fn eval(
                 }
             });
         }
+        // SAFETY: the tasks cover rows 0..s of every gradient, each row written
+        // whole (all `d` columns); empty if s·d = 0.
         Ok(grads
             .into_iter()
-            .map(|data| Tensor {
-                shape: vec![s, d],
-                data,
-            })
+            .map(|g| unsafe { g.assume_init() }.tensor(vec![s, d]))
             .collect())
     })())
 }
