@@ -40,6 +40,7 @@
 use super::buffers::{Floats, Fresh, Scratch};
 use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b_into};
 use super::linear::{elt_of, operand};
+use super::pack::{Src, pack_blocked};
 use super::{Jit, JitError, JitOptions};
 use crate::kernels::brgemm::{act_grad, check_fit, check_xw, dims, dy_y_last, dz_of, floats};
 use crate::kernels::{KResult, KernelError, shape_err};
@@ -185,36 +186,6 @@ fn run_row_chunks<'d>(
     Ok(unsafe { out.assume_init() })
 }
 
-/// Packs rows `r0..r0+rows` of a blocked operand `[Kb][S][w]` (the
-/// batch-reduce `A`, `k = Kb·w`: element `(row, q·w+j)` is
-/// `at((q·S+row)·w + j)`) into `dst`: tile-major f32 panels `[tile][k][mr]`,
-/// rows past `rows` zero.
-fn pack_blocked(
-    dst: &mut [f32],
-    (s, w, mr): (usize, usize, usize),
-    (r0, rows): (usize, usize),
-    at: impl Fn(usize) -> f32,
-) {
-    let k = dst.len() / rows.div_ceil(mr).max(1) / mr.max(1);
-    let blocks = k / w.max(1);
-    for (t, tile) in dst.chunks_exact_mut(k * mr).enumerate() {
-        for r in 0..mr {
-            let row = r0 + t * mr + r;
-            if t * mr + r >= rows {
-                tile.iter_mut().skip(r).step_by(mr).for_each(|d| *d = 0.0);
-                continue;
-            }
-            for q in 0..blocks {
-                let src = (q * s + row) * w;
-                let seg = &mut tile[q * w * mr..(q + 1) * w * mr];
-                for (j, d) in seg.iter_mut().skip(r).step_by(mr).enumerate() {
-                    *d = at(src + j);
-                }
-            }
-        }
-    }
-}
-
 /// Runs `kern` on every row chunk of every output block, one rayon task each:
 /// `out` holds `blocks` blocks of `m` rows × `width` (row stride `width`), cut
 /// into chunks of `rb` rows; the chunk of block `q` from row `r0` reads `A` from
@@ -353,10 +324,11 @@ pub fn brgemm(
             )
         };
         let y = if sp.pack_a {
-            let pack = |r0, rows, dst: &mut [f32]| match xa {
-                Operand::F32(v) => pack_blocked(dst, (s, bk, mr), (r0, rows), |i| v[i]),
-                Operand::BF16(v) => pack_blocked(dst, (s, bk, mr), (r0, rows), |i| v[i].to_f32()),
+            let src = match xa {
+                Operand::F32(v) => Src::F32(v),
+                Operand::BF16(v) => Src::BF16(v),
             };
+            let pack = |r0, rows, dst: &mut [f32]| pack_blocked(dst, (s, bk, mr), (r0, rows), src);
             run_row_chunks(kern, fresh, (nb, s, bn, row_block(s, mr, 1)), &pack, &b_of)?
         } else {
             run_blocks(
@@ -505,16 +477,8 @@ pub fn brgemm_dgrad(
         let mr = sp.micro.mr();
         let b_of = |q: usize| (&bp[q * blk_b..(q + 1) * blk_b], None);
         let dx = if sp.pack_a {
-            let geom = (s, bn, mr);
-            let pack = |r0, rows, dst: &mut [f32]| match act {
-                Act::None => pack_blocked(dst, geom, (r0, rows), |i| dv[i]),
-                Act::Relu => {
-                    pack_blocked(dst, geom, (r0, rows), |i| act_grad(Act::Relu, dv[i], yv[i]))
-                }
-                Act::Sigmoid => pack_blocked(dst, geom, (r0, rows), |i| {
-                    act_grad(Act::Sigmoid, dv[i], yv[i])
-                }),
-            };
+            let src = Src::Dz(act, &dv, &yv);
+            let pack = |r0, rows, dst: &mut [f32]| pack_blocked(dst, (s, bn, mr), (r0, rows), src);
             run_row_chunks(kern, fresh, (kb, s, bk, row_block(s, mr, 1)), &pack, &b_of)?
         } else {
             let dz = dz.get_or_init(|| dz_of(act, dy, y));

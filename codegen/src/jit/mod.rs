@@ -44,6 +44,7 @@ pub mod linear;
 pub mod loss;
 pub mod native;
 pub mod native512;
+mod pack;
 pub mod reduce;
 pub mod sparse;
 
