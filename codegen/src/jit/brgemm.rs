@@ -22,8 +22,9 @@
 //! bf16 widened, dgrad's `act'` applied on the way) and runs every output block
 //! on them, instead of each output block reading the blocked `A` in place. Which
 //! form runs is timed per shape with the micro-kernel (`Jit::pick_variant`,
-//! [`JitOptions::pack_a`]); the AVX-512 kernel gains most from packing (at
-//! 2048×512×512, 2 threads: `brgemm` 182 against 170 GFLOP/s).
+//! [`JitOptions::pack_a`]); the AVX-512 kernel gains most from packing
+//! (`examples/brgemm_best` at 2048×512×512, 2 threads: `brgemm` 182 against 170
+//! GFLOP/s when it came in).
 //!
 //! Results are not zeroed first (`Fresh`): the kernels write every element.
 //!
@@ -35,7 +36,7 @@
 //! are exactly 0. Operands may be f32 or bf16 (widened exactly); `brgemm`'s
 //! result is stored in its declared dtype (bf16 rounded to nearest even), the
 //! gradients are f32. The micro-kernel is chosen per shape by
-//! `Jit::pick_micro` under [`JitOptions::kernels`].
+//! `Jit::pick_variant` under [`JitOptions::kernels`].
 
 use super::buffers::{Floats, Fresh, Scratch};
 use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b_into};
@@ -131,12 +132,6 @@ fn with_kernel<T>(
     go(k).map_err(|e| jit_err(op, e))
 }
 
-thread_local! {
-    /// Each worker thread's packed `A` rows ([`run_row_chunks`]), reused across
-    /// calls so a step's packing allocates and page-faults nothing.
-    static PACKED_A: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// Runs `kern` (a spec with [`GemmSpec::pack_a`]) on row chunks of `rb` rows,
 /// one rayon task each: `out` holds `blocks` blocks of `m` rows × `width` (row
 /// stride `width`); the task for rows `r0..r0+rows` packs them once —
@@ -167,19 +162,14 @@ fn run_row_chunks<'d>(
         .enumerate()
         .try_for_each(|(ri, parts)| {
             let (r0, rows) = (ri * rb, rb.min(m - ri * rb));
-            PACKED_A.with_borrow_mut(|buf| {
-                let need = rows.div_ceil(mr) * mr * k;
-                if buf.len() < need {
-                    buf.resize(need, 0.0);
-                }
-                let a = &mut buf[..need];
-                pack(r0, rows, a);
-                for (q, cb) in parts.into_iter().enumerate() {
-                    let (b, bias) = b_of(q);
-                    kern.run_block(Operand::F32(a), b, bias, cb, rows)?;
-                }
-                Ok(())
-            })
+            // This worker's reusable buffer: packing allocates nothing.
+            let mut a = Scratch::new(rows.div_ceil(mr) * mr * k);
+            pack(r0, rows, &mut a);
+            for (q, cb) in parts.into_iter().enumerate() {
+                let (b, bias) = b_of(q);
+                kern.run_block(Operand::F32(&a), b, bias, cb, rows)?;
+            }
+            Ok(())
         })?;
     // SAFETY: every task returned Ok, and `check_cover` held: each wrote its
     // `rows` whole rows of every block, and the tasks' rows cover `0..m`.
