@@ -5,10 +5,9 @@
 //! (`k = Kb·w`, element `(row, q·w + j)` at `(q·S + row)·w + j`): `x` itself, or
 //! `dz = act'(dy, y)` computed on the way. The packed rows are tile-major f32
 //! panels `[tile][k][mr]`, rows past the chunk zero — a transpose of each
-//! `mr`-row tile. On CPUs with AVX-512 an f32 source is gathered `mr` rows at a
-//! time (one masked gather and one masked store per k step; the scalar
-//! transpose it replaces took ~16% of a 2048×512×512 `brgemm`); otherwise, and
-//! for bf16 sources, a scalar loop. Both compute every element exactly as
+//! `mr`-row tile. On CPUs with AVX-512 an f32 source is transposed 16 columns
+//! at a time in registers (the scalar loop it replaces took ~16% of a
+//! 2048×512×512 `brgemm`); otherwise, and for bf16 sources, a scalar loop. Both compute every element exactly as
 //! [`crate::kernels::brgemm::act_grad`] does, so the results are bitwise equal.
 
 use crate::kernels::brgemm::act_grad;
@@ -63,13 +62,9 @@ pub(crate) fn pack_blocked(
         dst.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if mr <= 16
-        && !matches!(src, Src::BF16(_))
-        && blocks * s * w <= i32::MAX as usize
-        && std::is_x86_feature_detected!("avx512f")
-    {
+    if mr <= 16 && !matches!(src, Src::BF16(_)) && std::is_x86_feature_detected!("avx512f") {
         // SAFETY: the CPU has AVX-512F; the sizes were checked above.
-        unsafe { gather_tiles(dst, (s, w, mr, k), (r0, rows), src) };
+        unsafe { transpose_tiles(dst, (s, w, mr, k), (r0, rows), src) };
         return;
     }
     scalar_tiles(dst, (s, w, mr, k), (r0, rows), src);
@@ -106,17 +101,18 @@ fn scalar_tiles(
     }
 }
 
-/// [`pack_blocked`] with AVX-512 gathers: per tile, block `q` and column `j`,
-/// the tile's live rows (`w` apart) in one masked gather (dead lanes zero),
-/// stored as the `mr` floats of k step `q·w + j`.
+/// [`pack_blocked`] with AVX-512: per tile, block `q` and 16 columns `j..`, the
+/// tile's live rows (`w` apart; the rest zero) are loaded as 16 vectors —
+/// `act'` applied lane-wise for `dz` — transposed in registers, and each column
+/// stored as the `mr` floats of its k step. (Gathering the column directly
+/// measured no faster than the scalar loop: gathers are slow on this CPU.)
 ///
 /// # Safety
 /// AVX-512F is available; `mr <= 16`; `dst` is `⌈rows/mr⌉·mr·k` floats with
-/// `k = Kb·w`; `r0 + rows <= s`; `src` holds `Kb·s·w <= i32::MAX` elements
-/// (every gathered index, `(q·s + row)·w + j`, is below that).
+/// `k = Kb·w`; `r0 + rows <= s`; `src` holds `Kb·s·w` elements.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn gather_tiles(
+unsafe fn transpose_tiles(
     dst: &mut [f32],
     (s, w, mr, k): (usize, usize, usize, usize),
     (r0, rows): (usize, usize),
@@ -124,56 +120,89 @@ unsafe fn gather_tiles(
 ) {
     use std::arch::x86_64::*;
     let blocks = k / w;
-    let lanes: [i32; 16] = std::array::from_fn(|r| if r < mr { (r * w) as i32 } else { 0 });
-    // SAFETY: reads the 16 i32 of `lanes`.
-    let vindex = unsafe { _mm512_loadu_si512(lanes.as_ptr().cast()) };
     let store: __mmask16 = ((1u32 << mr) - 1) as u16;
     let zero = _mm512_setzero_ps();
     for (t, tile) in dst.chunks_exact_mut(k * mr).enumerate() {
         let live = mr.min(rows - t * mr);
-        let m: __mmask16 = ((1u32 << live) - 1) as u16;
         let out = tile.as_mut_ptr();
         for q in 0..blocks {
             let base = (q * s + r0 + t * mr) * w;
-            for j in 0..w {
-                // SAFETY: lane r < live reads element base + r·w + j =
-                // (q·s + row)·w + j with row < r0 + rows <= s, j < w: inside
-                // `src` (the caller's contract); masked-off lanes read nothing.
-                // The store writes floats (q·w + j)·mr .. +mr of this tile.
-                unsafe {
-                    let gather = |v: &[f32]| {
-                        _mm512_mask_i32gather_ps::<4>(
-                            zero,
-                            m,
-                            vindex,
-                            v.as_ptr().add(base + j).cast(),
-                        )
-                    };
-                    let v = match src {
-                        Src::F32(v) => gather(v),
-                        Src::Dz(act, d, y) => {
-                            let dv = gather(d);
-                            match act {
-                                Act::None => dv,
-                                Act::Relu => {
-                                    let yv = gather(y);
-                                    let pos = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(yv, zero);
-                                    _mm512_maskz_mov_ps(pos, dv)
-                                }
-                                Act::Sigmoid => {
-                                    let yv = gather(y);
-                                    let one_minus = _mm512_sub_ps(_mm512_set1_ps(1.0), yv);
-                                    _mm512_mul_ps(_mm512_mul_ps(dv, yv), one_minus)
-                                }
+            for j in (0..w).step_by(16) {
+                let cols = 16.min(w - j);
+                let m: __mmask16 = ((1u32 << cols) - 1) as u16;
+                let mut r = [zero; 16];
+                for (i, ri) in r.iter_mut().enumerate().take(live) {
+                    let at = base + i * w + j;
+                    // SAFETY: lanes < cols read elements at..at+cols of row
+                    // (q·s + row)·w + j.., row < r0 + rows <= s, j + cols <= w:
+                    // inside `src` (the caller's contract); masked lanes read
+                    // nothing.
+                    *ri = unsafe {
+                        let load = |v: &[f32]| _mm512_maskz_loadu_ps(m, v.as_ptr().add(at));
+                        match src {
+                            Src::F32(v) => load(v),
+                            Src::Dz(Act::None, d, _) => load(d),
+                            Src::Dz(Act::Relu, d, y) => {
+                                let pos = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(load(y), zero);
+                                _mm512_maskz_mov_ps(pos, load(d))
                             }
+                            Src::Dz(Act::Sigmoid, d, y) => {
+                                let yv = load(y);
+                                let one_minus = _mm512_sub_ps(_mm512_set1_ps(1.0), yv);
+                                _mm512_mul_ps(_mm512_mul_ps(load(d), yv), one_minus)
+                            }
+                            // Not reached: bf16 sources take the scalar path.
+                            Src::BF16(_) => zero,
                         }
-                        Src::BF16(_) => zero,
                     };
-                    _mm512_mask_storeu_ps(out.add((q * w + j) * mr), store, v);
+                }
+                let c = transpose16(r);
+                for (cc, col) in c.iter().enumerate().take(cols) {
+                    // SAFETY: k step q·w + j + cc < k: its `mr` floats lie in
+                    // this tile (`k·mr` floats).
+                    unsafe { _mm512_mask_storeu_ps(out.add((q * w + j + cc) * mr), store, *col) };
                 }
             }
         }
     }
+}
+
+/// The 16×16 transpose of `r` (row `i` lane `c` becomes row `c` lane `i`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn transpose16(r: [std::arch::x86_64::__m512; 16]) -> [std::arch::x86_64::__m512; 16] {
+    use std::arch::x86_64::*;
+    // Pairs of rows interleaved, then quads: u[4g + c] holds column c (and c+4,
+    // c+8, c+12, one per 128-bit lane) of rows 4g..4g+4.
+    let mut u = [_mm512_setzero_ps(); 16];
+    for g in 0..4 {
+        let [a, b, c, d] = [r[4 * g], r[4 * g + 1], r[4 * g + 2], r[4 * g + 3]];
+        let (t0, t1) = (_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+        let (t2, t3) = (_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+        u[4 * g] = _mm512_shuffle_ps::<0x44>(t0, t2);
+        u[4 * g + 1] = _mm512_shuffle_ps::<0xEE>(t0, t2);
+        u[4 * g + 2] = _mm512_shuffle_ps::<0x44>(t1, t3);
+        u[4 * g + 3] = _mm512_shuffle_ps::<0xEE>(t1, t3);
+    }
+    // 128-bit lanes: v[c] (c < 4) = lanes 0, 2 of u[c] and u[4 + c]; v[4 + c]
+    // lanes 1, 3; likewise v[8..16] from u[8..16].
+    let mut v = [_mm512_setzero_ps(); 16];
+    for h in [0, 8] {
+        for c in 0..4 {
+            v[h + c] = _mm512_shuffle_f32x4::<0x88>(u[h + c], u[h + 4 + c]);
+            v[h + 4 + c] = _mm512_shuffle_f32x4::<0xDD>(u[h + c], u[h + 4 + c]);
+        }
+    }
+    // Column c: c < 4 from v[c], v[8 + c] (lanes 0, 2); 8 + c lanes 1, 3; 4 + c
+    // and 12 + c likewise from v[4 + c], v[12 + c].
+    let mut out = [_mm512_setzero_ps(); 16];
+    for c in 0..4 {
+        out[c] = _mm512_shuffle_f32x4::<0x88>(v[c], v[8 + c]);
+        out[8 + c] = _mm512_shuffle_f32x4::<0xDD>(v[c], v[8 + c]);
+        out[4 + c] = _mm512_shuffle_f32x4::<0x88>(v[4 + c], v[12 + c]);
+        out[12 + c] = _mm512_shuffle_f32x4::<0xDD>(v[4 + c], v[12 + c]);
+    }
+    out
 }
 
 #[cfg(test)]
