@@ -1,7 +1,7 @@
 //! Buffers of the kernels that are not zeroed before use:
 //! - [`Fresh`]: a result the kernels write whole, allocated but not
 //!   initialised (zeroing a multi-MiB result is a serial pass over memory: it
-//!   took ~14% of a 2048×512×512 `brgemm`);
+//!   took ~12% of a 2048×512×512 `brgemm`);
 //! - [`Scratch`]: reusable per-thread f32 buffers for the operands the GEMM ops
 //!   pack on every call (`wᵀ` panels, `dz` panels, `xᵀ` tiles, weight panels).
 //!   Once a step has run, taking one allocates nothing and zeroes nothing — so
