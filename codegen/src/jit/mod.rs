@@ -402,8 +402,8 @@ impl Jit {
     /// ([`JitOptions::kernels`]) and, when `packable` (the caller can pack `A`
     /// itself: [`gemm::GemmSpec::pack_a`] with `A` widened to f32), whether to
     /// pack ([`JitOptions::pack_a`]). With more than one candidate, `trial` runs
-    /// each three times (after a warm-up run) on the first call of a shape and
-    /// the fastest is remembered.
+    /// each three times, taking turns (after a warm-up run each), on the first
+    /// call of a shape and the fastest is remembered.
     pub(crate) fn pick_variant(
         &self,
         spec: gemm::GemmSpec,
@@ -455,12 +455,19 @@ impl Jit {
         if let Some(&s) = lock(&self.auto).get(&pick_key) {
             return Ok(s);
         }
+        let kernels = candidates
+            .iter()
+            .map(|&c| {
+                let k = self.gemm(c)?;
+                trial(k)?;
+                Ok((c, k))
+            })
+            .collect::<Result<Vec<_>, JitError>>()?;
+        // Best of three timed runs each, the candidates taking turns: robust to
+        // a busy machine, and to one whose speed drifts while it is timed.
         let mut best = (f64::INFINITY, candidates[0]);
-        for cand in candidates {
-            let k = self.gemm(cand)?;
-            trial(k)?;
-            // Best of three timed runs: robust to a busy machine.
-            for _ in 0..3 {
+        for _ in 0..3 {
+            for &(cand, k) in &kernels {
                 let t0 = Instant::now();
                 trial(k)?;
                 let dt = t0.elapsed().as_secs_f64();
