@@ -43,7 +43,7 @@ use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pa
 use super::linear::{elt_of, operand};
 use super::pack::{Src, pack_blocked};
 use super::{Jit, JitError, JitOptions};
-use crate::kernels::brgemm::{act_grad, check_fit, check_xw, dims, dy_y_last, dz_of, floats};
+use crate::kernels::brgemm::{act_grad, act_grads, check_fit, check_xw, dims, dy_y_last, floats};
 use crate::kernels::{KResult, KernelError, shape_err};
 use dlrm_ir::{Act, Data, Tensor, TensorType};
 use half::bf16;
@@ -417,8 +417,8 @@ pub fn brgemm_dgrad(
     // A = dz = act'(dy, y) in dy's blocked layout `[Nb][S][bn]`: read in place
     // as the batch-reduce over its Nb blocks (computed once, on first use), or
     // computed into each row chunk's packed tiles.
-    let dz = std::cell::OnceCell::new();
     let (dv, yv) = (floats(dy), floats(y));
+    let dz = std::cell::OnceCell::new();
     let wv = floats(w);
     let base = GemmSpec {
         m: s,
@@ -471,7 +471,10 @@ pub fn brgemm_dgrad(
             let pack = |r0, rows, dst: &mut [f32]| pack_blocked(dst, (s, bn, mr), (r0, rows), src);
             run_row_chunks(kern, fresh, (kb, s, bk, row_block(s, mr, 1)), &pack, &b_of)?
         } else {
-            let dz = dz.get_or_init(|| dz_of(act, dy, y));
+            let dz = dz.get_or_init(|| match act {
+                Act::None => Cow::Borrowed(&dv[..]),
+                _ => Cow::Owned(act_grads(act, &dv, &yv)),
+            });
             run_blocks(
                 kern,
                 fresh,

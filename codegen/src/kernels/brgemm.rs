@@ -157,14 +157,16 @@ pub(crate) fn dz_of<'t>(act: Act, dy: &'t Tensor, y: &Tensor) -> Cow<'t, [f32]> 
     if act == Act::None {
         return d;
     }
-    let y = floats(y);
-    Cow::Owned(
-        d.par_iter()
-            .zip(y.par_iter())
-            .with_min_len(1 << 12)
-            .map(|(&d, &v)| act_grad(act, d, v))
-            .collect(),
-    )
+    Cow::Owned(act_grads(act, &d, &floats(y)))
+}
+
+/// `act'(dy, y)` elementwise, in parallel.
+pub(crate) fn act_grads(act: Act, dy: &[f32], y: &[f32]) -> Vec<f32> {
+    dy.par_iter()
+        .zip(y.par_iter())
+        .with_min_len(1 << 12)
+        .map(|(&d, &v)| act_grad(act, d, v))
+        .collect()
 }
 
 /// Checks `[Kb,S,bk]` against `[Nb,Kb,bk,bn]`; returns `([Nb,Kb,bk,bn], S)`.
