@@ -5,6 +5,9 @@
 //! picks them for these dims (`min(dim, 64)`, or `BLOCK`).
 //!
 //! `RAYON_NUM_THREADS=2 cargo run --release -p dlrm-codegen --example brgemm_best -- S K N [reps]`
+//!
+//! Environment: `BLOCK` forces both blocks, `BK`/`BN` one each; `KERNELS=avx512`
+//! (or another `--kernels` name) times only that micro-kernel.
 
 use dlrm_codegen::KernelChoice;
 use dlrm_codegen::jit::{self, JitOptions, native, native512};
@@ -37,8 +40,10 @@ fn main() {
         .collect();
     let (s, k, n) = (a[0], a[1], a[2]);
     let reps = a.get(3).copied().unwrap_or(10);
-    let forced: Option<usize> = std::env::var("BLOCK").ok().and_then(|b| b.parse().ok());
-    let (bk, bn) = (forced.unwrap_or(64).min(k), forced.unwrap_or(64).min(n));
+    let env = |name: &str| std::env::var(name).ok().and_then(|b| b.parse::<usize>().ok());
+    let forced = env("BLOCK");
+    let bk = env("BK").or(forced).unwrap_or(64).min(k);
+    let bn = env("BN").or(forced).unwrap_or(64).min(n);
     let (kb, nb) = (k.div_ceil(bk), n.div_ceil(bn));
     let t = |shape: Vec<usize>, seed| {
         let len = shape.iter().product();
@@ -82,6 +87,9 @@ fn main() {
     }
     if native512::available() {
         choices.push(KernelChoice::Avx512);
+    }
+    if let Ok(only) = std::env::var("KERNELS") {
+        choices.retain(|c| c.name() == only);
     }
     let flops = 2.0 * (s * n * k) as f64;
     let syms = HashMap::new();

@@ -601,10 +601,7 @@ pub fn brgemm_wgrad(
         let fresh = Fresh::new(dw_elt, nb * kp * bn);
         let dw = if sp.pack_a {
             let mut xt = Scratch::new(kp.div_ceil(mr) * mr * s);
-            match xa {
-                Operand::F32(v) => pack_x_t(&mut xt, v, (kb, s, bk), mr),
-                Operand::BF16(v) => pack_x_t(&mut xt, v, (kb, s, bk), mr),
-            }
+            pack_x_t(&mut xt, xa, (kb, s, bk), mr);
             // Row chunks of dw[nb] (whole tiles: chunk r0 starts at tile r0/mr,
             // element r0·S of the packed xᵀ).
             run_blocks(
@@ -685,32 +682,67 @@ fn pack_dz(
 /// `xᵀ` of a blocked activation `xb[Kb][S][bk]` (`Kb·bk × S`: row `r` is column
 /// `r % bk` of block `r / bk`) into `dst` as tile-major panels `[⌈Kb·bk/mr⌉][S][mr]`
 /// (f32, bf16 widened exactly), every element written: rows past `Kb·bk` zero.
-fn pack_x_t<T: Copy + Send + Sync + Into<f32>>(
-    dst: &mut [f32],
-    v: &[T],
-    (kb, s, bk): (usize, usize, usize),
-    mr: usize,
-) {
+///
+/// Row `si` of tile `t` is columns `t·mr..(t+1)·mr` of sample `si`'s whole `x`
+/// row (its blocks side by side), so this is a copy of short runs, not a
+/// transpose. Each task takes [`PACK_X_SAMPLES`] samples: it stages their rows
+/// side by side (reading `x` in order), then writes its part of each tile as
+/// one contiguous run. (Reading each tile's runs straight from `x` touched
+/// every cache line of `x` once per tile and took ~1.6× as long on a cold `x`,
+/// 2048×512.)
+fn pack_x_t(dst: &mut [f32], x: Operand<'_>, (kb, s, bk): (usize, usize, usize), mr: usize) {
     let kp = kb * bk;
-    dst.par_chunks_mut(s * mr).enumerate().for_each(|(t, dst)| {
-        // The tile's rows as runs inside one K block: (block, first column,
-        // offset in the tile, length).
-        let mut runs = Vec::new();
-        let mut r = t * mr;
-        while r < kp.min((t + 1) * mr) {
-            let len = (bk - r % bk).min((t + 1) * mr - r).min(kp - r);
-            runs.push((r / bk, r % bk, r - t * mr, len));
-            r += len;
+    let tiles = kp.div_ceil(mr);
+    // Sample chunks of the tiles, transposed into tasks: task c writes chunk c
+    // of every tile.
+    let chunk = PACK_X_SAMPLES;
+    let mut tasks: Vec<Vec<&mut [f32]>> = (0..s.div_ceil(chunk)).map(|_| Vec::new()).collect();
+    for tile in dst.chunks_mut(s * mr).take(tiles) {
+        for (c, part) in tile.chunks_mut(chunk * mr).enumerate() {
+            tasks[c].push(part);
         }
-        let live = r - t * mr;
-        for (si, row) in dst.chunks_exact_mut(mr).enumerate() {
-            for &(q, i0, off, len) in &runs {
-                let src = &v[(q * s + si) * bk + i0..(q * s + si) * bk + i0 + len];
-                for (d, &e) in row[off..off + len].iter_mut().zip(src) {
-                    *d = e.into();
+    }
+    tasks.into_par_iter().enumerate().for_each(|(c, mut parts)| {
+        // The chunk's rows, zero-padded to whole tiles.
+        let (s0, s1) = (c * chunk, s.min((c + 1) * chunk));
+        let w = tiles * mr;
+        let mut rows = Scratch::new((s1 - s0) * w);
+        for (si, row) in (s0..s1).zip(rows.chunks_exact_mut(w)) {
+            row[kp..].fill(0.0);
+            for (q, dst) in row[..kp].chunks_exact_mut(bk).enumerate() {
+                let at = (q * s + si) * bk;
+                match x {
+                    Operand::F32(v) => dst.copy_from_slice(&v[at..at + bk]),
+                    Operand::BF16(v) => dst
+                        .iter_mut()
+                        .zip(&v[at..at + bk])
+                        .for_each(|(d, e)| *d = e.to_f32()),
                 }
             }
-            row[live..].fill(0.0);
+        }
+        for (t, part) in parts.iter_mut().enumerate() {
+            match mr {
+                12 => copy_runs::<12>(part, &rows, w, t),
+                6 => copy_runs::<6>(part, &rows, w, t),
+                4 => copy_runs::<4>(part, &rows, w, t),
+                _ => {
+                    for (d, row) in part.chunks_exact_mut(mr).zip(rows.chunks_exact(w)) {
+                        d.copy_from_slice(&row[t * mr..(t + 1) * mr]);
+                    }
+                }
+            }
         }
     });
 }
+
+/// Tile `t`'s rows of a chunk (`part`, `[samples][MR]`) from the staged rows
+/// (`w` floats each): a fixed length, so a few vector moves per row rather than
+/// a `memcpy` call.
+fn copy_runs<const MR: usize>(part: &mut [f32], rows: &[f32], w: usize, t: usize) {
+    for (d, row) in part.as_chunks_mut::<MR>().0.iter_mut().zip(rows.chunks_exact(w)) {
+        *d = row[t * MR..].as_chunks::<MR>().0[0];
+    }
+}
+
+/// Samples per task of [`pack_x_t`].
+const PACK_X_SAMPLES: usize = 64;
