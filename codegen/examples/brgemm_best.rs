@@ -7,7 +7,8 @@
 //! `RAYON_NUM_THREADS=2 cargo run --release -p dlrm-codegen --example brgemm_best -- S K N [reps]`
 //!
 //! Environment: `BLOCK` forces both blocks, `BK`/`BN` one each; `KERNELS=avx512`
-//! (or another `--kernels` name) times only that micro-kernel.
+//! (or another `--kernels` name) times only that micro-kernel; `CASES=brgemm,linear`
+//! only those ops.
 
 use dlrm_codegen::KernelChoice;
 use dlrm_codegen::jit::{self, JitOptions, native, native512};
@@ -81,6 +82,10 @@ fn main() {
             vec![ty(&[nb, kb, bk, bn]), ty(&[n])],
         ),
     ];
+    let mut cases = cases;
+    if let Ok(only) = std::env::var("CASES") {
+        cases.retain(|c| only.split(',').any(|o| o == c.0));
+    }
     let mut choices = vec![KernelChoice::Cranelift];
     if native::available() {
         choices.push(KernelChoice::Native);

@@ -183,7 +183,10 @@ pub struct Report {
     /// Rank 0's time per op kind during the timed steps (evaluation and
     /// warm-up excluded).
     pub op_times: Vec<OpTime>,
-    /// Steps `op_times` and `comm` cover (the steps after the warm-up, or all
+    /// Rank 0's heaviest nodes during the timed steps ([`BENCH_NODES`] of them,
+    /// most expensive first).
+    pub node_times: Vec<OpTime>,
+    /// Steps `op_times`, `node_times` and `comm` cover (the steps after the warm-up, or all
     /// if there are no more than `warmup`).
     pub timed_steps: u64,
     /// The kernel backend used.
@@ -240,6 +243,23 @@ impl Report {
                 t.gbytes()
             ));
         }
+        if !self.node_times.is_empty() {
+            s.push_str(&format!(
+                "\n{:<20} {:<24} {:>10} {:>9} {:>8}\n",
+                "heaviest nodes", "result", "ms/step", "GFLOP/s", "GB/s"
+            ));
+            for t in &self.node_times {
+                s.push_str(&format!(
+                    "{:<20} {:<24} {:>10.3} {:>9.2} {:>8.2}\n",
+                    t.op,
+                    format!("%{}", t.node.as_deref().unwrap_or("?")),
+                    1e3 * t.seconds / iters,
+                    t.gflops(),
+                    t.gbytes()
+                ));
+            }
+            s.push('\n');
+        }
         if self.ranks > 1 {
             s.push_str(&format!(
                 "collectives (rank 0): {:.3} ms/step in flight, {:.3} ms/step exposed, {:.0}% hidden, {} all_reduce calls/step (overlap {}, allreduce {})\n",
@@ -268,6 +288,9 @@ impl Report {
         s
     }
 }
+
+/// Nodes in the `--bench` table of the heaviest nodes ([`Report::node_times`]).
+pub const BENCH_NODES: usize = 12;
 
 /// Runs a job on `job.ranks` threads of this process (see the module docs).
 /// `on_event` runs on the calling thread.
@@ -496,6 +519,7 @@ fn report(
         eval_samples: scores.len(),
         wall_s: wall.elapsed().as_secs_f64(),
         op_times: rank0.op_times.clone(),
+        node_times: rank0.node_times.clone(),
         timed_steps: if cfg.iters > cfg.warmup {
             cfg.iters - cfg.warmup
         } else {
@@ -613,6 +637,7 @@ struct RankOutput {
     /// after batch; other ranks: empty.
     scores: Vec<f32>,
     op_times: Vec<OpTime>,
+    node_times: Vec<OpTime>,
     comm: CommTimes,
     params: HashMap<String, Tensor>,
 }
@@ -716,6 +741,7 @@ fn rank_main(
         step_times: Vec::with_capacity(cfg.iters as usize),
         scores: Vec::new(),
         op_times: Vec::new(),
+        node_times: Vec::new(),
         comm: CommTimes::default(),
         params: HashMap::new(),
     };
@@ -774,6 +800,7 @@ fn rank_main(
         }
     }
     out.op_times = exec.op_times();
+    out.node_times = exec.node_times(BENCH_NODES);
     out.comm = exec.comm_times();
 
     // Evaluation with the trained parameters.

@@ -51,11 +51,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
-/// Time spent in one op kind.
+/// Time spent in one op kind, or in one node ([`Executor::node_times`]).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct OpTime {
     /// The op mnemonic.
     pub op: String,
+    /// For one node: its name (that of its first result).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// Number of node executions.
     pub calls: u64,
     /// Total wall time, in seconds.
@@ -117,7 +120,7 @@ impl Backend {
     }
 }
 
-/// Per-op-kind accumulators: calls, time, work.
+/// Per-op-kind (or per-node) accumulators: calls, time, work.
 #[derive(Clone, Copy, Debug, Default)]
 struct Acc {
     calls: u64,
@@ -143,6 +146,8 @@ pub struct Executor {
     /// Scratch value slots (reused across steps).
     slots: Vec<Option<Tensor>>,
     times: BTreeMap<&'static str, Acc>,
+    /// Per node: its compute time (collectives on the progress thread excluded).
+    node_times: Vec<Acc>,
     backend: Backend,
     jit: JitOptions,
     step: u64,
@@ -198,6 +203,7 @@ impl Executor {
         }
 
         let nvals = graph.values().len();
+        let nnodes = graph.nodes().len();
         let mut last_use = vec![0usize; nvals];
         // A value never used dies right after its definition (node index), or at
         // node 0 for unused inputs.
@@ -260,6 +266,7 @@ impl Executor {
             slots: vec![None; nvals],
             graph,
             times: BTreeMap::new(),
+            node_times: vec![Acc::default(); nnodes],
             backend: Backend::default(),
             jit: JitOptions::default(),
             step: 0,
@@ -352,6 +359,7 @@ impl Executor {
             .iter()
             .map(|(op, a)| OpTime {
                 op: (*op).to_string(),
+                node: None,
                 calls: a.calls,
                 seconds: a.time.as_secs_f64(),
                 flops: a.cost.flops,
@@ -366,9 +374,39 @@ impl Executor {
         v
     }
 
-    /// Clears the per-op timers.
+    /// The `top` nodes that took the most time since construction (or the last
+    /// reset), most expensive first: where a step's time goes, layer by layer.
+    pub fn node_times(&self, top: usize) -> Vec<OpTime> {
+        let mut v: Vec<OpTime> = self
+            .node_times
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.calls > 0)
+            .map(|(n, a)| {
+                let node = &self.graph.nodes()[n];
+                OpTime {
+                    op: node.op.mnemonic().to_string(),
+                    node: node.outputs.first().map(|&v| self.graph.name_of(v).to_string()),
+                    calls: a.calls,
+                    seconds: a.time.as_secs_f64(),
+                    flops: a.cost.flops,
+                    bytes: a.cost.bytes,
+                }
+            })
+            .collect();
+        v.sort_by(|a, b| {
+            b.seconds
+                .total_cmp(&a.seconds)
+                .then_with(|| a.node.cmp(&b.node))
+        });
+        v.truncate(top);
+        v
+    }
+
+    /// Clears the per-op and per-node timers.
     pub fn reset_timers(&mut self) {
         self.times.clear();
+        self.node_times.fill(Acc::default());
         self.comm_busy = Duration::ZERO;
         self.comm_exposed = Duration::ZERO;
     }
@@ -671,11 +709,12 @@ impl Executor {
                 self.comm_busy += took;
                 self.comm_exposed += took;
             }
-            let e = self.times.entry(mnemonic).or_default();
-            e.calls += 1;
-            e.time += took;
-            e.cost.flops += cost.flops;
-            e.cost.bytes += cost.bytes;
+            for e in [self.times.entry(mnemonic).or_default(), &mut self.node_times[n]] {
+                e.calls += 1;
+                e.time += took;
+                e.cost.flops += cost.flops;
+                e.cost.bytes += cost.bytes;
+            }
         }
         while let Some((&c, _)) = replies.first_key_value() {
             self.finish(c, &mut replies, &mut in_flight)?;

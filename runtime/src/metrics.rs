@@ -138,6 +138,14 @@ impl MetricsWriter {
                 "gflops": t.gflops(),
                 "gbytes_per_s": t.gbytes(),
             })).collect::<Vec<_>>(),
+            "nodes": r.node_times.iter().map(|t| json!({
+                "op": t.op,
+                "node": t.node,
+                "calls": t.calls,
+                "seconds": t.seconds,
+                "gflops": t.gflops(),
+                "gbytes_per_s": t.gbytes(),
+            })).collect::<Vec<_>>(),
         }))?;
         self.out
             .get_ref()

@@ -110,4 +110,16 @@ fn a_job_reports_backend_jit_stats_and_a_bench_table() {
         "{table}"
     );
     assert!(table.contains("samples/s"), "{table}");
+    // The heaviest nodes: named, most expensive first, each within its op
+    // kind's total.
+    assert!(table.contains("heaviest nodes"), "{table}");
+    let nodes = &r.node_times;
+    assert!(!nodes.is_empty() && nodes.len() <= dlrm_runtime::driver::BENCH_NODES);
+    assert!(nodes.windows(2).all(|w| w[0].seconds >= w[1].seconds));
+    for t in nodes {
+        let name = t.node.as_deref().expect("a node name");
+        assert!(table.contains(&format!("%{name}")), "{name}: {table}");
+        let kind = r.op_times.iter().find(|o| o.op == t.op).expect("its op kind");
+        assert!(t.seconds <= kind.seconds && t.calls <= kind.calls, "{t:?} {kind:?}");
+    }
 }

@@ -80,8 +80,8 @@ struct Cli {
     #[arg(long, default_value = "auto", value_parser = parse_kernels)]
     kernels: KernelChoice,
     /// Print a per-op-kind table (time share, ms/step, GFLOP/s, GB/s) of the steps
-    /// after the warm-up at the end, and with several ranks how much collective
-    /// time the overlap hid.
+    /// after the warm-up at the end, then the heaviest nodes, and with several
+    /// ranks how much collective time the overlap hid.
     #[arg(long)]
     bench: bool,
     /// Run collectives inline instead of on a progress thread overlapped with

@@ -160,13 +160,35 @@ pub(crate) fn dz_of<'t>(act: Act, dy: &'t Tensor, y: &Tensor) -> Cow<'t, [f32]> 
     Cow::Owned(act_grads(act, &d, &floats(y)))
 }
 
-/// `act'(dy, y)` elementwise, in parallel.
+/// `act'(dy, y)` elementwise (over the shorter of the two), in parallel: each
+/// exactly [`act_grad`], the activation matched once per chunk so the loops
+/// vectorise (a per-element match measured ~3.5× slower: a third of a
+/// `brgemm_dgrad` at 2048×512→128).
 pub(crate) fn act_grads(act: Act, dy: &[f32], y: &[f32]) -> Vec<f32> {
-    dy.par_iter()
-        .zip(y.par_iter())
-        .with_min_len(1 << 12)
-        .map(|(&d, &v)| act_grad(act, d, v))
-        .collect()
+    const CHUNK: usize = 1 << 14;
+    let n = dy.len().min(y.len());
+    let mut out: Vec<f32> = Vec::with_capacity(n);
+    out.spare_capacity_mut()[..n]
+        .par_chunks_mut(CHUNK)
+        .zip(dy[..n].par_chunks(CHUNK).zip(y[..n].par_chunks(CHUNK)))
+        .for_each(|(o, (d, y))| {
+            let it = o.iter_mut().zip(d.iter().zip(y));
+            match act {
+                Act::None => it.for_each(|(o, (&d, _))| {
+                    o.write(d);
+                }),
+                Act::Relu => it.for_each(|(o, (&d, &y))| {
+                    o.write(if y > 0.0 { d } else { 0.0 });
+                }),
+                Act::Sigmoid => it.for_each(|(o, (&d, &y))| {
+                    o.write(d * y * (1.0 - y));
+                }),
+            }
+        });
+    // SAFETY: the chunks of `out`'s first `n` spare elements are zipped with
+    // the chunks of `dy[..n]` (same lengths), and every element was written.
+    unsafe { out.set_len(n) };
+    out
 }
 
 /// Checks `[Kb,S,bk]` against `[Nb,Kb,bk,bn]`; returns `([Nb,Kb,bk,bn], S)`.
