@@ -41,7 +41,11 @@ fn main() {
         .collect();
     let (s, k, n) = (a[0], a[1], a[2]);
     let reps = a.get(3).copied().unwrap_or(10);
-    let env = |name: &str| std::env::var(name).ok().and_then(|b| b.parse::<usize>().ok());
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|b| b.parse::<usize>().ok())
+    };
     let forced = env("BLOCK");
     let bk = env("BK").or(forced).unwrap_or(64).min(k);
     let bn = env("BN").or(forced).unwrap_or(64).min(n);

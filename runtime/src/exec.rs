@@ -128,6 +128,30 @@ struct Acc {
     cost: Cost,
 }
 
+impl Acc {
+    fn report(&self, op: &str, node: Option<String>) -> OpTime {
+        OpTime {
+            op: op.to_string(),
+            node,
+            calls: self.calls,
+            seconds: self.time.as_secs_f64(),
+            flops: self.cost.flops,
+            bytes: self.cost.bytes,
+        }
+    }
+}
+
+/// The `top` most expensive of `v`, most expensive first (ties by name).
+fn by_time(mut v: Vec<OpTime>, top: usize) -> Vec<OpTime> {
+    v.sort_by(|a, b| {
+        (b.seconds.total_cmp(&a.seconds))
+            .then_with(|| a.op.cmp(&b.op))
+            .then_with(|| a.node.cmp(&b.node))
+    });
+    v.truncate(top);
+    v
+}
+
 /// A value's lifetime end: after node `n`, or kept to the end of the step.
 const KEEP: usize = usize::MAX;
 
@@ -354,53 +378,29 @@ impl Executor {
     /// Time spent per op kind since construction (or the last reset), most
     /// expensive first.
     pub fn op_times(&self) -> Vec<OpTime> {
-        let mut v: Vec<OpTime> = self
+        let v = self
             .times
             .iter()
-            .map(|(op, a)| OpTime {
-                op: (*op).to_string(),
-                node: None,
-                calls: a.calls,
-                seconds: a.time.as_secs_f64(),
-                flops: a.cost.flops,
-                bytes: a.cost.bytes,
-            })
+            .map(|(op, a)| a.report(op, None))
             .collect();
-        v.sort_by(|a, b| {
-            b.seconds
-                .total_cmp(&a.seconds)
-                .then_with(|| a.op.cmp(&b.op))
-        });
-        v
+        by_time(v, usize::MAX)
     }
 
     /// The `top` nodes that took the most time since construction (or the last
     /// reset), most expensive first: where a step's time goes, layer by layer.
     pub fn node_times(&self, top: usize) -> Vec<OpTime> {
-        let mut v: Vec<OpTime> = self
-            .node_times
-            .iter()
-            .enumerate()
+        let v = (self.node_times.iter().enumerate())
             .filter(|(_, a)| a.calls > 0)
             .map(|(n, a)| {
                 let node = &self.graph.nodes()[n];
-                OpTime {
-                    op: node.op.mnemonic().to_string(),
-                    node: node.outputs.first().map(|&v| self.graph.name_of(v).to_string()),
-                    calls: a.calls,
-                    seconds: a.time.as_secs_f64(),
-                    flops: a.cost.flops,
-                    bytes: a.cost.bytes,
-                }
+                let name = node
+                    .outputs
+                    .first()
+                    .map(|&v| self.graph.name_of(v).to_string());
+                a.report(node.op.mnemonic(), name)
             })
             .collect();
-        v.sort_by(|a, b| {
-            b.seconds
-                .total_cmp(&a.seconds)
-                .then_with(|| a.node.cmp(&b.node))
-        });
-        v.truncate(top);
-        v
+        by_time(v, top)
     }
 
     /// Clears the per-op and per-node timers.
@@ -709,7 +709,10 @@ impl Executor {
                 self.comm_busy += took;
                 self.comm_exposed += took;
             }
-            for e in [self.times.entry(mnemonic).or_default(), &mut self.node_times[n]] {
+            for e in [
+                self.times.entry(mnemonic).or_default(),
+                &mut self.node_times[n],
+            ] {
                 e.calls += 1;
                 e.time += took;
                 e.cost.flops += cost.flops;

@@ -119,7 +119,14 @@ fn a_job_reports_backend_jit_stats_and_a_bench_table() {
     for t in nodes {
         let name = t.node.as_deref().expect("a node name");
         assert!(table.contains(&format!("%{name}")), "{name}: {table}");
-        let kind = r.op_times.iter().find(|o| o.op == t.op).expect("its op kind");
-        assert!(t.seconds <= kind.seconds && t.calls <= kind.calls, "{t:?} {kind:?}");
+        let kind = r
+            .op_times
+            .iter()
+            .find(|o| o.op == t.op)
+            .expect("its op kind");
+        assert!(
+            t.seconds <= kind.seconds && t.calls <= kind.calls,
+            "{t:?} {kind:?}"
+        );
     }
 }

@@ -702,44 +702,52 @@ fn pack_x_t(dst: &mut [f32], x: Operand<'_>, (kb, s, bk): (usize, usize, usize),
             tasks[c].push(part);
         }
     }
-    tasks.into_par_iter().enumerate().for_each(|(c, mut parts)| {
-        // The chunk's rows, zero-padded to whole tiles.
-        let (s0, s1) = (c * chunk, s.min((c + 1) * chunk));
-        let w = tiles * mr;
-        let mut rows = Scratch::new((s1 - s0) * w);
-        for (si, row) in (s0..s1).zip(rows.chunks_exact_mut(w)) {
-            row[kp..].fill(0.0);
-            for (q, dst) in row[..kp].chunks_exact_mut(bk).enumerate() {
-                let at = (q * s + si) * bk;
-                match x {
-                    Operand::F32(v) => dst.copy_from_slice(&v[at..at + bk]),
-                    Operand::BF16(v) => dst
-                        .iter_mut()
-                        .zip(&v[at..at + bk])
-                        .for_each(|(d, e)| *d = e.to_f32()),
-                }
-            }
-        }
-        for (t, part) in parts.iter_mut().enumerate() {
-            match mr {
-                12 => copy_runs::<12>(part, &rows, w, t),
-                6 => copy_runs::<6>(part, &rows, w, t),
-                4 => copy_runs::<4>(part, &rows, w, t),
-                _ => {
-                    for (d, row) in part.chunks_exact_mut(mr).zip(rows.chunks_exact(w)) {
-                        d.copy_from_slice(&row[t * mr..(t + 1) * mr]);
+    tasks
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(c, mut parts)| {
+            // The chunk's rows, zero-padded to whole tiles.
+            let (s0, s1) = (c * chunk, s.min((c + 1) * chunk));
+            let w = tiles * mr;
+            let mut rows = Scratch::new((s1 - s0) * w);
+            for (si, row) in (s0..s1).zip(rows.chunks_exact_mut(w)) {
+                row[kp..].fill(0.0);
+                for (q, dst) in row[..kp].chunks_exact_mut(bk).enumerate() {
+                    let at = (q * s + si) * bk;
+                    match x {
+                        Operand::F32(v) => dst.copy_from_slice(&v[at..at + bk]),
+                        Operand::BF16(v) => dst
+                            .iter_mut()
+                            .zip(&v[at..at + bk])
+                            .for_each(|(d, e)| *d = e.to_f32()),
                     }
                 }
             }
-        }
-    });
+            for (t, part) in parts.iter_mut().enumerate() {
+                match mr {
+                    12 => copy_runs::<12>(part, &rows, w, t),
+                    6 => copy_runs::<6>(part, &rows, w, t),
+                    4 => copy_runs::<4>(part, &rows, w, t),
+                    _ => {
+                        for (d, row) in part.chunks_exact_mut(mr).zip(rows.chunks_exact(w)) {
+                            d.copy_from_slice(&row[t * mr..(t + 1) * mr]);
+                        }
+                    }
+                }
+            }
+        });
 }
 
 /// Tile `t`'s rows of a chunk (`part`, `[samples][MR]`) from the staged rows
 /// (`w` floats each): a fixed length, so a few vector moves per row rather than
 /// a `memcpy` call.
 fn copy_runs<const MR: usize>(part: &mut [f32], rows: &[f32], w: usize, t: usize) {
-    for (d, row) in part.as_chunks_mut::<MR>().0.iter_mut().zip(rows.chunks_exact(w)) {
+    for (d, row) in part
+        .as_chunks_mut::<MR>()
+        .0
+        .iter_mut()
+        .zip(rows.chunks_exact(w))
+    {
         *d = row[t * MR..].as_chunks::<MR>().0[0];
     }
 }
