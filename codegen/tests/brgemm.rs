@@ -336,19 +336,29 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
     ] {
         check_jit(&problem(which, act, 301, 100, 77, 64, 32, DType::F32, 7));
     }
-    // wgrad with xᵀ packed (at least 4 N blocks), its tiles across K blocks.
-    check_jit(&problem(2, Act::Relu, 301, 300, 77, 64, 32, DType::F32, 10));
-    check_jit(&problem(
-        2,
-        Act::Sigmoid,
-        130,
-        200,
-        100,
-        40,
-        13,
-        DType::BF16,
-        11,
-    ));
+    // wgrad with xᵀ packed (at least 4 N blocks: here 5), its tiles across K
+    // blocks; on 2 threads each N block packs its dz in its own GEMM task, on 8
+    // all blocks' dz are packed first.
+    for threads in [2, 8] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a thread pool");
+        pool.install(|| {
+            check_jit(&problem(2, Act::Relu, 301, 300, 77, 64, 32, DType::F32, 10));
+            check_jit(&problem(
+                2,
+                Act::Sigmoid,
+                130,
+                200,
+                100,
+                40,
+                13,
+                DType::BF16,
+                11,
+            ));
+        });
+    }
     check_jit(&problem(0, Act::None, 130, 1, 64, 1, 64, DType::BF16, 8));
     check_jit(&problem(2, Act::None, 130, 1, 64, 1, 64, DType::BF16, 9));
 }

@@ -571,55 +571,88 @@ pub fn brgemm_wgrad(
         // B per nb block: dz[nb] (`S × bn`), packed, with db summed on the way.
         let panels = bn.div_ceil(nr);
         let blk_b = panels * s * nr;
-        let mut bp = Scratch::new(nb * blk_b);
         let mut dbp = vec![0.0f32; nb * panels * nr];
-        bp.par_chunks_mut(s * nr)
-            .zip(dbp.par_chunks_mut(nr))
-            .enumerate()
-            .for_each(|(q, (pan, dbq))| {
-                let (nbi, p) = (q / panels, q % panels);
-                let j0 = p * nr;
-                let cols = nr.min(bn - j0);
-                if cols < nr {
-                    pan.fill(0.0);
-                }
-                let rows = (
-                    &dyv[nbi * s * bn..(nbi + 1) * s * bn],
-                    &yv[nbi * s * bn..(nbi + 1) * s * bn],
-                );
-                match act {
-                    Act::None => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, _| d),
-                    Act::Relu => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
-                        act_grad(Act::Relu, d, y)
-                    }),
-                    Act::Sigmoid => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
-                        act_grad(Act::Sigmoid, d, y)
-                    }),
-                }
-            });
-        let b_of = |nbi: usize| (&bp[nbi * blk_b..(nbi + 1) * blk_b], None);
-        let fresh = Fresh::new(dw_elt, nb * kp * bn);
-        let dw = if sp.pack_a {
+        // Panel q (`S × nr`) of the packed dz, its db columns summed into `dbq`.
+        let pack_panel = |q: usize, pan: &mut [f32], dbq: &mut [f32]| {
+            let (nbi, p) = (q / panels, q % panels);
+            let j0 = p * nr;
+            let cols = nr.min(bn - j0);
+            if cols < nr {
+                pan.fill(0.0);
+            }
+            let rows = (
+                &dyv[nbi * s * bn..(nbi + 1) * s * bn],
+                &yv[nbi * s * bn..(nbi + 1) * s * bn],
+            );
+            match act {
+                Act::None => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, _| d),
+                Act::Relu => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
+                    act_grad(Act::Relu, d, y)
+                }),
+                Act::Sigmoid => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
+                    act_grad(Act::Sigmoid, d, y)
+                }),
+            }
+        };
+        let mut fresh = Fresh::new(dw_elt, nb * kp * bn);
+        let threads = rayon::current_num_threads().max(1);
+        let dw = if sp.pack_a && nb >= FUSED_DZ_BLOCKS_PER_THREAD * threads {
             let mut xt = Scratch::new(kp.div_ceil(mr) * mr * s);
             pack_x_t(&mut xt, xa, (kb, s, bk), mr);
-            // Row chunks of dw[nb] (whole tiles: chunk r0 starts at tile r0/mr,
-            // element r0·S of the packed xᵀ).
-            run_blocks(
-                kern,
-                fresh,
-                (nb, kp, bn, row_block(kp, mr, nb)),
-                &|_, r0| Operand::F32(&xt[(r0 * s).min(xt.len())..]),
-                &b_of,
-            )?
+            // One task per N block packs that block's dz into a buffer of its
+            // own and runs the GEMM on it at once, while it is in cache (enough
+            // blocks to share out; the packed dz never goes through memory).
+            check_cover(&kern, &fresh, (nb, kp, bn))?;
+            let tasks: Vec<_> = fresh
+                .buf()
+                .chunks(kp * bn)
+                .into_iter()
+                .zip(dbp.chunks_mut(panels * nr))
+                .enumerate()
+                .collect();
+            tasks
+                .into_par_iter()
+                .with_max_len(1)
+                .try_for_each(|(nbi, (cb, dbq))| {
+                    let mut b = Scratch::new(blk_b);
+                    for (p, (pan, dbp)) in b.chunks_mut(s * nr).zip(dbq.chunks_mut(nr)).enumerate()
+                    {
+                        pack_panel(nbi * panels + p, pan, dbp);
+                    }
+                    kern.run_block(Operand::F32(&xt), &b, None, cb, kp)
+                })?;
+            // SAFETY: every task returned Ok, and `check_cover` held: task nb
+            // wrote all `Kb·bk` rows of block nb, and the tasks cover every block.
+            unsafe { fresh.assume_init() }
         } else {
-            // One task per block dw[nb][kb]: `xb[kb]` read as its transpose.
-            run_blocks(
-                kern,
-                fresh,
-                (nb * kb, bk, bn, bk),
-                &|blk, _| tail(xa, (blk % kb) * s * bk),
-                &|blk| b_of(blk / kb),
-            )?
+            let mut bp = Scratch::new(nb * blk_b);
+            bp.par_chunks_mut(s * nr)
+                .zip(dbp.par_chunks_mut(nr))
+                .enumerate()
+                .for_each(|(q, (pan, dbq))| pack_panel(q, pan, dbq));
+            let b_of = |nbi: usize| (&bp[nbi * blk_b..(nbi + 1) * blk_b], None);
+            if sp.pack_a {
+                let mut xt = Scratch::new(kp.div_ceil(mr) * mr * s);
+                pack_x_t(&mut xt, xa, (kb, s, bk), mr);
+                // Row chunks of dw[nb] (whole tiles: chunk r0 starts at tile
+                // r0/mr, element r0·S of the packed xᵀ).
+                run_blocks(
+                    kern,
+                    fresh,
+                    (nb, kp, bn, row_block(kp, mr, nb)),
+                    &|_, r0| Operand::F32(&xt[(r0 * s).min(xt.len())..]),
+                    &b_of,
+                )?
+            } else {
+                // One task per block dw[nb][kb]: `xb[kb]` read as its transpose.
+                run_blocks(
+                    kern,
+                    fresh,
+                    (nb * kb, bk, bn, bk),
+                    &|blk, _| tail(xa, (blk % kb) * s * bk),
+                    &|blk| b_of(blk / kb),
+                )?
+            }
         };
         result = Some((dw, dbp));
         Ok(())
@@ -649,6 +682,10 @@ pub fn brgemm_wgrad(
 
 /// N blocks from which `brgemm_wgrad` packs `xᵀ` (fewer read it in place).
 const PACK_X_MIN_NB: usize = 4;
+
+/// N blocks per thread from which `brgemm_wgrad` (packed `xᵀ`) packs each
+/// block's `dz` inside that block's GEMM task instead of all blocks first.
+const FUSED_DZ_BLOCKS_PER_THREAD: usize = 2;
 
 /// One packed panel of `dz = g(dy, y)` (`S` rows of `nr`, the first `db.len()`
 /// columns live, from column `j0` of the `[S][bn]` block `dy`, `y`), adding each
