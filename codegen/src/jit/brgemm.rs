@@ -596,9 +596,15 @@ pub fn brgemm_wgrad(
         };
         let mut fresh = Fresh::new(dw_elt, nb * kp * bn);
         let threads = rayon::current_num_threads().max(1);
-        let dw = if sp.pack_a && nb >= FUSED_DZ_BLOCKS_PER_THREAD * threads {
+        let xt = sp.pack_a.then(|| {
             let mut xt = Scratch::new(kp.div_ceil(mr) * mr * s);
             pack_x_t(&mut xt, xa, (kb, s, bk), mr);
+            xt
+        });
+        let dw = if let Some(xt) = xt
+            .as_ref()
+            .filter(|_| nb >= FUSED_DZ_BLOCKS_PER_THREAD * threads)
+        {
             // One task per N block packs that block's dz into a buffer of its
             // own and runs the GEMM on it at once, while it is in cache (enough
             // blocks to share out; the packed dz never goes through memory).
@@ -619,7 +625,7 @@ pub fn brgemm_wgrad(
                     {
                         pack_panel(nbi * panels + p, pan, dbp);
                     }
-                    kern.run_block(Operand::F32(&xt), &b, None, cb, kp)
+                    kern.run_block(Operand::F32(xt), &b, None, cb, kp)
                 })?;
             // SAFETY: every task returned Ok, and `check_cover` held: task nb
             // wrote all `Kb·bk` rows of block nb, and the tasks cover every block.
@@ -631,9 +637,7 @@ pub fn brgemm_wgrad(
                 .enumerate()
                 .for_each(|(q, (pan, dbq))| pack_panel(q, pan, dbq));
             let b_of = |nbi: usize| (&bp[nbi * blk_b..(nbi + 1) * blk_b], None);
-            if sp.pack_a {
-                let mut xt = Scratch::new(kp.div_ceil(mr) * mr * s);
-                pack_x_t(&mut xt, xa, (kb, s, bk), mr);
+            if let Some(xt) = &xt {
                 // Row chunks of dw[nb] (whole tiles: chunk r0 starts at tile
                 // r0/mr, element r0·S of the packed xᵀ).
                 run_blocks(
