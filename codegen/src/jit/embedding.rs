@@ -362,24 +362,31 @@ pub(crate) fn embedding_bag(
             let sb = block_rows(s, 8, 256);
             let f = k.f;
             let row_bytes = d * tab_elt.size();
-            // The index positions bags `b0..b1` read.
-            let positions = |b0: usize, b1: usize| match pooling {
-                Some(l) => b0 * l..b1 * l,
-                None => bounds[b0] as usize..bounds[b1] as usize,
+            let runs = BagRuns {
+                pooling,
+                bounds: &bounds,
             };
-            // Bags per kernel call: about `PREFETCH_ROWS` rows.
-            let sub = match pooling {
-                Some(l) => (PREFETCH_ROWS / l.max(1)).max(1),
-                None => 8,
-            };
+            let sub = runs.per_call();
             let go = |blk: usize, po: *mut u8, bags: usize| {
                 let s0 = blk * sb;
                 let end = s0 + bags;
-                prefetch_rows(tab, row_bytes, idx, positions(s0, (s0 + sub).min(end)));
+                prefetch_rows(
+                    tab,
+                    row_bytes,
+                    idx,
+                    runs.positions(s0, (s0 + sub).min(end)),
+                    0..usize::MAX,
+                );
                 for b0 in (s0..end).step_by(sub) {
                     let b1 = (b0 + sub).min(end);
                     // The next call's rows are on their way while this one runs.
-                    prefetch_rows(tab, row_bytes, idx, positions(b1, (b1 + sub).min(end)));
+                    prefetch_rows(
+                        tab,
+                        row_bytes,
+                        idx,
+                        runs.positions(b1, (b1 + sub).min(end)),
+                        0..usize::MAX,
+                    );
                     // SAFETY: every index was validated against the table's
                     // `rows` rows of `d` elements (the table holds rows·d,
                     // checked above); fixed pooling: indices s·L..(s+1)·L of the
@@ -484,15 +491,53 @@ pub(crate) fn embedding_bag_grad(
 /// Table rows fetched ahead of the kernel (a few per line-fill buffer of a core).
 const PREFETCH_ROWS: usize = 16;
 
-/// Asks the CPU to fetch the table rows of index positions `pos` into cache (a
-/// hint: the bag kernel's loads are latency-bound random reads of rows, and
-/// these let the next few rows' misses overlap). `tab` is the table's address,
-/// every index already validated against it.
-fn prefetch_rows(tab: usize, row_bytes: usize, idx: Indices<'_>, pos: std::ops::Range<usize>) {
+/// The bags of a row-fetching kernel (bag, update) in runs, one kernel call
+/// each, whose rows [`prefetch_rows`] fetches ahead.
+#[derive(Clone, Copy)]
+pub(super) struct BagRuns<'a> {
+    /// Fixed pooling `L` (else `bounds`).
+    pub(super) pooling: Option<usize>,
+    /// Bag `s` is positions `bounds[s]..bounds[s+1]` (without fixed pooling).
+    pub(super) bounds: &'a [i64],
+}
+
+impl BagRuns<'_> {
+    /// The index positions bags `b0..b1` read.
+    pub(super) fn positions(&self, b0: usize, b1: usize) -> std::ops::Range<usize> {
+        match self.pooling {
+            Some(l) => b0 * l..b1 * l,
+            None => self.bounds[b0] as usize..self.bounds[b1] as usize,
+        }
+    }
+
+    /// Bags per kernel call: about `PREFETCH_ROWS` rows.
+    pub(super) fn per_call(&self) -> usize {
+        match self.pooling {
+            Some(l) => (PREFETCH_ROWS / l.max(1)).max(1),
+            None => 8,
+        }
+    }
+}
+
+/// Asks the CPU to fetch the table rows of index positions `pos` that lie in
+/// `rows` into cache (a hint: the bag and update kernels' accesses are
+/// latency-bound random reads of rows, and these let the next few rows' misses
+/// overlap). `tab` is the table's address, every index already validated
+/// against it.
+pub(super) fn prefetch_rows(
+    tab: usize,
+    row_bytes: usize,
+    idx: Indices<'_>,
+    pos: std::ops::Range<usize>,
+    rows: std::ops::Range<usize>,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
         let fetch = |row: usize| {
+            if !rows.contains(&row) {
+                return;
+            }
             let base = tab + row * row_bytes;
             for off in (0..row_bytes).step_by(64) {
                 // SAFETY: a prefetch is a hint that never faults, and the
@@ -506,5 +551,5 @@ fn prefetch_rows(tab: usize, row_bytes: usize, idx: Indices<'_>, pos: std::ops::
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (tab, row_bytes, idx, pos);
+    let _ = (tab, row_bytes, idx, pos, rows);
 }

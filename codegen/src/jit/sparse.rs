@@ -17,12 +17,18 @@
 //! ([`crate::kernels::optim`]) before the kernel runs: every index lies in the
 //! table, bag bounds are a valid partition of the indices, lengths fit the shapes.
 //!
-//! ABI, sparse: `fn(hi, lo, grad, idx, bounds, nbags: i64, r0: i64, r1: i64, lr: f32)`
-//! with bag `s` = positions `bounds[s]..bounds[s+1]` (or `s·L..(s+1)·L` with fixed
-//! pooling `L`); gradient row `p` per position or `s` per bag. Dense:
+//! The wrapper calls the kernel on 16-row runs of bags and asks the CPU to fetch
+//! the next run's rows of the task's range meanwhile (the updates are random
+//! row reads and writes, latency-bound like the embedding bag's).
+//!
+//! ABI, sparse: `fn(hi, lo, grad, idx, bounds, s0: i64, s1: i64, r0: i64, r1: i64,
+//! lr: f32)` over bags `s0..s1`, bag `s` = positions `bounds[s]..bounds[s+1]` (or
+//! `s·L..(s+1)·L` with fixed pooling `L`); gradient row `p` per position or `s`
+//! per bag (per position, the wrapper passes one-position bags). Dense:
 //! `fn(w, lo, g, n: i64, lr: f32)` over `n` elements.
 
 use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4};
+use super::embedding::{BagRuns, prefetch_rows};
 use super::gemm::Elt;
 use super::{Jit, JitError};
 use crate::kernels::optim::{
@@ -84,8 +90,18 @@ pub struct DenseSpec {
     pub grad: Elt,
 }
 
-type SparseFn =
-    unsafe extern "C" fn(*mut u8, *mut u8, *const u8, *const u8, *const i64, i64, i64, i64, f32);
+type SparseFn = unsafe extern "C" fn(
+    *mut u8,
+    *mut u8,
+    *const u8,
+    *const u8,
+    *const i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    f32,
+);
 type DenseFn = unsafe extern "C" fn(*mut u8, *mut u8, *const u8, i64, f32);
 
 /// A compiled sparse update kernel.
@@ -248,17 +264,16 @@ fn lr_pair(b: &mut FunctionBuilder<'_>, lr: Value) -> (Value, Value) {
 
 pub(crate) fn compile_sparse(jit: &Jit, spec: SparseSpec) -> Result<SparseKernel, JitError> {
     let module = jit.new_module()?;
-    let scalars = [types::I64, types::I64, types::I64, types::F32];
+    let scalars = [types::I64, types::I64, types::I64, types::I64, types::F32];
     let f = jit.compile_fn(module, "sparse_update", 5, &scalars, |_, b, p| {
         let (hi, lo, grad, idx, bounds) = (p[0], p[1], p[2], p[3], p[4]);
-        let (nbags, r0, r1, lr) = (p[5], p[6], p[7], p[8]);
+        let (s0, s1, r0, r1, lr) = (p[5], p[6], p[7], p[8], p[9]);
         let lr = lr_pair(b, lr);
         let span = b.ins().isub(r1, r0);
         let d = spec.d as i64;
         let (et, eg) = (spec.table.size(), spec.grad.size() as i64);
         let ei: i64 = if spec.idx64 { 8 } else { 4 };
-        let zero = b.ins().iconst(types::I64, 0);
-        for_range(b, zero, nbags, 1, &mut |b, s| {
+        for_range(b, s0, s1, 1, &mut |b, s| {
             let (start, end) = super::embedding::bag_bounds(b, spec.pooling, bounds, s);
             let div = if spec.mean && !spec.per_pos {
                 let cnt = b.ins().isub(end, start);
@@ -380,13 +395,10 @@ fn run_sparse(
     }
     let (grad, gptr) = grad_ptr(plan.grad);
     let per_pos = plan.src == GradRows::PerPosition;
-    // Per-position gradients: one bag of all positions, given by bounds.
-    let (pooling, bounds) = match (per_pos, plan.pooling) {
-        (true, _) => (None, vec![0, plan.idx.len() as i64]),
-        (false, Some(l)) => (Some(l), Vec::new()),
-        (false, None) => (None, plan.bounds.clone()),
-    };
-    let nbags = if per_pos { 1 } else { plan.bags };
+    // Per-position gradients: one-position bags (bag s = position s, whose
+    // gradient row is s either way), so the positions split into runs too.
+    let pooling = if per_pos { Some(1) } else { plan.pooling };
+    let nbags = if per_pos { plan.idx.len() } else { plan.bags };
     let spec = SparseSpec {
         d: plan.d,
         table,
@@ -401,31 +413,55 @@ fn run_sparse(
         Indices::I64(v) => v.as_ptr() as usize,
         Indices::I32(v) => v.as_ptr() as usize,
     };
+    let bounds = &plan.bounds;
     let (hi, lo, bptr) = (hi as usize, lo as usize, bounds.as_ptr() as usize);
     let rr = plan.range_rows();
     let rows = plan.rows;
     let f = k.f;
+    let runs = BagRuns { pooling, bounds };
+    let sub = runs.per_call();
+    let row_bytes = plan.d * table.size() as usize;
+    let stores: &[usize] = if table == Store::Split {
+        &[hi, lo]
+    } else {
+        &[hi]
+    };
     (0..rows.div_ceil(rr)).into_par_iter().for_each(|t| {
         let r0 = t * rr;
         let r1 = (r0 + rr).min(rows);
-        // SAFETY: the plan validated every index against the table's `rows` rows of
-        // `d` elements (`hi`, `lo` hold rows·d elements of the spec's storage, checked
-        // by the caller), the bounds (a partition of the indices, `nbags + 1`
-        // entries) or the fixed pooling (`nbags·L` indices), and the gradient's shape
-        // (a row per bag or per position). This task writes only rows `r0..r1`: the
-        // tasks' ranges are disjoint.
-        unsafe {
-            f(
-                hi as *mut u8,
-                lo as *mut u8,
-                gptr as *const u8,
-                idx_ptr as *const u8,
-                bptr as *const i64,
-                nbags as i64,
-                r0 as i64,
-                r1 as i64,
-                lr,
-            )
+        let fetch = |b0: usize, b1: usize| {
+            for &tab in stores {
+                prefetch_rows(tab, row_bytes, plan.idx, runs.positions(b0, b1), r0..r1);
+            }
+        };
+        fetch(0, sub.min(nbags));
+        for b0 in (0..nbags).step_by(sub) {
+            let b1 = (b0 + sub).min(nbags);
+            // The next call's rows (of this task's range) are on their way
+            // while this one runs.
+            fetch(b1, (b1 + sub).min(nbags));
+            // SAFETY: the plan validated every index against the table's `rows`
+            // rows of `d` elements (`hi`, `lo` hold rows·d elements of the spec's
+            // storage, checked by the caller), the bounds (a partition of the
+            // indices, `bags + 1` entries; bags `b0..b1` are among them) or the
+            // fixed pooling (`bags·L` indices; per position, `L = 1` over the
+            // indices), and the gradient's shape (a row per bag or per
+            // position). This task writes only rows `r0..r1`: the tasks' ranges
+            // are disjoint.
+            unsafe {
+                f(
+                    hi as *mut u8,
+                    lo as *mut u8,
+                    gptr as *const u8,
+                    idx_ptr as *const u8,
+                    bptr as *const i64,
+                    b0 as i64,
+                    b1 as i64,
+                    r0 as i64,
+                    r1 as i64,
+                    lr,
+                )
+            }
         }
     });
     Ok(())
