@@ -503,7 +503,9 @@ fn emit_backward_loops(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value],
 
 pub(crate) fn compile(jit: &Jit, spec: DotSpec) -> Result<DotKernel, JitError> {
     let nptr = if spec.backward { 3 } else { 2 };
-    let module = jit.new_module()?;
+    // The loads and FMAs are emitted interleaved, register-blocked: kept in
+    // that order ([`Jit::in_order_module`]).
+    let module = jit.in_order_module()?;
     let f = jit.compile_fn(module, "interaction", nptr, &[types::I64; 2], |_, b, p| {
         if spec.backward {
             emit_backward(b, &spec, p);
