@@ -8,7 +8,8 @@
 //!
 //! Environment: `BLOCK` forces both blocks, `BK`/`BN` one each; `KERNELS=avx512`
 //! (or another `--kernels` name) times only that micro-kernel; `CASES=brgemm,linear`
-//! only those ops.
+//! only those ops; `PACK=1` (or `0`) forces `A` packed per row chunk (or read in
+//! place) where the op can do either ([`JitOptions::pack_a`]).
 
 use dlrm_codegen::KernelChoice;
 use dlrm_codegen::jit::{self, JitOptions, native, native512};
@@ -100,6 +101,7 @@ fn main() {
     if let Ok(only) = std::env::var("KERNELS") {
         choices.retain(|c| c.name() == only);
     }
+    let pack_a = env("PACK").map(|p| p != 0);
     let flops = 2.0 * (s * n * k) as f64;
     let syms = HashMap::new();
     let mut best = vec![f64::INFINITY; cases.len() * choices.len()];
@@ -108,6 +110,7 @@ fn main() {
             for (ki, &kernels) in choices.iter().enumerate() {
                 let opts = JitOptions {
                     kernels,
+                    pack_a,
                     ..JitOptions::default()
                 };
                 let t0 = Instant::now();

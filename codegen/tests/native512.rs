@@ -45,6 +45,10 @@ enum Layout {
     Contiguous,
     /// Arbitrary strides (elements may alias).
     General,
+    /// Blocks of `mr` rows of this many elements (`acs = 1`), `kb_len` of each
+    /// used: a blocked activation, whose widths 32, 64 and 128 the kernel reads
+    /// in place with the stride a constant.
+    Blocked(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -77,6 +81,7 @@ impl Case {
             }
             Layout::Contiguous => (self.k.max(1) + p0, 1, self.kb_len),
             Layout::General => (p0 + 1, p1 + 1, p2),
+            Layout::Blocked(w) => (w, 1, self.mr * w + p1),
         }
     }
 
@@ -97,7 +102,8 @@ fn cases() -> impl Strategy<Value = Case> {
             Just(Layout::RowMajor),
             Just(Layout::Transposed),
             Just(Layout::Contiguous),
-            Just(Layout::General)
+            Just(Layout::General),
+            prop_oneof![Just(32usize), Just(64), Just(128)].prop_map(Layout::Blocked)
         ],
         (0usize..5, 0usize..40, 0usize..60),
         (0usize..3, 0usize..5),
@@ -395,6 +401,9 @@ fn every_flag_and_height() {
                 (Layout::Transposed, 17),
                 (Layout::Contiguous, 16),
                 (Layout::General, 5),
+                (Layout::Blocked(32), 31),
+                (Layout::Blocked(64), 32),
+                (Layout::Blocked(128), 9),
             ] {
                 let case = Case {
                     mr,

@@ -55,9 +55,12 @@
 //! # The k loop
 //! The `kb_len` split is hoisted: the kernel loops over `A` blocks, and inside a
 //! block runs a branch-free k loop unrolled by 4. f32 `A` whose rows are adjacent
-//! (`lda = 1`: packed `[kk][MR]` or a transposed view) is read in place; any other
-//! `A` (row-major, general strides, bf16) is first copied, [`KC`] k steps at a
-//! time, into an f32 scratch on the stack (bf16 widened exactly; vectorised with
+//! (`lda = 1`: packed `[kk][MR]` or a transposed view) is read in place, and so
+//! is row-major f32 `A` whose row stride is 32, 64 or 128 elements (the blocked
+//! activations `[Kb][S][bk]` at those block widths: each width its own loop, the
+//! stride folded into the broadcasts' displacements), so the loop nest need not
+//! pack it; any other `A` (row-major, general strides, bf16) is first copied,
+//! [`KC`] k steps at a time, into an f32 scratch on the stack (bf16 widened exactly; vectorised with
 //! masked loads when the tile's rows or its k steps are adjacent), so that every
 //! hot loop addresses `A` with constant strides folded into immediate
 //! displacements. The loop (checked with `--emit=asm`) is, per 4 k steps,
@@ -295,6 +298,17 @@ unsafe fn tile<const R: usize, const ABF: bool>(t: &Tile) {
                     kloop!(pa, 4, R * 4, pb, len);
                 } else {
                     kloop!(pa, 4, acs * 4, pb, len);
+                }
+                pb = pb.wrapping_add(len * ldb);
+            } else if !ABF && acs == 1 && matches!(lda, 32 | 64 | 128) {
+                // f32 rows of the blocked layouts' widths: in place, with the
+                // row stride a constant of each loop (a run-time stride costs
+                // registers and address arithmetic: 4.9 against 3.1 ms for
+                // `brgemm` 2048×512×256 in `examples/brgemm_best`).
+                match lda {
+                    32 => kloop!(pa, 128, 4, pb, len),
+                    64 => kloop!(pa, 256, 4, pb, len),
+                    _ => kloop!(pa, 512, 4, pb, len),
                 }
                 pb = pb.wrapping_add(len * ldb);
             } else {
