@@ -108,11 +108,7 @@ fn main() {
     for _ in 0..reps {
         for (ci, (_, op, ins, tys)) in cases.iter().enumerate() {
             for (ki, &kernels) in choices.iter().enumerate() {
-                let opts = JitOptions {
-                    kernels,
-                    pack_a,
-                    ..JitOptions::default()
-                };
+                let opts = JitOptions { kernels, pack_a };
                 let t0 = Instant::now();
                 let r = jit::try_eval(op, ins, tys, &syms, &opts)
                     .expect("a JIT kernel")
