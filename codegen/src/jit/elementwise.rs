@@ -9,6 +9,7 @@
 //!
 //! ABI: `fn(a: *const u8, b: *const u8, out: *mut u8, n: i64)` over `n` elements.
 
+use super::buffers::{Floats, Fresh};
 use super::clif::{for_range, load_f32, load_f32x4, relu_x4, store_f32, store_f32x4};
 use super::gemm::Elt;
 use super::{Jit, JitError};
@@ -17,7 +18,6 @@ use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
 use dlrm_ir::{DType, Data, Op, Tensor, TensorType};
-use half::bf16;
 use rayon::prelude::*;
 
 /// The elementwise function.
@@ -162,9 +162,10 @@ fn float_ptr(t: &Tensor) -> Option<(Elt, *const u8, usize)> {
 }
 
 impl EwKernel {
-    /// Runs over `n` elements: `a` (and `b`) hold `n` elements of the spec's types,
-    /// `out` receives `n` results. Lengths are checked before the call.
-    fn run(&self, a: &Tensor, b: Option<&Tensor>, out: &mut Data) -> Result<(), JitError> {
+    /// Runs over `n` elements: `a` (and `b`) hold `n` elements of the spec's types;
+    /// the `n` results are written into a fresh buffer (not zeroed first: the
+    /// kernel writes every element). Lengths are checked before the call.
+    fn run(&self, a: &Tensor, b: Option<&Tensor>) -> Result<Floats, JitError> {
         let s = self.spec;
         let bad = |r: &str| JitError::Args {
             kernel: format!("{s:?}"),
@@ -194,18 +195,18 @@ impl EwKernel {
                 )
             }
         };
-        match (out, s.out) {
-            (Data::F32(o), Elt::F32) if o.len() == n => o
-                .par_chunks_mut(CHUNK)
-                .enumerate()
-                .for_each(|(c, ch)| go(c, ch.as_mut_ptr().cast(), ch.len())),
-            (Data::BF16(o), Elt::BF16) if o.len() == n => o
-                .par_chunks_mut(CHUNK)
-                .enumerate()
-                .for_each(|(c, ch)| go(c, ch.as_mut_ptr().cast(), ch.len())),
-            _ => return Err(bad("result type or length differs from the spec")),
-        }
-        Ok(())
+        let mut out = Fresh::new(s.out, n);
+        out.buf()
+            .chunks(CHUNK)
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(c, mut ch)| {
+                let len = ch.len();
+                go(c, ch.as_mut_ptr(), len)
+            });
+        // SAFETY: the chunks cover all `n` elements, and the kernel wrote every
+        // element of each (its ABI: all `len` results).
+        Ok(unsafe { out.assume_init() })
     }
 }
 
@@ -265,19 +266,12 @@ pub(crate) fn eval(
             op: op_name,
             reason: e.to_string(),
         })?;
-        let n = inputs[0].numel();
-        let mut data = match out {
-            Elt::F32 => Data::F32(vec![0.0; n]),
-            Elt::BF16 => Data::BF16(vec![bf16::ZERO; n]),
-        };
-        k.run(inputs[0], inputs.get(1).copied(), &mut data)
+        let out = k
+            .run(inputs[0], inputs.get(1).copied())
             .map_err(|e| KernelError::Jit {
                 op: op_name,
                 reason: e.to_string(),
             })?;
-        Ok(vec![Tensor {
-            shape: inputs[0].shape.clone(),
-            data,
-        }])
+        Ok(vec![out.tensor(inputs[0].shape.clone())])
     })())
 }
