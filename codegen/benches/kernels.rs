@@ -300,7 +300,10 @@ fn bench_brgemm(c: &mut Criterion) {
                     vec![fixed_ty(dt, &[nb, m, bn])],
                 ),
                 "brgemm_dgrad" => (
-                    Op::BrgemmDgrad { act: Act::Relu },
+                    Op::BrgemmDgrad {
+                        act: Act::Relu,
+                        mask: Act::None,
+                    },
                     vec![dy, y, w],
                     vec![fixed_ty(DType::F32, &[kb, m, bk])],
                 ),

@@ -75,7 +75,10 @@ fn main() {
         ("linear_dx", Op::LinearDx, vec![&dy, &w], vec![ty(&[s, k])]),
         (
             "brgemm_dgrad",
-            Op::BrgemmDgrad { act: Act::Relu },
+            Op::BrgemmDgrad {
+                act: Act::Relu,
+                mask: Act::None,
+            },
             vec![&dyb, &yb, &wb],
             vec![ty(&[kb, s, bk])],
         ),

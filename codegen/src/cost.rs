@@ -9,7 +9,7 @@
 //! element is the 4 bytes of both halves). These are the compulsory traffic, not
 //! cache-level measurements.
 
-use dlrm_ir::{InteractionKind, Op, Tensor};
+use dlrm_ir::{Act, InteractionKind, Op, Tensor};
 
 /// Work and traffic of one execution.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -148,9 +148,13 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
                 bytes: io,
             }
         }
-        Op::BrgemmDgrad { .. } => {
+        Op::BrgemmDgrad { mask, .. } => {
             let (np, s) = blocked_act(inputs.first());
-            let kp = blocked_cols(inputs.last());
+            // The weight is last but for the mask operand.
+            let w = inputs
+                .len()
+                .saturating_sub(1 + usize::from(*mask != Act::None));
+            let kp = blocked_cols(inputs.get(w));
             Cost {
                 flops: 2.0 * s * np * kp,
                 bytes: io,

@@ -88,18 +88,7 @@ fn problem(
     let bias = tensor(vec![n], vals(seed + 2, n), DType::F32);
     let dy = blocked(seed + 3, s, n, bn, dt);
     // y as the forward would give it (relu: >= 0 with zeros; sigmoid: in (0,1)).
-    let y = {
-        let mut v = vals(seed + 4, s * n);
-        for e in &mut v {
-            *e = match act {
-                Act::Relu => e.max(0.0),
-                Act::Sigmoid => 0.5 + 0.45 * *e,
-                Act::None => *e,
-            };
-        }
-        let t = tensor(vec![s, n], v, DType::F32);
-        interp(&Op::BlockAct { bk: bn, dtype: dt }, &[&t]).remove(0)
-    };
+    let y = activated(act, seed + 4, s, n, bn, dt);
     let grad_ins = |last: Tensor| {
         if act == Act::None {
             vec![dy.clone(), last]
@@ -113,7 +102,10 @@ fn problem(
             ins: vec![x, w, bias],
         },
         1 => Problem {
-            op: Op::BrgemmDgrad { act },
+            op: Op::BrgemmDgrad {
+                act,
+                mask: Act::None,
+            },
             ins: grad_ins(w),
         },
         2 => Problem {
@@ -129,6 +121,42 @@ fn problem(
             ins: vec![x],
         },
     }
+}
+
+/// A blocked activation `[ceil(n/bn), S, bn]` as the forward would give it
+/// after `act` (relu: >= 0 with zeros; sigmoid: in (0,1)), zero padding.
+fn activated(act: Act, seed: u64, s: usize, n: usize, bn: usize, dt: DType) -> Tensor {
+    let mut v = vals(seed, s * n);
+    for e in &mut v {
+        *e = match act {
+            Act::Relu => e.max(0.0),
+            Act::Sigmoid => 0.5 + 0.45 * *e,
+            Act::None => *e,
+        };
+    }
+    let t = tensor(vec![s, n], v, DType::F32);
+    interp(&Op::BlockAct { bk: bn, dtype: dt }, &[&t]).remove(0)
+}
+
+/// `brgemm_dgrad` with the previous layer's `mask`: the layer input `xb`
+/// (activated by `mask`) appended to [`problem`]'s dgrad operands.
+#[allow(clippy::too_many_arguments)]
+fn masked_dgrad(
+    (act, mask): (Act, Act),
+    s: usize,
+    n: usize,
+    k: usize,
+    bn: usize,
+    bk: usize,
+    dt: DType,
+    seed: u64,
+) -> Problem {
+    let mut p = problem(1, act, s, n, k, bn, bk, dt, seed);
+    p.op = Op::BrgemmDgrad { act, mask };
+    if mask != Act::None {
+        p.ins.push(activated(mask, seed + 5, s, k, bk, dt));
+    }
+    p
 }
 
 fn acts() -> impl Strategy<Value = Act> {
@@ -151,6 +179,7 @@ proptest! {
     fn reference_kernels_match_the_interpreter(
         which in 0usize..5,
         act in acts(),
+        mask in acts(),
         s in 1usize..20,
         n in 1usize..40,
         k in 1usize..40,
@@ -159,7 +188,13 @@ proptest! {
         dt in dtypes(),
         seed in 0u64..1000,
     ) {
-        let p = problem(which, act, s, n, k, bn.min(n), bk.min(k), dt, seed);
+        // The dgrad with any mask (none: the plain dgrad).
+        let (bn, bk) = (bn.min(n), bk.min(k));
+        let p = if which == 1 {
+            masked_dgrad((act, mask), s, n, k, bn, bk, dt, seed)
+        } else {
+            problem(which, act, s, n, k, bn, bk, dt, seed)
+        };
         let ins: Vec<&Tensor> = p.ins.iter().collect();
         let want = interp(&p.op, &ins);
         let got = dlrm_codegen::try_eval(&p.op, &ins, &out_types(&p.op, &ins), &HashMap::new())
@@ -235,14 +270,23 @@ fn check_jit(p: &Problem) {
     let has_y = !matches!(
         p.op,
         Op::Brgemm { .. }
-            | Op::BrgemmDgrad { act: Act::None }
+            | Op::BrgemmDgrad { act: Act::None, .. }
             | Op::BrgemmWgrad { act: Act::None, .. }
     );
+    // The mask operand (last) is kept too: the same mask on the magnitudes.
+    let has_mask = matches!(p.op, Op::BrgemmDgrad { mask, .. } if mask != Act::None);
+    let last = p.ins.len() - 1;
     let abs_ins: Vec<Tensor> = p
         .ins
         .iter()
         .enumerate()
-        .map(|(i, t)| if has_y && i == 1 { t.clone() } else { abs(t) })
+        .map(|(i, t)| {
+            if has_y && i == 1 || has_mask && i == last {
+                t.clone()
+            } else {
+                abs(t)
+            }
+        })
         .collect();
     let abs_refs: Vec<&Tensor> = abs_ins.iter().collect();
     // Forward: the scale is taken before the activation (act=none).
@@ -323,6 +367,23 @@ proptest! {
     ) {
         check_jit(&problem(which, act, s, n, k, bn.min(n), bk.min(k), dt, seed));
     }
+
+    /// `brgemm_dgrad` with a mask (the previous layer's `act'` applied to the
+    /// result) against the reference kernel, random shapes, every pair.
+    #[test]
+    fn jit_masked_dgrad_matches_the_reference(
+        act in acts(),
+        mask in acts(),
+        s in 1usize..40,
+        n in 1usize..70,
+        k in 1usize..70,
+        bn in 1usize..40,
+        bk in 1usize..40,
+        dt in dtypes(),
+        seed in 0u64..1000,
+    ) {
+        check_jit(&masked_dgrad((act, mask), s, n, k, bn.min(n), bk.min(k), dt, seed));
+    }
 }
 
 /// A DLRM-sized layer (several row blocks and tasks per block), every op.
@@ -336,6 +397,17 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
     ] {
         check_jit(&problem(which, act, 301, 100, 77, 64, 32, DType::F32, 7));
     }
+    // The mask on both dgrad forms (A packed per row chunk, or read in place).
+    check_jit(&masked_dgrad(
+        (Act::Relu, Act::Relu),
+        301,
+        100,
+        77,
+        64,
+        32,
+        DType::F32,
+        12,
+    ));
     // wgrad with xᵀ packed (at least 4 N blocks: here 5), its tiles across K
     // blocks; on 2 threads each N block packs its dz in its own GEMM task, on 8
     // all blocks' dz are packed first.

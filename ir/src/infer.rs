@@ -3,7 +3,7 @@
 //! [`infer`] is the single source of truth used by the graph builder and the
 //! verifier. Errors are plain messages; callers attach the node.
 
-use crate::op::{A2aDir, InteractionKind, Op};
+use crate::op::{A2aDir, Act, InteractionKind, Op};
 use crate::types::{DType, Dim, Shape, TensorType};
 
 #[path = "infer_generic.rs"]
@@ -571,7 +571,14 @@ fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
                 [f(nb), xb.shape[1].clone(), f(bn)],
             )])
         }
-        Op::BrgemmDgrad { act } => {
+        Op::BrgemmDgrad { act, mask } => {
+            let (ins, xb) = match mask {
+                Act::None => (ins, None),
+                _ => match ins.split_last() {
+                    Some((xb, rest)) => (rest, Some(*xb)),
+                    None => (ins, None),
+                },
+            };
             let (dy, y, wb) = dy_y_last(op, *act, ins)?;
             expect_rank("blocked dy", dy, 3)?;
             expect_rank("blocked weight", wb, 4)?;
@@ -580,14 +587,20 @@ fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
             expect_same_shape("blocked dy", dy, "blocked y", y)?;
             expect_dim("dy blocks vs weight row blocks", &dy.shape[0], &wb.shape[0])?;
             expect_dim("dy block width vs weight bn", &dy.shape[2], &wb.shape[3])?;
-            Ok(vec![TensorType::new(
+            let dx = TensorType::new(
                 DType::F32,
                 [
                     wb.shape[1].clone(),
                     dy.shape[1].clone(),
                     wb.shape[2].clone(),
                 ],
-            )])
+            );
+            if let Some(xb) = xb {
+                expect_rank("blocked x (mask)", xb, 3)?;
+                expect_float("blocked x (mask)", xb)?;
+                expect_same_shape("blocked x (mask)", xb, "the result", &dx)?;
+            }
+            Ok(vec![dx])
         }
         Op::BrgemmWgrad { act, n } => {
             let (dy, y, xb) = dy_y_last(op, *act, ins)?;

@@ -244,9 +244,20 @@ pub enum Op {
     /// with `dz = act'(dy, y)` (`relu_grad`/`sigmoid_grad`/identity, fused),
     /// `dx[s][k] = Σ_n dz[s][n]·w[n][k]` over `n` ascending (as `linear_dx`), 0 in the
     /// padding.
+    ///
+    /// With `mask` other than `none`, one more operand: the layer's blocked input
+    /// `xb[Kb,S,bk]` (the previous layer's output, activated by `mask`), and the
+    /// result is that layer's `dz`: `mask'(dx, xb)` elementwise (`relu_grad` /
+    /// `sigmoid_grad` of the definition, padding included), so the previous
+    /// layer's `brgemm_dgrad`/`brgemm_wgrad` take it with `act=none` instead of
+    /// each applying `act'` to `dx` (the `fuse-dgrad-mask` pass). Printed only
+    /// when not `none`.
     BrgemmDgrad {
         /// The forward activation whose gradient is fused.
         act: Act,
+        /// The previous layer's activation, whose gradient is applied to the
+        /// result (`none`: the plain `dx`).
+        mask: Act,
     },
     /// `brgemm_wgrad(dyb[Nb,S,bn], yb[Nb,S,bn], xb[Kb,S,bk]) -> (f32[Nb,Kb,bk,bn], f32[n])`
     /// (`act=none` takes no `yb`: `brgemm_wgrad(dyb, xb)`):
@@ -747,7 +758,16 @@ impl Op {
             Op::UnblockWeight { n, k } => {
                 vec![("n", Attr::Int(*n as i64)), ("k", Attr::Int(*k as i64))]
             }
-            Op::Brgemm { act } | Op::BrgemmDgrad { act } => vec![("act", id(act.name()))],
+            Op::Brgemm { act }
+            | Op::BrgemmDgrad {
+                act,
+                mask: Act::None,
+            } => {
+                vec![("act", id(act.name()))]
+            }
+            Op::BrgemmDgrad { act, mask } => {
+                vec![("act", id(act.name())), ("mask", id(mask.name()))]
+            }
             Op::BrgemmWgrad { act, n } => {
                 vec![("act", id(act.name())), ("n", Attr::Int(*n as i64))]
             }
@@ -894,7 +914,10 @@ impl Op {
                 k: a.usize("k")?,
             },
             "brgemm" => Op::Brgemm { act: a.act("act")? },
-            "brgemm_dgrad" => Op::BrgemmDgrad { act: a.act("act")? },
+            "brgemm_dgrad" => Op::BrgemmDgrad {
+                act: a.act("act")?,
+                mask: a.opt_act("mask")?,
+            },
             "brgemm_wgrad" => Op::BrgemmWgrad {
                 act: a.act("act")?,
                 n: a.usize("n")?,
@@ -1041,6 +1064,15 @@ impl AttrReader<'_> {
             "relu" => Ok(Act::Relu),
             "sigmoid" => Ok(Act::Sigmoid),
             o => Err(format!("`{key}` must be none, relu or sigmoid, got `{o}`")),
+        }
+    }
+
+    /// [`Self::act`] if `key` is given, else `none`.
+    fn opt_act(&mut self, key: &str) -> Result<Act, String> {
+        if self.attrs.iter().any(|(k, _)| k == key) {
+            self.act(key)
+        } else {
+            Ok(Act::None)
         }
     }
 

@@ -122,7 +122,13 @@ fn brgemm_family_reproduces_linear_bit_for_bit() {
         } else {
             (vec![&dyb, &yb, &wb], vec![&dyb, &yb, &xb])
         };
-        let dxb = one(Op::BrgemmDgrad { act }, &dg_ins);
+        let dxb = one(
+            Op::BrgemmDgrad {
+                act,
+                mask: Act::None,
+            },
+            &dg_ins,
+        );
         assert_eq!(
             one(
                 Op::UnblockAct {

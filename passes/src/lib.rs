@@ -55,6 +55,7 @@ pub mod dce;
 pub mod egraph;
 mod error;
 pub mod layout;
+pub mod mask;
 pub mod partition;
 mod pass;
 pub mod pipeline;

@@ -16,7 +16,7 @@
 //! - `sgd`: 0 — a dense update costs the same whatever the batch, so it is no
 //!   per-sample work (at batch 1 it would be counted as if one sample paid for it).
 
-use dlrm_ir::{Dim, Graph, InteractionKind, Op, TensorType};
+use dlrm_ir::{Act, Dim, Graph, InteractionKind, Op, TensorType};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -90,8 +90,9 @@ pub(crate) fn node_flops(g: &Graph, n: usize) -> f64 {
         // Blocked ops: the unpadded GEMM work (as the linear they replace).
         // xb[Kb,S,bk] · wb[Nb,Kb,bk,bn] -> N = bias length
         Op::Brgemm { .. } => 2.0 * d(ty(0), 1) * d(ty(2), 0) * d(ty(0), 0) * d(ty(0), 2),
-        Op::BrgemmDgrad { .. } => {
-            let w = ty(node.inputs.len() - 1);
+        Op::BrgemmDgrad { mask, .. } => {
+            // The weight is last but for the mask operand.
+            let w = ty(node.inputs.len() - 1 - usize::from(*mask != Act::None));
             2.0 * d(ty(0), 1) * d(ty(0), 0) * d(ty(0), 2) * d(w, 1) * d(w, 2)
         }
         Op::BrgemmWgrad { .. } => {

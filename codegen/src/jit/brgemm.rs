@@ -43,7 +43,10 @@ use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pa
 use super::linear::{elt_of, operand};
 use super::pack::{Src, pack_blocked};
 use super::{Jit, JitError, JitOptions};
-use crate::kernels::brgemm::{act_grad, act_grads, check_fit, check_xw, dims, dy_y_last, floats};
+use crate::kernels::brgemm::{
+    act_grad, act_grads, check_fit, check_mask, check_xw, dims, dy_y_last, floats, mask_in_place,
+    mask_operand,
+};
 use crate::kernels::{KResult, KernelError, shape_err};
 use dlrm_ir::{Act, Data, Tensor, TensorType};
 use half::bf16;
@@ -69,7 +72,11 @@ pub fn eval(
     }
     Some(match op {
         Op::Brgemm { act } => brgemm(jit, opts, *act, inputs, out).map(|t| vec![t]),
-        Op::BrgemmDgrad { act } => brgemm_dgrad(jit, opts, *act, inputs, out).map(|t| vec![t]),
+        // The mask is applied to f32 results only (bf16 ones: the reference).
+        Op::BrgemmDgrad { mask, .. } if *mask != Act::None && out != Elt::F32 => return None,
+        Op::BrgemmDgrad { act, mask } => {
+            brgemm_dgrad(jit, opts, (*act, *mask), inputs, out).map(|t| vec![t])
+        }
         Op::BrgemmWgrad { act, n } => brgemm_wgrad(jit, opts, *act, *n, inputs, out_types),
         _ => return None,
     })
@@ -138,7 +145,7 @@ fn with_kernel<T>(
 /// `pack(r0, rows, dst)` must write all of `dst`, `⌈rows/mr⌉` tiles `[k][mr]`,
 /// rows past `rows` zero — and then runs every output block `q` on the packed
 /// rows, reading `B` and the bias from `b_of(q)`. So `A` is packed once per
-/// call, however many blocks reuse it.
+/// call, however many blocks reuse it. `epi` runs on each chunk once written.
 #[allow(clippy::type_complexity)]
 fn run_row_chunks<'d>(
     kern: GemmKernel,
@@ -146,6 +153,7 @@ fn run_row_chunks<'d>(
     (blocks, m, width, rb): (usize, usize, usize, usize),
     pack: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
     b_of: &(dyn Fn(usize) -> (&'d [f32], Option<&'d [f32]>) + Sync),
+    epi: Option<Epilogue<'_>>,
 ) -> Result<Floats, JitError> {
     check_cover(&kern, &out, (blocks, m, width))?;
     let rb = rb.max(1);
@@ -165,9 +173,10 @@ fn run_row_chunks<'d>(
             // This worker's reusable buffer: packing allocates nothing.
             let mut a = Scratch::new(rows.div_ceil(mr) * mr * k);
             pack(r0, rows, &mut a);
-            for (q, cb) in parts.into_iter().enumerate() {
+            for (q, mut cb) in parts.into_iter().enumerate() {
                 let (b, bias) = b_of(q);
-                kern.run_block(Operand::F32(&a), b, bias, cb, rows)?;
+                kern.run_block(Operand::F32(&a), b, bias, cb.reborrow(), rows)?;
+                run_epilogue(epi, &kern, q, r0, cb)?;
             }
             Ok(())
         })?;
@@ -180,7 +189,8 @@ fn run_row_chunks<'d>(
 /// `out` holds `blocks` blocks of `m` rows × `width` (row stride `width`), cut
 /// into chunks of `rb` rows; the chunk of block `q` from row `r0` reads `A` from
 /// `a_of(q, r0)` and `B` and the bias from `b_of(q)`. Chunks are ordered row
-/// chunk outer, block inner, so neighbouring tasks share `A` rows.
+/// chunk outer, block inner, so neighbouring tasks share `A` rows. `epi`
+/// runs on each chunk once written.
 #[allow(clippy::type_complexity)]
 fn run_blocks<'d>(
     kern: GemmKernel,
@@ -188,6 +198,7 @@ fn run_blocks<'d>(
     (blocks, m, width, rb): (usize, usize, usize, usize),
     a_of: &(dyn Fn(usize, usize) -> Operand<'d> + Sync),
     b_of: &(dyn Fn(usize) -> (&'d [f32], Option<&'d [f32]>) + Sync),
+    epi: Option<Epilogue<'_>>,
 ) -> Result<Floats, JitError> {
     check_cover(&kern, &out, (blocks, m, width))?;
     let rb = rb.max(1);
@@ -201,14 +212,43 @@ fn run_blocks<'d>(
     tasks
         .into_par_iter()
         .with_max_len(1)
-        .try_for_each(|(q, ri, cb)| {
+        .try_for_each(|(q, ri, mut cb)| {
             let r0 = ri * rb;
             let (b, bias) = b_of(q);
-            kern.run_block(a_of(q, r0), b, bias, cb, rb.min(m - r0))
+            kern.run_block(a_of(q, r0), b, bias, cb.reborrow(), rb.min(m - r0))?;
+            run_epilogue(epi, &kern, q, r0, cb)
         })?;
     // SAFETY: every task returned Ok, and `check_cover` held: each wrote its
     // whole rows, and the tasks' row chunks cover every block.
     Ok(unsafe { out.assume_init() })
+}
+
+/// Work on a chunk of a GEMM result while it is in cache: `(block q, first row
+/// r0, the chunk's rows as written)`.
+type Epilogue<'e> = &'e (dyn Fn(usize, usize, &mut [f32]) + Sync);
+
+/// Runs `epi` (if any) on the chunk `cb` of block `q` from row `r0`, which
+/// `kern.run_block` has just written whole.
+fn run_epilogue(
+    epi: Option<Epilogue<'_>>,
+    kern: &GemmKernel,
+    q: usize,
+    r0: usize,
+    mut cb: OutBuf<'_>,
+) -> Result<(), JitError> {
+    let Some(epi) = epi else { return Ok(()) };
+    // SAFETY: the caller ran the kernel on this chunk, which wrote all of it
+    // (`check_cover`: whole rows of the chunk's width).
+    match unsafe { cb.f32_written() } {
+        Some(rows) => {
+            epi(q, r0, rows);
+            Ok(())
+        }
+        None => Err(JitError::Args {
+            kernel: format!("{:?}", kern.spec()),
+            reason: "an epilogue needs an f32 result".into(),
+        }),
+    }
 }
 
 /// `v[from..]` of an operand (empty past the end).
@@ -319,7 +359,8 @@ pub fn brgemm(
                 Operand::BF16(v) => Src::BF16(v),
             };
             let pack = |r0, rows, dst: &mut [f32]| pack_blocked(dst, (s, bk, mr), (r0, rows), src);
-            run_row_chunks(kern, fresh, (nb, s, bn, row_block(s, mr, 1)), &pack, &b_of)?
+            let shape = (nb, s, bn, row_block(s, mr, 1));
+            run_row_chunks(kern, fresh, shape, &pack, &b_of, None)?
         } else {
             run_blocks(
                 kern,
@@ -327,6 +368,7 @@ pub fn brgemm(
                 (nb, s, bn, row_block(s, mr, nb)),
                 &|_, r0| tail(xa, r0 * bk),
                 &b_of,
+                None,
             )?
         };
         result = Some(y);
@@ -384,11 +426,12 @@ fn finish_forward(
 pub fn brgemm_dgrad(
     jit: &Jit,
     opts: &JitOptions,
-    act: Act,
+    (act, mask): (Act, Act),
     ins: &[&Tensor],
     out: Elt,
 ) -> KResult<Tensor> {
     const OP: &str = "brgemm_dgrad";
+    let (ins, xb) = mask_operand(mask, ins);
     let [dy, y, w] = dy_y_last(OP, act, ins)?;
     if dy.shape != y.shape {
         return Err(shape_err(
@@ -411,9 +454,22 @@ pub fn brgemm_dgrad(
         ));
     }
     let np = nb * bn;
+    if let Some(xb) = xb {
+        check_mask(OP, xb, [kb, s, bk])?;
+    }
     if s == 0 || kb == 0 || bk == 0 {
         return Ok(Floats::zeros(out, kb * s * bk).tensor(vec![kb, s, bk]));
     }
+    // The mask (the previous layer's act'), applied to each chunk of dx while
+    // it is in cache: the result is that layer's dz.
+    let xv = xb.map(floats);
+    let masking = |q: usize, r0: usize, rows: &mut [f32]| {
+        if let Some(xv) = &xv {
+            let from = (q * s + r0) * bk;
+            mask_in_place(mask, rows, &xv[from..from + rows.len()]);
+        }
+    };
+    let epi: Option<Epilogue<'_>> = xv.as_ref().map(|_| &masking as Epilogue<'_>);
     // A = dz = act'(dy, y) in dy's blocked layout `[Nb][S][bn]`: read in place
     // as the batch-reduce over its Nb blocks (computed once, on first use), or
     // computed into each row chunk's packed tiles.
@@ -469,7 +525,14 @@ pub fn brgemm_dgrad(
         let dx = if sp.pack_a {
             let src = Src::Dz(act, &dv, &yv);
             let pack = |r0, rows, dst: &mut [f32]| pack_blocked(dst, (s, bn, mr), (r0, rows), src);
-            run_row_chunks(kern, fresh, (kb, s, bk, row_block(s, mr, 1)), &pack, &b_of)?
+            run_row_chunks(
+                kern,
+                fresh,
+                (kb, s, bk, row_block(s, mr, 1)),
+                &pack,
+                &b_of,
+                epi,
+            )?
         } else {
             let dz = dz.get_or_init(|| match act {
                 Act::None => Cow::Borrowed(&dv[..]),
@@ -481,6 +544,7 @@ pub fn brgemm_dgrad(
                 (kb, s, bk, row_block(s, mr, kb)),
                 &|_, r0| Operand::F32(&dz[(r0 * bn).min(dz.len())..]),
                 &b_of,
+                epi,
             )?
         };
         result = Some(dx);
@@ -646,6 +710,7 @@ pub fn brgemm_wgrad(
                     (nb, kp, bn, row_block(kp, mr, nb)),
                     &|_, r0| Operand::F32(&xt[(r0 * s).min(xt.len())..]),
                     &b_of,
+                    None,
                 )?
             } else {
                 // One task per block dw[nb][kb]: `xb[kb]` read as its transpose.
@@ -655,6 +720,7 @@ pub fn brgemm_wgrad(
                     (nb * kb, bk, bn, bk),
                     &|blk, _| tail(xa, (blk % kb) * s * bk),
                     &|blk| b_of(blk / kb),
+                    None,
                 )?
             }
         };

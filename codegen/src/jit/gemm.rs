@@ -450,6 +450,22 @@ impl<'a> OutBuf<'a> {
         }
     }
 
+    /// The f32 elements as written (`None` for bf16 elements).
+    ///
+    /// # Safety
+    /// Every element has been written.
+    pub(crate) unsafe fn f32_written(&mut self) -> Option<&mut [f32]> {
+        match self {
+            OutBuf::F32(v) => Some(v),
+            // SAFETY: the caller's promise: every element is initialised, and
+            // `MaybeUninit<f32>` has `f32`'s layout.
+            OutBuf::F32Uninit(v) => {
+                Some(unsafe { &mut *(std::ptr::from_mut::<[MaybeUninit<f32>]>(*v) as *mut [f32]) })
+            }
+            OutBuf::BF16(_) | OutBuf::BF16Uninit(_) => None,
+        }
+    }
+
     /// The same buffer, borrowed for a shorter time.
     pub(crate) fn reborrow(&mut self) -> OutBuf<'_> {
         match self {

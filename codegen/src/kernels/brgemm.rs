@@ -19,7 +19,7 @@
 //! Parallelism: one rayon task per output block (`[nb]` or `[kb]` slab, or a
 //! weight-gradient block), disjoint writes only.
 
-use super::{KResult, KernelError, arity, shape_err};
+use super::{KResult, KernelError, arity, data_len, shape_err};
 use dlrm_ir::{Act, DType, Data, Op, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
@@ -45,7 +45,7 @@ pub fn try_eval(
         Op::BlockAct { bk, .. } => one(block_act(*bk, inputs, out)),
         Op::UnblockAct { k, .. } => one(unblock_act(*k, inputs, out)),
         Op::Brgemm { act } => one(brgemm(*act, inputs, out)),
-        Op::BrgemmDgrad { act } => one(brgemm_dgrad(*act, inputs, out)),
+        Op::BrgemmDgrad { act, mask } => one(brgemm_dgrad(*act, *mask, inputs, out)),
         Op::BrgemmWgrad { act, n } => brgemm_wgrad(*act, *n, inputs, out_types),
         _ => return None,
     })
@@ -289,8 +289,9 @@ pub fn brgemm(act: Act, ins: &[&Tensor], out: DType) -> KResult<Tensor> {
 }
 
 /// `brgemm_dgrad(dyb[Nb,S,bn], (yb,) wb[Nb,Kb,bk,bn]) -> dx[Kb,S,bk]`.
-pub fn brgemm_dgrad(act: Act, ins: &[&Tensor], out: DType) -> KResult<Tensor> {
+pub fn brgemm_dgrad(act: Act, mask: Act, ins: &[&Tensor], out: DType) -> KResult<Tensor> {
     const OP: &str = "brgemm_dgrad";
+    let (ins, xb) = mask_operand(mask, ins);
     let [dy, y, w] = dy_y_last(OP, act, ins)?;
     if dy.shape != y.shape {
         return Err(shape_err(
@@ -344,7 +345,50 @@ pub fn brgemm_dgrad(act: Act, ins: &[&Tensor], out: DType) -> KResult<Tensor> {
             }
         });
     }
+    if let Some(xb) = xb {
+        check_mask(OP, xb, [kb, s, bk])?;
+        mask_in_place(mask, &mut dx, &floats(xb));
+    }
     Ok(store(out, vec![kb, s, bk], dx))
+}
+
+/// `brgemm_dgrad`'s operands without the mask operand, and the mask operand
+/// (the last, when `mask` is not `none`).
+pub(crate) fn mask_operand<'a, 't>(
+    mask: Act,
+    ins: &'a [&'t Tensor],
+) -> (&'a [&'t Tensor], Option<&'t Tensor>) {
+    match (mask, ins.split_last()) {
+        (Act::None, _) | (_, None) => (ins, None),
+        (_, Some((xb, rest))) => (rest, Some(*xb)),
+    }
+}
+
+/// Checks that the mask operand has the result's blocked shape.
+pub(crate) fn check_mask(op: &'static str, xb: &Tensor, shape: [usize; 3]) -> KResult<()> {
+    if xb.shape != shape || data_len(xb) != xb.numel() {
+        return Err(shape_err(
+            op,
+            format!(
+                "blocked x (mask) {:?} is not the result's {shape:?}",
+                xb.shape
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `dx[i] = mask'(dx[i], x[i])` (over the shorter of the two), each exactly
+/// [`act_grad`]: the previous layer's `dz` from this layer's `dx` and input;
+/// the mask matched once per call so the loops vectorise.
+pub(crate) fn mask_in_place(mask: Act, dx: &mut [f32], x: &[f32]) {
+    let it = dx.iter_mut().zip(x);
+    match mask {
+        Act::None => {}
+        // A select, not a branch (relu zeros half the elements at random).
+        Act::Relu => it.for_each(|(d, &x)| *d = if x > 0.0 { *d } else { 0.0 }),
+        Act::Sigmoid => it.for_each(|(d, &x)| *d = *d * x * (1.0 - x)),
+    }
 }
 
 /// `brgemm_wgrad(dyb[Nb,S,bn], (yb,) xb[Kb,S,bk]) -> (dw[Nb,Kb,bk,bn], db[n])`.

@@ -35,7 +35,7 @@ pub(super) fn eval(
         Op::BlockWeight { bn, bk } => one(block_weight(*bn, *bk, ins, out)),
         Op::UnblockWeight { n, k } => one(unblock_weight(*n, *k, ins, out)),
         Op::Brgemm { act } => one(brgemm(*act, ins, out)),
-        Op::BrgemmDgrad { act } => one(brgemm_dgrad(*act, ins, out)),
+        Op::BrgemmDgrad { act, mask } => one(brgemm_dgrad(*act, *mask, ins, out)),
         Op::BrgemmWgrad { act, n } => brgemm_wgrad(*act, *n, ins, dtypes),
         Op::BceLogits { denom: d } => {
             expect_arity("bce_logits", ins, &[2])?;
@@ -349,7 +349,12 @@ fn dy_y_last<'t>(act: Act, ins: &[&'t Tensor], what: &str) -> R<[&'t Tensor; 3]>
     }
 }
 
-fn brgemm_dgrad(act: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
+fn brgemm_dgrad(act: Act, mask: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
+    // With a mask, the last operand is the layer's blocked input.
+    let (ins, xb) = match (mask, ins.split_last()) {
+        (Act::None, _) | (_, None) => (ins, None),
+        (_, Some((xb, rest))) => (rest, Some(*xb)),
+    };
     let ins = &dy_y_last(act, ins, "brgemm_dgrad")?;
     same_shape("blocked dy", ins[0], "blocked y", ins[1])?;
     let [nb_dy, s, bn_dy] = dims3(ins[0], "blocked dy")?;
@@ -384,6 +389,18 @@ fn brgemm_dgrad(act: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
                 }
                 dx[(kbi * s + si) * bk + i] = acc;
             }
+        }
+    }
+    if let Some(xb) = xb {
+        if xb.shape != [kb, s, bk] {
+            return Err(format!(
+                "blocked x (mask) {} is not the result's [{kb}, {s}, {bk}]",
+                describe(xb)
+            ));
+        }
+        let x = floats(xb, "blocked x (mask)")?;
+        for (d, &v) in dx.iter_mut().zip(x.iter()) {
+            *d = act_grad(mask, *d, v);
         }
     }
     // Padding columns stay exactly 0 whatever the sums gave (signed zeros).

@@ -8,7 +8,9 @@
 //! [`rules::all`] run under explicit [`Limits`] (iterations, e-nodes, time), and the
 //! cheapest graph under the [`cost::CostModel`] is extracted ([`convert::decode`]).
 //! [`EgraphStats`] records the e-graph's size, the iterations, the stop reason and
-//! how often each rule applied; the pipeline stores it in the pass log.
+//! how often each rule applied; the pipeline stores it in the pass log. The
+//! extracted graph then gets the one rewrite tree extraction cannot choose,
+//! a gradient shared by two ops ([`crate::mask`]).
 //!
 //! Invariants: names of surviving values, inputs, parameters (names and types),
 //! outputs and updates are kept; the result verifies; in f32 it computes what the
@@ -113,10 +115,19 @@ fn reason(r: &Option<StopReason>) -> String {
     }
 }
 
-/// Runs the e-graph optimisation on `g` (see the module docs).
+/// Runs the e-graph optimisation on `g` (see the module docs), then
+/// [`crate::mask::fuse_dgrad_mask`] on the extracted graph (counted under its
+/// rule name in [`EgraphStats::rules_applied`]).
 pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<(Graph, EgraphStats)> {
     let rules = rules::all(&opts.rules);
-    saturate(g, &rules, &opts.limits, opts.cost, HashMap::new())
+    let (out, mut stats) = saturate(g, &rules, &opts.limits, opts.cost, HashMap::new())?;
+    let (out, masked) = crate::mask::fuse_dgrad_mask(&out, ID)?;
+    if masked > 0 {
+        stats
+            .rules_applied
+            .insert(crate::mask::RULE.to_string(), masked);
+    }
+    Ok((out, stats))
 }
 
 /// Encodes `g`, runs `rules` under `limits` (the rules see `consts` as the values

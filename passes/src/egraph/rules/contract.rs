@@ -135,7 +135,14 @@ fn dgrad_fused(eg: &mut DlGraph, m: Id, s: &Subst, cfg: &RuleConfig, act: Act) -
     );
     let f = forward(eg, act, x, w, b, cfg)?;
     let (dyb, _) = block(eg, dy, f.bn)?;
-    let (dxb, _) = add1(eg, &Op::BrgemmDgrad { act }, &[dyb, f.yb, f.wb])?;
+    let (dxb, _) = add1(
+        eg,
+        &Op::BrgemmDgrad {
+            act,
+            mask: Act::None,
+        },
+        &[dyb, f.yb, f.wb],
+    )?;
     name_like(eg, dxb, m, "blk");
     let (dx, _) = add1(
         eg,
@@ -163,7 +170,14 @@ fn dgrad_plain(eg: &mut DlGraph, m: Id, s: &Subst, cfg: &RuleConfig) -> Option<I
     let (bn, bk) = (block_for(n, cfg.block), block_for(k, cfg.block));
     let (dzb, _) = block(eg, dz, bn)?;
     let (wb, _) = add1(eg, &Op::BlockWeight { bn, bk }, &[w])?;
-    let (dxb, _) = add1(eg, &Op::BrgemmDgrad { act: Act::None }, &[dzb, wb])?;
+    let (dxb, _) = add1(
+        eg,
+        &Op::BrgemmDgrad {
+            act: Act::None,
+            mask: Act::None,
+        },
+        &[dzb, wb],
+    )?;
     name_like(eg, dxb, m, "blk");
     let (dx, _) = add1(
         eg,
