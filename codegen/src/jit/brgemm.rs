@@ -26,6 +26,11 @@
 //! (`examples/brgemm_best` at 2048×512×512, 2 threads: `brgemm` 182 against 170
 //! GFLOP/s when it came in).
 //!
+//! `brgemm_dgrad` with a `mask` (the previous layer's `act'`, see
+//! [`dlrm_ir::Op::BrgemmDgrad`]) applies it to each chunk of `dx` right after
+//! the chunk's GEMM, while it is in cache (the epilogue hook of both forms),
+//! reading the layer input's rows of that chunk.
+//!
 //! Results are not zeroed first (`Fresh`): the kernels write every element.
 //!
 //! Arithmetic: every output element is one accumulator summed over its reduction
