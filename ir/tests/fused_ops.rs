@@ -391,6 +391,7 @@ fn fused_ops_round_trip_through_text() {
   %dyb: f32[2,B,2] = block_act %y {bk=2, dtype=f32}
   %dxb: f32[2,B,4] = brgemm_dgrad %dyb, %yb, %w {act=relu}
   %dx2: f32[2,B,4] = brgemm_dgrad %dyb, %w {act=none}
+  %dz2: f32[2,B,4] = brgemm_dgrad %dyb, %w, %xb {act=none, mask=sigmoid}
   %dw: f32[2,2,4,2], %db: f32[3] = brgemm_wgrad %dyb, %yb, %xb {act=relu, n=3}
   %l: f32[] = bce_logits %z, %y {denom=B}
   %g: f32[B,3] = bce_logits_grad %z, %y {denom=B}
@@ -399,6 +400,7 @@ fn fused_ops_round_trip_through_text() {
   output %wu
   output %dxb
   output %dx2
+  output %dz2
   output %db
   output %g
   output %t2

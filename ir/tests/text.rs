@@ -462,6 +462,7 @@ fn fused_ops() -> Graph {
   %wu: bf16[3,5] = unblock_weight %wb {n=3, k=5}
   %dyb: f32[2,B,2] = block_act %y {bk=2, dtype=f32}
   %dxb: f32[2,B,4] = brgemm_dgrad %dyb, %yb, %w {act=relu}
+  %dzb: f32[2,B,4] = brgemm_dgrad %dyb, %yb, %w, %xb {act=relu, mask=relu}
   %dw: f32[2,2,4,2], %db: f32[3] = brgemm_wgrad %dyb, %yb, %xb {act=relu, n=3}
   %l: f32[] = bce_logits %z, %y {denom=B}
   %g: f32[B,3] = bce_logits_grad %z, %y {denom=B}
@@ -469,6 +470,7 @@ fn fused_ops() -> Graph {
   output %l
   output %wu
   output %dxb
+  output %dzb
   output %dw
   output %db
   output %g
