@@ -46,6 +46,8 @@ pub struct RunOptions {
     pub overlap: bool,
     /// Allreduce algorithm of the thread ranks.
     pub allreduce: AllReduceAlgo,
+    /// Worker threads per rank; `None`: the CPUs shared among this process's ranks.
+    pub threads: Option<usize>,
     /// The sharding planner's settings (where the tables go on N ranks).
     pub shards: ShardSettings,
 }
@@ -65,6 +67,7 @@ impl Default for RunOptions {
             kernels: KernelChoice::default(),
             overlap: true,
             allreduce: AllReduceAlgo::default(),
+            threads: None,
             shards: ShardSettings::default(),
         }
     }
@@ -136,6 +139,9 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     let ranks = opts.ranks;
     if ranks == 0 {
         return Err(Error::Options("--ranks must be at least 1".into()));
+    }
+    if opts.threads == Some(0) {
+        return Err(Error::Options("--threads must be at least 1".into()));
     }
     if opts.iters == 0 {
         return Err(Error::Options("--iters must be at least 1".into()));
@@ -211,6 +217,7 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     job.kernels = opts.kernels;
     job.overlap = opts.overlap;
     job.allreduce = opts.allreduce;
+    job.threads = opts.threads;
     Ok(job)
 }
 

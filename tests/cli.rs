@@ -405,6 +405,8 @@ fn bad_runs_are_clear_errors() {
     assert!(err.contains("--ranks must be at least 1"), "{err}");
     let err = fails(DLRM_RUN, &[s(&plan), "--ranks", "100"]);
     assert!(err.contains("more than the global batch"), "{err}");
+    let err = fails(DLRM_RUN, &[s(&plan), "--threads", "0"]);
+    assert!(err.contains("--threads"), "{err}");
     let err = fails(DLRM_RUN, &[s(&dir.path().join("missing.plan"))]);
     assert!(err.contains("missing.plan"), "{err}");
     let err = fails(DLRMC, &["inspect", s(&dir.path().join("missing.plan"))]);

@@ -249,11 +249,34 @@ fn a_failing_rank_stops_the_others_with_its_own_error() {
 }
 
 #[test]
+fn worker_threads_change_no_result() {
+    let with = |threads| {
+        let mut j = job(1, 0.2, 4, 256);
+        j.threads = Some(threads);
+        run_with_params(j, &mut |_| {}).expect("run")
+    };
+    let (one, p1) = with(1);
+    assert_eq!(one.threads, 1);
+    for threads in [2, 3] {
+        let (rep, pn) = with(threads);
+        assert_eq!(rep.threads, threads);
+        assert_eq!(rep.losses, one.losses, "{threads} threads");
+        assert_eq!(pn, p1, "{threads} threads");
+    }
+    // Thread ranks share the process's CPUs unless told: at least one each.
+    let rep = run(job(3, 0.2, 1, 24), &mut |_| {}).expect("3 ranks");
+    assert!(rep.threads >= 1);
+}
+
+#[test]
 fn bad_jobs_are_refused() {
     let mut j = job(2, 0.1, 1, 16);
     j.infer_graphs.pop();
     assert!(matches!(run(j, &mut |_| {}), Err(RuntimeError::Job { .. })));
     let j = job(4, 0.1, 1, 3);
+    assert!(matches!(run(j, &mut |_| {}), Err(RuntimeError::Job { .. })));
+    let mut j = job(1, 0.1, 1, 8);
+    j.threads = Some(0);
     assert!(matches!(run(j, &mut |_| {}), Err(RuntimeError::Job { .. })));
     let mut j = job(1, 0.1, 1, 8);
     j.params.retain(|(n, _)| n != "bot.0.b");

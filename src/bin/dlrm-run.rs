@@ -92,6 +92,10 @@ struct Cli {
     /// elements, ring above), `doubling` or `ring`.
     #[arg(long, default_value = "auto", value_name = "ALGO")]
     allreduce: AllReduceAlgo,
+    /// Worker threads of each rank [default: this machine's CPUs, or
+    /// RAYON_NUM_THREADS, shared among the ranks of this process].
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
     /// With --infer: run the model once on these arrays (`.npz`, named after the
     /// model's inputs) instead of synthetic data.
     #[arg(long, value_name = "FILE", requires = "infer")]
@@ -197,6 +201,7 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         kernels: cli.kernels,
         overlap: !cli.no_overlap,
         allreduce: cli.allreduce,
+        threads: cli.threads,
         shards: {
             let d = ShardSettings::default();
             ShardSettings {
