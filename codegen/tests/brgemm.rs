@@ -352,7 +352,9 @@ proptest! {
         s in 1usize..40,
         n in 1usize..70,
         k in 1usize..70,
-        bn in 1usize..40,
+        // One-column blocks often: `brgemm_wgrad` computes them as a
+        // matrix-vector product.
+        bn in prop_oneof![Just(1usize), 1usize..40],
         bk in 1usize..40,
         dt in dtypes(),
         seed in 0u64..1000,
@@ -401,6 +403,20 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
     }
     check_jit(&problem(0, Act::None, 130, 1, 64, 1, 64, DType::BF16, 8));
     check_jit(&problem(2, Act::None, 130, 1, 64, 1, 64, DType::BF16, 9));
+    // wgrad with one-column blocks (a matrix-vector product per column): one
+    // output, and three with a ragged K block.
+    check_jit(&problem(2, Act::Relu, 301, 1, 256, 1, 64, DType::F32, 14));
+    check_jit(&problem(
+        2,
+        Act::Sigmoid,
+        130,
+        3,
+        100,
+        1,
+        13,
+        DType::F32,
+        15,
+    ));
 }
 
 /// A NaN reaching the fused relu stays NaN, as in the interpreter (a diverging

@@ -17,6 +17,11 @@
 //! | `brgemm_dgrad(dyb, (yb,) wb)` | `dx[kb]` rows `r0..`: `S × bk`, `k = Nb·bn` | `dz = act'(dy, y)`, batch-reduce over `Nb` | `wb[·][kb]ᵀ`, packed | none |
 //! | `brgemm_wgrad(dyb, (yb,) xb)` | `dw[nb][kb]`: `bk × bn`, `k = S` | `xb[kb]ᵀ`: the transposed view in place, or packed once when at least 4 N blocks reuse it | `dz[nb]`, packed (`act'` applied on the way) | none; `db` summed from `dz` |
 //!
+//! `brgemm_wgrad` with one-column blocks (`bn = 1`: the DLRM's last layer, one
+//! output) is a matrix-vector product per column, computed as a weighted sum of
+//! `x`'s rows (`x` read once; a GEMM tile would use one of its 8 or 32 lanes)
+//! with the same float operations.
+//!
 //! `brgemm` and `brgemm_dgrad` have a second form (`run_row_chunks`): one task
 //! per row chunk packs its rows of `A` once into the micro-kernel's tiles (f32,
 //! bf16 widened, dgrad's `act'` applied on the way) and runs every output block
@@ -608,6 +613,9 @@ pub fn brgemm_wgrad(
         return Ok(vec![dw, db]);
     }
     let (dyv, yv) = (floats(dy), floats(y));
+    if bn == 1 {
+        return wgrad_columns(jit, act, (&dyv, &yv), xa, (nb, kb, s, bk), (dw_elt, db_elt));
+    }
     // xᵀ packed once per call pays off when many N blocks reuse it; with few,
     // the transposed view read in place is faster (`brgemm_best`: 256→64 1.0
     // vs 1.4 ms, 256→1 0.4 vs 1.1; 512→256 ~5% slower).
@@ -748,11 +756,57 @@ pub fn brgemm_wgrad(
     // dbp is [Nb][panels·nr]: column j of block nb at nb·panels·nr + j.
     let panels_nr = dbp.len() / nb;
     let db: Vec<f32> = (0..n).map(|j| dbp[(j / bn) * panels_nr + j % bn]).collect();
-    let db = match db_elt {
+    Ok(vec![dw.tensor(vec![nb, kb, bk, bn]), db_of(db, db_elt)])
+}
+
+/// The bias gradient `db` (f32 sums) stored as `elt`.
+fn db_of(db: Vec<f32>, elt: Elt) -> Tensor {
+    let n = db.len();
+    let db = match elt {
         Elt::F32 => Floats::F32(db),
         Elt::BF16 => Floats::BF16(db.iter().map(|&v| bf16::from_f32(v)).collect()),
     };
-    Ok(vec![dw.tensor(vec![nb, kb, bk, bn]), db.tensor(vec![n])])
+    db.tensor(vec![n])
+}
+
+/// `brgemm_wgrad` with one-column blocks (`bn = 1`, e.g. a layer with one
+/// output): column `nb` of `dw` is `Σ_s dz[nb][s] · x[s]`, a matrix-vector
+/// product, computed as a weighted sum of `x`'s rows
+/// ([`super::reduce::weighted_block_sums`]) that reads `x` once — a GEMM tile
+/// would use one of its 8 or 32 lanes. Same float operations as the GEMM
+/// path: each element summed over the samples in order, one FMA per term;
+/// `dz = act'(dy, y)` and `db` (its sum in sample order) as in [`pack_dz`].
+fn wgrad_columns(
+    jit: &Jit,
+    act: Act,
+    (dyv, yv): (&[f32], &[f32]),
+    xa: Operand<'_>,
+    (nb, kb, s, bk): (usize, usize, usize, usize),
+    (dw_elt, db_elt): (Elt, Elt),
+) -> KResult<Vec<Tensor>> {
+    const OP: &str = "brgemm_wgrad";
+    let mut dw = super::layout::zeros(dw_elt, nb * kb * bk);
+    let mut db = Vec::with_capacity(nb);
+    let mut dz = vec![0.0f32; s];
+    for (q, mut dwq) in super::layout::buf(&mut dw)
+        .chunks(kb * bk)
+        .into_iter()
+        .enumerate()
+    {
+        let mut sum = 0.0f32;
+        for ((z, &d), &y) in dz.iter_mut().zip(&dyv[q * s..]).zip(&yv[q * s..]) {
+            *z = act_grad(act, d, y);
+            sum += *z;
+        }
+        db.push(sum);
+        super::reduce::weighted_block_sums(jit, xa, (kb, s, bk), &dz, dwq.reborrow())
+            .map_err(|e| jit_err(OP, e))?;
+    }
+    let dw = Tensor {
+        shape: vec![nb, kb, bk, 1],
+        data: dw,
+    };
+    Ok(vec![dw, db_of(db, db_elt)])
 }
 
 /// N blocks from which `brgemm_wgrad` packs `xᵀ` (fewer read it in place).

@@ -84,6 +84,7 @@ pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
                 src: spec.table,
                 out: spec.out,
                 mean: spec.mean,
+                weights: None,
             };
             sum_rows(b, pool, start, end, d, orow, &mut |b, p| {
                 let ioff = b.ins().imul_imm_s(p, ei);
@@ -189,10 +190,14 @@ pub(super) struct RowSum {
     pub out: Elt,
     /// Divide by the number of rows (an empty sum stays zero).
     pub mean: bool,
+    /// Scale row `p` by the f32 at `weights + 4·p` first: the sum is then
+    /// `Σ_p weight_p · row_p`, one fused multiply-add per term.
+    pub weights: Option<Value>,
 }
 
 /// Emits the sum, from +0 and in order, of the `w`-element rows at `row(b, p)`
-/// for `p` in `start..end` (divided by their count for `mean`), stored at
+/// for `p` in `start..end` (weighted, or divided by their count for `mean`, as
+/// `pool` says), stored at
 /// `orow`: chunks of up to [`CW`] columns, each summed over all the rows in
 /// registers (f32x4 groups, then a scalar tail).
 pub(super) fn sum_rows(
@@ -233,16 +238,29 @@ fn sum_chunk(
     let sacc: Vec<_> = (0..tail).map(|_| var(b, types::F32, zf)).collect();
     for_range(b, start, end, 1, &mut |b, p| {
         let rp = row(b, p);
+        // acc + x, or acc + weight·x in one rounding.
+        let wt = pool.weights.map(|wp| {
+            let off = b.ins().imul_imm_s(p, 4);
+            let at = b.ins().iadd(wp, off);
+            let w = b.ins().load(types::F32, flags(), at, 0);
+            (w, b.ins().splat(types::F32X4, w))
+        });
         for (v, &acc) in vacc.iter().enumerate() {
             let x = load_f32x4(b, pool.src, rp, ((c0 + 4 * v) * et) as i32);
             let a = b.use_var(acc);
-            let s = b.ins().fadd(a, x);
+            let s = match wt {
+                Some((_, wv)) => b.ins().fma(x, wv, a),
+                None => b.ins().fadd(a, x),
+            };
             b.def_var(acc, s);
         }
         for (l, &acc) in sacc.iter().enumerate() {
             let x = load_f32(b, pool.src, rp, ((c0 + 4 * nv + l) * et) as i32);
             let a = b.use_var(acc);
-            let s = b.ins().fadd(a, x);
+            let s = match wt {
+                Some((w, _)) => b.ins().fma(x, w, a),
+                None => b.ins().fadd(a, x),
+            };
             b.def_var(acc, s);
         }
     });

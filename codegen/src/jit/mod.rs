@@ -14,7 +14,8 @@
 //! - [`native`]: the AVX2+FMA micro-kernel registered as a JIT symbol; [`native512`]
 //!   its AVX-512 sibling (12×32 tiles, batch-reduce `A`, chosen at run time).
 //! - [`reduce`]: `linear_db` (the bias gradient: column sums over the samples,
-//!   parallel over column blocks, on the embedding bag's row sum).
+//!   parallel over column blocks, on the embedding bag's row sum), and the
+//!   weighted column sums of `brgemm_wgrad` with one-column blocks.
 //! - [`embedding`], [`sparse`], [`interaction`], [`elementwise`]: embedding bag
 //!   forward and `embedding_bag_grad` (each bag's `dy` row, or its mean share,
 //!   copied to the bag's gradient rows), the race-free sparse and dense

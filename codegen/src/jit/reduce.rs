@@ -1,18 +1,22 @@
-//! The `linear_db` JIT kernel (the bias gradient: column sums of `dz[S,N]` over
-//! the samples), f32 or bf16 `dz` and result, parallel over column blocks.
+//! Column sums over the samples: the `linear_db` JIT kernel (the bias gradient,
+//! `Σ_s dz[s]` of `dz[S,N]`), f32 or bf16 `dz` and result, parallel over column
+//! blocks; and, weighted, `Σ_s wt[s]·x[s]` — the weight gradient of a layer with
+//! one output (`brgemm_wgrad` with `N = 1`, a matrix-vector product).
 //!
 //! Each column is summed from +0 over the samples in order, in one f32
 //! accumulator (f32x4 groups of columns, chunks of 32 columns held in
-//! registers: the embedding bag's row sum, `embedding::sum_rows`) —
-//! exactly the reference's and the interpreter's float operations, so the
-//! results are bitwise theirs (bf16 operands widen exactly; a bf16 result is
-//! rounded once, to nearest even).
+//! registers: the embedding bag's row sum, `embedding::sum_rows`), a weighted
+//! term with one fused multiply-add — exactly the reference's and the
+//! interpreter's float operations for `linear_db`, so those results are bitwise
+//! theirs, and the GEMM micro-kernels' for the weighted sum (bf16 operands widen
+//! exactly; a bf16 result is rounded once, to nearest even).
 //!
-//! ABI: `fn(dz: *const u8, out: *mut u8, s: i64)`: the `w` columns of the spec
-//! from `dz` on (row stride `n`), their sums written from `out` on.
+//! ABI: `fn(x: *const u8, wt: *const f32, out: *mut u8, s: i64)`: the `w`
+//! columns of the spec from `x` on (row stride `n`), their sums written from
+//! `out` on; `wt` (`s` f32, read only when the spec is weighted) weighs row `s`.
 
 use super::embedding::{RowSum, sum_rows};
-use super::gemm::Elt;
+use super::gemm::{Elt, Operand, OutBuf};
 use super::layout::{buf, checked, jit_err, par_chunks, zeros};
 use super::linear::{elt_of, operand};
 use super::{Jit, JitError};
@@ -31,9 +35,11 @@ pub struct DbSpec {
     pub dz: Elt,
     /// Result element type.
     pub out: Elt,
+    /// Weigh each row by `wt[s]`.
+    pub weighted: bool,
 }
 
-type DbFn = unsafe extern "C" fn(*const u8, *mut u8, i64);
+type DbFn = unsafe extern "C" fn(*const u8, *const f32, *mut u8, i64);
 
 /// A compiled column-sum kernel.
 #[derive(Clone, Copy, Debug)]
@@ -44,13 +50,14 @@ pub struct DbKernel {
 
 pub(crate) fn compile(jit: &Jit, spec: DbSpec) -> Result<DbKernel, JitError> {
     let module = jit.new_module()?;
-    let f = jit.compile_fn(module, "linear_db", 2, &[types::I64], |_, b, p| {
-        let (dz, out, s) = (p[0], p[1], p[2]);
+    let f = jit.compile_fn(module, "column_sum", 3, &[types::I64], |_, b, p| {
+        let (dz, wt, out, s) = (p[0], p[1], p[2], p[3]);
         let zero = b.ins().iconst(types::I64, 0);
         let pool = RowSum {
             src: spec.dz,
             out: spec.out,
             mean: false,
+            weights: spec.weighted.then_some(wt),
         };
         let row_bytes = (spec.n * spec.dz.size()) as i64;
         sum_rows(b, pool, zero, s, spec.w, out, &mut |b, r| {
@@ -91,6 +98,7 @@ pub(crate) fn linear_db(
                 w,
                 dz: dz.elt(),
                 out,
+                weighted: false,
             };
             let full = jit.db(spec(cb)).map_err(jit_err(OP))?;
             let last = jit.db(spec(n - (n - 1) / cb * cb)).map_err(jit_err(OP))?;
@@ -106,9 +114,10 @@ pub(crate) fn linear_db(
                 let po = ch.as_mut_ptr();
                 // SAFETY: `dz` holds s·n elements of the spec's type (checked);
                 // the kernel reads elements r·n + c0 + [0, w) for r < s, and
-                // c0 + w <= n, so all inside. `po` is this task's own `w`
-                // elements of the result (w = the chunk's length, checked).
-                unsafe { (k.f)(dz.ptr_at(c0), po, s as i64) };
+                // c0 + w <= n, so all inside; unweighted, it reads no `wt`.
+                // `po` is this task's own `w` elements of the result (w = the
+                // chunk's length, checked).
+                unsafe { (k.f)(dz.ptr_at(c0), std::ptr::null(), po, s as i64) };
                 Ok(())
             })
             .map_err(jit_err(OP))?;
@@ -118,4 +127,47 @@ pub(crate) fn linear_db(
             data,
         }])
     })())
+}
+
+/// `dw[q][j] = Σ_s wt[s] · x[q][s][j]` for every block `q` of a blocked
+/// activation `x[Kb][S][bk]` (f32 or bf16), the samples in order, into `dw`
+/// (`Kb·bk` elements of the kernel's result type, block after block): one task
+/// per block. `brgemm_wgrad` with one output column, where `wt` is `dz`.
+pub(crate) fn weighted_block_sums(
+    jit: &Jit,
+    x: Operand<'_>,
+    (kb, s, bk): (usize, usize, usize),
+    wt: &[f32],
+    dw: OutBuf<'_>,
+) -> Result<(), JitError> {
+    let spec = DbSpec {
+        n: bk,
+        w: bk,
+        dz: x.elt(),
+        out: dw.elt(),
+        weighted: true,
+    };
+    if x.len() != kb * s * bk || wt.len() != s || dw.len() != kb * bk {
+        return Err(JitError::Args {
+            kernel: format!("{spec:?}"),
+            reason: format!(
+                "x of {} elements, {} weights and a result of {} for {kb} blocks of {s} × {bk}",
+                x.len(),
+                wt.len(),
+                dw.len()
+            ),
+        });
+    }
+    if kb * bk == 0 {
+        return Ok(());
+    }
+    let k = jit.db(spec)?;
+    par_chunks(dw, bk, &|q, mut ch| {
+        // SAFETY: `x` holds kb·s·bk elements of the spec's type and block q
+        // starts at q·s·bk: the kernel reads its s rows of bk (row stride bk),
+        // and `wt`'s s floats (lengths checked above). `ch` is this task's own
+        // bk elements of `dw` (chunks of bk of kb·bk).
+        unsafe { (k.f)(x.ptr_at(q * s * bk), wt.as_ptr(), ch.as_mut_ptr(), s as i64) };
+        Ok(())
+    })
 }
