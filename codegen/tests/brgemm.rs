@@ -403,28 +403,57 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
     }
     check_jit(&problem(0, Act::None, 130, 1, 64, 1, 64, DType::BF16, 8));
     check_jit(&problem(2, Act::None, 130, 1, 64, 1, 64, DType::BF16, 9));
-    // wgrad with one-column blocks (a matrix-vector product per column): one
-    // output, and three with a ragged K block.
-    check_jit(&problem(2, Act::Relu, 301, 1, 256, 1, 64, DType::F32, 14));
-    check_jit(&problem(
-        2,
-        Act::Sigmoid,
-        130,
-        3,
-        100,
-        1,
-        13,
-        DType::F32,
-        15,
-    ));
+    // The forward and wgrad with one-column blocks (matrix-vector products):
+    // one output, and three or two with a ragged K block.
+    for which in [0, 2] {
+        check_jit(&problem(
+            which,
+            Act::Relu,
+            301,
+            1,
+            256,
+            1,
+            64,
+            DType::F32,
+            14,
+        ));
+        check_jit(&problem(
+            which,
+            Act::Sigmoid,
+            130,
+            3,
+            100,
+            1,
+            13,
+            DType::F32,
+            15,
+        ));
+        check_jit(&problem(
+            which,
+            Act::Relu,
+            67,
+            2,
+            90,
+            1,
+            30,
+            DType::BF16,
+            16,
+        ));
+    }
 }
 
 /// A NaN reaching the fused relu stays NaN, as in the interpreter (a diverging
 /// model must not be hidden by the epilogue), with every micro-kernel, and the
-/// reference kernel agrees.
+/// reference kernel agrees; in GEMM tiles and in one-column blocks (row dots).
 #[test]
 fn fused_relu_keeps_nan_like_the_interpreter() {
-    let (s, k, n) = (13, 20, 17);
+    for (n, bn) in [(17, 16), (3, 1)] {
+        relu_keeps_nan(n, bn);
+    }
+}
+
+fn relu_keeps_nan(n: usize, bn: usize) {
+    let (s, k) = (13, 20);
     let mut xv = vals(3, s * k);
     xv[5 * k + 2] = f32::NAN;
     let x = tensor(vec![s, k], xv, DType::F32);
@@ -436,7 +465,7 @@ fn fused_relu_keeps_nan_like_the_interpreter() {
         &[&x],
     )
     .remove(0);
-    let w = blocked_w(4, n, k, 16, 8, DType::F32);
+    let w = blocked_w(4, n, k, bn, 8, DType::F32);
     let b = tensor(vec![n], vals(5, n), DType::F32);
     let op = Op::Brgemm { act: Act::Relu };
     let ins = [&xb, &w, &b];

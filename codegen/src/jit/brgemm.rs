@@ -314,6 +314,13 @@ pub fn brgemm(
     if s == 0 || nb == 0 || bn == 0 {
         return Ok(Floats::zeros(out, nb * s * bn).tensor(vec![nb, s, bn]));
     }
+    let live_last = n - (nb - 1) * bn;
+    if bn == 1 {
+        let y = forward_columns(jit, act, xa, w, &bias, (nb, kb, s, bk), c)
+            .map_err(|e| jit_err(OP, e))?;
+        let y = finish_forward(y, sigmoid, out, nb, s, bn, live_last);
+        return Ok(y.tensor(vec![nb, s, bn]));
+    }
     let w_f32 = match &w.data {
         Data::F32(v) => Some(v.as_slice()),
         _ => None,
@@ -385,9 +392,41 @@ pub fn brgemm(
         Ok(())
     })?;
     let y = result.ok_or_else(|| shape_err(OP, "internal: no result".into()))?;
-    let live_last = n - (nb - 1) * bn;
     let y = finish_forward(y, sigmoid, out, nb, s, bn, live_last);
     Ok(y.tensor(vec![nb, s, bn]))
+}
+
+/// `brgemm` with one-column blocks (`bn = 1`, e.g. a layer with one output):
+/// column `q` of `y` is `x · w[q] + b[q]` (relu fused; `c` is f32 when a
+/// sigmoid follows), a matrix-vector product, computed as one dot per sample
+/// ([`super::reduce::row_dots`]) instead of GEMM tiles that would use one of
+/// their 8 or 32 lanes. The dot sums in a few vector accumulators: its result
+/// differs from the GEMM's by float reassociation.
+fn forward_columns(
+    jit: &Jit,
+    act: Act,
+    xa: Operand<'_>,
+    w: &Tensor,
+    bias: &[f32],
+    (nb, kb, s, bk): (usize, usize, usize, usize),
+    c: Elt,
+) -> Result<Floats, JitError> {
+    let wv = floats(w);
+    let spec = super::reduce::RowDotSpec {
+        kb,
+        bk,
+        x: xa.elt(),
+        out: c,
+        relu: act == Act::Relu,
+    };
+    let mut y = Fresh::new(c, nb * s);
+    for (q, col) in y.buf().chunks(s).into_iter().enumerate() {
+        let wq = wv.get(q * kb * bk..(q + 1) * kb * bk).unwrap_or(&[]);
+        super::reduce::row_dots(jit, spec, xa, s, (wq, bias[q]), col)?;
+    }
+    // SAFETY: every call returned Ok: `row_dots` wrote all `s` elements of its
+    // column, and the columns are the `nb` chunks of `s` of `y`.
+    Ok(unsafe { y.assume_init() })
 }
 
 /// Sigmoid (when fused after the GEMM) and exact zeros in the padding columns of

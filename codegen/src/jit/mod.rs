@@ -200,6 +200,8 @@ kernel_kinds! {
     pub fn loss => Loss(loss::LossSpec) -> loss::LossKernel = loss::compile;
     /// The column-sum kernel (`linear_db`) for `spec`.
     pub fn db => Db(reduce::DbSpec) -> reduce::DbKernel = reduce::compile;
+    /// The row-dot kernel (`brgemm` with one-column blocks) for `spec`.
+    pub fn row_dot => RowDot(reduce::RowDotSpec) -> reduce::RowDotKernel = reduce::compile_row_dot;
 }
 
 /// [`Jit::pick_variant`]'s remembered picks.
