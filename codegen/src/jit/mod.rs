@@ -198,7 +198,8 @@ kernel_kinds! {
     pub fn copy => Copy(layout::CopySpec) -> layout::CopyKernel = layout::compile;
     /// The loss kernel (`bce_logits`, `bce`, and their gradients) for `spec`.
     pub fn loss => Loss(loss::LossSpec) -> loss::LossKernel = loss::compile;
-    /// The column-sum kernel (`linear_db`) for `spec`.
+    /// The column-sum kernel (`linear_db`; weighted: one-column `brgemm_wgrad`)
+    /// for `spec`.
     pub fn db => Db(reduce::DbSpec) -> reduce::DbKernel = reduce::compile;
     /// The row-dot kernel (`brgemm` with one-column blocks) for `spec`.
     pub fn row_dot => RowDot(reduce::RowDotSpec) -> reduce::RowDotKernel = reduce::compile_row_dot;

@@ -13,7 +13,8 @@
 //!
 //! ABI: `fn(x: *const u8, wt: *const f32, out: *mut u8, s: i64)`: the `w`
 //! columns of the spec from `x` on (row stride `n`), their sums written from
-//! `out` on; `wt` (`s` f32, read only when the spec is weighted) weighs row `s`.
+//! `out` on; `wt` (`s` f32, read only when the spec is weighted): `wt[r]`
+//! weighs row `r`.
 
 use super::clif::{for_range, load_f32, load_f32x4, store_f32, var};
 use super::embedding::{RowSum, sum_rows};
@@ -38,7 +39,7 @@ pub struct DbSpec {
     pub dz: Elt,
     /// Result element type.
     pub out: Elt,
-    /// Weigh each row by `wt[s]`.
+    /// Weigh row `r` by `wt[r]`.
     pub weighted: bool,
 }
 
