@@ -8,7 +8,7 @@
 
 use dlrm_codegen::jit::{self, JitOptions, KernelChoice, native, native512};
 use dlrm_ir::interp::{EvalCtx, eval_op};
-use dlrm_ir::{Act, DType, Dim, Op, SingleRank, Tensor, TensorType};
+use dlrm_ir::{Act, DType, Data, Dim, Op, SingleRank, Tensor, TensorType};
 use half::bf16;
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -218,6 +218,25 @@ fn reference_kernels_report_shape_errors() {
         err.to_string().contains("does not match blocked weight"),
         "{err}"
     );
+}
+
+/// A one-column `brgemm_wgrad` (the matrix-vector path) whose `dy` holds fewer
+/// elements than its shape says: a clear error from the JIT kernel, not a
+/// result computed from what is there.
+#[test]
+fn one_column_wgrad_refuses_a_short_dy() {
+    let p = problem(2, Act::None, 30, 1, 64, 1, 64, DType::F32, 3);
+    let mut ins = p.ins.clone();
+    if let Data::F32(v) = &mut ins[0].data {
+        v.truncate(20);
+    }
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let tys = out_types(&p.op, &p.ins.iter().collect::<Vec<_>>());
+    let opts = JitOptions::default();
+    let err = jit::try_eval(&p.op, &refs, &tys, &HashMap::new(), &opts)
+        .expect("a JIT kernel")
+        .expect_err("a short dy");
+    assert!(err.to_string().contains("dy holds 20"), "{err}");
 }
 
 /// `t` with every element replaced by its magnitude (exact in f32 and bf16).

@@ -50,6 +50,7 @@
 
 use super::buffers::{Floats, Fresh, Scratch};
 use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b_into};
+use super::layout::{buf, zeros};
 use super::linear::{elt_of, operand};
 use super::pack::{Src, pack_blocked};
 use super::{Jit, JitError, JitOptions};
@@ -824,14 +825,20 @@ fn wgrad_columns(
     (dw_elt, db_elt): (Elt, Elt),
 ) -> KResult<Vec<Tensor>> {
     const OP: &str = "brgemm_wgrad";
-    let mut dw = super::layout::zeros(dw_elt, nb * kb * bk);
+    if dyv.len() != nb * s || yv.len() != nb * s {
+        return Err(shape_err(
+            OP,
+            format!(
+                "dy holds {} and y {} elements for {nb} blocks of {s} samples × 1",
+                dyv.len(),
+                yv.len()
+            ),
+        ));
+    }
+    let mut dw = zeros(dw_elt, nb * kb * bk);
     let mut db = Vec::with_capacity(nb);
     let mut dz = vec![0.0f32; s];
-    for (q, mut dwq) in super::layout::buf(&mut dw)
-        .chunks(kb * bk)
-        .into_iter()
-        .enumerate()
-    {
+    for (q, mut dwq) in buf(&mut dw).chunks(kb * bk).into_iter().enumerate() {
         let mut sum = 0.0f32;
         for ((z, &d), &y) in dz.iter_mut().zip(&dyv[q * s..]).zip(&yv[q * s..]) {
             *z = act_grad(act, d, y);
