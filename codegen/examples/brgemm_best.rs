@@ -9,7 +9,9 @@
 //! Environment: `BLOCK` forces both blocks, `BK`/`BN` one each; `KERNELS=avx512`
 //! (or another `--kernels` name) times only that micro-kernel; `CASES=brgemm,linear`
 //! only those ops; `PACK=1` (or `0`) forces `A` packed per row chunk (or read in
-//! place) where the op can do either ([`JitOptions::pack_a`]).
+//! place) where the op can do either ([`JitOptions::pack_a`]); `FLUSH=1` writes
+//! 64 MiB before each timed run, so the operands come from memory as in a
+//! training step whose other ops evicted them, not from a warm L2/L3.
 
 use dlrm_codegen::KernelChoice;
 use dlrm_codegen::jit::{self, JitOptions, native, native512};
@@ -108,10 +110,17 @@ fn main() {
     let flops = 2.0 * (s * n * k) as f64;
     let syms = HashMap::new();
     let mut best = vec![f64::INFINITY; cases.len() * choices.len()];
+    let mut flush = env("FLUSH")
+        .filter(|&f| f != 0)
+        .map(|_| vec![0u8; 64 << 20]);
     for _ in 0..reps {
         for (ci, (_, op, ins, tys)) in cases.iter().enumerate() {
             for (ki, &kernels) in choices.iter().enumerate() {
                 let opts = JitOptions { kernels, pack_a };
+                if let Some(f) = flush.as_mut() {
+                    f.iter_mut().for_each(|b| *b = b.wrapping_add(1));
+                    std::hint::black_box(&f);
+                }
                 let t0 = Instant::now();
                 let r = jit::try_eval(op, ins, tys, &syms, &opts)
                     .expect("a JIT kernel")

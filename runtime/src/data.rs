@@ -225,9 +225,15 @@ fn splitmix64(mut z: u64) -> u64 {
 /// A counter-based hash of a tuple of words.
 #[inline]
 fn hash(words: &[u64]) -> u64 {
-    words
-        .iter()
-        .fold(0x6A09_E667_F3BC_C909, |h, &w| splitmix64(h ^ splitmix64(w)))
+    hash_on(0x6A09_E667_F3BC_C909, words)
+}
+
+/// [`hash`] of a tuple continued by `words`, from the state `h` the tuple's
+/// prefix left: `hash_on(hash(p), w) == hash(p ++ w)`. Values sharing a prefix
+/// (a sample's columns, a feature's rows) hash it once.
+#[inline]
+fn hash_on(h: u64, words: &[u64]) -> u64 {
+    words.iter().fold(h, |h, &w| splitmix64(h ^ splitmix64(w)))
 }
 
 /// U(0,1) with 24 random bits (exactly representable in f32, never 1).
@@ -265,6 +271,18 @@ pub struct SyntheticData {
     noise: f32,
     /// The logit threshold of a positive label.
     threshold: f32,
+    /// Per sparse feature: `ln(rows + 1)` of its Zipf-like law.
+    ln_rows: Vec<f64>,
+    /// Per sparse feature: the hash state of `(seed, S_TEACHER_ROW, f)`.
+    row_keys: Vec<u64>,
+}
+
+/// The hash states of one sample's value streams: the prefixes
+/// `(seed, stream, step, sample)` of its dense values and of its indices.
+#[derive(Clone, Copy)]
+struct SampleKeys {
+    dense: u64,
+    index: u64,
 }
 
 impl SyntheticData {
@@ -313,6 +331,14 @@ impl SyntheticData {
         } else {
             0.0
         };
+        let ln_rows = schema
+            .sparse
+            .iter()
+            .map(|feat| (feat.rows.max(1) as f64 + 1.0).ln())
+            .collect();
+        let row_keys = (0..nsparse)
+            .map(|f| hash(&[seed, S_TEACHER_ROW, f as u64]))
+            .collect();
         let mut data = SyntheticData {
             schema,
             seed,
@@ -321,6 +347,8 @@ impl SyntheticData {
             sparse_w,
             noise: 0.1,
             threshold: 0.0,
+            ln_rows,
+            row_keys,
         };
         let mut logits: Vec<f32> = (0..4096u64)
             .into_par_iter()
@@ -345,12 +373,20 @@ impl SyntheticData {
         self.seed
     }
 
-    /// Dense value of column `col` of dense feature `f` for a sample.
+    /// The hash states shared by a sample's values.
     #[inline]
-    fn dense(&self, step: u64, sample: u64, f: usize, col: usize) -> f32 {
-        unit(hash(&[
-            self.seed, S_DENSE, step, sample, f as u64, col as u64,
-        ]))
+    fn keys(&self, step: u64, sample: u64) -> SampleKeys {
+        SampleKeys {
+            dense: hash(&[self.seed, S_DENSE, step, sample]),
+            index: hash(&[self.seed, S_INDEX, step, sample]),
+        }
+    }
+
+    /// Dense value of column `col` of dense feature `f` for a sample:
+    /// `unit(hash(seed, S_DENSE, step, sample, f, col))`.
+    #[inline]
+    fn dense(&self, keys: SampleKeys, f: usize, col: usize) -> f32 {
+        unit(hash_on(keys.dense, &[f as u64, col as u64]))
     }
 
     /// The bag length of sparse feature `f` for a sample.
@@ -365,37 +401,33 @@ impl SyntheticData {
         }
     }
 
-    /// Index `slot` of sparse feature `f`'s bag for a sample: Zipf-like rank, then
-    /// the feature's row bijection.
+    /// Index `slot` of sparse feature `f`'s bag for a sample: a Zipf-like rank
+    /// from `unit(hash(seed, S_INDEX, step, sample, f, slot))`, then the
+    /// feature's row bijection.
     #[inline]
-    fn index(&self, step: u64, sample: u64, f: usize, slot: usize) -> i64 {
+    fn index(&self, keys: SampleKeys, f: usize, slot: usize) -> i64 {
         let rows = self.schema.sparse[f].rows.max(1) as u64;
-        let u = f64::from(unit(hash(&[
-            self.seed,
-            S_INDEX,
-            step,
-            sample,
-            f as u64,
-            slot as u64,
-        ])));
+        let u = f64::from(unit(hash_on(keys.index, &[f as u64, slot as u64])));
         // P(rank < r) = ln(r+1)/ln(rows+1).
-        let rank = (((rows as f64 + 1.0).ln() * u).exp() - 1.0).floor() as u64;
+        let rank = ((self.ln_rows[f] * u).exp() - 1.0).floor() as u64;
         let rank = rank.min(rows - 1);
         let (a, b) = self.permute[f];
         ((rank.wrapping_mul(a) % rows + b) % rows) as i64
     }
 
-    /// The teacher's value of row `row` of sparse feature `f`, in [-1, 1).
+    /// The teacher's value of row `row` of sparse feature `f`, in [-1, 1):
+    /// from `hash(seed, S_TEACHER_ROW, f, row)`.
     #[inline]
     fn row_value(&self, f: usize, row: i64) -> f32 {
-        2.0 * unit(hash(&[self.seed, S_TEACHER_ROW, f as u64, row as u64])) - 1.0
+        2.0 * unit(hash_on(self.row_keys[f], &[row as u64])) - 1.0
     }
 
     fn logit(&self, step: u64, sample: u64) -> f32 {
+        let keys = self.keys(step, sample);
         let mut z = 0.0f32;
         for (f, w) in self.dense_w.iter().enumerate() {
             for (j, &a) in w.iter().enumerate() {
-                z += a * (self.dense(step, sample, f, j) - 0.5);
+                z += a * (self.dense(keys, f, j) - 0.5);
             }
         }
         for f in 0..self.schema.sparse.len() {
@@ -404,7 +436,7 @@ impl SyntheticData {
                 continue;
             }
             let sum: f32 = (0..len)
-                .map(|k| self.row_value(f, self.index(step, sample, f, k)))
+                .map(|k| self.row_value(f, self.index(keys, f, k)))
                 .sum();
             z += self.sparse_w * sum / len as f32;
         }
@@ -474,9 +506,9 @@ impl SyntheticData {
                 let mut vals = vec![0.0f32; r.len() * w];
                 if w > 0 {
                     vals.par_chunks_mut(w).enumerate().for_each(|(k, row)| {
-                        let s = (r.start + k) as u64;
+                        let keys = self.keys(step, (r.start + k) as u64);
                         for (j, x) in row.iter_mut().enumerate() {
-                            *x = self.dense(step, s, f, j);
+                            *x = self.dense(keys, f, j);
                         }
                     });
                 }
@@ -512,9 +544,9 @@ impl SyntheticData {
                         let mut idx = vec![0i64; r.len() * l];
                         if l > 0 {
                             idx.par_chunks_mut(l).enumerate().for_each(|(k, bag)| {
-                                let s = (r.start + k) as u64;
+                                let keys = self.keys(step, (r.start + k) as u64);
                                 for (slot, x) in bag.iter_mut().enumerate() {
-                                    *x = self.index(step, s, f, slot);
+                                    *x = self.index(keys, f, slot);
                                 }
                             });
                         }
@@ -580,7 +612,8 @@ impl SyntheticData {
             .into_par_iter()
             .map(|s| {
                 let len = self.bag_len(step, s as u64, f);
-                (0..len).map(|k| self.index(step, s as u64, f, k)).collect()
+                let keys = self.keys(step, s as u64);
+                (0..len).map(|k| self.index(keys, f, k)).collect()
             })
             .collect();
         let mut off = Vec::with_capacity(bags.len());
