@@ -102,7 +102,8 @@ struct Cli {
     backend: Backend,
     /// GEMM micro-kernel of the JIT: `cranelift` (128-bit), `native` (AVX2+FMA),
     /// `avx512` (AVX-512, where the CPU has it) or `auto` (the fastest this CPU
-    /// can run, per shape).
+    /// can run, per shape); with `avx512` and `auto` the dot interaction's
+    /// backward runs on AVX-512 too.
     #[arg(long, default_value = "auto", value_parser = parse_kernels)]
     kernels: KernelChoice,
     /// Print a per-op-kind table (time share, ms/step, GFLOP/s, GB/s) of the steps

@@ -28,7 +28,8 @@
 use super::buffers::Fresh;
 use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4, var};
 use super::gemm::Elt;
-use super::{Jit, JitError};
+use super::native_dot::{self, Dot};
+use super::{Jit, JitError, JitOptions, KernelChoice};
 use crate::kernels::{KResult, KernelError, block_rows, data_len, shape_err};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::{FunctionBuilder, Variable};
@@ -433,7 +434,20 @@ fn emit_backward_loops(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value],
                     let a = b.ins().iadd(drow, o);
                     load_f32(b, spec.dr, a, 0)
                 };
+                // The partners in ascending order (the unrolled kernel's and
+                // the AVX-512 kernel's order: the same sums bit for bit).
+                // The diagonal: 2·dZ_ii · T_i.
+                let diagonal = |b: &mut FunctionBuilder<'_>| {
+                    let col = col_of(b, i, i);
+                    let c1 = coef_at(b, col);
+                    let two = b.ins().f32const(2.0);
+                    let coef = b.ins().fmul(two, c1);
+                    add(b, coef, ti, ei);
+                };
                 if first {
+                    if self_i {
+                        diagonal(b);
+                    }
                     // Partners k = 1..F of operand 0: pairs (k, 0).
                     let zero = b.ins().iconst(types::I64, 0);
                     for_range(b, one, fv, 1, &mut |b, k| {
@@ -455,14 +469,9 @@ fn emit_backward_loops(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value],
                         let tk = row_of(b, ops, k, e.size());
                         add(b, coef, tk, e);
                     });
-                }
-                if self_i {
-                    // The diagonal: 2·dZ_ii · T_i.
-                    let col = col_of(b, i, i);
-                    let c1 = coef_at(b, col);
-                    let two = b.ins().f32const(2.0);
-                    let coef = b.ins().fmul(two, c1);
-                    add(b, coef, ti, ei);
+                    if self_i {
+                        diagonal(b);
+                    }
                 }
                 if !first {
                     // Partners i < k < F: pairs (k, i).
@@ -546,6 +555,7 @@ fn elt_dtype(d: DType) -> Option<Elt> {
 /// than 64 operands).
 pub(crate) fn eval(
     jit: &Jit,
+    opts: &JitOptions,
     op: &Op,
     inputs: &[&Tensor],
     out_types: &[TensorType],
@@ -617,11 +627,14 @@ pub(crate) fn eval(
                 ),
             ));
         }
+        let sb = block_rows(s, 8, 256);
+        if native_dot_applies(opts, &spec) {
+            return Ok(native_backward(&spec, &ptrs, inputs, s, sb));
+        }
         let k = jit.interaction(spec).map_err(|e| KernelError::Jit {
             op: name,
             reason: e.to_string(),
         })?;
-        let sb = block_rows(s, 8, 256);
         if !backward {
             // Not zeroed: the kernel writes every element of its rows.
             let mut fresh = Fresh::new(out, s * width);
@@ -691,3 +704,83 @@ pub(crate) fn eval(
             .collect())
     })())
 }
+
+/// Whether the AVX-512 backward ([`native_dot`]) runs `spec`: the backward
+/// with f32 operands, `dr` and results, on a CPU that has AVX-512, under
+/// `auto` or `avx512`.
+fn native_dot_applies(opts: &JitOptions, spec: &DotSpec) -> bool {
+    spec.backward
+        && matches!(opts.kernels, KernelChoice::Auto | KernelChoice::Avx512)
+        && native_dot::available()
+        && spec.bf16_ops == 0
+        && spec.dr == Elt::F32
+        && spec.out == Elt::F32
+        && spec.f <= native_dot::MAX_F
+}
+
+/// The interaction's gradients on the AVX-512 kernel, parallel over blocks of
+/// `sb` samples; shapes were checked by [`eval`] (every operand `[s, d]` f32
+/// at `ptrs`, `dr` `[s, width]`).
+fn native_backward(
+    spec: &DotSpec,
+    ptrs: &[usize],
+    inputs: &[&Tensor],
+    s: usize,
+    sb: usize,
+) -> Vec<Tensor> {
+    let dot = Dot {
+        f: spec.f,
+        d: spec.d,
+        self_interaction: spec.self_interaction,
+    };
+    let d = spec.d;
+    let ops: Vec<*const f32> = ptrs.iter().map(|&p| p as *const f32).collect();
+    let ops = SendPtrs(&ops);
+    // Not zeroed: the kernel writes every column of its rows of each.
+    let mut grads: Vec<Fresh> = (0..spec.f).map(|_| Fresh::new(Elt::F32, s * d)).collect();
+    if s > 0 && d > 0 {
+        let gptrs: Vec<*mut f32> = grads
+            .iter_mut()
+            .map(|g| g.buf().as_mut_ptr().cast::<f32>())
+            .collect();
+        let gptrs = SendPtrs(&gptrs);
+        let dr = elt_of(inputs[0]).map_or(0, |(_, p)| p) as *const f32;
+        let dr = SendPtrs(std::slice::from_ref(&dr));
+        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
+            let (s0, s1) = (blk * sb, ((blk + 1) * sb).min(s));
+            // SAFETY: operands hold s·d f32, dr s·width, every gradient s·d
+            // (checked or allocated above); this task writes rows s0..s1 of each
+            // gradient only; `native_dot_applies` checked the CPU and F.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                native_dot::backward(dot, ops.get(), dr.get()[0], gptrs.get(), s0, s1)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (s0, s1, &dr, &gptrs);
+        });
+    }
+    // SAFETY: the tasks cover rows 0..s of every gradient, each row written
+    // whole (all `d` columns); empty if s·d = 0.
+    grads
+        .into_iter()
+        .map(|g| unsafe { g.assume_init() }.tensor(vec![s, d]))
+        .collect()
+}
+
+/// Raw pointers shared with the rayon tasks of one call (each task touches
+/// its own rows only).
+#[derive(Clone, Copy)]
+struct SendPtrs<'a, T>(&'a [T]);
+
+impl<T> SendPtrs<'_, T> {
+    /// The pointers (a method, so that closures capture the wrapper).
+    fn get(&self) -> &[T] {
+        self.0
+    }
+}
+// SAFETY: the pointers are only dereferenced inside the kernels, on disjoint
+// rows of the results and shared reads of the operands, while the call that
+// owns the buffers waits for its tasks.
+unsafe impl<T> Send for SendPtrs<'_, T> {}
+// SAFETY: as above.
+unsafe impl<T> Sync for SendPtrs<'_, T> {}

@@ -25,8 +25,11 @@
 //! - [`loss`]: `bce_logits`, `bce_logits_grad`, `bce` and `bce_grad`, calling
 //!   Rust's `f32::exp`, `f32::ln_1p` and `f32::ln` through JIT symbols (bitwise
 //!   the reference's and the interpreter's results).
-//! - [`KernelChoice`]: which micro-kernel GEMMs use; `Auto` times both on the
-//!   first call of each shape and keeps the faster.
+//! - [`native_dot`]: the dot interaction's backward on AVX-512 (f32), run
+//!   instead of the Cranelift kernel under `Auto` and `Avx512` where the CPU has
+//!   it (the same sums bit for bit).
+//! - [`KernelChoice`]: which micro-kernel GEMMs use; `Auto` times the candidates
+//!   on the first call of each shape and keeps the fastest.
 //!
 //! Safety model: every call into generated code goes through a Rust wrapper that
 //! checks each slice's length against the spec the code was compiled for (and
@@ -45,6 +48,7 @@ pub mod linear;
 pub mod loss;
 pub mod native;
 pub mod native512;
+pub mod native_dot;
 mod pack;
 pub mod reduce;
 pub mod sparse;
@@ -88,7 +92,9 @@ impl JitError {
     }
 }
 
-/// Which GEMM micro-kernel to use (`--kernels cranelift|native|avx512|auto`).
+/// Which GEMM micro-kernel to use (`--kernels cranelift|native|avx512|auto`);
+/// under `Avx512` and `Auto` the dot interaction's backward runs on AVX-512 too
+/// ([`native_dot`]), where the CPU has it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum KernelChoice {
     /// Pure Cranelift (128-bit f32x4 FMA).
@@ -553,7 +559,7 @@ pub fn try_eval(
         | Op::BlockAct { .. }
         | Op::UnblockAct { .. } => layout::eval(jit, op, inputs, out_types),
         Op::Interaction { .. } | Op::InteractionGrad { .. } => {
-            interaction::eval(jit, op, inputs, out_types)
+            interaction::eval(jit, opts, op, inputs, out_types)
         }
         Op::BceLogits { .. } | Op::BceLogitsGrad { .. } | Op::Bce { .. } | Op::BceGrad { .. } => {
             loss::eval(jit, op, inputs, out_types, syms)
