@@ -5,7 +5,8 @@
 //! [`super::KernelChoice::Auto`] or `Avx512`, like the GEMM micro-kernels;
 //! other element types and choices run the Cranelift kernel.
 //!
-//! Per sample and operand `i`, 64 columns at a time (four `zmm`):
+//! Per sample and operand `i`, 64 columns at a time (up to four `zmm`, as many
+//! as have live columns):
 //! `dT_i = [i == 0] dr[..D] + Σ_k c_ik T_k` over the partners `k` of `i` in
 //! ascending order, one FMA per term, with `c_ik` the `dr` entry of the pair
 //! `(max, min)` (`2·dr` on the diagonal with self-interaction): the Cranelift
@@ -118,29 +119,64 @@ pub unsafe fn backward(
             for (i, part) in partners.iter().enumerate() {
                 let g = grads[i].add(s * d);
                 for c0 in (0..d).step_by(64) {
-                    let ms = [0, 1, 2, 3].map(|v| mask(c0 + 16 * v, d));
-                    let mut acc = [_mm512_setzero_ps(); 4];
-                    if i == 0 {
-                        for v in 0..4 {
-                            acc[v] = _mm512_maskz_loadu_ps(ms[v], drow.add(c0 + 16 * v));
-                        }
-                    }
-                    for &(k, col, diag) in part {
-                        let mut coef = *drow.add(col);
-                        if diag {
-                            coef *= 2.0;
-                        }
-                        let cv = _mm512_set1_ps(coef);
-                        for v in 0..4 {
-                            let t = _mm512_maskz_loadu_ps(ms[v], rows[k].add(c0 + 16 * v));
-                            acc[v] = _mm512_fmadd_ps(cv, t, acc[v]);
-                        }
-                    }
-                    for v in 0..4 {
-                        _mm512_mask_storeu_ps(g.add(c0 + 16 * v), ms[v], acc[v]);
+                    // Only the vectors with live columns (a 16-wide operand
+                    // is one `zmm`, not four).
+                    let at = (c0, d - c0, i == 0);
+                    match (d - c0).div_ceil(16) {
+                        1 => cols::<1>(part, drow, &rows[..f], g, at),
+                        2 => cols::<2>(part, drow, &rows[..f], g, at),
+                        3 => cols::<3>(part, drow, &rows[..f], g, at),
+                        _ => cols::<4>(part, drow, &rows[..f], g, at),
                     }
                 }
             }
+        }
+    }
+}
+
+/// Columns `c0..c0 + n` (`NV` vectors, `n <= 16·NV`) of one operand's gradient
+/// row `g`: `drow`'s columns when `init` (operand 0), plus `c·T_k` per partner
+/// `(k, col, diag)` in order (`c` = `drow[col]`, doubled on the diagonal; `T_k`
+/// is the row `rows[k]`).
+///
+/// # Safety
+/// [`backward`]'s contract for this sample: `drow` is its `dr` row, `rows` its
+/// operands' rows, `g` its gradient row, each holding columns `c0..c0 + n`;
+/// AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn cols<const NV: usize>(
+    part: &[(usize, usize, bool)],
+    drow: *const f32,
+    rows: &[*const f32],
+    g: *mut f32,
+    (c0, n, init): (usize, usize, bool),
+) {
+    let ms: [u16; NV] = std::array::from_fn(|v| mask(16 * v, n));
+    let mut acc = [_mm512_setzero_ps(); NV];
+    // SAFETY: the caller's contract; the masked loads and stores touch the
+    // `n` live columns only.
+    unsafe {
+        let g = g.add(c0);
+        if init {
+            for v in 0..NV {
+                acc[v] = _mm512_maskz_loadu_ps(ms[v], drow.add(c0 + 16 * v));
+            }
+        }
+        for &(k, col, diag) in part {
+            let mut coef = *drow.add(col);
+            if diag {
+                coef *= 2.0;
+            }
+            let cv = _mm512_set1_ps(coef);
+            let t = rows[k].add(c0);
+            for v in 0..NV {
+                let x = _mm512_maskz_loadu_ps(ms[v], t.add(16 * v));
+                acc[v] = _mm512_fmadd_ps(cv, x, acc[v]);
+            }
+        }
+        for v in 0..NV {
+            _mm512_mask_storeu_ps(g.add(16 * v), ms[v], acc[v]);
         }
     }
 }
