@@ -52,6 +52,10 @@
 //! and 12 rows load 1.5× fewer `B` bytes per FMA, which counts once `B` streams
 //! from L2/L3 in the real loop nest (here it is at most 64 KiB and hot).
 //!
+//! A tile at most 16 columns wide (`nr <= 16`: a 16-wide layer, or the last
+//! panel of a ragged one) runs with one vector per row: half the `B` loads and
+//! FMAs of the two-vector tile, whose second vector would hold no live lane.
+//!
 //! # The k loop
 //! The `kb_len` split is hoisted: the kernel loops over `A` blocks, and inside a
 //! block runs a branch-free k loop unrolled by 4. f32 `A` whose rows are adjacent
@@ -168,12 +172,12 @@ pub unsafe extern "C" fn ukernel(
     unsafe {
         macro_rules! go {
             ($($r:literal)*) => {
-                match mr {
-                    $($r => if flags & F_A_BF16 != 0 {
-                        tile::<$r, true>(&t)
-                    } else {
-                        tile::<$r, false>(&t)
-                    },)*
+                // A tile at most 16 columns wide: one vector per row.
+                match (mr, flags & F_A_BF16 != 0, nr <= 16) {
+                    $(($r, true, true) => tile::<$r, true, 1>(&t),
+                    ($r, true, false) => tile::<$r, true, 2>(&t),
+                    ($r, false, true) => tile::<$r, false, 1>(&t),
+                    ($r, false, false) => tile::<$r, false, 2>(&t),)*
                     _ => {}
                 }
             };
@@ -201,13 +205,14 @@ struct Tile {
     a_blk: usize,
 }
 
-/// One tile of `R` rows, `A` f32 (`ABF = false`) or bf16.
+/// One tile of `R` rows of `W` vectors (`W = 1` when `nr <= 16`, else 2), `A`
+/// f32 (`ABF = false`) or bf16.
 ///
 /// # Safety
 /// [`ukernel`]'s contract with `mr = R`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn tile<const R: usize, const ABF: bool>(t: &Tile) {
+unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &Tile) {
     let Tile {
         a,
         b,
@@ -224,23 +229,24 @@ unsafe fn tile<const R: usize, const ABF: bool>(t: &Tile) {
         a_blk,
     } = *t;
     let mask = if nr >= NR { u32::MAX } else { (1u32 << nr) - 1 };
-    let (m0, m1) = (mask as u16, (mask >> 16) as u16);
+    // The lane mask of each of the W vectors of a row.
+    let ms = [mask as u16, (mask >> 16) as u16];
     let cbf = flags & F_C_BF16 != 0;
     // SAFETY: the caller's contract: the C tile (masked to `nr` lanes), every
     // `A(r,kk)`, the `B` rows and the bias row are accessible as documented; the
     // masked loads and stores touch no lane outside the tile.
     unsafe {
-        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        let mut acc = [[_mm512_setzero_ps(); W]; R];
         if flags & F_ACC != 0 {
             for (r, accr) in acc.iter_mut().enumerate() {
-                if cbf {
-                    let row = c.wrapping_add(r * ldc * 2).cast::<i16>();
-                    accr[0] = widen_bf16(_mm256_maskz_loadu_epi16(m0, row));
-                    accr[1] = widen_bf16(_mm256_maskz_loadu_epi16(m1, row.wrapping_add(16)));
-                } else {
-                    let row = c.wrapping_add(r * ldc * 4).cast::<f32>();
-                    accr[0] = _mm512_maskz_loadu_ps(m0, row);
-                    accr[1] = _mm512_maskz_loadu_ps(m1, row.wrapping_add(16));
+                for (w, a) in accr.iter_mut().enumerate() {
+                    *a = if cbf {
+                        let row = c.wrapping_add(r * ldc * 2).cast::<i16>();
+                        widen_bf16(_mm256_maskz_loadu_epi16(ms[w], row.wrapping_add(16 * w)))
+                    } else {
+                        let row = c.wrapping_add(r * ldc * 4).cast::<f32>();
+                        _mm512_maskz_loadu_ps(ms[w], row.wrapping_add(16 * w))
+                    };
                 }
             }
         }
@@ -251,15 +257,15 @@ unsafe fn tile<const R: usize, const ABF: bool>(t: &Tile) {
         macro_rules! kloop {
             ($pa:expr, $lda:expr, $acs:expr, $pb:expr, $len:expr) => {{
                 let (lda, acs, len): (usize, usize, usize) = ($lda, $acs, $len);
-                // One k step: two B vectors, R broadcasts (load-port
-                // `vbroadcastss`, or folded into an FMA), 2R FMAs.
-                let kstep = |acc: &mut [[__m512; 2]; R], pa: *const u8, pb: *const f32| {
-                    let b0 = _mm512_loadu_ps(pb);
-                    let b1 = _mm512_loadu_ps(pb.add(16));
+                // One k step: W B vectors, R broadcasts (load-port
+                // `vbroadcastss`, or folded into an FMA), W·R FMAs.
+                let kstep = |acc: &mut [[__m512; W]; R], pa: *const u8, pb: *const f32| {
+                    let bv: [__m512; W] = std::array::from_fn(|w| _mm512_loadu_ps(pb.add(16 * w)));
                     for (r, accr) in acc.iter_mut().enumerate() {
                         let av = _mm512_set1_ps(pa.add(r * lda).cast::<f32>().read_unaligned());
-                        accr[0] = _mm512_fmadd_ps(av, b0, accr[0]);
-                        accr[1] = _mm512_fmadd_ps(av, b1, accr[1]);
+                        for (a, &b) in accr.iter_mut().zip(&bv) {
+                            *a = _mm512_fmadd_ps(av, b, *a);
+                        }
                     }
                 };
                 let mut pa: *const u8 = $pa;
@@ -331,11 +337,11 @@ unsafe fn tile<const R: usize, const ABF: bool>(t: &Tile) {
             pa = pa.wrapping_add(a_blk * esize);
         }
         if flags & F_BIAS != 0 {
-            let bb0 = _mm512_loadu_ps(bias);
-            let bb1 = _mm512_loadu_ps(bias.add(16));
+            let bb: [__m512; W] = std::array::from_fn(|w| _mm512_loadu_ps(bias.add(16 * w)));
             for accr in acc.iter_mut() {
-                accr[0] = _mm512_add_ps(accr[0], bb0);
-                accr[1] = _mm512_add_ps(accr[1], bb1);
+                for (a, &b) in accr.iter_mut().zip(&bb) {
+                    *a = _mm512_add_ps(*a, b);
+                }
             }
         }
         if flags & F_RELU != 0 {
@@ -346,20 +352,19 @@ unsafe fn tile<const R: usize, const ABF: bool>(t: &Tile) {
                 let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
                 _mm512_mask_blend_ps(nan, _mm512_max_ps(x, z), x)
             };
-            for accr in acc.iter_mut() {
-                accr[0] = relu(accr[0]);
-                accr[1] = relu(accr[1]);
+            for a in acc.iter_mut().flatten() {
+                *a = relu(*a);
             }
         }
         for (r, accr) in acc.iter().enumerate() {
-            if cbf {
-                let row = c.wrapping_add(r * ldc * 2).cast::<i16>();
-                _mm512_mask_cvtepi32_storeu_epi16(row, m0, to_bf16(accr[0]));
-                _mm512_mask_cvtepi32_storeu_epi16(row.wrapping_add(16), m1, to_bf16(accr[1]));
-            } else {
-                let row = c.wrapping_add(r * ldc * 4).cast::<f32>();
-                _mm512_mask_storeu_ps(row, m0, accr[0]);
-                _mm512_mask_storeu_ps(row.wrapping_add(16), m1, accr[1]);
+            for (w, &a) in accr.iter().enumerate() {
+                if cbf {
+                    let row = c.wrapping_add(r * ldc * 2).cast::<i16>();
+                    _mm512_mask_cvtepi32_storeu_epi16(row.wrapping_add(16 * w), ms[w], to_bf16(a));
+                } else {
+                    let row = c.wrapping_add(r * ldc * 4).cast::<f32>();
+                    _mm512_mask_storeu_ps(row.wrapping_add(16 * w), ms[w], a);
+                }
             }
         }
     }
