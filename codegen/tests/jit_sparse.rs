@@ -322,12 +322,21 @@ fn interaction_case(
     bf_out: bool,
     seed: u64,
 ) {
+    let case = Case {
+        f,
+        d,
+        s,
+        self_i,
+        bf_mask,
+        bf_out,
+        seed,
+    };
     let run = |kernels| {
         let o = JitOptions {
             kernels,
             pack_a: None,
         };
-        interaction_case_with(&o, f, d, s, self_i, bf_mask, bf_out, seed)
+        interaction_case_with(&o, case)
     };
     let cl = run(KernelChoice::Cranelift);
     let auto = run(KernelChoice::Auto);
@@ -346,10 +355,11 @@ fn interaction_case(
     }
 }
 
-/// [`interaction_case`] under `o`; returns the backward's gradients.
-#[allow(clippy::too_many_arguments)]
-fn interaction_case_with(
-    o: &JitOptions,
+/// An interaction case: `f` operands of `d` columns, `s` samples, the diagonal
+/// kept or not, operand `i` bf16 when bit `i` of `bf_mask` is set, bf16
+/// results or f32, the data's seed.
+#[derive(Clone, Copy)]
+struct Case {
     f: usize,
     d: usize,
     s: usize,
@@ -357,7 +367,19 @@ fn interaction_case_with(
     bf_mask: u64,
     bf_out: bool,
     seed: u64,
-) -> Vec<Tensor> {
+}
+
+/// [`interaction_case`] under `o`; returns the backward's gradients.
+fn interaction_case_with(o: &JitOptions, case: Case) -> Vec<Tensor> {
+    let Case {
+        f,
+        d,
+        s,
+        self_i,
+        bf_mask,
+        bf_out,
+        seed,
+    } = case;
     let ops: Vec<Tensor> = (0..f)
         .map(|i| {
             let dt = if (bf_mask >> i) & 1 == 1 {
