@@ -20,6 +20,11 @@
 //! whose embeddings share one element type, the backward loops over the operands
 //! and their partners at run time instead (the unrolled code grows as `F²`).
 //!
+//! Under `--kernels auto|avx512` the backward with f32 operands and results runs
+//! on [`super::native_dot`]'s AVX-512 kernel instead, which sums in the same
+//! order (the same gradients, bit for bit, on the columns of whole f32x4
+//! vectors); the forward is always this module's.
+//!
 //! ABI: forward `fn(ops: *const *const u8, out: *mut u8, s0: i64, s1: i64)` writes
 //! samples `s0..s1` from `out` (sample `s0`'s row first); backward
 //! `fn(ops, dr: *const u8, grads: *const *mut u8, s0, s1)` writes rows `s0..s1` of

@@ -261,9 +261,7 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &Tile) {
                 // `vbroadcastss`, or folded into an FMA), W·R FMAs.
                 let kstep = |acc: &mut [[__m512; W]; R], pa: *const u8, pb: *const f32| {
                     let b0 = _mm512_loadu_ps(pb);
-                    // (W = 1 never reads it; a plain `if` keeps both forms as
-                    // straight-line code, where array-building closures cost
-                    // the two-vector tile half its speed.)
+                    // (W = 1 never uses it.)
                     let b1 = if W > 1 {
                         _mm512_loadu_ps(pb.add(16))
                     } else {
@@ -364,8 +362,8 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &Tile) {
             // Index loops over `W` throughout: with iterator adaptors
             // (`flatten`, `zip`, `array::from_fn`) over the const-generic
             // accumulators, LLVM kept them in memory and the tile ran at half
-            // speed (`examples/brgemm_best 2048 512 256`: 7.1–7.9 against
-            // 3.2–4.4 ms).
+            // speed (`examples/brgemm_best 2048 512 256`: 7–10 against 3–4
+            // ms).
             #[allow(clippy::needless_range_loop)]
             for accr in acc.iter_mut() {
                 for w in 0..W {
