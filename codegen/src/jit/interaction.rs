@@ -739,29 +739,28 @@ fn native_backward(
         self_interaction: spec.self_interaction,
     };
     let d = spec.d;
-    let ops: Vec<*const f32> = ptrs.iter().map(|&p| p as *const f32).collect();
-    let ops = SendPtrs(&ops);
     // Not zeroed: the kernel writes every column of its rows of each.
     let mut grads: Vec<Fresh> = (0..spec.f).map(|_| Fresh::new(Elt::F32, s * d)).collect();
     if s > 0 && d > 0 {
-        let gptrs: Vec<*mut f32> = grads
+        // Addresses, as the Cranelift path passes them to its tasks.
+        let gaddrs: Vec<usize> = grads
             .iter_mut()
-            .map(|g| g.buf().as_mut_ptr().cast::<f32>())
+            .map(|g| g.buf().as_mut_ptr() as usize)
             .collect();
-        let gptrs = SendPtrs(&gptrs);
-        let dr = elt_of(inputs[0]).map_or(0, |(_, p)| p) as *const f32;
-        let dr = SendPtrs(std::slice::from_ref(&dr));
+        let dr = elt_of(inputs[0]).map_or(0, |(_, p)| p);
         (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
             let (s0, s1) = (blk * sb, ((blk + 1) * sb).min(s));
+            let ops: Vec<*const f32> = ptrs.iter().map(|&p| p as *const f32).collect();
+            let gs: Vec<*mut f32> = gaddrs.iter().map(|&p| p as *mut f32).collect();
             // SAFETY: operands hold s·d f32, dr s·width, every gradient s·d
             // (checked or allocated above); this task writes rows s0..s1 of each
             // gradient only; `native_dot_applies` checked the CPU and F.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                native_dot::backward(dot, ops.get(), dr.get()[0], gptrs.get(), s0, s1)
+                native_dot::backward(dot, &ops, dr as *const f32, &gs, s0, s1)
             }
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (s0, s1, &dr, &gptrs);
+            let _ = (s0, s1, dr, ops, gs);
         });
     }
     // SAFETY: the tasks cover rows 0..s of every gradient, each row written
@@ -771,21 +770,3 @@ fn native_backward(
         .map(|g| unsafe { g.assume_init() }.tensor(vec![s, d]))
         .collect()
 }
-
-/// Raw pointers shared with the rayon tasks of one call (each task touches
-/// its own rows only).
-#[derive(Clone, Copy)]
-struct SendPtrs<'a, T>(&'a [T]);
-
-impl<T> SendPtrs<'_, T> {
-    /// The pointers (a method, so that closures capture the wrapper).
-    fn get(&self) -> &[T] {
-        self.0
-    }
-}
-// SAFETY: the pointers are only dereferenced inside the kernels, on disjoint
-// rows of the results and shared reads of the operands, while the call that
-// owns the buffers waits for its tasks.
-unsafe impl<T> Send for SendPtrs<'_, T> {}
-// SAFETY: as above.
-unsafe impl<T> Sync for SendPtrs<'_, T> {}

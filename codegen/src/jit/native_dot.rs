@@ -50,12 +50,11 @@ pub struct Dot {
 impl Dot {
     /// The result's width: `D` plus one column per kept pair.
     pub fn width(&self) -> usize {
-        let pairs = if self.self_interaction {
-            self.f * (self.f + 1) / 2
-        } else {
-            self.f * self.f.saturating_sub(1) / 2
-        };
-        self.d + pairs
+        dlrm_ir::interaction_width(
+            dlrm_ir::InteractionKind::Dot,
+            self.self_interaction,
+            &vec![self.d; self.f],
+        )
     }
 
     /// The result column of pair `(hi, lo)`, `lo <= hi` (`lo < hi` without
