@@ -31,7 +31,7 @@ pub mod update;
 
 pub use jit::{Jit, JitError, JitOptions, KernelChoice};
 pub use kernels::{
-    KernelError, embedding_update_in_place, sgd_in_place, sparse_sgd_in_place,
+    KernelError, Rows, embedding_update_in_place, sgd_in_place, sparse_sgd_in_place,
     split_embedding_update_in_place, split_sgd_in_place, try_eval,
 };
 pub use update::{in_place_operands, update_in_place};

@@ -1,5 +1,7 @@
 //! In-place parameter updates (the optimizer ops `sgd`, `split_sgd`, `sparse_sgd`,
-//! `embedding_update`, `split_embedding_update`) with the best kernel there is: a
+//! `embedding_update`, `split_embedding_update`, and the row-shard forms
+//! `sparse_sgd_rows`, `embedding_update_rows`, `split_embedding_update_rows`)
+//! with the best kernel there is: a
 //! JIT kernel when the caller allows it and one exists for these dtypes, else the
 //! reference kernel ([`crate::kernels::optim`]).
 //!
@@ -10,15 +12,21 @@
 //! offsets) before writing: on error the parameters are unchanged.
 
 use crate::jit::{self, JitOptions};
-use crate::kernels::{self, KResult, KernelError};
+use crate::kernels::{self, KResult, KernelError, Rows};
 use dlrm_ir::{Op, Tensor};
 
 /// How many leading operands of `op` are updated in place (and are its results);
 /// `None` for an op that is not an in-place update.
 pub fn in_place_operands(op: &Op) -> Option<usize> {
     match op {
-        Op::Sgd { .. } | Op::SparseSgd { .. } | Op::EmbeddingUpdate { .. } => Some(1),
-        Op::SplitSgd { .. } | Op::SplitEmbeddingUpdate { .. } => Some(2),
+        Op::Sgd { .. }
+        | Op::SparseSgd { .. }
+        | Op::EmbeddingUpdate { .. }
+        | Op::SparseSgdRows { .. }
+        | Op::EmbeddingUpdateRows { .. } => Some(1),
+        Op::SplitSgd { .. }
+        | Op::SplitEmbeddingUpdate { .. }
+        | Op::SplitEmbeddingUpdateRows { .. } => Some(2),
         _ => None,
     }
 }
@@ -54,26 +62,32 @@ pub fn update_in_place(
     }
     Some(match (op, params) {
         (Op::Sgd { lr }, [w]) => arity(&[2]).and_then(|()| kernels::sgd_in_place(w, rest[0], *lr)),
-        (Op::SparseSgd { lr }, [t]) => {
-            arity(&[3]).and_then(|()| kernels::sparse_sgd_in_place(t, rest[0], rest[1], *lr))
-        }
-        (Op::EmbeddingUpdate { mode, lr }, [t]) => arity(&[3, 4]).and_then(|()| {
-            kernels::embedding_update_in_place(
-                t,
-                *mode,
-                rest[0],
-                rest[1],
-                rest.get(2).copied(),
-                *lr,
-            )
-        }),
         (Op::SplitSgd { lr }, [hi, lo]) => {
             arity(&[3]).and_then(|()| kernels::split_sgd_in_place(hi, lo, rest[0], *lr))
         }
-        (Op::SplitEmbeddingUpdate { mode, lr }, [hi, lo]) => arity(&[4, 5]).and_then(|()| {
+        (Op::SparseSgd { lr } | Op::SparseSgdRows { lr, .. }, [t]) => arity(&[3])
+            .and_then(|()| kernels::sparse_sgd_in_place(t, rows_of(op), rest[0], rest[1], *lr)),
+        (Op::EmbeddingUpdate { mode, lr } | Op::EmbeddingUpdateRows { mode, lr, .. }, [t]) => {
+            arity(&[3, 4]).and_then(|()| {
+                kernels::embedding_update_in_place(
+                    t,
+                    rows_of(op),
+                    *mode,
+                    rest[0],
+                    rest[1],
+                    rest.get(2).copied(),
+                    *lr,
+                )
+            })
+        }
+        (
+            Op::SplitEmbeddingUpdate { mode, lr } | Op::SplitEmbeddingUpdateRows { mode, lr, .. },
+            [hi, lo],
+        ) => arity(&[4, 5]).and_then(|()| {
             kernels::split_embedding_update_in_place(
                 hi,
                 lo,
+                rows_of(op),
                 *mode,
                 rest[0],
                 rest[1],
@@ -83,4 +97,18 @@ pub fn update_in_place(
         }),
         _ => return None,
     })
+}
+
+/// The table rows an embedding update's parameter holds: a shard for the
+/// `*_rows` ops, else the whole table.
+pub(crate) fn rows_of(op: &Op) -> Rows {
+    match *op {
+        Op::SparseSgdRows { lo, rows, .. }
+        | Op::EmbeddingUpdateRows { lo, rows, .. }
+        | Op::SplitEmbeddingUpdateRows { lo, rows, .. } => Rows::Shard {
+            first: lo,
+            total: rows,
+        },
+        _ => Rows::All,
+    }
 }

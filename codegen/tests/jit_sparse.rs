@@ -1,7 +1,9 @@
-//! Property tests of the sparse/dense optimizer updates and the dot interaction:
-//! JIT kernels against the reference kernels, and the reference kernels against
-//! the interpreter (the definition), on random ragged shapes with duplicate
-//! indices, f32 and bf16 data. Updates must be bitwise equal; interaction agrees
+//! Property tests of the sparse/dense optimizer updates (whole tables and row
+//! shards), the sharded embedding ops (`embedding_bag_rows`,
+//! `embedding_grad_dense`) and the dot interaction: JIT kernels against the
+//! reference kernels, and the reference kernels against the interpreter (the
+//! definition), on random ragged shapes with duplicate indices, f32 and bf16
+//! data. Updates and embedding ops must be bitwise equal; interaction agrees
 //! up to reassociation (1e-5 relative to the terms' magnitudes, plus one bf16
 //! rounding step for bf16 results).
 
@@ -105,6 +107,23 @@ enum TableKind {
     Split,
 }
 
+/// The row shard `lo..lo+len` of a table of `rows` rows picked by `cut` (`None`:
+/// the whole table).
+fn shard_of(cut: Option<(usize, usize)>, rows: usize) -> Option<(usize, usize)> {
+    cut.map(|(a, b)| {
+        let lo = a % rows;
+        (lo, 1 + b % (rows - lo))
+    })
+}
+
+/// Rows `lo..lo+len` of a `[rows, d]` table (all of it for `None`).
+fn rows_of<T: Clone>(v: Vec<T>, d: usize, shard: Option<(usize, usize)>) -> Vec<T> {
+    match shard {
+        None => v,
+        Some((lo, len)) => v[lo * d..(lo + len) * d].to_vec(),
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn update_case(
     kind: TableKind,
@@ -117,6 +136,7 @@ fn update_case(
     i32s: bool,
     bf_grad: bool,
     seed: u64,
+    shard: Option<(usize, usize)>,
 ) {
     let n = s * l;
     let idx = indices(seed, n, rows, i32s, if var { vec![n] } else { vec![s, l] });
@@ -125,7 +145,8 @@ fn update_case(
     let dy = Tensor::from_f32(gdt, vec![s, d], vals(seed + 2, s * d));
     let mode = if mean { Pool::Mean } else { Pool::Sum };
     let lr = 0.37;
-    let tab = vals(seed + 3, rows * d);
+    let tab = rows_of(vals(seed + 3, rows * d), d, shard);
+    let held = vec![shard.map_or(rows, |(_, len)| len), d];
     let (op, params) = match kind {
         TableKind::F32 | TableKind::BF16 => {
             let dt = if matches!(kind, TableKind::F32) {
@@ -133,25 +154,31 @@ fn update_case(
             } else {
                 DType::BF16
             };
-            (
-                Op::EmbeddingUpdate { mode, lr },
-                vec![Tensor::from_f32(dt, vec![rows, d], tab)],
-            )
+            let op = match shard {
+                None => Op::EmbeddingUpdate { mode, lr },
+                Some((lo, _)) => Op::EmbeddingUpdateRows { mode, lr, lo, rows },
+            };
+            (op, vec![Tensor::from_f32(dt, held, tab)])
         }
-        TableKind::Split => (
-            Op::SplitEmbeddingUpdate { mode, lr },
-            vec![
-                Tensor::from_f32(DType::BF16, vec![rows, d], tab),
-                Tensor::bf16(vec![rows, d], bits(seed + 4, rows * d)),
-            ],
-        ),
+        TableKind::Split => {
+            let op = match shard {
+                None => Op::SplitEmbeddingUpdate { mode, lr },
+                Some((lo, _)) => Op::SplitEmbeddingUpdateRows { mode, lr, lo, rows },
+            };
+            let low = rows_of(bits(seed + 4, rows * d), d, shard);
+            let params = vec![
+                Tensor::from_f32(DType::BF16, held.clone(), tab),
+                Tensor::bf16(held, low),
+            ];
+            (op, params)
+        }
     };
     let mut rest: Vec<&Tensor> = vec![&dy, &idx];
     if var {
         rest.push(&off);
     }
     let name = format!(
-        "{kind:?} rows={rows} d={d} s={s} l={l} var={var} mean={mean} i32={i32s} bfg={bf_grad}"
+        "{kind:?} rows={rows} d={d} s={s} l={l} var={var} mean={mean} i32={i32s} bfg={bf_grad} shard={shard:?}"
     );
     let reference = run(&op, &params, &rest, false).expect("reference");
     let jit = run(&op, &params, &rest, true).expect("jit");
@@ -181,8 +208,10 @@ proptest! {
         i32s: bool,
         bf_grad: bool,
         seed in 0u64..1000,
+        cut in proptest::option::of((0usize..300, 0usize..300)),
     ) {
-        update_case(kind, rows, d, s, l, var, mean, i32s, bf_grad, seed);
+        let shard = shard_of(cut, rows);
+        update_case(kind, rows, d, s, l, var, mean, i32s, bf_grad, seed, shard);
     }
 
     #[test]
@@ -195,14 +224,20 @@ proptest! {
         i32s: bool,
         bf_grad: bool,
         seed in 0u64..1000,
+        cut in proptest::option::of((0usize..200, 0usize..200)),
     ) {
         let n = s * l;
         let idx = indices(seed, n, rows, i32s, vec![s, l]);
         let gdt = if bf_grad { DType::BF16 } else { DType::F32 };
         let g = Tensor::from_f32(gdt, vec![s, l, d], vals(seed + 1, n * d));
         let tdt = if bf_table { DType::BF16 } else { DType::F32 };
-        let table = Tensor::from_f32(tdt, vec![rows, d], vals(seed + 2, rows * d));
-        let op = Op::SparseSgd { lr: 0.5 };
+        let shard = shard_of(cut, rows);
+        let held = vec![shard.map_or(rows, |(_, len)| len), d];
+        let table = Tensor::from_f32(tdt, held, rows_of(vals(seed + 2, rows * d), d, shard));
+        let op = match shard {
+            None => Op::SparseSgd { lr: 0.5 },
+            Some((lo, _)) => Op::SparseSgdRows { lr: 0.5, lo, rows },
+        };
         let params = vec![table];
         let reference = run(&op, &params, &[&idx, &g], false).expect("reference");
         let jit = run(&op, &params, &[&idx, &g], true).expect("jit");
@@ -245,6 +280,178 @@ proptest! {
             same_bits("dense jit vs reference", j, r);
         }
     }
+}
+
+/// `embedding_bag_rows` on a shard and `embedding_grad_dense` of the table: the
+/// JIT kernel bitwise equal to the interpreter and, where there is one (f32
+/// operands and result), to the reference kernel.
+#[allow(clippy::too_many_arguments)]
+fn sharded_case(
+    rows: usize,
+    d: usize,
+    s: usize,
+    l: usize,
+    var: bool,
+    mean: bool,
+    i32s: bool,
+    bf: (bool, bool),
+    seed: u64,
+    shard: (usize, usize),
+) {
+    let n = s * l;
+    let idx = indices(seed, n, rows, i32s, if var { vec![n] } else { vec![s, l] });
+    let off = offsets(seed + 1, s, n);
+    let (bf_in, bf_out) = bf;
+    let edt = if bf_in { DType::BF16 } else { DType::F32 };
+    let mode = if mean { Pool::Mean } else { Pool::Sum };
+    let (lo, len) = shard;
+    let table = Tensor::from_f32(
+        edt,
+        vec![len, d],
+        rows_of(vals(seed + 2, rows * d), d, Some(shard)),
+    );
+    let dy = Tensor::from_f32(edt, vec![s, d], vals(seed + 3, s * d));
+    let odt = if bf_out { DType::BF16 } else { DType::F32 };
+    let cases = [
+        (
+            Op::EmbeddingBagRows { mode, lo, rows },
+            &table,
+            odt,
+            vec![s, d],
+        ),
+        (
+            Op::EmbeddingGradDense { mode, rows },
+            &dy,
+            DType::F32,
+            vec![rows, d],
+        ),
+    ];
+    for (op, first, odt, oshape) in cases {
+        let mut ins = vec![first, &idx];
+        if var {
+            ins.push(&off);
+        }
+        let out = TensorType::new(odt, oshape.into_iter().map(Dim::Fixed));
+        let name = format!(
+            "{} rows={rows} d={d} s={s} l={l} var={var} mean={mean} i32={i32s} bf={bf:?} shard={shard:?}",
+            op.mnemonic()
+        );
+        let sy = syms(s);
+        let o = JitOptions::default();
+        let want = interp(&op, &ins, std::slice::from_ref(&out), s).expect("interpreter");
+        let jit = dlrm_codegen::jit::try_eval(&op, &ins, std::slice::from_ref(&out), &sy, &o)
+            .expect("a JIT kernel")
+            .expect("jit");
+        same_bits(&format!("{name} jit vs interpreter"), &jit[0], &want[0]);
+        if let Some(r) = dlrm_codegen::try_eval(&op, &ins, std::slice::from_ref(&out), &sy) {
+            same_bits(
+                &format!("{name} reference vs interpreter"),
+                &r.expect("reference")[0],
+                &want[0],
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn sharded_embedding_ops_agree(
+        rows in 1usize..300,
+        d in 1usize..80,
+        s in 0usize..40,
+        l in 0usize..6,
+        var: bool,
+        mean: bool,
+        i32s: bool,
+        bf in (any::<bool>(), any::<bool>()),
+        seed in 0u64..1000,
+        cut in (0usize..300, 0usize..300),
+    ) {
+        let shard = shard_of(Some(cut), rows).expect("a shard");
+        sharded_case(rows, d, s, l, var, mean, i32s, bf, seed, shard);
+    }
+}
+
+#[test]
+fn sharded_errors_name_the_sample_and_leave_the_shard() {
+    // A shard of rows 2..4 of a 6-row table: index 6 is out of the table (an
+    // error naming its sample), index 5 out of the shard (skipped).
+    let shard = Tensor::f32(vec![2, 3], (0..6).map(|x| x as f32).collect());
+    let dy = Tensor::f32(vec![2, 3], vec![1.0; 6]);
+    let bad = Tensor::i64(vec![2, 2], vec![2, 5, 3, 6]);
+    let op = Op::EmbeddingUpdateRows {
+        mode: Pool::Sum,
+        lr: 1.0,
+        lo: 2,
+        rows: 6,
+    };
+    let o = JitOptions::default();
+    for jit in [false, true] {
+        let mut ps = vec![shard.clone()];
+        let err = update_in_place(&op, &mut ps, &[&dy, &bad], jit.then_some(&o))
+            .expect("kernel")
+            .expect_err("index 6 of 6 rows");
+        assert_eq!(
+            err,
+            KernelError::IndexOutOfRange {
+                op: "embedding_update_rows",
+                position: 3,
+                sample: Some(1),
+                index: 6,
+                rows: 6
+            }
+        );
+        assert_eq!(ps[0], shard);
+        // A shard that does not fit its table.
+        let wide = Op::SparseSgdRows {
+            lr: 1.0,
+            lo: 5,
+            rows: 6,
+        };
+        let g = Tensor::f32(vec![2, 2, 3], vec![1.0; 12]);
+        let err = update_in_place(&wide, &mut ps, &[&bad, &g], jit.then_some(&o))
+            .expect("kernel")
+            .expect_err("rows 5..7 of 6");
+        assert!(
+            err.to_string().contains("does not fit a table of 6 rows"),
+            "{err}"
+        );
+        assert_eq!(ps[0], shard);
+        // In range: rows 2 and 3 updated, 5 skipped.
+        let ok = Tensor::i64(vec![2, 2], vec![2, 5, 3, 3]);
+        update_in_place(&op, &mut ps, &[&dy, &ok], jit.then_some(&o))
+            .expect("kernel")
+            .expect("update");
+        assert_eq!(
+            ps[0].to_f32_vec(),
+            vec![-1.0, 0.0, 1.0, 1.0, 2.0, 3.0],
+            "jit={jit}"
+        );
+    }
+    let sy = syms(2);
+    let out = TensorType::new(DType::F32, [Dim::Fixed(2), Dim::Fixed(3)]);
+    let bag = Op::EmbeddingBagRows {
+        mode: Pool::Sum,
+        lo: 2,
+        rows: 6,
+    };
+    let err =
+        dlrm_codegen::jit::try_eval(&bag, &[&shard, &bad], std::slice::from_ref(&out), &sy, &o)
+            .expect("a JIT kernel")
+            .expect_err("index 6 of 6 rows");
+    assert!(
+        matches!(
+            err,
+            KernelError::IndexOutOfRange {
+                sample: Some(1),
+                index: 6,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use dlrm_codegen::{KernelError, sgd_in_place, sparse_sgd_in_place, try_eval};
+use dlrm_codegen::{KernelError, Rows, sgd_in_place, sparse_sgd_in_place, try_eval};
 use dlrm_ir::{Act, DType, Dim, Op, Pool, Tensor, TensorType};
 use half::bf16;
 use std::collections::HashMap;
@@ -172,7 +172,7 @@ fn sparse_sgd_is_bitwise_the_sequential_update() {
             let mut want = table.to_f32_vec();
             let iv = idx.to_i64_vec().expect("ints");
             seq_sparse_sgd(&mut want, d, &iv, &g.to_f32_vec(), 0.37);
-            sparse_sgd_in_place(&mut table, &idx, &g, 0.37).expect("update");
+            sparse_sgd_in_place(&mut table, Rows::All, &idx, &g, 0.37).expect("update");
             let got = table.as_f32().expect("f32");
             assert!(
                 got.iter()
@@ -211,7 +211,7 @@ fn sparse_sgd_bf16_table_rounds_once_per_row() {
             want[i as usize * 8 + c] = bf16::from_f32(master[i as usize * 8 + c]);
         }
     }
-    sparse_sgd_in_place(&mut table, &idx, &g, 0.5).expect("update");
+    sparse_sgd_in_place(&mut table, Rows::All, &idx, &g, 0.5).expect("update");
     assert_eq!(table.data, dlrm_ir::Data::BF16(want));
 }
 
@@ -221,7 +221,8 @@ fn sparse_sgd_rejects_bad_index_before_touching_the_table() {
     let before = table.clone();
     let idx = Tensor::i64(vec![2, 3], vec![0, 1, 2, 3, 0, 4]);
     let g = Tensor::f32(vec![2, 3, 2], vec![1.0; 12]);
-    let err = sparse_sgd_in_place(&mut table, &idx, &g, 1.0).expect_err("index 4 of 4 rows");
+    let err =
+        sparse_sgd_in_place(&mut table, Rows::All, &idx, &g, 1.0).expect_err("index 4 of 4 rows");
     assert_eq!(
         err,
         KernelError::IndexOutOfRange {
@@ -234,7 +235,7 @@ fn sparse_sgd_rejects_bad_index_before_touching_the_table() {
     );
     assert_eq!(table, before);
     let g_bad = Tensor::f32(vec![2, 3, 3], vec![1.0; 18]);
-    assert!(sparse_sgd_in_place(&mut table, &idx, &g_bad, 1.0).is_err());
+    assert!(sparse_sgd_in_place(&mut table, Rows::All, &idx, &g_bad, 1.0).is_err());
     assert_eq!(table, before);
 }
 

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use dlrm_codegen::{sgd_in_place, sparse_sgd_in_place, try_eval};
+use dlrm_codegen::{Rows, sgd_in_place, sparse_sgd_in_place, try_eval};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Dim, Op, SingleRank, Tensor, TensorType};
 use std::collections::HashMap;
@@ -82,7 +82,7 @@ fn in_place_updates_are_bitwise_the_interpreter() {
                 &[TensorType::f32([Dim::Fixed(rows), Dim::Fixed(d)])],
                 &syms,
             );
-            sparse_sgd_in_place(&mut table, &idx, &g, 0.05).expect("update");
+            sparse_sgd_in_place(&mut table, Rows::All, &idx, &g, 0.05).expect("update");
             assert_eq!(table, want[0]);
         }
     }

@@ -960,8 +960,8 @@ impl Executor {
     }
 
     /// A kernel error's text; for an index out of range in an embedding op, with
-    /// the table's name (operand 0 of `embedding_bag`, `sparse_sgd` and the fused
-    /// updates).
+    /// the table's name (operand 0 of `embedding_bag`, `sparse_sgd`, the fused
+    /// updates and their row-shard forms).
     fn with_table(&self, op: &Op, ids: &[ValueId], e: dlrm_codegen::KernelError) -> String {
         match (&e, op, ids.first()) {
             (
@@ -969,7 +969,11 @@ impl Executor {
                 Op::EmbeddingBag { .. }
                 | Op::SparseSgd { .. }
                 | Op::EmbeddingUpdate { .. }
-                | Op::SplitEmbeddingUpdate { .. },
+                | Op::SplitEmbeddingUpdate { .. }
+                | Op::EmbeddingBagRows { .. }
+                | Op::SparseSgdRows { .. }
+                | Op::EmbeddingUpdateRows { .. }
+                | Op::SplitEmbeddingUpdateRows { .. },
                 Some(&t),
             ) => format!("table %{}: {e}", self.graph.name_of(t)),
             _ => e.to_string(),

@@ -1,6 +1,7 @@
 //! The embedding-bag forward JIT kernel (fixed pooling or offsets, sum or mean,
-//! f32 or bf16 tables and results, i64 or i32 indices), parallel over blocks of
-//! bags.
+//! f32 or bf16 tables and results, i64 or i32 indices; a whole table, or a row
+//! shard for `embedding_bag_rows`, whose kernel adds only the indices in its
+//! rows), parallel over blocks of bags.
 //!
 //! Per bag, the row width `d` is processed in chunks of up to 32 columns (8 f32x4
 //! accumulators, so they stay in registers); the bag's rows are added in index
@@ -12,9 +13,13 @@
 //! names the position and the sample; the executor adds the table's name): the
 //! generated code loads rows without bounds checks.
 //!
-//! ABI: `fn(table, idx, bounds, out, s0: i64, s1: i64)`: bags `s0..s1`, results
-//! written from `out` (bag `s0`'s row first); with fixed pooling `L` bag `s` is
-//! `idx[s·L .. (s+1)·L]`, else `idx[bounds[s] .. bounds[s+1]]` (i64 bounds).
+//! ABI: `fn(table, idx, bounds, out, s0: i64, s1: i64, first: i64, span: i64)`:
+//! bags `s0..s1`, results written from `out` (bag `s0`'s row first); with fixed
+//! pooling `L` bag `s` is `idx[s·L .. (s+1)·L]`, else `idx[bounds[s] ..
+//! bounds[s+1]]` (i64 bounds); row `i` is at `table + i·row_bytes`. A shard
+//! kernel adds index `i` only when `i - first < span` (unsigned): its caller
+//! passes a `table` that lies `first` rows before the shard's storage. The
+//! others ignore `first` and `span`.
 
 use super::buffers::Fresh;
 use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4, var};
@@ -23,6 +28,7 @@ use super::layout::{checked, copy_row, jit_err, zeros};
 use super::linear::{elt_of, operand};
 use super::{Jit, JitError};
 use crate::kernels::embedding::grad_bags;
+use crate::kernels::optim::{Rows, op_name};
 use crate::kernels::{
     Indices, KResult, KernelError, block_rows, read_offsets, shape_err, validate_indices,
 };
@@ -47,12 +53,15 @@ pub struct BagSpec {
     pub pooling: Option<usize>,
     /// Mean (else sum).
     pub mean: bool,
+    /// The table is a row shard (`embedding_bag_rows`): only the indices in
+    /// `first .. first + span` add a row, `table[i - first]`.
+    pub shard: bool,
     /// `embedding_bag_grad` (`table` is `dy`, `idx64` unused): bag `s`'s
     /// gradient rows are `dy[s]` (divided by the bag's size for `mean`).
     pub grad: bool,
 }
 
-type BagFn = unsafe extern "C" fn(*const u8, *const u8, *const i64, *mut u8, i64, i64);
+type BagFn = unsafe extern "C" fn(*const u8, *const u8, *const i64, *mut u8, i64, i64, i64, i64);
 
 /// A compiled embedding-bag kernel.
 #[derive(Clone, Copy, Debug)]
@@ -66,8 +75,9 @@ const CW: usize = 32;
 
 pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
     let module = jit.new_module()?;
-    let f = jit.compile_fn(module, "embedding_bag", 4, &[types::I64; 2], |_, b, p| {
+    let f = jit.compile_fn(module, "embedding_bag", 4, &[types::I64; 4], |_, b, p| {
         let (table, idx, bounds, out, s0, s1) = (p[0], p[1], p[2], p[3], p[4], p[5]);
+        let (first, span) = (p[6], p[7]);
         if spec.grad {
             return bag_grad(b, spec, table, bounds, out, s0, s1);
         }
@@ -94,8 +104,12 @@ pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
                 } else {
                     b.ins().sload32(flags(), ia, 0)
                 };
+                let live = spec.shard.then(|| {
+                    let rel = b.ins().isub(row, first);
+                    b.ins().icmp(IntCC::UnsignedLessThan, rel, span)
+                });
                 let roff = b.ins().imul_imm_s(row, row_bytes);
-                b.ins().iadd(table, roff)
+                (b.ins().iadd(table, roff), live)
             });
         });
     })?;
@@ -195,11 +209,16 @@ pub(super) struct RowSum {
     pub weights: Option<Value>,
 }
 
+/// The address of row `p` of a [`sum_rows`], and whether it is added (`None`:
+/// always; else a condition, false to skip the row).
+pub(super) type RowAt<'a> =
+    dyn FnMut(&mut FunctionBuilder<'_>, Value) -> (Value, Option<Value>) + 'a;
+
 /// Emits the sum, from +0 and in order, of the `w`-element rows at `row(b, p)`
-/// for `p` in `start..end` (weighted, or divided by their count for `mean`, as
-/// `pool` says), stored at
-/// `orow`: chunks of up to [`CW`] columns, each summed over all the rows in
-/// registers (f32x4 groups, then a scalar tail).
+/// for `p` in `start..end` (weighted, or divided by their count `end - start`
+/// for `mean`, as `pool` says; rows that `row` marks as skipped add nothing but
+/// count), stored at `orow`: chunks of up to [`CW`] columns, each summed over
+/// all the rows in registers (f32x4 groups, then a scalar tail).
 pub(super) fn sum_rows(
     b: &mut FunctionBuilder<'_>,
     pool: RowSum,
@@ -207,7 +226,7 @@ pub(super) fn sum_rows(
     end: Value,
     w: usize,
     orow: Value,
-    row: &mut dyn FnMut(&mut FunctionBuilder<'_>, Value) -> Value,
+    row: &mut RowAt<'_>,
 ) {
     let mut c0 = 0;
     while c0 < w {
@@ -227,7 +246,7 @@ fn sum_chunk(
     orow: Value,
     c0: usize,
     cols: usize,
-    row: &mut dyn FnMut(&mut FunctionBuilder<'_>, Value) -> Value,
+    row: &mut RowAt<'_>,
 ) {
     let (et, eo) = (pool.src.size(), pool.out.size());
     let nv = cols / 4;
@@ -237,7 +256,13 @@ fn sum_chunk(
     let vacc: Vec<_> = (0..nv).map(|_| var(b, types::F32X4, zv)).collect();
     let sacc: Vec<_> = (0..tail).map(|_| var(b, types::F32, zf)).collect();
     for_range(b, start, end, 1, &mut |b, p| {
-        let rp = row(b, p);
+        let (rp, live) = row(b, p);
+        let skip = live.map(|live| {
+            let (add, next) = (b.create_block(), b.create_block());
+            b.ins().brif(live, add, &[], next, &[]);
+            b.switch_to_block(add);
+            next
+        });
         // acc + x, or acc + weight·x in one rounding.
         let wt = pool.weights.map(|wp| {
             let off = b.ins().imul_imm_s(p, 4);
@@ -263,6 +288,10 @@ fn sum_chunk(
             };
             b.def_var(acc, s);
         }
+        if let Some(next) = skip {
+            b.ins().jump(next, &[]);
+            b.switch_to_block(next);
+        }
     });
     let mut vs: Vec<Value> = vacc.iter().map(|&a| b.use_var(a)).collect();
     let mut ss: Vec<Value> = sacc.iter().map(|&a| b.use_var(a)).collect();
@@ -285,14 +314,16 @@ fn sum_chunk(
     }
 }
 
-/// `embedding_bag` with a JIT kernel (`None`: non-float table or result).
+/// `embedding_bag` with a JIT kernel (`None`: non-float table or result); with
+/// `rows` a [`Rows::Shard`], `embedding_bag_rows` on that shard of the table.
 pub(crate) fn embedding_bag(
     jit: &Jit,
     mode: Pool,
+    rows: Rows,
     inputs: &[&Tensor],
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
-    const OP: &str = "embedding_bag";
+    let op = op_name(rows, "embedding_bag", "embedding_bag_rows");
     if !(2..=3).contains(&inputs.len()) {
         return None;
     }
@@ -307,35 +338,39 @@ pub(crate) fn embedding_bag(
         _ => return None,
     };
     Some((|| {
-        let [rows, d] = inputs[0].shape[..] else {
+        let [stored, d] = inputs[0].shape[..] else {
             return Err(shape_err(
-                OP,
+                op,
                 format!("table must have rank 2, got {:?}", inputs[0].shape),
             ));
         };
-        if crate::kernels::data_len(inputs[0]) != rows * d {
-            return Err(shape_err(OP, "table length differs from its shape".into()));
+        if crate::kernels::data_len(inputs[0]) != stored * d {
+            return Err(shape_err(op, "table length differs from its shape".into()));
         }
+        // Indices are validated against the whole table; a shard holds its
+        // rows `first..first + stored`.
+        let total = rows.table_shape(op, &inputs[0].shape)?[0];
+        let first = rows.first();
         let idx = Indices::of(inputs[1]).ok_or_else(|| KernelError::DType {
-            op: OP,
+            op,
             reason: format!("indices must be i64 or i32, got {}", inputs[1].dtype()),
         })?;
         let (s, pooling, bounds) = if inputs.len() == 2 {
             let [s, l] = inputs[1].shape[..] else {
                 return Err(shape_err(
-                    OP,
+                    op,
                     format!(
                         "indices (fixed pooling) must have rank 2, got {:?}",
                         inputs[1].shape
                     ),
                 ));
             };
-            validate_indices(OP, idx, rows, Some(l), None)?;
+            validate_indices(op, idx, total, Some(l), None)?;
             (s, Some(l), Vec::new())
         } else {
             if inputs[1].shape.len() != 1 {
                 return Err(shape_err(
-                    OP,
+                    op,
                     format!(
                         "indices with offsets must have rank 1, got {:?}",
                         inputs[1].shape
@@ -343,15 +378,15 @@ pub(crate) fn embedding_bag(
                 ));
             }
             let n = idx.len();
-            let mut off = read_offsets(OP, inputs[2], n)?;
-            validate_indices(OP, idx, rows, None, Some(&off))?;
+            let mut off = read_offsets(op, inputs[2], n)?;
+            validate_indices(op, idx, total, None, Some(&off))?;
             let s = off.len();
             off.push(n as i64);
             (s, None, off)
         };
         if idx.len() != inputs[1].numel() {
             return Err(shape_err(
-                OP,
+                op,
                 "indices length differs from their shape".into(),
             ));
         }
@@ -362,10 +397,11 @@ pub(crate) fn embedding_bag(
             idx64: matches!(idx, Indices::I64(_)),
             pooling,
             mean: mode == Pool::Mean,
+            shard: rows != Rows::All,
             grad: false,
         };
         let k = jit.embedding(spec).map_err(|e| KernelError::Jit {
-            op: OP,
+            op,
             reason: e.to_string(),
         })?;
         // Not zeroed: the kernel stores every column of every bag (an empty
@@ -376,10 +412,14 @@ pub(crate) fn embedding_bag(
                 Indices::I64(v) => v.as_ptr().cast::<u8>(),
                 Indices::I32(v) => v.as_ptr().cast::<u8>(),
             } as usize;
-            let (tab, bnd) = (tab_ptr as usize, bounds.as_ptr() as usize);
+            let row_bytes = d * tab_elt.size();
+            // Table row `r` at `tab + r·row_bytes`: `first` rows before a
+            // shard's storage (only its own rows are read or fetched).
+            let tab = (tab_ptr as usize).wrapping_sub(first * row_bytes);
+            let bnd = bounds.as_ptr() as usize;
+            let held = first..first + stored;
             let sb = block_rows(s, 8, 256);
             let f = k.f;
-            let row_bytes = d * tab_elt.size();
             let runs = BagRuns {
                 pooling,
                 bounds: &bounds,
@@ -393,7 +433,7 @@ pub(crate) fn embedding_bag(
                     row_bytes,
                     idx,
                     runs.positions(s0, (s0 + sub).min(end)),
-                    0..usize::MAX,
+                    held.clone(),
                 );
                 for b0 in (s0..end).step_by(sub) {
                     let b1 = (b0 + sub).min(end);
@@ -403,11 +443,13 @@ pub(crate) fn embedding_bag(
                         row_bytes,
                         idx,
                         runs.positions(b1, (b1 + sub).min(end)),
-                        0..usize::MAX,
+                        held.clone(),
                     );
                     // SAFETY: every index was validated against the table's
-                    // `rows` rows of `d` elements (the table holds rows·d,
-                    // checked above); fixed pooling: indices s·L..(s+1)·L of the
+                    // `total` rows of `d` elements, of which the storage holds
+                    // `first..first + stored` (stored·d elements, checked
+                    // above; with a shard, the kernel reads only the rows in
+                    // that range, at `tab`, see above); fixed pooling: indices s·L..(s+1)·L of the
                     // validated `s×L` indices; offsets: `bounds` holds s+1
                     // non-decreasing entries ending at the indices' length
                     // (read_offsets). `po` is this task's own `bags × d` chunk of
@@ -420,6 +462,8 @@ pub(crate) fn embedding_bag(
                             po.add((b0 - s0) * d * out.size()),
                             b0 as i64,
                             b1 as i64,
+                            first as i64,
+                            stored as i64,
                         )
                     }
                 }
@@ -460,6 +504,7 @@ pub(crate) fn embedding_bag_grad(
             idx64: false,
             pooling: g.pooling,
             mean: mode == Pool::Mean,
+            shard: false,
             grad: true,
         };
         let k = jit.embedding(spec).map_err(jit_err(OP))?;
@@ -483,6 +528,8 @@ pub(crate) fn embedding_bag_grad(
                         po,
                         s0 as i64,
                         (s0 + sb).min(g.s) as i64,
+                        0,
+                        0,
                     )
                 }
             };

@@ -17,9 +17,12 @@
 //!   parallel over column blocks, on the embedding bag's row sum), and the
 //!   weighted column sums of `brgemm_wgrad` with one-column blocks.
 //! - [`embedding`], [`sparse`], [`interaction`], [`elementwise`]: embedding bag
-//!   forward and `embedding_bag_grad` (each bag's `dy` row, or its mean share,
-//!   copied to the bag's gradient rows), the race-free sparse and dense
-//!   optimizer updates, dot interaction forward and backward, elementwise ops.
+//!   forward (whole tables, and row shards: `embedding_bag_rows`) and
+//!   `embedding_bag_grad` (each bag's `dy` row, or its mean share, copied to the
+//!   bag's gradient rows), the race-free sparse updates (whole tables and row
+//!   shards, the `*_rows` ops; `embedding_grad_dense` as an update of a zero
+//!   table) and dense optimizer updates, dot interaction forward and backward,
+//!   elementwise ops.
 //! - [`layout`]: one strided row copy (f32/bf16 in any mix, zero padding) for
 //!   `block_act`, `unblock_act` and the `cat` interaction forward and backward.
 //! - [`loss`]: `bce_logits`, `bce_logits_grad`, `bce` and `bce_grad`, calling
@@ -53,7 +56,7 @@ mod pack;
 pub mod reduce;
 pub mod sparse;
 
-use crate::kernels::KResult;
+use crate::kernels::{KResult, Rows};
 use cranelift_codegen::ir::{AbiParam, InstBuilder, Value, types};
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
@@ -541,7 +544,19 @@ pub fn try_eval(
         Op::Brgemm { .. } | Op::BrgemmDgrad { .. } | Op::BrgemmWgrad { .. } => {
             brgemm::eval(jit, opts, op, inputs, out_types)
         }
-        Op::EmbeddingBag { mode } => embedding::embedding_bag(jit, *mode, inputs, out_types),
+        Op::EmbeddingBag { mode } => {
+            embedding::embedding_bag(jit, *mode, Rows::All, inputs, out_types)
+        }
+        Op::EmbeddingBagRows { mode, lo, rows } => {
+            let shard = Rows::Shard {
+                first: *lo,
+                total: *rows,
+            };
+            embedding::embedding_bag(jit, *mode, shard, inputs, out_types)
+        }
+        Op::EmbeddingGradDense { mode, rows } => {
+            sparse::embedding_grad_dense(jit, *mode, *rows, inputs, out_types)
+        }
         Op::EmbeddingBagGrad { mode } => {
             embedding::embedding_bag_grad(jit, *mode, inputs, out_types)
         }

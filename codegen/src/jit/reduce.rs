@@ -66,7 +66,7 @@ pub(crate) fn compile(jit: &Jit, spec: DbSpec) -> Result<DbKernel, JitError> {
         let row_bytes = (spec.n * spec.dz.size()) as i64;
         sum_rows(b, pool, zero, s, spec.w, out, &mut |b, r| {
             let off = b.ins().imul_imm_s(r, row_bytes);
-            b.ins().iadd(dz, off)
+            (b.ins().iadd(dz, off), None)
         });
     })?;
     // SAFETY: generated with exactly this signature and the C call convention.

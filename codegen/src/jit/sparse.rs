@@ -1,6 +1,7 @@
 //! JIT kernels of the in-place optimizer updates: the race-free sparse update
-//! (`sparse_sgd`, the fused `embedding_update`, `split_embedding_update`) and the
-//! dense `sgd` / `split_sgd`.
+//! (`sparse_sgd`, the fused `embedding_update`, `split_embedding_update`, and
+//! their row-shard forms `*_rows`, whose tasks' row ranges cover the shard) and
+//! the dense `sgd` / `split_sgd`.
 //!
 //! Sparse update (SC20): the table's rows are split into one contiguous range per
 //! rayon task; every task runs the kernel over *all* bags and positions in order
@@ -32,14 +33,15 @@ use super::embedding::{BagRuns, prefetch_rows};
 use super::gemm::Elt;
 use super::{Jit, JitError};
 use crate::kernels::optim::{
-    Grad, GradRows, SparsePlan, check_consistent, embedding_update_plan, grad_of, sparse_sgd_plan,
-    split_pair,
+    Grad, GradRows, SparsePlan, check_consistent, embedding_update_plan, grad_of, op_name,
+    sparse_sgd_plan, split_pair,
 };
 use crate::kernels::{Indices, KResult, KernelError, shape_err};
+use crate::update::rows_of;
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
-use dlrm_ir::{Data, Op, Tensor};
+use dlrm_ir::{DType, Data, Op, Pool, Tensor, TensorType};
 use rayon::prelude::*;
 
 /// Parameter storage of an update kernel.
@@ -414,21 +416,25 @@ fn run_sparse(
         Indices::I32(v) => v.as_ptr() as usize,
     };
     let bounds = &plan.bounds;
-    let (hi, lo, bptr) = (hi as usize, lo as usize, bounds.as_ptr() as usize);
+    let row_bytes = plan.d * table.size() as usize;
+    // The kernel addresses row `r` of the table at `base + r·row_bytes`: for a
+    // row shard, `base` lies `first` rows before the storage, and only the
+    // shard's rows are ever written or fetched.
+    let base = |p: *mut u8| (p as usize).wrapping_sub(plan.first * row_bytes);
+    let (hi, lo, bptr) = (base(hi), base(lo), bounds.as_ptr() as usize);
     let rr = plan.range_rows();
-    let rows = plan.rows;
+    let (first, end) = (plan.first, plan.first + plan.stored);
     let f = k.f;
     let runs = BagRuns { pooling, bounds };
     let sub = runs.per_call();
-    let row_bytes = plan.d * table.size() as usize;
     let stores: &[usize] = if table == Store::Split {
         &[hi, lo]
     } else {
         &[hi]
     };
-    (0..rows.div_ceil(rr)).into_par_iter().for_each(|t| {
-        let r0 = t * rr;
-        let r1 = (r0 + rr).min(rows);
+    (0..plan.stored.div_ceil(rr)).into_par_iter().for_each(|t| {
+        let r0 = first + t * rr;
+        let r1 = (r0 + rr).min(end);
         let fetch = |b0: usize, b1: usize| {
             for &tab in stores {
                 prefetch_rows(tab, row_bytes, plan.idx, runs.positions(b0, b1), r0..r1);
@@ -441,13 +447,15 @@ fn run_sparse(
             // while this one runs.
             fetch(b1, (b1 + sub).min(nbags));
             // SAFETY: the plan validated every index against the table's `rows`
-            // rows of `d` elements (`hi`, `lo` hold rows·d elements of the spec's
-            // storage, checked by the caller), the bounds (a partition of the
-            // indices, `bags + 1` entries; bags `b0..b1` are among them) or the
-            // fixed pooling (`bags·L` indices; per position, `L = 1` over the
-            // indices), and the gradient's shape (a row per bag or per
-            // position). This task writes only rows `r0..r1`: the tasks' ranges
-            // are disjoint.
+            // rows of `d` elements, of which the storage holds `first..end`
+            // (`hi`, `lo` hold (end-first)·d elements of the spec's storage,
+            // checked by the caller; `base` maps table row `r` to storage row
+            // `r - first`), the bounds (a partition of the indices, `bags + 1`
+            // entries; bags `b0..b1` are among them) or the fixed pooling
+            // (`bags·L` indices; per position, `L = 1` over the indices), and
+            // the gradient's shape (a row per bag or per position). The kernel
+            // touches only rows in `r0..r1`, within `first..end`, and the tasks'
+            // ranges are disjoint.
             unsafe {
                 f(
                     hi as *mut u8,
@@ -504,6 +512,42 @@ fn run_dense(
     Ok(())
 }
 
+/// `embedding_grad_dense {mode, rows}(dy[S,D], indices[, offsets]) -> f32[rows,D]`
+/// with the sparse update kernel (`None`: a non-f32 result). The dense gradient
+/// is an `embedding_update` with learning rate -1 on a zero table: each row
+/// receives `0 - (-1·g) = 0 + g` for its positions in index order, bitwise the
+/// definition's sums (`-1·g` is exact, and `w - (-x)` is `w + x`), race-free
+/// over row ranges as the update is.
+pub(crate) fn embedding_grad_dense(
+    jit: &Jit,
+    mode: Pool,
+    rows: usize,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+) -> Option<KResult<Vec<Tensor>>> {
+    const OP: &str = "embedding_grad_dense";
+    if out_types.first()?.dtype != DType::F32 || !(2..=3).contains(&inputs.len()) {
+        return None;
+    }
+    Some((|| {
+        let (dy, idx, off) = (inputs[0], inputs[1], inputs.get(2).copied());
+        let d = match dy.shape[..] {
+            [_, d] => d,
+            _ => {
+                return Err(shape_err(
+                    OP,
+                    format!("dy must have rank 2, got {:?}", dy.shape),
+                ));
+            }
+        };
+        let plan = embedding_update_plan(OP, &[rows, d], mode, dy, idx, off)?;
+        let mut grad = vec![0.0f32; rows * d];
+        let p = grad.as_mut_ptr().cast::<u8>();
+        run_sparse(jit, OP, Store::F32, p, p, &plan, -1.0)?;
+        Ok(vec![Tensor::f32(vec![rows, d], grad)])
+    })())
+}
+
 /// The update `op` on `params` with a JIT kernel (`None`: no JIT kernel for this
 /// op or storage; the caller runs the reference kernel). Same contract as
 /// [`crate::update::update_in_place`].
@@ -514,43 +558,59 @@ pub(crate) fn update_in_place(
 ) -> Option<KResult<()>> {
     let jit = Jit::global().ok()?;
     match (op, params, rest) {
-        (Op::SparseSgd { lr }, [t], [idx, g]) => {
+        (Op::SparseSgd { lr } | Op::SparseSgdRows { lr, .. }, [t], [idx, g]) => {
             let Data::F32(_) = t.data else { return None };
             Some((|| {
-                check_consistent("sparse_sgd", "table", t)?;
-                let plan = sparse_sgd_plan(&t.shape, idx, g)?;
+                let rows = rows_of(op);
+                let op = op_name(rows, "sparse_sgd", "sparse_sgd_rows");
+                check_consistent(op, "table", t)?;
+                let whole = rows.table_shape(op, &t.shape)?;
+                let plan = sparse_sgd_plan(op, &whole, idx, g)?.holding(rows, t.shape[0]);
                 let Data::F32(w) = &mut t.data else {
                     unreachable!("checked above")
                 };
                 let p = w.as_mut_ptr().cast::<u8>();
-                run_sparse(jit, "sparse_sgd", Store::F32, p, p, &plan, *lr)
+                run_sparse(jit, op, Store::F32, p, p, &plan, *lr)
             })())
         }
-        (Op::EmbeddingUpdate { mode, lr }, [t], [dy, idx, off @ ..]) if off.len() <= 1 => {
+        (
+            Op::EmbeddingUpdate { mode, lr } | Op::EmbeddingUpdateRows { mode, lr, .. },
+            [t],
+            [dy, idx, off @ ..],
+        ) if off.len() <= 1 => {
             let Data::F32(_) = t.data else { return None };
             Some((|| {
-                const OP: &str = "embedding_update";
-                check_consistent(OP, "table", t)?;
-                let plan =
-                    embedding_update_plan(OP, &t.shape, *mode, dy, idx, off.first().copied())?;
+                let rows = rows_of(op);
+                let op = op_name(rows, "embedding_update", "embedding_update_rows");
+                check_consistent(op, "table", t)?;
+                let whole = rows.table_shape(op, &t.shape)?;
+                let plan = embedding_update_plan(op, &whole, *mode, dy, idx, off.first().copied())?
+                    .holding(rows, t.shape[0]);
                 let Data::F32(w) = &mut t.data else {
                     unreachable!("checked above")
                 };
                 let p = w.as_mut_ptr().cast::<u8>();
-                run_sparse(jit, OP, Store::F32, p, p, &plan, *lr)
+                run_sparse(jit, op, Store::F32, p, p, &plan, *lr)
             })())
         }
-        (Op::SplitEmbeddingUpdate { mode, lr }, [hi, lo], [dy, idx, off @ ..])
-            if off.len() <= 1 =>
-        {
-            Some((|| {
-                const OP: &str = "split_embedding_update";
-                let (shape, h, l) = split_pair(OP, hi, lo)?;
-                let plan = embedding_update_plan(OP, shape, *mode, dy, idx, off.first().copied())?;
-                let (hp, lp) = (h.as_mut_ptr().cast::<u8>(), l.as_mut_ptr().cast::<u8>());
-                run_sparse(jit, OP, Store::Split, hp, lp, &plan, *lr)
-            })())
-        }
+        (
+            Op::SplitEmbeddingUpdate { mode, lr } | Op::SplitEmbeddingUpdateRows { mode, lr, .. },
+            [hi, lo],
+            [dy, idx, off @ ..],
+        ) if off.len() <= 1 => Some((|| {
+            let rows = rows_of(op);
+            let op = op_name(
+                rows,
+                "split_embedding_update",
+                "split_embedding_update_rows",
+            );
+            let (shape, h, l) = split_pair(op, hi, lo)?;
+            let whole = rows.table_shape(op, shape)?;
+            let plan = embedding_update_plan(op, &whole, *mode, dy, idx, off.first().copied())?
+                .holding(rows, shape[0]);
+            let (hp, lp) = (h.as_mut_ptr().cast::<u8>(), l.as_mut_ptr().cast::<u8>());
+            run_sparse(jit, op, Store::Split, hp, lp, &plan, *lr)
+        })()),
         (Op::Sgd { lr }, [w], [g]) => {
             let st = match w.data {
                 Data::F32(_) => Store::F32,

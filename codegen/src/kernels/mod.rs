@@ -12,11 +12,10 @@
 //! - [`loss`]: `bce_logits`, `bce_logits_grad`;
 //! - [`optim`]: the in-place updates [`sgd_in_place`], [`split_sgd_in_place`],
 //!   [`sparse_sgd_in_place`], [`embedding_update_in_place`] and
-//!   [`split_embedding_update_in_place`] (SC20's race-free row-range update).
+//!   [`split_embedding_update_in_place`] (SC20's race-free row-range update), on
+//!   whole tables or row shards ([`Rows`]: the `*_rows` update ops);
 //! - [`shard`]: `embedding_bag_rows` and `embedding_grad_dense` (row-wise and
-//!   data-parallel tables of the partition pass);
-//! - [`optim`]: the in-place updates [`sgd_in_place`] and [`sparse_sgd_in_place`]
-//!   (SC20's race-free row-range update).
+//!   data-parallel tables of the partition pass).
 //!
 //! Contract of [`try_eval`]: `None` means "no fast kernel for this op or these
 //! dtypes" (the caller runs `dlrm_ir::interp::eval_op`); `Some(Ok(results))` are the
@@ -43,8 +42,8 @@ pub mod optim;
 pub mod shard;
 
 pub use optim::{
-    embedding_update_in_place, sgd_in_place, sparse_sgd_in_place, split_embedding_update_in_place,
-    split_sgd_in_place,
+    Rows, embedding_update_in_place, sgd_in_place, sparse_sgd_in_place,
+    split_embedding_update_in_place, split_sgd_in_place,
 };
 
 use dlrm_ir::{Data, Dim, Op, Tensor, TensorType};

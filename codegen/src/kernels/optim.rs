@@ -17,7 +17,10 @@
 //!   touched row, after all of its updates (the interpreter's rule): its task
 //!   groups its positions by row (stable, so index order within a row) and keeps
 //!   the row in f32 meanwhile; an f32 table and a split table need no grouping
-//!   (the split form is exact after every update).
+//!   (the split form is exact after every update). The same functions update a
+//!   row shard in place (`sparse_sgd_rows`, `embedding_update_rows`,
+//!   `split_embedding_update_rows`, [`Rows::Shard`]): the tasks' ranges cover
+//!   the shard's rows, and positions whose row lies outside it are skipped.
 //!
 //! All validate everything (shapes, dtypes, every index, offsets) before writing
 //! anything: on error the parameters are unchanged.
@@ -115,12 +118,64 @@ pub(crate) enum GradRows {
     },
 }
 
+/// Which rows of its table a parameter's storage `[R_s, D]` holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows {
+    /// The whole table (`R_s` is the table's row count).
+    All,
+    /// A row shard (the `*_rows` ops): table rows `first .. first + R_s` of a
+    /// table of `total` rows. Every index must lie in `0..total`; those outside
+    /// the shard are skipped.
+    Shard {
+        /// The first table row the storage holds.
+        first: usize,
+        /// Rows of the whole table.
+        total: usize,
+    },
+}
+
+impl Rows {
+    /// The whole table's shape for storage of shape `storage`, checking that a
+    /// shard fits its table.
+    pub(crate) fn table_shape(self, op: &'static str, storage: &[usize]) -> KResult<Vec<usize>> {
+        let Rows::Shard { first, total } = self else {
+            return Ok(storage.to_vec());
+        };
+        let [rs, d] = storage[..] else {
+            return Err(shape_err(
+                op,
+                format!("table shard must have rank 2, got {storage:?}"),
+            ));
+        };
+        if first.checked_add(rs).is_none_or(|end| end > total) {
+            return Err(shape_err(
+                op,
+                format!("a shard of {rs} rows at row {first} does not fit a table of {total} rows"),
+            ));
+        }
+        Ok(vec![total, d])
+    }
+
+    /// The first table row the storage holds.
+    pub(crate) fn first(self) -> usize {
+        match self {
+            Rows::All => 0,
+            Rows::Shard { first, .. } => first,
+        }
+    }
+}
+
 /// A validated sparse update: the bags over the indices and where each position's
 /// gradient row comes from. Bag `s` is `idx[bounds[s]..bounds[s+1]]` (or
-/// `s·L..(s+1)·L` with fixed pooling `L`).
+/// `s·L..(s+1)·L` with fixed pooling `L`); every index was validated against
+/// the whole table. The storage holds the table rows `first .. first + stored`
+/// (all of them unless it is a row shard); positions whose row it does not hold
+/// are skipped.
 pub(crate) struct SparsePlan<'a> {
-    /// Table rows.
-    pub rows: usize,
+    /// The first table row the storage holds.
+    pub first: usize,
+    /// Rows the storage holds.
+    pub stored: usize,
     /// Row width.
     pub d: usize,
     /// The indices (validated against `rows`).
@@ -183,7 +238,7 @@ impl SparsePlan<'_> {
         }
     }
 
-    /// Rows per task: one range per thread, or one range for little work.
+    /// Stored rows per task: one range per thread, or one range for little work.
     pub(crate) fn range_rows(&self) -> usize {
         let threads = rayon::current_num_threads().max(1);
         let ranges = if self.idx.len() * self.d < 1 << 14 {
@@ -191,7 +246,17 @@ impl SparsePlan<'_> {
         } else {
             threads
         };
-        self.rows.div_ceil(ranges).max(1)
+        self.stored.div_ceil(ranges).max(1)
+    }
+
+    /// The plan for storage of `stored` rows holding `rows` of the table
+    /// (checked by [`Rows::table_shape`]).
+    pub(crate) fn holding(self, rows: Rows, stored: usize) -> Self {
+        SparsePlan {
+            first: rows.first(),
+            stored,
+            ..self
+        }
     }
 }
 
@@ -207,6 +272,7 @@ fn gval<G: Elem>(g: &[G], d: usize, src: usize, c: usize, div: Option<f32>) -> f
 }
 
 /// Applies `plan` to an f32 or bf16 table, race-free (see the module docs).
+/// Each task's part of the storage starts at table row `r0`.
 fn apply_plain<W: Elem>(t: &mut [W], plan: &SparsePlan<'_>, lr: f32, round_once: bool) {
     let (d, rr) = (plan.d, plan.range_rows());
     fn rows_of<W: Elem, G: Elem>(
@@ -249,11 +315,12 @@ fn apply_plain<W: Elem>(t: &mut [W], plan: &SparsePlan<'_>, lr: f32, round_once:
                 .for_each(|(w, &a)| *w = W::store(a));
         }
     }
+    let first = plan.first;
     t.par_chunks_mut(rr * d)
         .enumerate()
         .for_each(|(blk, part)| match plan.grad {
-            Grad::F32(g) => rows_of(part, blk * rr, plan, g, lr, round_once),
-            Grad::BF16(g) => rows_of(part, blk * rr, plan, g, lr, round_once),
+            Grad::F32(g) => rows_of(part, first + blk * rr, plan, g, lr, round_once),
+            Grad::BF16(g) => rows_of(part, first + blk * rr, plan, g, lr, round_once),
         });
 }
 
@@ -280,12 +347,13 @@ fn apply_split(hi: &mut [bf16], lo: &mut [bf16], plan: &SparsePlan<'_>, lr: f32)
             }
         });
     }
+    let first = plan.first;
     hi.par_chunks_mut(rr * d)
         .zip(lo.par_chunks_mut(rr * d))
         .enumerate()
         .for_each(|(blk, (h, l))| match plan.grad {
-            Grad::F32(g) => rows_of(h, l, blk * rr, plan, g, lr),
-            Grad::BF16(g) => rows_of(h, l, blk * rr, plan, g, lr),
+            Grad::F32(g) => rows_of(h, l, first + blk * rr, plan, g, lr),
+            Grad::BF16(g) => rows_of(h, l, first + blk * rr, plan, g, lr),
         });
 }
 
@@ -307,14 +375,14 @@ fn index_view<'a>(op: &'static str, t: &'a Tensor) -> KResult<Indices<'a>> {
 
 /// Validates `sparse_sgd(table[R,D], indices, rowgrad)` operands into a plan.
 pub(crate) fn sparse_sgd_plan<'a>(
+    op: &'static str,
     table_shape: &[usize],
     indices: &'a Tensor,
     rowgrad: &'a Tensor,
 ) -> KResult<SparsePlan<'a>> {
-    const OP: &str = "sparse_sgd";
     let [rows, d] = table_shape[..] else {
         return Err(shape_err(
-            OP,
+            op,
             format!("table must have rank 2, got {table_shape:?}"),
         ));
     };
@@ -322,23 +390,24 @@ pub(crate) fn sparse_sgd_plan<'a>(
     want.push(d);
     if rowgrad.shape != want {
         return Err(shape_err(
-            OP,
+            op,
             format!(
                 "row gradient {:?} must have shape {want:?} (indices {:?} then the table width)",
                 rowgrad.shape, indices.shape
             ),
         ));
     }
-    check_consistent(OP, "indices", indices)?;
-    check_consistent(OP, "row gradient", rowgrad)?;
-    let idx = index_view(OP, indices)?;
+    check_consistent(op, "indices", indices)?;
+    check_consistent(op, "row gradient", rowgrad)?;
+    let idx = index_view(op, indices)?;
     let per_sample =
         (indices.shape.len() >= 2).then(|| indices.shape[1..].iter().product::<usize>());
-    validate_indices(OP, idx, rows, per_sample, None)?;
-    let grad = grad_of(OP, rowgrad)?;
+    validate_indices(op, idx, rows, per_sample, None)?;
+    let grad = grad_of(op, rowgrad)?;
     let n = idx.len();
     Ok(SparsePlan {
-        rows,
+        first: 0,
+        stored: rows,
         d,
         idx,
         bags: usize::from(n > 0),
@@ -437,7 +506,8 @@ pub(crate) fn embedding_update_plan<'a>(
         }
     };
     Ok(SparsePlan {
-        rows,
+        first: 0,
+        stored: rows,
         d,
         idx,
         bags: s,
@@ -484,34 +554,51 @@ fn table_dtype_err(op: &'static str, t: &Tensor) -> KernelError {
 /// `indices` any shape of i64/i32, `rowgrad` the indices' shape then `D`, f32 or
 /// bf16. An index outside `0..R` is an error naming its position (and sample, for
 /// indices of rank >= 2), reported before any row is touched.
+///
+/// With `rows` a [`Rows::Shard`], `table` is that shard (`sparse_sgd_rows`).
 pub fn sparse_sgd_in_place(
     table: &mut Tensor,
+    rows: Rows,
     indices: &Tensor,
     rowgrad: &Tensor,
     lr: f32,
 ) -> KResult<()> {
-    const OP: &str = "sparse_sgd";
-    check_consistent(OP, "table", table)?;
-    let plan = sparse_sgd_plan(&table.shape, indices, rowgrad)?;
-    apply_plan(OP, table, &plan, lr)
+    let op = op_name(rows, "sparse_sgd", "sparse_sgd_rows");
+    check_consistent(op, "table", table)?;
+    let whole = rows.table_shape(op, &table.shape)?;
+    let plan = sparse_sgd_plan(op, &whole, indices, rowgrad)?.holding(rows, table.shape[0]);
+    apply_plan(op, table, &plan, lr)
+}
+
+/// `all` for a whole table, `shard` for a row shard.
+pub(crate) fn op_name(rows: Rows, all: &'static str, shard: &'static str) -> &'static str {
+    match rows {
+        Rows::All => all,
+        Rows::Shard { .. } => shard,
+    }
 }
 
 /// `embedding_update(table, dy, indices[, offsets])` in place: the fused
 /// `sparse_sgd(table, indices, embedding_bag_grad(dy, indices[, offsets]))` with
 /// exactly its arithmetic, no row gradient materialised, race-free. `table` is
-/// `[R,D]` f32 or bf16, `dy` `[S,D]` f32 or bf16.
+/// `[R,D]` f32 or bf16, `dy` `[S,D]` f32 or bf16; with `rows` a
+/// [`Rows::Shard`], `table` is that shard (`embedding_update_rows`).
+#[allow(clippy::too_many_arguments)]
 pub fn embedding_update_in_place(
     table: &mut Tensor,
+    rows: Rows,
     mode: Pool,
     dy: &Tensor,
     indices: &Tensor,
     offsets: Option<&Tensor>,
     lr: f32,
 ) -> KResult<()> {
-    const OP: &str = "embedding_update";
-    check_consistent(OP, "table", table)?;
-    let plan = embedding_update_plan(OP, &table.shape, mode, dy, indices, offsets)?;
-    apply_plan(OP, table, &plan, lr)
+    let op = op_name(rows, "embedding_update", "embedding_update_rows");
+    check_consistent(op, "table", table)?;
+    let whole = rows.table_shape(op, &table.shape)?;
+    let plan = embedding_update_plan(op, &whole, mode, dy, indices, offsets)?
+        .holding(rows, table.shape[0]);
+    apply_plan(op, table, &plan, lr)
 }
 
 /// Checks a Split-SGD-BF16 pair: both bf16, same shape, consistent lengths.
@@ -543,19 +630,29 @@ pub(crate) fn split_pair<'a>(
 
 /// `split_embedding_update(hi, lo, dy, indices[, offsets])` in place:
 /// [`embedding_update_in_place`] on a Split-SGD-BF16 table (f32 master
-/// `hi << 16 | lo`, updated in f32 and split again after each update: exact).
+/// `hi << 16 | lo`, updated in f32 and split again after each update: exact);
+/// with `rows` a [`Rows::Shard`], both halves are that shard
+/// (`split_embedding_update_rows`).
+#[allow(clippy::too_many_arguments)]
 pub fn split_embedding_update_in_place(
     hi: &mut Tensor,
     lo: &mut Tensor,
+    rows: Rows,
     mode: Pool,
     dy: &Tensor,
     indices: &Tensor,
     offsets: Option<&Tensor>,
     lr: f32,
 ) -> KResult<()> {
-    const OP: &str = "split_embedding_update";
-    let (shape, h, l) = split_pair(OP, hi, lo)?;
-    let plan = embedding_update_plan(OP, shape, mode, dy, indices, offsets)?;
+    let op = op_name(
+        rows,
+        "split_embedding_update",
+        "split_embedding_update_rows",
+    );
+    let (shape, h, l) = split_pair(op, hi, lo)?;
+    let whole = rows.table_shape(op, shape)?;
+    let plan =
+        embedding_update_plan(op, &whole, mode, dy, indices, offsets)?.holding(rows, shape[0]);
     if plan.d > 0 && plan.idx.len() > 0 {
         apply_split(h, l, &plan, lr);
     }
