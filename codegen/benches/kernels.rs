@@ -1,11 +1,12 @@
 //! Kernel benchmarks (criterion): GFLOP/s (reported as elements/s = FLOP/s) and
 //! GB/s of the JIT kernels against the reference kernels.
 //!
-//! - `gemm/{shape}/{dtype}/{cranelift|native|avx512|matrixmultiply}`: the JIT GEMM core at
-//!   M=2048 (packed B), and `matrixmultiply::sgemm` (single-threaded; compare
-//!   with `RAYON_NUM_THREADS=1`). Shapes: K=N in {13,64,128,256,512,1024} plus
+//! - `gemm/{shape}/{dtype}/{cranelift|native|avx512|avx512bf16|matrixmultiply}`: the
+//!   JIT GEMM core at M=2048 (packed B; bf16: `A`, `B` and `C` bf16, the
+//!   AVX-512 BF16 kernel where the CPU has it), and `matrixmultiply::sgemm`
+//!   (single-threaded; compare with `RAYON_NUM_THREADS=1`). Shapes: K=N in {13,64,128,256,512,1024} plus
 //!   the DLRM layer shapes; `BENCH_FULL=1` runs the whole K×N grid.
-//! - `brgemm/{op}/{shape}/{dtype}/{cranelift|native|avx512}`: the blocked `brgemm` (relu),
+//! - `brgemm/{op}/{shape}/{dtype}/{cranelift|native|avx512|avx512bf16}`: the blocked `brgemm` (relu),
 //!   `brgemm_dgrad` (relu) and `brgemm_wgrad` (relu, with the bias gradient) JIT
 //!   ops at M=2048 on the same shapes, blocks as the e-graph picks them (`bk =
 //!   min(K, 64)`, `bn = min(N, 64)`), operand copies included; bf16 for the
@@ -18,7 +19,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use dlrm_codegen::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand, OutBuf, pack_b};
-use dlrm_codegen::jit::{Jit, JitOptions, native};
+use dlrm_codegen::jit::{Jit, JitOptions, native, native512bf16};
 use dlrm_ir::{DType, Dim, InteractionKind, Op, Pool, Tensor, TensorType};
 use half::bf16;
 use std::collections::HashMap;
@@ -75,6 +76,9 @@ fn bench_gemm(c: &mut Criterion) {
             if Micro::Native512.available() {
                 micros.push(Micro::Native512);
             }
+            if bf && Micro::Bf16Dot.available() {
+                micros.push(Micro::Bf16Dot);
+            }
             for micro in micros {
                 let spec = GemmSpec {
                     m,
@@ -94,11 +98,20 @@ fn bench_gemm(c: &mut Criterion) {
                     a_blk: 0,
                 };
                 let kern = jit.gemm(spec).expect("compiles");
-                let bp = pack_b(&w, k, n, 1, k, micro.nr());
+                let bp = if micro == Micro::Bf16Dot {
+                    // `w` rounded to bf16: the kernel's operands are both bf16.
+                    let wbf: Vec<bf16> = w.iter().map(|&x| bf16::from_f32(x)).collect();
+                    let mut bp = vec![0.0f32; kern.spec().packed_b_len()];
+                    native512bf16::pack_b_pairs_into(&mut bp, &wbf, (k, n, 1, k), micro.nr());
+                    bp
+                } else {
+                    pack_b(&w, k, n, 1, k, micro.nr())
+                };
                 let name = match micro {
                     Micro::Cranelift => "cranelift",
                     Micro::Native => "native",
                     Micro::Native512 => "avx512",
+                    Micro::Bf16Dot => "avx512bf16",
                 };
                 let id = BenchmarkId::new(format!("{shape}/{dt}"), name);
                 if bf {
@@ -276,6 +289,9 @@ fn bench_brgemm(c: &mut Criterion) {
     if Micro::Native512.available() {
         choices.push(dlrm_codegen::KernelChoice::Avx512);
     }
+    if Micro::Bf16Dot.available() {
+        choices.push(dlrm_codegen::KernelChoice::Avx512Bf16);
+    }
     let syms = HashMap::new();
     for (k, n) in gemm_shapes() {
         let (bk, bn) = (k.min(64), n.min(64));
@@ -318,6 +334,10 @@ fn bench_brgemm(c: &mut Criterion) {
             };
             let refs: Vec<&Tensor> = ins.iter().collect();
             for kernels in &choices {
+                if *kernels == dlrm_codegen::KernelChoice::Avx512Bf16 && dt != DType::BF16 {
+                    // The same as `avx512` without two bf16 operands.
+                    continue;
+                }
                 let opts = JitOptions {
                     kernels: *kernels,
                     ..JitOptions::default()

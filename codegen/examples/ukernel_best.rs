@@ -2,12 +2,14 @@
 //! `6×16` kernel ([`native`]) against the AVX-512 kernel ([`native512`]) at 8 and
 //! 12 rows (its full `MR` and a shorter tile, to show the choice of `MR`), for
 //! `k` = 64, 256, 512, `A` packed (`[kk][mr]`, as the loop nest packs it) or
-//! unpacked (row-major, `lda = k`), f32 and bf16 `A`. Best of N samples (robust on
-//! a shared machine), one thread, variants interleaved.
+//! unpacked (row-major, `lda = k`), f32 and bf16 `A`; and the AVX-512 BF16
+//! kernel ([`native512bf16`], `B` in k pairs) on unpacked bf16 `A`, the only
+//! layout it takes. Best of N samples (robust on a shared machine), one
+//! thread, variants interleaved.
 //!
 //! `cargo run --release -p dlrm-codegen --example ukernel_best -- [samples]`
 
-use dlrm_codegen::jit::{native, native512};
+use dlrm_codegen::jit::{native, native512, native512bf16};
 use half::bf16;
 use std::time::Instant;
 
@@ -43,6 +45,9 @@ fn main() {
                             kernels.push(("avx512", mr, native512::NR));
                         }
                     }
+                }
+                if native512bf16::available() && abf && !packed {
+                    kernels.push(("avx512bf16", native512::MR, native512::NR));
                 }
                 for (kern, mr, nr) in kernels {
                     variants.push(variant(kern, mr, nr, k, packed, abf));
@@ -86,11 +91,20 @@ fn variant(kern: &'static str, mr: usize, nr: usize, k: usize, packed: bool, abf
         if packed { "packed  " } else { "unpacked" },
         if abf { "bf16" } else { "f32" }
     );
-    // The two kernels share one ABI (rows of B `nr` apart: each kernel's NR).
-    let uk = if kern == "avx2" {
-        native::ukernel
+    // The kernels share one ABI (rows of B `nr` apart: each kernel's NR; for
+    // the BF16 kernel, rows of k pairs).
+    let uk = match kern {
+        "avx2" => native::ukernel,
+        "avx512bf16" => native512bf16::ukernel,
+        _ => native512::ukernel,
+    };
+    let b = if kern == "avx512bf16" {
+        let bb: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect();
+        let mut pairs = vec![0.0f32; k.div_ceil(2) * nr];
+        native512bf16::pack_b_pairs_into(&mut pairs, &bb, (k, nr, nr, 1), nr);
+        pairs
     } else {
-        native512::ukernel
+        b
     };
     let run: Box<dyn FnMut()> = Box::new(move || {
         let ap: *const u8 = if abf {

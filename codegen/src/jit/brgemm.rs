@@ -40,7 +40,9 @@
 //!
 //! Arithmetic: every output element is one accumulator summed over its reduction
 //! index ascending (the interpreter's order) with one FMA per term, then the
-//! epilogue; so the results differ from the reference kernels
+//! epilogue (on the AVX-512 BF16 kernel, which `brgemm` with bf16 `x` and
+//! weights runs under `auto` where the CPU has it, two exact products per
+//! step); so the results differ from the reference kernels
 //! ([`crate::kernels::brgemm`]) by float reassociation of the multiply-adds only
 //! (the bias gradient and `act'` are computed exactly as there). Padding outputs
 //! are exactly 0. Operands may be f32 or bf16 (widened exactly); `brgemm`'s
@@ -52,6 +54,7 @@ use super::buffers::{Floats, Fresh, Scratch};
 use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b_into};
 use super::layout::{buf, zeros};
 use super::linear::{elt_of, operand};
+use super::native512bf16::pack_b_pairs_into;
 use super::pack::{Src, pack_blocked};
 use super::{Jit, JitError, JitOptions};
 use crate::kernels::brgemm::{
@@ -133,17 +136,18 @@ fn row_block(m: usize, mr: usize, blocks: usize) -> usize {
 }
 
 /// Picks the kernel for `base` ([`Jit::pick_variant`]: the micro-kernel and,
-/// when `packable`, whether `A` is packed per row chunk) and runs `go` with it.
+/// when `packable`, whether `A` is packed per row chunk; `bf16_b`: `B` is bf16
+/// in memory) and runs `go` with it.
 fn with_kernel<T>(
     jit: &Jit,
     opts: &JitOptions,
     op: &'static str,
-    (base, packable): (GemmSpec, bool),
+    (base, packable, bf16_b): (GemmSpec, bool, bool),
     go: &mut dyn FnMut(GemmKernel) -> Result<T, JitError>,
 ) -> KResult<T> {
     let spec = {
         let mut trial = |k: GemmKernel| go(k).map(|_| ());
-        jit.pick_variant(base, opts, packable, &mut trial)
+        jit.pick_variant(base, opts, (packable, bf16_b), &mut trial)
             .map_err(|e| jit_err(op, e))?
     };
     let k = jit.gemm(spec).map_err(|e| jit_err(op, e))?;
@@ -271,14 +275,20 @@ fn tail(a: Operand<'_>, from: usize) -> Operand<'_> {
 }
 
 /// `nb` blocks of `k × bn` (`B` of the forward op: the blocked weights
-/// `[Nb][Kb·bk][bn]`) packed into `⌈bn/nr⌉` zero-padded panels each.
-fn pack_w_blocks(w: &Tensor, nb: usize, k: usize, bn: usize, nr: usize) -> Scratch {
-    let blk = bn.div_ceil(nr) * k * nr;
+/// `[Nb][Kb·bk][bn]`) packed for the kernel of spec `sp` (`k`, `n = bn`): into
+/// `⌈bn/nr⌉` zero-padded panels each, of f32, or of k pairs for the AVX-512 BF16
+/// kernel (bf16 weights).
+fn pack_w_blocks(w: &Tensor, nb: usize, sp: &GemmSpec) -> Scratch {
+    let (k, bn, nr) = (sp.k, sp.n, sp.micro.nr());
+    let blk = sp.packed_b_len();
     let mut bp = Scratch::new(nb * blk);
     bp.par_chunks_mut(blk).enumerate().for_each(|(q, dst)| {
         let src = q * k * bn;
         let geom = (k, bn, bn, 1);
         match &w.data {
+            Data::BF16(v) if sp.micro == Micro::Bf16Dot => {
+                pack_b_pairs_into(dst, &v[src..src + k * bn], geom, nr)
+            }
             Data::F32(v) => pack_b_into(dst, &v[src..src + k * bn], geom, nr),
             Data::BF16(v) => pack_b_into(dst, &v[src..src + k * bn], geom, nr),
             // Not reached: the op takes float weights only.
@@ -347,7 +357,8 @@ pub fn brgemm(
         a_blk: s * bk,
     };
     let mut result = None;
-    with_kernel(jit, opts, OP, (base, true), &mut |kern| {
+    let bf16_w = matches!(w.data, Data::BF16(_));
+    with_kernel(jit, opts, OP, (base, true, bf16_w), &mut |kern| {
         let sp = *kern.spec();
         let nr = sp.micro.nr();
         let packed;
@@ -359,8 +370,8 @@ pub fn brgemm(
                 for (q, dst) in pb.chunks_mut(panels * nr).enumerate() {
                     dst[..bn].copy_from_slice(&bias[q * bn..(q + 1) * bn]);
                 }
-                packed = pack_w_blocks(w, nb, kp, bn, nr);
-                (&packed[..], Cow::Owned(pb), panels * kp * nr, panels * nr)
+                packed = pack_w_blocks(w, nb, &sp);
+                (&packed[..], Cow::Owned(pb), sp.packed_b_len(), panels * nr)
             }
         };
         let fresh = Fresh::new(c, nb * s * bn);
@@ -544,7 +555,7 @@ pub fn brgemm_dgrad(
         a_blk: s * bn,
     };
     let mut result = None;
-    with_kernel(jit, opts, OP, (base, true), &mut |kern| {
+    with_kernel(jit, opts, OP, (base, true, false), &mut |kern| {
         let sp = *kern.spec();
         let nr = sp.micro.nr();
         // B for dx block kb: wᵀ, `Nb·bn × bk`: B(n', i) = wb[n'/bn][kb][i][n'%bn].
@@ -682,7 +693,7 @@ pub fn brgemm_wgrad(
         a_blk: 0,
     };
     let mut result = None;
-    with_kernel(jit, opts, OP, (base, false), &mut |kern| {
+    with_kernel(jit, opts, OP, (base, false, false), &mut |kern| {
         let sp = *kern.spec();
         let (mr, nr) = (sp.micro.mr(), sp.micro.nr());
         // B per nb block: dz[nb] (`S × bn`), packed, with db summed on the way.

@@ -23,13 +23,17 @@
 //! (the `k×nr` panel stays in L1/L2) → tiles of `mr` rows. Each tile is the
 //! micro-kernel: [`Micro::Cranelift`] inlines a `4×8` f32x4-FMA register block
 //! (8 accumulators), [`Micro::Native`] calls the AVX2+FMA `6×16` kernel
-//! ([`super::native`]) through a symbol registered in the JIT module. Ragged edges
+//! ([`super::native`]) through a symbol registered in the JIT module, and
+//! [`Micro::Native512`] / [`Micro::Bf16Dot`] the AVX-512 `12×32` ones
+//! ([`super::native512`], [`super::native512bf16`]). Ragged edges
 //! are compiled in: the last row tile has `m % mr` rows, the last panel
 //! `n % nr` columns (stores masked lane by lane).
 //!
-//! Both micro-kernels sum `k` in order with one FMA per term, so for the same spec
-//! they give bitwise-identical results; against the reference (a different
-//! association) the difference is float reassociation only.
+//! The FMA micro-kernels sum `k` in order with one FMA per term, so for the same
+//! spec they give bitwise-identical results; against the reference (a different
+//! association) the difference is float reassociation only. [`Micro::Bf16Dot`]
+//! (bf16 `A` and `B`, `B` packed in k pairs) adds its exact products two k steps
+//! at a time: reassociation again, not the FMA kernels' bits.
 //!
 //! The runtime-facing entry [`GemmKernel::run`] validates every slice length
 //! against the spec before the (unsafe) call and splits rows over rayon tasks:
@@ -74,6 +78,10 @@ pub enum Micro {
     /// The native AVX-512 12×32 kernel ([`super::native512`]), called from the
     /// JIT loop nest.
     Native512,
+    /// The native AVX-512 BF16 12×32 kernel ([`super::native512bf16`]:
+    /// `vdpbf16ps`, two k steps per instruction), for bf16 `A` and `B`, with `B`
+    /// packed in k pairs; called from the JIT loop nest.
+    Bf16Dot,
 }
 
 impl Micro {
@@ -82,7 +90,7 @@ impl Micro {
         match self {
             Micro::Cranelift => CL_MR,
             Micro::Native => super::native::MR,
-            Micro::Native512 => super::native512::MR,
+            Micro::Native512 | Micro::Bf16Dot => super::native512::MR,
         }
     }
 
@@ -91,7 +99,7 @@ impl Micro {
         match self {
             Micro::Cranelift => CL_NR,
             Micro::Native => super::native::NR,
-            Micro::Native512 => super::native512::NR,
+            Micro::Native512 | Micro::Bf16Dot => super::native512::NR,
         }
     }
 
@@ -101,6 +109,7 @@ impl Micro {
             Micro::Cranelift => "Cranelift",
             Micro::Native => "AVX2+FMA",
             Micro::Native512 => "AVX-512",
+            Micro::Bf16Dot => "AVX-512 BF16",
         }
     }
 
@@ -110,6 +119,7 @@ impl Micro {
             Micro::Cranelift => true,
             Micro::Native => super::native::available(),
             Micro::Native512 => super::native512::available(),
+            Micro::Bf16Dot => super::native512bf16::available(),
         }
     }
 
@@ -120,6 +130,7 @@ impl Micro {
             Micro::Cranelift => None,
             Micro::Native => Some(super::native::UKERNEL_SYMBOL),
             Micro::Native512 => Some(super::native512::UKERNEL_SYMBOL),
+            Micro::Bf16Dot => Some(super::native512bf16::UKERNEL_SYMBOL),
         }
     }
 }
@@ -193,10 +204,15 @@ pub enum BLayout {
 
 impl GemmSpec {
     /// The spec as compiled: an in-place `B` whose width is not whole tiles of
-    /// this micro-kernel, or whose row stride is below `n`, becomes packed; a
+    /// this micro-kernel, or whose row stride is below `n`, becomes packed (and
+    /// [`Micro::Bf16Dot`]'s `B` always is, in k pairs, with `A` unpacked); a
     /// one-block or packed `A` gets `kb = k`.
     pub fn normalized(self) -> GemmSpec {
         let mut s = self;
+        if s.micro == Micro::Bf16Dot {
+            s.b = BLayout::Packed;
+            s.pack_a = false;
+        }
         if let BLayout::InPlace { ldb } = s.b {
             // In place only when each B row is one tile row (`n = nr`): then the
             // panel is contiguous, as packed. Panels strided by a wider row
@@ -214,28 +230,50 @@ impl GemmSpec {
         s
     }
 
-    /// Whether the kernel reads a packed `B` ([`pack_b`]) and bias
-    /// ([`pack_bias`]).
+    /// Whether the kernel reads a packed `B` ([`pack_b`], or
+    /// [`super::native512bf16::pack_b_pairs_into`] for [`Micro::Bf16Dot`]) and
+    /// bias ([`pack_bias`]).
     pub fn packed_b(&self) -> bool {
         self.b == BLayout::Packed
     }
 
-    /// (Row stride of `B` in f32, f32 between consecutive panels).
+    /// Whether the spec can run on [`Micro::Bf16Dot`]: bf16 `A` whose k steps
+    /// pair up in memory ([`super::native512bf16::fits`]).
+    pub fn bf16_dot_fits(&self) -> bool {
+        self.a == Elt::BF16 && super::native512bf16::fits(self.k, self.acs, self.kb)
+    }
+
+    /// Rows of a packed `B` panel: `k`, or `⌈k/2⌉` k pairs for
+    /// [`Micro::Bf16Dot`].
+    pub fn b_rows(&self) -> usize {
+        match self.micro {
+            Micro::Bf16Dot => self.k.div_ceil(2),
+            _ => self.k,
+        }
+    }
+
+    /// Length (f32 words) of a whole packed `B`: `⌈n/nr⌉` panels of
+    /// [`GemmSpec::b_rows`] × `nr`.
+    pub fn packed_b_len(&self) -> usize {
+        self.panels() * self.b_rows() * self.micro.nr()
+    }
+
+    /// (Row stride of `B` in f32 words, words between consecutive panels).
     fn b_geom(&self) -> (usize, usize) {
         let nr = self.micro.nr();
         match self.b {
-            BLayout::Packed => (nr, self.k * nr),
+            BLayout::Packed => (nr, self.b_rows() * nr),
             BLayout::InPlace { ldb } => (ldb, nr),
         }
     }
 
-    /// Length (f32) the kernel reads from `B`.
+    /// Length (f32 words) the kernel reads from `B`.
     pub fn b_len(&self) -> usize {
         if self.k == 0 || self.n == 0 {
             return 0;
         }
         let (ldb, pstride) = self.b_geom();
-        (self.panels() - 1) * pstride + (self.k - 1) * ldb + self.micro.nr()
+        (self.panels() - 1) * pstride + (self.b_rows() - 1) * ldb + self.micro.nr()
     }
 
     /// Length (f32) the kernel reads from the bias.

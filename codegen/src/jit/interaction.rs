@@ -715,7 +715,10 @@ pub(crate) fn eval(
 /// `auto` or `avx512`.
 fn native_dot_applies(opts: &JitOptions, spec: &DotSpec) -> bool {
     spec.backward
-        && matches!(opts.kernels, KernelChoice::Auto | KernelChoice::Avx512)
+        && matches!(
+            opts.kernels,
+            KernelChoice::Auto | KernelChoice::Avx512 | KernelChoice::Avx512Bf16
+        )
         && native_dot::available()
         && spec.bf16_ops == 0
         && spec.dr == Elt::F32

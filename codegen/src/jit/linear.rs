@@ -103,7 +103,7 @@ fn run_gemm(
             let mut scratch = Out::zeros(base.c, base.m * base.n);
             run(k, &packed[i].1, &mut scratch)
         };
-        jit.pick_variant(base, opts, false, &mut trial)
+        jit.pick_variant(base, opts, (false, false), &mut trial)
             .map_err(|e| jit_err(op, e))?
             .micro
     };

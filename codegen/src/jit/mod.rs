@@ -12,7 +12,9 @@
 //!   [`brgemm`] the blocked `brgemm`, `brgemm_dgrad`, `brgemm_wgrad` (operands
 //!   packed once per call, `act'` and the bias gradient fused into the packing).
 //! - [`native`]: the AVX2+FMA micro-kernel registered as a JIT symbol; [`native512`]
-//!   its AVX-512 sibling (12×32 tiles, batch-reduce `A`, chosen at run time).
+//!   its AVX-512 sibling (12×32 tiles, batch-reduce `A`, chosen at run time), and
+//!   [`native512bf16`] the AVX-512 BF16 one (`vdpbf16ps`: two k steps per
+//!   instruction, for bf16 `A` and `B`).
 //! - [`reduce`]: `linear_db` (the bias gradient: column sums over the samples,
 //!   parallel over column blocks, on the embedding bag's row sum), and the
 //!   weighted column sums of `brgemm_wgrad` with one-column blocks.
@@ -51,6 +53,7 @@ pub mod linear;
 pub mod loss;
 pub mod native;
 pub mod native512;
+pub mod native512bf16;
 pub mod native_dot;
 mod pack;
 pub mod reduce;
@@ -95,9 +98,10 @@ impl JitError {
     }
 }
 
-/// Which GEMM micro-kernel to use (`--kernels cranelift|native|avx512|auto`);
-/// under `Avx512` and `Auto` the dot interaction's backward runs on AVX-512 too
-/// ([`native_dot`]), where the CPU has it.
+/// Which GEMM micro-kernel to use (`--kernels
+/// cranelift|native|avx512|avx512bf16|auto`); under `Avx512`, `Avx512Bf16` and
+/// `Auto` the dot interaction's backward runs on AVX-512 too ([`native_dot`]),
+/// where the CPU has it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum KernelChoice {
     /// Pure Cranelift (128-bit f32x4 FMA).
@@ -106,19 +110,25 @@ pub enum KernelChoice {
     Native,
     /// The native AVX-512 micro-kernel called from the JIT loop nest.
     Avx512,
+    /// The AVX-512 BF16 micro-kernel ([`native512bf16`]) for GEMMs whose
+    /// operands are both bf16, the AVX-512 one for the others.
+    Avx512Bf16,
     /// Per shape, the fastest of those this CPU can run (timed on the first
-    /// call).
+    /// call); GEMMs whose operands are both bf16 run on the AVX-512 BF16
+    /// kernel where the CPU has it (not timed: its sums pair the k steps, so
+    /// a timing race must not choose the numbers).
     #[default]
     Auto,
 }
 
 impl KernelChoice {
-    /// Parses `cranelift`, `native`, `avx512` or `auto`.
+    /// Parses `cranelift`, `native`, `avx512`, `avx512bf16` or `auto`.
     pub fn parse(s: &str) -> Option<KernelChoice> {
         match s {
             "cranelift" => Some(KernelChoice::Cranelift),
             "native" => Some(KernelChoice::Native),
             "avx512" => Some(KernelChoice::Avx512),
+            "avx512bf16" => Some(KernelChoice::Avx512Bf16),
             "auto" => Some(KernelChoice::Auto),
             _ => None,
         }
@@ -130,6 +140,7 @@ impl KernelChoice {
             KernelChoice::Cranelift => "cranelift",
             KernelChoice::Native => "native",
             KernelChoice::Avx512 => "avx512",
+            KernelChoice::Avx512Bf16 => "avx512bf16",
             KernelChoice::Auto => "auto",
         }
     }
@@ -309,6 +320,10 @@ impl Jit {
                 native512::UKERNEL_SYMBOL,
                 native512::ukernel_ptr().ok_or(JitError::NoNative("AVX-512"))?,
             )),
+            gemm::Micro::Bf16Dot => Some((
+                native512bf16::UKERNEL_SYMBOL,
+                native512bf16::ukernel_ptr().ok_or(JitError::NoNative("AVX-512 BF16"))?,
+            )),
         };
         Ok(module_of(isa, symbol.as_slice()))
     }
@@ -420,27 +435,46 @@ impl Jit {
         if !spec.micro.available() {
             return Err(JitError::NoNative(spec.micro.name()));
         }
+        if spec.micro == gemm::Micro::Bf16Dot && !spec.bf16_dot_fits() {
+            return Err(JitError::Args {
+                kernel: format!("{spec:?}"),
+                reason: "the BF16 micro-kernel needs bf16 A with paired k steps".into(),
+            });
+        }
         self.gemm_normalized(spec)
     }
 
     /// The spec to compile for `spec` under `opts`: its micro-kernel
     /// ([`JitOptions::kernels`]) and, when `packable` (the caller can pack `A`
     /// itself: [`gemm::GemmSpec::pack_a`] with `A` widened to f32), whether to
-    /// pack ([`JitOptions::pack_a`]). With more than one candidate, `trial` runs
-    /// each three times, taking turns (after a warm-up run each), on the first
-    /// call of a shape and the fastest is remembered.
+    /// pack ([`JitOptions::pack_a`]). `bf16_b`: `B` is bf16 in memory, so the
+    /// AVX-512 BF16 kernel (which packs it in k pairs) computes exact products;
+    /// under `Auto` and `Avx512Bf16` it is the pick for such a spec whose `A`
+    /// fits it. With more than one candidate, `trial` runs each three times,
+    /// taking turns (after a warm-up run each), on the first call of a shape and
+    /// the fastest is remembered.
     pub(crate) fn pick_variant(
         &self,
         spec: gemm::GemmSpec,
         opts: &JitOptions,
-        packable: bool,
+        (packable, bf16_b): (bool, bool),
         trial: &mut dyn FnMut(gemm::GemmKernel) -> Result<(), JitError>,
     ) -> Result<gemm::GemmSpec, JitError> {
         use gemm::Micro;
+        if opts.kernels == KernelChoice::Avx512Bf16 && !Micro::Bf16Dot.available() {
+            return Err(JitError::NoNative(Micro::Bf16Dot.name()));
+        }
+        let dot = bf16_b && spec.bf16_dot_fits() && Micro::Bf16Dot.available();
+        if dot && matches!(opts.kernels, KernelChoice::Auto | KernelChoice::Avx512Bf16) {
+            return Ok(gemm::GemmSpec {
+                micro: Micro::Bf16Dot,
+                ..spec
+            });
+        }
         let micros: Vec<Micro> = match opts.kernels {
             KernelChoice::Cranelift => vec![Micro::Cranelift],
             KernelChoice::Native => vec![Micro::Native],
-            KernelChoice::Avx512 => vec![Micro::Native512],
+            KernelChoice::Avx512 | KernelChoice::Avx512Bf16 => vec![Micro::Native512],
             KernelChoice::Auto => [Micro::Cranelift, Micro::Native, Micro::Native512]
                 .into_iter()
                 .filter(|m| m.available())

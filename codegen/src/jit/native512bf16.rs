@@ -1,0 +1,375 @@
+//! The native AVX-512 BF16 GEMM micro-kernel: [`super::native512`]'s 12×32 tile
+//! computed with `vdpbf16ps`, the bf16 dot product of CPUs with AVX512_BF16
+//! (AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids), chosen at run
+//! time ([`available`]) for GEMMs whose `A` and `B` are both bf16 in memory:
+//! in the dlrm plans, the forward `brgemm` of a bf16 plan (its activations and
+//! weights). Registered in JIT modules under [`UKERNEL_SYMBOL`] and called by
+//! the JIT loop nest per tile, like the other native kernels.
+//!
+//! # What it computes
+//! One `vdpbf16ps` multiplies two bf16 pairs per f32 lane and adds both
+//! products to the lane's accumulator: 32 multiply-adds per `zmm` instruction
+//! where `vfmadd231ps` does 16, at the same issue rate on Zen 4 (a loop of
+//! either measured 466 against 231 GFLOP/s on this 2-core machine). The products
+//! of two bf16 values are exact in f32, so the result is the tile of
+//! [`super::native512`] (`C = act(bias + Σ_kk A(r,kk)·B(kk,j))`) up to the order
+//! of the additions: each accumulator takes the k steps two at a time. The
+//! instruction treats denormal inputs and results as zero (its DAZ/FTZ), which
+//! the FMA kernels do not: values below 1.2e-38 in magnitude. So its results
+//! agree with the reference up to float reassociation (and that flush), not
+//! bit for bit with the FMA kernels; `auto` picks it deterministically (not by
+//! timing) so that a run's numbers do not depend on a timing race.
+//!
+//! # Operands
+//! - `A` is bf16, row-major within each batch-reduce block (`acs = 1`):
+//!   `A(r,kk) = a[r·lda + (kk / kb_len)·a_blk + kk % kb_len]`, so the two k steps
+//!   of a pair are adjacent and one 32-bit broadcast loads them. `kb_len` is
+//!   even unless it covers all of `k` (the pairs never straddle two blocks); an
+//!   odd `k` ends with one step, paired with zero.
+//! - `B` is packed by [`pack_b_pairs_into`]: per panel of `NR` columns,
+//!   `⌈k/2⌉` rows of `NR` 32-bit words, word `(q, j)` holding `B(2q, j)` in its
+//!   low half and `B(2q+1, j)` in its high half (zero past `k` and past the
+//!   matrix's columns), rows `ldb` words apart.
+//! - Bias, relu, `F_ACC`, bf16 `C` and the masked ragged tiles are the AVX-512
+//!   kernel's ([`super::native512::finish`]).
+//!
+//! Invariants the caller (the JIT loop nest, validated by its Rust wrapper)
+//! guarantees: `1 <= mr <= MR`, `1 <= nr <= NR`, the layout above, the
+//! pointers cover the documented ranges, and the CPU has the features
+//! ([`available`]); other arguments return without a write.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+pub use super::native::{F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_RELU};
+pub use super::native512::{MR, NR};
+use half::bf16;
+use rayon::prelude::*;
+
+/// The symbol name under which [`ukernel_ptr`] is registered in JIT modules.
+pub const UKERNEL_SYMBOL: &str = "dlrm_gemm_ukernel_avx512bf16_12x32";
+
+/// True if this CPU can run the kernel (AVX-512 F, BW, VL and BF16).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::native512::available() && std::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The address of the micro-kernel, if this CPU can run it.
+pub fn ukernel_ptr() -> Option<*const u8> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        available().then_some(ukernel as *const u8)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
+/// Whether a GEMM's `A` layout suits the kernel (module docs): row-major k
+/// steps (`acs = 1`) and batch-reduce blocks of an even length, or one block.
+pub fn fits(k: usize, acs: usize, kb: usize) -> bool {
+    acs == 1 && (kb == 0 || kb >= k || kb.is_multiple_of(2))
+}
+
+/// Packs bf16 `B` (`k × n`, element `(kk, j)` at `src[kk·rs + j·cs]`) into
+/// `⌈n/nr⌉` panels of `⌈k/2⌉` rows × `nr` words of k pairs (module docs), each
+/// word stored as the f32 with its bits, in parallel over panels. `dst` holds
+/// exactly that many words; every one is written (padding zero).
+pub fn pack_b_pairs_into(
+    dst: &mut [f32],
+    src: &[bf16],
+    (k, n, rs, cs): (usize, usize, usize, usize),
+    nr: usize,
+) {
+    let k2 = k.div_ceil(2);
+    assert_eq!(
+        dst.len(),
+        n.div_ceil(nr) * k2 * nr,
+        "pack_b_pairs: destination size"
+    );
+    if k == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        src.len() > (k - 1) * rs + (n - 1) * cs,
+        "pack_b_pairs: source too short"
+    );
+    let at = |kk: usize, j: usize| -> u32 {
+        if kk < k {
+            u32::from(src[kk * rs + j * cs].to_bits())
+        } else {
+            0
+        }
+    };
+    dst.par_chunks_mut(k2 * nr)
+        .enumerate()
+        .for_each(|(p, dst)| {
+            let j0 = p * nr;
+            let cols = nr.min(n - j0);
+            for (q, row) in dst.chunks_exact_mut(nr).enumerate() {
+                for (jj, w) in row.iter_mut().enumerate() {
+                    let bits = if jj < cols {
+                        at(2 * q, j0 + jj) | (at(2 * q + 1, j0 + jj) << 16)
+                    } else {
+                        0
+                    };
+                    *w = f32::from_bits(bits);
+                }
+            }
+        });
+}
+
+/// The micro-kernel entry (C ABI; the arguments of [`super::native512::ukernel`],
+/// `b` and `ldb` in 32-bit words of k pairs; see the module docs).
+///
+/// # Safety
+/// For `r < mr`, `kk < k`: `A(r,kk)` (module docs) is readable at `a + 2·index`;
+/// `b` covers `NR` words at `b + q·ldb` for every pair `q < ⌈k/2⌉`; `bias`
+/// covers `NR` f32 when [`F_BIAS`] is set; `c` covers the `mr × nr` tile with
+/// row stride `ldc` elements (readable too with [`F_ACC`]); the CPU has the
+/// kernel's features ([`available`]). Arguments outside the module docs'
+/// layout (`acs != 1`, an odd `kb_len < k`, `mr` or `nr` out of range, `A` not
+/// flagged bf16) return without a write.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn ukernel(
+    a: *const u8,
+    b: *const f32,
+    c: *mut u8,
+    bias: *const f32,
+    k: usize,
+    lda: usize,
+    acs: usize,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    flags: u32,
+    ldb: usize,
+    kb_len: usize,
+    a_blk: usize,
+) {
+    if nr == 0 || nr > NR || kb_len == 0 || flags & F_A_BF16 == 0 || !fits(k, acs, kb_len) {
+        return;
+    }
+    let t = Tile {
+        a,
+        b: b.cast(),
+        c,
+        bias,
+        k,
+        lda,
+        ldc,
+        nr,
+        flags,
+        ldb,
+        kb_len: kb_len.min(k.max(1)),
+        a_blk,
+    };
+    // SAFETY: forwarded contract (see above); `tile` reads and writes exactly the
+    // documented ranges.
+    unsafe {
+        macro_rules! go {
+            ($($r:literal)*) => {
+                // A tile at most 16 columns wide: one vector per row.
+                match (mr, nr <= 16) {
+                    $(($r, true) => tile::<$r, 1>(&t),
+                    ($r, false) => tile::<$r, 2>(&t),)*
+                    _ => {}
+                }
+            };
+        }
+        go!(1 2 3 4 5 6 7 8 9 10 11 12);
+    }
+}
+
+/// 32 bf16 as the dot product's operand type.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn bh(v: __m512i) -> __m512bh {
+    // SAFETY: both are 64 bytes of plain SIMD data; every bit pattern is valid.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+}
+
+/// k steps of `A` staged at a time when its row stride is not one of the
+/// blocked widths (even: the pairs stay whole).
+const KC: usize = 64;
+
+/// Copies `n <= KC` bf16 k steps of each of the `R` rows of an `A` tile (row
+/// stride `lda` elements, from `pa`) into `scratch` as rows of `KC` elements.
+///
+/// # Safety
+/// Every element `pa[r·lda + kk]`, `r < R`, `kk < n`, is readable; `R <= MR`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn stage<const R: usize>(
+    pa: *const u8,
+    lda: usize,
+    n: usize,
+    scratch: &mut [std::mem::MaybeUninit<u16>; MR * KC],
+) {
+    let s = scratch.as_mut_ptr().cast::<u16>();
+    // SAFETY: masked loads read only the tile's `n` elements of each row; the
+    // masked stores stay inside row `r` of `scratch` (`KC` elements, `n <= KC`).
+    unsafe {
+        for r in 0..R {
+            let row = pa.add(2 * r * lda).cast::<u16>();
+            let mut j = 0;
+            while j < n {
+                let cnt = (n - j).min(32);
+                let m = if cnt == 32 {
+                    u32::MAX
+                } else {
+                    (1u32 << cnt) - 1
+                };
+                let v = _mm512_maskz_loadu_epi16(m, row.add(j).cast());
+                _mm512_mask_storeu_epi16(s.add(r * KC + j).cast(), m, v);
+                j += 32;
+            }
+        }
+    }
+}
+
+/// The arguments of one call (`ldb` in words, `kb_len <= k`).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Tile {
+    a: *const u8,
+    b: *const u32,
+    c: *mut u8,
+    bias: *const f32,
+    k: usize,
+    lda: usize,
+    ldc: usize,
+    nr: usize,
+    flags: u32,
+    ldb: usize,
+    kb_len: usize,
+    a_blk: usize,
+}
+
+/// One tile of `R` rows of `W` vectors (`W = 1` when `nr <= 16`, else 2).
+///
+/// # Safety
+/// [`ukernel`]'s contract with `mr = R` and `fits(k, 1, kb_len)`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn tile<const R: usize, const W: usize>(t: &Tile) {
+    let Tile {
+        a,
+        b,
+        c,
+        bias,
+        k,
+        lda,
+        ldc,
+        nr,
+        flags,
+        ldb,
+        kb_len,
+        a_blk,
+    } = *t;
+    // SAFETY: the caller's contract: the C tile (masked to `nr` lanes), every
+    // `A(r,kk)` (a pair's 32-bit load reads two steps of one row and one block;
+    // an odd last step is read alone), the `B` pair rows and the bias row are
+    // accessible as documented.
+    unsafe {
+        let mut acc = super::native512::acc_start::<R, W>(c, ldc, nr, flags);
+        // `pairs` k pairs from `pa` (a row's steps adjacent, rows `$lda`
+        // bytes apart: a constant in each loop) and `pb` (`ldb` words a row),
+        // then the odd last step when `odd`. A macro, so that each row stride
+        // gets its own loop with it folded into the addresses.
+        macro_rules! kloop {
+            ($pa:expr, $lda:expr, $pb:expr, $pairs:expr, $odd:expr) => {{
+                let lda: usize = $lda;
+                // One pair of k steps (or, `single`, one step paired with zero,
+                // as `B`'s padding): W B vectors, R broadcasts, W·R dot products.
+                let step =
+                    |acc: &mut [[__m512; W]; R], pa: *const u8, pb: *const u32, single: bool| {
+                        let b0: __m512bh = bh(_mm512_loadu_si512(pb.cast()));
+                        let b1: __m512bh = if W > 1 {
+                            bh(_mm512_loadu_si512(pb.add(16).cast()))
+                        } else {
+                            b0
+                        };
+                        // Index loops (see the AVX-512 kernel: iterator adaptors
+                        // kept the accumulators in memory).
+                        #[allow(clippy::needless_range_loop)]
+                        for r in 0..R {
+                            let p = pa.add(r * lda);
+                            let v = if single {
+                                i32::from(p.cast::<u16>().read_unaligned())
+                            } else {
+                                p.cast::<i32>().read_unaligned()
+                            };
+                            let x: __m512bh = bh(_mm512_set1_epi32(v));
+                            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], x, b0);
+                            if W > 1 {
+                                acc[r][W - 1] = _mm512_dpbf16_ps(acc[r][W - 1], x, b1);
+                            }
+                        }
+                    };
+                let mut pa: *const u8 = $pa;
+                let mut pb: *const u32 = $pb;
+                // Unrolled by 2.
+                for _ in 0..$pairs / 2 {
+                    step(&mut acc, pa, pb, false);
+                    step(&mut acc, pa.add(4), pb.add(ldb), false);
+                    pa = pa.wrapping_add(8);
+                    pb = pb.wrapping_add(2 * ldb);
+                }
+                if $pairs % 2 == 1 {
+                    step(&mut acc, pa, pb, false);
+                    pa = pa.wrapping_add(4);
+                    pb = pb.wrapping_add(ldb);
+                }
+                if $odd {
+                    step(&mut acc, pa, pb, true);
+                    pb = pb.wrapping_add(ldb);
+                }
+                pb
+            }};
+        }
+        // Written before read (see `stage`), never read beyond what was written.
+        let mut scratch = [std::mem::MaybeUninit::<u16>::uninit(); MR * KC];
+        let mut kk = 0;
+        let mut pa = a;
+        let mut pb = b;
+        // The batch-reduce blocks: `A` jumps by `a_blk` elements, `B` runs on.
+        while kk < k {
+            let len = kb_len.min(k - kk);
+            let (pairs, odd) = (len / 2, len % 2 == 1);
+            pb = match lda {
+                32 => kloop!(pa, 64, pb, pairs, odd),
+                64 => kloop!(pa, 128, pb, pairs, odd),
+                128 => kloop!(pa, 256, pb, pairs, odd),
+                _ => {
+                    // Another row stride: staged, KC steps at a time, into
+                    // rows of KC elements, so that the loop's stride is a
+                    // constant (a run-time stride measured 161 against 210
+                    // GFLOP/s in `examples/ukernel_best`).
+                    let mut done = 0;
+                    while done < len {
+                        let n = KC.min(len - done);
+                        stage::<R>(pa.add(2 * done), lda, n, &mut scratch);
+                        let sp = scratch.as_ptr().cast::<u8>();
+                        pb = kloop!(sp, 2 * KC, pb, n / 2, n % 2 == 1);
+                        done += n;
+                    }
+                    pb
+                }
+            };
+            kk += len;
+            pa = pa.wrapping_add(a_blk * 2);
+        }
+        super::native512::finish::<R, W>(acc, c, ldc, nr, bias, flags);
+    }
+}
