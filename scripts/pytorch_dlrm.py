@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""The reference DLRM (facebookresearch/dlrm `dlrm_s_pytorch.py`: its layers,
+interaction, sparse embedding gradients and SGD) in PyTorch, built from a dlrmc
+JSON description, timed on random batches: prints `train SAMPLES_PER_S` or
+`infer SAMPLES_PER_S` (one line) for scripts/measure-peers.
+
+usage: pytorch_dlrm.py MODEL.json train|infer [--iters N] [--threads T]
+
+As the reference: `nn.EmbeddingBag(mode="sum", sparse=True)` per table, fed
+`(indices, offsets)`; MLPs of `nn.Linear` + `ReLU` (the top MLP's last layer
+`Sigmoid`); the `dot` interaction as `torch.bmm(T, T^T)` and the strict lower
+triangle gathered by index (`interaction_itself` adds the diagonal); BCE loss on
+the probabilities, `torch.optim.SGD` (sparse gradients for the tables). Needs
+`torch` (a CUDA build runs on the CPU too).
+"""
+import argparse
+import json
+import time
+
+import torch
+from torch import nn
+
+
+class DLRM(nn.Module):
+    def __init__(self, spec):
+        super().__init__()
+        d = spec["embedding_dim"]
+        self.emb = nn.ModuleList(
+            nn.EmbeddingBag(rows, d, mode=spec.get("pooling_mode", "sum"), sparse=True)
+            for rows in spec["table_rows"]
+        )
+        self.bot = self.mlp(spec["bottom_mlp"], last_sigmoid=False)
+        f = len(spec["table_rows"]) + 1
+        self.itself = spec.get("interaction_itself", False)
+        off = 0 if self.itself else -1
+        li, lj = torch.tril_indices(f, f, offset=off)
+        self.li, self.lj = li, lj
+        self.dot = spec.get("interaction", "dot") == "dot"
+        width = d + len(li) if self.dot else d * f
+        self.top = self.mlp([width] + spec["top_mlp"], last_sigmoid=True)
+
+    @staticmethod
+    def mlp(sizes, last_sigmoid):
+        layers = []
+        for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+            layers.append(nn.Linear(a, b))
+            last = i == len(sizes) - 2
+            layers.append(nn.Sigmoid() if last and last_sigmoid else nn.ReLU())
+        return nn.Sequential(*layers)
+
+    def forward(self, dense, idx, offsets):
+        x = self.bot(dense)
+        ly = [e(i, o) for e, i, o in zip(self.emb, idx, offsets)]
+        if self.dot:
+            t = torch.cat([x] + ly, dim=1).view(x.shape[0], -1, x.shape[1])
+            z = torch.bmm(t, torch.transpose(t, 1, 2))
+            r = torch.cat([x, z[:, self.li, self.lj]], dim=1)
+        else:
+            r = torch.cat([x] + ly, dim=1)
+        return self.top(r)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json")
+    ap.add_argument("mode", choices=["train", "infer"])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    spec = json.load(open(a.json))
+    b = spec["batch_size"]
+    pool = spec.get("pooling", 1)
+    model = DLRM(spec)
+    opt = torch.optim.SGD(model.parameters(), lr=spec.get("learning_rate", 0.1))
+    loss_fn = nn.BCELoss()
+
+    def batch():
+        dense = torch.rand(b, spec["dense_features"])
+        idx = [torch.randint(0, rows, (b * pool,)) for rows in spec["table_rows"]]
+        offsets = [torch.arange(0, b * pool, pool) for _ in spec["table_rows"]]
+        y = torch.randint(0, 2, (b, 1)).float()
+        return dense, idx, offsets, y
+
+    batches = [batch() for _ in range(4)]
+    warm = 3
+    t0 = None
+    for it in range(warm + a.iters):
+        if it == warm:
+            t0 = time.perf_counter()
+        dense, idx, offsets, y = batches[it % len(batches)]
+        if a.mode == "train":
+            opt.zero_grad()
+            loss = loss_fn(model(dense, idx, offsets), y)
+            loss.backward()
+            opt.step()
+        else:
+            with torch.no_grad():
+                model(dense, idx, offsets)
+    rate = a.iters * b / (time.perf_counter() - t0)
+    print(f"{a.mode} {rate:.0f}")
+
+
+if __name__ == "__main__":
+    main()
