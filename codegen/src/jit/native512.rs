@@ -186,23 +186,23 @@ pub unsafe extern "C" fn ukernel(
     }
 }
 
-/// The arguments of one call.
+/// The arguments of one call (the AVX-512 BF16 kernel's too).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
-struct Tile {
-    a: *const u8,
-    b: *const f32,
-    c: *mut u8,
-    bias: *const f32,
-    k: usize,
-    lda: usize,
-    acs: usize,
-    ldc: usize,
-    nr: usize,
-    flags: u32,
-    ldb: usize,
-    kb_len: usize,
-    a_blk: usize,
+pub(super) struct Tile {
+    pub(super) a: *const u8,
+    pub(super) b: *const f32,
+    pub(super) c: *mut u8,
+    pub(super) bias: *const f32,
+    pub(super) k: usize,
+    pub(super) lda: usize,
+    pub(super) acs: usize,
+    pub(super) ldc: usize,
+    pub(super) nr: usize,
+    pub(super) flags: u32,
+    pub(super) ldb: usize,
+    pub(super) kb_len: usize,
+    pub(super) a_blk: usize,
 }
 
 /// One tile of `R` rows of `W` vectors (`W = 1` when `nr <= 16`, else 2), `A`

@@ -42,6 +42,8 @@
 use std::arch::x86_64::*;
 
 pub use super::native::{F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_RELU};
+#[cfg(target_arch = "x86_64")]
+use super::native512::Tile;
 pub use super::native512::{MR, NR};
 use half::bf16;
 use rayon::prelude::*;
@@ -159,13 +161,15 @@ pub unsafe extern "C" fn ukernel(
     if nr == 0 || nr > NR || kb_len == 0 || flags & F_A_BF16 == 0 || !fits(k, acs, kb_len) {
         return;
     }
+    // `b` and `ldb` in words of k pairs, `kb_len <= k`.
     let t = Tile {
         a,
-        b: b.cast(),
+        b,
         c,
         bias,
         k,
         lda,
+        acs,
         ldc,
         nr,
         flags,
@@ -238,24 +242,6 @@ unsafe fn stage<const R: usize>(
     }
 }
 
-/// The arguments of one call (`ldb` in words, `kb_len <= k`).
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-struct Tile {
-    a: *const u8,
-    b: *const u32,
-    c: *mut u8,
-    bias: *const f32,
-    k: usize,
-    lda: usize,
-    ldc: usize,
-    nr: usize,
-    flags: u32,
-    ldb: usize,
-    kb_len: usize,
-    a_blk: usize,
-}
-
 /// One tile of `R` rows of `W` vectors (`W = 1` when `nr <= 16`, else 2).
 ///
 /// # Safety
@@ -276,7 +262,9 @@ unsafe fn tile<const R: usize, const W: usize>(t: &Tile) {
         ldb,
         kb_len,
         a_blk,
+        ..
     } = *t;
+    let b = b.cast::<u32>();
     // SAFETY: the caller's contract: the C tile (masked to `nr` lanes), every
     // `A(r,kk)` (a pair's 32-bit load reads two steps of one row and one block;
     // an odd last step is read alone), the `B` pair rows and the bias row are

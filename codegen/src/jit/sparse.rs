@@ -33,8 +33,8 @@ use super::embedding::{BagRuns, prefetch_rows};
 use super::gemm::Elt;
 use super::{Jit, JitError};
 use crate::kernels::optim::{
-    Grad, GradRows, SparsePlan, check_consistent, embedding_update_plan, grad_of, op_name,
-    sparse_sgd_plan, split_pair,
+    Grad, GradRows, SparsePlan, check_consistent, embedding_update_plan, embedding_update_plan_of,
+    grad_of, op_name, sparse_sgd_plan_of, split_pair,
 };
 use crate::kernels::{Indices, KResult, KernelError, shape_err};
 use crate::update::rows_of;
@@ -564,8 +564,7 @@ pub(crate) fn update_in_place(
                 let rows = rows_of(op);
                 let op = op_name(rows, "sparse_sgd", "sparse_sgd_rows");
                 check_consistent(op, "table", t)?;
-                let whole = rows.table_shape(op, &t.shape)?;
-                let plan = sparse_sgd_plan(op, &whole, idx, g)?.holding(rows, t.shape[0]);
+                let plan = sparse_sgd_plan_of(op, rows, &t.shape, idx, g)?;
                 let Data::F32(w) = &mut t.data else {
                     unreachable!("checked above")
                 };
@@ -583,9 +582,15 @@ pub(crate) fn update_in_place(
                 let rows = rows_of(op);
                 let op = op_name(rows, "embedding_update", "embedding_update_rows");
                 check_consistent(op, "table", t)?;
-                let whole = rows.table_shape(op, &t.shape)?;
-                let plan = embedding_update_plan(op, &whole, *mode, dy, idx, off.first().copied())?
-                    .holding(rows, t.shape[0]);
+                let plan = embedding_update_plan_of(
+                    op,
+                    rows,
+                    &t.shape,
+                    *mode,
+                    dy,
+                    idx,
+                    off.first().copied(),
+                )?;
                 let Data::F32(w) = &mut t.data else {
                     unreachable!("checked above")
                 };
@@ -605,9 +610,8 @@ pub(crate) fn update_in_place(
                 "split_embedding_update_rows",
             );
             let (shape, h, l) = split_pair(op, hi, lo)?;
-            let whole = rows.table_shape(op, shape)?;
-            let plan = embedding_update_plan(op, &whole, *mode, dy, idx, off.first().copied())?
-                .holding(rows, shape[0]);
+            let plan =
+                embedding_update_plan_of(op, rows, shape, *mode, dy, idx, off.first().copied())?;
             let (hp, lp) = (h.as_mut_ptr().cast::<u8>(), l.as_mut_ptr().cast::<u8>());
             run_sparse(jit, op, Store::Split, hp, lp, &plan, *lr)
         })()),

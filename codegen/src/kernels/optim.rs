@@ -251,7 +251,7 @@ impl SparsePlan<'_> {
 
     /// The plan for storage of `stored` rows holding `rows` of the table
     /// (checked by [`Rows::table_shape`]).
-    pub(crate) fn holding(self, rows: Rows, stored: usize) -> Self {
+    fn holding(self, rows: Rows, stored: usize) -> Self {
         SparsePlan {
             first: rows.first(),
             stored,
@@ -520,6 +520,34 @@ pub(crate) fn embedding_update_plan<'a>(
     })
 }
 
+/// [`sparse_sgd_plan`] for storage of shape `storage` holding `rows` of its
+/// table (checked by [`Rows::table_shape`]).
+pub(crate) fn sparse_sgd_plan_of<'a>(
+    op: &'static str,
+    rows: Rows,
+    storage: &[usize],
+    indices: &'a Tensor,
+    rowgrad: &'a Tensor,
+) -> KResult<SparsePlan<'a>> {
+    let whole = rows.table_shape(op, storage)?;
+    Ok(sparse_sgd_plan(op, &whole, indices, rowgrad)?.holding(rows, storage[0]))
+}
+
+/// [`embedding_update_plan`] for storage of shape `storage` holding `rows` of
+/// its table (checked by [`Rows::table_shape`]).
+pub(crate) fn embedding_update_plan_of<'a>(
+    op: &'static str,
+    rows: Rows,
+    storage: &[usize],
+    mode: Pool,
+    dy: &'a Tensor,
+    indices: &'a Tensor,
+    offsets: Option<&'a Tensor>,
+) -> KResult<SparsePlan<'a>> {
+    let whole = rows.table_shape(op, storage)?;
+    Ok(embedding_update_plan(op, &whole, mode, dy, indices, offsets)?.holding(rows, storage[0]))
+}
+
 /// Applies a validated plan to `table` (f32 or bf16), race-free.
 pub(crate) fn apply_plan(
     op: &'static str,
@@ -565,8 +593,7 @@ pub fn sparse_sgd_in_place(
 ) -> KResult<()> {
     let op = op_name(rows, "sparse_sgd", "sparse_sgd_rows");
     check_consistent(op, "table", table)?;
-    let whole = rows.table_shape(op, &table.shape)?;
-    let plan = sparse_sgd_plan(op, &whole, indices, rowgrad)?.holding(rows, table.shape[0]);
+    let plan = sparse_sgd_plan_of(op, rows, &table.shape, indices, rowgrad)?;
     apply_plan(op, table, &plan, lr)
 }
 
@@ -595,9 +622,7 @@ pub fn embedding_update_in_place(
 ) -> KResult<()> {
     let op = op_name(rows, "embedding_update", "embedding_update_rows");
     check_consistent(op, "table", table)?;
-    let whole = rows.table_shape(op, &table.shape)?;
-    let plan = embedding_update_plan(op, &whole, mode, dy, indices, offsets)?
-        .holding(rows, table.shape[0]);
+    let plan = embedding_update_plan_of(op, rows, &table.shape, mode, dy, indices, offsets)?;
     apply_plan(op, table, &plan, lr)
 }
 
@@ -650,9 +675,7 @@ pub fn split_embedding_update_in_place(
         "split_embedding_update_rows",
     );
     let (shape, h, l) = split_pair(op, hi, lo)?;
-    let whole = rows.table_shape(op, shape)?;
-    let plan =
-        embedding_update_plan(op, &whole, mode, dy, indices, offsets)?.holding(rows, shape[0]);
+    let plan = embedding_update_plan_of(op, rows, shape, mode, dy, indices, offsets)?;
     if plan.d > 0 && plan.idx.len() > 0 {
         apply_split(h, l, &plan, lr);
     }
