@@ -407,6 +407,22 @@ fn bad_runs_are_clear_errors() {
     assert!(err.contains("more than the global batch"), "{err}");
     let err = fails(DLRM_RUN, &[s(&plan), "--threads", "0"]);
     assert!(err.contains("--threads"), "{err}");
+    // An unknown micro-kernel is a usage error listing the choices.
+    let out = run(DLRM_RUN, &[s(&plan), "--kernels", "fastest"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("avx512bf16"), "{err}");
+    // The BF16 kernel runs a bf16 plan where the CPU has it, and is a clear
+    // error where it does not.
+    let bf16 = dir.path().join("bf16");
+    fs::create_dir(&bf16).expect("mkdir");
+    let bf16_plan = compile_tiny(&bf16, &["--precision", "bf16"]);
+    let args = [s(&bf16_plan), "--kernels", "avx512bf16", "--iters", "2"];
+    if dlrm_codegen::jit::native512bf16::available() {
+        ok(DLRM_RUN, &args);
+    } else {
+        let err = fails(DLRM_RUN, &args);
+        assert!(err.contains("AVX-512 BF16"), "{err}");
+    }
     let err = fails(DLRM_RUN, &[s(&dir.path().join("missing.plan"))]);
     assert!(err.contains("missing.plan"), "{err}");
     let err = fails(DLRMC, &["inspect", s(&dir.path().join("missing.plan"))]);
