@@ -212,11 +212,10 @@ proptest! {
     ) {
         let shard = shard_of(cut, rows);
         update_case(kind, rows, d, s, l, var, mean, i32s, bf_grad, seed, shard);
-        if let Some(shard) = shard {
-            // The shard's forward bag, and the table's dense gradient.
-            let bf = (!matches!(kind, TableKind::F32), bf_grad);
-            sharded_case(rows, d, s, l, var, mean, i32s, bf, seed, shard);
-        }
+        // The shard's forward bag and the table's dense gradient, or the
+        // weighted bag.
+        let bf = (!matches!(kind, TableKind::F32), bf_grad);
+        embedding_ops_case(rows, d, s, l, var, mean, i32s, bf, seed, shard);
     }
 
     #[test]
@@ -287,11 +286,12 @@ proptest! {
     }
 }
 
-/// `embedding_bag_rows` on a shard and `embedding_grad_dense` of the table: the
-/// JIT kernel bitwise equal to the interpreter and, where there is one (f32
-/// operands and result), to the reference kernel.
+/// `embedding_bag_rows` on a shard and `embedding_grad_dense` of the table
+/// (with a shard), `embedding_bag_weighted` (with offsets; weights in [-1, 1)
+/// and a NaN): the JIT kernel bitwise equal to the interpreter and, where there
+/// is one (f32 operands and result), to the reference kernel.
 #[allow(clippy::too_many_arguments)]
-fn sharded_case(
+fn embedding_ops_case(
     rows: usize,
     d: usize,
     s: usize,
@@ -301,7 +301,7 @@ fn sharded_case(
     i32s: bool,
     bf: (bool, bool),
     seed: u64,
-    shard: (usize, usize),
+    shard: Option<(usize, usize)>,
 ) {
     let n = s * l;
     let idx = indices(seed, n, rows, i32s, if var { vec![n] } else { vec![s, l] });
@@ -309,32 +309,44 @@ fn sharded_case(
     let (bf_in, bf_out) = bf;
     let edt = if bf_in { DType::BF16 } else { DType::F32 };
     let mode = if mean { Pool::Mean } else { Pool::Sum };
-    let (lo, len) = shard;
+    let (lo, len) = shard.unwrap_or((0, rows));
     let table = Tensor::from_f32(
         edt,
         vec![len, d],
-        rows_of(vals(seed + 2, rows * d), d, Some(shard)),
+        rows_of(vals(seed + 2, rows * d), d, Some((lo, len))),
     );
     let dy = Tensor::from_f32(edt, vec![s, d], vals(seed + 3, s * d));
+    let mut w = vals(seed + 4, n);
+    if let Some(x) = w.get_mut(seed as usize % n.max(1)) {
+        *x = f32::NAN;
+    }
+    let weights = Tensor::f32(vec![n], w);
     let odt = if bf_out { DType::BF16 } else { DType::F32 };
-    let cases = [
-        (
+    let mut cases = Vec::new();
+    if shard.is_some() {
+        cases.push((
             Op::EmbeddingBagRows { mode, lo, rows },
             &table,
             odt,
             vec![s, d],
-        ),
-        (
+        ));
+        cases.push((
             Op::EmbeddingGradDense { mode, rows },
             &dy,
             DType::F32,
             vec![rows, d],
-        ),
-    ];
+        ));
+    }
+    if var && shard.is_none() {
+        cases.push((Op::EmbeddingBagWeighted, &table, odt, vec![s, d]));
+    }
     for (op, first, odt, oshape) in cases {
         let mut ins = vec![first, &idx];
         if var {
             ins.push(&off);
+        }
+        if op == Op::EmbeddingBagWeighted {
+            ins.push(&weights);
         }
         let out = TensorType::new(odt, oshape.into_iter().map(Dim::Fixed));
         let name = format!(

@@ -967,6 +967,7 @@ impl Executor {
             (
                 dlrm_codegen::KernelError::IndexOutOfRange { .. },
                 Op::EmbeddingBag { .. }
+                | Op::EmbeddingBagWeighted
                 | Op::SparseSgd { .. }
                 | Op::EmbeddingUpdate { .. }
                 | Op::SplitEmbeddingUpdate { .. }

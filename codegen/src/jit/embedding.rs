@@ -1,7 +1,9 @@
 //! The embedding-bag forward JIT kernel (fixed pooling or offsets, sum or mean,
 //! f32 or bf16 tables and results, i64 or i32 indices; a whole table, or a row
 //! shard for `embedding_bag_rows`, whose kernel adds only the indices in its
-//! rows), parallel over blocks of bags.
+//! rows; `embedding_bag_weighted`, each row times its f32 weight, the product
+//! rounded and then added as the definition says), parallel over blocks of
+//! bags.
 //!
 //! Per bag, the row width `d` is processed in chunks of up to 32 columns (8 f32x4
 //! accumulators, so they stay in registers); the bag's rows are added in index
@@ -13,8 +15,10 @@
 //! names the position and the sample; the executor adds the table's name): the
 //! generated code loads rows without bounds checks.
 //!
-//! ABI: `fn(table, idx, bounds, out, s0: i64, s1: i64, first: i64, span: i64)`:
-//! bags `s0..s1`, results written from `out` (bag `s0`'s row first); with fixed
+//! ABI: `fn(table, idx, bounds, out, weights, s0: i64, s1: i64, first: i64,
+//! span: i64)`: bags `s0..s1`, results written from `out` (bag `s0`'s row
+//! first; a weighted kernel scales index position `p`'s row by the f32
+//! `weights[p]`, the others ignore `weights`); with fixed
 //! pooling `L` bag `s` is `idx[s·L .. (s+1)·L]`, else `idx[bounds[s] ..
 //! bounds[s+1]]` (i64 bounds); row `i` is at `table + i·row_bytes`. A shard
 //! kernel adds index `i` only when `i - first < span` (unsigned): its caller
@@ -56,12 +60,16 @@ pub struct BagSpec {
     /// The table is a row shard (`embedding_bag_rows`): only the indices in
     /// `first .. first + span` add a row, `table[i - first]`.
     pub shard: bool,
+    /// Each row is scaled by its position's f32 weight first
+    /// (`embedding_bag_weighted`: the product rounded, then added).
+    pub weighted: bool,
     /// `embedding_bag_grad` (`table` is `dy`, `idx64` unused): bag `s`'s
     /// gradient rows are `dy[s]` (divided by the bag's size for `mean`).
     pub grad: bool,
 }
 
-type BagFn = unsafe extern "C" fn(*const u8, *const u8, *const i64, *mut u8, i64, i64, i64, i64);
+type BagFn =
+    unsafe extern "C" fn(*const u8, *const u8, *const i64, *mut u8, *const f32, i64, i64, i64, i64);
 
 /// A compiled embedding-bag kernel.
 #[derive(Clone, Copy, Debug)]
@@ -75,9 +83,9 @@ const CW: usize = 32;
 
 pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
     let module = jit.new_module()?;
-    let f = jit.compile_fn(module, "embedding_bag", 4, &[types::I64; 4], |_, b, p| {
-        let (table, idx, bounds, out, s0, s1) = (p[0], p[1], p[2], p[3], p[4], p[5]);
-        let (first, span) = (p[6], p[7]);
+    let f = jit.compile_fn(module, "embedding_bag", 5, &[types::I64; 4], |_, b, p| {
+        let (table, idx, bounds, out, weights) = (p[0], p[1], p[2], p[3], p[4]);
+        let (s0, s1, first, span) = (p[5], p[6], p[7], p[8]);
         if spec.grad {
             return bag_grad(b, spec, table, bounds, out, s0, s1);
         }
@@ -94,7 +102,10 @@ pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
                 src: spec.table,
                 out: spec.out,
                 mean: spec.mean,
-                weights: None,
+                weights: spec.weighted.then_some(Weights {
+                    at: weights,
+                    fused: false,
+                }),
             };
             sum_rows(b, pool, start, end, d, orow, &mut |b, p| {
                 let ioff = b.ins().imul_imm_s(p, ei);
@@ -204,9 +215,19 @@ pub(super) struct RowSum {
     pub out: Elt,
     /// Divide by the number of rows (an empty sum stays zero).
     pub mean: bool,
-    /// Scale row `p` by the f32 at `weights + 4·p` first: the sum is then
-    /// `Σ_p weight_p · row_p`, one fused multiply-add per term.
-    pub weights: Option<Value>,
+    /// Scale row `p` by the f32 at `weights.at + 4·p` first: the sum is then
+    /// `Σ_p weight_p · row_p`.
+    pub weights: Option<Weights>,
+}
+
+/// The per-row weights of a [`sum_rows`].
+#[derive(Clone, Copy)]
+pub(super) struct Weights {
+    /// Address of the first row's f32 weight.
+    pub at: Value,
+    /// `acc + w·x` in one rounding (a fused multiply-add), else the product
+    /// rounded, then the sum (`embedding_bag_weighted`'s definition).
+    pub fused: bool,
 }
 
 /// The address of row `p` of a [`sum_rows`], and whether it is added (`None`:
@@ -263,29 +284,32 @@ fn sum_chunk(
             b.switch_to_block(add);
             next
         });
-        // acc + x, or acc + weight·x in one rounding.
-        let wt = pool.weights.map(|wp| {
+        // acc + x, or acc + weight·x (in one rounding when fused).
+        let wt = pool.weights.map(|wts| {
             let off = b.ins().imul_imm_s(p, 4);
-            let at = b.ins().iadd(wp, off);
+            let at = b.ins().iadd(wts.at, off);
             let w = b.ins().load(types::F32, flags(), at, 0);
             (w, b.ins().splat(types::F32X4, w))
         });
+        let fused = pool.weights.is_some_and(|w| w.fused);
+        let add = |b: &mut FunctionBuilder<'_>, a: Value, x: Value, w: Option<Value>| match w {
+            Some(w) if fused => b.ins().fma(x, w, a),
+            Some(w) => {
+                let prod = b.ins().fmul(w, x);
+                b.ins().fadd(a, prod)
+            }
+            None => b.ins().fadd(a, x),
+        };
         for (v, &acc) in vacc.iter().enumerate() {
             let x = load_f32x4(b, pool.src, rp, ((c0 + 4 * v) * et) as i32);
             let a = b.use_var(acc);
-            let s = match wt {
-                Some((_, wv)) => b.ins().fma(x, wv, a),
-                None => b.ins().fadd(a, x),
-            };
+            let s = add(b, a, x, wt.map(|w| w.1));
             b.def_var(acc, s);
         }
         for (l, &acc) in sacc.iter().enumerate() {
             let x = load_f32(b, pool.src, rp, ((c0 + 4 * nv + l) * et) as i32);
             let a = b.use_var(acc);
-            let s = match wt {
-                Some((w, _)) => b.ins().fma(x, w, a),
-                None => b.ins().fadd(a, x),
-            };
+            let s = add(b, a, x, wt.map(|w| w.0));
             b.def_var(acc, s);
         }
         if let Some(next) = skip {
@@ -315,18 +339,32 @@ fn sum_chunk(
 }
 
 /// `embedding_bag` with a JIT kernel (`None`: non-float table or result); with
-/// `rows` a [`Rows::Shard`], `embedding_bag_rows` on that shard of the table.
+/// `rows` a [`Rows::Shard`], `embedding_bag_rows` on that shard of the table;
+/// `weighted`: `embedding_bag_weighted` (`table, indices, offsets, weights`,
+/// sum; `None` for non-f32 weights).
 pub(crate) fn embedding_bag(
     jit: &Jit,
-    mode: Pool,
+    (mode, weighted): (Pool, bool),
     rows: Rows,
     inputs: &[&Tensor],
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
-    let op = op_name(rows, "embedding_bag", "embedding_bag_rows");
-    if !(2..=3).contains(&inputs.len()) {
+    let op = match weighted {
+        true => "embedding_bag_weighted",
+        false => op_name(rows, "embedding_bag", "embedding_bag_rows"),
+    };
+    let arity_ok = match weighted {
+        true => inputs.len() == 4,
+        false => (2..=3).contains(&inputs.len()),
+    };
+    if !arity_ok {
         return None;
     }
+    let weights = match (weighted, inputs.get(3).map(|t| &t.data)) {
+        (false, _) => None,
+        (true, Some(Data::F32(w))) => Some(w.as_slice()),
+        (true, _) => return None,
+    };
     let (tab_elt, tab_ptr) = match &inputs[0].data {
         Data::F32(v) => (Elt::F32, v.as_ptr().cast::<u8>()),
         Data::BF16(v) => (Elt::BF16, v.as_ptr().cast::<u8>()),
@@ -390,6 +428,17 @@ pub(crate) fn embedding_bag(
                 "indices length differs from their shape".into(),
             ));
         }
+        if let Some(w) = weights
+            && (inputs[3].shape.len() != 1 || w.len() != idx.len())
+        {
+            return Err(shape_err(
+                op,
+                format!(
+                    "weights {:?} must match indices {:?}",
+                    inputs[3].shape, inputs[1].shape
+                ),
+            ));
+        }
         let spec = BagSpec {
             d,
             table: tab_elt,
@@ -398,6 +447,7 @@ pub(crate) fn embedding_bag(
             pooling,
             mean: mode == Pool::Mean,
             shard: rows != Rows::All,
+            weighted,
             grad: false,
         };
         let k = jit.embedding(spec).map_err(|e| KernelError::Jit {
@@ -417,6 +467,7 @@ pub(crate) fn embedding_bag(
             // shard's storage (only its own rows are read or fetched).
             let tab = (tab_ptr as usize).wrapping_sub(first * row_bytes);
             let bnd = bounds.as_ptr() as usize;
+            let wts = weights.map_or(std::ptr::null(), <[f32]>::as_ptr) as usize;
             let held = first..first + stored;
             let sb = block_rows(s, 8, 256);
             let f = k.f;
@@ -452,7 +503,8 @@ pub(crate) fn embedding_bag(
                     // that range, at `tab`, see above); fixed pooling: indices s·L..(s+1)·L of the
                     // validated `s×L` indices; offsets: `bounds` holds s+1
                     // non-decreasing entries ending at the indices' length
-                    // (read_offsets). `po` is this task's own `bags × d` chunk of
+                    // (read_offsets); weighted: one f32 weight per index
+                    // (checked). `po` is this task's own `bags × d` chunk of
                     // the result, bag b0's row at `(b0 - s0)·d`.
                     unsafe {
                         f(
@@ -460,6 +512,7 @@ pub(crate) fn embedding_bag(
                             idx_ptr as *const u8,
                             bnd as *const i64,
                             po.add((b0 - s0) * d * out.size()),
+                            wts as *const f32,
                             b0 as i64,
                             b1 as i64,
                             first as i64,
@@ -505,6 +558,7 @@ pub(crate) fn embedding_bag_grad(
             pooling: g.pooling,
             mean: mode == Pool::Mean,
             shard: false,
+            weighted: false,
             grad: true,
         };
         let k = jit.embedding(spec).map_err(jit_err(OP))?;
@@ -526,6 +580,7 @@ pub(crate) fn embedding_bag_grad(
                         std::ptr::null(),
                         bnd as *const i64,
                         po,
+                        std::ptr::null(),
                         s0 as i64,
                         (s0 + sb).min(g.s) as i64,
                         0,

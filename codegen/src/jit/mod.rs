@@ -66,7 +66,7 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module};
-use dlrm_ir::{InteractionKind, Op, Tensor, TensorType};
+use dlrm_ir::{InteractionKind, Op, Pool, Tensor, TensorType};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
@@ -579,14 +579,17 @@ pub fn try_eval(
             brgemm::eval(jit, opts, op, inputs, out_types)
         }
         Op::EmbeddingBag { mode } => {
-            embedding::embedding_bag(jit, *mode, Rows::All, inputs, out_types)
+            embedding::embedding_bag(jit, (*mode, false), Rows::All, inputs, out_types)
+        }
+        Op::EmbeddingBagWeighted => {
+            embedding::embedding_bag(jit, (Pool::Sum, true), Rows::All, inputs, out_types)
         }
         Op::EmbeddingBagRows { mode, lo, rows } => {
             let shard = Rows::Shard {
                 first: *lo,
                 total: *rows,
             };
-            embedding::embedding_bag(jit, *mode, shard, inputs, out_types)
+            embedding::embedding_bag(jit, (*mode, false), shard, inputs, out_types)
         }
         Op::EmbeddingGradDense { mode, rows } => {
             sparse::embedding_grad_dense(jit, *mode, *rows, inputs, out_types)

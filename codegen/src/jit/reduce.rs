@@ -17,7 +17,7 @@
 //! weighs row `r`.
 
 use super::clif::{for_range, load_f32, load_f32x4, store_f32, var};
-use super::embedding::{RowSum, sum_rows};
+use super::embedding::{RowSum, Weights, sum_rows};
 use super::gemm::{Elt, Operand, OutBuf};
 use super::layout::{buf, checked, jit_err, par_chunks, zeros};
 use super::linear::{elt_of, operand};
@@ -61,7 +61,10 @@ pub(crate) fn compile(jit: &Jit, spec: DbSpec) -> Result<DbKernel, JitError> {
             src: spec.dz,
             out: spec.out,
             mean: false,
-            weights: spec.weighted.then_some(wt),
+            weights: spec.weighted.then_some(Weights {
+                at: wt,
+                fused: true,
+            }),
         };
         let row_bytes = (spec.n * spec.dz.size()) as i64;
         sum_rows(b, pool, zero, s, spec.w, out, &mut |b, r| {
