@@ -285,7 +285,7 @@ proptest! {
     }
 
     #[test]
-    fn bce_losses_and_grads_match_the_references(
+    fn losses_grads_and_sigmoid_match_the_references(
         s in 1usize..300,
         rank2 in any::<bool>(),
         fixed_denom in any::<bool>(),
@@ -322,15 +322,18 @@ proptest! {
         let denom = if fixed_denom { Dim::Fixed(s + 3) } else { Dim::batch() };
         let dims: Vec<Dim> = shape.iter().map(|&d| Dim::Fixed(d)).collect();
         let cases = [
-            (Op::BceLogits { denom: denom.clone() }, &z, vec![]),
-            (Op::BceLogitsGrad { denom: denom.clone() }, &z, dims.clone()),
-            (Op::Bce { denom: denom.clone() }, &p, vec![]),
-            (Op::BceGrad { denom }, &p, dims),
+            (Op::BceLogits { denom: denom.clone() }, vec![&z, &y], vec![]),
+            (Op::BceLogitsGrad { denom: denom.clone() }, vec![&z, &y], dims.clone()),
+            (Op::Bce { denom: denom.clone() }, vec![&p, &y], vec![]),
+            (Op::BceGrad { denom: denom.clone() }, vec![&p, &y], dims.clone()),
+            (Op::Mse { denom: denom.clone() }, vec![&z, &y], vec![]),
+            (Op::MseGrad { denom }, vec![&z, &y], dims.clone()),
+            (Op::Sigmoid, vec![&z], dims),
         ];
-        for (op, x, out_dims) in cases {
+        for (op, ins, out_dims) in cases {
             let out = TensorType::new(dt(bf_out), out_dims);
             let name = format!("{} s={s} bf={bf_z},{bf_y}->{bf_out}", op.mnemonic());
-            three_way(&name, &op, &[x, &y], &[out], s, 0.0);
+            three_way(&name, &op, &ins, &[out], s, 0.0);
         }
     }
 

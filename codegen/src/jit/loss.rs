@@ -1,5 +1,6 @@
-//! Loss JIT kernels: `bce_logits` and `bce_logits_grad` on logits, `bce` and
-//! `bce_grad` on probabilities; f32 or bf16 operands and result.
+//! Loss JIT kernels: `bce_logits` and `bce_logits_grad` on logits, `bce`,
+//! `bce_grad`, `mse` and `mse_grad` on probabilities, and the `sigmoid` of an
+//! inference graph's output; f32 or bf16 operands and result.
 //!
 //! Cranelift has no `exp`/`log1p`/`ln`: the kernels call [`EXP_SYMBOL`],
 //! [`LOG1P_SYMBOL`] and [`LN_SYMBOL`], JIT symbols bound to Rust's own
@@ -16,7 +17,10 @@
 //!   l`, NaN kept): bitwise the interpreter's (no reference kernel covers it);
 //! - `bce_grad`: `(p - y) / max(p·(1-p), 1e-12) / denom` elementwise, parallel
 //!   over chunks, the `max` as `f32::max` (a NaN product gives 1e-12): bitwise
-//!   the interpreter's.
+//!   the interpreter's;
+//! - `mse`: `acc += (p - y)·(p - y)` sequentially, then `acc / denom`; `mse_grad`:
+//!   `(2·(p - y)) / denom` elementwise; `sigmoid`: `1 / (1 + exp(-x))`
+//!   elementwise: bitwise the interpreter's.
 //!
 //! `max(z, 0)` is `z > 0 ? z : 0`: a NaN logit gives 0 there, as `f32::max` does
 //! (the NaN still reaches the sum through `z·y`). bf16 operands widen exactly; a
@@ -72,12 +76,24 @@ pub enum LossKind {
     Bce,
     /// `bce_grad(p, y)`.
     BceGrad,
+    /// `mse(p, y)`.
+    Mse,
+    /// `mse_grad(p, y)`.
+    MseGrad,
+    /// `sigmoid(x)` (elementwise, one operand: the kernel's `y` and `denom`
+    /// are not read).
+    Sigmoid,
 }
 
 impl LossKind {
     /// A scalar sum over the elements (else elementwise).
     fn reduces(self) -> bool {
-        matches!(self, LossKind::BceLogits | LossKind::Bce)
+        matches!(self, LossKind::BceLogits | LossKind::Bce | LossKind::Mse)
+    }
+
+    /// Operands: 2 (prediction, label), or 1 for `sigmoid`.
+    fn arity(self) -> usize {
+        if self == LossKind::Sigmoid { 1 } else { 2 }
     }
 }
 
@@ -148,20 +164,40 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
             let fzero = b.ins().f32const(0.0);
             let one = b.ins().f32const(1.0);
             let acc = var(b, types::F32, fzero);
+            // `1 / (1 + exp(-z))`.
+            let sigmoid = |b: &mut FunctionBuilder<'_>, z| {
+                let nz = b.ins().fneg(z);
+                let e = call(b, exp, nz);
+                let d = b.ins().fadd(one, e);
+                b.ins().fdiv(one, d)
+            };
             for_range(b, zero, n, 1, &mut |b, i| {
                 let a = b.ins().imul_imm_s(i, ez);
                 let a = b.ins().iadd(pz, a);
                 let z = load_f32(b, spec.z, a, 0);
-                let a = b.ins().imul_imm_s(i, ey);
-                let a = b.ins().iadd(py, a);
-                let y = load_f32(b, spec.y, a, 0);
+                let y = if spec.kind.arity() == 2 {
+                    let a = b.ins().imul_imm_s(i, ey);
+                    let a = b.ins().iadd(py, a);
+                    load_f32(b, spec.y, a, 0)
+                } else {
+                    fzero
+                };
                 let v = match spec.kind {
+                    LossKind::Sigmoid => sigmoid(b, z),
                     LossKind::BceLogitsGrad => {
-                        let nz = b.ins().fneg(z);
-                        let e = call(b, exp, nz);
-                        let d = b.ins().fadd(one, e);
-                        let s = b.ins().fdiv(one, d);
+                        let s = sigmoid(b, z);
                         let t = b.ins().fsub(s, y);
+                        b.ins().fdiv(t, den)
+                    }
+                    LossKind::Mse => {
+                        let e = b.ins().fsub(z, y);
+                        b.ins().fmul(e, e)
+                    }
+                    LossKind::MseGrad => {
+                        // `2·(p - y) / denom`, in that order.
+                        let e = b.ins().fsub(z, y);
+                        let two = b.ins().f32const(2.0);
+                        let t = b.ins().fmul(two, e);
                         b.ins().fdiv(t, den)
                     }
                     LossKind::BceLogits => {
@@ -240,9 +276,9 @@ fn resolve(d: &Dim, syms: &HashMap<String, usize>) -> Option<f32> {
     (n > 0).then_some(n as f32)
 }
 
-/// `bce_logits`, `bce_logits_grad`, `bce` and `bce_grad` with JIT kernels
-/// (`None`: another op,
-/// non-float operands or result, or an unresolved or zero denominator).
+/// `bce_logits`, `bce_logits_grad`, `bce`, `bce_grad`, `mse`, `mse_grad` and
+/// `sigmoid` with JIT kernels (`None`: another op, non-float operands or
+/// result, or an unresolved or zero denominator).
 pub(crate) fn eval(
     jit: &Jit,
     op: &Op,
@@ -255,20 +291,27 @@ pub(crate) fn eval(
         Op::BceLogitsGrad { denom } => (LossKind::BceLogitsGrad, denom),
         Op::Bce { denom } => (LossKind::Bce, denom),
         Op::BceGrad { denom } => (LossKind::BceGrad, denom),
+        Op::Mse { denom } => (LossKind::Mse, denom),
+        Op::MseGrad { denom } => (LossKind::MseGrad, denom),
+        Op::Sigmoid => (LossKind::Sigmoid, &Dim::Fixed(1)),
         _ => return None,
     };
     let name = op.mnemonic();
     let den = resolve(denom, syms)?;
     let out = elt_of(out_types.first()?.dtype)?;
     let (ez, pz) = float_ptr(inputs.first()?)?;
-    let (ey, py) = float_ptr(inputs.get(1)?)?;
+    // `sigmoid` has no label: the kernel does not read it.
+    let (ey, py) = match kind.arity() {
+        2 => float_ptr(inputs.get(1)?)?,
+        _ => (ez, pz),
+    };
     Some((|| {
-        crate::kernels::arity(name, inputs, &[2])?;
-        let (z, y) = (inputs[0], inputs[1]);
+        crate::kernels::arity(name, inputs, &[kind.arity()])?;
+        let (z, y) = (inputs[0], inputs[kind.arity() - 1]);
         if z.shape != y.shape {
             let what = match kind {
-                LossKind::Bce | LossKind::BceGrad => "prediction",
-                _ => "logits",
+                LossKind::BceLogits | LossKind::BceLogitsGrad => "logits",
+                _ => "prediction",
             };
             return Err(shape_err(
                 name,

@@ -27,7 +27,8 @@
 //!   elementwise ops.
 //! - [`layout`]: one strided row copy (f32/bf16 in any mix, zero padding) for
 //!   `block_act`, `unblock_act` and the `cat` interaction forward and backward.
-//! - [`loss`]: `bce_logits`, `bce_logits_grad`, `bce` and `bce_grad`, calling
+//! - [`loss`]: `bce_logits`, `bce_logits_grad`, `bce`, `bce_grad`, `mse`,
+//!   `mse_grad` and `sigmoid`, calling
 //!   Rust's `f32::exp`, `f32::ln_1p` and `f32::ln` through JIT symbols (bitwise
 //!   the reference's and the interpreter's results).
 //! - [`native_dot`]: the dot interaction's backward on AVX-512 (f32), run
@@ -613,9 +614,13 @@ pub fn try_eval(
         Op::Interaction { .. } | Op::InteractionGrad { .. } => {
             interaction::eval(jit, opts, op, inputs, out_types)
         }
-        Op::BceLogits { .. } | Op::BceLogitsGrad { .. } | Op::Bce { .. } | Op::BceGrad { .. } => {
-            loss::eval(jit, op, inputs, out_types, syms)
-        }
+        Op::BceLogits { .. }
+        | Op::BceLogitsGrad { .. }
+        | Op::Bce { .. }
+        | Op::BceGrad { .. }
+        | Op::Mse { .. }
+        | Op::MseGrad { .. }
+        | Op::Sigmoid => loss::eval(jit, op, inputs, out_types, syms),
         _ => None,
     }?;
     Some(res.and_then(|outs| crate::kernels::check_results(op, outs, out_types, syms)))
