@@ -11,6 +11,7 @@
 //! results are stored in the declared dtype (bf16 rounded to nearest even).
 
 use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b, pack_bias};
+use super::native512bf16::pack_b_pairs_into;
 use super::{Jit, JitError, JitOptions};
 use crate::kernels::{KResult, KernelError, shape_err};
 use dlrm_ir::{Act, DType, Data, Tensor, TensorType};
@@ -74,15 +75,17 @@ impl Out {
     }
 }
 
-/// Picks the micro-kernel, packs B with its panel width (`pack(nr)`), and runs
-/// the GEMM into a fresh result of `m × n`.
+/// Picks the micro-kernel (`bf16_b`: `B` is bf16 in memory, see
+/// [`Jit::pick_variant`]), packs B for it (`pack(micro)`: panels of its width,
+/// in k pairs for [`Micro::Bf16Dot`]), and runs the GEMM into a fresh result of
+/// `m × n`.
 fn run_gemm(
     jit: &Jit,
     opts: &JitOptions,
     op: &'static str,
-    base: GemmSpec,
+    (base, bf16_b): (GemmSpec, bool),
     a: Operand<'_>,
-    pack: &(dyn Fn(usize) -> Vec<f32> + Sync),
+    pack: &(dyn Fn(Micro) -> Vec<f32> + Sync),
     bias: Option<&[f32]>,
 ) -> KResult<Out> {
     let mut packed: Vec<(Micro, Vec<f32>)> = Vec::new();
@@ -90,7 +93,7 @@ fn run_gemm(
         if let Some(i) = packed.iter().position(|(m, _)| *m == micro) {
             return i;
         }
-        packed.push((micro, pack(micro.nr())));
+        packed.push((micro, pack(micro)));
         packed.len() - 1
     };
     let run = |k: GemmKernel, bp: &[f32], out: &mut Out| -> Result<(), JitError> {
@@ -103,7 +106,7 @@ fn run_gemm(
             let mut scratch = Out::zeros(base.c, base.m * base.n);
             run(k, &packed[i].1, &mut scratch)
         };
-        jit.pick_variant(base, opts, (false, false), &mut trial)
+        jit.pick_variant(base, opts, (false, bf16_b), &mut trial)
             .map_err(|e| jit_err(op, e))?
             .micro
     };
@@ -179,12 +182,18 @@ pub fn linear(
             a_blk: 0,
         };
         let bias = to_f32(b);
-        let pack = |nr: usize| match &w.data {
-            Data::F32(v) => pack_b(v, k, n, 1, k, nr),
-            Data::BF16(v) => pack_b(v, k, n, 1, k, nr),
+        let pack = |micro: Micro| match &w.data {
+            Data::BF16(v) if micro == Micro::Bf16Dot => {
+                let mut bp = vec![0.0f32; GemmSpec { micro, ..base }.packed_b_len()];
+                pack_b_pairs_into(&mut bp, v, (k, n, 1, k), micro.nr());
+                bp
+            }
+            Data::F32(v) => pack_b(v, k, n, 1, k, micro.nr()),
+            Data::BF16(v) => pack_b(v, k, n, 1, k, micro.nr()),
             _ => Vec::new(),
         };
-        let out = run_gemm(jit, opts, OP, base, xa, &pack, Some(&bias))?;
+        let bf16_w = matches!(w.data, Data::BF16(_));
+        let out = run_gemm(jit, opts, OP, (base, bf16_w), xa, &pack, Some(&bias))?;
         let out = if sigmoid {
             let Out::F32(mut v) = out else {
                 return Err(shape_err(OP, "internal: sigmoid scratch is not f32".into()));
@@ -253,12 +262,12 @@ pub fn linear_dx(
             kb: 0,
             a_blk: 0,
         };
-        let pack = |nr: usize| match &w.data {
-            Data::F32(v) => pack_b(v, n, k, k, 1, nr),
-            Data::BF16(v) => pack_b(v, n, k, k, 1, nr),
+        let pack = |micro: Micro| match &w.data {
+            Data::F32(v) => pack_b(v, n, k, k, 1, micro.nr()),
+            Data::BF16(v) => pack_b(v, n, k, k, 1, micro.nr()),
             _ => Vec::new(),
         };
-        let out = run_gemm(jit, opts, OP, base, dza, &pack, None)?;
+        let out = run_gemm(jit, opts, OP, (base, false), dza, &pack, None)?;
         Ok(vec![out.tensor(vec![s, k])])
     })())
 }
@@ -322,12 +331,13 @@ pub fn linear_dw(
                 Operand::F32(v) => Operand::F32(&v[(c0 * n).min(v.len())..]),
                 Operand::BF16(v) => Operand::BF16(&v[(c0 * n).min(v.len())..]),
             };
-            let pack = |nr: usize| match &x.data {
-                Data::F32(v) => pack_b(&v[(c0 * k).min(v.len())..], len, k, k, 1, nr),
-                Data::BF16(v) => pack_b(&v[(c0 * k).min(v.len())..], len, k, k, 1, nr),
+            let pack = |micro: Micro| match &x.data {
+                Data::F32(v) => pack_b(&v[(c0 * k).min(v.len())..], len, k, k, 1, micro.nr()),
+                Data::BF16(v) => pack_b(&v[(c0 * k).min(v.len())..], len, k, k, 1, micro.nr()),
                 _ => Vec::new(),
             };
-            let part = run_gemm(jit, opts, OP, GemmSpec { k: len, ..base }, a_c, &pack, None)?;
+            let spec = (GemmSpec { k: len, ..base }, false);
+            let part = run_gemm(jit, opts, OP, spec, a_c, &pack, None)?;
             match (chunks, part, total.as_mut()) {
                 (1, p, _) => single = Some(p),
                 (_, Out::F32(p), None) => total = Some(p),
