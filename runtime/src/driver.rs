@@ -204,6 +204,9 @@ pub struct Report {
     pub jit_kernels: usize,
     /// Total JIT compile time of the process so far, in seconds.
     pub jit_compile_s: f64,
+    /// GEMM shapes per micro-kernel the JIT picked so far
+    /// ([`dlrm_codegen::Jit::gemm_picks`]).
+    pub gemm_picks: Vec<(String, usize)>,
     /// Whether collectives overlapped compute.
     pub overlap: bool,
     /// How the communicator all-reduces (the thread group's algorithm, or MPI's).
@@ -293,6 +296,17 @@ impl Report {
             self.jit_kernels,
             self.jit_compile_s
         ));
+        if !self.gemm_picks.is_empty() {
+            let picks: Vec<String> = self
+                .gemm_picks
+                .iter()
+                .map(|(name, n)| format!("{name} {n}"))
+                .collect();
+            s.push_str(&format!(
+                "GEMM shapes by micro-kernel: {}\n",
+                picks.join(", ")
+            ));
+        }
         s
     }
 }
@@ -589,6 +603,9 @@ fn report(
         kernels: cfg.kernels.name(),
         jit_kernels: jit_stats.compiled,
         jit_compile_s: jit_stats.compile_s,
+        gemm_picks: dlrm_codegen::Jit::global()
+            .map(|j| j.gemm_picks())
+            .unwrap_or_default(),
         overlap: cfg.overlap,
         allreduce: allreduce.to_string(),
         comm: rank0.comm,

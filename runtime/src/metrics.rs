@@ -4,8 +4,10 @@
 //! (`{"iter", "loss", "samples_per_s", "elapsed_s"}`, `loss` null in inference mode)
 //! and a last summary line (`{"auc", "accuracy", "eval_samples", "final_loss",
 //! "samples_per_s", "ranks", "iters", "backend", "kernels", "jit_kernels",
-//! "jit_compile_s", "ops"}`, `ops` being the per-op-kind bench table: `op`,
-//! `calls`, `seconds`, `gflops`, `gbytes_per_s`). Every line is written whole and flushed
+//! "jit_compile_s", "gemm_kernels", "ops", "nodes"}`, `gemm_kernels` counting
+//! the GEMM shapes per micro-kernel the JIT picked, `ops` being the per-op-kind
+//! bench table: `op`, `calls`, `seconds`, `gflops`, `gbytes_per_s`, and `nodes`
+//! the heaviest nodes'). Every line is written whole and flushed
 //! before the call returns, so a reader (or a crash) sees only complete lines,
 //! except at worst a truncated last line if the process dies inside the write; the
 //! file as a whole is not atomic (it grows while training runs, so progress can be
@@ -131,6 +133,7 @@ impl MetricsWriter {
             "kernels": r.kernels,
             "jit_kernels": r.jit_kernels,
             "jit_compile_s": r.jit_compile_s,
+            "gemm_kernels": r.gemm_picks.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
             "ops": r.op_times.iter().map(|t| json!({
                 "op": t.op,
                 "calls": t.calls,

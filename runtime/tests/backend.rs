@@ -110,6 +110,18 @@ fn a_job_reports_backend_jit_stats_and_a_bench_table() {
         "{table}"
     );
     assert!(table.contains("samples/s"), "{table}");
+    // The GEMM shapes, on the forced micro-kernel.
+    assert!(
+        r.gemm_picks
+            .iter()
+            .any(|(name, n)| name == "Cranelift" && *n > 0),
+        "{:?}",
+        r.gemm_picks
+    );
+    assert!(
+        table.contains("GEMM shapes by micro-kernel: Cranelift"),
+        "{table}"
+    );
     // The heaviest nodes: named, most expensive first, each within its op
     // kind's total.
     assert!(table.contains("heaviest nodes"), "{table}");

@@ -240,8 +240,8 @@ pub struct Jit {
     isa_in_order: OwnedTargetIsa,
     modules: Mutex<Vec<JITModule>>,
     cache: Mutex<HashMap<Key, Compiled>>,
-    /// Timed picks per GEMM spec (its micro field set to Cranelift),
-    /// packability and options.
+    /// Picks per GEMM spec (its micro field set to Cranelift), packability
+    /// and options: timed, or the only candidate.
     auto: Mutex<AutoPicks>,
     stats: Mutex<JitStats>,
 }
@@ -465,9 +465,18 @@ impl Jit {
         if opts.kernels == KernelChoice::Avx512Bf16 && !Micro::Bf16Dot.available() {
             return Err(JitError::NoNative(Micro::Bf16Dot.name()));
         }
+        let key = gemm::GemmSpec {
+            micro: Micro::Cranelift,
+            ..spec
+        };
+        let pick_key = (key, packable, *opts);
+        let picked = |s: gemm::GemmSpec| {
+            lock(&self.auto).insert(pick_key, s);
+            Ok(s)
+        };
         let dot = bf16_b && spec.bf16_dot_fits() && Micro::Bf16Dot.available();
         if dot && matches!(opts.kernels, KernelChoice::Auto | KernelChoice::Avx512Bf16) {
-            return Ok(gemm::GemmSpec {
+            return picked(gemm::GemmSpec {
                 micro: Micro::Bf16Dot,
                 ..spec
             });
@@ -505,13 +514,8 @@ impl Jit {
             }
         }
         if let [only] = candidates[..] {
-            return Ok(only);
+            return picked(only);
         }
-        let key = gemm::GemmSpec {
-            micro: Micro::Cranelift,
-            ..spec
-        };
-        let pick_key = (key, packable, *opts);
         if let Some(&s) = lock(&self.auto).get(&pick_key) {
             return Ok(s);
         }
@@ -536,8 +540,22 @@ impl Jit {
                 }
             }
         }
-        lock(&self.auto).insert(pick_key, best.1);
-        Ok(best.1)
+        picked(best.1)
+    }
+
+    /// How many GEMM shapes [`Jit::pick_variant`] has given to each
+    /// micro-kernel so far (timed picks and forced ones alike), by name, with
+    /// `A` packed per row chunk counted apart: e.g. `("AVX-512, A packed", 3)`.
+    pub fn gemm_picks(&self) -> Vec<(String, usize)> {
+        let mut counts = std::collections::BTreeMap::new();
+        for s in lock(&self.auto).values() {
+            let name = match s.pack_a {
+                true => format!("{}, A packed", s.micro.name()),
+                false => s.micro.name().to_string(),
+            };
+            *counts.entry(name).or_insert(0) += 1;
+        }
+        counts.into_iter().collect()
     }
 }
 
