@@ -25,22 +25,14 @@ use half::bf16;
 use std::collections::HashMap;
 use std::hint::black_box;
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+use common::vals;
+
 /// The allocator `dlrm-run` uses (freed buffers are reused, not page-faulted
 /// back), so the timings include the same allocation costs as a training step.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn vals(seed: u64, n: usize) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 fn gemm_shapes() -> Vec<(usize, usize)> {
     const S: [usize; 6] = [13, 64, 128, 256, 512, 1024];

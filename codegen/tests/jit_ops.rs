@@ -11,17 +11,8 @@ use dlrm_ir::{DType, Dim, InteractionKind, Op, Pool, SingleRank, Tensor, TensorT
 use proptest::prelude::*;
 use std::collections::HashMap;
 
-fn vals(seed: u64, n: usize) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+mod common;
+use common::vals;
 
 fn syms(s: usize) -> HashMap<String, usize> {
     HashMap::from([("B".to_string(), s)])

@@ -35,6 +35,20 @@ impl Case {
     }
 }
 
+/// Deterministic pseudo-random values in [-1, 1) (xorshift; the same stream
+/// for the same seed in every test and bench that uses it).
+pub fn vals(seed: u64, n: usize) -> Vec<f32> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
 pub fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
 }
