@@ -1,8 +1,8 @@
 //! Property tests of the JIT embedding-bag (forward and `embedding_bag_grad`),
 //! `linear_db`, elementwise, layout-copy (`block_act`, `unblock_act`, `cat`
-//! interaction) and loss (`bce_logits`, `bce` and their gradients) kernels against
-//! the interpreter (the definition) and the reference kernels, on random ragged
-//! shapes, f32 and bf16 storage.
+//! interaction) and loss (`bce_logits`, `bce`, `mse` and their gradients, and
+//! `sigmoid`) kernels against the interpreter (the definition) and the reference
+//! kernels, on random ragged shapes, f32 and bf16 storage.
 
 use dlrm_codegen::KernelError;
 use dlrm_codegen::jit::{JitOptions, try_eval};

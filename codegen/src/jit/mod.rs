@@ -217,7 +217,8 @@ kernel_kinds! {
     pub fn interaction => Interaction(interaction::DotSpec) -> interaction::DotKernel = interaction::compile;
     /// The row-copy kernel (`block_act`, `unblock_act`, `cat`) for `spec`.
     pub fn copy => Copy(layout::CopySpec) -> layout::CopyKernel = layout::compile;
-    /// The loss kernel (`bce_logits`, `bce`, and their gradients) for `spec`.
+    /// The loss kernel (`bce_logits`, `bce`, `mse`, their gradients, and
+    /// `sigmoid`) for `spec`.
     pub fn loss => Loss(loss::LossSpec) -> loss::LossKernel = loss::compile;
     /// The column-sum kernel (`linear_db`; weighted: one-column `brgemm_wgrad`)
     /// for `spec`.
