@@ -41,14 +41,7 @@ pub(crate) enum Val {
     Failed(Rc<OnnxError>),
 }
 
-/// An entry of a [`Val::Shape`]: a known integer or a dimension symbol.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum SymI {
-    /// A known value (may be negative, e.g. `-1` in a reshape target).
-    I(i64),
-    /// A symbolic dimension.
-    S(String),
-}
+pub(crate) use crate::sym::SymI;
 
 /// One node being imported: its proto, index and attributes.
 pub(crate) struct NodeCx<'a> {

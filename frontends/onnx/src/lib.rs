@@ -40,6 +40,7 @@ mod import;
 pub mod npz;
 mod ops;
 mod proto;
+mod sym;
 mod tensor;
 
 pub use error::{OnnxError, Result};

@@ -27,6 +27,31 @@ pub(super) fn register(r: &mut HashMap<&'static str, Builder>) {
     r.insert("GatherElements", gather_elements);
     r.insert("GatherND", gather_nd);
     r.insert("Slice", slice);
+    r.insert("Size", size);
+    r.insert("ReduceProd", reduce_prod);
+}
+
+/// `Size`: the element count, symbolic when the shape is.
+fn size(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
+    let x = cx.input(n, 0)?;
+    let count = numel_sym(&cx.ty(&x)?.shape).ok_or("the element count overflows")?;
+    Ok(vec![sym_val(vec![count], true, n)])
+}
+
+/// `ReduceProd` of a shape vector or small integer constant (all axes; the
+/// element count of a shape), evaluated at import.
+fn reduce_prod(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
+    let x = cx.input(n, 0)?;
+    let (v, _) = sym_ints(&x).ok_or("ReduceProd is supported on shape computations only")?;
+    if axes_of(cx, n, 1)?.is_some_and(|a| a.iter().any(|&a| a != 0 && a != -1)) {
+        return Err("ReduceProd of a vector reduces axis 0 only".into());
+    }
+    let p = v
+        .iter()
+        .try_fold(SymI::int(1), |acc, d| acc.mul(d))
+        .ok_or("the product overflows")?;
+    let keep = n.attrs.int("keepdims", 1)? != 0;
+    Ok(vec![sym_val(vec![p], !keep, n)])
 }
 
 fn konst(t: Tensor, n: &NodeCx<'_>) -> Val {
@@ -51,11 +76,11 @@ fn constant(_cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
 }
 
 /// A value's entries as a symbolic integer vector (constants or `Shape` values).
-fn sym_ints(v: &Val) -> Option<(Vec<SymI>, bool)> {
+pub(super) fn sym_ints(v: &Val) -> Option<(Vec<SymI>, bool)> {
     match v {
         Val::Shape(s, scalar) => Some((s.clone(), *scalar)),
         Val::Const(t, _) if t.shape.len() <= 1 => Some((
-            t.to_i64_vec()?.into_iter().map(SymI::I).collect(),
+            t.to_i64_vec()?.into_iter().map(SymI::int).collect(),
             t.shape.is_empty(),
         )),
         _ => None,
@@ -63,14 +88,8 @@ fn sym_ints(v: &Val) -> Option<(Vec<SymI>, bool)> {
 }
 
 /// A symbolic vector as a value: a constant when every entry is known.
-fn sym_val(v: Vec<SymI>, scalar: bool, n: &NodeCx<'_>) -> Val {
-    let known: Option<Vec<i64>> = v
-        .iter()
-        .map(|e| match e {
-            SymI::I(i) => Some(*i),
-            SymI::S(_) => None,
-        })
-        .collect();
+pub(super) fn sym_val(v: Vec<SymI>, scalar: bool, n: &NodeCx<'_>) -> Val {
+    let known: Option<Vec<i64>> = v.iter().map(SymI::as_int).collect();
     match known {
         Some(k) => {
             let shape = if scalar { vec![] } else { vec![k.len()] };
@@ -127,8 +146,8 @@ fn shape(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
     let dims: Vec<SymI> = ty.shape[start..end.max(start)]
         .iter()
         .map(|d| match d {
-            Dim::Fixed(k) => SymI::I(*k as i64),
-            Dim::Sym(s) => SymI::S(s.clone()),
+            Dim::Fixed(k) => SymI::int(*k as i64),
+            Dim::Sym(s) => SymI::sym(s),
         })
         .collect();
     Ok(vec![sym_val(dims, false, n)])
@@ -152,63 +171,89 @@ fn concat(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
     Ok(vec![cx.emit(Op::Concat { axis }, &ins, &n.out_name(0))?])
 }
 
-/// Resolves an ONNX reshape target against the input shape.
+/// A dimension as a symbolic integer.
+pub(crate) fn dim_sym(d: &Dim) -> SymI {
+    match d {
+        Dim::Fixed(k) => SymI::int(*k as i64),
+        Dim::Sym(s) => SymI::sym(s),
+    }
+}
+
+/// A symbolic integer as a dimension of the IR (a size or one symbol).
+fn sym_dim(v: &SymI) -> Result<Dim, String> {
+    if let Some(k) = v.as_int() {
+        return usize::try_from(k)
+            .map(Dim::Fixed)
+            .map_err(|_| format!("bad target dimension {k}"));
+    }
+    match v.as_sym() {
+        Some(s) => Ok(Dim::Sym(s.to_string())),
+        None => Err(format!(
+            "the dimension {v} is a product or sum of symbols, which the IR's types cannot hold yet"
+        )),
+    }
+}
+
+/// The symbolic element count of a shape.
+pub(crate) fn numel_sym(shape: &[Dim]) -> Option<SymI> {
+    shape
+        .iter()
+        .try_fold(SymI::int(1), |acc, d| acc.mul(&dim_sym(d)))
+}
+
+/// Resolves an ONNX reshape target against the input shape: `0` copies the input
+/// dimension (unless `allowzero`), `-1` is the element count divided by the others',
+/// computed symbolically (`[B,3] -> [-1]` is `[B*3]`).
 fn resolve_target(input: &[Dim], target: &[SymI], allowzero: bool) -> Result<Vec<Dim>, String> {
-    let mut out: Vec<Option<Dim>> = Vec::with_capacity(target.len());
+    let mut out: Vec<Option<SymI>> = Vec::with_capacity(target.len());
     let mut infer_at = None;
     for (k, t) in target.iter().enumerate() {
-        out.push(match t {
-            SymI::I(0) if !allowzero => Some(
-                input
-                    .get(k)
-                    .cloned()
-                    .ok_or("a 0 in the target copies a missing input dimension")?,
-            ),
-            SymI::I(-1) if infer_at.is_none() => {
+        out.push(match t.as_int() {
+            Some(0) if !allowzero => {
+                Some(dim_sym(input.get(k).ok_or(
+                    "a 0 in the target copies a missing input dimension",
+                )?))
+            }
+            Some(-1) if infer_at.is_none() => {
                 infer_at = Some(k);
                 None
             }
-            SymI::I(v) if *v >= 0 => Some(Dim::Fixed(*v as usize)),
-            SymI::I(v) => return Err(format!("bad target dimension {v}")),
-            SymI::S(s) => Some(Dim::Sym(s.clone())),
+            Some(v) if v < 0 => return Err(format!("bad target dimension {v}")),
+            _ => Some(t.clone()),
         });
     }
     if let Some(k) = infer_at {
-        let split = |ds: &mut dyn Iterator<Item = &Dim>| {
-            let mut f = 1usize;
-            let mut s: Vec<String> = Vec::new();
-            for d in ds {
-                match d {
-                    Dim::Fixed(x) => f = f.saturating_mul(*x),
-                    Dim::Sym(x) => s.push(x.clone()),
-                }
-            }
-            (f, s)
-        };
-        let (fi, mut si) = split(&mut input.iter());
-        let (ft, st) = split(&mut out.iter().flatten());
-        for s in st {
-            let p = si.iter().position(|x| *x == s).ok_or(format!(
-                "cannot infer the -1 dimension: symbol {s} is not in the input"
-            ))?;
-            si.remove(p);
-        }
-        if ft == 0 || fi % ft != 0 {
-            return Err("cannot infer the -1 dimension: sizes do not divide".into());
-        }
-        let rest = fi / ft;
-        out[k] = Some(match (si.as_slice(), rest) {
-            ([], r) => Dim::Fixed(r),
-            ([s], 1) => Dim::Sym(s.clone()),
-            _ => {
-                return Err(
-                    "the -1 dimension would merge the dynamic batch with other dimensions (unsupported)"
-                        .into(),
-                );
-            }
-        });
+        let total = numel_sym(input).ok_or("the element count overflows")?;
+        let known = out
+            .iter()
+            .flatten()
+            .try_fold(SymI::int(1), |acc, d| acc.mul(d))
+            .ok_or("the element count overflows")?;
+        out[k] = Some(divide_sym(&total, &known).ok_or_else(|| {
+            format!("cannot infer the -1 dimension: {total} elements do not divide by {known}")
+        })?);
     }
-    Ok(out.into_iter().flatten().collect())
+    out.iter().flatten().map(sym_dim).collect()
+}
+
+/// `a / b` for symbolic counts where `b` is a known integer times a product of
+/// symbols that divides `a`'s one monomial (`B*30 / B*10 = 3`).
+fn divide_sym(a: &SymI, b: &SymI) -> Option<SymI> {
+    if b.as_int().is_some() {
+        return a.div(b);
+    }
+    let (cb, sb) = b.as_monomial()?;
+    let (ca, sa) = a.as_monomial()?;
+    let mut rest: Vec<String> = sa.to_vec();
+    for s in sb {
+        let p = rest.iter().position(|x| x == s)?;
+        rest.remove(p);
+    }
+    if ca % cb != 0 {
+        return None;
+    }
+    rest.iter()
+        .try_fold(SymI::int(ca / cb), |acc, s| acc.mul(&SymI::sym(s)))
 }
 
 fn reshape(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {

@@ -1,5 +1,6 @@
 //! Arithmetic, matrix products, reductions, casts and `Range`.
 
+use super::array::{sym_ints, sym_val};
 use super::{Builder, Built, axes_of, norm_axes};
 use crate::import::{Ctx, NodeCx, Val};
 use crate::tensor::dtype_of;
@@ -25,24 +26,49 @@ fn binary(cx: &mut Ctx<'_>, n: &NodeCx<'_>, kind: BinaryKind) -> Built {
     let b = cx.input(n, 1)?;
     let (ta, tb) = (cx.ty(&a)?, cx.ty(&b)?);
     if !ta.dtype.is_float() || !tb.dtype.is_float() {
-        // Integer arithmetic only on constants (shape computations).
-        if let (Some(x), Some(y)) = (cx.konst(&a), cx.konst(&b))
-            && x.numel() == 1
-            && y.numel() == 1
-        {
-            let (p, q) = (x.to_i64_vec(), y.to_i64_vec());
-            if let (Some(p), Some(q)) = (p, q) {
-                let (p, q) = (p[0], q[0]);
-                let v = match kind {
-                    BinaryKind::Add => p.checked_add(q),
-                    BinaryKind::Sub => p.checked_sub(q),
-                    BinaryKind::Mul => p.checked_mul(q),
-                    BinaryKind::Div => p.checked_div(q),
-                }
-                .ok_or("integer overflow or division by zero")?;
-                let t = Tensor::i64(x.shape.clone(), vec![v]);
-                return Ok(vec![Val::Const(Rc::new(t), n.out_name(0))]);
+        // Integer arithmetic on constants and shape vectors (index and shape
+        // computations), evaluated symbolically with broadcasting.
+        if let (Some((x, xs)), Some((y, ys))) = (sym_ints(&a), sym_ints(&b)) {
+            let len = match (x.len(), y.len()) {
+                (p, q) if p == q => p,
+                (1, q) => q,
+                (p, 1) => p,
+                (p, q) => return Err(format!("cannot broadcast {p} and {q} entries").into()),
+            };
+            let mut out = Vec::with_capacity(len);
+            for k in 0..len {
+                let (p, q) = (&x[k.min(x.len() - 1)], &y[k.min(y.len() - 1)]);
+                out.push(
+                    match kind {
+                        BinaryKind::Add => p.add(q),
+                        BinaryKind::Sub => p.sub(q),
+                        BinaryKind::Mul => p.mul(q),
+                        BinaryKind::Div => p.div(q),
+                    }
+                    .ok_or_else(|| {
+                        format!(
+                            "integer {} of {p} and {q}: overflow, division by zero or inexact",
+                            n.op_type()
+                        )
+                    })?,
+                );
             }
+            let v = sym_val(out, xs && ys, n);
+            // Keep the operands' integer type (i32 stays i32).
+            return Ok(vec![match (&v, ta.dtype) {
+                (Val::Const(t, name), DType::I32) => Val::Const(
+                    Rc::new(Tensor::i32(
+                        t.shape.clone(),
+                        t.to_i64_vec()
+                            .unwrap_or_default()
+                            .iter()
+                            .map(|&v| v as i32)
+                            .collect(),
+                    )),
+                    name.clone(),
+                ),
+                _ => v,
+            }]);
         }
         return Err(format!(
             "unsupported dtype: integer {} on tensors computed at run time ({ta}, {tb})",
