@@ -601,149 +601,177 @@ struct Found {
     count: String,
 }
 
+/// A loop's body seen from outside: names of its inputs and outputs.
+struct Body<'m> {
+    node: &'m NodeProto,
+    body: &'m GraphProto,
+    carried: usize,
+}
+
+impl Body<'_> {
+    fn input(&self, k: usize) -> String {
+        self.body
+            .input
+            .get(k)
+            .and_then(|v| v.name.clone())
+            .unwrap_or_default()
+    }
+    fn output(&self, k: usize) -> String {
+        self.body
+            .output
+            .get(k)
+            .and_then(|v| v.name.clone())
+            .unwrap_or_default()
+    }
+}
+
 fn recognise<'m>(cx: &Ctx<'m>, node: &'m NodeProto, body: &'m GraphProto) -> R<Found> {
-    let carried = node.input.len().saturating_sub(2);
-    let body_in = |k: usize| {
-        body.input
-            .get(k)
-            .and_then(|v| v.name.clone())
-            .unwrap_or_default()
-    };
-    let body_out = |k: usize| {
-        body.output
-            .get(k)
-            .and_then(|v| v.name.clone())
-            .unwrap_or_default()
+    let b = Body {
+        node,
+        body,
+        carried: node.input.len().saturating_sub(2),
     };
     let trip = node.input.first().filter(|s| !s.is_empty()).cloned();
-    // Which carried value is the counter: starts at 0, grows by 1.
-    let mut counter = None;
-    let mut inputs = HashMap::new();
-    for j in 0..carried {
-        inputs.insert(body_in(2 + j), A::Same(j));
-    }
-    let mut probe = Eval {
-        cx,
-        scopes: vec![Scope::of(body, inputs.clone())],
-        last: false,
-    };
-    for j in 0..carried {
-        let init = probe.outer(arg(node, 2 + j).unwrap_or(""))?;
-        if init == A::Int(0) {
-            probe.scopes[0].inputs.insert(body_in(2 + j), A::Iter(0));
-            if probe.eval(&body_out(1 + j)).ok() == Some(A::Iter(1)) {
-                counter = Some(j);
-                break;
-            }
-            probe.scopes[0].inputs.insert(body_in(2 + j), A::Same(j));
-        }
-    }
-    // Carried values passed through unchanged are the outer values they start as.
-    let mut inputs = inputs;
-    let mut invariant = vec![false; carried];
-    for (j, inv) in invariant.iter_mut().enumerate() {
-        if Some(j) != counter && probe.eval(&body_out(1 + j)).ok() == Some(A::Same(j)) {
-            *inv = true;
-            inputs.insert(body_in(2 + j), probe.outer(arg(node, 2 + j)?)?);
-        }
-    }
-    match (counter, &trip) {
-        (Some(j), _) => {
-            inputs.insert(body_in(2 + j), A::Iter(0));
-        }
-        (None, Some(_)) => {
-            inputs.insert(body_in(0), A::Iter(0));
-            // A condition passed through keeps its first value.
-            if let Ok(first) = probe.outer(arg(node, 1)?) {
-                inputs.insert(body_in(1), first);
-            }
-        }
-        (None, None) => return Err("no trip count and no counter from 0 by 1".into()),
-    }
-    let mut ev = Eval {
-        cx,
-        scopes: vec![Scope::of(body, inputs)],
-        last: false,
-    };
-    // The bound on the index.
+    let (mut ev, counter, invariant) = bind_inputs(cx, &b, trip.is_some())?;
     let count = match (counter, &trip) {
-        (Some(_), _) => {
-            let A::Less { k: 1, n } = ev.eval(&body_out(0))? else {
-                return Err("the loop condition is not `counter + 1 < n`".into());
-            };
-            let init = ev.outer(arg(node, 1)?)?;
-            let first =
-                match cx.graph.node.iter().find(|p| {
-                    p.output.first().map(String::as_str) == Some(arg(node, 1).unwrap_or(""))
-                }) {
-                    Some(p) if op_of(p) == "Less" => (ev.outer(arg(p, 0)?)?, ev.outer(arg(p, 1)?)?),
-                    _ => return Err(format!("the first condition is {init:?}, not `0 < n`")),
-                };
-            let same_n = match &first.1 {
-                A::Outer(m) => same_value(cx, m, &n),
-                _ => false,
-            };
-            if first.0 != A::Int(0) || !same_n {
-                return Err("the first condition is not `0 < n`".into());
-            }
-            if trip.is_some() {
-                return Err("both a trip count and a counter".into());
-            }
-            n
-        }
+        (Some(_), Some(_)) => return Err("both a trip count and a counter".into()),
+        (Some(_), None) => counter_bound(cx, &mut ev, &b)?,
         (None, Some(t)) => {
-            match ev.eval(&body_out(0))? {
+            match ev.eval(&b.output(0))? {
                 A::Int(c) if c != 0 => {}
                 other => return Err(format!("the loop condition is {other:?}, not true")),
             }
             t.clone()
         }
-        (None, None) => return Err("no loop bound".into()),
+        (None, None) => return Err("no trip count and no counter from 0 by 1".into()),
     };
-    // The bags: a scan output, or a carried sequence.
-    let mut found = None;
-    for k in 0..carried {
-        match ev.eval(&body_out(1 + k))? {
+    // The bags: a carried sequence, or a scan output.
+    let mut found: Option<Found> = None;
+    let mut one = |f: Found| match found.replace(f) {
+        None => Ok(()),
+        Some(_) => Err("the loop computes more than one bag".to_string()),
+    };
+    for (k, &inv) in invariant.iter().enumerate() {
+        match ev.eval(&b.output(1 + k))? {
             A::Append(bag) => {
                 let A::Bag { v, arr, mode, keep } = *bag else {
                     return Err("a sequence of something other than bags".into());
                 };
-                if !keep {
-                    return Err("bags of rank 1 joined in a sequence".into());
+                let init = producer(cx, arg(node, 2 + k)?).map(op_of);
+                if !keep || init != Some("SequenceEmpty") {
+                    return Err(
+                        "bags of rank 1, or added to a sequence that is not empty at first".into(),
+                    );
                 }
-                found = Some(Found {
+                let count = count.clone();
+                one(Found {
                     v,
                     arr,
                     mode,
                     out: k,
-                    count: count.clone(),
-                });
+                    count,
+                })?;
             }
-            _ if invariant[k] => {}
+            _ if inv => {}
             A::Iter(1) if Some(k) == counter => {}
             other => return Err(format!("loop-carried value {k} becomes {other:?}")),
         }
     }
-    for k in 0..body.output.len().saturating_sub(1 + carried) {
-        match ev.eval(&body_out(1 + carried + k))? {
+    for k in 0..body.output.len().saturating_sub(1 + b.carried) {
+        match ev.eval(&b.output(1 + b.carried + k))? {
             A::Bag {
                 v,
                 arr,
                 mode,
                 keep: false,
-            } if found.is_none() => {
-                found = Some(Found {
+            } => {
+                let count = count.clone();
+                one(Found {
                     v,
                     arr,
                     mode,
-                    out: carried + k,
-                    count: count.clone(),
-                });
+                    out: b.carried + k,
+                    count,
+                })?;
             }
             other => return Err(format!("scan output {k} is {other:?}, not one bag")),
         }
     }
     found.ok_or_else(|| "the loop computes no bag".to_string())
+}
+
+/// The meaning of the body's inputs: the bag index (the trip counter, or the
+/// carried value that starts at 0 and grows by 1), loop-invariant carried values as
+/// the outer values they start as, others as themselves. Returns the evaluator, the
+/// counter and which carried values are invariant.
+fn bind_inputs<'c, 'm>(
+    cx: &'c Ctx<'m>,
+    b: &Body<'m>,
+    has_trip: bool,
+) -> R<(Eval<'c, 'm>, Option<usize>, Vec<bool>)> {
+    let mut inputs = HashMap::new();
+    for j in 0..b.carried {
+        inputs.insert(b.input(2 + j), A::Same(j));
+    }
+    let mut probe = Eval {
+        cx,
+        scopes: vec![Scope::of(b.body, inputs.clone())],
+        last: false,
+    };
+    let mut counter = None;
+    for j in 0..b.carried {
+        if probe.outer(arg(b.node, 2 + j)?)? == A::Int(0) {
+            probe.scopes[0].inputs.insert(b.input(2 + j), A::Iter(0));
+            if probe.eval(&b.output(1 + j)).ok() == Some(A::Iter(1)) {
+                counter = Some(j);
+                break;
+            }
+            probe.scopes[0].inputs.insert(b.input(2 + j), A::Same(j));
+        }
+    }
+    let mut invariant = vec![false; b.carried];
+    for (j, inv) in invariant.iter_mut().enumerate() {
+        if Some(j) != counter && probe.eval(&b.output(1 + j)).ok() == Some(A::Same(j)) {
+            *inv = true;
+            inputs.insert(b.input(2 + j), probe.outer(arg(b.node, 2 + j)?)?);
+        }
+    }
+    match counter {
+        Some(j) => {
+            inputs.insert(b.input(2 + j), A::Iter(0));
+        }
+        None if has_trip => {
+            inputs.insert(b.input(0), A::Iter(0));
+            // A condition passed through keeps its first value.
+            if let Ok(first) = probe.outer(arg(b.node, 1)?) {
+                inputs.insert(b.input(1), first);
+            }
+        }
+        None => {}
+    }
+    let ev = Eval {
+        cx,
+        scopes: vec![Scope::of(b.body, inputs)],
+        last: false,
+    };
+    Ok((ev, counter, invariant))
+}
+
+/// The bound `n` of a counter loop: the first condition is `0 < n` and the body's is
+/// `counter + 1 < n`.
+fn counter_bound(cx: &Ctx<'_>, ev: &mut Eval<'_, '_>, b: &Body<'_>) -> R<String> {
+    let A::Less { k: 1, n } = ev.eval(&b.output(0))? else {
+        return Err("the loop condition is not `counter + 1 < n`".into());
+    };
+    let first = arg(b.node, 1)?;
+    let p = producer(cx, first)
+        .filter(|p| op_of(p) == "Less")
+        .ok_or("the first condition is not `0 < n`")?;
+    let (lhs, rhs) = (ev.outer(arg(p, 0)?)?, ev.outer(arg(p, 1)?)?);
+    match rhs {
+        A::Outer(m) if lhs == A::Int(0) && same_value(cx, &m, &n) => Ok(n),
+        _ => Err("the first condition is not `0 < n`".into()),
+    }
 }
 
 /// The symbolic integer an outer name holds, if the import computed one.
