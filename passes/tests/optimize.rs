@@ -6,12 +6,11 @@
 
 mod common;
 
-use common::{make_batch, run_ranks};
+use common::{make_batch, partition, run_ranks};
 use dlrm_ir::{DType, Graph, SingleRank, Tensor, interp};
 use dlrm_passes::pipeline::Params;
 use dlrm_passes::{
     Compiled, GraphStats, LossKind, PipelineOptions, Precision, TrainConfig, compile_params,
-    partition,
 };
 use std::collections::HashMap;
 
