@@ -14,10 +14,13 @@
 //! - [`mod@partition`]: one graph per rank for hybrid-parallel execution (tables placed
 //!   as a [`ShardPlan`] says, `all_to_all` for embeddings, `all_reduce` for dense
 //!   gradients);
-//! - [`mod@bucket`]: dense-gradient `all_reduce`s fused into buckets (DDP style),
-//!   applied by the partition pass to every rank's graph before the schedule;
+//! - [`mask`]: pass `fuse-dgrad-mask`, after `fuse` (an activation's gradient
+//!   computed once, in the epilogue of the GEMM that produces its operand);
+//! - [`mod@bucket`]: dense-gradient `all_reduce`s fused into buckets (DDP style), a
+//!   per-rank pass ([`pipeline::RANK_PASSES`]) run on every rank's graph after
+//!   `partition`;
 //! - [`schedule`]: communication-aware node order (collectives early, updates late),
-//!   applied by the partition pass to every rank's graph;
+//!   the per-rank pass after `bucket`;
 //! - [`shard`]: the sharding planner, the one placement of the tables (table-wise,
 //!   row-wise and data-parallel tables chosen by a cost model; predicted step times
 //!   and scaling);
@@ -74,7 +77,7 @@ pub use bucket::{Bucket, DEFAULT_BUCKET_BYTES, bucket};
 pub use dce::Dce;
 pub use error::{PassError, Result};
 pub use partition::{Partitioned, RowShard, TableInfo, partition_buckets, partition_with};
-pub use pass::Pass;
+pub use pass::{Pass, PassStats, Ran};
 pub use pipeline::{
     Compiled, DumpSpec, PassLog, PassRecord, PipelineOptions, Precision, compile, compile_params,
     run_passes,

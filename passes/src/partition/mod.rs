@@ -202,13 +202,7 @@ pub fn partition_with(g: &Graph, plan: &ShardPlan) -> Result<Partitioned> {
 /// ([`crate::bucket()`]; 0: one `all_reduce` per gradient; `dlrm-run` uses
 /// [`crate::DEFAULT_BUCKET_BYTES`] unless `--bucket-bytes` says otherwise).
 pub fn partition_buckets(g: &Graph, plan: &ShardPlan, bucket_bytes: u64) -> Result<Partitioned> {
-    let mut p = rank_graphs(g, plan)?;
-    p.graphs = p
-        .graphs
-        .iter()
-        .map(|rg| crate::bucket(rg, bucket_bytes).and_then(|rg| crate::schedule(&rg)))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(p)
+    crate::pipeline::partition(g, plan, bucket_bytes, &mut |_, _, _| {})
 }
 
 /// The partition pass alone: rank `r`'s graph at index `r`, before the per-rank
