@@ -19,7 +19,7 @@
 //! - [`mod@bucket`]: dense-gradient `all_reduce`s fused into buckets (DDP style), a
 //!   per-rank pass ([`pipeline::RANK_PASSES`]) run on every rank's graph after
 //!   `partition`;
-//! - [`schedule`]: communication-aware node order (collectives early, updates late),
+//! - [`mod@schedule`]: communication-aware node order (collectives early, updates late),
 //!   the per-rank pass after `bucket`;
 //! - [`shard`]: the sharding planner, the one placement of the tables (table-wise,
 //!   row-wise and data-parallel tables chosen by a cost model; predicted step times
