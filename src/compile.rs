@@ -5,8 +5,8 @@
 //! training pipeline (autodiff adds the loss, backward and optimizer). Both pass
 //! logs are stored in the plan's manifest. The observer sees every stage of both
 //! pipelines, labelled by a [`Stage`], which is how `--dump-ir` prints the IR after
-//! any pass; partitioning for N ranks happens at run time, and [`partition_stages`]
-//! shows it at compile time for a dump.
+//! any pass; partitioning for N ranks and the per-rank passes happen at run time,
+//! and [`partition_stages`] shows them at compile time for a dump.
 //!
 //! A model with generic ops (an imported ONNX model) runs the `canon` pass first in
 //! both pipelines, so that autodiff sees DLRM ops; where generic ops without a
@@ -26,7 +26,8 @@ use std::fmt;
 pub struct Stage {
     /// `infer` or `train`.
     pub graph: &'static str,
-    /// A pass id, [`pipeline::INPUT`] or [`pipeline::PARTITION`].
+    /// A pass id (per-rank passes too), [`pipeline::INPUT`] or
+    /// [`pipeline::PARTITION`].
     pub pass: String,
     /// For partition stages: `(rank, ranks)`.
     pub rank: Option<(usize, usize)>,
@@ -240,7 +241,8 @@ fn merge_params(
 
 /// Partitions the plan's graphs for `ranks` ranks, with the tables placed by the
 /// sharding planner ([`crate::shard`]; the plan's batch size), and calls `on_stage`
-/// with each rank's graph (the `partition` dump stage).
+/// with each rank's graph after the `partition` pass and after each per-rank pass
+/// ([`pipeline::RANK_PASSES`]: the dump stages `partition`, `bucket`, `schedule`).
 pub fn partition_stages(
     plan: &Plan,
     ranks: usize,
@@ -251,15 +253,15 @@ pub fn partition_stages(
     let graphs = [("infer", Some(&plan.infer)), ("train", plan.train.as_ref())];
     for (which, g) in graphs {
         let Some(g) = g else { continue };
-        let parts = crate::shard::partition_graph(g, which, &sp, settings.bucket_bytes)?;
-        for (r, pg) in parts.graphs.iter().enumerate() {
+        let mut observe = |pass: &str, r: usize, pg: &Graph| {
             let stage = Stage {
                 graph: which,
-                pass: pipeline::PARTITION.to_string(),
+                pass: pass.to_string(),
                 rank: Some((r, ranks)),
             };
             on_stage(&stage, pg);
-        }
+        };
+        crate::shard::partition_observed(g, which, &sp, settings.bucket_bytes, &mut observe)?;
     }
     Ok(())
 }

@@ -9,7 +9,8 @@
 
 use crate::error::{Error, Result};
 use dlrm_ir::Graph;
-use dlrm_passes::partition::{Partitioned, TableInfo, partition_buckets, tables};
+use dlrm_passes::partition::{Partitioned, TableInfo, tables};
+use dlrm_passes::pipeline;
 use dlrm_passes::shard::{
     self, DEFAULT_MEM_PER_RANK, DenseProfile, Machine, Network, Prediction, ScalePoint,
 };
@@ -108,7 +109,19 @@ pub fn partition_graph(
     sp: &ShardPlan,
     bucket_bytes: u64,
 ) -> Result<Partitioned> {
-    partition_buckets(g, sp, bucket_bytes).map_err(|e| planner_err(which, sp.ranks, e))
+    partition_observed(g, which, sp, bucket_bytes, &mut |_, _, _| {})
+}
+
+/// [`partition_graph`], calling `on_pass(stage, rank, graph)` after the `partition`
+/// pass and after each per-rank pass ([`dlrm_passes::pipeline::partition`]).
+pub fn partition_observed(
+    g: &Graph,
+    which: &'static str,
+    sp: &ShardPlan,
+    bucket_bytes: u64,
+    on_pass: &mut dyn FnMut(&str, usize, &Graph),
+) -> Result<Partitioned> {
+    pipeline::partition(g, sp, bucket_bytes, on_pass).map_err(|e| planner_err(which, sp.ranks, e))
 }
 
 /// What `dlrmc plan-shards` prints.

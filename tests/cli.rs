@@ -219,7 +219,9 @@ fn dump_ir_prints_every_stage_in_a_form_that_parses_back() {
     let mut want = stages("infer", true);
     want.extend(stages("train", true));
     for g in ["infer", "train"] {
-        want.extend((0..3).map(|r| format!("{g}: after partition (rank {r} of 3)")));
+        for stage in std::iter::once("partition").chain(pipeline::RANK_PASSES.iter().copied()) {
+            want.extend((0..3).map(|r| format!("{g}: after {stage} (rank {r} of 3)")));
+        }
     }
     assert_eq!(headers, want);
     for sec in &sections {
@@ -247,6 +249,42 @@ fn dump_ir_prints_every_stage_in_a_form_that_parses_back() {
     let only = String::from_utf8(only.stdout).expect("utf8");
     assert_eq!(only.matches("; ---- ").count(), 1);
     assert!(only.starts_with("; ---- train: after autodiff\n"));
+
+    // The per-rank passes and the dgrad-mask fusion are stages of their own.
+    let ranks = ok(
+        DLRMC,
+        &[
+            "compile",
+            s(&example("dlrm-tiny.json")),
+            "-o",
+            s(&plan),
+            "--dump-ir",
+            "fuse-dgrad-mask,bucket,schedule",
+            "--ranks",
+            "2",
+            "-q",
+        ],
+    );
+    let ranks = String::from_utf8(ranks.stdout).expect("utf8");
+    let headers: Vec<&str> = ranks
+        .lines()
+        .filter_map(|l| l.strip_prefix("; ---- "))
+        .collect();
+    let mut want = vec![
+        "infer: after fuse-dgrad-mask".to_string(),
+        "train: after fuse-dgrad-mask".to_string(),
+    ];
+    for g in ["infer", "train"] {
+        for stage in ["bucket", "schedule"] {
+            want.extend((0..2).map(|r| format!("{g}: after {stage} (rank {r} of 2)")));
+        }
+    }
+    assert_eq!(headers, want);
+    let scheduled = ranks
+        .split("; ---- train: after schedule (rank 0 of 2)\n")
+        .nth(1)
+        .expect("schedule section");
+    assert!(scheduled.contains("all_reduce") && scheduled.contains("all_to_all"));
 
     let err = fails(
         DLRMC,

@@ -330,7 +330,9 @@ fn every_example_round_trips_at_every_stage() {
                 },
             )
             .expect("partition");
-            assert_eq!(n, 2 * ranks, "{name}");
+            // Two graphs, each after `partition` and after every per-rank pass.
+            let stages = 1 + pipeline::RANK_PASSES.len();
+            assert_eq!(n, 2 * ranks * stages, "{name}");
         }
     }
 }

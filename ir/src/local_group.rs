@@ -7,7 +7,8 @@
 //! order matches each message with the collective that sent it; no global barrier
 //! is needed between collectives.
 //!
-//! Allreduce algorithms, chosen by message size as Aluminum does (DOMAIN.md):
+//! Allreduce algorithms, chosen by message size as the Aluminum library does
+//! (`docs/parallel.md`, "Collectives"):
 //! - [`AllReduceAlgo::RecursiveDoubling`] (latency-bound small messages):
 //!   `log2 p` pairwise exchanges of the whole buffer; with a rank count that is not a
 //!   power of two the extra ranks first fold their data into a partner and get the
@@ -34,7 +35,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Largest allreduce, in elements, that [`AllReduceAlgo::Auto`] runs with recursive
-/// doubling (Aluminum's measured switch point, DOMAIN.md); larger ones use the ring.
+/// doubling (Aluminum's measured switch point, `docs/parallel.md`); larger ones use
+/// the ring.
 pub const SMALL_ALLREDUCE: usize = 512;
 
 /// How a [`LocalGroup`] sums buffers across ranks.

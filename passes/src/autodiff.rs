@@ -35,7 +35,8 @@
 //! [`Graph::fresh_name`]). Any other op on the gradient path is an error naming the
 //! node and op.
 
-use crate::{LossKind, Pass, PassError, Result, TrainConfig};
+use crate::pipeline::Params;
+use crate::{LossKind, Pass, PassError, Ran, Result, TrainConfig};
 use dlrm_ir::{BinaryKind, Def, Dim, Graph, Op, Pool, ValueId, verify};
 
 /// The pass id.
@@ -53,8 +54,8 @@ impl Pass for Autodiff {
         ID
     }
 
-    fn run(&self, g: Graph) -> Result<Graph> {
-        autodiff(&g, &self.cfg)
+    fn run(&self, g: Graph, _params: Option<&mut Params>) -> Result<Ran> {
+        Ok(autodiff(&g, &self.cfg)?.into())
     }
 }
 

@@ -2,7 +2,8 @@
 //! `all_reduce`s into few larger ones, as PyTorch DDP's gradient buckets do, so a
 //! step pays the collective's latency a few times instead of once per gradient.
 //!
-//! Applied by the partition pass to every rank's graph, before [`crate::schedule()`].
+//! A per-rank pass ([`crate::pipeline::RANK_PASSES`]): the pipeline runs it on every
+//! rank's graph after `partition`, before [`crate::schedule()`].
 //! A *gradient all-reduce* is an `all_reduce` whose results are not graph outputs and
 //! are used only by dense optimizer updates (`sgd`, `split_sgd`); the loss's
 //! `all_reduce` and every other collective stay as they are.
@@ -30,7 +31,8 @@
 //! all-reduces comes back node for node.
 
 use crate::copy::Copier;
-use crate::{PassError, Result};
+use crate::pipeline::Params;
+use crate::{PassError, Ran, Result};
 use dlrm_ir::{Def, Graph, Op, ValueId, verify};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -70,8 +72,8 @@ impl crate::Pass for Bucket {
         ID
     }
 
-    fn run(&self, g: Graph) -> Result<Graph> {
-        bucket(&g, self.bytes)
+    fn run(&self, g: Graph, _params: Option<&mut Params>) -> Result<Ran> {
+        Ok(bucket(&g, self.bytes)?.into())
     }
 }
 

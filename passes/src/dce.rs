@@ -7,7 +7,8 @@
 //! Value names and types are kept verbatim; the surviving nodes keep their order.
 
 use crate::copy::copy_nodes;
-use crate::{Pass, Result};
+use crate::pipeline::Params;
+use crate::{Pass, Ran, Result};
 use dlrm_ir::Graph;
 
 /// The dead-code elimination pass.
@@ -22,8 +23,8 @@ impl Pass for Dce {
         ID
     }
 
-    fn run(&self, g: Graph) -> Result<Graph> {
-        dce(&g)
+    fn run(&self, g: Graph, _params: Option<&mut Params>) -> Result<Ran> {
+        Ok(dce(&g)?.into())
     }
 }
 

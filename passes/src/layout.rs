@@ -14,7 +14,7 @@
 //! only slower: the `block_weight` then runs every step).
 
 use crate::pipeline::Params;
-use crate::{Pass, PassError, Result};
+use crate::{Pass, PassError, Ran, Result};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Def, Graph, Op, SingleRank, TensorType, ValueId};
 use std::collections::HashMap;
@@ -31,12 +31,8 @@ impl Pass for Layout {
         ID
     }
 
-    fn run(&self, g: Graph) -> Result<Graph> {
-        layout(&g, None)
-    }
-
-    fn run_with(&self, g: Graph, params: Option<&mut Params>) -> Result<Graph> {
-        layout(&g, params)
+    fn run(&self, g: Graph, params: Option<&mut Params>) -> Result<Ran> {
+        Ok(layout(&g, params)?.into())
     }
 }
 

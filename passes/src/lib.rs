@@ -11,14 +11,19 @@
 //! - [`layout`]: blocked weight storage; [`precision`]: bf16 / mixed storage with
 //!   Split-SGD-BF16;
 //! - [`dce`]: dead-code elimination;
-//! - [`mod@partition`]: one graph per rank for hybrid-parallel execution (tables placed by
-//!   a cost model, `all_to_all` for embeddings, `all_reduce` for dense gradients);
-//! - [`mod@bucket`]: dense-gradient `all_reduce`s fused into buckets (DDP style),
-//!   applied by the partition pass to every rank's graph before the schedule;
-//! - [`schedule`]: communication-aware node order (collectives early, updates late),
-//!   applied by the partition pass to every rank's graph;
-//! - [`shard`]: the sharding planner (table-wise, row-wise and data-parallel
-//!   tables chosen by a cost model; predicted step times and scaling);
+//! - [`mod@partition`]: one graph per rank for hybrid-parallel execution (tables placed
+//!   as a [`ShardPlan`] says, `all_to_all` for embeddings, `all_reduce` for dense
+//!   gradients);
+//! - [`mask`]: pass `fuse-dgrad-mask`, after `fuse` (an activation's gradient
+//!   computed once, in the epilogue of the GEMM that produces its operand);
+//! - [`mod@bucket`]: dense-gradient `all_reduce`s fused into buckets (DDP style), a
+//!   per-rank pass ([`pipeline::RANK_PASSES`]) run on every rank's graph after
+//!   `partition`;
+//! - [`mod@schedule`]: communication-aware node order (collectives early, updates late),
+//!   the per-rank pass after `bucket`;
+//! - [`shard`]: the sharding planner, the one placement of the tables (table-wise,
+//!   row-wise and data-parallel tables chosen by a cost model; predicted step times
+//!   and scaling);
 //! - [`stats`]: op counts, parameter sizes and FLOPs per sample.
 //!
 //! Every pass takes a verified graph and returns a verified graph; errors are
@@ -26,7 +31,8 @@
 //!
 //! ```
 //! use dlrm_ir::{Act, Dim, Graph, Op, TensorType};
-//! use dlrm_passes::{LossKind, PipelineOptions, TrainConfig, compile, partition};
+//! use dlrm_passes::{LossKind, PipelineOptions, PlannerOptions, TrainConfig};
+//! use dlrm_passes::{compile, partition, partition_with, shard};
 //!
 //! // p = sigmoid(x · wᵀ + b)
 //! let mut g = Graph::new("tiny");
@@ -41,7 +47,9 @@
 //! assert_eq!(train.updates().len(), 2); // w and b
 //! assert_eq!(log.passes.len(), 2); // autodiff, dce
 //!
-//! let ranks = partition(&train, 2)?;
+//! // Two ranks, the tables (none here) placed by the sharding planner.
+//! let plan = shard::plan(&partition::tables(&train)?, &PlannerOptions::new(2, 64))?;
+//! let ranks = partition_with(&train, &plan)?;
 //! assert_eq!(ranks.graphs[1].name, "tiny.rank1");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -68,11 +76,8 @@ pub use autodiff::Autodiff;
 pub use bucket::{Bucket, DEFAULT_BUCKET_BYTES, bucket};
 pub use dce::Dce;
 pub use error::{PassError, Result};
-pub use partition::{
-    Partitioned, Placement, RowShard, TableInfo, partition, partition_buckets, partition_with,
-    place,
-};
-pub use pass::Pass;
+pub use partition::{Partitioned, RowShard, TableInfo, partition_buckets, partition_with};
+pub use pass::{Pass, PassStats, Ran};
 pub use pipeline::{
     Compiled, DumpSpec, PassLog, PassRecord, PipelineOptions, Precision, compile, compile_params,
     run_passes,

@@ -1,4 +1,4 @@
-//! `fuse-dgrad-mask` (run by the `fuse` pass after extraction): each layer's
+//! Pass `fuse-dgrad-mask` (after `fuse`, on the extracted graph): each layer's
 //! `dz = act'(dy, y)` computed once, in the epilogue of the `brgemm_dgrad` that
 //! produces `dy`, instead of once in each of the layer's gradient ops.
 //!
@@ -17,12 +17,31 @@
 //! use, so it always prefers the two fused gradient ops; here the sharing is
 //! explicit.
 
-use crate::Result;
 use crate::copy::Copier;
+use crate::pipeline::Params;
+use crate::{Pass, Ran, Result};
 use dlrm_ir::{Act, DType, Graph, Op, ValueId};
 
-/// The rule's name in the pass log.
-pub const RULE: &str = "fuse-dgrad-mask";
+/// The pass id.
+pub const ID: &str = "fuse-dgrad-mask";
+
+/// The pass's count in the pass log: the `brgemm_dgrad`s that took the mask.
+pub const MASKED: &str = "masked";
+
+/// The dgrad-mask fusion pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FuseDgradMask;
+
+impl Pass for FuseDgradMask {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn run(&self, g: Graph, _params: Option<&mut Params>) -> Result<Ran> {
+        let (graph, masked) = fuse_dgrad_mask(&g, ID)?;
+        Ok(Ran::counted(graph, MASKED, masked))
+    }
+}
 
 /// `g` with every eligible `brgemm_dgrad` masked (see the module docs) and the
 /// number of them; `pass` names the pass in errors.

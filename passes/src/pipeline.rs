@@ -2,31 +2,46 @@
 //!
 //! [`PASSES`] lists every pass id in its fixed order: `canon` (the DLRM ops of an
 //! imported model's generic ops, when [`PipelineOptions::canon`] is set),
-//! `autodiff` (training only),
-//! `fuse` (the e-graph), `layout` (blocked weights), `precision` (bf16 / mixed
-//! only), `dce`; `fuse`, `layout` and `precision` run only when
-//! [`PipelineOptions::optimize`] is set. Passes that change parameters (layout,
-//! dtype, Split-SGD low halves) transform the parameter tensors given to
-//! [`compile_params`]; [`compile`] transforms only the graph. [`run_passes`] runs
-//! an explicit list of passes (the `dlrmc opt` golden-test tool).
-//! [`compile`] verifies its input, runs the passes, verifies after each
-//! one (an invalid result is an error naming the pass), calls an observer after the
-//! input and after each pass (the hook behind `--dump-ir`), and logs per-pass wall
-//! time and node counts in a [`PassLog`] that can be stored in a plan manifest.
+//! `autodiff` (training only), `fuse` (the e-graph), `fuse-dgrad-mask` (the
+//! rewrite extraction cannot choose), `layout` (blocked weights), `precision`
+//! (bf16 / mixed only), `dce`; `fuse`, `fuse-dgrad-mask`, `layout` and `precision`
+//! run only when [`PipelineOptions::optimize`] is set. Passes that change
+//! parameters (layout, dtype, Split-SGD low halves) transform the parameter tensors
+//! given to [`compile_params`]; [`compile`] transforms only the graph.
+//! [`run_passes`] runs an explicit list of passes (the `dlrmc opt` golden-test
+//! tool).
 //!
-//! IR dump stages are `input`, the pass ids and `partition` (run later, per rank
-//! count, by [`crate::partition()`]); [`DumpSpec::parse`] validates a `--dump-ir`
-//! value against them.
+//! [`compile`] verifies its input, runs the passes, verifies after each one (an
+//! invalid result is an error naming the pass), calls an observer after the input
+//! and after each pass (the hook behind `--dump-ir`), and logs per-pass wall time,
+//! node counts and the statistics each pass returns ([`crate::Ran`]: the e-graph's
+//! size, iterations and stop reason, named counts) in a [`PassLog`] that can be
+//! stored in a plan manifest.
+//!
+//! For N ranks, [`partition`] (run later, per rank count) splits the compiled graph
+//! with the `partition` pass ([`crate::partition::rank_graphs`]), then runs the
+//! per-rank passes [`RANK_PASSES`] — `bucket` (gradient all-reduce buckets),
+//! `schedule` (collectives early, updates late) — on every rank's graph, verifying
+//! each result and calling an observer after each stage, as [`compile`] does.
+//!
+//! IR dump stages are `input`, the pass ids, `partition` and the per-rank pass ids;
+//! [`DumpSpec::parse`] validates a `--dump-ir` value against them.
 
 use crate::autodiff::{self, Autodiff};
+use crate::bucket::{self, Bucket};
 use crate::dce::{self, Dce};
 use crate::egraph::canon::{self, Canon};
 use crate::egraph::{self, EgraphStats, Fuse, FuseOptions, Limits};
 use crate::layout::{self, Layout};
+use crate::mask::{self, FuseDgradMask};
+use crate::partition::Partitioned;
 use crate::precision::{self, PrecisionPass};
+use crate::schedule::{self, Schedule};
+use crate::shard::ShardPlan;
 use crate::{Pass, PassError, Result, TrainConfig};
 use dlrm_ir::{Graph, Tensor, verify};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Instant;
@@ -36,10 +51,15 @@ pub const PASSES: &[&str] = &[
     canon::ID,
     autodiff::ID,
     egraph::ID,
+    mask::ID,
     layout::ID,
     precision::ID,
     dce::ID,
 ];
+
+/// Every per-rank pass id, in the order [`partition`] runs them on each rank's
+/// graph after the `partition` pass.
+pub const RANK_PASSES: &[&str] = &[bucket::ID, schedule::ID];
 
 /// Parameters with their values, in the graph's parameter order.
 pub type Params = Vec<(String, Tensor)>;
@@ -86,7 +106,7 @@ impl FromStr for Precision {
 /// The dump stage of the pipeline's input.
 pub const INPUT: &str = "input";
 
-/// The dump stage of the per-rank graphs (see [`crate::partition()`]).
+/// The dump stage of the per-rank graphs right after partitioning (see [`partition`]).
 pub const PARTITION: &str = "partition";
 
 /// What the pipeline builds.
@@ -149,7 +169,7 @@ pub fn pass_ids_for(opts: &PipelineOptions) -> Vec<&'static str> {
         .filter(|&id| match id {
             canon::ID => opts.canon,
             autodiff::ID => opts.train.is_some(),
-            egraph::ID | layout::ID => opts.optimize,
+            egraph::ID | mask::ID | layout::ID => opts.optimize,
             precision::ID => opts.optimize && opts.precision != Precision::Fp32,
             _ => true,
         })
@@ -169,6 +189,7 @@ fn make_pass(id: &str, opts: &PipelineOptions) -> Option<Box<dyn Pass>> {
         egraph::ID => Some(Box::new(Fuse {
             opts: opts.fuse_options(),
         })),
+        mask::ID => Some(Box::new(FuseDgradMask)),
         layout::ID => Some(Box::new(Layout)),
         precision::ID => Some(Box::new(PrecisionPass {
             precision: opts.precision,
@@ -192,6 +213,9 @@ pub struct PassRecord {
     /// The e-graph's report (passes `fuse` and `canon`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egraph: Option<EgraphStats>,
+    /// The pass's named counts (see [`crate::PassStats::counts`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counts: BTreeMap<String, usize>,
 }
 
 /// What the pipeline did, pass by pass.
@@ -227,6 +251,11 @@ impl fmt::Display for PassLog {
                     e.nodes, e.classes, e.iterations, e.stop_reason, e.cost_before, e.cost_after
                 )?;
                 writeln!(f, "  rules: {}", rules.join(" "))?;
+            }
+            if !r.counts.is_empty() {
+                let counts: Vec<String> =
+                    r.counts.iter().map(|(k, n)| format!("{k}: {n}")).collect();
+                writeln!(f, "  {}", counts.join(", "))?;
             }
         }
         Ok(())
@@ -336,42 +365,90 @@ fn run_list(
         let Some(pass) = make_pass(id, opts) else {
             continue;
         };
-        let nodes_before = g.nodes().len();
-        let start = Instant::now();
-        let mut egraph_stats = None;
-        g = if id == egraph::ID {
-            let (out, stats) = egraph::fuse(&g, &opts.fuse_options())?;
-            egraph_stats = Some(stats);
-            out
-        } else if id == canon::ID {
-            let (out, stats) = canon::canonicalise(&g, params.as_deref_mut(), &opts.limits)?;
-            egraph_stats = Some(stats);
-            out
-        } else {
-            pass.run_with(g, params.as_deref_mut())?
-        };
-        let wall_ms = start.elapsed().as_secs_f64() * 1e3;
-        verify(&g).map_err(|source| PassError::Verify {
-            after: id.to_string(),
-            source,
-        })?;
+        let (out, record) = run_one(pass.as_ref(), g, params.as_deref_mut(), id)?;
+        g = out;
         on_pass(id, &g);
-        log.passes.push(PassRecord {
-            id: id.to_string(),
-            wall_ms,
-            nodes_before,
-            nodes_after: g.nodes().len(),
-            egraph: egraph_stats,
-        });
+        log.passes.push(record);
     }
     Ok((g, log))
 }
 
-/// Every valid IR dump stage: `input`, the pass ids in order, `partition`.
+/// Runs `pass` on `g`, times it and verifies the result (`stage` names it in the
+/// error).
+fn run_one(
+    pass: &dyn Pass,
+    g: Graph,
+    params: Option<&mut Params>,
+    stage: &str,
+) -> Result<(Graph, PassRecord)> {
+    let nodes_before = g.nodes().len();
+    let start = Instant::now();
+    let ran = pass.run(g, params)?;
+    let wall_ms = start.elapsed().as_secs_f64() * 1e3;
+    verify(&ran.graph).map_err(|source| PassError::Verify {
+        after: stage.to_string(),
+        source,
+    })?;
+    let record = PassRecord {
+        id: pass.id().to_string(),
+        wall_ms,
+        nodes_before,
+        nodes_after: ran.graph.nodes().len(),
+        egraph: ran.stats.egraph,
+        counts: ran.stats.counts,
+    };
+    Ok((ran.graph, record))
+}
+
+/// Instantiates per-rank pass `id` (`None` if the id is unknown).
+fn make_rank_pass(id: &str, bucket_bytes: u64) -> Option<Box<dyn Pass>> {
+    match id {
+        bucket::ID => Some(Box::new(Bucket {
+            bytes: bucket_bytes,
+        })),
+        schedule::ID => Some(Box::new(Schedule)),
+        _ => None,
+    }
+}
+
+/// Partitions `g` for the ranks of `plan` (the `partition` pass,
+/// [`crate::partition::rank_graphs`]), then runs the [`RANK_PASSES`] on every rank's
+/// graph, `bucket` with buckets of `bucket_bytes` (0: one `all_reduce` per
+/// gradient). Every result is verified (an error names the pass and the rank);
+/// `on_pass(stage, rank, graph)` sees each rank's graph after `partition`, then
+/// after each per-rank pass (all ranks of one pass before the next pass).
+pub fn partition(
+    g: &Graph,
+    plan: &ShardPlan,
+    bucket_bytes: u64,
+    on_pass: &mut dyn FnMut(&str, usize, &Graph),
+) -> Result<Partitioned> {
+    let mut p = crate::partition::rank_graphs(g, plan)?;
+    for (r, rg) in p.graphs.iter().enumerate() {
+        on_pass(PARTITION, r, rg);
+    }
+    for &id in RANK_PASSES {
+        let Some(pass) = make_rank_pass(id, bucket_bytes) else {
+            continue;
+        };
+        let graphs = std::mem::take(&mut p.graphs);
+        for (r, rg) in graphs.into_iter().enumerate() {
+            let stage = format!("{id} (rank {r})");
+            let (out, _) = run_one(pass.as_ref(), rg, None, &stage)?;
+            on_pass(id, r, &out);
+            p.graphs.push(out);
+        }
+    }
+    Ok(p)
+}
+
+/// Every valid IR dump stage: `input`, the pass ids in order, `partition`, the
+/// per-rank pass ids in order.
 pub fn dump_stages() -> Vec<&'static str> {
     let mut v = vec![INPUT];
     v.extend_from_slice(PASSES);
     v.push(PARTITION);
+    v.extend_from_slice(RANK_PASSES);
     v
 }
 

@@ -24,7 +24,7 @@
 //! even.
 
 use crate::pipeline::{Params, Precision};
-use crate::{Pass, PassError, Result};
+use crate::{Pass, PassError, Ran, Result};
 use dlrm_ir::{DType, Data, Def, Graph, Op, Tensor, ValueId};
 use half::bf16;
 use std::collections::{HashMap, HashSet};
@@ -44,12 +44,8 @@ impl Pass for PrecisionPass {
         ID
     }
 
-    fn run(&self, g: Graph) -> Result<Graph> {
-        select(&g, self.precision, None)
-    }
-
-    fn run_with(&self, g: Graph, params: Option<&mut Params>) -> Result<Graph> {
-        select(&g, self.precision, params)
+    fn run(&self, g: Graph, params: Option<&mut Params>) -> Result<Ran> {
+        Ok(select(&g, self.precision, params)?.into())
     }
 }
 

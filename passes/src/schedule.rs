@@ -1,7 +1,9 @@
 //! Communication-aware scheduling (pass id `schedule`): reorders a rank's graph so
 //! that collectives start as early as possible and the work that does not depend
 //! on them runs while they are in flight (the runtime starts a collective when its
-//! node is reached and waits for it only when a later node uses its results).
+//! node is reached and waits for it only when a later node uses its results). A
+//! per-rank pass ([`crate::pipeline::RANK_PASSES`]): the pipeline runs it on every
+//! rank's graph after `partition` and `bucket`.
 //!
 //! List scheduling: among the nodes whose operands are all defined, pick the one
 //! with the smallest key `(c(n), n)`, where `c(n)` is the original position of the
@@ -22,7 +24,8 @@
 //! larger, is never picked before `a`); a graph without collectives keeps its order.
 
 use crate::copy::copy_nodes;
-use crate::{Pass, Result};
+use crate::pipeline::Params;
+use crate::{Pass, Ran, Result};
 use dlrm_ir::{Def, Graph};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -39,8 +42,8 @@ impl Pass for Schedule {
         ID
     }
 
-    fn run(&self, g: Graph) -> Result<Graph> {
-        schedule(&g)
+    fn run(&self, g: Graph, _params: Option<&mut Params>) -> Result<Ran> {
+        Ok(schedule(&g)?.into())
     }
 }
 

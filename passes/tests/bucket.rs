@@ -7,11 +7,9 @@
 
 mod common;
 
-use common::{Spec, count, init_params, make_batch, run_ranks, run1};
+use common::{Spec, count, init_params, make_batch, partition, run_ranks, run1, table_wise};
 use dlrm_ir::{Graph, Op, text};
-use dlrm_passes::{
-    LossKind, PipelineOptions, TrainConfig, bucket, compile, partition, partition_buckets,
-};
+use dlrm_passes::{LossKind, PipelineOptions, TrainConfig, bucket, compile, partition_buckets};
 
 fn train(spec: &Spec, optimize: bool) -> Graph {
     let cfg = TrainConfig {
@@ -55,7 +53,7 @@ fn is_loss_reduce(g: &Graph, n: &dlrm_ir::Node) -> bool {
 fn buckets_group_gradients_in_backward_order_up_to_the_size() {
     for optimize in [false, true] {
         let t = train(&Spec::dot(), optimize);
-        let per_grad = partition_buckets(&t, &partition(&t, 2).unwrap().plan, 0).unwrap();
+        let per_grad = partition_buckets(&t, &table_wise(&t, 2), 0).unwrap();
         let g0 = &per_grad.graphs[0];
         let grads: Vec<(String, u64)> = reduces(g0)
             .into_iter()
@@ -135,7 +133,7 @@ fn buckets_group_gradients_in_backward_order_up_to_the_size() {
 #[test]
 fn an_early_bucket_starts_while_backward_still_runs() {
     let t = train(&Spec::dot(), false);
-    let plan = partition(&t, 2).unwrap().plan;
+    let plan = table_wise(&t, 2);
     let g = &partition_buckets(&t, &plan, 64).unwrap().graphs[0];
     let first_bucket = g
         .nodes()
@@ -163,7 +161,7 @@ fn a_graph_without_gradient_reduces_is_unchanged() {
 #[test]
 fn a_bucketed_rank_graph_prints_and_parses_back() {
     let t = train(&Spec::cat(), true);
-    let p = partition_buckets(&t, &partition(&t, 2).unwrap().plan, 256).unwrap();
+    let p = partition_buckets(&t, &table_wise(&t, 2), 256).unwrap();
     for g in &p.graphs {
         let s = text::print(g);
         assert!(
@@ -185,7 +183,7 @@ fn bucketed_steps_equal_unbucketed_and_one_device() {
             let batch = make_batch(&t, 12, 7);
             let (one, one_params) = run1(&t, &batch, &params);
             for ranks in [1usize, 2, 4] {
-                let plan = partition(&t, ranks).unwrap().plan;
+                let plan = table_wise(&t, ranks);
                 let plain = run_ranks(
                     &partition_buckets(&t, &plan, 0).unwrap().graphs,
                     &batch,

@@ -107,25 +107,50 @@ fn training_pipeline_drops_forward_only_outputs() {
 fn inference_pipeline_skips_autodiff() {
     assert_eq!(
         PASSES,
-        ["canon", "autodiff", "fuse", "layout", "precision", "dce"]
+        [
+            "canon",
+            "autodiff",
+            "fuse",
+            "fuse-dgrad-mask",
+            "layout",
+            "precision",
+            "dce"
+        ]
     );
     let infer = PipelineOptions::default();
     assert_eq!(pass_ids_for(&infer), ["dce"]);
     assert_eq!(pass_ids_for(&TRAIN), ["autodiff", "dce"]);
     let opt = PipelineOptions::optimized(TRAIN.train);
-    assert_eq!(pass_ids_for(&opt), ["autodiff", "fuse", "layout", "dce"]);
+    assert_eq!(
+        pass_ids_for(&opt),
+        ["autodiff", "fuse", "fuse-dgrad-mask", "layout", "dce"]
+    );
     let bf16 = PipelineOptions {
         precision: dlrm_passes::Precision::Bf16,
         ..opt
     };
     assert_eq!(
         pass_ids_for(&bf16),
-        ["autodiff", "fuse", "layout", "precision", "dce"]
+        [
+            "autodiff",
+            "fuse",
+            "fuse-dgrad-mask",
+            "layout",
+            "precision",
+            "dce"
+        ]
     );
     let imported = PipelineOptions { canon: true, ..opt };
     assert_eq!(
         pass_ids_for(&imported),
-        ["canon", "autodiff", "fuse", "layout", "dce"]
+        [
+            "canon",
+            "autodiff",
+            "fuse",
+            "fuse-dgrad-mask",
+            "layout",
+            "dce"
+        ]
     );
     let (g, log) = compile(small(true), &infer, &mut |_, _| {}).unwrap();
     assert_eq!(g, small(false));
@@ -181,10 +206,13 @@ fn dump_specs_are_validated() {
             "canon",
             "autodiff",
             "fuse",
+            "fuse-dgrad-mask",
             "layout",
             "precision",
             "dce",
-            "partition"
+            "partition",
+            "bucket",
+            "schedule"
         ]
     );
     assert_eq!(DumpSpec::parse("all").unwrap(), DumpSpec::All);
@@ -197,7 +225,10 @@ fn dump_specs_are_validated() {
     let msg = err.to_string();
     assert!(
         msg.contains("`fusion`")
-            && msg.contains("all, input, canon, autodiff, fuse, layout, precision, dce, partition"),
+            && msg.contains(
+                "all, input, canon, autodiff, fuse, fuse-dgrad-mask, layout, precision, dce, \
+                 partition, bucket, schedule"
+            ),
         "{msg}"
     );
     assert!(DumpSpec::parse("").is_err());

@@ -1,14 +1,19 @@
-//! The partition pass: per-rank graph structure, placement, and the numerical
-//! equivalence of the partitioned training step with the single-device one.
+//! The partition pass on table-wise plans (`common::table_wise`; `shard.rs` tests
+//! the row-wise and data-parallel placements): per-rank graph structure, the tables'
+//! cost-model data, and the numerical equivalence of the partitioned training step
+//! with the single-device one.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use common::{Spec, count, init_params, is_input, make_batch, run_ranks, run1};
+use common::{Spec, count, init_params, is_input, make_batch, partition, run_ranks, run1};
 use dlrm_ir::{A2aDir, DType, Dim, Graph, Op, TensorType, verify};
-use dlrm_passes::partition::{TableInfo, place, tables};
-use dlrm_passes::{LossKind, PipelineOptions, TrainConfig, compile, partition};
+use dlrm_passes::partition::{TableInfo, tables};
+use dlrm_passes::{
+    LossKind, PipelineOptions, PlannerOptions, ShardPlan, TrainConfig, compile, partition_with,
+    shard,
+};
 
 fn train(spec: &Spec, loss: LossKind, lr: f32) -> Graph {
     let opts = PipelineOptions {
@@ -31,7 +36,16 @@ fn a2a(g: &Graph, want: A2aDir) -> Vec<(&dlrm_ir::Node, Vec<usize>, usize)> {
 #[test]
 fn zero_ranks_is_an_error() {
     let g = Spec::dot().build();
-    let err = partition(&g, 0).unwrap_err().to_string();
+    let zero = ShardPlan {
+        ranks: 0,
+        tables: common::table_wise(&g, 1).tables,
+    };
+    let err = partition_with(&g, &zero).unwrap_err().to_string();
+    assert!(err.contains("at least 1"), "{err}");
+    let ts = tables(&g).unwrap();
+    let err = shard::plan(&ts, &PlannerOptions::new(0, 12))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("at least 1"), "{err}");
 }
 
@@ -214,18 +228,21 @@ fn train_and_inference_graphs_place_identically() {
         let t = train(&spec, LossKind::Mse, 0.1);
         assert_eq!(tables(&fwd).unwrap(), tables(&t).unwrap());
         for ranks in 1..=5 {
-            let a = partition(&fwd, ranks).unwrap().plan;
-            let b = partition(&t, ranks).unwrap().plan;
+            let opts = PlannerOptions::new(ranks, 12);
+            let a = shard::plan(&tables(&fwd).unwrap(), &opts).unwrap();
+            let b = shard::plan(&tables(&t).unwrap(), &opts).unwrap();
             assert_eq!(a, b);
+            assert_eq!(partition_with(&fwd, &a).unwrap().plan, a);
+            assert_eq!(partition_with(&t, &b).unwrap().plan, b);
         }
     }
 }
 
 #[test]
-fn table_costs_follow_the_formula() {
+fn tables_report_rows_width_and_lookups() {
     let t = tables(&Spec::shared().build()).unwrap();
     assert_eq!(t.len(), 3);
-    // emb.0: 7 rows x 4 f32 + (2 + 3 lookups) x 4.
+    // emb.0: 7 rows x 4 f32, 2 + 3 lookups per sample over its two bags.
     assert_eq!(
         t[0],
         TableInfo {
@@ -237,71 +254,8 @@ fn table_costs_follow_the_formula() {
             bags: 2,
         }
     );
-    assert_eq!(t[0].cost(), (7 * 4 * 4 + 5 * 4) as f64);
     let off = tables(&Spec::offsets().build()).unwrap();
     assert_eq!(off[0].lookups_per_sample, 1, "bags with offsets count 1");
-}
-
-fn table(name: &str, rows: usize) -> TableInfo {
-    TableInfo {
-        name: name.into(),
-        rows,
-        dim: 8,
-        elem_bytes: 4,
-        lookups_per_sample: 1,
-        bags: 1,
-    }
-}
-
-#[test]
-fn placement_is_greedy_balanced_and_deterministic() {
-    let ts: Vec<TableInfo> = [100, 3, 57, 57, 20, 8, 91, 1, 44, 12]
-        .iter()
-        .enumerate()
-        .map(|(i, &r)| table(&format!("t{i}"), r))
-        .collect();
-    let max_cost = ts.iter().map(TableInfo::cost).fold(0.0, f64::max);
-    let total: f64 = ts.iter().map(TableInfo::cost).sum();
-    for ranks in 1..=12 {
-        let p = place(&ts, ranks).unwrap();
-        assert_eq!(p.per_rank_cost.len(), ranks);
-        assert!((p.per_rank_cost.iter().sum::<f64>() - total).abs() < 1e-9);
-        let hi = p.per_rank_cost.iter().copied().fold(f64::MIN, f64::max);
-        let lo = p.per_rank_cost.iter().copied().fold(f64::MAX, f64::min);
-        assert!(hi - lo <= max_cost, "ranks {ranks}: {p}");
-        // Costs agree with the owners.
-        for r in 0..ranks {
-            let c: f64 = ts
-                .iter()
-                .filter(|t| p.owner(&t.name) == Some(r))
-                .map(TableInfo::cost)
-                .sum();
-            assert_eq!(c, p.per_rank_cost[r]);
-        }
-        // Order of the table list does not matter.
-        let mut rev = ts.clone();
-        rev.reverse();
-        let q = place(&rev, ranks).unwrap();
-        for t in &ts {
-            assert_eq!(p.owner(&t.name), q.owner(&t.name));
-        }
-        if ranks > ts.len() {
-            let empty = (0..ranks).filter(|&r| p.tables_of(r).is_empty()).count();
-            assert_eq!(empty, ranks - ts.len());
-        }
-    }
-    // LPT on 2 ranks: 100 | 91, then 57 -> rank 1 (91), 57 -> rank 0, ...
-    let p = place(&ts, 2).unwrap();
-    assert_eq!(p.owner("t0"), Some(0));
-    assert_eq!(p.owner("t6"), Some(1));
-    // Equal costs: ties broken by name (t2 before t3), then lowest rank.
-    let eq = vec![table("b", 5), table("a", 5)];
-    let p = place(&eq, 2).unwrap();
-    assert_eq!(p.owner("a"), Some(0));
-    assert_eq!(p.owner("b"), Some(1));
-    let shown = p.to_string();
-    assert!(shown.contains("rank 0") && shown.contains("a"), "{shown}");
-    assert!(place(&eq, 0).is_err());
 }
 
 #[test]

@@ -7,9 +7,9 @@
 
 mod common;
 
-use common::Spec;
+use common::{Spec, partition};
 use dlrm_ir::{A2aDir, Graph, Op};
-use dlrm_passes::{LossKind, PipelineOptions, TrainConfig, compile, partition, schedule};
+use dlrm_passes::{LossKind, PipelineOptions, TrainConfig, compile, schedule};
 
 fn train(spec: &Spec, optimize: bool) -> Graph {
     let cfg = TrainConfig {

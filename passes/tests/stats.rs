@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::Spec;
+use common::{Spec, partition};
 use dlrm_passes::autodiff::autodiff;
-use dlrm_passes::{GraphStats, LossKind, TrainConfig, partition};
+use dlrm_passes::{GraphStats, LossKind, TrainConfig};
 
 #[test]
 fn forward_stats_of_the_dot_model() {

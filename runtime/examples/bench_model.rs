@@ -3,10 +3,15 @@
 //!
 //! `RAYON_NUM_THREADS=2 cargo run --release -p dlrm-runtime --example bench_model -- \
 //!     examples/dlrm-small.json [iters] [ranks] [configs]`
-//! where `configs` is a comma list of `reference`, `cranelift`, `native`, `auto`
-//! (default: all four).
+//! where `configs` is a comma list of `reference` and the `--kernels` choices
+//! (`cranelift`, `native`, `avx512`, `avx512bf16`, `auto`; default: `reference`,
+//! `cranelift`, `native`, `auto`). With `ranks > 1` the tables are placed by the sharding
+//! planner and the dense gradients all-reduced in buckets, as `dlrm-run` does.
 
-use dlrm_passes::{LossKind, PipelineOptions, TrainConfig, compile, partition};
+use dlrm_passes::{
+    DEFAULT_BUCKET_BYTES, LossKind, PipelineOptions, PlannerOptions, TrainConfig, compile,
+    partition, partition_buckets, shard,
+};
 use dlrm_runtime::{Backend, Job, KernelChoice, Plan, Training, run};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -72,10 +77,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 job.full_train = None;
             }
             if ranks > 1 {
+                let tables = partition::tables(&job.full_infer)?;
+                let opts = PlannerOptions::new(ranks, plan.training.batch_size.max(ranks));
+                let sp = shard::plan(&tables, &opts)?;
+                let infer = partition_buckets(&job.full_infer, &sp, DEFAULT_BUCKET_BYTES)?;
+                let mut parts = infer.clone();
                 if let Some(t) = &job.full_train {
-                    job.train_graphs = Some(partition(t, ranks)?.graphs);
+                    // The training partition's row shards also cover Split-SGD low halves.
+                    parts = partition_buckets(t, &sp, DEFAULT_BUCKET_BYTES)?;
+                    job.train_graphs = Some(parts.graphs.clone());
                 }
-                job.infer_graphs = partition(&job.full_infer, ranks)?.graphs;
+                job.infer_graphs = infer.graphs;
+                job.params = parts.shard_params(std::mem::take(&mut job.params))?;
                 job.ranks = ranks;
             }
             job.iters = iters;

@@ -87,7 +87,8 @@ pub struct Job {
     pub warmup: u64,
     /// Kernel backend (`--backend jit|reference`).
     pub backend: Backend,
-    /// GEMM micro-kernel choice of the JIT backend (`--kernels cranelift|native|auto`).
+    /// GEMM micro-kernel choice of the JIT backend (`--kernels
+    /// cranelift|native|avx512|avx512bf16|auto`, see [`KernelChoice`]).
     pub kernels: KernelChoice,
     /// Overlap collectives with compute (`--no-overlap` turns it off).
     pub overlap: bool,

@@ -110,11 +110,12 @@ struct CompileArgs {
     #[arg(long)]
     infer_only: bool,
     /// Print the IR to stdout after the named stages: `all`, or a comma list of
-    /// `input`, pass ids (`canon`, `autodiff`, `fuse`, `layout`, `precision`, `dce`) and
-    /// `partition`.
+    /// `input`, pass ids (`canon`, `autodiff`, `fuse`, `fuse-dgrad-mask`, `layout`,
+    /// `precision`, `dce`), `partition` and the per-rank pass ids (`bucket`,
+    /// `schedule`).
     #[arg(long, value_name = "STAGES")]
     dump_ir: Option<String>,
-    /// Rank count for the `partition` dump stage.
+    /// Rank count for the `partition`, `bucket` and `schedule` dump stages.
     #[arg(long, value_name = "N", default_value_t = 2)]
     ranks: usize,
     #[command(flatten)]
@@ -254,9 +255,13 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
             write_dump(&mut out, stage, g);
         }
     })?;
-    if wants(pipeline::PARTITION) {
+    let rank_stages =
+        std::iter::once(pipeline::PARTITION).chain(pipeline::RANK_PASSES.iter().copied());
+    if rank_stages.clone().any(wants) {
         partition_stages(&plan, a.ranks, &a.shards.settings(), &mut |stage, g| {
-            write_dump(&mut out, stage, g)
+            if wants(&stage.pass) {
+                write_dump(&mut out, stage, g)
+            }
         })?;
     }
     drop(out);

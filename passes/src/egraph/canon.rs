@@ -23,7 +23,7 @@ use super::cost::CostModel;
 use super::{EgraphStats, Limits, rules, saturate};
 use crate::copy::{Rewire, copy_rewired};
 use crate::pipeline::Params;
-use crate::{Pass, PassError, Result};
+use crate::{Pass, PassError, PassStats, Ran, Result};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Graph, Node, Op, SingleRank, TensorType, ValueId};
 use egg::Symbol;
@@ -47,12 +47,15 @@ impl Pass for Canon {
         ID
     }
 
-    fn run(&self, g: Graph) -> Result<Graph> {
-        Ok(canonicalise(&g, None, &self.limits)?.0)
-    }
-
-    fn run_with(&self, g: Graph, params: Option<&mut Params>) -> Result<Graph> {
-        Ok(canonicalise(&g, params, &self.limits)?.0)
+    fn run(&self, g: Graph, params: Option<&mut Params>) -> Result<Ran> {
+        let (graph, stats) = canonicalise(&g, params, &self.limits)?;
+        Ok(Ran {
+            graph,
+            stats: PassStats {
+                egraph: Some(stats),
+                ..Default::default()
+            },
+        })
     }
 }
 

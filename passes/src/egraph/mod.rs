@@ -8,9 +8,9 @@
 //! [`rules::all`] run under explicit [`Limits`] (iterations, e-nodes, time), and the
 //! cheapest graph under the [`cost::CostModel`] is extracted ([`convert::decode`]).
 //! [`EgraphStats`] records the e-graph's size, the iterations, the stop reason and
-//! how often each rule applied; the pipeline stores it in the pass log. The
-//! extracted graph then gets the one rewrite tree extraction cannot choose,
-//! a gradient shared by two ops ([`crate::mask`]).
+//! how often each rule applied; the pass returns it and the pipeline stores it in
+//! the pass log. The one rewrite tree extraction cannot choose, a gradient shared
+//! by two ops, is the next pass of the pipeline, `fuse-dgrad-mask` ([`crate::mask`]).
 //!
 //! Invariants: names of surviving values, inputs, parameters (names and types),
 //! outputs and updates are kept; the result verifies; in f32 it computes what the
@@ -23,7 +23,8 @@ pub mod cost;
 pub mod lang;
 pub mod rules;
 
-use crate::{Pass, Result};
+use crate::pipeline::Params;
+use crate::{Pass, PassStats, Ran, Result};
 use cost::{CostModel, DlCost};
 use dlrm_ir::Graph;
 use egg::{Extractor, Runner, SimpleScheduler, StopReason};
@@ -99,8 +100,15 @@ impl Pass for Fuse {
         ID
     }
 
-    fn run(&self, g: Graph) -> Result<Graph> {
-        Ok(fuse(&g, &self.opts)?.0)
+    fn run(&self, g: Graph, _params: Option<&mut Params>) -> Result<Ran> {
+        let (graph, stats) = fuse(&g, &self.opts)?;
+        Ok(Ran {
+            graph,
+            stats: PassStats {
+                egraph: Some(stats),
+                ..Default::default()
+            },
+        })
     }
 }
 
@@ -115,19 +123,11 @@ fn reason(r: &Option<StopReason>) -> String {
     }
 }
 
-/// Runs the e-graph optimisation on `g` (see the module docs), then
-/// [`crate::mask::fuse_dgrad_mask`] on the extracted graph (counted under its
-/// rule name in [`EgraphStats::rules_applied`]).
+/// Runs the e-graph optimisation on `g` (see the module docs): the rules of
+/// [`rules::all`], then extraction.
 pub fn fuse(g: &Graph, opts: &FuseOptions) -> Result<(Graph, EgraphStats)> {
     let rules = rules::all(&opts.rules);
-    let (out, mut stats) = saturate(g, &rules, &opts.limits, opts.cost, HashMap::new())?;
-    let (out, masked) = crate::mask::fuse_dgrad_mask(&out, ID)?;
-    if masked > 0 {
-        stats
-            .rules_applied
-            .insert(crate::mask::RULE.to_string(), masked);
-    }
-    Ok((out, stats))
+    saturate(g, &rules, &opts.limits, opts.cost, HashMap::new())
 }
 
 /// Encodes `g`, runs `rules` under `limits` (the rules see `consts` as the values

@@ -1,5 +1,5 @@
 //! The sharding planner: where each embedding table lives on N ranks, chosen by a
-//! cost model (DOMAIN.md, "Hybrid parallel training"; issue 5).
+//! cost model (`docs/parallel.md` describes the hybrid-parallel step it plans for).
 //!
 //! Three placements per table ([`ShardKind`]):
 //! - **table-wise**: the whole table on one rank, which looks up its bags for the
@@ -37,7 +37,7 @@ pub use report::{
     Prediction, RankPrediction, ScalePoint, predict, rank_counts, scaling, scaling_table,
 };
 
-use crate::partition::{Placement, TableInfo};
+use crate::partition::TableInfo;
 use crate::{PassError, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -100,32 +100,6 @@ pub struct ShardPlan {
 }
 
 impl ShardPlan {
-    /// The table-wise plan of a [`Placement`] (each table on its owner).
-    pub fn table_wise(placement: &Placement, tables: &[TableInfo]) -> ShardPlan {
-        ShardPlan {
-            ranks: placement.ranks(),
-            tables: placement
-                .table_owner
-                .iter()
-                .map(|(name, rank)| {
-                    let rows = tables
-                        .iter()
-                        .find(|t| &t.name == name)
-                        .map_or(0, |t| t.rows);
-                    TablePlan {
-                        table: name.clone(),
-                        kind: ShardKind::TableWise,
-                        shards: vec![Shard {
-                            rank: *rank,
-                            lo: 0,
-                            hi: rows,
-                        }],
-                    }
-                })
-                .collect(),
-        }
-    }
-
     /// The plan of `table`.
     pub fn get(&self, table: &str) -> Option<&TablePlan> {
         self.tables.iter().find(|t| t.table == table)

@@ -7,6 +7,8 @@ use dlrm_ir::{
     Act, DType, Def, Dim, Graph, InteractionKind, LocalGroup, Op, Pool, SingleRank, Tensor,
     TensorType, ValueId, batch_slice, interp,
 };
+use dlrm_passes::shard::{Shard, ShardKind, ShardPlan, TablePlan};
+use dlrm_passes::{Partitioned, TableInfo};
 use std::collections::HashMap;
 
 pub const DENSE: usize = 4;
@@ -464,4 +466,38 @@ pub fn count(g: &Graph, mnemonic: &str) -> usize {
 /// True if `v` is an input of `g`.
 pub fn is_input(g: &Graph, v: ValueId) -> bool {
     matches!(g.value(v).def, Def::Input(_))
+}
+
+/// The table-wise [`ShardPlan`] that places table `i` (parameter order) on rank
+/// `i % ranks`: every table exchanged whole, for the tests of the table-wise
+/// structure (the planner, `dlrm_passes::shard::plan`, may also split or replicate
+/// tables; `shard.rs` tests those placements).
+pub fn table_wise(g: &Graph, ranks: usize) -> ShardPlan {
+    table_wise_of(&dlrm_passes::partition::tables(g).unwrap(), ranks)
+}
+
+fn table_wise_of(tables: &[TableInfo], ranks: usize) -> ShardPlan {
+    ShardPlan {
+        ranks,
+        tables: tables
+            .iter()
+            .enumerate()
+            .map(|(i, t)| TablePlan {
+                table: t.name.clone(),
+                kind: ShardKind::TableWise,
+                shards: vec![Shard {
+                    rank: i % ranks,
+                    lo: 0,
+                    hi: t.rows,
+                }],
+            })
+            .collect(),
+    }
+}
+
+/// `g` partitioned for `ranks` ranks under [`table_wise`], one `all_reduce` per
+/// gradient (the per-rank passes run).
+pub fn partition(g: &Graph, ranks: usize) -> dlrm_passes::Result<Partitioned> {
+    let plan = table_wise_of(&dlrm_passes::partition::tables(g)?, ranks);
+    dlrm_passes::partition_with(g, &plan)
 }

@@ -1,11 +1,13 @@
-//! Theme `recognise`: DLRM-level ops from their pieces.
+//! Theme `recognise` (pass `fuse`): an activation folded into the layer before it.
 //!
 //! - `fuse-linear-relu`, `fuse-linear-sigmoid`: an activation after a plain
 //!   `linear` becomes the linear's epilogue.
 //!
-//! (matmul + add(bias) -> linear, gemm with transB, and concat + batched matmul +
-//! lower-triangle gather -> interaction need the generic ONNX ops, which this
-//! branch does not have yet.)
+//! The DLRM ops of an imported model's generic ops (matmul + add of a bias ->
+//! `linear`, the exported interaction -> `interaction`, gather + reduce ->
+//! `embedding_bag`) are recognised earlier, by the theme `canon` ([`super::canon`])
+//! in the `canon` pass, before autodiff; by the time these rules run, the graph
+//! holds DLRM ops only.
 
 use super::super::lang::{Dl, Types};
 use egg::{Rewrite, rewrite};
