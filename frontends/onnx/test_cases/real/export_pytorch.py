@@ -17,6 +17,10 @@ them here too, so a broken export is caught before it is committed). CI has no
 PyTorch: the Rust tests read the committed files.
 
 usage: export_pytorch.py [OUT_DIR] [--only NAME ...]
+       export_pytorch.py --json MODEL.json OUT.onnx [--opset N] [--dynamo]
+(the second form exports the reference-style DLRM of a dlrmc JSON description's
+shape, fixed-size bags of its pooling, for comparing a real export's plan with its
+JSON twin's; nothing is written beside it)
 needs: torch, onnx, numpy; onnxscript for the dynamo exporter; onnxruntime optional
 (`../shared/tools/install-pytorch` installs all of them in a virtual environment).
 """
@@ -321,11 +325,54 @@ def export(name, exporter, opset, o, out_dir, seed=7):
     print(f"{name}: {exporter} opset {opset}, ort max abs diff {worst:.2e}")
 
 
+def export_json(spec_path, out, opset, dynamo):
+    """A reference-style DLRM of a JSON description's shape, fixed-size bags."""
+    with open(spec_path) as f:
+        spec = json.load(f)
+    widths = lambda v: [int(x) for x in (v.split("-") if isinstance(v, str) else v)]
+    rows, dim, pool = spec["table_rows"], spec["embedding_dim"], spec.get("pooling", 1)
+    bot, f = widths(spec["bottom_mlp"]), len(rows) + 1
+    itself = spec.get("interaction_itself", False)
+    pairs = f * (f + 1) // 2 if itself else f * (f - 1) // 2
+    top_in = bot[-1] + pairs if spec.get("interaction", "dot") == "dot" else bot[-1] + dim * len(rows)
+    # The description's top MLP lists the layers' widths; the first takes top_in.
+    model = DLRM_Net(dim, rows, bot, [top_in] + widths(spec["top_mlp"]),
+                     interaction=spec.get("interaction", "dot"),
+                     itself=itself,
+                     mode=spec.get("pooling_mode", "sum"), seed=spec.get("seed", 0)).eval()
+    rng = np.random.default_rng(0)
+    b = 4
+    dense = torch.tensor(rng.standard_normal((b, spec["dense_features"])).astype(np.float32))
+    idx = [torch.tensor(rng.integers(0, r, size=(b, pool))) for r in rows]
+    names = ["dense_x"] + [f"indices_{k}" for k in range(len(rows))]
+    axes = {n: {0: "batch_size"} for n in names + ["pred"]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            from torch.export import Dim
+            bd = Dim("batch_size", min=1, max=1 << 20)
+            prog = torch.onnx.export(model, (dense, None, idx), dynamo=True,
+                                     opset_version=max(opset, 18), input_names=names,
+                                     output_names=["pred"],
+                                     dynamic_shapes=({0: bd}, None, [{0: bd} for _ in rows]))
+            prog.save(out)
+        else:
+            torch.onnx.export(model, (dense, None, idx), out, dynamo=False,
+                              opset_version=opset, input_names=names,
+                              output_names=["pred"], dynamic_axes=axes)
+    print(f"{out}: {len(rows)} tables, pooling {pool}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", nargs="?", default=os.path.dirname(os.path.abspath(__file__)))
     ap.add_argument("--only", nargs="*", help="case names (default: all)")
+    ap.add_argument("--json", help="export a JSON description's shape to OUT (a .onnx path)")
+    ap.add_argument("--opset", type=int, default=17)
+    ap.add_argument("--dynamo", action="store_true")
     a = ap.parse_args()
+    if a.json:
+        return export_json(a.json, a.out, a.opset, a.dynamo)
     torch.manual_seed(0)
     failed = []
     for name, (exporter, opset, o) in CASES.items():
