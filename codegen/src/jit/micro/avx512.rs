@@ -15,7 +15,7 @@
 //! each with `NR` readable floats (lanes `>= nr` may hold anything: they only reach
 //! accumulator lanes that are never stored).
 //!
-//! Flags (the AVX2 kernel's, plus [`F_ACC`]): [`F_A_BF16`]; [`F_C_BF16`] stores `C`
+//! Flags (every kernel's, [`super`]): [`F_A_BF16`]; [`F_C_BF16`] stores `C`
 //! as bf16 (round to nearest even, NaN kept NaN with the quiet bit set, as
 //! `half::bf16::from_f32`); [`F_BIAS`] adds `bias[j]` (`NR` readable f32); [`F_RELU`]
 //! applies `x > 0 || x is NaN ? x : 0` (`-0` gives `+0`: `vmaxps(x, 0)` returns its
