@@ -455,7 +455,7 @@ fn bad_runs_are_clear_errors() {
     fs::create_dir(&bf16).expect("mkdir");
     let bf16_plan = compile_tiny(&bf16, &["--precision", "bf16"]);
     let args = [s(&bf16_plan), "--kernels", "avx512bf16", "--iters", "2"];
-    if dlrm_codegen::jit::native512bf16::available() {
+    if dlrm_codegen::jit::micro::AVX512_BF16.available() {
         ok(DLRM_RUN, &args);
     } else {
         let err = fails(DLRM_RUN, &args);

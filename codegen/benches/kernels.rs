@@ -19,7 +19,8 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use dlrm_codegen::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand, OutBuf, pack_b};
-use dlrm_codegen::jit::{Jit, JitOptions, native, native512bf16};
+use dlrm_codegen::jit::micro::avx512bf16::pack_b_pairs_into;
+use dlrm_codegen::jit::{Jit, JitOptions};
 use dlrm_ir::{DType, Dim, InteractionKind, Op, Pool, Tensor, TensorType};
 use half::bf16;
 use std::collections::HashMap;
@@ -62,7 +63,7 @@ fn bench_gemm(c: &mut Criterion) {
         for bf in [false, true] {
             let dt = if bf { "bf16" } else { "f32" };
             let mut micros = vec![Micro::Cranelift];
-            if native::available() {
+            if Micro::Native.available() {
                 micros.push(Micro::Native);
             }
             if Micro::Native512.available() {
@@ -94,7 +95,7 @@ fn bench_gemm(c: &mut Criterion) {
                     // `w` rounded to bf16: the kernel's operands are both bf16.
                     let wbf: Vec<bf16> = w.iter().map(|&x| bf16::from_f32(x)).collect();
                     let mut bp = vec![0.0f32; kern.spec().packed_b_len()];
-                    native512bf16::pack_b_pairs_into(&mut bp, &wbf, (k, n, 1, k), micro.nr());
+                    pack_b_pairs_into(&mut bp, &wbf, (k, n, 1, k), micro.nr());
                     bp
                 } else {
                     pack_b(&w, k, n, 1, k, micro.nr())
@@ -275,7 +276,7 @@ fn bench_brgemm(c: &mut Criterion) {
     let mut g = c.benchmark_group("brgemm");
     g.sample_size(10);
     let mut choices = vec![dlrm_codegen::KernelChoice::Cranelift];
-    if native::available() {
+    if Micro::Native.available() {
         choices.push(dlrm_codegen::KernelChoice::Native);
     }
     if Micro::Native512.available() {

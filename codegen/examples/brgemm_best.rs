@@ -14,7 +14,7 @@
 //! training step whose other ops evicted them, not from a warm L2/L3.
 
 use dlrm_codegen::KernelChoice;
-use dlrm_codegen::jit::{self, JitOptions, native, native512};
+use dlrm_codegen::jit::{self, JitOptions, micro};
 use dlrm_ir::{Act, DType, Dim, Op, Tensor, TensorType};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -97,10 +97,10 @@ fn main() {
         cases.retain(|c| only.split(',').any(|o| o == c.0));
     }
     let mut choices = vec![KernelChoice::Cranelift];
-    if native::available() {
+    if micro::AVX2.available() {
         choices.push(KernelChoice::Native);
     }
-    if native512::available() {
+    if micro::AVX512.available() {
         choices.push(KernelChoice::Avx512);
     }
     if let Ok(only) = std::env::var("KERNELS") {

@@ -3,8 +3,8 @@
 //!
 //! `RAYON_NUM_THREADS=1 cargo run --release -p dlrm-codegen --example gemm_best -- M K N [reps]`
 
+use dlrm_codegen::jit::Jit;
 use dlrm_codegen::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand, OutBuf, pack_b};
-use dlrm_codegen::jit::{Jit, native};
 use half::bf16;
 use std::time::Instant;
 
@@ -32,7 +32,7 @@ fn main() {
     let mut outb = vec![bf16::ZERO; m * n];
     let flops = 2.0 * (m * n * k) as f64;
     let mut micros = vec![Micro::Cranelift];
-    if native::available() {
+    if Micro::Native.available() {
         micros.push(Micro::Native);
     }
     if Micro::Native512.available() {

@@ -1,15 +1,16 @@
-//! Hot-cache throughput of one micro-kernel tile called repeatedly: the AVX2+FMA
-//! `6×16` kernel ([`native`]) against the AVX-512 kernel ([`native512`]) at 8 and
-//! 12 rows (its full `MR` and a shorter tile, to show the choice of `MR`), for
+//! Hot-cache throughput of one micro-kernel tile called repeatedly through the
+//! registry's entry ([`micro::MicroKernel::call`]): the AVX2+FMA `6×16` kernel
+//! ([`micro::avx2`]) against the AVX-512 kernel ([`micro::avx512`]) at 8 and 12
+//! rows (its full `MR` and a shorter tile, to show the choice of `MR`), for
 //! `k` = 64, 256, 512, `A` packed (`[kk][mr]`, as the loop nest packs it) or
 //! unpacked (row-major, `lda = k`), f32 and bf16 `A`; and the AVX-512 BF16
-//! kernel ([`native512bf16`], `B` in k pairs) on unpacked bf16 `A`, the only
-//! layout it takes. Best of N samples (robust on a shared machine), one
+//! kernel ([`micro::avx512bf16`], `B` in k pairs) on unpacked bf16 `A`, the
+//! only layout it takes. Best of N samples (robust on a shared machine), one
 //! thread, variants interleaved.
 //!
 //! `cargo run --release -p dlrm-codegen --example ukernel_best -- [samples]`
 
-use dlrm_codegen::jit::{native, native512, native512bf16};
+use dlrm_codegen::jit::micro::{self, BPacking, F_A_BF16, F_BIAS, MicroKernel, TileArgs};
 use half::bf16;
 use std::time::Instant;
 
@@ -25,8 +26,8 @@ fn main() {
         .nth(1)
         .map(|s| s.parse().expect("samples: a number"))
         .unwrap_or(30);
-    let have2 = native::available();
-    let have512 = native512::available();
+    let have2 = micro::AVX2.available();
+    let have512 = micro::AVX512.available();
     if !have512 {
         println!("note: no AVX-512 on this CPU: only the AVX2 kernel is measured");
     }
@@ -34,23 +35,24 @@ fn main() {
     for k in [64usize, 256, 512] {
         for packed in [true, false] {
             for abf in [false, true] {
-                // (kernel, mr, nr): the AVX2 tile and two AVX-512 heights.
-                let mut kernels = Vec::new();
+                // (label, kernel, mr): the AVX2 tile and two AVX-512 heights.
+                let mut kernels: Vec<(&str, &'static MicroKernel, usize)> = Vec::new();
                 if have2 {
-                    kernels.push(("avx2", native::MR, native::NR));
+                    kernels.push(("avx2", &micro::AVX2, micro::AVX2.mr));
                 }
                 if have512 {
                     for mr in [8, 12, 14] {
-                        if mr <= native512::MR {
-                            kernels.push(("avx512", mr, native512::NR));
+                        if mr <= micro::AVX512.mr {
+                            kernels.push(("avx512", &micro::AVX512, mr));
                         }
                     }
                 }
-                if native512bf16::available() && abf && !packed {
-                    kernels.push(("avx512bf16", native512::MR, native512::NR));
+                if micro::AVX512_BF16.available() && abf && !packed {
+                    let bf = &micro::AVX512_BF16;
+                    kernels.push(("avx512bf16", bf, bf.mr));
                 }
-                for (kern, mr, nr) in kernels {
-                    variants.push(variant(kern, mr, nr, k, packed, abf));
+                for (label, kern, mr) in kernels {
+                    variants.push(variant(label, kern, mr, k, packed, abf));
                 }
             }
         }
@@ -70,7 +72,15 @@ fn main() {
 }
 
 /// A variant calling `kern`'s `mr×nr` tile `calls` times on its own buffers.
-fn variant(kern: &'static str, mr: usize, nr: usize, k: usize, packed: bool, abf: bool) -> Variant {
+fn variant(
+    label: &str,
+    kern: &'static MicroKernel,
+    mr: usize,
+    k: usize,
+    packed: bool,
+    abf: bool,
+) -> Variant {
+    let nr = kern.nr;
     let a: Vec<f32> = (0..mr * k)
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
         .collect();
@@ -85,23 +95,18 @@ fn variant(kern: &'static str, mr: usize, nr: usize, k: usize, packed: bool, abf
     let flops_call = 2.0 * (mr * nr * k) as f64;
     // About 20 MFLOP per sample.
     let calls = (2e7 / flops_call).ceil() as usize;
-    let flags = native::F_BIAS | if abf { native::F_A_BF16 } else { 0 };
+    let flags = F_BIAS | if abf { F_A_BF16 } else { 0 };
     let name = format!(
-        "{kern} {mr}x{nr} k={k:<3} A {} {}",
+        "{label} {mr}x{nr} k={k:<3} A {} {}",
         if packed { "packed  " } else { "unpacked" },
         if abf { "bf16" } else { "f32" }
     );
-    // The kernels share one ABI (rows of B `nr` apart: each kernel's NR; for
-    // the BF16 kernel, rows of k pairs).
-    let uk = match kern {
-        "avx2" => native::ukernel,
-        "avx512bf16" => native512bf16::ukernel,
-        _ => native512::ukernel,
-    };
-    let b = if kern == "avx512bf16" {
+    // Rows of B `nr` apart: each kernel's NR (rows of k pairs for the BF16
+    // kernel).
+    let b = if kern.b_packing == BPacking::KPairs {
         let bb: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect();
         let mut pairs = vec![0.0f32; k.div_ceil(2) * nr];
-        native512bf16::pack_b_pairs_into(&mut pairs, &bb, (k, nr, nr, 1), nr);
+        micro::avx512bf16::pack_b_pairs_into(&mut pairs, &bb, (k, nr, nr, 1), nr);
         pairs
     } else {
         b
@@ -117,22 +122,22 @@ fn variant(kern: &'static str, mr: usize, nr: usize, k: usize, packed: bool, abf
             // k rows of `nr` (the kernel's NR), `bias` NR floats, `c` the tile
             // (`ldc = nr`); the kernel's CPU features were detected above.
             unsafe {
-                uk(
-                    ap,
-                    b.as_ptr(),
-                    c.as_mut_ptr().cast(),
-                    bias.as_ptr(),
+                kern.call(&TileArgs {
+                    a: ap,
+                    b: b.as_ptr(),
+                    c: c.as_mut_ptr().cast(),
+                    bias: bias.as_ptr(),
                     k,
                     lda,
                     acs,
-                    nr,
+                    ldc: nr,
+                    ldb: nr,
+                    kb: k,
+                    a_blk: 0,
                     mr,
                     nr,
                     flags,
-                    nr,
-                    k,
-                    0,
-                );
+                });
             }
             std::hint::black_box(&mut c);
         }

@@ -6,7 +6,7 @@
 //! f32 and bf16 storage, random ragged shapes (blocks that do not divide the
 //! dims, dims that are not multiples of the tiles or vector width).
 
-use dlrm_codegen::jit::{self, JitOptions, KernelChoice, native, native512, native512bf16};
+use dlrm_codegen::jit::{self, JitOptions, KernelChoice, micro};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Act, DType, Data, Dim, Op, SingleRank, Tensor, TensorType};
 use half::bf16;
@@ -239,13 +239,13 @@ fn abs(t: &Tensor) -> Tensor {
 /// read in place, forced.
 fn kernel_choices() -> Vec<JitOptions> {
     let mut v = vec![KernelChoice::Cranelift];
-    if native::available() {
+    if micro::AVX2.available() {
         v.push(KernelChoice::Native);
     }
-    if native512::available() {
+    if micro::AVX512.available() {
         v.push(KernelChoice::Avx512);
     }
-    if native512bf16::available() {
+    if micro::AVX512_BF16.available() {
         // Runs the GEMMs of two bf16 operands on the BF16 kernel.
         v.push(KernelChoice::Avx512Bf16);
     }

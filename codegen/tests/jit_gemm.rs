@@ -4,7 +4,7 @@
 //! Shapes are random and ragged (not multiples of the tile or vector width).
 
 use dlrm_codegen::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand, OutBuf, pack_b, pack_bias};
-use dlrm_codegen::jit::{Jit, JitOptions, KernelChoice, native};
+use dlrm_codegen::jit::{Jit, JitOptions, KernelChoice, micro};
 use dlrm_ir::{Act, DType, Dim, Op, Tensor, TensorType};
 use half::bf16;
 use proptest::prelude::*;
@@ -234,7 +234,7 @@ fn linear_ops_case(s: usize, k: usize, n: usize, bf: bool, act: Act, seed: u64) 
             KernelChoice::Native,
             KernelChoice::Auto,
         ] {
-            if kernels == KernelChoice::Native && !native::available() {
+            if kernels == KernelChoice::Native && !micro::AVX2.available() {
                 continue;
             }
             let got = dlrm_codegen::jit::try_eval(

@@ -54,7 +54,8 @@ use super::buffers::{Floats, Fresh, Scratch};
 use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b_into};
 use super::layout::{buf, zeros};
 use super::linear::{elt_of, operand};
-use super::native512bf16::pack_b_pairs_into;
+use super::micro::BPacking;
+use super::micro::avx512bf16::pack_b_pairs_into;
 use super::pack::{Src, pack_blocked};
 use super::{Jit, JitError, JitOptions};
 use crate::kernels::brgemm::{
@@ -286,7 +287,7 @@ fn pack_w_blocks(w: &Tensor, nb: usize, sp: &GemmSpec) -> Scratch {
         let src = q * k * bn;
         let geom = (k, bn, bn, 1);
         match &w.data {
-            Data::BF16(v) if sp.micro == Micro::Bf16Dot => {
+            Data::BF16(v) if sp.micro.b_packing() == BPacking::KPairs => {
                 pack_b_pairs_into(dst, &v[src..src + k * bn], geom, nr)
             }
             Data::F32(v) => pack_b_into(dst, &v[src..src + k * bn], geom, nr),

@@ -23,9 +23,10 @@
 //! (the `k×nr` panel stays in L1/L2) → tiles of `mr` rows. Each tile is the
 //! micro-kernel: [`Micro::Cranelift`] inlines a `4×8` f32x4-FMA register block
 //! (8 accumulators), [`Micro::Native`] calls the AVX2+FMA `6×16` kernel
-//! ([`super::native`]) through a symbol registered in the JIT module, and
+//! ([`micro::avx2`]) through a symbol registered in the JIT module, and
 //! [`Micro::Native512`] / [`Micro::Bf16Dot`] the AVX-512 `12×32` ones
-//! ([`super::native512`], [`super::native512bf16`]). Ragged edges
+//! ([`micro::avx512`], [`micro::avx512bf16`]): each call passes one pointer to
+//! a [`TileArgs`] the generated code fills in a stack slot. Ragged edges
 //! are compiled in: the last row tile has `m % mr` rows, the last panel
 //! `n % nr` columns (stores masked lane by lane).
 //!
@@ -40,9 +41,12 @@
 //! the generated code never sees an unchecked size.
 
 use super::clif::{self, flags};
+use super::micro::{self, BPacking, MicroKernel, TileArgs};
 use super::{Jit, JitError};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{AbiParam, InstBuilder, Value, types};
+use cranelift_codegen::ir::{
+    AbiParam, FuncRef, InstBuilder, StackSlot, StackSlotData, StackSlotKind, Value, types,
+};
 use cranelift_frontend::{FunctionBuilder, Variable};
 use cranelift_module::{Linkage, Module};
 use half::bf16;
@@ -73,65 +77,52 @@ impl Elt {
 pub enum Micro {
     /// Pure Cranelift, 128-bit f32x4 FMA, 4×8 tiles.
     Cranelift,
-    /// The native AVX2+FMA 6×16 kernel, called from the JIT loop nest.
+    /// The native AVX2+FMA 6×16 kernel ([`micro::avx2`]), called from the JIT
+    /// loop nest.
     Native,
-    /// The native AVX-512 12×32 kernel ([`super::native512`]), called from the
+    /// The native AVX-512 12×32 kernel ([`micro::avx512`]), called from the
     /// JIT loop nest.
     Native512,
-    /// The native AVX-512 BF16 12×32 kernel ([`super::native512bf16`]:
+    /// The native AVX-512 BF16 12×32 kernel ([`micro::avx512bf16`]:
     /// `vdpbf16ps`, two k steps per instruction), for bf16 `A` and `B`, with `B`
     /// packed in k pairs; called from the JIT loop nest.
     Bf16Dot,
 }
 
 impl Micro {
+    /// The registered native kernel (`None` for Cranelift's, which is inlined).
+    pub fn kernel(self) -> Option<&'static MicroKernel> {
+        match self {
+            Micro::Cranelift => None,
+            Micro::Native => Some(&micro::AVX2),
+            Micro::Native512 => Some(&micro::AVX512),
+            Micro::Bf16Dot => Some(&micro::AVX512_BF16),
+        }
+    }
+
     /// Rows of a tile.
     pub fn mr(self) -> usize {
-        match self {
-            Micro::Cranelift => CL_MR,
-            Micro::Native => super::native::MR,
-            Micro::Native512 | Micro::Bf16Dot => super::native512::MR,
-        }
+        self.kernel().map_or(CL_MR, |k| k.mr)
     }
 
     /// Columns of a tile = columns of a packed B panel.
     pub fn nr(self) -> usize {
-        match self {
-            Micro::Cranelift => CL_NR,
-            Micro::Native => super::native::NR,
-            Micro::Native512 | Micro::Bf16Dot => super::native512::NR,
-        }
+        self.kernel().map_or(CL_NR, |k| k.nr)
     }
 
     /// The micro-kernel's name in messages.
     pub fn name(self) -> &'static str {
-        match self {
-            Micro::Cranelift => "Cranelift",
-            Micro::Native => "AVX2+FMA",
-            Micro::Native512 => "AVX-512",
-            Micro::Bf16Dot => "AVX-512 BF16",
-        }
+        self.kernel().map_or("Cranelift", |k| k.name)
     }
 
     /// Whether this CPU can run the micro-kernel.
     pub fn available(self) -> bool {
-        match self {
-            Micro::Cranelift => true,
-            Micro::Native => super::native::available(),
-            Micro::Native512 => super::native512::available(),
-            Micro::Bf16Dot => super::native512bf16::available(),
-        }
+        self.kernel().is_none_or(MicroKernel::available)
     }
 
-    /// The symbol of a native micro-kernel (`None` for Cranelift's, which is
-    /// inlined).
-    fn symbol(self) -> Option<&'static str> {
-        match self {
-            Micro::Cranelift => None,
-            Micro::Native => Some(super::native::UKERNEL_SYMBOL),
-            Micro::Native512 => Some(super::native512::UKERNEL_SYMBOL),
-            Micro::Bf16Dot => Some(super::native512bf16::UKERNEL_SYMBOL),
-        }
+    /// How the micro-kernel reads a packed `B` (Cranelift's: f32 rows).
+    pub fn b_packing(self) -> BPacking {
+        self.kernel().map_or(BPacking::F32, |k| k.b_packing)
     }
 }
 
@@ -231,25 +222,22 @@ impl GemmSpec {
     }
 
     /// Whether the kernel reads a packed `B` ([`pack_b`], or
-    /// [`super::native512bf16::pack_b_pairs_into`] for [`Micro::Bf16Dot`]) and
+    /// [`micro::avx512bf16::pack_b_pairs_into`] for [`Micro::Bf16Dot`]) and
     /// bias ([`pack_bias`]).
     pub fn packed_b(&self) -> bool {
         self.b == BLayout::Packed
     }
 
     /// Whether the spec can run on [`Micro::Bf16Dot`]: bf16 `A` whose k steps
-    /// pair up in memory ([`super::native512bf16::fits`]).
+    /// pair up in memory ([`MicroKernel::fits`]).
     pub fn bf16_dot_fits(&self) -> bool {
-        self.a == Elt::BF16 && super::native512bf16::fits(self.k, self.acs, self.kb)
+        micro::AVX512_BF16.fits(self.a == Elt::BF16, self.k, self.acs, self.kb)
     }
 
     /// Rows of a packed `B` panel: `k`, or `⌈k/2⌉` k pairs for
     /// [`Micro::Bf16Dot`].
     pub fn b_rows(&self) -> usize {
-        match self.micro {
-            Micro::Bf16Dot => self.k.div_ceil(2),
-            _ => self.k,
-        }
+        self.micro.b_packing().rows(self.k)
     }
 
     /// Length (f32 words) of a whole packed `B`: `⌈n/nr⌉` panels of
@@ -778,21 +766,13 @@ pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError>
         std::env::var_os("DLRM_JIT_GEMM_OPT").is_none() && spec.micro == Micro::Cranelift;
     let mut module = jit.module_with(spec.micro, in_order)?;
     let ptr = module.target_config().pointer_type();
-    let ukernel = if let Some(symbol) = spec.micro.symbol() {
+    let ukernel = if let Some(kernel) = spec.micro.kernel() {
+        // `unsafe extern "C" fn(*const TileArgs)` (micro::UkernelFn).
         let mut usig = module.make_signature();
-        for _ in 0..4 {
-            usig.params.push(AbiParam::new(ptr));
-        }
-        for _ in 0..6 {
-            usig.params.push(AbiParam::new(types::I64));
-        }
-        usig.params.push(AbiParam::new(types::I32));
-        for _ in 0..3 {
-            usig.params.push(AbiParam::new(types::I64));
-        }
+        usig.params.push(AbiParam::new(ptr));
         Some(
             module
-                .declare_function(symbol, Linkage::Import, &usig)
+                .declare_function(kernel.symbol, Linkage::Import, &usig)
                 .map_err(JitError::module)?,
         )
     } else {
@@ -804,8 +784,12 @@ pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError>
             b,
             spec,
             ptr,
-            ukernel: uref,
+            ukernel: None,
         };
+        if let Some(f) = uref {
+            let slot = g.tile_args_slot();
+            g.ukernel = Some((f, slot));
+        }
         g.body(params);
     })?;
     // SAFETY: the function was generated with exactly this signature (7 params:
@@ -818,7 +802,16 @@ struct Gen<'a, 'b> {
     b: &'a mut FunctionBuilder<'b>,
     spec: GemmSpec,
     ptr: types::Type,
-    ukernel: Option<cranelift_codegen::ir::FuncRef>,
+    /// The native micro-kernel to call and the stack slot of its [`TileArgs`]
+    /// (made by [`Gen::tile_args_slot`] in the entry block).
+    ukernel: Option<(FuncRef, StackSlot)>,
+}
+
+/// The offset of a [`TileArgs`] field, for the generated code's stores.
+macro_rules! field {
+    ($f:ident) => {
+        i32::try_from(std::mem::offset_of!(TileArgs, $f)).expect("a small offset")
+    };
 }
 
 impl Gen<'_, '_> {
@@ -856,6 +849,50 @@ impl Gen<'_, '_> {
         self.b.def_var(iv, next);
         self.b.ins().jump(head, &[]);
         self.b.switch_to_block(exit);
+    }
+
+    /// The stack slot for the native micro-kernel's [`TileArgs`], with the
+    /// fields that are constants of the spec stored once, from the entry block
+    /// (the kernels only read the struct; each call stores the tile's pointers
+    /// and size).
+    fn tile_args_slot(&mut self) -> StackSlot {
+        let s = self.spec;
+        let size = u32::try_from(std::mem::size_of::<TileArgs>()).expect("a small struct");
+        let align = std::mem::align_of::<TileArgs>().trailing_zeros() as u8;
+        let slot = self.b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            size,
+            align,
+        ));
+        let (_, lda, acs) = s.a_layout();
+        let mut fl = 0u32;
+        if s.a == Elt::BF16 {
+            fl |= micro::F_A_BF16;
+        }
+        if s.c == Elt::BF16 {
+            fl |= micro::F_C_BF16;
+        }
+        if s.bias {
+            fl |= micro::F_BIAS;
+        }
+        if s.relu {
+            fl |= micro::F_RELU;
+        }
+        for (v, off) in [
+            (s.k, field!(k)),
+            (lda, field!(lda)),
+            (acs, field!(acs)),
+            (s.ldc, field!(ldc)),
+            (s.b_geom().0, field!(ldb)),
+            (s.kb.max(1), field!(kb)),
+            (s.a_blk, field!(a_blk)),
+        ] {
+            let x = self.b.ins().iconst(self.ptr, v as i64);
+            self.b.ins().stack_store(self.ptr, x, slot, off);
+        }
+        let x = self.b.ins().iconst(types::I32, i64::from(fl));
+        self.b.ins().stack_store(self.ptr, x, slot, field!(flags));
+        slot
     }
 
     /// The loop nest, from the entry block with parameters `params`.
@@ -965,7 +1002,7 @@ impl Gen<'_, '_> {
         ncols: usize,
     ) {
         let s = self.spec;
-        let (tile_stride, lda, acs) = s.a_layout();
+        let (tile_stride, _, _) = s.a_layout();
         let aoff = self
             .b
             .ins()
@@ -974,37 +1011,22 @@ impl Gen<'_, '_> {
         let coff = self.b.ins().imul_imm_s(i, (s.ldc * s.c.size()) as i64);
         let ct = self.b.ins().iadd(cpan, coff);
         match self.ukernel {
-            Some(fref) => {
-                let mut fl = 0u32;
-                if s.a == Elt::BF16 {
-                    fl |= super::native::F_A_BF16;
+            Some((fref, slot)) => {
+                // The tile's fields; the others were stored at entry.
+                let nr = self.b.ins().iconst(self.ptr, ncols as i64);
+                let mr = self.b.ins().iconst(self.ptr, rows as i64);
+                for (v, off) in [
+                    (at, field!(a)),
+                    (bpan, field!(b)),
+                    (ct, field!(c)),
+                    (biaspan, field!(bias)),
+                    (mr, field!(mr)),
+                    (nr, field!(nr)),
+                ] {
+                    self.b.ins().stack_store(self.ptr, v, slot, off);
                 }
-                if s.c == Elt::BF16 {
-                    fl |= super::native::F_C_BF16;
-                }
-                if s.bias {
-                    fl |= super::native::F_BIAS;
-                }
-                if s.relu {
-                    fl |= super::native::F_RELU;
-                }
-                let args = [
-                    at,
-                    bpan,
-                    ct,
-                    biaspan,
-                    self.iconst(s.k),
-                    self.iconst(lda),
-                    self.iconst(acs),
-                    self.iconst(s.ldc),
-                    self.iconst(rows),
-                    self.iconst(ncols),
-                    self.b.ins().iconst(types::I32, i64::from(fl)),
-                    self.iconst(s.b_geom().0),
-                    self.iconst(s.kb.max(1)),
-                    self.iconst(s.a_blk),
-                ];
-                self.b.ins().call(fref, &args);
+                let args = self.b.ins().stack_addr(self.ptr, slot, 0);
+                self.b.ins().call(fref, &[args]);
             }
             None => self.cl_tile(at, bpan, ct, biaspan, rows, ncols),
         }

@@ -11,7 +11,8 @@
 //! results are stored in the declared dtype (bf16 rounded to nearest even).
 
 use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b, pack_bias};
-use super::native512bf16::pack_b_pairs_into;
+use super::micro::BPacking;
+use super::micro::avx512bf16::pack_b_pairs_into;
 use super::{Jit, JitError, JitOptions};
 use crate::kernels::{KResult, KernelError, shape_err};
 use dlrm_ir::{Act, DType, Data, Tensor, TensorType};
@@ -183,7 +184,7 @@ pub fn linear(
         };
         let bias = to_f32(b);
         let pack = |micro: Micro| match &w.data {
-            Data::BF16(v) if micro == Micro::Bf16Dot => {
+            Data::BF16(v) if micro.b_packing() == BPacking::KPairs => {
                 let mut bp = vec![0.0f32; GemmSpec { micro, ..base }.packed_b_len()];
                 pack_b_pairs_into(&mut bp, v, (k, n, 1, k), micro.nr());
                 bp

@@ -11,10 +11,12 @@
 //!   [`linear`] maps `linear`, `linear_dx`, `linear_dw` onto it, and
 //!   [`brgemm`] the blocked `brgemm`, `brgemm_dgrad`, `brgemm_wgrad` (operands
 //!   packed once per call, `act'` and the bias gradient fused into the packing).
-//! - [`native`]: the AVX2+FMA micro-kernel registered as a JIT symbol; [`native512`]
-//!   its AVX-512 sibling (12×32 tiles, batch-reduce `A`, chosen at run time), and
-//!   [`native512bf16`] the AVX-512 BF16 one (`vdpbf16ps`: two k steps per
-//!   instruction, for bf16 `A` and `B`).
+//! - [`micro`]: the native micro-kernels the GEMM loop nest calls per tile, as a
+//!   table: one `#[repr(C)]` argument struct, one registry (name, tile, CPU
+//!   features, entry, `B` packing). [`micro::avx2`] is the AVX2+FMA kernel,
+//!   [`micro::avx512`] its AVX-512 sibling (12×32 tiles, batch-reduce `A`, chosen
+//!   at run time), and [`micro::avx512bf16`] the AVX-512 BF16 one (`vdpbf16ps`:
+//!   two k steps per instruction, for bf16 `A` and `B`).
 //! - [`reduce`]: `linear_db` (the bias gradient: column sums over the samples,
 //!   parallel over column blocks, on the embedding bag's row sum), and the
 //!   weighted column sums of `brgemm_wgrad` with one-column blocks.
@@ -52,9 +54,7 @@ pub mod interaction;
 pub mod layout;
 pub mod linear;
 pub mod loss;
-pub mod native;
-pub mod native512;
-pub mod native512bf16;
+pub mod micro;
 pub mod native_dot;
 mod pack;
 pub mod reduce;
@@ -111,7 +111,7 @@ pub enum KernelChoice {
     Native,
     /// The native AVX-512 micro-kernel called from the JIT loop nest.
     Avx512,
-    /// The AVX-512 BF16 micro-kernel ([`native512bf16`]) for GEMMs whose
+    /// The AVX-512 BF16 micro-kernel ([`micro::avx512bf16`]) for GEMMs whose
     /// operands are both bf16, the AVX-512 one for the others.
     Avx512Bf16,
     /// Per shape, the fastest of those this CPU can run (timed on the first
@@ -312,20 +312,9 @@ impl Jit {
         } else {
             self.isa.clone()
         };
-        let symbol = match micro {
-            gemm::Micro::Cranelift => None,
-            gemm::Micro::Native => Some((
-                native::UKERNEL_SYMBOL,
-                native::ukernel_ptr().ok_or(JitError::NoNative("AVX2+FMA"))?,
-            )),
-            gemm::Micro::Native512 => Some((
-                native512::UKERNEL_SYMBOL,
-                native512::ukernel_ptr().ok_or(JitError::NoNative("AVX-512"))?,
-            )),
-            gemm::Micro::Bf16Dot => Some((
-                native512bf16::UKERNEL_SYMBOL,
-                native512bf16::ukernel_ptr().ok_or(JitError::NoNative("AVX-512 BF16"))?,
-            )),
+        let symbol = match micro.kernel() {
+            None => None,
+            Some(k) => Some((k.symbol, k.entry_ptr().ok_or(JitError::NoNative(k.name))?)),
         };
         Ok(module_of(isa, symbol.as_slice()))
     }

@@ -1,5 +1,5 @@
-//! The native AVX2+FMA GEMM micro-kernel, called by JIT-compiled loop nests through
-//! a symbol registered in the JIT module ([`UKERNEL_SYMBOL`]).
+//! The native AVX2+FMA GEMM micro-kernel ([`super::AVX2`] in the registry), called
+//! by JIT-compiled loop nests through a symbol registered in the JIT module.
 //!
 //! Cranelift's x86-64 backend has 128-bit vectors only, which caps a pure-Cranelift
 //! GEMM at half of the machine's FMA throughput. This kernel computes one
@@ -16,86 +16,54 @@
 //! are `ldb` f32 apart with `NR` readable columns each (a zero-padded packed panel,
 //! or the weights in place), lanes `>= nr` never reach `C`; `bias` `NR` f32 (or
 //! absent); `act` none or relu (`x > 0 || x is NaN ? x : 0`); the accumulators start at 0, or
-//! at the tile's f32 `C` values with [`F_ACC`] (so a loop nest may split `k` into
-//! chunks and get the one-pass result bit for bit); `C` stored as f32 or bf16
+//! at the tile's `C` values with [`F_ACC`] (bf16 widened exactly; so a loop nest may
+//! split `k` into chunks and get the one-pass result bit for bit); `C` stored as f32 or bf16
 //! (round to nearest even, NaN kept NaN) with row stride `ldc` elements. Nothing
 //! outside the `mr×nr` tile is read from `A` or written to `C`.
 //!
 //! Invariants the caller (the JIT loop nest, itself validated by its Rust wrapper)
 //! guarantees: `1 <= mr <= MR`, `1 <= nr <= NR`, the pointers cover the tile, and
-//! the CPU has AVX2 and FMA ([`available`]) — the symbol is registered only then.
+//! the CPU has AVX2 and FMA ([`super::MicroKernel::available`]) — the symbol is
+//! registered only then.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
+
+use super::{F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_RELU, TileArgs};
 
 /// Rows of a native tile.
 pub const MR: usize = 6;
 /// Columns of a native tile (and of a packed B panel for native kernels).
 pub const NR: usize = 16;
 
-/// Flag: `A` holds bf16.
-pub const F_A_BF16: u32 = 1;
-/// Flag: `C` holds bf16.
-pub const F_C_BF16: u32 = 2;
-/// Flag: add the bias.
-pub const F_BIAS: u32 = 4;
-/// Flag: apply relu.
-pub const F_RELU: u32 = 8;
-/// Flag: start from the f32 values in `C` (accumulate) instead of 0.
-pub const F_ACC: u32 = 16;
-
-/// The symbol name under which [`ukernel_ptr`] is registered in JIT modules.
-pub const UKERNEL_SYMBOL: &str = "dlrm_gemm_ukernel_avx2_6x16";
-
-/// True if this CPU can run the native kernel (x86-64 with AVX2 and FMA).
-pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// The address of the micro-kernel, if this CPU can run it.
-pub fn ukernel_ptr() -> Option<*const u8> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        available().then_some(ukernel as *const u8)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        None
-    }
-}
-
-/// The micro-kernel entry (C ABI; see the module docs for the tile semantics).
+/// The micro-kernel entry ([`super::UkernelFn`]; see the module docs for the
+/// tile semantics).
 ///
 /// # Safety
-/// `a` covers every `A(r, kk)` above for `r < mr`, `kk < k`, `b` covers
-/// `(k-1)·ldb + NR` f32, `bias` covers `NR` f32 when `F_BIAS` is set, `c` covers
-/// the `mr × nr` tile with row stride `ldc` (f32 when `F_ACC` is set);
-/// `1 <= mr <= MR`, `1 <= nr <= NR`, `kb >= 1`; the CPU has AVX2 and FMA.
+/// `t` points to a [`TileArgs`] where: `a` covers every `A(r, kk)` above for
+/// `r < mr`, `kk < k`, `b` covers `(k-1)·ldb + NR` f32, `bias` covers `NR` f32
+/// when `F_BIAS` is set, `c` covers the `mr × nr` tile with row stride `ldc`
+/// (readable too when `F_ACC` is set); `1 <= mr <= MR`, `1 <= nr <= NR`, `kb >= 1`; the
+/// CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn ukernel(
-    a: *const u8,
-    b: *const f32,
-    c: *mut u8,
-    bias: *const f32,
-    k: usize,
-    lda: usize,
-    acs: usize,
-    ldc: usize,
-    mr: usize,
-    nr: usize,
-    flags: u32,
-    ldb: usize,
-    kb: usize,
-    a_blk: usize,
-) {
+pub unsafe extern "C" fn ukernel(t: *const TileArgs) {
+    // SAFETY: the caller's contract: `t` points to the call's arguments.
+    let TileArgs {
+        a,
+        b,
+        c,
+        bias,
+        k,
+        lda,
+        acs,
+        ldc,
+        ldb,
+        kb,
+        a_blk,
+        mr,
+        nr,
+        flags,
+    } = unsafe { *t };
     let g = Geom {
         k,
         lda,
@@ -131,7 +99,10 @@ pub unsafe extern "C" fn ukernel(
     }
 }
 
-/// A tile's geometry and flags (the scalar arguments of [`ukernel`]).
+#[cfg(not(target_arch = "x86_64"))]
+pub use super::unsupported as ukernel;
+
+/// A tile's geometry and flags (the scalar fields of [`TileArgs`]).
 struct Geom {
     k: usize,
     lda: usize,
@@ -157,14 +128,22 @@ unsafe fn tile<const R: usize, const ABF: bool>(
     let esize = if ABF { 2 } else { 4 };
     let (lda, ldc, nr, flags, ldb) = (g.lda, g.ldc, g.nr, g.flags, g.ldb);
     // SAFETY: the caller's contract: every A element `r < R, kk < k`, every
-    // `B[kk][0..NR]`, the bias row and (with F_ACC) the f32 C tile are readable.
+    // `B[kk][0..NR]`, the bias row and (with F_ACC) the C tile are readable.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         if flags & F_ACC != 0 {
             for (r, accr) in acc.iter_mut().enumerate() {
-                let row = c.add(r * ldc * 4).cast::<f32>();
                 let mut tmp = [0f32; NR];
-                std::ptr::copy_nonoverlapping(row, tmp.as_mut_ptr(), nr);
+                if flags & F_C_BF16 != 0 {
+                    // bf16 `C`: widened exactly.
+                    let row = c.add(r * ldc * 2).cast::<u16>();
+                    for (j, t) in tmp.iter_mut().enumerate().take(nr) {
+                        *t = f32::from_bits(u32::from(row.add(j).read_unaligned()) << 16);
+                    }
+                } else {
+                    let row = c.add(r * ldc * 4).cast::<f32>();
+                    std::ptr::copy_nonoverlapping(row, tmp.as_mut_ptr(), nr);
+                }
                 accr[0] = _mm256_loadu_ps(tmp.as_ptr());
                 accr[1] = _mm256_loadu_ps(tmp.as_ptr().add(8));
             }

@@ -1,6 +1,6 @@
-//! The native AVX-512 GEMM micro-kernel: the 512-bit sibling of [`super::native`],
-//! chosen at run time ([`available`]) on CPUs with AVX-512 F/BW/VL, registered in
-//! JIT modules under [`UKERNEL_SYMBOL`] and called by the JIT loop nest per tile.
+//! The native AVX-512 GEMM micro-kernel ([`super::AVX512`] in the registry): the
+//! 512-bit sibling of [`super::avx2`], chosen at run time on CPUs with AVX-512
+//! F/BW/VL, registered in JIT modules and called by the JIT loop nest per tile.
 //!
 //! # Tile semantics
 //! For `r < mr` (`1..=MR`) and `j < nr` (`1..=NR`):
@@ -8,14 +8,14 @@
 //! ascending `kk` with one fused multiply-add per term into an accumulator that
 //! starts at `0.0` — bitwise identical to the AVX2 kernel, the Cranelift
 //! micro-kernel and a scalar `f32::mul_add` loop. `A` is in *batch-reduce* form: a
-//! sequence of blocks of `kb_len` k-steps, `a_blk` elements apart, the last block
-//! possibly partial (`k` need not be a multiple of `kb_len`):
-//! `A(r,kk) = a[r·lda + (kk / kb_len)·a_blk + (kk % kb_len)·acs]`, f32, or bf16
+//! sequence of blocks of `kb` k-steps, `a_blk` elements apart, the last block
+//! possibly partial (`k` need not be a multiple of `kb`):
+//! `A(r,kk) = a[r·lda + (kk / kb)·a_blk + (kk % kb)·acs]`, f32, or bf16
 //! widened exactly (`<< 16`) with [`F_A_BF16`]. `b` rows are `ldb >= NR` f32 apart,
 //! each with `NR` readable floats (lanes `>= nr` may hold anything: they only reach
 //! accumulator lanes that are never stored).
 //!
-//! Flags (the AVX2 kernel's, plus [`F_ACC`]): [`F_A_BF16`]; [`F_C_BF16`] stores `C`
+//! Flags (every kernel's, [`super`]): [`F_A_BF16`]; [`F_C_BF16`] stores `C`
 //! as bf16 (round to nearest even, NaN kept NaN with the quiet bit set, as
 //! `half::bf16::from_f32`); [`F_BIAS`] adds `bias[j]` (`NR` readable f32); [`F_RELU`]
 //! applies `x > 0 || x is NaN ? x : 0` (`-0` gives `+0`: `vmaxps(x, 0)` returns its
@@ -57,7 +57,7 @@
 //! FMAs of the two-vector tile, whose second vector would hold no live lane.
 //!
 //! # The k loop
-//! The `kb_len` split is hoisted: the kernel loops over `A` blocks, and inside a
+//! The `kb` split is hoisted: the kernel loops over `A` blocks, and inside a
 //! block runs a branch-free k loop unrolled by 4. f32 `A` whose rows are adjacent
 //! (`lda = 1`: packed `[kk][MR]` or a transposed view) is read in place, and so
 //! is row-major f32 `A` whose row stride is 32, 64 or 128 elements (the blocked
@@ -72,22 +72,20 @@
 //! ops, with no spill.
 //!
 //! Invariants the caller (the JIT loop nest, validated by its Rust wrapper)
-//! guarantees: `1 <= mr <= MR`, `1 <= nr <= NR`, `kb_len >= 1`, the pointers cover
-//! the documented ranges, and the CPU has AVX-512 F/BW/VL ([`available`]) — the
-//! symbol is registered only then.
+//! guarantees: `1 <= mr <= MR`, `1 <= nr <= NR`, `kb >= 1`, the pointers cover
+//! the documented ranges, and the CPU has AVX-512 F/BW/VL
+//! ([`super::MicroKernel::available`]) — the symbol is registered only then.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-pub use super::native::{F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_RELU};
+use super::TileArgs;
+pub use super::{F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_RELU};
 
 /// Rows of an AVX-512 tile.
 pub const MR: usize = 12;
 /// Columns of an AVX-512 tile: two `zmm` of f32 per row.
 pub const NR: usize = 32;
-
-/// The symbol name under which [`ukernel_ptr`] is registered in JIT modules.
-pub const UKERNEL_SYMBOL: &str = "dlrm_gemm_ukernel_avx512_12x32";
 
 /// k steps of bf16 `A` widened into the f32 scratch at a time.
 pub const KC: usize = 64;
@@ -96,77 +94,26 @@ pub const KC: usize = 64;
 /// of one 16-lane store.
 const SCRATCH: usize = KC * MR + 16;
 
-/// True if this CPU can run the AVX-512 kernel (x86-64 with AVX-512 F, BW, VL).
-pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512vl")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// The address of the micro-kernel, if this CPU can run it.
-pub fn ukernel_ptr() -> Option<*const u8> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        available().then_some(ukernel as *const u8)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        None
-    }
-}
-
-/// The micro-kernel entry (C ABI; see the module docs for the tile semantics).
+/// The micro-kernel entry ([`super::UkernelFn`]; see the module docs for the
+/// tile semantics).
 ///
 /// # Safety
-/// For `r < mr`, `kk < k`: `A(r,kk)` (module docs) is readable at
-/// `a + index·esize` (`esize` 2 with [`F_A_BF16`], else 4); `b` covers `NR` f32 at
-/// `b + kk·ldb` for every `kk < k`; `bias` covers `NR` f32 when [`F_BIAS`] is set;
-/// `c` covers the `mr × nr` tile with row stride `ldc` elements (readable too with
-/// [`F_ACC`]); `1 <= mr <= MR`, `1 <= nr <= NR`, `kb_len >= 1`; the CPU has
-/// AVX-512 F, BW and VL ([`available`]). Other `mr`/`nr` return without a write.
+/// `t` points to a [`TileArgs`] where, for `r < mr`, `kk < k`: `A(r,kk)`
+/// (module docs) is readable at `a + index·esize` (`esize` 2 with
+/// [`F_A_BF16`], else 4); `b` covers `NR` f32 at `b + kk·ldb` for every
+/// `kk < k`; `bias` covers `NR` f32 when [`F_BIAS`] is set; `c` covers the
+/// `mr × nr` tile with row stride `ldc` elements (readable too with
+/// [`F_ACC`]); `1 <= mr <= MR`, `1 <= nr <= NR`, `kb >= 1`; the CPU has
+/// AVX-512 F, BW and VL ([`super::MicroKernel::available`]). Other `mr`/`nr`
+/// return without a write.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn ukernel(
-    a: *const u8,
-    b: *const f32,
-    c: *mut u8,
-    bias: *const f32,
-    k: usize,
-    lda: usize,
-    acs: usize,
-    ldc: usize,
-    mr: usize,
-    nr: usize,
-    flags: u32,
-    ldb: usize,
-    kb_len: usize,
-    a_blk: usize,
-) {
-    if nr == 0 || nr > NR || kb_len == 0 {
+pub unsafe extern "C" fn ukernel(t: *const TileArgs) {
+    // SAFETY: the caller's contract: `t` points to the call's arguments.
+    let t = unsafe { *t };
+    let (mr, nr, flags) = (t.mr, t.nr, t.flags);
+    if nr == 0 || nr > NR || t.kb == 0 {
         return;
     }
-    let t = Tile {
-        a,
-        b,
-        c,
-        bias,
-        k,
-        lda,
-        acs,
-        ldc,
-        nr,
-        flags,
-        ldb,
-        kb_len,
-        a_blk,
-    };
     // SAFETY: forwarded contract (see above); `tile` reads and writes exactly the
     // documented ranges.
     unsafe {
@@ -186,24 +133,8 @@ pub unsafe extern "C" fn ukernel(
     }
 }
 
-/// The arguments of one call (the AVX-512 BF16 kernel's too).
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-pub(super) struct Tile {
-    pub(super) a: *const u8,
-    pub(super) b: *const f32,
-    pub(super) c: *mut u8,
-    pub(super) bias: *const f32,
-    pub(super) k: usize,
-    pub(super) lda: usize,
-    pub(super) acs: usize,
-    pub(super) ldc: usize,
-    pub(super) nr: usize,
-    pub(super) flags: u32,
-    pub(super) ldb: usize,
-    pub(super) kb_len: usize,
-    pub(super) a_blk: usize,
-}
+#[cfg(not(target_arch = "x86_64"))]
+pub use super::unsupported as ukernel;
 
 /// One tile of `R` rows of `W` vectors (`W = 1` when `nr <= 16`, else 2), `A`
 /// f32 (`ABF = false`) or bf16.
@@ -212,8 +143,8 @@ pub(super) struct Tile {
 /// [`ukernel`]'s contract with `mr = R`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &Tile) {
-    let Tile {
+unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
+    let TileArgs {
         a,
         b,
         c,
@@ -225,8 +156,9 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &Tile) {
         nr,
         flags,
         ldb,
-        kb_len,
+        kb: kb_len,
         a_blk,
+        ..
     } = *t;
     // SAFETY: the caller's contract: the C tile (masked to `nr` lanes), every
     // `A(r,kk)`, the `B` rows and the bias row are accessible as documented; the
@@ -523,7 +455,7 @@ pub(super) fn widen_bf16(v: __m256i) -> __m512 {
 
 /// 16 f32 rounded to bf16 (in the low half of each 32-bit lane), nearest even,
 /// NaN kept NaN with the quiet bit set (as `half::bf16::from_f32` and
-/// [`super::native`]'s `to_bf16x16`).
+/// [`super::avx2`]'s `to_bf16x16`).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]

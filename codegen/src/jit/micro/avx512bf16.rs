@@ -1,9 +1,9 @@
-//! The native AVX-512 BF16 GEMM micro-kernel: [`super::native512`]'s 12×32 tile
+//! The native AVX-512 BF16 GEMM micro-kernel: [`super::avx512`]'s 12×32 tile
 //! computed with `vdpbf16ps`, the bf16 dot product of CPUs with AVX512_BF16
 //! (AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids), chosen at run
-//! time ([`available`]) for GEMMs whose `A` and `B` are both bf16 in memory:
-//! in the dlrm plans, the forward `brgemm` of a bf16 plan (its activations and
-//! weights). Registered in JIT modules under [`UKERNEL_SYMBOL`] and called by
+//! time ([`super::AVX512_BF16`] in the registry) for GEMMs whose `A` and `B`
+//! are both bf16 in memory: in the dlrm plans, the forward `brgemm` of a bf16
+//! plan (its activations and weights). Registered in JIT modules and called by
 //! the JIT loop nest per tile, like the other native kernels.
 //!
 //! # What it computes
@@ -12,7 +12,7 @@
 //! where `vfmadd231ps` does 16, at the same issue rate on Zen 4 (a loop of
 //! either measured 466 against 231 GFLOP/s on this 2-core machine). The products
 //! of two bf16 values are exact in f32, so the result is the tile of
-//! [`super::native512`] (`C = act(bias + Σ_kk A(r,kk)·B(kk,j))`) up to the order
+//! [`super::avx512`] (`C = act(bias + Σ_kk A(r,kk)·B(kk,j))`) up to the order
 //! of the additions: each accumulator takes the k steps two at a time. The
 //! instruction treats denormal inputs and results as zero (its DAZ/FTZ), which
 //! the FMA kernels do not: values below 1.2e-38 in magnitude. So its results
@@ -22,8 +22,8 @@
 //!
 //! # Operands
 //! - `A` is bf16, row-major within each batch-reduce block (`acs = 1`):
-//!   `A(r,kk) = a[r·lda + (kk / kb_len)·a_blk + kk % kb_len]`, so the two k steps
-//!   of a pair are adjacent and one 32-bit broadcast loads them. `kb_len` is
+//!   `A(r,kk) = a[r·lda + (kk / kb)·a_blk + kk % kb]`, so the two k steps
+//!   of a pair are adjacent and one 32-bit broadcast loads them. `kb` is
 //!   even unless it covers all of `k` (the pairs never straddle two blocks); an
 //!   odd `k` ends with one step, paired with zero.
 //! - `B` is packed by [`pack_b_pairs_into`]: per panel of `NR` columns,
@@ -31,49 +31,20 @@
 //!   low half and `B(2q+1, j)` in its high half (zero past `k` and past the
 //!   matrix's columns), rows `ldb` words apart.
 //! - Bias, relu, `F_ACC`, bf16 `C` and the masked ragged tiles are the AVX-512
-//!   kernel's ([`super::native512::finish`]).
+//!   kernel's ([`super::avx512::finish`]).
 //!
 //! Invariants the caller (the JIT loop nest, validated by its Rust wrapper)
 //! guarantees: `1 <= mr <= MR`, `1 <= nr <= NR`, the layout above, the
 //! pointers cover the documented ranges, and the CPU has the features
-//! ([`available`]); other arguments return without a write.
+//! ([`super::MicroKernel::available`]); other arguments return without a write.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-pub use super::native::{F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_RELU};
-#[cfg(target_arch = "x86_64")]
-use super::native512::Tile;
-pub use super::native512::{MR, NR};
+pub use super::avx512::{MR, NR};
+use super::{F_A_BF16, TileArgs};
 use half::bf16;
 use rayon::prelude::*;
-
-/// The symbol name under which [`ukernel_ptr`] is registered in JIT modules.
-pub const UKERNEL_SYMBOL: &str = "dlrm_gemm_ukernel_avx512bf16_12x32";
-
-/// True if this CPU can run the kernel (AVX-512 F, BW, VL and BF16).
-pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        super::native512::available() && std::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// The address of the micro-kernel, if this CPU can run it.
-pub fn ukernel_ptr() -> Option<*const u8> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        available().then_some(ukernel as *const u8)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        None
-    }
-}
 
 /// Whether a GEMM's `A` layout suits the kernel (module docs): row-major k
 /// steps (`acs = 1`) and batch-reduce blocks of an even length, or one block.
@@ -129,53 +100,30 @@ pub fn pack_b_pairs_into(
         });
 }
 
-/// The micro-kernel entry (C ABI; the arguments of [`super::native512::ukernel`],
-/// `b` and `ldb` in 32-bit words of k pairs; see the module docs).
+/// The micro-kernel entry ([`super::UkernelFn`]; `b` and `ldb` in 32-bit
+/// words of k pairs; see the module docs).
 ///
 /// # Safety
-/// For `r < mr`, `kk < k`: `A(r,kk)` (module docs) is readable at `a + 2·index`;
-/// `b` covers `NR` words at `b + q·ldb` for every pair `q < ⌈k/2⌉`; `bias`
-/// covers `NR` f32 when [`F_BIAS`] is set; `c` covers the `mr × nr` tile with
-/// row stride `ldc` elements (readable too with [`F_ACC`]); the CPU has the
-/// kernel's features ([`available`]). Arguments outside the module docs'
-/// layout (`acs != 1`, an odd `kb_len < k`, `mr` or `nr` out of range, `A` not
-/// flagged bf16) return without a write.
+/// `t` points to a [`TileArgs`] where, for `r < mr`, `kk < k`: `A(r,kk)`
+/// (module docs) is readable at `a + 2·index`; `b` covers `NR` words at
+/// `b + q·ldb` for every pair `q < ⌈k/2⌉`; `bias` covers `NR` f32 when
+/// [`super::F_BIAS`] is set; `c` covers the `mr × nr` tile with row stride
+/// `ldc` elements (readable too with [`super::F_ACC`]); the CPU has the
+/// kernel's features ([`super::MicroKernel::available`]). Arguments outside the
+/// module docs' layout (`acs != 1`, an odd `kb < k`, `mr` or `nr` out of range,
+/// `A` not flagged bf16) return without a write.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn ukernel(
-    a: *const u8,
-    b: *const f32,
-    c: *mut u8,
-    bias: *const f32,
-    k: usize,
-    lda: usize,
-    acs: usize,
-    ldc: usize,
-    mr: usize,
-    nr: usize,
-    flags: u32,
-    ldb: usize,
-    kb_len: usize,
-    a_blk: usize,
-) {
-    if nr == 0 || nr > NR || kb_len == 0 || flags & F_A_BF16 == 0 || !fits(k, acs, kb_len) {
+pub unsafe extern "C" fn ukernel(t: *const TileArgs) {
+    // SAFETY: the caller's contract: `t` points to the call's arguments.
+    let t = unsafe { *t };
+    let (k, mr, nr, kb) = (t.k, t.mr, t.nr, t.kb);
+    if nr == 0 || nr > NR || kb == 0 || t.flags & F_A_BF16 == 0 || !fits(k, t.acs, kb) {
         return;
     }
-    // `b` and `ldb` in words of k pairs, `kb_len <= k`.
-    let t = Tile {
-        a,
-        b,
-        c,
-        bias,
-        k,
-        lda,
-        acs,
-        ldc,
-        nr,
-        flags,
-        ldb,
-        kb_len: kb_len.min(k.max(1)),
-        a_blk,
+    // `b` and `ldb` in words of k pairs, `kb <= k`.
+    let t = TileArgs {
+        kb: kb.min(k.max(1)),
+        ..t
     };
     // SAFETY: forwarded contract (see above); `tile` reads and writes exactly the
     // documented ranges.
@@ -193,6 +141,9 @@ pub unsafe extern "C" fn ukernel(
         go!(1 2 3 4 5 6 7 8 9 10 11 12);
     }
 }
+
+#[cfg(not(target_arch = "x86_64"))]
+pub use super::unsupported as ukernel;
 
 /// 32 bf16 as the dot product's operand type.
 #[cfg(target_arch = "x86_64")]
@@ -245,11 +196,11 @@ unsafe fn stage<const R: usize>(
 /// One tile of `R` rows of `W` vectors (`W = 1` when `nr <= 16`, else 2).
 ///
 /// # Safety
-/// [`ukernel`]'s contract with `mr = R` and `fits(k, 1, kb_len)`.
+/// [`ukernel`]'s contract with `mr = R` and `fits(k, 1, kb)`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn tile<const R: usize, const W: usize>(t: &Tile) {
-    let Tile {
+unsafe fn tile<const R: usize, const W: usize>(t: &TileArgs) {
+    let TileArgs {
         a,
         b,
         c,
@@ -260,7 +211,7 @@ unsafe fn tile<const R: usize, const W: usize>(t: &Tile) {
         nr,
         flags,
         ldb,
-        kb_len,
+        kb: kb_len,
         a_blk,
         ..
     } = *t;
@@ -270,7 +221,7 @@ unsafe fn tile<const R: usize, const W: usize>(t: &Tile) {
     // an odd last step is read alone), the `B` pair rows and the bias row are
     // accessible as documented.
     unsafe {
-        let mut acc = super::native512::acc_start::<R, W>(c, ldc, nr, flags);
+        let mut acc = super::avx512::acc_start::<R, W>(c, ldc, nr, flags);
         // `pairs` k pairs from `pa` (a row's steps adjacent, rows `$lda`
         // bytes apart: a constant in each loop) and `pb` (`ldb` words a row),
         // then the odd last step when `odd`. A macro, so that each row stride
@@ -358,6 +309,6 @@ unsafe fn tile<const R: usize, const W: usize>(t: &Tile) {
             kk += len;
             pa = pa.wrapping_add(a_blk * 2);
         }
-        super::native512::finish::<R, W>(acc, c, ldc, nr, bias, flags);
+        super::avx512::finish::<R, W>(acc, c, ldc, nr, bias, flags);
     }
 }
