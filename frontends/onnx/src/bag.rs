@@ -915,6 +915,35 @@ fn producer<'m>(cx: &Ctx<'m>, mut name: &'m str) -> Option<&'m NodeProto> {
     None
 }
 
+/// An integer value before the integer `Cast`s that only widen or narrow its type
+/// (the exporter casts int32 offsets to int64 to append the length; the bag takes
+/// either type).
+fn uncast_int(cx: &Ctx<'_>, name: &str) -> String {
+    let mut name = name.to_string();
+    for _ in 0..8 {
+        let Some(n) = cx
+            .graph
+            .node
+            .iter()
+            .find(|n| n.output.first() == Some(&name))
+        else {
+            break;
+        };
+        let Some(src) = n.input.first() else { break };
+        let int = |v: &str| {
+            cx.lookup(v)
+                .ok()
+                .and_then(|v| cx.ty(&v).ok())
+                .is_some_and(|t| t.dtype.is_int())
+        };
+        if !(matches!(op_of(n), "Cast" | "Identity") && int(src) && int(&name)) {
+            break;
+        }
+        name = src.clone();
+    }
+    name
+}
+
 /// The flat index vector's origin: a 2-D `[n, P]` value flattened by `Reshape`s,
 /// as `(name, P, numel)`.
 fn flattened<'m>(cx: &Ctx<'m>, ids: &'m str) -> Option<(&'m str, usize, SymI)> {
@@ -991,7 +1020,7 @@ fn emit(cx: &mut Ctx<'_>, f: &Found, hint: &str) -> R<Val> {
                 return Err("the bounds do not end at the number of indices".into());
             }
             let rng = producer(cx, o).filter(|p| op_of(p) == "Range");
-            (o.to_string(), rng.map(|r| (r, flattened(cx, ids))))
+            (uncast_int(cx, o), rng.map(|r| (r, flattened(cx, ids))))
         }
         _ => {
             return Err(
