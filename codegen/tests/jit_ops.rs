@@ -1,8 +1,9 @@
 //! Property tests of the JIT embedding-bag (forward and `embedding_bag_grad`),
 //! `linear_db`, elementwise, layout-copy (`block_act`, `unblock_act`, `cat`
-//! interaction) and loss (`bce_logits`, `bce`, `mse` and their gradients, and
-//! `sigmoid`) kernels against the interpreter (the definition) and the reference
-//! kernels, on random ragged shapes, f32 and bf16 storage.
+//! interaction) and loss (`bce_logits`, `bce`, `mse` and their gradients,
+//! `sigmoid`, `gelu` and `gelu_grad`) kernels against the interpreter (the
+//! definition) and the reference kernels, on random ragged shapes, f32 and bf16
+//! storage.
 
 use dlrm_codegen::KernelError;
 use dlrm_codegen::jit::{JitOptions, try_eval};
@@ -326,6 +327,26 @@ proptest! {
             let name = format!("{} s={s} bf={bf_z},{bf_y}->{bf_out}", op.mnemonic());
             three_way(&name, &op, &ins, &[out], s, 0.0);
         }
+    }
+
+    #[test]
+    fn gelu_and_grad_match_the_references(
+        shape in proptest::collection::vec(0usize..20, 1..4),
+        bf_x in any::<bool>(),
+        bf_dy in any::<bool>(),
+        bf_out in any::<bool>(),
+        specials in any::<bool>(),
+        seed in 0u64..1000,
+    ) {
+        let n: usize = shape.iter().product();
+        let x = Tensor::from_f32(dt(bf_x), shape.clone(), wide_vals(seed, n, specials));
+        let dy = Tensor::from_f32(dt(bf_dy), shape.clone(), wide_vals(seed + 1, n, specials));
+        let dims: Vec<Dim> = shape.iter().map(|&d| Dim::Fixed(d)).collect();
+        let out = TensorType::new(dt(bf_out), dims);
+        let name = format!("gelu {shape:?} bf={bf_x}->{bf_out}");
+        three_way(&name, &Op::Gelu, &[&x], std::slice::from_ref(&out), 1, 0.0);
+        let name = format!("gelu_grad {shape:?} bf={bf_dy},{bf_x}->{bf_out}");
+        three_way(&name, &Op::GeluGrad, &[&dy, &x], &[out], 1, 0.0);
     }
 
     #[test]

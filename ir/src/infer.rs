@@ -177,7 +177,7 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
                 [x.shape[0].clone(), w.shape[0].clone()],
             )])
         }
-        Op::Relu | Op::Sigmoid => {
+        Op::Relu | Op::Sigmoid | Op::Gelu => {
             expect_arity(op, ins, &[1])?;
             expect_float("operand", ins[0])?;
             Ok(vec![ins[0].clone()])
@@ -197,6 +197,13 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             expect_float("dy", ins[0])?;
             expect_float("y", ins[1])?;
             expect_same_shape("dy", ins[0], "y", ins[1])?;
+            Ok(vec![ins[0].clone()])
+        }
+        Op::GeluGrad => {
+            expect_arity(op, ins, &[2])?;
+            expect_float("dy", ins[0])?;
+            expect_float("x", ins[1])?;
+            expect_same_shape("dy", ins[0], "x", ins[1])?;
             Ok(vec![ins[0].clone()])
         }
         Op::Interaction {

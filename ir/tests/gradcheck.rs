@@ -10,7 +10,8 @@
 //! `eps = 1e-2` on inputs ~ N(0, 1) of a few elements. The ops checked are
 //! piecewise polynomial (central differences are then exact up to rounding: f32
 //! output noise ~1e-7 over `2·eps` gives ~1e-5) or smooth with small third
-//! derivatives (sigmoid: truncation `eps²/6 · |f'''|` ≈ 2e-6; bce is checked with
+//! derivatives (sigmoid: truncation `eps²/6 · |f'''|` ≈ 2e-6; gelu on N(0, 2²):
+//! `|f'''| <= 0.8`, ≈ 1.3e-5; bce is checked with
 //! `p` in [0.25, 0.75] and `eps = 5e-3`: truncation ≈ 3e-4 at worst). A wrong
 //! gradient (a swapped index, a missing factor) is off by O(1).
 //!
@@ -194,6 +195,21 @@ fn sigmoid_grad_matches_sigmoid() {
         &dx,
         &s,
     );
+}
+
+#[test]
+fn gelu_grad_matches_gelu() {
+    let mut r = rng(3);
+    // N(0, 2²): both tails and the curved middle.
+    let mut x = randn(&mut r, &[3, 5]);
+    if let Some(v) = x.as_f32_mut() {
+        v.iter_mut().for_each(|e| *e *= 2.0);
+    }
+    let dy = randn(&mut r, &[3, 5]);
+    let s = no_syms();
+    // The gradient takes the forward *input* (not its output).
+    let dx = eval(&Op::GeluGrad, &[&dy, &x], &s).remove(0);
+    check("gelu_grad", &Op::Gelu, &[x], 0, &dy.to_f32_vec(), &dx, &s);
 }
 
 // --------------------------------------------------------------------- linear

@@ -266,6 +266,46 @@ fn elementwise_ops_and_their_grads() {
     assert_eq!(eval1(&Op::Sigmoid, &[&f(&[1], &[0.])]), f(&[1], &[0.5]));
 }
 
+/// `gelu` (tanh approximation) and `gelu_grad` against values computed by hand in
+/// f64 (`0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))` and its derivative).
+#[test]
+fn gelu_and_its_grad_by_hand() {
+    let xs = [-3., -1., -0.5, 0., 0.5, 1., 3.];
+    let y = eval1(&Op::Gelu, &[&f(&[7], &xs)]);
+    let want_y: [f64; 7] = [
+        -0.0036373920817729943,
+        -0.15880800939172324,
+        -0.15428599017485606,
+        0.0,
+        0.34571400982514394,
+        0.8411919906082768,
+        2.996362607918227,
+    ];
+    let want_y: Vec<f32> = want_y.iter().map(|&v| v as f32).collect();
+    assert_close(&y.to_f32_vec(), &want_y, 1e-6);
+    let want_d: [f64; 7] = [
+        -0.011584166630969516,
+        -0.08296408384578255,
+        0.13263009646535764,
+        0.5,
+        0.8673699035346424,
+        1.0829640838457826,
+        1.0115841666309695,
+    ];
+    // dy = 2: twice the derivative.
+    let dy = f(&[7], &[2.; 7]);
+    let dx = eval1(&Op::GeluGrad, &[&dy, &f(&[7], &xs)]);
+    let want_dx: Vec<f32> = want_d.iter().map(|&v| (2.0 * v) as f32).collect();
+    assert_close(&dx.to_f32_vec(), &want_dx, 1e-6);
+    // Type rules: one float operand; `gelu_grad`'s `dy` and `x` agree in shape.
+    assert!(eval(&Op::GeluGrad, &[&dy, &f(&[6], &[0.; 6])]).is_err());
+    assert!(eval(&Op::Gelu, &[&i64t(&[1], &[1])]).is_err());
+    // bf16 storage: computed in f32, rounded once.
+    let yb = eval1(&Op::Gelu, &[&bf(&[7], &xs)]);
+    assert_eq!(yb.dtype(), DType::BF16);
+    assert_close(&yb.to_f32_vec(), &want_y, 1e-2);
+}
+
 #[test]
 fn linear_gradients_by_hand() {
     let dz = f(&[2, 2], &[1., 2., 3., 4.]);

@@ -20,7 +20,8 @@
 //!   `binary{mul}(embedding_bag_grad{sum}(dy, idx, off), reshape[N,1](w))` (row `i`
 //!   is `w[i]·dy[bag(i)]`), applied by `sparse_sgd` like an unweighted bag's
 //!   `embedding_bag_grad`; weights that depend on a parameter are an error;
-//! - `relu`, `sigmoid`: `relu_grad(dy, y)`, `sigmoid_grad(dy, y)`;
+//! - `relu`, `sigmoid`: `relu_grad(dy, y)`, `sigmoid_grad(dy, y)`; `gelu(x)`:
+//!   `gelu_grad(dy, x)` (the input);
 //! - `add(a, b)`: both operands receive `dy`;
 //! - `interaction`: `interaction_grad(dy, operands..)`, the needed results taken;
 //! - `concat` -> `split` of `dy`; `reshape` -> `reshape` back; `split` -> `concat` of
@@ -406,6 +407,13 @@ impl Ad {
                 };
                 let h = self.hint(x);
                 let dx = self.g.add(op, &[dy, y], &h).map_err(&e)?;
+                self.contribute(x, dx);
+            }
+            Op::Gelu => {
+                // The gradient reads the forward input, not its output.
+                let x = ins[0];
+                let h = self.hint(x);
+                let dx = self.g.add(Op::GeluGrad, &[dy, x], &h).map_err(&e)?;
                 self.contribute(x, dx);
             }
             Op::Add => {

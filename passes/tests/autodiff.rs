@@ -326,6 +326,35 @@ fn gradients_match_finite_differences_concat_split_reshape() {
     check_gradients(&Spec::exotic(), LossKind::Bce);
 }
 
+/// `dense -> linear -> gelu -> linear{sigmoid}`: `gelu`'s gradient is
+/// `gelu_grad(dy, x)` on the forward *input*, and the step matches finite
+/// differences of the loss.
+#[test]
+fn gelu_gradient_reads_the_input_and_matches_finite_differences() {
+    let (b, f) = (Dim::batch, Dim::Fixed);
+    let mut g = Graph::new("gelu_mlp");
+    let dense = g.add_input("dense", TensorType::f32([b(), f(3)])).unwrap();
+    let w0 = g.add_param("bot.w", TensorType::f32([f(4), f(3)])).unwrap();
+    let b0 = g.add_param("bot.b", TensorType::f32([f(4)])).unwrap();
+    let z = g
+        .add(Op::Linear { act: Act::None }, &[dense, w0, b0], "z")
+        .unwrap();
+    let h = g.add(Op::Gelu, &[z], "h").unwrap();
+    let w1 = g.add_param("top.w", TensorType::f32([f(1), f(4)])).unwrap();
+    let b1 = g.add_param("top.b", TensorType::f32([f(1)])).unwrap();
+    let p = g
+        .add(Op::Linear { act: Act::Sigmoid }, &[h, w1, b1], "p")
+        .unwrap();
+    g.add_output(p);
+    verify(&g).unwrap();
+    let t = autodiff(&g, &BCE).unwrap();
+    assert_eq!(count(&t, "gelu_grad"), 1);
+    let node = t.nodes().iter().find(|n| n.op == Op::GeluGrad).unwrap();
+    assert_eq!(t.name_of(node.inputs[0]), "d.h");
+    assert_eq!(t.name_of(node.inputs[1]), "z");
+    check_gradients_of("gelu_mlp", &g, LossKind::Bce, |t| make_batch(t, 6, 7));
+}
+
 /// `dense -> linear -> x`; table `emb` serves a weighted bag (`idx`, `off`, per-
 /// sample weights `psw` as inputs) and a fixed-pooling bag; dot interaction; top.
 fn weighted_model(weights_from_param: bool) -> Graph {

@@ -1,6 +1,7 @@
 //! Loss JIT kernels: `bce_logits` and `bce_logits_grad` on logits, `bce`,
-//! `bce_grad`, `mse` and `mse_grad` on probabilities, and the `sigmoid` of an
-//! inference graph's output; f32 or bf16 operands and result.
+//! `bce_grad`, `mse` and `mse_grad` on probabilities, the `sigmoid` of an
+//! inference graph's output, and the other elementwise ops that need a libm
+//! function (`gelu`, `gelu_grad`); f32 or bf16 operands and result.
 //!
 //! Cranelift has no `exp`/`log1p`/`ln`: the kernels call [`EXP_SYMBOL`],
 //! [`LOG1P_SYMBOL`] and [`LN_SYMBOL`], JIT symbols bound to Rust's own
@@ -20,7 +21,10 @@
 //!   the interpreter's;
 //! - `mse`: `acc += (p - y)·(p - y)` sequentially, then `acc / denom`; `mse_grad`:
 //!   `(2·(p - y)) / denom` elementwise; `sigmoid`: `1 / (1 + exp(-x))`
-//!   elementwise: bitwise the interpreter's.
+//!   elementwise: bitwise the interpreter's;
+//! - `gelu(x)`, `gelu_grad(dy, x)`: a call per element of [`GELU_SYMBOL`] /
+//!   [`GELU_GRAD_SYMBOL`], bound to the interpreter's own scalar definitions
+//!   (`dlrm_ir::interp::gelu1`, `gelu_grad1`): bitwise the interpreter's.
 //!
 //! `max(z, 0)` is `z > 0 ? z : 0`: a NaN logit gives 0 there, as `f32::max` does
 //! (the NaN still reaches the sum through `z·y`). bf16 operands widen exactly; a
@@ -49,6 +53,10 @@ pub const EXP_SYMBOL: &str = "dlrm_expf";
 pub const LOG1P_SYMBOL: &str = "dlrm_log1pf";
 /// The JIT symbol of `f32::ln`.
 pub const LN_SYMBOL: &str = "dlrm_logf";
+/// The JIT symbol of the interpreter's `gelu` of one element.
+pub const GELU_SYMBOL: &str = "dlrm_gelu";
+/// The JIT symbol of the interpreter's `gelu_grad` of one element (`dy`, `x`).
+pub const GELU_GRAD_SYMBOL: &str = "dlrm_gelu_grad";
 
 extern "C" fn expf(x: f32) -> f32 {
     x.exp()
@@ -60,6 +68,14 @@ extern "C" fn log1pf(x: f32) -> f32 {
 
 extern "C" fn logf(x: f32) -> f32 {
     x.ln()
+}
+
+extern "C" fn gelu(x: f32) -> f32 {
+    dlrm_ir::interp::gelu1(x)
+}
+
+extern "C" fn gelu_grad(dy: f32, x: f32) -> f32 {
+    dlrm_ir::interp::gelu_grad1(dy, x)
 }
 
 /// Elements per rayon task of the gradient.
@@ -83,6 +99,10 @@ pub enum LossKind {
     /// `sigmoid(x)` (elementwise, one operand: the kernel's `y` and `denom`
     /// are not read).
     Sigmoid,
+    /// `gelu(x)` (as `sigmoid`: one operand).
+    Gelu,
+    /// `gelu_grad(dy, x)` (elementwise, `denom` not read).
+    GeluGrad,
 }
 
 impl LossKind {
@@ -91,9 +111,13 @@ impl LossKind {
         matches!(self, LossKind::BceLogits | LossKind::Bce | LossKind::Mse)
     }
 
-    /// Operands: 2 (prediction, label), or 1 for `sigmoid`.
+    /// Operands: 2 (prediction, label), or 1 for `sigmoid` and `gelu`.
     fn arity(self) -> usize {
-        if self == LossKind::Sigmoid { 1 } else { 2 }
+        if matches!(self, LossKind::Sigmoid | LossKind::Gelu) {
+            1
+        } else {
+            2
+        }
     }
 }
 
@@ -124,16 +148,24 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
         (EXP_SYMBOL, expf as *const u8),
         (LOG1P_SYMBOL, log1pf as *const u8),
         (LN_SYMBOL, logf as *const u8),
+        (GELU_SYMBOL, gelu as *const u8),
+        (GELU_GRAD_SYMBOL, gelu_grad as *const u8),
     ])?;
     let mut sig = module.make_signature();
     sig.params.push(AbiParam::new(types::F32));
     sig.returns.push(AbiParam::new(types::F32));
-    let [exp_id, log1p_id, ln_id] = [EXP_SYMBOL, LOG1P_SYMBOL, LN_SYMBOL].map(|name| {
-        module
-            .declare_function(name, Linkage::Import, &sig)
-            .map_err(JitError::module)
-    });
-    let (exp_id, log1p_id, ln_id) = (exp_id?, log1p_id?, ln_id?);
+    let [exp_id, log1p_id, ln_id, gelu_id] = [EXP_SYMBOL, LOG1P_SYMBOL, LN_SYMBOL, GELU_SYMBOL]
+        .map(|name| {
+            module
+                .declare_function(name, Linkage::Import, &sig)
+                .map_err(JitError::module)
+        });
+    let (exp_id, log1p_id, ln_id, gelu_id) = (exp_id?, log1p_id?, ln_id?, gelu_id?);
+    let mut sig2 = sig.clone();
+    sig2.params.push(AbiParam::new(types::F32));
+    let gelu_grad_id = module
+        .declare_function(GELU_GRAD_SYMBOL, Linkage::Import, &sig2)
+        .map_err(JitError::module)?;
     let f = jit.compile_fn(
         module,
         "loss",
@@ -144,6 +176,8 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
             let exp = module.declare_func_in_func(exp_id, b.func);
             let log1p = module.declare_func_in_func(log1p_id, b.func);
             let ln = module.declare_func_in_func(ln_id, b.func);
+            let gelu = module.declare_func_in_func(gelu_id, b.func);
+            let gelu_grad = module.declare_func_in_func(gelu_grad_id, b.func);
             let call = |b: &mut FunctionBuilder<'_>, f, x| {
                 let c = b.ins().call(f, &[x]);
                 b.inst_results(c)[0]
@@ -184,6 +218,11 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
                 };
                 let v = match spec.kind {
                     LossKind::Sigmoid => sigmoid(b, z),
+                    LossKind::Gelu => call(b, gelu, z),
+                    LossKind::GeluGrad => {
+                        let c = b.ins().call(gelu_grad, &[z, y]);
+                        b.inst_results(c)[0]
+                    }
                     LossKind::BceLogitsGrad => {
                         let s = sigmoid(b, z);
                         let t = b.ins().fsub(s, y);
@@ -276,8 +315,8 @@ fn resolve(d: &Dim, syms: &HashMap<String, usize>) -> Option<f32> {
     (n > 0).then_some(n as f32)
 }
 
-/// `bce_logits`, `bce_logits_grad`, `bce`, `bce_grad`, `mse`, `mse_grad` and
-/// `sigmoid` with JIT kernels (`None`: another op, non-float operands or
+/// `bce_logits`, `bce_logits_grad`, `bce`, `bce_grad`, `mse`, `mse_grad`,
+/// `sigmoid`, `gelu` and `gelu_grad` with JIT kernels (`None`: another op, non-float operands or
 /// result, or an unresolved or zero denominator).
 pub(crate) fn eval(
     jit: &Jit,
@@ -294,6 +333,8 @@ pub(crate) fn eval(
         Op::Mse { denom } => (LossKind::Mse, denom),
         Op::MseGrad { denom } => (LossKind::MseGrad, denom),
         Op::Sigmoid => (LossKind::Sigmoid, &Dim::Fixed(1)),
+        Op::Gelu => (LossKind::Gelu, &Dim::Fixed(1)),
+        Op::GeluGrad => (LossKind::GeluGrad, &Dim::Fixed(1)),
         _ => return None,
     };
     let name = op.mnemonic();
@@ -309,13 +350,14 @@ pub(crate) fn eval(
         crate::kernels::arity(name, inputs, &[kind.arity()])?;
         let (z, y) = (inputs[0], inputs[kind.arity() - 1]);
         if z.shape != y.shape {
-            let what = match kind {
-                LossKind::BceLogits | LossKind::BceLogitsGrad => "logits",
-                _ => "prediction",
+            let (what, other) = match kind {
+                LossKind::BceLogits | LossKind::BceLogitsGrad => ("logits", "label"),
+                LossKind::GeluGrad => ("dy", "x"),
+                _ => ("prediction", "label"),
             };
             return Err(shape_err(
                 name,
-                format!("{what} {:?} and label {:?} differ", z.shape, y.shape),
+                format!("{what} {:?} and {other} {:?} differ", z.shape, y.shape),
             ));
         }
         let n = z.numel();

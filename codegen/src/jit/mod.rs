@@ -30,9 +30,10 @@
 //! - [`layout`]: one strided row copy (f32/bf16 in any mix, zero padding) for
 //!   `block_act`, `unblock_act` and the `cat` interaction forward and backward.
 //! - [`loss`]: `bce_logits`, `bce_logits_grad`, `bce`, `bce_grad`, `mse`,
-//!   `mse_grad` and `sigmoid`, calling
-//!   Rust's `f32::exp`, `f32::ln_1p` and `f32::ln` through JIT symbols (bitwise
-//!   the reference's and the interpreter's results).
+//!   `mse_grad`, `sigmoid`, `gelu` and `gelu_grad`, calling
+//!   Rust's `f32::exp`, `f32::ln_1p` and `f32::ln` and the interpreter's scalar
+//!   `gelu`/`gelu_grad` through JIT symbols (bitwise the reference's and the
+//!   interpreter's results).
 //! - [`native_dot`]: the dot interaction's backward on AVX-512 (f32), run
 //!   instead of the Cranelift kernel under `Auto` and `Avx512` where the CPU has
 //!   it (the same sums bit for bit).
@@ -628,7 +629,9 @@ pub fn try_eval(
         | Op::BceGrad { .. }
         | Op::Mse { .. }
         | Op::MseGrad { .. }
-        | Op::Sigmoid => loss::eval(jit, op, inputs, out_types, syms),
+        | Op::Sigmoid
+        | Op::Gelu
+        | Op::GeluGrad => loss::eval(jit, op, inputs, out_types, syms),
         _ => None,
     }?;
     Some(res.and_then(|outs| crate::kernels::check_results(op, outs, out_types, syms)))

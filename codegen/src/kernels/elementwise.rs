@@ -1,6 +1,7 @@
 //! Elementwise ops on f32, parallel over chunks: `relu`, `relu_grad`, `sigmoid`,
-//! `sigmoid_grad`, `add`. Each element is computed exactly as the definition writes
-//! it, so results are bitwise equal to a sequential loop.
+//! `sigmoid_grad`, `gelu`, `gelu_grad`, `add`. Each element is computed exactly as
+//! the definition writes it (`gelu` and `gelu_grad` call the interpreter's own
+//! scalar functions), so results are bitwise equal to a sequential loop.
 
 use super::{KResult, arity, f32_operand, shape_err};
 use dlrm_ir::Tensor;
@@ -72,6 +73,17 @@ pub fn relu_grad(inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
 /// `sigmoid_grad(dy, y) = dy · y · (1 - y)`.
 pub fn sigmoid_grad(inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
     binary("sigmoid_grad", inputs, |dy, y| dy * y * (1.0 - y))
+}
+
+/// `gelu(x)`: [`dlrm_ir::interp::gelu1`] per element.
+pub fn gelu(inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
+    let x = f32_operand(inputs, 0)?;
+    Some(arity("gelu", inputs, &[1]).map(|()| unary(inputs[0], x, dlrm_ir::interp::gelu1)))
+}
+
+/// `gelu_grad(dy, x)`: [`dlrm_ir::interp::gelu_grad1`] per element.
+pub fn gelu_grad(inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
+    binary("gelu_grad", inputs, dlrm_ir::interp::gelu_grad1)
 }
 
 /// `add(a, b) = a + b`.

@@ -8,7 +8,8 @@
 //! - [`embedding`]: `embedding_bag` and `embedding_bag_grad` (fixed pooling and
 //!   offsets), parallel over bags;
 //! - [`interaction`]: `interaction` and `interaction_grad` (`dot` and `cat`);
-//! - [`elementwise`]: `relu`, `relu_grad`, `sigmoid`, `sigmoid_grad`, `add`;
+//! - [`elementwise`]: `relu`, `relu_grad`, `sigmoid`, `sigmoid_grad`, `gelu`,
+//!   `gelu_grad`, `add`;
 //! - [`loss`]: `bce_logits`, `bce_logits_grad`;
 //! - [`optim`]: the in-place updates [`sgd_in_place`], [`split_sgd_in_place`],
 //!   [`sparse_sgd_in_place`], [`embedding_update_in_place`] and
@@ -161,6 +162,8 @@ pub fn try_eval(
         Op::ReluGrad => one(elementwise::relu_grad(inputs)?),
         Op::Sigmoid => one(elementwise::sigmoid(inputs)?),
         Op::SigmoidGrad => one(elementwise::sigmoid_grad(inputs)?),
+        Op::Gelu => one(elementwise::gelu(inputs)?),
+        Op::GeluGrad => one(elementwise::gelu_grad(inputs)?),
         Op::Add => one(elementwise::add(inputs)?),
         Op::BceLogits { denom } => one(loss::bce_logits(denom, inputs, syms)?),
         Op::BceLogitsGrad { denom } => one(loss::bce_logits_grad(denom, inputs, syms)?),

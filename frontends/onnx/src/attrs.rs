@@ -48,6 +48,19 @@ impl<'a> Attrs<'a> {
         }
     }
 
+    /// A string attribute (UTF-8), or `default`.
+    pub(crate) fn string(&self, name: &str, default: &str) -> Result<String, String> {
+        match self.get(name) {
+            None => Ok(default.to_string()),
+            Some(a) => {
+                a.s.as_deref()
+                    .and_then(|b| std::str::from_utf8(b).ok())
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("attribute `{name}` must be a string"))
+            }
+        }
+    }
+
     /// An integer-list attribute, if present.
     pub(crate) fn ints(&self, name: &str) -> Option<Vec<i64>> {
         self.get(name).map(|a| a.ints.clone())

@@ -1,5 +1,5 @@
 //! Dense ops: `linear` and its gradients, the elementwise ops (`relu`, `sigmoid`,
-//! `add` and the activation gradients) and the losses with their gradients.
+//! `gelu`, `add` and the activation gradients) and the losses with their gradients.
 //!
 //! Summation order (the reference every optimised kernel is compared with): every
 //! sum is one f32 accumulator that starts at `0.0` and adds its terms in increasing
@@ -20,6 +20,34 @@ fn relu1(x: f32) -> f32 {
 /// `1 / (1 + exp(-x))`.
 fn sigmoid1(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
+}
+
+/// `β = sqrt(2/π)` of [`gelu1`] (PyTorch's `kBeta = M_SQRT2 * M_2_SQRTPI * 0.5`).
+const GELU_BETA: f32 = (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
+/// `κ` of [`gelu1`].
+const GELU_KAPPA: f32 = 0.044715;
+
+/// `tanh(β·(x + κ·x³))`, shared by `gelu` and `gelu_grad`.
+fn gelu_tanh(x: f32) -> f32 {
+    let cube = x * x * x;
+    (GELU_BETA * (x + GELU_KAPPA * cube)).tanh()
+}
+
+/// `gelu(x)`, the tanh approximation: `(0.5·x)·(1 + tanh(β·(x + κ·x³)))` (the
+/// definition of [`crate::Op::Gelu`]; kernels call this function).
+pub fn gelu1(x: f32) -> f32 {
+    0.5 * x * (1.0 + gelu_tanh(x))
+}
+
+/// `gelu_grad(dy, x)`: `dy · (0.5·(1 + t) + ((0.5·x)·(1 - t·t))·(β·(1 + 3κ·x²)))`
+/// with `t = tanh(β·(x + κ·x³))` (the definition of [`crate::Op::GeluGrad`];
+/// kernels call this function).
+pub fn gelu_grad1(dy: f32, x: f32) -> f32 {
+    let t = gelu_tanh(x);
+    let left_derivative = 0.5 * (1.0 + t);
+    let inner_derivative = GELU_BETA * (1.0 + 3.0 * GELU_KAPPA * (x * x));
+    let right_derivative = 0.5 * x * (1.0 - t * t) * inner_derivative;
+    dy * (left_derivative + right_derivative)
 }
 
 fn act1(act: Act, x: f32) -> f32 {
@@ -99,6 +127,16 @@ pub(super) fn relu(ins: &[&Tensor], out: DType) -> R<Tensor> {
 /// `sigmoid(x)`.
 pub(super) fn sigmoid(ins: &[&Tensor], out: DType) -> R<Tensor> {
     map1(ins, "sigmoid", out, sigmoid1)
+}
+
+/// `gelu(x)`.
+pub(super) fn gelu(ins: &[&Tensor], out: DType) -> R<Tensor> {
+    map1(ins, "gelu", out, gelu1)
+}
+
+/// `gelu_grad(dy, x)`.
+pub(super) fn gelu_grad(ins: &[&Tensor], out: DType) -> R<Tensor> {
+    map2(ins, "gelu_grad", ["dy", "x"], out, gelu_grad1)
 }
 
 /// `add(a, b)`.

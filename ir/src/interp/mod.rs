@@ -31,6 +31,11 @@ mod interaction;
 mod optim;
 mod shape;
 
+/// Scalar definitions that the kernels call too, so that their results equal the
+/// interpreter's bit for bit by construction (an elementwise op whose formula is
+/// longer than a line keeps it in one place).
+pub use dense::{gelu_grad1, gelu1};
+
 use crate::{A2aDir, Communicator, Def, Graph, IrError, Op, Result, Tensor, TensorType, ValueId};
 use common::{R, fmt_shape};
 use std::borrow::Cow;
@@ -170,6 +175,7 @@ fn dispatch(
         Op::Relu => single(dense::relu(ins, one()?)),
         Op::Add => single(dense::add(ins, one()?)),
         Op::Sigmoid => single(dense::sigmoid(ins, one()?)),
+        Op::Gelu => single(dense::gelu(ins, one()?)),
         Op::Interaction {
             kind,
             self_interaction,
@@ -190,6 +196,7 @@ fn dispatch(
         Op::Mse { denom } => single(dense::mse(ins, denom, ctx.syms, one()?)),
         Op::ReluGrad => single(dense::relu_grad(ins, one()?)),
         Op::SigmoidGrad => single(dense::sigmoid_grad(ins, one()?)),
+        Op::GeluGrad => single(dense::gelu_grad(ins, one()?)),
         Op::LinearDx => single(dense::linear_dx(ins, one()?)),
         Op::LinearDw => single(dense::linear_dw(ins, one()?)),
         Op::LinearDb => single(dense::linear_db(ins, one()?)),

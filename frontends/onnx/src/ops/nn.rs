@@ -1,4 +1,4 @@
-//! Activations and `Gemm`.
+//! Activations (`Relu`, `Sigmoid`, `Gelu`) and `Gemm`.
 
 use super::{Builder, Built};
 use crate::import::{Ctx, NodeCx, Val};
@@ -9,12 +9,25 @@ use std::rc::Rc;
 pub(super) fn register(r: &mut HashMap<&'static str, Builder>) {
     r.insert("Relu", |cx, n| unary(cx, n, Op::Relu));
     r.insert("Sigmoid", |cx, n| unary(cx, n, Op::Sigmoid));
+    r.insert("Gelu", gelu);
     r.insert("Gemm", gemm);
 }
 
 fn unary(cx: &mut Ctx<'_>, n: &NodeCx<'_>, op: Op) -> Built {
     let x = cx.input(n, 0)?;
     Ok(vec![cx.emit(op, &[x], &n.out_name(0))?])
+}
+
+/// `Gelu` (opset 20): `gelu` for `approximate="tanh"`; the exact erf form
+/// (`approximate="none"`, the default) has no IR op and is refused.
+fn gelu(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
+    match n.attrs.string("approximate", "none")?.as_str() {
+        "tanh" => unary(cx, n, Op::Gelu),
+        other => Err(format!(
+            "unsupported attribute value approximate=\"{other}\" (only \"tanh\": dlrmc's gelu is the tanh approximation)"
+        )
+        .into()),
+    }
 }
 
 /// `Gemm`: `alpha * op(A) · op(B) + beta * C`. Maps to `linear` when that is exactly
@@ -110,4 +123,101 @@ fn gemm(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
         )?;
     }
     Ok(vec![y])
+}
+
+#[cfg(test)]
+mod tests {
+    //! `Gelu` on a model built here (no exporter with opset 20 `Gelu` is at hand:
+    //! the real-export cases under `test_cases/` come from the generator scripts).
+
+    use crate::proto::attribute_proto::AttributeType;
+    use crate::proto::tensor_proto::DataType;
+    use crate::proto::tensor_shape_proto::{Dimension, dimension};
+    use crate::proto::{
+        AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto,
+        TypeProto, ValueInfoProto, type_proto,
+    };
+    use prost::Message;
+
+    fn value(name: &str) -> ValueInfoProto {
+        let dims = [
+            dimension::Value::DimParam("batch".into()),
+            dimension::Value::DimValue(4),
+        ];
+        let shape = TensorShapeProto {
+            dim: dims
+                .into_iter()
+                .map(|v| Dimension {
+                    value: Some(v),
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        ValueInfoProto {
+            name: Some(name.into()),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: Some(DataType::Float as i32),
+                    shape: Some(shape),
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// A one-node opset 20 model `y = Gelu(x)`, with `approximate` if given.
+    fn gelu_model(approximate: Option<&str>) -> Vec<u8> {
+        let attribute = approximate
+            .map(|a| AttributeProto {
+                name: Some("approximate".into()),
+                r#type: Some(AttributeType::String as i32),
+                s: Some(a.as_bytes().to_vec()),
+                ..Default::default()
+            })
+            .into_iter()
+            .collect();
+        let node = NodeProto {
+            op_type: Some("Gelu".into()),
+            name: Some("act".into()),
+            input: vec!["x".into()],
+            output: vec!["y".into()],
+            attribute,
+            ..Default::default()
+        };
+        ModelProto {
+            ir_version: Some(9),
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(20),
+            }],
+            graph: Some(GraphProto {
+                name: Some("g".into()),
+                node: vec![node],
+                input: vec![value("x")],
+                output: vec![value("y")],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn gelu_tanh_maps_to_gelu_and_erf_is_refused() {
+        let m = crate::from_bytes(&gelu_model(Some("tanh")), "gelu.onnx", None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let ops: Vec<&str> = m.graph.nodes().iter().map(|n| n.op.mnemonic()).collect();
+        assert_eq!(ops, ["gelu"]);
+        for approximate in [None, Some("none")] {
+            let err = crate::from_bytes(&gelu_model(approximate), "gelu.onnx", None)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                err.contains("`act`") && err.contains("approximate=\"none\""),
+                "{err}"
+            );
+        }
+    }
 }
