@@ -1,39 +1,17 @@
-//! Recognition of `nn.EmbeddingBag` in the `Loop`s PyTorch's exporters write, by
-//! what the loop computes rather than by one exporter's layout.
-//!
-//! The loop body is evaluated abstractly: each value is described by its meaning for
-//! bag `i` (the loop's index) — `i + k`, `E[i + k]` for an outer vector `E` (a bag
-//! bound), `rows[E[i] .. E[i+1]]` of a per-index value (the indices, the gathered
-//! table rows, the per-sample weights), the reduction of those rows (sum or mean),
-//! "the bag is empty", zeros. Wrappers that keep a value (`Identity`, `Cast`,
-//! `CastLike`, `Reshape`/`Unsqueeze`/`Squeeze` of a one-element value) are looked
-//! through. The loop is an EmbeddingBag when its result is, for each of its `n`
-//! iterations, the reduction of bag `i` (zeros when empty), with `n` proved equal to
-//! `len(E) - 1` by symbolic shape arithmetic, and its index either the trip
-//! counter (TorchScript) or a carried counter that starts at 0 and grows by 1 while
-//! `counter < n` (dynamo). Rows may be gathered inside the loop (`table[ids[lo..hi]]`)
-//! or before it (`(table[ids])[lo..hi]`), weighted or not (a weight that is the
-//! constant 1 is no weight); the result may be a scan output or a sequence built by
-//! `SequenceInsert`; other loop-carried values must not change.
-//!
-//! `E` then says which bag form it is: `Concat(offsets, [len(ids)])` gives
-//! `embedding_bag(table, ids, offsets)` (or `embedding_bag_weighted`);
-//! `Range(0, len(ids), P)` as the offsets of indices that are a `[n, P]` tensor
-//! flattened gives the fixed-size `embedding_bag(table, ids2d)`. A loop that does
-//! not match is refused with the first reason it did not, naming the node.
+//! The abstract evaluation of a loop body: what each value is for bag `i` (see the
+//! parent module).
 
-use crate::import::{Ctx, NodeCx, NodeErr, SymI, Val};
-use crate::ops::Built;
+use super::shapes::{flattened, len_of, producer, shape_of, sym_of};
+use crate::import::{Ctx, NodeErr};
 use crate::proto::{GraphProto, NodeProto};
-use dlrm_ir::{Op, Pool, Tensor};
+use dlrm_ir::{Pool, Tensor};
 use std::collections::HashMap;
-use std::rc::Rc;
 
-type R<T> = Result<T, String>;
+pub(super) type R<T> = Result<T, String>;
 
 /// A value that exists once per index of the bags' flat index vector.
 #[derive(Clone, Debug, PartialEq)]
-enum PerIdx {
+pub(super) enum PerIdx {
     /// The flat index vector (an outer name).
     Ids(String),
     /// Per-sample weights (an outer name).
@@ -48,7 +26,7 @@ enum PerIdx {
 
 /// The meaning of a value for bag `i`.
 #[derive(Clone, Debug, PartialEq)]
-enum A {
+pub(super) enum A {
     /// A known integer (one element).
     Int(i64),
     /// A floating-point constant whose entries are all `v`.
@@ -98,14 +76,14 @@ enum A {
 
 /// Where names are looked up: a (sub)graph's producers, initializers and the
 /// meaning of its inputs, inside its parent scope.
-struct Scope<'g> {
+pub(super) struct Scope<'g> {
     producers: HashMap<&'g str, &'g NodeProto>,
     inits: HashMap<&'g str, &'g crate::proto::TensorProto>,
-    inputs: HashMap<String, A>,
+    pub(super) inputs: HashMap<String, A>,
 }
 
 impl<'g> Scope<'g> {
-    fn of(g: &'g GraphProto, inputs: HashMap<String, A>) -> Self {
+    pub(super) fn of(g: &'g GraphProto, inputs: HashMap<String, A>) -> Self {
         let mut producers = HashMap::new();
         for n in &g.node {
             for o in &n.output {
@@ -125,11 +103,11 @@ impl<'g> Scope<'g> {
     }
 }
 
-fn op_of(n: &NodeProto) -> &str {
+pub(super) fn op_of(n: &NodeProto) -> &str {
     n.op_type.as_deref().unwrap_or("")
 }
 
-fn arg(n: &NodeProto, k: usize) -> R<&str> {
+pub(super) fn arg(n: &NodeProto, k: usize) -> R<&str> {
     n.input
         .get(k)
         .map(String::as_str)
@@ -138,17 +116,17 @@ fn arg(n: &NodeProto, k: usize) -> R<&str> {
 }
 
 /// The abstract evaluator of one loop.
-struct Eval<'c, 'm> {
-    cx: &'c Ctx<'m>,
+pub(super) struct Eval<'c, 'm> {
+    pub(super) cx: &'c Ctx<'m>,
     /// Scopes from the outermost subgraph in (the loop body, then an `If` branch).
-    scopes: Vec<Scope<'m>>,
+    pub(super) scopes: Vec<Scope<'m>>,
     /// Inside the branch taken for the last bag.
-    last: bool,
+    pub(super) last: bool,
 }
 
 impl<'m> Eval<'_, 'm> {
     /// The meaning of `name` seen from the innermost scope.
-    fn eval(&mut self, name: &str) -> R<A> {
+    pub(super) fn eval(&mut self, name: &str) -> R<A> {
         self.eval_at(name, self.scopes.len())
     }
 
@@ -170,7 +148,7 @@ impl<'m> Eval<'_, 'm> {
     }
 
     /// A loop-invariant value of the enclosing graph.
-    fn outer(&self, name: &str) -> R<A> {
+    pub(super) fn outer(&self, name: &str) -> R<A> {
         let g = &self.cx.graph;
         let producer = g.node.iter().find(|n| n.output.iter().any(|o| o == name));
         if let Some(n) = producer {
@@ -485,7 +463,7 @@ impl<'m> Eval<'_, 'm> {
 
 /// `arr[i + k]`, with `arr` a `[c:e]` slice of another vector seen as that vector at
 /// `i + k + c` (TorchScript takes a bag's end from `offsets_ext[1:]`).
-fn bound(cx: &Ctx<'_>, arr: String, k: i64) -> A {
+pub(super) fn bound(cx: &Ctx<'_>, arr: String, k: i64) -> A {
     if let Some(p) = producer(cx, &arr)
         && op_of(p) == "Slice"
         && let (Some(src), Some(s), Some(e)) = (
@@ -508,7 +486,7 @@ fn bound(cx: &Ctx<'_>, arr: String, k: i64) -> A {
 }
 
 /// True when the outer vector `x` has as many entries as the bag's index vector.
-fn same_len(cx: &Ctx<'_>, x: &str, v: &PerIdx) -> bool {
+pub(super) fn same_len(cx: &Ctx<'_>, x: &str, v: &PerIdx) -> bool {
     let PerIdx::TableRows { ids, .. } = v else {
         return false;
     };
@@ -520,14 +498,14 @@ fn same_len(cx: &Ctx<'_>, x: &str, v: &PerIdx) -> bool {
     n_ids.is_some() && n_ids == n_x
 }
 
-fn err_text(e: NodeErr) -> String {
+pub(super) fn err_text(e: NodeErr) -> String {
     match e {
         NodeErr::Msg(m) => m,
         NodeErr::Failed(e) => e.to_string(),
     }
 }
 
-fn int_attr(n: &NodeProto, name: &str, default: i64) -> i64 {
+pub(super) fn int_attr(n: &NodeProto, name: &str, default: i64) -> i64 {
     crate::attrs::Attrs::new(n)
         .int(name, default)
         .unwrap_or(i64::MIN)
@@ -535,7 +513,7 @@ fn int_attr(n: &NodeProto, name: &str, default: i64) -> i64 {
 
 /// Rows times per-index weights made a column: the weighted rows (a constant
 /// weight 1 is no weight).
-fn weigh(rows: &A, w: &A) -> Option<A> {
+pub(super) fn weigh(rows: &A, w: &A) -> Option<A> {
     let set = |v: &PerIdx, weight: Option<String>| match v {
         PerIdx::TableRows {
             table,
@@ -580,7 +558,7 @@ fn weigh(rows: &A, w: &A) -> Option<A> {
 }
 
 /// The meaning of a constant: a one-element integer, or a float splat.
-fn const_meaning(t: &Tensor) -> Option<A> {
+pub(super) fn const_meaning(t: &Tensor) -> Option<A> {
     if t.dtype().is_int() {
         let v = t.to_i64_vec()?;
         return (v.len() == 1).then(|| A::Int(v[0]));
@@ -588,484 +566,4 @@ fn const_meaning(t: &Tensor) -> Option<A> {
     let v = t.to_f32_vec();
     let first = *v.first()?;
     v.iter().all(|&x| x == first).then_some(A::Splat(first))
-}
-
-/// What a loop computes, once recognised.
-struct Found {
-    v: PerIdx,
-    arr: String,
-    mode: Pool,
-    /// The loop output that holds the bags, and whether they come as a sequence.
-    out: usize,
-    /// The bound on the index (`n`): trip count or the `Less` limit.
-    count: String,
-}
-
-/// A loop's body seen from outside: names of its inputs and outputs.
-struct Body<'m> {
-    node: &'m NodeProto,
-    body: &'m GraphProto,
-    carried: usize,
-}
-
-impl Body<'_> {
-    fn input(&self, k: usize) -> String {
-        self.body
-            .input
-            .get(k)
-            .and_then(|v| v.name.clone())
-            .unwrap_or_default()
-    }
-    fn output(&self, k: usize) -> String {
-        self.body
-            .output
-            .get(k)
-            .and_then(|v| v.name.clone())
-            .unwrap_or_default()
-    }
-}
-
-fn recognise<'m>(cx: &Ctx<'m>, node: &'m NodeProto, body: &'m GraphProto) -> R<Found> {
-    let b = Body {
-        node,
-        body,
-        carried: node.input.len().saturating_sub(2),
-    };
-    let trip = node.input.first().filter(|s| !s.is_empty()).cloned();
-    let (mut ev, counter, invariant) = bind_inputs(cx, &b, trip.is_some())?;
-    let count = match (counter, &trip) {
-        (Some(_), Some(_)) => return Err("both a trip count and a counter".into()),
-        (Some(_), None) => counter_bound(cx, &mut ev, &b)?,
-        (None, Some(t)) => {
-            match ev.eval(&b.output(0))? {
-                A::Int(c) if c != 0 => {}
-                other => return Err(format!("the loop condition is {other:?}, not true")),
-            }
-            t.clone()
-        }
-        (None, None) => return Err("no trip count and no counter from 0 by 1".into()),
-    };
-    // The bags: a carried sequence, or a scan output.
-    let mut found: Option<Found> = None;
-    let mut one = |f: Found| match found.replace(f) {
-        None => Ok(()),
-        Some(_) => Err("the loop computes more than one bag".to_string()),
-    };
-    for (k, &inv) in invariant.iter().enumerate() {
-        match ev.eval(&b.output(1 + k))? {
-            A::Append(bag) => {
-                let A::Bag { v, arr, mode, keep } = *bag else {
-                    return Err("a sequence of something other than bags".into());
-                };
-                let init = producer(cx, arg(node, 2 + k)?).map(op_of);
-                if !keep || init != Some("SequenceEmpty") {
-                    return Err(
-                        "bags of rank 1, or added to a sequence that is not empty at first".into(),
-                    );
-                }
-                let count = count.clone();
-                one(Found {
-                    v,
-                    arr,
-                    mode,
-                    out: k,
-                    count,
-                })?;
-            }
-            _ if inv => {}
-            A::Iter(1) if Some(k) == counter => {}
-            other => return Err(format!("loop-carried value {k} becomes {other:?}")),
-        }
-    }
-    for k in 0..body.output.len().saturating_sub(1 + b.carried) {
-        match ev.eval(&b.output(1 + b.carried + k))? {
-            A::Bag {
-                v,
-                arr,
-                mode,
-                keep: false,
-            } => {
-                let count = count.clone();
-                one(Found {
-                    v,
-                    arr,
-                    mode,
-                    out: b.carried + k,
-                    count,
-                })?;
-            }
-            other => return Err(format!("scan output {k} is {other:?}, not one bag")),
-        }
-    }
-    found.ok_or_else(|| "the loop computes no bag".to_string())
-}
-
-/// The meaning of the body's inputs: the bag index (the trip counter, or the
-/// carried value that starts at 0 and grows by 1), loop-invariant carried values as
-/// the outer values they start as, others as themselves. Returns the evaluator, the
-/// counter and which carried values are invariant.
-fn bind_inputs<'c, 'm>(
-    cx: &'c Ctx<'m>,
-    b: &Body<'m>,
-    has_trip: bool,
-) -> R<(Eval<'c, 'm>, Option<usize>, Vec<bool>)> {
-    let mut inputs = HashMap::new();
-    for j in 0..b.carried {
-        inputs.insert(b.input(2 + j), A::Same(j));
-    }
-    let mut probe = Eval {
-        cx,
-        scopes: vec![Scope::of(b.body, inputs.clone())],
-        last: false,
-    };
-    let mut counter = None;
-    for j in 0..b.carried {
-        if probe.outer(arg(b.node, 2 + j)?)? == A::Int(0) {
-            probe.scopes[0].inputs.insert(b.input(2 + j), A::Iter(0));
-            if probe.eval(&b.output(1 + j)).ok() == Some(A::Iter(1)) {
-                counter = Some(j);
-                break;
-            }
-            probe.scopes[0].inputs.insert(b.input(2 + j), A::Same(j));
-        }
-    }
-    let mut invariant = vec![false; b.carried];
-    for (j, inv) in invariant.iter_mut().enumerate() {
-        if Some(j) != counter && probe.eval(&b.output(1 + j)).ok() == Some(A::Same(j)) {
-            *inv = true;
-            inputs.insert(b.input(2 + j), probe.outer(arg(b.node, 2 + j)?)?);
-        }
-    }
-    match counter {
-        Some(j) => {
-            inputs.insert(b.input(2 + j), A::Iter(0));
-        }
-        None if has_trip => {
-            inputs.insert(b.input(0), A::Iter(0));
-            // A condition passed through keeps its first value.
-            if let Ok(first) = probe.outer(arg(b.node, 1)?) {
-                inputs.insert(b.input(1), first);
-            }
-        }
-        None => {}
-    }
-    let ev = Eval {
-        cx,
-        scopes: vec![Scope::of(b.body, inputs)],
-        last: false,
-    };
-    Ok((ev, counter, invariant))
-}
-
-/// The bound `n` of a counter loop: the first condition is `0 < n` and the body's is
-/// `counter + 1 < n`.
-fn counter_bound(cx: &Ctx<'_>, ev: &mut Eval<'_, '_>, b: &Body<'_>) -> R<String> {
-    let A::Less { k: 1, n } = ev.eval(&b.output(0))? else {
-        return Err("the loop condition is not `counter + 1 < n`".into());
-    };
-    let first = arg(b.node, 1)?;
-    let p = producer(cx, first)
-        .filter(|p| op_of(p) == "Less")
-        .ok_or("the first condition is not `0 < n`")?;
-    let (lhs, rhs) = (ev.outer(arg(p, 0)?)?, ev.outer(arg(p, 1)?)?);
-    match rhs {
-        A::Outer(m) if lhs == A::Int(0) && same_value(cx, &m, &n) => Ok(n),
-        _ => Err("the first condition is not `0 < n`".into()),
-    }
-}
-
-/// The symbolic integer an outer name holds, if the import computed one.
-fn sym_of(cx: &Ctx<'_>, name: &str) -> Option<SymI> {
-    match cx.lookup(name).ok()? {
-        Val::Shape(v, _) if v.len() == 1 => v.into_iter().next(),
-        Val::Const(t, _) => {
-            let v = t.to_i64_vec()?;
-            (v.len() == 1).then(|| SymI::int(v[0]))
-        }
-        _ => None,
-    }
-}
-
-fn same_value(cx: &Ctx<'_>, a: &str, b: &str) -> bool {
-    a == b || matches!((int_of(cx, a), int_of(cx, b)), (Some(x), Some(y)) if x == y)
-}
-
-/// The symbolic integer an outer name holds: what the import computed, else what
-/// the shape arithmetic around bag bounds computes (`Gather(Shape(x), k)`, `Size`,
-/// `+ - *`), for values the import could not represent (a `Concat` of the offsets
-/// with a length is data, not a shape).
-fn int_of(cx: &Ctx<'_>, name: &str) -> Option<SymI> {
-    if let Some(v) = sym_of(cx, name) {
-        return Some(v);
-    }
-    let n = producer(cx, name)?;
-    let input = |k: usize| n.input.get(k).map(String::as_str);
-    match op_of(n) {
-        "Squeeze" | "Unsqueeze" | "Reshape" => int_of(cx, input(0)?),
-        "Shape" => {
-            let s = shape_of(cx, input(0)?)?;
-            let start = usize::try_from(int_attr(n, "start", 0)).ok()?;
-            (s.len() == start + 1).then(|| s[start].clone())
-        }
-        "Gather" => {
-            let s = producer(cx, input(0)?).filter(|s| op_of(s) == "Shape")?;
-            let k = sym_of(cx, input(1)?)?.as_int()?;
-            let shape = shape_of(cx, s.input.first()?)?;
-            let start = int_attr(s, "start", 0);
-            let at = usize::try_from(if k < 0 {
-                k + shape.len() as i64
-            } else {
-                k + start
-            })
-            .ok()?;
-            shape.get(at).cloned()
-        }
-        "Size" => shape_of(cx, input(0)?)?
-            .iter()
-            .try_fold(SymI::int(1), |a, d| a.mul(d)),
-        op @ ("Add" | "Sub" | "Mul") => {
-            let (a, b) = (int_of(cx, input(0)?)?, int_of(cx, input(1)?)?);
-            match op {
-                "Add" => a.add(&b),
-                "Sub" => a.sub(&b),
-                _ => a.mul(&b),
-            }
-        }
-        _ => None,
-    }
-}
-
-/// The symbolic shape of an outer value: its IR type, else derived through the
-/// ops that compute bag bounds (`Concat` and `Slice` of vectors, `Reshape` to
-/// `[-1]`, `Range`).
-fn shape_of(cx: &Ctx<'_>, name: &str) -> Option<Vec<SymI>> {
-    if let Ok(v) = cx.lookup(name)
-        && let Ok(ty) = cx.ty(&v)
-    {
-        return Some(ty.shape.iter().map(crate::ops::dim_sym).collect());
-    }
-    let n = producer(cx, name)?;
-    let input = |k: usize| n.input.get(k).map(String::as_str);
-    let len = |v: Vec<SymI>| -> Option<SymI> { (v.len() == 1).then(|| v[0].clone()) };
-    match op_of(n) {
-        "Unsqueeze" => {
-            // A scalar made a one-element vector.
-            int_of(cx, input(0)?)?;
-            Some(vec![SymI::int(1)])
-        }
-        "Concat" => {
-            let mut total = SymI::int(0);
-            for i in &n.input {
-                total = total.add(&len(shape_of(cx, i)?)?)?;
-            }
-            Some(vec![total])
-        }
-        "Slice" => {
-            // One axis of a vector, a constant start and an end past it (`[s:]`).
-            let l = len(shape_of(cx, input(0)?)?)?;
-            let s = sym_of(cx, input(1)?)?.as_int()?;
-            let e = sym_of(cx, input(2)?)?.as_int()?;
-            if let Some(st) = input(4).filter(|s| !s.is_empty()) {
-                (sym_of(cx, st)?.as_int()? == 1).then_some(())?;
-            }
-            (s >= 0 && e >= i64::from(i32::MAX))
-                .then(|| l.sub(&SymI::int(s)))?
-                .map(|v| vec![v])
-        }
-        "Reshape" => {
-            let t = cx.lookup(input(1)?).ok()?;
-            (cx.const_ints(&t, "").ok()? == [-1]).then_some(())?;
-            let numel = shape_of(cx, input(0)?)?
-                .iter()
-                .try_fold(SymI::int(1), |a, d| a.mul(d))?;
-            Some(vec![numel])
-        }
-        "Range" => {
-            let (s, l, d) = (
-                int_of(cx, input(0)?)?,
-                int_of(cx, input(1)?)?,
-                int_of(cx, input(2)?)?,
-            );
-            (d.as_int()? > 0).then_some(())?;
-            Some(vec![l.sub(&s)?.div(&d)?])
-        }
-        _ => None,
-    }
-}
-
-/// The length of an outer 1-D value, symbolically.
-fn len_of(cx: &Ctx<'_>, name: &str) -> Option<SymI> {
-    let s = shape_of(cx, name)?;
-    (s.len() == 1).then(|| s[0].clone())
-}
-
-/// The producer of an outer name, through `Identity`/`Cast`.
-fn producer<'m>(cx: &Ctx<'m>, mut name: &'m str) -> Option<&'m NodeProto> {
-    for _ in 0..32 {
-        let n = cx
-            .graph
-            .node
-            .iter()
-            .find(|n| n.output.iter().any(|o| o == name))?;
-        match op_of(n) {
-            "Identity" | "Cast" => name = n.input.first()?,
-            _ => return Some(n),
-        }
-    }
-    None
-}
-
-/// An integer value before the integer `Cast`s that only widen or narrow its type
-/// (the exporter casts int32 offsets to int64 to append the length; the bag takes
-/// either type).
-fn uncast_int(cx: &Ctx<'_>, name: &str) -> String {
-    let mut name = name.to_string();
-    for _ in 0..8 {
-        let Some(n) = cx
-            .graph
-            .node
-            .iter()
-            .find(|n| n.output.first() == Some(&name))
-        else {
-            break;
-        };
-        let Some(src) = n.input.first() else { break };
-        let int = |v: &str| {
-            cx.lookup(v)
-                .ok()
-                .and_then(|v| cx.ty(&v).ok())
-                .is_some_and(|t| t.dtype.is_int())
-        };
-        if !(matches!(op_of(n), "Cast" | "Identity") && int(src) && int(&name)) {
-            break;
-        }
-        name = src.clone();
-    }
-    name
-}
-
-/// The flat index vector's origin: a 2-D `[n, P]` value flattened by `Reshape`s,
-/// as `(name, P, numel)`.
-fn flattened<'m>(cx: &Ctx<'m>, ids: &'m str) -> Option<(&'m str, usize, SymI)> {
-    let mut name = ids;
-    for _ in 0..8 {
-        if let Ok(v) = cx.lookup(name)
-            && let Ok(ty) = cx.ty(&v)
-            && ty.rank() == 2
-        {
-            let p = ty.shape[1].fixed()?;
-            return Some((name, p, crate::ops::numel_sym(&ty.shape)?));
-        }
-        let n = producer(cx, name)?;
-        if op_of(n) != "Reshape" {
-            return None;
-        }
-        name = n.input.first()?;
-    }
-    None
-}
-
-/// `Loop`: an EmbeddingBag, else an error naming what did not match.
-pub(crate) fn lower_loop(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
-    let body = n.attrs.graph("body")?;
-    let why = |e: String| format!("unsupported Loop: it does not compute an EmbeddingBag ({e})");
-    let f = recognise(cx, n.proto, body).map_err(why)?;
-    let bag = emit(cx, &f, &n.out_name(f.out)).map_err(why)?;
-    let carried = n.n_inputs().saturating_sub(2);
-    let mut outs = Vec::new();
-    for k in 0..n.proto.output.len() {
-        outs.push(if k == f.out {
-            bag.clone()
-        } else if k < carried {
-            // Other carried values are loop-invariant or the counter (unused).
-            match cx.opt_input(n, 2 + k) {
-                Ok(Some(v)) => v,
-                _ => Val::Failed(Rc::new(
-                    cx.node_err(n, format!("Loop output {k} is not supported")),
-                )),
-            }
-        } else {
-            Val::Failed(Rc::new(
-                cx.node_err(n, format!("Loop scan output {k} is not supported")),
-            ))
-        });
-    }
-    Ok(outs)
-}
-
-/// Emits the bag of a recognised loop, after checking that its bound `n` is
-/// `len(E) - 1` and finding what `E` is.
-fn emit(cx: &mut Ctx<'_>, f: &Found, hint: &str) -> R<Val> {
-    let PerIdx::TableRows {
-        table,
-        ids,
-        weights,
-    } = &f.v
-    else {
-        return Err("the bag's rows are not gathered from a table".into());
-    };
-    let count = int_of(cx, &f.count).ok_or("the loop's bound is not known at import")?;
-    let get = |cx: &Ctx<'_>, name: &str| cx.lookup(name).map_err(err_text);
-    let e = producer(cx, &f.arr).ok_or(
-        "the bag bounds are an input used whole, as with include_last_offset=True, which is not supported yet",
-    )?;
-    let (offsets, fixed) = match op_of(e) {
-        "Concat" if e.input.len() == 2 => {
-            let (o, tail) = (arg(e, 0)?, arg(e, 1)?);
-            let total = match flattened(cx, ids) {
-                Some((_, _, numel)) => numel,
-                None => len_of(cx, ids).ok_or("the indices are not a vector")?,
-            };
-            if int_of(cx, tail) != Some(total) {
-                return Err("the bounds do not end at the number of indices".into());
-            }
-            let rng = producer(cx, o).filter(|p| op_of(p) == "Range");
-            (uncast_int(cx, o), rng.map(|r| (r, flattened(cx, ids))))
-        }
-        _ => {
-            return Err(
-                "the bag bounds are not `offsets` followed by the number of indices (include_last_offset=True is not supported yet)"
-                    .into(),
-            );
-        }
-    };
-    if let Some((rng, flat)) = fixed {
-        // `Range(0, numel, P)` over `[n, P]` indices: fixed-size bags.
-        let (src, p, numel) =
-            flat.ok_or("Range offsets over indices that are not a flattened matrix")?;
-        let (s, l, d) = (
-            int_of(cx, arg(rng, 0)?),
-            int_of(cx, arg(rng, 1)?),
-            int_of(cx, arg(rng, 2)?),
-        );
-        if s != Some(SymI::int(0)) || l != Some(numel.clone()) || d != Some(SymI::int(p as i64)) {
-            return Err("Range offsets that are not 0, P, 2P, .. over [n, P] indices".into());
-        }
-        let rows = numel
-            .div(&SymI::int(p as i64))
-            .ok_or("bad fixed bag size")?;
-        if count != rows {
-            return Err(format!("the loop runs {count} times over {rows} bags"));
-        }
-        if weights.is_some() {
-            return Err("per-sample weights on fixed-size bags are not supported yet".into());
-        }
-        let (t, i) = (get(cx, table)?, get(cx, src)?);
-        return cx.emit(Op::EmbeddingBag { mode: f.mode }, &[t, i], hint);
-    }
-    let n_off = len_of(cx, &offsets).ok_or("the offsets are not a vector")?;
-    if count != n_off {
-        return Err(format!("the loop runs {count} times over {n_off} bags"));
-    }
-    let (t, i, o) = (get(cx, table)?, get(cx, ids)?, get(cx, &offsets)?);
-    match weights {
-        None => cx.emit(Op::EmbeddingBag { mode: f.mode }, &[t, i, o], hint),
-        Some(w) => {
-            if f.mode != Pool::Sum {
-                return Err("per-sample weights need mode sum".into());
-            }
-            let w = get(cx, w)?;
-            cx.emit(Op::EmbeddingBagWeighted, &[t, i, o, w], hint)
-        }
-    }
 }
