@@ -215,27 +215,7 @@ impl<'m> Eval<'_, 'm> {
         let at = |e: &mut Self, k: usize| -> R<A> { e.eval_at(arg(n, k)?, depth) };
         Ok(match op {
             "Identity" | "Cast" | "CastLike" => at(self, 0)?,
-            "Reshape" | "Unsqueeze" | "Squeeze" => match at(self, 0)? {
-                a @ (A::Int(_) | A::Iter(_) | A::Bound { .. } | A::Splat(_)) => a,
-                A::Rows { v, arr, .. } if op == "Unsqueeze" => {
-                    let axes = match crate::attrs::Attrs::new(n).ints("axes") {
-                        Some(a) => a,
-                        None => match at(self, 1)? {
-                            A::Int(a) => vec![a],
-                            other => return Err(format!("Unsqueeze axes {other:?}")),
-                        },
-                    };
-                    if axes != [1] {
-                        return Err(format!("Unsqueeze of a bag's rows at axes {axes:?}"));
-                    }
-                    A::Rows {
-                        v,
-                        arr,
-                        unsqueezed: true,
-                    }
-                }
-                other => return Err(format!("{op} of {other:?} in the loop")),
-            },
+            "Reshape" | "Unsqueeze" | "Squeeze" => self.reshaped(n, depth, op)?,
             "Constant" => {
                 let t = crate::attrs::Attrs::new(n)
                     .tensor("value")?
@@ -285,37 +265,7 @@ impl<'m> Eval<'_, 'm> {
                     .or_else(|| weigh(&b, &a))
                     .ok_or_else(|| format!("Mul of {a:?} and {b:?} in the loop"))?
             }
-            "ReduceSum" | "ReduceMean" => {
-                let A::Rows { v, arr, .. } = at(self, 0)? else {
-                    return Err(format!("{op} of something other than a bag's rows"));
-                };
-                if !matches!(v, PerIdx::TableRows { .. }) {
-                    return Err(format!("{op} of rows not gathered from a table"));
-                }
-                let axes = match crate::attrs::Attrs::new(n).ints("axes") {
-                    Some(a) => a,
-                    None => match n.input.get(1).filter(|s| !s.is_empty()) {
-                        Some(_) => match at(self, 1)? {
-                            A::Int(a) => vec![a],
-                            other => return Err(format!("{op} axes {other:?}")),
-                        },
-                        None => return Err(format!("{op} over every axis, not the bag's rows")),
-                    },
-                };
-                if axes != [0] {
-                    return Err(format!("{op} over axes {axes:?}, not the bag's rows"));
-                }
-                A::Bag {
-                    v,
-                    arr,
-                    mode: if op == "ReduceSum" {
-                        Pool::Sum
-                    } else {
-                        Pool::Mean
-                    },
-                    keep: int_attr(n, "keepdims", 1) != 0,
-                }
-            }
+            "ReduceSum" | "ReduceMean" => self.reduce(n, depth, op)?,
             "Equal" => match (at(self, 0)?, at(self, 1)?) {
                 (A::Size { arr }, A::Int(0)) | (A::Int(0), A::Size { arr }) => A::Empty { arr },
                 (A::Iter(0), A::OuterPlus { k: -1, .. }) => A::IsLast,
@@ -375,6 +325,65 @@ impl<'m> Eval<'_, 'm> {
                 }
             }
             other => return Err(format!("`{other}` in the loop")),
+        })
+    }
+
+    /// `Reshape`, `Unsqueeze`, `Squeeze`: one-element values pass; a bag's rows
+    /// made a column (`Unsqueeze` at axis 1) for weighting.
+    fn reshaped(&mut self, n: &'m NodeProto, depth: usize, op: &str) -> R<A> {
+        Ok(match self.eval_at(arg(n, 0)?, depth)? {
+            a @ (A::Int(_) | A::Iter(_) | A::Bound { .. } | A::Splat(_)) => a,
+            A::Rows { v, arr, .. } if op == "Unsqueeze" => {
+                let axes = match crate::attrs::Attrs::new(n).ints("axes") {
+                    Some(a) => a,
+                    None => match self.eval_at(arg(n, 1)?, depth)? {
+                        A::Int(a) => vec![a],
+                        other => return Err(format!("Unsqueeze axes {other:?}")),
+                    },
+                };
+                if axes != [1] {
+                    return Err(format!("Unsqueeze of a bag's rows at axes {axes:?}"));
+                }
+                A::Rows {
+                    v,
+                    arr,
+                    unsqueezed: true,
+                }
+            }
+            other => return Err(format!("{op} of {other:?} in the loop")),
+        })
+    }
+
+    /// `ReduceSum` / `ReduceMean` of a bag's table rows over axis 0: the bag.
+    fn reduce(&mut self, n: &'m NodeProto, depth: usize, op: &str) -> R<A> {
+        let A::Rows { v, arr, .. } = self.eval_at(arg(n, 0)?, depth)? else {
+            return Err(format!("{op} of something other than a bag's rows"));
+        };
+        if !matches!(v, PerIdx::TableRows { .. }) {
+            return Err(format!("{op} of rows not gathered from a table"));
+        }
+        let axes = match crate::attrs::Attrs::new(n).ints("axes") {
+            Some(a) => a,
+            None => match n.input.get(1).filter(|s| !s.is_empty()) {
+                Some(_) => match self.eval_at(arg(n, 1)?, depth)? {
+                    A::Int(a) => vec![a],
+                    other => return Err(format!("{op} axes {other:?}")),
+                },
+                None => return Err(format!("{op} over every axis, not the bag's rows")),
+            },
+        };
+        if axes != [0] {
+            return Err(format!("{op} over axes {axes:?}, not the bag's rows"));
+        }
+        Ok(A::Bag {
+            v,
+            arr,
+            mode: if op == "ReduceSum" {
+                Pool::Sum
+            } else {
+                Pool::Mean
+            },
+            keep: int_attr(n, "keepdims", 1) != 0,
         })
     }
 
