@@ -57,7 +57,6 @@ impl SymI {
     pub(crate) fn as_monomial(&self) -> Option<(i64, &[String])> {
         match self.terms.iter().next() {
             Some((m, &c)) if self.terms.len() == 1 && c > 0 => Some((c, m)),
-            _ if self.terms.is_empty() => None,
             _ => None,
         }
     }

@@ -256,7 +256,7 @@ def dynamic_axes(o, names):
     return axes
 
 
-def dynamic_shapes(o, names, args):
+def dynamic_shapes(o):
     """torch.export's form of the same dynamic axes, shaped like the model's args."""
     from torch.export import Dim
     batch = Dim("batch_size", min=1, max=1 << 20)
@@ -282,19 +282,17 @@ def export(name, exporter, opset, o, out_dir, seed=7):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "torchscript":
-            if o.get("last_offset"):
-                axes = dynamic_axes(o, names)
+            axes = dynamic_axes(o, names)
+            if o.get("last_offset"):  # B + 1 offsets: an axis of their own
                 for nm in names:
                     if nm.startswith("offsets_"):
                         axes[nm] = {0: "n_offsets_" + nm.split("_")[1]}
-            else:
-                axes = dynamic_axes(o, names)
             torch.onnx.export(model, args, path, dynamo=False, opset_version=opset,
                               input_names=names, output_names=["pred"], dynamic_axes=axes)
         else:
             prog = torch.onnx.export(model, args, dynamo=True, opset_version=opset,
                                      input_names=names, output_names=["pred"],
-                                     dynamic_shapes=dynamic_shapes(o, names, args),
+                                     dynamic_shapes=dynamic_shapes(o),
                                      external_data=False)
             prog.save(path)
     case = {"exporter": exporter, "opset": opset, "torch": torch.__version__,
