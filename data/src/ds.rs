@@ -1,0 +1,565 @@
+//! The `.ds` dataset: manifest, atomic writer, memory-mapped reader (see the crate docs).
+
+use crate::error::{DataError, Result};
+use memmap2::Mmap;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("the .ds column files are little-endian and read by memory map");
+
+/// The manifest's `format` field.
+pub const FORMAT: &str = "dlrm-dataset";
+/// The format version this build writes and reads.
+pub const VERSION: u32 = 1;
+const MANIFEST: &str = "manifest.json";
+const LABEL: &str = "label.u8";
+const DENSE: &str = "dense.f32";
+
+fn sparse_file(t: usize) -> String {
+    format!("sparse.{t}.u32")
+}
+
+/// A table (categorical feature): its name and row count (every id is below it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableInfo {
+    /// The feature's name (`C1` .. `C26` for Criteo).
+    pub name: String,
+    /// Rows: one more than the largest id the table may hold.
+    pub rows: u64,
+}
+
+/// A named range of samples.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Split {
+    /// `train`, `val`, `test`, or a user's name.
+    pub name: String,
+    /// First sample.
+    pub start: u64,
+    /// One past the last sample.
+    pub end: u64,
+}
+
+impl Split {
+    /// The samples, as a range.
+    pub fn range(&self) -> Range<usize> {
+        self.start as usize..self.end as usize
+    }
+}
+
+/// A column file: its path in the dataset, size and SHA-256.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// File name, relative to the dataset directory.
+    pub path: String,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// SHA-256 of the contents, lower-case hex.
+    pub sha256: String,
+}
+
+/// `manifest.json`: everything about a dataset but its values.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// The format version ([`VERSION`] when written by this build).
+    pub version: u32,
+    /// Samples.
+    pub samples: u64,
+    /// Dense features per sample.
+    pub dense: usize,
+    /// What was applied to the raw dense values: `"log1p"` (`ln(1 + max(x, 0))`,
+    /// missing as 0, the reference DLRM's transform) or `"none"`.
+    pub dense_transform: String,
+    /// The categorical features, in column order.
+    pub tables: Vec<TableInfo>,
+    /// Named sample ranges (`train`, `val`, `test`).
+    pub splits: Vec<Split>,
+    /// Samples per day, in order, when the source has days (Criteo); else empty.
+    #[serde(default)]
+    pub days: Vec<u64>,
+    /// How the dataset was made (source format, files, id mapping, lines skipped).
+    #[serde(default)]
+    pub source: serde_json::Value,
+    /// The column files.
+    pub files: Vec<FileEntry>,
+}
+
+impl Manifest {
+    /// The split called `name`.
+    pub fn split(&self, name: &str) -> Result<&Split> {
+        self.splits.iter().find(|s| s.name == name).ok_or_else(|| {
+            let names: Vec<&str> = self.splits.iter().map(|s| s.name.as_str()).collect();
+            DataError::Usage(format!(
+                "the dataset has no split `{name}` (it has: {})",
+                names.join(", ")
+            ))
+        })
+    }
+
+    /// Checks the manifest's own consistency (format, version, splits within the
+    /// samples, one file per column).
+    fn check(&self, dir: &Path) -> Result<()> {
+        let bad = |reason: String| Err(DataError::dataset(dir.join(MANIFEST), reason));
+        if self.format != FORMAT {
+            return bad(format!("format is `{}`, expected `{FORMAT}`", self.format));
+        }
+        if self.version > VERSION {
+            return bad(format!(
+                "format version {} is newer than this build reads ({VERSION}); upgrade dlrmc",
+                self.version
+            ));
+        }
+        if self.version == 0 {
+            return bad("format version 0 does not exist".into());
+        }
+        if self.samples == 0 {
+            return bad("the dataset has no samples".into());
+        }
+        for s in &self.splits {
+            if s.start > s.end || s.end > self.samples {
+                return bad(format!(
+                    "split `{}` is samples {}..{}, outside 0..{}",
+                    s.name, s.start, s.end, self.samples
+                ));
+            }
+        }
+        for (t, table) in self.tables.iter().enumerate() {
+            if table.rows == 0 || table.rows > u64::from(u32::MAX) + 1 {
+                return bad(format!(
+                    "table {t} ({}) has {} rows (must be 1..=2^32)",
+                    table.name, table.rows
+                ));
+            }
+        }
+        for (name, bytes) in self.expected_files() {
+            match self.files.iter().find(|f| f.path == name) {
+                None => return bad(format!("no entry for the column file {name}")),
+                Some(f) if f.bytes != bytes => {
+                    return bad(format!(
+                        "{name} is listed with {} bytes, {bytes} expected for {} samples",
+                        f.bytes, self.samples
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The column files this schema has, with their sizes.
+    fn expected_files(&self) -> Vec<(String, u64)> {
+        let n = self.samples;
+        let mut v = vec![
+            (LABEL.to_string(), n),
+            (DENSE.to_string(), n * self.dense as u64 * 4),
+        ];
+        v.extend((0..self.tables.len()).map(|t| (sparse_file(t), n * 4)));
+        v
+    }
+}
+
+/// What [`DatasetWriter::finish`] records beside the values.
+#[derive(Clone, Debug, Default)]
+pub struct DatasetMeta {
+    /// See [`Manifest::dense_transform`].
+    pub dense_transform: String,
+    /// See [`Manifest::tables`] (as many as the writer's tables).
+    pub tables: Vec<TableInfo>,
+    /// See [`Manifest::splits`].
+    pub splits: Vec<Split>,
+    /// See [`Manifest::days`].
+    pub days: Vec<u64>,
+    /// See [`Manifest::source`].
+    pub source: serde_json::Value,
+}
+
+/// Writes a dataset sample by sample into a temporary directory, then puts it in
+/// place atomically ([`DatasetWriter::finish`]); dropped unfinished, it leaves
+/// nothing behind.
+pub struct DatasetWriter {
+    target: PathBuf,
+    tmp: tempfile::TempDir,
+    dense: usize,
+    label: BufWriter<File>,
+    dense_f: BufWriter<File>,
+    sparse: Vec<BufWriter<File>>,
+    samples: u64,
+}
+
+impl DatasetWriter {
+    /// A writer of a dataset at `target` with `dense` dense features and `tables`
+    /// categorical ones. `target` must not exist or be a dataset (which the finished
+    /// write replaces).
+    pub fn create(target: &Path, dense: usize, tables: usize) -> Result<DatasetWriter> {
+        if target.exists() && !target.join(MANIFEST).is_file() {
+            return Err(DataError::dataset(
+                target,
+                "exists and is not a dataset (no manifest.json); refusing to replace it",
+            ));
+        }
+        let parent = match target.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let base = target
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "dataset".into());
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!(".{base}.tmp-"))
+            .tempdir_in(&parent)
+            .map_err(|e| DataError::io(&parent, e))?;
+        let open = |name: &str| -> Result<BufWriter<File>> {
+            let p = tmp.path().join(name);
+            File::create(&p)
+                .map(|f| BufWriter::with_capacity(1 << 20, f))
+                .map_err(|e| DataError::io(p, e))
+        };
+        Ok(DatasetWriter {
+            label: open(LABEL)?,
+            dense_f: open(DENSE)?,
+            sparse: (0..tables)
+                .map(|t| open(&sparse_file(t)))
+                .collect::<Result<_>>()?,
+            target: target.to_path_buf(),
+            tmp,
+            dense,
+            samples: 0,
+        })
+    }
+
+    /// Samples written so far.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Appends one sample: its label (0 or 1), dense values and one id per table.
+    pub fn push(&mut self, label: u8, dense: &[f32], sparse: &[u32]) -> Result<()> {
+        if label > 1 || dense.len() != self.dense || sparse.len() != self.sparse.len() {
+            return Err(DataError::Usage(format!(
+                "sample {}: label {label}, {} dense and {} sparse values; the dataset takes a 0/1 label, {} dense and {} sparse",
+                self.samples,
+                dense.len(),
+                sparse.len(),
+                self.dense,
+                self.sparse.len()
+            )));
+        }
+        let tmp = self.tmp.path();
+        let io = |name: &str, e| DataError::io(tmp.join(name), e);
+        self.label.write_all(&[label]).map_err(|e| io(LABEL, e))?;
+        self.dense_f
+            .write_all(bytemuck::cast_slice(dense))
+            .map_err(|e| io(DENSE, e))?;
+        for (t, (w, id)) in self.sparse.iter_mut().zip(sparse).enumerate() {
+            w.write_all(&id.to_le_bytes())
+                .map_err(|e| io(&sparse_file(t), e))?;
+        }
+        self.samples += 1;
+        Ok(())
+    }
+
+    /// Rewrites every id of table `t` written so far through `f` (e.g. raw hashes to
+    /// vocabulary rows once the vocabulary is known).
+    pub fn map_sparse(&mut self, t: usize, f: impl Fn(u32) -> u32 + Sync) -> Result<()> {
+        let name = sparse_file(t);
+        let w = self
+            .sparse
+            .get_mut(t)
+            .ok_or_else(|| DataError::Usage(format!("no table {t}")))?;
+        let p = self.tmp.path().join(&name);
+        w.flush().map_err(|e| DataError::io(&p, e))?;
+        if self.samples == 0 {
+            return Ok(());
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&p)
+            .map_err(|e| DataError::io(&p, e))?;
+        // SAFETY: the file is this writer's own, in its private temporary directory;
+        // nothing else maps or writes it while the map lives.
+        let mut map =
+            unsafe { memmap2::MmapMut::map_mut(&file) }.map_err(|e| DataError::io(&p, e))?;
+        let ids: &mut [u32] = bytemuck::try_cast_slice_mut(&mut map[..])
+            .map_err(|e| DataError::dataset(&p, format!("not a u32 column: {e}")))?;
+        for id in ids.iter_mut() {
+            *id = f(*id);
+        }
+        map.flush().map_err(|e| DataError::io(&p, e))?;
+        Ok(())
+    }
+
+    /// Syncs every file, writes the manifest and renames the directory into place
+    /// (replacing a dataset already there only once the new one is complete).
+    pub fn finish(mut self, meta: DatasetMeta) -> Result<Manifest> {
+        if meta.tables.len() != self.sparse.len() {
+            return Err(DataError::Usage(format!(
+                "{} table descriptions for {} tables",
+                meta.tables.len(),
+                self.sparse.len()
+            )));
+        }
+        let tmp = self.tmp.path().to_path_buf();
+        let mut names = vec![LABEL.to_string(), DENSE.to_string()];
+        names.extend((0..self.sparse.len()).map(sparse_file));
+        let mut writers: Vec<&mut BufWriter<File>> = vec![&mut self.label, &mut self.dense_f];
+        writers.extend(self.sparse.iter_mut());
+        for (w, name) in writers.into_iter().zip(&names) {
+            let p = tmp.join(name);
+            w.flush().map_err(|e| DataError::io(&p, e))?;
+            w.get_ref().sync_all().map_err(|e| DataError::io(&p, e))?;
+        }
+        let files = names
+            .iter()
+            .map(|name| {
+                let p = tmp.join(name);
+                let (bytes, sha256) = hash_file(&p)?;
+                Ok(FileEntry {
+                    path: name.clone(),
+                    bytes,
+                    sha256,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            version: VERSION,
+            samples: self.samples,
+            dense: self.dense,
+            dense_transform: meta.dense_transform,
+            tables: meta.tables,
+            splits: meta.splits,
+            days: meta.days,
+            source: meta.source,
+            files,
+        };
+        manifest.check(&self.target)?;
+        let mp = tmp.join(MANIFEST);
+        let text = serde_json::to_string_pretty(&manifest)
+            .map_err(|e| DataError::dataset(&mp, e.to_string()))?;
+        let mut f = File::create(&mp).map_err(|e| DataError::io(&mp, e))?;
+        f.write_all(text.as_bytes())
+            .and_then(|()| f.write_all(b"\n"))
+            .and_then(|()| f.sync_all())
+            .map_err(|e| DataError::io(&mp, e))?;
+        sync_dir(&tmp)?;
+        commit_dir(self.tmp, &self.target)?;
+        Ok(manifest)
+    }
+}
+
+/// Renames the finished temporary directory to `target`; an existing dataset there
+/// is moved aside first and removed only after the new one is in place.
+fn commit_dir(tmp: tempfile::TempDir, target: &Path) -> Result<()> {
+    let parent = tmp
+        .path()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let old = if target.exists() {
+        let aside = tempfile::Builder::new()
+            .prefix(".old-")
+            .tempdir_in(&parent)
+            .map_err(|e| DataError::io(&parent, e))?;
+        let old = aside.path().join("dataset");
+        std::fs::rename(target, &old).map_err(|e| DataError::io(target, e))?;
+        Some((aside, old))
+    } else {
+        None
+    };
+    let tmp_path = tmp.keep();
+    if let Err(e) = std::fs::rename(&tmp_path, target) {
+        // Put the old dataset back; the new one stays where it is for inspection.
+        if let Some((_, old)) = &old {
+            let _ = std::fs::rename(old, target);
+        }
+        return Err(DataError::io(target, e));
+    }
+    sync_dir(&parent)?;
+    // `aside` (and the old dataset in it) is removed on drop.
+    drop(old);
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| DataError::io(dir, e))
+}
+
+/// Size and SHA-256 (lower-case hex) of a file.
+fn hash_file(p: &Path) -> Result<(u64, String)> {
+    let mut f = File::open(p).map_err(|e| DataError::io(p, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| DataError::io(p, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    let hex = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    Ok((bytes, hex))
+}
+
+/// A dataset, memory-mapped.
+pub struct Dataset {
+    dir: PathBuf,
+    manifest: Manifest,
+    label: Mmap,
+    dense: Mmap,
+    sparse: Vec<Mmap>,
+}
+
+impl std::fmt::Debug for Dataset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dataset")
+            .field("dir", &self.dir)
+            .field("samples", &self.manifest.samples)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Dataset {
+    /// Opens the dataset at `dir`: reads and checks the manifest, checks every column
+    /// file's size, maps the files. Checksums and value ranges are checked by
+    /// [`Dataset::verify`].
+    pub fn open(dir: &Path) -> Result<Dataset> {
+        let mp = dir.join(MANIFEST);
+        let text = std::fs::read_to_string(&mp).map_err(|e| DataError::io(&mp, e))?;
+        let manifest: Manifest = serde_json::from_str(&text)
+            .map_err(|e| DataError::dataset(&mp, format!("malformed manifest: {e}")))?;
+        manifest.check(dir)?;
+        let map = |name: &str, bytes: u64| -> Result<Mmap> {
+            let p = dir.join(name);
+            let f = File::open(&p).map_err(|e| DataError::io(&p, e))?;
+            let len = f.metadata().map_err(|e| DataError::io(&p, e))?.len();
+            if len != bytes {
+                return Err(DataError::dataset(
+                    &p,
+                    format!("is {len} bytes, the manifest says {bytes}"),
+                ));
+            }
+            // SAFETY: the map is read-only; a dataset is never written in place (the
+            // writer renames a new directory over it), so the file does not change
+            // under the map unless someone edits it by hand, which the checksums of
+            // `verify` catch.
+            unsafe { Mmap::map(&f) }.map_err(|e| DataError::io(&p, e))
+        };
+        let sizes = manifest.expected_files();
+        let label = map(&sizes[0].0, sizes[0].1)?;
+        let dense = map(&sizes[1].0, sizes[1].1)?;
+        let sparse = sizes[2..]
+            .iter()
+            .map(|(n, b)| map(n, *b))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Dataset {
+            dir: dir.to_path_buf(),
+            manifest,
+            label,
+            dense,
+            sparse,
+        })
+    }
+
+    /// Checks every file's SHA-256 against the manifest, every label is 0 or 1 and
+    /// every id below its table's rows; names the first mismatch.
+    pub fn verify(&self) -> Result<()> {
+        for f in &self.manifest.files {
+            let p = self.dir.join(&f.path);
+            let (_, sha) = hash_file(&p)?;
+            if sha != f.sha256 {
+                return Err(DataError::dataset(
+                    p,
+                    format!(
+                        "checksum mismatch (SHA-256 {sha}, the manifest says {})",
+                        f.sha256
+                    ),
+                ));
+            }
+        }
+        if let Some(i) = self.labels().iter().position(|&y| y > 1) {
+            return Err(DataError::dataset(
+                self.dir.join(LABEL),
+                format!("sample {i}: label {} is not 0 or 1", self.labels()[i]),
+            ));
+        }
+        for (t, table) in self.manifest.tables.iter().enumerate() {
+            let ids = self.sparse(t);
+            if let Some(i) = ids.iter().position(|&id| u64::from(id) >= table.rows) {
+                return Err(DataError::dataset(
+                    self.dir.join(sparse_file(t)),
+                    format!(
+                        "sample {i}: id {} of table {t} ({}) is beyond its {} rows",
+                        ids[i], table.name, table.rows
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The dataset's directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Samples.
+    pub fn len(&self) -> usize {
+        self.manifest.samples as usize
+    }
+
+    /// Never true: a dataset has samples ([`Dataset::open`] refuses an empty one).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Dense features per sample.
+    pub fn dense_width(&self) -> usize {
+        self.manifest.dense
+    }
+
+    /// Categorical features (tables).
+    pub fn num_tables(&self) -> usize {
+        self.sparse.len()
+    }
+
+    /// Every sample's label (0 or 1).
+    pub fn labels(&self) -> &[u8] {
+        &self.label
+    }
+
+    /// Every sample's dense values, sample-major (`len() × dense_width()`).
+    pub fn dense(&self) -> &[f32] {
+        // Page-aligned map of a size checked at open: the cast cannot fail.
+        bytemuck::cast_slice(&self.dense)
+    }
+
+    /// Table `t`'s id of every sample.
+    ///
+    /// # Panics
+    /// If `t >= num_tables()`.
+    pub fn sparse(&self, t: usize) -> &[u32] {
+        bytemuck::cast_slice(&self.sparse[t])
+    }
+
+    /// The samples of split `name`.
+    pub fn split(&self, name: &str) -> Result<Range<usize>> {
+        self.manifest.split(name).map(Split::range)
+    }
+}

@@ -1,0 +1,26 @@
+//! dlrmc's data: the memory-mapped `.ds` dataset (and, built on it, the Criteo
+//! readers, the converter and the loader).
+//!
+//! A `.ds` dataset is a directory: `manifest.json` (the schema, row counts per table,
+//! splits, and a size and SHA-256 per file) beside one file per column, each a flat
+//! little-endian array read by memory map without parsing:
+//!
+//! | file | type | elements |
+//! | --- | --- | --- |
+//! | `label.u8` | u8 (0 or 1) | samples |
+//! | `dense.f32` | f32, sample-major | samples × dense width (values already transformed) |
+//! | `sparse.<t>.u32` | u32 | samples (table `t`'s row of each sample) |
+//!
+//! [`DatasetWriter`] writes one atomically: into a temporary directory beside the
+//! target, every file synced, then renamed into place; a failed or interrupted write
+//! leaves nothing under the target's name and never damages a dataset already there.
+//! [`Dataset::open`] maps one and checks it against its manifest.
+#![warn(missing_docs)]
+
+mod ds;
+mod error;
+
+pub use ds::{
+    Dataset, DatasetMeta, DatasetWriter, FORMAT, FileEntry, Manifest, Split, TableInfo, VERSION,
+};
+pub use error::{DataError, Result};
