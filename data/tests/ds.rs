@@ -1,4 +1,5 @@
 //! The `.ds` format: write, open, read back, verify; atomic replacement; bad datasets.
+#![expect(clippy::unwrap_used, reason = "tests fail loudly")]
 
 use dlrm_data::{Dataset, DatasetMeta, DatasetWriter, Split, TableInfo};
 use std::path::Path;
