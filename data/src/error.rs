@@ -31,6 +31,24 @@ pub enum DataError {
         /// What is wrong (naming the field).
         reason: String,
     },
+    /// A bad record in a binary input file.
+    #[error("{path}: record {record}: {reason}")]
+    Record {
+        /// The input file.
+        path: PathBuf,
+        /// The 1-based record number.
+        record: u64,
+        /// What is wrong (naming the field).
+        reason: String,
+    },
+    /// An input file with no data at all.
+    #[error("{path}: the file is empty (no {what})")]
+    Empty {
+        /// The input file.
+        path: PathBuf,
+        /// `lines` or `records`.
+        what: &'static str,
+    },
     /// A request the data cannot serve (a wrong split name, a row beyond the data).
     #[error("{0}")]
     Usage(String),

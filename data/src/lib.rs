@@ -15,12 +15,30 @@
 //! target, every file synced, then renamed into place; a failed or interrupted write
 //! leaves nothing under the target's name and never damages a dataset already there.
 //! [`Dataset::open`] maps one and checks it against its manifest.
+//!
+//! Built on it:
+//!
+//! - [`criteo`]: Criteo's raw TSV (plain or gzip) and the reference DLRM's
+//!   preprocessing of a line (dense `ln(1 + max(x, 0))` in f32, hex ids, missing = 0);
+//! - [`vocab`]: raw ids to table rows (the reference's first-appearance dictionary
+//!   with an optional modulo and frequency threshold, or plain hashing);
+//! - [`split`]: the reference's Kaggle and Terabyte splits, or fractions;
+//! - [`processed`]: the reference's `.npz` and MLPerf's binary records;
+//! - [`convert()`]: the streaming, atomic conversion of any of them to `.ds`.
 #![warn(missing_docs)]
 
+pub mod convert;
+pub mod criteo;
 mod ds;
 mod error;
+pub mod processed;
+pub mod split;
+pub mod vocab;
 
+pub use convert::{ConvertOptions, ConvertReport, Format, Progress, convert};
 pub use ds::{
     Dataset, DatasetMeta, DatasetWriter, FORMAT, FileEntry, Manifest, Split, TableInfo, VERSION,
 };
 pub use error::{DataError, Result};
+pub use split::SplitSpec;
+pub use vocab::IdMapping;
