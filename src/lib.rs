@@ -11,11 +11,13 @@
 //! - [`inspect`]: the summary of a plan that `dlrmc inspect` prints;
 //! - [`launch`]: partition a plan for N ranks, build the runtime's job and run it
 //!   on threads or as one rank of an MPI job;
-//! - [`shard`]: the sharding planner on a plan (placement, predictions, scaling).
+//! - [`shard`]: the sharding planner on a plan (placement, predictions, scaling);
+//! - [`data_cmd`]: the `dlrmc data` subcommands (convert, inspect, generate).
 
 #![warn(missing_docs)]
 
 pub mod compile;
+pub mod data_cmd;
 mod error;
 pub mod inspect;
 pub mod launch;

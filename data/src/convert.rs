@@ -133,23 +133,33 @@ impl SampleSink for Sink {
     }
 
     fn push_batch(&mut self, batch: &[RawSample]) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
         let mapping = self.mapping;
+        let labels: Vec<u8> = batch.iter().map(|s| s.label).collect();
+        let mut dense = vec![0f32; batch.len() * DENSE];
+        dense
+            .par_chunks_mut(DENSE * 1024)
+            .zip(batch.par_chunks(1024))
+            .for_each(|(out, samples)| {
+                for (o, s) in out.chunks_exact_mut(DENSE).zip(samples) {
+                    for (d, &x) in o.iter_mut().zip(&s.dense) {
+                        *d = criteo::log1p_clamped(x);
+                    }
+                }
+            });
+        let cols: Vec<Vec<u32>> = (0..SPARSE)
+            .into_par_iter()
+            .map(|t| batch.iter().map(|s| mapping.pre(s.sparse[t])).collect())
+            .collect();
         if let Some(c) = &mut self.counter {
-            c.observe_batch(batch.len(), |s, t| mapping.pre(batch[s].sparse[t]));
+            c.observe_columns(&cols);
         }
-        let mut dense = [0f32; DENSE];
-        let mut ids = [0u32; SPARSE];
-        for s in batch {
-            for (d, &x) in dense.iter_mut().zip(&s.dense) {
-                *d = criteo::log1p_clamped(x);
-            }
-            for (t, (i, &x)) in ids.iter_mut().zip(&s.sparse).enumerate() {
-                *i = mapping.pre(x);
-                self.max_id[t] = self.max_id[t].max(*i);
-            }
-            self.writer.push(s.label, &dense, &ids)?;
+        for (m, col) in self.max_id.iter_mut().zip(&cols) {
+            *m = col.iter().copied().fold(*m, u32::max);
         }
-        Ok(())
+        self.writer.push_columns(&labels, &dense, &cols)
     }
 
     fn bad(&mut self, kind: &str, err: DataError) -> Result<()> {

@@ -265,6 +265,47 @@ impl DatasetWriter {
         Ok(())
     }
 
+    /// Appends `labels.len()` samples column by column: their labels (0 or 1), dense
+    /// values (sample-major) and one id column per table. The same as as many calls
+    /// of [`DatasetWriter::push`], with one write per column.
+    pub fn push_columns(
+        &mut self,
+        labels: &[u8],
+        dense: &[f32],
+        sparse: &[Vec<u32>],
+    ) -> Result<()> {
+        let n = labels.len();
+        if dense.len() != n * self.dense
+            || sparse.len() != self.sparse.len()
+            || sparse.iter().any(|c| c.len() != n)
+        {
+            return Err(DataError::Usage(format!(
+                "{n} samples need {} dense values and {} id columns of {n}",
+                n * self.dense,
+                self.sparse.len()
+            )));
+        }
+        if let Some(i) = labels.iter().position(|&y| y > 1) {
+            return Err(DataError::Usage(format!(
+                "sample {}: label {} is not 0 or 1",
+                self.samples + i as u64,
+                labels[i]
+            )));
+        }
+        let tmp = self.tmp.path();
+        let io = |name: &str, e| DataError::io(tmp.join(name), e);
+        self.label.write_all(labels).map_err(|e| io(LABEL, e))?;
+        self.dense_f
+            .write_all(bytemuck::cast_slice(dense))
+            .map_err(|e| io(DENSE, e))?;
+        for (t, (w, ids)) in self.sparse.iter_mut().zip(sparse).enumerate() {
+            w.write_all(bytemuck::cast_slice(ids))
+                .map_err(|e| io(&sparse_file(t), e))?;
+        }
+        self.samples += n as u64;
+        Ok(())
+    }
+
     /// Rewrites every id of table `t` written so far through `f` (e.g. raw hashes to
     /// vocabulary rows once the vocabulary is known).
     pub fn map_sparse(&mut self, t: usize, f: impl Fn(u32) -> u32 + Sync) -> Result<()> {

@@ -24,13 +24,17 @@
 //!   with an optional modulo and frequency threshold, or plain hashing);
 //! - [`split`]: the reference's Kaggle and Terabyte splits, or fractions;
 //! - [`processed`]: the reference's `.npz` and MLPerf's binary records;
-//! - [`convert()`]: the streaming, atomic conversion of any of them to `.ds`.
+//! - [`convert()`]: the streaming, atomic conversion of any of them to `.ds`;
+//! - [`generate`]: synthetic Criteo-format TSV with the real data's character;
+//! - [`inspect`]: a dataset's summary (splits, per-feature statistics).
 #![warn(missing_docs)]
 
 pub mod convert;
 pub mod criteo;
 mod ds;
 mod error;
+pub mod generate;
+pub mod inspect;
 pub mod processed;
 pub mod split;
 pub mod vocab;
@@ -40,5 +44,7 @@ pub use ds::{
     Dataset, DatasetMeta, DatasetWriter, FORMAT, FileEntry, Manifest, Split, TableInfo, VERSION,
 };
 pub use error::{DataError, Result};
+pub use generate::{GenerateOptions, GenerateReport, generate};
+pub use inspect::{Inspection, inspect};
 pub use split::SplitSpec;
 pub use vocab::IdMapping;

@@ -168,13 +168,12 @@ impl VocabCounter {
         }
     }
 
-    /// Counts a batch of samples' ids (`ids(s, t)`), tables in parallel; the result
+    /// Counts a batch's id columns (one per table), tables in parallel; the result
     /// does not depend on the thread count.
-    pub fn observe_batch(&mut self, samples: usize, ids: impl Fn(usize, usize) -> u32 + Sync) {
+    pub fn observe_columns(&mut self, cols: &[Vec<u32>]) {
         use rayon::prelude::*;
-        self.tables.par_iter_mut().enumerate().for_each(|(t, map)| {
-            for s in 0..samples {
-                let id = ids(s, t);
+        self.tables.par_iter_mut().zip(cols).for_each(|(map, ids)| {
+            for &id in ids {
                 let next = map.len() as u32;
                 map.entry(id)
                     .and_modify(|(c, _)| *c = c.saturating_add(1))
@@ -240,7 +239,8 @@ mod tests {
     fn batch_counting_matches_sequential() {
         let ids: Vec<[u32; 2]> = (0..1000u32).map(|i| [i * 7 % 13, i % 5]).collect();
         let mut a = VocabCounter::new(2);
-        a.observe_batch(ids.len(), |s, t| ids[s][t]);
+        let cols: Vec<Vec<u32>> = (0..2).map(|t| ids.iter().map(|x| x[t]).collect()).collect();
+        a.observe_columns(&cols[..]);
         let mut b = VocabCounter::new(2);
         for t in 0..2 {
             b.observe(t, ids.iter().map(|x| x[t]));

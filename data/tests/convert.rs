@@ -403,11 +403,7 @@ fn mlperf_binary_records() {
     let tmp = tempfile::tempdir().unwrap();
     let input = tmp.path().join("train_data.bin");
     let mut bytes = Vec::new();
-    for (i, r) in [(1, 9, [3, 0]), (0, -4, [5, 2]), (0, 0, [0, 7])]
-        .iter()
-        .enumerate()
-    {
-        let _ = i;
+    for r in [(1, 9, [3, 0]), (0, -4, [5, 2]), (0, 0, [0, 7])] {
         bytes.extend(mlperf_record(r.0, r.1, r.2));
     }
     std::fs::write(&input, &bytes).unwrap();

@@ -33,6 +33,9 @@ enum Command {
     /// Place a plan's embedding tables on N ranks (table-wise, row-wise,
     /// data-parallel) and predict each rank's step time and the scaling from 1 to N.
     PlanShards(PlanShardsArgs),
+    /// Datasets: convert Criteo data to `.ds`, inspect one, generate synthetic data.
+    #[command(subcommand)]
+    Data(dlrmc::data_cmd::DataCommand),
 }
 
 /// The sharding planner's options (shared by `compile` and `plan-shards`).
@@ -196,6 +199,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd_inspect(a),
         Command::Opt(a) => cmd_opt(a),
         Command::PlanShards(a) => cmd_plan_shards(a),
+        Command::Data(c) => dlrmc::data_cmd::run(c),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
