@@ -7,7 +7,7 @@ use dlrm_passes::pipeline::{self, DumpSpec, PipelineOptions, Precision};
 use dlrm_passes::{LossKind, TrainConfig};
 use dlrm_runtime::plan::{read_plan, write_plan};
 use dlrmc::compile::{CompileOptions, Stage, partition_stages};
-use dlrmc::model::{Overrides, load_model};
+use dlrmc::model::{Overrides, load_model, table_rows_of};
 use dlrmc::{Inspection, ShardSettings, compile, plan_shards};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -148,6 +148,10 @@ struct CompileArgs {
     /// graph's label input; default: a new input `label`).
     #[arg(long, value_name = "NAME")]
     label: Option<String>,
+    /// Take each table's row count from this `.ds` dataset's manifest (JSON
+    /// descriptions: they replace `table_rows`).
+    #[arg(long, value_name = "DS")]
+    data: Option<PathBuf>,
     /// Print nothing but errors (and requested dumps).
     #[arg(short, long)]
     quiet: bool,
@@ -228,6 +232,7 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
         batch_size: a.batch_size,
         seed: a.seed,
         label: a.label.clone(),
+        table_rows: a.data.as_deref().map(table_rows_of).transpose()?,
     };
     let model = load_model(&a.model, overrides)?;
     say(format!(
