@@ -246,6 +246,34 @@ fn the_cli_compiles_from_data_trains_with_eval_every_and_refuses_a_misfit() {
     assert_eq!(summary["eval_split"], "test");
     assert!(summary["best_auc"].as_f64().is_some());
 
+    // The curves of the run, and of two runs overlaid.
+    let svg = dir.path().join("curves.svg");
+    let copy = dir.path().join("again.jsonl");
+    std::fs::copy(&metrics, &copy).expect("copy");
+    let out = run("dlrmc", &["plot", s(&metrics), s(&copy), "-o", s(&svg)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&svg).expect("svg");
+    for want in [
+        "<svg",
+        "training loss",
+        "validation AUC",
+        "validation log loss",
+        ">\nm\n<",
+        ">\nagain\n<",
+    ] {
+        assert!(text.contains(want), "no {want:?} in the SVG");
+    }
+    assert!(
+        text.matches("<polyline").count() >= 6,
+        "three panels of two runs"
+    );
+    let out = run("dlrmc", &["plot", s(&model), "-o", s(&svg)]);
+    assert!(!out.status.success());
+
     // A plan whose dense width differs from the data's.
     let other = tempfile::tempdir().expect("tmp");
     let ds5 = write_ds(other.path(), 500, 5);

@@ -33,6 +33,22 @@ enum Command {
     /// Place a plan's embedding tables on N ranks (table-wise, row-wise,
     /// data-parallel) and predict each rank's step time and the scaling from 1 to N.
     PlanShards(PlanShardsArgs),
+    /// Draw learning curves (training loss, validation AUC and log loss) of one or
+    /// more `dlrm-run --metrics` files into an SVG.
+    Plot(PlotArgs),
+}
+
+#[derive(Args, Debug)]
+struct PlotArgs {
+    /// Metrics files (JSON lines); several are overlaid, labelled by file stem.
+    #[arg(required = true)]
+    metrics: Vec<PathBuf>,
+    /// The SVG file to write.
+    #[arg(short, long, value_name = "SVG")]
+    output: PathBuf,
+    /// The evaluation split to draw.
+    #[arg(long, default_value = "val", value_name = "NAME")]
+    split: String,
 }
 
 /// The sharding planner's options (shared by `compile` and `plan-shards`).
@@ -200,6 +216,9 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd_inspect(a),
         Command::Opt(a) => cmd_opt(a),
         Command::PlanShards(a) => cmd_plan_shards(a),
+        Command::Plot(a) => {
+            dlrmc::plot::plot_files(&a.metrics, &a.split, &a.output).map_err(Into::into)
+        }
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
