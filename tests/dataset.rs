@@ -36,7 +36,7 @@ fn write_ds(dir: &Path, n: u64, dense: usize) -> PathBuf {
             .enumerate()
             .map(|(t, &r)| (mix(i * 7 + t as u64 + 1000) % r) as u32)
             .collect();
-        let logit = 4.0 * (d[0] - 0.5) + if ids[0] % 2 == 0 { 1.5 } else { -1.5 };
+        let logit = 4.0 * (d[0] - 0.5) + if ids[0].is_multiple_of(2) { 1.5 } else { -1.5 };
         w.push(u8::from(logit > 0.0), &d, &ids).expect("push");
     }
     let (a, b) = (n * 8 / 10, n * 9 / 10);

@@ -34,7 +34,7 @@ fn write_ds(dir: &Path, n: u64, dense: usize, rows: &[u64]) -> PathBuf {
             .enumerate()
             .map(|(t, &r)| (mix(i * 7 + t as u64 + 1000) % r) as u32)
             .collect();
-        let logit = 3.0 * (d[0] - 0.5) + if ids[0] % 2 == 0 { 1.0 } else { -1.0 };
+        let logit = 3.0 * (d[0] - 0.5) + if ids[0].is_multiple_of(2) { 1.0 } else { -1.0 };
         w.push(u8::from(logit > 0.0), &d, &ids).expect("push");
     }
     let (a, b) = (n * 8 / 10, n * 9 / 10);
