@@ -16,11 +16,11 @@ use crate::shard::{ShardSettings, partition_graph, shard_plan};
 use dlrm_ir::{Communicator, SingleRank, Tensor};
 use dlrm_runtime::driver::{Event, Job, Report, run, run_rank};
 use dlrm_runtime::plan::Plan;
-use dlrm_runtime::{AllReduceAlgo, Backend, Executor, KernelChoice, MpiComm};
+use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, Executor, KernelChoice, MpiComm};
 use std::collections::HashMap;
 
 /// How to run a plan.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RunOptions {
     /// Number of ranks (threads in this process).
     pub ranks: usize,
@@ -50,6 +50,13 @@ pub struct RunOptions {
     pub threads: Option<usize>,
     /// The sharding planner's settings (where the tables go on N ranks).
     pub shards: ShardSettings,
+    /// Train on this dataset instead of synthetic data.
+    pub data: Option<DataConfig>,
+    /// With `data`: run this many epochs of its training split (`iters` is then
+    /// ignored).
+    pub epochs: Option<u64>,
+    /// Evaluate every this many steps during training (0: only at the end).
+    pub eval_every: u64,
 }
 
 impl Default for RunOptions {
@@ -69,6 +76,9 @@ impl Default for RunOptions {
             allreduce: AllReduceAlgo::default(),
             threads: None,
             shards: ShardSettings::default(),
+            data: None,
+            epochs: None,
+            eval_every: 0,
         }
     }
 }
@@ -143,10 +153,26 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     if opts.threads == Some(0) {
         return Err(Error::Options("--threads must be at least 1".into()));
     }
-    if opts.iters == 0 {
-        return Err(Error::Options("--iters must be at least 1".into()));
-    }
     let global_batch = opts.batch_size.unwrap_or(plan.training.batch_size);
+    let iters = match (&opts.data, opts.epochs) {
+        (Some(d), Some(e)) => {
+            let ds = dlrm_data::Dataset::open(&d.path).map_err(dlrm_runtime::RuntimeError::from)?;
+            let spe = dlrm_runtime::dataset::steps_per_epoch(&ds, &d.train_split, global_batch)?;
+            e.checked_mul(spe)
+                .ok_or_else(|| Error::Options(format!("--epochs {e}: too many steps")))?
+        }
+        (None, Some(_)) => {
+            return Err(Error::Options(
+                "--epochs needs --data (synthetic data has no epochs)".into(),
+            ));
+        }
+        _ => opts.iters,
+    };
+    if iters == 0 {
+        return Err(Error::Options(
+            "--iters (or --epochs) must be at least 1".into(),
+        ));
+    }
     if global_batch == 0 {
         return Err(Error::Options("the batch size must be at least 1".into()));
     }
@@ -205,7 +231,9 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     job.train_graphs = train_graphs;
     job.infer_graphs = infer_graphs;
     job.ranks = ranks;
-    job.iters = opts.iters;
+    job.iters = iters;
+    job.data = opts.data.clone();
+    job.eval_every = opts.eval_every;
     job.global_batch = global_batch;
     if let Some(s) = opts.seed {
         job.seed = s;

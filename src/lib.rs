@@ -22,6 +22,7 @@ mod error;
 pub mod inspect;
 pub mod launch;
 pub mod model;
+pub mod plot;
 pub mod shard;
 
 pub use compile::{CompileOptions, Stage, compile};

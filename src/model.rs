@@ -45,6 +45,43 @@ pub struct Overrides {
     pub seed: Option<u64>,
     /// A graph input of the model that is the label (ONNX models only).
     pub label: Option<String>,
+    /// Each table's rows, from a dataset (`dlrmc compile --data`; JSON
+    /// descriptions only): they replace the description's `table_rows`.
+    pub table_rows: Option<TableRows>,
+}
+
+/// Table sizes taken from a dataset's manifest ([`table_rows_of`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableRows {
+    /// The dataset (for messages).
+    pub source: String,
+    /// Rows per table, in column order.
+    pub rows: Vec<usize>,
+}
+
+/// The row count of every table of the `.ds` dataset at `path` (from its
+/// manifest; the data is not read).
+pub fn table_rows_of(path: &Path) -> Result<TableRows> {
+    let ds = dlrm_data::Dataset::open(path).map_err(dlrm_runtime::RuntimeError::from)?;
+    let rows = ds
+        .manifest()
+        .tables
+        .iter()
+        .map(|t| {
+            usize::try_from(t.rows).map_err(|_| {
+                Error::Options(format!(
+                    "dataset {}: table `{}` has {} rows, more than this machine can index",
+                    path.display(),
+                    t.name,
+                    t.rows
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(TableRows {
+        source: path.display().to_string(),
+        rows,
+    })
 }
 
 /// Reads the model at `path`, choosing the frontend by extension, and applies
@@ -68,6 +105,32 @@ fn load_json(path: &Path, o: Overrides) -> Result<Model> {
         )));
     }
     let mut spec = dlrm_json::ModelSpec::load(path)?;
+    let mut note = None;
+    if let Some(t) = &o.table_rows {
+        if t.rows.len() != spec.table_rows.len() {
+            return Err(Error::Options(format!(
+                "--data {}: the dataset has {} tables, {} describes {}",
+                t.source,
+                t.rows.len(),
+                path.display(),
+                spec.table_rows.len()
+            )));
+        }
+        if t.rows != spec.table_rows {
+            let differ = t
+                .rows
+                .iter()
+                .zip(&spec.table_rows)
+                .filter(|(a, b)| a != b)
+                .count();
+            note = Some(format!(
+                "note: table rows from the dataset {} ({differ} of {} differ from the description's table_rows; the data's win)",
+                t.source,
+                t.rows.len()
+            ));
+        }
+        spec.table_rows = t.rows.clone();
+    }
     if let Some(lr) = o.learning_rate {
         spec.learning_rate = lr;
     }
@@ -80,7 +143,10 @@ fn load_json(path: &Path, o: Overrides) -> Result<Model> {
     spec.validate(&format!("{} (with command-line overrides)", path.display()))?;
     let m = spec.build()?;
     let t = m.training;
-    let summary = m.summary();
+    let mut summary = m.summary();
+    if let Some(n) = note {
+        summary = format!("{}\n{n}", summary.trim_end());
+    }
     Ok(Model {
         graph: m.graph,
         params: m.params,
@@ -109,6 +175,13 @@ fn load_json(path: &Path, o: Overrides) -> Result<Model> {
 pub const ONNX_DEFAULT_BATCH: usize = 128;
 
 fn load_onnx(path: &Path, o: Overrides) -> Result<Model> {
+    if let Some(t) = &o.table_rows {
+        return Err(Error::Options(format!(
+            "--data {}: table sizes from a dataset apply to JSON descriptions; an ONNX \
+             model's tables are its initializers",
+            t.source
+        )));
+    }
     let m = dlrm_onnx::load(path)?;
     let summary = format!(
         "ONNX model `{}` (opset {}, producer `{}`): inputs {}; outputs {}; {} nodes, {} parameters",

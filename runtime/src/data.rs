@@ -215,7 +215,7 @@ impl DataSchema {
 // -------------------------------------------------------------------- hashing
 
 #[inline]
-fn splitmix64(mut z: u64) -> u64 {
+pub(crate) fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -224,7 +224,7 @@ fn splitmix64(mut z: u64) -> u64 {
 
 /// A counter-based hash of a tuple of words.
 #[inline]
-fn hash(words: &[u64]) -> u64 {
+pub(crate) fn hash(words: &[u64]) -> u64 {
     hash_on(0x6A09_E667_F3BC_C909, words)
 }
 

@@ -6,23 +6,30 @@
 //!
 //! Flow:
 //! 1. checks the job, derives the data schema from the *unpartitioned* graph
-//!    (training graph if any, for the label; else inference) and builds the
-//!    [`SyntheticData`] (a pure function of the seed: every process builds the same);
+//!    (training graph if any, for the label; else inference) and builds the data
+//!    [`Source`]: the [`SyntheticData`] (a pure function of the seed: every process
+//!    builds the same) or, with [`Job::data`], the memory-mapped dataset (each
+//!    process opens it and reads only its ranks' slices);
 //! 2. hands every rank the parameters its graphs declare — a parameter needed by
 //!    one rank only (an embedding table on its owner) is *moved*, replicated ones
 //!    (MLP weights) are cloned for all but the last rank that needs them; a process
 //!    running one rank keeps only that rank's parameters;
 //! 3. every rank runs `iters` training steps (or inference steps in inference mode)
-//!    on steps `0..iters` of the data, feeding its own slice, on its own pool of
+//!    on steps `0..iters` of the data, feeding its own slice (a dataset's batches
+//!    assembled ahead by a loader thread, [`crate::prefetch`]), on its own pool of
 //!    worker threads ([`Job::threads`], `rank_pool`); rank 0 reports each
 //!    logged step as an [`Event`] (through a channel to the calling
 //!    thread, where the caller's `on_event` runs and can draw progress);
-//! 4. every rank then runs its inference graph on `eval_batches` held-out global
-//!    batches ([`crate::data::eval_step`]) with the trained parameters and sends its
+//!    With [`Job::eval_every`] = N, after every N-th step (and the last) every rank
+//!    evaluates a copy of its current parameters on the evaluation set (a dataset's
+//!    validation split, or the synthetic held-out batches) without stopping training;
+//! 4. every rank then runs its inference graph on the final evaluation set
+//!    (`eval_batches` held-out global batches, [`crate::data::eval_step`], or a
+//!    dataset's test split) with the trained parameters and sends its
 //!    predictions to rank 0 through the communicator (an `all_to_all_v` with empty
 //!    buffers to the other ranks); rank 0 joins them in rank order (= global sample
-//!    order), computes AUC and accuracy@0.5 against the teacher's labels and builds
-//!    the [`Report`] (only rank 0 has one).
+//!    order), computes AUC, log loss, accuracy@0.5 and normalized entropy against the
+//!    labels ([`eval`]) and builds the [`Report`] (only rank 0 has one).
 //!
 //! Failure: a rank that returns an error or panics calls `comm.abort(..)`, so every
 //! other rank's pending or next collective fails instead of hanging (threads), or
@@ -34,13 +41,22 @@
 //! Steps are numbered from 1 in events, reports and errors (`iter` k is the k-th
 //! step); step k reads data step k-1.
 
-use crate::data::{DataSchema, SyntheticData, eval_step};
+mod eval;
+mod report;
+
+pub use report::{BENCH_NODES, BestAuc, Report};
+
+use crate::data::{DataSchema, SyntheticData};
+use crate::dataset::{DataConfig, DatasetSource};
 use crate::error::{Result, RuntimeError};
 use crate::exec::{Backend, Executor, KernelChoice, OpTime};
-use crate::metrics::{accuracy, auc};
+use crate::metrics::EvalMetrics;
 use crate::plan::Plan;
+use crate::prefetch::{LoaderSpec, with_loader};
 use crate::progress::CommTimes;
+use crate::source::{EvalSet, Source};
 use dlrm_ir::{AllReduceAlgo, Communicator, Dim, Graph, LocalGroup, Tensor, batch_slice};
+use report::report;
 use serde::Serialize;
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
@@ -97,6 +113,11 @@ pub struct Job {
     /// Threads of each rank's worker pool (`--threads`); `None`: this process's
     /// CPUs ([`default_threads`]) shared among the ranks it runs.
     pub threads: Option<usize>,
+    /// Train on a dataset instead of synthetic data (`--data`).
+    pub data: Option<DataConfig>,
+    /// Evaluate on the evaluation set every this many training steps and after the
+    /// last (`--eval-every`); 0: only the final evaluation.
+    pub eval_every: u64,
 }
 
 impl Job {
@@ -124,6 +145,8 @@ impl Job {
             overlap: true,
             allreduce: AllReduceAlgo::default(),
             threads: None,
+            data: None,
+            eval_every: 0,
         }
     }
 
@@ -151,169 +174,16 @@ pub enum Event {
         /// Time since the first step started.
         elapsed: Duration,
     },
-    /// An evaluation batch is done.
+    /// A batch of the final evaluation is done.
     Eval {
         /// Batches done.
         batch: usize,
         /// Batches in all.
         batches: usize,
     },
+    /// An evaluation (during training, or the final one) is done.
+    Evaluated(EvalMetrics),
 }
-
-/// The outcome of a job.
-#[derive(Clone, Debug, Serialize)]
-pub struct Report {
-    /// Train or infer.
-    pub mode: Mode,
-    /// Number of ranks.
-    pub ranks: usize,
-    /// Threads of rank 0's worker pool (every rank has as many).
-    pub threads: usize,
-    /// Steps run.
-    pub iters: u64,
-    /// Global batch.
-    pub global_batch: usize,
-    /// The last step's loss (training).
-    pub final_loss: Option<f32>,
-    /// `(iter, loss)` of every logged step (training).
-    pub losses: Vec<(u64, f32)>,
-    /// Median global samples per second over the steps after warm-up (executor time
-    /// of rank 0, which waits for the others in every collective).
-    pub samples_per_s: f64,
-    /// AUC on the held-out batches (`None` if undefined or no evaluation).
-    pub auc: Option<f64>,
-    /// Accuracy at threshold 0.5 on the held-out batches.
-    pub accuracy: Option<f64>,
-    /// Samples evaluated.
-    pub eval_samples: usize,
-    /// Wall time of the whole run, in seconds.
-    pub wall_s: f64,
-    /// Rank 0's time per op kind during the timed steps (evaluation and
-    /// warm-up excluded).
-    pub op_times: Vec<OpTime>,
-    /// Rank 0's heaviest nodes during the timed steps ([`BENCH_NODES`] of them,
-    /// most expensive first).
-    pub node_times: Vec<OpTime>,
-    /// Steps `op_times`, `node_times` and `comm` cover (the steps after the warm-up, or all
-    /// if there are no more than `warmup`).
-    pub timed_steps: u64,
-    /// The kernel backend used.
-    pub backend: Backend,
-    /// The GEMM micro-kernel choice (`cranelift`, `native` or `auto`).
-    pub kernels: &'static str,
-    /// JIT kernels compiled by the process so far (all ranks share them).
-    pub jit_kernels: usize,
-    /// Total JIT compile time of the process so far, in seconds.
-    pub jit_compile_s: f64,
-    /// GEMM shapes per micro-kernel the JIT picked so far
-    /// ([`dlrm_codegen::Jit::gemm_picks`]).
-    pub gemm_picks: Vec<(String, usize)>,
-    /// Whether collectives overlapped compute.
-    pub overlap: bool,
-    /// How the communicator all-reduces (the thread group's algorithm, or MPI's).
-    pub allreduce: String,
-    /// Rank 0's collective time during the steps (in flight vs blocking it).
-    pub comm: CommTimes,
-}
-
-impl Report {
-    /// Rank 0's `all_reduce` calls per step (one per node: a gradient bucket is
-    /// one call), rounded.
-    pub fn all_reduce_calls_per_step(&self) -> u64 {
-        let calls: u64 = self
-            .op_times
-            .iter()
-            .filter(|t| t.op == "all_reduce")
-            .map(|t| t.calls)
-            .sum();
-        (calls as f64 / self.timed_steps.max(1) as f64).round() as u64
-    }
-
-    /// The `--bench` table: per op kind, calls per step, time share, ms per step,
-    /// GFLOP/s and GB/s, then the throughput line.
-    pub fn bench_table(&self) -> String {
-        let total: f64 = self.op_times.iter().map(|t| t.seconds).sum();
-        let iters = self.timed_steps.max(1) as f64;
-        let mut s = format!(
-            "{:<20} {:>7} {:>7} {:>10} {:>9} {:>8}\n",
-            "op", "calls", "share", "ms/step", "GFLOP/s", "GB/s"
-        );
-        for t in &self.op_times {
-            let share = if total > 0.0 {
-                100.0 * t.seconds / total
-            } else {
-                0.0
-            };
-            s.push_str(&format!(
-                "{:<20} {:>7.1} {:>6.1}% {:>10.3} {:>9.2} {:>8.2}\n",
-                t.op,
-                t.calls as f64 / iters,
-                share,
-                1e3 * t.seconds / iters,
-                t.gflops(),
-                t.gbytes()
-            ));
-        }
-        if !self.node_times.is_empty() {
-            s.push_str(&format!(
-                "\n{:<20} {:<24} {:>10} {:>9} {:>8}\n",
-                "heaviest nodes", "result", "ms/step", "GFLOP/s", "GB/s"
-            ));
-            for t in &self.node_times {
-                s.push_str(&format!(
-                    "{:<20} {:<24} {:>10.3} {:>9.2} {:>8.2}\n",
-                    t.op,
-                    format!("%{}", t.node.as_deref().unwrap_or("?")),
-                    1e3 * t.seconds / iters,
-                    t.gflops(),
-                    t.gbytes()
-                ));
-            }
-            s.push('\n');
-        }
-        if self.ranks > 1 {
-            s.push_str(&format!(
-                "collectives (rank 0): {:.3} ms/step in flight, {:.3} ms/step exposed, {:.0}% hidden, {} all_reduce calls/step (overlap {}, allreduce {})\n",
-                1e3 * self.comm.busy_s / iters,
-                1e3 * self.comm.exposed_s / iters,
-                100.0 * self.comm.hidden_fraction(),
-                self.all_reduce_calls_per_step(),
-                if self.overlap { "on" } else { "off" },
-                self.allreduce,
-            ));
-        }
-        s.push_str(&format!(
-            "{} {:?} x{} ranks x{} threads, backend {} (kernels {}): {:.0} samples/s; {} JIT kernels compiled in {:.3} s\n",
-            match self.mode {
-                Mode::Train => "train",
-                Mode::Infer => "infer",
-            },
-            self.global_batch,
-            self.ranks,
-            self.threads,
-            self.backend.name(),
-            self.kernels,
-            self.samples_per_s,
-            self.jit_kernels,
-            self.jit_compile_s
-        ));
-        if !self.gemm_picks.is_empty() {
-            let picks: Vec<String> = self
-                .gemm_picks
-                .iter()
-                .map(|(name, n)| format!("{name} {n}"))
-                .collect();
-            s.push_str(&format!(
-                "GEMM shapes by micro-kernel: {}\n",
-                picks.join(", ")
-            ));
-        }
-        s
-    }
-}
-
-/// Nodes in the `--bench` table of the heaviest nodes ([`Report::node_times`]).
-pub const BENCH_NODES: usize = 12;
 
 /// Runs a job on `job.ranks` threads of this process (see the module docs).
 /// `on_event` runs on the calling thread.
@@ -323,7 +193,7 @@ pub fn run(job: Job, on_event: &mut dyn FnMut(&Event)) -> Result<Report> {
 
 /// What every rank shares: the data, the step configuration, the start time.
 struct Setup {
-    data: SyntheticData,
+    data: Source,
     cfg: RankCfg,
     wall: Instant,
 }
@@ -359,15 +229,37 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
             "the training graph has no loss whose label is a graph input",
         ));
     }
+    let data = match &job.data {
+        None => Source::Synthetic(SyntheticData::new(schema, job.seed)),
+        Some(cfg) => Source::Dataset(Box::new(DatasetSource::open(
+            cfg,
+            schema,
+            job.seed,
+            job.global_batch,
+        )?)),
+    };
+    let (eval_name, test_name) = job
+        .data
+        .as_ref()
+        .map_or(("", ""), |d| (d.eval_split.as_str(), d.test_split.as_str()));
+    let eval_set = if job.eval_every > 0 && mode == Mode::Train {
+        Some(data.eval_set(eval_name, job.eval_batches)?)
+    } else {
+        None
+    };
+    let final_set = data.eval_set(test_name, job.eval_batches)?;
     Ok(Setup {
-        data: SyntheticData::new(schema, job.seed),
         cfg: RankCfg {
+            steps_per_epoch: data.steps_per_epoch(),
+            eval_every: job.eval_every,
+            eval_set,
+            final_set,
+            prefetch: job.data.as_ref().map_or(1, |d| d.prefetch),
             mode,
             ranks: job.ranks,
             iters: job.iters,
             global_batch: job.global_batch,
             log_every: job.log_every,
-            eval_batches: job.eval_batches,
             warmup: job.warmup,
             backend: job.backend,
             kernels: job.kernels,
@@ -375,6 +267,7 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
             allreduce: job.allreduce,
             threads,
         },
+        data,
         wall,
     })
 }
@@ -470,7 +363,7 @@ pub fn run_with_params(
         .iter_mut()
         .map(|o| std::mem::take(&mut o.params))
         .collect();
-    let report = report(&outs[0], &data, &cfg, wall, cfg.allreduce.name());
+    let report = report(&outs[0], &cfg, wall, cfg.allreduce.name());
     Ok((report, params))
 }
 
@@ -545,72 +438,7 @@ pub fn run_rank(
         }
     });
     let out = out.unwrap_or_else(|| Err(job_err("the rank's task did not run")))?;
-    Ok((rank == 0).then(|| report(&out, &data, &cfg, wall, &comm.all_reduce_algo())))
-}
-
-/// Rank 0's report from its output (which holds every rank's predictions).
-/// `allreduce` names the communicator's all-reduce ([`Communicator::all_reduce_algo`]).
-fn report(
-    rank0: &RankOutput,
-    data: &SyntheticData,
-    cfg: &RankCfg,
-    wall: Instant,
-    allreduce: &str,
-) -> Report {
-    let mut labels = Vec::with_capacity(rank0.scores.len());
-    for b in 0..cfg.eval_batches {
-        labels.extend(data.labels(eval_step(b as u64), 0..cfg.global_batch));
-    }
-    let scores = &rank0.scores;
-    let jit_stats = dlrm_codegen::Jit::global()
-        .map(|j| j.stats())
-        .unwrap_or_default();
-    let measured: Vec<f64> = {
-        let skip = if (rank0.step_times.len() as u64) > cfg.warmup {
-            cfg.warmup as usize
-        } else {
-            0
-        };
-        rank0.step_times[skip..].to_vec()
-    };
-    let samples_per_s = median(&measured).map_or(0.0, |dt| {
-        if dt > 0.0 {
-            cfg.global_batch as f64 / dt
-        } else {
-            0.0
-        }
-    });
-    Report {
-        mode: cfg.mode,
-        ranks: cfg.ranks,
-        threads: rank0.threads,
-        iters: cfg.iters,
-        global_batch: cfg.global_batch,
-        final_loss: rank0.last_loss,
-        losses: rank0.losses.clone(),
-        samples_per_s,
-        auc: auc(scores, &labels),
-        accuracy: accuracy(scores, &labels, 0.5),
-        eval_samples: scores.len(),
-        wall_s: wall.elapsed().as_secs_f64(),
-        op_times: rank0.op_times.clone(),
-        node_times: rank0.node_times.clone(),
-        timed_steps: if cfg.iters > cfg.warmup {
-            cfg.iters - cfg.warmup
-        } else {
-            cfg.iters
-        },
-        backend: cfg.backend,
-        kernels: cfg.kernels.name(),
-        jit_kernels: jit_stats.compiled,
-        jit_compile_s: jit_stats.compile_s,
-        gemm_picks: dlrm_codegen::Jit::global()
-            .map(|j| j.gemm_picks())
-            .unwrap_or_default(),
-        overlap: cfg.overlap,
-        allreduce: allreduce.to_string(),
-        comm: rank0.comm,
-    }
+    Ok((rank == 0).then(|| report(&out, &cfg, wall, &comm.all_reduce_algo())))
 }
 
 fn job_err(reason: impl Into<String>) -> RuntimeError {
@@ -703,19 +531,29 @@ struct RankCfg {
     iters: u64,
     global_batch: usize,
     log_every: u64,
-    eval_batches: usize,
     warmup: u64,
     backend: Backend,
     kernels: KernelChoice,
+    /// A dataset's training steps per epoch.
+    steps_per_epoch: Option<u64>,
+    /// Evaluate every this many steps (0: never during training).
+    eval_every: u64,
+    /// The set evaluated during training.
+    eval_set: Option<EvalSet>,
+    /// The set of the final evaluation.
+    final_set: EvalSet,
+    /// Batches the loader prepares ahead.
+    prefetch: usize,
 }
 
 struct RankOutput {
     losses: Vec<(u64, f32)>,
     last_loss: Option<f32>,
     step_times: Vec<f64>,
-    /// Rank 0: every rank's held-out predictions in global sample order, batch
-    /// after batch; other ranks: empty.
-    scores: Vec<f32>,
+    /// Rank 0: the final evaluation's metrics; other ranks: `None`.
+    final_metrics: Option<EvalMetrics>,
+    /// Rank 0: the evaluations during training.
+    evals: Vec<EvalMetrics>,
     op_times: Vec<OpTime>,
     node_times: Vec<OpTime>,
     comm: CommTimes,
@@ -762,7 +600,7 @@ fn rank_guarded(
     comm: &dyn Communicator,
     graphs: (Option<Graph>, Graph),
     params: HashMap<String, Tensor>,
-    data: &SyntheticData,
+    data: &Source,
     cfg: &RankCfg,
     events: &mut (dyn FnMut(Event) + Send),
 ) -> Result<RankOutput> {
@@ -802,26 +640,20 @@ fn rank_pool(rank: usize, threads: usize) -> Result<rayon::ThreadPool> {
         })
 }
 
-/// One rank's whole run: steps, evaluation, predictions to rank 0. `step` tracks
-/// the training (or inference) step in progress, for error reports.
+/// One rank's whole run: steps (with the evaluations during training), the final
+/// evaluation, predictions to rank 0. `step` tracks the training (or inference)
+/// step in progress, for error reports.
 #[allow(clippy::too_many_arguments)]
 fn rank_main(
     rank: usize,
     comm: &dyn Communicator,
     (train, infer): (Option<Graph>, Graph),
     mut params: HashMap<String, Tensor>,
-    data: &SyntheticData,
+    data: &Source,
     cfg: &RankCfg,
     send: &mut dyn FnMut(Event),
     at_step: &Cell<Option<u64>>,
 ) -> Result<RankOutput> {
-    let data_err = |step: u64, e: RuntimeError| RuntimeError::Rank {
-        rank,
-        step: Some(step),
-        reason: e.to_string(),
-    };
-    let is_logged =
-        |k: u64| k == cfg.iters || (cfg.log_every > 0 && k.is_multiple_of(cfg.log_every));
     let training = train.is_some();
     let mut exec = match train {
         Some(g) => {
@@ -839,21 +671,112 @@ fn rank_main(
         losses: Vec::new(),
         last_loss: None,
         step_times: Vec::with_capacity(cfg.iters as usize),
-        scores: Vec::new(),
+        final_metrics: None,
+        evals: Vec::new(),
         op_times: Vec::new(),
         node_times: Vec::new(),
         comm: CommTimes::default(),
         params: HashMap::new(),
         threads: rayon::current_num_threads(),
     };
-    let start = Instant::now();
     exec.set_step(1);
+    let loader_graph = exec.graph().clone();
+    let spec = LoaderSpec {
+        source: data,
+        graph: &loader_graph,
+        global_batch: cfg.global_batch,
+        ranks: cfg.ranks,
+        rank,
+        depth: cfg.prefetch,
+    };
+    with_loader(spec, 0..cfg.iters, |next| {
+        train_steps(
+            rank,
+            comm,
+            &mut exec,
+            next,
+            (&infer, &params),
+            data,
+            cfg,
+            send,
+            at_step,
+            &mut out,
+        )
+    })?;
+    out.op_times = exec.op_times();
+    out.node_times = exec.node_times(BENCH_NODES);
+    out.comm = exec.comm_times();
+
+    // The final evaluation, with the trained parameters.
+    at_step.set(None);
+    let mut eval = if training {
+        let mut trained = exec.into_params();
+        trained.extend(params.drain());
+        params = trained;
+        let p = params_for(&infer, &mut params);
+        let mut e = Executor::new(infer, p, rank)?;
+        e.set_backend(cfg.backend, cfg.kernels);
+        e.set_overlap(cfg.overlap);
+        e
+    } else {
+        exec
+    };
+    out.final_metrics = eval::evaluate(
+        rank,
+        comm,
+        &mut eval,
+        data,
+        &cfg.final_set,
+        cfg.iters,
+        cfg,
+        send,
+        true,
+    )?;
+    let mut final_params = eval.into_params();
+    final_params.extend(params);
+    out.params = final_params;
+    // Leave the group together (a late failure elsewhere still reaches us).
+    comm.barrier().map_err(|e| RuntimeError::Rank {
+        rank,
+        step: None,
+        reason: e.to_string(),
+    })?;
+    Ok(out)
+}
+
+/// The steps `1..=cfg.iters` of [`rank_main`], reading step k's inputs from
+/// `next(k - 1)`; with `cfg.eval_every`, evaluations of a copy of the current
+/// parameters (the inference graph `infer`, parameters the training graph does not
+/// hold from `rest`).
+#[allow(clippy::too_many_arguments)]
+fn train_steps(
+    rank: usize,
+    comm: &dyn Communicator,
+    exec: &mut Executor,
+    next: &mut crate::prefetch::Next<'_>,
+    (infer, rest): (&Graph, &HashMap<String, Tensor>),
+    data: &Source,
+    cfg: &RankCfg,
+    send: &mut dyn FnMut(Event),
+    at_step: &Cell<Option<u64>>,
+    out: &mut RankOutput,
+) -> Result<()> {
+    let data_err = |step: u64, e: RuntimeError| RuntimeError::Rank {
+        rank,
+        step: Some(step),
+        reason: e.to_string(),
+    };
+    let is_logged =
+        |k: u64| k == cfg.iters || (cfg.log_every > 0 && k.is_multiple_of(cfg.log_every));
+    let training = cfg.mode == Mode::Train;
+    let start = Instant::now();
     for k in 1..=cfg.iters {
         at_step.set(Some(k));
-        let inputs = data
-            .inputs_for(k - 1, cfg.global_batch, cfg.ranks, rank, exec.graph())
-            .map_err(|e| data_err(k, e))?;
-        let syms = step_syms(&exec, &inputs, rank, cfg)?;
+        let inputs = next(k - 1).map_err(|e| match e {
+            e @ RuntimeError::Rank { .. } => e,
+            e => data_err(k, e),
+        })?;
+        let syms = step_syms(exec, &inputs, rank, cfg)?;
         let t0 = Instant::now();
         let outs = exec.step(inputs, &syms, comm)?;
         let dt = t0.elapsed().as_secs_f64();
@@ -899,117 +822,16 @@ fn rank_main(
                 elapsed: start.elapsed(),
             });
         }
-    }
-    out.op_times = exec.op_times();
-    out.node_times = exec.node_times(BENCH_NODES);
-    out.comm = exec.comm_times();
-
-    // Evaluation with the trained parameters.
-    at_step.set(None);
-    let mut eval = if training {
-        let mut trained = exec.into_params();
-        trained.extend(params.drain());
-        params = trained;
-        let p = params_for(&infer, &mut params);
-        let mut e = Executor::new(infer, p, rank)?;
-        e.set_backend(cfg.backend, cfg.kernels);
-        e.set_overlap(cfg.overlap);
-        e
-    } else {
-        exec
-    };
-    let local = batch_slice(cfg.global_batch, cfg.ranks, rank).len();
-    let mut preds = Vec::with_capacity(cfg.eval_batches * local);
-    for b in 0..cfg.eval_batches {
-        let step = eval_step(b as u64);
-        let eval_err = |e: RuntimeError| RuntimeError::Rank {
-            rank,
-            step: None,
-            reason: format!("evaluation batch {}: {e}", b + 1),
-        };
-        let inputs = data
-            .inputs_for(step, cfg.global_batch, cfg.ranks, rank, eval.graph())
-            .map_err(eval_err)?;
-        let syms = step_syms(&eval, &inputs, rank, cfg).map_err(eval_err)?;
-        let outs = eval.step(inputs, &syms, comm).map_err(eval_err)?;
-        let pred = outs.first().map(Tensor::to_f32_vec).unwrap_or_default();
-        if pred.len() != local {
-            return Err(eval_err(RuntimeError::Rank {
-                rank,
-                step: None,
-                reason: format!(
-                    "the inference graph's first output has {} values for {local} samples (expected one prediction per sample)",
-                    pred.len()
-                ),
-            }));
-        }
-        preds.extend_from_slice(&pred);
-        send(Event::Eval {
-            batch: b + 1,
-            batches: cfg.eval_batches,
-        });
-    }
-    let mut final_params = eval.into_params();
-    final_params.extend(params);
-    out.params = final_params;
-    let comm_err = |e: dlrm_ir::IrError| RuntimeError::Rank {
-        rank,
-        step: None,
-        reason: e.to_string(),
-    };
-    // The predictions to rank 0, which joins them in global sample order.
-    let mut send_preds = vec![Vec::new(); cfg.ranks];
-    send_preds[0] = preds;
-    let got = comm.all_to_all_v(send_preds).map_err(comm_err)?;
-    if rank == 0 {
-        out.scores = join_predictions(got, cfg).map_err(|reason| RuntimeError::Rank {
-            rank,
-            step: None,
-            reason,
-        })?;
-    }
-    // Leave the group together (a late failure elsewhere still reaches us).
-    comm.barrier().map_err(comm_err)?;
-    Ok(out)
-}
-
-/// Rank 0's view of the gathered predictions: `got[r]` is rank r's predictions,
-/// batch after batch; returns them in global sample order, batch after batch.
-fn join_predictions(got: Vec<Vec<f32>>, cfg: &RankCfg) -> std::result::Result<Vec<f32>, String> {
-    let locals: Vec<usize> = (0..cfg.ranks)
-        .map(|r| batch_slice(cfg.global_batch, cfg.ranks, r).len())
-        .collect();
-    for (r, (g, l)) in got.iter().zip(&locals).enumerate() {
-        if g.len() != l * cfg.eval_batches {
-            return Err(format!(
-                "rank {r} sent {} predictions, expected {} ({} batches of {l})",
-                g.len(),
-                l * cfg.eval_batches,
-                cfg.eval_batches
-            ));
+        if let Some(set) = &cfg.eval_set
+            && (k.is_multiple_of(cfg.eval_every) || k == cfg.iters)
+        {
+            let mut e = eval::snapshot(infer, exec, rest, rank, cfg)?;
+            if let Some(m) = eval::evaluate(rank, comm, &mut e, data, set, k, cfg, send, false)? {
+                out.evals.push(m);
+            }
         }
     }
-    let mut scores = Vec::with_capacity(cfg.global_batch * cfg.eval_batches);
-    for b in 0..cfg.eval_batches {
-        for (g, &l) in got.iter().zip(&locals) {
-            scores.extend_from_slice(&g[b * l..(b + 1) * l]);
-        }
-    }
-    Ok(scores)
-}
-
-fn median(v: &[f64]) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let m = s.len() / 2;
-    Some(if s.len() % 2 == 1 {
-        s[m]
-    } else {
-        (s[m - 1] + s[m]) / 2.0
-    })
+    Ok(())
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {

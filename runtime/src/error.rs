@@ -92,6 +92,18 @@ pub enum RuntimeError {
         /// What is wrong.
         reason: String,
     },
+    /// A dataset that does not fit the plan (dense width, table count, a table's
+    /// rows, a split), or a bad value in it.
+    #[error("dataset {}: {reason}", path.display())]
+    Dataset {
+        /// The dataset directory (or the file in it).
+        path: PathBuf,
+        /// What differs.
+        reason: String,
+    },
+    /// A dataset that cannot be opened or verified (a missing file, a checksum).
+    #[error(transparent)]
+    DataFile(#[from] dlrm_data::DataError),
     /// A rank failed outside a node (setup, data, a panic) or the group aborted.
     #[error("rank {rank}{}: {reason}", step.map(|s| format!(", step {s}")).unwrap_or_default())]
     Rank {

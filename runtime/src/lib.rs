@@ -4,6 +4,9 @@
 //!   weights), written atomically, read with checksums;
 //! - [`data`]: deterministic synthetic data that a DLRM can learn, identical
 //!   whatever the rank count;
+//! - [`dataset`]: a `.ds` dataset (dlrm-data) as a plan's data: schema mapping,
+//!   deterministic block shuffle, rank slices; [`source`] puts both behind one
+//!   interface, and a loader thread per rank prefetches a dataset's batches;
 //! - [`exec`]: the per-rank [`Executor`] (codegen kernels, interpreter fallback,
 //!   in-place optimizer updates, per-op timers, collectives overlapped with compute);
 //! - [`progress`]: the progress thread that runs a rank's collectives in flight;
@@ -12,7 +15,8 @@
 //!   inference, then held-out evaluation ([`run`] -> [`Report`]);
 //! - [`MpiComm`]: one rank per MPI process (`mpirun`), with the `mpi` cargo
 //!   feature; without it a stand-in whose [`MpiComm::init`] is a clear error;
-//! - [`metrics`]: AUC, accuracy and the JSON-lines metrics file.
+//! - [`metrics`]: AUC, log loss, accuracy, normalized entropy and the JSON-lines
+//!   metrics file.
 //!
 //! Errors are one [`RuntimeError`] enum with structured fields (file, rank, step,
 //! node); [`Result`] is its alias.
@@ -20,6 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod data;
+pub mod dataset;
 pub mod driver;
 mod error;
 pub mod exec;
@@ -30,14 +35,18 @@ mod mpi_comm;
 #[path = "mpi_stub.rs"]
 mod mpi_comm;
 pub mod plan;
+mod prefetch;
 pub mod progress;
+pub mod source;
 
 pub use data::{DataSchema, SyntheticData, eval_step};
+pub use dataset::{DataConfig, DatasetSource, LoaderBench, Position, bench_loader};
 pub use dlrm_ir::{AllReduceAlgo, Communicator, LocalComm, LocalGroup};
-pub use driver::{Event, Job, Mode, Report, run, run_rank, run_with_params};
+pub use driver::{BestAuc, Event, Job, Mode, Report, run, run_rank, run_with_params};
 pub use error::{Result, RuntimeError};
 pub use exec::{Backend, Executor, KernelChoice, OpTime};
-pub use metrics::{MetricsWriter, accuracy, auc};
+pub use metrics::{EvalMetrics, MetricsWriter, accuracy, auc, log_loss, normalized_entropy};
 pub use mpi_comm::MpiComm;
 pub use plan::{Plan, Training, read_manifest, read_plan, write_plan};
 pub use progress::CommTimes;
+pub use source::{EvalSet, Source};

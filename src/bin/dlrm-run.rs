@@ -1,6 +1,7 @@
 //! `dlrm-run`: trains or serves a plan on N ranks: threads of this process
 //! (`--ranks N`), or one rank per MPI process (`mpirun -n N dlrm-run PLAN --comm
-//! mpi`, where only rank 0 prints and writes `--metrics`).
+//! mpi`, where only rank 0 prints and writes `--metrics`), on synthetic data or a
+//! `.ds` dataset (`--data`, see docs/data.md).
 
 use anyhow::{Result, bail};
 use clap::Parser;
@@ -8,7 +9,7 @@ use dlrm_ir::Communicator;
 use dlrm_runtime::driver::{Event, Mode, Report};
 use dlrm_runtime::metrics::MetricsWriter;
 use dlrm_runtime::plan::{Plan, read_plan};
-use dlrm_runtime::{AllReduceAlgo, Backend, KernelChoice};
+use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, KernelChoice, bench_loader};
 use dlrmc::launch::{infer_once, init_mpi, mpi_ranks};
 use dlrmc::{Comm, Ranks, RunOptions, ShardSettings, job_for, run_job};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -69,9 +70,35 @@ struct Cli {
     /// prints and writes --metrics; needs a build with `--features mpi`).
     #[arg(long, default_value = "threads", value_name = "KIND", value_parser = parse_comm)]
     comm: Comm,
-    /// Steps to run.
-    #[arg(long, default_value_t = 100, value_name = "K")]
-    iters: u64,
+    /// Steps to run [default: 100, or with --data and --epochs the epochs' steps].
+    #[arg(long, value_name = "K")]
+    iters: Option<u64>,
+    /// Train on this `.ds` dataset (`dlrmc data convert`) instead of synthetic data;
+    /// each rank (each MPI process) maps it and reads only its slice of each batch.
+    #[arg(long, value_name = "DS")]
+    data: Option<PathBuf>,
+    /// With --data: epochs over the training split (the steps unless --iters is
+    /// given; the last partial batch of an epoch is dropped).
+    #[arg(long, value_name = "E", requires = "data")]
+    epochs: Option<u64>,
+    /// Evaluate on the evaluation split (--eval-split; synthetic data: the held-out
+    /// batches) every N training steps and after the last: AUC, log loss, accuracy,
+    /// normalized entropy, in the log and in --metrics.
+    #[arg(long, alias = "test-freq", default_value_t = 0, value_name = "N")]
+    eval_every: u64,
+    /// With --data: the split trained on.
+    #[arg(long, default_value = "train", value_name = "NAME")]
+    train_split: String,
+    /// With --data: the split of the evaluations during training.
+    #[arg(long, default_value = "val", value_name = "NAME")]
+    eval_split: String,
+    /// With --data: the split of the final evaluation.
+    #[arg(long, default_value = "test", value_name = "NAME")]
+    test_split: String,
+    /// With --data: skip the check of the dataset's checksums and id ranges at the
+    /// start (ids are still checked against the plan's tables as batches are read).
+    #[arg(long)]
+    no_verify: bool,
     /// Seed of the synthetic data (default: the plan's).
     #[arg(long)]
     seed: Option<u64>,
@@ -218,9 +245,23 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         Ranks::Threads => true,
         Ranks::Process(comm) => comm.rank() == 0,
     };
+    let data = cli.data.as_ref().map(|path| DataConfig {
+        train_split: cli.train_split.clone(),
+        eval_split: cli.eval_split.clone(),
+        test_split: cli.test_split.clone(),
+        verify: !cli.no_verify,
+        ..DataConfig::new(path)
+    });
     let opts = RunOptions {
         ranks,
-        iters: cli.iters,
+        iters: cli.iters.unwrap_or(100),
+        data,
+        epochs: if cli.iters.is_some() {
+            None
+        } else {
+            cli.epochs
+        },
+        eval_every: cli.eval_every,
         seed: cli.seed,
         batch_size: cli.batch_size,
         infer: cli.infer,
@@ -251,13 +292,32 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     }
     let name = plan.name.clone();
     let job = job_for(plan, &opts)?;
+    let iters = job.iters;
+    let steps_per_epoch = match &opts.data {
+        Some(d) => Some(dlrm_runtime::dataset::steps_per_epoch(
+            &dlrm_data::Dataset::open(&d.path)?,
+            &d.train_split,
+            job.global_batch,
+        )?),
+        None => None,
+    };
+    let epoch_of = |iter: u64| {
+        steps_per_epoch.map_or(String::new(), |spe| {
+            format!("epoch {:.2}  ", iter as f64 / spe as f64)
+        })
+    };
+    let loader = if cli.bench && root {
+        bench_loader(&job, 50)?
+    } else {
+        None
+    };
     let mut metrics = match &cli.metrics {
         Some(path) if root => Some(MetricsWriter::create(path)?),
         _ => None,
     };
 
     let bar = (root && !cli.quiet && std::io::stderr().is_terminal()).then(|| {
-        let pb = ProgressBar::new(cli.iters);
+        let pb = ProgressBar::new(iters);
         pb.set_style(
             ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
@@ -280,7 +340,7 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
                 elapsed,
             } => {
                 let loss = loss.map_or(String::new(), |l| format!("loss {l:.5}  "));
-                let msg = format!("{loss}{samples_per_s:.0} samples/s");
+                let msg = format!("{}{loss}{samples_per_s:.0} samples/s", epoch_of(*iter));
                 match &bar {
                     Some(pb) => {
                         pb.set_position(*iter);
@@ -288,7 +348,7 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
                     }
                     None if !cli.quiet => eprintln!(
                         "step {iter:>6}/{}  {msg}  ({:.1} s)",
-                        cli.iters,
+                        iters,
                         elapsed.as_secs_f64()
                     ),
                     None => {}
@@ -297,6 +357,19 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
             Event::Eval { batch, batches } => {
                 if let Some(pb) = &bar {
                     pb.set_message(format!("evaluating {batch}/{batches}"));
+                }
+            }
+            Event::Evaluated(m) => {
+                let line = format!(
+                    "eval {}after step {}: {}",
+                    epoch_of(m.iter),
+                    m.iter,
+                    eval_line(m)
+                );
+                match &bar {
+                    Some(pb) => pb.println(line),
+                    None if !cli.quiet => eprintln!("{line}"),
+                    None => {}
                 }
             }
         }
@@ -319,6 +392,21 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     }
     if cli.bench {
         eprint!("{}", report.bench_table());
+        if let Some(l) = loader {
+            let steps_per_s = report.samples_per_s / report.global_batch.max(1) as f64;
+            eprintln!(
+                "loader (rank 0 of {}, one thread): {:.1} batches/s = {:.0} samples/s, {:.1}x the training step's consumption ({:.1} steps/s)",
+                report.ranks,
+                l.batches_per_s,
+                l.samples_per_s,
+                if steps_per_s > 0.0 {
+                    l.batches_per_s / steps_per_s
+                } else {
+                    0.0
+                },
+                steps_per_s
+            );
+        }
     }
     eprintln!("{}", summary(&name, &report));
     Ok(())
@@ -346,8 +434,44 @@ fn summary(name: &str, r: &Report) -> String {
     if let Some(a) = r.accuracy {
         s += &format!(", accuracy {a:.4}");
     }
-    s += &format!(" ({} held-out samples), {:.1} s", r.eval_samples, r.wall_s);
+    if let Some(l) = r.log_loss {
+        s += &format!(", log loss {l:.5}");
+    }
+    if let Some(ne) = r.ne {
+        s += &format!(", NE {ne:.4}");
+    }
+    s += &format!(
+        " ({} {} samples)",
+        r.eval_samples,
+        if r.eval_split == "heldout" {
+            "held-out".to_string()
+        } else {
+            format!("`{}`", r.eval_split)
+        }
+    );
+    if let Some(b) = &r.best {
+        s += &format!(
+            ", best {} AUC {:.4} at step {}",
+            r.evals.first().map_or("", |m| m.split.as_str()),
+            b.auc,
+            b.iter
+        );
+    }
+    s += &format!(", {:.1} s", r.wall_s);
     s
+}
+
+fn eval_line(m: &dlrm_runtime::EvalMetrics) -> String {
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.4}"));
+    format!(
+        "`{}` ({} samples): AUC {}, log loss {}, accuracy {}, NE {}",
+        m.split,
+        m.samples,
+        f(m.auc),
+        f(m.log_loss),
+        f(m.accuracy),
+        f(m.ne)
+    )
 }
 
 /// `--infer --inputs FILE [--outputs FILE]`: one inference on the given arrays.

@@ -7,7 +7,7 @@ use dlrm_passes::pipeline::{self, DumpSpec, PipelineOptions, Precision};
 use dlrm_passes::{LossKind, TrainConfig};
 use dlrm_runtime::plan::{read_plan, write_plan};
 use dlrmc::compile::{CompileOptions, Stage, partition_stages};
-use dlrmc::model::{Overrides, load_model};
+use dlrmc::model::{Overrides, load_model, table_rows_of};
 use dlrmc::{Inspection, ShardSettings, compile, plan_shards};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -36,6 +36,22 @@ enum Command {
     /// Datasets: convert Criteo data to `.ds`, inspect one, generate synthetic data.
     #[command(subcommand)]
     Data(dlrmc::data_cmd::DataCommand),
+    /// Draw learning curves (training loss, validation AUC and log loss) of one or
+    /// more `dlrm-run --metrics` files into an SVG.
+    Plot(PlotArgs),
+}
+
+#[derive(Args, Debug)]
+struct PlotArgs {
+    /// Metrics files (JSON lines); several are overlaid, labelled by file stem.
+    #[arg(required = true)]
+    metrics: Vec<PathBuf>,
+    /// The SVG file to write.
+    #[arg(short, long, value_name = "SVG")]
+    output: PathBuf,
+    /// The evaluation split to draw.
+    #[arg(long, default_value = "val", value_name = "NAME")]
+    split: String,
 }
 
 /// The sharding planner's options (shared by `compile` and `plan-shards`).
@@ -151,6 +167,10 @@ struct CompileArgs {
     /// graph's label input; default: a new input `label`).
     #[arg(long, value_name = "NAME")]
     label: Option<String>,
+    /// Take each table's row count from this `.ds` dataset's manifest (JSON
+    /// descriptions: they replace `table_rows`).
+    #[arg(long, value_name = "DS")]
+    data: Option<PathBuf>,
     /// Print nothing but errors (and requested dumps).
     #[arg(short, long)]
     quiet: bool,
@@ -200,6 +220,9 @@ fn main() -> ExitCode {
         Command::Opt(a) => cmd_opt(a),
         Command::PlanShards(a) => cmd_plan_shards(a),
         Command::Data(c) => dlrmc::data_cmd::run(c),
+        Command::Plot(a) => {
+            dlrmc::plot::plot_files(&a.metrics, &a.split, &a.output).map_err(Into::into)
+        }
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -232,6 +255,7 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
         batch_size: a.batch_size,
         seed: a.seed,
         label: a.label.clone(),
+        table_rows: a.data.as_deref().map(table_rows_of).transpose()?,
     };
     let model = load_model(&a.model, overrides)?;
     say(format!(

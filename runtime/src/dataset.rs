@@ -1,0 +1,517 @@
+//! A `.ds` dataset (dlrm-data) as the data of a plan: the schema mapping, the
+//! deterministic shuffle, and batch assembly for one rank.
+//!
+//! **Mapping.** [`DatasetSource::new`] maps the graph's [`DataSchema`] onto the
+//! dataset: the dense inputs in graph order take the dataset's dense columns in order
+//! (their total width must equal the dataset's); the sparse features in graph input
+//! order take the tables in column order (the counts must be equal); each must take
+//! one id per sample (pooling-1 indices `[B,1]`, or offsets-form bags of one id each);
+//! a graph table with fewer rows than the dataset's table is an error naming both
+//! counts. The label input gets the label (0.0 or 1.0). Index inputs get the dtype the
+//! graph declares (i64 or i32). Every id is checked against its graph table's rows
+//! while a batch is assembled (also when `--no-verify` skipped the checksums).
+//!
+//! **Order.** The position of training step `s` (0-based) is a pure function of
+//! `(seed, s)`: epoch `s / steps_per_epoch`, batch `s % steps_per_epoch` of it, where
+//! `steps_per_epoch = ⌊train samples / global batch⌋`: the last partial batch of each
+//! epoch is **dropped** (a different tail each epoch, since the order changes). The
+//! epoch's order is a **per-epoch permutation of fixed-size blocks** (`block` samples
+//! of the training split, the last block possibly shorter) with a **permutation
+//! inside each block**, both Fisher–Yates shuffles driven by a counter-based hash of
+//! `(seed, epoch[, block])`. Blocks keep a batch's reads within a few contiguous
+//! regions of the memory-mapped columns (cache and page friendly) while the order
+//! still changes completely from epoch to epoch. Resuming at step `k` needs no state:
+//! batch `k` is computed, not iterated to ([`DatasetSource::position`]).
+//!
+//! **Evaluation** reads a split in order, in global batches; the last partial batch
+//! is padded with the split's last sample and the padded predictions are dropped
+//! ([`DatasetSource::eval_samples`]).
+
+use crate::data::{DataSchema, hash, splitmix64};
+use crate::error::{Result, RuntimeError};
+use dlrm_data::Dataset;
+use dlrm_ir::{DType, Dim, Graph, Tensor, batch_slice};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+/// Samples per shuffle block (see the module docs).
+pub const DEFAULT_BLOCK: usize = 4096;
+
+/// Batches the loader prepares ahead of the training step, per rank.
+pub const DEFAULT_PREFETCH: usize = 4;
+
+// Hash streams of the shuffle.
+const S_BLOCKS: u64 = 101;
+const S_IN_BLOCK: u64 = 102;
+
+/// Where the data of a run comes from when it is a dataset (`dlrm-run --data`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataConfig {
+    /// The `.ds` directory.
+    pub path: PathBuf,
+    /// The split trained on.
+    pub train_split: String,
+    /// The split of the evaluations during training (`--eval-every`).
+    pub eval_split: String,
+    /// The split of the final evaluation.
+    pub test_split: String,
+    /// Check every file's checksum (and every id's range) before the run.
+    pub verify: bool,
+    /// Samples per shuffle block.
+    pub block: usize,
+    /// Batches prepared ahead of the step, per rank.
+    pub prefetch: usize,
+}
+
+impl DataConfig {
+    /// The defaults for the dataset at `path`: splits `train`, `val`, `test`,
+    /// verified, [`DEFAULT_BLOCK`], [`DEFAULT_PREFETCH`].
+    pub fn new(path: impl Into<PathBuf>) -> DataConfig {
+        DataConfig {
+            path: path.into(),
+            train_split: "train".into(),
+            eval_split: "val".into(),
+            test_split: "test".into(),
+            verify: true,
+            block: DEFAULT_BLOCK,
+            prefetch: DEFAULT_PREFETCH,
+        }
+    }
+}
+
+/// Where a training step reads: the epoch and the batch within it (0-based).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Position {
+    /// The epoch.
+    pub epoch: u64,
+    /// The batch within the epoch.
+    pub batch: u64,
+}
+
+/// A dataset serving one plan's inputs (see the module docs).
+#[derive(Debug)]
+pub struct DatasetSource {
+    ds: Dataset,
+    schema: DataSchema,
+    seed: u64,
+    global_batch: usize,
+    block: usize,
+    train: Range<usize>,
+    steps_per_epoch: u64,
+    /// Per dense feature: its first column in the dataset's dense row.
+    dense_at: Vec<usize>,
+}
+
+fn mismatch(path: &Path, reason: impl Into<String>) -> RuntimeError {
+    RuntimeError::Dataset {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// Training steps in one epoch of `split` of `ds` with `global_batch` (the last
+/// partial batch dropped); an error if the split is shorter than one batch.
+pub fn steps_per_epoch(ds: &Dataset, split: &str, global_batch: usize) -> Result<u64> {
+    let r = ds.split(split)?;
+    let steps = r.len() / global_batch.max(1);
+    if steps == 0 {
+        return Err(mismatch(
+            ds.path(),
+            format!(
+                "split `{split}` has {} samples, fewer than one global batch of {global_batch}",
+                r.len()
+            ),
+        ));
+    }
+    Ok(steps as u64)
+}
+
+impl DatasetSource {
+    /// Opens `cfg.path` (and verifies it if `cfg.verify`) for a graph of `schema`.
+    pub fn open(
+        cfg: &DataConfig,
+        schema: DataSchema,
+        seed: u64,
+        global_batch: usize,
+    ) -> Result<DatasetSource> {
+        let ds = Dataset::open(&cfg.path)?;
+        if cfg.verify {
+            ds.verify()?;
+        }
+        DatasetSource::new(ds, schema, seed, global_batch, &cfg.train_split, cfg.block)
+    }
+
+    /// Maps `schema` onto `ds` (see the module docs), training on split `train`.
+    pub fn new(
+        ds: Dataset,
+        schema: DataSchema,
+        seed: u64,
+        global_batch: usize,
+        train: &str,
+        block: usize,
+    ) -> Result<DatasetSource> {
+        let path = ds.path().to_path_buf();
+        let width: usize = schema.dense.iter().map(|d| d.width).sum();
+        if width != ds.dense_width() {
+            let inputs: Vec<String> = schema
+                .dense
+                .iter()
+                .map(|d| format!("%{} [B,{}]", d.input, d.width))
+                .collect();
+            return Err(mismatch(
+                &path,
+                format!(
+                    "has {} dense features per sample, the plan's dense inputs take {width} ({})",
+                    ds.dense_width(),
+                    inputs.join(", ")
+                ),
+            ));
+        }
+        if schema.sparse.len() != ds.num_tables() {
+            return Err(mismatch(
+                &path,
+                format!(
+                    "has {} tables (categorical features), the plan has {} sparse features",
+                    ds.num_tables(),
+                    schema.sparse.len()
+                ),
+            ));
+        }
+        for (t, (f, info)) in schema.sparse.iter().zip(&ds.manifest().tables).enumerate() {
+            if f.offsets.is_none() && f.pooling != 1 {
+                return Err(mismatch(
+                    &path,
+                    format!(
+                        "sparse feature %{} takes {} ids per sample; a dataset has one per sample and table (compile with pooling 1)",
+                        f.input, f.pooling
+                    ),
+                ));
+            }
+            if (f.rows as u64) < info.rows {
+                return Err(mismatch(
+                    &path,
+                    format!(
+                        "table {t} (`{}`) has {} rows but the plan's table for %{} has {}: \
+                         compile the model with `dlrmc compile --data {}` (table sizes from the data), \
+                         or convert the data with `--max-ind-range {}`",
+                        info.name,
+                        info.rows,
+                        f.input,
+                        f.rows,
+                        path.display(),
+                        f.rows
+                    ),
+                ));
+            }
+        }
+        if block == 0 {
+            return Err(mismatch(
+                &path,
+                "the shuffle block must be at least 1 sample",
+            ));
+        }
+        let spe = steps_per_epoch(&ds, train, global_batch)?;
+        let train = ds.split(train)?;
+        let mut dense_at = Vec::with_capacity(schema.dense.len());
+        let mut at = 0;
+        for d in &schema.dense {
+            dense_at.push(at);
+            at += d.width;
+        }
+        Ok(DatasetSource {
+            ds,
+            schema,
+            seed,
+            global_batch,
+            block,
+            train,
+            steps_per_epoch: spe,
+            dense_at,
+        })
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &Dataset {
+        &self.ds
+    }
+
+    /// Training steps per epoch (the last partial batch dropped).
+    pub fn steps_per_epoch(&self) -> u64 {
+        self.steps_per_epoch
+    }
+
+    /// The global batch the order is cut into.
+    pub fn global_batch(&self) -> usize {
+        self.global_batch
+    }
+
+    /// Where training step `step` (0-based) reads.
+    pub fn position(&self, step: u64) -> Position {
+        Position {
+            epoch: step / self.steps_per_epoch,
+            batch: step % self.steps_per_epoch,
+        }
+    }
+
+    /// Fisher–Yates permutation of `0..n` from the hash state `key`.
+    fn permutation(key: u64, n: usize) -> Vec<u32> {
+        let mut p: Vec<u32> = (0..n as u32).collect();
+        for i in (1..n).rev() {
+            let r = splitmix64(key ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let j = (r % (i as u64 + 1)) as usize;
+            p.swap(i, j);
+        }
+        p
+    }
+
+    /// The dataset samples of every position of training step `step`'s global
+    /// batch, in batch order.
+    pub fn train_samples(&self, step: u64) -> Vec<usize> {
+        let pos = self.position(step);
+        let n = self.train.len();
+        let block = self.block;
+        let nblocks = n.div_ceil(block);
+        let order = Self::permutation(hash(&[self.seed, S_BLOCKS, pos.epoch]), nblocks);
+        // Only the split's last block may be short: find its slot in the order.
+        let last = nblocks - 1;
+        let short = n - last * block;
+        let short_slot = order
+            .iter()
+            .position(|&b| b as usize == last)
+            .unwrap_or(last);
+        let locate = |i: usize| -> (usize, usize) {
+            if short == block || i < short_slot * block {
+                (i / block, i % block)
+            } else if i < short_slot * block + short {
+                (short_slot, i - short_slot * block)
+            } else {
+                let k = i - short;
+                (k / block + 1, k % block)
+            }
+        };
+        let start = pos.batch as usize * self.global_batch;
+        let mut out = Vec::with_capacity(self.global_batch);
+        let mut cached: Option<(usize, Vec<u32>)> = None;
+        for i in start..start + self.global_batch {
+            let (slot, off) = locate(i);
+            let b = order[slot] as usize;
+            let perm = match &cached {
+                Some((s, p)) if *s == slot => p,
+                _ => {
+                    let len = if b == last { short } else { block };
+                    let key = hash(&[self.seed, S_IN_BLOCK, pos.epoch, b as u64]);
+                    &cached.insert((slot, Self::permutation(key, len))).1
+                }
+            };
+            out.push(self.train.start + b * block + perm[off] as usize);
+        }
+        out
+    }
+
+    /// Global batches of an evaluation of `split` (the last one padded).
+    pub fn eval_batches(&self, split: &Range<usize>) -> usize {
+        split.len().div_ceil(self.global_batch)
+    }
+
+    /// The samples of evaluation batch `b` of `split`: positions past the split's
+    /// end repeat its last sample (padding, whose predictions are dropped).
+    pub fn eval_samples(&self, split: &Range<usize>, b: usize) -> Vec<usize> {
+        let start = split.start + b * self.global_batch;
+        (start..start + self.global_batch)
+            .map(|s| s.min(split.end.saturating_sub(1)))
+            .collect()
+    }
+
+    /// The labels of `split`, in order.
+    pub fn labels(&self, split: &Range<usize>) -> Vec<f32> {
+        self.ds.labels()[split.clone()]
+            .iter()
+            .map(|&y| f32::from(y))
+            .collect()
+    }
+
+    /// The inputs of `rank_graph` for the global batch `samples` (dataset sample
+    /// indices in batch order): `B`-leading inputs take this rank's [`batch_slice`]
+    /// of it, `G`-leading ones all of it.
+    pub fn inputs(
+        &self,
+        samples: &[usize],
+        ranks: usize,
+        rank: usize,
+        rank_graph: &Graph,
+    ) -> Result<HashMap<String, Tensor>> {
+        let path = self.ds.path();
+        if ranks == 0 || rank >= ranks {
+            return Err(mismatch(path, format!("rank {rank} of {ranks} ranks")));
+        }
+        let global = samples.len();
+        let local = batch_slice(global, ranks, rank);
+        let rows_of = |name: &str, d: Option<&Dim>| -> Result<&[usize]> {
+            match d {
+                Some(Dim::Sym(s)) if s == Dim::BATCH => Ok(&samples[local.clone()]),
+                Some(Dim::Sym(s)) if s == Dim::GLOBAL => Ok(samples),
+                Some(Dim::Fixed(n)) if *n == local.len() => Ok(&samples[local.clone()]),
+                other => Err(mismatch(
+                    path,
+                    format!(
+                        "input %{name} of graph `{}`: leading dimension {} is neither B ({}) nor G ({global})",
+                        rank_graph.name,
+                        other.map_or_else(|| "(none)".to_string(), |d| d.to_string()),
+                        local.len()
+                    ),
+                )),
+            }
+        };
+        let schema = &self.schema;
+        let mut out = HashMap::new();
+        for &v in rank_graph.inputs() {
+            let name = rank_graph.name_of(v);
+            let ty = rank_graph.ty(v);
+            if let Some(f) = schema.dense.iter().position(|d| d.input == name) {
+                let w = schema.dense[f].width;
+                let rows = rows_of(name, ty.shape.first())?;
+                let (dw, at) = (self.ds.dense_width(), self.dense_at[f]);
+                let all = self.ds.dense();
+                let mut vals = Vec::with_capacity(rows.len() * w);
+                for &s in rows {
+                    vals.extend_from_slice(&all[s * dw + at..s * dw + at + w]);
+                }
+                out.insert(
+                    name.to_string(),
+                    Tensor::from_f32(ty.dtype, vec![rows.len(), w], vals),
+                );
+            } else if schema.label.as_ref().is_some_and(|l| l.input == name) {
+                let rows = rows_of(name, ty.shape.first())?;
+                let cols: usize = ty.shape[1..]
+                    .iter()
+                    .map(|d| d.fixed().unwrap_or(1))
+                    .product();
+                let labels = self.ds.labels();
+                let vals: Vec<f32> = rows
+                    .iter()
+                    .flat_map(|&s| std::iter::repeat_n(f32::from(labels[s]), cols))
+                    .collect();
+                let mut shape = vec![rows.len()];
+                shape.extend(ty.shape[1..].iter().map(|d| d.fixed().unwrap_or(1)));
+                out.insert(name.to_string(), Tensor::from_f32(ty.dtype, shape, vals));
+            } else if let Some(t) = schema.sparse.iter().position(|s| s.input == name) {
+                let feat = &schema.sparse[t];
+                let lead = match &feat.offsets {
+                    None => ty.shape.first(),
+                    Some(o) => rank_graph
+                        .find(o)
+                        .and_then(|ov| rank_graph.ty(ov).shape.first()),
+                };
+                let rows = rows_of(name, lead)?;
+                let ids = self.ids(t, rows, feat.rows)?;
+                let shape = match &feat.offsets {
+                    None => vec![rows.len(), 1],
+                    Some(_) => vec![rows.len()],
+                };
+                out.insert(name.to_string(), index_tensor(ty.dtype, shape, ids, path)?);
+                if let Some(o) = &feat.offsets {
+                    let odt = rank_graph
+                        .find(o)
+                        .map_or(DType::I64, |ov| rank_graph.ty(ov).dtype);
+                    let offs: Vec<u32> = (0..rows.len() as u32).collect();
+                    out.insert(o.clone(), index_tensor(odt, vec![rows.len()], offs, path)?);
+                }
+            } else if schema
+                .sparse
+                .iter()
+                .any(|s| s.offsets.as_deref() == Some(name))
+            {
+                // Built with its indices.
+            } else {
+                return Err(mismatch(
+                    path,
+                    format!(
+                        "input %{name} of graph `{}` has no column in the dataset",
+                        rank_graph.name
+                    ),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Table `t`'s ids of `rows`, each checked against the graph table's `limit`.
+    fn ids(&self, t: usize, rows: &[usize], limit: usize) -> Result<Vec<u32>> {
+        let col = self.ds.sparse(t);
+        let mut ids = Vec::with_capacity(rows.len());
+        for &s in rows {
+            let id = col[s];
+            if id as usize >= limit {
+                return Err(mismatch(
+                    &self.ds.path().join(format!("sparse.{t}.u32")),
+                    format!("sample {s}: id {id} of table {t} is beyond the plan's {limit} rows"),
+                ));
+            }
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+}
+
+fn index_tensor(dtype: DType, shape: Vec<usize>, v: Vec<u32>, path: &Path) -> Result<Tensor> {
+    match dtype {
+        DType::I64 => Ok(Tensor::i64(shape, v.into_iter().map(i64::from).collect())),
+        DType::I32 => v
+            .into_iter()
+            .map(i32::try_from)
+            .collect::<std::result::Result<Vec<i32>, _>>()
+            .map(|v| Tensor::i32(shape, v))
+            .map_err(|_| mismatch(path, "an id does not fit the graph's i32 indices")),
+        other => Err(mismatch(
+            path,
+            format!("index inputs must be i64 or i32, got {other}"),
+        )),
+    }
+}
+
+/// The loader's speed: one rank's batch assembly, timed on the loader's own thread.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct LoaderBench {
+    /// Batches assembled.
+    pub batches: u64,
+    /// Batches (one rank's inputs of one step) per second.
+    pub batches_per_s: f64,
+    /// Global samples per second the loader keeps up with (batches/s × global batch).
+    pub samples_per_s: f64,
+}
+
+/// Times the assembly of rank 0's inputs of training steps `0..batches` of `job`
+/// (`None` without a dataset). The dataset is opened without verification.
+pub fn bench_loader(job: &crate::driver::Job, batches: u64) -> Result<Option<LoaderBench>> {
+    let Some(cfg) = &job.data else {
+        return Ok(None);
+    };
+    let schema_graph = job.full_train.as_ref().unwrap_or(&job.full_infer);
+    let schema = DataSchema::from_graph(schema_graph)?;
+    let cfg = DataConfig {
+        verify: false,
+        ..cfg.clone()
+    };
+    let src = DatasetSource::open(&cfg, schema, job.seed, job.global_batch)?;
+    let graph = match &job.train_graphs {
+        Some(g) => g.first(),
+        None => job.infer_graphs.first(),
+    }
+    .ok_or_else(|| mismatch(&cfg.path, "the job has no graph for rank 0"))?;
+    let batches = batches.max(1);
+    // One untimed batch: page in the maps' first blocks like a warm-up step.
+    src.inputs(&src.train_samples(0), job.ranks, 0, graph)?;
+    let t0 = std::time::Instant::now();
+    for s in 0..batches {
+        let inputs = src.inputs(&src.train_samples(s), job.ranks, 0, graph)?;
+        std::hint::black_box(inputs);
+    }
+    let secs = t0.elapsed().as_secs_f64().max(1e-9);
+    let batches_per_s = batches as f64 / secs;
+    Ok(Some(LoaderBench {
+        batches,
+        batches_per_s,
+        samples_per_s: batches_per_s * job.global_batch as f64,
+    }))
+}

@@ -1,0 +1,291 @@
+//! Training from a `.ds` dataset end to end: `dlrmc compile --data` takes the table
+//! sizes from it, `dlrm-run --data --epochs --eval-every` learns a generated pattern
+//! (loss falls, validation AUC far above chance, metrics lines per evaluation), two
+//! thread ranks give one rank's losses, and a dataset that does not fit the plan is a
+//! clear error.
+
+use dlrm_data::{DatasetMeta, DatasetWriter, Split, TableInfo};
+use dlrm_runtime::DataConfig;
+use dlrm_runtime::driver::{Report, run_with_params};
+use dlrmc::compile::{CompileOptions, compile};
+use dlrmc::model::{Overrides, load_model, table_rows_of};
+use dlrmc::{RunOptions, job_for};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const ROWS: [u64; 3] = [40, 7, 300];
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// `n` samples with `dense` columns and tables of [`ROWS`]; the label depends on
+/// dense column 0 and on the parity of table 0's id. 80% train, 10% val, 10% test.
+fn write_ds(dir: &Path, n: u64, dense: usize) -> PathBuf {
+    let path = dir.join("data.ds");
+    let mut w = DatasetWriter::create(&path, dense, ROWS.len()).expect("create");
+    for i in 0..n {
+        let d: Vec<f32> = (0..dense)
+            .map(|j| (mix(i * 31 + j as u64) % 1000) as f32 / 1000.0)
+            .collect();
+        let ids: Vec<u32> = ROWS
+            .iter()
+            .enumerate()
+            .map(|(t, &r)| (mix(i * 7 + t as u64 + 1000) % r) as u32)
+            .collect();
+        let logit = 4.0 * (d[0] - 0.5) + if ids[0].is_multiple_of(2) { 1.5 } else { -1.5 };
+        w.push(u8::from(logit > 0.0), &d, &ids).expect("push");
+    }
+    let (a, b) = (n * 8 / 10, n * 9 / 10);
+    let split = |name: &str, start, end| Split {
+        name: name.into(),
+        start,
+        end,
+    };
+    w.finish(DatasetMeta {
+        dense_transform: "none".into(),
+        tables: ROWS
+            .iter()
+            .enumerate()
+            .map(|(t, &rows)| TableInfo {
+                name: format!("C{}", t + 1),
+                rows,
+            })
+            .collect(),
+        splits: vec![
+            split("train", 0, a),
+            split("val", a, b),
+            split("test", b, n),
+        ],
+        days: vec![n],
+        source: serde_json::json!({"generator": "tests/dataset.rs"}),
+    })
+    .expect("finish");
+    path
+}
+
+/// A pooling-1 JSON model whose `table_rows` (wrong on purpose) the data replaces.
+fn write_model(dir: &Path, dense: usize) -> PathBuf {
+    let path = dir.join("model.json");
+    let src = serde_json::json!({
+        "name": "dlrm-ds",
+        "dense_features": dense,
+        "embedding_dim": 8,
+        "table_rows": [10, 10, 10],
+        "pooling": 1,
+        "pooling_mode": "sum",
+        "bottom_mlp": format!("{dense}-16-8"),
+        "top_mlp": "16-1",
+        "interaction": "dot",
+        "interaction_itself": false,
+        "loss": "bce",
+        "batch_size": 64,
+        "optimizer": "sgd",
+        "learning_rate": 0.3,
+        "seed": 1
+    });
+    std::fs::write(&path, src.to_string()).expect("write model");
+    path
+}
+
+fn plan_for(dir: &Path, ds: &Path) -> dlrm_runtime::Plan {
+    let overrides = Overrides {
+        table_rows: Some(table_rows_of(ds).expect("rows")),
+        ..Overrides::default()
+    };
+    let model = load_model(&write_model(dir, 4), overrides).expect("load");
+    assert!(
+        model.summary.contains("table rows from the dataset"),
+        "{}",
+        model.summary
+    );
+    compile(model, &CompileOptions::default(), &mut |_, _| {}).expect("compile")
+}
+
+fn train(plan: dlrm_runtime::Plan, ds: &Path, opts: RunOptions) -> Report {
+    let opts = RunOptions {
+        data: Some(DataConfig::new(ds)),
+        ..opts
+    };
+    run_with_params(job_for(plan, &opts).expect("job"), &mut |_| {})
+        .expect("run")
+        .0
+}
+
+#[test]
+fn a_model_learns_from_a_dataset_and_is_evaluated_during_training() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ds = write_ds(dir.path(), 6000, 4);
+    let plan = plan_for(dir.path(), &ds);
+    // 4800 training samples: 75 steps of 64 per epoch; two epochs.
+    let r = train(
+        plan,
+        &ds,
+        RunOptions {
+            epochs: Some(2),
+            eval_every: 50,
+            log_every: 1,
+            ..RunOptions::default()
+        },
+    );
+    assert_eq!(r.iters, 150);
+    assert_eq!(r.steps_per_epoch, Some(75));
+    let losses: Vec<f32> = r.losses.iter().map(|l| l.1).collect();
+    let mean = |s: &[f32]| s.iter().sum::<f32>() / s.len() as f32;
+    let (first, last) = (mean(&losses[..10]), mean(&losses[losses.len() - 10..]));
+    assert!(last < 0.8 * first, "loss {first} -> {last}");
+    let steps: Vec<u64> = r.evals.iter().map(|m| m.iter).collect();
+    assert_eq!(steps, vec![50, 100, 150]);
+    assert!(r.evals.iter().all(|m| m.split == "val" && m.samples == 600));
+    let val: Vec<f64> = r.evals.iter().map(|m| m.auc.expect("auc")).collect();
+    assert!(val[2] > 0.8, "validation AUC {val:?}");
+    let best = r.best.expect("best");
+    assert!(val.contains(&best.auc) && val.iter().all(|&a| a <= best.auc));
+    // The final evaluation is the test split, all of it (the padded tail dropped).
+    assert_eq!((r.eval_split.as_str(), r.eval_samples), ("test", 600));
+    assert!(r.auc.expect("test auc") > 0.8);
+    assert!(r.log_loss.expect("log loss") < 0.6);
+    assert!(r.ne.expect("ne") < 1.0);
+}
+
+#[test]
+fn two_thread_ranks_give_one_ranks_losses_on_a_dataset() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ds = write_ds(dir.path(), 3000, 4);
+    let plan = plan_for(dir.path(), &ds);
+    let run = |ranks| {
+        let opts = RunOptions {
+            ranks,
+            iters: 12,
+            log_every: 1,
+            eval_every: 6,
+            ..RunOptions::default()
+        };
+        train(plan.clone(), &ds, opts)
+    };
+    let (one, two) = (run(1), run(2));
+    for (a, b) in one.losses.iter().zip(&two.losses) {
+        let d = (a.1 - b.1).abs() / a.1.abs().max(b.1.abs());
+        assert!(d <= 1e-5, "step {}: {} vs {}", a.0, a.1, b.1);
+    }
+    assert_eq!(one.losses.len(), 12);
+    for (a, b) in one.evals.iter().zip(&two.evals) {
+        assert_eq!(a.samples, b.samples);
+        let (x, y) = (a.auc.expect("auc"), b.auc.expect("auc"));
+        assert!((x - y).abs() < 1e-3, "step {}: AUC {x} vs {y}", a.iter);
+    }
+}
+
+fn bin(name: &str) -> PathBuf {
+    PathBuf::from(match name {
+        "dlrmc" => env!("CARGO_BIN_EXE_dlrmc"),
+        _ => env!("CARGO_BIN_EXE_dlrm-run"),
+    })
+}
+
+fn run(name: &str, args: &[&str]) -> Output {
+    Command::new(bin(name)).args(args).output().expect("spawn")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+#[test]
+fn the_cli_compiles_from_data_trains_with_eval_every_and_refuses_a_misfit() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ds = write_ds(dir.path(), 3000, 4);
+    let model = write_model(dir.path(), 4);
+    let plan = dir.path().join("plan");
+    let out = run(
+        "dlrmc",
+        &["compile", s(&model), "--data", s(&ds), "-o", s(&plan)],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metrics = dir.path().join("m.jsonl");
+    let out = run(
+        "dlrm-run",
+        &[
+            s(&plan),
+            "--data",
+            s(&ds),
+            "--epochs",
+            "1",
+            "--test-freq",
+            "15",
+            "--metrics",
+            s(&metrics),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("best val AUC") && err.contains("`test`"),
+        "{err}"
+    );
+    let text = std::fs::read_to_string(&metrics).expect("metrics");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    // 2400 training samples: 37 steps of 64; evaluations after 15, 30 and 37.
+    let evals: Vec<u64> = lines
+        .iter()
+        .filter(|l| l["split"] == "val")
+        .map(|l| l["iter"].as_u64().expect("iter"))
+        .collect();
+    assert_eq!(evals, vec![15, 30, 37]);
+    let summary = lines.last().expect("summary");
+    assert_eq!(summary["eval_split"], "test");
+    assert!(summary["best_auc"].as_f64().is_some());
+
+    // The curves of the run, and of two runs overlaid.
+    let svg = dir.path().join("curves.svg");
+    let copy = dir.path().join("again.jsonl");
+    std::fs::copy(&metrics, &copy).expect("copy");
+    let out = run("dlrmc", &["plot", s(&metrics), s(&copy), "-o", s(&svg)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&svg).expect("svg");
+    for want in [
+        "<svg",
+        "training loss",
+        "validation AUC",
+        "validation log loss",
+        ">\nm\n<",
+        ">\nagain\n<",
+    ] {
+        assert!(text.contains(want), "no {want:?} in the SVG");
+    }
+    assert!(
+        text.matches("<polyline").count() >= 6,
+        "three panels of two runs"
+    );
+    let out = run("dlrmc", &["plot", s(&model), "-o", s(&svg)]);
+    assert!(!out.status.success());
+
+    // A plan whose dense width differs from the data's.
+    let other = tempfile::tempdir().expect("tmp");
+    let ds5 = write_ds(other.path(), 500, 5);
+    let out = run("dlrm-run", &[s(&plan), "--data", s(&ds5), "--iters", "2"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(s(&ds5)) && err.contains("has 5 dense features"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    // --epochs without --data.
+    let out = run("dlrm-run", &[s(&plan), "--epochs", "1"]);
+    assert!(!out.status.success());
+}
