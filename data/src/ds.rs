@@ -390,6 +390,14 @@ impl DatasetWriter {
             .and_then(|()| f.write_all(b"\n"))
             .and_then(|()| f.sync_all())
             .map_err(|e| DataError::io(&mp, e))?;
+        // A temporary directory is private (0700); a dataset is as readable as any
+        // directory the user makes.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| DataError::io(&tmp, e))?;
+        }
         sync_dir(&tmp)?;
         commit_dir(self.tmp, &self.target)?;
         Ok(manifest)

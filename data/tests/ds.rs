@@ -51,6 +51,16 @@ fn writes_and_reads_back() {
     let ds = Dataset::open(&dir).unwrap();
     ds.verify().unwrap();
     assert_eq!(ds.len(), 5);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(
+            mode & 0o777,
+            0o755,
+            "a dataset is not private like a temp dir"
+        );
+    }
     assert_eq!(ds.labels(), &[0, 1, 0, 1, 0]);
     assert_eq!(&ds.dense()[4..6], &[2.0, -2.0]);
     assert_eq!(ds.sparse(1), &[0, 1, 2, 0, 1]);

@@ -3,7 +3,7 @@
 //! mpi`, where only rank 0 prints and writes `--metrics`), on synthetic data or a
 //! `.ds` dataset (`--data`, see docs/data.md).
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::Parser;
 use dlrm_ir::Communicator;
 use dlrm_runtime::driver::{Event, Mode, Report};
@@ -75,7 +75,9 @@ struct Cli {
     iters: Option<u64>,
     /// Train on this `.ds` dataset (`dlrmc data convert`) instead of synthetic data;
     /// each rank (each MPI process) maps it and reads only its slice of each batch.
-    #[arg(long, value_name = "DS")]
+    /// A Criteo TSV file (plain or gzip) is converted first, with `dlrmc data
+    /// convert`'s defaults, into a temporary dataset removed after the run.
+    #[arg(long, value_name = "DS|TSV")]
     data: Option<PathBuf>,
     /// With --data: epochs over the training split (the steps unless --iters is
     /// given; the last partial batch of an epoch is dropped).
@@ -245,7 +247,15 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         Ranks::Threads => true,
         Ranks::Process(comm) => comm.rank() == 0,
     };
-    let data = cli.data.as_ref().map(|path| DataConfig {
+    // `_converted` keeps a dataset converted from TSV alive for the run.
+    let (_converted, data_path) = match &cli.data {
+        Some(p) if p.is_file() => {
+            let (dir, ds) = convert_tsv(p, root && !cli.quiet)?;
+            (Some(dir), Some(ds))
+        }
+        other => (None, other.clone()),
+    };
+    let data = data_path.as_ref().map(|path| DataConfig {
         train_split: cli.train_split.clone(),
         eval_split: cli.eval_split.clone(),
         test_split: cli.test_split.clone(),
@@ -499,4 +509,33 @@ fn infer_file(plan: Plan, inputs: &Path, outputs: Option<&Path>, cli: &Cli) -> R
         outputs.map_or(String::new(), |p| format!(", outputs in {}", p.display()))
     );
     Ok(())
+}
+
+/// Converts a raw Criteo TSV file into a dataset in a new temporary directory
+/// (`dlrmc data convert`'s defaults: the reference's vocabulary, its split by the
+/// input's shape). Returns the directory (the dataset lives as long as it) and the
+/// dataset's path.
+fn convert_tsv(tsv: &Path, say: bool) -> Result<(tempfile::TempDir, PathBuf)> {
+    use dlrm_data::{ConvertOptions, Format, IdMapping, convert};
+    let dir = tempfile::Builder::new()
+        .prefix("dlrm-run-data-")
+        .tempdir()
+        .context("cannot make a temporary directory for the converted dataset")?;
+    let ds = dir.path().join("data.ds");
+    if say {
+        eprintln!(
+            "converting {} (Criteo TSV) to a temporary dataset; `dlrmc data convert` keeps one to reuse",
+            tsv.display()
+        );
+    }
+    let opts = ConvertOptions {
+        format: Format::CriteoTsv,
+        inputs: vec![tsv.to_path_buf()],
+        output: ds.clone(),
+        mapping: IdMapping::default(),
+        split: None,
+        skip_bad_lines: false,
+    };
+    convert(&opts, &mut |_| {}).with_context(|| format!("converting {}", tsv.display()))?;
+    Ok((dir, ds))
 }
