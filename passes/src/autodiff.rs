@@ -241,8 +241,15 @@ pub fn autodiff_with(
 
     // Optimizer.
     if let Optimizer::Adagrad(a) | Optimizer::RowwiseAdagrad(a) = cfg.optimizer {
+        // eps > 0: a zero gradient must leave a weight (and blocked padding) as it
+        // is, not divide 0 by 0.
+        if !(a.eps.is_finite() && a.eps > 0.0) {
+            return Err(graph_err(format!(
+                "adagrad eps must be finite and > 0, got {}",
+                a.eps
+            )));
+        }
         for (what, v) in [
-            ("eps", a.eps),
             ("initial_accumulator_value", a.initial_accumulator_value),
             ("weight_decay", a.weight_decay),
         ] {
