@@ -64,6 +64,7 @@ pub fn update_in_place(
     };
     if jit.is_some()
         && let Some(r) = jit::sparse::update_in_place(op, params, rest)
+            .or_else(|| jit::adagrad::update_in_place(op, params, rest))
     {
         return Some(r);
     }

@@ -43,7 +43,7 @@ pub struct Hyper {
 
 /// The f32 storage of a weight or table and of its accumulator, checked to fit:
 /// `acc` shaped like `w`, or `[R]` for a row-wise `w[R, D]`.
-fn state<'a>(
+pub(crate) fn state<'a>(
     op: &'static str,
     w: &'a mut Tensor,
     acc: &'a mut Tensor,
@@ -155,6 +155,27 @@ pub fn adagrad_in_place(
     Ok(())
 }
 
+/// The update of one touched row: `(w[D], acc[D] or acc[1], summed g[D])`.
+pub(crate) type RowFn<'a> = &'a (dyn Fn(&mut [f32], &mut [f32], &[f32]) + Sync);
+
+/// The reference row update (the interpreter's scalar functions).
+fn reference_row(h: Hyper) -> impl Fn(&mut [f32], &mut [f32], &[f32]) + Sync {
+    move |row: &mut [f32], acc: &mut [f32], sum: &[f32]| {
+        if h.rowwise {
+            let ar = adagrad_row_acc(acc[0], sum);
+            acc[0] = ar;
+            for (w, &gi) in row.iter_mut().zip(sum) {
+                *w = adagrad_step1(*w, gi, ar, h.lr, h.eps);
+            }
+        } else {
+            for ((w, ai), &gi) in row.iter_mut().zip(acc.iter_mut()).zip(sum) {
+                *ai = adagrad_acc1(*ai, gi);
+                *w = adagrad_step1(*w, gi, *ai, h.lr, h.eps);
+            }
+        }
+    }
+}
+
 /// `sparse_adagrad(table, acc, indices, rowgrad)` in place (a row shard with
 /// [`Rows::Shard`]).
 pub fn sparse_adagrad_in_place(
@@ -165,11 +186,24 @@ pub fn sparse_adagrad_in_place(
     rowgrad: &Tensor,
     h: Hyper,
 ) -> KResult<()> {
+    sparse_adagrad_with(table, acc, rows, indices, rowgrad, h, &reference_row(h))
+}
+
+/// [`sparse_adagrad_in_place`] with the row update `row`.
+pub(crate) fn sparse_adagrad_with(
+    table: &mut Tensor,
+    acc: &mut Tensor,
+    rows: Rows,
+    indices: &Tensor,
+    rowgrad: &Tensor,
+    h: Hyper,
+    row: RowFn<'_>,
+) -> KResult<()> {
     let op = op_name(rows, "sparse_adagrad", "sparse_adagrad_rows");
     let storage = table.shape.clone();
     let plan = sparse_sgd_plan_of(op, rows, &storage, indices, rowgrad)?;
     let (t, a, _) = state(op, table, acc, h.rowwise)?;
-    apply(t, a, &plan, h);
+    apply(t, a, &plan, h, row);
     Ok(())
 }
 
@@ -186,6 +220,23 @@ pub fn embedding_update_adagrad_in_place(
     offsets: Option<&Tensor>,
     h: Hyper,
 ) -> KResult<()> {
+    let row = reference_row(h);
+    embedding_update_adagrad_with(table, acc, rows, mode, dy, indices, offsets, h, &row)
+}
+
+/// [`embedding_update_adagrad_in_place`] with the row update `row`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn embedding_update_adagrad_with(
+    table: &mut Tensor,
+    acc: &mut Tensor,
+    rows: Rows,
+    mode: Pool,
+    dy: &Tensor,
+    indices: &Tensor,
+    offsets: Option<&Tensor>,
+    h: Hyper,
+    row: RowFn<'_>,
+) -> KResult<()> {
     let op = op_name(
         rows,
         "embedding_update_adagrad",
@@ -194,12 +245,12 @@ pub fn embedding_update_adagrad_in_place(
     let storage = table.shape.clone();
     let plan = embedding_update_plan_of(op, rows, &storage, mode, dy, indices, offsets)?;
     let (t, a, _) = state(op, table, acc, h.rowwise)?;
-    apply(t, a, &plan, h);
+    apply(t, a, &plan, h, row);
     Ok(())
 }
 
 /// Applies a validated plan to f32 table and accumulator storage, race-free.
-fn apply(t: &mut [f32], a: &mut [f32], plan: &SparsePlan<'_>, h: Hyper) {
+fn apply(t: &mut [f32], a: &mut [f32], plan: &SparsePlan<'_>, h: Hyper, row: RowFn<'_>) {
     let d = plan.d;
     if d == 0 || plan.idx.len() == 0 {
         return;
@@ -211,19 +262,21 @@ fn apply(t: &mut [f32], a: &mut [f32], plan: &SparsePlan<'_>, h: Hyper) {
         .zip(a.par_chunks_mut(rr * ad))
         .enumerate()
         .for_each(|(blk, (part, acc))| match plan.grad {
-            Grad::F32(g) => rows_of(part, acc, first + blk * rr, plan, g, h),
-            Grad::BF16(g) => rows_of(part, acc, first + blk * rr, plan, g, h),
+            Grad::F32(g) => rows_of(part, acc, ad, first + blk * rr, plan, g, row),
+            Grad::BF16(g) => rows_of(part, acc, ad, first + blk * rr, plan, g, row),
         });
 }
 
-/// One task: the rows `r0 ..` held by `part` (and their accumulators `acc`).
+/// One task: the rows `r0 ..` held by `part` (and their accumulators `acc`, `ad`
+/// per row): each touched row's gradient summed in index order, then `row`.
 fn rows_of<G: Elem>(
     part: &mut [f32],
     acc: &mut [f32],
+    ad: usize,
     r0: usize,
     plan: &SparsePlan<'_>,
     g: &[G],
-    h: Hyper,
+    row: RowFn<'_>,
 ) {
     let d = plan.d;
     let r1 = r0 + part.len() / d;
@@ -239,19 +292,10 @@ fn rows_of<G: Elem>(
                 *s += gval(g, d, src, c, div);
             }
         }
-        let row = &mut part[r * d..(r + 1) * d];
-        if h.rowwise {
-            let ar = adagrad_row_acc(acc[r], &sum);
-            acc[r] = ar;
-            for (w, &gi) in row.iter_mut().zip(&sum) {
-                *w = adagrad_step1(*w, gi, ar, h.lr, h.eps);
-            }
-        } else {
-            let arow = &mut acc[r * d..(r + 1) * d];
-            for ((w, ai), &gi) in row.iter_mut().zip(arow.iter_mut()).zip(&sum) {
-                *ai = adagrad_acc1(*ai, gi);
-                *w = adagrad_step1(*w, gi, *ai, h.lr, h.eps);
-            }
-        }
+        row(
+            &mut part[r * d..(r + 1) * d],
+            &mut acc[r * ad..(r + 1) * ad],
+            &sum,
+        );
     }
 }
