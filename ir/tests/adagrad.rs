@@ -69,7 +69,7 @@ fn dense_adagrad_elementwise_with_weight_decay() {
         wd,
         rowwise: false,
     };
-    let r = eval(&op, &[&w, &acc, &g]).unwrap();
+    let r = eval(&op, &[&w, &acc, &g]).expect("ok");
     let (mut ww, mut aa) = (Vec::new(), Vec::new());
     for i in 0..4 {
         let wi = vals(&w)[i] as f64;
@@ -88,7 +88,7 @@ fn dense_adagrad_elementwise_with_weight_decay() {
         rowwise: false,
     };
     let z = f(&[2, 2], &[0.0; 4]);
-    let r0 = eval(&op0, &[&w, &acc, &z]).unwrap();
+    let r0 = eval(&op0, &[&w, &acc, &z]).expect("ok");
     assert_eq!(vals(&r0[0]), vals(&w));
     assert_eq!(vals(&r0[1]), vals(&acc));
 }
@@ -104,7 +104,7 @@ fn dense_adagrad_rowwise_uses_the_mean_square_of_each_row() {
         wd: 0.0,
         rowwise: true,
     };
-    let r = eval(&op, &[&w, &acc, &g]).unwrap();
+    let r = eval(&op, &[&w, &acc, &g]).expect("ok");
     let g0 = [0.3f64, -0.6, 0.9];
     let a0 = 0.5 + g0.iter().map(|x| x * x).sum::<f64>() / 3.0;
     let want_w: Vec<f64> = (0..3)
@@ -128,7 +128,7 @@ fn sparse_adagrad_coalesces_duplicates_before_updating() {
         eps,
         rowwise: false,
     };
-    let r = eval(&op, &[&t, &acc, &idx, &rows]).unwrap();
+    let r = eval(&op, &[&t, &acc, &idx, &rows]).expect("ok");
     let (l, e) = (lr as f64, eps as f64);
     let (w10, a10) = ada(2.0, 0.75, 1.0, l, e);
     let (w11, a11) = ada(2.0, 0.0, 1.0, l, e);
@@ -144,7 +144,7 @@ fn sparse_adagrad_coalesces_duplicates_before_updating() {
         eps,
         rowwise: true,
     };
-    let r = eval(&opr, &[&t, &racc, &idx, &rows]).unwrap();
+    let r = eval(&opr, &[&t, &racc, &idx, &rows]).expect("ok");
     let a1 = 1.0 + (0.75f64 * 0.75 + 0.0) / 2.0;
     let a2 = (4.0f64 + 0.0) / 2.0;
     close(
@@ -177,18 +177,18 @@ fn fused_update_equals_sparse_adagrad_of_the_bag_gradient() {
             eps: 1e-6,
             rowwise,
         };
-        let got = eval(&fused, &[&t, acc, &dy, &idx, &off]).unwrap();
+        let got = eval(&fused, &[&t, acc, &dy, &idx, &off]).expect("ok");
         let bg = eval(
             &Op::EmbeddingBagGrad { mode: Pool::Mean },
             &[&dy, &idx, &off],
         )
-        .unwrap();
+        .expect("ok");
         let sparse = Op::SparseAdagrad {
             lr: 0.05,
             eps: 1e-6,
             rowwise,
         };
-        let want = eval(&sparse, &[&t, acc, &idx, &bg[0]]).unwrap();
+        let want = eval(&sparse, &[&t, acc, &idx, &bg[0]]).expect("ok");
         assert_eq!(vals(&got[0]), vals(&want[0]), "rowwise={rowwise}");
         assert_eq!(vals(&got[1]), vals(&want[1]), "rowwise={rowwise}");
         // Row 2 is untouched, row 3 (twice in bag 0) changed.
@@ -210,7 +210,7 @@ fn row_shard_updates_only_its_rows() {
         eps: 1e-10,
         rowwise: true,
     };
-    let full = eval(&whole, &[&t, &acc, &dy, &idx]).unwrap();
+    let full = eval(&whole, &[&t, &acc, &dy, &idx]).expect("ok");
     // The shard holding rows 3..6.
     let shard = f(&[3, 2], &table[6..]);
     let sacc = f(&[3], &[0.0; 3]);
@@ -222,12 +222,12 @@ fn row_shard_updates_only_its_rows() {
         lo: 3,
         rows: 6,
     };
-    let r = eval(&op, &[&shard, &sacc, &dy, &idx]).unwrap();
+    let r = eval(&op, &[&shard, &sacc, &dy, &idx]).expect("ok");
     assert_eq!(vals(&r[0]), vals(&full[0])[6..].to_vec());
     assert_eq!(vals(&r[1]), vals(&full[1])[3..].to_vec());
     // An index outside the whole table is an error even if outside the shard.
     let bad = i64t(&[2, 2], &[0, 4, 6, 2]);
-    let e = eval(&op, &[&shard, &sacc, &dy, &bad]).unwrap_err();
+    let e = eval(&op, &[&shard, &sacc, &dy, &bad]).expect_err("an error");
     assert!(e.contains("6"), "{e}");
 }
 
@@ -242,11 +242,11 @@ fn shape_errors_and_bf16_refusal() {
         rowwise: false,
     };
     let bad_acc = f(&[2], &[0.0; 2]);
-    let e = eval(&op, &[&w, &bad_acc, &g]).unwrap_err();
+    let e = eval(&op, &[&w, &bad_acc, &g]).expect_err("an error");
     assert!(e.contains("same shape"), "{e}");
     let wb = Tensor::from_f32(DType::BF16, vec![2, 2], vec![0.0; 4]);
     let acc = f(&[2, 2], &[0.0; 4]);
-    let e = eval(&op, &[&wb, &acc, &g]).unwrap_err();
+    let e = eval(&op, &[&wb, &acc, &g]).expect_err("an error");
     assert!(e.contains("not supported yet"), "{e}");
     let rw = Op::Adagrad {
         lr: 0.1,
@@ -254,7 +254,7 @@ fn shape_errors_and_bf16_refusal() {
         wd: 0.0,
         rowwise: true,
     };
-    let e = eval(&rw, &[&w, &acc, &g]).unwrap_err();
+    let e = eval(&rw, &[&w, &acc, &g]).expect_err("an error");
     assert!(e.contains("rank 1"), "{e}");
     let t = f(&[3, 2], &[0.0; 6]);
     let tacc = f(&[3, 2], &[0.0; 6]);
@@ -265,6 +265,6 @@ fn shape_errors_and_bf16_refusal() {
         eps: 1e-10,
         rowwise: false,
     };
-    let e = eval(&sp, &[&t, &tacc, &idx, &rows]).unwrap_err();
+    let e = eval(&sp, &[&t, &tacc, &idx, &rows]).expect_err("an error");
     assert!(e.contains("3"), "{e}");
 }

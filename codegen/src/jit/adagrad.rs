@@ -126,12 +126,12 @@ fn jit_err(op: &'static str) -> impl Fn(JitError) -> KernelError {
     }
 }
 
+/// A row update: `(w[D], acc[D] or acc[1], summed g[D])`.
+trait RowUpdate: Fn(&mut [f32], &mut [f32], &[f32]) + Sync {}
+impl<F: Fn(&mut [f32], &mut [f32], &[f32]) + Sync> RowUpdate for F {}
+
 /// The row update of the sparse forms with the JIT kernels.
-fn jit_row(
-    op: &'static str,
-    jit: &Jit,
-    h: Hyper,
-) -> KResult<impl Fn(&mut [f32], &mut [f32], &[f32]) + Sync> {
+fn jit_row(op: &'static str, jit: &Jit, h: Hyper) -> KResult<impl RowUpdate> {
     let k = jit
         .adagrad(AdagradSpec {
             given_den: h.rowwise,

@@ -146,7 +146,7 @@ fn unknown_enum_values_name_the_field() {
 #[test]
 fn adagrad_hyper_parameters_are_checked() {
     let with = |opt: &str, key: &str, v: Value| {
-        let mut j: Value = serde_json::from_str(&tiny_set("optimizer", json!(opt))).unwrap();
+        let mut j: Value = serde_json::from_str(&tiny_set("optimizer", json!(opt))).expect("json");
         j[key] = v;
         j.to_string()
     };
@@ -177,7 +177,7 @@ fn adagrad_hyper_parameters_are_checked() {
         "adagrad optimizers only",
     );
     // Accepted, with the values given and PyTorch's defaults for the others.
-    let s = ModelSpec::parse(&with("rowwise_adagrad", "eps", json!(1e-8)), ORIGIN).unwrap();
+    let s = ModelSpec::parse(&with("rowwise_adagrad", "eps", json!(1e-8)), ORIGIN).expect("valid");
     assert_eq!(
         s.optimizer,
         dlrm_json::Optimizer::RowwiseAdagrad(dlrm_json::Adagrad {
