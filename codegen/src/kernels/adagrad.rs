@@ -283,11 +283,18 @@ fn rows_of<G: Elem>(
     let mut hits: Vec<(usize, usize, Option<f32>)> = Vec::new();
     plan.visit(r0, r1, |r, src, div| hits.push((r, src, div)));
     hits.sort_by_key(|h| h.0);
+    let groups: Vec<&[(usize, usize, Option<f32>)]> = hits.chunk_by(|a, b| a.0 == b.0).collect();
     let mut sum = vec![0.0f32; d];
-    for grp in hits.chunk_by(|a, b| a.0 == b.0) {
+    for (k, grp) in groups.iter().enumerate() {
+        // The rows a few groups ahead are random reads: fetch them meanwhile.
+        if let Some(next) = groups.get(k + AHEAD) {
+            let r = next[0].0 - r0;
+            prefetch(&part[r * d..(r + 1) * d]);
+            prefetch(&acc[r * ad..(r + 1) * ad]);
+        }
         let r = grp[0].0 - r0;
         sum.iter_mut().for_each(|s| *s = 0.0);
-        for &(_, src, div) in grp {
+        for &(_, src, div) in grp.iter() {
             for (c, s) in sum.iter_mut().enumerate() {
                 *s += gval(g, d, src, c, div);
             }
@@ -298,4 +305,23 @@ fn rows_of<G: Elem>(
             &sum,
         );
     }
+}
+
+/// Rows fetched ahead of the one being updated.
+const AHEAD: usize = 4;
+
+/// Asks the CPU to bring `v` into the cache (a hint; no effect elsewhere).
+#[inline(always)]
+fn prefetch(v: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        for line in v.chunks(16) {
+            // SAFETY: a prefetch is a hint that never faults; the address is
+            // inside `v`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast::<i8>()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = v;
 }
