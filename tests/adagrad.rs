@@ -213,3 +213,47 @@ fn adagrad_with_bf16_storage_is_refused() {
     let err = load_model(&path, bad).expect_err("unknown optimizer");
     assert!(chain(&err).contains("rowwise_adagrad"), "{err}");
 }
+
+#[test]
+fn dlrmc_compile_takes_the_optimizer_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = dir.path().join("tiny.plan");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-tiny.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlrmc"))
+        .args(["compile", "-q", "--optimizer", "rowwise_adagrad", "-o"])
+        .arg(&plan)
+        .arg(&model)
+        .output()
+        .expect("dlrmc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = dlrm_runtime::plan::read_plan(&plan).expect("plan");
+    assert_eq!(p.training.optimizer, "rowwise_adagrad");
+    let train = p.train.expect("train graph");
+    let fused = train
+        .nodes()
+        .iter()
+        .filter(|n| {
+            matches!(
+                n.op,
+                dlrm_ir::Op::EmbeddingUpdateAdagrad { rowwise: true, .. }
+            )
+        })
+        .count();
+    assert_eq!(fused, 3, "one fused row-wise update per table");
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_dlrmc"))
+        .args(["compile", "-q", "--optimizer", "adam", "-o"])
+        .arg(dir.path().join("bad.plan"))
+        .arg(&model)
+        .output()
+        .expect("dlrmc");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("--optimizer must be sgd, adagrad or rowwise_adagrad"),
+        "{err}"
+    );
+}
