@@ -118,8 +118,9 @@ impl Sparse {
             Op::SparseAdagrad { .. } => Err(node_err(
                 g,
                 n,
-                "an unfused sparse_adagrad cannot be partitioned: compile with the \
-                 embedding update fused (-O1)"
+                "an unfused sparse_adagrad cannot be partitioned yet, only the fused \
+                 embedding_update_adagrad (compile with -O1; per-sample-weighted bags \
+                 do not fuse)"
                     .into(),
             )),
             Op::SparseSgd { .. }
