@@ -135,6 +135,7 @@ pub fn compile(
         graph,
         params,
         training,
+        optimizer,
         infer_only,
         label,
         ..
@@ -160,6 +161,7 @@ pub fn compile(
         let cfg = TrainConfig {
             loss: loss_kind(&training.loss)?,
             lr: training.learning_rate,
+            optimizer,
         };
         let train = pipeline::compile_params(
             graph,

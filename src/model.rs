@@ -7,7 +7,7 @@
 //!
 //! An ONNX model trains like a JSON one: its parameters are the initializers, the
 //! `canon` pass turns its generic ops into DLRM ops before autodiff adds the loss
-//! (`bce`, SGD; `--lr`, `--batch-size` override the defaults). `--label NAME`
+//! (`bce`, SGD; `--lr`, `--batch-size`, `--optimizer` override the defaults). `--label NAME`
 //! names a graph input of the model as the label: it leaves the forward graph and
 //! becomes the training graph's label input (without it, the label input is
 //! `label`, which the synthetic data fills from its teacher).
@@ -26,6 +26,8 @@ pub struct Model {
     pub params: Vec<(String, Tensor)>,
     /// Training defaults (loss, optimizer, learning rate, batch size, seed).
     pub training: Training,
+    /// The optimizer with its hyper-parameters (`training.optimizer` is its name).
+    pub optimizer: dlrm_passes::Optimizer,
     /// A few human-readable lines describing the model.
     pub summary: String,
     /// Why this model can only be compiled for inference, if it can.
@@ -39,6 +41,9 @@ pub struct Model {
 pub struct Overrides {
     /// Learning rate.
     pub learning_rate: Option<f32>,
+    /// Optimizer by name (`sgd`, `adagrad`, `rowwise_adagrad`), with Adagrad's
+    /// default hyper-parameters unless the description gives them.
+    pub optimizer: Option<String>,
     /// Global batch size.
     pub batch_size: Option<usize>,
     /// Seed of the parameter initialisation and of the synthetic data.
@@ -140,6 +145,17 @@ fn load_json(path: &Path, o: Overrides) -> Result<Model> {
     if let Some(s) = o.seed {
         spec.seed = s;
     }
+    if let Some(name) = &o.optimizer {
+        let given = match spec.optimizer {
+            dlrm_json::Optimizer::Adagrad(a) | dlrm_json::Optimizer::RowwiseAdagrad(a) => a,
+            dlrm_json::Optimizer::Sgd => dlrm_json::Adagrad::default(),
+        };
+        spec.optimizer = match optimizer_by_name(name)? {
+            dlrm_json::Optimizer::Adagrad(_) => dlrm_json::Optimizer::Adagrad(given),
+            dlrm_json::Optimizer::RowwiseAdagrad(_) => dlrm_json::Optimizer::RowwiseAdagrad(given),
+            dlrm_json::Optimizer::Sgd => dlrm_json::Optimizer::Sgd,
+        };
+    }
     spec.validate(&format!("{} (with command-line overrides)", path.display()))?;
     let m = spec.build()?;
     let t = m.training;
@@ -156,14 +172,12 @@ fn load_json(path: &Path, o: Overrides) -> Result<Model> {
                 dlrm_json::Loss::Mse => "mse",
             }
             .to_string(),
-            optimizer: match t.optimizer {
-                dlrm_json::Optimizer::Sgd => "sgd",
-            }
-            .to_string(),
+            optimizer: t.optimizer.name().to_string(),
             learning_rate: t.learning_rate,
             batch_size: t.batch_size,
             seed: t.seed,
         },
+        optimizer: passes_optimizer(t.optimizer),
         summary,
         infer_only: None,
         label: None,
@@ -193,6 +207,10 @@ fn load_onnx(path: &Path, o: Overrides) -> Result<Model> {
         m.graph.nodes().len(),
         m.params.len(),
     );
+    let optimizer = match &o.optimizer {
+        Some(name) => optimizer_by_name(name)?,
+        None => dlrm_json::Optimizer::Sgd,
+    };
     let (graph, label) = match &o.label {
         Some(name) => (
             without_label(&m.graph, name, path)?,
@@ -205,15 +223,39 @@ fn load_onnx(path: &Path, o: Overrides) -> Result<Model> {
         params: m.params,
         training: Training {
             loss: "bce".to_string(),
-            optimizer: "sgd".to_string(),
+            optimizer: optimizer.name().to_string(),
             learning_rate: o.learning_rate.unwrap_or(0.1),
             batch_size: o.batch_size.unwrap_or(ONNX_DEFAULT_BATCH),
             seed: o.seed.unwrap_or(1),
         },
+        optimizer: passes_optimizer(optimizer),
         summary,
         infer_only: None,
         label,
     })
+}
+
+/// The optimizer `--optimizer NAME` names, with Adagrad's default hyper-parameters.
+fn optimizer_by_name(name: &str) -> Result<dlrm_json::Optimizer> {
+    dlrm_json::Optimizer::from_name(name).ok_or_else(|| {
+        Error::Options(format!(
+            "--optimizer must be sgd, adagrad or rowwise_adagrad, got `{name}`"
+        ))
+    })
+}
+
+/// The description's optimizer as the autodiff pass takes it.
+fn passes_optimizer(o: dlrm_json::Optimizer) -> dlrm_passes::Optimizer {
+    let cfg = |a: dlrm_json::Adagrad| dlrm_passes::AdagradConfig {
+        eps: a.eps,
+        initial_accumulator_value: a.initial_accumulator_value,
+        weight_decay: a.weight_decay,
+    };
+    match o {
+        dlrm_json::Optimizer::Sgd => dlrm_passes::Optimizer::Sgd,
+        dlrm_json::Optimizer::Adagrad(a) => dlrm_passes::Optimizer::Adagrad(cfg(a)),
+        dlrm_json::Optimizer::RowwiseAdagrad(a) => dlrm_passes::Optimizer::RowwiseAdagrad(cfg(a)),
+    }
 }
 
 /// `g` without its input `name` (the label, given by `--label`): it must be an

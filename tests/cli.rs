@@ -54,6 +54,7 @@ fn stages(graph: &str, optimize: bool) -> Vec<String> {
     let train = (graph == "train").then_some(dlrm_passes::TrainConfig {
         loss: dlrm_passes::LossKind::Bce,
         lr: 0.1,
+        optimizer: Default::default(),
     });
     let opts = if optimize {
         PipelineOptions::optimized(train)

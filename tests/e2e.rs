@@ -296,6 +296,7 @@ fn every_example_round_trips_at_every_stage() {
                 batch_size: training.batch_size,
                 seed: training.seed,
             },
+            optimizer: Default::default(),
             summary: String::new(),
             infer_only: None,
             label: None,
@@ -309,6 +310,7 @@ fn every_example_round_trips_at_every_stage() {
         let train = TrainConfig {
             loss: LossKind::Bce,
             lr: 0.1,
+            optimizer: Default::default(),
         };
         let mut want = Vec::new();
         for (g, cfg) in [("infer", None), ("train", Some(train))] {

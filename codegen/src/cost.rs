@@ -6,7 +6,8 @@
 //! operand and result occupies, except for embedding tables, of which only the
 //! rows an index touches count (read for `embedding_bag`, read and written for
 //! `sparse_sgd`, `embedding_update` and `split_embedding_update`, whose table
-//! element is the 4 bytes of both halves). These are the compulsory traffic, not
+//! element is the 4 bytes of both halves; the Adagrad forms also read and write
+//! the touched rows' accumulators: `D` floats per row, or one row-wise). These are the compulsory traffic, not
 //! cache-level measurements.
 
 use dlrm_ir::{Act, InteractionKind, Op, Tensor};
@@ -108,6 +109,26 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
                 bytes: 2.0 * nidx * d * es + bytes(&inputs[(1 + halves).min(inputs.len())..]),
             }
         }
+        Op::SparseAdagrad { rowwise, .. }
+        | Op::EmbeddingUpdateAdagrad { rowwise, .. }
+        | Op::EmbeddingUpdateAdagradRows { rowwise, .. } => {
+            // Operands: table, accumulator, then indices and row gradient, or dy,
+            // indices[, offsets]; every index counted (an upper bound).
+            let sparse = matches!(op, Op::SparseAdagrad { .. });
+            let (_, d) = dims2(inputs.first());
+            let nidx = inputs
+                .get(if sparse { 2 } else { 3 })
+                .map_or(0.0, |t| t.numel() as f64);
+            let acc = if *rowwise { 1.0 } else { d };
+            Cost {
+                flops: 7.0 * nidx * d,
+                bytes: 2.0 * nidx * (d + acc) * 4.0 + bytes(&inputs[2.min(inputs.len())..]),
+            }
+        }
+        Op::Adagrad { .. } => Cost {
+            flops: 7.0 * inputs.first().map_or(0.0, |t| t.numel() as f64),
+            bytes: io,
+        },
         Op::SplitSgd { .. } => Cost {
             flops: 2.0 * inputs.first().map_or(0.0, |t| t.numel() as f64),
             bytes: io,

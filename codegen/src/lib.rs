@@ -31,7 +31,8 @@ pub mod update;
 
 pub use jit::{Jit, JitError, JitOptions, KernelChoice};
 pub use kernels::{
-    KernelError, Rows, embedding_update_in_place, sgd_in_place, sparse_sgd_in_place,
+    Hyper, KernelError, Rows, adagrad_in_place, embedding_update_adagrad_in_place,
+    embedding_update_in_place, sgd_in_place, sparse_adagrad_in_place, sparse_sgd_in_place,
     split_embedding_update_in_place, split_sgd_in_place, try_eval,
 };
 pub use update::{in_place_operands, update_in_place};

@@ -1,18 +1,21 @@
 //! In-place parameter updates (the optimizer ops `sgd`, `split_sgd`, `sparse_sgd`,
 //! `embedding_update`, `split_embedding_update`, and the row-shard forms
-//! `sparse_sgd_rows`, `embedding_update_rows`, `split_embedding_update_rows`)
+//! `sparse_sgd_rows`, `embedding_update_rows`, `split_embedding_update_rows`; the
+//! Adagrad updates `adagrad`, `sparse_adagrad`, `embedding_update_adagrad`,
+//! `embedding_update_adagrad_rows`)
 //! with the best kernel there is: a
 //! JIT kernel when the caller allows it and one exists for these dtypes, else the
 //! reference kernel ([`crate::kernels::optim`]).
 //!
 //! The updated parameters are operands `0..k` of the op (`k` from
 //! [`in_place_operands`]: 2 for the Split-SGD-BF16 ops, whose operands 0 and 1 are
-//! the high and low halves, else 1); they are modified in place and are the op's
+//! the high and low halves, and for the Adagrad ops, whose operands 0 and 1 are the
+//! weight and its accumulator; else 1); they are modified in place and are the op's
 //! `k` results. Every kernel validates all operands (shapes, dtypes, every index,
 //! offsets) before writing: on error the parameters are unchanged.
 
 use crate::jit::{self, JitOptions};
-use crate::kernels::{self, KResult, KernelError, Rows};
+use crate::kernels::{self, Hyper, KResult, KernelError, Rows};
 use dlrm_ir::{Op, Tensor};
 
 /// How many leading operands of `op` are updated in place (and are its results);
@@ -26,7 +29,11 @@ pub fn in_place_operands(op: &Op) -> Option<usize> {
         | Op::EmbeddingUpdateRows { .. } => Some(1),
         Op::SplitSgd { .. }
         | Op::SplitEmbeddingUpdate { .. }
-        | Op::SplitEmbeddingUpdateRows { .. } => Some(2),
+        | Op::SplitEmbeddingUpdateRows { .. }
+        | Op::Adagrad { .. }
+        | Op::SparseAdagrad { .. }
+        | Op::EmbeddingUpdateAdagrad { .. }
+        | Op::EmbeddingUpdateAdagradRows { .. } => Some(2),
         _ => None,
     }
 }
@@ -57,6 +64,7 @@ pub fn update_in_place(
     };
     if jit.is_some()
         && let Some(r) = jit::sparse::update_in_place(op, params, rest)
+            .or_else(|| jit::adagrad::update_in_place(op, params, rest))
     {
         return Some(r);
     }
@@ -95,6 +103,54 @@ pub fn update_in_place(
                 *lr,
             )
         }),
+        (
+            &Op::Adagrad {
+                lr,
+                eps,
+                wd,
+                rowwise,
+            },
+            [w, acc],
+        ) => arity(&[3]).and_then(|()| {
+            kernels::adagrad_in_place(w, acc, rest[0], Hyper { lr, eps, rowwise }, wd)
+        }),
+        (&Op::SparseAdagrad { lr, eps, rowwise }, [t, acc]) => arity(&[4]).and_then(|()| {
+            kernels::sparse_adagrad_in_place(
+                t,
+                acc,
+                Rows::All,
+                rest[0],
+                rest[1],
+                Hyper { lr, eps, rowwise },
+            )
+        }),
+        (
+            &Op::EmbeddingUpdateAdagrad {
+                mode,
+                lr,
+                eps,
+                rowwise,
+            }
+            | &Op::EmbeddingUpdateAdagradRows {
+                mode,
+                lr,
+                eps,
+                rowwise,
+                ..
+            },
+            [t, acc],
+        ) => arity(&[4, 5]).and_then(|()| {
+            kernels::embedding_update_adagrad_in_place(
+                t,
+                acc,
+                rows_of(op),
+                mode,
+                rest[0],
+                rest[1],
+                rest.get(2).copied(),
+                Hyper { lr, eps, rowwise },
+            )
+        }),
         _ => return None,
     })
 }
@@ -105,7 +161,8 @@ pub(crate) fn rows_of(op: &Op) -> Rows {
     match *op {
         Op::SparseSgdRows { lo, rows, .. }
         | Op::EmbeddingUpdateRows { lo, rows, .. }
-        | Op::SplitEmbeddingUpdateRows { lo, rows, .. } => Rows::Shard {
+        | Op::SplitEmbeddingUpdateRows { lo, rows, .. }
+        | Op::EmbeddingUpdateAdagradRows { lo, rows, .. } => Rows::Shard {
             first: lo,
             total: rows,
         },

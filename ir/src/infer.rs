@@ -8,6 +8,8 @@ use crate::types::{DType, Dim, Shape, TensorType};
 
 #[path = "infer_generic.rs"]
 mod generic;
+#[path = "infer_optim.rs"]
+mod optim;
 
 type R<T> = Result<T, String>;
 
@@ -366,6 +368,10 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             }
             Ok(vec![table.clone()])
         }
+        Op::Adagrad { .. }
+        | Op::SparseAdagrad { .. }
+        | Op::EmbeddingUpdateAdagrad { .. }
+        | Op::EmbeddingUpdateAdagradRows { .. } => optim::infer_adagrad(op, ins),
         Op::AllReduce => {
             for (i, t) in ins.iter().enumerate() {
                 if t.dtype != DType::F32 {

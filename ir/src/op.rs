@@ -184,6 +184,40 @@ pub enum Op {
         /// Learning rate.
         lr: f32,
     },
+    /// `adagrad(w, acc, g) -> (w', acc')` (`torch.optim.Adagrad`, `lr_decay=0`), f32
+    /// only. With `wd != 0` the gradient is first `g + wd·w`. Elementwise
+    /// (`rowwise=false`, `acc` shaped like `w`): `G = acc + g·g`,
+    /// `w' = w - lr·(g / (sqrt(G) + eps))`, `acc' = G`. Row-wise (`rowwise=true`,
+    /// `w[R,D]`, `acc[R]`, the dense form of a row-wise table update): per row `r`,
+    /// `G = acc[r] + (Σ_j g[r,j]·g[r,j]) / D` (sum over `j` ascending from 0.0),
+    /// then every element as above with that one `G`. A zero gradient leaves its
+    /// weight unchanged when `eps > 0` or `acc > 0`.
+    Adagrad {
+        /// Learning rate.
+        lr: f32,
+        /// Added to the root of the accumulator.
+        eps: f32,
+        /// L2 weight decay folded into the gradient.
+        wd: f32,
+        /// One accumulator per row (`acc[R]`) instead of per element.
+        rowwise: bool,
+    },
+    /// `sparse_adagrad(table[R,D], acc, indices[..], rowgrad[.., D]) -> (table', acc')`:
+    /// Adagrad on the rows a sparse gradient touches (torch's sparse `Adagrad`, the
+    /// reference's `RWSAdagrad`), f32 only, no weight decay (the peers refuse it for
+    /// sparse gradients). First the gradient is coalesced: for each distinct row `r`
+    /// among the indices, `g_r = Σ rowgrad[i]` over the `i` with `indices[i] = r`,
+    /// in row-major order, from 0.0. Then each such row is updated once as
+    /// [`Op::Adagrad`] with `g_r` (`acc[R,D]` elementwise, or `acc[R]` with
+    /// `rowwise`); rows not indexed are unchanged.
+    SparseAdagrad {
+        /// Learning rate.
+        lr: f32,
+        /// Added to the root of the accumulator.
+        eps: f32,
+        /// One accumulator per row.
+        rowwise: bool,
+    },
 
     // ------------------------------------------------------------ collectives
     /// `all_reduce(x_0, .., x_k) -> (y_0, .., y_k)`: elementwise sum over all ranks;
@@ -325,6 +359,21 @@ pub enum Op {
         /// Learning rate.
         lr: f32,
     },
+    /// `embedding_update_adagrad(table, acc, dy[S,D], indices[S,L] | indices[N],
+    /// offsets[S]) -> (table', acc')`: the fused `sparse_adagrad(table, acc,
+    /// indices, embedding_bag_grad(dy, indices[, offsets]))` (same attributes), with
+    /// exactly that arithmetic; no row gradient is materialised (the race-free
+    /// owner-computes update: each thread owns a row range and its accumulators).
+    EmbeddingUpdateAdagrad {
+        /// As in the forward bag.
+        mode: Pool,
+        /// Learning rate.
+        lr: f32,
+        /// Added to the root of the accumulator.
+        eps: f32,
+        /// One accumulator per row.
+        rowwise: bool,
+    },
     // ---- sharded embeddings (partition: row-wise and data-parallel tables)
     /// `embedding_bag_rows(shard[Rs,D], indices[S,L] | indices[N], offsets[S]) ->
     /// [S,D]`: [`Op::EmbeddingBag`] on the rows `lo .. lo+Rs` of a table of `rows`
@@ -375,6 +424,25 @@ pub enum Op {
         mode: Pool,
         /// Learning rate.
         lr: f32,
+        /// The first table row this shard holds.
+        lo: usize,
+        /// Rows of the whole table.
+        rows: usize,
+    },
+    /// `embedding_update_adagrad_rows(shard[Rs,D], acc, dy, indices[, offsets]) ->
+    /// (shard', acc')`: [`Op::EmbeddingUpdateAdagrad`] on the row shard `lo .. lo+Rs`
+    /// of a table of `rows` rows, whose accumulator rows (`acc[Rs,D]` or `acc[Rs]`)
+    /// are sharded alike: every index must lie in `0..rows`; those outside the shard
+    /// are skipped, as in [`Op::SparseSgdRows`].
+    EmbeddingUpdateAdagradRows {
+        /// As in the forward bag.
+        mode: Pool,
+        /// Learning rate.
+        lr: f32,
+        /// Added to the root of the accumulator.
+        eps: f32,
+        /// One accumulator per row.
+        rowwise: bool,
         /// The first table row this shard holds.
         lo: usize,
         /// Rows of the whole table.
@@ -577,14 +645,18 @@ impl Op {
             self,
             Op::Sgd { .. }
                 | Op::SparseSgd { .. }
+                | Op::Adagrad { .. }
+                | Op::SparseAdagrad { .. }
                 // ---- fused / blocked ops (e-graph, precision)
                 | Op::SplitSgd { .. }
                 | Op::EmbeddingUpdate { .. }
                 | Op::SplitEmbeddingUpdate { .. }
+                | Op::EmbeddingUpdateAdagrad { .. }
                 // ---- sharded embeddings
                 | Op::SparseSgdRows { .. }
                 | Op::EmbeddingUpdateRows { .. }
                 | Op::SplitEmbeddingUpdateRows { .. }
+                | Op::EmbeddingUpdateAdagradRows { .. }
         )
     }
 }

@@ -441,7 +441,14 @@ fn all_graphs() -> Vec<Graph> {
         // ---- generic ops (ONNX import)
         generic_ops(),
         gelu(),
+        adagrad(),
     ]
+}
+
+/// The Adagrad updates (the round-trip case `text_cases/roundtrip/adagrad.ir`).
+fn adagrad() -> Graph {
+    let src = include_str!("text_cases/roundtrip/adagrad.ir");
+    text::parse(src).unwrap()
 }
 
 /// `gelu` and its gradient (whose second operand is the forward input).

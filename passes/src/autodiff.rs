@@ -12,6 +12,15 @@
 //!    below) plus a chain of `sparse_sgd` (one per bag, in bag order); each new
 //!    value is registered as the parameter's update.
 //!
+//! With Adagrad ([`crate::Optimizer`]) the optimizer is `adagrad(w, %w.acc, dw)`
+//! for dense parameters and `sparse_adagrad(t, %t.acc, idx, rows)` for tables,
+//! where the accumulator `%p.acc` is a new f32 parameter (shaped like `p`; `[R]` for
+//! a row-wise table `[R, D]`) whose value, when the pass is given parameter
+//! tensors, is `initial_accumulator_value` everywhere; both results are registered
+//! as updates (of `p` and of `%p.acc`). A table looked up by more than one bag is
+//! refused under Adagrad (one coalesced update per step would need the bags' row
+//! gradients joined first).
+//!
 //! Gradient rules (`dy` = gradient of the node's result):
 //! - `linear{act}(x, w, b) = y`: `dz` = `relu_grad(dy, y)` / `sigmoid_grad(dy, y)` /
 //!   `dy`; `dx = linear_dx(dz, w)`, `dw = linear_dw(dz, x)`, `db = linear_db(dz)`,
@@ -37,8 +46,8 @@
 //! node and op.
 
 use crate::pipeline::Params;
-use crate::{LossKind, Pass, PassError, Ran, Result, TrainConfig};
-use dlrm_ir::{BinaryKind, Def, Dim, Graph, Op, Pool, ValueId, verify};
+use crate::{LossKind, Optimizer, Pass, PassError, Ran, Result, TrainConfig};
+use dlrm_ir::{BinaryKind, DType, Def, Dim, Graph, Op, Pool, Tensor, TensorType, ValueId, verify};
 
 /// The pass id.
 pub const ID: &str = "autodiff";
@@ -55,13 +64,23 @@ impl Pass for Autodiff {
         ID
     }
 
-    fn run(&self, g: Graph, _params: Option<&mut Params>) -> Result<Ran> {
-        Ok(autodiff(&g, &self.cfg)?.into())
+    fn run(&self, g: Graph, params: Option<&mut Params>) -> Result<Ran> {
+        Ok(autodiff_with(&g, &self.cfg, params)?.into())
     }
 }
 
 /// Builds the training step of the forward graph `fwd` (see the module docs).
 pub fn autodiff(fwd: &Graph, cfg: &TrainConfig) -> Result<Graph> {
+    autodiff_with(fwd, cfg, None)
+}
+
+/// [`autodiff`], adding the optimizer state's initial values (Adagrad's
+/// accumulators) to `params` when given.
+pub fn autodiff_with(
+    fwd: &Graph,
+    cfg: &TrainConfig,
+    mut params: Option<&mut Params>,
+) -> Result<Graph> {
     let graph_err = |reason: String| PassError::Graph {
         pass: ID.to_string(),
         graph: fwd.name.clone(),
@@ -221,10 +240,32 @@ pub fn autodiff(fwd: &Graph, cfg: &TrainConfig) -> Result<Graph> {
     }
 
     // Optimizer.
+    if let Optimizer::Adagrad(a) | Optimizer::RowwiseAdagrad(a) = cfg.optimizer {
+        // eps > 0: a zero gradient must leave a weight (and blocked padding) as it
+        // is, not divide 0 by 0.
+        if !(a.eps.is_finite() && a.eps > 0.0) {
+            return Err(graph_err(format!(
+                "adagrad eps must be finite and > 0, got {}",
+                a.eps
+            )));
+        }
+        for (what, v) in [
+            ("initial_accumulator_value", a.initial_accumulator_value),
+            ("weight_decay", a.weight_decay),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(graph_err(format!(
+                    "adagrad {what} must be finite and >= 0, got {v}"
+                )));
+            }
+        }
+    }
     for &p in fwd.params() {
         let name = fwd.name_of(p).to_string();
         let bags = std::mem::take(&mut ad.rows[p.index()]);
-        if !bags.is_empty() {
+        if cfg.optimizer != Optimizer::Sgd {
+            adagrad_step(&mut ad, cfg, p, bags, params.as_deref_mut())?;
+        } else if !bags.is_empty() {
             let mut table = p;
             let last = bags.len() - 1;
             for (k, (index_ops, rowgrad)) in bags.into_iter().enumerate() {
@@ -254,6 +295,94 @@ pub fn autodiff(fwd: &Graph, cfg: &TrainConfig) -> Result<Graph> {
         source,
     })?;
     Ok(ad.g)
+}
+
+/// The Adagrad update of parameter `p` (a table when `bags` is not empty), with
+/// its accumulator parameter (see the module docs).
+fn adagrad_step(
+    ad: &mut Ad,
+    cfg: &TrainConfig,
+    p: ValueId,
+    bags: Vec<(Vec<ValueId>, ValueId)>,
+    params: Option<&mut Params>,
+) -> Result<()> {
+    let e = PassError::ir(ID);
+    let (a, rowwise_tables) = match cfg.optimizer {
+        Optimizer::Adagrad(a) => (a, false),
+        Optimizer::RowwiseAdagrad(a) => (a, true),
+        Optimizer::Sgd => return Ok(()),
+    };
+    let name = ad.g.name_of(p).to_string();
+    let table = !bags.is_empty();
+    if !table && !(ad.need[p.index()]) {
+        return Ok(());
+    }
+    let grad = if table {
+        None
+    } else {
+        match ad.grad(p)? {
+            Some(dp) => Some(dp),
+            None => return Ok(()),
+        }
+    };
+    if bags.len() > 1 {
+        return Err(PassError::Graph {
+            pass: ID.to_string(),
+            graph: ad.g.name.clone(),
+            reason: format!(
+                "table %{name} is looked up by {} bags: adagrad supports one bag per table",
+                bags.len()
+            ),
+        });
+    }
+    let ty = ad.g.ty(p).clone();
+    let rowwise = table && rowwise_tables;
+    let acc_ty = if rowwise {
+        TensorType::new(DType::F32, [ty.shape[0].clone()])
+    } else {
+        ty.with_dtype(DType::F32)
+    };
+    let acc_name = ad.g.fresh_name(&format!("{name}.acc"));
+    let acc = ad.g.add_param(&acc_name, acc_ty.clone()).map_err(&e)?;
+    if let Some(params) = params {
+        let shape: Option<Vec<usize>> = acc_ty.shape.iter().map(|d| d.fixed()).collect();
+        let Some(shape) = shape else {
+            return Err(PassError::Graph {
+                pass: ID.to_string(),
+                graph: ad.g.name.clone(),
+                reason: format!("parameter %{name} has a symbolic shape {ty}"),
+            });
+        };
+        let n = shape.iter().product();
+        let init = vec![a.initial_accumulator_value; n];
+        params.push((acc_name.clone(), Tensor::f32(shape, init)));
+    }
+    let names = [format!("{name}.next"), format!("{acc_name}.next")];
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let outs = match (grad, bags.into_iter().next()) {
+        (Some(dp), _) => {
+            let op = Op::Adagrad {
+                lr: cfg.lr,
+                eps: a.eps,
+                wd: a.weight_decay,
+                rowwise: false,
+            };
+            ad.g.add_node(op, &[p, acc, dp], &names).map_err(&e)?
+        }
+        (None, Some((index_ops, rowgrad))) => {
+            let op = Op::SparseAdagrad {
+                lr: cfg.lr,
+                eps: a.eps,
+                rowwise,
+            };
+            ad.g.add_node(op, &[p, acc, index_ops[0], rowgrad], &names)
+                .map_err(&e)?
+        }
+        (None, None) => return Ok(()),
+    };
+    ad.g.add_update(p, outs[0]).map_err(&e)?;
+    ad.g.add_update(acc, outs[1]).map_err(&e)?;
+    Ok(())
 }
 
 fn node_err(g: &Graph, n: usize, op: &Op, reason: String) -> PassError {

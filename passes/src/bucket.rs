@@ -5,7 +5,7 @@
 //! A per-rank pass ([`crate::pipeline::RANK_PASSES`]): the pipeline runs it on every
 //! rank's graph after `partition`, before [`crate::schedule()`].
 //! A *gradient all-reduce* is an `all_reduce` whose results are not graph outputs and
-//! are used only by dense optimizer updates (`sgd`, `split_sgd`); the loss's
+//! are used only by dense optimizer updates (`sgd`, `split_sgd`, `adagrad`); the loss's
 //! `all_reduce` and every other collective stay as they are.
 //!
 //! Grouping: the gradient all-reduces are taken in node order (the order backward
@@ -85,9 +85,12 @@ fn is_grad_reduce(g: &Graph, users: &[Vec<usize>], n: usize) -> bool {
         && node.outputs.iter().all(|&v| {
             !g.outputs().contains(&v)
                 && !users[v.index()].is_empty()
-                && users[v.index()]
-                    .iter()
-                    .all(|&u| matches!(g.nodes()[u].op, Op::Sgd { .. } | Op::SplitSgd { .. }))
+                && users[v.index()].iter().all(|&u| {
+                    matches!(
+                        g.nodes()[u].op,
+                        Op::Sgd { .. } | Op::SplitSgd { .. } | Op::Adagrad { .. }
+                    )
+                })
         })
 }
 

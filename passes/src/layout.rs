@@ -8,10 +8,14 @@
 //! `sgd(%w, unblock_weight(dwb))` becomes `sgd(%w, dwb)` (the `unblock_weight` is
 //! left dead for `dce`). Its initial value is blocked the same way (zero padding),
 //! by the interpreter's `block_weight`, so both plans compute the same.
+//! `adagrad(%w, %w.acc, unblock_weight(dwb))` (elementwise) becomes
+//! `adagrad(%w, %w.acc, dwb)` with the accumulator blocked like its weight (it must
+//! be a parameter used by that update alone); the padding stays 0 in both (a zero
+//! gradient leaves a weight unchanged when `eps > 0`).
 //!
 //! A parameter qualifies only if every use is a `block_weight` with one block
-//! shape, or an `sgd` as described; any other use leaves it unblocked (correct,
-//! only slower: the `block_weight` then runs every step).
+//! shape, or an `sgd` / `adagrad` as described; any other use leaves it unblocked
+//! (correct, only slower: the `block_weight` then runs every step).
 
 use crate::pipeline::Params;
 use crate::{Pass, PassError, Ran, Result};
@@ -43,12 +47,22 @@ fn def_node(g: &Graph, v: ValueId) -> Option<usize> {
     }
 }
 
-/// The block shape `(bn, bk)` each qualifying parameter gets.
+/// The operand holding the (unblocked) gradient of a dense update of `p`.
+fn grad_operand(op: &Op) -> Option<usize> {
+    match op {
+        Op::Sgd { .. } => Some(1),
+        Op::Adagrad { rowwise: false, .. } => Some(2),
+        _ => None,
+    }
+}
+
+/// The block shape `(bn, bk)` each qualifying parameter (and accumulator) gets.
 fn plan(g: &Graph) -> HashMap<ValueId, Op> {
     let users = g.users();
     let mut out = HashMap::new();
     'params: for &p in g.params() {
         let mut blocks: Option<Op> = None;
+        let mut accs = Vec::new();
         for &n in &users[p.index()] {
             let node = &g.nodes()[n];
             match &node.op {
@@ -65,24 +79,41 @@ fn plan(g: &Graph) -> HashMap<ValueId, Op> {
                         continue 'params;
                     }
                 }
+                Op::Adagrad { rowwise: false, .. }
+                    if node.inputs[0] == p && node.inputs[1] != p && node.inputs[2] != p =>
+                {
+                    let acc = node.inputs[1];
+                    let ok = def_node(g, node.inputs[2])
+                        .is_some_and(|m| matches!(g.nodes()[m].op, Op::UnblockWeight { .. }))
+                        && matches!(g.value(acc).def, Def::Param(_))
+                        && users[acc.index()] == [n]
+                        && g.ty(acc) == g.ty(p);
+                    if !ok {
+                        continue 'params;
+                    }
+                    accs.push(acc);
+                }
                 _ => continue 'params,
             }
         }
         let Some(b) = blocks else { continue };
-        // The sgd gradients must be blocked exactly like the weight.
+        // The update gradients must be blocked exactly like the weight.
         let pt = g.ty(p).clone();
         let Ok(bt) = dlrm_ir::infer(&b, &[&pt], &[]) else {
             continue;
         };
         for &n in &users[p.index()] {
             let node = &g.nodes()[n];
-            if let Op::Sgd { .. } = node.op {
-                let m = def_node(g, node.inputs[1]).unwrap_or(usize::MAX);
+            if let Some(k) = grad_operand(&node.op) {
+                let m = def_node(g, node.inputs[k]).unwrap_or(usize::MAX);
                 let src = g.nodes()[m].inputs[0];
                 if Some(g.ty(src)) != bt.first() {
                     continue 'params;
                 }
             }
+        }
+        for acc in accs {
+            out.insert(acc, b.clone());
         }
         out.insert(p, b);
     }
@@ -133,11 +164,9 @@ pub fn layout(g: &Graph, params: Option<&mut Params>) -> Result<Graph> {
         }
         let mut ins = Vec::with_capacity(node.inputs.len());
         for (i, &v) in node.inputs.iter().enumerate() {
-            let src = if i == 1
-                && matches!(node.op, Op::Sgd { .. })
-                && blocked.contains_key(&node.inputs[0])
+            let src = if Some(i) == grad_operand(&node.op) && blocked.contains_key(&node.inputs[0])
             {
-                // sgd(w, unblock_weight(dwb)) -> sgd(w, dwb)
+                // sgd(w, unblock_weight(dwb)) -> sgd(w, dwb), adagrad alike
                 let m = def_node(g, v).unwrap_or(usize::MAX);
                 g.nodes()[m].inputs[0]
             } else {

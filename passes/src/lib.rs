@@ -42,7 +42,7 @@
 //! let p = g.add(Op::Linear { act: Act::Sigmoid }, &[x, w, b], "p")?;
 //! g.add_output(p);
 //!
-//! let opts = PipelineOptions { train: Some(TrainConfig { loss: LossKind::Bce, lr: 0.1 }), ..Default::default() };
+//! let opts = PipelineOptions { train: Some(TrainConfig { loss: LossKind::Bce, lr: 0.1, optimizer: Default::default() }), ..Default::default() };
 //! let (train, log) = compile(g, &opts, &mut |_stage, _graph| {})?;
 //! assert_eq!(train.updates().len(), 2); // w and b
 //! assert_eq!(log.passes.len(), 2); // autodiff, dce
@@ -103,6 +103,60 @@ pub enum LossKind {
 pub struct TrainConfig {
     /// The loss.
     pub loss: LossKind,
-    /// The SGD learning rate (dense and sparse updates alike).
+    /// The learning rate (dense and sparse updates alike).
     pub lr: f32,
+    /// The optimizer (SGD when absent).
+    #[serde(default)]
+    pub optimizer: Optimizer,
+}
+
+/// The optimizer of a training step (see `autodiff` for the ops each emits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    /// Plain SGD: `sgd` on dense parameters, `sparse_sgd` on tables.
+    #[default]
+    Sgd,
+    /// Adagrad (`torch.optim.Adagrad`): `adagrad` on dense parameters,
+    /// `sparse_adagrad` with an accumulator per element on tables.
+    Adagrad(AdagradConfig),
+    /// Row-wise Adagrad on tables (the reference's `RWSAdagrad`, FBGEMM's
+    /// `EXACT_ROWWISE_ADAGRAD`: one accumulator per row), plain Adagrad on dense
+    /// parameters (as the reference does).
+    RowwiseAdagrad(AdagradConfig),
+}
+
+/// Adagrad's hyper-parameters beside the learning rate (PyTorch's names and
+/// defaults).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AdagradConfig {
+    /// Added to the accumulator's root (`eps`, default 1e-10).
+    pub eps: f32,
+    /// Every accumulator's initial value (`initial_accumulator_value`, default 0).
+    pub initial_accumulator_value: f32,
+    /// L2 weight decay of the dense parameters (`weight_decay`, default 0): the
+    /// gradient becomes `g + wd·w`. Tables get none (PyTorch and the reference
+    /// refuse weight decay with sparse gradients).
+    pub weight_decay: f32,
+}
+
+impl Default for AdagradConfig {
+    fn default() -> AdagradConfig {
+        AdagradConfig {
+            eps: 1e-10,
+            initial_accumulator_value: 0.0,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+impl Optimizer {
+    /// The name used by the JSON spec and `--optimizer`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Optimizer::Sgd => "sgd",
+            Optimizer::Adagrad(_) => "adagrad",
+            Optimizer::RowwiseAdagrad(_) => "rowwise_adagrad",
+        }
+    }
 }

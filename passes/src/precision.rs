@@ -100,6 +100,26 @@ pub fn select(g: &Graph, precision: Precision, params: Option<&mut Params>) -> R
     if precision == Precision::Fp32 {
         return Ok(g.clone());
     }
+    // Adagrad keeps f32 state; Split-SGD-BF16 has no accumulator form yet.
+    if let Some(n) = g.nodes().iter().position(|n| {
+        matches!(
+            n.op,
+            Op::Adagrad { .. }
+                | Op::SparseAdagrad { .. }
+                | Op::EmbeddingUpdateAdagrad { .. }
+                | Op::EmbeddingUpdateAdagradRows { .. }
+        )
+    }) {
+        return Err(PassError::Node {
+            pass: ID.into(),
+            node: g.node_label(n),
+            op: g.nodes()[n].op.mnemonic().into(),
+            reason: format!(
+                "adagrad with bf16 tables is not supported yet (precision {precision}: \
+                 use fp32 with adagrad)"
+            ),
+        });
+    }
     let mixed = precision == Precision::Mixed;
     let (sens_vals, last_layers) = sensitive(g);
     let nodes = g.nodes();

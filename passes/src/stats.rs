@@ -13,7 +13,11 @@
 //!   gradients): one per element of the result (of the prediction for a loss);
 //! - data movement (`concat`, `split`, `reshape`, `interaction {kind=cat}` and its
 //!   gradient) and collectives: 0;
-//! - `sgd`: 0 — a dense update costs the same whatever the batch, so it is no
+//! - `sparse_adagrad` and the fused `embedding_update_adagrad` (and its row-shard
+//!   form): seven per row-gradient element (the coalescing add, the square and its
+//!   accumulation, root, `eps`, divide, the scaled subtract), an upper bound
+//!   (duplicates and row-wise accumulators do less);
+//! - `sgd`, `adagrad`: 0 — a dense update costs the same whatever the batch, so it is no
 //!   per-sample work (at batch 1 it would be counted as if one sample paid for it).
 
 use dlrm_ir::{Act, Dim, Graph, InteractionKind, Op, TensorType};
@@ -92,7 +96,12 @@ pub(crate) fn node_flops(g: &Graph, n: usize) -> f64 {
         | Op::Reshape { .. }
         | Op::AllReduce
         | Op::AllToAll { .. }
-        | Op::Sgd { .. } => 0.0,
+        | Op::Sgd { .. }
+        | Op::Adagrad { .. } => 0.0,
+        Op::SparseAdagrad { .. } => 7.0 * numel1(ty(3)),
+        Op::EmbeddingUpdateAdagrad { .. } | Op::EmbeddingUpdateAdagradRows { .. } => {
+            7.0 * numel1(ty(3)) * d(ty(0), 1)
+        }
         // Blocked ops: the unpadded GEMM work (as the linear they replace).
         // xb[Kb,S,bk] · wb[Nb,Kb,bk,bn] -> N = bias length
         Op::Brgemm { .. } => 2.0 * d(ty(0), 1) * d(ty(2), 0) * d(ty(0), 0) * d(ty(0), 2),

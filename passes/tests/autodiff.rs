@@ -10,12 +10,13 @@ use dlrm_ir::{
     Act, BinaryKind, DType, Dim, Graph, InteractionKind, Op, Pool, Tensor, TensorType, verify,
 };
 use dlrm_passes::autodiff::autodiff;
-use dlrm_passes::{LossKind, PassError, TrainConfig};
+use dlrm_passes::{LossKind, Optimizer, PassError, TrainConfig};
 use std::collections::HashMap;
 
 const BCE: TrainConfig = TrainConfig {
     loss: LossKind::Bce,
     lr: 0.5,
+    optimizer: Optimizer::Sgd,
 };
 
 fn param_names(g: &Graph) -> Vec<String> {
@@ -92,6 +93,7 @@ fn mse_loss_and_other_variants_verify() {
     let mse = TrainConfig {
         loss: LossKind::Mse,
         lr: 0.1,
+        optimizer: Optimizer::Sgd,
     };
     for spec in [
         Spec::dot(),
@@ -254,7 +256,15 @@ fn check_gradients(spec: &Spec, loss: LossKind) {
 /// [`check_gradients`] of a forward graph with a batch made for its training graph.
 fn check_gradients_of(name: &str, fwd: &Graph, loss: LossKind, batch: impl Fn(&Graph) -> Batch) {
     let lr = 1.0;
-    let t = autodiff(fwd, &TrainConfig { loss, lr }).unwrap();
+    let t = autodiff(
+        fwd,
+        &TrainConfig {
+            loss,
+            lr,
+            optimizer: Optimizer::Sgd,
+        },
+    )
+    .unwrap();
     let batch = batch(&t);
     let params = init_params(fwd, 3);
     let (_, stepped) = run1(&t, &batch, &params);

@@ -15,6 +15,7 @@ fn train(spec: &Spec, optimize: bool) -> Graph {
     let cfg = TrainConfig {
         loss: LossKind::Bce,
         lr: 0.1,
+        optimizer: Default::default(),
     };
     let opts = if optimize {
         PipelineOptions::optimized(Some(cfg))

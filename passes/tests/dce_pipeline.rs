@@ -14,6 +14,7 @@ const TRAIN: PipelineOptions = PipelineOptions {
     train: Some(TrainConfig {
         loss: LossKind::Bce,
         lr: 0.05,
+        optimizer: dlrm_passes::Optimizer::Sgd,
     }),
     optimize: false,
     precision: dlrm_passes::Precision::Fp32,

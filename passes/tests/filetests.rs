@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! ; passes: fuse, dce          (required: pass ids, in order)
-//! ; train: bce 0.1             (optional: loss and learning rate for autodiff)
+//! ; train: bce 0.1 [adagrad]   (optional: loss, learning rate and optimizer —
+//!                               sgd, adagrad, rowwise_adagrad — for autodiff)
 //! ; precision: bf16            (optional: fp32, bf16, mixed)
 //! ; block: 16                  (optional: forced block size)
 //! ; const: %idx = 1, 2, 5      (optional, repeatable: an i64[n] parameter's value,
@@ -20,7 +21,7 @@
 
 use dlrm_ir::Tensor;
 use dlrm_passes::pipeline::run_passes_with;
-use dlrm_passes::{LossKind, PipelineOptions, Precision, TrainConfig};
+use dlrm_passes::{AdagradConfig, LossKind, Optimizer, PipelineOptions, Precision, TrainConfig};
 use std::path::{Path, PathBuf};
 
 const EXPECTED: &str = "; expected:";
@@ -71,7 +72,18 @@ fn run_file(path: &Path) -> Result<(String, bool), String> {
                     .next()
                     .and_then(|s| s.parse().ok())
                     .ok_or("train: needs a learning rate")?;
-                opts.train = Some(TrainConfig { loss, lr });
+                // An optional optimizer with PyTorch's default hyper-parameters.
+                let optimizer = match it.next() {
+                    None | Some("sgd") => Optimizer::Sgd,
+                    Some("adagrad") => Optimizer::Adagrad(AdagradConfig::default()),
+                    Some("rowwise_adagrad") => Optimizer::RowwiseAdagrad(AdagradConfig::default()),
+                    other => return Err(format!("bad optimizer {other:?}")),
+                };
+                opts.train = Some(TrainConfig {
+                    loss,
+                    lr,
+                    optimizer,
+                });
             }
             "precision" => {
                 opts.precision = val.parse::<Precision>().map_err(|e| e.to_string())?;

@@ -29,6 +29,7 @@ fn spec_graph(name: &str) -> (Graph, TrainConfig) {
     let cfg = TrainConfig {
         loss: LossKind::Bce,
         lr: spec.learning_rate,
+        optimizer: Default::default(),
     };
     (spec.graph().unwrap(), cfg)
 }
@@ -49,6 +50,7 @@ fn cfg(m: &dlrm_json::Model) -> TrainConfig {
     TrainConfig {
         loss: LossKind::Bce,
         lr: m.training.learning_rate,
+        optimizer: Default::default(),
     }
 }
 
@@ -409,6 +411,7 @@ fn every_example_optimised_matches_unoptimised() {
         let tc = TrainConfig {
             loss: LossKind::Bce,
             lr: 0.01,
+            optimizer: Default::default(),
         };
         let plain = build(
             &m,

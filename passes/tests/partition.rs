@@ -17,7 +17,11 @@ use dlrm_passes::{
 
 fn train(spec: &Spec, loss: LossKind, lr: f32) -> Graph {
     let opts = PipelineOptions {
-        train: Some(TrainConfig { loss, lr }),
+        train: Some(TrainConfig {
+            loss,
+            lr,
+            optimizer: Default::default(),
+        }),
         ..Default::default()
     };
     compile(spec.build(), &opts, &mut |_, _| {}).unwrap().0
@@ -431,6 +435,7 @@ fn a_model_without_tables_is_data_parallel_only() {
         train: Some(TrainConfig {
             loss: LossKind::Bce,
             lr: 0.5,
+            optimizer: Default::default(),
         }),
         ..Default::default()
     };

@@ -24,7 +24,11 @@ fn train(spec: &Spec, loss: LossKind, lr: f32, optimize: bool) -> Graph {
         PipelineOptions::default()
     };
     let opts = PipelineOptions {
-        train: Some(TrainConfig { loss, lr }),
+        train: Some(TrainConfig {
+            loss,
+            lr,
+            optimizer: Default::default(),
+        }),
         ..base
     };
     compile(spec.build(), &opts, &mut |_, _| {}).unwrap().0
@@ -196,6 +200,7 @@ fn bf16_tables_replicate_and_split_by_rows() {
         train: Some(TrainConfig {
             loss: LossKind::Bce,
             lr: 0.5,
+            optimizer: Default::default(),
         }),
         precision: dlrm_passes::Precision::Bf16,
         ..PipelineOptions::optimized(None)

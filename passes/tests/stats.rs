@@ -35,6 +35,7 @@ fn training_stats_count_backward_and_sparse_updates() {
         &TrainConfig {
             loss: LossKind::Bce,
             lr: 0.1,
+            optimizer: Default::default(),
         },
     )
     .unwrap();

@@ -32,6 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cfg = TrainConfig {
         loss,
         lr: model.training.learning_rate,
+        optimizer: Default::default(),
     };
     let (train, _) = compile(
         model.graph.clone(),

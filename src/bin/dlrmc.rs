@@ -157,6 +157,10 @@ struct CompileArgs {
     /// Override the description's learning rate.
     #[arg(long)]
     lr: Option<f32>,
+    /// Override the optimizer: sgd, adagrad or rowwise_adagrad (ONNX models: the
+    /// training optimizer; Adagrad hyper-parameters are PyTorch's defaults).
+    #[arg(long, value_name = "NAME")]
+    optimizer: Option<String>,
     /// Override the description's global batch size.
     #[arg(long)]
     batch_size: Option<usize>,
@@ -252,6 +256,7 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
     let start = Instant::now();
     let overrides = Overrides {
         learning_rate: a.lr,
+        optimizer: a.optimizer.clone(),
         batch_size: a.batch_size,
         seed: a.seed,
         label: a.label.clone(),
@@ -361,7 +366,11 @@ fn cmd_opt(a: OptArgs) -> Result<()> {
         other => bail!("--loss must be bce or mse, got `{other}`"),
     };
     let opts = PipelineOptions {
-        train: Some(TrainConfig { loss, lr: a.lr }),
+        train: Some(TrainConfig {
+            loss,
+            lr: a.lr,
+            optimizer: Default::default(),
+        }),
         precision: a.precision,
         block: a.block,
         ..PipelineOptions::optimized(None)

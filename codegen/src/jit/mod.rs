@@ -45,6 +45,7 @@
 //! every embedding index against its table) before the call; the generated code
 //! itself does no bounds checks and never sees an unchecked index or size.
 
+pub mod adagrad;
 pub mod brgemm;
 mod buffers;
 mod clif;
@@ -214,6 +215,8 @@ kernel_kinds! {
     pub fn sparse => Sparse(sparse::SparseSpec) -> sparse::SparseKernel = sparse::compile_sparse;
     /// The dense update kernel for `spec`.
     pub fn dense => Dense(sparse::DenseSpec) -> sparse::DenseKernel = sparse::compile_dense;
+    /// The Adagrad update kernel for `spec`.
+    pub fn adagrad => Adagrad(adagrad::AdagradSpec) -> adagrad::AdagradKernel = adagrad::compile;
     /// The dot-interaction kernel (forward or backward) for `spec`.
     pub fn interaction => Interaction(interaction::DotSpec) -> interaction::DotKernel = interaction::compile;
     /// The row-copy kernel (`block_act`, `unblock_act`, `cat`) for `spec`.

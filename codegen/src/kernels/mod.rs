@@ -33,6 +33,7 @@
 //! kernel's result does: each output element is computed by the same sequence of
 //! float operations whatever the split (documented per kernel).
 
+pub mod adagrad;
 pub mod brgemm;
 pub mod elementwise;
 pub mod embedding;
@@ -42,6 +43,9 @@ pub mod loss;
 pub mod optim;
 pub mod shard;
 
+pub use adagrad::{
+    Hyper, adagrad_in_place, embedding_update_adagrad_in_place, sparse_adagrad_in_place,
+};
 pub use optim::{
     Rows, embedding_update_in_place, sgd_in_place, sparse_sgd_in_place,
     split_embedding_update_in_place, split_sgd_in_place,

@@ -205,7 +205,7 @@ impl SparsePlan<'_> {
 
     /// Calls `f(row, grad_row, divisor)` for every position whose row is in
     /// `r0..r1`, in index order.
-    fn visit(&self, r0: usize, r1: usize, mut f: impl FnMut(usize, usize, Option<f32>)) {
+    pub(crate) fn visit(&self, r0: usize, r1: usize, mut f: impl FnMut(usize, usize, Option<f32>)) {
         fn go<I: Ix>(
             plan: &SparsePlan<'_>,
             idx: &[I],
@@ -263,7 +263,7 @@ impl SparsePlan<'_> {
 /// The update value of element `c` of gradient row `src`: `g` (divided by the bag
 /// size when given), as `embedding_bag_grad` computes it.
 #[inline(always)]
-fn gval<G: Elem>(g: &[G], d: usize, src: usize, c: usize, div: Option<f32>) -> f32 {
+pub(crate) fn gval<G: Elem>(g: &[G], d: usize, src: usize, c: usize, div: Option<f32>) -> f32 {
     let v = g[src * d + c].load();
     match div {
         None => v,

@@ -268,9 +268,7 @@ impl Model {
                 Loss::Bce => "bce",
                 Loss::Mse => "mse",
             },
-            match t.optimizer {
-                Optimizer::Sgd => "sgd",
-            },
+            t.optimizer.name(),
             t.learning_rate,
             t.batch_size,
             t.seed

@@ -41,7 +41,10 @@
 //! | `interaction_itself` | bool | `false` | keep the self terms `i == j` (`dot` only) |
 //! | `loss` | `"bce"` or `"mse"` | `"bce"` | training loss |
 //! | `batch_size` | integer > 0 | required | global mini-batch size |
-//! | `optimizer` | `"sgd"` | `"sgd"` | optimizer |
+//! | `optimizer` | `"sgd"`, `"adagrad"` or `"rowwise_adagrad"` | `"sgd"` | optimizer: `adagrad` is `torch.optim.Adagrad` (an accumulator per element; tables updated on their touched rows with the batch's gradient coalesced); `rowwise_adagrad` gives tables one accumulator per row (the reference's `RWSAdagrad`) and MLP weights plain Adagrad |
+//! | `eps` | number, finite and > 0 as f32 | `1e-10` | Adagrad's `eps` (adagrad optimizers only) |
+//! | `initial_accumulator_value` | number, finite and >= 0 | `0` | Adagrad's initial accumulator (adagrad optimizers only) |
+//! | `weight_decay` | number, finite and >= 0 | `0` | L2 weight decay of the MLP weights (adagrad optimizers only; tables get none, as PyTorch refuses it with sparse gradients) |
 //! | `learning_rate` | number, finite and > 0 as f32 | required | learning rate |
 //! | `seed` | integer >= 0 | `1` | initialisation seed |
 //!
@@ -75,7 +78,7 @@ mod spec;
 
 pub use build::{Model, Training};
 pub use error::{Error, Result};
-pub use spec::{Loss, ModelSpec, Optimizer};
+pub use spec::{Adagrad, Loss, ModelSpec, Optimizer};
 
 use std::path::Path;
 

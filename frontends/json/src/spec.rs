@@ -26,10 +26,62 @@ pub enum Loss {
 }
 
 /// The optimizer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Optimizer {
     /// Plain SGD: dense for MLP weights, sparse (touched rows only) for tables (`"sgd"`).
     Sgd,
+    /// Adagrad (`torch.optim.Adagrad`) with an accumulator per element, dense for MLP
+    /// weights, sparse (touched rows, gradient coalesced) for tables (`"adagrad"`).
+    Adagrad(Adagrad),
+    /// Row-wise Adagrad on tables (one accumulator per row: the reference's
+    /// `RWSAdagrad`, FBGEMM's `EXACT_ROWWISE_ADAGRAD`), plain Adagrad on MLP weights
+    /// (`"rowwise_adagrad"`).
+    RowwiseAdagrad(Adagrad),
+}
+
+impl Optimizer {
+    /// The spelling in the description (`sgd`, `adagrad`, `rowwise_adagrad`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Optimizer::Sgd => "sgd",
+            Optimizer::Adagrad(_) => "adagrad",
+            Optimizer::RowwiseAdagrad(_) => "rowwise_adagrad",
+        }
+    }
+
+    /// Parses an optimizer name with Adagrad's default hyper-parameters (the
+    /// `--optimizer` flag); `None` for an unknown name.
+    pub fn from_name(name: &str) -> Option<Optimizer> {
+        match name {
+            "sgd" => Some(Optimizer::Sgd),
+            "adagrad" => Some(Optimizer::Adagrad(Adagrad::default())),
+            "rowwise_adagrad" => Some(Optimizer::RowwiseAdagrad(Adagrad::default())),
+            _ => None,
+        }
+    }
+}
+
+/// Adagrad's hyper-parameters beside the learning rate (PyTorch's names and
+/// defaults).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Adagrad {
+    /// Added to the accumulator's root (finite, > 0; default 1e-10).
+    pub eps: f32,
+    /// Every accumulator's initial value (finite, >= 0; default 0).
+    pub initial_accumulator_value: f32,
+    /// L2 weight decay of the MLP weights (finite, >= 0; default 0). Tables get none:
+    /// PyTorch and the reference refuse weight decay with sparse gradients.
+    pub weight_decay: f32,
+}
+
+impl Default for Adagrad {
+    fn default() -> Adagrad {
+        Adagrad {
+            eps: 1e-10,
+            initial_accumulator_value: 0.0,
+            weight_decay: 0.0,
+        }
+    }
 }
 
 /// A validated model description (see the crate docs for the JSON form).
@@ -94,6 +146,9 @@ struct RawSpec {
     #[serde(default)]
     optimizer: RawOptimizer,
     learning_rate: f64,
+    eps: Option<f64>,
+    initial_accumulator_value: Option<f64>,
+    weight_decay: Option<f64>,
     #[serde(default = "default_seed")]
     seed: u64,
 }
@@ -131,6 +186,9 @@ enum RawLoss {
 enum RawOptimizer {
     #[default]
     Sgd,
+    Adagrad,
+    #[serde(rename = "rowwise_adagrad")]
+    RowwiseAdagrad,
 }
 
 /// `pooling`: one number for every table, or a list with one number per table.
@@ -282,8 +340,34 @@ impl RawSpec {
                 RawLoss::Mse => Loss::Mse,
             },
             batch_size: self.batch_size,
-            optimizer: match self.optimizer {
-                RawOptimizer::Sgd => Optimizer::Sgd,
+            optimizer: {
+                let d = Adagrad::default();
+                let a = Adagrad {
+                    eps: self.eps.map_or(d.eps, |v| v as f32),
+                    initial_accumulator_value: self
+                        .initial_accumulator_value
+                        .map_or(d.initial_accumulator_value, |v| v as f32),
+                    weight_decay: self.weight_decay.map_or(d.weight_decay, |v| v as f32),
+                };
+                match self.optimizer {
+                    RawOptimizer::Sgd => {
+                        let given = [
+                            ("eps", self.eps),
+                            ("initial_accumulator_value", self.initial_accumulator_value),
+                            ("weight_decay", self.weight_decay),
+                        ];
+                        if let Some((field, _)) = given.iter().find(|(_, v)| v.is_some()) {
+                            return Err(invalid(
+                                origin,
+                                *field,
+                                "applies to the adagrad optimizers only (optimizer is sgd)",
+                            ));
+                        }
+                        Optimizer::Sgd
+                    }
+                    RawOptimizer::Adagrad => Optimizer::Adagrad(a),
+                    RawOptimizer::RowwiseAdagrad => Optimizer::RowwiseAdagrad(a),
+                }
             },
             learning_rate: self.learning_rate as f32,
             seed: self.seed,
@@ -421,6 +505,25 @@ impl ModelSpec {
                     self.learning_rate
                 ),
             );
+        }
+        if let Optimizer::Adagrad(a) | Optimizer::RowwiseAdagrad(a) = self.optimizer {
+            if !(a.eps.is_finite() && a.eps > 0.0) {
+                return bad(
+                    "eps".into(),
+                    format!("must be a finite number > 0 (as f32), got {}", a.eps),
+                );
+            }
+            for (field, v) in [
+                ("initial_accumulator_value", a.initial_accumulator_value),
+                ("weight_decay", a.weight_decay),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return bad(
+                        field.into(),
+                        format!("must be a finite number >= 0 (as f32), got {v}"),
+                    );
+                }
+            }
         }
         if self.checked_param_count().is_none() {
             return bad(

@@ -137,9 +137,53 @@ fn unknown_enum_values_name_the_field() {
     );
     expect_json(&tiny_set("loss", json!("hinge")), Some("loss"), "`hinge`");
     expect_json(
-        &tiny_set("optimizer", json!("adagrad")),
+        &tiny_set("optimizer", json!("adam")),
         Some("optimizer"),
-        "`adagrad`",
+        "`adam`",
+    );
+}
+
+#[test]
+fn adagrad_hyper_parameters_are_checked() {
+    let with = |opt: &str, key: &str, v: Value| {
+        let mut j: Value = serde_json::from_str(&tiny_set("optimizer", json!(opt))).expect("json");
+        j[key] = v;
+        j.to_string()
+    };
+    let invalid = |src: String, field: &str, has: &str| match parse_err(&src) {
+        Error::Invalid {
+            field: f, reason, ..
+        } => {
+            assert_eq!(f, field);
+            assert!(reason.contains(has), "{reason}");
+        }
+        other => panic!("expected Invalid, got {other}"),
+    };
+    invalid(with("adagrad", "eps", json!(0.0)), "eps", "> 0");
+    invalid(with("rowwise_adagrad", "eps", json!(-1.0)), "eps", "> 0");
+    invalid(
+        with("adagrad", "initial_accumulator_value", json!(-0.5)),
+        "initial_accumulator_value",
+        ">= 0",
+    );
+    invalid(
+        with("adagrad", "weight_decay", json!(1e300)),
+        "weight_decay",
+        "finite",
+    );
+    invalid(
+        with("sgd", "eps", json!(1e-8)),
+        "eps",
+        "adagrad optimizers only",
+    );
+    // Accepted, with the values given and PyTorch's defaults for the others.
+    let s = ModelSpec::parse(&with("rowwise_adagrad", "eps", json!(1e-8)), ORIGIN).expect("valid");
+    assert_eq!(
+        s.optimizer,
+        dlrm_json::Optimizer::RowwiseAdagrad(dlrm_json::Adagrad {
+            eps: 1e-8,
+            ..Default::default()
+        })
     );
 }
 

@@ -21,6 +21,7 @@
 //! [`run`] evaluates a whole graph in node order, drops each value after its last
 //! use, and applies the graph's updates to the parameters at the end.
 
+mod adagrad;
 mod collective;
 mod common;
 mod dense;
@@ -34,6 +35,7 @@ mod shape;
 /// Scalar definitions that the kernels call too, so that their results equal the
 /// interpreter's bit for bit by construction (an elementwise op whose formula is
 /// longer than a line keeps it in one place).
+pub use adagrad::{adagrad_acc1, adagrad_row_acc, adagrad_step1};
 pub use dense::{gelu_grad1, gelu1};
 
 use crate::{A2aDir, Communicator, Def, Graph, IrError, Op, Result, Tensor, TensorType, ValueId};
@@ -86,6 +88,10 @@ fn result_count(op: &Op, n_in: usize) -> usize {
         | Op::SplitSgd { .. }
         | Op::SplitEmbeddingUpdate { .. }
         | Op::SplitEmbeddingUpdateRows { .. } => 2,
+        Op::Adagrad { .. }
+        | Op::SparseAdagrad { .. }
+        | Op::EmbeddingUpdateAdagrad { .. }
+        | Op::EmbeddingUpdateAdagradRows { .. } => 2,
         _ => 1,
     }
 }
@@ -204,6 +210,52 @@ fn dispatch(
         Op::MseGrad { denom } => single(dense::mse_grad(ins, denom, ctx.syms, one()?)),
         Op::Sgd { lr } => single(optim::sgd(*lr, ins, one()?)),
         Op::SparseSgd { lr } => single(optim::sparse_sgd_ref(*lr, ins, one()?)),
+        Op::Adagrad {
+            lr,
+            eps,
+            wd,
+            rowwise,
+        } => adagrad::adagrad(*lr, *eps, *wd, *rowwise, ins),
+        Op::SparseAdagrad { lr, eps, rowwise } => adagrad::sparse_adagrad(
+            adagrad::Hyper {
+                lr: *lr,
+                eps: *eps,
+                rowwise: *rowwise,
+            },
+            ins,
+        ),
+        Op::EmbeddingUpdateAdagrad {
+            mode,
+            lr,
+            eps,
+            rowwise,
+        } => adagrad::embedding_update_adagrad(
+            *mode,
+            adagrad::Hyper {
+                lr: *lr,
+                eps: *eps,
+                rowwise: *rowwise,
+            },
+            None,
+            ins,
+        ),
+        Op::EmbeddingUpdateAdagradRows {
+            mode,
+            lr,
+            eps,
+            rowwise,
+            lo,
+            rows,
+        } => adagrad::embedding_update_adagrad(
+            *mode,
+            adagrad::Hyper {
+                lr: *lr,
+                eps: *eps,
+                rowwise: *rowwise,
+            },
+            Some((*lo, *rows)),
+            ins,
+        ),
         Op::AllReduce => collective::all_reduce(ins, ctx),
         Op::AllToAll { dir, counts, rank } => {
             collective::all_to_all(*dir, counts, *rank, ins, out_types, ctx)

@@ -96,6 +96,8 @@ op_table! {
     MseGrad "mse_grad" { denom: dim "denom" },
     Sgd "sgd" { lr: float "lr" },
     SparseSgd "sparse_sgd" { lr: float "lr" },
+    Adagrad "adagrad" { lr: float "lr", eps: float "eps", wd: float "wd", rowwise: bool "rowwise" },
+    SparseAdagrad "sparse_adagrad" { lr: float "lr", eps: float "eps", rowwise: bool "rowwise" },
     AllReduce "all_reduce",
     AllToAll "all_to_all" { dir: a2a_dir "dir", counts: usizes "counts", rank: usize "rank" },
     // ---- fused / blocked ops (e-graph, precision)
@@ -111,6 +113,9 @@ op_table! {
     SplitSgd "split_sgd" { lr: float "lr" },
     EmbeddingUpdate "embedding_update" { mode: pool "mode", lr: float "lr" },
     SplitEmbeddingUpdate "split_embedding_update" { mode: pool "mode", lr: float "lr" },
+    EmbeddingUpdateAdagrad "embedding_update_adagrad" {
+        mode: pool "mode", lr: float "lr", eps: float "eps", rowwise: bool "rowwise"
+    },
     // ---- sharded embeddings
     EmbeddingBagRows "embedding_bag_rows" { mode: pool "mode", lo: usize "lo", rows: usize "rows" },
     SparseSgdRows "sparse_sgd_rows" { lr: float "lr", lo: usize "lo", rows: usize "rows" },
@@ -119,6 +124,10 @@ op_table! {
     },
     SplitEmbeddingUpdateRows "split_embedding_update_rows" {
         mode: pool "mode", lr: float "lr", lo: usize "lo", rows: usize "rows"
+    },
+    EmbeddingUpdateAdagradRows "embedding_update_adagrad_rows" {
+        mode: pool "mode", lr: float "lr", eps: float "eps", rowwise: bool "rowwise",
+        lo: usize "lo", rows: usize "rows"
     },
     EmbeddingGradDense "embedding_grad_dense" { mode: pool "mode", rows: usize "rows" },
     // ---- generic ops (ONNX import)

@@ -16,7 +16,8 @@ pub(super) enum Kind {
     Bag,
     BagGrad,
     SparseSgd,
-    /// `embedding_update`: bag gradient and sparse SGD fused.
+    /// `embedding_update` (or its split / Adagrad form): bag gradient and sparse
+    /// update fused.
     Update,
 }
 
@@ -47,7 +48,8 @@ pub(super) struct Sparse {
     pub sgd_root: Vec<Option<ValueId>>,
     /// Per node: the root table of an `embedding_bag_grad`.
     pub grad_root: Vec<Option<ValueId>>,
-    /// Split-SGD-BF16 low halves of tables: `(low-half parameter, its table)`.
+    /// State sharded like its table: Split-SGD-BF16 low halves and Adagrad
+    /// accumulators, `(parameter, its table)`.
     pub companions: Vec<(ValueId, ValueId)>,
 }
 
@@ -65,7 +67,7 @@ pub(super) fn bag_dy(g: &Graph, k: usize) -> ValueId {
     let node = &g.nodes()[k];
     match node.op {
         Op::EmbeddingUpdate { .. } => node.inputs[1],
-        Op::SplitEmbeddingUpdate { .. } => node.inputs[2],
+        Op::SplitEmbeddingUpdate { .. } | Op::EmbeddingUpdateAdagrad { .. } => node.inputs[2],
         _ => node.inputs[0],
     }
 }
@@ -113,7 +115,18 @@ impl Sparse {
                 self.kinds[n] = Kind::BagGrad;
                 Ok(())
             }
-            Op::SparseSgd { .. } | Op::EmbeddingUpdate { .. } | Op::SplitEmbeddingUpdate { .. } => {
+            Op::SparseAdagrad { .. } => Err(node_err(
+                g,
+                n,
+                "an unfused sparse_adagrad cannot be partitioned yet, only the fused \
+                 embedding_update_adagrad (compile with -O1; per-sample-weighted bags \
+                 do not fuse)"
+                    .into(),
+            )),
+            Op::SparseSgd { .. }
+            | Op::EmbeddingUpdate { .. }
+            | Op::SplitEmbeddingUpdate { .. }
+            | Op::EmbeddingUpdateAdagrad { .. } => {
                 self.kinds[n] = if matches!(node.op, Op::SparseSgd { .. }) {
                     Kind::SparseSgd
                 } else {
@@ -252,8 +265,8 @@ impl Sparse {
     }
 
     /// Every fused update takes a dense gradient and belongs to a bag of its table
-    /// with the same indices and pooling; a split update's low-half parameter is
-    /// recorded as its table's companion.
+    /// with the same indices and pooling; a split update's low-half parameter (an
+    /// Adagrad update's accumulator) is recorded as its table's companion.
     fn match_updates(&mut self, g: &Graph) -> Result<()> {
         for (k, node) in g.nodes().iter().enumerate() {
             if self.kinds[k] != Kind::Update {
@@ -262,7 +275,7 @@ impl Sparse {
             self.check_dense_dy(g, k)?;
             let (mode, first_index) = match node.op {
                 Op::EmbeddingUpdate { mode, .. } => (mode, 2),
-                Op::SplitEmbeddingUpdate { mode, .. } => {
+                Op::SplitEmbeddingUpdate { mode, .. } | Op::EmbeddingUpdateAdagrad { mode, .. } => {
                     let lo = node.inputs[1];
                     if let (Def::Param(_), Some(root)) = (g.value(lo).def, self.sgd_root[k]) {
                         self.companions.push((lo, root));

@@ -196,10 +196,11 @@ impl<'a> RankBuilder<'a> {
         let node = &g.nodes()[k];
         let mut ins = Vec::with_capacity(node.inputs.len());
         // The state operands before dy: none (bag gradient), the table (fused
-        // update), the table and its low half (split update).
+        // update), the table and its low half (split update) or its accumulator
+        // (Adagrad update).
         let state = match node.op {
             Op::EmbeddingUpdate { .. } => 1,
-            Op::SplitEmbeddingUpdate { .. } => 2,
+            Op::SplitEmbeddingUpdate { .. } | Op::EmbeddingUpdateAdagrad { .. } => 2,
             _ => 0,
         };
         for &v in &node.inputs[..state] {
@@ -225,6 +226,25 @@ impl<'a> RankBuilder<'a> {
                 Op::SplitEmbeddingUpdateRows {
                     mode: *mode,
                     lr: *lr,
+                    lo: s.lo,
+                    rows: self.table_rows(table),
+                }
+            }
+            (
+                Some(sk),
+                &Op::EmbeddingUpdateAdagrad {
+                    mode,
+                    lr,
+                    eps,
+                    rowwise,
+                },
+            ) => {
+                let s = self.shard(table, sk)?;
+                Op::EmbeddingUpdateAdagradRows {
+                    mode,
+                    lr,
+                    eps,
+                    rowwise,
                     lo: s.lo,
                     rows: self.table_rows(table),
                 }

@@ -56,7 +56,8 @@
 //!
 //! Optimised graphs partition the same way: a fused `embedding_update` (or
 //! `split_embedding_update`, whose table low half `%t.lo` lives with its table and
-//! is split at the same rows) plays the role of the bag gradient and its
+//! is split at the same rows, or `embedding_update_adagrad`, whose accumulator
+//! `%t.acc` does the same; a data-parallel table's becomes a dense `adagrad`) plays the role of the bag gradient and its
 //! `sparse_sgd`; blocked weight gradients are all-reduced like any dense gradient.
 //!
 //! After this pass, the per-rank passes of the pipeline
@@ -139,10 +140,12 @@ pub struct RowShard {
 
 impl RowShard {
     /// Rows `lo..hi` of a table's value (any dtype); `None` if `t` is not a
-    /// `[rows, D]` tensor with `hi <= rows`.
+    /// `[rows, D]` tensor (or a row-wise accumulator `[rows]`) with `hi <= rows`.
     pub fn slice(&self, t: &Tensor) -> Option<Tensor> {
-        let [rows, d] = t.shape[..] else {
-            return None;
+        let (rows, d) = match t.shape[..] {
+            [rows, d] => (rows, d),
+            [rows] => (rows, 1),
+            _ => return None,
         };
         if self.hi > rows || self.lo > self.hi {
             return None;
@@ -154,10 +157,9 @@ impl RowShard {
             Data::I64(v) => Data::I64(v.get(r)?.to_vec()),
             Data::I32(v) => Data::I32(v.get(r)?.to_vec()),
         };
-        Some(Tensor {
-            shape: vec![self.hi - self.lo, d],
-            data,
-        })
+        let mut shape = t.shape.clone();
+        shape[0] = self.hi - self.lo;
+        Some(Tensor { shape, data })
     }
 }
 

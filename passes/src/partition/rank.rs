@@ -44,7 +44,9 @@ impl<'a> RankBuilder<'a> {
         for node in g.nodes() {
             match node.op {
                 Op::Sgd { .. } => to_reduce[node.inputs[1].index()] = true,
-                Op::SplitSgd { .. } => to_reduce[node.inputs[2].index()] = true,
+                Op::SplitSgd { .. } | Op::Adagrad { .. } => {
+                    to_reduce[node.inputs[2].index()] = true
+                }
                 _ => {}
             }
         }
@@ -153,7 +155,7 @@ impl<'a> RankBuilder<'a> {
         for (i, &v) in node.inputs.iter().enumerate() {
             let grad_slot = match node.op {
                 Op::Sgd { .. } => 1,
-                Op::SplitSgd { .. } => 2,
+                Op::SplitSgd { .. } | Op::Adagrad { .. } => 2,
                 _ => usize::MAX,
             };
             let new = if i == grad_slot {

@@ -1,6 +1,7 @@
 //! The sparse nodes of a data-parallel (replicated) table, each at its place in node
 //! order: the bag on the rank's own samples; the backward as a dense table gradient
-//! (`embedding_grad_dense`), all-reduced, and a dense `sgd` (`split_sgd` for a
+//! (`embedding_grad_dense`), all-reduced, and a dense `sgd` (`adagrad` for an
+//! Adagrad update, with its accumulator; `split_sgd` for a
 //! Split-SGD-BF16 table) instead of the sparse update.
 
 use super::ID;
@@ -97,6 +98,37 @@ impl RankBuilder<'_> {
                         &[hi, lo, grad],
                         &[name(0), name(1)],
                     )
+                    .map_err(&e)?;
+                for (&out, new) in node.outputs.iter().zip(news) {
+                    self.define(out, new)?;
+                }
+                Ok(())
+            }
+            (
+                &Op::EmbeddingUpdateAdagrad {
+                    mode,
+                    lr,
+                    eps,
+                    rowwise,
+                },
+                _,
+            ) => {
+                // The dense form of the sparse update: rows without gradient keep
+                // their weights and accumulators exactly (eps > 0).
+                let table = self.sp.sgd_root[n]
+                    .ok_or_else(|| node_err(g, n, "internal: no table".into()))?;
+                let grad =
+                    self.replicated_grad(mode, table, node.inputs[2], &node.inputs[3..], name(0))?;
+                let (w, acc) = (self.get(node.inputs[0])?, self.get(node.inputs[1])?);
+                let op = Op::Adagrad {
+                    lr,
+                    eps,
+                    wd: 0.0,
+                    rowwise,
+                };
+                let news = self
+                    .ng
+                    .add_node(op, &[w, acc, grad], &[name(0), name(1)])
                     .map_err(&e)?;
                 for (&out, new) in node.outputs.iter().zip(news) {
                     self.define(out, new)?;

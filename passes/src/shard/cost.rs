@@ -131,9 +131,17 @@ impl DenseProfile {
                 Op::EmbeddingBag { .. }
                 | Op::SparseSgd { .. }
                 | Op::EmbeddingUpdate { .. }
-                | Op::SplitEmbeddingUpdate { .. } => {
+                | Op::SplitEmbeddingUpdate { .. }
+                | Op::SparseAdagrad { .. }
+                | Op::EmbeddingUpdateAdagrad { .. } => {
                     table[node.inputs[0].index()] = true;
-                    if matches!(node.op, Op::SplitEmbeddingUpdate { .. }) {
+                    // A low half or an accumulator is table state too.
+                    if matches!(
+                        node.op,
+                        Op::SplitEmbeddingUpdate { .. }
+                            | Op::SparseAdagrad { .. }
+                            | Op::EmbeddingUpdateAdagrad { .. }
+                    ) {
                         table[node.inputs[1].index()] = true;
                     }
                 }
@@ -148,6 +156,8 @@ impl DenseProfile {
                     | Op::SparseSgd { .. }
                     | Op::EmbeddingUpdate { .. }
                     | Op::SplitEmbeddingUpdate { .. }
+                    | Op::SparseAdagrad { .. }
+                    | Op::EmbeddingUpdateAdagrad { .. }
             );
             if !sparse {
                 p.flops_per_sample += stats::node_flops(g, n);
@@ -157,13 +167,15 @@ impl DenseProfile {
                     p.train = true;
                     p.grad_bytes.push(bytes_of(g, node.inputs[1]));
                 }
-                Op::SplitSgd { .. } => {
+                Op::SplitSgd { .. } | Op::Adagrad { .. } => {
                     p.train = true;
                     p.grad_bytes.push(bytes_of(g, node.inputs[2]));
                 }
                 Op::EmbeddingUpdate { .. }
                 | Op::SplitEmbeddingUpdate { .. }
-                | Op::SparseSgd { .. } => p.train = true,
+                | Op::SparseSgd { .. }
+                | Op::SparseAdagrad { .. }
+                | Op::EmbeddingUpdateAdagrad { .. } => p.train = true,
                 _ => {}
             }
         }

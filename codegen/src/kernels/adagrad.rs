@@ -1,0 +1,327 @@
+//! In-place Adagrad updates on parameter storage (the optimizer ops `adagrad`,
+//! `sparse_adagrad`, `embedding_update_adagrad` and its row-shard form).
+//!
+//! - [`adagrad_in_place`]: the dense update, parallel over chunks of elements (or of
+//!   rows, row-wise); the gradient may be f32 or bf16, weight and accumulator f32.
+//! - [`sparse_adagrad_in_place`] and [`embedding_update_adagrad_in_place`]: the
+//!   race-free embedding update of [`super::optim`] with optimizer state: the
+//!   table's stored rows are split into one contiguous range per rayon task, each
+//!   task owning the same rows of the accumulator; every task scans all indices and
+//!   groups the positions in its range by row (stable: index order within a row),
+//!   sums each row's gradient from 0.0 in that order (coalescing, as the
+//!   definition), then updates the row and its accumulator once with the
+//!   interpreter's own scalar functions ([`dlrm_ir::interp::adagrad_acc1`],
+//!   [`adagrad_row_acc`], [`adagrad_step1`]): results are bitwise equal to the
+//!   interpreter's.
+//!
+//! All validate everything (shapes, dtypes, every index, offsets) before writing:
+//! on error the parameters are unchanged. Adagrad state is f32; a bf16 table or
+//! weight is refused ("not supported yet").
+
+use super::optim::{
+    Grad, Rows, SparsePlan, check_consistent, embedding_update_plan_of, grad_of, gval, op_name,
+    sparse_sgd_plan_of,
+};
+use super::{Elem, KResult, KernelError, shape_err};
+use dlrm_ir::interp::{adagrad_acc1, adagrad_row_acc, adagrad_step1};
+use dlrm_ir::{Data, Pool, Tensor};
+use rayon::prelude::*;
+
+/// Elements per task of the dense update.
+const CHUNK: usize = 1 << 15;
+
+/// Adagrad's hyper-parameters (weight decay only for the dense update).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Hyper {
+    /// Learning rate.
+    pub lr: f32,
+    /// Added to the accumulator's root.
+    pub eps: f32,
+    /// One accumulator per row.
+    pub rowwise: bool,
+}
+
+/// The f32 storage of a weight or table and of its accumulator, checked to fit:
+/// `acc` shaped like `w`, or `[R]` for a row-wise `w[R, D]`.
+pub(crate) fn state<'a>(
+    op: &'static str,
+    w: &'a mut Tensor,
+    acc: &'a mut Tensor,
+    rowwise: bool,
+) -> KResult<(&'a mut [f32], &'a mut [f32], usize)> {
+    check_consistent(op, "weight", w)?;
+    check_consistent(op, "accumulator", acc)?;
+    let d = if rowwise {
+        let [r, d] = w.shape[..] else {
+            return Err(shape_err(
+                op,
+                format!("a row-wise weight must have rank 2, got {:?}", w.shape),
+            ));
+        };
+        if acc.shape != [r] {
+            return Err(shape_err(
+                op,
+                format!(
+                    "row-wise accumulator {:?} must be [{r}] for weight {:?}",
+                    acc.shape, w.shape
+                ),
+            ));
+        }
+        d
+    } else {
+        if acc.shape != w.shape {
+            return Err(shape_err(
+                op,
+                format!(
+                    "accumulator {:?} and weight {:?} differ",
+                    acc.shape, w.shape
+                ),
+            ));
+        }
+        w.shape.last().copied().unwrap_or(1)
+    };
+    let (wd, ad) = (w.dtype(), acc.dtype());
+    match (&mut w.data, &mut acc.data) {
+        (Data::F32(w), Data::F32(a)) => Ok((w, a, d)),
+        _ => Err(KernelError::DType {
+            op,
+            reason: format!(
+                "adagrad state must be f32 (bf16 is not supported yet), got weight {wd} and accumulator {ad}"
+            ),
+        }),
+    }
+}
+
+/// `adagrad {lr, eps, wd, rowwise}(w, acc, g)` in place.
+pub fn adagrad_in_place(
+    w: &mut Tensor,
+    acc: &mut Tensor,
+    g: &Tensor,
+    h: Hyper,
+    wd: f32,
+) -> KResult<()> {
+    const OP: &str = "adagrad";
+    if w.shape != g.shape {
+        return Err(shape_err(
+            OP,
+            format!("weight {:?} and gradient {:?} differ", w.shape, g.shape),
+        ));
+    }
+    check_consistent(OP, "gradient", g)?;
+    let grad = grad_of(OP, g)?;
+    let (w, a, d) = state(OP, w, acc, h.rowwise)?;
+    fn go<G: Elem>(w: &mut [f32], a: &mut [f32], g: &[G], h: Hyper, wd: f32, d: usize) {
+        let grad = |w: f32, g: G| {
+            let g = g.load();
+            if wd != 0.0 { g + wd * w } else { g }
+        };
+        if h.rowwise {
+            if d == 0 {
+                return;
+            }
+            let rows = (CHUNK / d).max(1);
+            w.par_chunks_mut(rows * d)
+                .zip(a.par_chunks_mut(rows))
+                .zip(g.par_chunks(rows * d))
+                .for_each(|((w, a), g)| {
+                    let mut gr = vec![0.0f32; d];
+                    for ((wr, ar), grow) in w.chunks_mut(d).zip(a.iter_mut()).zip(g.chunks(d)) {
+                        for ((x, &wi), &gi) in gr.iter_mut().zip(wr.iter()).zip(grow) {
+                            *x = grad(wi, gi);
+                        }
+                        *ar = adagrad_row_acc(*ar, &gr);
+                        for (wi, &gi) in wr.iter_mut().zip(&gr) {
+                            *wi = adagrad_step1(*wi, gi, *ar, h.lr, h.eps);
+                        }
+                    }
+                });
+        } else {
+            w.par_chunks_mut(CHUNK)
+                .zip(a.par_chunks_mut(CHUNK))
+                .zip(g.par_chunks(CHUNK))
+                .for_each(|((w, a), g)| {
+                    for ((wi, ai), &gi) in w.iter_mut().zip(a.iter_mut()).zip(g) {
+                        let gv = grad(*wi, gi);
+                        *ai = adagrad_acc1(*ai, gv);
+                        *wi = adagrad_step1(*wi, gv, *ai, h.lr, h.eps);
+                    }
+                });
+        }
+    }
+    match grad {
+        Grad::F32(g) => go(w, a, g, h, wd, d),
+        Grad::BF16(g) => go(w, a, g, h, wd, d),
+    }
+    Ok(())
+}
+
+/// The update of one touched row: `(w[D], acc[D] or acc[1], summed g[D])`.
+pub(crate) type RowFn<'a> = &'a (dyn Fn(&mut [f32], &mut [f32], &[f32]) + Sync);
+
+/// The reference row update (the interpreter's scalar functions).
+fn reference_row(h: Hyper) -> impl Fn(&mut [f32], &mut [f32], &[f32]) + Sync {
+    move |row: &mut [f32], acc: &mut [f32], sum: &[f32]| {
+        if h.rowwise {
+            let ar = adagrad_row_acc(acc[0], sum);
+            acc[0] = ar;
+            for (w, &gi) in row.iter_mut().zip(sum) {
+                *w = adagrad_step1(*w, gi, ar, h.lr, h.eps);
+            }
+        } else {
+            for ((w, ai), &gi) in row.iter_mut().zip(acc.iter_mut()).zip(sum) {
+                *ai = adagrad_acc1(*ai, gi);
+                *w = adagrad_step1(*w, gi, *ai, h.lr, h.eps);
+            }
+        }
+    }
+}
+
+/// `sparse_adagrad(table, acc, indices, rowgrad)` in place (a row shard with
+/// [`Rows::Shard`]).
+pub fn sparse_adagrad_in_place(
+    table: &mut Tensor,
+    acc: &mut Tensor,
+    rows: Rows,
+    indices: &Tensor,
+    rowgrad: &Tensor,
+    h: Hyper,
+) -> KResult<()> {
+    sparse_adagrad_with(table, acc, rows, indices, rowgrad, h, &reference_row(h))
+}
+
+/// [`sparse_adagrad_in_place`] with the row update `row`.
+pub(crate) fn sparse_adagrad_with(
+    table: &mut Tensor,
+    acc: &mut Tensor,
+    rows: Rows,
+    indices: &Tensor,
+    rowgrad: &Tensor,
+    h: Hyper,
+    row: RowFn<'_>,
+) -> KResult<()> {
+    let op = op_name(rows, "sparse_adagrad", "sparse_adagrad_rows");
+    let storage = table.shape.clone();
+    let plan = sparse_sgd_plan_of(op, rows, &storage, indices, rowgrad)?;
+    let (t, a, _) = state(op, table, acc, h.rowwise)?;
+    apply(t, a, &plan, h, row);
+    Ok(())
+}
+
+/// `embedding_update_adagrad(table, acc, dy, indices[, offsets])` in place (its
+/// row-shard form with [`Rows::Shard`]).
+#[allow(clippy::too_many_arguments)]
+pub fn embedding_update_adagrad_in_place(
+    table: &mut Tensor,
+    acc: &mut Tensor,
+    rows: Rows,
+    mode: Pool,
+    dy: &Tensor,
+    indices: &Tensor,
+    offsets: Option<&Tensor>,
+    h: Hyper,
+) -> KResult<()> {
+    let row = reference_row(h);
+    embedding_update_adagrad_with(table, acc, rows, mode, dy, indices, offsets, h, &row)
+}
+
+/// [`embedding_update_adagrad_in_place`] with the row update `row`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn embedding_update_adagrad_with(
+    table: &mut Tensor,
+    acc: &mut Tensor,
+    rows: Rows,
+    mode: Pool,
+    dy: &Tensor,
+    indices: &Tensor,
+    offsets: Option<&Tensor>,
+    h: Hyper,
+    row: RowFn<'_>,
+) -> KResult<()> {
+    let op = op_name(
+        rows,
+        "embedding_update_adagrad",
+        "embedding_update_adagrad_rows",
+    );
+    let storage = table.shape.clone();
+    let plan = embedding_update_plan_of(op, rows, &storage, mode, dy, indices, offsets)?;
+    let (t, a, _) = state(op, table, acc, h.rowwise)?;
+    apply(t, a, &plan, h, row);
+    Ok(())
+}
+
+/// Applies a validated plan to f32 table and accumulator storage, race-free.
+fn apply(t: &mut [f32], a: &mut [f32], plan: &SparsePlan<'_>, h: Hyper, row: RowFn<'_>) {
+    let d = plan.d;
+    if d == 0 || plan.idx.len() == 0 {
+        return;
+    }
+    let rr = plan.range_rows();
+    let ad = if h.rowwise { 1 } else { d };
+    let first = plan.first;
+    t.par_chunks_mut(rr * d)
+        .zip(a.par_chunks_mut(rr * ad))
+        .enumerate()
+        .for_each(|(blk, (part, acc))| match plan.grad {
+            Grad::F32(g) => rows_of(part, acc, ad, first + blk * rr, plan, g, row),
+            Grad::BF16(g) => rows_of(part, acc, ad, first + blk * rr, plan, g, row),
+        });
+}
+
+/// One task: the rows `r0 ..` held by `part` (and their accumulators `acc`, `ad`
+/// per row): each touched row's gradient summed in index order, then `row`.
+fn rows_of<G: Elem>(
+    part: &mut [f32],
+    acc: &mut [f32],
+    ad: usize,
+    r0: usize,
+    plan: &SparsePlan<'_>,
+    g: &[G],
+    row: RowFn<'_>,
+) {
+    let d = plan.d;
+    let r1 = r0 + part.len() / d;
+    let mut hits: Vec<(usize, usize, Option<f32>)> = Vec::new();
+    plan.visit(r0, r1, |r, src, div| hits.push((r, src, div)));
+    hits.sort_by_key(|h| h.0);
+    let groups: Vec<&[(usize, usize, Option<f32>)]> = hits.chunk_by(|a, b| a.0 == b.0).collect();
+    let mut sum = vec![0.0f32; d];
+    for (k, grp) in groups.iter().enumerate() {
+        // The rows a few groups ahead are random reads: fetch them meanwhile.
+        if let Some(next) = groups.get(k + AHEAD) {
+            let r = next[0].0 - r0;
+            prefetch(&part[r * d..(r + 1) * d]);
+            prefetch(&acc[r * ad..(r + 1) * ad]);
+        }
+        let r = grp[0].0 - r0;
+        sum.iter_mut().for_each(|s| *s = 0.0);
+        for &(_, src, div) in grp.iter() {
+            for (c, s) in sum.iter_mut().enumerate() {
+                *s += gval(g, d, src, c, div);
+            }
+        }
+        row(
+            &mut part[r * d..(r + 1) * d],
+            &mut acc[r * ad..(r + 1) * ad],
+            &sum,
+        );
+    }
+}
+
+/// Rows fetched ahead of the one being updated.
+const AHEAD: usize = 4;
+
+/// Asks the CPU to bring `v` into the cache (a hint; no effect elsewhere).
+#[inline(always)]
+fn prefetch(v: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        for line in v.chunks(16) {
+            // SAFETY: a prefetch is a hint that never faults; the address is
+            // inside `v`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast::<i8>()) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = v;
+}

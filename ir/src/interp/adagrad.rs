@@ -1,0 +1,209 @@
+//! Adagrad updates: `adagrad` (dense), `sparse_adagrad` (embedding rows), the fused
+//! `embedding_update_adagrad` and its row-shard form. All compute in f32 on f32
+//! state; every index is validated before anything is computed.
+//!
+//! The per-element arithmetic is written once here ([`adagrad_acc1`],
+//! [`adagrad_row_acc`], [`adagrad_step1`]) and called by the kernels, so they
+//! equal the interpreter bit for bit by construction:
+//! - elementwise: `G = acc + g·g`, `w' = w - lr·(g / (sqrt(G) + eps))`;
+//! - row-wise: `G = acc[r] + (Σ_j g_j·g_j) / D` (sum from 0.0, `j` ascending), then
+//!   every element of the row with that `G`.
+//!
+//! Sparse forms coalesce first: one gradient row per distinct table row, the sum of
+//! its row gradients in row-major index order from 0.0; each touched row is then
+//! updated once (rows are independent, so the order of rows is immaterial).
+
+use super::common::{
+    R, describe, dims1, dims2, expect_arity, floats, index_location, ints, out_of_range, same_shape,
+};
+use super::embedding;
+use crate::{DType, Data, Pool, Tensor};
+use std::collections::BTreeMap;
+
+/// The elementwise accumulator update: `acc + g·g`.
+#[inline]
+pub fn adagrad_acc1(acc: f32, g: f32) -> f32 {
+    acc + g * g
+}
+
+/// The row-wise accumulator update: `acc + (Σ_j g_j·g_j) / D` over the row `g`.
+#[inline]
+pub fn adagrad_row_acc(acc: f32, g: &[f32]) -> f32 {
+    let mut s = 0.0f32;
+    for &x in g {
+        s += x * x;
+    }
+    acc + s / g.len() as f32
+}
+
+/// The weight update given the new accumulator `acc`: `w - lr·(g / (sqrt(acc) + eps))`.
+#[inline]
+pub fn adagrad_step1(w: f32, g: f32, acc: f32, lr: f32, eps: f32) -> f32 {
+    w - lr * (g / (acc.sqrt() + eps))
+}
+
+/// Hyper-parameters of the sparse updates.
+#[derive(Clone, Copy)]
+pub(super) struct Hyper {
+    pub lr: f32,
+    pub eps: f32,
+    pub rowwise: bool,
+}
+
+fn f32_vec(t: &Tensor, what: &str) -> R<Vec<f32>> {
+    match &t.data {
+        Data::F32(v) => Ok(v.clone()),
+        _ => Err(format!("{what} must be f32, got {}", describe(t))),
+    }
+}
+
+fn check_acc(w: &Tensor, acc: &Tensor, rowwise: bool) -> R<()> {
+    if !matches!(acc.data, Data::F32(_)) {
+        return Err(format!(
+            "the accumulator must be f32, got {}",
+            describe(acc)
+        ));
+    }
+    if rowwise {
+        let [r, _] = dims2(w, "row-wise weight")?;
+        if dims1(acc, "row-wise accumulator")? != r {
+            return Err(format!(
+                "row-wise accumulator {} must have one element per row of {}",
+                describe(acc),
+                describe(w)
+            ));
+        }
+        Ok(())
+    } else {
+        same_shape("weight", w, "accumulator", acc)
+    }
+}
+
+/// `adagrad {lr, eps, wd, rowwise}(w, acc, g) -> (w', acc')`.
+pub(super) fn adagrad(
+    lr: f32,
+    eps: f32,
+    wd: f32,
+    rowwise: bool,
+    ins: &[&Tensor],
+) -> R<Vec<Tensor>> {
+    expect_arity("adagrad", ins, &[3])?;
+    same_shape("weight", ins[0], "gradient", ins[2])?;
+    check_acc(ins[0], ins[1], rowwise)?;
+    let mut w = f32_vec(ins[0], "weight")?;
+    let mut acc = f32_vec(ins[1], "accumulator")?;
+    let mut g = floats(ins[2], "gradient")?.into_owned();
+    if wd != 0.0 {
+        for (gi, &wi) in g.iter_mut().zip(&w) {
+            *gi += wd * wi;
+        }
+    }
+    if rowwise {
+        let [_, d] = dims2(ins[0], "weight")?;
+        if d > 0 {
+            for ((wr, gr), a) in w.chunks_mut(d).zip(g.chunks(d)).zip(acc.iter_mut()) {
+                *a = adagrad_row_acc(*a, gr);
+                for (wi, &gi) in wr.iter_mut().zip(gr) {
+                    *wi = adagrad_step1(*wi, gi, *a, lr, eps);
+                }
+            }
+        }
+    } else {
+        for ((wi, &gi), a) in w.iter_mut().zip(&g).zip(acc.iter_mut()) {
+            *a = adagrad_acc1(*a, gi);
+            *wi = adagrad_step1(*wi, gi, *a, lr, eps);
+        }
+    }
+    Ok(vec![
+        Tensor::f32(ins[0].shape.clone(), w),
+        Tensor::f32(ins[1].shape.clone(), acc),
+    ])
+}
+
+/// `sparse_adagrad(table, acc, indices, rowgrad)`.
+pub(super) fn sparse_adagrad(h: Hyper, ins: &[&Tensor]) -> R<Vec<Tensor>> {
+    expect_arity("sparse_adagrad", ins, &[4])?;
+    let [rows, _] = dims2(ins[0], "table")?;
+    sparse_adagrad_rows(h, 0, rows, ins[0], ins[1], ins[2], ins[3])
+}
+
+/// `embedding_update_adagrad(table, acc, dy, indices[, offsets])`, and with
+/// `shard = Some((lo, rows))` its row-shard form.
+pub(super) fn embedding_update_adagrad(
+    mode: Pool,
+    h: Hyper,
+    shard: Option<(usize, usize)>,
+    ins: &[&Tensor],
+) -> R<Vec<Tensor>> {
+    expect_arity("embedding_update_adagrad", ins, &[4, 5])?;
+    let rowgrad = embedding::embedding_bag_grad(mode, &ins[2..], DType::F32)?;
+    let (lo, rows) = match shard {
+        Some(s) => s,
+        None => (0, dims2(ins[0], "table")?[0]),
+    };
+    sparse_adagrad_rows(h, lo, rows, ins[0], ins[1], ins[3], &rowgrad)
+}
+
+/// The sparse update of the rows `lo .. lo+Rs` of a table of `rows` rows held by
+/// `table[Rs, D]` (the whole table when `lo = 0`, `Rs = rows`): every index is
+/// checked against `0..rows`, those outside the shard are skipped.
+fn sparse_adagrad_rows(
+    h: Hyper,
+    lo: usize,
+    rows: usize,
+    table: &Tensor,
+    acc: &Tensor,
+    idx_t: &Tensor,
+    g_t: &Tensor,
+) -> R<Vec<Tensor>> {
+    let [rs, d] = dims2(table, "table")?;
+    let range = embedding::shard_range(lo, rs, rows)?;
+    check_acc(table, acc, h.rowwise)?;
+    let mut want = idx_t.shape.clone();
+    want.push(d);
+    if g_t.shape != want {
+        return Err(format!(
+            "row gradient {} must have shape indices ++ [{d}] for indices {} and table {}",
+            describe(g_t),
+            describe(idx_t),
+            describe(table)
+        ));
+    }
+    let raw = ints(idx_t, "indices")?;
+    let g = floats(g_t, "row gradient")?;
+    // Coalesce: one summed gradient per touched (local) row.
+    let mut sums: BTreeMap<usize, Vec<f32>> = BTreeMap::new();
+    for (flat, &i) in raw.iter().enumerate() {
+        match usize::try_from(i).ok().filter(|&u| u < rows) {
+            Some(u) if range.contains(&u) => {
+                let row = sums.entry(u - lo).or_insert_with(|| vec![0.0; d]);
+                for (s, &x) in row.iter_mut().zip(&g[flat * d..(flat + 1) * d]) {
+                    *s += x;
+                }
+            }
+            Some(_) => {}
+            None => return Err(out_of_range(i, &index_location(&idx_t.shape, flat), rows)),
+        }
+    }
+    let mut w = f32_vec(table, "table")?;
+    let mut a = f32_vec(acc, "accumulator")?;
+    for (r, gr) in sums {
+        let wr = &mut w[r * d..(r + 1) * d];
+        if h.rowwise {
+            a[r] = adagrad_row_acc(a[r], &gr);
+            for (wi, &gi) in wr.iter_mut().zip(&gr) {
+                *wi = adagrad_step1(*wi, gi, a[r], h.lr, h.eps);
+            }
+        } else {
+            let ar = &mut a[r * d..(r + 1) * d];
+            for ((wi, &gi), ai) in wr.iter_mut().zip(&gr).zip(ar.iter_mut()) {
+                *ai = adagrad_acc1(*ai, gi);
+                *wi = adagrad_step1(*wi, gi, *ai, h.lr, h.eps);
+            }
+        }
+    }
+    Ok(vec![
+        Tensor::f32(table.shape.clone(), w),
+        Tensor::f32(acc.shape.clone(), a),
+    ])
+}

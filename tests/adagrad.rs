@@ -1,0 +1,259 @@
+//! Adagrad and row-wise Adagrad end to end: dlrm-tiny (one table cut to 3 rows)
+//! compiled with each optimizer learns (the loss falls), and 3 and 8 ranks, with
+//! tables placed table-wise, row-wise (tables and accumulators split at the same
+//! rows) and data-parallel (dense `adagrad` on an all-reduced gradient), train like
+//! one rank: losses within 1e-5 relative, every parameter and accumulator within
+//! 1e-4 relative (the stated tolerance of the SGD tests in `e2e.rs`: float
+//! reassociation of the all-reduces only), differences below 1e-6 ignored. The unfused `-O0` graph trains on one
+//! rank like the fused one and is refused by the partition with a clear error.
+
+use dlrm_ir::Tensor;
+use dlrm_passes::pipeline::Precision;
+use dlrm_runtime::driver::{Report, run_with_params};
+use dlrm_runtime::plan::Plan;
+use dlrmc::compile::{CompileOptions, compile};
+use dlrmc::model::{Overrides, load_model};
+use dlrmc::{RunOptions, ShardSettings, job_for};
+use std::collections::HashMap;
+use std::path::Path;
+
+const O0: CompileOptions = CompileOptions {
+    infer_only: false,
+    optimize: false,
+    precision: Precision::Fp32,
+    block: None,
+};
+
+/// dlrm-tiny with a 3-row table, compiled with `optimizer`.
+fn tiny3(dir: &Path, optimizer: &str, opts: &CompileOptions) -> Plan {
+    let src = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-tiny.json"),
+    )
+    .expect("read")
+    .replace("[50, 30, 20]", "[50, 30, 3]");
+    let path = dir.join("tiny3.json");
+    std::fs::write(&path, src).expect("write");
+    let o = Overrides {
+        optimizer: Some(optimizer.to_string()),
+        ..Overrides::default()
+    };
+    let model = load_model(&path, o).expect("model");
+    compile(model, opts, &mut |_, _| {}).expect("compile")
+}
+
+/// Placements with row-wise and data-parallel tables on 3 and 8 ranks (as in
+/// `e2e.rs`): a zero-latency network and 1 KiB of tables per rank.
+fn settings() -> ShardSettings {
+    ShardSettings {
+        mem_per_rank: 1024,
+        network: dlrm_passes::shard::Network {
+            latency_us: 0.0,
+            gbps: 100.0,
+        },
+        ..ShardSettings::default()
+    }
+}
+
+type Params = Vec<HashMap<String, Tensor>>;
+
+/// An error with its chain of sources.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(&format!(": {c}"));
+        src = c.source();
+    }
+    s
+}
+
+fn run(plan: &Plan, ranks: usize, iters: u64) -> Result<(Report, Params), String> {
+    let o = RunOptions {
+        ranks,
+        iters,
+        log_every: 1,
+        shards: settings(),
+        ..RunOptions::default()
+    };
+    let job = job_for(plan.clone(), &o).map_err(|e| chain(&e))?;
+    run_with_params(job, &mut |_| {}).map_err(|e| chain(&e))
+}
+
+fn losses(r: &Report) -> Vec<f32> {
+    r.losses.iter().map(|l| l.1).collect()
+}
+
+fn max_rel(a: &[f32], b: &[f32], floor: f32) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let d = (x - y).abs();
+            if d <= floor {
+                0.0
+            } else {
+                d / x.abs().max(y.abs())
+            }
+        })
+        .fold(0.0, f32::max)
+}
+
+/// A trained value over the ranks: from the first rank holding it, or its row
+/// shards `<name>.rows<lo>_<hi>` joined in row order.
+fn trained_value(per_rank: &Params, name: &str) -> Vec<f32> {
+    if let Some(p) = per_rank.iter().find(|p| p.contains_key(name)) {
+        return p[name].to_f32_vec();
+    }
+    let prefix = format!("{name}.rows");
+    let mut shards: Vec<(usize, Vec<f32>)> = per_rank
+        .iter()
+        .flat_map(|p| p.iter())
+        .filter_map(|(n, t)| {
+            let lo = n.strip_prefix(&prefix)?.split('_').next()?.parse().ok()?;
+            Some((lo, t.to_f32_vec()))
+        })
+        .collect();
+    assert!(!shards.is_empty(), "{name} on no rank");
+    shards.sort_by_key(|s| s.0);
+    shards.dedup_by_key(|s| s.0);
+    shards.into_iter().flat_map(|s| s.1).collect()
+}
+
+fn mean(v: &[f32]) -> f32 {
+    v.iter().sum::<f32>() / v.len() as f32
+}
+
+#[test]
+fn adagrad_learns_and_ranks_train_like_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for optimizer in ["adagrad", "rowwise_adagrad"] {
+        let plan = tiny3(dir.path(), optimizer, &CompileOptions::default());
+        let train = plan.train.as_ref().expect("train graph");
+        let accs: Vec<&str> = train
+            .params()
+            .iter()
+            .map(|&p| train.name_of(p))
+            .filter(|n| n.ends_with(".acc"))
+            .collect();
+        // Three tables and eight MLP tensors, each with its accumulator.
+        assert_eq!(accs.len(), 11, "{optimizer}: {accs:?}");
+        let (one, p1) = run(&plan, 1, 40).expect("one rank");
+        let l1 = losses(&one);
+        assert!(
+            mean(&l1[30..]) < 0.9 * mean(&l1[..10]),
+            "{optimizer}: the loss does not fall: {l1:?}"
+        );
+        for ranks in [3, 8] {
+            let (rep, pn) = run(&plan, ranks, 40).expect("ranks");
+            let d = max_rel(&l1, &losses(&rep), 0.0);
+            assert!(
+                d <= 1e-5,
+                "{optimizer}, {ranks} ranks: losses differ by {d} rel"
+            );
+            for (name, t1) in &p1[0] {
+                // Differences below 1e-6 are ignored (1e-7 for SGD): Adagrad divides
+                // each step by the root of its accumulator, so a small element's
+                // reassociation noise is not scaled down with it.
+                let d = max_rel(&t1.to_f32_vec(), &trained_value(&pn, name), 1e-6);
+                assert!(
+                    d <= 1e-4,
+                    "{optimizer}, {ranks} ranks: {name} differs by {d} rel"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn unfused_adagrad_trains_on_one_rank_and_is_refused_by_the_partition() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for optimizer in ["adagrad", "rowwise_adagrad"] {
+        let fused = tiny3(dir.path(), optimizer, &CompileOptions::default());
+        let plain = tiny3(dir.path(), optimizer, &O0);
+        let (a, _) = run(&fused, 1, 10).expect("fused");
+        let (b, _) = run(&plain, 1, 10).expect("-O0");
+        let d = max_rel(&losses(&a), &losses(&b), 0.0);
+        assert!(d <= 1e-5, "{optimizer}: -O0 and -O1 differ by {d} rel");
+        let err = run(&plain, 3, 2).expect_err("partitioned -O0 adagrad");
+        assert!(
+            err.contains("sparse_adagrad") && err.contains("-O1"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn adagrad_with_bf16_storage_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-tiny.json"),
+    )
+    .expect("read");
+    let path = dir.path().join("tiny.json");
+    std::fs::write(&path, src).expect("write");
+    let o = Overrides {
+        optimizer: Some("adagrad".into()),
+        ..Overrides::default()
+    };
+    let model = load_model(&path, o).expect("model");
+    let opts = CompileOptions {
+        precision: Precision::Bf16,
+        ..CompileOptions::default()
+    };
+    let err = compile(model, &opts, &mut |_, _| {}).expect_err("bf16 adagrad");
+    let msg = chain(&err);
+    assert!(
+        msg.contains("adagrad with bf16 tables is not supported yet"),
+        "{msg}"
+    );
+    let bad = Overrides {
+        optimizer: Some("adam".into()),
+        ..Overrides::default()
+    };
+    let err = load_model(&path, bad).expect_err("unknown optimizer");
+    assert!(chain(&err).contains("rowwise_adagrad"), "{err}");
+}
+
+#[test]
+fn dlrmc_compile_takes_the_optimizer_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = dir.path().join("tiny.plan");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-tiny.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlrmc"))
+        .args(["compile", "-q", "--optimizer", "rowwise_adagrad", "-o"])
+        .arg(&plan)
+        .arg(&model)
+        .output()
+        .expect("dlrmc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = dlrm_runtime::plan::read_plan(&plan).expect("plan");
+    assert_eq!(p.training.optimizer, "rowwise_adagrad");
+    let train = p.train.expect("train graph");
+    let fused = train
+        .nodes()
+        .iter()
+        .filter(|n| {
+            matches!(
+                n.op,
+                dlrm_ir::Op::EmbeddingUpdateAdagrad { rowwise: true, .. }
+            )
+        })
+        .count();
+    assert_eq!(fused, 3, "one fused row-wise update per table");
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_dlrmc"))
+        .args(["compile", "-q", "--optimizer", "adam", "-o"])
+        .arg(dir.path().join("bad.plan"))
+        .arg(&model)
+        .output()
+        .expect("dlrmc");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("--optimizer must be sgd, adagrad or rowwise_adagrad"),
+        "{err}"
+    );
+}
