@@ -385,3 +385,100 @@ fn bad_rank_counts_are_clear_errors() {
         ran.stderr
     );
 }
+
+/// `(iter, loss)` of the training lines of a metrics file with evaluation lines.
+fn train_losses(path: &Path) -> Vec<(u64, f64)> {
+    fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("json line"))
+        .filter(|v| v.get("split").is_none())
+        .filter_map(|v| Some((v["iter"].as_u64()?, v["loss"].as_f64()?)))
+        .collect()
+}
+
+#[test]
+fn two_processes_reading_a_criteo_dataset_train_like_one_rank() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (tsv, ds) = (dir.path().join("train.txt"), dir.path().join("train.ds"));
+    for args in [
+        vec![
+            "data",
+            "generate",
+            "--rows",
+            "6000",
+            "--seed",
+            "2",
+            "-q",
+            "-o",
+            s(&tsv),
+        ],
+        vec!["data", "convert", "-q", s(&tsv), "-o", s(&ds)],
+    ] {
+        let out = Command::new(DLRMC)
+            .args(&args)
+            .output()
+            .expect("spawn dlrmc");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let model = serde_json::json!({
+        "name": "criteo-mpi", "dense_features": 13, "embedding_dim": 8,
+        "table_rows": vec![1; 26], "pooling": 1, "pooling_mode": "sum",
+        "bottom_mlp": "13-16-8", "top_mlp": "16-1", "interaction": "dot",
+        "interaction_itself": false, "loss": "bce", "batch_size": 64,
+        "optimizer": "sgd", "learning_rate": 0.1, "seed": 1
+    });
+    let json = dir.path().join("model.json");
+    fs::write(&json, model.to_string()).expect("write model");
+    let plan = dir.path().join("plan");
+    let out = Command::new(DLRMC)
+        .args(["compile", s(&json), "--data", s(&ds), "-o", s(&plan), "-q"])
+        .output()
+        .expect("spawn dlrmc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let common = [
+        "--data",
+        s(&ds),
+        "--iters",
+        "10",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "5",
+    ];
+    let (m_mpi, m_one) = (dir.path().join("mpi.jsonl"), dir.path().join("one.jsonl"));
+    let mut cmd = mpirun();
+    cmd.args(["-n", "2", DLRM_RUN, s(&plan), "--comm", "mpi"])
+        .args(common)
+        .args(["--metrics", s(&m_mpi)]);
+    let ran = run_with_timeout(cmd, TIMEOUT);
+    assert!(ran.status.success(), "mpirun -n 2: {}", ran.stderr);
+    let out = Command::new(DLRM_RUN)
+        .args([s(&plan), "-q", "--metrics", s(&m_one)])
+        .args(common)
+        .output()
+        .expect("spawn dlrm-run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (a, b) = (train_losses(&m_mpi), train_losses(&m_one));
+    assert_eq!(a.len(), 10, "{a:?}");
+    assert_eq!(
+        a.iter().map(|l| l.0).collect::<Vec<_>>(),
+        b.iter().map(|l| l.0).collect::<Vec<_>>()
+    );
+    for ((k, x), (_, y)) in a.iter().zip(&b) {
+        let rel = (x - y).abs() / x.abs().max(y.abs()).max(1e-30);
+        assert!(rel <= 1e-5, "step {k}: 2 MPI processes {x} vs 1 rank {y}");
+    }
+}

@@ -34,6 +34,7 @@ fn loader(c: &mut Criterion) {
         train: Some(TrainConfig {
             loss: LossKind::Bce,
             lr: 0.1,
+            optimizer: Default::default(),
         }),
         ..PipelineOptions::default()
     };

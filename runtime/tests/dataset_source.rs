@@ -90,6 +90,7 @@ fn model(dense: usize, rows: &[u64]) -> Graph {
         train: Some(TrainConfig {
             loss: LossKind::Bce,
             lr: 0.1,
+            optimizer: Default::default(),
         }),
         ..PipelineOptions::default()
     };
