@@ -4,7 +4,7 @@
 //! thread ranks give one rank's losses, and a dataset that does not fit the plan is a
 //! clear error.
 
-use dlrm_data::{DatasetMeta, DatasetWriter, Split, TableInfo};
+use dlrm_data::{Learnable, write_learnable};
 use dlrm_runtime::DataConfig;
 use dlrm_runtime::driver::{Report, run_with_params};
 use dlrmc::compile::{CompileOptions, compile};
@@ -15,55 +15,18 @@ use std::process::{Command, Output};
 
 const ROWS: [u64; 3] = [40, 7, 300];
 
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// `n` samples with `dense` columns and tables of [`ROWS`]; the label depends on
-/// dense column 0 and on the parity of table 0's id. 80% train, 10% val, 10% test.
+/// `n` samples with `dense` columns and tables of [`ROWS`] ([`write_learnable`]: the
+/// label depends on dense column 0 and on the parity of table 0's id; 80% train,
+/// 10% val, 10% test).
 fn write_ds(dir: &Path, n: u64, dense: usize) -> PathBuf {
     let path = dir.join("data.ds");
-    let mut w = DatasetWriter::create(&path, dense, ROWS.len()).expect("create");
-    for i in 0..n {
-        let d: Vec<f32> = (0..dense)
-            .map(|j| (mix(i * 31 + j as u64) % 1000) as f32 / 1000.0)
-            .collect();
-        let ids: Vec<u32> = ROWS
-            .iter()
-            .enumerate()
-            .map(|(t, &r)| (mix(i * 7 + t as u64 + 1000) % r) as u32)
-            .collect();
-        let logit = 4.0 * (d[0] - 0.5) + if ids[0].is_multiple_of(2) { 1.5 } else { -1.5 };
-        w.push(u8::from(logit > 0.0), &d, &ids).expect("push");
-    }
-    let (a, b) = (n * 8 / 10, n * 9 / 10);
-    let split = |name: &str, start, end| Split {
-        name: name.into(),
-        start,
-        end,
+    let spec = Learnable {
+        samples: n,
+        dense,
+        rows: ROWS.to_vec(),
+        generator: "tests/dataset.rs".into(),
     };
-    w.finish(DatasetMeta {
-        dense_transform: "none".into(),
-        tables: ROWS
-            .iter()
-            .enumerate()
-            .map(|(t, &rows)| TableInfo {
-                name: format!("C{}", t + 1),
-                rows,
-            })
-            .collect(),
-        splits: vec![
-            split("train", 0, a),
-            split("val", a, b),
-            split("test", b, n),
-        ],
-        days: vec![n],
-        source: serde_json::json!({"generator": "tests/dataset.rs"}),
-    })
-    .expect("finish");
+    write_learnable(&path, &spec).expect("dataset");
     path
 }
 

@@ -26,7 +26,8 @@
 //! - [`processed`]: the reference's `.npz` and MLPerf's binary records;
 //! - [`convert()`]: the streaming, atomic conversion of any of them to `.ds`;
 //! - [`generate`]: synthetic Criteo-format TSV with the real data's character;
-//! - [`inspect`]: a dataset's summary (splits, per-feature statistics).
+//! - [`inspect`]: a dataset's summary (splits, per-feature statistics);
+//! - [`learnable`]: small learnable datasets of any schema, for tests and benches.
 #![warn(missing_docs)]
 
 pub mod convert;
@@ -35,6 +36,7 @@ mod ds;
 mod error;
 pub mod generate;
 pub mod inspect;
+pub mod learnable;
 pub mod processed;
 pub mod split;
 pub mod vocab;
@@ -46,5 +48,6 @@ pub use ds::{
 pub use error::{DataError, Result};
 pub use generate::{GenerateOptions, GenerateReport, generate};
 pub use inspect::{Inspection, inspect};
+pub use learnable::{Learnable, write_learnable};
 pub use split::SplitSpec;
 pub use vocab::IdMapping;

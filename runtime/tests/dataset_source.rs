@@ -2,7 +2,7 @@
 //! deterministic block shuffle (same seed same order, every sample once an epoch),
 //! resuming at an offset, rank slices, evaluation padding.
 
-use dlrm_data::{Dataset, DatasetMeta, DatasetWriter, Split, TableInfo};
+use dlrm_data::{Dataset, Learnable, write_learnable};
 use dlrm_ir::{Graph, Tensor};
 use dlrm_passes::pipeline::{PipelineOptions, compile_params};
 use dlrm_passes::{LossKind, TrainConfig};
@@ -13,55 +13,17 @@ use std::path::{Path, PathBuf};
 
 const ROWS: [u64; 3] = [40, 7, 300];
 
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// `n` samples, `dense` dense columns, tables of `rows`; a learnable label. Splits:
-/// the first 80% train, then val and test halves of the rest.
+/// `n` samples, `dense` dense columns, tables of `rows`: [`write_learnable`]'s
+/// label and splits (80% train, then val and test halves of the rest).
 fn write_ds(dir: &Path, n: u64, dense: usize, rows: &[u64]) -> PathBuf {
     let path = dir.join("t.ds");
-    let mut w = DatasetWriter::create(&path, dense, rows.len()).expect("create");
-    for i in 0..n {
-        let d: Vec<f32> = (0..dense)
-            .map(|j| (mix(i * 31 + j as u64) % 1000) as f32 / 1000.0)
-            .collect();
-        let ids: Vec<u32> = rows
-            .iter()
-            .enumerate()
-            .map(|(t, &r)| (mix(i * 7 + t as u64 + 1000) % r) as u32)
-            .collect();
-        let logit = 3.0 * (d[0] - 0.5) + if ids[0].is_multiple_of(2) { 1.0 } else { -1.0 };
-        w.push(u8::from(logit > 0.0), &d, &ids).expect("push");
-    }
-    let (a, b) = (n * 8 / 10, n * 9 / 10);
-    let split = |name: &str, start, end| Split {
-        name: name.into(),
-        start,
-        end,
+    let spec = Learnable {
+        samples: n,
+        dense,
+        rows: rows.to_vec(),
+        generator: "dataset_source test".into(),
     };
-    w.finish(DatasetMeta {
-        dense_transform: "none".into(),
-        tables: rows
-            .iter()
-            .enumerate()
-            .map(|(t, &r)| TableInfo {
-                name: format!("C{}", t + 1),
-                rows: r,
-            })
-            .collect(),
-        splits: vec![
-            split("train", 0, a),
-            split("val", a, b),
-            split("test", b, n),
-        ],
-        days: vec![n],
-        source: serde_json::json!({"generator": "dataset_source test"}),
-    })
-    .expect("finish");
+    write_learnable(&path, &spec).expect("dataset");
     path
 }
 
