@@ -1,0 +1,199 @@
+//! `brgemm`: the blocked layer's forward pass (see the parent module's table).
+
+use super::{jit_err, pack_w_blocks, row_block, run_blocks, run_row_chunks, tail, with_kernel};
+use crate::jit::buffers::{Floats, Fresh};
+use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand};
+use crate::jit::linear::operand;
+use crate::jit::pack::{Src, pack_blocked};
+use crate::jit::{Jit, JitError, JitOptions};
+use crate::kernels::brgemm::{check_fit, check_xw, dims, floats};
+use crate::kernels::{KResult, shape_err};
+use dlrm_ir::{Act, Data, Tensor};
+use half::bf16;
+use rayon::prelude::*;
+use std::borrow::Cow;
+
+/// `brgemm(xb[Kb,S,bk], wb[Nb,Kb,bk,bn], b[N]) -> act(x·wᵀ + b)` as `[Nb,S,bn]`.
+///
+/// `A` is the blocked activation read in place (the batch-reduce over its `Kb`
+/// blocks); `B` is the f32 weight block `wb[nb]` read in place when `bn` is whole
+/// tiles (packed otherwise, and for bf16 weights).
+pub fn brgemm(
+    jit: &Jit,
+    opts: &JitOptions,
+    act: Act,
+    ins: &[&Tensor],
+    out: Elt,
+) -> KResult<Tensor> {
+    const OP: &str = "brgemm";
+    crate::kernels::arity(OP, ins, &[3])?;
+    let ([nb, kb, bk, bn], s) = check_xw(OP, ins[0], ins[1], "blocked x")?;
+    let [n] = dims::<1>(OP, "bias", ins[2])?;
+    check_fit(OP, "brgemm bias", n, nb, bn)?;
+    let kp = kb * bk;
+    let sigmoid = act == Act::Sigmoid;
+    let c = if sigmoid { Elt::F32 } else { out };
+    let (x, w) = (ins[0], ins[1]);
+    let xa = operand(x).ok_or_else(|| shape_err(OP, "x must be a float tensor".into()))?;
+    let mut bias = floats(ins[2]).into_owned();
+    bias.resize(nb * bn, 0.0);
+    if s == 0 || nb == 0 || bn == 0 {
+        return Ok(Floats::zeros(out, nb * s * bn).tensor(vec![nb, s, bn]));
+    }
+    let live_last = n - (nb - 1) * bn;
+    if bn == 1 {
+        let y = forward_columns(jit, act, xa, w, &bias, (nb, kb, s, bk), c)
+            .map_err(|e| jit_err(OP, e))?;
+        let y = finish_forward(y, sigmoid, out, nb, s, bn, live_last);
+        return Ok(y.tensor(vec![nb, s, bn]));
+    }
+    let w_f32 = match &w.data {
+        Data::F32(v) => Some(v.as_slice()),
+        _ => None,
+    };
+    let base = GemmSpec {
+        m: s,
+        n: bn,
+        k: kp,
+        lda: bk,
+        acs: 1,
+        ldc: bn,
+        a: xa.elt(),
+        c,
+        bias: true,
+        relu: act == Act::Relu,
+        micro: Micro::Cranelift,
+        pack_a: false,
+        b: match w_f32 {
+            Some(_) => BLayout::InPlace { ldb: bn },
+            None => BLayout::Packed,
+        },
+        kb: bk,
+        a_blk: s * bk,
+    };
+    let mut result = None;
+    let bf16_w = matches!(w.data, Data::BF16(_));
+    with_kernel(jit, opts, OP, (base, true, bf16_w), &mut |kern| {
+        let sp = *kern.spec();
+        let nr = sp.micro.nr();
+        let packed;
+        let (bp, pbias, blk_b, blk_bias) = match (sp.packed_b(), w_f32) {
+            (false, Some(v)) => (v, Cow::Borrowed(&bias[..]), kp * bn, bn),
+            _ => {
+                let panels = bn.div_ceil(nr);
+                let mut pb = vec![0.0f32; nb * panels * nr];
+                for (q, dst) in pb.chunks_mut(panels * nr).enumerate() {
+                    dst[..bn].copy_from_slice(&bias[q * bn..(q + 1) * bn]);
+                }
+                packed = pack_w_blocks(w, nb, &sp);
+                (&packed[..], Cow::Owned(pb), sp.packed_b_len(), panels * nr)
+            }
+        };
+        let fresh = Fresh::new(c, nb * s * bn);
+        let mr = sp.micro.mr();
+        let b_of = |q: usize| {
+            (
+                &bp[q * blk_b..(q + 1) * blk_b],
+                Some(&pbias[q * blk_bias..(q + 1) * blk_bias]),
+            )
+        };
+        let y = if sp.pack_a {
+            let src = match xa {
+                Operand::F32(v) => Src::F32(v),
+                Operand::BF16(v) => Src::BF16(v),
+            };
+            let pack = |r0, rows, dst: &mut [f32]| pack_blocked(dst, (s, bk, mr), (r0, rows), src);
+            let shape = (nb, s, bn, row_block(s, mr, 1));
+            run_row_chunks(kern, fresh, shape, &pack, &b_of, None)?
+        } else {
+            run_blocks(
+                kern,
+                fresh,
+                (nb, s, bn, row_block(s, mr, nb)),
+                &|_, r0| tail(xa, r0 * bk),
+                &b_of,
+                None,
+            )?
+        };
+        result = Some(y);
+        Ok(())
+    })?;
+    let y = result.ok_or_else(|| shape_err(OP, "internal: no result".into()))?;
+    let y = finish_forward(y, sigmoid, out, nb, s, bn, live_last);
+    Ok(y.tensor(vec![nb, s, bn]))
+}
+
+/// `brgemm` with one-column blocks (`bn = 1`, e.g. a layer with one output):
+/// column `q` of `y` is `x · w[q] + b[q]` (relu fused; `c` is f32 when a
+/// sigmoid follows), a matrix-vector product, computed as one dot per sample
+/// ([`crate::jit::reduce::row_dots`]) instead of GEMM tiles that would use one of
+/// their 8 or 32 lanes. The dot sums in a few vector accumulators: its result
+/// differs from the GEMM's by float reassociation.
+fn forward_columns(
+    jit: &Jit,
+    act: Act,
+    xa: Operand<'_>,
+    w: &Tensor,
+    bias: &[f32],
+    (nb, kb, s, bk): (usize, usize, usize, usize),
+    c: Elt,
+) -> Result<Floats, JitError> {
+    let wv = floats(w);
+    let spec = crate::jit::reduce::RowDotSpec {
+        kb,
+        bk,
+        x: xa.elt(),
+        out: c,
+        relu: act == Act::Relu,
+    };
+    let mut y = Fresh::new(c, nb * s);
+    for (q, col) in y.buf().chunks(s).into_iter().enumerate() {
+        let wq = wv.get(q * kb * bk..(q + 1) * kb * bk).unwrap_or(&[]);
+        crate::jit::reduce::row_dots(jit, spec, xa, s, (wq, bias[q]), col)?;
+    }
+    // SAFETY: every call returned Ok: `row_dots` wrote all `s` elements of its
+    // column, and the columns are the `nb` chunks of `s` of `y`.
+    Ok(unsafe { y.assume_init() })
+}
+
+/// Sigmoid (when fused after the GEMM) and exact zeros in the padding columns of
+/// the last N block.
+fn finish_forward(
+    mut y: Floats,
+    sigmoid: bool,
+    out: Elt,
+    nb: usize,
+    s: usize,
+    bn: usize,
+    live_last: usize,
+) -> Floats {
+    let pad = |v: &mut [f32]| {
+        if live_last < bn {
+            for row in v[(nb - 1) * s * bn..].chunks_mut(bn) {
+                row[live_last..].fill(0.0);
+            }
+        }
+    };
+    match &mut y {
+        Floats::F32(v) => {
+            if sigmoid {
+                v.par_chunks_mut(1 << 14)
+                    .for_each(|c| c.iter_mut().for_each(|x| *x = 1.0 / (1.0 + (-*x).exp())));
+            }
+            pad(v);
+        }
+        Floats::BF16(v) => {
+            if live_last < bn {
+                for row in v[(nb - 1) * s * bn..].chunks_mut(bn) {
+                    row[live_last..].fill(bf16::ZERO);
+                }
+            }
+        }
+    }
+    match (y, out) {
+        (Floats::F32(v), Elt::BF16) => {
+            Floats::BF16(v.par_iter().map(|&x| bf16::from_f32(x)).collect())
+        }
+        (y, _) => y,
+    }
+}

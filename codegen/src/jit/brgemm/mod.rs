@@ -1,0 +1,300 @@
+//! `brgemm`, `brgemm_dgrad` and `brgemm_wgrad` on the JIT GEMM core
+//! ([`super::gemm`]): the blocked MLP layers of the `-O1` plans.
+//!
+//! The operands are read where they are, in their blocked layouts, wherever the
+//! GEMM core can address them: the activations as a batch-reduce over their
+//! blocks (`A` block `q` of row `i` at `i·lda + q·a_blk`, [`GemmSpec::kb`]), the
+//! f32 weight blocks and `dz` as in-place `B`
+//! ([`BLayout::InPlace`](super::gemm::BLayout::InPlace), when the block width is
+//! whole tiles of the micro-kernel). Only what the layouts cannot
+//! express is copied, once per call: `wᵀ` for dgrad (`K·N` elements), `dz` when
+//! the activation has a derivative, and `B` when its block width is ragged or its
+//! elements are bf16. One compiled kernel then runs on disjoint output blocks, one
+//! rayon task each ([`GemmKernel::run_block`]):
+//!
+//! | op | GEMM per output block | A | B | epilogue |
+//! | --- | --- | --- | --- | --- |
+//! | `brgemm(xb, wb, b)` | `yb[nb]` rows `r0..`: `S × bn`, `k = Kb·bk` | `xb`, batch-reduce over `Kb` | `wb[nb]` (`Kb·bk × bn`), in place | bias, relu fused; sigmoid after |
+//! | `brgemm_dgrad(dyb, (yb,) wb)` | `dx[kb]` rows `r0..`: `S × bk`, `k = Nb·bn` | `dz = act'(dy, y)`, batch-reduce over `Nb` | `wb[·][kb]ᵀ`, packed | none |
+//! | `brgemm_wgrad(dyb, (yb,) xb)` | `dw[nb][kb]`: `bk × bn`, `k = S` | `xb[kb]ᵀ`: the transposed view in place, or packed once when at least 4 N blocks reuse it | `dz[nb]`, packed (`act'` applied on the way) | none; `db` summed from `dz` |
+//!
+//! `brgemm_wgrad` with one-column blocks (`bn = 1`: the DLRM's last layer, one
+//! output) is a matrix-vector product per column, computed as a weighted sum of
+//! `x`'s rows (`x` read once; a GEMM tile would use one of its 8 or 32 lanes)
+//! with the same float operations.
+//!
+//! `brgemm` and `brgemm_dgrad` have a second form (`run_row_chunks`): one task
+//! per row chunk packs its rows of `A` once into the micro-kernel's tiles (f32,
+//! bf16 widened, dgrad's `act'` applied on the way) and runs every output block
+//! on them, instead of each output block reading the blocked `A` in place. Which
+//! form runs is timed per shape with the micro-kernel (`Jit::pick_variant`,
+//! [`JitOptions::pack_a`]); the AVX-512 kernel gains most from packing
+//! (`examples/brgemm_best` at 2048×512×512, 2 threads: `brgemm` 182 against 170
+//! GFLOP/s when it came in).
+//!
+//! `brgemm_dgrad` with a `mask` (the previous layer's `act'`, see
+//! [`dlrm_ir::Op::BrgemmDgrad`]) applies it to each chunk of `dx` right after
+//! the chunk's GEMM, while it is in cache (the epilogue hook of both forms),
+//! reading the layer input's rows of that chunk.
+//!
+//! Results are not zeroed first (`Fresh`): the kernels write every element.
+//!
+//! Arithmetic: every output element is one accumulator summed over its reduction
+//! index ascending (the interpreter's order) with one FMA per term, then the
+//! epilogue (on the AVX-512 BF16 kernel, which `brgemm` with bf16 `x` and
+//! weights runs under `auto` where the CPU has it, two exact products per
+//! step); so the results differ from the reference kernels
+//! ([`crate::kernels::brgemm`]) by float reassociation of the multiply-adds only
+//! (the bias gradient and `act'` are computed exactly as there). Padding outputs
+//! are exactly 0. Operands may be f32 or bf16 (widened exactly); `brgemm`'s
+//! result is stored in its declared dtype (bf16 rounded to nearest even), the
+//! gradients are f32. The micro-kernel is chosen per shape by
+//! `Jit::pick_variant` under [`JitOptions::kernels`].
+
+use super::buffers::{Floats, Fresh, Scratch};
+use super::gemm::{Elt, GemmKernel, GemmSpec, Operand, OutBuf, pack_b_into};
+use super::linear::{elt_of, operand};
+use super::micro::BPacking;
+use super::micro::avx512bf16::pack_b_pairs_into;
+use super::{Jit, JitError, JitOptions};
+use crate::kernels::{KResult, KernelError};
+use dlrm_ir::{Act, Data, Tensor, TensorType};
+use rayon::prelude::*;
+
+/// Evaluates `brgemm`, `brgemm_dgrad` or `brgemm_wgrad`; `None` for other ops or
+/// non-float operands or results.
+pub fn eval(
+    jit: &Jit,
+    opts: &JitOptions,
+    op: &dlrm_ir::Op,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+) -> Option<KResult<Vec<Tensor>>> {
+    use dlrm_ir::Op;
+    if inputs.iter().any(|t| operand(t).is_none()) {
+        return None;
+    }
+    let out = elt_of(out_types.first()?.dtype)?;
+    if out_types.iter().any(|t| elt_of(t.dtype).is_none()) {
+        return None;
+    }
+    Some(match op {
+        Op::Brgemm { act } => brgemm(jit, opts, *act, inputs, out).map(|t| vec![t]),
+        // The mask is applied to f32 results only (bf16 ones: the reference).
+        Op::BrgemmDgrad { mask, .. } if *mask != Act::None && out != Elt::F32 => return None,
+        Op::BrgemmDgrad { act, mask } => {
+            brgemm_dgrad(jit, opts, (*act, *mask), inputs, out).map(|t| vec![t])
+        }
+        Op::BrgemmWgrad { act, n } => brgemm_wgrad(jit, opts, *act, *n, inputs, out_types),
+        _ => return None,
+    })
+}
+
+fn jit_err(op: &'static str, e: JitError) -> KernelError {
+    KernelError::Jit {
+        op,
+        reason: e.to_string(),
+    }
+}
+
+/// Checks that `kern` writes whole rows of `width` elements and that `out` is
+/// `blocks` blocks of `m` such rows: then running it on every row chunk of every
+/// block writes every element of `out`.
+fn check_cover(
+    kern: &GemmKernel,
+    out: &Fresh,
+    (blocks, m, width): (usize, usize, usize),
+) -> Result<(), JitError> {
+    let sp = kern.spec();
+    if sp.n != width || sp.ldc != width || out.len() != blocks * m * width || m > sp.m {
+        return Err(JitError::Args {
+            kernel: format!("{sp:?}"),
+            reason: format!(
+                "a result of {} elements is not {blocks} blocks of {m} rows of {width}",
+                out.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Row blocks of `m` rows for `tasks_per_row_block` output blocks: whole tiles,
+/// about four tasks per thread overall, at least one tile, at most `mc_rows`.
+fn row_block(m: usize, mr: usize, blocks: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let want_row_blocks = (4 * threads).div_ceil(blocks.max(1)).max(1);
+    let rb = m.div_ceil(want_row_blocks).div_ceil(mr) * mr;
+    rb.clamp(mr, 32 * mr.max(1))
+        .min(m.div_ceil(mr) * mr)
+        .max(mr)
+}
+
+/// Picks the kernel for `base` ([`Jit::pick_variant`]: the micro-kernel and,
+/// when `packable`, whether `A` is packed per row chunk; `bf16_b`: `B` is bf16
+/// in memory) and runs `go` with it.
+fn with_kernel<T>(
+    jit: &Jit,
+    opts: &JitOptions,
+    op: &'static str,
+    (base, packable, bf16_b): (GemmSpec, bool, bool),
+    go: &mut dyn FnMut(GemmKernel) -> Result<T, JitError>,
+) -> KResult<T> {
+    let spec = {
+        let mut trial = |k: GemmKernel| go(k).map(|_| ());
+        jit.pick_variant(base, opts, (packable, bf16_b), &mut trial)
+            .map_err(|e| jit_err(op, e))?
+    };
+    let k = jit.gemm(spec).map_err(|e| jit_err(op, e))?;
+    go(k).map_err(|e| jit_err(op, e))
+}
+
+/// Runs `kern` (a spec with [`GemmSpec::pack_a`]) on row chunks of `rb` rows,
+/// one rayon task each: `out` holds `blocks` blocks of `m` rows × `width` (row
+/// stride `width`); the task for rows `r0..r0+rows` packs them once —
+/// `pack(r0, rows, dst)` must write all of `dst`, `⌈rows/mr⌉` tiles `[k][mr]`,
+/// rows past `rows` zero — and then runs every output block `q` on the packed
+/// rows, reading `B` and the bias from `b_of(q)`. So `A` is packed once per
+/// call, however many blocks reuse it. `epi` runs on each chunk once written.
+#[allow(clippy::type_complexity)]
+fn run_row_chunks<'d>(
+    kern: GemmKernel,
+    mut out: Fresh,
+    (blocks, m, width, rb): (usize, usize, usize, usize),
+    pack: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
+    b_of: &(dyn Fn(usize) -> (&'d [f32], Option<&'d [f32]>) + Sync),
+    epi: Option<Epilogue<'_>>,
+) -> Result<Floats, JitError> {
+    check_cover(&kern, &out, (blocks, m, width))?;
+    let rb = rb.max(1);
+    let mut tasks: Vec<Vec<OutBuf<'_>>> = (0..m.div_ceil(rb)).map(|_| Vec::new()).collect();
+    for blk in out.buf().chunks(m * width) {
+        for (task, part) in tasks.iter_mut().zip(blk.chunks(rb * width)) {
+            task.push(part);
+        }
+    }
+    let (mr, k) = (kern.spec().micro.mr(), kern.spec().k);
+    tasks
+        .into_par_iter()
+        .with_max_len(1)
+        .enumerate()
+        .try_for_each(|(ri, parts)| {
+            let (r0, rows) = (ri * rb, rb.min(m - ri * rb));
+            // This worker's reusable buffer: packing allocates nothing.
+            let mut a = Scratch::new(rows.div_ceil(mr) * mr * k);
+            pack(r0, rows, &mut a);
+            for (q, mut cb) in parts.into_iter().enumerate() {
+                let (b, bias) = b_of(q);
+                kern.run_block(Operand::F32(&a), b, bias, cb.reborrow(), rows)?;
+                run_epilogue(epi, &kern, q, r0, cb)?;
+            }
+            Ok(())
+        })?;
+    // SAFETY: every task returned Ok, and `check_cover` held: each wrote its
+    // `rows` whole rows of every block, and the tasks' rows cover `0..m`.
+    Ok(unsafe { out.assume_init() })
+}
+
+/// Runs `kern` on every row chunk of every output block, one rayon task each:
+/// `out` holds `blocks` blocks of `m` rows × `width` (row stride `width`), cut
+/// into chunks of `rb` rows; the chunk of block `q` from row `r0` reads `A` from
+/// `a_of(q, r0)` and `B` and the bias from `b_of(q)`. Chunks are ordered row
+/// chunk outer, block inner, so neighbouring tasks share `A` rows. `epi`
+/// runs on each chunk once written.
+#[allow(clippy::type_complexity)]
+fn run_blocks<'d>(
+    kern: GemmKernel,
+    mut out: Fresh,
+    (blocks, m, width, rb): (usize, usize, usize, usize),
+    a_of: &(dyn Fn(usize, usize) -> Operand<'d> + Sync),
+    b_of: &(dyn Fn(usize) -> (&'d [f32], Option<&'d [f32]>) + Sync),
+    epi: Option<Epilogue<'_>>,
+) -> Result<Floats, JitError> {
+    check_cover(&kern, &out, (blocks, m, width))?;
+    let rb = rb.max(1);
+    let mut tasks: Vec<(usize, usize, OutBuf<'_>)> = Vec::with_capacity(blocks * m.div_ceil(rb));
+    for (q, blk) in out.buf().chunks(m * width).into_iter().enumerate() {
+        for (ri, ch) in blk.chunks(rb * width).into_iter().enumerate() {
+            tasks.push((q, ri, ch));
+        }
+    }
+    tasks.sort_by_key(|&(q, ri, _)| (ri, q));
+    tasks
+        .into_par_iter()
+        .with_max_len(1)
+        .try_for_each(|(q, ri, mut cb)| {
+            let r0 = ri * rb;
+            let (b, bias) = b_of(q);
+            kern.run_block(a_of(q, r0), b, bias, cb.reborrow(), rb.min(m - r0))?;
+            run_epilogue(epi, &kern, q, r0, cb)
+        })?;
+    // SAFETY: every task returned Ok, and `check_cover` held: each wrote its
+    // whole rows, and the tasks' row chunks cover every block.
+    Ok(unsafe { out.assume_init() })
+}
+
+/// Work on a chunk of a GEMM result while it is in cache: `(block q, first row
+/// r0, the chunk's rows as written)`.
+type Epilogue<'e> = &'e (dyn Fn(usize, usize, &mut [f32]) + Sync);
+
+/// Runs `epi` (if any) on the chunk `cb` of block `q` from row `r0`, which
+/// `kern.run_block` has just written whole.
+fn run_epilogue(
+    epi: Option<Epilogue<'_>>,
+    kern: &GemmKernel,
+    q: usize,
+    r0: usize,
+    mut cb: OutBuf<'_>,
+) -> Result<(), JitError> {
+    let Some(epi) = epi else { return Ok(()) };
+    // SAFETY: the caller ran the kernel on this chunk, which wrote all of it
+    // (`check_cover`: whole rows of the chunk's width).
+    match unsafe { cb.f32_written() } {
+        Some(rows) => {
+            epi(q, r0, rows);
+            Ok(())
+        }
+        None => Err(JitError::Args {
+            kernel: format!("{:?}", kern.spec()),
+            reason: "an epilogue needs an f32 result".into(),
+        }),
+    }
+}
+
+/// `v[from..]` of an operand (empty past the end).
+fn tail(a: Operand<'_>, from: usize) -> Operand<'_> {
+    match a {
+        Operand::F32(v) => Operand::F32(&v[from.min(v.len())..]),
+        Operand::BF16(v) => Operand::BF16(&v[from.min(v.len())..]),
+    }
+}
+
+/// `nb` blocks of `k × bn` (`B` of the forward op: the blocked weights
+/// `[Nb][Kb·bk][bn]`) packed for the kernel of spec `sp` (`k`, `n = bn`): into
+/// `⌈bn/nr⌉` zero-padded panels each, of f32, or of k pairs for the AVX-512 BF16
+/// kernel (bf16 weights).
+fn pack_w_blocks(w: &Tensor, nb: usize, sp: &GemmSpec) -> Scratch {
+    let (k, bn, nr) = (sp.k, sp.n, sp.micro.nr());
+    let blk = sp.packed_b_len();
+    let mut bp = Scratch::new(nb * blk);
+    bp.par_chunks_mut(blk).enumerate().for_each(|(q, dst)| {
+        let src = q * k * bn;
+        let geom = (k, bn, bn, 1);
+        match &w.data {
+            Data::BF16(v) if sp.micro.b_packing() == BPacking::KPairs => {
+                pack_b_pairs_into(dst, &v[src..src + k * bn], geom, nr)
+            }
+            Data::F32(v) => pack_b_into(dst, &v[src..src + k * bn], geom, nr),
+            Data::BF16(v) => pack_b_into(dst, &v[src..src + k * bn], geom, nr),
+            // Not reached: the op takes float weights only.
+            _ => dst.fill(0.0),
+        }
+    });
+    bp
+}
+
+mod dgrad;
+mod forward;
+mod wgrad;
+pub use dgrad::brgemm_dgrad;
+pub use forward::brgemm;
+pub use wgrad::brgemm_wgrad;

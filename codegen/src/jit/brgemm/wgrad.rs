@@ -1,0 +1,376 @@
+//! `brgemm_wgrad`: the weight and bias gradients of a blocked layer (see the parent module's table).
+
+use super::{check_cover, jit_err, row_block, run_blocks, tail, with_kernel};
+use crate::jit::buffers::{Floats, Fresh, Scratch};
+use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand};
+use crate::jit::layout::{buf, zeros};
+use crate::jit::linear::{elt_of, operand};
+use crate::jit::{Jit, JitOptions};
+use crate::kernels::brgemm::{act_grad, check_fit, dims, dy_y_last, floats};
+use crate::kernels::{KResult, shape_err};
+use dlrm_ir::{Act, Tensor, TensorType};
+use half::bf16;
+use rayon::prelude::*;
+
+/// `brgemm_wgrad(dyb[Nb,S,bn], (yb,) xb[Kb,S,bk]) -> (dw[Nb,Kb,bk,bn], db[n])`.
+pub fn brgemm_wgrad(
+    jit: &Jit,
+    opts: &JitOptions,
+    act: Act,
+    n: usize,
+    ins: &[&Tensor],
+    out_types: &[TensorType],
+) -> KResult<Vec<Tensor>> {
+    const OP: &str = "brgemm_wgrad";
+    let [dy, y, x] = dy_y_last(OP, act, ins)?;
+    if dy.shape != y.shape {
+        return Err(shape_err(
+            OP,
+            format!(
+                "blocked dy {:?} and blocked y {:?} differ",
+                dy.shape, y.shape
+            ),
+        ));
+    }
+    let [nb, s, bn] = dims::<3>(OP, "blocked dy", dy)?;
+    let [kb, sx, bk] = dims::<3>(OP, "blocked x", x)?;
+    if sx != s {
+        return Err(shape_err(
+            OP,
+            format!(
+                "blocked dy {:?} and blocked x {:?} must have the same samples",
+                dy.shape, x.shape
+            ),
+        ));
+    }
+    check_fit(OP, "brgemm_wgrad n", n, nb, bn)?;
+    let [dw_t, db_t] = out_types else {
+        return Err(shape_err(
+            OP,
+            format!("has two results, {} declared", out_types.len()),
+        ));
+    };
+    let (dw_elt, db_elt) = (
+        elt_of(dw_t.dtype).ok_or_else(|| shape_err(OP, "dw must be f32 or bf16".into()))?,
+        elt_of(db_t.dtype).ok_or_else(|| shape_err(OP, "db must be f32 or bf16".into()))?,
+    );
+    let xa = operand(x).ok_or_else(|| shape_err(OP, "x must be a float tensor".into()))?;
+    if nb == 0 || kb == 0 || bn == 0 || bk == 0 || s == 0 {
+        let dw = Floats::zeros(dw_elt, nb * kb * bk * bn).tensor(vec![nb, kb, bk, bn]);
+        let db = Floats::zeros(db_elt, n).tensor(vec![n]);
+        return Ok(vec![dw, db]);
+    }
+    let (dyv, yv) = (floats(dy), floats(y));
+    if bn == 1 {
+        return wgrad_columns(jit, act, (&dyv, &yv), xa, (nb, kb, s, bk), (dw_elt, db_elt));
+    }
+    // xᵀ packed once per call pays off when many N blocks reuse it; with few,
+    // the transposed view read in place is faster (`brgemm_best`: 256→64 1.0
+    // vs 1.4 ms, 256→1 0.4 vs 1.1; 512→256 ~5% slower).
+    let pack_x = nb >= PACK_X_MIN_NB;
+    let kp = kb * bk;
+    let base = GemmSpec {
+        // Packed: one GEMM per N block over all `Kb·bk` rows of xᵀ (its tiles
+        // run across the K blocks: no ragged tile per block), whose `[Kb·bk][bn]`
+        // result is exactly dw[nb]. In place: one per block dw[nb][kb].
+        m: if pack_x { kp } else { bk },
+        n: bn,
+        k: s,
+        lda: 1,
+        acs: bk,
+        ldc: bn,
+        a: if pack_x { Elt::F32 } else { xa.elt() },
+        c: dw_elt,
+        bias: false,
+        relu: false,
+        micro: Micro::Cranelift,
+        pack_a: pack_x,
+        b: BLayout::Packed,
+        kb: 0,
+        a_blk: 0,
+    };
+    let mut result = None;
+    with_kernel(jit, opts, OP, (base, false, false), &mut |kern| {
+        let sp = *kern.spec();
+        let (mr, nr) = (sp.micro.mr(), sp.micro.nr());
+        // B per nb block: dz[nb] (`S × bn`), packed, with db summed on the way.
+        let panels = bn.div_ceil(nr);
+        let blk_b = panels * s * nr;
+        let mut dbp = vec![0.0f32; nb * panels * nr];
+        // Panel q (`S × nr`) of the packed dz, its db columns summed into `dbq`.
+        let pack_panel = |q: usize, pan: &mut [f32], dbq: &mut [f32]| {
+            let (nbi, p) = (q / panels, q % panels);
+            let j0 = p * nr;
+            let cols = nr.min(bn - j0);
+            if cols < nr {
+                pan.fill(0.0);
+            }
+            let rows = (
+                &dyv[nbi * s * bn..(nbi + 1) * s * bn],
+                &yv[nbi * s * bn..(nbi + 1) * s * bn],
+            );
+            match act {
+                Act::None => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, _| d),
+                Act::Relu => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
+                    act_grad(Act::Relu, d, y)
+                }),
+                Act::Sigmoid => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
+                    act_grad(Act::Sigmoid, d, y)
+                }),
+            }
+        };
+        let mut fresh = Fresh::new(dw_elt, nb * kp * bn);
+        let threads = rayon::current_num_threads().max(1);
+        let xt = sp.pack_a.then(|| {
+            let mut xt = Scratch::new(kp.div_ceil(mr) * mr * s);
+            pack_x_t(&mut xt, xa, (kb, s, bk), mr);
+            xt
+        });
+        let dw = if let Some(xt) = xt
+            .as_ref()
+            .filter(|_| nb >= FUSED_DZ_BLOCKS_PER_THREAD * threads)
+        {
+            // One task per N block packs that block's dz into a buffer of its
+            // own and runs the GEMM on it at once, while it is in cache (enough
+            // blocks to share out; the packed dz never goes through memory).
+            check_cover(&kern, &fresh, (nb, kp, bn))?;
+            let tasks: Vec<_> = fresh
+                .buf()
+                .chunks(kp * bn)
+                .into_iter()
+                .zip(dbp.chunks_mut(panels * nr))
+                .enumerate()
+                .collect();
+            tasks
+                .into_par_iter()
+                .with_max_len(1)
+                .try_for_each(|(nbi, (cb, dbq))| {
+                    let mut b = Scratch::new(blk_b);
+                    for (p, (pan, dbp)) in b.chunks_mut(s * nr).zip(dbq.chunks_mut(nr)).enumerate()
+                    {
+                        pack_panel(nbi * panels + p, pan, dbp);
+                    }
+                    kern.run_block(Operand::F32(xt), &b, None, cb, kp)
+                })?;
+            // SAFETY: every task returned Ok, and `check_cover` held: task nb
+            // wrote all `Kb·bk` rows of block nb, and the tasks cover every block.
+            unsafe { fresh.assume_init() }
+        } else {
+            let mut bp = Scratch::new(nb * blk_b);
+            bp.par_chunks_mut(s * nr)
+                .zip(dbp.par_chunks_mut(nr))
+                .enumerate()
+                .for_each(|(q, (pan, dbq))| pack_panel(q, pan, dbq));
+            let b_of = |nbi: usize| (&bp[nbi * blk_b..(nbi + 1) * blk_b], None);
+            if let Some(xt) = &xt {
+                // Row chunks of dw[nb] (whole tiles: chunk r0 starts at tile
+                // r0/mr, element r0·S of the packed xᵀ).
+                run_blocks(
+                    kern,
+                    fresh,
+                    (nb, kp, bn, row_block(kp, mr, nb)),
+                    &|_, r0| Operand::F32(&xt[(r0 * s).min(xt.len())..]),
+                    &b_of,
+                    None,
+                )?
+            } else {
+                // One task per block dw[nb][kb]: `xb[kb]` read as its transpose.
+                run_blocks(
+                    kern,
+                    fresh,
+                    (nb * kb, bk, bn, bk),
+                    &|blk, _| tail(xa, (blk % kb) * s * bk),
+                    &|blk| b_of(blk / kb),
+                    None,
+                )?
+            }
+        };
+        result = Some((dw, dbp));
+        Ok(())
+    })?;
+    let (mut dw, dbp) = result.ok_or_else(|| shape_err(OP, "internal: no result".into()))?;
+    // Exact zeros in the padding columns n >= N (the interpreter writes 0).
+    let live_last = n - (nb - 1) * bn;
+    if live_last < bn {
+        match &mut dw {
+            Floats::F32(v) => v[(nb - 1) * kb * bk * bn..]
+                .chunks_mut(bn)
+                .for_each(|r| r[live_last..].fill(0.0)),
+            Floats::BF16(v) => v[(nb - 1) * kb * bk * bn..]
+                .chunks_mut(bn)
+                .for_each(|r| r[live_last..].fill(bf16::ZERO)),
+        }
+    }
+    // dbp is [Nb][panels·nr]: column j of block nb at nb·panels·nr + j.
+    let panels_nr = dbp.len() / nb;
+    let db: Vec<f32> = (0..n).map(|j| dbp[(j / bn) * panels_nr + j % bn]).collect();
+    Ok(vec![dw.tensor(vec![nb, kb, bk, bn]), db_of(db, db_elt)])
+}
+
+/// The bias gradient `db` (f32 sums) stored as `elt`.
+fn db_of(db: Vec<f32>, elt: Elt) -> Tensor {
+    let n = db.len();
+    let db = match elt {
+        Elt::F32 => Floats::F32(db),
+        Elt::BF16 => Floats::BF16(db.iter().map(|&v| bf16::from_f32(v)).collect()),
+    };
+    db.tensor(vec![n])
+}
+
+/// `brgemm_wgrad` with one-column blocks (`bn = 1`, e.g. a layer with one
+/// output): column `nb` of `dw` is `Σ_s dz[nb][s] · x[s]`, a matrix-vector
+/// product, computed as a weighted sum of `x`'s rows
+/// ([`crate::jit::reduce::weighted_block_sums`]) that reads `x` once — a GEMM tile
+/// would use one of its 8 or 32 lanes. Same float operations as the GEMM
+/// path: each element summed over the samples in order, one FMA per term;
+/// `dz = act'(dy, y)` and `db` (its sum in sample order) as in [`pack_dz`].
+fn wgrad_columns(
+    jit: &Jit,
+    act: Act,
+    (dyv, yv): (&[f32], &[f32]),
+    xa: Operand<'_>,
+    (nb, kb, s, bk): (usize, usize, usize, usize),
+    (dw_elt, db_elt): (Elt, Elt),
+) -> KResult<Vec<Tensor>> {
+    const OP: &str = "brgemm_wgrad";
+    if dyv.len() != nb * s || yv.len() != nb * s {
+        return Err(shape_err(
+            OP,
+            format!(
+                "dy holds {} and y {} elements for {nb} blocks of {s} samples × 1",
+                dyv.len(),
+                yv.len()
+            ),
+        ));
+    }
+    let mut dw = zeros(dw_elt, nb * kb * bk);
+    let mut db = Vec::with_capacity(nb);
+    let mut dz = vec![0.0f32; s];
+    for (q, mut dwq) in buf(&mut dw).chunks(kb * bk).into_iter().enumerate() {
+        let mut sum = 0.0f32;
+        for ((z, &d), &y) in dz.iter_mut().zip(&dyv[q * s..]).zip(&yv[q * s..]) {
+            *z = act_grad(act, d, y);
+            sum += *z;
+        }
+        db.push(sum);
+        crate::jit::reduce::weighted_block_sums(jit, xa, (kb, s, bk), &dz, dwq.reborrow())
+            .map_err(|e| jit_err(OP, e))?;
+    }
+    let dw = Tensor {
+        shape: vec![nb, kb, bk, 1],
+        data: dw,
+    };
+    Ok(vec![dw, db_of(db, db_elt)])
+}
+
+/// N blocks from which `brgemm_wgrad` packs `xᵀ` (fewer read it in place).
+const PACK_X_MIN_NB: usize = 4;
+
+/// N blocks per thread from which `brgemm_wgrad` (packed `xᵀ`) packs each
+/// block's `dz` inside that block's GEMM task instead of all blocks first.
+const FUSED_DZ_BLOCKS_PER_THREAD: usize = 2;
+
+/// One packed panel of `dz = g(dy, y)` (`S` rows of `nr`, the first `db.len()`
+/// columns live, from column `j0` of the `[S][bn]` block `dy`, `y`), adding each
+/// row into `db` in sample order.
+fn pack_dz(
+    (dy, y): (&[f32], &[f32]),
+    pan: &mut [f32],
+    db: &mut [f32],
+    (bn, j0, nr): (usize, usize, usize),
+    g: impl Fn(f32, f32) -> f32,
+) {
+    let cols = db.len();
+    for ((row, d), yy) in pan
+        .chunks_exact_mut(nr)
+        .zip(dy.chunks_exact(bn))
+        .zip(y.chunks_exact(bn))
+    {
+        for (((o, &d), &yy), acc) in row[..cols]
+            .iter_mut()
+            .zip(&d[j0..j0 + cols])
+            .zip(&yy[j0..j0 + cols])
+            .zip(db.iter_mut())
+        {
+            let z = g(d, yy);
+            *o = z;
+            *acc += z;
+        }
+    }
+}
+
+/// `xᵀ` of a blocked activation `xb[Kb][S][bk]` (`Kb·bk × S`: row `r` is column
+/// `r % bk` of block `r / bk`) into `dst` as tile-major panels `[⌈Kb·bk/mr⌉][S][mr]`
+/// (f32, bf16 widened exactly), every element written: rows past `Kb·bk` zero.
+///
+/// Row `si` of tile `t` is columns `t·mr..(t+1)·mr` of sample `si`'s whole `x`
+/// row (its blocks side by side), so this is a copy of short runs, not a
+/// transpose. Each task takes [`PACK_X_SAMPLES`] samples: it stages their rows
+/// side by side (reading `x` in order), then writes its part of each tile as
+/// one contiguous run. (Reading each tile's runs straight from `x` touched
+/// every cache line of `x` once per tile and took ~1.6× as long on a cold `x`,
+/// 2048×512.)
+fn pack_x_t(dst: &mut [f32], x: Operand<'_>, (kb, s, bk): (usize, usize, usize), mr: usize) {
+    let kp = kb * bk;
+    let tiles = kp.div_ceil(mr);
+    // Sample chunks of the tiles, transposed into tasks: task c writes chunk c
+    // of every tile.
+    let chunk = PACK_X_SAMPLES;
+    let mut tasks: Vec<Vec<&mut [f32]>> = (0..s.div_ceil(chunk)).map(|_| Vec::new()).collect();
+    for tile in dst.chunks_mut(s * mr).take(tiles) {
+        for (c, part) in tile.chunks_mut(chunk * mr).enumerate() {
+            tasks[c].push(part);
+        }
+    }
+    tasks
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(c, mut parts)| {
+            // The chunk's rows, zero-padded to whole tiles.
+            let (s0, s1) = (c * chunk, s.min((c + 1) * chunk));
+            let w = tiles * mr;
+            let mut rows = Scratch::new((s1 - s0) * w);
+            for (si, row) in (s0..s1).zip(rows.chunks_exact_mut(w)) {
+                row[kp..].fill(0.0);
+                for (q, dst) in row[..kp].chunks_exact_mut(bk).enumerate() {
+                    let at = (q * s + si) * bk;
+                    match x {
+                        Operand::F32(v) => dst.copy_from_slice(&v[at..at + bk]),
+                        Operand::BF16(v) => dst
+                            .iter_mut()
+                            .zip(&v[at..at + bk])
+                            .for_each(|(d, e)| *d = e.to_f32()),
+                    }
+                }
+            }
+            for (t, part) in parts.iter_mut().enumerate() {
+                match mr {
+                    12 => copy_runs::<12>(part, &rows, w, t),
+                    6 => copy_runs::<6>(part, &rows, w, t),
+                    4 => copy_runs::<4>(part, &rows, w, t),
+                    _ => {
+                        for (d, row) in part.chunks_exact_mut(mr).zip(rows.chunks_exact(w)) {
+                            d.copy_from_slice(&row[t * mr..(t + 1) * mr]);
+                        }
+                    }
+                }
+            }
+        });
+}
+
+/// Tile `t`'s rows of a chunk (`part`, `[samples][MR]`) from the staged rows
+/// (`w` floats each): a fixed length, so a few vector moves per row rather than
+/// a `memcpy` call.
+fn copy_runs<const MR: usize>(part: &mut [f32], rows: &[f32], w: usize, t: usize) {
+    for (d, row) in part
+        .as_chunks_mut::<MR>()
+        .0
+        .iter_mut()
+        .zip(rows.chunks_exact(w))
+    {
+        *d = row[t * MR..].as_chunks::<MR>().0[0];
+    }
+}
+
+/// Samples per task of [`pack_x_t`].
+const PACK_X_SAMPLES: usize = 64;
