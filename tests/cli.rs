@@ -492,12 +492,18 @@ fn bad_runs_are_clear_errors() {
             &["--lr-warmup-steps", "10", "--lr-decay-start", "5"][..],
             "warmup",
         ),
-        (&["--lr-step-size", "3", "--lr-warmup-steps", "2"][..], "cannot be used"),
+        (
+            &["--lr-step-size", "3", "--lr-warmup-steps", "2"][..],
+            "cannot be used",
+        ),
         (&["--lr-gamma", "0.5"][..], "--lr-step-size"),
     ] {
         let out = run(DLRM_RUN, &[&[s(&plan), "--iters", "2"][..], args].concat());
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(expect), "{args:?}: {err}");
+        assert!(
+            !out.status.success() && err.contains(expect),
+            "{args:?}: {err}"
+        );
     }
     // An unknown micro-kernel is a usage error listing the choices.
     let out = run(DLRM_RUN, &[s(&plan), "--kernels", "fastest"]);
