@@ -16,6 +16,7 @@ use crate::shard::{ShardSettings, partition_graph, shard_plan};
 use dlrm_ir::{Communicator, SingleRank, Tensor};
 use dlrm_runtime::driver::{Event, Job, Report, run, run_rank};
 use dlrm_runtime::plan::Plan;
+use dlrm_runtime::schedule::{LrPolicy, LrSchedule, graph_lr};
 use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, Executor, KernelChoice, MpiComm};
 use std::collections::HashMap;
 
@@ -57,6 +58,11 @@ pub struct RunOptions {
     pub epochs: Option<u64>,
     /// Evaluate every this many steps during training (0: only at the end).
     pub eval_every: u64,
+    /// The base learning rate of the training steps (`--lr`); `None`: the plan's.
+    pub lr: Option<f32>,
+    /// How the learning rate moves with the step (`--lr-warmup-steps`, ...);
+    /// `None`: constant.
+    pub lr_policy: Option<LrPolicy>,
 }
 
 impl Default for RunOptions {
@@ -79,6 +85,8 @@ impl Default for RunOptions {
             data: None,
             epochs: None,
             eval_every: 0,
+            lr: None,
+            lr_policy: None,
         }
     }
 }
@@ -209,7 +217,9 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
         let infer_graphs = infer.graphs.clone();
         (infer_graphs, graphs, Some(train.unwrap_or(infer)))
     };
+    let lr_schedule = lr_schedule_for(&plan, opts)?;
     let mut job = Job::from_plan(plan);
+    job.lr_schedule = lr_schedule;
     if let Some(parts) = &row_shards {
         // Row-wise tables: each shard parameter gets its rows of the table.
         let params = std::mem::take(&mut job.params);
@@ -247,6 +257,26 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     job.allreduce = opts.allreduce;
     job.threads = opts.threads;
     Ok(job)
+}
+
+/// The learning-rate schedule `opts` asks for (`None`: none asked, every update
+/// keeps its compiled rate). Its base rate is `--lr`, else the rate the plan's
+/// training graph was compiled with (the same value, bit for bit: a schedule that
+/// changes nothing gives the run without one).
+fn lr_schedule_for(plan: &Plan, opts: &RunOptions) -> Result<Option<LrSchedule>> {
+    if opts.lr.is_none() && opts.lr_policy.is_none() {
+        return Ok(None);
+    }
+    let compiled = match &plan.train {
+        Some(g) => graph_lr(g)?,
+        None => None,
+    };
+    let s = LrSchedule {
+        lr: opts.lr.or(compiled).unwrap_or(plan.training.learning_rate),
+        policy: opts.lr_policy.unwrap_or_default(),
+    };
+    s.check()?;
+    Ok(Some(s))
 }
 
 /// Runs the plan's inference graph once on one rank with the given inputs (e.g.

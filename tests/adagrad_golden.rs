@@ -7,13 +7,18 @@
 //! tensor within 1e-5 of its largest magnitude (its sum of magnitudes, sum of
 //! squares and first 8 elements are stored).
 //!
+//! The same holds under learning-rate schedules, the rate handed to the executor
+//! each step: Adagrad under the reference DLRM's `LRPolicyScheduler` (warmup and
+//! polynomial decay) and SGD under `StepLR`, replayed by the script with those
+//! PyTorch schedulers.
+//!
 //! With `DLRMC_OPTIM_TRACE=DIR` the test also writes what PyTorch needs to redo the
 //! run: `DIR/<optimizer>.json` holds the initial parameters, every batch, the
 //! losses and the trained values (the script reads it).
 
 use dlrm_ir::{SingleRank, Tensor};
 use dlrm_passes::pipeline::Precision;
-use dlrm_runtime::{DataSchema, Executor, SyntheticData};
+use dlrm_runtime::{DataSchema, Executor, LrPolicy, LrSchedule, SyntheticData};
 use dlrmc::compile::{CompileOptions, compile};
 use dlrmc::model::{Overrides, load_model};
 use serde_json::{Value, json};
@@ -42,8 +47,50 @@ struct Trace {
     params: BTreeMap<String, Vec<f32>>,
 }
 
-/// Trains dlrm-tiny with `optimizer` (with `opts`), writing the trace when asked.
-fn trace(optimizer: &str, opts: &CompileOptions, dump: Option<&Path>) -> Trace {
+/// A golden run: its name (in the golden file and the trace's file name), the
+/// optimizer, and the learning-rate schedule (`None`: the compiled rate).
+struct Case {
+    name: &'static str,
+    optimizer: &'static str,
+    schedule: Option<LrSchedule>,
+}
+
+/// The runs checked against PyTorch: each optimizer at a constant rate, then
+/// Adagrad under the reference DLRM's `LRPolicyScheduler` (warmup 10 steps, decay
+/// from step 40 over 50 steps: every phase, the frozen rates between and after
+/// included) and SGD under `StepLR` (halved every 25 steps).
+fn cases() -> [Case; 4] {
+    let case = |name, optimizer, policy: Option<LrPolicy>| Case {
+        name,
+        optimizer,
+        schedule: policy.map(|policy| LrSchedule { lr: LR, policy }),
+    };
+    [
+        case("adagrad", "adagrad", None),
+        case("rowwise_adagrad", "rowwise_adagrad", None),
+        case(
+            "adagrad_lr_policy",
+            "adagrad",
+            Some(LrPolicy::Poly {
+                warmup_steps: 10,
+                decay_start: 40,
+                decay_steps: 50,
+            }),
+        ),
+        case(
+            "sgd_step_lr",
+            "sgd",
+            Some(LrPolicy::Step {
+                step_size: 25,
+                gamma: 0.5,
+            }),
+        ),
+    ]
+}
+
+/// Trains dlrm-tiny as `case` says (with `opts`), writing the trace when asked.
+fn trace(case: &Case, opts: &CompileOptions, dump: Option<&Path>) -> Trace {
+    let optimizer = case.optimizer;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let o = Overrides {
         optimizer: Some(optimizer.into()),
@@ -69,6 +116,9 @@ fn trace(optimizer: &str, opts: &CompileOptions, dump: Option<&Path>) -> Trace {
                 .collect();
             batches.push(b);
         }
+        if let Some(sch) = &case.schedule {
+            exec.set_lr(Some(sch.lr_at(step + 1))).expect("rate");
+        }
         let outs = exec.step(inputs, &syms, &SingleRank).expect("step");
         losses.push(outs[0].to_f32_vec()[0]);
     }
@@ -83,10 +133,10 @@ fn trace(optimizer: &str, opts: &CompileOptions, dump: Option<&Path>) -> Trace {
         let doc = json!({
             "optimizer": optimizer, "lr": LR, "eps": 1e-10, "steps": STEPS,
             "batch": BATCH, "seed": SEED, "init": init, "batches": batches,
-            "losses": losses, "trained": params,
+            "losses": losses, "trained": params, "schedule": case.schedule,
         });
         std::fs::create_dir_all(dir).expect("trace dir");
-        let path = dir.join(format!("{optimizer}.json"));
+        let path = dir.join(format!("{}.json", case.name));
         std::fs::write(&path, doc.to_string()).expect("write trace");
     }
     Trace { losses, params }
@@ -153,20 +203,21 @@ fn adagrad_matches_pytorch() {
     let dump = std::env::var_os("DLRMC_OPTIM_TRACE");
     let dump = dump.as_deref().map(Path::new);
     // Both traces first (the script needs both), then the checks.
-    let traces: Vec<(&str, Trace)> = ["adagrad", "rowwise_adagrad"]
-        .into_iter()
-        .map(|o| (o, trace(o, &O0, dump)))
+    let traces: Vec<(&str, Trace)> = cases()
+        .iter()
+        .map(|c| (c.name, trace(c, &O0, dump)))
         .collect();
-    for (optimizer, t) in &traces {
-        check(optimizer, t);
+    for (name, t) in &traces {
+        check(name, t);
     }
 }
 
 #[test]
 fn fused_adagrad_matches_pytorch_losses() {
     // The optimised plan (fused updates, blocked weights): its losses.
-    for optimizer in ["adagrad", "rowwise_adagrad"] {
-        let t = trace(optimizer, &CompileOptions::default(), None);
+    for case in cases() {
+        let optimizer = case.name;
+        let t = trace(&case, &CompileOptions::default(), None);
         let want = f32s(&golden()[optimizer]["losses"]);
         for (i, (a, b)) in t.losses.iter().zip(&want).enumerate() {
             assert!(

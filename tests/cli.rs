@@ -365,6 +365,43 @@ fn dlrm_run_trains_and_writes_metrics() {
     let auc = lines[3]["auc"].as_f64().expect("auc");
     assert!((0.5..=1.0).contains(&auc), "{auc}");
     assert!(lines[3]["accuracy"].as_f64().is_some());
+    // The plan's learning rate (dlrm-tiny: 0.2) on every step line.
+    assert!(
+        lines[..3]
+            .iter()
+            .all(|l| l["lr"].as_f64().map(|v| v as f32) == Some(0.2))
+    );
+
+    // A schedule under the reference's flag names: LRPolicyScheduler(4, 6, 2) at
+    // --lr 0.5 is 0.125, 0.25, 0.375, 0.375, 0.375, 0.5, 0.125, then 0.125.
+    let out = ok(
+        DLRM_RUN,
+        &[
+            s(&plan),
+            "--iters",
+            "8",
+            "--log-every",
+            "1",
+            "--lr",
+            "0.5",
+            "--lr-num-warmup-steps",
+            "4",
+            "--lr-decay-start-step",
+            "6",
+            "--lr-num-decay-steps",
+            "2",
+            "--metrics",
+            s(&metrics),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("lr 0.375"), "{stderr}");
+    let rates: Vec<f64> = fs::read_to_string(&metrics)
+        .expect("metrics")
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).expect("json")["lr"].as_f64())
+        .collect();
+    assert_eq!(rates, [0.125, 0.25, 0.375, 0.375, 0.375, 0.5, 0.125, 0.125]);
 
     let out = ok(
         DLRM_RUN,
@@ -446,6 +483,28 @@ fn bad_runs_are_clear_errors() {
     assert!(err.contains("more than the global batch"), "{err}");
     let err = fails(DLRM_RUN, &[s(&plan), "--threads", "0"]);
     assert!(err.contains("--threads"), "{err}");
+    // Learning rates: negative or NaN, a decay before the warmup ends, two kinds
+    // of schedule at once.
+    for (args, expect) in [
+        (&["--lr=-0.1"][..], "learning rate"),
+        (&["--lr", "NaN"][..], "learning rate"),
+        (
+            &["--lr-warmup-steps", "10", "--lr-decay-start", "5"][..],
+            "warmup",
+        ),
+        (
+            &["--lr-step-size", "3", "--lr-warmup-steps", "2"][..],
+            "cannot be used",
+        ),
+        (&["--lr-gamma", "0.5"][..], "--lr-step-size"),
+    ] {
+        let out = run(DLRM_RUN, &[&[s(&plan), "--iters", "2"][..], args].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(expect),
+            "{args:?}: {err}"
+        );
+    }
     // An unknown micro-kernel is a usage error listing the choices.
     let out = run(DLRM_RUN, &[s(&plan), "--kernels", "fastest"]);
     let err = String::from_utf8_lossy(&out.stderr);

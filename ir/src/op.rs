@@ -634,6 +634,55 @@ impl A2aDir {
 }
 
 impl Op {
+    /// The learning rate of an optimizer update ([`Op::is_update`]), `None` for
+    /// every other op.
+    ///
+    /// The attribute is the rate the graph was compiled with (the *base* rate). A
+    /// run may give each training step its own rate (a schedule, `dlrm-run --lr`):
+    /// the executor then runs every update of the step as if its `lr` attribute
+    /// were the step's rate ([`Op::with_lr`]), so the meaning of each update op is
+    /// unchanged and no graph is recompiled.
+    pub fn lr(&self) -> Option<f32> {
+        match *self {
+            Op::Sgd { lr }
+            | Op::SparseSgd { lr }
+            | Op::Adagrad { lr, .. }
+            | Op::SparseAdagrad { lr, .. }
+            | Op::SplitSgd { lr }
+            | Op::EmbeddingUpdate { lr, .. }
+            | Op::SplitEmbeddingUpdate { lr, .. }
+            | Op::EmbeddingUpdateAdagrad { lr, .. }
+            | Op::SparseSgdRows { lr, .. }
+            | Op::EmbeddingUpdateRows { lr, .. }
+            | Op::SplitEmbeddingUpdateRows { lr, .. }
+            | Op::EmbeddingUpdateAdagradRows { lr, .. } => Some(lr),
+            _ => None,
+        }
+    }
+
+    /// This op with its learning rate replaced by `lr` (an update; any other op is
+    /// returned unchanged): how a step's scheduled rate reaches the kernels and the
+    /// interpreter (see [`Op::lr`]).
+    pub fn with_lr(&self, lr: f32) -> Op {
+        let mut op = self.clone();
+        match &mut op {
+            Op::Sgd { lr: l }
+            | Op::SparseSgd { lr: l }
+            | Op::Adagrad { lr: l, .. }
+            | Op::SparseAdagrad { lr: l, .. }
+            | Op::SplitSgd { lr: l }
+            | Op::EmbeddingUpdate { lr: l, .. }
+            | Op::SplitEmbeddingUpdate { lr: l, .. }
+            | Op::EmbeddingUpdateAdagrad { lr: l, .. }
+            | Op::SparseSgdRows { lr: l, .. }
+            | Op::EmbeddingUpdateRows { lr: l, .. }
+            | Op::SplitEmbeddingUpdateRows { lr: l, .. }
+            | Op::EmbeddingUpdateAdagradRows { lr: l, .. } => *l = lr,
+            _ => {}
+        }
+        op
+    }
+
     /// True for ops that exchange data between ranks.
     pub fn is_collective(&self) -> bool {
         matches!(self, Op::AllReduce | Op::AllToAll { .. })

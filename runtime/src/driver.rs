@@ -54,6 +54,7 @@ use crate::metrics::EvalMetrics;
 use crate::plan::Plan;
 use crate::prefetch::{LoaderSpec, with_loader};
 use crate::progress::CommTimes;
+use crate::schedule::{LrSchedule, graph_lr};
 use crate::source::{EvalSet, Source};
 use dlrm_ir::{AllReduceAlgo, Communicator, Dim, Graph, LocalGroup, Tensor, batch_slice};
 use report::report;
@@ -118,6 +119,10 @@ pub struct Job {
     /// Evaluate on the evaluation set every this many training steps and after the
     /// last (`--eval-every`); 0: only the final evaluation.
     pub eval_every: u64,
+    /// The learning rate of each training step (`dlrm-run --lr`, `--lr-warmup-steps`,
+    /// ...); `None`: every update keeps the rate it was compiled with. A pure
+    /// function of the step ([`LrSchedule::lr_at`]), the same on every rank.
+    pub lr_schedule: Option<LrSchedule>,
 }
 
 impl Job {
@@ -147,6 +152,7 @@ impl Job {
             threads: None,
             data: None,
             eval_every: 0,
+            lr_schedule: None,
         }
     }
 
@@ -169,6 +175,9 @@ pub enum Event {
         iter: u64,
         /// The global training loss (`None` in inference mode).
         loss: Option<f32>,
+        /// The learning rate of this step (`None` in inference mode, or when the
+        /// training graph has no update).
+        lr: Option<f32>,
         /// Global samples per second of this step (executor time only).
         samples_per_s: f64,
         /// Time since the first step started.
@@ -222,6 +231,7 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
         .threads
         .unwrap_or_else(|| (default_threads() / ranks_here).max(1));
     let mode = job.mode();
+    let lr = lr_setup(job)?;
     let schema_graph = job.full_train.as_ref().unwrap_or(&job.full_infer);
     let schema = DataSchema::from_graph(schema_graph)?;
     if mode == Mode::Train && schema.label.is_none() {
@@ -266,6 +276,7 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
             overlap: job.overlap,
             allreduce: job.allreduce,
             threads,
+            lr,
         },
         data,
         wall,
@@ -441,6 +452,33 @@ pub fn run_rank(
     Ok((rank == 0).then(|| report(&out, &cfg, wall, &comm.all_reduce_algo())))
 }
 
+/// The job's learning rates: its schedule, checked (one that changes no rate is
+/// dropped, so the updates keep their compiled rates bit for bit), and the rate
+/// the training graph was compiled with (reported when there is no schedule).
+fn lr_setup(job: &Job) -> Result<StepLr> {
+    let Some(train) = job
+        .full_train
+        .as_ref()
+        .filter(|_| job.mode() == Mode::Train)
+    else {
+        return Ok(StepLr::default());
+    };
+    let compiled = match (graph_lr(train), &job.lr_schedule) {
+        (Ok(r), _) => r,
+        (Err(e), Some(_)) => return Err(e),
+        (Err(_), None) => None,
+    };
+    let schedule = match job.lr_schedule {
+        Some(s) => {
+            s.check()?;
+            let same = s.is_constant() && compiled.is_some_and(|c| c.to_bits() == s.lr.to_bits());
+            (!same).then_some(s)
+        }
+        None => None,
+    };
+    Ok(StepLr { schedule, compiled })
+}
+
 fn job_err(reason: impl Into<String>) -> RuntimeError {
     RuntimeError::Job {
         reason: reason.into(),
@@ -521,8 +559,26 @@ fn distribute(
     Ok(per_rank)
 }
 
+/// The learning rate of the training steps.
+#[derive(Clone, Copy, Debug, Default)]
+struct StepLr {
+    /// Each step's rate, handed to the executor; `None`: the compiled rates.
+    schedule: Option<LrSchedule>,
+    /// The rate the training graph was compiled with.
+    compiled: Option<f32>,
+}
+
+impl StepLr {
+    /// The rate of step `k` (1-based).
+    fn at(&self, k: u64) -> Option<f32> {
+        self.schedule.map_or(self.compiled, |s| Some(s.lr_at(k)))
+    }
+}
+
 struct RankCfg {
     mode: Mode,
+    /// The training steps' learning rate.
+    lr: StepLr,
     ranks: usize,
     overlap: bool,
     allreduce: AllReduceAlgo,
@@ -777,6 +833,11 @@ fn train_steps(
             e => data_err(k, e),
         })?;
         let syms = step_syms(exec, &inputs, rank, cfg)?;
+        // The step's rate: a pure function of k, the same on every rank.
+        let lr = if training { cfg.lr.at(k) } else { None };
+        if training && cfg.lr.schedule.is_some() {
+            exec.set_lr(lr)?;
+        }
         let t0 = Instant::now();
         let outs = exec.step(inputs, &syms, comm)?;
         let dt = t0.elapsed().as_secs_f64();
@@ -814,6 +875,7 @@ fn train_steps(
             send(Event::Step {
                 iter: k,
                 loss,
+                lr,
                 samples_per_s: if dt > 0.0 {
                     cfg.global_batch as f64 / dt
                 } else {

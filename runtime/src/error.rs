@@ -120,6 +120,13 @@ pub enum RuntimeError {
         /// What is wrong.
         reason: String,
     },
+    /// A learning rate or a learning-rate schedule that cannot be used (negative,
+    /// NaN, inconsistent steps; see [`crate::schedule`]).
+    #[error("learning rate: {reason}")]
+    LearningRate {
+        /// What is wrong.
+        reason: String,
+    },
     /// `--comm mpi` in a build without the `mpi` cargo feature.
     #[error("built without MPI support; rebuild with `--features mpi`")]
     NoMpi,

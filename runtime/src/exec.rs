@@ -23,6 +23,12 @@
 //! After a failed step the executor refuses to run again (its parameters may have
 //! been moved out mid-step).
 //!
+//! Learning rate ([`Executor::set_lr`]): each update op's `lr` attribute is the
+//! rate the graph was compiled with; the driver may set the step's rate (a
+//! schedule), which every update of the following steps then runs with instead —
+//! in the JIT kernels, the reference kernels and the interpreter alike, since the
+//! node's op is rewritten before it reaches any of them. Unset, nothing changes.
+//!
 //! Backends ([`Backend`]): `Jit` (the default) runs each node with a Cranelift
 //! kernel ([`dlrm_codegen::jit::try_eval`], compiled once per op signature and
 //! cached process-wide, GEMM micro-kernel per [`KernelChoice`]), else the reference
@@ -175,6 +181,8 @@ pub struct Executor {
     backend: Backend,
     jit: JitOptions,
     step: u64,
+    /// The learning rate of the next steps' updates (`None`: the graph's own).
+    lr: Option<f32>,
     poisoned: Option<String>,
     /// Run collectives on a progress thread (see the module docs).
     overlap: bool,
@@ -294,6 +302,7 @@ impl Executor {
             backend: Backend::default(),
             jit: JitOptions::default(),
             step: 0,
+            lr: None,
             poisoned: None,
             overlap: true,
             comm_busy: Duration::ZERO,
@@ -348,6 +357,32 @@ impl Executor {
     /// Sets the number of the next step (e.g. to count evaluation batches).
     pub fn set_step(&mut self, step: u64) {
         self.step = step;
+    }
+
+    /// Sets the learning rate of the following steps: with `Some(lr)` every
+    /// optimizer update runs as if its `lr` attribute were `lr` (the step's rate of
+    /// a schedule, [`crate::schedule`]); `None` (the default) keeps the rates the
+    /// graph was compiled with. The same value reaches the JIT kernels, the
+    /// reference kernels and the interpreter (the op is rewritten once per node,
+    /// [`dlrm_ir::Op::with_lr`]). A negative or non-finite rate is an error.
+    pub fn set_lr(&mut self, lr: Option<f32>) -> Result<()> {
+        if let Some(l) = lr
+            && !(l.is_finite() && l >= 0.0)
+        {
+            return Err(RuntimeError::LearningRate {
+                reason: format!(
+                    "rank {}, step {}: {l} is not a finite rate >= 0",
+                    self.rank, self.step
+                ),
+            });
+        }
+        self.lr = lr;
+        Ok(())
+    }
+
+    /// The learning rate set by [`Executor::set_lr`] (`None`: the graph's own).
+    pub fn lr(&self) -> Option<f32> {
+        self.lr
     }
 
     /// A parameter's current value.
@@ -838,7 +873,11 @@ impl Executor {
         comm: &dyn Communicator,
     ) -> Result<(Vec<Tensor>, Cost)> {
         let node = &self.graph.nodes()[n];
-        let op = node.op.clone();
+        // The step's learning rate reaches every kernel through the op (one place).
+        let op = match self.lr {
+            Some(lr) if node.op.is_update() => node.op.with_lr(lr),
+            _ => node.op.clone(),
+        };
         let out_types: Vec<TensorType> = node
             .outputs
             .iter()

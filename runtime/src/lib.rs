@@ -15,6 +15,8 @@
 //!   inference, then held-out evaluation ([`run`] -> [`Report`]);
 //! - [`MpiComm`]: one rank per MPI process (`mpirun`), with the `mpi` cargo
 //!   feature; without it a stand-in whose [`MpiComm::init`] is a clear error;
+//! - [`schedule`]: learning-rate schedules ([`LrSchedule`]): each training step's
+//!   rate as a pure function of the step, handed to the executor per step;
 //! - [`metrics`]: AUC, log loss, accuracy, normalized entropy and the JSON-lines
 //!   metrics file.
 //!
@@ -37,6 +39,7 @@ mod mpi_comm;
 pub mod plan;
 mod prefetch;
 pub mod progress;
+pub mod schedule;
 pub mod source;
 
 pub use data::{DataSchema, SyntheticData, eval_step};
@@ -49,4 +52,5 @@ pub use metrics::{EvalMetrics, MetricsWriter, accuracy, auc, log_loss, normalize
 pub use mpi_comm::MpiComm;
 pub use plan::{Plan, Training, read_manifest, read_plan, write_plan};
 pub use progress::CommTimes;
+pub use schedule::{LrPolicy, LrSchedule};
 pub use source::{EvalSet, Source};

@@ -9,7 +9,8 @@
 //! predicting that rate): below 1 means better than the base rate.
 //!
 //! The metrics file has one JSON object per line: one per logged step
-//! (`{"iter", "loss", "samples_per_s", "elapsed_s"}`, `loss` null in inference mode),
+//! (`{"iter", "loss", "lr", "samples_per_s", "elapsed_s"}`, `loss` and `lr` (the
+//! step's learning rate) null in inference mode),
 //! one per evaluation during or after training (`{"iter", "split", "samples", "auc",
 //! "log_loss", "accuracy", "ne"}`, `iter` the step it followed)
 //! and a last summary line (`{"auc", "accuracy", "eval_samples", "final_loss",
@@ -166,17 +167,19 @@ impl MetricsWriter {
             .map_err(|e| RuntimeError::io(&self.path, e))
     }
 
-    /// Writes one step line.
+    /// Writes one step line (`lr`: the step's learning rate, null in inference).
     pub fn step(
         &mut self,
         iter: u64,
         loss: Option<f32>,
+        lr: Option<f32>,
         samples_per_s: f64,
         elapsed_s: f64,
     ) -> Result<()> {
         self.line(&json!({
             "iter": iter,
             "loss": loss,
+            "lr": lr,
             "samples_per_s": samples_per_s,
             "elapsed_s": elapsed_s,
         }))
@@ -203,9 +206,10 @@ impl MetricsWriter {
             Event::Step {
                 iter,
                 loss,
+                lr,
                 samples_per_s,
                 elapsed,
-            } => self.step(*iter, *loss, *samples_per_s, elapsed.as_secs_f64()),
+            } => self.step(*iter, *loss, *lr, *samples_per_s, elapsed.as_secs_f64()),
             _ => Ok(()),
         }
     }

@@ -62,7 +62,8 @@ pub struct Training {
     pub loss: String,
     /// Optimizer: `sgd`.
     pub optimizer: String,
-    /// Learning rate (already folded into the training graph's update ops).
+    /// Learning rate: the base rate of the training graph's update ops (a run may
+    /// change each step's rate without recompiling, [`crate::schedule`]).
     pub learning_rate: f32,
     /// Batch size (the global batch of a multi-rank run).
     pub batch_size: usize,

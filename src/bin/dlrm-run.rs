@@ -9,7 +9,7 @@ use dlrm_ir::Communicator;
 use dlrm_runtime::driver::{Event, Mode, Report};
 use dlrm_runtime::metrics::MetricsWriter;
 use dlrm_runtime::plan::{Plan, read_plan};
-use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, KernelChoice, bench_loader};
+use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, KernelChoice, LrPolicy, bench_loader};
 use dlrmc::launch::{infer_once, init_mpi, mpi_ranks};
 use dlrmc::{Comm, Ranks, RunOptions, ShardSettings, job_for, run_job};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -174,6 +174,56 @@ struct Cli {
     /// Sharding planner: one rank's rates, `GFLOPs,GBps` (default 20,4).
     #[arg(long, value_name = "GFLOPS,GBPS", value_parser = parse_machine)]
     machine: Option<dlrm_passes::shard::Machine>,
+    /// Learning rate of the training steps, instead of the plan's (the rate its
+    /// update ops were compiled with; no recompile). The base rate of a schedule.
+    #[arg(long, value_name = "F", value_parser = parse_lr, help_heading = "Learning rate")]
+    lr: Option<f32>,
+    /// Warm the learning rate up over the first N steps (the reference DLRM's
+    /// LRPolicyScheduler, exactly: step k < N runs at lr·k/N, then the rate stays
+    /// at step N-1's until the decay starts, or is lr without a decay).
+    #[arg(
+        long,
+        visible_alias = "lr-num-warmup-steps",
+        value_name = "N",
+        help_heading = "Learning rate"
+    )]
+    lr_warmup_steps: Option<u64>,
+    /// The step at which the polynomial decay starts (LRPolicyScheduler; >=
+    /// --lr-warmup-steps) [default: --lr-warmup-steps].
+    #[arg(
+        long,
+        visible_alias = "lr-decay-start-step",
+        value_name = "STEP",
+        help_heading = "Learning rate"
+    )]
+    lr_decay_start: Option<u64>,
+    /// Decay over N steps from the decay start: step k runs at
+    /// max(1e-7, lr·((N - (k - start))/N)²), then the rate stays at the last
+    /// decayed step's, lr/N² (LRPolicyScheduler) [default: 0, no decay].
+    #[arg(
+        long,
+        visible_alias = "lr-num-decay-steps",
+        value_name = "N",
+        help_heading = "Learning rate"
+    )]
+    lr_decay_steps: Option<u64>,
+    /// Step decay (as torch's StepLR, stepped every training step): multiply the
+    /// rate by --lr-gamma every N steps.
+    #[arg(
+        long,
+        value_name = "N",
+        conflicts_with_all = ["lr_warmup_steps", "lr_decay_start", "lr_decay_steps"],
+        help_heading = "Learning rate"
+    )]
+    lr_step_size: Option<u64>,
+    /// The factor of each step decay [default: 0.1, as StepLR's].
+    #[arg(
+        long,
+        value_name = "G",
+        requires = "lr_step_size",
+        help_heading = "Learning rate"
+    )]
+    lr_gamma: Option<f64>,
     /// Fuse the dense-gradient all-reduces into buckets of this many bytes, in the
     /// order backward produces the gradients, e.g. `1MiB` (default), `25MiB`; 0:
     /// one all-reduce per gradient.
@@ -183,6 +233,33 @@ struct Cli {
 
 fn parse_bucket(s: &str) -> Result<u64, String> {
     dlrmc::shard::parse_bucket_bytes(s).map_err(|e| e.to_string())
+}
+
+fn parse_lr(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}`: expected a finite learning rate >= 0")),
+    }
+}
+
+/// The learning-rate policy the `--lr-*` flags ask for (`None`: constant).
+fn lr_policy(cli: &Cli) -> Option<LrPolicy> {
+    if let Some(step_size) = cli.lr_step_size {
+        return Some(LrPolicy::Step {
+            step_size,
+            gamma: cli.lr_gamma.unwrap_or(0.1),
+        });
+    }
+    if cli.lr_warmup_steps.is_none() && cli.lr_decay_start.is_none() && cli.lr_decay_steps.is_none()
+    {
+        return None;
+    }
+    let warmup_steps = cli.lr_warmup_steps.unwrap_or(0);
+    Some(LrPolicy::Poly {
+        warmup_steps,
+        decay_start: cli.lr_decay_start.unwrap_or(warmup_steps),
+        decay_steps: cli.lr_decay_steps.unwrap_or(0),
+    })
 }
 
 fn parse_mem(s: &str) -> Result<u64, String> {
@@ -272,6 +349,8 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
             cli.epochs
         },
         eval_every: cli.eval_every,
+        lr: cli.lr,
+        lr_policy: lr_policy(cli),
         seed: cli.seed,
         batch_size: cli.batch_size,
         infer: cli.infer,
@@ -346,11 +425,13 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
             Event::Step {
                 iter,
                 loss,
+                lr,
                 samples_per_s,
                 elapsed,
             } => {
                 let loss = loss.map_or(String::new(), |l| format!("loss {l:.5}  "));
-                let msg = format!("{}{loss}{samples_per_s:.0} samples/s", epoch_of(*iter));
+                let lr = lr.map_or(String::new(), |l| format!("lr {l}  "));
+                let msg = format!("{}{loss}{lr}{samples_per_s:.0} samples/s", epoch_of(*iter));
                 match &bar {
                     Some(pb) => {
                         pb.set_position(*iter);

@@ -401,7 +401,21 @@ pub fn run(
     syms: &HashMap<String, usize>,
     comm: &dyn Communicator,
 ) -> Result<Vec<Tensor>> {
-    let result = evaluate(g, inputs, params, syms, comm);
+    run_with_lr(g, inputs, params, syms, comm, None)
+}
+
+/// [`run`] with the step's learning rate: with `Some(lr)` every optimizer update
+/// runs as if its `lr` attribute were `lr` ([`Op::with_lr`]: a learning-rate
+/// schedule's step); `None` keeps the rates the graph was compiled with.
+pub fn run_with_lr(
+    g: &Graph,
+    inputs: &HashMap<String, Tensor>,
+    params: &mut HashMap<String, Tensor>,
+    syms: &HashMap<String, usize>,
+    comm: &dyn Communicator,
+    lr: Option<f32>,
+) -> Result<Vec<Tensor>> {
+    let result = evaluate(g, inputs, params, syms, comm, lr);
     match result {
         Ok((outputs, updates)) => {
             for (name, t) in updates {
@@ -429,6 +443,7 @@ fn evaluate(
     params: &HashMap<String, Tensor>,
     syms: &HashMap<String, usize>,
     comm: &dyn Communicator,
+    lr: Option<f32>,
 ) -> Result<(Vec<Tensor>, NewParams)> {
     let nvals = g.values().len();
     let mut slots: Vec<Slot<'_>> = (0..nvals).map(|_| None).collect();
@@ -507,9 +522,14 @@ fn evaluate(
             reason: format!("{reason}{}", operand_names()),
         };
         let out_types: Vec<TensorType> = node.outputs.iter().map(|&v| g.ty(v).clone()).collect();
+        // The step's learning rate, if the run gives one.
+        let op: Cow<'_, Op> = match lr {
+            Some(lr) if node.op.is_update() => Cow::Owned(node.op.with_lr(lr)),
+            _ => Cow::Borrowed(&node.op),
+        };
 
         // sparse_sgd on an owned table at its last use: update it in place.
-        let owned_table = match (&node.op, node.inputs.as_slice()) {
+        let owned_table = match (op.as_ref(), node.inputs.as_slice()) {
             (Op::SparseSgd { lr }, [t, rest @ ..])
                 if last.get(t.index()) == Some(&Some(n))
                     && !rest.contains(t)
@@ -533,11 +553,11 @@ fn evaluate(
                 }
             }
             match owned_table {
-                Some((lr, table)) => check_result_count(&node.op, node.inputs.len(), &out_types)
+                Some((lr, table)) => check_result_count(&op, node.inputs.len(), &out_types)
                     .and_then(|()| optim::sparse_sgd(lr, table, &operands, out_types[0].dtype))
                     .map(|t| vec![t])
                     .and_then(|r| check_results(&r, &out_types, syms).map(|()| r)),
-                None => eval_op(&node.op, &operands, &out_types, &ctx),
+                None => eval_op(&op, &operands, &out_types, &ctx),
             }
             .map_err(eval_err)?
         };
