@@ -36,6 +36,7 @@
 mod attrs;
 mod bag;
 mod error;
+pub mod export;
 mod import;
 pub mod npz;
 mod ops;
