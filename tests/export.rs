@@ -337,3 +337,64 @@ fn dlrmc_export_command() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("opset 99"));
     assert!(!dir.path().join("x.onnx").exists());
 }
+
+/// `plan` trained `steps` steps on one rank (synthetic data), with its trained
+/// parameters in place of the initial ones: what a checkpoint will give.
+fn trained(plan: Plan, steps: u64) -> Plan {
+    let opts = dlrmc::RunOptions {
+        iters: steps,
+        log_every: 0,
+        eval_batches: 0,
+        ..dlrmc::RunOptions::default()
+    };
+    let job = dlrmc::job_for(plan.clone(), &opts).expect("job");
+    let (_, mut ranks) = dlrm_runtime::driver::run_with_params(job, &mut |_| {}).expect("train");
+    let mut after = ranks.swap_remove(0);
+    let params = plan
+        .params
+        .iter()
+        .map(|(n, t)| (n.clone(), after.remove(n).unwrap_or_else(|| t.clone())))
+        .collect();
+    Plan { params, ..plan }
+}
+
+/// Trained weights export: the exported model computes the trained plan's
+/// function (not the initial one's).
+#[test]
+fn trained_weights_export() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = compile_file(
+        &root().join("examples/dlrm-tiny.json"),
+        Precision::Fp32,
+        None,
+    );
+    let t = trained(plan.clone(), 40);
+    assert_ne!(t.params, plan.params, "training changed the weights");
+    let path = export_and_check(&t, dir.path(), "tiny-trained");
+    let m = dlrm_onnx::load(&path).expect("import");
+    let inputs = inputs_for(&plan.infer, 37, 7);
+    let before = eval(&plan.infer, &inputs, &plan.params);
+    let got = eval(&m.graph, &inputs, &m.params);
+    assert!(
+        max_err(&got[0], &before[0]) > 1e-4,
+        "the export holds the trained weights"
+    );
+}
+
+/// Not a check: writes dlrm-small trained 300 steps as a plan, for
+/// `dlrmc export` + `scripts/compare-onnxruntime --plan` until checkpoints exist
+/// (`DLRM_TRAINED_PLAN`, default `/tmp/dlrm-small-trained.plan`):
+/// `cargo test --release --test export -- --ignored write_trained_dlrm_small`.
+#[test]
+#[ignore = "writes a trained dlrm-small plan for the README's measurement"]
+fn write_trained_dlrm_small() {
+    let out = std::env::var("DLRM_TRAINED_PLAN")
+        .unwrap_or_else(|_| "/tmp/dlrm-small-trained.plan".into());
+    let plan = compile_file(
+        &root().join("examples/dlrm-small.json"),
+        Precision::Fp32,
+        None,
+    );
+    let t = trained(plan, 300);
+    dlrm_runtime::plan::write_plan(Path::new(&out), &t).expect("write plan");
+}

@@ -34,6 +34,7 @@
 
 mod builder;
 mod lower;
+mod patterns;
 mod write;
 
 use crate::error::{OnnxError, Result};
