@@ -160,6 +160,28 @@ fn export_round_trip_same_outputs_and_plan_ops() {
     }
 }
 
+/// Plans of imported ONNX models, generic ops included (`dlrm_tril_order` keeps
+/// its GatherND triangle in a non-canonical order): the export computes the same.
+#[test]
+fn onnx_test_case_plans_export() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for case in [
+        "dlrm_tril_order",
+        "dlrm_pytorch",
+        "dlrm_cat",
+        "dynamic_batch",
+        "dlrm_slice_self",
+        "dlrm_gather_nd",
+    ] {
+        let model = root()
+            .join("frontends/onnx/test_cases")
+            .join(case)
+            .join("model.onnx");
+        let plan = compile_file(&model, Precision::Fp32, None);
+        export_and_check(&plan, dir.path(), case);
+    }
+}
+
 /// bf16 and mixed plans: weights widened to f32, the IR's bf16 roundings as
 /// Cast pairs: the exported model computes what the plan computes.
 #[test]
