@@ -87,7 +87,12 @@ fn inputs_for(g: &Graph, batch: usize, seed: u64) -> HashMap<String, Tensor> {
             )
         } else {
             let r = rows.get(&v).copied().unwrap_or(10) as u64;
-            Tensor::i64(shape, (0..n).map(|_| (next() % r) as i64).collect())
+            let v: Vec<i64> = (0..n).map(|_| (next() % r) as i64).collect();
+            if ty.dtype == dlrm_ir::DType::I32 {
+                Tensor::i32(shape, v.into_iter().map(|x| x as i32).collect())
+            } else {
+                Tensor::i64(shape, v)
+            }
         };
         out.insert(g.name_of(v).to_string(), t);
     }
@@ -160,6 +165,30 @@ fn export_round_trip_same_outputs_and_plan_ops() {
     }
 }
 
+/// Forced small GEMM blocks pad the blocked weights (K and N not multiples of the
+/// block): un-blocking drops the padding.
+#[test]
+fn padded_blocked_weights_unblock() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for block in [3, 5] {
+        let model = load_model(
+            &root().join("examples/dlrm-tiny.json"),
+            Overrides::default(),
+        )
+        .expect("load");
+        let opts = CompileOptions {
+            block: Some(block),
+            ..CompileOptions::default()
+        };
+        let plan = compile(model, &opts, &mut |_, _| {}).expect("compile");
+        let w = plan.infer.find("bot.0.w").expect("bot.0.w");
+        let shape = &plan.infer.ty(w).shape;
+        let padded_n = shape[0].fixed().unwrap_or(0) * shape[3].fixed().unwrap_or(0);
+        assert!(padded_n > 16, "blocked by {block}, padded: {shape:?}");
+        export_and_check(&plan, dir.path(), &format!("tiny-block{block}"));
+    }
+}
+
 /// Plans of imported ONNX models, generic ops included (`dlrm_tril_order` keeps
 /// its GatherND triangle in a non-canonical order): the export computes the same.
 #[test]
@@ -177,7 +206,12 @@ fn onnx_test_case_plans_export() {
             .join("frontends/onnx/test_cases")
             .join(case)
             .join("model.onnx");
-        let plan = compile_file(&model, Precision::Fp32, None);
+        let m = load_model(&model, Overrides::default()).expect("load");
+        let opts = CompileOptions {
+            infer_only: true,
+            ..CompileOptions::default()
+        };
+        let plan = compile(m, &opts, &mut |_, _| {}).expect("compile");
         export_and_check(&plan, dir.path(), case);
     }
 }

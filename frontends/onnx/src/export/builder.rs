@@ -100,7 +100,7 @@ pub(crate) enum A {
     /// `s`.
     Str(&'static str),
     /// `t`: a one-element tensor (ConstantOfShape's `value`).
-    Tensor(TensorProto),
+    Tensor(Box<TensorProto>),
 }
 
 /// Builds `name = value`.
@@ -123,7 +123,7 @@ fn attr(name: &str, value: A) -> AttributeProto {
             a.r#type = Some(AttributeType::String as i32);
         }
         A::Tensor(t) => {
-            a.t = Some(t);
+            a.t = Some(*t);
             a.r#type = Some(AttributeType::Tensor as i32);
         }
     }
@@ -131,13 +131,13 @@ fn attr(name: &str, value: A) -> AttributeProto {
 }
 
 /// A one-element float tensor (ConstantOfShape's `value`).
-pub(crate) fn scalar_f32_tensor(v: f32) -> TensorProto {
-    TensorProto {
+pub(crate) fn scalar_f32_tensor(v: f32) -> Box<TensorProto> {
+    Box::new(TensorProto {
         dims: vec![1],
         data_type: Some(DataType::Float as i32),
         raw_data: Some(v.to_le_bytes().to_vec()),
         ..Default::default()
-    }
+    })
 }
 
 /// The ONNX graph being built.
