@@ -1,4 +1,5 @@
-//! `dlrmc`: the DLRM compiler's command line (compile, inspect, opt, plan-shards).
+//! `dlrmc`: the DLRM compiler's command line (compile, inspect, opt, plan-shards,
+//! export, data, plot).
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
@@ -36,9 +37,38 @@ enum Command {
     /// Datasets: convert Criteo data to `.ds`, inspect one, generate synthetic data.
     #[command(subcommand)]
     Data(dlrmc::data_cmd::DataCommand),
+    /// Write a plan's inference model (its current weights) as standard ONNX that
+    /// ONNX Runtime runs: MLPs as Gemm + Relu/Sigmoid (blocked weights un-blocked),
+    /// embedding bags as Gather + ReduceSum (offsets: a ScatterND segment sum),
+    /// the dot interaction as MatMul + Gather of the lower triangle; bf16 weights
+    /// widened to f32.
+    Export(ExportArgs),
     /// Draw learning curves (training loss, validation AUC and log loss) of one or
     /// more `dlrm-run --metrics` files into an SVG.
     Plot(PlotArgs),
+}
+
+#[derive(Args, Debug)]
+struct ExportArgs {
+    /// The plan directory (`dlrmc compile` output).
+    plan: PathBuf,
+    /// The `.onnx` file to write (replaced atomically; external data goes to
+    /// `<file>.data` beside it).
+    #[arg(short, long, value_name = "FILE")]
+    output: PathBuf,
+    /// The ONNX opset to write (16 to 21; `Gelu` is a single op from 20).
+    #[arg(long, value_name = "N", default_value_t = dlrm_onnx::export::DEFAULT_OPSET)]
+    opset: i64,
+    /// The name of the symbolic batch dimension of the inputs and outputs.
+    #[arg(long, value_name = "NAME", default_value = "batch")]
+    batch: String,
+    /// Put the weights in an external data file even when the model fits in one
+    /// protobuf (it is automatic above 2 GB).
+    #[arg(long)]
+    external_data: bool,
+    /// Print nothing but errors.
+    #[arg(short, long)]
+    quiet: bool,
 }
 
 #[derive(Args, Debug)]
@@ -223,6 +253,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd_inspect(a),
         Command::Opt(a) => cmd_opt(a),
         Command::PlanShards(a) => cmd_plan_shards(a),
+        Command::Export(a) => cmd_export(a),
         Command::Data(c) => dlrmc::data_cmd::run(c),
         Command::Plot(a) => {
             dlrmc::plot::plot_files(&a.metrics, &a.split, &a.output).map_err(Into::into)
@@ -341,6 +372,33 @@ fn cmd_inspect(a: InspectArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&info)?);
     } else {
         print!("{info}");
+    }
+    Ok(())
+}
+
+fn cmd_export(a: ExportArgs) -> Result<()> {
+    let start = Instant::now();
+    let plan = read_plan(&a.plan)?;
+    let opts = dlrm_onnx::export::ExportOptions {
+        opset: a.opset,
+        batch: a.batch.clone(),
+        external_data: a.external_data,
+    };
+    // A checkpoint gives the same (inference graph, parameters) pair.
+    let s = dlrm_onnx::export::export_to_file(&plan.infer, &plan.params, &a.output, &opts)?;
+    if !a.quiet {
+        let ext = s.external.as_ref().map_or(String::new(), |(p, n)| {
+            format!(", weights in {} ({n} bytes)", p.display())
+        });
+        eprintln!(
+            "wrote {} ({} bytes, {} nodes, {} initializers, opset {}{ext}) in {:.2} s",
+            s.path.display(),
+            s.model_bytes,
+            s.nodes,
+            s.initializers,
+            a.opset,
+            start.elapsed().as_secs_f64()
+        );
     }
     Ok(())
 }

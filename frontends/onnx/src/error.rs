@@ -65,4 +65,28 @@ pub enum OnnxError {
         /// What is wrong.
         reason: String,
     },
+    /// A file could not be written (export).
+    #[error("{path}: cannot write: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The graph cannot be exported as a whole (options, training graph, size).
+    #[error("ONNX export: {reason}")]
+    Export {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A node of the graph has no ONNX form.
+    #[error("ONNX export: node {node} ({op}): {reason}")]
+    ExportNode {
+        /// The node (`#index %first_result`).
+        node: String,
+        /// The IR op mnemonic.
+        op: String,
+        /// What is wrong.
+        reason: String,
+    },
 }

@@ -14,6 +14,10 @@
 //!
 //! [`npz`] reads and writes named f32/i64/i32 arrays for inference inputs/outputs.
 //!
+//! [`export`] goes the other way: an IR inference graph (a plan's optimised one,
+//! blocked GEMMs and all) and its parameter values become a standard ONNX model
+//! that ONNX Runtime runs and [`load`] reads back (`dlrmc export`).
+//!
 //! ```
 //! use std::collections::HashMap;
 //! use std::path::Path;
@@ -36,6 +40,7 @@
 mod attrs;
 mod bag;
 mod error;
+pub mod export;
 mod import;
 pub mod npz;
 mod ops;

@@ -1,0 +1,456 @@
+//! `dlrmc export`: a plan's inference graph as standard ONNX. Without Python: the
+//! exported model is read back by the repository's own importer, run by the
+//! reference interpreter on the same inputs as the plan (equal within 1e-5), and
+//! compiled again (`export -> dlrmc compile`) to the same plan ops by kind. With
+//! ONNX Runtime's outputs committed (`tests/golden/export/`, made by
+//! `scripts/compare-onnxruntime --plan`): `dlrm-run`'s inference equals them.
+
+use dlrm_ir::interp::{bind_symbols, run};
+use dlrm_ir::{Graph, Op, SingleRank, Tensor};
+use dlrm_onnx::export::{ExportOptions, export, export_to_file};
+use dlrm_passes::pipeline::Precision;
+use dlrm_runtime::plan::Plan;
+use dlrm_runtime::{Backend, KernelChoice};
+use dlrmc::Inspection;
+use dlrmc::compile::{CompileOptions, compile};
+use dlrmc::launch::infer_once;
+use dlrmc::model::{Overrides, load_model};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+const DLRMC: &str = env!("CARGO_BIN_EXE_dlrmc");
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn compile_file(path: &Path, precision: Precision, optimizer: Option<&str>) -> Plan {
+    let overrides = Overrides {
+        optimizer: optimizer.map(str::to_string),
+        ..Overrides::default()
+    };
+    let model = load_model(path, overrides).expect("load");
+    let opts = CompileOptions {
+        precision,
+        ..CompileOptions::default()
+    };
+    compile(model, &opts, &mut |_, _| {}).expect("compile")
+}
+
+/// An example description with its tables cut to `rows` rows (`None`: as is).
+fn example(dir: &Path, name: &str, rows: Option<usize>) -> PathBuf {
+    let src = root().join("examples").join(format!("{name}.json"));
+    let Some(rows) = rows else { return src };
+    let mut d: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&src).expect("read")).expect("json");
+    let n = d["table_rows"].as_array().expect("table_rows").len();
+    d["table_rows"] = serde_json::json!(vec![rows; n]);
+    let p = dir.join(format!("{name}.json"));
+    std::fs::write(&p, d.to_string()).expect("write");
+    p
+}
+
+/// Deterministic inputs for `g`: floats in [-1, 1), each bag's indices in its
+/// table's rows.
+fn inputs_for(g: &Graph, batch: usize, seed: u64) -> HashMap<String, Tensor> {
+    let mut rows = HashMap::new();
+    for n in g.nodes() {
+        if matches!(n.op, Op::EmbeddingBag { .. }) {
+            let r = g.ty(n.inputs[0]).shape[0].fixed().expect("rows");
+            rows.insert(n.inputs[1], r);
+        }
+    }
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        state >> 33
+    };
+    let mut out = HashMap::new();
+    for &v in g.inputs() {
+        let ty = g.ty(v);
+        let shape: Vec<usize> = ty
+            .shape
+            .iter()
+            .map(|d| d.fixed().unwrap_or(batch))
+            .collect();
+        let n: usize = shape.iter().product();
+        let t = if ty.dtype.is_float() {
+            Tensor::f32(
+                shape,
+                (0..n)
+                    .map(|_| (next() % 2000) as f32 / 1000.0 - 1.0)
+                    .collect(),
+            )
+        } else {
+            let r = rows.get(&v).copied().unwrap_or(10) as u64;
+            let v: Vec<i64> = (0..n).map(|_| (next() % r) as i64).collect();
+            if ty.dtype == dlrm_ir::DType::I32 {
+                Tensor::i32(shape, v.into_iter().map(|x| x as i32).collect())
+            } else {
+                Tensor::i64(shape, v)
+            }
+        };
+        out.insert(g.name_of(v).to_string(), t);
+    }
+    out
+}
+
+fn eval(g: &Graph, inputs: &HashMap<String, Tensor>, params: &[(String, Tensor)]) -> Vec<Tensor> {
+    let mut params: HashMap<String, Tensor> = params.iter().cloned().collect();
+    let syms = bind_symbols(g, inputs, &params).expect("bind");
+    run(g, inputs, &mut params, &syms, &SingleRank).expect("run")
+}
+
+/// The largest difference, relative above 1 in magnitude.
+fn max_err(a: &Tensor, b: &Tensor) -> f32 {
+    assert_eq!(a.shape, b.shape);
+    a.to_f32_vec()
+        .iter()
+        .zip(b.to_f32_vec())
+        .map(|(x, y)| (x - y).abs() / y.abs().max(1.0))
+        .fold(0.0, f32::max)
+}
+
+/// Exports `plan` to `dir/<name>.onnx`, reads it back; the imported graph computes
+/// what the plan computes (within 1e-5) on a batch of 37.
+fn export_and_check(plan: &Plan, dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.onnx"));
+    export_to_file(&plan.infer, &plan.params, &path, &ExportOptions::default()).expect("export");
+    let m = dlrm_onnx::load(&path).expect("re-import");
+    let inputs = inputs_for(&plan.infer, 37, 7);
+    let want = eval(&plan.infer, &inputs, &plan.params);
+    let got = eval(&m.graph, &inputs, &m.params);
+    assert_eq!(want.len(), got.len());
+    for (w, g) in want.iter().zip(&got) {
+        let e = max_err(g, w);
+        assert!(e <= 1e-5, "{name}: exported model differs by {e}");
+    }
+    path
+}
+
+fn ops(plan: &Plan) -> Vec<(&'static str, std::collections::BTreeMap<String, usize>)> {
+    Inspection::of(plan)
+        .graphs
+        .into_iter()
+        .map(|(g, s)| (g, s.ops))
+        .collect()
+}
+
+/// JSON examples (tables cut to keep the test fast): export -> import runs the
+/// same function, and `export -> dlrmc compile` gives the same plan, op kind by op
+/// kind, in the inference and the training graph.
+#[test]
+fn export_round_trip_same_outputs_and_plan_ops() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, rows) in [
+        ("dlrm-tiny", None),
+        ("dlrm-small", Some(1000)),
+        ("dlrm-intel-small", Some(300)),
+        ("dlrm-kaggle", Some(200)),
+    ] {
+        let plan = compile_file(&example(dir.path(), name, rows), Precision::Fp32, None);
+        let onnx = export_and_check(&plan, dir.path(), name);
+        let again = compile_file(&onnx, Precision::Fp32, Some(&plan.training.optimizer));
+        assert_eq!(
+            ops(&again),
+            ops(&plan),
+            "{name}: plan ops after the round trip"
+        );
+        let st = |p: &Plan| Inspection::of(p).graphs["infer"].flops_per_sample;
+        assert_eq!(st(&again), st(&plan), "{name}: FLOPs");
+    }
+}
+
+/// Forced small GEMM blocks pad the blocked weights (K and N not multiples of the
+/// block): un-blocking drops the padding.
+#[test]
+fn padded_blocked_weights_unblock() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for block in [3, 5] {
+        let model = load_model(
+            &root().join("examples/dlrm-tiny.json"),
+            Overrides::default(),
+        )
+        .expect("load");
+        let opts = CompileOptions {
+            block: Some(block),
+            ..CompileOptions::default()
+        };
+        let plan = compile(model, &opts, &mut |_, _| {}).expect("compile");
+        let w = plan.infer.find("bot.0.w").expect("bot.0.w");
+        let shape = &plan.infer.ty(w).shape;
+        let padded_n = shape[0].fixed().unwrap_or(0) * shape[3].fixed().unwrap_or(0);
+        assert!(padded_n > 16, "blocked by {block}, padded: {shape:?}");
+        export_and_check(&plan, dir.path(), &format!("tiny-block{block}"));
+    }
+}
+
+/// Plans of imported ONNX models, generic ops included (`dlrm_tril_order` keeps
+/// its GatherND triangle in a non-canonical order): the export computes the same.
+#[test]
+fn onnx_test_case_plans_export() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for case in [
+        "dlrm_tril_order",
+        "dlrm_pytorch",
+        "dlrm_cat",
+        "dynamic_batch",
+        "dlrm_slice_self",
+        "dlrm_gather_nd",
+    ] {
+        let model = root()
+            .join("frontends/onnx/test_cases")
+            .join(case)
+            .join("model.onnx");
+        let m = load_model(&model, Overrides::default()).expect("load");
+        let opts = CompileOptions {
+            infer_only: true,
+            ..CompileOptions::default()
+        };
+        let plan = compile(m, &opts, &mut |_, _| {}).expect("compile");
+        export_and_check(&plan, dir.path(), case);
+    }
+}
+
+/// bf16 and mixed plans: weights widened to f32, the IR's bf16 roundings as
+/// Cast pairs: the exported model computes what the plan computes.
+#[test]
+fn bf16_plans_export_with_their_roundings() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for p in [Precision::Bf16, Precision::Mixed] {
+        let plan = compile_file(&example(dir.path(), "dlrm-small", Some(500)), p, None);
+        let path = export_and_check(&plan, dir.path(), &format!("small-{p}"));
+        let m = dlrm_onnx::load(&path).expect("import");
+        assert!(
+            m.params
+                .iter()
+                .all(|(_, t)| t.dtype() != dlrm_ir::DType::BF16),
+            "weights are f32"
+        );
+        let casts = m
+            .graph
+            .nodes()
+            .iter()
+            .filter(|n| matches!(n.op, Op::Cast { .. }));
+        assert!(casts.count() > 0, "{p}: bf16 roundings kept");
+    }
+}
+
+/// Variable-size bags (offsets, from PyTorch `EmbeddingBag` exports), weighted
+/// bags and -O0 plans export; the model is valid protobuf with the segment-sum
+/// form, and the training graph is refused with a clear error.
+#[test]
+fn offsets_bags_and_errors() {
+    for case in [
+        "ebag_torchscript",
+        "ebag_dynamo",
+        "dlrm_weighted",
+        "ebag_torchscript_weighted",
+    ] {
+        let model = root()
+            .join("frontends/onnx/test_cases")
+            .join(case)
+            .join("model.onnx");
+        let plan = compile_file(&model, Precision::Fp32, None);
+        let e = export(&plan.infer, &plan.params, &ExportOptions::default()).expect(case);
+        let bytes = e.to_bytes().expect("encode");
+        assert!(bytes.len() > 100, "{case}");
+        let train = plan.train.as_ref().expect("trains");
+        let err = export(train, &plan.params, &ExportOptions::default())
+            .err()
+            .expect("training graph refused")
+            .to_string();
+        assert!(err.contains("training graph"), "{err}");
+    }
+    let plan = compile_file(
+        &root().join("examples/dlrm-tiny.json"),
+        Precision::Fp32,
+        None,
+    );
+    let bad = ExportOptions {
+        opset: 13,
+        ..ExportOptions::default()
+    };
+    let err = export(&plan.infer, &plan.params, &bad)
+        .err()
+        .expect("opset")
+        .to_string();
+    assert!(err.contains("opset 13"), "{err}");
+}
+
+/// `--external-data`: the weights go to `<model>.data`, and the importer reads
+/// them back to the same outputs.
+#[test]
+fn external_data_round_trip() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = compile_file(
+        &example(dir.path(), "dlrm-small", Some(400)),
+        Precision::Fp32,
+        None,
+    );
+    let path = dir.path().join("ext.onnx");
+    let opts = ExportOptions {
+        external_data: true,
+        ..ExportOptions::default()
+    };
+    let s = export_to_file(&plan.infer, &plan.params, &path, &opts).expect("export");
+    let (data, n) = s.external.expect("external data");
+    assert_eq!(data, dir.path().join("ext.onnx.data"));
+    assert!(
+        n > s.model_bytes * 10,
+        "weights outside: {n} vs {}",
+        s.model_bytes
+    );
+    let m = dlrm_onnx::load(&path).expect("import");
+    let inputs = inputs_for(&plan.infer, 5, 1);
+    let want = eval(&plan.infer, &inputs, &plan.params);
+    let got = eval(&m.graph, &inputs, &m.params);
+    assert!(max_err(&got[0], &want[0]) <= 1e-5);
+}
+
+/// ONNX Runtime's outputs of exported models, committed: `dlrm-run`'s inference
+/// (the JIT backend) and the reference interpreter equal them within 1e-5.
+///
+/// Made by (see `tests/golden/export/README.md`):
+/// `scripts/compare-onnxruntime --plan PLAN MODEL.onnx --save-golden DIR/NAME`.
+#[test]
+fn dlrm_run_matches_committed_onnxruntime_outputs() {
+    let golden = root().join("tests/golden/export");
+    for (name, model) in [
+        ("tiny", root().join("examples/dlrm-tiny.json")),
+        (
+            "ebag_torchscript",
+            root().join("frontends/onnx/test_cases/ebag_torchscript/model.onnx"),
+        ),
+        (
+            "dlrm_weighted",
+            root().join("frontends/onnx/test_cases/dlrm_weighted/model.onnx"),
+        ),
+    ] {
+        let plan = compile_file(&model, Precision::Fp32, None);
+        let inputs = dlrm_onnx::npz::read(&golden.join(format!("{name}.inputs.npz"))).expect("in");
+        let want: HashMap<String, Tensor> =
+            dlrm_onnx::npz::read(&golden.join(format!("{name}.ort.npz")))
+                .expect("ort")
+                .into_iter()
+                .collect();
+        let ins: HashMap<String, Tensor> = inputs.iter().cloned().collect();
+        let reference = eval(&plan.infer, &ins, &plan.params);
+        let got =
+            infer_once(plan, inputs, Backend::default(), KernelChoice::default()).expect("infer");
+        for ((out, t), r) in got.iter().zip(&reference) {
+            let w = want.get(out).expect("output in the golden file");
+            let (e, er) = (max_err(t, w), max_err(r, w));
+            assert!(
+                e <= 1e-5 && er <= 1e-5,
+                "{name} {out}: dlrm-run {e}, interpreter {er}"
+            );
+        }
+    }
+}
+
+/// The command line: `dlrmc export PLAN -o FILE` writes a model the importer reads.
+#[test]
+fn dlrmc_export_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = dir.path().join("tiny.plan");
+    let ok = std::process::Command::new(DLRMC)
+        .args(["compile", "-q", "--infer-only", "-o"])
+        .arg(&plan)
+        .arg(root().join("examples/dlrm-tiny.json"))
+        .status()
+        .expect("dlrmc compile");
+    assert!(ok.success());
+    let onnx = dir.path().join("tiny.onnx");
+    let out = std::process::Command::new(DLRMC)
+        .args(["export", "--batch", "N"])
+        .arg(&plan)
+        .arg("-o")
+        .arg(&onnx)
+        .output()
+        .expect("dlrmc export");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(msg.contains("wrote") && msg.contains("nodes"), "{msg}");
+    let m = dlrm_onnx::load(&onnx).expect("import");
+    assert_eq!(m.graph.ty(m.graph.outputs()[0]).to_string(), "f32[B,1]");
+    let bad = std::process::Command::new(DLRMC)
+        .args(["export", "--opset", "99"])
+        .arg(&plan)
+        .arg("-o")
+        .arg(dir.path().join("x.onnx"))
+        .output()
+        .expect("dlrmc export");
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("opset 99"));
+    assert!(!dir.path().join("x.onnx").exists());
+}
+
+/// `plan` trained `steps` steps on one rank (synthetic data), with its trained
+/// parameters in place of the initial ones: what a checkpoint will give.
+fn trained(plan: Plan, steps: u64) -> Plan {
+    let opts = dlrmc::RunOptions {
+        iters: steps,
+        log_every: 0,
+        eval_batches: 0,
+        ..dlrmc::RunOptions::default()
+    };
+    let job = dlrmc::job_for(plan.clone(), &opts).expect("job");
+    let (_, mut ranks) = dlrm_runtime::driver::run_with_params(job, &mut |_| {}).expect("train");
+    let mut after = ranks.swap_remove(0);
+    let params = plan
+        .params
+        .iter()
+        .map(|(n, t)| (n.clone(), after.remove(n).unwrap_or_else(|| t.clone())))
+        .collect();
+    Plan { params, ..plan }
+}
+
+/// Trained weights export: the exported model computes the trained plan's
+/// function (not the initial one's).
+#[test]
+fn trained_weights_export() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plan = compile_file(
+        &root().join("examples/dlrm-tiny.json"),
+        Precision::Fp32,
+        None,
+    );
+    let t = trained(plan.clone(), 40);
+    assert_ne!(t.params, plan.params, "training changed the weights");
+    let path = export_and_check(&t, dir.path(), "tiny-trained");
+    let m = dlrm_onnx::load(&path).expect("import");
+    let inputs = inputs_for(&plan.infer, 37, 7);
+    let before = eval(&plan.infer, &inputs, &plan.params);
+    let got = eval(&m.graph, &inputs, &m.params);
+    assert!(
+        max_err(&got[0], &before[0]) > 1e-4,
+        "the export holds the trained weights"
+    );
+}
+
+/// Not a check: writes dlrm-small trained 300 steps as a plan, for
+/// `dlrmc export` + `scripts/compare-onnxruntime --plan` until checkpoints exist
+/// (`DLRM_TRAINED_PLAN`, default `/tmp/dlrm-small-trained.plan`):
+/// `cargo test --release --test export -- --ignored write_trained_dlrm_small`.
+#[test]
+#[ignore = "writes a trained dlrm-small plan for the README's measurement"]
+fn write_trained_dlrm_small() {
+    let out = std::env::var("DLRM_TRAINED_PLAN")
+        .unwrap_or_else(|_| "/tmp/dlrm-small-trained.plan".into());
+    let plan = compile_file(
+        &root().join("examples/dlrm-small.json"),
+        Precision::Fp32,
+        None,
+    );
+    let t = trained(plan, 300);
+    dlrm_runtime::plan::write_plan(Path::new(&out), &t).expect("write plan");
+}
