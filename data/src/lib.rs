@@ -26,12 +26,15 @@
 //! - [`processed`]: the reference's `.npz` and MLPerf's binary records;
 //! - [`convert()`]: the streaming, atomic conversion of any of them to `.ds`;
 //! - [`generate`]: synthetic Criteo-format TSV with the real data's character;
-//! - [`inspect`]: a dataset's summary (splits, per-feature statistics).
+//! - [`inspect`]: a dataset's summary (splits, per-feature statistics);
+//! - [`durable`]: the atomic-write helpers (temp beside the target, fsync, rename)
+//!   that datasets, plans and checkpoints share.
 #![warn(missing_docs)]
 
 pub mod convert;
 pub mod criteo;
 mod ds;
+pub mod durable;
 mod error;
 pub mod generate;
 pub mod inspect;
