@@ -120,6 +120,13 @@ pub struct Checkpoint {
     verified: Mutex<HashSet<(String, String)>>,
 }
 
+/// Two handles are equal if they open the same checkpoint (directory and manifest).
+impl PartialEq for Checkpoint {
+    fn eq(&self, other: &Checkpoint) -> bool {
+        self.dir == other.dir && self.manifest == other.manifest
+    }
+}
+
 impl std::fmt::Debug for Checkpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Checkpoint")
@@ -480,7 +487,7 @@ impl Checkpoint {
             .manifest
             .tensors
             .par_iter()
-            .map(|t| Ok((t.name.clone(), self.read_param(&t.name)?)))
+            .map(|t| -> Result<(String, Tensor)> { Ok((t.name.clone(), self.read_param(&t.name)?)) })
             .collect::<Result<Vec<_>>>()?;
         let by_name: HashMap<&str, &Tensor> =
             params.iter().map(|(n, t)| (n.as_str(), t)).collect();

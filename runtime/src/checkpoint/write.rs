@@ -356,7 +356,7 @@ impl Writer {
             .collect();
         let name = format!("part-{rank:05}.safetensors");
         let path = tmp.join(&name);
-        safetensors::serialize_to_file(tensors.iter().map(|(n, t)| (*n, View(t))), None, &path)
+        safetensors::serialize_to_file(tensors.iter().map(|(n, t)| (*n, View(*t))), None, &path)
             .map_err(|e| ckpt_err(&path, format!("cannot write: {e}")))?;
         let file = fs::File::open(&path).map_err(|e| RuntimeError::io(&path, e))?;
         file.sync_all().map_err(|e| RuntimeError::io(&path, e))?;
