@@ -14,10 +14,10 @@
 use crate::error::{Error, Result};
 use crate::shard::{ShardSettings, partition_graph, shard_plan};
 use dlrm_ir::{Communicator, SingleRank, Tensor};
+use dlrm_runtime::checkpoint::{Checkpoint, CheckpointSpec, RowPiece, RunInfo, plan_identity};
 use dlrm_runtime::driver::{Event, Job, Report, run, run_rank};
 use dlrm_runtime::plan::Plan;
 use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, Executor, KernelChoice, MpiComm};
-use dlrm_runtime::checkpoint::{Checkpoint, CheckpointSpec, RowPiece, RunInfo, plan_identity};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -46,7 +46,10 @@ fn compile(dir: &Path, name: &str, edit: &dyn Fn(&mut Value), extra: &[&str]) ->
     let plan = dir.join(name);
     let mut args = vec!["compile", s(&json), "-o", s(&plan), "--quiet"];
     args.extend_from_slice(extra);
-    let out = Command::new(DLRMC).args(&args).output().expect("spawn dlrmc");
+    let out = Command::new(DLRMC)
+        .args(&args)
+        .output()
+        .expect("spawn dlrmc");
     assert!(
         out.status.success(),
         "{}",
@@ -58,7 +61,12 @@ fn compile(dir: &Path, name: &str, edit: &dyn Fn(&mut Value), extra: &[&str]) ->
 /// dlrm-tiny with a first table of 120 rows, which [`ROWWISE`] splits by rows on
 /// 2 to 4 ranks.
 fn tiny(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
-    compile(dir, name, &|v| v["table_rows"] = serde_json::json!([120, 30, 20]), extra)
+    compile(
+        dir,
+        name,
+        &|v| v["table_rows"] = serde_json::json!([120, 30, 20]),
+        extra,
+    )
 }
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -136,8 +144,16 @@ fn check_resume_bit_exact(plan: &Path, ranks: &str, n: u64, k: u64, what: &str) 
     let resumed = report(&c);
     let want = losses_after(&full, k);
     assert_eq!(want.len() as u64, n - k, "{what}");
-    assert_eq!(losses_after(&resumed, k), want, "{what}: resumed losses differ");
-    assert_eq!(final_eval(&resumed), final_eval(&full), "{what}: final eval differs");
+    assert_eq!(
+        losses_after(&resumed, k),
+        want,
+        "{what}: resumed losses differ"
+    );
+    assert_eq!(
+        final_eval(&resumed),
+        final_eval(&full),
+        "{what}: final eval differs"
+    );
 }
 
 #[test]
@@ -256,11 +272,16 @@ fn a_run_killed_during_a_step_or_a_write_resumes_bit_for_bit() {
             ],
             &[("DLRM_CKPT_FAIL_AT", &fail)],
         );
-        assert!(!out.status.success(), "{point}: the injected abort did not end the run");
+        assert!(
+            !out.status.success(),
+            "{point}: the injected abort did not end the run"
+        );
         let tmp = ck.join(".step-000000004.tmp");
         assert!(tmp.is_dir(), "{point}: no unfinished write left");
         assert_eq!(
-            fs::read_to_string(ck.join("latest")).expect("latest").trim(),
+            fs::read_to_string(ck.join("latest"))
+                .expect("latest")
+                .trim(),
             "step-000000002"
         );
         let err = fails(&[s(&plan), "--resume", s(&tmp), "--quiet"]);
@@ -279,7 +300,15 @@ fn bad_checkpoints_are_clear_errors() {
     let dir = tempfile::tempdir().expect("tmp");
     let plan = tiny(dir.path(), "tiny", &[]);
     let ck = dir.path().join("ck");
-    report(&[s(&plan), "--iters", "3", "--checkpoint", s(&ck), "--checkpoint-every", "1"]);
+    report(&[
+        s(&plan),
+        "--iters",
+        "3",
+        "--checkpoint",
+        s(&ck),
+        "--checkpoint-every",
+        "1",
+    ]);
     let step3 = ck.join("step-000000003");
     let step2 = ck.join("step-000000002");
     assert!(step3.is_dir() && step2.is_dir());
@@ -298,7 +327,10 @@ fn bad_checkpoints_are_clear_errors() {
     // A missing file.
     fs::remove_file(&part).expect("rm");
     let err = fails(&[s(&plan), "--resume", s(&step3), "--iters", "5"]);
-    assert!(err.contains("part-00000.safetensors") && err.contains("missing"), "{err}");
+    assert!(
+        err.contains("part-00000.safetensors") && err.contains("missing"),
+        "{err}"
+    );
     // The last good checkpoint still loads.
     report(&[s(&plan), "--resume", s(&step2), "--iters", "4"]);
 
@@ -311,11 +343,19 @@ fn bad_checkpoints_are_clear_errors() {
     assert!(err.contains("version 2") && err.contains("newer"), "{err}");
 
     // Another model's checkpoint: the first parameter that differs is named.
-    let other = compile(dir.path(), "other", &|v| v["table_rows"] = serde_json::json!([120, 31, 20]), &[]);
+    let other = compile(
+        dir.path(),
+        "other",
+        &|v| v["table_rows"] = serde_json::json!([120, 31, 20]),
+        &[],
+    );
     let ck2 = dir.path().join("ck2");
     report(&[s(&other), "--iters", "2", "--checkpoint", s(&ck2)]);
     let err = fails(&[s(&plan), "--resume", s(&ck2), "--iters", "4"]);
-    assert!(err.contains("parameter `") && err.contains("[31, 8]"), "{err}");
+    assert!(
+        err.contains("parameter `") && err.contains("[31, 8]"),
+        "{err}"
+    );
     // Not a checkpoint at all.
     let err = fails(&[s(&plan), "--resume", s(&plan), "--iters", "4"]);
     assert!(err.contains("not a dlrmc checkpoint"), "{err}");
@@ -332,7 +372,15 @@ fn four_ranks_checkpoint_resumes_on_two() {
     let mut a = vec![s(&plan), "--ranks", "4", "--iters", "8"];
     a.extend_from_slice(&ROWWISE);
     let full = report(&a);
-    let mut b = vec![s(&plan), "--ranks", "4", "--iters", "4", "--checkpoint", s(&ck)];
+    let mut b = vec![
+        s(&plan),
+        "--ranks",
+        "4",
+        "--iters",
+        "4",
+        "--checkpoint",
+        s(&ck),
+    ];
     b.extend_from_slice(&ROWWISE);
     report(&b);
     // The 4 ranks' row shards are pieces of the tables.
@@ -356,7 +404,10 @@ fn four_ranks_checkpoint_resumes_on_two() {
     for ((k, w), (_, g)) in want.iter().zip(&got) {
         let (w, g) = (f32::from_bits(*w), f32::from_bits(*g));
         let d = (w - g).abs() / w.abs().max(1e-7);
-        assert!(d <= 1e-5, "step {k}: 4 ranks {w}, resumed on 2 {g} ({d} rel)");
+        assert!(
+            d <= 1e-5,
+            "step {k}: 4 ranks {w}, resumed on 2 {g} ({d} rel)"
+        );
     }
     // And on 1 rank, reading the whole tables.
     let one = report(&[s(&plan), "--iters", "6", "--resume", s(&ck)]);
@@ -370,16 +421,26 @@ fn a_checkpoint_serves_and_inspects_like_a_plan() {
     let ck = dir.path().join("ck");
     let trained = report(&[s(&plan), "--iters", "5", "--checkpoint", s(&ck)]);
     let served = report(&[s(&ck), "--infer", "--iters", "2"]);
-    assert_eq!(served["auc"], trained["auc"], "serving the checkpoint evaluates the trained model");
+    assert_eq!(
+        served["auc"], trained["auc"],
+        "serving the checkpoint evaluates the trained model"
+    );
     let out = Command::new(DLRMC)
         .args(["inspect", s(&ck), "--json"])
         .output()
         .expect("inspect");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["name"], "dlrm-tiny");
     assert_eq!(v["checkpoint"]["step"], 5);
-    let text = Command::new(DLRMC).args(["inspect", s(&ck)]).output().expect("inspect");
+    let text = Command::new(DLRMC)
+        .args(["inspect", s(&ck)])
+        .output()
+        .expect("inspect");
     assert!(String::from_utf8_lossy(&text.stdout).contains("after step 5 of 5"));
     // Resuming the checkpoint given in place of the plan.
     let resumed = report(&[s(&ck), "--resume", "--iters", "7"]);

@@ -525,9 +525,14 @@ fn mpi_checkpoint_killed_mid_write_resumes_bit_for_bit() {
         &m_killed,
         Some("4:part"),
     );
-    assert!(!ran.status.success(), "the injected abort did not end the job");
+    assert!(
+        !ran.status.success(),
+        "the injected abort did not end the job"
+    );
     assert_eq!(
-        fs::read_to_string(ck.join("latest")).expect("latest").trim(),
+        fs::read_to_string(ck.join("latest"))
+            .expect("latest")
+            .trim(),
         "step-000000003"
     );
     let manifest: Value = serde_json::from_str(
@@ -546,7 +551,10 @@ fn mpi_checkpoint_killed_mid_write_resumes_bit_for_bit() {
             .collect();
         files.len() > 1
     });
-    assert!(split.is_some(), "no table stored by several ranks: {manifest}");
+    assert!(
+        split.is_some(),
+        "no table stored by several ranks: {manifest}"
+    );
     for t in tensors {
         let name = t["name"].as_str().expect("name");
         if name.starts_with("bot") || name.starts_with("top") {

@@ -336,7 +336,10 @@ pub fn run_with_params(
         infer_graphs,
         ..
     } = job;
-    let resume = job.resume.as_deref().map(|c| (c, job.row_shards.as_slice()));
+    let resume = job
+        .resume
+        .as_deref()
+        .map(|c| (c, job.row_shards.as_slice()));
     let per_rank = distribute(params, train_graphs.as_deref(), &infer_graphs, None, resume)?;
     let comms = LocalGroup::with_algo(ranks, cfg.allreduce);
     let (tx, rx) = mpsc::channel::<Event>();
@@ -452,7 +455,10 @@ pub fn run_rank(
         infer_graphs,
         ..
     } = job;
-    let resume = job.resume.as_deref().map(|c| (c, job.row_shards.as_slice()));
+    let resume = job
+        .resume
+        .as_deref()
+        .map(|c| (c, job.row_shards.as_slice()));
     let mut per_rank = distribute(
         params,
         train_graphs.as_deref(),
@@ -918,16 +924,14 @@ fn train_steps(
         {
             let pos = data_position(data, cfg, k);
             let lookup = lookup_in(exec, rest);
-            let written = w
-                .write(rank, comm, k, pos, &lookup)
-                .map_err(|e| match e {
-                    e @ (RuntimeError::Rank { .. } | RuntimeError::Param { .. }) => e,
-                    e => RuntimeError::Rank {
-                        rank,
-                        step: Some(k),
-                        reason: format!("writing the checkpoint: {e}"),
-                    },
-                })?;
+            let written = w.write(rank, comm, k, pos, &lookup).map_err(|e| match e {
+                e @ (RuntimeError::Rank { .. } | RuntimeError::Param { .. }) => e,
+                e => RuntimeError::Rank {
+                    rank,
+                    step: Some(k),
+                    reason: format!("writing the checkpoint: {e}"),
+                },
+            })?;
             if let Some(w) = written {
                 send(Event::Checkpoint(w));
             }
@@ -948,7 +952,12 @@ fn lookup_in<'t>(
 fn data_position(data: &Source, cfg: &RankCfg, k: u64) -> DataPosition {
     let pos = data.dataset().map(|d| d.position(k));
     DataPosition {
-        source: if pos.is_some() { "dataset" } else { "synthetic" }.to_string(),
+        source: if pos.is_some() {
+            "dataset"
+        } else {
+            "synthetic"
+        }
+        .to_string(),
         dataset: cfg.data_desc.as_ref().map(|d| d.0.clone()),
         train_split: cfg.data_desc.as_ref().map(|d| d.1.clone()),
         next_data_step: k,

@@ -6,11 +6,11 @@
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use dlrm_ir::Communicator;
+use dlrm_runtime::checkpoint::{Checkpoint, is_checkpoint};
 use dlrm_runtime::driver::{Event, Mode, Report};
 use dlrm_runtime::metrics::MetricsWriter;
 use dlrm_runtime::plan::{Plan, read_plan};
 use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, KernelChoice, bench_loader};
-use dlrm_runtime::checkpoint::{Checkpoint, is_checkpoint};
 use dlrmc::launch::{CheckpointOptions, infer_once, init_mpi, mpi_ranks, resume_note};
 use dlrmc::{Comm, Ranks, RunOptions, ShardSettings, job_for, run_job};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -295,9 +295,7 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     {
         eprintln!("{note}");
     }
-    let default_iters = resume
-        .as_ref()
-        .map_or(100, |c| c.manifest().last_step);
+    let default_iters = resume.as_ref().map_or(100, |c| c.manifest().last_step);
     let opts = RunOptions {
         ranks,
         iters: cli.iters.unwrap_or(default_iters),
@@ -544,7 +542,8 @@ fn eval_line(m: &dlrm_runtime::EvalMetrics) -> String {
 /// The plan to run and the checkpoint to resume from: the positional argument is
 /// a plan, or a checkpoint whose graphs and trained parameters make the plan.
 fn load(cli: &Cli) -> Result<(Plan, Option<Arc<Checkpoint>>)> {
-    let positional_ckpt = is_checkpoint(&cli.plan) && !cli.plan.join("weights.safetensors").is_file();
+    let positional_ckpt =
+        is_checkpoint(&cli.plan) && !cli.plan.join("weights.safetensors").is_file();
     let (plan, own) = if positional_ckpt {
         let c = Checkpoint::open(&cli.plan)?;
         let plan = c.to_plan()?;

@@ -52,8 +52,8 @@ mod read;
 mod write;
 
 pub use read::{Checkpoint, is_checkpoint, read_checkpoint, read_manifest, resolve};
-pub use write::{CheckpointSpec, CheckpointWritten, RunInfo};
 pub(crate) use write::Writer;
+pub use write::{CheckpointSpec, CheckpointWritten, RunInfo};
 
 use crate::plan::{GraphFiles, Training};
 use serde::{Deserialize, Serialize};

@@ -90,7 +90,10 @@ fn newest_complete(root: &Path) -> Option<PathBuf> {
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let s = parse_step_dir(&e.file_name().to_string_lossy())?;
-            e.path().join(MANIFEST_FILE).is_file().then(|| (s, e.path()))
+            e.path()
+                .join(MANIFEST_FILE)
+                .is_file()
+                .then(|| (s, e.path()))
         })
         .max_by_key(|(s, _)| *s)
         .map(|(_, p)| p)
@@ -174,7 +177,9 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
         other => {
             return Err(ckpt_err(
                 &path,
-                format!("checkpoint format version {other:?} is not supported (this dlrmc reads {VERSION})"),
+                format!(
+                    "checkpoint format version {other:?} is not supported (this dlrmc reads {VERSION})"
+                ),
             ));
         }
     }
@@ -207,9 +212,10 @@ impl Checkpoint {
         for f in &manifest.files {
             let p = plain_file(&dir, &f.file)?;
             let file = fs::File::open(&p).map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => {
-                    ckpt_err(&p, "missing (listed in the manifest): the checkpoint is incomplete")
-                }
+                std::io::ErrorKind::NotFound => ckpt_err(
+                    &p,
+                    "missing (listed in the manifest): the checkpoint is incomplete",
+                ),
                 _ => RuntimeError::io(&p, e),
             })?;
             // SAFETY: the map is read-only; checkpoints are written into a new
@@ -299,9 +305,9 @@ impl Checkpoint {
                 .files
                 .get(&p.file)
                 .ok_or_else(|| bad(format!("its piece is in {}, not listed as a file", p.file)))?;
-            let info = meta.info(&p.tensor).ok_or_else(|| {
-                bad(format!("{} has no tensor `{}`", p.file, p.tensor))
-            })?;
+            let info = meta
+                .info(&p.tensor)
+                .ok_or_else(|| bad(format!("{} has no tensor `{}`", p.file, p.tensor)))?;
             let mut want = t.shape.clone();
             if let Some(r) = want.first_mut() {
                 *r = p.rows[1] - p.rows[0];
@@ -328,9 +334,9 @@ impl Checkpoint {
             .files
             .get(&p.file)
             .ok_or_else(|| ckpt_err(&self.dir, format!("no file {}", p.file)))?;
-        let info = meta
-            .info(&p.tensor)
-            .ok_or_else(|| ckpt_err(&self.dir.join(&p.file), format!("no tensor `{}`", p.tensor)))?;
+        let info = meta.info(&p.tensor).ok_or_else(|| {
+            ckpt_err(&self.dir.join(&p.file), format!("no tensor `{}`", p.tensor))
+        })?;
         let (a, b) = info.data_offsets;
         let bytes = map
             .get(start + a..start + b)
@@ -422,11 +428,7 @@ impl Checkpoint {
         params: impl IntoIterator<Item = (&'a str, DType, &'a [usize])>,
     ) -> Result<()> {
         let m = &self.manifest;
-        let whose = format!(
-            "checkpoint {} of model `{}`",
-            self.dir.display(),
-            m.name
-        );
+        let whose = format!("checkpoint {} of model `{}`", self.dir.display(), m.name);
         let mut names = HashSet::new();
         for (name, dtype, shape) in params {
             names.insert(name);
@@ -487,10 +489,11 @@ impl Checkpoint {
             .manifest
             .tensors
             .par_iter()
-            .map(|t| -> Result<(String, Tensor)> { Ok((t.name.clone(), self.read_param(&t.name)?)) })
+            .map(|t| -> Result<(String, Tensor)> {
+                Ok((t.name.clone(), self.read_param(&t.name)?))
+            })
             .collect::<Result<Vec<_>>>()?;
-        let by_name: HashMap<&str, &Tensor> =
-            params.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let by_name: HashMap<&str, &Tensor> = params.iter().map(|(n, t)| (n.as_str(), t)).collect();
         for g in std::iter::once(&infer).chain(&train) {
             check_graph_params(g, |n| by_name.get(n).map(|t| (t.dtype(), t.shape.clone())))?;
         }

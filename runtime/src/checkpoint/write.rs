@@ -2,8 +2,8 @@
 //! [`crate::checkpoint`]): each rank its own part file, rank 0 the manifest.
 
 use super::{
-    DataPosition, FORMAT, LATEST_FILE, Manifest, PartFile, Piece, PlanInfo, RowPiece,
-    TensorEntry, VERSION, parse_step_dir, plan_identity, step_dir_name,
+    DataPosition, FORMAT, LATEST_FILE, Manifest, PartFile, Piece, PlanInfo, RowPiece, TensorEntry,
+    VERSION, parse_step_dir, plan_identity, step_dir_name,
 };
 use crate::error::{Result, RuntimeError};
 use crate::plan::{FileRef, GraphFiles, INFER_FILE, TRAIN_FILE, Training, View, tensor_bytes};
@@ -193,14 +193,15 @@ impl Writer {
                     param: name.clone(),
                     full: name.clone(),
                     lo: 0,
-                    hi: rows_of.get(name.as_str()).copied().ok_or_else(|| {
-                        RuntimeError::Param {
+                    hi: rows_of
+                        .get(name.as_str())
+                        .copied()
+                        .ok_or_else(|| RuntimeError::Param {
                             name: name.clone(),
                             reason: format!(
                                 "held by rank {r} but not a parameter of the plan's graphs"
                             ),
-                        }
-                    })?,
+                        })?,
                 },
             };
             let key = rows_of
@@ -325,12 +326,13 @@ impl Writer {
                 name: p.param.clone(),
                 reason: format!("rank {rank} has no value for it to checkpoint"),
             })?;
-            let (dtype, shape) = full.get(p.full.as_str()).copied().ok_or_else(|| {
-                RuntimeError::Param {
-                    name: p.full.clone(),
-                    reason: "not a parameter of the plan".into(),
-                }
-            })?;
+            let (dtype, shape) =
+                full.get(p.full.as_str())
+                    .copied()
+                    .ok_or_else(|| RuntimeError::Param {
+                        name: p.full.clone(),
+                        reason: "not a parameter of the plan".into(),
+                    })?;
             let mut want = shape.clone();
             if let Some(r) = want.first_mut() {
                 *r = p.hi - p.lo;
@@ -489,7 +491,8 @@ impl Writer {
 fn header_sha(path: &Path) -> Result<String> {
     let mut f = fs::File::open(path).map_err(|e| RuntimeError::io(path, e))?;
     let mut n8 = [0u8; 8];
-    f.read_exact(&mut n8).map_err(|e| RuntimeError::io(path, e))?;
+    f.read_exact(&mut n8)
+        .map_err(|e| RuntimeError::io(path, e))?;
     let n = usize::try_from(u64::from_le_bytes(n8)).unwrap_or(usize::MAX);
     if n > 100 << 20 {
         return Err(ckpt_err(path, "safetensors header too large"));
