@@ -6,6 +6,7 @@
 //! `pass_log` is the compile's pass log from the manifest.
 
 use dlrm_passes::GraphStats;
+use dlrm_runtime::checkpoint::Checkpoint;
 use dlrm_runtime::plan::{Plan, Training};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -30,6 +31,38 @@ pub struct Inspection {
     pub graphs: BTreeMap<&'static str, GraphStats>,
     /// The compile's pass log.
     pub pass_log: serde_json::Value,
+    /// For a checkpoint: where its run stands and how it is stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointSummary>,
+}
+
+/// What `dlrmc inspect CKPT` adds for a checkpoint.
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckpointSummary {
+    /// The checkpoint directory.
+    pub path: String,
+    /// Training steps done.
+    pub step: u64,
+    /// The last step of the run that wrote it.
+    pub last_step: u64,
+    /// Data seed.
+    pub seed: u64,
+    /// Global batch.
+    pub global_batch: usize,
+    /// Ranks of the run that wrote it.
+    pub ranks: usize,
+    /// The data position.
+    pub data: dlrm_runtime::checkpoint::DataPosition,
+    /// The learning-rate settings recorded.
+    pub lr_schedule: serde_json::Value,
+    /// The plan's identity (sha256 of its graphs).
+    pub plan_sha256: String,
+    /// Part files and their bytes.
+    pub files: Vec<(String, u64)>,
+    /// Parameters stored and their pieces.
+    pub tensors: usize,
+    /// Pieces in all.
+    pub pieces: usize,
 }
 
 impl Inspection {
@@ -53,7 +86,29 @@ impl Inspection {
             stats: graphs[default_graph].clone(),
             graphs,
             pass_log: plan.pass_log.clone(),
+            checkpoint: None,
         }
+    }
+
+    /// Inspects a checkpoint (`plan` is its graphs with the trained parameters).
+    pub fn of_checkpoint(plan: &Plan, c: &Checkpoint) -> Inspection {
+        let m = c.manifest();
+        let mut i = Inspection::of(plan);
+        i.checkpoint = Some(CheckpointSummary {
+            path: c.dir().display().to_string(),
+            step: m.step,
+            last_step: m.last_step,
+            seed: m.seed,
+            global_batch: m.global_batch,
+            ranks: m.ranks,
+            data: m.data.clone(),
+            lr_schedule: m.lr_schedule.clone(),
+            plan_sha256: m.plan.sha256.clone(),
+            files: m.files.iter().map(|f| (f.file.clone(), f.bytes)).collect(),
+            tensors: m.tensors.len(),
+            pieces: m.tensors.iter().map(|t| t.pieces.len()).sum(),
+        });
+        i
     }
 }
 
@@ -76,6 +131,34 @@ impl fmt::Display for Inspection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let t = &self.training;
         writeln!(f, "plan `{}` ({} precision)", self.name, self.precision)?;
+        if let Some(c) = &self.checkpoint {
+            let bytes: u64 = c.files.iter().map(|f| f.1).sum();
+            writeln!(
+                f,
+                "checkpoint {}: after step {} of {}, seed {}, global batch {}, written by {} rank{}",
+                c.path,
+                c.step,
+                c.last_step,
+                c.seed,
+                c.global_batch,
+                c.ranks,
+                if c.ranks == 1 { "" } else { "s" }
+            )?;
+            writeln!(
+                f,
+                "  data: {} (next data step {}), learning rate settings: {}",
+                c.data.source, c.data.next_data_step, c.lr_schedule
+            )?;
+            writeln!(
+                f,
+                "  {} parameters in {} pieces, {} files, {}; plan sha256 {}",
+                c.tensors,
+                c.pieces,
+                c.files.len(),
+                human_bytes(bytes as usize),
+                c.plan_sha256
+            )?;
+        }
         writeln!(
             f,
             "training: loss {}, optimizer {}, learning rate {}, batch {}, seed {}",

@@ -14,11 +14,14 @@
 use crate::error::{Error, Result};
 use crate::shard::{ShardSettings, partition_graph, shard_plan};
 use dlrm_ir::{Communicator, SingleRank, Tensor};
+use dlrm_runtime::checkpoint::{Checkpoint, CheckpointSpec, RowPiece, RunInfo, plan_identity};
 use dlrm_runtime::driver::{Event, Job, Report, run, run_rank};
 use dlrm_runtime::plan::Plan;
 use dlrm_runtime::schedule::{LrPolicy, LrSchedule, graph_lr};
 use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, Executor, KernelChoice, MpiComm};
 use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 /// How to run a plan.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,6 +66,22 @@ pub struct RunOptions {
     /// How the learning rate moves with the step (`--lr-warmup-steps`, ...);
     /// `None`: constant.
     pub lr_policy: Option<LrPolicy>,
+    /// Write checkpoints while training.
+    pub checkpoint: Option<CheckpointOptions>,
+    /// Resume from this checkpoint: its parameters, its step + 1 as the first
+    /// step; `iters` is the run's total (the last step).
+    pub resume: Option<Arc<Checkpoint>>,
+}
+
+/// `--checkpoint DIR --checkpoint-every N --keep K`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointOptions {
+    /// The checkpoint root.
+    pub dir: PathBuf,
+    /// Every this many steps, and after the last (0: only after the last).
+    pub every: u64,
+    /// Keep the newest K checkpoints.
+    pub keep: usize,
 }
 
 impl Default for RunOptions {
@@ -87,6 +106,8 @@ impl Default for RunOptions {
             eval_every: 0,
             lr: None,
             lr_policy: None,
+            checkpoint: None,
+            resume: None,
         }
     }
 }
@@ -197,6 +218,30 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
             plan.name
         )));
     }
+    let (seed, global_batch, iters) = match &opts.resume {
+        Some(c) => resume_settings(&plan, c, opts, global_batch, iters)?,
+        None => (opts.seed.unwrap_or(plan.training.seed), global_batch, iters),
+    };
+    if opts.infer && (opts.resume.is_some() || opts.checkpoint.is_some()) {
+        return Err(Error::Options(
+            "--resume and --checkpoint are for training; to serve a checkpoint, give it \
+             in place of the plan with --infer"
+                .into(),
+        ));
+    }
+    let spec = opts.checkpoint.as_ref().map(|c| CheckpointSpec {
+        dir: c.dir.clone(),
+        every: c.every,
+        keep: c.keep,
+        info: RunInfo {
+            name: plan.name.clone(),
+            precision: plan.precision.clone(),
+            training: plan.training.clone(),
+            pass_log: plan.pass_log.clone(),
+            // The run's learning-rate settings, once they are a runtime value.
+            lr_schedule: serde_json::Value::Null,
+        },
+    });
     // One placement for both graphs (crate::shard).
     let (infer_graphs, train_graphs, row_shards) = if ranks == 1 {
         let train = match (&plan.train, opts.infer) {
@@ -221,6 +266,16 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     let mut job = Job::from_plan(plan);
     job.lr_schedule = lr_schedule;
     if let Some(parts) = &row_shards {
+        job.row_shards = parts
+            .row_shards
+            .iter()
+            .map(|s| RowPiece {
+                param: s.param.clone(),
+                table: s.table.clone(),
+                lo: s.lo,
+                hi: s.hi,
+            })
+            .collect();
         // Row-wise tables: each shard parameter gets its rows of the table.
         let params = std::mem::take(&mut job.params);
         job.params = parts
@@ -245,8 +300,11 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     job.data = opts.data.clone();
     job.eval_every = opts.eval_every;
     job.global_batch = global_batch;
-    if let Some(s) = opts.seed {
-        job.seed = s;
+    job.seed = seed;
+    job.checkpoint = spec;
+    if let Some(c) = &opts.resume {
+        job.start = c.step() + 1;
+        job.resume = Some(Arc::clone(c));
     }
     job.log_every = opts.log_every;
     job.eval_batches = opts.eval_batches;
@@ -277,6 +335,65 @@ fn lr_schedule_for(plan: &Plan, opts: &RunOptions) -> Result<Option<LrSchedule>>
     };
     s.check()?;
     Ok(Some(s))
+}
+
+/// The seed, global batch and last step of a run resuming from `c`: the
+/// checkpoint's seed and batch (a different one given explicitly is refused: the
+/// data would not continue the run's), and `iters` as the run's total steps
+/// (`None` given: the checkpointed run's own last step). Checks that the plan's
+/// parameters are the checkpoint's, naming the first that differs.
+fn resume_settings(
+    plan: &Plan,
+    c: &Checkpoint,
+    opts: &RunOptions,
+    batch: usize,
+    iters: u64,
+) -> Result<(u64, usize, u64)> {
+    let m = c.manifest();
+    c.check_params(
+        plan.params
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.dtype(), t.shape.as_slice())),
+    )?;
+    if let Some(s) = opts.seed
+        && s != m.seed
+    {
+        return Err(Error::Options(format!(
+            "--seed {s}: checkpoint {} was trained with seed {} (resume with its seed, or \
+             drop --seed)",
+            c.dir().display(),
+            m.seed
+        )));
+    }
+    if opts.batch_size.is_some() && batch != m.global_batch {
+        return Err(Error::Options(format!(
+            "--batch-size {batch}: checkpoint {} was trained with a global batch of {}",
+            c.dir().display(),
+            m.global_batch
+        )));
+    }
+    if iters <= m.step {
+        return Err(Error::Options(format!(
+            "checkpoint {} holds the state after step {}; --iters {iters} is the run's \
+             total steps, so nothing is left to train (raise --iters)",
+            c.dir().display(),
+            m.step
+        )));
+    }
+    Ok((m.seed, m.global_batch, iters))
+}
+
+/// A note if `plan`'s graphs are not the ones the checkpoint was written with
+/// (same parameters, e.g. another learning rate baked into the graph).
+pub fn resume_note(plan: &Plan, c: &Checkpoint) -> Option<String> {
+    let id = plan_identity(&plan.infer, plan.train.as_ref());
+    (id != c.manifest().plan.sha256).then(|| {
+        format!(
+            "note: the plan's graphs differ from those checkpoint {} was written with \
+             (the parameters match); continuing with the plan's",
+            c.dir().display()
+        )
+    })
 }
 
 /// Runs the plan's inference graph once on one rank with the given inputs (e.g.

@@ -3,9 +3,8 @@
 use crate::error::{DataError, Result};
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufWriter, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -203,18 +202,8 @@ impl DatasetWriter {
                 "exists and is not a dataset (no manifest.json); refusing to replace it",
             ));
         }
-        let parent = match target.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        let base = target
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "dataset".into());
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!(".{base}.tmp-"))
-            .tempdir_in(&parent)
-            .map_err(|e| DataError::io(&parent, e))?;
+        let tmp = crate::durable::temp_dir_beside(target)
+            .map_err(|e| DataError::io(crate::durable::parent_of(target), e))?;
         let open = |name: &str| -> Result<BufWriter<File>> {
             let p = tmp.path().join(name);
             File::create(&p)
@@ -405,60 +394,20 @@ impl DatasetWriter {
 }
 
 /// Renames the finished temporary directory to `target`; an existing dataset there
-/// is moved aside first and removed only after the new one is in place.
+/// is moved aside first and removed only after the new one is in place
+/// ([`crate::durable::replace_dir`]).
 fn commit_dir(tmp: tempfile::TempDir, target: &Path) -> Result<()> {
-    let parent = tmp
-        .path()
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    let old = if target.exists() {
-        let aside = tempfile::Builder::new()
-            .prefix(".old-")
-            .tempdir_in(&parent)
-            .map_err(|e| DataError::io(&parent, e))?;
-        let old = aside.path().join("dataset");
-        std::fs::rename(target, &old).map_err(|e| DataError::io(target, e))?;
-        Some((aside, old))
-    } else {
-        None
-    };
     let tmp_path = tmp.keep();
-    if let Err(e) = std::fs::rename(&tmp_path, target) {
-        // Put the old dataset back; the new one stays where it is for inspection.
-        if let Some((_, old)) = &old {
-            let _ = std::fs::rename(old, target);
-        }
-        return Err(DataError::io(target, e));
-    }
-    sync_dir(&parent)?;
-    // `aside` (and the old dataset in it) is removed on drop.
-    drop(old);
-    Ok(())
+    crate::durable::replace_dir(&tmp_path, target).map_err(|e| DataError::io(target, e))
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| DataError::io(dir, e))
+    crate::durable::sync_dir(dir).map_err(|e| DataError::io(dir, e))
 }
 
 /// Size and SHA-256 (lower-case hex) of a file.
 fn hash_file(p: &Path) -> Result<(u64, String)> {
-    let mut f = File::open(p).map_err(|e| DataError::io(p, e))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut bytes = 0u64;
-    loop {
-        let n = f.read(&mut buf).map_err(|e| DataError::io(p, e))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        bytes += n as u64;
-    }
-    let hex = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    Ok((bytes, hex))
+    crate::durable::hash_file(p).map_err(|e| DataError::io(p, e))
 }
 
 /// A dataset, memory-mapped.

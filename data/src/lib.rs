@@ -28,11 +28,14 @@
 //! - [`generate`]: synthetic Criteo-format TSV with the real data's character;
 //! - [`inspect`]: a dataset's summary (splits, per-feature statistics);
 //! - [`learnable`]: small learnable datasets of any schema, for tests and benches.
+//! - [`durable`]: the atomic-write helpers (temp beside the target, fsync, rename)
+//!   that datasets, plans and checkpoints share.
 #![warn(missing_docs)]
 
 pub mod convert;
 pub mod criteo;
 mod ds;
+pub mod durable;
 mod error;
 pub mod generate;
 pub mod inspect;

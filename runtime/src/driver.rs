@@ -39,13 +39,21 @@
 //! at step k").
 //!
 //! Steps are numbered from 1 in events, reports and errors (`iter` k is the k-th
-//! step); step k reads data step k-1.
+//! step); step k reads data step k-1. A resumed job ([`Job::start`] = s + 1, the
+//! parameters from a [`Checkpoint`] via [`Job::resume`]) runs steps s+1..=iters on
+//! data steps s.. — the same inputs as the uninterrupted run's. With
+//! [`Job::checkpoint`], after every N-th step and the last, every rank writes its
+//! pieces of the checkpoint ([`crate::checkpoint`]) and rank 0 reports
+//! [`Event::Checkpoint`].
 
 mod eval;
 mod report;
 
 pub use report::{BENCH_NODES, BestAuc, Report};
 
+use crate::checkpoint::{
+    Checkpoint, CheckpointSpec, CheckpointWritten, DataPosition, RowPiece, Writer,
+};
 use crate::data::{DataSchema, SyntheticData};
 use crate::dataset::{DataConfig, DatasetSource};
 use crate::error::{Result, RuntimeError};
@@ -62,7 +70,7 @@ use serde::Serialize;
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 /// What a job does.
@@ -123,6 +131,19 @@ pub struct Job {
     /// ...); `None`: every update keeps the rate it was compiled with. A pure
     /// function of the step ([`LrSchedule::lr_at`]), the same on every rank.
     pub lr_schedule: Option<LrSchedule>,
+    /// The first training step to run (1: a fresh run; `s + 1` resuming the state
+    /// after step `s`). The run ends after step [`Job::iters`].
+    pub start: u64,
+    /// The row-shard parameters of the partitioned graphs (`<table>.rows<lo>_<hi>`)
+    /// and the rows of the full parameter each holds: checkpoints store and load
+    /// them as parts of the full parameter.
+    pub row_shards: Vec<RowPiece>,
+    /// Write checkpoints (training only).
+    pub checkpoint: Option<CheckpointSpec>,
+    /// Take the parameters from this checkpoint instead of [`Job::params`] (each
+    /// process reads only the rows its ranks hold); [`Job::start`] should be its
+    /// step + 1.
+    pub resume: Option<Arc<Checkpoint>>,
 }
 
 impl Job {
@@ -153,6 +174,10 @@ impl Job {
             data: None,
             eval_every: 0,
             lr_schedule: None,
+            start: 1,
+            row_shards: Vec::new(),
+            checkpoint: None,
+            resume: None,
         }
     }
 
@@ -192,6 +217,8 @@ pub enum Event {
     },
     /// An evaluation (during training, or the final one) is done.
     Evaluated(EvalMetrics),
+    /// A checkpoint was written and put in place.
+    Checkpoint(CheckpointWritten),
 }
 
 /// Runs a job on `job.ranks` threads of this process (see the module docs).
@@ -258,6 +285,23 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
         None
     };
     let final_set = data.eval_set(test_name, job.eval_batches)?;
+    let writer = match (&job.checkpoint, &job.train_graphs) {
+        (Some(spec), Some(train)) => {
+            let graphs: Vec<Vec<&Graph>> = train
+                .iter()
+                .zip(&job.infer_graphs)
+                .map(|(t, i)| vec![t, i])
+                .collect();
+            Some(Writer::new(
+                spec.clone(),
+                (&job.full_infer, job.full_train.as_ref()),
+                &graphs,
+                &job.row_shards,
+                (job.seed, job.global_batch, job.iters),
+            )?)
+        }
+        _ => None,
+    };
     Ok(Setup {
         cfg: RankCfg {
             steps_per_epoch: data.steps_per_epoch(),
@@ -277,6 +321,12 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
             allreduce: job.allreduce,
             threads,
             lr,
+            start: job.start,
+            writer,
+            data_desc: job
+                .data
+                .as_ref()
+                .map(|d| (d.path.display().to_string(), d.train_split.clone())),
         },
         data,
         wall,
@@ -297,7 +347,11 @@ pub fn run_with_params(
         infer_graphs,
         ..
     } = job;
-    let per_rank = distribute(params, train_graphs.as_deref(), &infer_graphs, None)?;
+    let resume = job
+        .resume
+        .as_deref()
+        .map(|c| (c, job.row_shards.as_slice()));
+    let per_rank = distribute(params, train_graphs.as_deref(), &infer_graphs, None, resume)?;
     let comms = LocalGroup::with_algo(ranks, cfg.allreduce);
     let (tx, rx) = mpsc::channel::<Event>();
     let mut train_graphs = train_graphs.map(|v| v.into_iter().map(Some).collect::<Vec<_>>());
@@ -412,8 +466,18 @@ pub fn run_rank(
         infer_graphs,
         ..
     } = job;
-    let mut per_rank =
-        distribute(params, train_graphs.as_deref(), &infer_graphs, Some(rank)).map_err(fail)?;
+    let resume = job
+        .resume
+        .as_deref()
+        .map(|c| (c, job.row_shards.as_slice()));
+    let mut per_rank = distribute(
+        params,
+        train_graphs.as_deref(),
+        &infer_graphs,
+        Some(rank),
+        resume,
+    )
+    .map_err(fail)?;
     let params = std::mem::take(&mut per_rank[rank]);
     let train = train_graphs.and_then(|v| v.into_iter().nth(rank));
     let infer = infer_graphs
@@ -505,6 +569,12 @@ fn check_job(job: &Job) -> Result<()> {
             job.ranks
         )));
     }
+    if job.start == 0 || job.start > job.iters {
+        return Err(job_err(format!(
+            "the first step ({}) must be in 1..={} (the last step)",
+            job.start, job.iters
+        )));
+    }
     if job.global_batch < job.ranks {
         return Err(job_err(format!(
             "global batch {} is smaller than the {} ranks",
@@ -516,13 +586,19 @@ fn check_job(job: &Job) -> Result<()> {
 
 /// Each rank's parameters: those its graphs declare; single-owner ones moved. With
 /// `only = Some(r)`, the other ranks' maps stay empty (a process running rank r),
-/// but a parameter missing for any rank is still an error.
+/// but a parameter missing for any rank is still an error. With `resume`, the
+/// values the kept ranks need come from the checkpoint instead (a row shard read
+/// as its rows of the full parameter): each process reads only what it holds.
 fn distribute(
     params: Vec<(String, Tensor)>,
     train: Option<&[Graph]>,
     infer: &[Graph],
     only: Option<usize>,
+    resume: Option<(&Checkpoint, &[RowPiece])>,
 ) -> Result<Vec<HashMap<String, Tensor>>> {
+    let shards: HashMap<&str, &RowPiece> = resume
+        .map(|(_, rs)| rs.iter().map(|p| (p.param.as_str(), p)).collect())
+        .unwrap_or_default();
     let ranks = infer.len();
     let mut need: HashMap<String, Vec<usize>> = HashMap::new();
     for r in 0..ranks {
@@ -544,6 +620,13 @@ fn distribute(
         rs.sort_unstable();
         let Some((&last, others)) = rs.split_last() else {
             continue;
+        };
+        let t = match resume {
+            Some((c, _)) => match shards.get(name.as_str()) {
+                Some(p) => c.read_rows(&p.table, p.lo..p.hi)?,
+                None => c.read_param(&name)?,
+            },
+            None => t,
         };
         for &r in others {
             per_rank[r].insert(name.clone(), t.clone());
@@ -600,6 +683,12 @@ struct RankCfg {
     final_set: EvalSet,
     /// Batches the loader prepares ahead.
     prefetch: usize,
+    /// The first training step.
+    start: u64,
+    /// The checkpoint writer, if the run writes checkpoints.
+    writer: Option<Writer>,
+    /// A dataset's path and training split, for checkpoints' data position.
+    data_desc: Option<(String, String)>,
 }
 
 struct RankOutput {
@@ -726,7 +815,7 @@ fn rank_main(
     let mut out = RankOutput {
         losses: Vec::new(),
         last_loss: None,
-        step_times: Vec::with_capacity(cfg.iters as usize),
+        step_times: Vec::with_capacity((cfg.iters + 1).saturating_sub(cfg.start) as usize),
         final_metrics: None,
         evals: Vec::new(),
         op_times: Vec::new(),
@@ -735,7 +824,7 @@ fn rank_main(
         params: HashMap::new(),
         threads: rayon::current_num_threads(),
     };
-    exec.set_step(1);
+    exec.set_step(cfg.start);
     let loader_graph = exec.graph().clone();
     let spec = LoaderSpec {
         source: data,
@@ -745,7 +834,7 @@ fn rank_main(
         rank,
         depth: cfg.prefetch,
     };
-    with_loader(spec, 0..cfg.iters, |next| {
+    with_loader(spec, cfg.start - 1..cfg.iters, |next| {
         train_steps(
             rank,
             comm,
@@ -800,7 +889,7 @@ fn rank_main(
     Ok(out)
 }
 
-/// The steps `1..=cfg.iters` of [`rank_main`], reading step k's inputs from
+/// The steps `cfg.start..=cfg.iters` of [`rank_main`], reading step k's inputs from
 /// `next(k - 1)`; with `cfg.eval_every`, evaluations of a copy of the current
 /// parameters (the inference graph `infer`, parameters the training graph does not
 /// hold from `rest`).
@@ -826,7 +915,7 @@ fn train_steps(
         |k: u64| k == cfg.iters || (cfg.log_every > 0 && k.is_multiple_of(cfg.log_every));
     let training = cfg.mode == Mode::Train;
     let start = Instant::now();
-    for k in 1..=cfg.iters {
+    for k in cfg.start..=cfg.iters {
         at_step.set(Some(k));
         let inputs = next(k - 1).map_err(|e| match e {
             e @ RuntimeError::Rank { .. } => e,
@@ -842,7 +931,7 @@ fn train_steps(
         let outs = exec.step(inputs, &syms, comm)?;
         let dt = t0.elapsed().as_secs_f64();
         out.step_times.push(dt);
-        if k == cfg.warmup && cfg.iters > cfg.warmup {
+        if k + 1 - cfg.start == cfg.warmup && cfg.iters + 1 - cfg.start > cfg.warmup {
             // The per-op times (--bench) cover the same steps as samples/s: not
             // the warm-up, whose first step compiles and tunes the kernels.
             exec.reset_timers();
@@ -892,8 +981,51 @@ fn train_steps(
                 out.evals.push(m);
             }
         }
+        if let Some(w) = &cfg.writer
+            && w.due(k, cfg.iters)
+        {
+            let pos = data_position(data, cfg, k);
+            let lookup = lookup_in(exec, rest);
+            let written = w.write(rank, comm, k, pos, &lookup).map_err(|e| match e {
+                e @ (RuntimeError::Rank { .. } | RuntimeError::Param { .. }) => e,
+                e => RuntimeError::Rank {
+                    rank,
+                    step: Some(k),
+                    reason: format!("writing the checkpoint: {e}"),
+                },
+            })?;
+            if let Some(w) = written {
+                send(Event::Checkpoint(w));
+            }
+        }
     }
     Ok(())
+}
+
+/// A rank's current parameter values by name: the executor's, then `rest`.
+fn lookup_in<'t>(
+    exec: &'t Executor,
+    rest: &'t HashMap<String, Tensor>,
+) -> impl Fn(&str) -> Option<&'t Tensor> + 't {
+    move |n| exec.param(n).or_else(|| rest.get(n))
+}
+
+/// Where the data stands after step `k` (the next step reads data step `k`).
+fn data_position(data: &Source, cfg: &RankCfg, k: u64) -> DataPosition {
+    let pos = data.dataset().map(|d| d.position(k));
+    DataPosition {
+        source: if pos.is_some() {
+            "dataset"
+        } else {
+            "synthetic"
+        }
+        .to_string(),
+        dataset: cfg.data_desc.as_ref().map(|d| d.0.clone()),
+        train_split: cfg.data_desc.as_ref().map(|d| d.1.clone()),
+        next_data_step: k,
+        epoch: pos.map(|p| p.epoch),
+        batch: pos.map(|p| p.batch),
+    }
 }
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {

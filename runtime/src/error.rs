@@ -24,6 +24,15 @@ pub enum RuntimeError {
         /// What is wrong.
         reason: String,
     },
+    /// A checkpoint (or checkpoint root) is missing, incomplete, corrupted, from
+    /// another version, or cannot be written.
+    #[error("checkpoint {}: {reason}", path.display())]
+    Checkpoint {
+        /// The checkpoint directory or file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// A plan file's contents do not match the checksum in the manifest.
     #[error("{}: checksum mismatch (manifest says sha256 {expected}, file has {actual}): the file is corrupted or was modified", file.display())]
     Checksum {

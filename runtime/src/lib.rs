@@ -2,6 +2,8 @@
 //!
 //! - [`plan`]: plans on disk (a directory: manifest, graphs in IR text, safetensors
 //!   weights), written atomically, read with checksums;
+//! - [`checkpoint`]: training checkpoints (by parameter, per-rank writes, atomic,
+//!   checksummed) and resume at any rank count;
 //! - [`data`]: deterministic synthetic data that a DLRM can learn, identical
 //!   whatever the rank count;
 //! - [`dataset`]: a `.ds` dataset (dlrm-data) as a plan's data: schema mapping,
@@ -25,6 +27,7 @@
 
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod data;
 pub mod dataset;
 pub mod driver;

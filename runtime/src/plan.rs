@@ -29,6 +29,7 @@
 //!   supported.
 
 use crate::error::{Result, RuntimeError};
+use dlrm_data::durable;
 use dlrm_ir::{DType, Data, Graph, Tensor, TensorType};
 use half::bf16;
 use serde::{Deserialize, Serialize};
@@ -36,7 +37,7 @@ use sha2::{Digest, Sha256};
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
-use std::io::{BufReader, Read, Write};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 #[cfg(target_endian = "big")]
@@ -190,19 +191,12 @@ fn write_plan_impl(dir: &Path, plan: &Plan, fail: Option<FailPoint>) -> Result<(
     let replace_existing = check_target(dir)?;
 
     // 2. Write into a temporary directory beside the target.
-    let parent = match dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent).map_err(|e| RuntimeError::io(&parent, e))?;
+    let parent = durable::parent_of(dir);
     let base = dir
         .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .ok_or_else(|| RuntimeError::plan(dir, "the plan path has no final component"))?;
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{base}.tmp-"))
-        .tempdir_in(&parent)
-        .map_err(|e| RuntimeError::io(&parent, e))?;
+    let tmp = durable::temp_dir_beside(dir).map_err(|e| RuntimeError::io(&parent, e))?;
     let t = tmp.path();
 
     let infer_ref = write_synced(&t.join(INFER_FILE), INFER_FILE, infer_text.as_bytes())?;
@@ -386,24 +380,20 @@ fn swap_into_place(
 }
 
 fn write_synced(path: &Path, name: &str, bytes: &[u8]) -> Result<FileRef> {
-    let mut f = File::create(path).map_err(|e| RuntimeError::io(path, e))?;
-    f.write_all(bytes).map_err(|e| RuntimeError::io(path, e))?;
-    f.sync_all().map_err(|e| RuntimeError::io(path, e))?;
+    durable::write_synced(path, bytes).map_err(|e| RuntimeError::io(path, e))?;
     Ok(FileRef {
         file: name.to_string(),
-        sha256: hex(&Sha256::digest(bytes)),
+        sha256: durable::sha256_hex(bytes),
         bytes: bytes.len() as u64,
     })
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| RuntimeError::io(dir, e))
+    durable::sync_dir(dir).map_err(|e| RuntimeError::io(dir, e))
 }
 
 /// A borrowed view of a tensor for safetensors (no copy of the data).
-struct View<'a>(&'a Tensor);
+pub(crate) struct View<'a>(pub(crate) &'a Tensor);
 
 impl safetensors::View for View<'_> {
     fn dtype(&self) -> safetensors::Dtype {
@@ -418,15 +408,20 @@ impl safetensors::View for View<'_> {
         &self.0.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(match &self.0.data {
-            Data::F32(v) => bytemuck::cast_slice(v),
-            Data::BF16(v) => bytemuck::cast_slice(v),
-            Data::I64(v) => bytemuck::cast_slice(v),
-            Data::I32(v) => bytemuck::cast_slice(v),
-        })
+        Cow::Borrowed(tensor_bytes(self.0))
     }
     fn data_len(&self) -> usize {
         self.0.size_bytes()
+    }
+}
+
+/// A tensor's elements as little-endian bytes (no copy).
+pub(crate) fn tensor_bytes(t: &Tensor) -> &[u8] {
+    match &t.data {
+        Data::F32(v) => bytemuck::cast_slice(v),
+        Data::BF16(v) => bytemuck::cast_slice(v),
+        Data::I64(v) => bytemuck::cast_slice(v),
+        Data::I32(v) => bytemuck::cast_slice(v),
     }
 }
 
@@ -696,7 +691,7 @@ fn stream_weights(path: &Path) -> Result<(HashMap<String, Tensor>, String)> {
 
 /// Checks that every parameter `g` declares is available (by `lookup`) with its
 /// declared dtype and fixed shape.
-fn check_graph_params(
+pub(crate) fn check_graph_params(
     g: &Graph,
     lookup: impl Fn(&str) -> Option<(DType, Vec<usize>)>,
 ) -> Result<()> {
@@ -750,21 +745,10 @@ fn stored_len(t: &Tensor) -> usize {
 }
 
 fn sha256_file(path: &Path) -> Result<(String, u64)> {
-    let mut f = File::open(path).map_err(|e| RuntimeError::io(path, e))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut total = 0u64;
-    loop {
-        let k = f.read(&mut buf).map_err(|e| RuntimeError::io(path, e))?;
-        if k == 0 {
-            break;
-        }
-        hasher.update(&buf[..k]);
-        total += k as u64;
-    }
-    Ok((hex(&hasher.finalize()), total))
+    let (bytes, sha) = durable::hash_file(path).map_err(|e| RuntimeError::io(path, e))?;
+    Ok((sha, bytes))
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    durable::hex(bytes)
 }

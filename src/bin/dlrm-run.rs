@@ -6,16 +6,18 @@
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use dlrm_ir::Communicator;
+use dlrm_runtime::checkpoint::{Checkpoint, is_checkpoint};
 use dlrm_runtime::driver::{Event, Mode, Report};
 use dlrm_runtime::metrics::MetricsWriter;
 use dlrm_runtime::plan::{Plan, read_plan};
 use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, KernelChoice, LrPolicy, bench_loader};
-use dlrmc::launch::{infer_once, init_mpi, mpi_ranks};
+use dlrmc::launch::{CheckpointOptions, infer_once, init_mpi, mpi_ranks, resume_note};
 use dlrmc::{Comm, Ranks, RunOptions, ShardSettings, job_for, run_job};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 /// mimalloc keeps the pages of freed tensors for the next step's: with the
 /// system allocator every multi-MiB activation came back from the OS, zeroed
@@ -58,7 +60,9 @@ fn keep_freed_pages_across_steps() {
 #[derive(Parser, Debug)]
 #[command(name = "dlrm-run", version, about, long_about = None)]
 struct Cli {
-    /// The plan directory.
+    /// The plan directory, or a checkpoint (`DIR/step-<n>`, or a checkpoint root
+    /// `DIR`: its newest checkpoint), which runs as its plan with the trained
+    /// parameters (serve it with --infer; with --resume, continue its run).
     plan: PathBuf,
     /// Ranks, each running its share of the global batch and owning a share of the
     /// embedding tables [default: 1 with --comm threads; with --comm mpi the MPI
@@ -101,6 +105,26 @@ struct Cli {
     /// start (ids are still checked against the plan's tables as batches are read).
     #[arg(long)]
     no_verify: bool,
+    /// Write checkpoints of the whole training state into DIR: `DIR/step-<n>/`
+    /// (manifest, graphs, one safetensors file per writing rank) and `DIR/latest`,
+    /// each written atomically; see --checkpoint-every and --keep.
+    #[arg(long, value_name = "DIR")]
+    checkpoint: Option<PathBuf>,
+    /// With --checkpoint: write one every N steps and after the last (0: only
+    /// after the last).
+    #[arg(long, default_value_t = 0, value_name = "N", requires = "checkpoint")]
+    checkpoint_every: u64,
+    /// With --checkpoint: keep the newest K checkpoints.
+    #[arg(long, default_value_t = 3, value_name = "K", requires = "checkpoint")]
+    keep: usize,
+    /// Continue a run from a checkpoint: `--resume DIR` with a plan (DIR a
+    /// checkpoint root, its newest checkpoint, or one `DIR/step-<n>`), or
+    /// `--resume` alone when the positional argument is the checkpoint. The
+    /// losses equal the uninterrupted run's bit for bit at the same rank count;
+    /// any rank count loads it. --iters is the run's total steps (default: the
+    /// checkpointed run's); seed and batch are the checkpoint's.
+    #[arg(long, value_name = "DIR", num_args = 0..=1)]
+    resume: Option<Option<PathBuf>>,
     /// Seed of the synthetic data (default: the plan's).
     #[arg(long)]
     seed: Option<u64>,
@@ -339,9 +363,19 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         verify: !cli.no_verify,
         ..DataConfig::new(path)
     });
+    if cli.inputs.is_some() && cli.comm == Comm::Mpi {
+        bail!("--inputs runs the model once in one process: drop --comm mpi");
+    }
+    let (plan, resume) = load(cli)?;
+    if let (Some(c), true) = (&resume, root)
+        && let Some(note) = resume_note(&plan, c)
+    {
+        eprintln!("{note}");
+    }
+    let default_iters = resume.as_ref().map_or(100, |c| c.manifest().last_step);
     let opts = RunOptions {
         ranks,
-        iters: cli.iters.unwrap_or(100),
+        iters: cli.iters.unwrap_or(default_iters),
         data,
         epochs: if cli.iters.is_some() {
             None
@@ -351,6 +385,12 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         eval_every: cli.eval_every,
         lr: cli.lr,
         lr_policy: lr_policy(cli),
+        checkpoint: cli.checkpoint.as_ref().map(|dir| CheckpointOptions {
+            dir: dir.clone(),
+            every: cli.checkpoint_every,
+            keep: cli.keep,
+        }),
+        resume,
         seed: cli.seed,
         batch_size: cli.batch_size,
         infer: cli.infer,
@@ -372,10 +412,6 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
             }
         },
     };
-    if cli.inputs.is_some() && cli.comm == Comm::Mpi {
-        bail!("--inputs runs the model once in one process: drop --comm mpi");
-    }
-    let plan = read_plan(&cli.plan)?;
     if let Some(inputs) = &cli.inputs {
         return infer_file(plan, inputs, cli.outputs.as_deref(), cli);
     }
@@ -448,6 +484,25 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
             Event::Eval { batch, batches } => {
                 if let Some(pb) = &bar {
                     pb.set_message(format!("evaluating {batch}/{batches}"));
+                }
+            }
+            Event::Checkpoint(w) => {
+                let line = format!(
+                    "checkpoint after step {}: {} ({:.1} MB in {:.2} s, {:.2} GB/s)",
+                    w.step,
+                    w.path.display(),
+                    w.bytes as f64 / 1e6,
+                    w.seconds,
+                    if w.seconds > 0.0 {
+                        w.bytes as f64 / w.seconds / 1e9
+                    } else {
+                        0.0
+                    }
+                );
+                match &bar {
+                    Some(pb) => pb.println(line),
+                    None if !cli.quiet => eprintln!("{line}"),
+                    None => {}
                 }
             }
             Event::Evaluated(m) => {
@@ -563,6 +618,31 @@ fn eval_line(m: &dlrm_runtime::EvalMetrics) -> String {
         f(m.accuracy),
         f(m.ne)
     )
+}
+
+/// The plan to run and the checkpoint to resume from: the positional argument is
+/// a plan, or a checkpoint whose graphs and trained parameters make the plan.
+fn load(cli: &Cli) -> Result<(Plan, Option<Arc<Checkpoint>>)> {
+    let positional_ckpt =
+        is_checkpoint(&cli.plan) && !cli.plan.join("weights.safetensors").is_file();
+    let (plan, own) = if positional_ckpt {
+        let c = Checkpoint::open(&cli.plan)?;
+        let plan = c.to_plan()?;
+        (plan, Some(c))
+    } else {
+        (read_plan(&cli.plan)?, None)
+    };
+    let resume = match (&cli.resume, own) {
+        (None, _) => None,
+        (Some(Some(dir)), _) => Some(Checkpoint::open(dir)?),
+        (Some(None), Some(c)) => Some(c),
+        (Some(None), None) => bail!(
+            "--resume without a directory continues the checkpoint given in place of the \
+             plan, but {} is a plan: give `--resume CHECKPOINT_DIR`",
+            cli.plan.display()
+        ),
+    };
+    Ok((plan, resume.map(Arc::new)))
 }
 
 /// `--infer --inputs FILE [--outputs FILE]`: one inference on the given arrays.

@@ -239,7 +239,7 @@ struct OptArgs {
 
 #[derive(Args, Debug)]
 struct InspectArgs {
-    /// The plan directory.
+    /// The plan directory, or a checkpoint (`DIR/step-<n>` or a checkpoint root).
     plan: PathBuf,
     /// Print JSON (keys `ops`, `params`, `param_bytes`, `flops_per_sample`, `graphs`, ...).
     #[arg(long)]
@@ -366,8 +366,12 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 fn cmd_inspect(a: InspectArgs) -> Result<()> {
-    let plan = read_plan(&a.plan)?;
-    let info = Inspection::of(&plan);
+    let info = if dlrm_runtime::checkpoint::is_checkpoint(&a.plan) {
+        let (c, plan) = dlrm_runtime::checkpoint::read_checkpoint(&a.plan)?;
+        Inspection::of_checkpoint(&plan, &c)
+    } else {
+        Inspection::of(&read_plan(&a.plan)?)
+    };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&info)?);
     } else {

@@ -1,0 +1,448 @@
+//! Checkpoints and resume, end to end through `dlrm-run` (thread ranks):
+//!
+//! - bit-exact resume: a run of N steps against a run of k steps that checkpoints
+//!   and a `--resume` to N: the resumed steps' losses and the final evaluation are
+//!   equal bit for bit (1 and 2 ranks with row-wise tables, SGD fp32, bf16
+//!   Split-SGD, Adagrad);
+//! - a run killed with SIGKILL (at a random point of a run that checkpoints every
+//!   step, and deterministically in the middle of a checkpoint write through the
+//!   `DLRM_CKPT_FAIL_AT` hook) resumes to the uninterrupted run's losses, bit for
+//!   bit; the unfinished write is refused by name and the last good checkpoint
+//!   loads;
+//! - bad input: a corrupted part file (checksum), a missing one, a format version
+//!   from the future, another model's checkpoint: clear errors naming what;
+//! - 4 ranks' checkpoint resumed on 2 ranks: losses within 1e-5 relative of the
+//!   uninterrupted 4-rank run (the tolerance of N ranks against one, `e2e.rs`);
+//! - a checkpoint is a plan: `dlrm-run CKPT --infer` and `dlrmc inspect CKPT`.
+
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const DLRMC: &str = env!("CARGO_BIN_EXE_dlrmc");
+const DLRM_RUN: &str = env!("CARGO_BIN_EXE_dlrm-run");
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name)
+}
+
+/// Compiles dlrm-tiny (its JSON edited by `edit`) into `dir/name` with `extra`
+/// compile flags.
+fn compile(dir: &Path, name: &str, edit: &dyn Fn(&mut Value), extra: &[&str]) -> PathBuf {
+    let mut v: Value =
+        serde_json::from_str(&fs::read_to_string(example("dlrm-tiny.json")).expect("read"))
+            .expect("json");
+    edit(&mut v);
+    let json = dir.join(format!("{name}.json"));
+    fs::write(&json, v.to_string()).expect("write");
+    let plan = dir.join(name);
+    let mut args = vec!["compile", s(&json), "-o", s(&plan), "--quiet"];
+    args.extend_from_slice(extra);
+    let out = Command::new(DLRMC)
+        .args(&args)
+        .output()
+        .expect("spawn dlrmc");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    plan
+}
+
+/// dlrm-tiny with a first table of 120 rows, which [`ROWWISE`] splits by rows on
+/// 2 to 4 ranks.
+fn tiny(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    compile(
+        dir,
+        name,
+        &|v| v["table_rows"] = serde_json::json!([120, 30, 20]),
+        extra,
+    )
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(DLRM_RUN);
+    c.args(args).env("RAYON_NUM_THREADS", "1");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("spawn dlrm-run")
+}
+
+/// Runs `dlrm-run` with `--json --quiet --log-every 1`; returns the report.
+fn report(args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--json", "--quiet", "--log-every", "1", "--warmup", "0"]);
+    let out = run(&all, &[]);
+    assert!(
+        out.status.success(),
+        "dlrm-run {all:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("report json")
+}
+
+fn fails(args: &[&str]) -> String {
+    let out = run(args, &[]);
+    assert!(!out.status.success(), "dlrm-run {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The report's losses after step `after`, as (step, f32 bits).
+fn losses_after(r: &Value, after: u64) -> Vec<(u64, u32)> {
+    r["losses"]
+        .as_array()
+        .expect("losses")
+        .iter()
+        .map(|p| {
+            let k = p[0].as_u64().expect("step");
+            let l = p[1].as_f64().expect("loss") as f32;
+            (k, l.to_bits())
+        })
+        .filter(|&(k, _)| k > after)
+        .collect()
+}
+
+/// The final evaluation's numbers (bit-exact comparisons).
+fn final_eval(r: &Value) -> Vec<Value> {
+    ["final_loss", "auc", "log_loss", "accuracy"]
+        .iter()
+        .map(|k| r[*k].clone())
+        .collect()
+}
+
+/// Splits [`tiny`]'s first table by rows on 2 to 4 ranks (3000 bytes of tables
+/// per rank).
+const ROWWISE: [&str; 2] = ["--mem-per-rank", "3000"];
+
+/// N steps straight against k steps + checkpoint + resume to N: bit for bit.
+fn check_resume_bit_exact(plan: &Path, ranks: &str, n: u64, k: u64, what: &str) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ck = dir.path().join("ck");
+    let n_s = n.to_string();
+    let k_s = k.to_string();
+    let mut base = vec![s(plan), "--ranks", ranks];
+    base.extend_from_slice(&ROWWISE);
+    let mut a = base.clone();
+    a.extend_from_slice(&["--iters", &n_s]);
+    let full = report(&a);
+    let mut b = base.clone();
+    b.extend_from_slice(&["--iters", &k_s, "--checkpoint", s(&ck)]);
+    report(&b);
+    assert!(ck.join("latest").is_file(), "{what}: no latest");
+    let mut c = base.clone();
+    c.extend_from_slice(&["--iters", &n_s, "--resume", s(&ck)]);
+    let resumed = report(&c);
+    let want = losses_after(&full, k);
+    assert_eq!(want.len() as u64, n - k, "{what}");
+    assert_eq!(
+        losses_after(&resumed, k),
+        want,
+        "{what}: resumed losses differ"
+    );
+    assert_eq!(
+        final_eval(&resumed),
+        final_eval(&full),
+        "{what}: final eval differs"
+    );
+}
+
+#[test]
+fn resume_is_bit_exact_on_one_and_two_ranks() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = tiny(dir.path(), "tiny", &[]);
+    check_resume_bit_exact(&plan, "1", 9, 4, "fp32 1 rank");
+    check_resume_bit_exact(&plan, "2", 9, 5, "fp32 2 ranks");
+}
+
+#[test]
+fn resume_is_bit_exact_with_bf16_and_adagrad() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let bf16 = tiny(dir.path(), "bf16", &["--precision", "bf16"]);
+    check_resume_bit_exact(&bf16, "1", 8, 3, "bf16 1 rank");
+    check_resume_bit_exact(&bf16, "2", 8, 3, "bf16 2 ranks");
+    let ada = tiny(dir.path(), "ada", &["--optimizer", "adagrad"]);
+    check_resume_bit_exact(&ada, "1", 8, 3, "adagrad 1 rank");
+    check_resume_bit_exact(&ada, "3", 8, 3, "adagrad 3 ranks");
+}
+
+/// A tiny model with big tables, so that a checkpoint takes a few ms to write.
+fn big(dir: &Path) -> PathBuf {
+    compile(
+        dir,
+        "big",
+        &|v| {
+            v["table_rows"] = serde_json::json!([60000, 40000, 20]);
+            v["embedding_dim"] = serde_json::json!(16);
+            v["bottom_mlp"] = serde_json::json!([4, 16, 16]);
+            v["top_mlp"] = serde_json::json!([16, 1]);
+        },
+        &[],
+    )
+}
+
+#[test]
+fn a_run_killed_during_a_step_or_a_write_resumes_bit_for_bit() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = big(dir.path());
+    let n = 10u64;
+    let full = report(&[s(&plan), "--ranks", "2", "--iters", "10"]);
+
+    // SIGKILL at an arbitrary point of a run checkpointing every step.
+    let ck = dir.path().join("ck-kill");
+    let log = dir.path().join("kill.log");
+    let mut child = Command::new(DLRM_RUN)
+        .args([
+            s(&plan),
+            "--ranks",
+            "2",
+            "--iters",
+            "10",
+            "--checkpoint",
+            s(&ck),
+            "--checkpoint-every",
+            "1",
+            "--keep",
+            "2",
+            "--log-every",
+            "1",
+        ])
+        .env("RAYON_NUM_THREADS", "1")
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn");
+    let t0 = Instant::now();
+    loop {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("checkpoint after step 3") {
+            break;
+        }
+        assert!(
+            child.try_wait().expect("wait").is_none(),
+            "the run ended before its 3rd checkpoint: {text}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(120), "too slow: {text}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().expect("SIGKILL");
+    let status = child.wait().expect("wait");
+    assert!(!status.success());
+    let resumed = report(&[s(&plan), "--ranks", "2", "--resume", s(&ck)]);
+    let from = resumed["losses"][0][0].as_u64().expect("first step") - 1;
+    assert!(from >= 3, "resumed from step {from}");
+    if from < n {
+        assert_eq!(losses_after(&resumed, from), losses_after(&full, from));
+    }
+    assert_eq!(final_eval(&resumed), final_eval(&full));
+    let steps: Vec<_> = fs::read_dir(&ck)
+        .expect("ls")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    assert!(steps.len() <= 2, "--keep 2 left {steps:?}");
+
+    // Killed in the middle of writing the checkpoint of step 4: after the part
+    // files, and after the manifest before the rename.
+    for point in ["part", "manifest"] {
+        let ck = dir.path().join(format!("ck-{point}"));
+        let fail = format!("4:{point}");
+        let out = run(
+            &[
+                s(&plan),
+                "--ranks",
+                "2",
+                "--iters",
+                "10",
+                "--checkpoint",
+                s(&ck),
+                "--checkpoint-every",
+                "2",
+                "--quiet",
+            ],
+            &[("DLRM_CKPT_FAIL_AT", &fail)],
+        );
+        assert!(
+            !out.status.success(),
+            "{point}: the injected abort did not end the run"
+        );
+        let tmp = ck.join(".step-000000004.tmp");
+        assert!(tmp.is_dir(), "{point}: no unfinished write left");
+        assert_eq!(
+            fs::read_to_string(ck.join("latest"))
+                .expect("latest")
+                .trim(),
+            "step-000000002"
+        );
+        let err = fails(&[s(&plan), "--resume", s(&tmp), "--quiet"]);
+        assert!(
+            err.contains("unfinished checkpoint write") && err.contains("step-000000002"),
+            "{point}: {err}"
+        );
+        let resumed = report(&[s(&plan), "--ranks", "2", "--resume", s(&ck)]);
+        assert_eq!(losses_after(&resumed, 2), losses_after(&full, 2), "{point}");
+        assert_eq!(final_eval(&resumed), final_eval(&full), "{point}");
+    }
+}
+
+#[test]
+fn bad_checkpoints_are_clear_errors() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = tiny(dir.path(), "tiny", &[]);
+    let ck = dir.path().join("ck");
+    report(&[
+        s(&plan),
+        "--iters",
+        "3",
+        "--checkpoint",
+        s(&ck),
+        "--checkpoint-every",
+        "1",
+    ]);
+    let step3 = ck.join("step-000000003");
+    let step2 = ck.join("step-000000002");
+    assert!(step3.is_dir() && step2.is_dir());
+
+    // A corrupted byte in the last tensor's data.
+    let part = step3.join("part-00000.safetensors");
+    let mut bytes = fs::read(&part).expect("read");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    fs::write(&part, &bytes).expect("write");
+    let err = fails(&[s(&plan), "--resume", s(&step3), "--iters", "5"]);
+    assert!(
+        err.contains("checksum mismatch") && err.contains("part-00000.safetensors"),
+        "{err}"
+    );
+    // A missing file.
+    fs::remove_file(&part).expect("rm");
+    let err = fails(&[s(&plan), "--resume", s(&step3), "--iters", "5"]);
+    assert!(
+        err.contains("part-00000.safetensors") && err.contains("missing"),
+        "{err}"
+    );
+    // The last good checkpoint still loads.
+    report(&[s(&plan), "--resume", s(&step2), "--iters", "4"]);
+
+    // A format version from the future.
+    let m = step2.join("manifest.json");
+    let mut v: Value = serde_json::from_str(&fs::read_to_string(&m).expect("read")).expect("json");
+    v["version"] = 2.into();
+    fs::write(&m, v.to_string()).expect("write");
+    let err = fails(&[s(&plan), "--resume", s(&step2), "--iters", "4"]);
+    assert!(err.contains("version 2") && err.contains("newer"), "{err}");
+
+    // Another model's checkpoint: the first parameter that differs is named.
+    let other = compile(
+        dir.path(),
+        "other",
+        &|v| v["table_rows"] = serde_json::json!([120, 31, 20]),
+        &[],
+    );
+    let ck2 = dir.path().join("ck2");
+    report(&[s(&other), "--iters", "2", "--checkpoint", s(&ck2)]);
+    let err = fails(&[s(&plan), "--resume", s(&ck2), "--iters", "4"]);
+    assert!(
+        err.contains("parameter `") && err.contains("[31, 8]"),
+        "{err}"
+    );
+    // Not a checkpoint at all.
+    let err = fails(&[s(&plan), "--resume", s(&plan), "--iters", "4"]);
+    assert!(err.contains("not a dlrmc checkpoint"), "{err}");
+    // Nothing left to train.
+    let err = fails(&[s(&other), "--resume", s(&ck2), "--iters", "2"]);
+    assert!(err.contains("nothing is left to train"), "{err}");
+}
+
+#[test]
+fn four_ranks_checkpoint_resumes_on_two() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = tiny(dir.path(), "tiny", &["--optimizer", "adagrad"]);
+    let ck = dir.path().join("ck");
+    let mut a = vec![s(&plan), "--ranks", "4", "--iters", "8"];
+    a.extend_from_slice(&ROWWISE);
+    let full = report(&a);
+    let mut b = vec![
+        s(&plan),
+        "--ranks",
+        "4",
+        "--iters",
+        "4",
+        "--checkpoint",
+        s(&ck),
+    ];
+    b.extend_from_slice(&ROWWISE);
+    report(&b);
+    // The 4 ranks' row shards are pieces of the tables.
+    let m: Value = serde_json::from_str(
+        &fs::read_to_string(ck.join("step-000000004/manifest.json")).expect("manifest"),
+    )
+    .expect("json");
+    let split = m["tensors"]
+        .as_array()
+        .expect("tensors")
+        .iter()
+        .filter(|t| t["pieces"].as_array().is_some_and(|p| p.len() > 1))
+        .count();
+    assert!(split > 0, "no table stored in row pieces: {m}");
+    let mut c = vec![s(&plan), "--ranks", "2", "--iters", "8", "--resume", s(&ck)];
+    c.extend_from_slice(&ROWWISE);
+    let resumed = report(&c);
+    let want = losses_after(&full, 4);
+    let got = losses_after(&resumed, 4);
+    assert_eq!(want.len(), got.len());
+    for ((k, w), (_, g)) in want.iter().zip(&got) {
+        let (w, g) = (f32::from_bits(*w), f32::from_bits(*g));
+        let d = (w - g).abs() / w.abs().max(1e-7);
+        assert!(
+            d <= 1e-5,
+            "step {k}: 4 ranks {w}, resumed on 2 {g} ({d} rel)"
+        );
+    }
+    // And on 1 rank, reading the whole tables.
+    let one = report(&[s(&plan), "--iters", "6", "--resume", s(&ck)]);
+    assert_eq!(losses_after(&one, 4).len(), 2);
+}
+
+#[test]
+fn a_checkpoint_serves_and_inspects_like_a_plan() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = tiny(dir.path(), "tiny", &[]);
+    let ck = dir.path().join("ck");
+    let trained = report(&[s(&plan), "--iters", "5", "--checkpoint", s(&ck)]);
+    let served = report(&[s(&ck), "--infer", "--iters", "2"]);
+    assert_eq!(
+        served["auc"], trained["auc"],
+        "serving the checkpoint evaluates the trained model"
+    );
+    let out = Command::new(DLRMC)
+        .args(["inspect", s(&ck), "--json"])
+        .output()
+        .expect("inspect");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["name"], "dlrm-tiny");
+    assert_eq!(v["checkpoint"]["step"], 5);
+    let text = Command::new(DLRMC)
+        .args(["inspect", s(&ck)])
+        .output()
+        .expect("inspect");
+    assert!(String::from_utf8_lossy(&text.stdout).contains("after step 5 of 5"));
+    // Resuming the checkpoint given in place of the plan.
+    let resumed = report(&[s(&ck), "--resume", "--iters", "7"]);
+    assert_eq!(losses_after(&resumed, 0).len(), 2);
+}
