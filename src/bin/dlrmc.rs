@@ -40,10 +40,9 @@ enum Command {
     /// Write a plan's inference model, with its weights, as standard ONNX.
     ///
     /// The model runs in ONNX Runtime (`dlrmc compile` reads back those without
-    /// offsets bags): MLPs as
-    /// Gemm + Relu/Sigmoid (blocked weights un-blocked), embedding bags as Gather +
-    /// ReduceSum (bags with offsets: a ScatterND segment sum, no Loop), the dot
-    /// interaction as MatMul + a Gather of the lower triangle. bf16 weights are
+    /// offsets bags): MLPs as Gemm + Relu/Sigmoid (blocked weights un-blocked),
+    /// embedding bags as Gather + ReduceSum (bags with offsets: a ScatterND segment
+    /// sum, no Loop), the dot interaction as MatMul + a Gather of the lower triangle. bf16 weights are
     /// widened to f32; the plan's bf16 roundings stay as Cast pairs. Check it with
     /// `scripts/compare-onnxruntime MODEL.onnx --plan PLAN`.
     Export(ExportArgs),
