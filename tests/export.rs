@@ -454,3 +454,27 @@ fn write_trained_dlrm_small() {
     let t = trained(plan, 300);
     dlrm_runtime::plan::write_plan(Path::new(&out), &t).expect("write plan");
 }
+
+/// `gelu` exports as ONNX `Gelu(approximate="tanh")` from opset 20 (read back by
+/// the importer), and as its `Tanh` formula before.
+#[test]
+fn gelu_exports_by_opset() {
+    let g = dlrm_ir::text::parse(
+        "graph @g {\n  input %x: f32[B,4]\n  %y: f32[B,4] = gelu %x\n  output %y\n}\n",
+    )
+    .expect("parse");
+    let new = ExportOptions {
+        opset: 20,
+        ..ExportOptions::default()
+    };
+    let bytes = export(&g, &[], &new)
+        .expect("export")
+        .to_bytes()
+        .expect("bytes");
+    let m = dlrm_onnx::from_bytes(&bytes, "gelu", None).expect("import");
+    let inputs = inputs_for(&g, 9, 3);
+    let (want, got) = (eval(&g, &inputs, &[]), eval(&m.graph, &inputs, &m.params));
+    assert!(max_err(&got[0], &want[0]) <= 1e-6);
+    let old = export(&g, &[], &ExportOptions::default()).expect("export");
+    assert!(old.node_count() > 5, "the formula at opset 18");
+}

@@ -37,11 +37,14 @@ enum Command {
     /// Datasets: convert Criteo data to `.ds`, inspect one, generate synthetic data.
     #[command(subcommand)]
     Data(dlrmc::data_cmd::DataCommand),
-    /// Write a plan's inference model (its current weights) as standard ONNX that
-    /// ONNX Runtime runs: MLPs as Gemm + Relu/Sigmoid (blocked weights un-blocked),
-    /// embedding bags as Gather + ReduceSum (offsets: a ScatterND segment sum),
-    /// the dot interaction as MatMul + Gather of the lower triangle; bf16 weights
-    /// widened to f32.
+    /// Write a plan's inference model, with its weights, as standard ONNX.
+    ///
+    /// The model runs in ONNX Runtime (`dlrmc compile` reads back those without
+    /// offsets bags): MLPs as Gemm + Relu/Sigmoid (blocked weights un-blocked),
+    /// embedding bags as Gather + ReduceSum (bags with offsets: a ScatterND segment
+    /// sum, no Loop), the dot interaction as MatMul + a Gather of the lower triangle. bf16 weights are
+    /// widened to f32; the plan's bf16 roundings stay as Cast pairs. Check it with
+    /// `scripts/compare-onnxruntime MODEL.onnx --plan PLAN`.
     Export(ExportArgs),
     /// Draw learning curves (training loss, validation AUC and log loss) of one or
     /// more `dlrm-run --metrics` files into an SVG.
