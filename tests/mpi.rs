@@ -492,7 +492,12 @@ fn two_processes_reading_a_criteo_dataset_train_like_one_rank() {
 #[test]
 fn mpi_checkpoint_killed_mid_write_resumes_bit_for_bit() {
     let dir = tempfile::tempdir().expect("tmp");
-    let plan = compile(dir.path(), "tiny", None);
+    // dlrm-tiny with a 120-row first table: split by rows on 4 ranks at 3000
+    // bytes of tables per rank.
+    let json = fs::read_to_string(example("dlrm-tiny.json"))
+        .expect("read")
+        .replace("[50, 30, 20]", "[120, 30, 20]");
+    let plan = compile(dir.path(), "tiny120", Some(&json));
     let ck = dir.path().join("ck");
     let common = [
         "--iters",
@@ -502,7 +507,7 @@ fn mpi_checkpoint_killed_mid_write_resumes_bit_for_bit() {
         "--eval-batches",
         "2",
         "--mem-per-rank",
-        "1KiB",
+        "3000",
     ];
     let job = |extra: &[&str], metrics: &Path, fail: Option<&str>| {
         let mut cmd = mpirun();

@@ -142,7 +142,7 @@ fn one_rank_per_process_runs_like_the_thread_driver() {
                 ev.iter()
                     .filter_map(|e| match e {
                         Event::Step { iter, loss, .. } => Some((*iter, *loss)),
-                        _ => None,
+                        Event::Eval { .. } | Event::Evaluated(_) | Event::Checkpoint(_) => None,
                     })
                     .collect()
             };

@@ -384,11 +384,7 @@ impl Checkpoint {
             reason: format!("unknown dtype {}", t.dtype),
         })?;
         let numel: usize = t.shape.iter().product();
-        let row_bytes = if total == 0 {
-            0
-        } else {
-            numel / total * dtype.size_bytes()
-        };
+        let row_bytes = numel.checked_div(total).unwrap_or(0) * dtype.size_bytes();
         let mut shape = t.shape.clone();
         if let Some(r) = shape.first_mut() {
             *r = rows.len();

@@ -358,7 +358,7 @@ impl Writer {
             .collect();
         let name = format!("part-{rank:05}.safetensors");
         let path = tmp.join(&name);
-        safetensors::serialize_to_file(tensors.iter().map(|(n, t)| (*n, View(*t))), None, &path)
+        safetensors::serialize_to_file(tensors.iter().map(|(n, t)| (*n, View(t))), None, &path)
             .map_err(|e| ckpt_err(&path, format!("cannot write: {e}")))?;
         let file = fs::File::open(&path).map_err(|e| RuntimeError::io(&path, e))?;
         file.sync_all().map_err(|e| RuntimeError::io(&path, e))?;
@@ -525,7 +525,7 @@ fn prune(root: &Path, step: u64, keep: usize) -> Result<()> {
             let _ = fs::remove_dir_all(e.path());
         }
     }
-    done.sort_by(|a, b| b.0.cmp(&a.0));
+    done.sort_by_key(|d| std::cmp::Reverse(d.0));
     for (_, p) in done.into_iter().skip(keep) {
         fs::remove_dir_all(&p).map_err(|e| RuntimeError::io(&p, e))?;
     }
