@@ -53,8 +53,8 @@ pub struct CheckpointSummary {
     pub ranks: usize,
     /// The data position.
     pub data: dlrm_runtime::checkpoint::DataPosition,
-    /// The learning-rate settings recorded.
-    pub lr_schedule: serde_json::Value,
+    /// The learning-rate schedule recorded (`None`: the compiled rates).
+    pub lr_schedule: Option<dlrm_runtime::schedule::LrSchedule>,
     /// The plan's identity (sha256 of its graphs).
     pub plan_sha256: String,
     /// Part files and their bytes.
@@ -102,7 +102,7 @@ impl Inspection {
             global_batch: m.global_batch,
             ranks: m.ranks,
             data: m.data.clone(),
-            lr_schedule: m.lr_schedule.clone(),
+            lr_schedule: m.lr_schedule,
             plan_sha256: m.plan.sha256.clone(),
             files: m.files.iter().map(|f| (f.file.clone(), f.bytes)).collect(),
             tensors: m.tensors.len(),
@@ -146,8 +146,13 @@ impl fmt::Display for Inspection {
             )?;
             writeln!(
                 f,
-                "  data: {} (next data step {}), learning rate settings: {}",
-                c.data.source, c.data.next_data_step, c.lr_schedule
+                "  data: {} (next data step {}), learning rate: {}",
+                c.data.source,
+                c.data.next_data_step,
+                c.lr_schedule.map_or_else(
+                    || "the compiled rates".to_string(),
+                    |s| serde_json::to_string(&s).unwrap_or_default()
+                )
             )?;
             writeln!(
                 f,

@@ -229,6 +229,11 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
                 .into(),
         ));
     }
+    let lr_schedule = match (&opts.resume, opts.lr.is_none() && opts.lr_policy.is_none()) {
+        // A resumed run continues the checkpointed run's schedule unless told otherwise.
+        (Some(c), true) => c.manifest().lr_schedule,
+        _ => lr_schedule_for(&plan, opts)?,
+    };
     let spec = opts.checkpoint.as_ref().map(|c| CheckpointSpec {
         dir: c.dir.clone(),
         every: c.every,
@@ -238,8 +243,7 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
             precision: plan.precision.clone(),
             training: plan.training.clone(),
             pass_log: plan.pass_log.clone(),
-            // The run's learning-rate settings, once they are a runtime value.
-            lr_schedule: serde_json::Value::Null,
+            lr_schedule,
         },
     });
     // One placement for both graphs (crate::shard).
@@ -262,7 +266,6 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
         let infer_graphs = infer.graphs.clone();
         (infer_graphs, graphs, Some(train.unwrap_or(infer)))
     };
-    let lr_schedule = lr_schedule_for(&plan, opts)?;
     let mut job = Job::from_plan(plan);
     job.lr_schedule = lr_schedule;
     if let Some(parts) = &row_shards {

@@ -126,6 +126,13 @@ const ROWWISE: [&str; 2] = ["--mem-per-rank", "3000"];
 
 /// N steps straight against k steps + checkpoint + resume to N: bit for bit.
 fn check_resume_bit_exact(plan: &Path, ranks: &str, n: u64, k: u64, what: &str) {
+    check_resume_with(plan, ranks, n, k, &[], what);
+}
+
+/// [`check_resume_bit_exact`] with `lr` (learning-rate flags) given to the
+/// uninterrupted run and the checkpointed one, not to the resumed run: it
+/// continues with the schedule the checkpoint recorded.
+fn check_resume_with(plan: &Path, ranks: &str, n: u64, k: u64, lr: &[&str], what: &str) {
     let dir = tempfile::tempdir().expect("tmp");
     let ck = dir.path().join("ck");
     let n_s = n.to_string();
@@ -134,9 +141,11 @@ fn check_resume_bit_exact(plan: &Path, ranks: &str, n: u64, k: u64, what: &str) 
     base.extend_from_slice(&ROWWISE);
     let mut a = base.clone();
     a.extend_from_slice(&["--iters", &n_s]);
+    a.extend_from_slice(lr);
     let full = report(&a);
     let mut b = base.clone();
     b.extend_from_slice(&["--iters", &k_s, "--checkpoint", s(&ck)]);
+    b.extend_from_slice(lr);
     report(&b);
     assert!(ck.join("latest").is_file(), "{what}: no latest");
     let mut c = base.clone();
@@ -173,6 +182,24 @@ fn resume_is_bit_exact_with_bf16_and_adagrad() {
     let ada = tiny(dir.path(), "ada", &["--optimizer", "adagrad"]);
     check_resume_bit_exact(&ada, "1", 8, 3, "adagrad 1 rank");
     check_resume_bit_exact(&ada, "3", 8, 3, "adagrad 3 ranks");
+}
+
+#[test]
+fn a_resumed_run_continues_the_learning_rate_schedule() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = tiny(dir.path(), "tiny", &[]);
+    // Warmup over steps 1-4, constant, then a polynomial decay from step 6: the
+    // checkpoint after step 4 resumes mid-schedule.
+    let poly = [
+        "--lr-warmup-steps",
+        "4",
+        "--lr-decay-start",
+        "6",
+        "--lr-decay-steps",
+        "3",
+    ];
+    check_resume_with(&plan, "1", 9, 4, &poly, "poly schedule 1 rank");
+    check_resume_with(&plan, "2", 9, 3, &["--lr", "0.05"], "--lr 2 ranks");
 }
 
 /// A tiny model with big tables, so that a checkpoint takes a few ms to write.

@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand};
 use dlrm_ir::{Graph, dot, text};
 use dlrm_passes::pipeline::{self, DumpSpec, PipelineOptions, Precision};
 use dlrm_passes::{LossKind, TrainConfig};
+use dlrm_runtime::checkpoint::read_plan_or_checkpoint;
 use dlrm_runtime::plan::{read_plan, write_plan};
 use dlrmc::compile::{CompileOptions, Stage, partition_stages};
 use dlrmc::model::{Overrides, load_model, table_rows_of};
@@ -37,14 +38,14 @@ enum Command {
     /// Datasets: convert Criteo data to `.ds`, inspect one, generate synthetic data.
     #[command(subcommand)]
     Data(dlrmc::data_cmd::DataCommand),
-    /// Write a plan's inference model, with its weights, as standard ONNX.
+    /// Write a plan's (or a checkpoint's trained) inference model as standard ONNX.
     ///
     /// The model runs in ONNX Runtime (`dlrmc compile` reads back those without
     /// offsets bags): MLPs as Gemm + Relu/Sigmoid (blocked weights un-blocked),
     /// embedding bags as Gather + ReduceSum (bags with offsets: a ScatterND segment
-    /// sum, no Loop), the dot interaction as MatMul + a Gather of the lower triangle. bf16 weights are
-    /// widened to f32; the plan's bf16 roundings stay as Cast pairs. Check it with
-    /// `scripts/compare-onnxruntime MODEL.onnx --plan PLAN`.
+    /// sum, no Loop), the dot interaction as MatMul + a Gather of the lower
+    /// triangle. bf16 weights are widened to f32; the plan's bf16 roundings stay as
+    /// Cast pairs. Check it with `scripts/compare-onnxruntime MODEL.onnx --plan PLAN`.
     Export(ExportArgs),
     /// Draw learning curves (training loss, validation AUC and log loss) of one or
     /// more `dlrm-run --metrics` files into an SVG.
@@ -53,7 +54,9 @@ enum Command {
 
 #[derive(Args, Debug)]
 struct ExportArgs {
-    /// The plan directory (`dlrmc compile` output).
+    /// The plan directory (`dlrmc compile` output), or a checkpoint (`dlrm-run
+    /// --checkpoint`: its trained parameters are exported).
+    #[arg(value_name = "PLAN|CKPT")]
     plan: PathBuf,
     /// The `.onnx` file to write (replaced atomically; external data goes to
     /// `<file>.data` beside it).
@@ -136,7 +139,8 @@ fn parse_machine(s: &str) -> Result<dlrm_passes::shard::Machine, String> {
 
 #[derive(Args, Debug)]
 struct PlanShardsArgs {
-    /// The plan directory.
+    /// The plan directory, or a checkpoint.
+    #[arg(value_name = "PLAN|CKPT")]
     plan: PathBuf,
     /// Rank count.
     #[arg(long, value_name = "N")]
@@ -385,13 +389,12 @@ fn cmd_inspect(a: InspectArgs) -> Result<()> {
 
 fn cmd_export(a: ExportArgs) -> Result<()> {
     let start = Instant::now();
-    let plan = read_plan(&a.plan)?;
+    let plan = read_plan_or_checkpoint(&a.plan)?;
     let opts = dlrm_onnx::export::ExportOptions {
         opset: a.opset,
         batch: a.batch.clone(),
         external_data: a.external_data,
     };
-    // A checkpoint gives the same (inference graph, parameters) pair.
     let s = dlrm_onnx::export::export_to_file(&plan.infer, &plan.params, &a.output, &opts)?;
     if !a.quiet {
         let ext = s.external.as_ref().map_or(String::new(), |(p, n)| {
@@ -411,7 +414,7 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
 }
 
 fn cmd_plan_shards(a: PlanShardsArgs) -> Result<()> {
-    let plan = read_plan(&a.plan)?;
+    let plan = read_plan_or_checkpoint(&a.plan)?;
     let report = plan_shards(&plan, a.ranks, a.batch_size, &a.shards.settings())?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -51,7 +51,9 @@
 mod read;
 mod write;
 
-pub use read::{Checkpoint, is_checkpoint, read_checkpoint, read_manifest, resolve};
+pub use read::{
+    Checkpoint, is_checkpoint, read_checkpoint, read_manifest, read_plan_or_checkpoint, resolve,
+};
 pub(crate) use write::Writer;
 pub use write::{CheckpointSpec, CheckpointWritten, RunInfo};
 
@@ -201,9 +203,11 @@ pub struct Manifest {
     pub ranks: usize,
     /// The data position.
     pub data: DataPosition,
-    /// The run's learning-rate settings (opaque to the checkpoint; `null` if none).
+    /// The run's learning-rate schedule (a pure function of the step, so the step
+    /// is its position); `null`: every update at the rate it was compiled with. A
+    /// resumed run continues with it unless `dlrm-run --lr`/`--lr-*` say otherwise.
     #[serde(default)]
-    pub lr_schedule: serde_json::Value,
+    pub lr_schedule: Option<crate::schedule::LrSchedule>,
     /// The plan.
     pub plan: PlanInfo,
     /// The part files.

@@ -113,6 +113,17 @@ pub fn is_checkpoint(path: &Path) -> bool {
     path.join(LATEST_FILE).is_file() || newest_complete(path).is_some()
 }
 
+/// Reads what a command that takes a plan was given: a plan directory, or a
+/// checkpoint (or checkpoint root) as the plan of its graphs and trained
+/// parameters ([`Checkpoint::to_plan`]).
+pub fn read_plan_or_checkpoint(path: &Path) -> Result<Plan> {
+    if is_checkpoint(path) {
+        Checkpoint::open(path)?.to_plan()
+    } else {
+        crate::plan::read_plan(path)
+    }
+}
+
 /// An opened checkpoint: its manifest, its part files mapped, headers checked.
 /// Piece checksums are checked on first use.
 pub struct Checkpoint {

@@ -43,8 +43,8 @@ pub struct RunInfo {
     pub training: Training,
     /// The plan's pass log.
     pub pass_log: serde_json::Value,
-    /// The run's learning-rate settings, carried opaquely (`null`: none).
-    pub lr_schedule: serde_json::Value,
+    /// The run's learning-rate schedule (`None`: every update at its compiled rate).
+    pub lr_schedule: Option<crate::schedule::LrSchedule>,
 }
 
 /// A checkpoint put in place (reported by rank 0).
@@ -452,7 +452,7 @@ impl Writer {
             global_batch: self.global_batch,
             ranks: self.ranks,
             data,
-            lr_schedule: info.lr_schedule.clone(),
+            lr_schedule: info.lr_schedule,
             plan: PlanInfo {
                 sha256: self.identity.clone(),
                 precision: info.precision.clone(),
