@@ -358,6 +358,39 @@ fn resume_settings(
             .iter()
             .map(|(n, t)| (n.as_str(), t.dtype(), t.shape.as_slice())),
     )?;
+    // The data continues the checkpointed run's only on the same kind of source
+    // and split (a dataset may have moved: its path is not compared).
+    let now = opts.data.as_ref();
+    match (m.data.dataset.as_deref(), now) {
+        (Some(was), None) => {
+            return Err(Error::Options(format!(
+                "checkpoint {} was trained on dataset {was}: resume with `--data {was}` \
+                 (without it the run would continue on synthetic data)",
+                c.dir().display()
+            )));
+        }
+        (None, Some(d)) => {
+            return Err(Error::Options(format!(
+                "checkpoint {} was trained on synthetic data, not a dataset: drop `--data {}` \
+                 to resume it",
+                c.dir().display(),
+                d.path.display()
+            )));
+        }
+        (Some(_), Some(d)) => {
+            if let Some(split) = m.data.train_split.as_deref()
+                && split != d.train_split
+            {
+                return Err(Error::Options(format!(
+                    "checkpoint {} trained on split `{split}`, this run on `{}`: resume with \
+                     `--train-split {split}`",
+                    c.dir().display(),
+                    d.train_split
+                )));
+            }
+        }
+        (None, None) => {}
+    }
     if let Some(s) = opts.seed
         && s != m.seed
     {

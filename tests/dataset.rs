@@ -252,3 +252,60 @@ fn the_cli_compiles_from_data_trains_with_eval_every_and_refuses_a_misfit() {
     let out = run("dlrm-run", &[s(&plan), "--epochs", "1"]);
     assert!(!out.status.success());
 }
+
+#[test]
+fn a_run_on_a_dataset_resumes_across_an_epoch_bit_for_bit() {
+    use dlrm_runtime::checkpoint::Checkpoint;
+    use dlrmc::launch::CheckpointOptions;
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().expect("tmp");
+    let ds = write_ds(dir.path(), 3000, 4);
+    // 2400 training samples: 37 steps of 64 per epoch; step 50 is in epoch 2.
+    let opts = |iters: u64| RunOptions {
+        iters,
+        log_every: 1,
+        ranks: 2,
+        ..RunOptions::default()
+    };
+    let full = train(plan_for(dir.path(), &ds), &ds, opts(50));
+    let ck = dir.path().join("ck");
+    let first = RunOptions {
+        checkpoint: Some(CheckpointOptions {
+            dir: ck.clone(),
+            every: 0,
+            keep: 1,
+        }),
+        ..opts(30)
+    };
+    train(plan_for(dir.path(), &ds), &ds, first);
+    let c = Arc::new(Checkpoint::open(&ck).expect("checkpoint"));
+    assert_eq!(c.manifest().data.next_data_step, 30);
+    let resumed = train(
+        plan_for(dir.path(), &ds),
+        &ds,
+        RunOptions {
+            resume: Some(Arc::clone(&c)),
+            ..opts(50)
+        },
+    );
+    let after = |r: &Report| -> Vec<(u64, u32)> {
+        r.losses
+            .iter()
+            .filter(|l| l.0 > 30)
+            .map(|l| (l.0, l.1.to_bits()))
+            .collect()
+    };
+    assert_eq!(after(&full).len(), 20);
+    assert_eq!(after(&resumed), after(&full));
+    assert_eq!(resumed.auc, full.auc);
+    // Without the dataset the run would go on with synthetic data: refused.
+    let e = job_for(
+        plan_for(dir.path(), &ds),
+        &RunOptions {
+            resume: Some(c),
+            ..opts(50)
+        },
+    )
+    .expect_err("no --data");
+    assert!(e.to_string().contains("resume with `--data"), "{e}");
+}
