@@ -5,7 +5,8 @@
 //! the metrics. Used during training (`--eval-every`, with a copy of the training
 //! executor's current parameters) and at the end (with the trained parameters).
 
-use super::{RankCfg, step_syms};
+use super::RankCfg;
+use super::rank::step_syms;
 use crate::driver::Event;
 use crate::error::{Result, RuntimeError};
 use crate::exec::Executor;
