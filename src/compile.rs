@@ -192,6 +192,72 @@ pub fn compile(
     })
 }
 
+/// A plan's graphs without its parameters ([`compile_graphs`]).
+#[derive(Clone, Debug)]
+pub struct PlanGraphsOwned {
+    /// The model's name.
+    pub name: String,
+    /// The inference graph.
+    pub infer: Graph,
+    /// The training graph (`None` with `infer_only`).
+    pub train: Option<Graph>,
+    /// The description's batch size.
+    pub batch_size: usize,
+    /// The storage precision.
+    pub precision: String,
+}
+
+/// Compiles the graphs of a JSON model description as [`compile`] would, without
+/// creating any parameter (the pipeline on graphs alone): for planning a model too
+/// large to materialise here (`dlrmc plan-shards model.json`).
+pub fn compile_graphs(path: &std::path::Path, opts: &CompileOptions) -> Result<PlanGraphsOwned> {
+    if opts.precision != Precision::Fp32 && !opts.optimize {
+        return Err(Error::Options(format!(
+            "--precision {} needs the optimising passes (drop -O0)",
+            opts.precision
+        )));
+    }
+    let spec = dlrm_json::ModelSpec::load(path)?;
+    let graph = spec.graph()?;
+    let t = spec.training();
+    let canon = dlrm_passes::egraph::canon::applies(&graph);
+    let none = &mut |_: &str, _: &Graph| {};
+    let (infer, _) =
+        pipeline::compile(graph.clone(), &opts.pipeline(None, canon), none).map_err(|source| {
+            Error::Compile {
+                graph: "infer",
+                source: Box::new(source),
+            }
+        })?;
+    let train = if opts.infer_only {
+        None
+    } else {
+        let cfg = TrainConfig {
+            loss: match t.loss {
+                dlrm_json::Loss::Bce => LossKind::Bce,
+                dlrm_json::Loss::Mse => LossKind::Mse,
+            },
+            lr: t.learning_rate,
+            optimizer: crate::model::passes_optimizer(t.optimizer),
+        };
+        let (g, _) =
+            pipeline::compile(graph, &opts.pipeline(Some(cfg), canon), none).map_err(|source| {
+                Error::Compile {
+                    graph: "train",
+                    source: Box::new(source),
+                }
+            })?;
+        Some(g)
+    };
+    Ok(PlanGraphsOwned {
+        name: spec.name.clone(),
+        infer,
+        train,
+        batch_size: t.batch_size,
+        precision: opts.precision.to_string(),
+    })
+}
+
 /// The training graph with its label input (the loss's second operand) renamed
 /// to `label`.
 fn name_label(g: &Graph, label: &str) -> Result<Graph> {

@@ -47,6 +47,9 @@ pub enum Error {
     /// Options that cannot run (rank count, step count, batch size, mode).
     #[error("{0}")]
     Options(String),
+    /// The job does not fit the memory budget (refused before allocating).
+    #[error("not enough memory: {0}")]
+    Memory(String),
 }
 
 /// Result with [`Error`].

@@ -12,6 +12,7 @@
 //! every process partitions the same plan the same way and runs its own rank.
 
 use crate::error::{Error, Result};
+use crate::memory::Budget;
 use crate::shard::{ShardSettings, partition_graph, shard_plan};
 use dlrm_ir::{Communicator, SingleRank, Tensor};
 use dlrm_runtime::checkpoint::{Checkpoint, CheckpointSpec, RowPiece, RunInfo, plan_identity};
@@ -71,6 +72,9 @@ pub struct RunOptions {
     /// Resume from this checkpoint: its parameters, its step + 1 as the first
     /// step; `iters` is the run's total (the last step).
     pub resume: Option<Arc<Checkpoint>>,
+    /// Refuse the job, before anything is allocated, if a rank's memory account
+    /// ([`crate::memory`]) exceeds this budget; `None`: no check.
+    pub memory_budget: Option<Budget>,
 }
 
 /// `--checkpoint DIR --checkpoint-every N --keep K`.
@@ -108,6 +112,7 @@ impl Default for RunOptions {
             lr_policy: None,
             checkpoint: None,
             resume: None,
+            memory_budget: None,
         }
     }
 }
@@ -266,6 +271,16 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
         let infer_graphs = infer.graphs.clone();
         (infer_graphs, graphs, Some(train.unwrap_or(infer)))
     };
+    if let Some(budget) = &opts.memory_budget {
+        check_memory(
+            &plan,
+            opts,
+            budget,
+            global_batch,
+            &infer_graphs,
+            train_graphs.as_deref(),
+        )?;
+    }
     let mut job = Job::from_plan(plan);
     job.lr_schedule = lr_schedule;
     if let Some(parts) = &row_shards {
@@ -318,6 +333,37 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     job.allreduce = opts.allreduce;
     job.threads = opts.threads;
     Ok(job)
+}
+
+/// Refuses the job if a rank's memory account does not fit `budget`
+/// ([`crate::memory`]); nothing of the run is allocated yet.
+fn check_memory(
+    plan: &Plan,
+    opts: &RunOptions,
+    budget: &Budget,
+    global_batch: usize,
+    infer: &[dlrm_ir::Graph],
+    train: Option<&[dlrm_ir::Graph]>,
+) -> Result<()> {
+    let job = dlrm_passes::shard::MemoryJob {
+        global_batch,
+        ranks: opts.ranks,
+        prefetch: opts.data.as_ref().map_or(0, |d| d.prefetch),
+    };
+    let accounts = crate::memory::rank_accounts(train, infer, &job);
+    let g = plan.train.as_ref().unwrap_or(&plan.infer);
+    let tables = crate::shard::plan_tables(plan)?;
+    let want = crate::memory::Want {
+        graph: g,
+        tables: &tables,
+        ranks: opts.ranks,
+        global_batch,
+        settings: &opts.shards,
+        budget: budget.bytes,
+        train: train.is_some(),
+        precision: &plan.precision,
+    };
+    crate::memory::check(&accounts, budget, &want)
 }
 
 /// The learning-rate schedule `opts` asks for (`None`: none asked, every update

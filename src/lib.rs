@@ -12,6 +12,8 @@
 //! - [`launch`]: partition a plan for N ranks, build the runtime's job and run it
 //!   on threads or as one rank of an MPI job;
 //! - [`shard`]: the sharding planner on a plan (placement, predictions, scaling);
+//! - [`memory`]: each rank's memory account, its budget, and the refusal of a job
+//!   that does not fit;
 //! - [`data_cmd`]: the `dlrmc data` subcommands (convert, inspect, generate).
 
 #![warn(missing_docs)]
@@ -21,6 +23,7 @@ pub mod data_cmd;
 mod error;
 pub mod inspect;
 pub mod launch;
+pub mod memory;
 pub mod model;
 pub mod plot;
 pub mod shard;

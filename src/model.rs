@@ -245,7 +245,7 @@ fn optimizer_by_name(name: &str) -> Result<dlrm_json::Optimizer> {
 }
 
 /// The description's optimizer as the autodiff pass takes it.
-fn passes_optimizer(o: dlrm_json::Optimizer) -> dlrm_passes::Optimizer {
+pub(crate) fn passes_optimizer(o: dlrm_json::Optimizer) -> dlrm_passes::Optimizer {
     let cfg = |a: dlrm_json::Adagrad| dlrm_passes::AdagradConfig {
         eps: a.eps,
         initial_accumulator_value: a.initial_accumulator_value,

@@ -12,7 +12,8 @@ use dlrm_ir::Graph;
 use dlrm_passes::partition::{Partitioned, TableInfo, tables};
 use dlrm_passes::pipeline;
 use dlrm_passes::shard::{
-    self, DEFAULT_MEM_PER_RANK, DenseProfile, Machine, Network, Prediction, ScalePoint,
+    self, DEFAULT_MEM_PER_RANK, DenseProfile, Machine, MemoryAccount, MemoryJob, Network,
+    Prediction, ScalePoint,
 };
 use dlrm_passes::{DEFAULT_BUCKET_BYTES, PlannerOptions, ShardPlan};
 use dlrm_runtime::plan::Plan;
@@ -45,12 +46,14 @@ impl Default for ShardSettings {
 }
 
 impl ShardSettings {
-    /// The planner options for `ranks` ranks and a global batch.
+    /// The planner options for `ranks` ranks and a global batch (nothing reserved
+    /// besides tables; [`planner_options`] reserves the rest of a plan's ranks).
     pub fn options(&self, ranks: usize, global_batch: usize) -> PlannerOptions {
         PlannerOptions {
             ranks,
             global_batch,
             mem_per_rank: self.mem_per_rank,
+            reserved_per_rank: 0,
             network: self.network,
             machine: self.machine,
         }
@@ -88,6 +91,34 @@ pub fn plan_tables(plan: &Plan) -> Result<Vec<TableInfo>> {
     tables(g).map_err(|e| planner_err(which, 1, e))
 }
 
+/// What the memory account of a rank sets aside besides its tables, estimated on
+/// the unpartitioned graph `g` at the local batch `ceil(G/R)`: dense parameters
+/// and their state, activations, gradients and inputs (its table parts left out).
+pub fn reserved_per_rank(g: &Graph, ranks: usize, global_batch: usize) -> u64 {
+    let job = MemoryJob {
+        global_batch: global_batch.div_ceil(ranks.max(1)),
+        ranks: 1,
+        prefetch: 0,
+    };
+    let a = shard::account(g, 0, &job);
+    let table_state: u64 = a.tables.iter().map(|t| t.state_bytes).sum();
+    a.total.saturating_sub(a.table_bytes + table_state)
+}
+
+/// The planner options for the graph `g` (training if any, else inference) on
+/// `ranks` ranks: `settings`' with [`reserved_per_rank`] set aside.
+pub fn planner_options(
+    g: &Graph,
+    ranks: usize,
+    global_batch: usize,
+    settings: &ShardSettings,
+) -> PlannerOptions {
+    PlannerOptions {
+        reserved_per_rank: reserved_per_rank(g, ranks, global_batch),
+        ..settings.options(ranks, global_batch)
+    }
+}
+
 /// The placement of the plan's tables on `ranks` ranks for a global batch.
 pub fn shard_plan(
     plan: &Plan,
@@ -95,9 +126,9 @@ pub fn shard_plan(
     global_batch: usize,
     settings: &ShardSettings,
 ) -> Result<ShardPlan> {
-    let (which, _) = source(plan);
+    let (which, g) = source(plan);
     let ts = plan_tables(plan)?;
-    shard::plan(&ts, &settings.options(ranks, global_batch))
+    shard::plan(&ts, &planner_options(g, ranks, global_batch, settings))
         .map_err(|e| planner_err(which, ranks, e))
 }
 
@@ -135,12 +166,54 @@ pub struct ShardReport {
     pub scaling: Vec<ScalePoint>,
     /// The options used.
     pub options: PlannerOptions,
+    /// Every rank's memory account ([`dlrm_passes::shard::memory`]).
+    pub memory: Vec<MemoryAccount>,
 }
 
-/// Plans the shards of `plan` for `ranks` ranks and predicts the step and the
-/// scaling curve (training if the plan trains, else inference).
+/// The graphs of a plan, for planning without its parameters.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanGraphs<'a> {
+    /// The plan's name.
+    pub name: &'a str,
+    /// The inference graph.
+    pub infer: &'a Graph,
+    /// The training graph, if the plan trains.
+    pub train: Option<&'a Graph>,
+    /// The plan's batch size.
+    pub batch_size: usize,
+    /// Its precision (`fp32`, `bf16`, ...).
+    pub precision: &'a str,
+}
+
+impl<'a> PlanGraphs<'a> {
+    /// The graphs of `plan`.
+    pub fn of(plan: &'a Plan) -> PlanGraphs<'a> {
+        PlanGraphs {
+            name: &plan.name,
+            infer: &plan.infer,
+            train: plan.train.as_ref(),
+            batch_size: plan.training.batch_size,
+            precision: &plan.precision,
+        }
+    }
+}
+
+/// Plans the shards of `plan` for `ranks` ranks and predicts the step, the scaling
+/// curve (training if the plan trains, else inference) and every rank's memory;
+/// refuses a plan whose largest rank does not fit `settings.mem_per_rank`
+/// ([`crate::memory`]).
 pub fn plan_shards(
     plan: &Plan,
+    ranks: usize,
+    global_batch: Option<usize>,
+    settings: &ShardSettings,
+) -> Result<ShardReport> {
+    plan_shards_graphs(PlanGraphs::of(plan), ranks, global_batch, settings)
+}
+
+/// [`plan_shards`] on a plan's graphs alone (no parameter data).
+pub fn plan_shards_graphs(
+    pg: PlanGraphs<'_>,
     ranks: usize,
     global_batch: Option<usize>,
     settings: &ShardSettings,
@@ -148,25 +221,74 @@ pub fn plan_shards(
     if ranks == 0 {
         return Err(Error::Options("--ranks must be at least 1".into()));
     }
-    let batch = global_batch.unwrap_or(plan.training.batch_size);
+    let batch = global_batch.unwrap_or(pg.batch_size);
     if batch < ranks {
         return Err(Error::Options(format!(
             "--ranks {ranks} is more than the global batch of {batch} samples: every rank \
              needs at least one sample (lower --ranks or raise --batch-size)"
         )));
     }
-    let (which, g) = source(plan);
-    let ts = plan_tables(plan)?;
+    let (which, g) = match pg.train {
+        Some(t) => ("train", t),
+        None => ("infer", pg.infer),
+    };
+    let ts = tables(g).map_err(|e| planner_err(which, 1, e))?;
     let dense = DenseProfile::of(g);
-    let opts = settings.options(ranks, batch);
-    let sp = shard::plan(&ts, &opts).map_err(|e| planner_err(which, ranks, e))?;
+    let opts = planner_options(g, ranks, batch, settings);
+    let want = crate::memory::Want {
+        graph: g,
+        tables: &ts,
+        ranks,
+        global_batch: batch,
+        settings,
+        budget: settings.mem_per_rank,
+        train: pg.train.is_some(),
+        precision: pg.precision,
+    };
+    let budget = crate::memory::Budget::given(settings.mem_per_rank);
+    let job = MemoryJob {
+        global_batch: batch,
+        ranks,
+        prefetch: 0,
+    };
+    let sp = match shard::plan(&ts, &opts) {
+        Ok(sp) => sp,
+        Err(e) if ranks == 1 => {
+            // One rank holds everything: the account says what does not fit.
+            let accounts = crate::memory::rank_accounts(
+                pg.train.map(std::slice::from_ref),
+                std::slice::from_ref(pg.infer),
+                &job,
+            );
+            crate::memory::check(&accounts, &budget, &want)?;
+            return Err(planner_err(which, ranks, e));
+        }
+        Err(e) => return Err(crate::memory::placement_refusal(&e, &want)),
+    };
+    let memory = if ranks == 1 {
+        crate::memory::rank_accounts(
+            pg.train.map(std::slice::from_ref),
+            std::slice::from_ref(pg.infer),
+            &job,
+        )
+    } else {
+        let part = partition_graph(g, which, &sp, settings.bucket_bytes)?;
+        let infer = match pg.train {
+            Some(_) => partition_graph(pg.infer, "infer", &sp, settings.bucket_bytes)?.graphs,
+            None => part.graphs.clone(),
+        };
+        let train = pg.train.map(|_| part.graphs);
+        crate::memory::rank_accounts(train.as_deref(), &infer, &job)
+    };
+    crate::memory::check(&memory, &budget, &want)?;
     let prediction = shard::predict(&ts, &dense, &sp, &opts);
     let scaling = shard::scaling(&ts, &dense, &opts).map_err(|e| planner_err(which, ranks, e))?;
     Ok(ShardReport {
-        plan: plan.name.clone(),
+        plan: pg.name.to_string(),
         prediction,
         scaling,
         options: opts,
+        memory,
     })
 }
 
@@ -176,15 +298,22 @@ impl std::fmt::Display for ShardReport {
         writeln!(
             f,
             "plan `{}`: network {} µs, {} GB/s; machine {} GFLOP/s, {} GB/s per rank; \
-             {:.1} MiB of tables per rank",
+             {} of memory per rank ({} of it for the rest of the rank, the rest for tables)",
             self.plan,
             o.network.latency_us,
             o.network.gbps,
             o.machine.gflops,
             o.machine.mem_gbps,
-            o.mem_per_rank as f64 / (1024.0 * 1024.0)
+            shard::human(o.mem_per_rank),
+            shard::human(o.reserved_per_rank),
         )?;
         write!(f, "{}", self.prediction)?;
+        writeln!(
+            f,
+            "\nmemory per rank (MiB, local batch {}):",
+            self.memory.first().map_or(0, |a| a.local_batch)
+        )?;
+        write!(f, "{}", shard::memory_table(&self.memory, o.mem_per_rank))?;
         writeln!(
             f,
             "\npredicted scaling (strong: global batch {}; weak: {} samples per rank):",

@@ -15,7 +15,9 @@
 //! "log_loss", "accuracy", "ne"}`, `iter` the step it followed)
 //! and a last summary line (`{"auc", "accuracy", "eval_samples", "final_loss",
 //! "samples_per_s", "ranks", "iters", "backend", "kernels", "jit_kernels",
-//! "jit_compile_s", "gemm_kernels", "ops", "nodes"}`, `gemm_kernels` counting
+//! "jit_compile_s", "peak_rss_bytes", "gemm_kernels", "ops", "nodes"}`,
+//! `peak_rss_bytes` rank 0's process's peak resident memory ([`peak_rss_bytes`]),
+//! `gemm_kernels` counting
 //! the GEMM shapes per micro-kernel the JIT picked, `ops` being the per-op-kind
 //! bench table: `op`, `calls`, `seconds`, `gflops`, `gbytes_per_s`, and `nodes`
 //! the heaviest nodes'). Every line is written whole and flushed
@@ -233,6 +235,7 @@ impl MetricsWriter {
             "kernels": r.kernels,
             "jit_kernels": r.jit_kernels,
             "jit_compile_s": r.jit_compile_s,
+            "peak_rss_bytes": r.peak_rss_bytes,
             "gemm_kernels": r.gemm_picks.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
             "ops": r.op_times.iter().map(|t| json!({
                 "op": t.op,
@@ -337,4 +340,19 @@ mod tests {
         );
         assert_eq!(accuracy(&[], &[], 0.5), None);
     }
+}
+
+/// This process's peak resident memory so far, bytes: `VmHWM` of
+/// `/proc/self/status` (Linux), else `None`.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kib * 1024)
 }

@@ -6,12 +6,14 @@
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use dlrm_ir::Communicator;
+use dlrm_passes::shard::human;
 use dlrm_runtime::checkpoint::{Checkpoint, is_checkpoint};
 use dlrm_runtime::driver::{Event, Mode, Report};
-use dlrm_runtime::metrics::MetricsWriter;
+use dlrm_runtime::metrics::{MetricsWriter, peak_rss_bytes};
 use dlrm_runtime::plan::{Plan, read_plan};
 use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, KernelChoice, LrPolicy, bench_loader};
 use dlrmc::launch::{CheckpointOptions, infer_once, init_mpi, mpi_ranks, resume_note};
+use dlrmc::memory::{Budget, mpi_ranks_here};
 use dlrmc::{Comm, Ranks, RunOptions, ShardSettings, job_for, run_job};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
@@ -188,8 +190,12 @@ struct Cli {
     /// No progress output, only the summary.
     #[arg(short, long)]
     quiet: bool,
-    /// Sharding planner: bytes of embedding tables one rank may hold, e.g.
-    /// `512MiB` (default 16GiB); larger tables are split by rows.
+    /// Memory one rank may hold, e.g. `512MiB`, `2GB`: the sharding planner
+    /// places tables in it (larger tables are split by rows; default 16GiB), and
+    /// the run is refused before anything is allocated if a rank's memory account
+    /// (tables, optimizer state, activations and gradients at the batch, buffers)
+    /// exceeds it [default check: this machine's available memory divided by the
+    /// ranks it runs: --ranks, or the MPI ranks on this node].
     #[arg(long, value_name = "BYTES", value_parser = parse_mem)]
     mem_per_rank: Option<u64>,
     /// Sharding planner: the network, `latency_us,GBps` (default 2,12.5).
@@ -344,9 +350,9 @@ fn real_main(cli: Cli) -> Result<()> {
 
 /// Runs the plan on `ranks` ranks placed as `place` says; only rank 0 reports.
 fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
-    let root = match place {
-        Ranks::Threads => true,
-        Ranks::Process(comm) => comm.rank() == 0,
+    let (root, rank) = match place {
+        Ranks::Threads => (true, None),
+        Ranks::Process(comm) => (comm.rank() == 0, Some(comm.rank())),
     };
     // `_converted` keeps a dataset converted from TSV alive for the run.
     let (_converted, data_path) = match &cli.data {
@@ -411,6 +417,13 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
                 bucket_bytes: cli.bucket_bytes.unwrap_or(d.bucket_bytes),
             }
         },
+        memory_budget: Some(match cli.mem_per_rank {
+            Some(b) => Budget::given(b),
+            None => Budget::machine(match place {
+                Ranks::Threads => ranks,
+                Ranks::Process(_) => mpi_ranks_here(),
+            })?,
+        }),
     };
     if let Some(inputs) = &cli.inputs {
         return infer_file(plan, inputs, cli.outputs.as_deref(), cli);
@@ -524,7 +537,12 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         pb.finish_and_clear();
     }
     let Some(report) = report? else {
-        // Not rank 0: rank 0 reports for the job.
+        // Not rank 0: rank 0 reports for the job; each process its own peak memory.
+        if !cli.quiet
+            && let (Some(rank), Some(b)) = (rank, peak_rss_bytes())
+        {
+            eprintln!("rank {rank}: peak resident memory {} ({b} bytes)", human(b));
+        }
         return Ok(());
     };
     if let Some(err) = metrics_err {
@@ -574,6 +592,9 @@ fn summary(name: &str, r: &Report) -> String {
         s += &format!(", final loss {l:.5}");
     }
     s += &format!(", {:.0} samples/s", r.samples_per_s);
+    if let Some(b) = r.peak_rss_bytes {
+        s += &format!(", peak resident memory {} ({b} bytes)", human(b));
+    }
     if let Some(a) = r.auc {
         s += &format!(", AUC {a:.4}");
     }

@@ -139,9 +139,14 @@ fn parse_machine(s: &str) -> Result<dlrm_passes::shard::Machine, String> {
 
 #[derive(Args, Debug)]
 struct PlanShardsArgs {
-    /// The plan directory, or a checkpoint.
-    #[arg(value_name = "PLAN|CKPT")]
+    /// The plan directory, a checkpoint, or a JSON model description (planned from
+    /// its graphs alone, as `dlrmc compile` would build them, without creating its
+    /// parameters: for models too large for this machine).
+    #[arg(value_name = "PLAN|CKPT|MODEL.json")]
     plan: PathBuf,
+    /// With a JSON description: the storage precision to compile it for.
+    #[arg(long, default_value = "fp32", value_name = "P")]
+    precision: Precision,
     /// Rank count.
     #[arg(long, value_name = "N")]
     ranks: usize,
@@ -414,8 +419,29 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
 }
 
 fn cmd_plan_shards(a: PlanShardsArgs) -> Result<()> {
-    let plan = read_plan_or_checkpoint(&a.plan)?;
-    let report = plan_shards(&plan, a.ranks, a.batch_size, &a.shards.settings())?;
+    let is_description = a.plan.is_file()
+        && a.plan
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    let report = if is_description {
+        // A JSON description: its graphs alone, no parameters materialised.
+        let opts = CompileOptions {
+            precision: a.precision,
+            ..Default::default()
+        };
+        let g = dlrmc::compile::compile_graphs(&a.plan, &opts)?;
+        let pg = dlrmc::shard::PlanGraphs {
+            name: &g.name,
+            infer: &g.infer,
+            train: g.train.as_ref(),
+            batch_size: g.batch_size,
+            precision: &g.precision,
+        };
+        dlrmc::shard::plan_shards_graphs(pg, a.ranks, a.batch_size, &a.shards.settings())?
+    } else {
+        let plan = read_plan_or_checkpoint(&a.plan)?;
+        plan_shards(&plan, a.ranks, a.batch_size, &a.shards.settings())?
+    };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -463,6 +463,16 @@ impl Sparse {
                     }
                 })
                 .sum();
+            // Low halves and accumulators, sharded with the table.
+            let state: usize = self
+                .companions
+                .iter()
+                .filter(|&&(_, owner)| owner == t)
+                .map(|&(s, _)| {
+                    let st = g.ty(s);
+                    st.fixed_numel().unwrap_or(0) * st.dtype.size_bytes() / rows.max(1)
+                })
+                .sum();
             self.table_infos.push(TableInfo {
                 name: g.name_of(t).to_string(),
                 rows,
@@ -470,6 +480,7 @@ impl Sparse {
                 elem_bytes: ty.dtype.size_bytes(),
                 lookups_per_sample: lookups,
                 bags: bags.count(),
+                state_bytes_per_row: state,
             });
         }
         Ok(())

@@ -107,10 +107,26 @@ pub struct TableInfo {
     /// `[G, D]` tensor in the exchange.
     #[serde(default = "one")]
     pub bags: usize,
+    /// Bytes per row of the state sharded with the table: its Split-SGD-BF16 low
+    /// half or its Adagrad accumulator (0 for plain SGD and inference).
+    #[serde(default)]
+    pub state_bytes_per_row: usize,
 }
 
 fn one() -> usize {
     1
+}
+
+impl TableInfo {
+    /// Bytes per row a holder keeps: the row and its state.
+    pub fn bytes_per_row(&self) -> u64 {
+        (self.dim * self.elem_bytes + self.state_bytes_per_row) as u64
+    }
+
+    /// Bytes of the whole table with its state.
+    pub fn bytes(&self) -> u64 {
+        (self.rows as u64).saturating_mul(self.bytes_per_row())
+    }
 }
 
 /// The graph split into one graph per rank.

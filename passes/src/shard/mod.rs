@@ -28,10 +28,12 @@
 //! low half split at the same rows (`split_embedding_update_rows`).
 
 pub mod cost;
+pub mod memory;
 pub mod planner;
 pub mod report;
 
 pub use cost::{CostModel, DenseProfile, Machine, Network};
+pub use memory::{MemoryAccount, MemoryJob, Suggestion, account, check, human, memory_table};
 pub use planner::plan;
 pub use report::{
     Prediction, RankPrediction, ScalePoint, predict, rank_counts, scaling, scaling_table,
@@ -194,15 +196,21 @@ pub struct PlannerOptions {
     pub ranks: usize,
     /// Global batch (samples per step over all ranks).
     pub global_batch: usize,
-    /// Bytes of embedding tables one rank may hold (default [`DEFAULT_MEM_PER_RANK`]).
+    /// Bytes one rank may hold (default [`DEFAULT_MEM_PER_RANK`]): its tables and
+    /// `reserved_per_rank`.
     pub mem_per_rank: u64,
+    /// Bytes every rank needs besides its tables (dense parameters and their state,
+    /// activations, gradients, buffers: [`memory`]); set aside before tables are
+    /// placed. 0: tables may take the whole budget.
+    #[serde(default)]
+    pub reserved_per_rank: u64,
     /// The network between ranks.
     pub network: Network,
     /// One rank's compute and memory rates.
     pub machine: Machine,
 }
 
-/// Default `--mem-per-rank`: 16 GiB of tables per rank.
+/// Default `--mem-per-rank` of the planner: 16 GiB per rank.
 pub const DEFAULT_MEM_PER_RANK: u64 = 16 << 30;
 
 impl PlannerOptions {
@@ -212,6 +220,7 @@ impl PlannerOptions {
             ranks,
             global_batch,
             mem_per_rank: DEFAULT_MEM_PER_RANK,
+            reserved_per_rank: 0,
             network: Network::default(),
             machine: Machine::default(),
         }

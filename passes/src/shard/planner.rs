@@ -7,6 +7,10 @@
 //!    is below its table-wise cost (the holder's lookups and sends spread over the
 //!    ranks, plus every rank's receive) and it fits every rank's budget (tables
 //!    tried smallest first).
+//! 0. Capacity: a rank's budget for tables is `mem_per_rank` less
+//!    `reserved_per_rank` (the rest of the rank's memory account, [`super::memory`]);
+//!    a table's bytes are its rows times [`TableInfo::bytes_per_row`] (with its
+//!    Split-SGD low half or Adagrad accumulator).
 //! 2. Shard count `k` of every other table: at least `ceil(bytes / budget left)`
 //!    (a table larger than a rank's budget must be split; more than `min(ranks,
 //!    rows)` shards is an error); the table (f32, or bf16 with its Split-SGD low
@@ -53,7 +57,20 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
     }
     let cm = CostModel::new(*opts, true);
     let budget = opts.mem_per_rank;
-    let bytes = |t: &TableInfo| (t.rows as u64) * (t.dim as u64) * (t.elem_bytes as u64);
+    if opts.reserved_per_rank >= budget {
+        return Err(err(format!(
+            "every rank needs {} ({} bytes) besides its tables (dense parameters and \
+             optimizer state, activations and gradients at the local batch of {}, \
+             buffers), which leaves nothing of --mem-per-rank {} ({budget} bytes) for \
+             tables; raise --mem-per-rank or --ranks, or lower --batch-size",
+            super::memory::human(opts.reserved_per_rank),
+            opts.reserved_per_rank,
+            opts.global_batch.div_ceil(r),
+            super::memory::human(budget),
+        )));
+    }
+    let budget = budget - opts.reserved_per_rank;
+    let bytes = TableInfo::bytes;
 
     // 1. Data-parallel tables.
     let mut kind = vec![ShardKind::TableWise; tables.len()];
@@ -122,7 +139,7 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
                 compute: cm.shard_compute(t, (hi - lo) as f64 / t.rows.max(1) as f64),
                 send: cm.unit_send_bytes(t),
                 recv: cm.unit_recv_bytes(t),
-                bytes: ((hi - lo) as u64) * (t.dim as u64) * (t.elem_bytes as u64),
+                bytes: super::memory::table_unit_bytes(t, hi - lo),
             });
         }
     }
@@ -150,10 +167,19 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
         let Some(rank) = best else {
             let un = &units[u];
             return Err(err(format!(
-                "no rank can hold rows {}..{} of table `{}` ({} bytes): every rank's {avail} \
-                 bytes for tables (--mem-per-rank {budget}, {replicated_bytes} replicated) \
-                 are taken; raise --mem-per-rank or --ranks",
-                un.lo, un.hi, tables[un.table].name, un.bytes
+                "no rank can hold rows {}..{} of table `{}` ({}, {} bytes with its \
+                 optimizer state): every rank's {} for tables (--mem-per-rank {} less \
+                 {} for the rest of the rank, {} of replicated tables) is taken; raise \
+                 --mem-per-rank or --ranks",
+                un.lo,
+                un.hi,
+                tables[un.table].name,
+                super::memory::human(un.bytes),
+                un.bytes,
+                super::memory::human(avail),
+                super::memory::human(opts.mem_per_rank),
+                super::memory::human(opts.reserved_per_rank),
+                super::memory::human(replicated_bytes),
             )));
         };
         load[rank] += units[u].cost;

@@ -75,6 +75,9 @@ pub struct Report {
     pub allreduce: String,
     /// Rank 0's collective time during the steps (in flight vs blocking it).
     pub comm: CommTimes,
+    /// This process's peak resident memory at the end of the run, bytes
+    /// ([`crate::metrics::peak_rss_bytes`]; `None` where the OS does not say).
+    pub peak_rss_bytes: Option<u64>,
 }
 
 impl Report {
@@ -252,6 +255,7 @@ pub(super) fn report(rank0: &RankOutput, cfg: &RankCfg, wall: Instant, allreduce
         overlap: cfg.overlap,
         allreduce: allreduce.to_string(),
         comm: rank0.comm,
+        peak_rss_bytes: crate::metrics::peak_rss_bytes(),
     }
 }
 

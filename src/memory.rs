@@ -1,0 +1,249 @@
+//! Memory planning on a plan: each rank's memory account
+//! ([`dlrm_passes::shard::memory`]) from the graphs it runs, the budget it must fit
+//! ([`Budget`]: `--mem-per-rank`, or in `dlrm-run` this machine's available memory
+//! shared by the ranks it hosts), and the refusal of a job that does not fit, with
+//! an estimated rank count, batch and precision that would ([`suggest`]).
+//!
+//! `dlrmc plan-shards` prints the accounts and refuses a plan that does not fit;
+//! `dlrm-run` checks them in [`crate::launch::job_for`], after partitioning and
+//! before any rank's parameters, executor or data are allocated.
+//!
+//! The suggestions are estimates: for a rank count `R'` (or a batch), the planner
+//! must place the tables in the budget with [`crate::shard::reserved_per_rank`]
+//! (the unpartitioned graph's non-table account at the local batch) set aside; the
+//! asked configuration itself is judged on the partitioned graphs.
+
+use crate::error::{Error, Result};
+use crate::shard::{ShardSettings, planner_options};
+use dlrm_ir::Graph;
+use dlrm_passes::partition::TableInfo;
+use dlrm_passes::shard::{self, MemoryAccount, MemoryJob, Suggestion};
+
+/// What one rank may hold, and where that number comes from (for messages).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Bytes per rank.
+    pub bytes: u64,
+    /// Where it comes from, e.g. `--mem-per-rank`.
+    pub source: String,
+}
+
+impl Budget {
+    /// The budget given with `--mem-per-rank`.
+    pub fn given(bytes: u64) -> Budget {
+        Budget {
+            bytes,
+            source: "--mem-per-rank".to_string(),
+        }
+    }
+
+    /// This machine's available memory (`MemAvailable` of `/proc/meminfo`) shared
+    /// by the `ranks_here` ranks this machine runs.
+    pub fn machine(ranks_here: usize) -> Result<Budget> {
+        let info = std::fs::read_to_string("/proc/meminfo").map_err(|e| {
+            Error::Options(format!(
+                "reading /proc/meminfo for the default memory budget: {e}; give --mem-per-rank"
+            ))
+        })?;
+        let kib = info
+            .lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                Error::Options(
+                    "/proc/meminfo has no MemAvailable line for the default memory budget; \
+                     give --mem-per-rank"
+                        .into(),
+                )
+            })?;
+        let n = ranks_here.max(1) as u64;
+        Ok(Budget {
+            bytes: kib * 1024 / n,
+            source: format!(
+                "this machine's available memory {} shared by {n} rank(s) here; \
+                 --mem-per-rank sets it",
+                shard::human(kib * 1024)
+            ),
+        })
+    }
+}
+
+/// The ranks an MPI job runs on this machine: Open MPI's
+/// `OMPI_COMM_WORLD_LOCAL_SIZE` (MPICH/Hydra: `MPI_LOCALNRANKS`), else 1.
+pub fn mpi_ranks_here() -> usize {
+    ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(1)
+}
+
+/// Each rank's account: of its training graph if it trains, else of its inference
+/// graph (the final evaluation runs after training, on the same parameters, and is
+/// counted when it needs more).
+pub fn rank_accounts(
+    train: Option<&[Graph]>,
+    infer: &[Graph],
+    job: &MemoryJob,
+) -> Vec<MemoryAccount> {
+    infer
+        .iter()
+        .enumerate()
+        .map(|(r, ig)| {
+            let i = shard::account(ig, r, job);
+            match train.and_then(|t| t.get(r)) {
+                Some(tg) => {
+                    let t = shard::account(tg, r, job);
+                    if i.total > t.total { i } else { t }
+                }
+                None => i,
+            }
+        })
+        .collect()
+}
+
+/// What [`suggest`] needs to know of the plan.
+pub struct Want<'a> {
+    /// The graph the placement is computed from (training if any).
+    pub graph: &'a Graph,
+    /// Its tables.
+    pub tables: &'a [TableInfo],
+    /// The asked rank count.
+    pub ranks: usize,
+    /// The global batch.
+    pub global_batch: usize,
+    /// The planner settings.
+    pub settings: &'a ShardSettings,
+    /// The budget per rank.
+    pub budget: u64,
+    /// The plan trains (else inference only).
+    pub train: bool,
+    /// The plan's precision (`fp32`, `bf16`, ...).
+    pub precision: &'a str,
+}
+
+/// True if the planner places `tables` on `ranks` ranks within `budget` with the
+/// rest of the rank set aside (see the module docs).
+fn fits(w: &Want<'_>, tables: &[TableInfo], ranks: usize, batch: usize) -> bool {
+    if batch < ranks || ranks == 0 {
+        return false;
+    }
+    let opts = dlrm_passes::PlannerOptions {
+        mem_per_rank: w.budget,
+        ..planner_options(w.graph, ranks, batch, w.settings)
+    };
+    opts.reserved_per_rank < w.budget && shard::plan(tables, &opts).is_ok()
+}
+
+/// The smallest rank count above `w.ranks` that [`fits`] (doubling, then a binary
+/// search below the first fit), the largest global batch below `w.global_batch`
+/// that fits on `w.ranks` ranks, and what bf16 tables would change.
+pub fn suggest(w: &Want<'_>) -> Suggestion {
+    const MAX_RANKS: usize = 1 << 20;
+    let limit = w.global_batch.min(MAX_RANKS);
+    let mut ranks = None;
+    let mut lo = w.ranks; // does not fit
+    let mut hi = w.ranks.saturating_mul(2);
+    while lo < limit {
+        hi = hi.min(limit);
+        if fits(w, w.tables, hi, w.global_batch) {
+            ranks = Some(hi);
+            break;
+        }
+        lo = hi;
+        hi = hi.saturating_mul(2);
+    }
+    if let Some(mut h) = ranks {
+        while h - lo > 1 {
+            let mid = lo + (h - lo) / 2;
+            if fits(w, w.tables, mid, w.global_batch) {
+                h = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        ranks = Some(h);
+    }
+    // The largest batch on the asked ranks, if any fits.
+    let batch = if fits(w, w.tables, w.ranks, w.ranks) {
+        let (mut ok, mut bad) = (w.ranks, w.global_batch);
+        while bad - ok > 1 {
+            let mid = ok + (bad - ok) / 2;
+            if fits(w, w.tables, w.ranks, mid) {
+                ok = mid;
+            } else {
+                bad = mid;
+            }
+        }
+        Some(ok)
+    } else {
+        None
+    };
+    let f32_tables = w.tables.iter().any(|t| t.elem_bytes == 4);
+    let precision = if !f32_tables {
+        None
+    } else if w.train {
+        Some(format!(
+            "bf16 tables (dlrmc compile --precision bf16; the plan is {}) would not shrink \
+             them in training: Split-SGD-BF16 keeps a 2-byte low half per element",
+            w.precision
+        ))
+    } else {
+        let halved: Vec<TableInfo> = w
+            .tables
+            .iter()
+            .map(|t| TableInfo {
+                elem_bytes: t.elem_bytes.min(2),
+                ..t.clone()
+            })
+            .collect();
+        let ok = fits(w, &halved, w.ranks, w.global_batch);
+        Some(format!(
+            "bf16 tables (dlrmc compile --precision bf16) would halve them and {} on {} \
+             rank(s)",
+            if ok {
+                "would fit"
+            } else {
+                "would still not fit"
+            },
+            w.ranks
+        ))
+    };
+    Suggestion {
+        ranks,
+        batch,
+        precision,
+    }
+}
+
+/// Refuses the job if a rank's account exceeds the budget ([`shard::check`] with
+/// [`suggest`]'s advice).
+pub fn check(accounts: &[MemoryAccount], budget: &Budget, want: &Want<'_>) -> Result<()> {
+    shard::check(accounts, budget.bytes, &budget.source, &|| suggest(want))
+        .map_err(|e| Error::Memory(e.to_string()))
+}
+
+/// The planner could not place the tables in the budget: its reason, with
+/// [`suggest`]'s advice.
+pub fn placement_refusal(reason: &dlrm_passes::PassError, want: &Want<'_>) -> Error {
+    let s = suggest(want);
+    let mut advice = Vec::new();
+    if let Some(r) = s.ranks {
+        advice.push(format!("{r} ranks would fit (--ranks {r} / mpirun -n {r})"));
+    }
+    if let Some(b) = s.batch {
+        advice.push(format!(
+            "a global batch of at most {b} would fit (--batch-size)"
+        ));
+    }
+    if let Some(p) = s.precision {
+        advice.push(p);
+    }
+    Error::Memory(format!(
+        "{} tables do not fit {} ranks: {reason}{}{}",
+        want.tables.len(),
+        want.ranks,
+        if advice.is_empty() { "" } else { "; " },
+        advice.join("; ")
+    ))
+}
