@@ -1,0 +1,138 @@
+//! Memory planning through the binaries: `dlrmc plan-shards` prints every rank's
+//! memory account and refuses what does not fit (the MLPerf-Terabyte model, planned
+//! from its description without materialising its ~100 GB of tables); `dlrm-run`
+//! refuses a batch that cannot fit before allocating it, and reports its peak
+//! resident memory.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const DLRMC: &str = env!("CARGO_BIN_EXE_dlrmc");
+const DLRM_RUN: &str = env!("CARGO_BIN_EXE_dlrm-run");
+
+fn run(bin: &str, args: &[&str]) -> Output {
+    Command::new(bin).args(args).output().expect("spawn")
+}
+
+fn ok(bin: &str, args: &[&str]) -> String {
+    let out = run(bin, args);
+    assert!(
+        out.status.success(),
+        "{bin} {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+fn fails(bin: &str, args: &[&str]) -> String {
+    let out = run(bin, args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{bin} {args:?}: {stderr}");
+    stderr
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("dlrmc-memory-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("tmp dir");
+    d
+}
+
+/// The MLPerf-Terabyte model of issue 23: `examples/dlrm-mlperf.json` with the
+/// Criteo Terabyte table sizes (five of 40M rows).
+fn terabyte(dir: &Path) -> PathBuf {
+    let src = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-mlperf.json"),
+    )
+    .expect("read example");
+    let mut v: Value = serde_json::from_str(&src).expect("json");
+    v["name"] = "dlrm-mlperf-terabyte".into();
+    v["table_rows"] = serde_json::json!([
+        40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
+        2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36
+    ]);
+    let p = dir.join("terabyte.json");
+    std::fs::write(&p, v.to_string()).expect("write");
+    p
+}
+
+#[test]
+fn terabyte_fits_64_ranks_and_is_refused_on_one() {
+    let dir = tmp("tb");
+    let model = terabyte(&dir);
+    let m = model.to_str().expect("utf8");
+    let json = ok(DLRMC, &["plan-shards", m, "--ranks", "64", "--json"]);
+    let v: Value = serde_json::from_str(&json).expect("plan-shards --json");
+    let mem = v["memory"].as_array().expect("memory");
+    assert_eq!(mem.len(), 64);
+    let budget = v["options"]["mem_per_rank"].as_u64().expect("budget");
+    let tables: u64 = mem.iter().map(|a| a["table_bytes"].as_u64().unwrap()).sum();
+    // Every table's bytes are on some rank, data-parallel ones on every rank.
+    assert!(tables >= 5 * 40_000_000 * 128 * 4, "{tables}");
+    for a in mem {
+        let total = a["total"].as_u64().unwrap();
+        assert!(total > 0 && total <= budget, "{a}");
+        let parts = ["table_bytes", "low_half_bytes", "optimizer_bytes", "dense_param_bytes",
+            "activation_bytes", "gradient_bytes", "comm_bytes", "data_bytes"];
+        let sum: u64 = parts.iter().map(|p| a[p].as_u64().unwrap()).sum();
+        assert_eq!(sum, total, "{a}");
+        assert_eq!(a["local_batch"], 32);
+    }
+    let text = ok(DLRMC, &["plan-shards", m, "--ranks", "64"]);
+    assert!(text.contains("memory per rank (MiB, local batch 32)"), "{text}");
+    assert!(text.contains("of a 16.0 GiB budget"), "{text}");
+
+    let err = fails(DLRMC, &["plan-shards", m, "--ranks", "1", "--mem-per-rank", "24GiB"]);
+    for want in [
+        "not enough memory",
+        "rank 0 of 1 needs 97.5 GiB",
+        "budget of 24.0 GiB (25769803776 bytes, --mem-per-rank)",
+        "table `emb.0`: 19.1 GiB (20480000000 bytes)",
+        "5 ranks would fit",
+        "Split-SGD-BF16",
+    ] {
+        assert!(err.contains(want), "`{want}` not in: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn huge_batch_is_refused_before_allocation_and_peak_memory_is_reported() {
+    let dir = tmp("batch");
+    let plan = dir.join("tiny.plan");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-tiny.json");
+    ok(DLRMC, &["compile", model.to_str().unwrap(), "-o", plan.to_str().unwrap(), "--quiet"]);
+    let p = plan.to_str().unwrap();
+    let start = Instant::now();
+    let err = fails(DLRM_RUN, &[p, "--batch-size", "1000000000", "--iters", "1"]);
+    assert!(start.elapsed() < Duration::from_secs(60), "took {:?}", start.elapsed());
+    for want in [
+        "not enough memory",
+        "activations at a local batch of 1000000000",
+        "this machine's available memory",
+        "ranks would fit",
+        "a global batch of at most",
+    ] {
+        assert!(err.contains(want), "`{want}` not in: {err}");
+    }
+    // Given a budget: that one.
+    let err = fails(
+        DLRM_RUN,
+        &[p, "--batch-size", "1000000", "--iters", "1", "--mem-per-rank", "1MiB"],
+    );
+    assert!(err.contains("budget of 1.00 MiB (1048576 bytes, --mem-per-rank)"), "{err}");
+
+    let metrics = dir.join("m.jsonl");
+    let out = ok(
+        DLRM_RUN,
+        &[p, "--iters", "2", "--quiet", "--metrics", metrics.to_str().unwrap()],
+    );
+    assert!(out.contains("peak resident memory"), "{out}");
+    let last = std::fs::read_to_string(&metrics).expect("metrics");
+    let summary: Value =
+        serde_json::from_str(last.lines().last().expect("a line")).expect("json line");
+    assert!(summary["peak_rss_bytes"].as_u64().unwrap() > 1 << 20, "{summary}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
