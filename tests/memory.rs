@@ -68,23 +68,40 @@ fn terabyte_fits_64_ranks_and_is_refused_on_one() {
     let mem = v["memory"].as_array().expect("memory");
     assert_eq!(mem.len(), 64);
     let budget = v["options"]["mem_per_rank"].as_u64().expect("budget");
-    let tables: u64 = mem.iter().map(|a| a["table_bytes"].as_u64().unwrap()).sum();
+    let tables: u64 = mem
+        .iter()
+        .map(|a| a["table_bytes"].as_u64().expect("a number"))
+        .sum();
     // Every table's bytes are on some rank, data-parallel ones on every rank.
     assert!(tables >= 5 * 40_000_000 * 128 * 4, "{tables}");
     for a in mem {
-        let total = a["total"].as_u64().unwrap();
+        let total = a["total"].as_u64().expect("a number");
         assert!(total > 0 && total <= budget, "{a}");
-        let parts = ["table_bytes", "low_half_bytes", "optimizer_bytes", "dense_param_bytes",
-            "activation_bytes", "gradient_bytes", "comm_bytes", "data_bytes"];
-        let sum: u64 = parts.iter().map(|p| a[p].as_u64().unwrap()).sum();
+        let parts = [
+            "table_bytes",
+            "low_half_bytes",
+            "optimizer_bytes",
+            "dense_param_bytes",
+            "activation_bytes",
+            "gradient_bytes",
+            "comm_bytes",
+            "data_bytes",
+        ];
+        let sum: u64 = parts.iter().map(|p| a[p].as_u64().expect("a number")).sum();
         assert_eq!(sum, total, "{a}");
         assert_eq!(a["local_batch"], 32);
     }
     let text = ok(DLRMC, &["plan-shards", m, "--ranks", "64"]);
-    assert!(text.contains("memory per rank (MiB, local batch 32)"), "{text}");
+    assert!(
+        text.contains("memory per rank (MiB, local batch 32)"),
+        "{text}"
+    );
     assert!(text.contains("of a 16.0 GiB budget"), "{text}");
 
-    let err = fails(DLRMC, &["plan-shards", m, "--ranks", "1", "--mem-per-rank", "24GiB"]);
+    let err = fails(
+        DLRMC,
+        &["plan-shards", m, "--ranks", "1", "--mem-per-rank", "24GiB"],
+    );
     for want in [
         "not enough memory",
         "rank 0 of 1 needs 97.5 GiB",
@@ -103,11 +120,24 @@ fn huge_batch_is_refused_before_allocation_and_peak_memory_is_reported() {
     let dir = tmp("batch");
     let plan = dir.join("tiny.plan");
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-tiny.json");
-    ok(DLRMC, &["compile", model.to_str().unwrap(), "-o", plan.to_str().unwrap(), "--quiet"]);
-    let p = plan.to_str().unwrap();
+    ok(
+        DLRMC,
+        &[
+            "compile",
+            model.to_str().expect("utf-8"),
+            "-o",
+            plan.to_str().expect("utf-8"),
+            "--quiet",
+        ],
+    );
+    let p = plan.to_str().expect("utf-8");
     let start = Instant::now();
     let err = fails(DLRM_RUN, &[p, "--batch-size", "1000000000", "--iters", "1"]);
-    assert!(start.elapsed() < Duration::from_secs(60), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        start.elapsed()
+    );
     for want in [
         "not enough memory",
         "activations at a local batch of 1000000000",
@@ -120,19 +150,40 @@ fn huge_batch_is_refused_before_allocation_and_peak_memory_is_reported() {
     // Given a budget: that one.
     let err = fails(
         DLRM_RUN,
-        &[p, "--batch-size", "1000000", "--iters", "1", "--mem-per-rank", "1MiB"],
+        &[
+            p,
+            "--batch-size",
+            "1000000",
+            "--iters",
+            "1",
+            "--mem-per-rank",
+            "1MiB",
+        ],
     );
-    assert!(err.contains("budget of 1.00 MiB (1048576 bytes, --mem-per-rank)"), "{err}");
+    assert!(
+        err.contains("budget of 1.00 MiB (1048576 bytes, --mem-per-rank)"),
+        "{err}"
+    );
 
     let metrics = dir.join("m.jsonl");
     let out = ok(
         DLRM_RUN,
-        &[p, "--iters", "2", "--quiet", "--metrics", metrics.to_str().unwrap()],
+        &[
+            p,
+            "--iters",
+            "2",
+            "--quiet",
+            "--metrics",
+            metrics.to_str().expect("utf-8"),
+        ],
     );
     assert!(out.contains("peak resident memory"), "{out}");
     let last = std::fs::read_to_string(&metrics).expect("metrics");
     let summary: Value =
         serde_json::from_str(last.lines().last().expect("a line")).expect("json line");
-    assert!(summary["peak_rss_bytes"].as_u64().unwrap() > 1 << 20, "{summary}");
+    assert!(
+        summary["peak_rss_bytes"].as_u64().expect("a number") > 1 << 20,
+        "{summary}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -154,9 +154,14 @@ graph @t {
         precision: Some("bf16 would not help".into()),
     };
     assert!(check(std::slice::from_ref(&a), a.total, "test", &suggest).is_ok());
-    let msg = check(std::slice::from_ref(&a), 10_000, "given by the test", &suggest)
-        .unwrap_err()
-        .to_string();
+    let msg = check(
+        std::slice::from_ref(&a),
+        10_000,
+        "given by the test",
+        &suggest,
+    )
+    .expect_err("refused")
+    .to_string();
     for want in [
         "rank 0 of 1 needs",
         "(32736 bytes)",
@@ -201,6 +206,8 @@ fn planner_counts_table_state_and_the_reserve() {
     assert_eq!(p.tables[0].shards.len(), 2, "{p}");
     let p = plan(&[table("t", 100, 8)], &opts(4, 500)).expect("4 shards");
     assert_eq!(p.tables[0].shards.len(), 4, "{p}");
-    let e = plan(&[table("t", 100, 8)], &opts(4, 1000)).unwrap_err().to_string();
+    let e = plan(&[table("t", 100, 8)], &opts(4, 1000))
+        .expect_err("refused")
+        .to_string();
     assert!(e.contains("besides its tables"), "{e}");
 }

@@ -256,6 +256,7 @@ fn tables_report_rows_width_and_lookups() {
             elem_bytes: 4,
             lookups_per_sample: 5,
             bags: 2,
+            state_bytes_per_row: 0,
         }
     );
     let off = tables(&Spec::offsets().build()).unwrap();

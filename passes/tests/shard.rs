@@ -338,6 +338,7 @@ fn info(name: &str, rows: usize, dim: usize, lookups: usize) -> TableInfo {
         elem_bytes: 4,
         lookups_per_sample: lookups,
         bags: 1,
+        state_bytes_per_row: 0,
     }
 }
 

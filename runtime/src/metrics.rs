@@ -260,6 +260,21 @@ impl MetricsWriter {
     }
 }
 
+/// This process's peak resident memory so far, bytes: `VmHWM` of
+/// `/proc/self/status` (Linux), else `None`.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::{EvalMetrics, accuracy, auc, log_loss, normalized_entropy};
@@ -340,19 +355,4 @@ mod tests {
         );
         assert_eq!(accuracy(&[], &[], 0.5), None);
     }
-}
-
-/// This process's peak resident memory so far, bytes: `VmHWM` of
-/// `/proc/self/status` (Linux), else `None`.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib = s
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse::<u64>()
-        .ok()?;
-    Some(kib * 1024)
 }

@@ -146,7 +146,7 @@ impl MemoryAccount {
             };
             v.push((what, t.bytes + t.state_bytes));
         }
-        v.sort_by(|a, b| b.1.cmp(&a.1));
+        v.sort_by_key(|p| std::cmp::Reverse(p.1));
         v
     }
 }
@@ -240,11 +240,9 @@ fn roles(g: &Graph) -> (Vec<Role>, Vec<Option<ValueId>>) {
         }
     }
     // A state parameter's owner counts as a table only if it is one.
-    for i in 0..n {
-        if let Some(t) = owner[i]
-            && role[t.index()] != Role::Table
-        {
-            owner[i] = None;
+    for o in owner.iter_mut() {
+        if o.is_some_and(|t| role[t.index()] != Role::Table) {
+            *o = None;
         }
     }
     (role, owner)
@@ -297,7 +295,7 @@ pub fn account(g: &Graph, rank: usize, job: &MemoryJob) -> MemoryAccount {
         }
     }
     a.tables
-        .sort_by(|x, y| (y.bytes + y.state_bytes).cmp(&(x.bytes + x.state_bytes)));
+        .sort_by_key(|t| std::cmp::Reverse(t.bytes + t.state_bytes));
 
     // Data: the step's inputs, and the prefetched steps.
     let inputs: u64 = g.inputs().iter().map(|&v| bytes(v)).sum();
