@@ -130,6 +130,7 @@ fn fits(w: &Want<'_>, tables: &[TableInfo], ranks: usize, batch: usize) -> bool 
     }
     let opts = dlrm_passes::PlannerOptions {
         mem_per_rank: w.budget,
+        reserved_per_rank: crate::shard::reserved_per_rank(w.graph, ranks, batch),
         ..planner_options(w.graph, ranks, batch, w.settings)
     };
     opts.reserved_per_rank < w.budget && shard::plan(tables, &opts).is_ok()

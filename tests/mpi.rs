@@ -508,6 +508,7 @@ fn mpi_checkpoint_killed_mid_write_resumes_bit_for_bit() {
         "2",
         "--mem-per-rank",
         "3000",
+        "--no-mem-check",
     ];
     let job = |extra: &[&str], metrics: &Path, fail: Option<&str>| {
         let mut cmd = mpirun();

@@ -191,13 +191,18 @@ struct Cli {
     #[arg(short, long)]
     quiet: bool,
     /// Memory one rank may hold, e.g. `512MiB`, `2GB`: the sharding planner
-    /// places tables in it (larger tables are split by rows; default 16GiB), and
-    /// the run is refused before anything is allocated if a rank's memory account
-    /// (tables, optimizer state, activations and gradients at the batch, buffers)
-    /// exceeds it [default check: this machine's available memory divided by the
-    /// ranks it runs: --ranks, or the MPI ranks on this node].
+    /// places table storage in it, splitting larger tables by rows (default
+    /// 16GiB), and the run is refused before anything is allocated
+    /// if a rank's memory account (tables, optimizer state, activations and
+    /// gradients at the batch, buffers) exceeds it [default check: this machine's
+    /// available memory divided by the ranks it runs: --ranks, or the MPI ranks on
+    /// this node].
     #[arg(long, value_name = "BYTES", value_parser = parse_mem)]
     mem_per_rank: Option<u64>,
+    /// Skip the memory check (e.g. a --mem-per-rank of a few KiB to force row-wise
+    /// splits of a small model's tables).
+    #[arg(long)]
+    no_mem_check: bool,
     /// Sharding planner: the network, `latency_us,GBps` (default 2,12.5).
     #[arg(long, value_name = "US,GBPS", value_parser = parse_network)]
     network: Option<dlrm_passes::shard::Network>,
@@ -417,13 +422,14 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
                 bucket_bytes: cli.bucket_bytes.unwrap_or(d.bucket_bytes),
             }
         },
-        memory_budget: Some(match cli.mem_per_rank {
-            Some(b) => Budget::given(b),
-            None => Budget::machine(match place {
+        memory_budget: match (cli.no_mem_check, cli.mem_per_rank) {
+            (true, _) => None,
+            (false, Some(b)) => Some(Budget::given(b)),
+            (false, None) => Some(Budget::machine(match place {
                 Ranks::Threads => ranks,
                 Ranks::Process(_) => mpi_ranks_here(),
-            })?,
-        }),
+            })?),
+        },
     };
     if let Some(inputs) = &cli.inputs {
         return infer_file(plan, inputs, cli.outputs.as_deref(), cli);

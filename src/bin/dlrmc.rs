@@ -93,8 +93,9 @@ struct PlotArgs {
 /// The sharding planner's options (shared by `compile` and `plan-shards`).
 #[derive(Args, Debug, Clone)]
 struct ShardArgs {
-    /// Bytes of embedding tables one rank may hold, e.g. `512MiB`, `2GB`
-    /// (default 16GiB); larger tables are split by rows.
+    /// Memory one rank may hold, e.g. `512MiB`, `2GB` (default 16GiB): the
+    /// planner places table storage in it (larger tables are split by rows), and
+    /// plan-shards refuses a plan whose rank memory account exceeds it.
     #[arg(long, value_name = "BYTES", value_parser = parse_mem)]
     mem_per_rank: Option<u64>,
     /// The network between ranks: `latency_us,GBps` (default 2,12.5).

@@ -36,13 +36,13 @@
 //! reads the whole plan, parameters included). The README compares the account
 //! with the measured peak resident memory.
 //!
-//! The planner ([`super::planner`]) places tables against the same budget: a table
-//! unit costs its rows times [`TableInfo::bytes_per_row`] (with its low half or
-//! accumulator), and [`PlannerOptions::reserved_per_rank`](super::PlannerOptions)
-//! (the non-table part of this account, from the caller) is set aside first.
+//! The planner ([`super::planner`]) places tables (their storage) against a
+//! budget, less [`PlannerOptions::reserved_per_rank`](super::PlannerOptions)
+//! when the caller sets it (the orchestration sets it to the rest of this account
+//! to estimate a rank count or batch that would fit; the placement itself reserves
+//! nothing, and the account of the partitioned graphs is checked afterwards).
 
 use super::ID;
-use crate::partition::TableInfo;
 use crate::{PassError, Result};
 use dlrm_ir::{Def, Dim, Graph, Op, ValueId};
 use serde::{Deserialize, Serialize};
@@ -472,12 +472,6 @@ pub fn check(
             advice.join("; ")
         ),
     })
-}
-
-/// The bytes each rank of a table-wise or row-wise plan holds for its tables with
-/// their state (low half, accumulator), for the planner's capacity.
-pub fn table_unit_bytes(t: &TableInfo, rows: usize) -> u64 {
-    (rows as u64).saturating_mul(t.bytes_per_row())
 }
 
 impl fmt::Display for MemoryAccount {

