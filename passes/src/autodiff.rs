@@ -75,7 +75,7 @@ pub fn autodiff(fwd: &Graph, cfg: &TrainConfig) -> Result<Graph> {
 }
 
 /// [`autodiff`], adding the optimizer state's initial values (Adagrad's
-/// accumulators) to `params` when given.
+/// accumulators, for the parameters among them) to `params` when given.
 pub fn autodiff_with(
     fwd: &Graph,
     cfg: &TrainConfig,

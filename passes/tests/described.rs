@@ -47,10 +47,18 @@ fn described_values_equal_the_passes_on_created_tensors() {
                 ..PipelineOptions::optimized(train)
             };
             let case = format!("{precision} {optimizer:?}");
-            let eager = compile_params(graph.clone(), created.clone(), &opts, &mut |_, _| {})
-                .expect("eager");
-            let lazy =
-                compile_values(graph.clone(), values.clone(), &opts, &mut |_, _| {}).expect(&case);
+            let eager = compile_params(graph.clone(), created.clone(), &opts, &mut |_, _| {});
+            let lazy = compile_values(graph.clone(), values.clone(), &opts, &mut |_, _| {});
+            let (eager, lazy) = match (eager, lazy) {
+                (Ok(e), Ok(l)) => (e, l),
+                // A combination the passes refuse (bf16 tables with Adagrad) is
+                // refused alike.
+                (Err(e), Err(l)) => {
+                    assert_eq!(e.to_string(), l.to_string(), "{case}");
+                    continue;
+                }
+                (e, l) => panic!("{case}: eager {:?} but described {:?}", e.err(), l.err()),
+            };
             assert_eq!(lazy.graph, eager.graph, "{case}");
             let names =
                 |p: &[(String, Tensor)]| p.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();

@@ -150,7 +150,7 @@ pub struct ParamEntry {
 pub struct Manifest {
     /// Always [`FORMAT`].
     pub format: String,
-    /// Always [`VERSION`] for this crate.
+    /// [`VERSION`] when written by this crate ([`VERSION_1`] is still read).
     pub version: u32,
     /// The model's name.
     pub name: String,
