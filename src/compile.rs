@@ -15,7 +15,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::Model;
-use dlrm_ir::{Def, Graph, Op, Tensor};
+use dlrm_ir::{Def, Graph, Op, ParamValue};
 use dlrm_passes::pipeline::{self, PipelineOptions, Precision};
 use dlrm_passes::{LossKind, TrainConfig};
 use dlrm_runtime::plan::Plan;
@@ -120,6 +120,10 @@ fn log_json(log: &pipeline::PassLog) -> serde_json::Value {
 /// Both pipelines transform the parameters (blocked layouts, bf16 storage, the
 /// Split-SGD low halves); the plan stores one set, so a parameter both graphs use
 /// must come out of both with one layout, which is checked ([`merge_params`]).
+/// Described parameters (a JSON model's tables) stay described: the passes derive
+/// their bf16 parts and accumulators as descriptions
+/// ([`dlrm_passes::compile_values`]), so a 100 GB model compiles without creating
+/// its tables.
 pub fn compile(
     model: Model,
     opts: &CompileOptions,
@@ -142,7 +146,7 @@ pub fn compile(
     } = model;
     let name = graph.name.clone();
     let canon = dlrm_passes::egraph::canon::applies(&graph);
-    let infer = pipeline::compile_params(
+    let infer = dlrm_passes::compile_values(
         graph.clone(),
         params.clone(),
         &opts.pipeline(None, canon),
@@ -163,7 +167,7 @@ pub fn compile(
             lr: training.learning_rate,
             optimizer,
         };
-        let train = pipeline::compile_params(
+        let train = dlrm_passes::compile_values(
             graph,
             params,
             &opts.pipeline(Some(cfg), canon),
@@ -284,21 +288,21 @@ fn name_label(g: &Graph, label: &str) -> Result<Graph> {
 /// wins (under Split-SGD-BF16 the bf16 weight is the truncated high half of the f32
 /// master, where the inference pipeline alone would round to nearest).
 fn merge_params(
-    train: Vec<(String, Tensor)>,
-    infer: Vec<(String, Tensor)>,
-) -> Result<Vec<(String, Tensor)>> {
+    train: Vec<(String, ParamValue)>,
+    infer: Vec<(String, ParamValue)>,
+) -> Result<Vec<(String, ParamValue)>> {
     let mut out = train;
     for (name, t) in infer {
         match out.iter().find(|(n, _)| *n == name) {
-            Some((_, u)) if u.dtype() == t.dtype() && u.shape == t.shape => {}
+            Some((_, u)) if u.dtype() == t.dtype() && u.shape() == t.shape() => {}
             Some((_, u)) => {
                 return Err(Error::Training(format!(
                     "parameter `{name}` is {:?}{:?} in the training graph but {:?}{:?} \
                      in the inference graph",
                     u.dtype(),
-                    u.shape,
+                    u.shape(),
                     t.dtype(),
-                    t.shape
+                    t.shape()
                 )));
             }
             None => out.push((name, t)),

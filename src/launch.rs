@@ -5,7 +5,8 @@
 //! plan's batch size (the same whatever the rank count), so N ranks train on the
 //! same samples as one rank. The tables are placed by the sharding planner
 //! ([`crate::shard`]) with [`RunOptions::shards`]; row-wise tables' shard
-//! parameters are cut from the plan's tables here.
+//! parameters are listed in [`Job::row_shards`], and each rank creates just its
+//! rows of the table (the runtime's driver), never the whole table.
 //!
 //! [`run_job`] runs the job on the chosen [`Comm`]: N threads of this process, or
 //! this process's rank of an MPI job (`mpirun -n N dlrm-run PLAN --comm mpi`), where
@@ -294,19 +295,6 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
                 hi: s.hi,
             })
             .collect();
-        // Row-wise tables: each shard parameter gets its rows of the table.
-        let params = std::mem::take(&mut job.params);
-        job.params = parts
-            .shard_params(params)
-            .map_err(|source| Error::Partition {
-                graph: if opts.infer || job.full_train.is_none() {
-                    "infer"
-                } else {
-                    "train"
-                },
-                ranks,
-                source: Box::new(source),
-            })?;
     }
     if opts.infer {
         job.full_train = None;
@@ -399,11 +387,7 @@ fn resume_settings(
     iters: u64,
 ) -> Result<(u64, usize, u64)> {
     let m = c.manifest();
-    c.check_params(
-        plan.params
-            .iter()
-            .map(|(n, t)| (n.as_str(), t.dtype(), t.shape.as_slice())),
-    )?;
+    c.check_params(plan.param_types())?;
     // The data continues the checkpointed run's only on the same kind of source
     // and split (a dataset may have moved: its path is not compared).
     let now = opts.data.as_ref();
@@ -518,7 +502,9 @@ pub fn infer_once(
         .iter()
         .map(|&v| graph.name_of(v).to_string())
         .collect();
-    let mut exec = Executor::new(graph, plan.params.into_iter().collect(), 0)?;
+    let params =
+        dlrm_ir::init::materialize_all(&plan.params).map_err(dlrm_runtime::RuntimeError::from)?;
+    let mut exec = Executor::new(graph, params.into_iter().collect(), 0)?;
     exec.set_backend(backend, kernels);
     let syms = exec.bind_symbols(&given)?;
     let values = exec.step(given, &syms, &SingleRank)?;

@@ -3,7 +3,9 @@
 //! `.json` is a dlrmc model description (`dlrm_json`), `.onnx` an ONNX model
 //! (`dlrm_onnx`). Either becomes a [`Model`]: the forward graph for one device, its
 //! initial parameters in graph order, and the training defaults that the plan
-//! records (overridable on the command line).
+//! records (overridable on the command line). A JSON model's tables are described,
+//! not created ([`dlrm_json::ModelSpec::initial_values`]); an ONNX model's
+//! initializers are data and stored.
 //!
 //! An ONNX model trains like a JSON one: its parameters are the initializers, the
 //! `canon` pass turns its generic ops into DLRM ops before autodiff adds the loss
@@ -13,7 +15,7 @@
 //! `label`, which the synthetic data fills from its teacher).
 
 use crate::error::{Error, Result};
-use dlrm_ir::{Graph, IrError, Tensor, ValueId};
+use dlrm_ir::{Graph, IrError, ParamValue, ValueId};
 use dlrm_runtime::plan::Training;
 use std::path::Path;
 
@@ -22,8 +24,9 @@ use std::path::Path;
 pub struct Model {
     /// The forward graph; its outputs are the predictions.
     pub graph: Graph,
-    /// Initial value of every parameter, in the graph's parameter order.
-    pub params: Vec<(String, Tensor)>,
+    /// Initial value of every parameter (stored or described), in the graph's
+    /// parameter order.
+    pub params: Vec<(String, ParamValue)>,
     /// Training defaults (loss, optimizer, learning rate, batch size, seed).
     pub training: Training,
     /// The optimizer with its hyper-parameters (`training.optimizer` is its name).
@@ -157,15 +160,16 @@ fn load_json(path: &Path, o: Overrides) -> Result<Model> {
         };
     }
     spec.validate(&format!("{} (with command-line overrides)", path.display()))?;
-    let m = spec.build()?;
-    let t = m.training;
-    let mut summary = m.summary();
+    let graph = spec.graph()?;
+    let params = spec.initial_values()?;
+    let t = spec.training();
+    let mut summary = spec.summary();
     if let Some(n) = note {
         summary = format!("{}\n{n}", summary.trim_end());
     }
     Ok(Model {
-        graph: m.graph,
-        params: m.params,
+        graph,
+        params,
         training: Training {
             loss: match t.loss {
                 dlrm_json::Loss::Bce => "bce",
@@ -220,7 +224,11 @@ fn load_onnx(path: &Path, o: Overrides) -> Result<Model> {
     };
     Ok(Model {
         graph,
-        params: m.params,
+        params: m
+            .params
+            .into_iter()
+            .map(|(n, t)| (n, ParamValue::Stored(t)))
+            .collect(),
         training: Training {
             loss: "bce".to_string(),
             optimizer: optimizer.name().to_string(),

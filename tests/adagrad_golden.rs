@@ -99,12 +99,16 @@ fn trace(case: &Case, opts: &CompileOptions, dump: Option<&Path>) -> Trace {
         ..Overrides::default()
     };
     let model = load_model(&root.join("examples/dlrm-tiny.json"), o).expect("model");
-    let init = model.params.clone();
+    let init = dlrm_ir::init::materialize_all(&model.params).expect("params");
     let plan = compile(model, opts, &mut |_, _| {}).expect("compile");
     let train = plan.train.clone().expect("train graph");
     let data = SyntheticData::new(DataSchema::from_graph(&train).expect("schema"), SEED);
-    let mut exec =
-        Executor::new(train.clone(), plan.params.iter().cloned().collect(), 0).expect("exec");
+    let mut exec = Executor::new(
+        train.clone(),
+        plan.tensors().expect("params").into_iter().collect(),
+        0,
+    )
+    .expect("exec");
     let syms = HashMap::from([("B".to_string(), BATCH)]);
     let (mut losses, mut batches) = (Vec::new(), Vec::new());
     for step in 0..STEPS {

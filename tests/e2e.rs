@@ -236,7 +236,10 @@ fn a_written_plan_serves_the_interpreters_answer() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("tiny.plan");
     let model = load_model(&example("dlrm-tiny.json"), Overrides::default()).expect("load");
-    let (graph, params) = (model.graph.clone(), model.params.clone());
+    let (graph, params) = (
+        model.graph.clone(),
+        dlrm_ir::init::materialize_all(&model.params).expect("params"),
+    );
     let plan = compile(model, &CompileOptions::default(), &mut |_, _| {}).expect("compile");
     write_plan(&path, &plan).expect("write");
     let read = read_plan(&path).expect("read");
@@ -255,8 +258,12 @@ fn a_written_plan_serves_the_interpreters_answer() {
     let mut interp_params: HashMap<_, _> = params.into_iter().collect();
     let want = dlrm_ir::interp::run(&graph, &inputs, &mut interp_params, &syms, &SingleRank)
         .expect("interpreter");
-    let mut exec = Executor::new(plan.infer.clone(), plan.params.iter().cloned().collect(), 0)
-        .expect("executor");
+    let mut exec = Executor::new(
+        plan.infer.clone(),
+        plan.tensors().expect("params").into_iter().collect(),
+        0,
+    )
+    .expect("executor");
     let got = exec.step(inputs, &syms, &SingleRank).expect("runtime");
     assert_eq!(got.len(), want.len());
     let d = max_rel(&want[0].to_f32_vec(), &got[0].to_f32_vec(), 1e-7);

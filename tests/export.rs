@@ -119,10 +119,16 @@ fn max_err(a: &Tensor, b: &Tensor) -> f32 {
 /// what the plan computes (within 1e-5) on a batch of 37.
 fn export_and_check(plan: &Plan, dir: &Path, name: &str) -> PathBuf {
     let path = dir.join(format!("{name}.onnx"));
-    export_to_file(&plan.infer, &plan.params, &path, &ExportOptions::default()).expect("export");
+    export_to_file(
+        &plan.infer,
+        &plan.tensors().expect("params"),
+        &path,
+        &ExportOptions::default(),
+    )
+    .expect("export");
     let m = dlrm_onnx::load(&path).expect("re-import");
     let inputs = inputs_for(&plan.infer, 37, 7);
-    let want = eval(&plan.infer, &inputs, &plan.params);
+    let want = eval(&plan.infer, &inputs, &plan.tensors().expect("params"));
     let got = eval(&m.graph, &inputs, &m.params);
     assert_eq!(want.len(), got.len());
     for (w, g) in want.iter().zip(&got) {
@@ -256,14 +262,19 @@ fn offsets_bags_and_errors() {
             .join(case)
             .join("model.onnx");
         let plan = compile_file(&model, Precision::Fp32, None);
-        let e = export(&plan.infer, &plan.params, &ExportOptions::default()).expect(case);
+        let params = plan.tensors().expect("params");
+        let e = export(&plan.infer, &params, &ExportOptions::default()).expect(case);
         let bytes = e.to_bytes().expect("encode");
         assert!(bytes.len() > 100, "{case}");
         let train = plan.train.as_ref().expect("trains");
-        let err = export(train, &plan.params, &ExportOptions::default())
-            .err()
-            .expect("training graph refused")
-            .to_string();
+        let err = export(
+            train,
+            &plan.tensors().expect("params"),
+            &ExportOptions::default(),
+        )
+        .err()
+        .expect("training graph refused")
+        .to_string();
         assert!(err.contains("training graph"), "{err}");
     }
     let plan = compile_file(
@@ -275,7 +286,7 @@ fn offsets_bags_and_errors() {
         opset: 13,
         ..ExportOptions::default()
     };
-    let err = export(&plan.infer, &plan.params, &bad)
+    let err = export(&plan.infer, &plan.tensors().expect("params"), &bad)
         .err()
         .expect("opset")
         .to_string();
@@ -297,7 +308,8 @@ fn external_data_round_trip() {
         external_data: true,
         ..ExportOptions::default()
     };
-    let s = export_to_file(&plan.infer, &plan.params, &path, &opts).expect("export");
+    let s = export_to_file(&plan.infer, &plan.tensors().expect("params"), &path, &opts)
+        .expect("export");
     let (data, n) = s.external.expect("external data");
     assert_eq!(data, dir.path().join("ext.onnx.data"));
     assert!(
@@ -307,7 +319,7 @@ fn external_data_round_trip() {
     );
     let m = dlrm_onnx::load(&path).expect("import");
     let inputs = inputs_for(&plan.infer, 5, 1);
-    let want = eval(&plan.infer, &inputs, &plan.params);
+    let want = eval(&plan.infer, &inputs, &plan.tensors().expect("params"));
     let got = eval(&m.graph, &inputs, &m.params);
     assert!(max_err(&got[0], &want[0]) <= 1e-5);
 }
@@ -339,7 +351,7 @@ fn dlrm_run_matches_committed_onnxruntime_outputs() {
                 .into_iter()
                 .collect();
         let ins: HashMap<String, Tensor> = inputs.iter().cloned().collect();
-        let reference = eval(&plan.infer, &ins, &plan.params);
+        let reference = eval(&plan.infer, &ins, &plan.tensors().expect("params"));
         let got =
             infer_once(plan, inputs, Backend::default(), KernelChoice::default()).expect("infer");
         for ((out, t), r) in got.iter().zip(&reference) {
@@ -409,7 +421,10 @@ fn trained(plan: Plan, steps: u64) -> Plan {
     let params = plan
         .params
         .iter()
-        .map(|(n, t)| (n.clone(), after.remove(n).unwrap_or_else(|| t.clone())))
+        .map(|(n, v)| {
+            let trained = after.remove(n).map(dlrm_ir::ParamValue::Stored);
+            (n.clone(), trained.unwrap_or_else(|| v.clone()))
+        })
         .collect();
     Plan { params, ..plan }
 }
@@ -429,7 +444,7 @@ fn trained_weights_export() {
     let path = export_and_check(&t, dir.path(), "tiny-trained");
     let m = dlrm_onnx::load(&path).expect("import");
     let inputs = inputs_for(&plan.infer, 37, 7);
-    let before = eval(&plan.infer, &inputs, &plan.params);
+    let before = eval(&plan.infer, &inputs, &plan.tensors().expect("params"));
     let got = eval(&m.graph, &inputs, &m.params);
     assert!(
         max_err(&got[0], &before[0]) > 1e-4,

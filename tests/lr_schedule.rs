@@ -110,7 +110,7 @@ fn a_zero_rate_leaves_the_parameters_unchanged() {
             },
         );
         assert!(r.steps.iter().all(|s| s.2 == Some(0.0)));
-        for (name, t) in &plan.params {
+        for (name, t) in &plan.tensors().expect("params") {
             assert_eq!(
                 r.params.get(name),
                 Some(t),
@@ -144,7 +144,8 @@ fn a_warmup_slows_the_first_steps() {
     // less, and the loss falls less.
     assert_eq!(warm.steps[0].1, flat.steps[0].1);
     let moved = |r: &Run| -> f64 {
-        plan.params
+        plan.tensors()
+            .expect("params")
             .iter()
             .map(|(n, t)| {
                 let after = r.params[n].to_f32_vec();

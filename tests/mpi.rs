@@ -140,6 +140,12 @@ fn metrics(path: &Path) -> (Vec<(u64, f64)>, Value) {
 /// `mpirun -n N dlrm-run PLAN --comm mpi` and `dlrm-run PLAN --ranks N` log the
 /// same losses and the same held-out AUC.
 fn mpi_matches_threads(plan: &Path, n: usize, iters: u64) {
+    mpi_matches_threads_under(plan, n, iters, &[]);
+}
+
+/// [`mpi_matches_threads`], each MPI process started through `wrap` (e.g.
+/// `prlimit --data=BYTES`).
+fn mpi_matches_threads_under(plan: &Path, n: usize, iters: u64, wrap: &[&str]) {
     let dir = plan.parent().expect("plan dir");
     let m_mpi = dir.join(format!("mpi-{n}.jsonl"));
     let m_thr = dir.join(format!("threads-{n}.jsonl"));
@@ -147,7 +153,9 @@ fn mpi_matches_threads(plan: &Path, n: usize, iters: u64) {
     let common = ["--iters", &iters, "--log-every", "1", "--eval-batches", "2"];
 
     let mut cmd = mpirun();
-    cmd.args(["-n", &n.to_string(), DLRM_RUN, s(plan), "--comm", "mpi"])
+    cmd.args(["-n", &n.to_string()])
+        .args(wrap)
+        .args([DLRM_RUN, s(plan), "--comm", "mpi"])
         .args(common)
         .args(["--metrics", s(&m_mpi)]);
     let ran = run_with_timeout(cmd, TIMEOUT);
@@ -216,6 +224,46 @@ fn eight_processes_train_like_eight_threads_with_more_tables_than_ranks() {
     let dir = tempfile::tempdir().expect("tmp");
     let plan = compile(dir.path(), "ten.plan", Some(&v.to_string()));
     mpi_matches_threads(&plan, 8, 6);
+}
+
+/// Per-rank residency: a model whose tables (4 x 400,000 x 64 f32 = 410 MB) are
+/// larger than a per-process data limit (RLIMIT_DATA, 300 MiB: it counts the
+/// private writable mappings that hold a process's tensors) trains under
+/// `mpirun -n 4`, every process under that limit, because each creates only the
+/// table it owns (table-wise: one 102 MB table each); its losses equal 4 thread
+/// ranks'. The same limit stops a process that holds the whole model — with a
+/// clear error naming the parameter, not an abort — so the limit does bite.
+#[test]
+fn four_processes_each_hold_only_their_tables_under_a_memory_limit() {
+    let model = serde_json::json!({
+        "name": "big4", "dense_features": 4, "embedding_dim": 64,
+        "table_rows": [400_000, 400_000, 400_000, 400_000], "pooling": 2,
+        "bottom_mlp": "4-16-64", "top_mlp": "16-1",
+        "batch_size": 64, "learning_rate": 0.1, "seed": 3
+    });
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = compile(dir.path(), "big4.plan", Some(&model.to_string()));
+    let size: u64 = fs::read_dir(&plan)
+        .expect("plan")
+        .map(|e| e.expect("entry").metadata().expect("meta").len())
+        .sum();
+    assert!(size < 1 << 20, "the plan stores its tables: {size} bytes");
+    let limit = format!("--data={}", 300u64 << 20);
+    // One process holding the whole model: refused cleanly under the limit.
+    let whole = Command::new("prlimit")
+        .args([limit.as_str(), DLRM_RUN, s(&plan), "--iters", "2", "-q"])
+        .output()
+        .expect("spawn prlimit");
+    let err = String::from_utf8_lossy(&whole.stderr);
+    assert!(
+        !whole.status.success(),
+        "the whole model fit under the limit"
+    );
+    assert!(
+        err.contains("dlrm-run: error: `emb.") && err.contains("needs 102400000 bytes"),
+        "{err}"
+    );
+    mpi_matches_threads_under(&plan, 4, 4, &["prlimit", &limit]);
 }
 
 #[test]

@@ -339,15 +339,14 @@ fn weighted_bag_onnx_model_trains() {
             .find(|n| n.starts_with("label"))
             .expect("a label input");
         let table = "embedding.weight";
-        let before = plan
-            .params
+        let params = dlrm_ir::init::materialize_all(&plan.params).expect("params");
+        let before = params
             .iter()
             .find(|(n, _)| n == table)
             .expect("the table")
             .1
             .clone();
-        let mut exec =
-            Executor::new(train, plan.params.into_iter().collect(), 0).expect("executor");
+        let mut exec = Executor::new(train, params.into_iter().collect(), 0).expect("executor");
         let mut losses = Vec::new();
         for _ in 0..40 {
             let mut inputs: HashMap<String, Tensor> = arrays.iter().cloned().collect();

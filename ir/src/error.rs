@@ -55,6 +55,16 @@ pub enum IrError {
     /// A collective failed (a peer rank died or disagreed).
     #[error("communication: {0}")]
     Comm(String),
+    /// A tensor could not be allocated (it is larger than this process may hold).
+    #[error("`{what}` needs {bytes} bytes: {reason}")]
+    Alloc {
+        /// What was being allocated (a parameter's name).
+        what: String,
+        /// The bytes asked for.
+        bytes: u128,
+        /// Why it failed.
+        reason: String,
+    },
 }
 
 /// Result alias for the IR crate.

@@ -75,7 +75,7 @@ pub fn autodiff(fwd: &Graph, cfg: &TrainConfig) -> Result<Graph> {
 }
 
 /// [`autodiff`], adding the optimizer state's initial values (Adagrad's
-/// accumulators) to `params` when given.
+/// accumulators, for the parameters among them) to `params` when given.
 pub fn autodiff_with(
     fwd: &Graph,
     cfg: &TrainConfig,
@@ -344,7 +344,9 @@ fn adagrad_step(
     };
     let acc_name = ad.g.fresh_name(&format!("{name}.acc"));
     let acc = ad.g.add_param(&acc_name, acc_ty.clone()).map_err(&e)?;
-    if let Some(params) = params {
+    // Only a parameter given as a tensor gets its accumulator as one; a described
+    // parameter's accumulator is described too (crate::described).
+    if let Some(params) = params.filter(|ps| ps.iter().any(|(n, _)| *n == name)) {
         let shape: Option<Vec<usize>> = acc_ty.shape.iter().map(|d| d.fixed()).collect();
         let Some(shape) = shape else {
             return Err(PassError::Graph {

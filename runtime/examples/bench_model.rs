@@ -51,7 +51,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         name: model.spec.name.clone(),
         infer,
         train: Some(train),
-        params: model.params,
+        params: model
+            .params
+            .into_iter()
+            .map(|(n, t)| (n, dlrm_ir::ParamValue::Stored(t)))
+            .collect(),
         training: Training {
             loss: "bce".into(),
             optimizer: "sgd".into(),
@@ -89,7 +93,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     job.train_graphs = Some(parts.graphs.clone());
                 }
                 job.infer_graphs = infer.graphs;
-                job.params = parts.shard_params(std::mem::take(&mut job.params))?;
+                job.row_shards = parts
+                    .row_shards
+                    .iter()
+                    .map(|s| dlrm_runtime::checkpoint::RowPiece {
+                        param: s.param.clone(),
+                        table: s.table.clone(),
+                        lo: s.lo,
+                        hi: s.hi,
+                    })
+                    .collect();
                 job.ranks = ranks;
             }
             job.iters = iters;

@@ -2,13 +2,26 @@
 //!
 //! ```text
 //! PLAN/
-//!   manifest.json          format "dlrmc-plan", version 1, name, created_by, precision,
+//!   manifest.json          format "dlrmc-plan", version 2, name, created_by, precision,
 //!                          training hyper-parameters, pass log, graph files and weights
-//!                          file with their sha256, the parameter list {name, dtype, shape}
+//!                          file with their sha256, the parameter list {name, dtype, shape,
+//!                          init?}
 //!   infer.ir               the inference graph (IR text form)
 //!   train.ir               the training step (absent for an inference-only plan)
-//!   weights.safetensors    the parameters' initial values (f32, bf16, i64, i32)
+//!   weights.safetensors    the stored parameters' initial values (f32, bf16, i64, i32)
 //! ```
+//!
+//! A parameter's initial value ([`ParamValue`]) is either stored in the weights
+//! file or *described*: its manifest entry carries `init`, a
+//! [`dlrm_ir::Described`] (distribution, seed, random stream, which part of the f32
+//! values), and the weights file does not hold it. A description is a pure function
+//! of the element index ([`dlrm_ir::init`]), so any rows of the parameter can be
+//! created alone with the values the whole tensor has: every rank creates only the
+//! rows it owns ([`crate::driver`]), and a plan of a 100 GB model is a few
+//! megabytes. The JSON frontend describes every embedding table (and the passes
+//! derive their bf16 parts and optimizer accumulators, `dlrm_passes::described`);
+//! MLP weights and ONNX initializers are stored. Version-1 manifests (every
+//! parameter stored, no `init`) are still read.
 //!
 //! Invariants:
 //! - [`write_plan`] is atomic: everything is written into a temporary directory beside
@@ -22,15 +35,19 @@
 //!   not a plan (a file, a non-empty directory without a plan manifest) is refused.
 //! - [`read_plan`] checks the format and version, every file's sha256 (a corrupted
 //!   file is named), parses the graphs (parse errors carry the file name) and checks
-//!   that every parameter the graphs declare is in the weights with its declared
-//!   dtype and shape. Weights are streamed from the file straight into the tensors'
-//!   storage while being hashed: one read, no intermediate copy.
+//!   that every parameter the graphs declare is in the plan (stored or described)
+//!   with its declared dtype and shape. Stored weights are streamed from the file
+//!   straight into the tensors' storage while being hashed: one read, no
+//!   intermediate copy. A described parameter is not created by reading a plan:
+//!   [`ParamValue::materialize`] / [`ParamValue::rows`] (or [`Plan::tensors`] for
+//!   the whole set) create it, allocating fallibly (too large is an error naming
+//!   it and the bytes).
 //! - Tensors are stored little-endian (safetensors' rule); big-endian hosts are not
 //!   supported.
 
 use crate::error::{Result, RuntimeError};
 use dlrm_data::durable;
-use dlrm_ir::{DType, Data, Graph, Tensor, TensorType};
+use dlrm_ir::{DType, Data, Described, Graph, ParamValue, Tensor, TensorType};
 use half::bf16;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -45,8 +62,10 @@ compile_error!("plans store little-endian tensors; big-endian hosts are not supp
 
 /// The manifest's `format` value.
 pub const FORMAT: &str = "dlrmc-plan";
-/// The manifest version this crate writes and reads.
-pub const VERSION: u32 = 1;
+/// The manifest version this crate writes (it reads this one and [`VERSION_1`]).
+pub const VERSION: u32 = 2;
+/// The first manifest version (every parameter stored), still read.
+pub const VERSION_1: u32 = 1;
 /// The manifest's file name.
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// The inference graph's file name.
@@ -81,8 +100,8 @@ pub struct Plan {
     pub infer: Graph,
     /// The training step (unpartitioned), if the plan can train.
     pub train: Option<Graph>,
-    /// Parameter values, in manifest order.
-    pub params: Vec<(String, Tensor)>,
+    /// Initial parameter values (stored or described), in manifest order.
+    pub params: Vec<(String, ParamValue)>,
     /// Training hyper-parameters.
     pub training: Training,
     /// Precision policy, e.g. `fp32`.
@@ -120,6 +139,10 @@ pub struct ParamEntry {
     pub dtype: String,
     /// Shape.
     pub shape: Vec<usize>,
+    /// The initializer of a described parameter (not in the weights file); absent
+    /// for a stored one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<Described>,
 }
 
 /// The contents of `manifest.json`.
@@ -127,7 +150,7 @@ pub struct ParamEntry {
 pub struct Manifest {
     /// Always [`FORMAT`].
     pub format: String,
-    /// Always [`VERSION`] for this crate.
+    /// [`VERSION`] when written by this crate ([`VERSION_1`] is still read).
     pub version: u32,
     /// The model's name.
     pub name: String,
@@ -225,10 +248,14 @@ fn write_plan_impl(dir: &Path, plan: &Plan, fail: Option<FailPoint>) -> Result<(
         params: plan
             .params
             .iter()
-            .map(|(name, t)| ParamEntry {
+            .map(|(name, v)| ParamEntry {
                 name: name.clone(),
-                dtype: t.dtype().mnemonic().to_string(),
-                shape: t.shape.clone(),
+                dtype: v.dtype().mnemonic().to_string(),
+                shape: v.shape().to_vec(),
+                init: match v {
+                    ParamValue::Described(d) => Some(d.clone()),
+                    ParamValue::Stored(_) => None,
+                },
             })
             .collect(),
         weights: weights_ref,
@@ -252,10 +279,11 @@ fn write_plan_impl(dir: &Path, plan: &Plan, fail: Option<FailPoint>) -> Result<(
 /// Checks the plan's consistency; returns the graphs' text forms.
 fn validate_for_write(dir: &Path, plan: &Plan) -> Result<(String, Option<String>)> {
     let mut seen = HashSet::new();
-    for (name, t) in &plan.params {
+    for (name, v) in &plan.params {
         if !seen.insert(name.as_str()) {
             return Err(param_err(name, "listed twice"));
         }
+        let ParamValue::Stored(t) = v else { continue };
         let stored = stored_len(t);
         if stored != t.numel() {
             return Err(param_err(
@@ -268,11 +296,13 @@ fn validate_for_write(dir: &Path, plan: &Plan) -> Result<(String, Option<String>
             ));
         }
     }
-    let by_name: HashMap<&str, &Tensor> =
-        plan.params.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let by_name: HashMap<&str, &ParamValue> =
+        plan.params.iter().map(|(n, v)| (n.as_str(), v)).collect();
     let mut texts = Vec::new();
     for g in std::iter::once(&plan.infer).chain(&plan.train) {
-        check_graph_params(g, |n| by_name.get(n).map(|t| (t.dtype(), t.shape.clone())))?;
+        check_graph_params(g, |n| {
+            by_name.get(n).map(|v| (v.dtype(), v.shape().to_vec()))
+        })?;
         let text = dlrm_ir::text::print(g);
         // A plan that cannot be read back must not be written.
         match dlrm_ir::text::parse(&text) {
@@ -425,9 +455,12 @@ pub(crate) fn tensor_bytes(t: &Tensor) -> &[u8] {
     }
 }
 
-fn write_weights(path: &Path, params: &[(String, Tensor)]) -> Result<FileRef> {
+fn write_weights(path: &Path, params: &[(String, ParamValue)]) -> Result<FileRef> {
     safetensors::serialize_to_file(
-        params.iter().map(|(n, t)| (n.as_str(), View(t))),
+        params.iter().filter_map(|(n, v)| match v {
+            ParamValue::Stored(t) => Some((n.as_str(), View(t))),
+            ParamValue::Described(_) => None,
+        }),
         None,
         path,
     )
@@ -479,12 +512,13 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
         }
     }
     match value.get("version").and_then(|v| v.as_u64()) {
-        Some(v) if v == u64::from(VERSION) => {}
+        Some(v) if v == u64::from(VERSION) || v == u64::from(VERSION_1) => {}
         other => {
             return Err(RuntimeError::plan(
                 &path,
                 format!(
-                    "plan format version {} is not supported (this dlrmc reads version {VERSION})",
+                    "plan format version {} is not supported (this dlrmc reads versions \
+                     {VERSION_1} and {VERSION})",
                     other.map_or_else(|| "(missing)".to_string(), |v| v.to_string())
                 ),
             ));
@@ -508,18 +542,41 @@ pub fn read_plan(dir: &Path) -> Result<Plan> {
     let mut weights = read_weights(&weights_path, &m.weights.sha256)?;
 
     // The manifest's list and the weights file agree.
-    if weights.len() != m.params.len() {
+    let stored = m.params.iter().filter(|p| p.init.is_none()).count();
+    if weights.len() != stored {
         return Err(RuntimeError::plan(
             &weights_path,
             format!(
-                "holds {} tensors but the manifest lists {} parameters",
+                "holds {} tensors but the manifest lists {stored} stored parameters",
                 weights.len(),
-                m.params.len()
             ),
         ));
     }
     let mut params = Vec::with_capacity(m.params.len());
     for p in &m.params {
+        if let Some(d) = &p.init {
+            if m.version == VERSION_1 {
+                return Err(RuntimeError::plan(
+                    dir,
+                    format!("a version-1 manifest describes parameter `{}`", p.name),
+                ));
+            }
+            if d.shape != p.shape || d.part.dtype().mnemonic() != p.dtype {
+                return Err(RuntimeError::plan(
+                    dir,
+                    format!(
+                        "parameter `{}` is {}{:?} but its initializer gives {}{:?}",
+                        p.name,
+                        p.dtype,
+                        p.shape,
+                        d.part.dtype(),
+                        d.shape
+                    ),
+                ));
+            }
+            params.push((p.name.clone(), ParamValue::Described(d.clone())));
+            continue;
+        }
         let t = weights.remove(&p.name).ok_or_else(|| {
             RuntimeError::plan(
                 &weights_path,
@@ -539,19 +596,20 @@ pub fn read_plan(dir: &Path) -> Result<Plan> {
                 ),
             ));
         }
-        params.push((p.name.clone(), t));
+        params.push((p.name.clone(), ParamValue::Stored(t)));
     }
-    let by_name: HashMap<&str, &Tensor> = params.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let by_name: HashMap<&str, &ParamValue> = params.iter().map(|(n, v)| (n.as_str(), v)).collect();
     for g in std::iter::once(&infer).chain(&train) {
-        check_graph_params(g, |n| by_name.get(n).map(|t| (t.dtype(), t.shape.clone()))).map_err(
-            |e| match e {
-                RuntimeError::Param { name, reason } => RuntimeError::Param {
-                    name,
-                    reason: format!("{reason} (graph `{}` of plan {})", g.name, dir.display()),
-                },
-                other => other,
+        check_graph_params(g, |n| {
+            by_name.get(n).map(|v| (v.dtype(), v.shape().to_vec()))
+        })
+        .map_err(|e| match e {
+            RuntimeError::Param { name, reason } => RuntimeError::Param {
+                name,
+                reason: format!("{reason} (graph `{}` of plan {})", g.name, dir.display()),
             },
-        )?;
+            other => other,
+        })?;
     }
     Ok(Plan {
         name: m.name,
@@ -562,6 +620,23 @@ pub fn read_plan(dir: &Path) -> Result<Plan> {
         precision: m.precision,
         pass_log: m.pass_log,
     })
+}
+
+impl Plan {
+    /// Every parameter's whole initial value, described ones created (fallibly:
+    /// a parameter larger than this process can hold is an error naming it and the
+    /// bytes). For the interpreter, an export, a one-rank inference; a run creates
+    /// only each rank's parts ([`crate::driver`]).
+    pub fn tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(dlrm_ir::init::materialize_all(&self.params)?)
+    }
+
+    /// The parameters' names, dtypes and shapes, in manifest order.
+    pub fn param_types(&self) -> impl Iterator<Item = (&str, DType, &[usize])> {
+        self.params
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.dtype(), v.shape()))
+    }
 }
 
 /// A file named by the manifest: a plain name inside the plan directory.

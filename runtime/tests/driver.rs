@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use dlrm_ir::{Tensor, text};
+use dlrm_ir::{ParamValue, Tensor, text};
 use dlrm_runtime::driver::{default_threads, run_rank};
 use dlrm_runtime::{
     Event, Job, LocalGroup, MetricsWriter, Mode, RuntimeError, run, run_with_params,
@@ -211,7 +211,7 @@ fn a_failing_rank_stops_the_others_with_its_own_error() {
     j.infer_graphs[1] = shrink(&j.infer_graphs[1]);
     for (n, t) in &mut j.params {
         if n == "emb.1" {
-            *t = Tensor::f32(vec![10, 4], vec![0.0; 40]);
+            *t = ParamValue::Stored(Tensor::f32(vec![10, 4], vec![0.0; 40]));
         }
     }
     let t0 = Instant::now();
@@ -238,7 +238,7 @@ fn a_failing_rank_stops_the_others_with_its_own_error() {
     let mut j = job(3, 0.1, 3, 16);
     for (n, t) in &mut j.params {
         if n == "emb.2" {
-            *t = Tensor::f32(vec![7, 4], vec![0.0; 28]);
+            *t = ParamValue::Stored(Tensor::f32(vec![7, 4], vec![0.0; 28]));
         }
     }
     let err = run(j, &mut |_| {}).expect_err("rank 2 fails");

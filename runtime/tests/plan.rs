@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use dlrm_ir::{Tensor, text};
+use dlrm_ir::{ParamValue, Tensor, text};
 use dlrm_runtime::plan::{
     FailPoint, MANIFEST_FILE, WEIGHTS_FILE, read_manifest, write_plan_failing_at,
 };
@@ -34,20 +34,21 @@ fn bitwise_eq(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> bool {
 
 fn plan_with_all_dtypes() -> Plan {
     let mut p = plan(0.1);
-    p.params.push((
-        "extra.bf16".into(),
-        Tensor::bf16(vec![3], vec![bf16::from_f32(1.5), bf16::MIN, bf16::NAN]),
-    ));
-    p.params.push((
-        "extra.i64".into(),
-        Tensor::i64(vec![2, 2], vec![i64::MIN, -1, 0, i64::MAX]),
-    ));
-    p.params
-        .push(("extra.i32".into(), Tensor::i32(vec![1], vec![-7])));
-    p.params.push((
-        "extra.nan".into(),
-        Tensor::f32(vec![2], vec![f32::NAN, -0.0]),
-    ));
+    let extra = [
+        (
+            "extra.bf16",
+            Tensor::bf16(vec![3], vec![bf16::from_f32(1.5), bf16::MIN, bf16::NAN]),
+        ),
+        (
+            "extra.i64",
+            Tensor::i64(vec![2, 2], vec![i64::MIN, -1, 0, i64::MAX]),
+        ),
+        ("extra.i32", Tensor::i32(vec![1], vec![-7])),
+        ("extra.nan", Tensor::f32(vec![2], vec![f32::NAN, -0.0])),
+    ];
+    for (n, t) in extra {
+        p.params.push((n.into(), ParamValue::Stored(t)));
+    }
     p
 }
 
@@ -68,13 +69,19 @@ fn round_trip_is_exact() {
     let back = read_plan(&dir).expect("read");
     assert_eq!(back.infer, p.infer);
     assert_eq!(back.train, p.train);
-    assert!(bitwise_eq(&back.params, &p.params), "params differ");
+    assert!(
+        bitwise_eq(
+            &back.tensors().expect("back"),
+            &p.tensors().expect("written")
+        ),
+        "params differ"
+    );
     assert_eq!(
         (back.name, back.training, back.precision, back.pass_log),
         (p.name, p.training, p.precision, p.pass_log)
     );
     let m = read_manifest(&dir).expect("manifest");
-    assert_eq!((m.format.as_str(), m.version), ("dlrmc-plan", 1));
+    assert_eq!((m.format.as_str(), m.version), ("dlrmc-plan", 2));
     assert!(m.created_by.starts_with("dlrm-runtime "));
     assert_eq!(m.params.len(), p.params.len());
     assert_eq!(m.params[0].dtype, "f32");
@@ -157,7 +164,9 @@ fn a_failed_write_leaves_the_existing_plan_intact() {
     }
     // An inconsistent plan (data length does not match the shape) fails before any write.
     let mut bad = plan(0.3);
-    bad.params[0].1.shape = vec![51, 4];
+    if let ParamValue::Stored(t) = &mut bad.params[0].1 {
+        t.shape = vec![51, 4];
+    }
     let err = write_plan(&dir, &bad).expect_err("bad param");
     assert!(
         matches!(&err, RuntimeError::Param { name, .. } if name == "emb.0"),
@@ -319,11 +328,11 @@ fn missing_or_foreign_plans_are_clear_errors() {
             .contains("not a dlrmc plan")
     );
     let mut wrong = m.clone();
-    wrong["version"] = 2.into();
+    wrong["version"] = 3.into();
     fs::write(&mpath, wrong.to_string()).expect("w");
     let err = read_plan(&dir).expect_err("version");
     assert!(
-        err.to_string().contains("version 2 is not supported"),
+        err.to_string().contains("version 3 is not supported"),
         "{err}"
     );
     fs::write(&mpath, b"{not json").expect("w");
@@ -337,4 +346,50 @@ fn missing_or_foreign_plans_are_clear_errors() {
     fs::write(&mpath, m.to_string()).expect("w");
     let err = read_plan(&dir).expect_err("missing file");
     assert!(err.to_string().contains("train.ir"), "{err}");
+}
+
+/// A version-1 plan (every parameter stored, no `init`: the format before tables
+/// were described) still reads, with its weights.
+#[test]
+fn version_1_plans_still_read() {
+    let (_t, dir) = written();
+    let mpath = dir.join(MANIFEST_FILE);
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&fs::read(&mpath).expect("m")).expect("json");
+    assert_eq!(m["version"], 2);
+    m["version"] = 1.into();
+    fs::write(&mpath, m.to_string()).expect("w");
+    let back = read_plan(&dir).expect("a version-1 plan reads");
+    assert_eq!(back.params, plan(0.1).params);
+}
+
+/// A described parameter round-trips through the manifest (not the weights file)
+/// and is created with the values its description gives; a manifest whose
+/// description disagrees with the entry's shape is refused.
+#[test]
+fn described_parameters_live_in_the_manifest() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("p");
+    let mut p = plan(0.1);
+    let d = dlrm_ir::Described {
+        init: dlrm_ir::Init::Uniform { bound: 0.5 },
+        seed: 9,
+        stream: 0,
+        shape: vec![50, 4],
+        part: dlrm_ir::Part::F32,
+    };
+    let want = d.materialize("emb.0").expect("created");
+    p.params[0].1 = ParamValue::Described(d.clone());
+    write_plan(&dir, &p).expect("write");
+    let m: serde_json::Value =
+        serde_json::from_slice(&fs::read(dir.join(MANIFEST_FILE)).expect("m")).expect("json");
+    assert_eq!(m["params"][0]["init"]["init"]["kind"], "uniform");
+    let back = read_plan(&dir).expect("read");
+    assert_eq!(back.params[0].1, ParamValue::Described(d));
+    assert_eq!(back.tensors().expect("tensors")[0].1, want);
+    let mut bad = m.clone();
+    bad["params"][0]["init"]["shape"] = serde_json::json!([51, 4]);
+    fs::write(dir.join(MANIFEST_FILE), bad.to_string()).expect("w");
+    let err = read_plan(&dir).expect_err("mismatch");
+    assert!(err.to_string().contains("initializer gives"), "{err}");
 }

@@ -401,7 +401,8 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
         batch: a.batch.clone(),
         external_data: a.external_data,
     };
-    let s = dlrm_onnx::export::export_to_file(&plan.infer, &plan.params, &a.output, &opts)?;
+    let params = plan.tensors()?;
+    let s = dlrm_onnx::export::export_to_file(&plan.infer, &params, &a.output, &opts)?;
     if !a.quiet {
         let ext = s.external.as_ref().map_or(String::new(), |(p, n)| {
             format!(", weights in {} ({n} bytes)", p.display())

@@ -14,9 +14,12 @@
 //! The graph is checked by [`dlrm_ir::verify`] before it is returned.
 
 use crate::error::{Error, Result};
-use crate::init::{self, Init};
 use crate::spec::{Loss, ModelSpec, Optimizer};
-use dlrm_ir::{Act, DType, Dim, Graph, InteractionKind, IrError, Op, Pool, Tensor, TensorType};
+use dlrm_ir::init::{self, Init};
+use dlrm_ir::{
+    Act, DType, Described, Dim, Graph, InteractionKind, IrError, Op, ParamValue, Part, Pool,
+    Tensor, TensorType,
+};
 use std::fmt::Write as _;
 
 /// Training hyper-parameters of a model, as the description gives them.
@@ -167,24 +170,50 @@ impl ModelSpec {
 
     /// Initialises every parameter (graph order) as the reference DLRM does, from
     /// `seed`; the values do not depend on the number of threads. Validates first.
+    /// The values of [`ModelSpec::initial_values`], all created (fallibly: a
+    /// parameter too large for this process is an error naming it).
     pub fn init_params(&self) -> Result<Vec<(String, Tensor)>> {
+        let values = self.initial_values()?;
+        init::materialize_all(&values).map_err(|e| self.init_err(e))
+    }
+
+    /// Every parameter's initial value (graph order), without creating the tables:
+    /// a table is [`ParamValue::Described`] (its initializer: the distribution,
+    /// the seed and its parameter index, so any rows of it can be generated alone);
+    /// the MLP weights and biases are created and stored. Validates first.
+    pub fn initial_values(&self) -> Result<Vec<(String, ParamValue)>> {
         self.validate(&self.origin())?;
-        let defs = self.param_defs();
-        let mut data: Vec<Vec<f32>> = defs
-            .iter()
-            .map(|d| vec![0.0f32; d.shape.iter().product()])
-            .collect();
-        let mut bufs: Vec<(Init, &mut [f32])> = defs
-            .iter()
-            .zip(data.iter_mut())
-            .map(|(d, v)| (d.init, v.as_mut_slice()))
-            .collect();
-        init::fill(self.seed, &mut bufs);
-        Ok(defs
+        let tables = self.num_tables();
+        self.param_defs()
             .into_iter()
-            .zip(data)
-            .map(|(d, v)| (d.name, Tensor::f32(d.shape, v)))
-            .collect())
+            .enumerate()
+            .map(|(p, d)| {
+                let described = Described {
+                    init: d.init,
+                    seed: self.seed,
+                    stream: p as u64,
+                    shape: d.shape,
+                    part: Part::F32,
+                };
+                let value = if p < tables {
+                    ParamValue::Described(described)
+                } else {
+                    ParamValue::Stored(
+                        described
+                            .materialize(&d.name)
+                            .map_err(|e| self.init_err(e))?,
+                    )
+                };
+                Ok((d.name, value))
+            })
+            .collect()
+    }
+
+    fn init_err(&self, e: IrError) -> Error {
+        Error::Init {
+            origin: self.origin(),
+            cause: Box::new(e),
+        }
     }
 
     /// Builds the model: graph, initial parameters and training setup.
@@ -209,7 +238,14 @@ impl Model {
 
     /// A few human-readable lines: shapes, parameter counts and sizes, training setup.
     pub fn summary(&self) -> String {
-        let s = &self.spec;
+        self.spec.summary()
+    }
+}
+
+impl ModelSpec {
+    /// A few human-readable lines: shapes, parameter counts and sizes, training setup.
+    pub fn summary(&self) -> String {
+        let s = self;
         let join = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join("-");
         let table_elems: u64 = s
             .table_rows
@@ -260,7 +296,7 @@ impl Model {
             "parameters: {total} ({:.1} MB as f32): tables {table_elems}, MLPs {mlp_elems}",
             total as f64 * 4.0 / 1e6,
         );
-        let t = &self.training;
+        let t = &self.training();
         let _ = write!(
             out,
             "training: {} loss, {} lr {}, batch {}, seed {}",

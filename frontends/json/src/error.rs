@@ -57,6 +57,16 @@ pub enum Error {
         #[source]
         source: Box<IrError>,
     },
+    /// An initial value cannot be created (a parameter larger than this process can
+    /// allocate).
+    #[error("{origin}: initial values: {cause}")]
+    Init {
+        /// The file path or origin name.
+        origin: String,
+        /// The IR's error (naming the parameter and the bytes; shown in the
+        /// message, so not a `source`).
+        cause: Box<IrError>,
+    },
 }
 
 fn field_prefix(field: &Option<String>) -> String {

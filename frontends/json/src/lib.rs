@@ -67,13 +67,15 @@
 //! Parameter initialisation, as the reference DLRM: linear
 //! `W ~ N(0, sqrt(2/(fan_in+fan_out)))`, `b ~ N(0, sqrt(1/fan_out))`, tables
 //! `U(-sqrt(1/rows), sqrt(1/rows))`, filled in
-//! parallel from per-chunk ChaCha8 streams so the values depend only on `seed`.
+//! parallel from per-chunk ChaCha8 streams so the values depend only on `seed`
+//! ([`dlrm_ir::init`]). [`ModelSpec::initial_values`] gives them without creating the
+//! tables: every table is a [`dlrm_ir::Described`] initializer (any of its rows can
+//! be generated alone, with the same values), the MLP parameters are stored.
 
 #![warn(missing_docs)]
 
 mod build;
 mod error;
-mod init;
 mod spec;
 
 pub use build::{Model, Training};

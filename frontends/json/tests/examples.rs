@@ -159,3 +159,30 @@ fn intel_small_validates_and_builds_graph() {
     assert_eq!(s.top_input_width(), 64 + 9 * 8 / 2);
     assert_eq!(s.param_count(), tables + mlp);
 }
+
+#[test]
+fn terabyte_describes_its_tables_without_creating_them() {
+    let s = ModelSpec::load(example("dlrm-mlperf-terabyte")).expect("load");
+    assert_eq!(s.table_rows, TERABYTE);
+    assert_eq!(s.embedding_dim, 128);
+    check_graph(&s);
+    // ~100 GB of tables: described, so this is instant and small.
+    let values = s.initial_values().expect("values");
+    let described: u128 = values
+        .iter()
+        .filter_map(|(_, v)| match v {
+            dlrm_ir::ParamValue::Described(d) => Some(d.numel()),
+            dlrm_ir::ParamValue::Stored(_) => None,
+        })
+        .sum();
+    let rows: u128 = TERABYTE.iter().map(|&r| r as u128).sum();
+    assert_eq!(described, rows * 128);
+    // Row r of a table is the same values whoever creates it.
+    let (name, v) = &values[0];
+    let a = v.rows(name, 39_999_990, 40_000_000).expect("last rows");
+    let b = v.rows(name, 39_999_995, 40_000_000).expect("fewer rows");
+    assert_eq!(
+        a.as_f32().expect("f32")[5 * 128..],
+        b.as_f32().expect("f32")[..]
+    );
+}

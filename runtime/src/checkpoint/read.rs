@@ -6,8 +6,8 @@ use super::{FORMAT, LATEST_FILE, Manifest, Piece, TensorEntry, VERSION, parse_st
 use crate::error::{Result, RuntimeError};
 use crate::plan::{FileRef, MANIFEST_FILE, Plan, check_graph_params};
 use dlrm_data::durable;
-use dlrm_ir::{DType, Data, Graph, Tensor};
-use half::bf16;
+use dlrm_ir::init::try_alloc;
+use dlrm_ir::{DType, Data, Graph, ParamValue, Tensor};
 use memmap2::Mmap;
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
@@ -400,7 +400,7 @@ impl Checkpoint {
         if let Some(r) = shape.first_mut() {
             *r = rows.len();
         }
-        let mut data = zeroed(dtype, shape.iter().product());
+        let mut data = zeroed(name, dtype, shape.iter().product())?;
         let out = data_bytes_mut(&mut data);
         for p in &t.pieces {
             let (lo, hi) = (p.rows[0].max(rows.start), p.rows[1].min(rows.end));
@@ -509,7 +509,10 @@ impl Checkpoint {
             name: m.name.clone(),
             infer,
             train,
-            params,
+            params: params
+                .into_iter()
+                .map(|(n, t)| (n, ParamValue::Stored(t)))
+                .collect(),
             training: m.plan.training.clone(),
             precision: m.plan.precision.clone(),
             pass_log: m.plan.pass_log.clone(),
@@ -526,13 +529,14 @@ fn st_dtype(d: DType) -> safetensors::Dtype {
     }
 }
 
-fn zeroed(d: DType, n: usize) -> Data {
-    match d {
-        DType::F32 => Data::F32(vec![0.0; n]),
-        DType::BF16 => Data::BF16(vec![bf16::ZERO; n]),
-        DType::I64 => Data::I64(vec![0; n]),
-        DType::I32 => Data::I32(vec![0; n]),
-    }
+/// `n` zero elements, allocated fallibly (too large is an error naming `name`).
+fn zeroed(name: &str, d: DType, n: usize) -> Result<Data> {
+    Ok(match d {
+        DType::F32 => Data::F32(try_alloc(name, n)?),
+        DType::BF16 => Data::BF16(try_alloc(name, n)?),
+        DType::I64 => Data::I64(try_alloc(name, n)?),
+        DType::I32 => Data::I32(try_alloc(name, n)?),
+    })
 }
 
 fn data_bytes_mut(d: &mut Data) -> &mut [u8] {

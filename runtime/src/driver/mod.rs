@@ -10,10 +10,16 @@
 //!    [`Source`]: the [`SyntheticData`] (a pure function of the seed: every process
 //!    builds the same) or, with [`Job::data`], the memory-mapped dataset (each
 //!    process opens it and reads only its ranks' slices);
-//! 2. hands every rank the parameters its graphs declare — a parameter needed by
-//!    one rank only (an embedding table on its owner) is *moved*, replicated ones
-//!    (MLP weights) are cloned for all but the last rank that needs them; a process
-//!    running one rank keeps only that rank's parameters;
+//! 2. hands every rank the parameters its graphs declare, creating only those: a
+//!    described parameter ([`dlrm_ir::Described`], every table of a JSON model) is
+//!    generated for the ranks that declare it, a row shard (`<table>.rows<lo>_<hi>`,
+//!    [`Job::row_shards`]) as just its rows, so no rank ever holds a table or rows it
+//!    does not own, and a process running one rank (MPI) creates only that rank's
+//!    parameters; a stored parameter needed by one rank only is *moved*, replicated
+//!    ones (MLP weights) are cloned for all but the last rank that needs them.
+//!    Creation allocates fallibly: a parameter too large for this process is an
+//!    error naming it and the bytes. A resumed job reads the kept ranks' values from
+//!    the checkpoint instead and creates nothing from the plan;
 //! 3. every rank runs `iters` training steps (or inference steps in inference mode)
 //!    on steps `0..iters` of the data, feeding its own slice (a dataset's batches
 //!    assembled ahead by a loader thread, [`crate::prefetch`]), on its own pool of
@@ -62,7 +68,7 @@ use crate::plan::Plan;
 use crate::progress::CommTimes;
 use crate::schedule::{LrSchedule, graph_lr};
 use crate::source::{EvalSet, Source};
-use dlrm_ir::{AllReduceAlgo, Communicator, Graph, LocalGroup, Tensor};
+use dlrm_ir::{AllReduceAlgo, Communicator, Graph, LocalGroup, ParamValue, Tensor};
 use rank::{panic_message, rank_guarded, rank_pool};
 use report::report;
 use serde::Serialize;
@@ -83,8 +89,10 @@ pub enum Mode {
 /// A run of a model on `ranks` ranks.
 #[derive(Clone, Debug)]
 pub struct Job {
-    /// Initial parameter values (moved to the ranks: tables to their owner).
-    pub params: Vec<(String, Tensor)>,
+    /// Initial parameter values, stored or described (each rank gets, or creates,
+    /// only those its graphs declare; a row shard's rows come from its table's
+    /// value, see [`Job::row_shards`]).
+    pub params: Vec<(String, ParamValue)>,
     /// The unpartitioned inference graph (data schema).
     pub full_infer: Graph,
     /// The unpartitioned training graph (data schema with the label), if training.
@@ -132,8 +140,9 @@ pub struct Job {
     /// after step `s`). The run ends after step [`Job::iters`].
     pub start: u64,
     /// The row-shard parameters of the partitioned graphs (`<table>.rows<lo>_<hi>`)
-    /// and the rows of the full parameter each holds: checkpoints store and load
-    /// them as parts of the full parameter.
+    /// and the rows of the full parameter each holds: a rank creates (or loads) just
+    /// those rows of the table's value; checkpoints store and load them as parts of
+    /// the full parameter.
     pub row_shards: Vec<RowPiece>,
     /// Write checkpoints (training only).
     pub checkpoint: Option<CheckpointSpec>,
@@ -344,11 +353,8 @@ pub fn run_with_params(
         infer_graphs,
         ..
     } = job;
-    let resume = job
-        .resume
-        .as_deref()
-        .map(|c| (c, job.row_shards.as_slice()));
-    let per_rank = distribute(params, train_graphs.as_deref(), &infer_graphs, None, resume)?;
+    let source = (job.row_shards.as_slice(), job.resume.as_deref());
+    let per_rank = distribute(params, train_graphs.as_deref(), &infer_graphs, None, source)?;
     let comms = LocalGroup::with_algo(ranks, cfg.allreduce);
     let (tx, rx) = mpsc::channel::<Event>();
     let mut train_graphs = train_graphs.map(|v| v.into_iter().map(Some).collect::<Vec<_>>());
@@ -463,16 +469,13 @@ pub fn run_rank(
         infer_graphs,
         ..
     } = job;
-    let resume = job
-        .resume
-        .as_deref()
-        .map(|c| (c, job.row_shards.as_slice()));
+    let source = (job.row_shards.as_slice(), job.resume.as_deref());
     let mut per_rank = distribute(
         params,
         train_graphs.as_deref(),
         &infer_graphs,
         Some(rank),
-        resume,
+        source,
     )
     .map_err(fail)?;
     let params = std::mem::take(&mut per_rank[rank]);
@@ -581,21 +584,23 @@ fn check_job(job: &Job) -> Result<()> {
     Ok(())
 }
 
-/// Each rank's parameters: those its graphs declare; single-owner ones moved. With
-/// `only = Some(r)`, the other ranks' maps stay empty (a process running rank r),
-/// but a parameter missing for any rank is still an error. With `resume`, the
-/// values the kept ranks need come from the checkpoint instead (a row shard read
-/// as its rows of the full parameter): each process reads only what it holds.
+/// Each rank's parameters: those its graphs declare, created from `params` (see
+/// step 2 of the module docs); single-owner stored ones moved. With `only =
+/// Some(r)`, the other ranks' maps stay empty and nothing of theirs is created (a
+/// process running rank r), but a parameter missing for any rank is still an
+/// error. A row shard in `row_shards` is created as its rows of its table's value.
+/// With a checkpoint, the values the kept ranks need come from it instead (a row
+/// shard read as its rows of the full parameter): each process reads only what it
+/// holds.
 fn distribute(
-    params: Vec<(String, Tensor)>,
+    params: Vec<(String, ParamValue)>,
     train: Option<&[Graph]>,
     infer: &[Graph],
     only: Option<usize>,
-    resume: Option<(&Checkpoint, &[RowPiece])>,
+    (row_shards, resume): (&[RowPiece], Option<&Checkpoint>),
 ) -> Result<Vec<HashMap<String, Tensor>>> {
-    let shards: HashMap<&str, &RowPiece> = resume
-        .map(|(_, rs)| rs.iter().map(|p| (p.param.as_str(), p)).collect())
-        .unwrap_or_default();
+    let shards: HashMap<&str, &RowPiece> =
+        row_shards.iter().map(|p| (p.param.as_str(), p)).collect();
     let ranks = infer.len();
     let mut need: HashMap<String, Vec<usize>> = HashMap::new();
     for r in 0..ranks {
@@ -607,36 +612,65 @@ fn distribute(
             need.entry(n.to_string()).or_default().push(r);
         }
     }
+    let mut values: HashMap<String, ParamValue> = params.into_iter().collect();
+    // Whatever has no value is an error, whichever rank needs it.
+    let has_value = |n: &str| match shards.get(n) {
+        Some(p) => values.contains_key(&p.table),
+        None => values.contains_key(n),
+    };
+    if let Some((name, rs)) = need
+        .iter()
+        .filter(|(n, _)| !has_value(n))
+        .min_by(|a, b| a.0.cmp(b.0))
+    {
+        return Err(RuntimeError::Param {
+            name: name.clone(),
+            reason: format!("needed by rank {} but the job has no value for it", rs[0]),
+        });
+    }
+    let mut need: Vec<(String, Vec<usize>)> = need
+        .into_iter()
+        .map(|(n, mut rs)| {
+            rs.retain(|&r| only.is_none_or(|o| o == r));
+            rs.sort_unstable();
+            (n, rs)
+        })
+        .filter(|(_, rs)| !rs.is_empty())
+        .collect();
+    // Row shards first (they read their table's value), then whole parameters
+    // (moved out of `values`).
+    need.sort_by_key(|(n, _)| (!shards.contains_key(n.as_str()), n.clone()));
     let mut per_rank: Vec<HashMap<String, Tensor>> = vec![HashMap::new(); ranks];
-    for (name, t) in params {
-        let Some(rs) = need.remove(&name) else {
-            continue;
+    for (name, rs) in need {
+        let t = match (resume, shards.get(name.as_str())) {
+            (Some(c), Some(p)) => c.read_rows(&p.table, p.lo..p.hi)?,
+            (Some(c), None) => c.read_param(&name)?,
+            (None, Some(p)) => match values.get(&p.table) {
+                Some(v) => v.rows(&name, p.lo, p.hi)?,
+                None => unreachable_value(&name)?,
+            },
+            (None, None) => match values.remove(&name) {
+                Some(v) => v.into_tensor(&name)?,
+                None => unreachable_value(&name)?,
+            },
         };
-        let mut rs = rs;
-        rs.retain(|&r| only.is_none_or(|o| o == r));
-        rs.sort_unstable();
         let Some((&last, others)) = rs.split_last() else {
             continue;
-        };
-        let t = match resume {
-            Some((c, _)) => match shards.get(name.as_str()) {
-                Some(p) => c.read_rows(&p.table, p.lo..p.hi)?,
-                None => c.read_param(&name)?,
-            },
-            None => t,
         };
         for &r in others {
             per_rank[r].insert(name.clone(), t.clone());
         }
         per_rank[last].insert(name, t);
     }
-    if let Some((name, rs)) = need.into_iter().min_by(|a, b| a.0.cmp(&b.0)) {
-        return Err(RuntimeError::Param {
-            name,
-            reason: format!("needed by rank {} but the job has no value for it", rs[0]),
-        });
-    }
     Ok(per_rank)
+}
+
+/// A value checked to exist that is missing after all (not reachable).
+fn unreachable_value(name: &str) -> Result<Tensor> {
+    Err(RuntimeError::Param {
+        name: name.to_string(),
+        reason: "has no value".into(),
+    })
 }
 
 /// The learning rate of the training steps.

@@ -321,7 +321,10 @@ pub fn plan(lr: f32) -> Plan {
         name: "tiny".into(),
         infer: tiny(1, 0, false, lr),
         train: Some(tiny(1, 0, true, lr)),
-        params: params(42),
+        params: params(42)
+            .into_iter()
+            .map(|(n, t)| (n, dlrm_ir::ParamValue::Stored(t)))
+            .collect(),
         training: Training {
             loss: "bce".into(),
             optimizer: "sgd".into(),
