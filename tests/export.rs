@@ -54,10 +54,14 @@ fn example(dir: &Path, name: &str, rows: Option<usize>) -> PathBuf {
 /// table's rows.
 fn inputs_for(g: &Graph, batch: usize, seed: u64) -> HashMap<String, Tensor> {
     let mut rows = HashMap::new();
+    let mut offsets = std::collections::HashSet::new();
     for n in g.nodes() {
-        if matches!(n.op, Op::EmbeddingBag { .. }) {
+        if matches!(n.op, Op::EmbeddingBag { .. } | Op::EmbeddingBagWeighted) {
             let r = g.ty(n.inputs[0]).shape[0].fixed().expect("rows");
             rows.insert(n.inputs[1], r);
+            if let Some(&o) = n.inputs.get(2) {
+                offsets.insert(o);
+            }
         }
     }
     let mut state = seed
@@ -87,7 +91,23 @@ fn inputs_for(g: &Graph, batch: usize, seed: u64) -> HashMap<String, Tensor> {
             )
         } else {
             let r = rows.get(&v).copied().unwrap_or(10) as u64;
-            let v: Vec<i64> = (0..n).map(|_| (next() % r) as i64).collect();
+            let v: Vec<i64> = if offsets.contains(&v) {
+                // Offsets into `batch` indices: from 0, non-decreasing (some bags
+                // empty, the last ones too when the draw ends at `batch`).
+                let mut o: Vec<i64> = (0..n)
+                    .map(|k| {
+                        if k == 0 {
+                            0
+                        } else {
+                            (next() % (batch as u64 + 1)) as i64
+                        }
+                    })
+                    .collect();
+                o.sort_unstable();
+                o
+            } else {
+                (0..n).map(|_| (next() % r) as i64).collect()
+            };
             if ty.dtype == dlrm_ir::DType::I32 {
                 Tensor::i32(shape, v.into_iter().map(|x| x as i32).collect())
             } else {
@@ -246,16 +266,21 @@ fn bf16_plans_export_with_their_roundings() {
     }
 }
 
-/// Variable-size bags (offsets, from PyTorch `EmbeddingBag` exports), weighted
-/// bags and -O0 plans export; the model is valid protobuf with the segment-sum
-/// form, and the training graph is refused with a clear error.
+/// Variable-size bags (offsets, from PyTorch `EmbeddingBag` exports; sum, mean,
+/// weighted) export in the segment-sum form and re-import with the bags fused:
+/// the same outputs as the plan, and `export -> dlrmc compile` gives the same plan
+/// ops; the training graph is refused with a clear error.
 #[test]
 fn offsets_bags_and_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
     for case in [
         "ebag_torchscript",
         "ebag_dynamo",
         "dlrm_weighted",
         "ebag_torchscript_weighted",
+        "real/ts17_dot_mean",
+        "real/ts17_dot_int32",
+        "real/dynamo_dot_weighted",
     ] {
         let model = root()
             .join("frontends/onnx/test_cases")
@@ -266,6 +291,13 @@ fn offsets_bags_and_errors() {
         let e = export(&plan.infer, &params, &ExportOptions::default()).expect(case);
         let bytes = e.to_bytes().expect("encode");
         assert!(bytes.len() > 100, "{case}");
+        let onnx = export_and_check(&plan, dir.path(), &case.replace('/', "_"));
+        let again = compile_file(&onnx, Precision::Fp32, Some(&plan.training.optimizer));
+        assert_eq!(
+            ops(&again),
+            ops(&plan),
+            "{case}: plan ops after the round trip"
+        );
         let train = plan.train.as_ref().expect("trains");
         let err = export(
             train,

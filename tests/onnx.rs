@@ -298,26 +298,55 @@ fn onnx_training_errors_are_clear() {
 #[test]
 fn weighted_bag_onnx_model_trains() {
     let dir = case("dlrm_weighted");
-    let arrays: Vec<(String, Tensor)> = dlrm_onnx::npz::read(&dir.join("inputs.npz"))
-        .expect("inputs")
-        .into_iter()
-        .map(|(n, t)| (dlrm_onnx::ir_name(&n), t))
-        .collect();
+    let arrays = npz_inputs(&dir.join("inputs.npz"));
     let batch = arrays
         .iter()
         .find(|(n, _)| n == "offsets")
         .expect("offsets")
         .1
         .numel();
+    let runs = train_both(
+        &dir.join("model.onnx"),
+        &arrays,
+        batch,
+        "embedding.weight",
+        &["embedding_bag_weighted", "embedding_bag_grad", "sparse_sgd"],
+        0.5,
+    );
+    check_runs("dlrm_weighted", &runs, 0.8, usize::MAX);
+}
+
+/// Arrays of an npz file under their IR names.
+fn npz_inputs(path: &Path) -> Vec<(String, Tensor)> {
+    dlrm_onnx::npz::read(path)
+        .expect("inputs")
+        .into_iter()
+        .map(|(n, t)| (dlrm_onnx::ir_name(&n), t))
+        .collect()
+}
+
+/// Trains the ONNX model at `model` for 40 steps on `arrays` (labels alternate 0
+/// and 1), compiled at -O0 and at -O1: checks the training graph has `ops_wanted`
+/// (at -O1 the row gradient and update may be one `embedding_update`) and that
+/// `table` was updated; returns both runs' losses.
+fn train_both(
+    model: &Path,
+    arrays: &[(String, Tensor)],
+    batch: usize,
+    table: &str,
+    ops_wanted: &[&str],
+    lr: f32,
+) -> Vec<Vec<f32>> {
+    let what = model.display();
     let labels = Tensor::f32(vec![batch, 1], (0..batch).map(|i| (i % 2) as f32).collect());
     let mut runs = Vec::new();
     for optimize in [false, true] {
         let overrides = Overrides {
             batch_size: Some(batch),
-            learning_rate: Some(0.5),
+            learning_rate: Some(lr),
             ..Overrides::default()
         };
-        let model = load_model(&dir.join("model.onnx"), overrides).expect("load");
+        let model = load_model(model, overrides).expect("load");
         let opts = CompileOptions {
             optimize,
             ..CompileOptions::default()
@@ -325,10 +354,14 @@ fn weighted_bag_onnx_model_trains() {
         let plan = compile(model, &opts, &mut |_, _| {}).expect("compile");
         let train = plan.train.expect("a training graph");
         let ops: Vec<&str> = train.nodes().iter().map(|n| n.op.mnemonic()).collect();
-        for op in ["embedding_bag_weighted", "embedding_bag_grad", "sparse_sgd"] {
+        for op in ops_wanted {
+            // -O1 may fuse the row gradient into the update (`embedding_update`).
+            let fused = optimize
+                && matches!(*op, "embedding_bag_grad" | "sparse_sgd")
+                && ops.contains(&"embedding_update");
             assert!(
-                ops.contains(&op),
-                "-O{}: no {op} in {ops:?}",
+                ops.contains(op) || fused,
+                "{what} -O{}: no {op} in {ops:?}",
                 u8::from(optimize)
             );
         }
@@ -338,7 +371,6 @@ fn weighted_bag_onnx_model_trains() {
             .map(|&v| train.name_of(v).to_string())
             .find(|n| n.starts_with("label"))
             .expect("a label input");
-        let table = "embedding.weight";
         let params = dlrm_ir::init::materialize_all(&plan.params).expect("params");
         let before = params
             .iter()
@@ -358,23 +390,62 @@ fn weighted_bag_onnx_model_trains() {
         assert_ne!(
             exec.param(table).expect("table").to_f32_vec(),
             before.to_f32_vec(),
-            "the table was not updated"
+            "{what}: the table was not updated"
         );
         runs.push(losses);
     }
+    runs
+}
+
+/// The loss is finite and falls below `fall` times its first value, and -O0 and
+/// -O1 agree within 1e-5 relative at the first `agree` steps.
+fn check_runs(name: &str, runs: &[Vec<f32>], fall: f32, agree: usize) {
     let (o0, o1) = (&runs[0], &runs[1]);
-    assert!(o0.iter().all(|l| l.is_finite()), "{o0:?}");
+    assert!(o0.iter().all(|l| l.is_finite()), "{name}: {o0:?}");
+    let last = o0.len() - 1;
     assert!(
-        o0[39] < 0.8 * o0[0],
-        "the loss did not fall: {} -> {}",
+        o0[last] < fall * o0[0],
+        "{name}: the loss did not fall: {} -> {}",
         o0[0],
-        o0[39]
+        o0[last]
     );
     for (k, (a, b)) in o0.iter().zip(o1).enumerate() {
         assert!(
-            (a - b).abs() <= 1e-5 * a.abs().max(1.0),
-            "step {k}: -O0 loss {a} vs -O1 loss {b}"
+            k >= agree || (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+            "{name} step {k}: -O0 loss {a} vs -O1 loss {b}"
         );
+    }
+}
+
+/// Real PyTorch exports train from their initializers, one case per bag form
+/// (offsets with empty bags, fixed-size, `mean`, per-sample weights, int32
+/// indices; TorchScript and dynamo; dot and cat): the training graph has the bag
+/// gradient and the sparse update, the loss falls on PyTorch's batch of 7 and the
+/// -O0 and -O1 plans agree over the first 10 steps.
+#[test]
+fn real_pytorch_exports_train() {
+    for (name, bag) in [
+        ("ts17_dot_offsets", "embedding_bag"),
+        ("ts17_dot_fixed", "embedding_bag"),
+        ("ts17_dot_mean", "embedding_bag"),
+        ("dynamo_dot_weighted", "embedding_bag_weighted"),
+        ("ts17_dot_int32", "embedding_bag"),
+        ("ts11_cat_offsets", "embedding_bag"),
+    ] {
+        let dir = case("real").join(name);
+        let arrays = npz_inputs(&dir.join("inputs_7.npz"));
+        let runs = train_both(
+            &dir.join("model.onnx"),
+            &arrays,
+            7,
+            "emb_l.0.weight",
+            &[bag, "embedding_bag_grad", "sparse_sgd"],
+            0.5,
+        );
+        // At lr 0.5 on three tables -O0 and -O1 (blocked GEMMs, fused updates)
+        // drift apart past 1e-5 after some 30 steps (5.6e-4 at step 36 of
+        // `ts17_dot_mean`): compared over the first 10.
+        check_runs(name, &runs, 0.8, 10);
     }
 }
 

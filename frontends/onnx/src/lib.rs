@@ -7,7 +7,9 @@
 //! few IR ops, through an op registry split by theme (`ops/`). Shape computations
 //! (`Shape`, `Constant`, `ConstantOfShape`, `Range`, ...) are folded at import; the
 //! `Loop` forms PyTorch's exporters write for `nn.EmbeddingBag` become
-//! `embedding_bag` with offsets. Dynamic batch dimensions become the `B` symbol.
+//! `embedding_bag` with offsets, and so does the `Loop`-free segment sum that
+//! [`export`] writes (so an exported model re-imports with its bags fused).
+//! Dynamic batch dimensions become the `B` symbol.
 //!
 //! Every error names the node (name and index), its op type and what is wrong, and
 //! no input makes the importer panic (a property test feeds it mutated bytes).

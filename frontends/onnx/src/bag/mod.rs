@@ -23,7 +23,10 @@
 //! not match is refused with the first reason it did not, naming the node.
 
 mod eval;
+mod segment;
 mod shapes;
+
+pub(crate) use segment::{mean_div, part_of_segment, scatter_nd};
 
 use crate::import::{Ctx, NodeCx, SymI, Val};
 use crate::ops::Built;

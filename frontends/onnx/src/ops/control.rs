@@ -3,6 +3,8 @@
 //! lowered to `embedding_bag` (or `embedding_bag_weighted`) with offsets (see
 //! `crate::bag`). Other loops are an error naming the node. `ConcatFromSequence`
 //! accepts the lowered bag (already the concatenation of the loop's sequence).
+//! `ScatterND` (with `ScatterElements`, `CumSum`, `Max` as its parts) is the
+//! `Loop`-free bag `dlrmc export` writes, recognised by `crate::bag::scatter_nd`.
 
 use super::{Builder, Built};
 use crate::import::{Ctx, NodeCx, Val};
@@ -13,6 +15,10 @@ pub(super) fn register(r: &mut HashMap<&'static str, Builder>) {
     r.insert("Loop", crate::bag::lower_loop);
     r.insert("ConcatFromSequence", concat_from_sequence);
     r.insert("SequenceEmpty", |_, _| Ok(vec![]));
+    r.insert("ScatterND", crate::bag::scatter_nd);
+    for op in ["ScatterElements", "CumSum", "Max"] {
+        r.insert(op, crate::bag::part_of_segment);
+    }
 }
 
 fn if_(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {

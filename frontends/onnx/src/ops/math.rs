@@ -12,7 +12,9 @@ pub(super) fn register(r: &mut HashMap<&'static str, Builder>) {
     r.insert("Add", |cx, n| binary(cx, n, BinaryKind::Add));
     r.insert("Sub", |cx, n| binary(cx, n, BinaryKind::Sub));
     r.insert("Mul", |cx, n| binary(cx, n, BinaryKind::Mul));
-    r.insert("Div", |cx, n| binary(cx, n, BinaryKind::Div));
+    r.insert("Div", |cx, n| {
+        crate::bag::mean_div(cx, n).unwrap_or_else(|| binary(cx, n, BinaryKind::Div))
+    });
     r.insert("MatMul", matmul);
     r.insert("ReduceSum", |cx, n| reduce(cx, n, Pool::Sum));
     r.insert("ReduceMean", |cx, n| reduce(cx, n, Pool::Mean));

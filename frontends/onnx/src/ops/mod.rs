@@ -1,9 +1,9 @@
 //! The op registry: ONNX `(domain, op_type)` to builder functions, split by theme
 //! (`math`: arithmetic, matrix products, reductions, casts; `nn`: activations and
 //! `Gemm`; `array`: shapes, indexing, constants; `control`: `If`, `Loop` and the
-//! sequence ops of the EmbeddingBag loops). Builders read attributes through
-//! [`crate::attrs::Attrs`] and operands through the import context, and return one
-//! value per node output.
+//! sequence ops of the EmbeddingBag loops, the segment-sum bag of exports).
+//! Builders read attributes through [`crate::attrs::Attrs`] and operands through
+//! the import context, and return one value per node output.
 
 mod array;
 mod control;
