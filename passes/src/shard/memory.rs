@@ -32,9 +32,10 @@
 //!   assembled ahead by the loader.
 //!
 //! Not counted: the program itself, the JIT's code, thread stacks, allocator slack,
-//! and whatever the process holds besides its ranks' graphs (today every process
-//! reads the whole plan, parameters included). The README compares the account
-//! with the measured peak resident memory.
+//! the MPI library's buffers, and whatever the process holds besides its ranks'
+//! graphs (the plan's stored parameters — the MLPs; described tables are created
+//! only by the ranks that own them). The README compares the account with the
+//! measured peak resident memory.
 //!
 //! The planner ([`super::planner`]) places tables (their storage) against a
 //! budget, less [`PlannerOptions::reserved_per_rank`](super::PlannerOptions)
