@@ -220,26 +220,20 @@ pub fn suggest(w: &Want<'_>) -> Suggestion {
 /// Refuses the job if a rank's account exceeds the budget ([`shard::check`] with
 /// [`suggest`]'s advice).
 pub fn check(accounts: &[MemoryAccount], budget: &Budget, want: &Want<'_>) -> Result<()> {
-    shard::check(accounts, budget.bytes, &budget.source, &|| suggest(want))
-        .map_err(|e| Error::Memory(e.to_string()))
+    shard::check(accounts, budget.bytes, &budget.source, &|| suggest(want)).map_err(|e| {
+        // The reason alone: the refusal is the caller's (`dlrmc plan-shards` or
+        // `dlrm-run`), not the planner pass's.
+        Error::Memory(match e {
+            dlrm_passes::PassError::Arg { reason, .. } => reason,
+            e => e.to_string(),
+        })
+    })
 }
 
 /// The planner could not place the tables in the budget: its reason, with
 /// [`suggest`]'s advice.
 pub fn placement_refusal(reason: &dlrm_passes::PassError, want: &Want<'_>) -> Error {
-    let s = suggest(want);
-    let mut advice = Vec::new();
-    if let Some(r) = s.ranks {
-        advice.push(format!("{r} ranks would fit (--ranks {r} / mpirun -n {r})"));
-    }
-    if let Some(b) = s.batch {
-        advice.push(format!(
-            "a global batch of at most {b} would fit (--batch-size)"
-        ));
-    }
-    if let Some(p) = s.precision {
-        advice.push(p);
-    }
+    let advice = suggest(want).clauses(false);
     Error::Memory(format!(
         "{} tables do not fit {} ranks: {reason}{}{}",
         want.tables.len(),

@@ -118,6 +118,10 @@ fn terabyte_fits_64_ranks_and_is_refused_on_one() {
     ] {
         assert!(err.contains(want), "`{want}` not in: {err}");
     }
+    assert!(
+        !err.contains("plan-shards:"),
+        "the planner pass's prefix: {err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

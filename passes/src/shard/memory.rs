@@ -418,6 +418,28 @@ pub struct Suggestion {
     pub precision: Option<String>,
 }
 
+impl Suggestion {
+    /// The advice as clauses for an error message: the rank count (or that none
+    /// tried fits, when `say_none`), the batch, the precision.
+    pub fn clauses(&self, say_none: bool) -> Vec<String> {
+        let mut advice = Vec::new();
+        match self.ranks {
+            Some(r) => advice.push(format!("{r} ranks would fit (--ranks {r} / mpirun -n {r})")),
+            None if say_none => advice.push("no rank count tried would fit".to_string()),
+            None => {}
+        }
+        if let Some(b) = self.batch {
+            advice.push(format!(
+                "a global batch of at most {b} would fit (--batch-size)"
+            ));
+        }
+        if let Some(p) = &self.precision {
+            advice.push(p.clone());
+        }
+        advice
+    }
+}
+
 /// Refuses `accounts` (one per rank) if any rank's total exceeds `budget`: the
 /// error names the rank, its total against the budget (and where the budget comes
 /// from, `budget_source`), its largest parts (a table by name with its bytes), and
@@ -444,20 +466,7 @@ pub fn check(
         .take(3)
         .map(|(what, b)| format!("{what}: {} ({b} bytes)", human(*b)))
         .collect();
-    let s = suggest();
-    let mut advice = Vec::new();
-    match s.ranks {
-        Some(r) => advice.push(format!("{r} ranks would fit (--ranks {r} / mpirun -n {r})")),
-        None => advice.push("no rank count tried would fit".to_string()),
-    }
-    if let Some(b) = s.batch {
-        advice.push(format!(
-            "a global batch of at most {b} would fit (--batch-size)"
-        ));
-    }
-    if let Some(p) = s.precision {
-        advice.push(p);
-    }
+    let advice = suggest().clauses(true);
     Err(PassError::Arg {
         pass: ID.to_string(),
         reason: format!(
