@@ -547,7 +547,13 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         if !cli.quiet
             && let (Some(rank), Some(b)) = (rank, peak_rss_bytes())
         {
-            eprintln!("rank {rank}: peak resident memory {} ({b} bytes)", human(b));
+            // One write: stderr is unbuffered, and `mpirun` merges the processes'
+            // streams, so a line written in pieces can be cut by another rank's.
+            let line = format!(
+                "rank {rank}: peak resident memory {} ({b} bytes)\n",
+                human(b)
+            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         }
         return Ok(());
     };
