@@ -56,6 +56,10 @@ pub struct Overrides {
     /// Each table's rows, from a dataset (`dlrmc compile --data`; JSON
     /// descriptions only): they replace the description's `table_rows`.
     pub table_rows: Option<TableRows>,
+    /// Describe (instead of storing) MLP parameters of more than this many bytes
+    /// (JSON descriptions; `None`: [`dlrm_json::DESCRIBE_ABOVE`]). Tables are
+    /// always described.
+    pub describe_above: Option<u64>,
 }
 
 /// Table sizes taken from a dataset's manifest ([`table_rows_of`]).
@@ -161,7 +165,8 @@ fn load_json(path: &Path, o: Overrides) -> Result<Model> {
     }
     spec.validate(&format!("{} (with command-line overrides)", path.display()))?;
     let graph = spec.graph()?;
-    let params = spec.initial_values()?;
+    let params =
+        spec.initial_values_describing(o.describe_above.unwrap_or(dlrm_json::DESCRIBE_ABOVE))?;
     let t = spec.training();
     let mut summary = spec.summary();
     if let Some(n) = note {

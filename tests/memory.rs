@@ -197,3 +197,59 @@ fn huge_batch_is_refused_before_allocation_and_peak_memory_is_reported() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An embedding dimension of 1e9 (the terabyte model's, widened): a `[1e9, 256]`
+/// bottom weight and a `[1024, 1e9 + 351]` top weight, 4 TB of MLPs, are above
+/// `--describe-above` and described (blocked), so the plan compiles quickly and
+/// small; `dlrm-run` refuses it with the memory account, not an abort.
+#[test]
+fn a_billion_wide_model_compiles_described_and_is_refused_by_the_account() {
+    let dir = tmp("wide");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-mlperf-terabyte.json");
+    let mut v: Value =
+        serde_json::from_str(&std::fs::read_to_string(src).expect("read")).expect("json");
+    v["embedding_dim"] = 1_000_000_000u64.into();
+    v["bottom_mlp"] = "13-512-256-1000000000".into();
+    let json = dir.join("wide.json");
+    std::fs::write(&json, v.to_string()).expect("write");
+    let plan = dir.join("wide.plan");
+    let p = plan.to_str().expect("utf8");
+    let start = Instant::now();
+    ok(
+        DLRMC,
+        &["compile", json.to_str().expect("utf8"), "-o", p, "--quiet"],
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        start.elapsed()
+    );
+    let bytes: u64 = std::fs::read_dir(&plan)
+        .expect("the plan")
+        .map(|e| e.expect("entry").metadata().expect("metadata").len())
+        .sum();
+    assert!(bytes < 64 << 20, "the plan holds {bytes} bytes");
+    let m: Value = serde_json::from_str(
+        &std::fs::read_to_string(plan.join("manifest.json")).expect("manifest"),
+    )
+    .expect("json");
+    let entry = |name: &str| {
+        m["params"]
+            .as_array()
+            .expect("params")
+            .iter()
+            .find(|e| e["name"] == name)
+            .cloned()
+            .expect(name)
+    };
+    assert_eq!(entry("bot.2.w")["init"]["blocked"]["n"], 1_000_000_000u64);
+    assert_eq!(entry("top.0.w")["init"]["blocked"]["n"], 1024);
+    assert!(entry("bot.2.b")["init"].is_object());
+    assert!(
+        entry("bot.0.w")["init"].is_null(),
+        "small weights are stored"
+    );
+    let err = fails(DLRM_RUN, &[p, "--iters", "1", "--mem-per-rank", "16GiB"]);
+    assert!(err.contains("not enough memory"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -250,6 +250,39 @@ pub struct Described {
     /// Which part of the f32 values is held.
     #[serde(default)]
     pub part: Part,
+    /// The values blocked for the blocked GEMM (the layout pass): `shape` is then
+    /// the blocked `[n/bn, k/bk, bk, bn]` and the values those of the `[n, k]`
+    /// initialisation, zero-padded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<Blocking>,
+}
+
+/// How a described `[n, k]` weight is blocked: element `w[i][j]` sits at
+/// `[i / bn, j / bk, j % bk, i % bn]` of the `[ceil(n/bn), ceil(k/bk), bk, bn]`
+/// value, every other element 0 (the interpreter's `block_weight`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Blocking {
+    /// Rows of the unblocked weight (its output features).
+    pub n: usize,
+    /// Columns of the unblocked weight (its input features).
+    pub k: usize,
+    /// Block rows.
+    pub bn: usize,
+    /// Block columns.
+    pub bk: usize,
+}
+
+impl Blocking {
+    /// The blocked shape `[ceil(n/bn), ceil(k/bk), bk, bn]`.
+    pub fn shape(&self) -> Vec<usize> {
+        vec![
+            self.n.div_ceil(self.bn),
+            self.k.div_ceil(self.bk),
+            self.bk,
+            self.bn,
+        ]
+    }
 }
 
 impl Described {
@@ -293,6 +326,9 @@ impl Described {
         } else {
             shape[0] = hi - lo;
         }
+        if let Some(b) = self.blocked {
+            return self.blocked_rows(name, b, lo, hi, n, shape);
+        }
         let start = (lo as u128 * row) as u64;
         let generate = |out: &mut [f32]| fill_range(self.seed, self.stream, self.init, start, out);
         let data = match self.part {
@@ -310,11 +346,7 @@ impl Described {
                     let s = &mut scratch[..out.len()];
                     fill_range(self.seed, self.stream, self.init, at, s);
                     for (o, &x) in out.iter_mut().zip(s.iter()) {
-                        *o = match part {
-                            Part::Bf16High => bf16::from_bits((x.to_bits() >> 16) as u16),
-                            Part::Bf16Low => bf16::from_bits((x.to_bits() & 0xffff) as u16),
-                            _ => bf16::from_f32(x),
-                        };
+                        *o = to_part(part, x);
                     }
                     at += out.len() as u64;
                 }
@@ -327,6 +359,76 @@ impl Described {
     /// The whole value.
     pub fn materialize(&self, name: &str) -> Result<Tensor> {
         self.rows(name, 0, self.shape.first().copied().unwrap_or(1))
+    }
+
+    /// Block rows `lo..hi` of a blocked weight (`n` elements, `shape`): the
+    /// unblocked rows they hold are generated a group of block rows at a time (an
+    /// f32 scratch of about 2^20 elements, at least one block row's `bn * k`) and
+    /// scattered to their blocked places; padding stays 0.
+    fn blocked_rows(
+        &self,
+        name: &str,
+        b: Blocking,
+        lo: usize,
+        hi: usize,
+        n: usize,
+        shape: Vec<usize>,
+    ) -> Result<Tensor> {
+        if shape.len() != 4 || b.bn == 0 || b.bk == 0 || b.shape()[1..] != shape[1..] {
+            return Err(IrError::Binding {
+                name: name.to_string(),
+                reason: format!("blocking {b:?} does not give its shape {:?}", self.shape),
+            });
+        }
+        let kb = b.k.div_ceil(b.bk);
+        let block_row = kb * b.bk * b.bn;
+        let src_row = b.bn * b.k;
+        let group = ((1usize << 20) / src_row.max(1)).max(1);
+        let mut scratch = try_alloc::<f32>(name, group.min(hi - lo) * src_row)?;
+        let mut scatter = |out_row: &mut dyn FnMut(usize, f32), r0: usize| {
+            // Block rows r0 .. r0 + group (absolute), unblocked rows i0 .. i1.
+            let i0 = r0 * b.bn;
+            let i1 = ((r0 + group).min(hi) * b.bn).min(b.n);
+            if i0 >= i1 {
+                return;
+            }
+            let s = &mut scratch[..(i1 - i0) * b.k];
+            fill_range(self.seed, self.stream, self.init, (i0 * b.k) as u64, s);
+            for i in i0..i1 {
+                for j in 0..b.k {
+                    let at =
+                        (((i / b.bn - lo) * kb + j / b.bk) * b.bk + j % b.bk) * b.bn + i % b.bn;
+                    out_row(at, s[(i - i0) * b.k + j]);
+                }
+            }
+        };
+        let data = match self.part {
+            Part::F32 => {
+                let mut v = try_alloc::<f32>(name, n)?;
+                for r0 in (lo..hi).step_by(group) {
+                    scatter(&mut |at, x| v[at] = x, r0);
+                }
+                Data::F32(v)
+            }
+            part => {
+                let mut v = try_alloc::<bf16>(name, n)?;
+                for r0 in (lo..hi).step_by(group) {
+                    scatter(&mut |at, x| v[at] = to_part(part, x), r0);
+                }
+                Data::BF16(v)
+            }
+        };
+        debug_assert_eq!(n, (hi - lo) * block_row);
+        Ok(Tensor { shape, data })
+    }
+}
+
+/// One f32 value as the stored `part` (a bf16 part).
+fn to_part(part: Part, x: f32) -> bf16 {
+    match part {
+        Part::Bf16High => bf16::from_bits((x.to_bits() >> 16) as u16),
+        Part::Bf16Low => bf16::from_bits((x.to_bits() & 0xffff) as u16),
+        _ => bf16::from_f32(x),
     }
 }
 
@@ -486,6 +588,7 @@ mod tests {
             stream: 2,
             shape: vec![3000, 50],
             part: Part::F32,
+            blocked: None,
         };
         let full = d.materialize("t").expect("t");
         let rows = d.rows("t", 1234, 2999).expect("rows");
@@ -512,6 +615,52 @@ mod tests {
     }
 
     #[test]
+    fn blocked_rows_are_the_blocked_whole() {
+        let b = Blocking {
+            n: 70,
+            k: 45,
+            bn: 16,
+            bk: 32,
+        };
+        let d = Described {
+            init: Init::Normal { std: 0.1 },
+            seed: 3,
+            stream: 4,
+            shape: b.shape(),
+            part: Part::F32,
+            blocked: Some(b),
+        };
+        let plain = Described {
+            shape: vec![70, 45],
+            blocked: None,
+            ..d.clone()
+        }
+        .materialize("w")
+        .expect("w");
+        let w = plain.as_f32().expect("f32");
+        let whole = d.materialize("w").expect("blocked");
+        assert_eq!(whole.shape, vec![5, 2, 32, 16]);
+        let wb = whole.as_f32().expect("f32");
+        let mut want = vec![0f32; 5 * 2 * 32 * 16];
+        for i in 0..70 {
+            for j in 0..45 {
+                want[(((i / 16) * 2 + j / 32) * 32 + j % 32) * 16 + i % 16] = w[i * 45 + j];
+            }
+        }
+        assert_eq!(bits(wb), bits(&want));
+        let row = 2 * 32 * 16;
+        let part = d.rows("w", 2, 5).expect("rows");
+        assert_eq!(bits(part.as_f32().expect("f32")), bits(&want[2 * row..]));
+        let lo = d.with_part(Part::Bf16Low).rows("w", 4, 5).expect("lo");
+        let Data::BF16(lo) = &lo.data else {
+            panic!("bf16")
+        };
+        for (k, x) in lo.iter().enumerate() {
+            assert_eq!(x.to_bits(), (want[4 * row + k].to_bits() & 0xffff) as u16);
+        }
+    }
+
+    #[test]
     fn too_large_is_an_error_not_an_abort() {
         let d = Described {
             init: Init::Uniform { bound: 0.05 },
@@ -519,6 +668,7 @@ mod tests {
             stream: 0,
             shape: vec![5_000_000_000, 1_000_000_000],
             part: Part::F32,
+            blocked: None,
         };
         let e = d.materialize("emb.0").expect_err("too large");
         assert!(e.to_string().contains("emb.0"), "{e}");

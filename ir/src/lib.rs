@@ -27,7 +27,7 @@ pub use comm::{Communicator, SingleRank, batch_slice};
 pub use error::{IrError, Result};
 pub use graph::{Def, Graph, Node, Update, Value, ValueId};
 pub use infer::{infer, interaction_width};
-pub use init::{Described, Init, ParamValue, Part};
+pub use init::{Blocking, Described, Init, ParamValue, Part};
 pub use local_group::{AllReduceAlgo, LocalComm, LocalGroup, SMALL_ALLREDUCE};
 pub use op::{A2aDir, Act, Attr, BinaryKind, InteractionKind, MNEMONICS, Op, Pool};
 pub use tensor::{Data, Tensor};

@@ -14,15 +14,20 @@
 //! - `%<name>.acc`, f32 (an Adagrad accumulator): the optimizer's initial
 //!   accumulator value ([`Init::Constant`]).
 //!
+//! A `[n, k]` weight the layout pass blocked (its compiled type `[n/bn, k/bk, bk,
+//! bn]`) is described blocked ([`dlrm_ir::Blocking`]: the same values at their
+//! blocked places, zero padding), and so are its low half and its accumulator
+//! (whose padding is then 0, as the pass blocks it).
+//!
 //! A parameter given no value at all is left out (as [`compile_params`] leaves it
-//! out). A described parameter the passes changed otherwise (reshaped, re-laid-out)
+//! out). A described parameter the passes changed otherwise (reshaped)
 //! is an error naming the parameter: a description is only recorded when its values are
 //! exactly those the passes would have produced from the created tensor, which
 //! `tests/described.rs` checks against [`compile_params`] on the created values.
 
 use crate::pipeline::{PassLog, PipelineOptions, compile_params};
 use crate::{Optimizer, PassError, Result};
-use dlrm_ir::{DType, Described, Graph, Init, ParamValue, Part, Tensor};
+use dlrm_ir::{Blocking, DType, Described, Graph, Init, ParamValue, Part, Tensor};
 use std::collections::{HashMap, HashSet};
 
 /// A compiled graph with its parameters' values (stored or described).
@@ -79,6 +84,7 @@ pub fn compile_values(
         let Some(d) = derive(name, ty.dtype, &shape, &described, &names, acc) else {
             continue;
         };
+        let d = blocked_like(d, &shape);
         if d.shape != shape || d.part.dtype() != ty.dtype {
             return Err(bad(format!(
                 "the passes changed it to {ty}, which its description ({}{:?}) cannot give",
@@ -122,13 +128,42 @@ fn derive(
     if let Some(d) = name.strip_suffix(".acc").and_then(|b| described.get(b))
         && dtype == DType::F32
     {
+        // A dense accumulator blocked with its weight has the weight's unblocked
+        // shape before blocking (its padding is then 0, not the initial value).
+        let unblocked = if shape.len() == 4 && d.shape.len() == 2 {
+            d.shape.clone()
+        } else {
+            shape.to_vec()
+        };
         return Some(Described {
             init: Init::Constant { value: acc? },
             seed: d.seed,
             stream: d.stream,
-            shape: shape.to_vec(),
+            shape: unblocked,
             part: Part::F32,
+            blocked: None,
         });
     }
     None
+}
+
+/// `d` blocked as the layout pass blocks a `[n, k]` weight into `shape`
+/// (`[ceil(n/bn), ceil(k/bk), bk, bn]`: the block sizes are its last two
+/// dimensions); `d` unchanged if `shape` is not such a blocking of its shape.
+fn blocked_like(d: Described, shape: &[usize]) -> Described {
+    let (&[n, k], &[nb, kb, bk, bn]) = (d.shape.as_slice(), shape) else {
+        return d;
+    };
+    if d.blocked.is_some() || bn == 0 || bk == 0 {
+        return d;
+    }
+    let b = Blocking { n, k, bn, bk };
+    if b.shape() != [nb, kb, bk, bn] {
+        return d;
+    }
+    Described {
+        shape: b.shape(),
+        blocked: Some(b),
+        ..d
+    }
 }

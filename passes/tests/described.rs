@@ -1,7 +1,9 @@
 //! Described parameters through the pipeline ([`dlrm_passes::compile_values`]): every
 //! value derived from a description equals, bit for bit, what the passes make of
 //! the created tensor ([`dlrm_passes::compile_params`]), for every precision and
-//! optimizer (the bf16 parts, Split-SGD low halves, Adagrad accumulators).
+//! optimizer (the bf16 parts, Split-SGD low halves, Adagrad accumulators), with
+//! the default threshold (tables described) and with every parameter described
+//! (the blocked MLP weights, their low halves and accumulators).
 
 use dlrm_ir::init::materialize_all;
 use dlrm_ir::{ParamValue, Tensor};
@@ -18,12 +20,35 @@ const TINY: &str = r#"{
 #[test]
 fn described_values_equal_the_passes_on_created_tensors() {
     let spec = dlrm_json::ModelSpec::parse(TINY, "<toy>").expect("spec");
-    let graph = spec.graph().expect("graph");
     let values = spec.initial_values().expect("values");
     assert!(
         matches!(values[0].1, ParamValue::Described(_)),
         "tables are described"
     );
+    assert!(
+        matches!(values[2].1, ParamValue::Stored(_)),
+        "small weights are stored"
+    );
+    check(&spec, values, false);
+}
+
+/// Every weight described (threshold 0), with weights the layout pass blocks
+/// with padding (`bot.0.w` is `[16, 4]`, `top.0.w` `[1, 16]`).
+#[test]
+fn described_blocked_weights_equal_the_passes_on_created_tensors() {
+    let spec = dlrm_json::ModelSpec::parse(TINY, "<toy>").expect("spec");
+    let values = spec.initial_values_describing(0).expect("values");
+    assert!(
+        values
+            .iter()
+            .all(|(_, v)| matches!(v, ParamValue::Described(_))),
+        "everything is described"
+    );
+    check(&spec, values, true);
+}
+
+fn check(spec: &dlrm_json::ModelSpec, values: Vec<(String, ParamValue)>, all: bool) {
+    let graph = spec.graph().expect("graph");
     let created: Vec<(String, Tensor)> = materialize_all(&values).expect("created");
     let adagrad = AdagradConfig {
         eps: 1e-10,
@@ -70,6 +95,21 @@ fn described_values_equal_the_passes_on_created_tensors() {
                     .any(|(_, v)| matches!(v, ParamValue::Described(_))),
                 "{case}: the table stays described"
             );
+            if all {
+                assert!(
+                    lazy.params
+                        .iter()
+                        .all(|(_, v)| matches!(v, ParamValue::Described(_))),
+                    "{case}: every parameter stays described"
+                );
+                assert!(
+                    lazy.params.iter().any(|(_, v)| matches!(
+                        v,
+                        ParamValue::Described(d) if d.blocked.is_some()
+                    )),
+                    "{case}: blocked weights are described blocked"
+                );
+            }
             for ((n, a), (_, b)) in lazy_created.iter().zip(&eager.params) {
                 assert_eq!(a.shape, b.shape, "{case} {n}");
                 assert_eq!(a.dtype(), b.dtype(), "{case} {n}");

@@ -18,9 +18,11 @@
 //! of the element index ([`dlrm_ir::init`]), so any rows of the parameter can be
 //! created alone with the values the whole tensor has: every rank creates only the
 //! rows it owns ([`crate::driver`]), and a plan of a 100 GB model is a few
-//! megabytes. The JSON frontend describes every embedding table (and the passes
-//! derive their bf16 parts and optimizer accumulators, `dlrm_passes::described`);
-//! MLP weights and ONNX initializers are stored. Version-1 manifests (every
+//! megabytes. The JSON frontend describes every embedding table and every MLP
+//! parameter above `dlrmc compile --describe-above` (default 64 MiB; a blocked
+//! weight with its blocking, [`dlrm_ir::Blocking`]), and the passes derive their
+//! bf16 parts and optimizer accumulators (`dlrm_passes::described`); smaller MLP
+//! parameters and ONNX initializers are stored. Version-1 manifests (every
 //! parameter stored, no `init`) are still read.
 //!
 //! Invariants:

@@ -377,6 +377,7 @@ fn described_parameters_live_in_the_manifest() {
         stream: 0,
         shape: vec![50, 4],
         part: dlrm_ir::Part::F32,
+        blocked: None,
     };
     let want = d.materialize("emb.0").expect("created");
     p.params[0].1 = ParamValue::Described(d.clone());

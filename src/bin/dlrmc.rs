@@ -218,9 +218,21 @@ struct CompileArgs {
     /// descriptions: they replace `table_rows`).
     #[arg(long, value_name = "DS")]
     data: Option<PathBuf>,
+    /// Describe MLP weights and biases larger than this (e.g. `64MiB`, `0`: all) by
+    /// their initializer instead of storing them in the plan, as tables always are
+    /// (JSON descriptions; default 64MiB).
+    #[arg(long, value_name = "BYTES", value_parser = parse_describe_above)]
+    describe_above: Option<u64>,
     /// Print nothing but errors (and requested dumps).
     #[arg(short, long)]
     quiet: bool,
+}
+
+fn parse_describe_above(s: &str) -> std::result::Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    dlrm_passes::shard::parse_bytes(s).map_err(|e| e.to_string())
 }
 
 #[derive(Args, Debug)]
@@ -305,6 +317,7 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
         seed: a.seed,
         label: a.label.clone(),
         table_rows: a.data.as_deref().map(table_rows_of).transpose()?,
+        describe_above: a.describe_above,
     };
     let model = load_model(&a.model, overrides)?;
     say(format!(

@@ -22,6 +22,10 @@ use dlrm_ir::{
 };
 use std::fmt::Write as _;
 
+/// MLP parameters of more than this many bytes (f32) are described, not stored, by
+/// default ([`ModelSpec::initial_values`]): 64 MiB.
+pub const DESCRIBE_ABOVE: u64 = 64 << 20;
+
 /// Training hyper-parameters of a model, as the description gives them.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Training {
@@ -177,11 +181,19 @@ impl ModelSpec {
         init::materialize_all(&values).map_err(|e| self.init_err(e))
     }
 
+    /// Every parameter's initial value (graph order), without creating the tables
+    /// or the MLP parameters above [`DESCRIBE_ABOVE`] bytes
+    /// ([`ModelSpec::initial_values_describing`]).
+    pub fn initial_values(&self) -> Result<Vec<(String, ParamValue)>> {
+        self.initial_values_describing(DESCRIBE_ABOVE)
+    }
+
     /// Every parameter's initial value (graph order), without creating the tables:
     /// a table is [`ParamValue::Described`] (its initializer: the distribution,
-    /// the seed and its parameter index, so any rows of it can be generated alone);
-    /// the MLP weights and biases are created and stored. Validates first.
-    pub fn initial_values(&self) -> Result<Vec<(String, ParamValue)>> {
+    /// the seed and its parameter index, so any rows of it can be generated alone),
+    /// and so is an MLP weight or bias of more than `above` bytes (f32); the other
+    /// MLP parameters are created and stored. Validates first.
+    pub fn initial_values_describing(&self, above: u64) -> Result<Vec<(String, ParamValue)>> {
         self.validate(&self.origin())?;
         let tables = self.num_tables();
         self.param_defs()
@@ -194,8 +206,9 @@ impl ModelSpec {
                     stream: p as u64,
                     shape: d.shape,
                     part: Part::F32,
+                    blocked: None,
                 };
-                let value = if p < tables {
+                let value = if p < tables || described.numel() * 4 > u128::from(above) {
                     ParamValue::Described(described)
                 } else {
                     ParamValue::Stored(

@@ -78,7 +78,7 @@ mod build;
 mod error;
 mod spec;
 
-pub use build::{Model, Training};
+pub use build::{DESCRIBE_ABOVE, Model, Training};
 pub use error::{Error, Result};
 pub use spec::{Adagrad, Loss, ModelSpec, Optimizer};
 
