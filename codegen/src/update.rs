@@ -19,23 +19,9 @@ use crate::kernels::{self, Hyper, KResult, KernelError, Rows};
 use dlrm_ir::{Op, Tensor};
 
 /// How many leading operands of `op` are updated in place (and are its results);
-/// `None` for an op that is not an in-place update.
+/// `None` for an op that is not an in-place update ([`Op::in_place_operands`]).
 pub fn in_place_operands(op: &Op) -> Option<usize> {
-    match op {
-        Op::Sgd { .. }
-        | Op::SparseSgd { .. }
-        | Op::EmbeddingUpdate { .. }
-        | Op::SparseSgdRows { .. }
-        | Op::EmbeddingUpdateRows { .. } => Some(1),
-        Op::SplitSgd { .. }
-        | Op::SplitEmbeddingUpdate { .. }
-        | Op::SplitEmbeddingUpdateRows { .. }
-        | Op::Adagrad { .. }
-        | Op::SparseAdagrad { .. }
-        | Op::EmbeddingUpdateAdagrad { .. }
-        | Op::EmbeddingUpdateAdagradRows { .. } => Some(2),
-        _ => None,
-    }
+    op.in_place_operands()
 }
 
 /// Applies the update `op` to `params` (its first [`in_place_operands`] operands)

@@ -708,4 +708,42 @@ impl Op {
                 | Op::EmbeddingUpdateAdagradRows { .. }
         )
     }
+
+    /// The optimizer state an update keeps beside its parameter: the operand that
+    /// holds it and what it is (`None` for plain SGD updates and every other op).
+    /// An update's first `1 + ` (this) operands are updated in place and are its
+    /// results ([`Op::in_place_operands`]): operand 0 is the parameter, operand 1
+    /// its state. The executor, the memory account and the sharding planner read
+    /// this one table.
+    pub fn state_operand(&self) -> Option<(usize, State)> {
+        match self {
+            Op::SplitSgd { .. }
+            | Op::SplitEmbeddingUpdate { .. }
+            | Op::SplitEmbeddingUpdateRows { .. } => Some((1, State::LowHalf)),
+            Op::Adagrad { .. }
+            | Op::SparseAdagrad { .. }
+            | Op::EmbeddingUpdateAdagrad { .. }
+            | Op::EmbeddingUpdateAdagradRows { .. } => Some((1, State::Accumulator)),
+            _ => None,
+        }
+    }
+
+    /// How many leading operands of an update are updated in place (and are its
+    /// results): the parameter and its state ([`Op::state_operand`]); `None` for an
+    /// op that is not an update.
+    pub fn in_place_operands(&self) -> Option<usize> {
+        if !self.is_update() {
+            return None;
+        }
+        Some(1 + usize::from(self.state_operand().is_some()))
+    }
+}
+
+/// What the state operand of an update holds ([`Op::state_operand`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum State {
+    /// The low 16 bits of a Split-SGD-BF16 f32 master (bf16-typed raw bits).
+    LowHalf,
+    /// An Adagrad accumulator (f32; per element, or per row when row-wise).
+    Accumulator,
 }

@@ -136,13 +136,8 @@ impl DenseProfile {
                 | Op::EmbeddingUpdateAdagrad { .. } => {
                     table[node.inputs[0].index()] = true;
                     // A low half or an accumulator is table state too.
-                    if matches!(
-                        node.op,
-                        Op::SplitEmbeddingUpdate { .. }
-                            | Op::SparseAdagrad { .. }
-                            | Op::EmbeddingUpdateAdagrad { .. }
-                    ) {
-                        table[node.inputs[1].index()] = true;
+                    if let Some((k, _)) = node.op.state_operand() {
+                        table[node.inputs[k].index()] = true;
                     }
                 }
                 _ => {}

@@ -8,7 +8,8 @@
 //! - **bf16 low halves**: the low 16 bits of Split-SGD-BF16 masters (`split_sgd`,
 //!   `split_embedding_update[_rows]` operand 1), tables' and dense alike;
 //! - **optimizer state**: Adagrad accumulators (`adagrad`, `sparse_adagrad`,
-//!   `embedding_update_adagrad[_rows]` operand 1);
+//!   `embedding_update_adagrad[_rows]` operand 1); which operand of an update holds
+//!   which state is [`Op::state_operand`], as for the executor;
 //! - **dense parameters**: every other parameter (MLP weights and biases);
 //! - **activations** and **gradients**: the largest set of step values alive at once.
 //!   The executor runs the nodes in graph order and drops each value right after
@@ -45,7 +46,7 @@
 
 use super::ID;
 use crate::{PassError, Result};
-use dlrm_ir::{Def, Dim, Graph, Op, ValueId};
+use dlrm_ir::{Def, Dim, Graph, Op, State, ValueId};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -172,24 +173,11 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
-/// The results of `op` that are its parameters updated in place (the executor's
-/// `dlrm_codegen::in_place_operands`): the first `k` results take no new storage.
+/// The results of `op` that are its parameters updated in place
+/// ([`Op::in_place_operands`], as the executor): the first `k` results take no new
+/// storage.
 fn in_place_results(op: &Op) -> usize {
-    match op {
-        Op::Sgd { .. }
-        | Op::SparseSgd { .. }
-        | Op::EmbeddingUpdate { .. }
-        | Op::SparseSgdRows { .. }
-        | Op::EmbeddingUpdateRows { .. } => 1,
-        Op::SplitSgd { .. }
-        | Op::SplitEmbeddingUpdate { .. }
-        | Op::SplitEmbeddingUpdateRows { .. }
-        | Op::Adagrad { .. }
-        | Op::SparseAdagrad { .. }
-        | Op::EmbeddingUpdateAdagrad { .. }
-        | Op::EmbeddingUpdateAdagradRows { .. } => 2,
-        _ => 0,
-    }
+    op.in_place_operands().unwrap_or(0)
 }
 
 /// The role of a parameter.
@@ -225,18 +213,13 @@ fn roles(g: &Graph) -> (Vec<Role>, Vec<Option<ValueId>>) {
         if table_op && let Some(&t) = node.inputs.first() {
             role[t.index()] = Role::Table;
         }
-        let state = match node.op {
-            Op::SplitSgd { .. }
-            | Op::SplitEmbeddingUpdate { .. }
-            | Op::SplitEmbeddingUpdateRows { .. } => Some(Role::LowHalf),
-            Op::Adagrad { .. }
-            | Op::SparseAdagrad { .. }
-            | Op::EmbeddingUpdateAdagrad { .. }
-            | Op::EmbeddingUpdateAdagradRows { .. } => Some(Role::Accumulator),
-            _ => None,
-        };
-        if let (Some(r), Some(&s)) = (state, node.inputs.get(1)) {
-            role[s.index()] = r;
+        if let Some((k, state)) = node.op.state_operand()
+            && let Some(&s) = node.inputs.get(k)
+        {
+            role[s.index()] = match state {
+                State::LowHalf => Role::LowHalf,
+                State::Accumulator => Role::Accumulator,
+            };
             owner[s.index()] = node.inputs.first().copied();
         }
     }
