@@ -188,14 +188,14 @@ fn table(name: &str, rows: usize, state: usize) -> TableInfo {
     }
 }
 
-/// A bf16 table of 100 rows of 4: 800 bytes. It fits one rank of 1000 bytes;
-/// with 500 bytes reserved per rank it must be split over 2; with the whole budget
-/// reserved, nothing fits. (Its low half, 8 bytes a row, is the memory account's,
-/// not the placement's.)
+/// A bf16 table of 100 rows of 4: 800 bytes, 1600 with its low half (8 bytes a
+/// row), which the placement counts. It fits one rank of 2000 bytes; with 1000
+/// bytes reserved per rank it must be split over 2; with the whole budget
+/// reserved, nothing fits.
 #[test]
 fn planner_reserves_the_rest_of_the_rank() {
     let opts = |ranks, reserved| PlannerOptions {
-        mem_per_rank: 1000,
+        mem_per_rank: 2000,
         reserved_per_rank: reserved,
         ..PlannerOptions::new(ranks, 64)
     };
@@ -203,11 +203,33 @@ fn planner_reserves_the_rest_of_the_rank() {
     assert_eq!(t.bytes(), 1600);
     let one = plan(std::slice::from_ref(&t), &opts(1, 0)).expect("fits");
     assert_eq!(one.tables[0].kind, ShardKind::TableWise, "{one}");
-    assert!(plan(std::slice::from_ref(&t), &opts(1, 500)).is_err());
-    let p = plan(std::slice::from_ref(&t), &opts(2, 500)).expect("2 shards");
+    assert!(plan(std::slice::from_ref(&t), &opts(1, 1000)).is_err());
+    let p = plan(std::slice::from_ref(&t), &opts(2, 1000)).expect("2 shards");
     assert_eq!(p.tables[0].shards.len(), 2, "{p}");
-    let e = plan(std::slice::from_ref(&t), &opts(4, 1000))
+    let e = plan(std::slice::from_ref(&t), &opts(4, 2000))
         .expect_err("refused")
         .to_string();
     assert!(e.contains("besides its tables"), "{e}");
+}
+
+/// The placement counts a table's per-row state: a table whose storage fits a
+/// rank but not with its low half or accumulator is split.
+#[test]
+fn planner_splits_a_table_whose_state_does_not_fit() {
+    let opts = |ranks| PlannerOptions {
+        mem_per_rank: 1000,
+        ..PlannerOptions::new(ranks, 64)
+    };
+    // 800 bytes of rows: fits alone, not with 8 bytes a row of low half.
+    let plain = table("t", 100, 0);
+    let one = plan(std::slice::from_ref(&plain), &opts(1)).expect("fits");
+    assert_eq!(one.tables[0].kind, ShardKind::TableWise, "{one}");
+    let split = table("t", 100, 8);
+    let e = plan(std::slice::from_ref(&split), &opts(1))
+        .expect_err("state does not fit")
+        .to_string();
+    assert!(e.contains("table `t`"), "{e}");
+    let two = plan(std::slice::from_ref(&split), &opts(2)).expect("2 shards");
+    assert_eq!(two.tables[0].kind, ShardKind::RowWise, "{two}");
+    assert_eq!(two.tables[0].shards.len(), 2, "{two}");
 }

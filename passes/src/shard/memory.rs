@@ -38,7 +38,8 @@
 //! only by the ranks that own them). The README compares the account with the
 //! measured peak resident memory.
 //!
-//! The planner ([`super::planner`]) places tables (their storage) against a
+//! The planner ([`super::planner`]) places tables (their rows with the low halves
+//! and accumulators kept per row, [`crate::partition::TableInfo::bytes`]) against a
 //! budget, less [`PlannerOptions::reserved_per_rank`](super::PlannerOptions)
 //! when the caller sets it (the orchestration sets it to the rest of this account
 //! to estimate a rank count or batch that would fit; the placement itself reserves

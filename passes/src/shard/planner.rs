@@ -9,9 +9,11 @@
 //!    tried smallest first).
 //! 0. Capacity: a rank's budget for tables is `mem_per_rank` less
 //!    `reserved_per_rank` (0 unless the caller sets aside the rest of the rank's
-//!    memory account, [`super::memory`]); a table's bytes are its storage (rows ×
-//!    dim × element bytes; its low half or accumulator is counted by the memory
-//!    account, which the job is checked against afterwards).
+//!    memory account, [`super::memory`]); a table's bytes are its rows with the
+//!    state kept per row ([`TableInfo::bytes`]: rows × (dim × element bytes + the
+//!    bytes of its Split-SGD low half or Adagrad accumulator row)), so a table whose
+//!    state does not fit beside it is split. The rest of the account (dense
+//!    parameters and their state, activations, buffers) is checked afterwards.
 //! 2. Shard count `k` of every other table: at least `ceil(bytes / budget left)`
 //!    (a table larger than a rank's budget must be split; more than `min(ranks,
 //!    rows)` shards is an error); the table (f32, or bf16 with its Split-SGD low
@@ -71,10 +73,8 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
         )));
     }
     let budget = budget - opts.reserved_per_rank;
-    // Table storage only: counting the low halves and accumulators here too would
-    // move the placements that tests force with budgets of a few KiB; the memory
-    // account ([`super::memory`]) counts them, and the job is checked against it.
-    let bytes = |t: &TableInfo| (t.rows as u64) * (t.dim as u64) * (t.elem_bytes as u64);
+    // A table's rows with the state kept per row (its low half, its accumulator).
+    let bytes = |t: &TableInfo| t.bytes();
 
     // 1. Data-parallel tables.
     let mut kind = vec![ShardKind::TableWise; tables.len()];
@@ -143,7 +143,7 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
                 compute: cm.shard_compute(t, (hi - lo) as f64 / t.rows.max(1) as f64),
                 send: cm.unit_send_bytes(t),
                 recv: cm.unit_recv_bytes(t),
-                bytes: ((hi - lo) as u64) * (t.dim as u64) * (t.elem_bytes as u64),
+                bytes: ((hi - lo) as u64).saturating_mul(t.bytes_per_row()),
             });
         }
     }
