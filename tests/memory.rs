@@ -2,7 +2,8 @@
 //! memory account and refuses what does not fit (the MLPerf-Terabyte model, planned
 //! from its description without materialising its ~100 GB of tables); `dlrm-run`
 //! refuses a batch that cannot fit before allocating it, and reports its peak
-//! resident memory.
+//! resident memory; without the check, a step buffer the process cannot allocate is
+//! a clean error, not an abort.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -195,5 +196,61 @@ fn huge_batch_is_refused_before_allocation_and_peak_memory_is_reported() {
         summary["peak_rss_bytes"].as_u64().expect("a number") > 1 << 20,
         "{summary}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `examples/dlrm-tiny.json` compiled into `dir`.
+fn tiny(dir: &Path) -> PathBuf {
+    let plan = dir.join("tiny.plan");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-tiny.json");
+    ok(
+        DLRMC,
+        &[
+            "compile",
+            model.to_str().expect("utf-8"),
+            "-o",
+            plan.to_str().expect("utf-8"),
+            "--quiet",
+        ],
+    );
+    plan
+}
+
+#[test]
+fn an_unallocatable_step_buffer_is_an_error_not_an_abort() {
+    let dir = tmp("alloc");
+    let plan = tiny(&dir);
+    let p = plan.to_str().expect("utf-8");
+    // 10^15 samples: every batch buffer asks for petabytes, more than the address
+    // space, so the reservation fails at once without touching memory.
+    for extra in [&[][..], &["--infer"], &["--ranks", "2"]] {
+        let mut args = vec![
+            p,
+            "--batch-size",
+            "1000000000000000",
+            "--iters",
+            "1",
+            "--no-mem-check",
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        let start = Instant::now();
+        let err = fails(DLRM_RUN, &args);
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "took {:?}",
+            start.elapsed()
+        );
+        assert!(
+            err.contains("needs") && err.contains(" bytes: "),
+            "{extra:?}: {err}"
+        );
+        assert!(
+            err.contains("rank 0") || err.contains("rank 1"),
+            "{extra:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{extra:?}: {err}");
+        assert!(!err.contains("memory allocation of"), "{extra:?}: {err}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -136,6 +136,14 @@ fn rank_main(
         threads: rayon::current_num_threads(),
     };
     exec.set_step(cfg.start);
+    // The step's buffers (the batch's inputs among them) before the loader
+    // assembles the first batch: one too large is an error, not an abort.
+    let local = batch_slice(cfg.global_batch, cfg.ranks, rank).len();
+    let batch: HashMap<String, usize> = [(Dim::BATCH, local), (Dim::GLOBAL, cfg.global_batch)]
+        .into_iter()
+        .map(|(s, n)| (s.to_string(), n))
+        .collect();
+    exec.check_buffers(&batch)?;
     let loader_graph = exec.graph().clone();
     let spec = LoaderSpec {
         source: data,
