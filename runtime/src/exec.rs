@@ -500,7 +500,8 @@ impl Executor {
     }
 
     /// Checks that each buffer a step under `syms` allocates can be allocated (see
-    /// the module docs): every input and node result whose shape `syms` resolves is
+    /// the module docs): every input and node result whose shape `syms` resolves
+    /// (but the results of updates in place, which take their operands' storage) is
     /// reserved ([`dlrm_ir::init::try_reserve`]) and released. A buffer that cannot
     /// be is an error naming the rank, the step, the value and its bytes. What
     /// passed is remembered: the same binding again costs a comparison, another one
@@ -512,7 +513,10 @@ impl Executor {
         }
         let g = &self.graph;
         for (i, v) in g.values().iter().enumerate() {
-            if matches!(v.def, Def::Param(_)) {
+            // Parameters are held already; an in-place update's results take its
+            // operands' storage.
+            let in_place = matches!(v.def, Def::Node(n, _) if self.may_move[n]);
+            if matches!(v.def, Def::Param(_)) || in_place {
                 continue;
             }
             let ty = g.ty(ValueId(i as u32));
