@@ -51,17 +51,20 @@ pub(super) fn step_syms(
 
 /// [`rank_main`] with the failure rule: a panic becomes an error naming the rank
 /// and the step it happened in, and any error aborts the group before returning.
+/// The rank's parameters come from `params`, called first (the rank creates them
+/// under the same rule).
 pub(super) fn rank_guarded(
     rank: usize,
     comm: &dyn Communicator,
     graphs: (Option<Graph>, Graph),
-    params: HashMap<String, Tensor>,
+    params: impl FnOnce() -> Result<HashMap<String, Tensor>>,
     data: &Source,
     cfg: &RankCfg,
     events: &mut (dyn FnMut(Event) + Send),
 ) -> Result<RankOutput> {
     let step = Cell::new(None);
     let out = catch_unwind(AssertUnwindSafe(|| {
+        let params = params()?;
         rank_main(rank, comm, graphs, params, data, cfg, events, &step)
     }));
     let out = match out {
