@@ -348,18 +348,15 @@ pub fn run_with_params(
     job: Job,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<(Report, Vec<HashMap<String, Tensor>>)> {
-    let Setup { data, cfg, wall } = setup(&job, job.ranks)?;
-    let ranks = cfg.ranks;
-    let Job {
-        params,
+    let ranks_here = job.ranks;
+    let Prepared {
+        setup: Setup { data, cfg, wall },
+        mut handout,
         train_graphs,
         infer_graphs,
-        row_shards,
         resume,
-        ..
-    } = job;
-    let graphs = (train_graphs.as_deref(), infer_graphs.as_slice());
-    let mut handout = hand_out(params, graphs, None, &row_shards, resume.is_some())?;
+    } = prepare(job, ranks_here, None)?;
+    let ranks = cfg.ranks;
     let moved = std::mem::take(&mut handout.moved);
     // Shared by the rank threads while they create their parameters; the last
     // one done frees the values.
@@ -477,18 +474,13 @@ pub fn run_rank(
         comm.abort(&e.to_string());
         e
     };
-    let Setup { data, cfg, wall } = setup(&job, 1).map_err(fail)?;
-    let Job {
-        params,
+    let Prepared {
+        setup: Setup { data, cfg, wall },
+        mut handout,
         train_graphs,
         infer_graphs,
-        row_shards,
         resume,
-        ..
-    } = job;
-    let graphs = (train_graphs.as_deref(), infer_graphs.as_slice());
-    let mut handout =
-        hand_out(params, graphs, Some(rank), &row_shards, resume.is_some()).map_err(fail)?;
+    } = prepare(job, 1, Some(rank)).map_err(fail)?;
     let moved = std::mem::take(&mut handout.moved[rank]);
     let params = || handout.create(rank, moved, resume.as_deref());
     let train = train_graphs.and_then(|v| v.into_iter().nth(rank));
@@ -526,6 +518,41 @@ pub fn run_rank(
     });
     let out = out.unwrap_or_else(|| Err(job_err("the rank's task did not run")))?;
     Ok((rank == 0).then(|| report(&out, &cfg, wall, &comm.all_reduce_algo())))
+}
+
+/// A job unpacked for its ranks, the same for the thread and the MPI path: the
+/// shared setup, the parameters handed out, the per-rank graphs, the checkpoint to
+/// resume from.
+struct Prepared {
+    setup: Setup,
+    handout: Handout,
+    train_graphs: Option<Vec<Graph>>,
+    infer_graphs: Vec<Graph>,
+    resume: Option<Arc<Checkpoint>>,
+}
+
+/// Checks the job, builds its data ([`setup`], for `ranks_here` ranks in this
+/// process) and hands its parameters out ([`hand_out`]; `only`: this process runs
+/// that rank alone).
+fn prepare(job: Job, ranks_here: usize, only: Option<usize>) -> Result<Prepared> {
+    let setup = setup(&job, ranks_here)?;
+    let Job {
+        params,
+        train_graphs,
+        infer_graphs,
+        row_shards,
+        resume,
+        ..
+    } = job;
+    let graphs = (train_graphs.as_deref(), infer_graphs.as_slice());
+    let handout = hand_out(params, graphs, only, &row_shards, resume.is_some())?;
+    Ok(Prepared {
+        setup,
+        handout,
+        train_graphs,
+        infer_graphs,
+        resume,
+    })
 }
 
 /// The job's learning rates: its schedule, checked (one that changes no rate is
