@@ -74,7 +74,9 @@ pub struct RunOptions {
     /// step; `iters` is the run's total (the last step).
     pub resume: Option<Arc<Checkpoint>>,
     /// Refuse the job, before anything is allocated, if a rank's memory account
-    /// ([`crate::memory`]) exceeds this budget; `None`: no check.
+    /// ([`crate::memory`]) exceeds this budget, or the planner cannot place the
+    /// tables in it (`dlrm-run` places them in the same budget:
+    /// `shards.mem_per_rank` is its bytes); `None`: no check.
     pub memory_budget: Option<Budget>,
 }
 
@@ -260,7 +262,19 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
         };
         (vec![plan.infer.clone()], train, None)
     } else {
-        let sp = shard_plan(&plan, ranks, global_batch, &opts.shards)?;
+        let sp = match (
+            shard_plan(&plan, ranks, global_batch, &opts.shards),
+            &opts.memory_budget,
+        ) {
+            (Ok(sp), _) => sp,
+            // The tables do not fit the budget: the refusal with its advice.
+            (Err(Error::Partition { source, .. }), Some(budget)) => {
+                let tables = crate::shard::plan_tables(&plan)?;
+                let w = want(&plan, opts, budget, global_batch, &tables);
+                return Err(crate::memory::placement_refusal(&source, &w));
+            }
+            (Err(e), _) => return Err(e),
+        };
         let infer = partition_graph(&plan.infer, "infer", &sp, opts.shards.bucket_bytes)?;
         let train = match (&plan.train, opts.infer) {
             (Some(t), false) => Some(partition_graph(t, "train", &sp, opts.shards.bucket_bytes)?),
@@ -339,19 +353,30 @@ fn check_memory(
         prefetch: opts.data.as_ref().map_or(0, |d| d.prefetch),
     };
     let accounts = crate::memory::rank_accounts(train, infer, &job);
-    let g = plan.train.as_ref().unwrap_or(&plan.infer);
     let tables = crate::shard::plan_tables(plan)?;
-    let want = crate::memory::Want {
-        graph: g,
-        tables: &tables,
+    let w = want(plan, opts, budget, global_batch, &tables);
+    crate::memory::check(&accounts, budget, &w)
+}
+
+/// What a refusal's advice ([`crate::memory::suggest`]) needs of the job.
+fn want<'a>(
+    plan: &'a Plan,
+    opts: &'a RunOptions,
+    budget: &Budget,
+    global_batch: usize,
+    tables: &'a [dlrm_passes::partition::TableInfo],
+) -> crate::memory::Want<'a> {
+    crate::memory::Want {
+        graph: plan.train.as_ref().unwrap_or(&plan.infer),
+        tables,
         ranks: opts.ranks,
         global_batch,
         settings: &opts.shards,
         budget: budget.bytes,
-        train: train.is_some(),
+        train: plan.train.is_some() && !opts.infer,
         precision: &plan.precision,
-    };
-    crate::memory::check(&accounts, budget, &want)
+        per_machine: budget.per_machine,
+    }
 }
 
 /// The learning-rate schedule `opts` asks for (`None`: none asked, every update

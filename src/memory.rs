@@ -26,6 +26,10 @@ pub struct Budget {
     pub bytes: u64,
     /// Where it comes from, e.g. `--mem-per-rank`.
     pub source: String,
+    /// `Some(bytes)` when the ranks are threads of one process (`dlrm-run --comm
+    /// threads`): more of them add no memory, so a refusal advises more machines,
+    /// one rank each with `bytes` ([`Budget::on_threads`]).
+    pub per_machine: Option<u64>,
 }
 
 impl Budget {
@@ -34,6 +38,17 @@ impl Budget {
         Budget {
             bytes,
             source: "--mem-per-rank".to_string(),
+            per_machine: None,
+        }
+    }
+
+    /// This budget for ranks that are threads of this process: a refusal's advice
+    /// is machines with `per_machine` bytes for their one rank (this machine's
+    /// available memory, or `--mem-per-rank`), not more threads.
+    pub fn on_threads(self, per_machine: u64) -> Budget {
+        Budget {
+            per_machine: Some(per_machine),
+            ..self
         }
     }
 
@@ -64,6 +79,7 @@ impl Budget {
                  --mem-per-rank sets it",
                 shard::human(kib * 1024)
             ),
+            per_machine: None,
         })
     }
 }
@@ -120,34 +136,48 @@ pub struct Want<'a> {
     pub train: bool,
     /// The plan's precision (`fp32`, `bf16`, ...).
     pub precision: &'a str,
+    /// The ranks are threads of one process: the rank count is searched as
+    /// machines with this budget for their one rank ([`Budget::per_machine`]).
+    pub per_machine: Option<u64>,
 }
 
-/// True if the planner places `tables` on `ranks` ranks within `budget` with the
+/// True if the planner places `tables` on `ranks` ranks within `w.budget` with the
 /// rest of the rank set aside (see the module docs).
 fn fits(w: &Want<'_>, tables: &[TableInfo], ranks: usize, batch: usize) -> bool {
+    fits_in(w, w.budget, tables, ranks, batch)
+}
+
+/// [`fits`] with another budget per rank.
+fn fits_in(w: &Want<'_>, budget: u64, tables: &[TableInfo], ranks: usize, batch: usize) -> bool {
     if batch < ranks || ranks == 0 {
         return false;
     }
     let opts = dlrm_passes::PlannerOptions {
-        mem_per_rank: w.budget,
+        mem_per_rank: budget,
         reserved_per_rank: crate::shard::reserved_per_rank(w.graph, ranks, batch),
         ..planner_options(w.graph, ranks, batch, w.settings)
     };
-    opts.reserved_per_rank < w.budget && shard::plan(tables, &opts).is_ok()
+    opts.reserved_per_rank < budget && shard::plan(tables, &opts).is_ok()
 }
 
 /// The smallest rank count above `w.ranks` that [`fits`] (doubling, then a binary
-/// search below the first fit), the largest global batch below `w.global_batch`
-/// that fits on `w.ranks` ranks, and what bf16 tables would change.
+/// search below the first fit; for thread ranks, [`Want::per_machine`], a count of
+/// machines above this one, each rank with a machine's budget),
+/// the largest global batch below `w.global_batch` that fits on `w.ranks` ranks,
+/// and what bf16 tables would change.
 pub fn suggest(w: &Want<'_>) -> Suggestion {
     const MAX_RANKS: usize = 1 << 20;
     let limit = w.global_batch.min(MAX_RANKS);
+    let scale_budget = w.per_machine.unwrap_or(w.budget);
+    let scaled = |ranks: usize| fits_in(w, scale_budget, w.tables, ranks, w.global_batch);
     let mut ranks = None;
-    let mut lo = w.ranks; // does not fit
-    let mut hi = w.ranks.saturating_mul(2);
+    // Known not to fit: the asked ranks at the asked budget; for machines with
+    // this machine's whole budget for one rank, this one machine.
+    let mut lo = if scale_budget == w.budget { w.ranks } else { 1 };
+    let mut hi = lo.saturating_mul(2);
     while lo < limit {
         hi = hi.min(limit);
-        if fits(w, w.tables, hi, w.global_batch) {
+        if scaled(hi) {
             ranks = Some(hi);
             break;
         }
@@ -157,7 +187,7 @@ pub fn suggest(w: &Want<'_>) -> Suggestion {
     if let Some(mut h) = ranks {
         while h - lo > 1 {
             let mid = lo + (h - lo) / 2;
-            if fits(w, w.tables, mid, w.global_batch) {
+            if scaled(mid) {
                 h = mid;
             } else {
                 lo = mid;
@@ -214,6 +244,7 @@ pub fn suggest(w: &Want<'_>) -> Suggestion {
         ranks,
         batch,
         precision,
+        per_machine: w.per_machine,
     }
 }
 

@@ -244,6 +244,7 @@ pub fn plan_shards_graphs(
         budget: settings.mem_per_rank,
         train: pg.train.is_some(),
         precision: pg.precision,
+        per_machine: None,
     };
     let budget = crate::memory::Budget::given(settings.mem_per_rank);
     let job = MemoryJob {

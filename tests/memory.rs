@@ -2,7 +2,8 @@
 //! memory account and refuses what does not fit (the MLPerf-Terabyte model, planned
 //! from its description without materialising its ~100 GB of tables); `dlrm-run`
 //! refuses a batch that cannot fit before allocating it, and reports its peak
-//! resident memory.
+//! resident memory; without the check, a step buffer the process cannot allocate is
+//! a clean error, not an abort.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -152,7 +153,9 @@ fn huge_batch_is_refused_before_allocation_and_peak_memory_is_reported() {
         "not enough memory",
         "activations at a local batch of 1000000000",
         "this machine's available memory",
-        "ranks would fit",
+        // Thread ranks share this machine's memory: the advice is machines.
+        "the model needs more machines",
+        "--comm mpi",
         "a global batch of at most",
     ] {
         assert!(err.contains(want), "`{want}` not in: {err}");
@@ -251,5 +254,101 @@ fn a_billion_wide_model_compiles_described_and_is_refused_by_the_account() {
     );
     let err = fails(DLRM_RUN, &[p, "--iters", "1", "--mem-per-rank", "16GiB"]);
     assert!(err.contains("not enough memory"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `examples/dlrm-tiny.json` compiled into `dir`.
+fn tiny(dir: &Path) -> PathBuf {
+    let plan = dir.join("tiny.plan");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-tiny.json");
+    ok(
+        DLRMC,
+        &[
+            "compile",
+            model.to_str().expect("utf-8"),
+            "-o",
+            plan.to_str().expect("utf-8"),
+            "--quiet",
+        ],
+    );
+    plan
+}
+
+#[test]
+fn an_unallocatable_step_buffer_is_an_error_not_an_abort() {
+    let dir = tmp("alloc");
+    let plan = tiny(&dir);
+    let p = plan.to_str().expect("utf-8");
+    // 10^15 samples: every batch buffer asks for petabytes, more than the address
+    // space, so the reservation fails at once without touching memory.
+    for extra in [&[][..], &["--infer"], &["--ranks", "2"]] {
+        let mut args = vec![
+            p,
+            "--batch-size",
+            "1000000000000000",
+            "--iters",
+            "1",
+            "--no-mem-check",
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        let start = Instant::now();
+        let err = fails(DLRM_RUN, &args);
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "took {:?}",
+            start.elapsed()
+        );
+        assert!(
+            err.contains("needs") && err.contains(" bytes: "),
+            "{extra:?}: {err}"
+        );
+        assert!(
+            err.contains("rank 0") || err.contains("rank 1"),
+            "{extra:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{extra:?}: {err}");
+        assert!(!err.contains("memory allocation of"), "{extra:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `dlrm-run` places the tables in the budget it checks (not the planner's 16 GiB
+/// default), and on the thread backend advises machines, not threads: ranks that
+/// are threads of one process share its memory.
+#[test]
+fn dlrm_run_places_and_checks_one_budget_and_advises_machines() {
+    let dir = tmp("run-tb");
+    let model = terabyte(&dir);
+    let m = model.to_str().expect("utf8");
+    // The check (one rank: no placement): 5 ranks of 24 GiB, one per machine.
+    let err = fails(
+        DLRM_RUN,
+        &[m, "--iters", "1", "--mem-per-rank", "24GiB", "--quiet"],
+    );
+    for want in [
+        "not enough memory",
+        "rank 0 of 1 needs 97.5 GiB",
+        "budget of 24.0 GiB (25769803776 bytes, --mem-per-rank)",
+        "the model needs more machines: 5 ranks with 24.0 GiB each would fit, one per machine",
+        "mpirun -n 5 --host ... dlrm-run PLAN --comm mpi",
+        "more --ranks here are threads sharing this machine's memory",
+    ] {
+        assert!(err.contains(want), "`{want}` not in: {err}");
+    }
+    assert!(!err.contains("--ranks 5"), "{err}");
+    // The placement (two thread ranks): in this machine's memory, not 16 GiB.
+    let err = fails(DLRM_RUN, &[m, "--iters", "1", "--ranks", "2", "--quiet"]);
+    for want in [
+        "26 tables do not fit 2 ranks",
+        "the model needs more machines",
+        "--comm mpi",
+    ] {
+        assert!(err.contains(want), "`{want}` not in: {err}");
+    }
+    assert!(
+        !err.contains("16.0 GiB"),
+        "the planner's default budget: {err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

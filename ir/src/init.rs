@@ -30,8 +30,8 @@
 //! number of words, so a range starting inside a chunk draws the chunk from its
 //! start and drops the values before the range (linear layers are small).
 //!
-//! Memory: [`try_alloc`] allocates fallibly, so a parameter too large for this
-//! process is an error naming it and the bytes, never an abort.
+//! Memory: [`try_alloc`] allocates fallibly ([`try_reserve`]), so a parameter too
+//! large for this process is an error naming it and the bytes, never an abort.
 
 use crate::error::{IrError, Result};
 use crate::tensor::{Data, Tensor};
@@ -187,21 +187,33 @@ fn fill_uniform(mut core: ChaCha8Core, bound: f32, out: &mut [f32]) {
     }
 }
 
-/// A vector of `n` default elements, allocated fallibly: a size this process
-/// cannot hold is an error naming `what` and the bytes, not an abort.
-pub fn try_alloc<T: Clone + Default>(what: &str, n: usize) -> Result<Vec<T>> {
-    let bytes = (n as u128) * std::mem::size_of::<T>() as u128;
+/// An empty vector with room for `n` elements, reserved fallibly
+/// (`Vec::try_reserve_exact`): a size this process cannot hold is an error naming
+/// `what` and the bytes ([`IrError::Alloc`]), not an abort. The one place where
+/// the crates' fallible allocations ([`try_alloc`], the executor's check of a
+/// step's buffers) ask the allocator. Nothing is written: the pages are not
+/// touched.
+pub fn try_reserve<T>(what: &str, n: u128) -> Result<Vec<T>> {
+    let bytes = n.saturating_mul(std::mem::size_of::<T>() as u128);
     let fail = |why: &str| IrError::Alloc {
         what: what.to_string(),
         bytes,
         reason: why.to_string(),
     };
-    if bytes > isize::MAX as u128 {
-        return Err(fail("more than this machine can address"));
-    }
+    let n = match usize::try_from(n) {
+        Ok(n) if bytes <= isize::MAX as u128 => n,
+        _ => return Err(fail("more than this machine can address")),
+    };
     let mut v = Vec::new();
     v.try_reserve_exact(n)
         .map_err(|_| fail("the allocation failed (not enough memory, or a memory limit)"))?;
+    Ok(v)
+}
+
+/// A vector of `n` default elements, allocated fallibly ([`try_reserve`]): a size
+/// this process cannot hold is an error naming `what` and the bytes, not an abort.
+pub fn try_alloc<T: Clone + Default>(what: &str, n: usize) -> Result<Vec<T>> {
+    let mut v = try_reserve(what, n as u128)?;
     v.resize(n, T::default());
     Ok(v)
 }
@@ -674,5 +686,17 @@ mod tests {
         assert!(e.to_string().contains("emb.0"), "{e}");
         let e = try_alloc::<f32>("x", usize::MAX / 2).expect_err("too large");
         assert!(matches!(e, IrError::Alloc { .. }), "{e}");
+        // Beyond the address space: refused at once; within it, only reserved.
+        let e = try_reserve::<u8>("%y", 1 << 60).expect_err("too large");
+        assert!(
+            e.to_string()
+                .starts_with("`%y` needs 1152921504606846976 bytes"),
+            "{e}"
+        );
+        assert!(try_reserve::<f32>("z", u128::MAX).is_err());
+        assert_eq!(
+            try_reserve::<f32>("z", 1 << 20).expect("small").capacity(),
+            1 << 20
+        );
     }
 }

@@ -152,6 +152,7 @@ graph @t {
         ranks: Some(40),
         batch: None,
         precision: Some("bf16 would not help".into()),
+        per_machine: None,
     };
     assert!(check(std::slice::from_ref(&a), a.total, "test", &suggest).is_ok());
     let msg = check(
@@ -174,6 +175,27 @@ graph @t {
     }
     // The largest part comes first.
     assert!(msg.find("`big`") < msg.find("`small`"), "{msg}");
+    // Ranks that are threads of one process: the advice is machines.
+    let threads = Suggestion {
+        per_machine: Some(1 << 30),
+        ..suggest()
+    };
+    let advice = threads.clauses(true).join("; ");
+    assert!(
+        advice.contains("more machines: 40 ranks with 1.00 GiB each")
+            && advice.contains("--comm mpi")
+            && !advice.contains("--ranks 40"),
+        "{advice}"
+    );
+    let none = Suggestion {
+        ranks: None,
+        ..threads
+    };
+    assert!(
+        none.clauses(true)[0].contains("no machine count tried would fit"),
+        "{:?}",
+        none.clauses(true)
+    );
 }
 
 fn table(name: &str, rows: usize, state: usize) -> TableInfo {

@@ -41,6 +41,17 @@
 //! [`Executor::comm_times`] tells how long the collectives took and how much of that
 //! the rank spent blocked.
 //!
+//! Memory ([`Executor::check_buffers`]): before the first step under a symbol
+//! binding (e.g. a batch size), every buffer of the step that binding sizes (the
+//! inputs, each node's results: activations, gradients, all-to-all buffers) is
+//! reserved once with [`dlrm_ir::init::try_reserve`] and released, so a buffer this
+//! process cannot hold is an error naming the value and its bytes ("`%bot.0`
+//! needs N bytes") instead of an abort inside a kernel. The driver runs the check
+//! before its loader assembles the first batch. It is a check of each buffer on
+//! its own, not of their sum (that is the memory account's, `dlrm-run`'s check
+//! before anything is allocated); with the kernel's overcommit an allocation the
+//! machine cannot back still succeeds and fails later when touched.
+//!
 //! A per-op-kind timer accumulates the wall time spent in each mnemonic (the node's
 //! evaluation plus dropping the values whose last use it is), with the work and
 //! traffic of each execution ([`dlrm_codegen::cost::op_cost`]) for GFLOP/s and
@@ -189,6 +200,9 @@ pub struct Executor {
     /// Collective time: in flight, and blocking this thread.
     comm_busy: Duration,
     comm_exposed: Duration,
+    /// The symbol binding [`Executor::check_buffers`] last passed, and per value
+    /// the largest size (bytes) checked so far.
+    checked: (Option<HashMap<String, usize>>, Vec<u128>),
 }
 
 impl Executor {
@@ -307,6 +321,7 @@ impl Executor {
             overlap: true,
             comm_busy: Duration::ZERO,
             comm_exposed: Duration::ZERO,
+            checked: (None, vec![0; nvals]),
         })
     }
 
@@ -484,9 +499,54 @@ impl Executor {
         Ok(syms)
     }
 
+    /// Checks that each buffer a step under `syms` allocates can be allocated (see
+    /// the module docs): every input and node result whose shape `syms` resolves
+    /// (but the results of updates in place, which take their operands' storage) is
+    /// reserved ([`dlrm_ir::init::try_reserve`]) and released. A buffer that cannot
+    /// be is an error naming the rank, the step, the value and its bytes. What
+    /// passed is remembered: the same binding again costs a comparison, another one
+    /// (a last partial batch, variable bags) reserves only the buffers larger than
+    /// before.
+    pub fn check_buffers(&mut self, syms: &HashMap<String, usize>) -> Result<()> {
+        if self.checked.0.as_ref() == Some(syms) {
+            return Ok(());
+        }
+        let g = &self.graph;
+        for (i, v) in g.values().iter().enumerate() {
+            // Parameters are held already; an in-place update's results take its
+            // operands' storage.
+            let in_place = matches!(v.def, Def::Node(n, _) if self.may_move[n]);
+            if matches!(v.def, Def::Param(_)) || in_place {
+                continue;
+            }
+            let ty = g.ty(ValueId(i as u32));
+            let dims: Option<Vec<u128>> = ty
+                .shape
+                .iter()
+                .map(|d| d.resolve(&|s| syms.get(s).copied()).map(|n| n as u128))
+                .collect();
+            let Some(dims) = dims else { continue };
+            let elems = dims.iter().fold(1u128, |a, &d| a.saturating_mul(d));
+            let bytes = elems.saturating_mul(ty.dtype.size_bytes() as u128);
+            if bytes <= self.checked.1[i] {
+                continue;
+            }
+            let what = format!("%{}", g.name_of(ValueId(i as u32)));
+            dlrm_ir::init::try_reserve::<u8>(&what, bytes).map_err(|e| RuntimeError::Rank {
+                rank: self.rank,
+                step: Some(self.step),
+                reason: e.to_string(),
+            })?;
+            self.checked.1[i] = bytes;
+        }
+        self.checked.0 = Some(syms.clone());
+        Ok(())
+    }
+
     /// Runs one step: binds `inputs` (exactly the graph's inputs), evaluates every
     /// node, applies the updates to the parameters, and returns the outputs in
-    /// order. `syms` must bind every symbol the graph uses.
+    /// order. `syms` must bind every symbol the graph uses. The step's buffers are
+    /// checked first ([`Executor::check_buffers`]).
     pub fn step(
         &mut self,
         inputs: HashMap<String, Tensor>,
@@ -500,7 +560,9 @@ impl Executor {
                 reason: format!("the executor is unusable after an earlier failure: {why}"),
             });
         }
-        let result = self.run_step(inputs, syms, comm);
+        let result = self
+            .check_buffers(syms)
+            .and_then(|()| self.run_step(inputs, syms, comm));
         // Never keep values of a step around.
         self.slots.iter_mut().for_each(|s| *s = None);
         match result {

@@ -191,16 +191,17 @@ struct Cli {
     #[arg(short, long)]
     quiet: bool,
     /// Memory one rank may hold, e.g. `512MiB`, `2GB`: the sharding planner
-    /// places table storage in it, splitting larger tables by rows (default
-    /// 16GiB), and the run is refused before anything is allocated
-    /// if a rank's memory account (tables, optimizer state, activations and
-    /// gradients at the batch, buffers) exceeds it [default check: this machine's
-    /// available memory divided by the ranks it runs: --ranks, or the MPI ranks on
-    /// this node].
+    /// places table storage in it, splitting larger tables by rows, and the run is
+    /// refused before anything is allocated if a rank's memory account (tables,
+    /// optimizer state, activations and gradients at the batch, buffers) exceeds
+    /// it [default: this machine's available memory divided by the ranks it runs
+    /// (--ranks, or the MPI ranks on this node; under MPI the smallest of all
+    /// processes', so every process places the tables alike)].
     #[arg(long, value_name = "BYTES", value_parser = parse_mem)]
     mem_per_rank: Option<u64>,
     /// Skip the memory check (e.g. a --mem-per-rank of a few KiB to force row-wise
-    /// splits of a small model's tables).
+    /// splits of a small model's tables); the tables are still placed in the
+    /// budget.
     #[arg(long)]
     no_mem_check: bool,
     /// Sharding planner: the network, `latency_us,GBps` (default 2,12.5).
@@ -384,6 +385,7 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         eprintln!("{note}");
     }
     let default_iters = resume.as_ref().map_or(100, |c| c.manifest().last_step);
+    let budget = run_budget(cli, ranks, &place)?;
     let opts = RunOptions {
         ranks,
         iters: cli.iters.unwrap_or(default_iters),
@@ -416,20 +418,14 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         shards: {
             let d = ShardSettings::default();
             ShardSettings {
-                mem_per_rank: cli.mem_per_rank.unwrap_or(d.mem_per_rank),
+                // One budget: the tables are placed in what the check allows.
+                mem_per_rank: budget.as_ref().map_or(d.mem_per_rank, |b| b.bytes),
                 network: cli.network.unwrap_or(d.network),
                 machine: cli.machine.unwrap_or(d.machine),
                 bucket_bytes: cli.bucket_bytes.unwrap_or(d.bucket_bytes),
             }
         },
-        memory_budget: match (cli.no_mem_check, cli.mem_per_rank) {
-            (true, _) => None,
-            (false, Some(b)) => Some(Budget::given(b)),
-            (false, None) => Some(Budget::machine(match place {
-                Ranks::Threads => ranks,
-                Ranks::Process(_) => mpi_ranks_here(),
-            })?),
-        },
+        memory_budget: budget.filter(|_| !cli.no_mem_check),
     };
     if let Some(inputs) = &cli.inputs {
         return infer_file(plan, inputs, cli.outputs.as_deref(), cli);
@@ -586,6 +582,51 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     }
     eprintln!("{}", summary(&name, &report));
     Ok(())
+}
+
+/// The memory budget of a rank, for both the placement of the tables and the
+/// check: `--mem-per-rank`, else this machine's available memory shared by the
+/// ranks it runs. Thread ranks share one process's memory (a refusal advises more
+/// machines, not more threads); MPI processes take the smallest budget of all, so
+/// that every process places the tables alike. `None` only with `--no-mem-check`
+/// when the machine's memory cannot be read (the planner's default then places
+/// the tables).
+fn run_budget(cli: &Cli, ranks: usize, place: &Ranks<'_>) -> Result<Option<Budget>> {
+    let here = match place {
+        Ranks::Threads => ranks,
+        Ranks::Process(_) => mpi_ranks_here(),
+    };
+    let budget = match cli.mem_per_rank {
+        Some(b) => Budget::given(b),
+        None => match Budget::machine(here) {
+            Ok(b) => b,
+            Err(_) if cli.no_mem_check => return Ok(None),
+            Err(e) => return Err(e.into()),
+        },
+    };
+    Ok(Some(match place {
+        Ranks::Threads => {
+            let machine = match cli.mem_per_rank {
+                Some(b) => b,
+                None => budget.bytes.saturating_mul(here as u64),
+            };
+            budget.on_threads(machine)
+        }
+        Ranks::Process(comm) if cli.mem_per_rank.is_none() => {
+            // In MiB, exact in f32 up to 16 TiB; each process its own slot.
+            let mib = (budget.bytes >> 20).min(1 << 24) as f32;
+            let mut all = vec![0f32; comm.size()];
+            all[comm.rank()] = mib;
+            comm.all_reduce_sum(&mut all)?;
+            let least = all.iter().copied().fold(f32::INFINITY, f32::min) as u64;
+            Budget {
+                bytes: least << 20,
+                source: format!("{}, the least of the job's processes", budget.source),
+                ..budget
+            }
+        }
+        Ranks::Process(_) => budget,
+    }))
 }
 
 fn summary(name: &str, r: &Report) -> String {

@@ -30,7 +30,7 @@
 //!   stay); those of tables it does not hold are absent; those of data-parallel
 //!   tables stay `[B, ..]`. Parameters: the dense ones and the data-parallel tables,
 //!   the tables it owns, and for a row shard `lo..hi` of table `t` a parameter
-//!   `t.rows<lo>_<hi>` ([`RowShard`]; [`Partitioned::shard_params`] slices its value);
+//!   `t.rows<lo>_<hi>` ([`RowShard`]; [`RowShard::slice`] cuts its value);
 //! - forward: the held bags of the exchanged tables (in node order, outputs
 //!   `%<bag>.G: [G, D]`) feed one `all_to_all {dir=scatter}` placed where the first
 //!   bag was; its results are every exchanged bag's `[B, D]` output (a row-wise bag:
@@ -136,8 +136,8 @@ pub struct Partitioned {
     pub graphs: Vec<Graph>,
     /// Where the tables went.
     pub plan: ShardPlan,
-    /// The parameters that hold a row range of a table (row-wise tables), for
-    /// [`Partitioned::shard_params`].
+    /// The parameters that hold a row range of a table (row-wise tables; a rank
+    /// creates a shard's value as its rows of the table, [`RowShard::slice`]).
     pub row_shards: Vec<RowShard>,
 }
 
@@ -176,32 +176,6 @@ impl RowShard {
         let mut shape = t.shape.clone();
         shape[0] = self.hi - self.lo;
         Some(Tensor { shape, data })
-    }
-}
-
-impl Partitioned {
-    /// `params` (name, value) with every row shard's slice added (the tables
-    /// themselves stay; the per-rank graphs do not declare the split ones).
-    pub fn shard_params(&self, mut params: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
-        for s in &self.row_shards {
-            let t = params
-                .iter()
-                .find(|(n, _)| *n == s.table)
-                .map(|(_, t)| t)
-                .ok_or_else(|| PassError::Arg {
-                    pass: ID.to_string(),
-                    reason: format!("no value for the row-wise table `{}`", s.table),
-                })?;
-            let slice = s.slice(t).ok_or_else(|| PassError::Arg {
-                pass: ID.to_string(),
-                reason: format!(
-                    "the value of `{}` (shape {:?}) has no rows {}..{}",
-                    s.table, t.shape, s.lo, s.hi
-                ),
-            })?;
-            params.push((s.param.clone(), slice));
-        }
-        Ok(params)
     }
 }
 

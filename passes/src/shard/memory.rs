@@ -400,6 +400,11 @@ pub struct Suggestion {
     pub batch: Option<usize>,
     /// What bf16 tables would change (a sentence), if anything.
     pub precision: Option<String>,
+    /// `Some(bytes)` when the asked ranks are threads of one process (more of them
+    /// add no memory): [`Suggestion::ranks`] then counts machines, one rank each
+    /// with `bytes`, and the advice says so (`mpirun -n N ... --comm mpi` across
+    /// machines) instead of more ranks.
+    pub per_machine: Option<u64>,
 }
 
 impl Suggestion {
@@ -407,10 +412,24 @@ impl Suggestion {
     /// tried fits, when `say_none`), the batch, the precision.
     pub fn clauses(&self, say_none: bool) -> Vec<String> {
         let mut advice = Vec::new();
-        match self.ranks {
-            Some(r) => advice.push(format!("{r} ranks would fit (--ranks {r} / mpirun -n {r})")),
-            None if say_none => advice.push("no rank count tried would fit".to_string()),
-            None => {}
+        match (self.ranks, self.per_machine) {
+            (Some(r), None) => {
+                advice.push(format!("{r} ranks would fit (--ranks {r} / mpirun -n {r})"));
+            }
+            (Some(r), Some(m)) => advice.push(format!(
+                "the model needs more machines: {r} ranks with {} each would fit, one per \
+                 machine (`mpirun -n {r} --host ... dlrm-run PLAN --comm mpi`); more --ranks \
+                 here are threads sharing this machine's memory",
+                human(m)
+            )),
+            (None, None) if say_none => {
+                advice.push("no rank count tried would fit".to_string());
+            }
+            (None, Some(m)) if say_none => advice.push(format!(
+                "no machine count tried would fit (one rank of {} per machine)",
+                human(m)
+            )),
+            (None, _) => {}
         }
         if let Some(b) = self.batch {
             advice.push(format!(

@@ -15,11 +15,14 @@
 //!    generated for the ranks that declare it, a row shard (`<table>.rows<lo>_<hi>`,
 //!    [`Job::row_shards`]) as just its rows, so no rank ever holds a table or rows it
 //!    does not own, and a process running one rank (MPI) creates only that rank's
-//!    parameters; a stored parameter needed by one rank only is *moved*, replicated
-//!    ones (MLP weights) are cloned for all but the last rank that needs them.
-//!    Creation allocates fallibly: a parameter too large for this process is an
-//!    error naming it and the bytes. A resumed job reads the kept ranks' values from
-//!    the checkpoint instead and creates nothing from the plan;
+//!    parameters. Each rank creates its own, on its own thread and worker pool (the
+//!    thread ranks concurrently, from values they share until the last is done); a
+//!    stored parameter needed by one rank only is *moved* to it instead, replicated
+//!    ones (MLP weights) are cloned by each rank that needs them. Creation
+//!    allocates fallibly: a parameter too large for this process is an error naming
+//!    it and the bytes, and ends the job like any rank's failure. A resumed job
+//!    reads the kept ranks' values from the checkpoint instead (each rank its own)
+//!    and creates nothing from the plan;
 //! 3. every rank runs `iters` training steps (or inference steps in inference mode)
 //!    on steps `0..iters` of the data, feeding its own slice (a dataset's batches
 //!    assembled ahead by a loader thread, [`crate::prefetch`]), on its own pool of
@@ -345,31 +348,39 @@ pub fn run_with_params(
     job: Job,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<(Report, Vec<HashMap<String, Tensor>>)> {
-    let Setup { data, cfg, wall } = setup(&job, job.ranks)?;
-    let ranks = cfg.ranks;
-    let Job {
-        params,
+    let ranks_here = job.ranks;
+    let Prepared {
+        setup: Setup { data, cfg, wall },
+        mut handout,
         train_graphs,
         infer_graphs,
-        ..
-    } = job;
-    let source = (job.row_shards.as_slice(), job.resume.as_deref());
-    let per_rank = distribute(params, train_graphs.as_deref(), &infer_graphs, None, source)?;
+        resume,
+    } = prepare(job, ranks_here, None)?;
+    let ranks = cfg.ranks;
+    let moved = std::mem::take(&mut handout.moved);
+    // Shared by the rank threads while they create their parameters; the last
+    // one done frees the values.
+    let handout = Arc::new(handout);
+    let resume = resume.as_deref();
     let comms = LocalGroup::with_algo(ranks, cfg.allreduce);
     let (tx, rx) = mpsc::channel::<Event>();
     let mut train_graphs = train_graphs.map(|v| v.into_iter().map(Some).collect::<Vec<_>>());
 
     let results: Vec<Result<RankOutput>> = std::thread::scope(|s| {
         let mut handles = Vec::with_capacity(ranks);
-        for (rank, ((comm, infer), params)) in comms
-            .into_iter()
-            .zip(infer_graphs)
-            .zip(per_rank)
-            .enumerate()
+        for (rank, ((comm, infer), moved)) in
+            comms.into_iter().zip(infer_graphs).zip(moved).enumerate()
         {
             let train = train_graphs.as_mut().and_then(|v| v[rank].take());
             let events = (rank == 0).then(|| tx.clone());
             let (data, cfg) = (&data, &cfg);
+            let handout = Arc::clone(&handout);
+            // The rank creates its parameters on its own thread (its pool).
+            let params = move || {
+                let p = handout.create(rank, moved, resume);
+                drop(handout);
+                p
+            };
             let handle = std::thread::Builder::new()
                 .name(format!("dlrm-rank-{rank}"))
                 .spawn_scoped(s, move || {
@@ -394,6 +405,7 @@ pub fn run_with_params(
             handles.push((rank, handle));
         }
         drop(tx);
+        drop(handout);
         // Progress on the calling thread until rank 0 hangs up.
         for ev in rx {
             on_event(&ev);
@@ -462,23 +474,15 @@ pub fn run_rank(
         comm.abort(&e.to_string());
         e
     };
-    let Setup { data, cfg, wall } = setup(&job, 1).map_err(fail)?;
-    let Job {
-        params,
+    let Prepared {
+        setup: Setup { data, cfg, wall },
+        mut handout,
         train_graphs,
         infer_graphs,
-        ..
-    } = job;
-    let source = (job.row_shards.as_slice(), job.resume.as_deref());
-    let mut per_rank = distribute(
-        params,
-        train_graphs.as_deref(),
-        &infer_graphs,
-        Some(rank),
-        source,
-    )
-    .map_err(fail)?;
-    let params = std::mem::take(&mut per_rank[rank]);
+        resume,
+    } = prepare(job, 1, Some(rank)).map_err(fail)?;
+    let moved = std::mem::take(&mut handout.moved[rank]);
+    let params = || handout.create(rank, moved, resume.as_deref());
     let train = train_graphs.and_then(|v| v.into_iter().nth(rank));
     let infer = infer_graphs
         .into_iter()
@@ -514,6 +518,41 @@ pub fn run_rank(
     });
     let out = out.unwrap_or_else(|| Err(job_err("the rank's task did not run")))?;
     Ok((rank == 0).then(|| report(&out, &cfg, wall, &comm.all_reduce_algo())))
+}
+
+/// A job unpacked for its ranks, the same for the thread and the MPI path: the
+/// shared setup, the parameters handed out, the per-rank graphs, the checkpoint to
+/// resume from.
+struct Prepared {
+    setup: Setup,
+    handout: Handout,
+    train_graphs: Option<Vec<Graph>>,
+    infer_graphs: Vec<Graph>,
+    resume: Option<Arc<Checkpoint>>,
+}
+
+/// Checks the job, builds its data ([`setup`], for `ranks_here` ranks in this
+/// process) and hands its parameters out ([`hand_out`]; `only`: this process runs
+/// that rank alone).
+fn prepare(job: Job, ranks_here: usize, only: Option<usize>) -> Result<Prepared> {
+    let setup = setup(&job, ranks_here)?;
+    let Job {
+        params,
+        train_graphs,
+        infer_graphs,
+        row_shards,
+        resume,
+        ..
+    } = job;
+    let graphs = (train_graphs.as_deref(), infer_graphs.as_slice());
+    let handout = hand_out(params, graphs, only, &row_shards, resume.is_some())?;
+    Ok(Prepared {
+        setup,
+        handout,
+        train_graphs,
+        infer_graphs,
+        resume,
+    })
 }
 
 /// The job's learning rates: its schedule, checked (one that changes no rate is
@@ -584,23 +623,39 @@ fn check_job(job: &Job) -> Result<()> {
     Ok(())
 }
 
-/// Each rank's parameters: those its graphs declare, created from `params` (see
-/// step 2 of the module docs); single-owner stored ones moved. With `only =
-/// Some(r)`, the other ranks' maps stay empty and nothing of theirs is created (a
-/// process running rank r), but a parameter missing for any rank is still an
-/// error. A row shard in `row_shards` is created as its rows of its table's value.
-/// With a checkpoint, the values the kept ranks need come from it instead (a row
-/// shard read as its rows of the full parameter): each process reads only what it
-/// holds.
-fn distribute(
+/// The job's parameters handed to its ranks (step 2 of the module docs): what
+/// each rank is given ready and what it creates itself, on its own thread
+/// ([`Handout::create`]), from the shared values or the checkpoint.
+struct Handout {
+    /// Per rank: stored parameters only it needs, moved to it.
+    moved: Vec<HashMap<String, Tensor>>,
+    /// Per rank: the parameters it creates.
+    create: Vec<Vec<String>>,
+    /// The values the ranks create from (read by all of them).
+    values: HashMap<String, ParamValue>,
+    /// The row shards by parameter name.
+    shards: HashMap<String, RowPiece>,
+}
+
+/// Decides who gets which parameter: those its graphs declare (see step 2 of the
+/// module docs). With `only = Some(r)`, the other ranks get nothing (a process
+/// running rank r), but a parameter missing for any rank is still an error. A
+/// stored whole parameter needed by one rank only is moved to it; everything else
+/// is created by the ranks ([`Handout::create`]): a described parameter generated,
+/// a stored one needed by several ranks cloned, a row shard in `row_shards` as its
+/// rows of its table's value, and with a checkpoint (`resume`) every value read
+/// from it.
+fn hand_out(
     params: Vec<(String, ParamValue)>,
-    train: Option<&[Graph]>,
-    infer: &[Graph],
+    (train, infer): (Option<&[Graph]>, &[Graph]),
     only: Option<usize>,
-    (row_shards, resume): (&[RowPiece], Option<&Checkpoint>),
-) -> Result<Vec<HashMap<String, Tensor>>> {
-    let shards: HashMap<&str, &RowPiece> =
-        row_shards.iter().map(|p| (p.param.as_str(), p)).collect();
+    row_shards: &[RowPiece],
+    resume: bool,
+) -> Result<Handout> {
+    let shards: HashMap<String, RowPiece> = row_shards
+        .iter()
+        .map(|p| (p.param.clone(), p.clone()))
+        .collect();
     let ranks = infer.len();
     let mut need: HashMap<String, Vec<usize>> = HashMap::new();
     for r in 0..ranks {
@@ -628,6 +683,11 @@ fn distribute(
             reason: format!("needed by rank {} but the job has no value for it", rs[0]),
         });
     }
+    // Tables whose rows some rank creates stay shared.
+    let split: HashSet<String> = need
+        .keys()
+        .filter_map(|n| shards.get(n.as_str()).map(|p| p.table.clone()))
+        .collect();
     let mut need: Vec<(String, Vec<usize>)> = need
         .into_iter()
         .map(|(n, mut rs)| {
@@ -637,32 +697,65 @@ fn distribute(
         })
         .filter(|(_, rs)| !rs.is_empty())
         .collect();
-    // Row shards first (they read their table's value), then whole parameters
-    // (moved out of `values`).
-    need.sort_by_key(|(n, _)| (!shards.contains_key(n.as_str()), n.clone()));
-    let mut per_rank: Vec<HashMap<String, Tensor>> = vec![HashMap::new(); ranks];
+    need.sort();
+    let mut out = Handout {
+        moved: vec![HashMap::new(); ranks],
+        create: vec![Vec::new(); ranks],
+        values: HashMap::new(),
+        shards,
+    };
     for (name, rs) in need {
-        let t = match (resume, shards.get(name.as_str())) {
-            (Some(c), Some(p)) => c.read_rows(&p.table, p.lo..p.hi)?,
-            (Some(c), None) => c.read_param(&name)?,
-            (None, Some(p)) => match values.get(&p.table) {
-                Some(v) => v.rows(&name, p.lo, p.hi)?,
-                None => unreachable_value(&name)?,
-            },
-            (None, None) => match values.remove(&name) {
-                Some(v) => v.into_tensor(&name)?,
-                None => unreachable_value(&name)?,
-            },
-        };
-        let Some((&last, others)) = rs.split_last() else {
-            continue;
-        };
-        for &r in others {
-            per_rank[r].insert(name.clone(), t.clone());
+        let alone = !resume
+            && rs.len() == 1
+            && !out.shards.contains_key(&name)
+            && !split.contains(&name)
+            && matches!(values.get(&name), Some(ParamValue::Stored(_)));
+        match values.remove(&name) {
+            Some(v) if alone => {
+                out.moved[rs[0]].insert(name.clone(), v.into_tensor(&name)?);
+            }
+            other => {
+                if let Some(v) = other {
+                    values.insert(name.clone(), v);
+                }
+                for r in rs {
+                    out.create[r].push(name.clone());
+                }
+            }
         }
-        per_rank[last].insert(name, t);
     }
-    Ok(per_rank)
+    out.values = values;
+    Ok(out)
+}
+
+impl Handout {
+    /// Rank `rank`'s parameters: those moved to it (`moved`, taken from
+    /// [`Handout::moved`]) and those it creates, from the shared values or, with a
+    /// checkpoint, read from it (a row shard read as its rows of the full
+    /// parameter): each rank creates, or reads, only what it holds.
+    fn create(
+        &self,
+        rank: usize,
+        mut moved: HashMap<String, Tensor>,
+        resume: Option<&Checkpoint>,
+    ) -> Result<HashMap<String, Tensor>> {
+        for name in &self.create[rank] {
+            let t = match (resume, self.shards.get(name)) {
+                (Some(c), Some(p)) => c.read_rows(&p.table, p.lo..p.hi)?,
+                (Some(c), None) => c.read_param(name)?,
+                (None, Some(p)) => match self.values.get(&p.table) {
+                    Some(v) => v.rows(name, p.lo, p.hi)?,
+                    None => unreachable_value(name)?,
+                },
+                (None, None) => match self.values.get(name) {
+                    Some(v) => v.materialize(name)?,
+                    None => unreachable_value(name)?,
+                },
+            };
+            moved.insert(name.clone(), t);
+        }
+        Ok(moved)
+    }
 }
 
 /// A value checked to exist that is missing after all (not reachable).

@@ -51,17 +51,20 @@ pub(super) fn step_syms(
 
 /// [`rank_main`] with the failure rule: a panic becomes an error naming the rank
 /// and the step it happened in, and any error aborts the group before returning.
+/// The rank's parameters come from `params`, called first (the rank creates them
+/// under the same rule).
 pub(super) fn rank_guarded(
     rank: usize,
     comm: &dyn Communicator,
     graphs: (Option<Graph>, Graph),
-    params: HashMap<String, Tensor>,
+    params: impl FnOnce() -> Result<HashMap<String, Tensor>>,
     data: &Source,
     cfg: &RankCfg,
     events: &mut (dyn FnMut(Event) + Send),
 ) -> Result<RankOutput> {
     let step = Cell::new(None);
     let out = catch_unwind(AssertUnwindSafe(|| {
+        let params = params()?;
         rank_main(rank, comm, graphs, params, data, cfg, events, &step)
     }));
     let out = match out {
@@ -136,6 +139,14 @@ fn rank_main(
         threads: rayon::current_num_threads(),
     };
     exec.set_step(cfg.start);
+    // The step's buffers (the batch's inputs among them) before the loader
+    // assembles the first batch: one too large is an error, not an abort.
+    let local = batch_slice(cfg.global_batch, cfg.ranks, rank).len();
+    let batch: HashMap<String, usize> = [(Dim::BATCH, local), (Dim::GLOBAL, cfg.global_batch)]
+        .into_iter()
+        .map(|(s, n)| (s.to_string(), n))
+        .collect();
+    exec.check_buffers(&batch)?;
     let loader_graph = exec.graph().clone();
     let spec = LoaderSpec {
         source: data,
