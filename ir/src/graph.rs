@@ -11,8 +11,8 @@
 
 use crate::error::{IrError, Result};
 use crate::infer::infer;
-use crate::op::Op;
-use crate::types::TensorType;
+use crate::op::{Attr, Op};
+use crate::types::{Dim, TensorType};
 use std::collections::HashMap;
 
 /// Identifies a value in its graph (an index into the value table).
@@ -89,6 +89,53 @@ impl Graph {
             name: name.into(),
             ..Default::default()
         }
+    }
+
+    /// Replaces the symbol `sym` by the expression `by` in every type and every
+    /// dimension attribute (an importer that learns `n = B+1` from an equation the
+    /// model implies). The graph stays well typed: types were inferred from the
+    /// same dimensions.
+    pub fn substitute(&mut self, sym: &str, by: &crate::DimExpr) -> Result<()> {
+        let name = self.name.clone();
+        let bad = |d: &Dim| IrError::Graph {
+            graph: name.clone(),
+            reason: format!("substituting {sym} := {by} in {d} gives no dimension"),
+        };
+        let sub = |d: &Dim| -> Result<Dim> {
+            if !d.symbols().contains(&sym) {
+                return Ok(d.clone());
+            }
+            d.to_expr()
+                .substitute(sym, by)
+                .and_then(Dim::from_expr)
+                .ok_or_else(|| bad(d))
+        };
+        for v in &mut self.values {
+            for d in &mut v.ty.shape {
+                *d = sub(d)?;
+            }
+        }
+        for n in &mut self.nodes {
+            let mut attrs: Vec<(String, Attr)> = Vec::new();
+            let mut changed = false;
+            for (k, a) in n.op.attrs() {
+                let a2 = match &a {
+                    Attr::Dim(d) => Attr::Dim(sub(d)?),
+                    Attr::List(ds) => Attr::List(ds.iter().map(sub).collect::<Result<_>>()?),
+                    other => other.clone(),
+                };
+                changed |= a2 != a;
+                attrs.push((k.to_string(), a2));
+            }
+            if changed {
+                n.op =
+                    Op::from_parts(n.op.mnemonic(), &attrs).map_err(|reason| IrError::Graph {
+                        graph: name.clone(),
+                        reason,
+                    })?;
+            }
+        }
+        Ok(())
     }
 
     // ------------------------------------------------------------ accessors

@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 mod comm;
+pub mod dim;
 pub mod dot;
 mod error;
 mod graph;
@@ -24,6 +25,7 @@ mod types;
 mod verify;
 
 pub use comm::{Communicator, SingleRank, batch_slice};
+pub use dim::DimExpr;
 pub use error::{IrError, Result};
 pub use graph::{Def, Graph, Node, Update, Value, ValueId};
 pub use infer::{infer, interaction_width};

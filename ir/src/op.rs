@@ -497,14 +497,16 @@ pub enum Op {
     },
     /// `slice(x) -> y`: along each `axes[i]`, the elements `starts[i], starts[i] +
     /// steps[i], ..` below `ends[i]` (resolved at import: `0 <= start <= end <= dim`,
-    /// step >= 1, fixed dimensions only).
+    /// step >= 1). On a symbolic axis the end is a dimension expression no more than
+    /// a constant below the axis (`ends=[B]` of a `B+1` axis: all but the last) and
+    /// the step is 1.
     Slice {
         /// The axes sliced (distinct).
         axes: Vec<usize>,
         /// First element kept, per axis.
         starts: Vec<usize>,
-        /// End (exclusive), per axis.
-        ends: Vec<usize>,
+        /// End (exclusive), per axis: fixed, or an expression on a symbolic axis.
+        ends: Vec<Dim>,
         /// Stride, per axis.
         steps: Vec<usize>,
     },

@@ -3,7 +3,7 @@
 //! bf16 storage follows the IR's rule: values are rounded to nearest even when
 //! stored ([`half::bf16::from_f32`] does exactly that) and widened exactly on load.
 
-use crate::types::{DType, Dim, TensorType};
+use crate::types::{DType, TensorType};
 use half::bf16;
 
 /// The elements of a tensor.
@@ -169,9 +169,10 @@ impl Tensor {
     pub fn matches(&self, ty: &TensorType, bind: &dyn Fn(&str) -> Option<usize>) -> bool {
         self.dtype() == ty.dtype
             && self.shape.len() == ty.shape.len()
-            && self.shape.iter().zip(&ty.shape).all(|(&n, d)| match d {
-                Dim::Fixed(k) => *k == n,
-                Dim::Sym(s) => bind(s) == Some(n),
-            })
+            && self
+                .shape
+                .iter()
+                .zip(&ty.shape)
+                .all(|(&n, d)| d.resolve(bind) == Some(n))
     }
 }

@@ -7,7 +7,11 @@
 //!   ranks' `B`); embedding lookups of the tables a rank owns run over `G` samples.
 //!
 //! Other symbols (e.g. `N`, the number of indices of variable-size bags) are free.
+//! A dimension may also be an expression over symbols ([`Dim::Expr`]: `B+1`
+//! offsets with a last one, `F*B` lengths of `F` features), evaluated once its
+//! symbols are bound; the runtime solves a linear one for its unbound symbol.
 
+pub(crate) use crate::dim::DimExpr;
 use std::fmt;
 
 /// Element type of a tensor.
@@ -78,6 +82,10 @@ pub enum Dim {
     Fixed(usize),
     /// A named size bound when the graph runs.
     Sym(String),
+    /// A size computed from symbols (`B+1`, `F*B`): never a constant nor a single
+    /// symbol (build it with [`Dim::from_expr`], which gives those as `Fixed` and
+    /// `Sym`).
+    Expr(DimExpr),
 }
 
 impl Dim {
@@ -100,7 +108,37 @@ impl Dim {
     pub fn fixed(&self) -> Option<usize> {
         match self {
             Dim::Fixed(n) => Some(*n),
-            Dim::Sym(_) => None,
+            Dim::Sym(_) | Dim::Expr(_) => None,
+        }
+    }
+
+    /// The dimension for an expression: `Fixed` for a constant (`None` when it is
+    /// negative), `Sym` for a single symbol, else `Expr`.
+    pub fn from_expr(e: DimExpr) -> Option<Dim> {
+        if let Some(k) = e.as_int() {
+            return usize::try_from(k).ok().map(Dim::Fixed);
+        }
+        if let Some(s) = e.as_sym() {
+            return Some(Dim::Sym(s.to_string()));
+        }
+        Some(Dim::Expr(e))
+    }
+
+    /// The dimension as an expression.
+    pub fn to_expr(&self) -> DimExpr {
+        match self {
+            Dim::Fixed(n) => DimExpr::int(i64::try_from(*n).unwrap_or(i64::MAX)),
+            Dim::Sym(s) => DimExpr::sym(s),
+            Dim::Expr(e) => e.clone(),
+        }
+    }
+
+    /// The symbols this dimension mentions.
+    pub fn symbols(&self) -> Vec<&str> {
+        match self {
+            Dim::Fixed(_) => Vec::new(),
+            Dim::Sym(s) => vec![s.as_str()],
+            Dim::Expr(e) => e.symbols(),
         }
     }
 
@@ -114,6 +152,7 @@ impl Dim {
         match self {
             Dim::Fixed(n) => Some(*n),
             Dim::Sym(s) => bind(s),
+            Dim::Expr(e) => e.eval(bind),
         }
     }
 }
@@ -129,6 +168,7 @@ impl fmt::Display for Dim {
         match self {
             Dim::Fixed(n) => write!(f, "{n}"),
             Dim::Sym(s) => f.write_str(s),
+            Dim::Expr(e) => write!(f, "{e}"),
         }
     }
 }

@@ -80,7 +80,7 @@ fn transpose_gather_slice() {
     let s = Op::Slice {
         axes: vec![1],
         starts: vec![0],
-        ends: vec![3],
+        ends: vec![Dim::Fixed(3)],
         steps: vec![2],
     };
     assert_eq!(
@@ -155,7 +155,7 @@ fn generic_ops_round_trip_through_text() {
             Op::Slice {
                 axes: vec![0],
                 starts: vec![1],
-                ends: vec![2],
+                ends: vec![Dim::Fixed(2)],
                 steps: vec![1],
             },
             &[t],

@@ -1182,7 +1182,7 @@ fn generic_ops() -> Graph {
             Op::Slice {
                 axes: vec![1],
                 starts: vec![0],
-                ends: vec![2],
+                ends: vec![Dim::Fixed(2)],
                 steps: vec![2],
             },
             &[ga],

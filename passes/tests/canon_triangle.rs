@@ -95,7 +95,7 @@ fn build(form: Form, f: usize, d: usize, batch: usize, diag: bool, shuffle: bool
                 let op = Op::Slice {
                     axes: vec![1, 2],
                     starts: vec![i, 0],
-                    ends: vec![i + 1, k],
+                    ends: vec![Dim::Fixed(i + 1), Dim::Fixed(k)],
                     steps: vec![1, 1],
                 };
                 slices.push((add(&mut g, op, &[z], &format!("s{i}")), k));

@@ -475,10 +475,19 @@ impl Executor {
                 Def::Param(p) => (v, self.params[p].as_ref()),
                 _ => (v, None),
             }));
+        let mut exprs: Vec<(dlrm_ir::DimExpr, usize)> = Vec::new();
+        let mut expr_input = String::new();
         for (v, t) in sources {
             let Some(t) = t else { continue };
             let ty = g.ty(v);
             for (d, &n) in ty.shape.iter().zip(&t.shape) {
+                if let Dim::Expr(e) = d {
+                    if exprs.is_empty() {
+                        expr_input = g.name_of(v).to_string();
+                    }
+                    exprs.push((e.clone(), n));
+                    continue;
+                }
                 let Dim::Sym(s) = d else { continue };
                 match syms.get(s) {
                     None => {
@@ -496,6 +505,13 @@ impl Executor {
                 }
             }
         }
+        // `B+1 = 8`: solved for a symbol no plain dimension bound, then checked.
+        dlrm_ir::dim::bind_exprs(&exprs, &mut syms).map_err(|reason| RuntimeError::Input {
+            rank: self.rank,
+            step: self.step,
+            name: expr_input,
+            reason,
+        })?;
         Ok(syms)
     }
 
@@ -1120,14 +1136,12 @@ impl Drop for AbortOnFailure<'_> {
 
 fn fmt_syms(ty: &TensorType, syms: &HashMap<String, usize>) -> String {
     let mut parts: Vec<String> = Vec::new();
-    for d in &ty.shape {
-        if let Dim::Sym(s) = d {
-            let p = syms
-                .get(s)
-                .map_or_else(|| format!("{s} unbound"), |v| format!("{s}={v}"));
-            if !parts.contains(&p) {
-                parts.push(p);
-            }
+    for s in ty.shape.iter().flat_map(Dim::symbols) {
+        let p = syms
+            .get(s)
+            .map_or_else(|| format!("{s} unbound"), |v| format!("{s}={v}"));
+        if !parts.contains(&p) {
+            parts.push(p);
         }
     }
     if parts.is_empty() {

@@ -308,10 +308,7 @@ fn float_ptr(t: &Tensor) -> Option<(Elt, usize)> {
 }
 
 fn resolve(d: &Dim, syms: &HashMap<String, usize>) -> Option<f32> {
-    let n = match d {
-        Dim::Fixed(n) => *n,
-        Dim::Sym(s) => *syms.get(s)?,
-    };
+    let n = d.resolve(&|s| syms.get(s).copied())?;
     (n > 0).then_some(n as f32)
 }
 

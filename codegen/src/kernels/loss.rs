@@ -17,10 +17,7 @@ use std::collections::HashMap;
 const CHUNK: usize = 1 << 15;
 
 fn resolve(d: &Dim, syms: &HashMap<String, usize>) -> Option<f32> {
-    let n = match d {
-        Dim::Fixed(n) => *n,
-        Dim::Sym(s) => *syms.get(s)?,
-    };
+    let n = d.resolve(&|s| syms.get(s).copied())?;
     (n > 0).then_some(n as f32)
 }
 

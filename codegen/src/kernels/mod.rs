@@ -210,6 +210,7 @@ pub(crate) fn check_results(
             && t.shape.iter().zip(&ty.shape).all(|(&n, d)| match d {
                 Dim::Fixed(k) => *k == n,
                 Dim::Sym(s) => syms.get(s).is_none_or(|&v| v == n),
+                Dim::Expr(e) => e.eval(&|s| syms.get(s).copied()).is_none_or(|v| v == n),
             });
         if !dims_ok || t.dtype() != ty.dtype {
             return Err(err(format!(

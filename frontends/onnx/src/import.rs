@@ -191,12 +191,28 @@ impl<'m> Ctx<'m> {
                 Some(V::DimValue(v)) if *v > 0 => Dim::Fixed(*v as usize),
                 Some(V::DimParam(p)) if Some(p) == self.batch_param.as_ref() => Dim::batch(),
                 Some(V::DimParam(p)) if !p.is_empty() => {
-                    // Symbols are identifiers in the text form: no `.`.
-                    let s = sanitize(p).replace('.', "_");
-                    if s == Dim::BATCH || s == Dim::GLOBAL {
-                        Dim::Sym(format!("{s}_"))
-                    } else {
-                        Dim::Sym(s)
+                    // Symbols are identifiers in the text form: no `.`; `B` and `G`
+                    // are dlrmc's own.
+                    let batch = self.batch_param.clone();
+                    let name = |p: &str| {
+                        let s = sanitize(p).replace('.', "_");
+                        if Some(p) == batch.as_deref() {
+                            Dim::BATCH.to_string()
+                        } else if s == Dim::BATCH || s == Dim::GLOBAL {
+                            format!("{s}_")
+                        } else {
+                            s
+                        }
+                    };
+                    // An expression such as dynamo's `s32 + 1` (offsets with a last
+                    // one) is a dimension expression; anything else names a symbol.
+                    match SymI::parse(p, &name)
+                        .filter(|e| e.as_sym().is_none())
+                        .and_then(|e| e.to_dim_expr())
+                        .and_then(Dim::from_expr)
+                    {
+                        Some(d) => d,
+                        None => Dim::Sym(name(p)),
                     }
                 }
                 _ if k == 0 && dims.len() >= 2 && self.batch_param.is_none() => Dim::batch(),
@@ -288,6 +304,44 @@ impl<'m> Ctx<'m> {
             ),
             Val::Failed(e) => return Err(e.to_string()),
         })
+    }
+
+    /// Makes the dimensions `a` and `b` equal when the model says they are (an ONNX
+    /// `Concat` needs equal sizes off its axis, so `n - 1 == B` at every run): a
+    /// symbol other than `B` and `G` that occurs in `a - b` once, to the first power
+    /// with coefficient ±1, is replaced everywhere by its solution (`n := B+1`).
+    /// Returns whether `a` and `b` are now equal.
+    pub(crate) fn unify(&mut self, a: &Dim, b: &Dim) -> bool {
+        if a == b {
+            return true;
+        }
+        let Some(diff) = a.to_expr().sub(&b.to_expr()) else {
+            return false;
+        };
+        let solved = diff
+            .symbols()
+            .into_iter()
+            .filter(|s| *s != Dim::BATCH && *s != Dim::GLOBAL)
+            .find_map(|s| Some((s.to_string(), diff.solve_for(s)?)));
+        let Some((s, by)) = solved else {
+            return false;
+        };
+        if self.g.substitute(&s, &by).is_err() {
+            return false;
+        }
+        let Some(by_i) = SymI::from_dim_expr(&by) else {
+            return true;
+        };
+        for v in self.vals.values_mut() {
+            if let Val::Shape(d, _) = v {
+                for x in d.iter_mut() {
+                    if let Some(y) = x.substitute(&s, &by_i) {
+                        *x = y;
+                    }
+                }
+            }
+        }
+        true
     }
 
     /// The value as an IR operand (constants become parameters, once per name).

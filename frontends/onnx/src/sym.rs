@@ -119,13 +119,6 @@ impl SymI {
         Some(SymI { terms })
     }
 
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "dim_params such as `s32 + 1` need IR dimensions that are expressions; until then they import as a symbol of their own"
-        )
-    )]
     /// Parses a `dim_param` written as an expression: symbols, integers, `+`, `-`,
     /// `*` and parentheses (`"s32 + 1"`, `"2*s0"`). `None` for anything else.
     pub(crate) fn parse(text: &str, sym: &dyn Fn(&str) -> String) -> Option<SymI> {
@@ -133,6 +126,39 @@ impl SymI {
         let mut p = Parser { toks, at: 0, sym };
         let e = p.sum()?;
         (p.at == p.toks.len()).then_some(e)
+    }
+}
+
+impl SymI {
+    /// The expression with `sym` replaced by `by`.
+    pub(crate) fn substitute(&self, sym: &str, by: &SymI) -> Option<SymI> {
+        let mut out = SymI::default();
+        for (m, &c) in &self.terms {
+            let mut t = SymI::int(c);
+            for s in m {
+                t = t.mul(&if s == sym { by.clone() } else { SymI::sym(s) })?;
+            }
+            out = out.add(&t)?;
+        }
+        Some(out)
+    }
+
+    /// The IR's dimension expression with the same value.
+    pub(crate) fn to_dim_expr(&self) -> Option<dlrm_ir::DimExpr> {
+        let mut out = dlrm_ir::DimExpr::int(0);
+        for (m, &c) in &self.terms {
+            let mut t = dlrm_ir::DimExpr::int(c);
+            for s in m {
+                t = t.mul(&dlrm_ir::DimExpr::sym(s))?;
+            }
+            out = out.add(&t)?;
+        }
+        Some(out)
+    }
+
+    /// The symbolic integer of an IR dimension expression.
+    pub(crate) fn from_dim_expr(e: &dlrm_ir::DimExpr) -> Option<SymI> {
+        SymI::parse(&e.to_string(), &|x| x.to_string())
     }
 }
 

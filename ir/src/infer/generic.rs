@@ -182,10 +182,12 @@ pub(crate) fn infer_generic(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> 
             check_axes("slice axis", axes, x.rank())?;
             let mut shape = x.shape.clone();
             for i in 0..n {
-                let dim = x.shape[axes[i]]
-                    .fixed()
-                    .ok_or_else(|| format!("slice axis {} of {x} must be fixed", axes[i]))?;
-                let (s, e, st) = (starts[i], ends[i], steps[i]);
+                let (s, st) = (starts[i], steps[i]);
+                let (Some(dim), Some(e)) = (x.shape[axes[i]].fixed(), ends[i].fixed()) else {
+                    shape[axes[i]] = symbolic_slice(&x.shape[axes[i]], s, &ends[i], st)
+                        .map_err(|why| format!("slice axis {} of {x}: {why}", axes[i]))?;
+                    continue;
+                };
                 if st == 0 || s > e || e > dim {
                     return Err(format!(
                         "slice {s}..{e} step {st} is invalid for axis {} of {x}",
@@ -232,4 +234,23 @@ pub(crate) fn infer_generic(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> 
         }
         _ => Err(format!("internal: `{}` is not a generic op", op.mnemonic())),
     }
+}
+
+/// The length of `start..end` (step 1) of a symbolic axis `dim`: `end` must be at
+/// most a constant below `dim` and at least `start`.
+fn symbolic_slice(dim: &Dim, start: usize, end: &Dim, step: usize) -> R<Dim> {
+    if step != 1 {
+        return Err(format!(
+            "a symbolic axis is sliced with step 1 only, not {step}"
+        ));
+    }
+    let below = dim.to_expr().sub(&end.to_expr()).and_then(|d| d.as_int());
+    if below.is_none_or(|k| k < 0) {
+        return Err(format!("the end {end} is not a constant at or below {dim}"));
+    }
+    let start = i64::try_from(start).map_err(|_| "start too large".to_string())?;
+    end.to_expr()
+        .sub(&crate::DimExpr::int(start))
+        .and_then(Dim::from_expr)
+        .ok_or_else(|| format!("the start {start} is not at or below the end {end}"))
 }

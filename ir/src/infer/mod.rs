@@ -83,18 +83,14 @@ fn float_result(ts: &[&TensorType]) -> DType {
     }
 }
 
-/// Symbolic element count: product of fixed dims and the sorted symbol list.
-fn symbolic_numel(shape: &Shape) -> (usize, Vec<String>) {
-    let mut n = 1usize;
-    let mut syms = Vec::new();
+/// Symbolic element count: the product of the dimensions as an expression (`None`
+/// on overflow).
+fn symbolic_numel(shape: &Shape) -> Option<crate::DimExpr> {
+    let mut n = crate::DimExpr::int(1);
     for d in shape {
-        match d {
-            Dim::Fixed(k) => n = n.saturating_mul(*k),
-            Dim::Sym(s) => syms.push(s.clone()),
-        }
+        n = n.mul(&d.to_expr())?;
     }
-    syms.sort();
-    (n, syms)
+    Some(n)
 }
 
 /// Width of the interaction output for `f` vectors of dimension `d` (saturating:
@@ -296,7 +292,8 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
         Op::Reshape { shape } => {
             expect_arity(op, ins, &[1])?;
             let x = ins[0];
-            if symbolic_numel(&x.shape) != symbolic_numel(shape) {
+            let (a, b) = (symbolic_numel(&x.shape), symbolic_numel(shape));
+            if a.is_none() || a != b {
                 let t = TensorType::new(x.dtype, shape.clone());
                 return Err(format!("cannot reshape {x} to {t}: element counts differ"));
             }

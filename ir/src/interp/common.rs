@@ -179,6 +179,9 @@ pub(crate) fn resolve_dim(d: &Dim, syms: &HashMap<String, usize>) -> R<usize> {
             .get(s)
             .copied()
             .ok_or_else(|| format!("symbol {s} is not bound")),
+        Dim::Expr(e) => e
+            .eval(&|s| syms.get(s).copied())
+            .ok_or_else(|| format!("dimension {e} has an unbound symbol or is negative")),
     }
 }
 

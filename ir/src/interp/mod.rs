@@ -128,6 +128,7 @@ fn check_results(
             && t.shape.iter().zip(&ty.shape).all(|(&n, d)| match d {
                 crate::Dim::Fixed(f) => *f == n,
                 crate::Dim::Sym(s) => syms.get(s).is_none_or(|&b| b == n),
+                crate::Dim::Expr(e) => e.eval(&|s| syms.get(s).copied()).is_none_or(|b| b == n),
             });
         if t.dtype() != ty.dtype || !dims_ok {
             return Err(format!(
@@ -144,14 +145,12 @@ fn check_results(
 /// ` (with B=4, G=8)` for the bound symbols of a type, for messages.
 fn bound_syms(ty: &TensorType, syms: &HashMap<String, usize>) -> String {
     let mut seen: Vec<String> = Vec::new();
-    for d in &ty.shape {
-        if let crate::Dim::Sym(s) = d {
-            let b = syms
-                .get(s)
-                .map_or_else(|| format!("{s} unbound"), |v| format!("{s}={v}"));
-            if !seen.contains(&b) {
-                seen.push(b);
-            }
+    for s in ty.shape.iter().flat_map(crate::Dim::symbols) {
+        let b = syms
+            .get(s)
+            .map_or_else(|| format!("{s} unbound"), |v| format!("{s}={v}"));
+        if !seen.contains(&b) {
+            seen.push(b);
         }
     }
     if seen.is_empty() {
@@ -315,7 +314,13 @@ fn dispatch(
             starts,
             ends,
             steps,
-        } => single(generic::slice(axes, starts, ends, steps, ins)),
+        } => {
+            let ends = ends
+                .iter()
+                .map(|d| common::resolve_dim(d, ctx.syms))
+                .collect::<R<Vec<usize>>>()?;
+            single(generic::slice(axes, starts, &ends, steps, ins))
+        }
         Op::Reduce {
             kind,
             axes,
@@ -340,6 +345,7 @@ pub fn bind_symbols(
 ) -> Result<HashMap<String, usize>> {
     let mut syms: HashMap<String, usize> = HashMap::new();
     let mut first_seen: HashMap<String, String> = HashMap::new();
+    let mut exprs: Vec<(crate::DimExpr, usize, String)> = Vec::new();
     let sources = g
         .inputs()
         .iter()
@@ -362,6 +368,10 @@ pub fn bind_symbols(
             });
         }
         for (k, (d, &n)) in ty.shape.iter().zip(&t.shape).enumerate() {
+            if let crate::Dim::Expr(e) = d {
+                exprs.push((e.clone(), n, name.to_string()));
+                continue;
+            }
             let crate::Dim::Sym(s) = d else { continue };
             match syms.get(s) {
                 None => {
@@ -381,6 +391,19 @@ pub fn bind_symbols(
             }
         }
     }
+    // Expressions (`B+1`): solved for a symbol no plain dimension bound, then
+    // checked.
+    let pairs: Vec<(crate::DimExpr, usize)> =
+        exprs.iter().map(|(e, n, _)| (e.clone(), *n)).collect();
+    crate::dim::bind_exprs(&pairs, &mut syms).map_err(|reason| IrError::Binding {
+        name: exprs
+            .iter()
+            .map(|(_, _, v)| v.as_str())
+            .next()
+            .unwrap_or("?")
+            .to_string(),
+        reason,
+    })?;
     Ok(syms)
 }
 

@@ -138,7 +138,7 @@ op_table! {
     GatherElements "gather_elements" { axis: usize "axis" },
     GatherNd "gather_nd" { batch_dims: usize "batch_dims" },
     Slice "slice" {
-        axes: usizes "axes", starts: usizes "starts", ends: usizes "ends", steps: usizes "steps"
+        axes: usizes "axes", starts: usizes "starts", ends: list "ends", steps: usizes "steps"
     },
     Reduce "reduce" { kind: pool "kind", axes: usizes "axes", keepdims: bool "keepdims" },
     Cast "cast" { to: any_dtype "to" },

@@ -20,7 +20,7 @@ pub(crate) enum Tok {
     Ident(String),
     /// A numeric literal as written: `-?digits[.digits][e[+-]digits]` or `-inf`.
     Number(String),
-    /// One of `{ } [ ] : , =`.
+    /// One of `{ } [ ] : , = + *`.
     Punct(char),
     /// `<-`.
     Arrow,
@@ -191,7 +191,7 @@ impl Lexer {
                     Tok::Graph(name)
                 }
             }
-            '{' | '}' | '[' | ']' | ':' | ',' | '=' => {
+            '{' | '}' | '[' | ']' | ':' | ',' | '=' | '+' | '*' => {
                 self.bump();
                 Tok::Punct(c)
             }

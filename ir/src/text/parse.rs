@@ -17,7 +17,7 @@ use super::lexer::{Tok, Token, lex};
 use crate::error::{IrError, Result};
 use crate::graph::{Def, Graph, ValueId};
 use crate::op::{Attr, MNEMONICS, Op};
-use crate::types::{DType, Dim, TensorType};
+use crate::types::{DType, Dim, DimExpr, TensorType};
 
 /// Parses every graph of `src`, in order, without verifying them; each graph comes
 /// with the line and column of its `graph` keyword.
@@ -351,7 +351,71 @@ impl Parser {
         Ok(TensorType::new(dtype, self.dims()?))
     }
 
-    /// `[dim, ...]` where a dim is a non-negative integer or a symbol.
+    /// One dimension: a non-negative integer, a symbol, or an expression of them
+    /// with `+`, `*` and negative integer terms (`B+1`, `B*F`, `B-1`, `B-2*N`).
+    fn dim_expr(&mut self) -> Result<Dim> {
+        let at = self.at();
+        // A plain integer keeps the whole `usize` range.
+        if let Tok::Number(s) = &self.peek().tok
+            && let Ok(n) = s.parse::<usize>()
+        {
+            let save = self.pos;
+            self.bump();
+            if matches!(self.peek().tok, Tok::Punct(',' | ']')) {
+                return Ok(Dim::Fixed(n));
+            }
+            self.pos = save;
+        }
+        let mut sum = self.dim_term()?;
+        loop {
+            // `+ term`, or a term that starts with a negative integer (`B-1`).
+            let more = self.eat_punct('+')
+                || matches!(&self.peek().tok, Tok::Number(s) if s.starts_with('-'));
+            if !more {
+                break;
+            }
+            let next = self.dim_term()?;
+            sum = sum
+                .add(&next)
+                .ok_or_else(|| err_at(at, "dimension overflows".to_string()))?;
+        }
+        Dim::from_expr(sum.clone()).ok_or_else(|| {
+            err_at(
+                at,
+                format!("a dimension must be a non-negative integer or a symbol, found `{sum}`"),
+            )
+        })
+    }
+
+    fn dim_term(&mut self) -> Result<DimExpr> {
+        let at = self.at();
+        let mut acc = self.dim_factor()?;
+        while self.eat_punct('*') {
+            let f = self.dim_factor()?;
+            acc = acc
+                .mul(&f)
+                .ok_or_else(|| err_at(at, "dimension overflows".to_string()))?;
+        }
+        Ok(acc)
+    }
+
+    fn dim_factor(&mut self) -> Result<DimExpr> {
+        let at = self.at();
+        let e = match &self.peek().tok {
+            Tok::Ident(s) => DimExpr::sym(s),
+            Tok::Number(s) => DimExpr::int(s.parse::<i64>().map_err(|_| {
+                err_at(
+                    at,
+                    format!("a dimension must be a non-negative integer or a symbol, found `{s}`"),
+                )
+            })?),
+            _ => return Err(self.unexpected("a dimension (integer or symbol)")),
+        };
+        self.bump();
+        Ok(e)
+    }
+
+    /// `[dim, ...]` where a dim is a non-negative integer, a symbol or an expression.
     fn dims(&mut self) -> Result<Vec<Dim>> {
         self.expect_punct('[')?;
         let mut dims = Vec::new();
@@ -359,20 +423,7 @@ impl Parser {
             return Ok(dims);
         }
         loop {
-            let at = self.at();
-            let dim = match &self.peek().tok {
-                Tok::Ident(s) => Dim::Sym(s.clone()),
-                Tok::Number(s) => Dim::Fixed(s.parse::<usize>().map_err(|_| {
-                    err_at(
-                        at,
-                        format!(
-                            "a dimension must be a non-negative integer or a symbol, found `{s}`"
-                        ),
-                    )
-                })?),
-                _ => return Err(self.unexpected("a dimension (integer or symbol)")),
-            };
-            self.bump();
+            let dim = self.dim_expr()?;
             dims.push(dim);
             if self.eat_punct(']') {
                 return Ok(dims);

@@ -80,7 +80,9 @@ pub fn parse_attr(s: &str) -> Attr {
             .filter(|p| !p.is_empty())
             .map(|p| match p.parse::<usize>() {
                 Ok(n) => Dim::Fixed(n),
-                Err(_) => Dim::Sym(p.to_string()),
+                Err(_) => dlrm_ir::DimExpr::parse(p)
+                    .and_then(Dim::from_expr)
+                    .unwrap_or_else(|| Dim::Sym(p.to_string())),
             })
             .collect();
         return Attr::List(dims);

@@ -334,9 +334,9 @@ pub fn make_batch(g: &Graph, batch: usize, seed: u64) -> Batch {
         let shape: Vec<usize> = ty
             .shape
             .iter()
-            .map(|d| match d {
-                Dim::Fixed(n) => *n,
-                Dim::Sym(s) => syms[s],
+            .map(|d| {
+                d.resolve(&|s| syms.get(s).copied())
+                    .expect("every symbol bound")
             })
             .collect();
         let n: usize = shape.iter().product();

@@ -260,11 +260,14 @@ fn emit(cx: &mut Ctx<'_>, f: &Found, hint: &str) -> R<Val> {
     else {
         return Err("the bag's rows are not gathered from a table".into());
     };
-    let count = int_of(cx, &f.count).ok_or("the loop's bound is not known at import")?;
+    let Some(count) = int_of(cx, &f.count) else {
+        return Err(jagged_slice(cx, ids)
+            .unwrap_or_else(|| "the loop's bound is not known at import".into()));
+    };
     let get = |cx: &Ctx<'_>, name: &str| cx.lookup(name).map_err(err_text);
-    let e = producer(cx, &f.arr).ok_or(
-        "the bag bounds are an input used whole, as with include_last_offset=True, which is not supported yet",
-    )?;
+    let Some(e) = producer(cx, &f.arr) else {
+        return emit_last_offset(cx, f, &count, hint);
+    };
     let (offsets, fixed) = match op_of(e) {
         "Concat" if e.input.len() == 2 => {
             let (o, tail) = (arg(e, 0)?, arg(e, 1)?);
@@ -280,7 +283,7 @@ fn emit(cx: &mut Ctx<'_>, f: &Found, hint: &str) -> R<Val> {
         }
         _ => {
             return Err(
-                "the bag bounds are not `offsets` followed by the number of indices (include_last_offset=True is not supported yet)"
+                "the bag bounds are neither `offsets` followed by the number of indices nor offsets used whole (include_last_offset=True)"
                     .into(),
             );
         }
@@ -324,4 +327,62 @@ fn emit(cx: &mut Ctx<'_>, f: &Found, hint: &str) -> R<Val> {
             cx.emit(Op::EmbeddingBagWeighted, &[t, i, o, w], hint)
         }
     }
+}
+
+/// Bounds `E` used whole: PyTorch's `include_last_offset=True`, `n + 1` offsets for
+/// `n` bags, the last one the number of indices (the CSR form PyTorch documents).
+/// The bags are `embedding_bag(table, ids, E[..n])`, with `n` the loop's bound
+/// proved to be `len(E) - 1`; `E[..n]` is a slice to a dimension expression (`B`
+/// of `B+1` offsets).
+fn emit_last_offset(cx: &mut Ctx<'_>, f: &Found, count: &SymI, hint: &str) -> R<Val> {
+    let PerIdx::TableRows {
+        table,
+        ids,
+        weights,
+    } = &f.v
+    else {
+        return Err("the bag's rows are not gathered from a table".into());
+    };
+    let len = len_of(cx, &f.arr).ok_or("the bag bounds are not a vector")?;
+    let n = len.sub(&SymI::int(1)).ok_or("too many bag bounds")?;
+    if *count != n {
+        return Err(format!(
+            "the loop runs {count} times over {len} bounds used whole (include_last_offset=True needs {n})"
+        ));
+    }
+    let get = |cx: &Ctx<'_>, name: &str| cx.lookup(name).map_err(err_text);
+    let end = crate::ops::sym_dim(&n)?;
+    let (t, i, e) = (get(cx, table)?, get(cx, ids)?, get(cx, &f.arr)?);
+    let slice = Op::Slice {
+        axes: vec![0],
+        starts: vec![0],
+        ends: vec![end],
+        steps: vec![1],
+    };
+    let o = cx.emit(slice, &[e], &format!("{hint}_offsets"))?;
+    match weights {
+        None => cx.emit(Op::EmbeddingBag { mode: f.mode }, &[t, i, o], hint),
+        Some(w) => {
+            if f.mode != Pool::Sum {
+                return Err("per-sample weights need mode sum".into());
+            }
+            let w = get(cx, w)?;
+            cx.emit(Op::EmbeddingBagWeighted, &[t, i, o, w], hint)
+        }
+    }
+}
+
+/// Why a loop's bound is unknown when its indices are a `Slice` at bounds computed
+/// from the data (TorchRec's per-feature view of a KeyedJaggedTensor: `values`
+/// sliced at the `CumSum` of `lengths`), or `None`.
+fn jagged_slice(cx: &Ctx<'_>, ids: &str) -> Option<String> {
+    let p = producer(cx, ids).filter(|p| op_of(p) == "Slice")?;
+    let (s, e) = (arg(p, 1).ok()?, arg(p, 2).ok()?);
+    if int_of(cx, s).is_some() && int_of(cx, e).is_some() {
+        return None;
+    }
+    Some(format!(
+        "the loop's bound is not known at import: the bag indices are `{}` sliced at bounds computed from the data at run time (a jagged per-feature slice, as of a TorchRec KeyedJaggedTensor: CumSum of the lengths), which neither the fused bags nor the IR's slice (bounds known at import) take yet",
+        arg(p, 0).ok()?
+    ))
 }

@@ -241,6 +241,11 @@ impl<'g, 'a> Lower<'g, 'a> {
                     .b
                     .symbol(s)
                     .ok_or_else(|| format!("no graph input carries the dimension `{s}`"))?,
+                Dim::Expr(e) => {
+                    return Err(format!(
+                        "the dimension {e} is an expression, which export does not write yet"
+                    ));
+                }
             });
         }
         let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
@@ -451,9 +456,19 @@ impl<'g, 'a> Lower<'g, 'a> {
             } => {
                 let x = self.plain(inp(0)?)?;
                 let v = |s: &[usize]| s.iter().map(|&n| n as i64).collect::<Vec<_>>();
+                let ends = ends
+                    .iter()
+                    .map(|d| {
+                        d.fixed().ok_or_else(|| {
+                            format!(
+                                "the slice end {d} is symbolic, which export does not write yet"
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<usize>, String>>()?;
                 let (st, en, ax, sp) = (
                     self.b.ints(&v(starts)),
-                    self.b.ints(&v(ends)),
+                    self.b.ints(&v(&ends)),
                     self.b.ints(&v(axes)),
                     self.b.ints(&v(steps)),
                 );

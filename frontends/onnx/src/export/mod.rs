@@ -138,6 +138,12 @@ fn value_info(name: &str, g: &Graph, v: dlrm_ir::ValueId, batch: &str) -> ValueI
             Dim::Fixed(n) => dimension::Value::DimValue(*n as i64),
             Dim::Sym(s) if s == Dim::BATCH => dimension::Value::DimParam(batch.to_string()),
             Dim::Sym(s) => dimension::Value::DimParam(s.clone()),
+            // `B+1` is written with the batch's own name, as exporters do.
+            Dim::Expr(e) => dimension::Value::DimParam(
+                e.substitute(Dim::BATCH, &dlrm_ir::DimExpr::sym(batch))
+                    .unwrap_or_else(|| e.clone())
+                    .to_string(),
+            ),
         }),
         ..Default::default()
     };

@@ -145,10 +145,7 @@ fn shape(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
     let end = clampi(n.attrs.int("end", rank)?);
     let dims: Vec<SymI> = ty.shape[start..end.max(start)]
         .iter()
-        .map(|d| match d {
-            Dim::Fixed(k) => SymI::int(*k as i64),
-            Dim::Sym(s) => SymI::sym(s),
-        })
+        .map(dim_sym)
         .collect();
     Ok(vec![sym_val(dims, false, n)])
 }
@@ -168,6 +165,16 @@ fn concat(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
     let first = ins.first().ok_or("Concat needs operands")?;
     let rank = cx.ty(first)?.rank();
     let axis = norm_axis(n.attrs.int("axis", 0)?, rank)?;
+    // Sizes off the axis are equal at run time: learn what that says about symbols
+    // (bags over `n - 1` offsets next to a `B`-row input: `n = B+1`).
+    for v in &ins[1..] {
+        for k in (0..rank).filter(|&k| k != axis) {
+            let (a, b) = (cx.ty(first)?, cx.ty(v)?);
+            if let (Some(da), Some(db)) = (a.shape.get(k), b.shape.get(k)) {
+                cx.unify(da, db);
+            }
+        }
+    }
     Ok(vec![cx.emit(Op::Concat { axis }, &ins, &n.out_name(0))?])
 }
 
@@ -176,11 +183,12 @@ pub(crate) fn dim_sym(d: &Dim) -> SymI {
     match d {
         Dim::Fixed(k) => SymI::int(*k as i64),
         Dim::Sym(s) => SymI::sym(s),
+        Dim::Expr(e) => SymI::from_dim_expr(e).unwrap_or_default(),
     }
 }
 
 /// A symbolic integer as a dimension of the IR (a size or one symbol).
-fn sym_dim(v: &SymI) -> Result<Dim, String> {
+pub(crate) fn sym_dim(v: &SymI) -> Result<Dim, String> {
     if let Some(k) = v.as_int() {
         return usize::try_from(k)
             .map(Dim::Fixed)
@@ -188,9 +196,10 @@ fn sym_dim(v: &SymI) -> Result<Dim, String> {
     }
     match v.as_sym() {
         Some(s) => Ok(Dim::Sym(s.to_string())),
-        None => Err(format!(
-            "the dimension {v} is a product or sum of symbols, which the IR's types cannot hold yet"
-        )),
+        None => v
+            .to_dim_expr()
+            .and_then(Dim::from_expr)
+            .ok_or_else(|| format!("bad target dimension {v}")),
     }
 }
 
@@ -471,10 +480,10 @@ fn slice(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
                 let (s, e) = bounds(starts[i], ends[i], *d);
                 a2.push(axes[i]);
                 s2.push(s);
-                e2.push(e);
+                e2.push(Dim::Fixed(e));
                 st2.push(steps[i] as usize);
             }
-            Dim::Sym(sym) => {
+            sym => {
                 if !(starts[i] == 0 && ends[i] >= i32::MAX as i64 && steps[i] == 1) {
                     return Err(format!(
                         "slicing part of the dynamic dimension {sym} is unsupported"

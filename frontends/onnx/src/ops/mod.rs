@@ -11,7 +11,7 @@ mod math;
 mod nn;
 
 use crate::import::{Ctx, NodeCx, NodeErr, Val};
-pub(crate) use array::{dim_sym, numel_sym};
+pub(crate) use array::{dim_sym, numel_sym, sym_dim};
 use std::collections::HashMap;
 
 /// A builder's result: one value per output (missing trailing outputs are unbound).

@@ -358,7 +358,7 @@ fn slice_of_z(eg: &DlGraph, c: Id) -> Option<(Id, Vec<usize>, Vec<usize>)> {
                 return None;
             }
             for (k, &a) in axes.iter().enumerate() {
-                *kept.get_mut(a)? = Some(range_of(starts[k], ends[k], steps[k]));
+                *kept.get_mut(a)? = Some(range_of(starts[k], ends[k].fixed()?, steps[k]));
             }
             let [None, Some(rows), Some(cols)] = kept else {
                 return None;
