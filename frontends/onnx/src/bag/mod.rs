@@ -317,13 +317,25 @@ fn emit(cx: &mut Ctx<'_>, f: &Found, hint: &str) -> R<Val> {
         return Err(format!("the loop runs {count} times over {n_off} bags"));
     }
     let (t, i, o) = (get(cx, table)?, get(cx, ids)?, get(cx, &offsets)?);
+    emit_offsets_bag(cx, f.mode, [t, i, o], weights.as_deref(), hint)
+}
+
+/// `embedding_bag[_weighted](table, ids, offsets[, weights])`: the bag over
+/// offsets, weighted when the loop multiplies the rows by per-sample weights.
+fn emit_offsets_bag(
+    cx: &mut Ctx<'_>,
+    mode: Pool,
+    [t, i, o]: [Val; 3],
+    weights: Option<&str>,
+    hint: &str,
+) -> R<Val> {
     match weights {
-        None => cx.emit(Op::EmbeddingBag { mode: f.mode }, &[t, i, o], hint),
+        None => cx.emit(Op::EmbeddingBag { mode }, &[t, i, o], hint),
         Some(w) => {
-            if f.mode != Pool::Sum {
+            if mode != Pool::Sum {
                 return Err("per-sample weights need mode sum".into());
             }
-            let w = get(cx, w)?;
+            let w = cx.lookup(w).map_err(err_text)?;
             cx.emit(Op::EmbeddingBagWeighted, &[t, i, o, w], hint)
         }
     }
@@ -360,16 +372,7 @@ fn emit_last_offset(cx: &mut Ctx<'_>, f: &Found, count: &SymI, hint: &str) -> R<
         steps: vec![1],
     };
     let o = cx.emit(slice, &[e], &format!("{hint}_offsets"))?;
-    match weights {
-        None => cx.emit(Op::EmbeddingBag { mode: f.mode }, &[t, i, o], hint),
-        Some(w) => {
-            if f.mode != Pool::Sum {
-                return Err("per-sample weights need mode sum".into());
-            }
-            let w = get(cx, w)?;
-            cx.emit(Op::EmbeddingBagWeighted, &[t, i, o, w], hint)
-        }
-    }
+    emit_offsets_bag(cx, f.mode, [t, i, o], weights.as_deref(), hint)
 }
 
 /// Why a loop's bound is unknown when its indices are a `Slice` at bounds computed
