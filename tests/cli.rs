@@ -653,8 +653,8 @@ fn onnx_models_compile_and_serve_onnx_runtimes_answers() {
 #[test]
 fn real_pytorch_exports_compile_inspect_and_serve_pytorchs_answers() {
     const NOT_YET: &[(&str, &str)] = &[
-        ("ts17_torchrec", "not known at import"),
-        ("dynamo_torchrec", "not known at import"),
+        ("ts17_torchrec", "sliced at bounds computed from the data"),
+        ("dynamo_torchrec", "sliced at bounds computed from the data"),
     ];
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("frontends/onnx/test_cases/real");
     let dir = tempfile::tempdir().expect("tempdir");

@@ -377,9 +377,19 @@ fn emit_last_offset(cx: &mut Ctx<'_>, f: &Found, count: &SymI, hint: &str) -> R<
 
 /// Why a loop's bound is unknown when its indices are a `Slice` at bounds computed
 /// from the data (TorchRec's per-feature view of a KeyedJaggedTensor: `values`
-/// sliced at the `CumSum` of `lengths`), or `None`.
+/// sliced at the `CumSum` of `lengths`), or `None`. The slice may reach the bag
+/// through ops that keep its elements (dynamo reshapes it to 1-d first).
 fn jagged_slice(cx: &Ctx<'_>, ids: &str) -> Option<String> {
-    let p = producer(cx, ids).filter(|p| op_of(p) == "Slice")?;
+    let mut p = producer(cx, ids)?;
+    for _ in 0..8 {
+        if !matches!(op_of(p), "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze") {
+            break;
+        }
+        p = producer(cx, arg(p, 0).ok()?)?;
+    }
+    if op_of(p) != "Slice" {
+        return None;
+    }
     let (s, e) = (arg(p, 1).ok()?, arg(p, 2).ok()?);
     if int_of(cx, s).is_some() && int_of(cx, e).is_some() {
         return None;
