@@ -74,6 +74,21 @@ fn s(p: &Path) -> &str {
     p.to_str().expect("utf8 path")
 }
 
+/// `dlrm-run PLAN --infer --inputs INPUTS --outputs OUT`: serves the named inputs
+/// of an `.npz` and writes the outputs to another.
+fn serve_npz(plan: &Path, inputs: &Path, out: &Path) {
+    let args = [
+        s(plan),
+        "--infer",
+        "--inputs",
+        s(inputs),
+        "--outputs",
+        s(out),
+        "-q",
+    ];
+    ok(DLRM_RUN, &args);
+}
+
 #[test]
 fn inspect_json_counts_ops_and_params() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -609,18 +624,7 @@ fn onnx_models_compile_and_serve_onnx_runtimes_answers() {
         ok(DLRMC, &compile);
         let out = dir.path().join(format!("{name}.out.npz"));
         let inputs = case.join("inputs.npz");
-        ok(
-            DLRM_RUN,
-            &[
-                s(&plan),
-                "--infer",
-                "--inputs",
-                s(&inputs),
-                "--outputs",
-                s(&out),
-                "-q",
-            ],
-        );
+        serve_npz(&plan, &inputs, &out);
         let want = dlrm_onnx::npz::read(&case.join("outputs.npz")).expect("expected");
         let got = dlrm_onnx::npz::read(&out).expect("written");
         assert_eq!(want.len(), got.len(), "{name}");
@@ -725,18 +729,7 @@ fn real_pytorch_exports_compile_inspect_and_serve_pytorchs_answers() {
         for b in batches {
             let out = dir.path().join(format!("{name}.{b}.npz"));
             let inputs = case.join(format!("inputs_{b}.npz"));
-            ok(
-                DLRM_RUN,
-                &[
-                    s(&plan),
-                    "--infer",
-                    "--inputs",
-                    s(&inputs),
-                    "--outputs",
-                    s(&out),
-                    "-q",
-                ],
-            );
+            serve_npz(&plan, &inputs, &out);
             let want = dlrm_onnx::npz::read(&case.join(format!("outputs_{b}.npz"))).expect("want");
             let got = dlrm_onnx::npz::read(&out).expect("written");
             assert_eq!(want.len(), got.len(), "{name}");
