@@ -21,6 +21,11 @@ import torch
 from torch import nn
 
 
+def widths(v):
+    """An MLP's widths as the JSON writes them: a list, or "13-512-256"."""
+    return [int(x) for x in (v.split("-") if isinstance(v, str) else v)]
+
+
 class DLRM(nn.Module):
     def __init__(self, spec):
         super().__init__()
@@ -29,7 +34,7 @@ class DLRM(nn.Module):
             nn.EmbeddingBag(rows, d, mode=spec.get("pooling_mode", "sum"), sparse=True)
             for rows in spec["table_rows"]
         )
-        self.bot = self.mlp(spec["bottom_mlp"], last_sigmoid=False)
+        self.bot = self.mlp(widths(spec["bottom_mlp"]), last_sigmoid=False)
         f = len(spec["table_rows"]) + 1
         self.itself = spec.get("interaction_itself", False)
         off = 0 if self.itself else -1
@@ -37,7 +42,7 @@ class DLRM(nn.Module):
         self.li, self.lj = li, lj
         self.dot = spec.get("interaction", "dot") == "dot"
         width = d + len(li) if self.dot else d * f
-        self.top = self.mlp([width] + spec["top_mlp"], last_sigmoid=True)
+        self.top = self.mlp([width] + widths(spec["top_mlp"]), last_sigmoid=True)
 
     @staticmethod
     def mlp(sizes, last_sigmoid):

@@ -17,10 +17,11 @@ them here too, so a broken export is caught before it is committed). CI has no
 PyTorch: the Rust tests read the committed files.
 
 usage: export_pytorch.py [OUT_DIR] [--only NAME ...]
-       export_pytorch.py --json MODEL.json OUT.onnx [--opset N] [--dynamo]
+       export_pytorch.py --json MODEL.json OUT.onnx [--opset N] [--dynamo] [--batch B]
 (the second form exports the reference-style DLRM of a dlrmc JSON description's
 shape, fixed-size bags of its pooling, for comparing a real export's plan with its
-JSON twin's; nothing is written beside it)
+JSON twin's, and for scripts/measure-peers; with --batch it writes `inputs.npz` and
+PyTorch's `outputs.npz` of that batch beside OUT)
 needs: torch, onnx, numpy; onnxscript for the dynamo exporter; onnxruntime optional
 (`../shared/tools/install-pytorch` installs all of them in a virtual environment).
 """
@@ -323,8 +324,10 @@ def export(name, exporter, opset, o, out_dir, seed=7):
     print(f"{name}: {exporter} opset {opset}, ort max abs diff {worst:.2e}")
 
 
-def export_json(spec_path, out, opset, dynamo):
-    """A reference-style DLRM of a JSON description's shape, fixed-size bags."""
+def export_json(spec_path, out, opset, dynamo, batch=None):
+    """A reference-style DLRM of a JSON description's shape, fixed-size bags. With
+    `batch`, also writes `inputs.npz` (random inputs of that batch) and `outputs.npz`
+    (the eager model's outputs on them) beside OUT."""
     with open(spec_path) as f:
         spec = json.load(f)
     widths = lambda v: [int(x) for x in (v.split("-") if isinstance(v, str) else v)]
@@ -339,6 +342,7 @@ def export_json(spec_path, out, opset, dynamo):
                      itself=itself,
                      mode=spec.get("pooling_mode", "sum"), seed=spec.get("seed", 0)).eval()
     rng = np.random.default_rng(0)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     b = 4
     dense = torch.tensor(rng.standard_normal((b, spec["dense_features"])).astype(np.float32))
     idx = [torch.tensor(rng.integers(0, r, size=(b, pool))) for r in rows]
@@ -358,6 +362,15 @@ def export_json(spec_path, out, opset, dynamo):
             torch.onnx.export(model, (dense, None, idx), out, dynamo=False,
                               opset_version=opset, input_names=names,
                               output_names=["pred"], dynamic_axes=axes)
+    if batch:
+        d = os.path.dirname(os.path.abspath(out))
+        dense = torch.tensor(rng.random((batch, spec["dense_features"]), dtype=np.float32))
+        idx = [torch.tensor(rng.integers(0, r, size=(batch, pool))) for r in rows]
+        with torch.no_grad():
+            pred = model(dense, None, idx).numpy()
+        flat = {"dense_x": dense.numpy(), **{f"indices_{k}": i.numpy() for k, i in enumerate(idx)}}
+        np.savez(os.path.join(d, "inputs.npz"), **flat)
+        np.savez(os.path.join(d, "outputs.npz"), pred=pred)
     print(f"{out}: {len(rows)} tables, pooling {pool}")
 
 
@@ -368,9 +381,11 @@ def main():
     ap.add_argument("--json", help="export a JSON description's shape to OUT (a .onnx path)")
     ap.add_argument("--opset", type=int, default=17)
     ap.add_argument("--dynamo", action="store_true")
+    ap.add_argument("--batch", type=int, help="with --json: also write inputs.npz and "
+                    "PyTorch's outputs.npz of this batch size beside OUT")
     a = ap.parse_args()
     if a.json:
-        return export_json(a.json, a.out, a.opset, a.dynamo)
+        return export_json(a.json, a.out, a.opset, a.dynamo, a.batch)
     torch.manual_seed(0)
     failed = []
     for name, (exporter, opset, o) in CASES.items():
