@@ -16,7 +16,7 @@ use dlrm_runtime::driver::{Report, run_with_params};
 use dlrm_runtime::plan::Plan;
 use dlrmc::compile::{CompileOptions, compile};
 use dlrmc::model::{Overrides, load_model};
-use dlrmc::{RunOptions, ShardSettings, job_for};
+use dlrmc::{RunOptions, RunSettings, ShardSettings, job_for};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -72,8 +72,11 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 fn run(plan: &Plan, ranks: usize, iters: u64) -> Result<(Report, Params), String> {
     let o = RunOptions {
-        ranks,
-        log_every: 1,
+        settings: RunSettings {
+            ranks,
+            log_every: 1,
+            ..RunSettings::default()
+        },
         iters,
         shards: settings(plan),
         ..RunOptions::default()

@@ -12,7 +12,7 @@ use dlrm_runtime::DataConfig;
 use dlrm_runtime::driver::{Report, run_with_params};
 use dlrmc::compile::{CompileOptions, compile};
 use dlrmc::model::{Overrides, load_model, table_rows_of};
-use dlrmc::{RunOptions, job_for};
+use dlrmc::{RunOptions, RunSettings, job_for};
 use std::path::{Path, PathBuf};
 
 const ROWS: [u64; 3] = [40, 7, 300];
@@ -72,7 +72,10 @@ fn plan_for(dir: &Path, ds: &Path) -> dlrm_runtime::Plan {
 
 fn train(plan: dlrm_runtime::Plan, ds: &Path, opts: RunOptions) -> Report {
     let opts = RunOptions {
-        data: Some(DataConfig::new(ds)),
+        settings: RunSettings {
+            data: Some(DataConfig::new(ds)),
+            ..opts.settings
+        },
         ..opts
     };
     run_with_params(job_for(plan, &opts).expect("job"), &mut |_| {})
@@ -90,8 +93,11 @@ fn a_model_learns_from_a_dataset_and_is_evaluated_during_training() {
         plan,
         &ds,
         RunOptions {
-            eval_every: 50,
-            log_every: 1,
+            settings: RunSettings {
+                eval_every: 50,
+                log_every: 1,
+                ..RunSettings::default()
+            },
             epochs: Some(2),
             ..RunOptions::default()
         },
@@ -123,9 +129,12 @@ fn two_thread_ranks_give_one_ranks_losses_on_a_dataset() {
     let plan = plan_for(dir.path(), &ds);
     let run = |ranks| {
         let opts = RunOptions {
-            ranks,
-            log_every: 1,
-            eval_every: 6,
+            settings: RunSettings {
+                ranks,
+                log_every: 1,
+                eval_every: 6,
+                ..RunSettings::default()
+            },
             iters: 12,
             ..RunOptions::default()
         };
@@ -239,8 +248,11 @@ fn a_run_on_a_dataset_resumes_across_an_epoch_bit_for_bit() {
     let ds = write_ds(dir.path(), 3000, 4);
     // 2400 training samples: 37 steps of 64 per epoch; step 50 is in epoch 2.
     let opts = |iters: u64| RunOptions {
-        log_every: 1,
-        ranks: 2,
+        settings: RunSettings {
+            log_every: 1,
+            ranks: 2,
+            ..RunSettings::default()
+        },
         iters,
         ..RunOptions::default()
     };

@@ -14,7 +14,7 @@ use dlrm_runtime::plan::{Plan, read_plan, write_plan};
 use dlrm_runtime::{DataSchema, Executor, SyntheticData};
 use dlrmc::compile::{CompileOptions, Stage, compile, partition_stages};
 use dlrmc::model::{Overrides, load_model};
-use dlrmc::{RunOptions, job_for};
+use dlrmc::{RunOptions, RunSettings, job_for};
 use std::collections::HashMap;
 
 /// The tiny example compiled with the optimising passes (the default).
@@ -29,8 +29,11 @@ fn tiny_plan_with(opts: &CompileOptions) -> Plan {
 
 fn train(plan: Plan, ranks: usize, iters: u64) -> (Report, Vec<HashMap<String, dlrm_ir::Tensor>>) {
     let opts = RunOptions {
-        ranks,
-        log_every: 1,
+        settings: RunSettings {
+            ranks,
+            log_every: 1,
+            ..RunSettings::default()
+        },
         iters,
         ..RunOptions::default()
     };
@@ -75,8 +78,11 @@ fn bf16_plan_trains_alike_on_both_backends() {
     };
     let run_on = |backend| {
         let opts = RunOptions {
-            log_every: 1,
-            backend,
+            settings: RunSettings {
+                log_every: 1,
+                backend,
+                ..RunSettings::default()
+            },
             iters: 20,
             ..RunOptions::default()
         };
@@ -160,8 +166,11 @@ fn planner_placements_train_like_one_rank() {
         );
         let run = |ranks: usize| {
             let o = RunOptions {
-                ranks,
-                log_every: 1,
+                settings: RunSettings {
+                    ranks,
+                    log_every: 1,
+                    ..RunSettings::default()
+                },
                 iters: 15,
                 shards: settings,
                 ..RunOptions::default()
@@ -306,12 +315,18 @@ fn bad_run_options_are_refused_before_running() {
     };
     let err = |opts: RunOptions| refused(tiny_plan(), opts);
     let msg = err(RunOptions {
-        ranks: 0,
+        settings: RunSettings {
+            ranks: 0,
+            ..RunSettings::default()
+        },
         ..RunOptions::default()
     });
     assert!(msg.contains("--ranks must be at least 1"), "{msg}");
     let msg = err(RunOptions {
-        ranks: 25,
+        settings: RunSettings {
+            ranks: 25,
+            ..RunSettings::default()
+        },
         ..RunOptions::default()
     });
     assert!(msg.contains("more than the global batch of 24"), "{msg}");
@@ -327,8 +342,11 @@ fn gradient_buckets_train_like_one_allreduce_per_gradient() {
     // the 1 MiB default one. Same tolerance as `n_ranks_train_like_one_rank`.
     let run = |ranks: usize, bucket_bytes: u64| {
         let opts = RunOptions {
-            ranks,
-            log_every: 1,
+            settings: RunSettings {
+                ranks,
+                log_every: 1,
+                ..RunSettings::default()
+            },
             iters: 10,
             shards: dlrmc::ShardSettings {
                 bucket_bytes,
@@ -368,9 +386,12 @@ fn sixty_four_ranks_train_like_one() {
     // batch of 64; the full dlrm-small run is in the README.
     let run = |ranks: usize| {
         let opts = RunOptions {
-            ranks,
-            log_every: 1,
-            eval_batches: 1,
+            settings: RunSettings {
+                ranks,
+                log_every: 1,
+                eval_batches: 1,
+                ..RunSettings::default()
+            },
             iters: 5,
             batch_size: Some(64),
             ..RunOptions::default()
@@ -394,8 +415,11 @@ fn bf16_row_wise_tables_train_like_one_rank() {
     };
     let run = |ranks: usize| {
         let opts = RunOptions {
-            ranks,
-            log_every: 1,
+            settings: RunSettings {
+                ranks,
+                log_every: 1,
+                ..RunSettings::default()
+            },
             iters: 10,
             shards: dlrmc::ShardSettings {
                 mem_per_rank: 1200,

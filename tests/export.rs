@@ -426,8 +426,11 @@ fn dlrmc_export_command() {
 /// parameters in place of the initial ones: what a checkpoint will give.
 fn trained(plan: Plan, steps: u64) -> Plan {
     let opts = dlrmc::RunOptions {
-        log_every: 0,
-        eval_batches: 0,
+        settings: dlrmc::RunSettings {
+            log_every: 0,
+            eval_batches: 0,
+            ..dlrmc::RunSettings::default()
+        },
         iters: steps,
         ..dlrmc::RunOptions::default()
     };

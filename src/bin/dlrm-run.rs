@@ -14,7 +14,7 @@ use dlrm_runtime::plan::{Plan, read_plan};
 use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, KernelChoice, LrPolicy, bench_loader};
 use dlrmc::launch::{CheckpointOptions, infer_once, init_mpi, mpi_ranks, resume_note};
 use dlrmc::memory::{Budget, mpi_ranks_here};
-use dlrmc::{Comm, Ranks, RunOptions, ShardSettings, job_for, run_job};
+use dlrmc::{Comm, Ranks, RunOptions, RunSettings, ShardSettings, job_for, run_job};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -387,15 +387,25 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     let default_iters = resume.as_ref().map_or(100, |c| c.manifest().last_step);
     let budget = run_budget(cli, ranks, &place)?;
     let opts = RunOptions {
-        ranks,
+        settings: RunSettings {
+            ranks,
+            log_every: cli.log_every,
+            eval_batches: cli.eval_batches,
+            warmup: cli.warmup,
+            backend: cli.backend,
+            kernels: cli.kernels,
+            overlap: !cli.no_overlap,
+            allreduce: cli.allreduce,
+            threads: cli.threads,
+            data,
+            eval_every: cli.eval_every,
+        },
         iters: cli.iters.unwrap_or(default_iters),
-        data,
         epochs: if cli.iters.is_some() {
             None
         } else {
             cli.epochs
         },
-        eval_every: cli.eval_every,
         lr: cli.lr,
         lr_policy: lr_policy(cli),
         checkpoint: cli.checkpoint.as_ref().map(|dir| CheckpointOptions {
@@ -407,14 +417,6 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         seed: cli.seed,
         batch_size: cli.batch_size,
         infer: cli.infer,
-        log_every: cli.log_every,
-        eval_batches: cli.eval_batches,
-        warmup: cli.warmup,
-        backend: cli.backend,
-        kernels: cli.kernels,
-        overlap: !cli.no_overlap,
-        allreduce: cli.allreduce,
-        threads: cli.threads,
         shards: {
             let d = ShardSettings::default();
             ShardSettings {
@@ -433,7 +435,7 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     let name = plan.name.clone();
     let job = job_for(plan, &opts)?;
     let iters = job.iters;
-    let steps_per_epoch = match &opts.data {
+    let steps_per_epoch = match &opts.settings.data {
         Some(d) => Some(dlrm_runtime::dataset::steps_per_epoch(
             &dlrm_data::Dataset::open(&d.path)?,
             &d.train_split,
