@@ -17,19 +17,22 @@ use crate::memory::Budget;
 use crate::shard::{ShardSettings, partition_graph, shard_plan};
 use dlrm_ir::{Communicator, SingleRank, Tensor};
 use dlrm_runtime::checkpoint::{Checkpoint, CheckpointSpec, RowPiece, RunInfo, plan_identity};
+pub use dlrm_runtime::driver::RunSettings;
 use dlrm_runtime::driver::{Event, Job, Report, run, run_rank};
 use dlrm_runtime::plan::Plan;
 use dlrm_runtime::schedule::{LrPolicy, LrSchedule, graph_lr};
-use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, Executor, KernelChoice, MpiComm};
+use dlrm_runtime::{Backend, Executor, KernelChoice, MpiComm};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// How to run a plan.
+/// How to run a plan: the [`RunSettings`] the job takes as they are, and what
+/// [`job_for`] resolves against the plan (steps, seed, batch, learning rate,
+/// placement, checkpoints, memory check).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunOptions {
-    /// Number of ranks (threads in this process).
-    pub ranks: usize,
+    /// The settings passed on to the job ([`Job::settings`]).
+    pub settings: RunSettings,
     /// Steps to run.
     pub iters: u64,
     /// Seed of the synthetic data; `None`: the plan's seed.
@@ -38,31 +41,11 @@ pub struct RunOptions {
     pub batch_size: Option<usize>,
     /// Run inference even if the plan can train.
     pub infer: bool,
-    /// Report a step every this many steps (0: only the last).
-    pub log_every: u64,
-    /// Held-out batches evaluated at the end (AUC and accuracy).
-    pub eval_batches: usize,
-    /// Steps excluded from the throughput median.
-    pub warmup: u64,
-    /// Which kernels run the nodes.
-    pub backend: Backend,
-    /// GEMM micro-kernel of the JIT backend.
-    pub kernels: KernelChoice,
-    /// Overlap collectives with compute.
-    pub overlap: bool,
-    /// Allreduce algorithm of the thread ranks.
-    pub allreduce: AllReduceAlgo,
-    /// Worker threads per rank; `None`: the CPUs shared among this process's ranks.
-    pub threads: Option<usize>,
     /// The sharding planner's settings (where the tables go on N ranks).
     pub shards: ShardSettings,
-    /// Train on this dataset instead of synthetic data.
-    pub data: Option<DataConfig>,
-    /// With `data`: run this many epochs of its training split (`iters` is then
-    /// ignored).
+    /// With `settings.data`: run this many epochs of its training split (`iters`
+    /// is then ignored).
     pub epochs: Option<u64>,
-    /// Evaluate every this many steps during training (0: only at the end).
-    pub eval_every: u64,
     /// The base learning rate of the training steps (`--lr`); `None`: the plan's.
     pub lr: Option<f32>,
     /// How the learning rate moves with the step (`--lr-warmup-steps`, ...);
@@ -94,23 +77,13 @@ pub struct CheckpointOptions {
 impl Default for RunOptions {
     fn default() -> RunOptions {
         RunOptions {
-            ranks: 1,
+            settings: RunSettings::default(),
             iters: 100,
             seed: None,
             batch_size: None,
             infer: false,
-            log_every: 10,
-            eval_batches: 4,
-            warmup: 3,
-            backend: Backend::default(),
-            kernels: KernelChoice::default(),
-            overlap: true,
-            allreduce: AllReduceAlgo::default(),
-            threads: None,
             shards: ShardSettings::default(),
-            data: None,
             epochs: None,
-            eval_every: 0,
             lr: None,
             lr_policy: None,
             checkpoint: None,
@@ -183,15 +156,15 @@ pub fn init_mpi() -> Result<MpiComm> {
 
 /// Builds the job that runs `plan` as `opts` says, partitioning its graphs.
 pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
-    let ranks = opts.ranks;
+    let ranks = opts.settings.ranks;
     if ranks == 0 {
         return Err(Error::Options("--ranks must be at least 1".into()));
     }
-    if opts.threads == Some(0) {
+    if opts.settings.threads == Some(0) {
         return Err(Error::Options("--threads must be at least 1".into()));
     }
     let global_batch = opts.batch_size.unwrap_or(plan.training.batch_size);
-    let iters = match (&opts.data, opts.epochs) {
+    let iters = match (&opts.settings.data, opts.epochs) {
         (Some(d), Some(e)) => {
             let ds = dlrm_data::Dataset::open(&d.path).map_err(dlrm_runtime::RuntimeError::from)?;
             let spe = dlrm_runtime::dataset::steps_per_epoch(&ds, &d.train_split, global_batch)?;
@@ -315,10 +288,8 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     }
     job.train_graphs = train_graphs;
     job.infer_graphs = infer_graphs;
-    job.ranks = ranks;
+    job.settings = opts.settings.clone();
     job.iters = iters;
-    job.data = opts.data.clone();
-    job.eval_every = opts.eval_every;
     job.global_batch = global_batch;
     job.seed = seed;
     job.checkpoint = spec;
@@ -326,14 +297,6 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
         job.start = c.step() + 1;
         job.resume = Some(Arc::clone(c));
     }
-    job.log_every = opts.log_every;
-    job.eval_batches = opts.eval_batches;
-    job.warmup = opts.warmup;
-    job.backend = opts.backend;
-    job.kernels = opts.kernels;
-    job.overlap = opts.overlap;
-    job.allreduce = opts.allreduce;
-    job.threads = opts.threads;
     Ok(job)
 }
 
@@ -349,8 +312,8 @@ fn check_memory(
 ) -> Result<()> {
     let job = dlrm_passes::shard::MemoryJob {
         global_batch,
-        ranks: opts.ranks,
-        prefetch: opts.data.as_ref().map_or(0, |d| d.prefetch),
+        ranks: opts.settings.ranks,
+        prefetch: opts.settings.data.as_ref().map_or(0, |d| d.prefetch),
     };
     let accounts = crate::memory::rank_accounts(train, infer, &job);
     let tables = crate::shard::plan_tables(plan)?;
@@ -369,7 +332,7 @@ fn want<'a>(
     crate::memory::Want {
         graph: plan.train.as_ref().unwrap_or(&plan.infer),
         tables,
-        ranks: opts.ranks,
+        ranks: opts.settings.ranks,
         global_batch,
         settings: &opts.shards,
         budget: budget.bytes,
@@ -415,7 +378,7 @@ fn resume_settings(
     c.check_params(plan.param_types())?;
     // The data continues the checkpointed run's only on the same kind of source
     // and split (a dataset may have moved: its path is not compared).
-    let now = opts.data.as_ref();
+    let now = opts.settings.data.as_ref();
     match (m.data.dataset.as_deref(), now) {
         (Some(was), None) => {
             return Err(Error::Options(format!(

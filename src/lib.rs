@@ -31,6 +31,6 @@ pub mod shard;
 pub use compile::{CompileOptions, Stage, compile};
 pub use error::{Error, Result};
 pub use inspect::Inspection;
-pub use launch::{Comm, Ranks, RunOptions, job_for, run_job};
+pub use launch::{Comm, Ranks, RunOptions, RunSettings, job_for, run_job};
 pub use model::{Model, load_model};
 pub use shard::{ShardSettings, plan_shards};

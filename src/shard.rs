@@ -69,6 +69,57 @@ pub fn parse_bucket_bytes(s: &str) -> Result<u64> {
     shard::parse_bytes(s).map_err(|e| Error::Options(e.to_string()))
 }
 
+/// The sharding planner's flags that `dlrmc compile`, `dlrmc plan-shards` and
+/// `dlrm-run` share (each binary declares its own `--mem-per-rank`, whose default
+/// differs: the planner's 16 GiB, or `dlrm-run`'s memory budget).
+#[derive(clap::Args, Clone, Copy, Debug, Default, PartialEq)]
+pub struct PlannerArgs {
+    /// Sharding planner: the network between ranks, `latency_us,GBps` (default
+    /// 2,12.5).
+    #[arg(long, value_name = "US,GBPS", value_parser = parse_network_arg)]
+    pub network: Option<Network>,
+    /// Sharding planner: one rank's compute rates, `GFLOPs,GBps` (default 20,4:
+    /// one core here).
+    #[arg(long, value_name = "GFLOPS,GBPS", value_parser = parse_machine_arg)]
+    pub machine: Option<Machine>,
+    /// Fuse the dense-gradient all-reduces into buckets of this many bytes, in the
+    /// order backward produces the gradients, e.g. `1MiB` (default), `25MiB`; 0:
+    /// one all-reduce per gradient.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bucket_arg)]
+    pub bucket_bytes: Option<u64>,
+}
+
+impl PlannerArgs {
+    /// The settings these flags give (the defaults for those not given), with
+    /// `mem_per_rank` bytes of tables per rank.
+    pub fn settings(&self, mem_per_rank: u64) -> ShardSettings {
+        let d = ShardSettings::default();
+        ShardSettings {
+            mem_per_rank,
+            network: self.network.unwrap_or(d.network),
+            machine: self.machine.unwrap_or(d.machine),
+            bucket_bytes: self.bucket_bytes.unwrap_or(d.bucket_bytes),
+        }
+    }
+}
+
+/// The value parser of `--mem-per-rank` ([`shard::parse_bytes`]).
+pub fn parse_mem_arg(s: &str) -> std::result::Result<u64, String> {
+    shard::parse_bytes(s).map_err(|e| e.to_string())
+}
+
+fn parse_bucket_arg(s: &str) -> std::result::Result<u64, String> {
+    parse_bucket_bytes(s).map_err(|e| e.to_string())
+}
+
+fn parse_network_arg(s: &str) -> std::result::Result<Network, String> {
+    Network::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_machine_arg(s: &str) -> std::result::Result<Machine, String> {
+    Machine::parse(s).map_err(|e| e.to_string())
+}
+
 fn planner_err(graph: &'static str, ranks: usize, e: dlrm_passes::PassError) -> Error {
     Error::Partition {
         graph,

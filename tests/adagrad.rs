@@ -7,22 +7,18 @@
 //! reassociation of the all-reduces only), differences below 1e-6 ignored. The unfused `-O0` graph trains on one
 //! rank like the fused one and is refused by the partition with a clear error.
 
+mod common;
+
+use common::{O0, losses, max_rel, s, tempdir, trained_value};
 use dlrm_ir::Tensor;
 use dlrm_passes::pipeline::Precision;
 use dlrm_runtime::driver::{Report, run_with_params};
 use dlrm_runtime::plan::Plan;
 use dlrmc::compile::{CompileOptions, compile};
 use dlrmc::model::{Overrides, load_model};
-use dlrmc::{RunOptions, ShardSettings, job_for};
+use dlrmc::{RunOptions, RunSettings, ShardSettings, job_for};
 use std::collections::HashMap;
 use std::path::Path;
-
-const O0: CompileOptions = CompileOptions {
-    infer_only: false,
-    optimize: false,
-    precision: Precision::Fp32,
-    block: None,
-};
 
 /// dlrm-tiny with a 3-row table, compiled with `optimizer`.
 fn tiny3(dir: &Path, optimizer: &str, opts: &CompileOptions) -> Plan {
@@ -76,54 +72,17 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 fn run(plan: &Plan, ranks: usize, iters: u64) -> Result<(Report, Params), String> {
     let o = RunOptions {
-        ranks,
+        settings: RunSettings {
+            ranks,
+            log_every: 1,
+            ..RunSettings::default()
+        },
         iters,
-        log_every: 1,
         shards: settings(plan),
         ..RunOptions::default()
     };
     let job = job_for(plan.clone(), &o).map_err(|e| chain(&e))?;
     run_with_params(job, &mut |_| {}).map_err(|e| chain(&e))
-}
-
-fn losses(r: &Report) -> Vec<f32> {
-    r.losses.iter().map(|l| l.1).collect()
-}
-
-fn max_rel(a: &[f32], b: &[f32], floor: f32) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            let d = (x - y).abs();
-            if d <= floor {
-                0.0
-            } else {
-                d / x.abs().max(y.abs())
-            }
-        })
-        .fold(0.0, f32::max)
-}
-
-/// A trained value over the ranks: from the first rank holding it, or its row
-/// shards `<name>.rows<lo>_<hi>` joined in row order.
-fn trained_value(per_rank: &Params, name: &str) -> Vec<f32> {
-    if let Some(p) = per_rank.iter().find(|p| p.contains_key(name)) {
-        return p[name].to_f32_vec();
-    }
-    let prefix = format!("{name}.rows");
-    let mut shards: Vec<(usize, Vec<f32>)> = per_rank
-        .iter()
-        .flat_map(|p| p.iter())
-        .filter_map(|(n, t)| {
-            let lo = n.strip_prefix(&prefix)?.split('_').next()?.parse().ok()?;
-            Some((lo, t.to_f32_vec()))
-        })
-        .collect();
-    assert!(!shards.is_empty(), "{name} on no rank");
-    shards.sort_by_key(|s| s.0);
-    shards.dedup_by_key(|s| s.0);
-    shards.into_iter().flat_map(|s| s.1).collect()
 }
 
 fn mean(v: &[f32]) -> f32 {
@@ -132,7 +91,7 @@ fn mean(v: &[f32]) -> f32 {
 
 #[test]
 fn adagrad_learns_and_ranks_train_like_one() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     for optimizer in ["adagrad", "rowwise_adagrad"] {
         let plan = tiny3(dir.path(), optimizer, &CompileOptions::default());
         let train = plan.train.as_ref().expect("train graph");
@@ -173,7 +132,7 @@ fn adagrad_learns_and_ranks_train_like_one() {
 
 #[test]
 fn unfused_adagrad_trains_on_one_rank_and_is_refused_by_the_partition() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     for optimizer in ["adagrad", "rowwise_adagrad"] {
         let fused = tiny3(dir.path(), optimizer, &CompileOptions::default());
         let plain = tiny3(dir.path(), optimizer, &O0);
@@ -191,7 +150,7 @@ fn unfused_adagrad_trains_on_one_rank_and_is_refused_by_the_partition() {
 
 #[test]
 fn adagrad_with_bf16_storage_is_refused() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let src = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-tiny.json"),
     )
@@ -223,20 +182,10 @@ fn adagrad_with_bf16_storage_is_refused() {
 
 #[test]
 fn dlrmc_compile_takes_the_optimizer_flag() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let plan = dir.path().join("tiny.plan");
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-tiny.json");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlrmc"))
-        .args(["compile", "-q", "--optimizer", "rowwise_adagrad", "-o"])
-        .arg(&plan)
-        .arg(&model)
-        .output()
-        .expect("dlrmc");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let model = common::example("dlrm-tiny.json");
+    common::compile(&model, &plan, &["--optimizer", "rowwise_adagrad"]);
     let p = dlrm_runtime::plan::read_plan(&plan).expect("plan");
     assert_eq!(p.training.optimizer, "rowwise_adagrad");
     let train = p.train.expect("train graph");
@@ -251,14 +200,21 @@ fn dlrmc_compile_takes_the_optimizer_flag() {
         })
         .count();
     assert_eq!(fused, 3, "one fused row-wise update per table");
-    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_dlrmc"))
-        .args(["compile", "-q", "--optimizer", "adam", "-o"])
-        .arg(dir.path().join("bad.plan"))
-        .arg(&model)
-        .output()
-        .expect("dlrmc");
+    let bad_plan = dir.path().join("bad.plan");
+    let bad = common::run(
+        common::DLRMC,
+        &[
+            "compile",
+            "-q",
+            "--optimizer",
+            "adam",
+            "-o",
+            s(&bad_plan),
+            s(&model),
+        ],
+    );
     assert!(!bad.status.success());
-    let err = String::from_utf8_lossy(&bad.stderr);
+    let err = common::stderr(&bad);
     assert!(
         err.contains("--optimizer must be sgd, adagrad or rowwise_adagrad"),
         "{err}"

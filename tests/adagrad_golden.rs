@@ -16,8 +16,10 @@
 //! run: `DIR/<optimizer>.json` holds the initial parameters, every batch, the
 //! losses and the trained values (the script reads it).
 
+mod common;
+
+use common::O0;
 use dlrm_ir::{SingleRank, Tensor};
-use dlrm_passes::pipeline::Precision;
 use dlrm_runtime::{DataSchema, Executor, LrPolicy, LrSchedule, SyntheticData};
 use dlrmc::compile::{CompileOptions, compile};
 use dlrmc::model::{Overrides, load_model};
@@ -31,13 +33,6 @@ const LR: f32 = 0.02;
 const SEED: u64 = 3;
 
 /// The unfused plan (parameters unblocked, as PyTorch holds them).
-const O0: CompileOptions = CompileOptions {
-    infer_only: false,
-    optimize: false,
-    precision: Precision::Fp32,
-    block: None,
-};
-
 fn tensor_json(t: &Tensor) -> Value {
     json!({ "shape": t.shape, "data": t.to_f32_vec() })
 }

@@ -15,24 +15,14 @@
 //!   uninterrupted 4-rank run (the tolerance of N ranks against one, `e2e.rs`);
 //! - a checkpoint is a plan: `dlrm-run CKPT --infer` and `dlrmc inspect CKPT`.
 
+mod common;
+
+use common::{DLRM_RUN, DLRMC, compile as compile_model, example, ok, run_env, s, tempdir};
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-const DLRMC: &str = env!("CARGO_BIN_EXE_dlrmc");
-const DLRM_RUN: &str = env!("CARGO_BIN_EXE_dlrm-run");
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
-fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .join(name)
-}
 
 /// Compiles dlrm-tiny (its JSON edited by `edit`) into `dir/name` with `extra`
 /// compile flags.
@@ -44,17 +34,7 @@ fn compile(dir: &Path, name: &str, edit: &dyn Fn(&mut Value), extra: &[&str]) ->
     let json = dir.join(format!("{name}.json"));
     fs::write(&json, v.to_string()).expect("write");
     let plan = dir.join(name);
-    let mut args = vec!["compile", s(&json), "-o", s(&plan), "--quiet"];
-    args.extend_from_slice(extra);
-    let out = Command::new(DLRMC)
-        .args(&args)
-        .output()
-        .expect("spawn dlrmc");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    compile_model(&json, &plan, extra);
     plan
 }
 
@@ -69,13 +49,11 @@ fn tiny(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
     )
 }
 
+/// `dlrm-run` with one rayon thread, and `env`.
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(DLRM_RUN);
-    c.args(args).env("RAYON_NUM_THREADS", "1");
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().expect("spawn dlrm-run")
+    let mut all = vec![("RAYON_NUM_THREADS", "1")];
+    all.extend_from_slice(env);
+    run_env(DLRM_RUN, args, &all)
 }
 
 /// Runs `dlrm-run` with `--json --quiet --log-every 1`; returns the report.
@@ -152,7 +130,7 @@ fn check_resume_bit_exact(plan: &Path, ranks: &str, n: u64, k: u64, what: &str) 
 /// uninterrupted run and the checkpointed one, not to the resumed run: it
 /// continues with the schedule the checkpoint recorded.
 fn check_resume_with(plan: &Path, ranks: &str, n: u64, k: u64, lr: &[&str], what: &str) {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let ck = dir.path().join("ck");
     let n_s = n.to_string();
     let k_s = k.to_string();
@@ -186,7 +164,7 @@ fn check_resume_with(plan: &Path, ranks: &str, n: u64, k: u64, lr: &[&str], what
 
 #[test]
 fn resume_is_bit_exact_on_one_and_two_ranks() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let plan = tiny(dir.path(), "tiny", &[]);
     check_resume_bit_exact(&plan, "1", 9, 4, "fp32 1 rank");
     check_resume_bit_exact(&plan, "2", 9, 5, "fp32 2 ranks");
@@ -194,7 +172,7 @@ fn resume_is_bit_exact_on_one_and_two_ranks() {
 
 #[test]
 fn resume_is_bit_exact_with_bf16_and_adagrad() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let bf16 = tiny(dir.path(), "bf16", &["--precision", "bf16"]);
     check_resume_bit_exact(&bf16, "1", 8, 3, "bf16 1 rank");
     check_resume_bit_exact(&bf16, "2", 8, 3, "bf16 2 ranks");
@@ -205,7 +183,7 @@ fn resume_is_bit_exact_with_bf16_and_adagrad() {
 
 #[test]
 fn a_resumed_run_continues_the_learning_rate_schedule() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let plan = tiny(dir.path(), "tiny", &[]);
     // Warmup over steps 1-4, constant, then a polynomial decay from step 6: the
     // checkpoint after step 4 resumes mid-schedule.
@@ -238,7 +216,7 @@ fn big(dir: &Path) -> PathBuf {
 
 #[test]
 fn a_run_killed_during_a_step_or_a_write_resumes_bit_for_bit() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let plan = big(dir.path());
     let n = 10u64;
     let full = report(&[s(&plan), "--ranks", "2", "--iters", "10"]);
@@ -343,7 +321,7 @@ fn a_run_killed_during_a_step_or_a_write_resumes_bit_for_bit() {
 
 #[test]
 fn bad_checkpoints_are_clear_errors() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let plan = tiny(dir.path(), "tiny", &[]);
     let ck = dir.path().join("ck");
     report(&[
@@ -412,7 +390,7 @@ fn bad_checkpoints_are_clear_errors() {
 
 #[test]
 fn four_ranks_checkpoint_resumes_on_two() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let plan = tiny(dir.path(), "tiny", &["--optimizer", "adagrad"]);
     let ck = dir.path().join("ck");
     let mut a = vec![s(&plan), "--ranks", "4", "--iters", "8"];
@@ -462,7 +440,7 @@ fn four_ranks_checkpoint_resumes_on_two() {
 
 #[test]
 fn a_checkpoint_serves_and_inspects_like_a_plan() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let plan = tiny(dir.path(), "tiny", &[]);
     let ck = dir.path().join("ck");
     let trained = report(&[s(&plan), "--iters", "5", "--checkpoint", s(&ck)]);
@@ -471,22 +449,11 @@ fn a_checkpoint_serves_and_inspects_like_a_plan() {
         served["auc"], trained["auc"],
         "serving the checkpoint evaluates the trained model"
     );
-    let out = Command::new(DLRMC)
-        .args(["inspect", s(&ck), "--json"])
-        .output()
-        .expect("inspect");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = ok(DLRMC, &["inspect", s(&ck), "--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["name"], "dlrm-tiny");
     assert_eq!(v["checkpoint"]["step"], 5);
-    let text = Command::new(DLRMC)
-        .args(["inspect", s(&ck)])
-        .output()
-        .expect("inspect");
+    let text = common::run(DLRMC, &["inspect", s(&ck)]);
     assert!(String::from_utf8_lossy(&text.stdout).contains("after step 5 of 5"));
     // Resuming the checkpoint given in place of the plan.
     let resumed = report(&[s(&ck), "--resume", "--iters", "7"]);

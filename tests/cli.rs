@@ -1,51 +1,19 @@
 //! The binaries as a user runs them: exit status, what they print and write, and
 //! that bad input is a clear error that damages nothing already written.
 
+mod common;
+
+use common::{DLRM_RUN, DLRMC, compile, example, fails_silently as fails, ok, run, s, tempdir};
 use dlrm_ir::text;
 use dlrm_passes::pipeline::{self, PipelineOptions};
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-const DLRMC: &str = env!("CARGO_BIN_EXE_dlrmc");
-const DLRM_RUN: &str = env!("CARGO_BIN_EXE_dlrm-run");
-
-fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .join(name)
-}
-
-fn run(bin: &str, args: &[&str]) -> Output {
-    Command::new(bin).args(args).output().expect("spawn")
-}
-
-fn ok(bin: &str, args: &[&str]) -> Output {
-    let out = run(bin, args);
-    assert!(
-        out.status.success(),
-        "{bin} {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-/// Runs a command that must fail; returns its stderr.
-fn fails(bin: &str, args: &[&str]) -> String {
-    let out = run(bin, args);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{bin} {args:?}: {stderr}");
-    assert!(out.stdout.is_empty(), "{bin} {args:?} printed to stdout");
-    stderr
-}
+use std::process::Command;
 
 fn compile_tiny(dir: &Path, extra: &[&str]) -> PathBuf {
     let plan = dir.join("tiny.plan");
-    let model = example("dlrm-tiny.json");
-    let mut args = vec!["compile", s(&model), "-o", s(&plan), "--quiet"];
-    args.extend_from_slice(extra);
-    ok(DLRMC, &args);
+    compile(&example("dlrm-tiny.json"), &plan, extra);
     plan
 }
 
@@ -70,10 +38,6 @@ fn stages(graph: &str, optimize: bool) -> Vec<String> {
         .collect()
 }
 
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf8 path")
-}
-
 /// `dlrm-run PLAN --infer --inputs INPUTS --outputs OUT`: serves the named inputs
 /// of an `.npz` and writes the outputs to another.
 fn serve_npz(plan: &Path, inputs: &Path, out: &Path) {
@@ -91,7 +55,7 @@ fn serve_npz(plan: &Path, inputs: &Path, out: &Path) {
 
 #[test]
 fn inspect_json_counts_ops_and_params() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let plan = compile_tiny(dir.path(), &["-O0"]);
     let out = ok(DLRMC, &["inspect", s(&plan), "--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
@@ -163,7 +127,7 @@ fn inspect_json_counts_ops_and_params() {
 
 #[test]
 fn optimised_small_model_is_fused_and_bf16_stores_bf16() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let plan = dir.path().join("small.plan");
     let model = example("dlrm-small.json");
     for precision in ["fp32", "bf16"] {
@@ -210,7 +174,7 @@ fn optimised_small_model_is_fused_and_bf16_stores_bf16() {
 
 #[test]
 fn dump_ir_prints_every_stage_in_a_form_that_parses_back() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let plan = dir.path().join("p");
     let out = ok(
         DLRMC,
@@ -318,7 +282,7 @@ fn dump_ir_prints_every_stage_in_a_form_that_parses_back() {
 
 #[test]
 fn dot_output_is_graphviz() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let dot = dir.path().join("g.dot");
     ok(
         DLRMC,
@@ -339,7 +303,7 @@ fn dot_output_is_graphviz() {
 
 #[test]
 fn dlrm_run_trains_and_writes_metrics() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let plan = compile_tiny(dir.path(), &[]);
     let metrics = dir.path().join("m.jsonl");
     let out = ok(
@@ -429,7 +393,7 @@ fn dlrm_run_trains_and_writes_metrics() {
 
 #[test]
 fn bad_models_are_clear_errors_and_leave_the_plan_alone() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let plan = compile_tiny(dir.path(), &[]);
     let manifest = fs::read(plan.join("manifest.json")).expect("manifest");
     let weights = fs::read(plan.join("weights.safetensors")).expect("weights");
@@ -489,7 +453,7 @@ fn bad_models_are_clear_errors_and_leave_the_plan_alone() {
 
 #[test]
 fn bad_runs_are_clear_errors() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let plan = compile_tiny(dir.path(), &[]);
 
     let err = fails(DLRM_RUN, &[s(&plan), "--ranks", "0"]);
@@ -559,7 +523,7 @@ fn bad_runs_are_clear_errors() {
 
 #[test]
 fn comm_mpi_runs_as_one_mpi_rank_or_says_the_build_lacks_mpi() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let plan = compile_tiny(dir.path(), &[]);
     let args = [s(&plan), "--comm", "mpi", "--iters", "2"];
     if cfg!(feature = "mpi") {
@@ -594,7 +558,7 @@ fn comm_mpi_runs_as_one_mpi_rank_or_says_the_build_lacks_mpi() {
 #[test]
 fn onnx_models_compile_and_serve_onnx_runtimes_answers() {
     let cases = Path::new(env!("CARGO_MANIFEST_DIR")).join("frontends/onnx/test_cases");
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let mut served = 0;
     let mut refused = 0;
     let mut entries: Vec<_> = fs::read_dir(&cases)
@@ -661,7 +625,7 @@ fn real_pytorch_exports_compile_inspect_and_serve_pytorchs_answers() {
         ("dynamo_torchrec", "sliced at bounds computed from the data"),
     ];
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("frontends/onnx/test_cases/real");
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let mut names: Vec<String> = fs::read_dir(&root)
         .expect("real cases")
         .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))

@@ -2,26 +2,10 @@
 //! data convert`, trains with exactly the losses (bit for bit) of `dlrm-run --data`
 //! given the TSV itself (converted on the fly with the same defaults).
 
+mod common;
+
+use common::{DLRM_RUN, DLRMC, compile, ok, s, tempdir};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn run(name: &str, args: &[&str]) -> Output {
-    let bin = match name {
-        "dlrmc" => env!("CARGO_BIN_EXE_dlrmc"),
-        _ => env!("CARGO_BIN_EXE_dlrm-run"),
-    };
-    let out = Command::new(bin).args(args).output().expect("spawn");
-    assert!(
-        out.status.success(),
-        "{name} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
 
 /// A small Criteo-shaped model (13 dense, 26 tables whose rows the data sets).
 fn write_model(dir: &Path) -> PathBuf {
@@ -63,12 +47,12 @@ fn losses(metrics: &Path) -> Vec<(u64, u32)> {
 
 #[test]
 fn training_from_tsv_and_from_its_dataset_gives_the_same_losses_bit_for_bit() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let tsv = dir.path().join("train.txt");
     let ds = dir.path().join("train.ds");
     let plan = dir.path().join("plan");
-    run(
-        "dlrmc",
+    ok(
+        DLRMC,
         &[
             "data",
             "generate",
@@ -81,23 +65,12 @@ fn training_from_tsv_and_from_its_dataset_gives_the_same_losses_bit_for_bit() {
             s(&tsv),
         ],
     );
-    run("dlrmc", &["data", "convert", "-q", s(&tsv), "-o", s(&ds)]);
+    ok(DLRMC, &["data", "convert", "-q", s(&tsv), "-o", s(&ds)]);
     let model = write_model(dir.path());
-    run(
-        "dlrmc",
-        &[
-            "compile",
-            s(&model),
-            "--data",
-            s(&ds),
-            "-o",
-            s(&plan),
-            "--quiet",
-        ],
-    );
+    compile(&model, &plan, &["--data", s(&ds)]);
     let train = |data: &Path, metrics: &Path| {
-        run(
-            "dlrm-run",
+        ok(
+            DLRM_RUN,
             &[
                 s(&plan),
                 "--data",

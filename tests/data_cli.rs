@@ -1,69 +1,48 @@
 //! `dlrmc data` as a user runs it: generate, convert, inspect; bad input is a clear
 //! error on stderr with exit status 1 that damages nothing already written.
 
+mod common;
+
+use common::{DLRMC, fails_silently as fails, ok, s, tempdir};
 use serde_json::Value;
-use std::path::Path;
-use std::process::{Command, Output};
-
-const DLRMC: &str = env!("CARGO_BIN_EXE_dlrmc");
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
-fn run(args: &[&str]) -> Output {
-    Command::new(DLRMC).args(args).output().expect("spawn")
-}
-
-fn ok(args: &[&str]) -> Output {
-    let out = run(args);
-    assert!(
-        out.status.success(),
-        "dlrmc {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn fails(args: &[&str]) -> String {
-    let out = run(args);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "dlrmc {args:?}: {stderr}");
-    assert!(out.stdout.is_empty(), "dlrmc {args:?} printed to stdout");
-    stderr
-}
 
 #[test]
 fn generate_convert_inspect() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = tempdir();
     let txt = tmp.path().join("train.txt");
     let ds = tmp.path().join("kaggle.ds");
-    let out = ok(&[
-        "data",
-        "generate",
-        "--rows",
-        "7000",
-        "--seed",
-        "1",
-        "-o",
-        s(&txt),
-    ]);
+    let out = ok(
+        DLRMC,
+        &[
+            "data",
+            "generate",
+            "--rows",
+            "7000",
+            "--seed",
+            "1",
+            "-o",
+            s(&txt),
+        ],
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("wrote 7000 rows"));
-    let out = ok(&[
-        "data",
-        "convert",
-        "--format",
-        "criteo-tsv",
-        s(&txt),
-        "-o",
-        s(&ds),
-    ]);
+    let out = ok(
+        DLRMC,
+        &[
+            "data",
+            "convert",
+            "--format",
+            "criteo-tsv",
+            s(&txt),
+            "-o",
+            s(&ds),
+        ],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("7000 samples") && err.contains("rows/s") && err.contains("train 6000"),
         "{err}"
     );
-    let out = ok(&["data", "inspect", s(&ds), "--verify", "--json"]);
+    let out = ok(DLRMC, &["data", "inspect", s(&ds), "--verify", "--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["samples"], 7000);
     assert_eq!(v["verified"], true);
@@ -72,26 +51,29 @@ fn generate_convert_inspect() {
     assert_eq!(v["dense"].as_array().map(Vec::len), Some(13));
     let rate = v["positive_rate"].as_f64().unwrap_or(0.0);
     assert!((0.2..0.3).contains(&rate), "{rate}");
-    let out = ok(&["data", "inspect", s(&ds)]);
+    let out = ok(DLRMC, &["data", "inspect", s(&ds)]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("samples 7000") && text.contains("C26") && text.contains("test"));
 
     // Hashing with a row cap, and fraction splits.
     let hashed = tmp.path().join("h.ds");
-    ok(&[
-        "data",
-        "convert",
-        s(&txt),
-        "-o",
-        s(&hashed),
-        "--max-ind-range",
-        "1000",
-        "--hash",
-        "--split",
-        "train=0.9,test=0.1",
-        "--quiet",
-    ]);
-    let out = ok(&["data", "inspect", s(&hashed), "--json"]);
+    ok(
+        DLRMC,
+        &[
+            "data",
+            "convert",
+            s(&txt),
+            "-o",
+            s(&hashed),
+            "--max-ind-range",
+            "1000",
+            "--hash",
+            "--split",
+            "train=0.9,test=0.1",
+            "--quiet",
+        ],
+    );
+    let out = ok(DLRMC, &["data", "inspect", s(&hashed), "--json"]);
     let v: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["tables"][2]["rows"], 1000);
     assert_eq!(v["splits"][1]["start"], 6300);
@@ -99,24 +81,33 @@ fn generate_convert_inspect() {
 
 #[test]
 fn bad_input_is_an_error_that_damages_nothing() {
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = tempdir();
     let txt = tmp.path().join("train.txt");
     let ds = tmp.path().join("x.ds");
-    ok(&[
-        "data",
-        "generate",
-        "--rows",
-        "100",
-        "-o",
-        s(&txt),
-        "--quiet",
-    ]);
-    ok(&["data", "convert", s(&txt), "-o", s(&ds), "--quiet"]);
+    ok(
+        DLRMC,
+        &[
+            "data",
+            "generate",
+            "--rows",
+            "100",
+            "-o",
+            s(&txt),
+            "--quiet",
+        ],
+    );
+    ok(
+        DLRMC,
+        &["data", "convert", s(&txt), "-o", s(&ds), "--quiet"],
+    );
     let manifest = std::fs::read(ds.join("manifest.json")).expect("manifest");
     let mut text = std::fs::read_to_string(&txt).expect("read");
     text.push_str("1\t2\t3\n");
     std::fs::write(&txt, &text).expect("write");
-    let err = fails(&["data", "convert", s(&txt), "-o", s(&ds), "--quiet"]);
+    let err = fails(
+        DLRMC,
+        &["data", "convert", s(&txt), "-o", s(&ds), "--quiet"],
+    );
     assert!(
         err.contains(&format!(
             "{}:101: expected 40 tab-separated fields, found 3",
@@ -128,30 +119,39 @@ fn bad_input_is_an_error_that_damages_nothing() {
         std::fs::read(ds.join("manifest.json")).expect("manifest"),
         manifest
     );
-    let out = ok(&[
-        "data",
-        "convert",
-        s(&txt),
-        "-o",
-        s(&ds),
-        "--quiet",
-        "--skip-bad-lines",
-    ]);
+    let out = ok(
+        DLRMC,
+        &[
+            "data",
+            "convert",
+            s(&txt),
+            "-o",
+            s(&ds),
+            "--quiet",
+            "--skip-bad-lines",
+        ],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("skipped 1 bad lines (field-count 1)"), "{err}");
 
-    let err = fails(&[
-        "data",
-        "convert",
-        s(&txt),
-        "-o",
-        s(&ds),
-        "--split",
-        "train=2",
-    ]);
+    let err = fails(
+        DLRMC,
+        &[
+            "data",
+            "convert",
+            s(&txt),
+            "-o",
+            s(&ds),
+            "--split",
+            "train=2",
+        ],
+    );
     assert!(err.contains("--split"), "{err}");
-    let err = fails(&["data", "convert", "/nonexistent/day_0", "-o", s(&ds)]);
+    let err = fails(
+        DLRMC,
+        &["data", "convert", "/nonexistent/day_0", "-o", s(&ds)],
+    );
     assert!(err.contains("/nonexistent/day_0"), "{err}");
-    let err = fails(&["data", "inspect", s(&txt)]);
+    let err = fails(DLRMC, &["data", "inspect", s(&txt)]);
     assert!(err.contains("manifest.json"), "{err}");
 }

@@ -4,14 +4,16 @@
 //! thread ranks give one rank's losses, and a dataset that does not fit the plan is a
 //! clear error.
 
+mod common;
+
+use common::{DLRM_RUN, DLRMC, assert_contains_all, ok, run, s, stderr, tempdir};
 use dlrm_data::{Learnable, write_learnable};
 use dlrm_runtime::DataConfig;
 use dlrm_runtime::driver::{Report, run_with_params};
 use dlrmc::compile::{CompileOptions, compile};
 use dlrmc::model::{Overrides, load_model, table_rows_of};
-use dlrmc::{RunOptions, job_for};
+use dlrmc::{RunOptions, RunSettings, job_for};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 const ROWS: [u64; 3] = [40, 7, 300];
 
@@ -70,7 +72,10 @@ fn plan_for(dir: &Path, ds: &Path) -> dlrm_runtime::Plan {
 
 fn train(plan: dlrm_runtime::Plan, ds: &Path, opts: RunOptions) -> Report {
     let opts = RunOptions {
-        data: Some(DataConfig::new(ds)),
+        settings: RunSettings {
+            data: Some(DataConfig::new(ds)),
+            ..opts.settings
+        },
         ..opts
     };
     run_with_params(job_for(plan, &opts).expect("job"), &mut |_| {})
@@ -80,7 +85,7 @@ fn train(plan: dlrm_runtime::Plan, ds: &Path, opts: RunOptions) -> Report {
 
 #[test]
 fn a_model_learns_from_a_dataset_and_is_evaluated_during_training() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let ds = write_ds(dir.path(), 6000, 4);
     let plan = plan_for(dir.path(), &ds);
     // 4800 training samples: 75 steps of 64 per epoch; two epochs.
@@ -88,9 +93,12 @@ fn a_model_learns_from_a_dataset_and_is_evaluated_during_training() {
         plan,
         &ds,
         RunOptions {
+            settings: RunSettings {
+                eval_every: 50,
+                log_every: 1,
+                ..RunSettings::default()
+            },
             epochs: Some(2),
-            eval_every: 50,
-            log_every: 1,
             ..RunOptions::default()
         },
     );
@@ -116,15 +124,18 @@ fn a_model_learns_from_a_dataset_and_is_evaluated_during_training() {
 
 #[test]
 fn two_thread_ranks_give_one_ranks_losses_on_a_dataset() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let ds = write_ds(dir.path(), 3000, 4);
     let plan = plan_for(dir.path(), &ds);
     let run = |ranks| {
         let opts = RunOptions {
-            ranks,
+            settings: RunSettings {
+                ranks,
+                log_every: 1,
+                eval_every: 6,
+                ..RunSettings::default()
+            },
             iters: 12,
-            log_every: 1,
-            eval_every: 6,
             ..RunOptions::default()
         };
         train(plan.clone(), &ds, opts)
@@ -142,39 +153,19 @@ fn two_thread_ranks_give_one_ranks_losses_on_a_dataset() {
     }
 }
 
-fn bin(name: &str) -> PathBuf {
-    PathBuf::from(match name {
-        "dlrmc" => env!("CARGO_BIN_EXE_dlrmc"),
-        _ => env!("CARGO_BIN_EXE_dlrm-run"),
-    })
-}
-
-fn run(name: &str, args: &[&str]) -> Output {
-    Command::new(bin(name)).args(args).output().expect("spawn")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
 #[test]
 fn the_cli_compiles_from_data_trains_with_eval_every_and_refuses_a_misfit() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let ds = write_ds(dir.path(), 3000, 4);
     let model = write_model(dir.path(), 4);
     let plan = dir.path().join("plan");
-    let out = run(
-        "dlrmc",
+    ok(
+        DLRMC,
         &["compile", s(&model), "--data", s(&ds), "-o", s(&plan)],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     let metrics = dir.path().join("m.jsonl");
-    let out = run(
-        "dlrm-run",
+    let out = ok(
+        DLRM_RUN,
         &[
             s(&plan),
             "--data",
@@ -187,8 +178,7 @@ fn the_cli_compiles_from_data_trains_with_eval_every_and_refuses_a_misfit() {
             s(&metrics),
         ],
     );
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let err = stderr(&out);
     assert!(
         err.contains("best val AUC") && err.contains("`test`"),
         "{err}"
@@ -213,34 +203,30 @@ fn the_cli_compiles_from_data_trains_with_eval_every_and_refuses_a_misfit() {
     let svg = dir.path().join("curves.svg");
     let copy = dir.path().join("again.jsonl");
     std::fs::copy(&metrics, &copy).expect("copy");
-    let out = run("dlrmc", &["plot", s(&metrics), s(&copy), "-o", s(&svg)]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(DLRMC, &["plot", s(&metrics), s(&copy), "-o", s(&svg)]);
     let text = std::fs::read_to_string(&svg).expect("svg");
-    for want in [
-        "<svg",
-        "training loss",
-        "validation AUC",
-        "validation log loss",
-        ">\nm\n<",
-        ">\nagain\n<",
-    ] {
-        assert!(text.contains(want), "no {want:?} in the SVG");
-    }
+    assert_contains_all(
+        &text,
+        &[
+            "<svg",
+            "training loss",
+            "validation AUC",
+            "validation log loss",
+            ">\nm\n<",
+            ">\nagain\n<",
+        ],
+    );
     assert!(
         text.matches("<polyline").count() >= 6,
         "three panels of two runs"
     );
-    let out = run("dlrmc", &["plot", s(&model), "-o", s(&svg)]);
+    let out = run(DLRMC, &["plot", s(&model), "-o", s(&svg)]);
     assert!(!out.status.success());
 
     // A plan whose dense width differs from the data's.
-    let other = tempfile::tempdir().expect("tmp");
+    let other = tempdir();
     let ds5 = write_ds(other.path(), 500, 5);
-    let out = run("dlrm-run", &[s(&plan), "--data", s(&ds5), "--iters", "2"]);
+    let out = run(DLRM_RUN, &[s(&plan), "--data", s(&ds5), "--iters", "2"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
@@ -249,7 +235,7 @@ fn the_cli_compiles_from_data_trains_with_eval_every_and_refuses_a_misfit() {
     );
     assert!(!err.contains("panicked"), "{err}");
     // --epochs without --data.
-    let out = run("dlrm-run", &[s(&plan), "--epochs", "1"]);
+    let out = run(DLRM_RUN, &[s(&plan), "--epochs", "1"]);
     assert!(!out.status.success());
 }
 
@@ -258,13 +244,16 @@ fn a_run_on_a_dataset_resumes_across_an_epoch_bit_for_bit() {
     use dlrm_runtime::checkpoint::Checkpoint;
     use dlrmc::launch::CheckpointOptions;
     use std::sync::Arc;
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let ds = write_ds(dir.path(), 3000, 4);
     // 2400 training samples: 37 steps of 64 per epoch; step 50 is in epoch 2.
     let opts = |iters: u64| RunOptions {
+        settings: RunSettings {
+            log_every: 1,
+            ranks: 2,
+            ..RunSettings::default()
+        },
         iters,
-        log_every: 1,
-        ranks: 2,
         ..RunOptions::default()
     };
     let full = train(plan_for(dir.path(), &ds), &ds, opts(50));

@@ -3,6 +3,9 @@
 //! the reference interpreter; and the IR text form round-trips for every example
 //! model at every stage of both pipelines and after partitioning.
 
+mod common;
+
+use common::{O0, example, losses, max_rel, tempdir, trained_value};
 use dlrm_ir::{Graph, SingleRank, text};
 use dlrm_passes::pipeline::{self, PipelineOptions, Precision};
 use dlrm_passes::{LossKind, TrainConfig};
@@ -11,15 +14,8 @@ use dlrm_runtime::plan::{Plan, read_plan, write_plan};
 use dlrm_runtime::{DataSchema, Executor, SyntheticData};
 use dlrmc::compile::{CompileOptions, Stage, compile, partition_stages};
 use dlrmc::model::{Overrides, load_model};
-use dlrmc::{RunOptions, job_for};
+use dlrmc::{RunOptions, RunSettings, job_for};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-
-fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .join(name)
-}
 
 /// The tiny example compiled with the optimising passes (the default).
 fn tiny_plan() -> Plan {
@@ -31,37 +27,17 @@ fn tiny_plan_with(opts: &CompileOptions) -> Plan {
     compile(model, opts, &mut |_, _| {}).expect("compile")
 }
 
-const O0: CompileOptions = CompileOptions {
-    infer_only: false,
-    optimize: false,
-    precision: Precision::Fp32,
-    block: None,
-};
-
 fn train(plan: Plan, ranks: usize, iters: u64) -> (Report, Vec<HashMap<String, dlrm_ir::Tensor>>) {
     let opts = RunOptions {
-        ranks,
+        settings: RunSettings {
+            ranks,
+            log_every: 1,
+            ..RunSettings::default()
+        },
         iters,
-        log_every: 1,
         ..RunOptions::default()
     };
     run_with_params(job_for(plan, &opts).expect("job"), &mut |_| {}).expect("run")
-}
-
-/// Largest relative difference, with differences below `floor` ignored.
-fn max_rel(a: &[f32], b: &[f32], floor: f32) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| {
-            let d = (x - y).abs();
-            if d <= floor {
-                0.0
-            } else {
-                d / x.abs().max(y.abs())
-            }
-        })
-        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -102,9 +78,12 @@ fn bf16_plan_trains_alike_on_both_backends() {
     };
     let run_on = |backend| {
         let opts = RunOptions {
+            settings: RunSettings {
+                log_every: 1,
+                backend,
+                ..RunSettings::default()
+            },
             iters: 20,
-            log_every: 1,
-            backend,
             ..RunOptions::default()
         };
         run_with_params(
@@ -156,27 +135,6 @@ fn n_ranks_agree(opts: &CompileOptions) {
     }
 }
 
-/// A parameter's trained value over the ranks: from the first rank holding it, or
-/// for a row-wise table its shards `<name>.rows<lo>_<hi>` joined in row order.
-fn trained_value(per_rank: &[HashMap<String, dlrm_ir::Tensor>], name: &str) -> Vec<f32> {
-    if let Some(p) = per_rank.iter().find(|p| p.contains_key(name)) {
-        return p[name].to_f32_vec();
-    }
-    let prefix = format!("{name}.rows");
-    let mut shards: Vec<(usize, Vec<f32>)> = per_rank
-        .iter()
-        .flat_map(|p| p.iter())
-        .filter_map(|(n, t)| {
-            let lo = n.strip_prefix(&prefix)?.split('_').next()?.parse().ok()?;
-            Some((lo, t.to_f32_vec()))
-        })
-        .collect();
-    assert!(!shards.is_empty(), "{name} on no rank");
-    shards.sort_by_key(|s| s.0);
-    shards.dedup_by_key(|s| s.0);
-    shards.into_iter().flat_map(|s| s.1).collect()
-}
-
 #[test]
 fn planner_placements_train_like_one_rank() {
     // dlrm-tiny with a 3-row table. Stated tolerance as above. With a zero-latency
@@ -185,7 +143,7 @@ fn planner_placements_train_like_one_rank() {
     let src = std::fs::read_to_string(example("dlrm-tiny.json"))
         .expect("read")
         .replace("[50, 30, 20]", "[50, 30, 3]");
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("tiny3.json");
     std::fs::write(&path, src).expect("write");
     for opts in [O0, CompileOptions::default()] {
@@ -208,9 +166,12 @@ fn planner_placements_train_like_one_rank() {
         );
         let run = |ranks: usize| {
             let o = RunOptions {
-                ranks,
+                settings: RunSettings {
+                    ranks,
+                    log_every: 1,
+                    ..RunSettings::default()
+                },
                 iters: 15,
-                log_every: 1,
                 shards: settings,
                 ..RunOptions::default()
             };
@@ -233,7 +194,7 @@ fn planner_placements_train_like_one_rank() {
 
 #[test]
 fn a_written_plan_serves_the_interpreters_answer() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let path = dir.path().join("tiny.plan");
     let model = load_model(&example("dlrm-tiny.json"), Overrides::default()).expect("load");
     let (graph, params) = (
@@ -354,12 +315,18 @@ fn bad_run_options_are_refused_before_running() {
     };
     let err = |opts: RunOptions| refused(tiny_plan(), opts);
     let msg = err(RunOptions {
-        ranks: 0,
+        settings: RunSettings {
+            ranks: 0,
+            ..RunSettings::default()
+        },
         ..RunOptions::default()
     });
     assert!(msg.contains("--ranks must be at least 1"), "{msg}");
     let msg = err(RunOptions {
-        ranks: 25,
+        settings: RunSettings {
+            ranks: 25,
+            ..RunSettings::default()
+        },
         ..RunOptions::default()
     });
     assert!(msg.contains("more than the global batch of 24"), "{msg}");
@@ -369,19 +336,18 @@ fn bad_run_options_are_refused_before_running() {
     assert!(msg.contains("inference only"), "{msg}");
 }
 
-fn losses(r: &Report) -> Vec<f32> {
-    r.losses.iter().map(|l| l.1).collect()
-}
-
 #[test]
 fn gradient_buckets_train_like_one_allreduce_per_gradient() {
     // dlrm-tiny's dense gradients total ~2.6 KB: 256-byte buckets make several,
     // the 1 MiB default one. Same tolerance as `n_ranks_train_like_one_rank`.
     let run = |ranks: usize, bucket_bytes: u64| {
         let opts = RunOptions {
-            ranks,
+            settings: RunSettings {
+                ranks,
+                log_every: 1,
+                ..RunSettings::default()
+            },
             iters: 10,
-            log_every: 1,
             shards: dlrmc::ShardSettings {
                 bucket_bytes,
                 ..dlrmc::ShardSettings::default()
@@ -420,11 +386,14 @@ fn sixty_four_ranks_train_like_one() {
     // batch of 64; the full dlrm-small run is in the README.
     let run = |ranks: usize| {
         let opts = RunOptions {
-            ranks,
+            settings: RunSettings {
+                ranks,
+                log_every: 1,
+                eval_batches: 1,
+                ..RunSettings::default()
+            },
             iters: 5,
-            log_every: 1,
             batch_size: Some(64),
-            eval_batches: 1,
             ..RunOptions::default()
         };
         run_with_params(job_for(tiny_plan(), &opts).expect("job"), &mut |_| {}).expect("run")
@@ -446,9 +415,12 @@ fn bf16_row_wise_tables_train_like_one_rank() {
     };
     let run = |ranks: usize| {
         let opts = RunOptions {
-            ranks,
+            settings: RunSettings {
+                ranks,
+                log_every: 1,
+                ..RunSettings::default()
+            },
             iters: 10,
-            log_every: 1,
             shards: dlrmc::ShardSettings {
                 mem_per_rank: 1200,
                 ..dlrmc::ShardSettings::default()

@@ -5,7 +5,10 @@
 //! ONNX Runtime's outputs committed (`tests/golden/export/`, made by
 //! `scripts/compare-onnxruntime --plan`): `dlrm-run`'s inference equals them.
 
-use dlrm_ir::interp::{bind_symbols, run};
+mod common;
+
+use common::{DLRMC, ok, root, run, s, stderr, tempdir};
+use dlrm_ir::interp::bind_symbols;
 use dlrm_ir::{Graph, Op, SingleRank, Tensor};
 use dlrm_onnx::export::{ExportOptions, export, export_to_file};
 use dlrm_passes::pipeline::Precision;
@@ -17,12 +20,6 @@ use dlrmc::launch::infer_once;
 use dlrmc::model::{Overrides, load_model};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-
-const DLRMC: &str = env!("CARGO_BIN_EXE_dlrmc");
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn compile_file(path: &Path, precision: Precision, optimizer: Option<&str>) -> Plan {
     let overrides = Overrides {
@@ -122,7 +119,7 @@ fn inputs_for(g: &Graph, batch: usize, seed: u64) -> HashMap<String, Tensor> {
 fn eval(g: &Graph, inputs: &HashMap<String, Tensor>, params: &[(String, Tensor)]) -> Vec<Tensor> {
     let mut params: HashMap<String, Tensor> = params.iter().cloned().collect();
     let syms = bind_symbols(g, inputs, &params).expect("bind");
-    run(g, inputs, &mut params, &syms, &SingleRank).expect("run")
+    dlrm_ir::interp::run(g, inputs, &mut params, &syms, &SingleRank).expect("run")
 }
 
 /// The largest difference, relative above 1 in magnitude.
@@ -171,7 +168,7 @@ fn ops(plan: &Plan) -> Vec<(&'static str, std::collections::BTreeMap<String, usi
 /// kind, in the inference and the training graph.
 #[test]
 fn export_round_trip_same_outputs_and_plan_ops() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     for (name, rows) in [
         ("dlrm-tiny", None),
         ("dlrm-small", Some(1000)),
@@ -195,7 +192,7 @@ fn export_round_trip_same_outputs_and_plan_ops() {
 /// block): un-blocking drops the padding.
 #[test]
 fn padded_blocked_weights_unblock() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     for block in [3, 5] {
         let model = load_model(
             &root().join("examples/dlrm-tiny.json"),
@@ -219,7 +216,7 @@ fn padded_blocked_weights_unblock() {
 /// its GatherND triangle in a non-canonical order): the export computes the same.
 #[test]
 fn onnx_test_case_plans_export() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     for case in [
         "dlrm_tril_order",
         "dlrm_pytorch",
@@ -246,7 +243,7 @@ fn onnx_test_case_plans_export() {
 /// Cast pairs: the exported model computes what the plan computes.
 #[test]
 fn bf16_plans_export_with_their_roundings() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     for p in [Precision::Bf16, Precision::Mixed] {
         let plan = compile_file(&example(dir.path(), "dlrm-small", Some(500)), p, None);
         let path = export_and_check(&plan, dir.path(), &format!("small-{p}"));
@@ -272,7 +269,7 @@ fn bf16_plans_export_with_their_roundings() {
 /// ops; the training graph is refused with a clear error.
 #[test]
 fn offsets_bags_and_errors() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     for case in [
         "ebag_torchscript",
         "ebag_dynamo",
@@ -329,7 +326,7 @@ fn offsets_bags_and_errors() {
 /// them back to the same outputs.
 #[test]
 fn external_data_round_trip() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let plan = compile_file(
         &example(dir.path(), "dlrm-small", Some(400)),
         Precision::Fp32,
@@ -400,41 +397,28 @@ fn dlrm_run_matches_committed_onnxruntime_outputs() {
 /// The command line: `dlrmc export PLAN -o FILE` writes a model the importer reads.
 #[test]
 fn dlrmc_export_command() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let plan = dir.path().join("tiny.plan");
-    let ok = std::process::Command::new(DLRMC)
-        .args(["compile", "-q", "--infer-only", "-o"])
-        .arg(&plan)
-        .arg(root().join("examples/dlrm-tiny.json"))
-        .status()
-        .expect("dlrmc compile");
-    assert!(ok.success());
+    common::compile(&common::example("dlrm-tiny.json"), &plan, &["--infer-only"]);
     let onnx = dir.path().join("tiny.onnx");
-    let out = std::process::Command::new(DLRMC)
-        .args(["export", "--batch", "N"])
-        .arg(&plan)
-        .arg("-o")
-        .arg(&onnx)
-        .output()
-        .expect("dlrmc export");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let msg = String::from_utf8_lossy(&out.stderr);
+    let out = ok(DLRMC, &["export", "--batch", "N", s(&plan), "-o", s(&onnx)]);
+    let msg = stderr(&out);
     assert!(msg.contains("wrote") && msg.contains("nodes"), "{msg}");
     let m = dlrm_onnx::load(&onnx).expect("import");
     assert_eq!(m.graph.ty(m.graph.outputs()[0]).to_string(), "f32[B,1]");
-    let bad = std::process::Command::new(DLRMC)
-        .args(["export", "--opset", "99"])
-        .arg(&plan)
-        .arg("-o")
-        .arg(dir.path().join("x.onnx"))
-        .output()
-        .expect("dlrmc export");
+    let bad = run(
+        DLRMC,
+        &[
+            "export",
+            "--opset",
+            "99",
+            s(&plan),
+            "-o",
+            s(&dir.path().join("x.onnx")),
+        ],
+    );
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("opset 99"));
+    assert!(stderr(&bad).contains("opset 99"));
     assert!(!dir.path().join("x.onnx").exists());
 }
 
@@ -442,9 +426,12 @@ fn dlrmc_export_command() {
 /// parameters in place of the initial ones: what a checkpoint will give.
 fn trained(plan: Plan, steps: u64) -> Plan {
     let opts = dlrmc::RunOptions {
+        settings: dlrmc::RunSettings {
+            log_every: 0,
+            eval_batches: 0,
+            ..dlrmc::RunSettings::default()
+        },
         iters: steps,
-        log_every: 0,
-        eval_batches: 0,
         ..dlrmc::RunOptions::default()
     };
     let job = dlrmc::job_for(plan.clone(), &opts).expect("job");
@@ -465,7 +452,7 @@ fn trained(plan: Plan, steps: u64) -> Plan {
 /// function (not the initial one's).
 #[test]
 fn trained_weights_export() {
-    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = tempdir();
     let plan = compile_file(
         &root().join("examples/dlrm-tiny.json"),
         Precision::Fp32,

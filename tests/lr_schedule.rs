@@ -11,7 +11,7 @@ use dlrm_runtime::plan::Plan;
 use dlrm_runtime::{Backend, LrPolicy};
 use dlrmc::compile::{CompileOptions, compile};
 use dlrmc::model::{Overrides, load_model};
-use dlrmc::{RunOptions, job_for};
+use dlrmc::{RunOptions, RunSettings, job_for};
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -31,8 +31,11 @@ struct Run {
 
 fn train(plan: &Plan, o: RunOptions) -> Run {
     let o = RunOptions {
-        log_every: 1,
-        eval_batches: 1,
+        settings: RunSettings {
+            log_every: 1,
+            eval_batches: 1,
+            ..o.settings
+        },
         ..o
     };
     let job = job_for(plan.clone(), &o).expect("job");
@@ -104,8 +107,11 @@ fn a_zero_rate_leaves_the_parameters_unchanged() {
         let r = train(
             &plan,
             RunOptions {
+                settings: RunSettings {
+                    backend,
+                    ..RunSettings::default()
+                },
                 lr: Some(0.0),
-                backend,
                 ..opts(5)
             },
         );
@@ -187,7 +193,10 @@ fn ranks_follow_the_same_schedule() {
     let two = train(
         &plan,
         RunOptions {
-            ranks: 2,
+            settings: RunSettings {
+                ranks: 2,
+                ..RunSettings::default()
+            },
             lr: Some(0.1),
             lr_policy: policy,
             ..opts(12)

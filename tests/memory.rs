@@ -5,72 +5,46 @@
 //! resident memory; without the check, a step buffer the process cannot allocate is
 //! a clean error, not an abort.
 
+mod common;
+
+use common::{
+    DLRM_RUN, DLRMC, assert_contains_all, compile, example, fails, ok, s, stderr, tempdir,
+};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-const DLRMC: &str = env!("CARGO_BIN_EXE_dlrmc");
-const DLRM_RUN: &str = env!("CARGO_BIN_EXE_dlrm-run");
-
-fn run(bin: &str, args: &[&str]) -> Output {
-    Command::new(bin).args(args).output().expect("spawn")
+/// A command's stdout and stderr, for what either may print.
+fn printed(bin: &str, args: &[&str]) -> String {
+    let out = ok(bin, args);
+    String::from_utf8_lossy(&out.stdout).into_owned() + &stderr(&out)
 }
 
-fn ok(bin: &str, args: &[&str]) -> String {
-    let out = run(bin, args);
-    assert!(
-        out.status.success(),
-        "{bin} {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
-}
-
-fn fails(bin: &str, args: &[&str]) -> String {
-    let out = run(bin, args);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(1), "{bin} {args:?}: {stderr}");
-    stderr
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("dlrmc-memory-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).expect("tmp dir");
-    d
+/// The bytes of a plan's files.
+fn plan_bytes(plan: &Path) -> u64 {
+    std::fs::read_dir(plan)
+        .expect("the plan")
+        .map(|e| e.expect("entry").metadata().expect("metadata").len())
+        .sum()
 }
 
 /// `examples/dlrm-mlperf-terabyte.json` (26 tables, 204,184,588 rows at dimension
 /// 128: 104.5 GB of fp32 tables) compiled into `dir` — quickly, since a plan
 /// describes its tables instead of storing them.
 fn terabyte(dir: &Path) -> PathBuf {
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-mlperf-terabyte.json");
     let plan = dir.join("terabyte.plan");
-    ok(
-        DLRMC,
-        &[
-            "compile",
-            model.to_str().expect("utf8"),
-            "-o",
-            plan.to_str().expect("utf8"),
-            "--quiet",
-        ],
-    );
-    let bytes: u64 = std::fs::read_dir(&plan)
-        .expect("the plan")
-        .map(|e| e.expect("entry").metadata().expect("metadata").len())
-        .sum();
+    compile(&example("dlrm-mlperf-terabyte.json"), &plan, &[]);
+    let bytes = plan_bytes(&plan);
     assert!(bytes < 64 << 20, "the terabyte plan holds {bytes} bytes");
     plan
 }
 
 #[test]
 fn terabyte_fits_64_ranks_and_is_refused_on_one() {
-    let dir = tmp("tb");
-    let model = terabyte(&dir);
-    let m = model.to_str().expect("utf8");
-    let json = ok(DLRMC, &["plan-shards", m, "--ranks", "64", "--json"]);
+    let dir = tempdir();
+    let model = terabyte(dir.path());
+    let m = s(&model);
+    let json = printed(DLRMC, &["plan-shards", m, "--ranks", "64", "--json"]);
     let v: Value = serde_json::from_str(&json).expect("plan-shards --json");
     let mem = v["memory"].as_array().expect("memory");
     assert_eq!(mem.len(), 64);
@@ -98,7 +72,7 @@ fn terabyte_fits_64_ranks_and_is_refused_on_one() {
         assert_eq!(sum, total, "{a}");
         assert_eq!(a["local_batch"], 32);
     }
-    let text = ok(DLRMC, &["plan-shards", m, "--ranks", "64"]);
+    let text = printed(DLRMC, &["plan-shards", m, "--ranks", "64"]);
     assert!(
         text.contains("memory per rank (MiB, local batch 32)"),
         "{text}"
@@ -109,39 +83,28 @@ fn terabyte_fits_64_ranks_and_is_refused_on_one() {
         DLRMC,
         &["plan-shards", m, "--ranks", "1", "--mem-per-rank", "24GiB"],
     );
-    for want in [
-        "not enough memory",
-        "rank 0 of 1 needs 97.5 GiB",
-        "budget of 24.0 GiB (25769803776 bytes, --mem-per-rank)",
-        "table `emb.0`: 19.1 GiB (20480000000 bytes)",
-        "5 ranks would fit",
-        "Split-SGD-BF16",
-    ] {
-        assert!(err.contains(want), "`{want}` not in: {err}");
-    }
+    assert_contains_all(
+        &err,
+        &[
+            "not enough memory",
+            "rank 0 of 1 needs 97.5 GiB",
+            "budget of 24.0 GiB (25769803776 bytes, --mem-per-rank)",
+            "table `emb.0`: 19.1 GiB (20480000000 bytes)",
+            "5 ranks would fit",
+            "Split-SGD-BF16",
+        ],
+    );
     assert!(
         !err.contains("plan-shards:"),
         "the planner pass's prefix: {err}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn huge_batch_is_refused_before_allocation_and_peak_memory_is_reported() {
-    let dir = tmp("batch");
-    let plan = dir.join("tiny.plan");
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-tiny.json");
-    ok(
-        DLRMC,
-        &[
-            "compile",
-            model.to_str().expect("utf-8"),
-            "-o",
-            plan.to_str().expect("utf-8"),
-            "--quiet",
-        ],
-    );
-    let p = plan.to_str().expect("utf-8");
+    let dir = tempdir();
+    let plan = tiny(dir.path());
+    let p = s(&plan);
     let start = Instant::now();
     let err = fails(DLRM_RUN, &[p, "--batch-size", "1000000000", "--iters", "1"]);
     assert!(
@@ -149,17 +112,18 @@ fn huge_batch_is_refused_before_allocation_and_peak_memory_is_reported() {
         "took {:?}",
         start.elapsed()
     );
-    for want in [
-        "not enough memory",
-        "activations at a local batch of 1000000000",
-        "this machine's available memory",
-        // Thread ranks share this machine's memory: the advice is machines.
-        "the model needs more machines",
-        "--comm mpi",
-        "a global batch of at most",
-    ] {
-        assert!(err.contains(want), "`{want}` not in: {err}");
-    }
+    assert_contains_all(
+        &err,
+        &[
+            "not enough memory",
+            "activations at a local batch of 1000000000",
+            "this machine's available memory",
+            // Thread ranks share this machine's memory: the advice is machines.
+            "the model needs more machines",
+            "--comm mpi",
+            "a global batch of at most",
+        ],
+    );
     // Given a budget: that one.
     let err = fails(
         DLRM_RUN,
@@ -178,17 +142,10 @@ fn huge_batch_is_refused_before_allocation_and_peak_memory_is_reported() {
         "{err}"
     );
 
-    let metrics = dir.join("m.jsonl");
-    let out = ok(
+    let metrics = dir.path().join("m.jsonl");
+    let out = printed(
         DLRM_RUN,
-        &[
-            p,
-            "--iters",
-            "2",
-            "--quiet",
-            "--metrics",
-            metrics.to_str().expect("utf-8"),
-        ],
+        &[p, "--iters", "2", "--quiet", "--metrics", s(&metrics)],
     );
     assert!(out.contains("peak resident memory"), "{out}");
     let last = std::fs::read_to_string(&metrics).expect("metrics");
@@ -198,7 +155,6 @@ fn huge_batch_is_refused_before_allocation_and_peak_memory_is_reported() {
         summary["peak_rss_bytes"].as_u64().expect("a number") > 1 << 20,
         "{summary}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// An embedding dimension of 1e9 (the terabyte model's, widened): a `[1e9, 256]`
@@ -207,30 +163,24 @@ fn huge_batch_is_refused_before_allocation_and_peak_memory_is_reported() {
 /// small; `dlrm-run` refuses it with the memory account, not an abort.
 #[test]
 fn a_billion_wide_model_compiles_described_and_is_refused_by_the_account() {
-    let dir = tmp("wide");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-mlperf-terabyte.json");
+    let dir = tempdir();
+    let src = example("dlrm-mlperf-terabyte.json");
     let mut v: Value =
         serde_json::from_str(&std::fs::read_to_string(src).expect("read")).expect("json");
     v["embedding_dim"] = 1_000_000_000u64.into();
     v["bottom_mlp"] = "13-512-256-1000000000".into();
-    let json = dir.join("wide.json");
+    let json = dir.path().join("wide.json");
     std::fs::write(&json, v.to_string()).expect("write");
-    let plan = dir.join("wide.plan");
-    let p = plan.to_str().expect("utf8");
+    let plan = dir.path().join("wide.plan");
+    let p = s(&plan);
     let start = Instant::now();
-    ok(
-        DLRMC,
-        &["compile", json.to_str().expect("utf8"), "-o", p, "--quiet"],
-    );
+    compile(&json, &plan, &[]);
     assert!(
         start.elapsed() < Duration::from_secs(60),
         "{:?}",
         start.elapsed()
     );
-    let bytes: u64 = std::fs::read_dir(&plan)
-        .expect("the plan")
-        .map(|e| e.expect("entry").metadata().expect("metadata").len())
-        .sum();
+    let bytes = plan_bytes(&plan);
     assert!(bytes < 64 << 20, "the plan holds {bytes} bytes");
     let m: Value = serde_json::from_str(
         &std::fs::read_to_string(plan.join("manifest.json")).expect("manifest"),
@@ -254,31 +204,20 @@ fn a_billion_wide_model_compiles_described_and_is_refused_by_the_account() {
     );
     let err = fails(DLRM_RUN, &[p, "--iters", "1", "--mem-per-rank", "16GiB"]);
     assert!(err.contains("not enough memory"), "{err}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `examples/dlrm-tiny.json` compiled into `dir`.
 fn tiny(dir: &Path) -> PathBuf {
     let plan = dir.join("tiny.plan");
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dlrm-tiny.json");
-    ok(
-        DLRMC,
-        &[
-            "compile",
-            model.to_str().expect("utf-8"),
-            "-o",
-            plan.to_str().expect("utf-8"),
-            "--quiet",
-        ],
-    );
+    compile(&example("dlrm-tiny.json"), &plan, &[]);
     plan
 }
 
 #[test]
 fn an_unallocatable_step_buffer_is_an_error_not_an_abort() {
-    let dir = tmp("alloc");
-    let plan = tiny(&dir);
-    let p = plan.to_str().expect("utf-8");
+    let dir = tempdir();
+    let plan = tiny(dir.path());
+    let p = s(&plan);
     // 10^15 samples: every batch buffer asks for petabytes, more than the address
     // space, so the reservation fails at once without touching memory.
     for extra in [&[][..], &["--infer"], &["--ranks", "2"]] {
@@ -310,7 +249,6 @@ fn an_unallocatable_step_buffer_is_an_error_not_an_abort() {
         assert!(!err.contains("panicked"), "{extra:?}: {err}");
         assert!(!err.contains("memory allocation of"), "{extra:?}: {err}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `dlrm-run` places the tables in the budget it checks (not the planner's 16 GiB
@@ -318,37 +256,38 @@ fn an_unallocatable_step_buffer_is_an_error_not_an_abort() {
 /// are threads of one process share its memory.
 #[test]
 fn dlrm_run_places_and_checks_one_budget_and_advises_machines() {
-    let dir = tmp("run-tb");
-    let model = terabyte(&dir);
-    let m = model.to_str().expect("utf8");
+    let dir = tempdir();
+    let model = terabyte(dir.path());
+    let m = s(&model);
     // The check (one rank: no placement): 5 ranks of 24 GiB, one per machine.
     let err = fails(
         DLRM_RUN,
         &[m, "--iters", "1", "--mem-per-rank", "24GiB", "--quiet"],
     );
-    for want in [
-        "not enough memory",
-        "rank 0 of 1 needs 97.5 GiB",
-        "budget of 24.0 GiB (25769803776 bytes, --mem-per-rank)",
-        "the model needs more machines: 5 ranks with 24.0 GiB each would fit, one per machine",
-        "mpirun -n 5 --host ... dlrm-run PLAN --comm mpi",
-        "more --ranks here are threads sharing this machine's memory",
-    ] {
-        assert!(err.contains(want), "`{want}` not in: {err}");
-    }
+    assert_contains_all(
+        &err,
+        &[
+            "not enough memory",
+            "rank 0 of 1 needs 97.5 GiB",
+            "budget of 24.0 GiB (25769803776 bytes, --mem-per-rank)",
+            "the model needs more machines: 5 ranks with 24.0 GiB each would fit, one per machine",
+            "mpirun -n 5 --host ... dlrm-run PLAN --comm mpi",
+            "more --ranks here are threads sharing this machine's memory",
+        ],
+    );
     assert!(!err.contains("--ranks 5"), "{err}");
     // The placement (two thread ranks): in this machine's memory, not 16 GiB.
     let err = fails(DLRM_RUN, &[m, "--iters", "1", "--ranks", "2", "--quiet"]);
-    for want in [
-        "26 tables do not fit 2 ranks",
-        "the model needs more machines",
-        "--comm mpi",
-    ] {
-        assert!(err.contains(want), "`{want}` not in: {err}");
-    }
+    assert_contains_all(
+        &err,
+        &[
+            "26 tables do not fit 2 ranks",
+            "the model needs more machines",
+            "--comm mpi",
+        ],
+    );
     assert!(
         !err.contains("16.0 GiB"),
         "the planner's default budget: {err}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

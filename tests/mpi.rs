@@ -13,26 +13,17 @@
 //! Open MPI runs as root and oversubscribes the 2 cores of CI through environment
 //! variables set on each `mpirun` here; `MPIRUN` names another launcher.
 
+mod common;
+
+use common::{DLRM_RUN, DLRMC, compile as compile_model, example, ok, s, tempdir};
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-const DLRMC: &str = env!("CARGO_BIN_EXE_dlrmc");
-const DLRM_RUN: &str = env!("CARGO_BIN_EXE_dlrm-run");
 /// No test here should come near it; a hung job fails the test instead of CI.
 const TIMEOUT: Duration = Duration::from_secs(90);
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
-fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .join(name)
-}
 
 /// Compiles a JSON model (the tiny example, or `json` if given) into `dir/name`.
 fn compile(dir: &Path, name: &str, json: Option<&str>) -> PathBuf {
@@ -45,15 +36,7 @@ fn compile(dir: &Path, name: &str, json: Option<&str>) -> PathBuf {
         None => example("dlrm-tiny.json"),
     };
     let plan = dir.join(name);
-    let out = Command::new(DLRMC)
-        .args(["compile", s(&model), "-o", s(&plan), "--quiet"])
-        .output()
-        .expect("spawn dlrmc");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    compile_model(&model, &plan, &[]);
     plan
 }
 
@@ -80,7 +63,7 @@ struct Ran {
 
 /// Runs `cmd` to the end, or kills it after `timeout` (then panics: a hang).
 fn run_with_timeout(mut cmd: Command, timeout: Duration) -> Ran {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let err_path = dir.path().join("stderr");
     let err = fs::File::create(&err_path).expect("stderr file");
     let t0 = Instant::now();
@@ -176,16 +159,15 @@ fn mpi_matches_threads_under(plan: &Path, n: usize, iters: u64, wrap: &[&str]) {
     );
     eprintln!("mpirun -n {n}: {:.1} s", ran.secs);
 
-    let out = Command::new(DLRM_RUN)
-        .args([s(plan), "--ranks", &n.to_string()])
-        .args(common)
-        .args(["--metrics", s(&m_thr), "-q"])
-        .output()
-        .expect("spawn dlrm-run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let n_ranks = n.to_string();
+    ok(
+        DLRM_RUN,
+        &[
+            &[s(plan), "--ranks", &n_ranks][..],
+            &common,
+            &["--metrics", s(&m_thr), "-q"],
+        ]
+        .concat(),
     );
 
     let (lm, sm) = metrics(&m_mpi);
@@ -210,7 +192,7 @@ fn mpi_matches_threads_under(plan: &Path, n: usize, iters: u64, wrap: &[&str]) {
 #[test]
 fn four_processes_train_like_four_threads_with_fewer_tables_than_ranks() {
     // dlrm-tiny has 3 tables: one of the 4 ranks owns none.
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let plan = compile(dir.path(), "tiny.plan", None);
     mpi_matches_threads(&plan, 4, 12);
 }
@@ -223,7 +205,7 @@ fn eight_processes_train_like_eight_threads_with_more_tables_than_ranks() {
     v["name"] = "dlrm-tiny-10t".into();
     v["table_rows"] = (0..10).map(|t| 20 + 5 * t).collect::<Vec<u64>>().into();
     v["top_mlp"] = serde_json::json!([64, 1]);
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let plan = compile(dir.path(), "ten.plan", Some(&v.to_string()));
     mpi_matches_threads(&plan, 8, 6);
 }
@@ -243,7 +225,7 @@ fn four_processes_each_hold_only_their_tables_under_a_memory_limit() {
         "bottom_mlp": "4-16-64", "top_mlp": "16-1",
         "batch_size": 64, "learning_rate": 0.1, "seed": 3
     });
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let plan = compile(dir.path(), "big4.plan", Some(&model.to_string()));
     let size: u64 = fs::read_dir(&plan)
         .expect("plan")
@@ -274,7 +256,7 @@ fn four_processes_each_hold_only_their_tables_under_a_memory_limit() {
 fn a_rank_that_fails_ends_the_job_naming_the_rank() {
     // Rank 3 is given a copy of the plan with a corrupted weight file (MPMD launch):
     // it fails while ranks 0..2 go on into their first collective.
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let good = compile(dir.path(), "good.plan", None);
     let bad = compile(dir.path(), "bad.plan", None);
     let w = bad.join("weights.safetensors");
@@ -311,7 +293,7 @@ fn a_diverging_loss_ends_the_job_naming_the_rank_and_the_step() {
     let model = fs::read_to_string(example("dlrm-tiny.json")).expect("tiny");
     let mut v: Value = serde_json::from_str(&model).expect("json");
     v["learning_rate"] = 3e38.into();
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let plan = compile(dir.path(), "nan.plan", Some(&v.to_string()));
     let mut cmd = mpirun();
     cmd.args([
@@ -339,7 +321,7 @@ fn a_diverging_loss_ends_the_job_naming_the_rank_and_the_step() {
 
 #[test]
 fn a_killed_rank_ends_the_job_naming_the_rank() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let plan = compile(dir.path(), "tiny.plan", None);
     let m = dir.path().join("m.jsonl");
     let err_path = dir.path().join("stderr");
@@ -402,7 +384,7 @@ fn rank_pid(rank: usize, marker: &str) -> Option<u32> {
 
 #[test]
 fn bad_rank_counts_are_clear_errors() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let plan = compile(dir.path(), "tiny.plan", None);
     // --ranks must agree with the MPI job's size.
     let mut cmd = mpirun();
@@ -451,7 +433,7 @@ fn train_losses(path: &Path) -> Vec<(u64, f64)> {
 
 #[test]
 fn two_processes_reading_a_criteo_dataset_train_like_one_rank() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     let (tsv, ds) = (dir.path().join("train.txt"), dir.path().join("train.ds"));
     for args in [
         vec![
@@ -467,15 +449,7 @@ fn two_processes_reading_a_criteo_dataset_train_like_one_rank() {
         ],
         vec!["data", "convert", "-q", s(&tsv), "-o", s(&ds)],
     ] {
-        let out = Command::new(DLRMC)
-            .args(&args)
-            .output()
-            .expect("spawn dlrmc");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ok(DLRMC, &args);
     }
     let model = serde_json::json!({
         "name": "criteo-mpi", "dense_features": 13, "embedding_dim": 8,
@@ -487,15 +461,7 @@ fn two_processes_reading_a_criteo_dataset_train_like_one_rank() {
     let json = dir.path().join("model.json");
     fs::write(&json, model.to_string()).expect("write model");
     let plan = dir.path().join("plan");
-    let out = Command::new(DLRMC)
-        .args(["compile", s(&json), "--data", s(&ds), "-o", s(&plan), "-q"])
-        .output()
-        .expect("spawn dlrmc");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    compile_model(&json, &plan, &["--data", s(&ds)]);
     let common = [
         "--data",
         s(&ds),
@@ -513,15 +479,9 @@ fn two_processes_reading_a_criteo_dataset_train_like_one_rank() {
         .args(["--metrics", s(&m_mpi)]);
     let ran = run_with_timeout(cmd, TIMEOUT);
     assert!(ran.status.success(), "mpirun -n 2: {}", ran.stderr);
-    let out = Command::new(DLRM_RUN)
-        .args([s(&plan), "-q", "--metrics", s(&m_one)])
-        .args(common)
-        .output()
-        .expect("spawn dlrm-run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    ok(
+        DLRM_RUN,
+        &[&[s(&plan), "-q", "--metrics", s(&m_one)][..], &common].concat(),
     );
     let (a, b) = (train_losses(&m_mpi), train_losses(&m_one));
     assert_eq!(a.len(), 10, "{a:?}");
@@ -543,7 +503,7 @@ fn two_processes_reading_a_criteo_dataset_train_like_one_rank() {
 /// replicated MLP weights only in rank 0's.
 #[test]
 fn mpi_checkpoint_killed_mid_write_resumes_bit_for_bit() {
-    let dir = tempfile::tempdir().expect("tmp");
+    let dir = tempdir();
     // dlrm-tiny with a 120-row first table: split by rows on 4 ranks at 3000
     // bytes of tables per rank.
     let json = fs::read_to_string(example("dlrm-tiny.json"))

@@ -11,7 +11,7 @@ use dlrm_runtime::{Backend, Executor, KernelChoice};
 use dlrmc::compile::{CompileOptions, compile};
 use dlrmc::launch::infer_once;
 use dlrmc::model::{Overrides, load_model};
-use dlrmc::{Inspection, RunOptions, job_for};
+use dlrmc::{Inspection, RunOptions, RunSettings, job_for};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -230,9 +230,12 @@ fn onnx_models_train() {
             assert!(train.find("label").is_none(), "{name}");
         }
         let opts = RunOptions {
-            ranks: 2,
+            settings: RunSettings {
+                ranks: 2,
+                log_every: 1,
+                ..RunSettings::default()
+            },
             iters: 60,
-            log_every: 1,
             ..RunOptions::default()
         };
         let (report, _) =

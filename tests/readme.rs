@@ -3,7 +3,9 @@
 //! with this build's binaries, plans in a temporary directory instead of `/tmp`, and
 //! `--iters` lowered to 3 so the test stays fast. Each must succeed.
 
-use std::path::Path;
+mod common;
+
+use common::{DLRM_RUN, DLRMC, root, tempdir};
 use std::process::Command;
 
 fn quick_start_commands(readme: &str) -> Vec<Vec<String>> {
@@ -26,16 +28,16 @@ fn quick_start_commands(readme: &str) -> Vec<Vec<String>> {
 
 #[test]
 fn readme_quick_start_runs() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = root();
     let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
     let commands = quick_start_commands(&readme);
     assert!(commands.len() >= 3, "quick start commands: {commands:?}");
-    let tmp = tempfile::tempdir().expect("tempdir");
+    let tmp = tempdir();
     let tmp_s = format!("{}/", tmp.path().display());
     for cmd in commands {
         let bin = match cmd[0].as_str() {
-            "target/release/dlrmc" => env!("CARGO_BIN_EXE_dlrmc"),
-            "target/release/dlrm-run" => env!("CARGO_BIN_EXE_dlrm-run"),
+            "target/release/dlrmc" => DLRMC,
+            "target/release/dlrm-run" => DLRM_RUN,
             other => panic!("unknown binary in the README: {other}"),
         };
         let mut args: Vec<String> = cmd[1..]

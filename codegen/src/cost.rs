@@ -10,7 +10,7 @@
 //! the touched rows' accumulators: `D` floats per row, or one row-wise). These are the compulsory traffic, not
 //! cache-level measurements.
 
-use dlrm_ir::{Act, InteractionKind, Op, Tensor};
+use dlrm_ir::{Act, InteractionKind, Op, Tensor, gemm_flops};
 
 /// Work and traffic of one execution.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -38,23 +38,17 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
             let (s, k) = dims2(inputs.first());
             let (n, _) = dims2(inputs.get(1));
             Cost {
-                flops: 2.0 * s * n * k + 2.0 * s * n,
+                // The product, then two flops per result element (the epilogue).
+                flops: gemm_flops(s, n, k) + 2.0 * s * n,
                 bytes: io,
             }
         }
-        Op::LinearDx => {
+        // dz[S,N] · w[N,K], and dz[S,N]ᵀ · x[S,K].
+        Op::LinearDx | Op::LinearDw => {
             let (s, n) = dims2(inputs.first());
             let (_, k) = dims2(inputs.get(1));
             Cost {
-                flops: 2.0 * s * n * k,
-                bytes: io,
-            }
-        }
-        Op::LinearDw => {
-            let (s, n) = dims2(inputs.first());
-            let (_, k) = dims2(inputs.get(1));
-            Cost {
-                flops: 2.0 * s * n * k,
+                flops: gemm_flops(s, n, k),
                 bytes: io,
             }
         }

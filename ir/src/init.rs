@@ -534,6 +534,18 @@ pub fn materialize_all(params: &[(String, ParamValue)]) -> Result<Vec<(String, T
 mod tests {
     use super::*;
 
+    /// An unblocked f32 parameter of `shape` drawn from `init`.
+    fn described(init: Init, seed: u64, stream: u64, shape: Vec<usize>) -> Described {
+        Described {
+            init,
+            seed,
+            stream,
+            shape,
+            part: Part::F32,
+            blocked: None,
+        }
+    }
+
     fn whole(seed: u64, inits: &[(Init, usize)]) -> Vec<Vec<f32>> {
         let mut data: Vec<Vec<f32>> = inits.iter().map(|&(_, n)| vec![0.0; n]).collect();
         let mut bufs: Vec<(Init, &mut [f32])> = inits
@@ -594,14 +606,7 @@ mod tests {
 
     #[test]
     fn described_rows_and_parts() {
-        let d = Described {
-            init: Init::Uniform { bound: 0.05 },
-            seed: 11,
-            stream: 2,
-            shape: vec![3000, 50],
-            part: Part::F32,
-            blocked: None,
-        };
+        let d = described(Init::Uniform { bound: 0.05 }, 11, 2, vec![3000, 50]);
         let full = d.materialize("t").expect("t");
         let rows = d.rows("t", 1234, 2999).expect("rows");
         assert_eq!(rows.shape, vec![1765, 50]);
@@ -635,12 +640,8 @@ mod tests {
             bk: 32,
         };
         let d = Described {
-            init: Init::Normal { std: 0.1 },
-            seed: 3,
-            stream: 4,
-            shape: b.shape(),
-            part: Part::F32,
             blocked: Some(b),
+            ..described(Init::Normal { std: 0.1 }, 3, 4, b.shape())
         };
         let plain = Described {
             shape: vec![70, 45],
@@ -674,14 +675,12 @@ mod tests {
 
     #[test]
     fn too_large_is_an_error_not_an_abort() {
-        let d = Described {
-            init: Init::Uniform { bound: 0.05 },
-            seed: 1,
-            stream: 0,
-            shape: vec![5_000_000_000, 1_000_000_000],
-            part: Part::F32,
-            blocked: None,
-        };
+        let d = described(
+            Init::Uniform { bound: 0.05 },
+            1,
+            0,
+            vec![5_000_000_000, 1_000_000_000],
+        );
         let e = d.materialize("emb.0").expect_err("too large");
         assert!(e.to_string().contains("emb.0"), "{e}");
         let e = try_alloc::<f32>("x", usize::MAX / 2).expect_err("too large");

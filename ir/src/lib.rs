@@ -31,7 +31,9 @@ pub use graph::{Def, Graph, Node, Update, Value, ValueId};
 pub use infer::{infer, interaction_width};
 pub use init::{Blocking, Described, Init, ParamValue, Part};
 pub use local_group::{AllReduceAlgo, LocalComm, LocalGroup, SMALL_ALLREDUCE};
-pub use op::{A2aDir, Act, Attr, BinaryKind, InteractionKind, MNEMONICS, Op, Pool, State};
+pub use op::{
+    A2aDir, Act, Attr, BinaryKind, InteractionKind, MNEMONICS, Op, Pool, State, gemm_flops,
+};
 pub use tensor::{Data, Tensor};
 pub use types::{DType, Dim, Shape, TensorType};
 pub use verify::verify;

@@ -20,7 +20,7 @@
 //! - `sgd`, `adagrad`: 0 — a dense update costs the same whatever the batch, so it is no
 //!   per-sample work (at batch 1 it would be counted as if one sample paid for it).
 
-use dlrm_ir::{Act, Dim, Graph, InteractionKind, Op, TensorType};
+use dlrm_ir::{Act, Dim, Graph, InteractionKind, Op, TensorType, gemm_flops};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -64,11 +64,9 @@ pub(crate) fn node_flops(g: &Graph, n: usize) -> f64 {
     let d = |t: &TensorType, i: usize| t.shape.get(i).map_or(1.0, dim1);
     match &node.op {
         // x[S,K] · w[N,K]ᵀ
-        Op::Linear { .. } => 2.0 * d(ty(0), 0) * d(ty(1), 0) * d(ty(0), 1),
-        // dz[S,N] · w[N,K]
-        Op::LinearDx => 2.0 * d(ty(0), 0) * d(ty(0), 1) * d(ty(1), 1),
-        // dz[S,N]ᵀ · x[S,K]
-        Op::LinearDw => 2.0 * d(ty(0), 0) * d(ty(0), 1) * d(ty(1), 1),
+        Op::Linear { .. } => gemm_flops(d(ty(0), 0), d(ty(1), 0), d(ty(0), 1)),
+        // dz[S,N] · w[N,K], and dz[S,N]ᵀ · x[S,K]
+        Op::LinearDx | Op::LinearDw => gemm_flops(d(ty(0), 0), d(ty(0), 1), d(ty(1), 1)),
         Op::LinearDb => numel1(ty(0)),
         Op::EmbeddingBag { .. } => numel1(ty(1)) * d(ty(0), 1),
         Op::EmbeddingBagGrad { .. } => numel1(out()),

@@ -103,14 +103,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         hi: s.hi,
                     })
                     .collect();
-                job.ranks = ranks;
+                job.settings.ranks = ranks;
             }
             job.iters = iters;
-            job.log_every = 0;
-            job.eval_batches = 1;
-            job.warmup = 3;
-            job.backend = backend;
-            job.kernels = kernels;
+            job.settings.log_every = 0;
+            job.settings.eval_batches = 1;
+            job.settings.warmup = 3;
+            job.settings.backend = backend;
+            job.settings.kernels = kernels;
             let r = run(job, &mut |_| {})?;
             println!(
                 "{:<6} {:<10} threads={threads} ranks={ranks}: {:>9.0} samples/s (loss {:?}, jit {} kernels {:.3}s)",

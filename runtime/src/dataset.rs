@@ -484,7 +484,7 @@ pub struct LoaderBench {
 /// Times the assembly of rank 0's inputs of training steps `0..batches` of `job`
 /// (`None` without a dataset). The dataset is opened without verification.
 pub fn bench_loader(job: &crate::driver::Job, batches: u64) -> Result<Option<LoaderBench>> {
-    let Some(cfg) = &job.data else {
+    let Some(cfg) = &job.settings.data else {
         return Ok(None);
     };
     let schema_graph = job.full_train.as_ref().unwrap_or(&job.full_infer);
@@ -501,10 +501,10 @@ pub fn bench_loader(job: &crate::driver::Job, batches: u64) -> Result<Option<Loa
     .ok_or_else(|| mismatch(&cfg.path, "the job has no graph for rank 0"))?;
     let batches = batches.max(1);
     // One untimed batch: page in the maps' first blocks like a warm-up step.
-    src.inputs(&src.train_samples(0), job.ranks, 0, graph)?;
+    src.inputs(&src.train_samples(0), job.settings.ranks, 0, graph)?;
     let t0 = std::time::Instant::now();
     for s in 0..batches {
-        let inputs = src.inputs(&src.train_samples(s), job.ranks, 0, graph)?;
+        let inputs = src.inputs(&src.train_samples(s), job.settings.ranks, 0, graph)?;
         std::hint::black_box(inputs);
     }
     let secs = t0.elapsed().as_secs_f64().max(1e-9);

@@ -48,7 +48,7 @@ pub mod source;
 pub use data::{DataSchema, SyntheticData, eval_step};
 pub use dataset::{DataConfig, DatasetSource, LoaderBench, Position, bench_loader};
 pub use dlrm_ir::{AllReduceAlgo, Communicator, LocalComm, LocalGroup};
-pub use driver::{BestAuc, Event, Job, Mode, Report, run, run_rank, run_with_params};
+pub use driver::{BestAuc, Event, Job, Mode, Report, RunSettings, run, run_rank, run_with_params};
 pub use error::{Result, RuntimeError};
 pub use exec::{Backend, Executor, KernelChoice, OpTime};
 pub use metrics::{EvalMetrics, MetricsWriter, accuracy, auc, log_loss, normalized_entropy};

@@ -97,9 +97,9 @@ fn out_of_range_index_names_table_and_sample_on_the_jit_backend() {
 fn a_job_reports_backend_jit_stats_and_a_bench_table() {
     let mut job = Job::from_plan(plan(0.05));
     job.iters = 3;
-    job.warmup = 1;
-    job.eval_batches = 1;
-    job.kernels = KernelChoice::Cranelift;
+    job.settings.warmup = 1;
+    job.settings.eval_batches = 1;
+    job.settings.kernels = KernelChoice::Cranelift;
     let r = run(job, &mut |_| {}).expect("runs");
     assert_eq!(r.backend, Backend::Jit);
     assert_eq!(r.kernels, "cranelift");

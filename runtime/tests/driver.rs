@@ -13,21 +13,21 @@ use std::time::{Duration, Instant};
 
 fn job(ranks: usize, lr: f32, iters: u64, batch: usize) -> Job {
     let mut j = Job::from_plan(plan(lr));
-    j.ranks = ranks;
+    j.settings.ranks = ranks;
     j.train_graphs = Some((0..ranks).map(|r| tiny(ranks, r, true, lr)).collect());
     j.infer_graphs = (0..ranks).map(|r| tiny(ranks, r, false, lr)).collect();
     j.iters = iters;
     j.global_batch = batch;
-    j.log_every = 1;
-    j.eval_batches = 4;
+    j.settings.log_every = 1;
+    j.settings.eval_batches = 4;
     j
 }
 
 #[test]
 fn one_rank_learns_the_synthetic_task() {
     let mut j = job(1, 0.5, 300, 128);
-    j.log_every = 50;
-    j.eval_batches = 8;
+    j.settings.log_every = 50;
+    j.settings.eval_batches = 8;
     let mut steps = Vec::new();
     let report = run(j, &mut |e| {
         if let Event::Step { iter, loss, .. } = e {
@@ -252,7 +252,7 @@ fn a_failing_rank_stops_the_others_with_its_own_error() {
 fn worker_threads_change_no_result() {
     let with = |threads| {
         let mut j = job(1, 0.2, 4, 256);
-        j.threads = Some(threads);
+        j.settings.threads = Some(threads);
         run_with_params(j, &mut |_| {}).expect("run")
     };
     let (one, p1) = with(1);
@@ -276,7 +276,7 @@ fn bad_jobs_are_refused() {
     let j = job(4, 0.1, 1, 3);
     assert!(matches!(run(j, &mut |_| {}), Err(RuntimeError::Job { .. })));
     let mut j = job(1, 0.1, 1, 8);
-    j.threads = Some(0);
+    j.settings.threads = Some(0);
     assert!(matches!(run(j, &mut |_| {}), Err(RuntimeError::Job { .. })));
     let mut j = job(1, 0.1, 1, 8);
     j.params.retain(|(n, _)| n != "bot.0.b");
@@ -292,7 +292,7 @@ fn metrics_file_has_a_line_per_logged_step_and_a_summary() {
     let path = tmp.path().join("metrics.jsonl");
     let mut w = MetricsWriter::create(&path).expect("create");
     let mut j = job(1, 0.1, 6, 16);
-    j.log_every = 2;
+    j.settings.log_every = 2;
     let mut werr = None;
     let report = run(j, &mut |e| {
         if let Err(err) = w.event(e) {
@@ -346,7 +346,7 @@ fn overlap_and_allreduce_algorithms_keep_the_losses() {
         assert!(overlapped.overlap);
         assert!(overlapped.comm.busy_s > 0.0, "{:?}", overlapped.comm);
         let mut j = job(ranks, 0.2, 6, 24);
-        j.overlap = false;
+        j.settings.overlap = false;
         let inline = run(j, &mut |_| {}).expect("no overlap");
         assert!(!inline.overlap);
         // The progress thread changes when collectives run, not what they compute.
@@ -355,7 +355,7 @@ fn overlap_and_allreduce_algorithms_keep_the_losses() {
         assert_eq!(inline.comm.busy_s, inline.comm.exposed_s);
         for algo in AllReduceAlgo::ALL {
             let mut j = job(ranks, 0.2, 6, 24);
-            j.allreduce = algo;
+            j.settings.allreduce = algo;
             let rep = run(j, &mut |_| {}).expect("algorithm");
             assert_eq!(rep.allreduce, algo.name());
             let ln: Vec<f32> = rep.losses.iter().map(|l| l.1).collect();

@@ -14,7 +14,8 @@ use dlrm_runtime::plan::{Plan, read_plan};
 use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, KernelChoice, LrPolicy, bench_loader};
 use dlrmc::launch::{CheckpointOptions, infer_once, init_mpi, mpi_ranks, resume_note};
 use dlrmc::memory::{Budget, mpi_ranks_here};
-use dlrmc::{Comm, Ranks, RunOptions, ShardSettings, job_for, run_job};
+use dlrmc::shard::{PlannerArgs, parse_mem_arg};
+use dlrmc::{Comm, Ranks, RunOptions, RunSettings, ShardSettings, job_for, run_job};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -197,19 +198,15 @@ struct Cli {
     /// it [default: this machine's available memory divided by the ranks it runs
     /// (--ranks, or the MPI ranks on this node; under MPI the smallest of all
     /// processes', so every process places the tables alike)].
-    #[arg(long, value_name = "BYTES", value_parser = parse_mem)]
+    #[arg(long, value_name = "BYTES", value_parser = parse_mem_arg)]
     mem_per_rank: Option<u64>,
     /// Skip the memory check (e.g. a --mem-per-rank of a few KiB to force row-wise
     /// splits of a small model's tables); the tables are still placed in the
     /// budget.
     #[arg(long)]
     no_mem_check: bool,
-    /// Sharding planner: the network, `latency_us,GBps` (default 2,12.5).
-    #[arg(long, value_name = "US,GBPS", value_parser = parse_network)]
-    network: Option<dlrm_passes::shard::Network>,
-    /// Sharding planner: one rank's rates, `GFLOPs,GBps` (default 20,4).
-    #[arg(long, value_name = "GFLOPS,GBPS", value_parser = parse_machine)]
-    machine: Option<dlrm_passes::shard::Machine>,
+    #[command(flatten)]
+    planner: PlannerArgs,
     /// Learning rate of the training steps, instead of the plan's (the rate its
     /// update ops were compiled with; no recompile). The base rate of a schedule.
     #[arg(long, value_name = "F", value_parser = parse_lr, help_heading = "Learning rate")]
@@ -260,15 +257,6 @@ struct Cli {
         help_heading = "Learning rate"
     )]
     lr_gamma: Option<f64>,
-    /// Fuse the dense-gradient all-reduces into buckets of this many bytes, in the
-    /// order backward produces the gradients, e.g. `1MiB` (default), `25MiB`; 0:
-    /// one all-reduce per gradient.
-    #[arg(long, value_name = "BYTES", value_parser = parse_bucket)]
-    bucket_bytes: Option<u64>,
-}
-
-fn parse_bucket(s: &str) -> Result<u64, String> {
-    dlrmc::shard::parse_bucket_bytes(s).map_err(|e| e.to_string())
 }
 
 fn parse_lr(s: &str) -> Result<f32, String> {
@@ -296,18 +284,6 @@ fn lr_policy(cli: &Cli) -> Option<LrPolicy> {
         decay_start: cli.lr_decay_start.unwrap_or(warmup_steps),
         decay_steps: cli.lr_decay_steps.unwrap_or(0),
     })
-}
-
-fn parse_mem(s: &str) -> Result<u64, String> {
-    dlrm_passes::shard::parse_bytes(s).map_err(|e| e.to_string())
-}
-
-fn parse_network(s: &str) -> Result<dlrm_passes::shard::Network, String> {
-    dlrm_passes::shard::Network::parse(s).map_err(|e| e.to_string())
-}
-
-fn parse_machine(s: &str) -> Result<dlrm_passes::shard::Machine, String> {
-    dlrm_passes::shard::Machine::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_comm(s: &str) -> Result<Comm, String> {
@@ -387,15 +363,25 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     let default_iters = resume.as_ref().map_or(100, |c| c.manifest().last_step);
     let budget = run_budget(cli, ranks, &place)?;
     let opts = RunOptions {
-        ranks,
+        settings: RunSettings {
+            ranks,
+            log_every: cli.log_every,
+            eval_batches: cli.eval_batches,
+            warmup: cli.warmup,
+            backend: cli.backend,
+            kernels: cli.kernels,
+            overlap: !cli.no_overlap,
+            allreduce: cli.allreduce,
+            threads: cli.threads,
+            data,
+            eval_every: cli.eval_every,
+        },
         iters: cli.iters.unwrap_or(default_iters),
-        data,
         epochs: if cli.iters.is_some() {
             None
         } else {
             cli.epochs
         },
-        eval_every: cli.eval_every,
         lr: cli.lr,
         lr_policy: lr_policy(cli),
         checkpoint: cli.checkpoint.as_ref().map(|dir| CheckpointOptions {
@@ -407,24 +393,12 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         seed: cli.seed,
         batch_size: cli.batch_size,
         infer: cli.infer,
-        log_every: cli.log_every,
-        eval_batches: cli.eval_batches,
-        warmup: cli.warmup,
-        backend: cli.backend,
-        kernels: cli.kernels,
-        overlap: !cli.no_overlap,
-        allreduce: cli.allreduce,
-        threads: cli.threads,
-        shards: {
-            let d = ShardSettings::default();
-            ShardSettings {
-                // One budget: the tables are placed in what the check allows.
-                mem_per_rank: budget.as_ref().map_or(d.mem_per_rank, |b| b.bytes),
-                network: cli.network.unwrap_or(d.network),
-                machine: cli.machine.unwrap_or(d.machine),
-                bucket_bytes: cli.bucket_bytes.unwrap_or(d.bucket_bytes),
-            }
-        },
+        // One budget: the tables are placed in what the check allows.
+        shards: cli.planner.settings(
+            budget
+                .as_ref()
+                .map_or(ShardSettings::default().mem_per_rank, |b| b.bytes),
+        ),
         memory_budget: budget.filter(|_| !cli.no_mem_check),
     };
     if let Some(inputs) = &cli.inputs {
@@ -433,7 +407,7 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     let name = plan.name.clone();
     let job = job_for(plan, &opts)?;
     let iters = job.iters;
-    let steps_per_epoch = match &opts.data {
+    let steps_per_epoch = match &opts.settings.data {
         Some(d) => Some(dlrm_runtime::dataset::steps_per_epoch(
             &dlrm_data::Dataset::open(&d.path)?,
             &d.train_split,

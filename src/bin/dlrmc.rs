@@ -10,6 +10,7 @@ use dlrm_runtime::checkpoint::read_plan_or_checkpoint;
 use dlrm_runtime::plan::{read_plan, write_plan};
 use dlrmc::compile::{CompileOptions, Stage, partition_stages};
 use dlrmc::model::{Overrides, load_model, table_rows_of};
+use dlrmc::shard::{PlannerArgs, parse_mem_arg};
 use dlrmc::{Inspection, ShardSettings, compile, plan_shards};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -96,46 +97,19 @@ struct ShardArgs {
     /// Memory one rank may hold, e.g. `512MiB`, `2GB` (default 16GiB): the
     /// planner places table storage in it (larger tables are split by rows), and
     /// plan-shards refuses a plan whose rank memory account exceeds it.
-    #[arg(long, value_name = "BYTES", value_parser = parse_mem)]
+    #[arg(long, value_name = "BYTES", value_parser = parse_mem_arg)]
     mem_per_rank: Option<u64>,
-    /// The network between ranks: `latency_us,GBps` (default 2,12.5).
-    #[arg(long, value_name = "US,GBPS", value_parser = parse_network)]
-    network: Option<dlrm_passes::shard::Network>,
-    /// One rank's compute rates: `GFLOPs,GBps` (default 20,4: one core here).
-    #[arg(long, value_name = "GFLOPS,GBPS", value_parser = parse_machine)]
-    machine: Option<dlrm_passes::shard::Machine>,
-    /// Dense-gradient all-reduce buckets of this many bytes, e.g. `1MiB` (default;
-    /// 0: one all-reduce per gradient), in the `partition` dump.
-    #[arg(long, value_name = "BYTES", value_parser = parse_bucket)]
-    bucket_bytes: Option<u64>,
+    #[command(flatten)]
+    planner: PlannerArgs,
 }
 
 impl ShardArgs {
     fn settings(&self) -> ShardSettings {
-        let d = ShardSettings::default();
-        ShardSettings {
-            mem_per_rank: self.mem_per_rank.unwrap_or(d.mem_per_rank),
-            network: self.network.unwrap_or(d.network),
-            machine: self.machine.unwrap_or(d.machine),
-            bucket_bytes: self.bucket_bytes.unwrap_or(d.bucket_bytes),
-        }
+        let mem = self
+            .mem_per_rank
+            .unwrap_or(ShardSettings::default().mem_per_rank);
+        self.planner.settings(mem)
     }
-}
-
-fn parse_bucket(s: &str) -> Result<u64, String> {
-    dlrmc::shard::parse_bucket_bytes(s).map_err(|e| e.to_string())
-}
-
-fn parse_mem(s: &str) -> Result<u64, String> {
-    dlrm_passes::shard::parse_bytes(s).map_err(|e| e.to_string())
-}
-
-fn parse_network(s: &str) -> Result<dlrm_passes::shard::Network, String> {
-    dlrm_passes::shard::Network::parse(s).map_err(|e| e.to_string())
-}
-
-fn parse_machine(s: &str) -> Result<dlrm_passes::shard::Machine, String> {
-    dlrm_passes::shard::Machine::parse(s).map_err(|e| e.to_string())
 }
 
 #[derive(Args, Debug)]

@@ -19,7 +19,7 @@
 //! Parallelism: one rayon task per output block (`[nb]` or `[kb]` slab, or a
 //! weight-gradient block), disjoint writes only.
 
-use super::{KResult, KernelError, arity, data_len, shape_err};
+use super::{KResult, arity, data_len, shape_err};
 use dlrm_ir::{Act, DType, Data, Op, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
@@ -394,13 +394,29 @@ pub(crate) fn mask_in_place(mask: Act, dx: &mut [f32], x: &[f32]) {
     }
 }
 
-/// `brgemm_wgrad(dyb[Nb,S,bn], (yb,) xb[Kb,S,bk]) -> (dw[Nb,Kb,bk,bn], db[n])`.
-pub fn brgemm_wgrad(
+/// The operands of `brgemm_wgrad` and their blocked sizes, checked: what the
+/// reference kernel and the JIT's ([`crate::jit`]) both start from.
+pub(crate) struct WgradArgs<'t> {
+    /// `dyb[Nb,S,bn]`.
+    pub dy: &'t Tensor,
+    /// `yb[Nb,S,bn]` (`dy` itself without an activation).
+    pub y: &'t Tensor,
+    /// `xb[Kb,S,bk]`.
+    pub x: &'t Tensor,
+    /// `[Nb, Kb, S, bk, bn]`.
+    pub dims: [usize; 5],
+    /// The declared types of `dw` and `db`.
+    pub outs: [&'t TensorType; 2],
+}
+
+/// Checks `brgemm_wgrad`'s operands (`dy` and `y` alike, `dy` and `x` over the
+/// same samples, `n` within the `Nb` blocks of `bn`) and its two results.
+pub(crate) fn wgrad_args<'t>(
     act: Act,
     n: usize,
-    ins: &[&Tensor],
-    out_types: &[TensorType],
-) -> KResult<Vec<Tensor>> {
+    ins: &[&'t Tensor],
+    out_types: &'t [TensorType],
+) -> KResult<WgradArgs<'t>> {
     const OP: &str = "brgemm_wgrad";
     let [dy, y, x] = dy_y_last(OP, act, ins)?;
     if dy.shape != y.shape {
@@ -425,11 +441,34 @@ pub fn brgemm_wgrad(
     }
     check_fit(OP, "brgemm_wgrad n", n, nb, bn)?;
     let [dw_t, db_t] = out_types else {
-        return Err(KernelError::Shape {
-            op: OP,
-            reason: format!("has two results, {} declared", out_types.len()),
-        });
+        return Err(shape_err(
+            OP,
+            format!("has two results, {} declared", out_types.len()),
+        ));
     };
+    Ok(WgradArgs {
+        dy,
+        y,
+        x,
+        dims: [nb, kb, s, bk, bn],
+        outs: [dw_t, db_t],
+    })
+}
+
+/// `brgemm_wgrad(dyb[Nb,S,bn], (yb,) xb[Kb,S,bk]) -> (dw[Nb,Kb,bk,bn], db[n])`.
+pub fn brgemm_wgrad(
+    act: Act,
+    n: usize,
+    ins: &[&Tensor],
+    out_types: &[TensorType],
+) -> KResult<Vec<Tensor>> {
+    let WgradArgs {
+        dy,
+        y,
+        x,
+        dims: [nb, kb, s, bk, bn],
+        outs: [dw_t, db_t],
+    } = wgrad_args(act, n, ins, out_types)?;
     let dz = dz_of(act, dy, y);
     let x = floats(x);
     let mut dw = vec![0.0f32; nb * kb * bk * bn];

@@ -8,7 +8,7 @@
 //! 1. checks the job, derives the data schema from the *unpartitioned* graph
 //!    (training graph if any, for the label; else inference) and builds the data
 //!    [`Source`]: the [`SyntheticData`] (a pure function of the seed: every process
-//!    builds the same) or, with [`Job::data`], the memory-mapped dataset (each
+//!    builds the same) or, with [`RunSettings::data`], the memory-mapped dataset (each
 //!    process opens it and reads only its ranks' slices);
 //! 2. hands every rank the parameters its graphs declare, creating only those: a
 //!    described parameter ([`dlrm_ir::Described`], every table of a JSON model) is
@@ -26,10 +26,10 @@
 //! 3. every rank runs `iters` training steps (or inference steps in inference mode)
 //!    on steps `0..iters` of the data, feeding its own slice (a dataset's batches
 //!    assembled ahead by a loader thread, [`crate::prefetch`]), on its own pool of
-//!    worker threads ([`Job::threads`], `rank_pool`); rank 0 reports each
+//!    worker threads ([`RunSettings::threads`], `rank_pool`); rank 0 reports each
 //!    logged step as an [`Event`] (through a channel to the calling
 //!    thread, where the caller's `on_event` runs and can draw progress);
-//!    With [`Job::eval_every`] = N, after every N-th step (and the last) every rank
+//!    With [`RunSettings::eval_every`] = N, after every N-th step (and the last) every rank
 //!    evaluates a copy of its current parameters on the evaluation set (a dataset's
 //!    validation split, or the synthetic held-out batches) without stopping training;
 //! 4. every rank then runs its inference graph on the final evaluation set
@@ -89,34 +89,19 @@ pub enum Mode {
     Infer,
 }
 
-/// A run of a model on `ranks` ranks.
-#[derive(Clone, Debug)]
-pub struct Job {
-    /// Initial parameter values, stored or described (each rank gets, or creates,
-    /// only those its graphs declare; a row shard's rows come from its table's
-    /// value, see [`Job::row_shards`]).
-    pub params: Vec<(String, ParamValue)>,
-    /// The unpartitioned inference graph (data schema).
-    pub full_infer: Graph,
-    /// The unpartitioned training graph (data schema with the label), if training.
-    pub full_train: Option<Graph>,
-    /// One training graph per rank, already partitioned; `None`: inference mode.
-    pub train_graphs: Option<Vec<Graph>>,
-    /// One inference graph per rank, already partitioned.
-    pub infer_graphs: Vec<Graph>,
-    /// Number of ranks.
+/// The settings of a run that `dlrm-run` takes from its command line as they are
+/// (its flags in parentheses): [`Job::settings`], and the `settings` of `dlrmc`'s
+/// run options, from which it builds the job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSettings {
+    /// Number of ranks (`--ranks`).
     pub ranks: usize,
-    /// Training (or inference) steps.
-    pub iters: u64,
-    /// Data seed.
-    pub seed: u64,
-    /// Global batch (split over the ranks with [`batch_slice`]).
-    pub global_batch: usize,
-    /// Report every `log_every`-th step (and the last); 0 reports only the last.
+    /// Report every `log_every`-th step (and the last); 0 reports only the last
+    /// (`--log-every`).
     pub log_every: u64,
-    /// Held-out global batches evaluated at the end.
+    /// Held-out global batches evaluated at the end (`--eval-batches`).
     pub eval_batches: usize,
-    /// Steps excluded from the throughput median (warm-up).
+    /// Steps excluded from the throughput median (warm-up, `--warmup`).
     pub warmup: u64,
     /// Kernel backend (`--backend jit|reference`).
     pub backend: Backend,
@@ -135,6 +120,53 @@ pub struct Job {
     /// Evaluate on the evaluation set every this many training steps and after the
     /// last (`--eval-every`); 0: only the final evaluation.
     pub eval_every: u64,
+}
+
+impl Default for RunSettings {
+    /// One rank, a report every 10 steps, 4 evaluation batches, 3 warm-up steps,
+    /// the default kernels, overlapped collectives, synthetic data, no evaluation
+    /// during training.
+    fn default() -> RunSettings {
+        RunSettings {
+            ranks: 1,
+            log_every: 10,
+            eval_batches: 4,
+            warmup: 3,
+            backend: Backend::default(),
+            kernels: KernelChoice::default(),
+            overlap: true,
+            allreduce: AllReduceAlgo::default(),
+            threads: None,
+            data: None,
+            eval_every: 0,
+        }
+    }
+}
+
+/// A run of a model on `settings.ranks` ranks.
+#[derive(Clone, Debug)]
+pub struct Job {
+    /// Initial parameter values, stored or described (each rank gets, or creates,
+    /// only those its graphs declare; a row shard's rows come from its table's
+    /// value, see [`Job::row_shards`]).
+    pub params: Vec<(String, ParamValue)>,
+    /// The unpartitioned inference graph (data schema).
+    pub full_infer: Graph,
+    /// The unpartitioned training graph (data schema with the label), if training.
+    pub full_train: Option<Graph>,
+    /// One training graph per rank, already partitioned; `None`: inference mode.
+    pub train_graphs: Option<Vec<Graph>>,
+    /// One inference graph per rank, already partitioned.
+    pub infer_graphs: Vec<Graph>,
+    /// The ranks, the logging, the kernels, the data: the settings `dlrm-run`
+    /// passes on as given.
+    pub settings: RunSettings,
+    /// Training (or inference) steps.
+    pub iters: u64,
+    /// Data seed.
+    pub seed: u64,
+    /// Global batch (split over the ranks with [`batch_slice`]).
+    pub global_batch: usize,
     /// The learning rate of each training step (`dlrm-run --lr`, `--lr-warmup-steps`,
     /// ...); `None`: every update keeps the rate it was compiled with. A pure
     /// function of the step ([`LrSchedule::lr_at`]), the same on every rank.
@@ -158,9 +190,10 @@ pub struct Job {
 impl Job {
     /// A one-rank job from a plan: its graphs as the per-rank graphs (train mode if
     /// the plan has a training graph), its batch size and seed, its parameters
-    /// (moved). 100 iterations, a report every 10, 4 evaluation batches, 3 warm-up
-    /// steps. For N ranks, set `ranks` and replace `train_graphs` / `infer_graphs`
-    /// by the partitioned graphs.
+    /// (moved). 100 iterations and the default [`RunSettings`] (a report every 10
+    /// steps, 4 evaluation batches, 3 warm-up steps). For N ranks, set
+    /// `settings.ranks` and replace `train_graphs` / `infer_graphs` by the
+    /// partitioned graphs.
     pub fn from_plan(plan: Plan) -> Job {
         Job {
             train_graphs: plan.train.clone().map(|g| vec![g]),
@@ -168,20 +201,10 @@ impl Job {
             full_infer: plan.infer,
             full_train: plan.train,
             params: plan.params,
-            ranks: 1,
+            settings: RunSettings::default(),
             iters: 100,
             seed: plan.training.seed,
             global_batch: plan.training.batch_size,
-            log_every: 10,
-            eval_batches: 4,
-            warmup: 3,
-            backend: Backend::default(),
-            kernels: KernelChoice::default(),
-            overlap: true,
-            allreduce: AllReduceAlgo::default(),
-            threads: None,
-            data: None,
-            eval_every: 0,
             lr_schedule: None,
             start: 1,
             row_shards: Vec::new(),
@@ -230,7 +253,7 @@ pub enum Event {
     Checkpoint(CheckpointWritten),
 }
 
-/// Runs a job on `job.ranks` threads of this process (see the module docs).
+/// Runs a job on `job.settings.ranks` threads of this process (see the module docs).
 /// `on_event` runs on the calling thread.
 pub fn run(job: Job, on_event: &mut dyn FnMut(&Event)) -> Result<Report> {
     run_with_params(job, on_event).map(|(r, _)| r)
@@ -256,14 +279,15 @@ pub fn default_threads() -> usize {
 
 /// Checks the job and builds the data (step 1 of the module docs). `ranks_here`:
 /// the ranks this process runs, which share its CPUs unless the job sets
-/// [`Job::threads`].
+/// [`RunSettings::threads`].
 fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
     let wall = Instant::now();
     check_job(job)?;
-    if job.threads == Some(0) {
+    if job.settings.threads == Some(0) {
         return Err(job_err("a rank needs at least one thread"));
     }
     let threads = job
+        .settings
         .threads
         .unwrap_or_else(|| (default_threads() / ranks_here).max(1));
     let mode = job.mode();
@@ -275,7 +299,7 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
             "the training graph has no loss whose label is a graph input",
         ));
     }
-    let data = match &job.data {
+    let data = match &job.settings.data {
         None => Source::Synthetic(SyntheticData::new(schema, job.seed)),
         Some(cfg) => Source::Dataset(Box::new(DatasetSource::open(
             cfg,
@@ -285,15 +309,16 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
         )?)),
     };
     let (eval_name, test_name) = job
+        .settings
         .data
         .as_ref()
         .map_or(("", ""), |d| (d.eval_split.as_str(), d.test_split.as_str()));
-    let eval_set = if job.eval_every > 0 && mode == Mode::Train {
-        Some(data.eval_set(eval_name, job.eval_batches)?)
+    let eval_set = if job.settings.eval_every > 0 && mode == Mode::Train {
+        Some(data.eval_set(eval_name, job.settings.eval_batches)?)
     } else {
         None
     };
-    let final_set = data.eval_set(test_name, job.eval_batches)?;
+    let final_set = data.eval_set(test_name, job.settings.eval_batches)?;
     let writer = match (&job.checkpoint, &job.train_graphs) {
         (Some(spec), Some(train)) => {
             let graphs: Vec<Vec<&Graph>> = train
@@ -314,25 +339,26 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
     Ok(Setup {
         cfg: RankCfg {
             steps_per_epoch: data.steps_per_epoch(),
-            eval_every: job.eval_every,
+            eval_every: job.settings.eval_every,
             eval_set,
             final_set,
-            prefetch: job.data.as_ref().map_or(1, |d| d.prefetch),
+            prefetch: job.settings.data.as_ref().map_or(1, |d| d.prefetch),
             mode,
-            ranks: job.ranks,
+            ranks: job.settings.ranks,
             iters: job.iters,
             global_batch: job.global_batch,
-            log_every: job.log_every,
-            warmup: job.warmup,
-            backend: job.backend,
-            kernels: job.kernels,
-            overlap: job.overlap,
-            allreduce: job.allreduce,
+            log_every: job.settings.log_every,
+            warmup: job.settings.warmup,
+            backend: job.settings.backend,
+            kernels: job.settings.kernels,
+            overlap: job.settings.overlap,
+            allreduce: job.settings.allreduce,
             threads,
             lr,
             start: job.start,
             writer,
             data_desc: job
+                .settings
                 .data
                 .as_ref()
                 .map(|d| (d.path.display().to_string(), d.train_split.clone())),
@@ -348,7 +374,7 @@ pub fn run_with_params(
     job: Job,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<(Report, Vec<HashMap<String, Tensor>>)> {
-    let ranks_here = job.ranks;
+    let ranks_here = job.settings.ranks;
     let Prepared {
         setup: Setup { data, cfg, wall },
         mut handout,
@@ -460,10 +486,10 @@ pub fn run_rank(
     comm: &dyn Communicator,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<Option<Report>> {
-    if comm.size() != job.ranks {
+    if comm.size() != job.settings.ranks {
         let e = job_err(format!(
             "the job is for {} ranks but the communicator has {}",
-            job.ranks,
+            job.settings.ranks,
             comm.size()
         ));
         comm.abort(&e.to_string());
@@ -589,23 +615,23 @@ fn job_err(reason: impl Into<String>) -> RuntimeError {
 }
 
 fn check_job(job: &Job) -> Result<()> {
-    if job.ranks == 0 {
+    if job.settings.ranks == 0 {
         return Err(job_err("at least one rank is needed"));
     }
-    if job.infer_graphs.len() != job.ranks {
+    if job.infer_graphs.len() != job.settings.ranks {
         return Err(job_err(format!(
             "{} inference graphs for {} ranks",
             job.infer_graphs.len(),
-            job.ranks
+            job.settings.ranks
         )));
     }
     if let Some(t) = &job.train_graphs
-        && t.len() != job.ranks
+        && t.len() != job.settings.ranks
     {
         return Err(job_err(format!(
             "{} training graphs for {} ranks",
             t.len(),
-            job.ranks
+            job.settings.ranks
         )));
     }
     if job.start == 0 || job.start > job.iters {
@@ -614,10 +640,10 @@ fn check_job(job: &Job) -> Result<()> {
             job.start, job.iters
         )));
     }
-    if job.global_batch < job.ranks {
+    if job.global_batch < job.settings.ranks {
         return Err(job_err(format!(
             "global batch {} is smaller than the {} ranks",
-            job.global_batch, job.ranks
+            job.global_batch, job.settings.ranks
         )));
     }
     Ok(())

@@ -6,7 +6,7 @@ use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand};
 use crate::jit::layout::{buf, zeros};
 use crate::jit::linear::{elt_of, operand};
 use crate::jit::{Jit, JitOptions};
-use crate::kernels::brgemm::{act_grad, check_fit, dims, dy_y_last, floats};
+use crate::kernels::brgemm::{WgradArgs, act_grad, floats, wgrad_args};
 use crate::kernels::{KResult, shape_err};
 use dlrm_ir::{Act, Tensor, TensorType};
 use half::bf16;
@@ -22,34 +22,13 @@ pub fn brgemm_wgrad(
     out_types: &[TensorType],
 ) -> KResult<Vec<Tensor>> {
     const OP: &str = "brgemm_wgrad";
-    let [dy, y, x] = dy_y_last(OP, act, ins)?;
-    if dy.shape != y.shape {
-        return Err(shape_err(
-            OP,
-            format!(
-                "blocked dy {:?} and blocked y {:?} differ",
-                dy.shape, y.shape
-            ),
-        ));
-    }
-    let [nb, s, bn] = dims::<3>(OP, "blocked dy", dy)?;
-    let [kb, sx, bk] = dims::<3>(OP, "blocked x", x)?;
-    if sx != s {
-        return Err(shape_err(
-            OP,
-            format!(
-                "blocked dy {:?} and blocked x {:?} must have the same samples",
-                dy.shape, x.shape
-            ),
-        ));
-    }
-    check_fit(OP, "brgemm_wgrad n", n, nb, bn)?;
-    let [dw_t, db_t] = out_types else {
-        return Err(shape_err(
-            OP,
-            format!("has two results, {} declared", out_types.len()),
-        ));
-    };
+    let WgradArgs {
+        dy,
+        y,
+        x,
+        dims: [nb, kb, s, bk, bn],
+        outs: [dw_t, db_t],
+    } = wgrad_args(act, n, ins, out_types)?;
     let (dw_elt, db_elt) = (
         elt_of(dw_t.dtype).ok_or_else(|| shape_err(OP, "dw must be f32 or bf16".into()))?,
         elt_of(db_t.dtype).ok_or_else(|| shape_err(OP, "db must be f32 or bf16".into()))?,

@@ -266,7 +266,8 @@ fn emit(cx: &mut Ctx<'_>, f: &Found, hint: &str) -> R<Val> {
     };
     let get = |cx: &Ctx<'_>, name: &str| cx.lookup(name).map_err(err_text);
     let Some(e) = producer(cx, &f.arr) else {
-        return emit_last_offset(cx, f, &count, hint);
+        let rows = (table.as_str(), ids.as_str(), weights.as_deref());
+        return emit_last_offset(cx, f, rows, &count, hint);
     };
     let (offsets, fixed) = match op_of(e) {
         "Concat" if e.input.len() == 2 => {
@@ -345,16 +346,15 @@ fn emit_offsets_bag(
 /// `n` bags, the last one the number of indices (the CSR form PyTorch documents).
 /// The bags are `embedding_bag(table, ids, E[..n])`, with `n` the loop's bound
 /// proved to be `len(E) - 1`; `E[..n]` is a slice to a dimension expression (`B`
-/// of `B+1` offsets).
-fn emit_last_offset(cx: &mut Ctx<'_>, f: &Found, count: &SymI, hint: &str) -> R<Val> {
-    let PerIdx::TableRows {
-        table,
-        ids,
-        weights,
-    } = &f.v
-    else {
-        return Err("the bag's rows are not gathered from a table".into());
-    };
+/// of `B+1` offsets). The table, indices and weights are those [`emit`] found the
+/// loop gathering rows from.
+fn emit_last_offset(
+    cx: &mut Ctx<'_>,
+    f: &Found,
+    (table, ids, weights): (&str, &str, Option<&str>),
+    count: &SymI,
+    hint: &str,
+) -> R<Val> {
     let len = len_of(cx, &f.arr).ok_or("the bag bounds are not a vector")?;
     let n = len.sub(&SymI::int(1)).ok_or("too many bag bounds")?;
     if *count != n {
@@ -372,7 +372,7 @@ fn emit_last_offset(cx: &mut Ctx<'_>, f: &Found, count: &SymI, hint: &str) -> R<
         steps: vec![1],
     };
     let o = cx.emit(slice, &[e], &format!("{hint}_offsets"))?;
-    emit_offsets_bag(cx, f.mode, [t, i, o], weights.as_deref(), hint)
+    emit_offsets_bag(cx, f.mode, [t, i, o], weights, hint)
 }
 
 /// Why a loop's bound is unknown when its indices are a `Slice` at bounds computed

@@ -1,0 +1,196 @@
+//! One node. Each node runs with a codegen kernel ([`dlrm_codegen::try_eval`];
+//! with the JIT backend first [`dlrm_codegen::jit::try_eval`]) when there is one,
+//! else with the reference interpreter ([`dlrm_ir::interp::eval_op`]); collectives
+//! always go through `eval_op` with the rank's communicator (here when they run
+//! inline, else on the progress thread, [`super::collectives`]). The step's
+//! learning rate reaches every kernel through the node's op.
+//!
+//! Optimizer updates (`sgd`, `split_sgd`, `sparse_sgd`, `embedding_update`,
+//! `split_embedding_update`) run *in place* on the parameter storage
+//! ([`dlrm_codegen::update_in_place`]: a JIT kernel with the JIT backend, else the
+//! reference kernel): when an update node is the last use of its parameter(s) (both
+//! halves for the Split-SGD-BF16 ops) and the graph's update list gives them new
+//! values, the parameters' tensors are moved into the node's results, updated
+//! there, and moved back into the parameter slots by the update list at the end of
+//! the step — no copy of a table per step. (An update chain
+//! `t1 = sparse_sgd(t, ..); t2 = sparse_sgd(t1, ..)` moves the same storage along.)
+//! Otherwise the operand is copied first, which is always correct.
+
+use super::{Backend, Executor};
+use crate::error::Result;
+use dlrm_codegen::cost::{Cost, op_cost};
+use dlrm_ir::interp::{EvalCtx, eval_op};
+use dlrm_ir::{Communicator, Def, Op, Tensor, TensorType, ValueId};
+use std::collections::HashMap;
+
+impl Executor {
+    pub(super) fn run_node(
+        &mut self,
+        n: usize,
+        syms: &HashMap<String, usize>,
+        comm: &dyn Communicator,
+    ) -> Result<(Vec<Tensor>, Cost)> {
+        let node = &self.graph.nodes()[n];
+        // The step's learning rate reaches every kernel through the op (one place).
+        let op = match self.lr {
+            Some(lr) if node.op.is_update() => node.op.with_lr(lr),
+            _ => node.op.clone(),
+        };
+        let out_types: Vec<TensorType> = node
+            .outputs
+            .iter()
+            .map(|&v| self.graph.ty(v).clone())
+            .collect();
+        let ins_ids = node.inputs.clone();
+        if op.is_update() {
+            return self.run_update(n, &op, &ins_ids, &out_types, syms, comm);
+        }
+        let ins = self.operands(n, &ins_ids)?;
+        let res = if op.is_collective() {
+            None
+        } else {
+            let jit = match self.backend {
+                Backend::Jit => dlrm_codegen::jit::try_eval(&op, &ins, &out_types, syms, &self.jit),
+                Backend::Reference => None,
+            };
+            jit.or_else(|| dlrm_codegen::try_eval(&op, &ins, &out_types, syms))
+        };
+        let outs = match res {
+            Some(r) => r.map_err(|e| self.node_err(n, self.with_table(&op, &ins_ids, e))),
+            None => {
+                let ctx = EvalCtx { syms, comm };
+                eval_op(&op, &ins, &out_types, &ctx).map_err(|e| self.node_err(n, e))
+            }
+        }?;
+        let cost = op_cost(&op, &ins, &outs.iter().collect::<Vec<_>>());
+        Ok((outs, cost))
+    }
+
+    fn operands(&self, n: usize, ids: &[ValueId]) -> Result<Vec<&Tensor>> {
+        ids.iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                self.value(v).ok_or_else(|| {
+                    self.node_err(
+                        n,
+                        format!(
+                            "operand {i} %{} has no value (moved or freed)",
+                            self.graph.name_of(v)
+                        ),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Runs an optimizer update in place on its parameter storage (operands
+    /// `0..k`, moved when they die here, else copied), see the module docs.
+    fn run_update(
+        &mut self,
+        n: usize,
+        op: &Op,
+        ids: &[ValueId],
+        out_types: &[TensorType],
+        syms: &HashMap<String, usize>,
+        comm: &dyn Communicator,
+    ) -> Result<(Vec<Tensor>, Cost)> {
+        let k = dlrm_codegen::in_place_operands(op).unwrap_or(0);
+        // The in-place kernels keep the storage's dtype; the declared results must too.
+        let fits = k > 0
+            && ids.len() > k
+            && out_types.len() == k
+            && (0..k).all(|i| self.value(ids[i]).map(|t| t.dtype()) == Some(out_types[i].dtype));
+        if !fits {
+            let ins = self.operands(n, ids)?;
+            let ctx = EvalCtx { syms, comm };
+            let outs = eval_op(op, &ins, out_types, &ctx).map_err(|e| self.node_err(n, e))?;
+            let cost = op_cost(op, &ins, &outs.iter().collect::<Vec<_>>());
+            return Ok((outs, cost));
+        }
+        let mut ws: Vec<Tensor> = Vec::with_capacity(k);
+        for &w_id in &ids[..k] {
+            let t = if self.may_move[n] {
+                self.take(w_id)
+            } else {
+                self.value(w_id).cloned()
+            };
+            match t {
+                Some(t) => ws.push(t),
+                None => {
+                    let err = self.node_err(
+                        n,
+                        format!("operand %{} has no value", self.graph.name_of(w_id)),
+                    );
+                    self.put_back_all(n, &ids[..ws.len()], ws);
+                    return Err(err);
+                }
+            }
+        }
+        let rest = match self.operands(n, &ids[k..]) {
+            Ok(r) => r,
+            Err(e) => {
+                self.put_back_all(n, &ids[..k], ws);
+                return Err(e);
+            }
+        };
+        let jit = (self.backend == Backend::Jit).then_some(&self.jit);
+        let res = dlrm_codegen::update_in_place(op, &mut ws, &rest, jit).unwrap_or_else(|| {
+            Err(dlrm_codegen::KernelError::Shape {
+                op: op.mnemonic(),
+                reason: format!("no in-place kernel for {} operands", ids.len()),
+            })
+        });
+        let cost = {
+            let mut all: Vec<&Tensor> = ws.iter().collect();
+            all.extend(rest.iter().copied());
+            op_cost(op, &all, &ws.iter().collect::<Vec<_>>())
+        };
+        match res {
+            Ok(()) => Ok((ws, cost)),
+            Err(e) => {
+                let err = self.node_err(n, self.with_table(op, ids, e));
+                // The kernels validate before writing: the storage is intact.
+                self.put_back_all(n, &ids[..k], ws);
+                Err(err)
+            }
+        }
+    }
+
+    /// A kernel error's text; for an index out of range in an embedding op, with
+    /// the table's name (operand 0 of `embedding_bag`, `sparse_sgd`, the fused
+    /// updates and their row-shard forms).
+    fn with_table(&self, op: &Op, ids: &[ValueId], e: dlrm_codegen::KernelError) -> String {
+        match (&e, op, ids.first()) {
+            (
+                dlrm_codegen::KernelError::IndexOutOfRange { .. },
+                Op::EmbeddingBag { .. }
+                | Op::EmbeddingBagWeighted
+                | Op::SparseSgd { .. }
+                | Op::EmbeddingUpdate { .. }
+                | Op::SplitEmbeddingUpdate { .. }
+                | Op::EmbeddingBagRows { .. }
+                | Op::SparseSgdRows { .. }
+                | Op::EmbeddingUpdateRows { .. }
+                | Op::SplitEmbeddingUpdateRows { .. },
+                Some(&t),
+            ) => format!("table %{}: {e}", self.graph.name_of(t)),
+            _ => e.to_string(),
+        }
+    }
+
+    fn put_back_all(&mut self, n: usize, ids: &[ValueId], ts: Vec<Tensor>) {
+        for (&v, t) in ids.iter().zip(ts) {
+            self.put_back(n, v, t);
+        }
+    }
+
+    fn put_back(&mut self, n: usize, v: ValueId, t: Tensor) {
+        if !self.may_move[n] {
+            return;
+        }
+        match self.graph.value(v).def {
+            Def::Param(p) => self.params[p] = Some(t),
+            _ => self.slots[v.index()] = Some(t),
+        }
+    }
+}

@@ -1,0 +1,208 @@
+//! One step ([`Executor::step`]): the step's buffers are checked and its inputs
+//! bound ([`super::preflight`]), every node is evaluated in order — each node's
+//! values dropped after their last use, collectives handed to the progress thread
+//! when they overlap ([`super::collectives`]) — then the outputs are taken (copied
+//! when an update or a later output still needs the value) and the update list's
+//! new values move into the parameter slots. After a failed step the executor
+//! refuses to run again (its parameters may have been moved out mid-step).
+
+use super::Executor;
+use super::collectives::AbortOnFailure;
+use crate::error::{Result, RuntimeError};
+use crate::progress::{self, Done, Request};
+use dlrm_ir::{Communicator, Def, Tensor, ValueId};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::time::Instant;
+
+impl Executor {
+    /// Runs one step: binds `inputs` (exactly the graph's inputs), evaluates every
+    /// node, applies the updates to the parameters, and returns the outputs in
+    /// order. `syms` must bind every symbol the graph uses. The step's buffers are
+    /// checked first ([`Executor::check_buffers`]).
+    pub fn step(
+        &mut self,
+        inputs: HashMap<String, Tensor>,
+        syms: &HashMap<String, usize>,
+        comm: &dyn Communicator,
+    ) -> Result<Vec<Tensor>> {
+        if let Some(why) = &self.poisoned {
+            return Err(RuntimeError::Rank {
+                rank: self.rank,
+                step: Some(self.step),
+                reason: format!("the executor is unusable after an earlier failure: {why}"),
+            });
+        }
+        let result = self
+            .check_buffers(syms)
+            .and_then(|()| self.run_step(inputs, syms, comm));
+        // Never keep values of a step around.
+        self.slots.iter_mut().for_each(|s| *s = None);
+        match result {
+            Ok(outs) => {
+                self.step += 1;
+                Ok(outs)
+            }
+            Err(e) => {
+                if self.params.iter().any(Option::is_none) {
+                    self.poisoned = Some(e.to_string());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn run_step(
+        &mut self,
+        inputs: HashMap<String, Tensor>,
+        syms: &HashMap<String, usize>,
+        comm: &dyn Communicator,
+    ) -> Result<Vec<Tensor>> {
+        self.bind_inputs(inputs, syms)?;
+        let overlap = self.overlap
+            && comm.size() > 1
+            && self.graph.nodes().iter().any(|n| n.op.is_collective());
+        if overlap {
+            std::thread::scope(|s| {
+                let (tx, rx) = mpsc::channel();
+                let worker = s.spawn(move || progress::serve(rx, syms, comm));
+                // A failure (or panic) of this thread must wake the progress thread
+                // if it waits in a collective for peers that wait for us.
+                let guard = AbortOnFailure(comm);
+                let res = self.run_nodes(syms, comm, Some(&tx));
+                drop(tx);
+                if let Err(e) = &res {
+                    comm.abort(&e.to_string());
+                }
+                drop(guard);
+                match worker.join() {
+                    Ok(()) => res,
+                    Err(_) => res.and(Err(RuntimeError::Rank {
+                        rank: self.rank,
+                        step: Some(self.step),
+                        reason: "the collectives' progress thread panicked".into(),
+                    })),
+                }
+            })?;
+        } else {
+            self.run_nodes(syms, comm, None)?;
+        }
+        // Outputs (copied when an update or a later output still needs the value).
+        let g = &self.graph;
+        let outs_ids: Vec<ValueId> = g.outputs().to_vec();
+        let update_values: Vec<ValueId> = g.updates().iter().map(|u| u.value).collect();
+        let mut outs = Vec::with_capacity(outs_ids.len());
+        for (i, &o) in outs_ids.iter().enumerate() {
+            let needed_later = update_values.contains(&o)
+                || outs_ids[i + 1..].contains(&o)
+                || matches!(self.graph.value(o).def, Def::Param(_));
+            let t = if needed_later {
+                self.value(o).cloned()
+            } else {
+                self.take(o)
+            };
+            outs.push(t.ok_or_else(|| RuntimeError::Rank {
+                rank: self.rank,
+                step: Some(self.step),
+                reason: format!("output %{} has no value", self.graph.name_of(o)),
+            })?);
+        }
+        // Updates: new values move into the parameter slots.
+        let updates = self.graph.updates().to_vec();
+        let mut new_vals = Vec::with_capacity(updates.len());
+        for u in &updates {
+            // An update value may be a parameter or used by several updates: copy then.
+            let shared = matches!(self.graph.value(u.value).def, Def::Param(_))
+                || updates.iter().filter(|w| w.value == u.value).count() > 1;
+            let t = if shared {
+                self.value(u.value).cloned()
+            } else {
+                self.take(u.value)
+            };
+            new_vals.push(t.ok_or_else(|| RuntimeError::Rank {
+                rank: self.rank,
+                step: Some(self.step),
+                reason: format!(
+                    "update of %{} by %{}: the value is gone",
+                    self.graph.name_of(u.param),
+                    self.graph.name_of(u.value)
+                ),
+            })?);
+        }
+        for (u, t) in updates.iter().zip(new_vals) {
+            if let Def::Param(p) = self.graph.value(u.param).def {
+                self.params[p] = Some(t);
+            }
+        }
+        debug_assert!(
+            self.params.iter().all(Option::is_some),
+            "every parameter slot is filled after a step"
+        );
+        Ok(outs)
+    }
+
+    /// Evaluates every node in order. With `progress`, collectives are handed to the
+    /// progress thread and their results awaited at first use (and before return).
+    fn run_nodes(
+        &mut self,
+        syms: &HashMap<String, usize>,
+        comm: &dyn Communicator,
+        progress: Option<&Sender<Request>>,
+    ) -> Result<()> {
+        // Per value: the collective node whose results are still in flight.
+        let mut in_flight: Vec<Option<usize>> = vec![None; self.graph.values().len()];
+        let mut replies: BTreeMap<usize, Receiver<Done>> = BTreeMap::new();
+        for n in 0..self.graph.nodes().len() {
+            for i in 0..self.graph.nodes()[n].inputs.len() {
+                let v = self.graph.nodes()[n].inputs[i];
+                if let Some(c) = in_flight[v.index()] {
+                    self.finish(c, &mut replies, &mut in_flight)?;
+                }
+            }
+            if let (Some(tx), true) = (progress, self.graph.nodes()[n].op.is_collective()) {
+                self.start(n, tx, &mut replies, &mut in_flight)?;
+                continue;
+            }
+            let t0 = Instant::now();
+            let (outs, cost) = self.run_node(n, syms, comm)?;
+            let node = &self.graph.nodes()[n];
+            if outs.len() != node.outputs.len() {
+                return Err(self.node_err(
+                    n,
+                    format!(
+                        "produced {} results, the node has {}",
+                        outs.len(),
+                        node.outputs.len()
+                    ),
+                ));
+            }
+            for (k, t) in outs.into_iter().enumerate() {
+                let v = self.graph.nodes()[n].outputs[k];
+                self.slots[v.index()] = Some(t);
+            }
+            let mnemonic = self.graph.nodes()[n].op.mnemonic();
+            for i in 0..self.free_after[n].len() {
+                let v = self.free_after[n][i];
+                self.slots[v.index()] = None;
+            }
+            let took = t0.elapsed();
+            if self.graph.nodes()[n].op.is_collective() {
+                self.comm_busy += took;
+                self.comm_exposed += took;
+            }
+            for e in [
+                self.times.entry(mnemonic).or_default(),
+                &mut self.node_times[n],
+            ] {
+                e.calls += 1;
+                e.time += took;
+                e.cost.flops += cost.flops;
+                e.cost.bytes += cost.bytes;
+            }
+        }
+        while let Some((&c, _)) = replies.first_key_value() {
+            self.finish(c, &mut replies, &mut in_flight)?;
+        }
+        Ok(())
+    }
+}
