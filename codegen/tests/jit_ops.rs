@@ -412,7 +412,10 @@ proptest! {
         // Ragged bags, the first ones short or empty: bag b starts at ⌊b²·n/s²⌋.
         let off: Vec<i64> = (0..s).map(|b| (b * b * n / (s * s)) as i64).collect();
         let off = Tensor::i64(vec![s], off);
-        let op = Op::EmbeddingBagGrad { mode: if mean { Pool::Mean } else { Pool::Sum } };
+        let op = Op::EmbeddingBagGrad {
+            mode: if mean { Pool::Mean } else { Pool::Sum },
+            last_offset: false,
+        };
         let (ins, dims): (Vec<&Tensor>, Vec<Dim>) = if offsets {
             (vec![&dy, &idx, &off], vec![Dim::Fixed(n), Dim::Fixed(d)])
         } else {
