@@ -488,14 +488,27 @@ fn real_pytorch_exports_compile_to_fused_plans_that_match_pytorch() {
         for kind in ["interaction", "brgemm"] {
             assert!(ops.contains_key(kind), "{name}: no {kind} in {ops:?}");
         }
-        // include_last_offset=True: each bag reads `offsets[..B]` of `B+1` offsets, a
-        // slice of the integer offsets input that stays an op of its own.
-        let sliced = name.contains("last_offset");
         assert!(
-            ops.keys()
-                .all(|k| !GENERIC.contains(&k.as_str()) || (sliced && k == "slice")),
+            ops.keys().all(|k| !GENERIC.contains(&k.as_str())),
             "{name}: generic ops left: {ops:?}"
         );
+        // include_last_offset=True: the bags read their `B+1` offsets whole.
+        let last_offset_bags = plan
+            .infer
+            .nodes()
+            .iter()
+            .filter(|n| {
+                matches!(
+                    n.op,
+                    Op::EmbeddingBag {
+                        last_offset: true,
+                        ..
+                    }
+                )
+            })
+            .count();
+        let want_last = if name.contains("last_offset") { 3 } else { 0 };
+        assert_eq!(last_offset_bags, want_last, "{name}: last_offset bags");
         for batch in [1, 7, 2048] {
             let inputs: Vec<(String, Tensor)> =
                 dlrm_onnx::npz::read(&dir.join(format!("inputs_{batch}.npz")))

@@ -185,7 +185,10 @@ fn bench_embedding(c: &mut Criterion) {
                     .collect();
                 let idx = Tensor::i64(vec![batch, l], idx);
                 let out_ty = TensorType::new(dt, [Dim::batch(), Dim::Fixed(d)]);
-                let op = Op::EmbeddingBag { mode: Pool::Sum };
+                let op = Op::EmbeddingBag {
+                    mode: Pool::Sum,
+                    last_offset: false,
+                };
                 let bytes =
                     batch * l * d * dt.size_bytes() + batch * d * dt.size_bytes() + batch * l * 8;
                 g.throughput(Throughput::Bytes(bytes as u64));

@@ -66,7 +66,10 @@ fn bench_embedding_bag(c: &mut Criterion) {
             for dt in [DType::F32, DType::BF16] {
                 let table = Tensor::from_f32(dt, vec![ROWS, d], vals(3, ROWS * d));
                 let out_ty = TensorType::new(dt, [Dim::batch(), Dim::Fixed(d)]);
-                let op = Op::EmbeddingBag { mode: Pool::Sum };
+                let op = Op::EmbeddingBag {
+                    mode: Pool::Sum,
+                    last_offset: false,
+                };
                 let es = dt.size_bytes();
                 let bytes = BATCH * l * d * es + BATCH * d * es + BATCH * l * 8;
                 g.throughput(Throughput::Bytes(bytes as u64));

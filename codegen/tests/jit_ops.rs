@@ -95,6 +95,7 @@ fn bag_case(
     let off_t = Tensor::i64(vec![s], off_sorted);
     let op = Op::EmbeddingBag {
         mode: if mean { Pool::Mean } else { Pool::Sum },
+        last_offset: false,
     };
     let out_ty = TensorType::new(dt, [Dim::batch(), Dim::Fixed(d)]);
     let ins: Vec<&Tensor> = if offsets {
@@ -171,7 +172,10 @@ proptest! {
 fn out_of_range_index_names_the_sample_before_running() {
     let table = Tensor::f32(vec![10, 4], vals(1, 40));
     let idx = Tensor::i64(vec![3, 2], vec![0, 1, 2, 3, 4, 10]);
-    let op = Op::EmbeddingBag { mode: Pool::Sum };
+    let op = Op::EmbeddingBag {
+        mode: Pool::Sum,
+        last_offset: false,
+    };
     let out_ty = TensorType::new(DType::F32, [Dim::batch(), Dim::Fixed(4)]);
     let err = jit(&op, &[&table, &idx], &out_ty, 3).expect_err("index 10 of 10 rows");
     assert_eq!(
@@ -408,7 +412,10 @@ proptest! {
         // Ragged bags, the first ones short or empty: bag b starts at ⌊b²·n/s²⌋.
         let off: Vec<i64> = (0..s).map(|b| (b * b * n / (s * s)) as i64).collect();
         let off = Tensor::i64(vec![s], off);
-        let op = Op::EmbeddingBagGrad { mode: if mean { Pool::Mean } else { Pool::Sum } };
+        let op = Op::EmbeddingBagGrad {
+            mode: if mean { Pool::Mean } else { Pool::Sum },
+            last_offset: false,
+        };
         let (ins, dims): (Vec<&Tensor>, Vec<Dim>) = if offsets {
             (vec![&dy, &idx, &off], vec![Dim::Fixed(n), Dim::Fixed(d)])
         } else {

@@ -74,7 +74,10 @@ fn out_of_range_index_names_position_and_sample() {
     let ty = TensorType::f32([Dim::batch(), Dim::Fixed(2)]);
     let syms = HashMap::from([("B".to_string(), 3)]);
     let err = try_eval(
-        &Op::EmbeddingBag { mode: Pool::Sum },
+        &Op::EmbeddingBag {
+            mode: Pool::Sum,
+            last_offset: false,
+        },
         &[&table, &idx],
         std::slice::from_ref(&ty),
         &syms,
@@ -97,7 +100,10 @@ fn out_of_range_index_names_position_and_sample() {
     let off = Tensor::i32(vec![2], vec![0, 2]);
     let ty2 = TensorType::f32([Dim::Fixed(2), Dim::Fixed(2)]);
     let err = try_eval(
-        &Op::EmbeddingBag { mode: Pool::Mean },
+        &Op::EmbeddingBag {
+            mode: Pool::Mean,
+            last_offset: false,
+        },
         &[&table, &idx, &off],
         std::slice::from_ref(&ty2),
         &syms,
@@ -120,7 +126,10 @@ fn out_of_range_index_names_position_and_sample() {
     let off = Tensor::i32(vec![2], vec![0, 5]);
     let idx = Tensor::i32(vec![4], vec![0, 1, 1, 2]);
     let err = try_eval(
-        &Op::EmbeddingBag { mode: Pool::Sum },
+        &Op::EmbeddingBag {
+            mode: Pool::Sum,
+            last_offset: false,
+        },
         &[&table, &idx, &off],
         &[ty2],
         &syms,

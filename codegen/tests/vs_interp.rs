@@ -55,6 +55,7 @@ fn index_errors_agree_with_the_interpreter() {
     let syms = HashMap::from([("B".to_string(), 3)]);
     let op = Op::EmbeddingBag {
         mode: dlrm_ir::Pool::Sum,
+        last_offset: false,
     };
     let ctx = EvalCtx {
         syms: &syms,

@@ -63,9 +63,21 @@ pub enum Op {
     /// offsets must be non-decreasing, start at 0 and be <= N). Output row `s` is the
     /// sum (or mean) of `table[i]` over the bag's indices. The result has the table's
     /// dtype. Any index outside `0..R` is an error naming the table and the sample.
+    ///
+    /// With `last_offset` (PyTorch's `include_last_offset=True`, printed
+    /// `last_offset=true`, omitted when false) only the offsets form is allowed:
+    /// `embedding_bag(table[R,D], indices[N], offsets[S+1]) -> [S,D]`, bag `s` is
+    /// `indices[offsets[s] .. offsets[s+1]]` for `s < S`. The offsets must be
+    /// non-decreasing and at most `N`, and need *not* start at 0: indices before
+    /// `offsets[0]` and from `offsets[S]` on belong to no bag, are not read and not
+    /// checked against `R` (a bag over a slice of a longer offsets vector, as
+    /// TorchRec's per-key view of a jagged batch). An offsets vector with no entry
+    /// is an error.
     EmbeddingBag {
         /// Sum or mean.
         mode: Pool,
+        /// Offsets carry `S+1` entries, the last one ending the last bag.
+        last_offset: bool,
     },
     /// `linear(x[S,K], w[N,K], b[N]) -> [S,N]`: `act(x · wᵀ + b)` (PyTorch's layout).
     Linear {
@@ -155,10 +167,13 @@ pub enum Op {
     /// `embedding_bag_grad(dy[S,D], indices[S,L]) -> f32[S,L,D]` or
     /// `embedding_bag_grad(dy[S,D], indices[N], offsets[S]) -> f32[N,D]`: one gradient
     /// row per index (the sparse gradient of the table): row `i` is `dy[bag(i)]`
-    /// (divided by the bag's size for `mean`).
+    /// (divided by the bag's size for `mean`). With `last_offset` (offsets
+    /// `[S+1]`, as in [`Op::EmbeddingBag`]) the rows of indices in no bag are 0.
     EmbeddingBagGrad {
         /// As in the forward op.
         mode: Pool,
+        /// As in the forward op.
+        last_offset: bool,
     },
     /// `bce_grad(p, y) -> dp`: `(p - y) / max(p·(1-p), 1e-12) / denom`.
     BceGrad {

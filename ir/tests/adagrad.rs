@@ -179,7 +179,10 @@ fn fused_update_equals_sparse_adagrad_of_the_bag_gradient() {
         };
         let got = eval(&fused, &[&t, acc, &dy, &idx, &off]).expect("ok");
         let bg = eval(
-            &Op::EmbeddingBagGrad { mode: Pool::Mean },
+            &Op::EmbeddingBagGrad {
+                mode: Pool::Mean,
+                last_offset: false,
+            },
             &[&dy, &idx, &off],
         )
         .expect("ok");

@@ -41,7 +41,14 @@ fn last_offset_graph() -> Graph {
         .unwrap();
     assert_eq!(g.ty(s).shape, vec![Dim::batch()]);
     let y = g
-        .add(Op::EmbeddingBag { mode: Pool::Sum }, &[t, ids, s], "y")
+        .add(
+            Op::EmbeddingBag {
+                mode: Pool::Sum,
+                last_offset: false,
+            },
+            &[t, ids, s],
+            "y",
+        )
         .unwrap();
     g.add_output(y);
     g

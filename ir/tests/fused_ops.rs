@@ -337,7 +337,13 @@ fn embedding_update_is_bag_grad_then_sparse_sgd() {
     let dy = rng.tensor(vec![4, 3]);
     let idx = Tensor::i64(vec![4, 2], vec![0, 5, 5, 5, 2, 0, 1, 1]);
     for mode in [Pool::Sum, Pool::Mean] {
-        let rows = one(Op::EmbeddingBagGrad { mode }, &[&dy, &idx]);
+        let rows = one(
+            Op::EmbeddingBagGrad {
+                mode,
+                last_offset: false,
+            },
+            &[&dy, &idx],
+        );
         let want = one(Op::SparseSgd { lr: 0.7 }, &[&table, &idx, &rows]);
         let got = one(Op::EmbeddingUpdate { mode, lr: 0.7 }, &[&table, &dy, &idx]);
         assert_eq!(got, want, "{mode:?}");
@@ -345,7 +351,10 @@ fn embedding_update_is_bag_grad_then_sparse_sgd() {
     let flat = Tensor::i64(vec![5], vec![3, 3, 0, 4, 1]);
     let off = Tensor::i64(vec![4], vec![0, 2, 2, 4]);
     let rows = one(
-        Op::EmbeddingBagGrad { mode: Pool::Mean },
+        Op::EmbeddingBagGrad {
+            mode: Pool::Mean,
+            last_offset: false,
+        },
         &[&dy, &flat, &off],
     );
     let want = one(Op::SparseSgd { lr: 0.5 }, &[&table, &flat, &rows]);

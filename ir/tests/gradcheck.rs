@@ -302,30 +302,43 @@ fn embedding_bag_grad_matches_embedding_bag() {
     let (rows, d) = (5, 3);
     let s = no_syms();
     // Fixed pooling with duplicates inside and across bags; offsets with an empty
-    // bag, a bag of three and a last bag running to N.
-    let cases: Vec<(Tensor, Option<Tensor>)> = vec![
-        (i64t(&[3, 2], &[0, 2, 2, 2, 4, 1]), None),
+    // bag, a bag of three and a last bag running to N; last_offset offsets
+    // starting at 1 and ending before N (the first and last indices in no bag).
+    let cases: Vec<(Tensor, Option<Tensor>, bool)> = vec![
+        (i64t(&[3, 2], &[0, 2, 2, 2, 4, 1]), None, false),
         (
             i64t(&[6], &[0, 3, 3, 1, 2, 0]),
             Some(i64t(&[4], &[0, 2, 2, 5])),
+            false,
+        ),
+        (
+            i64t(&[7], &[4, 0, 3, 3, 1, 2, 0]),
+            Some(i64t(&[4], &[1, 3, 3, 6])),
+            true,
         ),
     ];
     for mode in [Pool::Sum, Pool::Mean] {
-        for (idx, off) in &cases {
+        for (idx, off, last_offset) in &cases {
+            let last_offset = *last_offset;
             let table = randn(&mut r, &[rows, d]);
-            let samples = off.as_ref().map_or(idx.shape[0], |o| o.shape[0]);
+            let samples = off
+                .as_ref()
+                .map_or(idx.shape[0], |o| o.shape[0] - usize::from(last_offset));
             let dy = randn(&mut r, &[samples, d]);
-            let fwd = Op::EmbeddingBag { mode };
+            let fwd = Op::EmbeddingBag { mode, last_offset };
             let mut ins = vec![table.clone(), idx.clone()];
             let mut gins = vec![&dy, idx];
             if let Some(o) = off {
                 ins.push(o.clone());
                 gins.push(o);
             }
-            let rowgrad = eval(&Op::EmbeddingBagGrad { mode }, &gins, &s).remove(0);
+            let rowgrad = eval(&Op::EmbeddingBagGrad { mode, last_offset }, &gins, &s).remove(0);
             let flat_idx = idx.to_i64_vec().expect("indices");
             let dense = scatter_rows(&flat_idx, &rowgrad.to_f32_vec(), rows, d);
-            let what = format!("embedding_bag_grad {mode:?} offsets={}", off.is_some());
+            let what = format!(
+                "embedding_bag_grad {mode:?} offsets={} last_offset={last_offset}",
+                off.is_some()
+            );
             check(
                 &what,
                 &fwd,

@@ -109,13 +109,31 @@ fn table4x2() -> Tensor {
 fn embedding_bag_fixed_pooling_sum_and_mean() {
     let t = table4x2();
     let idx = i64t(&[2, 2], &[0, 2, 3, 3]);
-    let sum = eval1(&Op::EmbeddingBag { mode: Pool::Sum }, &[&t, &idx]);
+    let sum = eval1(
+        &Op::EmbeddingBag {
+            mode: Pool::Sum,
+            last_offset: false,
+        },
+        &[&t, &idx],
+    );
     assert_eq!(sum, f(&[2, 2], &[6., 8., 14., 16.]));
-    let mean = eval1(&Op::EmbeddingBag { mode: Pool::Mean }, &[&t, &idx]);
+    let mean = eval1(
+        &Op::EmbeddingBag {
+            mode: Pool::Mean,
+            last_offset: false,
+        },
+        &[&t, &idx],
+    );
     assert_eq!(mean, f(&[2, 2], &[3., 4., 7., 8.]));
     // i32 indices mean the same.
     let idx32 = Tensor::i32(vec![2, 2], vec![0, 2, 3, 3]);
-    let sum32 = eval1(&Op::EmbeddingBag { mode: Pool::Sum }, &[&t, &idx32]);
+    let sum32 = eval1(
+        &Op::EmbeddingBag {
+            mode: Pool::Sum,
+            last_offset: false,
+        },
+        &[&t, &idx32],
+    );
     assert_eq!(sum32, sum);
 }
 
@@ -124,13 +142,31 @@ fn embedding_bag_offsets_with_an_empty_bag() {
     let t = table4x2();
     let idx = i64t(&[4], &[1, 0, 3, 2]);
     let off = i64t(&[3], &[0, 2, 2]);
-    let sum = eval1(&Op::EmbeddingBag { mode: Pool::Sum }, &[&t, &idx, &off]);
+    let sum = eval1(
+        &Op::EmbeddingBag {
+            mode: Pool::Sum,
+            last_offset: false,
+        },
+        &[&t, &idx, &off],
+    );
     assert_eq!(sum, f(&[3, 2], &[4., 6., 0., 0., 12., 14.]));
-    let mean = eval1(&Op::EmbeddingBag { mode: Pool::Mean }, &[&t, &idx, &off]);
+    let mean = eval1(
+        &Op::EmbeddingBag {
+            mode: Pool::Mean,
+            last_offset: false,
+        },
+        &[&t, &idx, &off],
+    );
     assert_eq!(mean, f(&[3, 2], &[2., 3., 0., 0., 6., 7.]));
     // A trailing empty bag (offset == N) is allowed.
     let off2 = i64t(&[2], &[0, 4]);
-    let sum2 = eval1(&Op::EmbeddingBag { mode: Pool::Sum }, &[&t, &idx, &off2]);
+    let sum2 = eval1(
+        &Op::EmbeddingBag {
+            mode: Pool::Sum,
+            last_offset: false,
+        },
+        &[&t, &idx, &off2],
+    );
     assert_eq!(sum2, f(&[2, 2], &[16., 20., 0., 0.]));
 }
 
@@ -138,7 +174,13 @@ fn embedding_bag_offsets_with_an_empty_bag() {
 fn embedding_bag_bf16_table_gives_bf16() {
     let t = bf(&[2, 2], &[1.0, 2.0, 0.5, 0.25]);
     let idx = i64t(&[1, 2], &[0, 1]);
-    let y = eval1(&Op::EmbeddingBag { mode: Pool::Sum }, &[&t, &idx]);
+    let y = eval1(
+        &Op::EmbeddingBag {
+            mode: Pool::Sum,
+            last_offset: false,
+        },
+        &[&t, &idx],
+    );
     assert_eq!(y.dtype(), DType::BF16);
     assert_eq!(y.to_f32_vec(), vec![1.5, 2.25]);
 }
@@ -147,14 +189,29 @@ fn embedding_bag_bf16_table_gives_bf16() {
 fn embedding_bag_grad_rows_per_index() {
     let dy = f(&[2, 2], &[1., 2., 3., 4.]);
     let idx = i64t(&[2, 2], &[0, 3, 1, 1]);
-    let g = eval1(&Op::EmbeddingBagGrad { mode: Pool::Sum }, &[&dy, &idx]);
+    let g = eval1(
+        &Op::EmbeddingBagGrad {
+            mode: Pool::Sum,
+            last_offset: false,
+        },
+        &[&dy, &idx],
+    );
     assert_eq!(g, f(&[2, 2, 2], &[1., 2., 1., 2., 3., 4., 3., 4.]));
-    let g = eval1(&Op::EmbeddingBagGrad { mode: Pool::Mean }, &[&dy, &idx]);
+    let g = eval1(
+        &Op::EmbeddingBagGrad {
+            mode: Pool::Mean,
+            last_offset: false,
+        },
+        &[&dy, &idx],
+    );
     assert_eq!(g, f(&[2, 2, 2], &[0.5, 1., 0.5, 1., 1.5, 2., 1.5, 2.]));
     let idx = i64t(&[3], &[2, 0, 1]);
     let off = i64t(&[2], &[0, 0]);
     let g = eval1(
-        &Op::EmbeddingBagGrad { mode: Pool::Mean },
+        &Op::EmbeddingBagGrad {
+            mode: Pool::Mean,
+            last_offset: false,
+        },
         &[&dy, &idx, &off],
     );
     assert_eq!(g, f(&[3, 2], &[1., 4. / 3., 1., 4. / 3., 1., 4. / 3.]));
@@ -166,7 +223,14 @@ fn out_of_range_index_names_sample_and_position() {
     let mut data = vec![0i64; 12];
     data[5 * 2 + 1] = 120;
     let idx = i64t(&[6, 2], &data);
-    let err = eval(&Op::EmbeddingBag { mode: Pool::Sum }, &[&table, &idx]).unwrap_err();
+    let err = eval(
+        &Op::EmbeddingBag {
+            mode: Pool::Sum,
+            last_offset: false,
+        },
+        &[&table, &idx],
+    )
+    .unwrap_err();
     assert!(
         err.contains("index 120 at sample 5, position 1 is out of range for a table of 100 rows"),
         "{err}"
@@ -175,7 +239,10 @@ fn out_of_range_index_names_sample_and_position() {
     let idx = i64t(&[5], &[0, 1, 2, 3, -1]);
     let off = i64t(&[3], &[0, 2, 3]);
     let err = eval(
-        &Op::EmbeddingBag { mode: Pool::Mean },
+        &Op::EmbeddingBag {
+            mode: Pool::Mean,
+            last_offset: false,
+        },
         &[&table, &idx, &off],
     )
     .unwrap_err();
@@ -194,7 +261,14 @@ fn out_of_range_index_names_sample_and_position() {
     // The gradient has no table but rejects negative indices.
     let dy = f(&[2, 2], &[0.; 4]);
     let idx = i64t(&[2, 2], &[0, 1, 0, -3]);
-    let err = eval(&Op::EmbeddingBagGrad { mode: Pool::Sum }, &[&dy, &idx]).unwrap_err();
+    let err = eval(
+        &Op::EmbeddingBagGrad {
+            mode: Pool::Sum,
+            last_offset: false,
+        },
+        &[&dy, &idx],
+    )
+    .unwrap_err();
     assert!(err.contains("index -3 at sample 1, position 1"), "{err}");
 }
 
@@ -212,8 +286,14 @@ fn bad_offsets_are_errors() {
     for (off, want) in cases {
         let off = i64t(&[off.len()], off);
         for op in [
-            Op::EmbeddingBag { mode: Pool::Sum },
-            Op::EmbeddingBagGrad { mode: Pool::Sum },
+            Op::EmbeddingBag {
+                mode: Pool::Sum,
+                last_offset: false,
+            },
+            Op::EmbeddingBagGrad {
+                mode: Pool::Sum,
+                last_offset: false,
+            },
         ] {
             let first = if matches!(op, Op::EmbeddingBag { .. }) {
                 t.clone()
@@ -651,7 +731,14 @@ fn small_model() -> Graph {
         .add_param("top.0.b", TensorType::f32([Dim::Fixed(1)]))
         .expect("param");
     let e = g
-        .add(Op::EmbeddingBag { mode: Pool::Sum }, &[emb, idx], "e.0")
+        .add(
+            Op::EmbeddingBag {
+                mode: Pool::Sum,
+                last_offset: false,
+            },
+            &[emb, idx],
+            "e.0",
+        )
         .expect("node");
     let h = g
         .add(
@@ -787,10 +874,24 @@ fn run_applies_updates_with_an_owned_table() {
     // updates it in place.
     let emb_mid = g.add(Op::Add, &[emb, emb], "emb.twice").expect("add");
     let e = g
-        .add(Op::EmbeddingBag { mode: Pool::Sum }, &[emb_mid, idx], "e")
+        .add(
+            Op::EmbeddingBag {
+                mode: Pool::Sum,
+                last_offset: false,
+            },
+            &[emb_mid, idx],
+            "e",
+        )
         .expect("bag");
     let rg = g
-        .add(Op::EmbeddingBagGrad { mode: Pool::Sum }, &[e, idx], "rg")
+        .add(
+            Op::EmbeddingBagGrad {
+                mode: Pool::Sum,
+                last_offset: false,
+            },
+            &[e, idx],
+            "rg",
+        )
         .expect("grad");
     let emb2 = g
         .add(Op::SparseSgd { lr: 0.5 }, &[emb_mid, idx, rg], "emb.new")
@@ -1018,4 +1119,78 @@ fn all_to_all_checks_group_rank_and_batch() {
         "{out:?}"
     );
     assert!(out[0].is_err(), "{out:?}");
+}
+
+#[test]
+fn embedding_bag_last_offset_reads_only_the_indices_in_its_bags() {
+    let t = table4x2();
+    // Offsets [1, 3, 3, 4] over 6 indices: bags [1,3), [3,3), [3,4);
+    // positions 0, 4 and 5 are in no bag (their indices, 9 and -1, are unread).
+    let idx = i64t(&[6], &[9, 1, 0, 3, 2, -1]);
+    let off = i64t(&[4], &[1, 3, 3, 4]);
+    let op = |mode| Op::EmbeddingBag {
+        mode,
+        last_offset: true,
+    };
+    let sum = eval1(&op(Pool::Sum), &[&t, &idx, &off]);
+    assert_eq!(sum, f(&[3, 2], &[4., 6., 0., 0., 7., 8.]));
+    let mean = eval1(&op(Pool::Mean), &[&t, &idx, &off]);
+    assert_eq!(mean, f(&[3, 2], &[2., 3., 0., 0., 7., 8.]));
+    // The gradient: the rows of the indices in no bag are 0.
+    let dy = f(&[3, 2], &[1., 2., 3., 4., 5., 6.]);
+    let g = Op::EmbeddingBagGrad {
+        mode: Pool::Mean,
+        last_offset: true,
+    };
+    let rows = eval1(&g, &[&dy, &idx, &off]);
+    assert_eq!(
+        rows,
+        f(&[6, 2], &[0., 0., 0.5, 1., 0.5, 1., 5., 6., 0., 0., 0., 0.])
+    );
+}
+
+#[test]
+fn bad_last_offset_offsets_are_errors() {
+    let t = table4x2();
+    let idx = i64t(&[3], &[0, 1, 2]);
+    let cases: [(&[i64], &str); 4] = [
+        (
+            &[0, 2, 4],
+            "the end of the last bag (offsets[2]): offsets must be at most the 3 indices",
+        ),
+        (&[0, 2, 1], "non-decreasing"),
+        (&[-1, 2], "sample 0: offsets must not be negative"),
+        (&[], "at least one entry"),
+    ];
+    for (off, want) in cases {
+        let off = i64t(&[off.len()], off);
+        let s = off.shape[0].saturating_sub(1);
+        for op in [
+            Op::EmbeddingBag {
+                mode: Pool::Sum,
+                last_offset: true,
+            },
+            Op::EmbeddingBagGrad {
+                mode: Pool::Sum,
+                last_offset: true,
+            },
+        ] {
+            let first = if matches!(op, Op::EmbeddingBag { .. }) {
+                t.clone()
+            } else {
+                Tensor::zeros(DType::F32, vec![s, 2])
+            };
+            let err = eval(&op, &[&first, &idx, &off]).unwrap_err();
+            assert!(err.contains(want), "{off:?}: {err}");
+        }
+    }
+    // An index out of range inside a bag is an error naming its sample.
+    let idx = i64t(&[3], &[0, 7, 2]);
+    let off = i64t(&[3], &[0, 1, 3]);
+    let op = Op::EmbeddingBag {
+        mode: Pool::Sum,
+        last_offset: true,
+    };
+    let err = eval(&op, &[&t, &idx, &off]).unwrap_err();
+    assert!(err.contains("sample 1"), "{err}");
 }

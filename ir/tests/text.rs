@@ -73,11 +73,21 @@ fn forward(name: &str) -> Fwd {
         .add(Op::Linear { act: Act::Relu }, &[dense, bot_w, bot_b], "h")
         .unwrap();
     let e0 = g
-        .add(Op::EmbeddingBag { mode: Pool::Sum }, &[emb0, idx0], "e.0")
+        .add(
+            Op::EmbeddingBag {
+                mode: Pool::Sum,
+                last_offset: false,
+            },
+            &[emb0, idx0],
+            "e.0",
+        )
         .unwrap();
     let e1 = g
         .add(
-            Op::EmbeddingBag { mode: Pool::Mean },
+            Op::EmbeddingBag {
+                mode: Pool::Mean,
+                last_offset: false,
+            },
             &[emb1, idx1, off1],
             "e.1",
         )
@@ -156,14 +166,20 @@ fn dlrm_train() -> Graph {
     let _ddense = g.add(Op::LinearDx, &[dh, f.bot_w], "d.dense").unwrap();
     let r0 = g
         .add(
-            Op::EmbeddingBagGrad { mode: Pool::Sum },
+            Op::EmbeddingBagGrad {
+                mode: Pool::Sum,
+                last_offset: false,
+            },
             &[grads[1], f.idx0],
             "rows.0",
         )
         .unwrap();
     let r1 = g
         .add(
-            Op::EmbeddingBagGrad { mode: Pool::Mean },
+            Op::EmbeddingBagGrad {
+                mode: Pool::Mean,
+                last_offset: false,
+            },
             &[grads[2], f.idx1, f.off1],
             "rows.1",
         )
@@ -316,7 +332,10 @@ fn partitioned(rank: usize, counts: &[usize]) -> Graph {
     for t in 0..own {
         bags.push(
             g.add(
-                Op::EmbeddingBag { mode: Pool::Sum },
+                Op::EmbeddingBag {
+                    mode: Pool::Sum,
+                    last_offset: false,
+                },
                 &[tables[t], idx[t]],
                 &format!("e.{t}"),
             )
@@ -407,7 +426,10 @@ fn partitioned(rank: usize, counts: &[usize]) -> Graph {
         for t in 0..own {
             let rows = g
                 .add(
-                    Op::EmbeddingBagGrad { mode: Pool::Sum },
+                    Op::EmbeddingBagGrad {
+                        mode: Pool::Sum,
+                        last_offset: false,
+                    },
                     &[gathered[t], idx[t]],
                     &format!("rows.{t}"),
                 )

@@ -610,7 +610,7 @@ impl Ad {
                     self.contribute(x, dx);
                 }
             }
-            Op::EmbeddingBag { mode } => {
+            Op::EmbeddingBag { mode, last_offset } => {
                 let table = ins[0];
                 if self.need[table.index()] {
                     let h = format!("d.{}.rows", fwd.name_of(table));
@@ -618,7 +618,14 @@ impl Ad {
                     operands.extend_from_slice(&ins[1..]);
                     let rows = self
                         .g
-                        .add(Op::EmbeddingBagGrad { mode: *mode }, &operands, &h)
+                        .add(
+                            Op::EmbeddingBagGrad {
+                                mode: *mode,
+                                last_offset: *last_offset,
+                            },
+                            &operands,
+                            &h,
+                        )
                         .map_err(&e)?;
                     // Backward visits bags in reverse; keep bag order.
                     self.rows[table.index()].insert(0, (ins[1..].to_vec(), rows));
@@ -635,7 +642,10 @@ impl Ad {
                     let rows = self
                         .g
                         .add(
-                            Op::EmbeddingBagGrad { mode: Pool::Sum },
+                            Op::EmbeddingBagGrad {
+                                mode: Pool::Sum,
+                                last_offset: false,
+                            },
                             &[dy, *idx, *off],
                             &format!("{h}.unweighted"),
                         )

@@ -399,7 +399,14 @@ fn weighted_model(weights_from_param: bool) -> Graph {
         .add(Op::EmbeddingBagWeighted, &[emb, idx, off, psw], "e0")
         .unwrap();
     let e1 = g
-        .add(Op::EmbeddingBag { mode: Pool::Sum }, &[emb, idx2], "e1")
+        .add(
+            Op::EmbeddingBag {
+                mode: Pool::Sum,
+                last_offset: false,
+            },
+            &[emb, idx2],
+            "e1",
+        )
         .unwrap();
     let op = Op::Interaction {
         kind: InteractionKind::Dot,

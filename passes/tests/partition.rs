@@ -282,6 +282,7 @@ fn bf16_tables_partition() {
         .add(
             Op::EmbeddingBag {
                 mode: dlrm_ir::Pool::Sum,
+                last_offset: false,
             },
             &[t, idx],
             "e",
@@ -487,6 +488,7 @@ fn unsupported_structures_are_errors_naming_the_node() {
         .add(
             Op::EmbeddingBag {
                 mode: dlrm_ir::Pool::Sum,
+                last_offset: false,
             },
             &[t, r],
             "e",
@@ -511,6 +513,7 @@ fn unsupported_structures_are_errors_naming_the_node() {
         .add(
             Op::EmbeddingBag {
                 mode: dlrm_ir::Pool::Sum,
+                last_offset: false,
             },
             &[t, idx],
             "e",

@@ -101,11 +101,18 @@ impl DataSchema {
         let mut label = None;
         for (n, node) in g.nodes().iter().enumerate() {
             match &node.op {
-                Op::EmbeddingBag { .. } => {
+                Op::EmbeddingBag { last_offset, .. } => {
                     let (Some(&table), Some(&idx)) = (node.inputs.first(), node.inputs.get(1))
                     else {
                         continue;
                     };
+                    if *last_offset {
+                        return Err(data_err(format!(
+                            "node {}: the bag of %{} takes offsets with the end of the last bag (last_offset, include_last_offset=True), which the data sources do not produce yet",
+                            g.node_label(n),
+                            g.name_of(table)
+                        )));
+                    }
                     let rows = match g.ty(table).shape.first().and_then(Dim::fixed) {
                         Some(r) if matches!(g.value(table).def, Def::Param(_)) => r,
                         _ => {

@@ -49,7 +49,14 @@ fn roles_do_not_depend_on_names() {
         .add_param("label", TensorType::f32([Dim::Fixed(9), Dim::Fixed(3)]))
         .expect("p");
     let e = g
-        .add(Op::EmbeddingBag { mode: Pool::Mean }, &[t, i], "e")
+        .add(
+            Op::EmbeddingBag {
+                mode: Pool::Mean,
+                last_offset: false,
+            },
+            &[t, i],
+            "e",
+        )
         .expect("bag");
     let s = g.add(Op::Add, &[x, e], "s").expect("add");
     let l = g
@@ -202,7 +209,14 @@ fn variable_bags_with_offsets() {
         .add_param("t", TensorType::f32([Dim::Fixed(17), Dim::Fixed(4)]))
         .expect("t");
     let e = g
-        .add(Op::EmbeddingBag { mode: Pool::Sum }, &[t, idx, off], "e")
+        .add(
+            Op::EmbeddingBag {
+                mode: Pool::Sum,
+                last_offset: false,
+            },
+            &[t, idx, off],
+            "e",
+        )
         .expect("bag");
     let s = g.add(Op::Add, &[x, e], "s").expect("add");
     g.add_output(s);

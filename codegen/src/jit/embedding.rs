@@ -34,7 +34,8 @@ use super::{Jit, JitError};
 use crate::kernels::embedding::grad_bags;
 use crate::kernels::optim::{Rows, op_name};
 use crate::kernels::{
-    Indices, KResult, KernelError, block_rows, read_offsets, shape_err, validate_indices,
+    Indices, KResult, KernelError, block_rows, read_bounds, shape_err, validate_bag_indices,
+    validate_indices,
 };
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
@@ -341,10 +342,12 @@ fn sum_chunk(
 /// `embedding_bag` with a JIT kernel (`None`: non-float table or result); with
 /// `rows` a [`Rows::Shard`], `embedding_bag_rows` on that shard of the table;
 /// `weighted`: `embedding_bag_weighted` (`table, indices, offsets, weights`,
-/// sum; `None` for non-f32 weights).
+/// sum; `None` for non-f32 weights); `last_offset`: offsets `[S+1]`, the last
+/// one ending the last bag, any start (only the indices in a bag are read and
+/// checked).
 pub(crate) fn embedding_bag(
     jit: &Jit,
-    (mode, weighted): (Pool, bool),
+    (mode, weighted, last_offset): (Pool, bool, bool),
     rows: Rows,
     inputs: &[&Tensor],
     out_types: &[TensorType],
@@ -355,6 +358,7 @@ pub(crate) fn embedding_bag(
     };
     let arity_ok = match weighted {
         true => inputs.len() == 4,
+        false if last_offset => inputs.len() == 3,
         false => (2..=3).contains(&inputs.len()),
     };
     if !arity_ok {
@@ -416,11 +420,14 @@ pub(crate) fn embedding_bag(
                 ));
             }
             let n = idx.len();
-            let mut off = read_offsets(op, inputs[2], n)?;
-            validate_indices(op, idx, total, None, Some(&off))?;
-            let s = off.len();
-            off.push(n as i64);
-            (s, None, off)
+            let bounds = read_bounds(op, inputs[2], n, last_offset)?;
+            let s = bounds.len() - 1;
+            if last_offset {
+                validate_bag_indices(op, idx, total, &bounds)?;
+            } else {
+                validate_indices(op, idx, total, None, Some(&bounds[..s]))?;
+            }
+            (s, None, bounds)
         };
         if idx.len() != inputs[1].numel() {
             return Err(shape_err(
@@ -502,8 +509,9 @@ pub(crate) fn embedding_bag(
                     // above; with a shard, the kernel reads only the rows in
                     // that range, at `tab`, see above); fixed pooling: indices s·L..(s+1)·L of the
                     // validated `s×L` indices; offsets: `bounds` holds s+1
-                    // non-decreasing entries ending at the indices' length
-                    // (read_offsets); weighted: one f32 weight per index
+                    // non-decreasing entries at most the indices' length
+                    // (read_bounds), the indices between the first and the
+                    // last validated (validate_bag_indices); weighted: one f32 weight per index
                     // (checked). `po` is this task's own `bags × d` chunk of
                     // the result, bag b0's row at `(b0 - s0)·d`.
                     unsafe {
@@ -540,7 +548,7 @@ pub(crate) fn embedding_bag(
 /// ([`crate::kernels::embedding::grad_bags`]; the index values are not read).
 pub(crate) fn embedding_bag_grad(
     jit: &Jit,
-    mode: Pool,
+    (mode, last_offset): (Pool, bool),
     inputs: &[&Tensor],
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
@@ -548,7 +556,7 @@ pub(crate) fn embedding_bag_grad(
     operand(inputs.first()?)?;
     let out = elt_of(out_types.first()?.dtype)?;
     Some((|| {
-        let g = grad_bags(inputs)?;
+        let g = grad_bags(inputs, last_offset)?;
         let dy = checked(OP, 0, inputs[0])?;
         let spec = BagSpec {
             d: g.d,
@@ -570,7 +578,7 @@ pub(crate) fn embedding_bag_grad(
             let go = |s0: usize, po: *mut u8| {
                 // SAFETY: `dy` holds s·d elements of the spec's type (checked);
                 // bags s0..s1 read its rows s0..s1 < s; with offsets, `bounds`
-                // holds the s+1 validated, non-decreasing row bounds (ending at
+                // holds the s+1 validated, non-decreasing row bounds (at most
                 // n). `po` is this task's own run of the result: the rows
                 // rows(s0).start..rows(s1-1).end, `d` elements each, which the
                 // kernel writes relative to rows(s0).start.

@@ -591,24 +591,28 @@ pub fn try_eval(
         Op::Brgemm { .. } | Op::BrgemmDgrad { .. } | Op::BrgemmWgrad { .. } => {
             brgemm::eval(jit, opts, op, inputs, out_types)
         }
-        Op::EmbeddingBag { mode } => {
-            embedding::embedding_bag(jit, (*mode, false), Rows::All, inputs, out_types)
-        }
+        Op::EmbeddingBag { mode, last_offset } => embedding::embedding_bag(
+            jit,
+            (*mode, false, *last_offset),
+            Rows::All,
+            inputs,
+            out_types,
+        ),
         Op::EmbeddingBagWeighted => {
-            embedding::embedding_bag(jit, (Pool::Sum, true), Rows::All, inputs, out_types)
+            embedding::embedding_bag(jit, (Pool::Sum, true, false), Rows::All, inputs, out_types)
         }
         Op::EmbeddingBagRows { mode, lo, rows } => {
             let shard = Rows::Shard {
                 first: *lo,
                 total: *rows,
             };
-            embedding::embedding_bag(jit, (*mode, false), shard, inputs, out_types)
+            embedding::embedding_bag(jit, (*mode, false, false), shard, inputs, out_types)
         }
         Op::EmbeddingGradDense { mode, rows } => {
             sparse::embedding_grad_dense(jit, *mode, *rows, inputs, out_types)
         }
-        Op::EmbeddingBagGrad { mode } => {
-            embedding::embedding_bag_grad(jit, *mode, inputs, out_types)
+        Op::EmbeddingBagGrad { mode, last_offset } => {
+            embedding::embedding_bag_grad(jit, (*mode, *last_offset), inputs, out_types)
         }
         Op::Relu | Op::ReluGrad | Op::SigmoidGrad | Op::Add => {
             elementwise::eval(jit, op, inputs, out_types)

@@ -11,8 +11,8 @@
 //! `mean`) into each of the bag's rows, parallel over blocks of bags.
 
 use super::{
-    Indices, Ix, KResult, KernelError, arity, bag_range, block_rows, dims2, f32_operand,
-    read_offsets, shape_err, validate_indices,
+    Indices, Ix, KResult, KernelError, arity, block_rows, dims2, f32_operand, read_bounds,
+    shape_err, validate_bag_indices, validate_indices,
 };
 use dlrm_ir::{Pool, Tensor};
 use rayon::prelude::*;
@@ -28,11 +28,12 @@ fn index_operand<'a>(op: &'static str, t: &'a Tensor) -> KResult<Indices<'a>> {
 }
 
 /// `embedding_bag(table[R,D], indices[S,L])` or
-/// `embedding_bag(table[R,D], indices[N], offsets[S])` -> `[S,D]`.
-pub fn embedding_bag(mode: Pool, inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
+/// `embedding_bag(table[R,D], indices[N], offsets[S])` -> `[S,D]`
+/// (`offsets[S+1]` with `last_offset`: only the indices in a bag are read).
+pub fn embedding_bag(mode: Pool, last_offset: bool, inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
     let table = f32_operand(inputs, 0)?;
     Some((|| {
-        arity(FWD, inputs, &[2, 3])?;
+        arity(FWD, inputs, if last_offset { &[3] } else { &[2, 3] })?;
         let (rows, d) = dims2(FWD, "table", inputs[0])?;
         let idx = index_operand(FWD, inputs[1])?;
         if inputs.len() == 2 {
@@ -57,14 +58,18 @@ pub fn embedding_bag(mode: Pool, inputs: &[&Tensor]) -> Option<KResult<Tensor>> 
                 ));
             }
             let n = idx.len();
-            let off = read_offsets(FWD, inputs[2], n)?;
-            validate_indices(FWD, idx, rows, None, Some(&off))?;
-            let s = off.len();
+            let bounds = read_bounds(FWD, inputs[2], n, last_offset)?;
+            let s = bounds.len() - 1;
+            if last_offset {
+                validate_bag_indices(FWD, idx, rows, &bounds)?;
+            } else {
+                validate_indices(FWD, idx, rows, None, Some(&bounds[..s]))?;
+            }
             let mut out = vec![0.0f32; s * d];
             if d > 0 && s > 0 {
                 match idx {
-                    Indices::I64(v) => bag_offsets(table, d, v, &off, mode, &mut out),
-                    Indices::I32(v) => bag_offsets(table, d, v, &off, mode, &mut out),
+                    Indices::I64(v) => bag_offsets(table, d, v, &bounds, mode, &mut out),
+                    Indices::I32(v) => bag_offsets(table, d, v, &bounds, mode, &mut out),
                 }
             }
             Ok(Tensor::f32(vec![s, d], out))
@@ -99,21 +104,23 @@ fn bag_fixed<T: Ix>(table: &[f32], d: usize, idx: &[T], l: usize, mode: Pool, ou
     });
 }
 
+/// Variable bags: bag `s` is `idx[bounds[s] .. bounds[s+1]]` (`s + 1` validated
+/// bounds).
 fn bag_offsets<T: Ix>(
     table: &[f32],
     d: usize,
     idx: &[T],
-    off: &[i64],
+    bounds: &[i64],
     mode: Pool,
     out: &mut [f32],
 ) {
-    let s = off.len();
-    let n = idx.len();
+    let s = bounds.len() - 1;
     let sb = block_rows(s, 8, 256);
     out.par_chunks_mut(sb * d).enumerate().for_each(|(blk, o)| {
         let s0 = blk * sb;
         for (k, row) in o.chunks_exact_mut(d).enumerate() {
-            pool_bag(table, d, &idx[bag_range(off, s0 + k, n)], mode, row);
+            let (a, b) = (bounds[s0 + k] as usize, bounds[s0 + k + 1] as usize);
+            pool_bag(table, d, &idx[a..b], mode, row);
         }
     });
 }
@@ -129,8 +136,9 @@ pub(crate) struct GradBags {
     pub n: usize,
     /// Fixed pooling `L`, else `None` (variable bags of `off`).
     pub pooling: Option<usize>,
-    /// Variable bags: the validated offsets, then `n` (`s + 1` entries); empty
-    /// with fixed pooling.
+    /// Variable bags: the `s + 1` validated bag bounds ([`read_bounds`]: the
+    /// offsets then `n`, or the offsets as given with `last_offset`); empty with
+    /// fixed pooling. Rows outside `bounds[0] .. bounds[s]` belong to no bag.
     pub bounds: Vec<i64>,
     /// The result's shape (`indices.shape ++ [d]`).
     pub shape: Vec<usize>,
@@ -147,9 +155,16 @@ impl GradBags {
 
     /// Splits the result `out` (`n·d` elements) into the contiguous runs of rows
     /// of the blocks of `sb` bags: `(first bag, its block's rows)`.
+    /// Rows in no bag (before the first bag's, from `last_offset` bounds) are
+    /// in no piece.
     pub fn blocks<'a, T>(&self, out: &'a mut [T], sb: usize) -> Vec<(usize, &'a mut [T])> {
         let mut pieces = Vec::with_capacity(self.s.div_ceil(sb));
-        let mut rest = out;
+        let skip = if self.s > 0 {
+            self.rows(0).start * self.d
+        } else {
+            0
+        };
+        let mut rest = &mut out[skip..];
         for s0 in (0..self.s).step_by(sb) {
             let s1 = (s0 + sb).min(self.s);
             let len = (self.rows(s1 - 1).end - self.rows(s0).start) * self.d;
@@ -162,10 +177,11 @@ impl GradBags {
 }
 
 /// Checks the operands of `embedding_bag_grad(dy[S,D], indices[S,L])` or
-/// `embedding_bag_grad(dy[S,D], indices[N], offsets[S])` (shapes, index dtype,
-/// offsets; the index values are not read) and returns where the rows go.
-pub(crate) fn grad_bags(inputs: &[&Tensor]) -> KResult<GradBags> {
-    arity(BWD, inputs, &[2, 3])?;
+/// `embedding_bag_grad(dy[S,D], indices[N], offsets[S])` (`offsets[S+1]` with
+/// `last_offset`; shapes, index dtype, offsets; the index values are not read)
+/// and returns where the rows go.
+pub(crate) fn grad_bags(inputs: &[&Tensor], last_offset: bool) -> KResult<GradBags> {
+    arity(BWD, inputs, if last_offset { &[3] } else { &[2, 3] })?;
     let (s, d) = dims2(BWD, "dy", inputs[0])?;
     index_operand(BWD, inputs[1])?;
     if inputs.len() == 2 {
@@ -198,14 +214,13 @@ pub(crate) fn grad_bags(inputs: &[&Tensor]) -> KResult<GradBags> {
         ));
     }
     let n = inputs[1].shape[0];
-    let mut bounds = read_offsets(BWD, inputs[2], n)?;
-    if bounds.len() != s {
+    let bounds = read_bounds(BWD, inputs[2], n, last_offset)?;
+    if bounds.len() - 1 != s {
         return Err(shape_err(
             BWD,
-            format!("dy has {s} samples, offsets {}", bounds.len()),
+            format!("dy has {s} samples, offsets {} bags", bounds.len() - 1),
         ));
     }
-    bounds.push(n as i64);
     Ok(GradBags {
         s,
         d,
@@ -217,11 +232,16 @@ pub(crate) fn grad_bags(inputs: &[&Tensor]) -> KResult<GradBags> {
 }
 
 /// `embedding_bag_grad(dy[S,D], indices[S,L]) -> [S,L,D]` or
-/// `embedding_bag_grad(dy[S,D], indices[N], offsets[S]) -> [N,D]`.
-pub fn embedding_bag_grad(mode: Pool, inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
+/// `embedding_bag_grad(dy[S,D], indices[N], offsets[S]) -> [N,D]` (`offsets[S+1]`
+/// with `last_offset`: the rows of indices in no bag are 0).
+pub fn embedding_bag_grad(
+    mode: Pool,
+    last_offset: bool,
+    inputs: &[&Tensor],
+) -> Option<KResult<Tensor>> {
     let dy = f32_operand(inputs, 0)?;
     Some((|| {
-        let g = grad_bags(inputs)?;
+        let g = grad_bags(inputs, last_offset)?;
         let d = g.d;
         let mut out = vec![0.0f32; g.n * d];
         if g.n > 0 && d > 0 {

@@ -152,8 +152,12 @@ pub fn try_eval(
         Op::LinearDx => one(gemm::linear_dx(inputs)?),
         Op::LinearDw => one(gemm::linear_dw(inputs)?),
         Op::LinearDb => one(gemm::linear_db(inputs)?),
-        Op::EmbeddingBag { mode } => one(embedding::embedding_bag(*mode, inputs)?),
-        Op::EmbeddingBagGrad { mode } => one(embedding::embedding_bag_grad(*mode, inputs)?),
+        Op::EmbeddingBag { mode, last_offset } => {
+            one(embedding::embedding_bag(*mode, *last_offset, inputs)?)
+        }
+        Op::EmbeddingBagGrad { mode, last_offset } => {
+            one(embedding::embedding_bag_grad(*mode, *last_offset, inputs)?)
+        }
         Op::Interaction {
             kind,
             self_interaction,
@@ -357,6 +361,14 @@ impl<'a> Indices<'a> {
     }
 
     /// The first position whose index is outside `0..rows`, with that index.
+    /// The indices at positions `r` (in range).
+    pub(crate) fn slice(self, r: std::ops::Range<usize>) -> Indices<'a> {
+        match self {
+            Indices::I64(v) => Indices::I64(&v[r]),
+            Indices::I32(v) => Indices::I32(&v[r]),
+        }
+    }
+
     pub(crate) fn first_out_of_range(self, rows: usize) -> Option<(usize, i64)> {
         fn scan<T: Ix>(v: &[T], rows: usize) -> Option<(usize, i64)> {
             use rayon::prelude::*;
@@ -410,9 +422,73 @@ pub(crate) fn validate_indices(
     }
 }
 
+/// Validates the indices of the bags of `bounds` (the `s + 1` validated bag
+/// bounds, [`read_bounds`]) against a table of `rows` rows: only the positions
+/// `bounds[0] .. bounds[s]` (those in a bag) are read; an error names the
+/// position and its sample.
+pub(crate) fn validate_bag_indices(
+    op: &'static str,
+    idx: Indices<'_>,
+    rows: usize,
+    bounds: &[i64],
+) -> KResult<()> {
+    let (Some(&lo), Some(&hi)) = (bounds.first(), bounds.last()) else {
+        return Ok(());
+    };
+    let (lo, hi) = (lo as usize, hi as usize);
+    match idx.slice(lo..hi).first_out_of_range(rows) {
+        None => Ok(()),
+        Some((p, index)) => {
+            let position = lo + p;
+            let sample = bounds
+                .partition_point(|&o| o <= position as i64)
+                .saturating_sub(1);
+            Err(KernelError::IndexOutOfRange {
+                op,
+                position,
+                sample: Some(sample),
+                index,
+                rows,
+            })
+        }
+    }
+}
+
+/// Reads and validates the `s + 1` bounds of `s` variable bags over `n` indices:
+/// without `last_offset` the `s` offsets ([`read_offsets`]) then `n`; with it the
+/// offsets as given (PyTorch's `include_last_offset=True`): at least one, never
+/// negative or decreasing, `<= n`, starting anywhere.
+pub(crate) fn read_bounds(
+    op: &'static str,
+    t: &Tensor,
+    n: usize,
+    last_offset: bool,
+) -> KResult<Vec<i64>> {
+    let mut off = read_offsets_from(op, t, n, !last_offset)?;
+    if !last_offset {
+        off.push(n as i64);
+    } else if off.is_empty() {
+        return Err(KernelError::Offsets {
+            op,
+            reason: "last_offset needs at least one offset (the end of the last bag)".into(),
+        });
+    }
+    Ok(off)
+}
+
 /// Reads and validates the offsets of `s` variable bags over `n` indices: they
 /// start at 0 (when there is a bag), never decrease and stay `<= n`.
 pub(crate) fn read_offsets(op: &'static str, t: &Tensor, n: usize) -> KResult<Vec<i64>> {
+    read_offsets_from(op, t, n, true)
+}
+
+/// [`read_offsets`]; the first offset may be any `0..=n` unless `zero_start`.
+fn read_offsets_from(
+    op: &'static str,
+    t: &Tensor,
+    n: usize,
+    zero_start: bool,
+) -> KResult<Vec<i64>> {
     let off = match &t.data {
         Data::I64(v) => v.clone(),
         Data::I32(v) => v.iter().map(|&x| i64::from(x)).collect(),
@@ -430,11 +506,15 @@ pub(crate) fn read_offsets(op: &'static str, t: &Tensor, n: usize) -> KResult<Ve
         ));
     }
     if let Some(&first) = off.first()
-        && first != 0
+        && (first < 0 || (zero_start && first != 0))
     {
         return Err(KernelError::Offsets {
             op,
-            reason: format!("offsets[0] is {first}, must be 0"),
+            reason: if zero_start {
+                format!("offsets[0] is {first}, must be 0")
+            } else {
+                format!("offsets[0] is {first}, must not be negative")
+            },
         });
     }
     for (s, w) in off.windows(2).enumerate() {

@@ -329,7 +329,10 @@ pub fn embedding_bag(
     inputs.extend(bag_operands(&bs, l, i32s));
     Case {
         name: format!("embedding_bag rows={rows} d={d} s={s} l={l:?} {mode:?} i32={i32s}"),
-        op: Op::EmbeddingBag { mode },
+        op: Op::EmbeddingBag {
+            mode,
+            last_offset: false,
+        },
         inputs,
         out_types: vec![bt(&[d])],
         syms: syms_b(s),
@@ -377,7 +380,10 @@ pub fn embedding_bag_grad(
     syms.insert("N".into(), n);
     Case {
         name: format!("embedding_bag_grad d={d} s={s} l={l:?} {mode:?}"),
-        op: Op::EmbeddingBagGrad { mode },
+        op: Op::EmbeddingBagGrad {
+            mode,
+            last_offset: false,
+        },
         inputs,
         out_types: vec![out_ty],
         syms,

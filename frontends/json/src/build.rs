@@ -148,6 +148,7 @@ impl ModelSpec {
         for (t, (&table, &ix)) in tables.iter().zip(&idx).enumerate() {
             let op = Op::EmbeddingBag {
                 mode: self.pooling_mode,
+                last_offset: false,
             };
             feats.push(g.add(op, &[table, ix], &format!("bag.{t}"))?);
         }

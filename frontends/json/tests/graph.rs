@@ -59,7 +59,10 @@ fn tiny_graph_structure() {
     assert_eq!(names, gnames);
 
     let relu = Op::Linear { act: Act::Relu };
-    let bag = Op::EmbeddingBag { mode: Pool::Sum };
+    let bag = Op::EmbeddingBag {
+        mode: Pool::Sum,
+        last_offset: false,
+    };
     let nodes: Vec<(Op, Vec<&str>, &str, TensorType)> = g
         .nodes()
         .iter()
@@ -201,10 +204,11 @@ fn mean_pooling_mode_and_mse_loss() {
         .filter(|op| matches!(op, Op::EmbeddingBag { .. }))
         .collect();
     assert_eq!(bags.len(), 3);
-    assert!(
-        bags.iter()
-            .all(|op| **op == Op::EmbeddingBag { mode: Pool::Mean })
-    );
+    assert!(bags.iter().all(|op| **op
+        == Op::EmbeddingBag {
+            mode: Pool::Mean,
+            last_offset: false
+        }));
 }
 
 #[test]

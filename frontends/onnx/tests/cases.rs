@@ -146,7 +146,8 @@ fn embedding_bag_dynamo_loop_mean_with_empty_bags() {
     let m = check("ebag_dynamo");
     assert!(m.graph.nodes().iter().any(|n| n.op
         == dlrm_ir::Op::EmbeddingBag {
-            mode: dlrm_ir::Pool::Mean
+            mode: dlrm_ir::Pool::Mean,
+            last_offset: false,
         }));
 }
 

@@ -3,6 +3,7 @@
 //! [`infer`] is the single source of truth used by the graph builder and the
 //! verifier. Errors are plain messages; callers attach the node.
 
+use crate::dim::DimExpr;
 use crate::op::{A2aDir, InteractionKind, Op};
 use crate::types::{DType, Dim, Shape, TensorType};
 
@@ -110,6 +111,22 @@ pub fn interaction_width(kind: InteractionKind, self_interaction: bool, widths: 
     }
 }
 
+/// The number of bags of an offsets vector of length `len`: `len`, or `len - 1`
+/// with `last_offset` (the last entry ends the last bag).
+fn bag_count(len: &Dim, last_offset: bool) -> R<Dim> {
+    if !last_offset {
+        return Ok(len.clone());
+    }
+    len.to_expr()
+        .sub(&DimExpr::int(1))
+        .and_then(Dim::from_expr)
+        .ok_or_else(|| {
+            format!(
+                "offsets of length {len} with last_offset need at least one entry (the end of the last bag)"
+            )
+        })
+}
+
 /// Infers the result types of `op` applied to operands of types `ins`.
 ///
 /// `declared` is the list of result types written in the graph; it is consulted
@@ -118,8 +135,8 @@ pub fn interaction_width(kind: InteractionKind, self_interaction: bool, widths: 
 /// can be derived.
 pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<TensorType>> {
     match op {
-        Op::EmbeddingBag { .. } => {
-            expect_arity(op, ins, &[2, 3])?;
+        Op::EmbeddingBag { last_offset, .. } => {
+            expect_arity(op, ins, if *last_offset { &[3] } else { &[2, 3] })?;
             let table = ins[0];
             expect_rank("table", table, 2)?;
             expect_float("table", table)?;
@@ -132,12 +149,12 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
                 expect_rank("indices (with offsets)", ins[1], 1)?;
                 expect_int("offsets", ins[2])?;
                 expect_rank("offsets", ins[2], 1)?;
-                ins[2].shape[0].clone()
+                bag_count(&ins[2].shape[0], *last_offset)?
             };
             Ok(vec![TensorType::new(table.dtype, [s, d])])
         }
-        Op::EmbeddingBagGrad { .. } => {
-            expect_arity(op, ins, &[2, 3])?;
+        Op::EmbeddingBagGrad { last_offset, .. } => {
+            expect_arity(op, ins, if *last_offset { &[3] } else { &[2, 3] })?;
             let dy = ins[0];
             expect_rank("dy", dy, 2)?;
             expect_float("dy", dy)?;
@@ -153,7 +170,8 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
                 expect_rank("indices (with offsets)", ins[1], 1)?;
                 expect_rank("offsets", ins[2], 1)?;
                 expect_int("offsets", ins[2])?;
-                expect_dim("offsets samples", &ins[2].shape[0], &dy.shape[0])?;
+                let s = bag_count(&ins[2].shape[0], *last_offset)?;
+                expect_dim("offsets samples", &s, &dy.shape[0])?;
                 Ok(vec![TensorType::new(
                     DType::F32,
                     [ins[1].shape[0].clone(), d],
@@ -395,7 +413,14 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
         // ---- sharded embeddings
         Op::EmbeddingBagRows { mode, lo, rows } => {
             shard_range(op, ins, *lo, *rows)?;
-            infer(&Op::EmbeddingBag { mode: *mode }, ins, declared)
+            infer(
+                &Op::EmbeddingBag {
+                    mode: *mode,
+                    last_offset: false,
+                },
+                ins,
+                declared,
+            )
         }
         Op::SparseSgdRows { lr, lo, rows } => {
             shard_range(op, ins, *lo, *rows)?;
@@ -418,7 +443,14 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             infer(&fused, ins, declared)
         }
         Op::EmbeddingGradDense { mode, rows } => {
-            infer(&Op::EmbeddingBagGrad { mode: *mode }, ins, declared)?;
+            infer(
+                &Op::EmbeddingBagGrad {
+                    mode: *mode,
+                    last_offset: false,
+                },
+                ins,
+                declared,
+            )?;
             let d = ins[0].shape[1].clone();
             Ok(vec![TensorType::new(DType::F32, [Dim::Fixed(*rows), d])])
         }

@@ -136,7 +136,7 @@ pub(super) fn embedding_update_adagrad(
     ins: &[&Tensor],
 ) -> R<Vec<Tensor>> {
     expect_arity("embedding_update_adagrad", ins, &[4, 5])?;
-    let rowgrad = embedding::embedding_bag_grad(mode, &ins[2..], DType::F32)?;
+    let rowgrad = embedding::embedding_bag_grad(mode, false, &ins[2..], DType::F32)?;
     let (lo, rows) = match shard {
         Some(s) => s,
         None => (0, dims2(ins[0], "table")?[0]),

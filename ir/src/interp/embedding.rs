@@ -2,8 +2,9 @@
 //! `indices[N]` + `offsets[S]`) and `embedding_bag_grad`. (`sparse_sgd`, the
 //! table update, is in `optim`.)
 //!
-//! Validation comes first, before any output is computed: offsets must start at 0,
-//! be non-decreasing and at most `N`; every index must lie in `0..rows` (for the
+//! Validation comes first, before any output is computed: offsets must start at 0
+//! (any start with `last_offset`), be non-decreasing and at most `N`; every index
+//! in a bag must lie in `0..rows` (for the
 //! gradient, which has no table, every index must be non-negative). Errors name the
 //! sample (bag) and the position inside the bag.
 //!
@@ -27,19 +28,23 @@ pub(super) enum Bags {
         /// Indices per bag.
         len: usize,
     },
-    /// `indices[N]` with `offsets[S]`, already validated.
+    /// `indices[N]` with `offsets[S]` (or `offsets[S+1]` with `last_offset`),
+    /// already validated.
     Var {
-        /// Validated offsets.
+        /// Validated offsets, the starts of the `S` bags.
         offsets: Vec<usize>,
-        /// Number of indices.
-        n: usize,
+        /// The end of the last bag: `N`, or `offsets[S]` with `last_offset`.
+        end: usize,
     },
 }
 
 impl Bags {
-    /// Reads and validates the bag structure from `indices` (and `offsets`).
-    pub(super) fn new(indices: &Tensor, offsets: Option<&Tensor>) -> R<Bags> {
+    /// Reads and validates the bag structure from `indices` (and `offsets`; with
+    /// `last_offset` they have one more entry, the end of the last bag, and may
+    /// start anywhere in `0..=N`).
+    pub(super) fn new(indices: &Tensor, offsets: Option<&Tensor>, last_offset: bool) -> R<Bags> {
         match offsets {
+            None if last_offset => Err("last_offset needs an offsets operand".into()),
             None => {
                 let [samples, len] = dims2(indices, "indices (fixed pooling)")?;
                 Ok(Bags::Fixed { samples, len })
@@ -55,10 +60,12 @@ impl Bags {
                         .ok()
                         .filter(|&o| o <= n && prev.is_none_or(|p| o >= p));
                     match ok {
-                        Some(o) if s > 0 || o == 0 => offsets.push(o),
+                        Some(o) if s > 0 || o == 0 || last_offset => offsets.push(o),
                         _ => {
-                            let why = if s == 0 {
+                            let why = if s == 0 && !last_offset {
                                 "the first offset must be 0".to_string()
+                            } else if s == 0 {
+                                "offsets must not be negative".to_string()
                             } else if o > n as i64 {
                                 format!("offsets must be at most the {n} indices")
                             } else {
@@ -68,14 +75,28 @@ impl Bags {
                                     raw[s - 1]
                                 )
                             };
-                            return Err(format!("bad offset {o} for sample {s}: {why}"));
+                            let at = if last_offset && s + 1 == raw.len() {
+                                format!("the end of the last bag (offsets[{s}])")
+                            } else {
+                                format!("sample {s}")
+                            };
+                            return Err(format!("bad offset {o} for {at}: {why}"));
                         }
                     }
+                }
+                if last_offset {
+                    return match offsets.pop() {
+                        Some(end) => Ok(Bags::Var { offsets, end }),
+                        None => Err(
+                            "offsets with last_offset need at least one entry (the end of the last bag)"
+                                .into(),
+                        ),
+                    };
                 }
                 if offsets.is_empty() && n > 0 {
                     return Err(format!("{n} indices but no bags (offsets is empty)"));
                 }
-                Ok(Bags::Var { offsets, n })
+                Ok(Bags::Var { offsets, end: n })
             }
         }
     }
@@ -92,9 +113,9 @@ impl Bags {
     pub(super) fn bag(&self, s: usize) -> Range<usize> {
         match self {
             Bags::Fixed { len, .. } => s * len..(s + 1) * len,
-            Bags::Var { offsets, n } => {
-                let end = offsets.get(s + 1).copied().unwrap_or(*n);
-                offsets[s]..end
+            Bags::Var { offsets, end } => {
+                let e = offsets.get(s + 1).copied().unwrap_or(*end);
+                offsets[s]..e
             }
         }
     }
@@ -124,20 +145,26 @@ fn check_indices(idx: &[i64], bags: &Bags, rows: Option<usize>) -> R<Vec<usize>>
 
 /// Splits the operands after the first into indices and optional offsets and
 /// validates the bags.
-fn bags_of<'a>(ins: &[&'a Tensor]) -> R<(Cow<'a, [i64]>, Bags)> {
+fn bags_of<'a>(ins: &[&'a Tensor], last_offset: bool) -> R<(Cow<'a, [i64]>, Bags)> {
     let idx = ins[1];
     let off = ins.get(2).copied();
-    let bags = Bags::new(idx, off)?;
+    let bags = Bags::new(idx, off, last_offset)?;
     let raw = ints(idx, "indices")?;
     Ok((raw, bags))
 }
 
-/// `embedding_bag(table[R,D], indices[, offsets]) -> [S,D]`.
-pub(super) fn embedding_bag(mode: Pool, ins: &[&Tensor], out: DType) -> R<Tensor> {
+/// `embedding_bag(table[R,D], indices[, offsets]) -> [S,D]` (`offsets[S+1]` with
+/// `last_offset`).
+pub(super) fn embedding_bag(
+    mode: Pool,
+    last_offset: bool,
+    ins: &[&Tensor],
+    out: DType,
+) -> R<Tensor> {
     expect_arity("embedding_bag", ins, &[2, 3])?;
     let [rows, d] = dims2(ins[0], "table")?;
     let table: FView<'_> = fview(ins[0], "table")?;
-    let (raw, bags) = bags_of(ins)?;
+    let (raw, bags) = bags_of(ins, last_offset)?;
     let idx = check_indices(&raw, &bags, Some(rows))?;
     let samples = bags.samples();
     let mut y = Vec::with_capacity(samples * d);
@@ -162,12 +189,18 @@ pub(super) fn embedding_bag(mode: Pool, ins: &[&Tensor], out: DType) -> R<Tensor
 }
 
 /// `embedding_bag_grad(dy[S,D], indices[, offsets])`: one row per index, `dy[bag]`
-/// (divided by the bag's length for `mean`); shape `indices.shape ++ [D]`.
-pub(super) fn embedding_bag_grad(mode: Pool, ins: &[&Tensor], out: DType) -> R<Tensor> {
+/// (divided by the bag's length for `mean`); shape `indices.shape ++ [D]`. With
+/// `last_offset`, the rows of indices in no bag are 0.
+pub(super) fn embedding_bag_grad(
+    mode: Pool,
+    last_offset: bool,
+    ins: &[&Tensor],
+    out: DType,
+) -> R<Tensor> {
     expect_arity("embedding_bag_grad", ins, &[2, 3])?;
     let [s_dy, d] = dims2(ins[0], "dy")?;
     let dy = super::common::floats(ins[0], "dy")?;
-    let (raw, bags) = bags_of(ins)?;
+    let (raw, bags) = bags_of(ins, last_offset)?;
     if bags.samples() != s_dy {
         return Err(format!(
             "dy {} has {s_dy} samples but the indices describe {} bags",
@@ -212,7 +245,7 @@ pub(super) fn embedding_bag_rows(
     let [rs, d] = dims2(ins[0], "table shard")?;
     let range = shard_range(lo, rs, rows)?;
     let shard: FView<'_> = fview(ins[0], "table shard")?;
-    let (raw, bags) = bags_of(ins)?;
+    let (raw, bags) = bags_of(ins, false)?;
     let idx = check_indices(&raw, &bags, Some(rows))?;
     let samples = bags.samples();
     let mut y = Vec::with_capacity(samples * d);
@@ -252,9 +285,9 @@ pub(super) fn shard_range(lo: usize, rs: usize, rows: usize) -> R<Range<usize>> 
 /// `embedding_grad_dense {mode, rows}(dy[S,D], indices[, offsets]) -> f32[rows,D]`.
 pub(super) fn embedding_grad_dense(mode: Pool, rows: usize, ins: &[&Tensor]) -> R<Tensor> {
     expect_arity("embedding_grad_dense", ins, &[2, 3])?;
-    let rowgrad = embedding_bag_grad(mode, ins, DType::F32)?;
+    let rowgrad = embedding_bag_grad(mode, false, ins, DType::F32)?;
     let g = super::common::floats(&rowgrad, "row gradient")?;
-    let (raw, bags) = bags_of(ins)?;
+    let (raw, bags) = bags_of(ins, false)?;
     let idx = check_indices(&raw, &bags, Some(rows))?;
     let d = ins[0].shape.get(1).copied().unwrap_or(0);
     let mut dense = vec![0.0f32; rows * d];

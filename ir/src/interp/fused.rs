@@ -67,7 +67,7 @@ pub(super) fn eval(
             expect_arity("embedding_update", ins, &[3, 4])?;
             let mut grad_ins = vec![ins[1]];
             grad_ins.extend_from_slice(&ins[2..]);
-            let rows = embedding::embedding_bag_grad(*mode, &grad_ins, DType::F32)?;
+            let rows = embedding::embedding_bag_grad(*mode, false, &grad_ins, DType::F32)?;
             one(optim::sparse_sgd(
                 *lr,
                 Cow::Borrowed(ins[0]),
@@ -109,7 +109,7 @@ pub(super) fn split_embedding_update_rows(
     let range = embedding::shard_range(first, rs, rows)?;
     let mut grad_ins = vec![ins[2]];
     grad_ins.extend_from_slice(&ins[3..]);
-    let g_t = embedding::embedding_bag_grad(mode, &grad_ins, DType::F32)?;
+    let g_t = embedding::embedding_bag_grad(mode, false, &grad_ins, DType::F32)?;
     let g = floats(&g_t, "row gradient")?;
     let idx = super::common::ints(ins[3], "indices")?;
     if g.len() != idx.len() * d {

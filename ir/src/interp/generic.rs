@@ -458,7 +458,7 @@ pub(super) fn embedding_bag_weighted(ins: &[&Tensor], out: DType) -> R<Tensor> {
             describe(ins[1])
         ));
     }
-    let bags = Bags::new(ins[1], Some(ins[2]))?;
+    let bags = Bags::new(ins[1], Some(ins[2]), false)?;
     let idx = ints(ins[1], "indices")?;
     let w = floats(ins[3], "weights")?;
     let mut y = vec![0.0f32; bags.samples() * d];

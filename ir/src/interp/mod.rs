@@ -174,8 +174,15 @@ fn dispatch(
     let one = || out.ok_or_else(|| "internal: no result type".to_string());
     let single = |r: R<Tensor>| r.map(|t| vec![t]);
     match op {
-        Op::EmbeddingBag { mode } => single(embedding::embedding_bag(*mode, ins, one()?)),
-        Op::EmbeddingBagGrad { mode } => single(embedding::embedding_bag_grad(*mode, ins, one()?)),
+        Op::EmbeddingBag { mode, last_offset } => {
+            single(embedding::embedding_bag(*mode, *last_offset, ins, one()?))
+        }
+        Op::EmbeddingBagGrad { mode, last_offset } => single(embedding::embedding_bag_grad(
+            *mode,
+            *last_offset,
+            ins,
+            one()?,
+        )),
         Op::Linear { act } => single(dense::linear(*act, ins, one()?)),
         Op::Relu => single(dense::relu(ins, one()?)),
         Op::Add => single(dense::add(ins, one()?)),
@@ -287,7 +294,8 @@ fn dispatch(
             common::expect_arity("embedding_update_rows", ins, &[3, 4])?;
             let mut grad_ins = vec![ins[1]];
             grad_ins.extend_from_slice(&ins[2..]);
-            let rowgrad = embedding::embedding_bag_grad(*mode, &grad_ins, crate::DType::F32)?;
+            let rowgrad =
+                embedding::embedding_bag_grad(*mode, false, &grad_ins, crate::DType::F32)?;
             single(optim::sparse_sgd_rows_ref(
                 *lr,
                 *lo,

@@ -69,10 +69,11 @@ macro_rules! op_table {
 
 // One line per op, in the order of the enum's sections. Kinds: `pool`, `act`,
 // `opt_act` (printed only when not `none`), `kind` (interaction), `bool`,
+// `opt_bool` (printed only when true),
 // `usize`, `usizes`, `float`, `dim`, `list` (a shape), `dtype` (f32 or bf16),
 // `any_dtype`, `a2a_dir`, `binary_kind`.
 op_table! {
-    EmbeddingBag "embedding_bag" { mode: pool "mode" },
+    EmbeddingBag "embedding_bag" { mode: pool "mode", last_offset: opt_bool "last_offset" },
     Linear "linear" { act: act "act" },
     Relu "relu",
     Add "add",
@@ -91,7 +92,7 @@ op_table! {
     LinearDw "linear_dw",
     LinearDb "linear_db",
     InteractionGrad "interaction_grad" { kind: kind "kind", self_interaction: bool "self" },
-    EmbeddingBagGrad "embedding_bag_grad" { mode: pool "mode" },
+    EmbeddingBagGrad "embedding_bag_grad" { mode: pool "mode", last_offset: opt_bool "last_offset" },
     BceGrad "bce_grad" { denom: dim "denom" },
     MseGrad "mse_grad" { denom: dim "denom" },
     Sgd "sgd" { lr: float "lr" },
@@ -172,6 +173,11 @@ mod print {
 
     pub(super) fn bool(v: &bool) -> Option<Attr> {
         Some(Attr::Bool(*v))
+    }
+
+    /// Omitted when false (the reader's default).
+    pub(super) fn opt_bool(v: &bool) -> Option<Attr> {
+        v.then_some(Attr::Bool(true))
     }
 
     pub(super) fn usize(v: &usize) -> Option<Attr> {
@@ -288,6 +294,15 @@ impl AttrReader<'_> {
             other => Err(format!(
                 "attribute `{key}` must be true or false, got `{other}`"
             )),
+        }
+    }
+
+    /// [`Self::bool`] if `key` is given, else false.
+    fn opt_bool(&mut self, key: &str) -> Result<bool, String> {
+        if self.attrs.iter().any(|(k, _)| k == key) {
+            self.bool(key)
+        } else {
+            Ok(false)
         }
     }
 

@@ -161,6 +161,22 @@ impl Sparse {
         let node = &g.nodes()[n];
         self.kinds[n] = Kind::Bag;
         let table = node.inputs[0];
+        if matches!(
+            node.op,
+            Op::EmbeddingBag {
+                last_offset: true,
+                ..
+            }
+        ) {
+            return Err(node_err(
+                g,
+                n,
+                format!(
+                    "unsupported: the bag of %{} takes offsets with the end of the last bag (last_offset, PyTorch's include_last_offset=True), which the partition does not split by rank yet; compile it for one rank",
+                    g.name_of(table)
+                ),
+            ));
+        }
         if !matches!(g.value(table).def, Def::Param(_)) {
             return Err(node_err(
                 g,
@@ -256,7 +272,7 @@ impl Sparse {
                 ));
             };
             self.check_dense_dy(g, k)?;
-            let Op::EmbeddingBagGrad { mode } = node.op else {
+            let Op::EmbeddingBagGrad { mode, .. } = node.op else {
                 continue;
             };
             self.match_bag(g, k, root, &node.inputs[1..], mode)?;
@@ -321,7 +337,11 @@ impl Sparse {
             b.grad.is_none()
                 && b.table == table
                 && bn.inputs[1..] == *index_ins
-                && bn.op == Op::EmbeddingBag { mode }
+                && bn.op
+                    == Op::EmbeddingBag {
+                        mode,
+                        last_offset: false,
+                    }
         });
         match bag {
             Some(b) => {

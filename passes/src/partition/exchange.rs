@@ -77,7 +77,13 @@ impl<'a> RankBuilder<'a> {
             let name = self.fresh(&format!("{}.G", g.name_of(b.out)));
             let op = match (inst.shard, &node.op) {
                 (None, op) => op.clone(),
-                (Some(k), Op::EmbeddingBag { mode }) => {
+                (
+                    Some(k),
+                    Op::EmbeddingBag {
+                        mode,
+                        last_offset: false,
+                    },
+                ) => {
                     let s = self.shard(b.table, k)?;
                     Op::EmbeddingBagRows {
                         mode: *mode,

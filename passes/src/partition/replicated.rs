@@ -54,7 +54,13 @@ impl RankBuilder<'_> {
                 let v = self.ng.add(node.op.clone(), &ins, name(0)).map_err(&e)?;
                 self.define(node.outputs[0], v)
             }
-            (Op::EmbeddingBagGrad { mode }, _) => {
+            (
+                Op::EmbeddingBagGrad {
+                    mode,
+                    last_offset: false,
+                },
+                _,
+            ) => {
                 let table = self.sp.grad_root[n]
                     .ok_or_else(|| node_err(g, n, "internal: no table".into()))?;
                 let r =

@@ -178,8 +178,15 @@ impl Spec {
             let mut ins = vec![tables[bs.table]];
             ins.extend_from_slice(&idx[k]);
             es.push(
-                g.add(Op::EmbeddingBag { mode: bs.mode }, &ins, &format!("e.{k}"))
-                    .unwrap(),
+                g.add(
+                    Op::EmbeddingBag {
+                        mode: bs.mode,
+                        last_offset: false,
+                    },
+                    &ins,
+                    &format!("e.{k}"),
+                )
+                .unwrap(),
             );
         }
         if self.twice {

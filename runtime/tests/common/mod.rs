@@ -144,7 +144,10 @@ fn build(ranks: usize, rank: usize, train: bool, lr: f32) -> dlrm_ir::Result<Gra
     for &t in &mine {
         let (e, i) = (emb[t].expect("own"), idx[t].expect("own"));
         own_out.push(g.add(
-            Op::EmbeddingBag { mode: Pool::Sum },
+            Op::EmbeddingBag {
+                mode: Pool::Sum,
+                last_offset: false,
+            },
             &[e, i],
             &format!("bag.{t}"),
         )?);
@@ -300,7 +303,10 @@ fn build(ranks: usize, rank: usize, train: bool, lr: f32) -> dlrm_ir::Result<Gra
     for (k, &t) in mine.iter().enumerate() {
         let (e, i) = (emb[t].expect("own"), idx[t].expect("own"));
         let rows = g.add(
-            Op::EmbeddingBagGrad { mode: Pool::Sum },
+            Op::EmbeddingBagGrad {
+                mode: Pool::Sum,
+                last_offset: false,
+            },
             &[own_d[k], i],
             &format!("d.emb.{t}.rows"),
         )?;

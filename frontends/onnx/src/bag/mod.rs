@@ -311,7 +311,11 @@ fn emit(cx: &mut Ctx<'_>, f: &Found, hint: &str) -> R<Val> {
             return Err("per-sample weights on fixed-size bags are not supported yet".into());
         }
         let (t, i) = (get(cx, table)?, get(cx, src)?);
-        return cx.emit(Op::EmbeddingBag { mode: f.mode }, &[t, i], hint);
+        let op = Op::EmbeddingBag {
+            mode: f.mode,
+            last_offset: false,
+        };
+        return cx.emit(op, &[t, i], hint);
     }
     let n_off = len_of(cx, &offsets).ok_or("the offsets are not a vector")?;
     if count != n_off {
@@ -331,7 +335,14 @@ fn emit_offsets_bag(
     hint: &str,
 ) -> R<Val> {
     match weights {
-        None => cx.emit(Op::EmbeddingBag { mode }, &[t, i, o], hint),
+        None => cx.emit(
+            Op::EmbeddingBag {
+                mode,
+                last_offset: false,
+            },
+            &[t, i, o],
+            hint,
+        ),
         Some(w) => {
             if mode != Pool::Sum {
                 return Err("per-sample weights need mode sum".into());
@@ -343,11 +354,13 @@ fn emit_offsets_bag(
 }
 
 /// Bounds `E` used whole: PyTorch's `include_last_offset=True`, `n + 1` offsets for
-/// `n` bags, the last one the number of indices (the CSR form PyTorch documents).
-/// The bags are `embedding_bag(table, ids, E[..n])`, with `n` the loop's bound
-/// proved to be `len(E) - 1`; `E[..n]` is a slice to a dimension expression (`B`
-/// of `B+1` offsets). The table, indices and weights are those [`emit`] found the
-/// loop gathering rows from.
+/// `n` bags, the last one the end of the last bag (the CSR form PyTorch documents).
+/// The bags are `embedding_bag[last_offset=true](table, ids, E)`, with `n` the
+/// loop's bound proved to be `len(E) - 1`. Weighted bags (`embedding_bag_weighted`
+/// has no last_offset form) read `E[..n]`, a slice to a dimension expression
+/// (`B` of `B+1` offsets), which trusts the last offset to be the number of
+/// indices. The table, indices and weights are those [`emit`] found the loop
+/// gathering rows from.
 fn emit_last_offset(
     cx: &mut Ctx<'_>,
     f: &Found,
@@ -365,6 +378,13 @@ fn emit_last_offset(
     let get = |cx: &Ctx<'_>, name: &str| cx.lookup(name).map_err(err_text);
     let end = crate::ops::sym_dim(&n)?;
     let (t, i, e) = (get(cx, table)?, get(cx, ids)?, get(cx, &f.arr)?);
+    if weights.is_none() {
+        let op = Op::EmbeddingBag {
+            mode: f.mode,
+            last_offset: true,
+        };
+        return cx.emit(op, &[t, i, e], hint);
+    }
     let slice = Op::Slice {
         axes: vec![0],
         starts: vec![0],

@@ -78,7 +78,14 @@ fn emit_bag(cx: &mut Ctx<'_>, b: &Seg, mode: Pool, hint: &str) -> R<Val> {
     let get = |cx: &Ctx<'_>, name: &str| cx.lookup(name).map_err(err_text);
     let (t, i, o) = (get(cx, &b.table)?, get(cx, &b.ids)?, get(cx, &b.offsets)?);
     match &b.weights {
-        None => cx.emit(Op::EmbeddingBag { mode }, &[t, i, o], hint),
+        None => cx.emit(
+            Op::EmbeddingBag {
+                mode,
+                last_offset: false,
+            },
+            &[t, i, o],
+            hint,
+        ),
         Some(w) => {
             let w = get(cx, w)?;
             cx.emit(Op::EmbeddingBagWeighted, &[t, i, o, w], hint)

@@ -15,6 +15,57 @@ impl Lower<'_, '_> {
     /// the offsets equal to each position (`ScatterElements` with `add`); the rows
     /// are then added into zeros `[S,D]` at their bag by `ScatterND` with `add`,
     /// in index order. No `Loop`.
+    /// The indices and offsets of the plain form of `last_offset` bags over
+    /// `idx` with offsets `off[S+1]`: `idx[off[0] .. off[S]]` and
+    /// `off[..S] - off[0]` (int64), so that the first bag starts at 0 and the
+    /// last ends at the end of the indices.
+    pub(crate) fn last_offset_bags(
+        &mut self,
+        idx: &str,
+        off: &str,
+        hint: &str,
+    ) -> (String, String) {
+        let b = &mut self.b;
+        let off64 = b.node(
+            "Cast",
+            &[off],
+            vec![("to", A::Int(DataType::Int64 as i64))],
+            &format!("{hint}.off_all"),
+        );
+        let (ax0, one, minus1, big) = (
+            b.ints(&[0]),
+            b.ints(&[1]),
+            b.ints(&[-1]),
+            b.ints(&[i64::MAX]),
+        );
+        let first = b.node(
+            "Slice",
+            &[&off64, &ax0, &one, &ax0],
+            vec![],
+            &format!("{hint}.first"),
+        );
+        let last = b.node(
+            "Slice",
+            &[&off64, &minus1, &big, &ax0],
+            vec![],
+            &format!("{hint}.last"),
+        );
+        let used = b.node(
+            "Slice",
+            &[idx, &first, &last, &ax0],
+            vec![],
+            &format!("{hint}.used"),
+        );
+        let head = b.node(
+            "Slice",
+            &[&off64, &ax0, &minus1, &ax0],
+            vec![],
+            &format!("{hint}.starts"),
+        );
+        let rel = b.node("Sub", &[&head, &first], vec![], &format!("{hint}.starts0"));
+        (used, rel)
+    }
+
     pub(crate) fn segment(
         &mut self,
         rows: &str,

@@ -130,7 +130,14 @@ fn bag(eg: &mut DlGraph, m: Id, s: &Subst, mode: Pool) -> Option<Id> {
     if tt.rank() != 2 || it.rank() != 2 || !it.dtype.is_int() {
         return None;
     }
-    let (e, _) = add1(eg, &Op::EmbeddingBag { mode }, &[t, idx])?;
+    let (e, _) = add1(
+        eg,
+        &Op::EmbeddingBag {
+            mode,
+            last_offset: false,
+        },
+        &[t, idx],
+    )?;
     same_type(eg, m, e)
 }
 
