@@ -536,7 +536,7 @@ fn two_processes_reading_a_criteo_dataset_train_like_one_rank() {
     let (m_mpi, m_one) = (dir.path().join("mpi.jsonl"), dir.path().join("one.jsonl"));
     let mut cmd = mpirun();
     cmd.args(["-n", "2", DLRM_RUN, s(&plan), "--comm", "mpi"])
-        .args(&common)
+        .args(common)
         .args(["--metrics", s(&m_mpi)]);
     let ran = run_with_timeout(cmd, TIMEOUT);
     assert!(ran.status.success(), "mpirun -n 2: {}", ran.stderr);
