@@ -13,15 +13,26 @@
 //!   from the future, another model's checkpoint: clear errors naming what;
 //! - 4 ranks' checkpoint resumed on 2 ranks: losses within 1e-5 relative of the
 //!   uninterrupted 4-rank run (the tolerance of N ranks against one, `e2e.rs`);
-//! - a checkpoint is a plan: `dlrm-run CKPT --infer` and `dlrmc inspect CKPT`.
+//! - a checkpoint is a plan: `dlrm-run CKPT --infer` and `dlrmc inspect CKPT`;
+//! - parameters on demand: each of 2 ranks (a row-wise table) reads exactly its
+//!   own rows and parameters of a checkpoint, once, equal to those slices; a
+//!   checkpoint resumed in place of the plan is read once and resumes bit for bit.
 
 mod common;
 
 use common::{DLRM_RUN, DLRMC, compile as compile_model, example, ok, run_env, s, tempdir};
+
+use dlrm_ir::{ParamValue, RowSource, Tensor};
+use dlrm_runtime::checkpoint::Checkpoint;
+use dlrm_runtime::run_with_params;
+use dlrmc::launch::{RunOptions, job_for};
+use dlrmc::shard::ShardSettings;
 use serde_json::Value;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Compiles dlrm-tiny (its JSON edited by `edit`) into `dir/name` with `extra`
@@ -458,4 +469,154 @@ fn a_checkpoint_serves_and_inspects_like_a_plan() {
     // Resuming the checkpoint given in place of the plan.
     let resumed = report(&[s(&ck), "--resume", "--iters", "7"]);
     assert_eq!(losses_after(&resumed, 0).len(), 2);
+}
+
+/// Records every row range read through it, then reads it from the checkpoint.
+struct Counting {
+    inner: Arc<Checkpoint>,
+    reads: Mutex<Vec<(String, usize, usize)>>,
+}
+
+impl RowSource for Counting {
+    fn read_rows(&self, key: &str, lo: usize, hi: usize) -> dlrm_ir::Result<Tensor> {
+        if let Ok(mut r) = self.reads.lock() {
+            r.push((key.to_string(), lo, hi));
+        }
+        RowSource::read_rows(&*self.inner, key, lo, hi)
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+/// `ck`'s plan read on demand through a [`Counting`] source.
+fn counted_plan(ck: &Path) -> (Arc<Checkpoint>, Arc<Counting>, dlrm_runtime::Plan) {
+    let c = Arc::new(Checkpoint::open(ck).expect("open"));
+    let mut plan = c.to_plan_on_demand().expect("plan");
+    let counting = Arc::new(Counting {
+        inner: Arc::clone(&c),
+        reads: Mutex::new(Vec::new()),
+    });
+    for (_, v) in &mut plan.params {
+        let ParamValue::OnDemand(o) = v else {
+            panic!("a checkpoint's parameter was read whole: {v:?}")
+        };
+        o.source = Arc::clone(&counting) as Arc<dyn RowSource>;
+    }
+    (c, counting, plan)
+}
+
+/// Two ranks with [`tiny`]'s first table split by rows ([`ROWWISE`]'s budget).
+fn two_rowwise_ranks(infer: bool) -> RunOptions {
+    RunOptions {
+        ranks: 2,
+        iters: 1,
+        infer,
+        eval_batches: 1,
+        log_every: 0,
+        threads: Some(1),
+        shards: ShardSettings {
+            mem_per_rank: 3000,
+            ..ShardSettings::default()
+        },
+        ..RunOptions::default()
+    }
+}
+
+/// A checkpoint's parameters are read on demand: serving it on 2 ranks with a
+/// row-wise table, each rank reads exactly the rows (row shards) and parameters
+/// its graphs hold, once, straight from the part files (no whole read of a split
+/// table), and what it holds equals those slices of the checkpoint bit for bit.
+#[test]
+fn each_rank_reads_only_its_rows_of_a_checkpoint_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = tiny(dir.path(), "tiny", &[]);
+    let ck = dir.path().join("ck");
+    report(&[s(&plan), "--iters", "3", "--checkpoint", s(&ck)]);
+    let (c, counting, plan) = counted_plan(&ck);
+    assert!(
+        counting.reads.lock().expect("lock").is_empty(),
+        "the plan read parameters before any rank asked"
+    );
+    let job = job_for(plan, &two_rowwise_ranks(true)).expect("job");
+    let shards: HashMap<String, (String, usize, usize)> = job
+        .row_shards
+        .iter()
+        .map(|p| (p.param.clone(), (p.table.clone(), p.lo, p.hi)))
+        .collect();
+    assert!(!shards.is_empty(), "no table split by rows");
+    let split: HashSet<&str> = shards.values().map(|(t, _, _)| t.as_str()).collect();
+    let (_, held) = run_with_params(job, &mut |_| {}).expect("run");
+    let mut expected = Vec::new();
+    for (rank, params) in held.iter().enumerate() {
+        for (name, t) in params {
+            assert!(
+                !split.contains(name.as_str()),
+                "rank {rank} holds the whole split table {name}"
+            );
+            let (table, lo, hi) = shards.get(name).cloned().unwrap_or_else(|| {
+                let rows = t.shape.first().copied().unwrap_or(1);
+                (name.clone(), 0, rows)
+            });
+            let want = c.read_rows(&table, lo..hi).expect("slice");
+            assert_eq!(
+                t, &want,
+                "rank {rank}: {name} is not rows {lo}..{hi} of {table}"
+            );
+            expected.push((table, lo, hi));
+        }
+    }
+    let mut reads = counting.reads.lock().expect("lock").clone();
+    reads.sort();
+    expected.sort();
+    assert_eq!(reads, expected, "reads are not each rank's own rows, once");
+}
+
+/// Resuming the checkpoint given in place of the plan reads the parameters from
+/// it once (the ranks' resume reads), not also as the plan's values; and on 2
+/// ranks with a row-wise table its losses and final evaluation equal the
+/// uninterrupted run's bit for bit. Served on 2 ranks (row shards read from the
+/// table's pieces) it evaluates like 1 rank.
+#[test]
+fn a_checkpoint_resumed_in_place_of_the_plan_reads_once_and_matches() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = tiny(dir.path(), "tiny", &[]);
+    let ck = dir.path().join("ck");
+    let mut base = vec![s(&plan), "--ranks", "2"];
+    base.extend_from_slice(&ROWWISE);
+    let mut a = base.clone();
+    a.extend_from_slice(&["--iters", "7"]);
+    let full = report(&a);
+    let mut b = base.clone();
+    b.extend_from_slice(&["--iters", "3", "--checkpoint", s(&ck)]);
+    report(&b);
+    let mut r = vec![s(&ck), "--resume", "--ranks", "2", "--iters", "7"];
+    r.extend_from_slice(&ROWWISE);
+    let resumed = report(&r);
+    assert_eq!(losses_after(&resumed, 3), losses_after(&full, 3));
+    assert_eq!(losses_after(&resumed, 3).len(), 4);
+    assert_eq!(final_eval(&resumed), final_eval(&full));
+    // Served on 2 ranks, each reading its rows of the split table: the 1-rank
+    // evaluation up to the cross-rank tolerance.
+    let mut two = vec![s(&ck), "--infer", "--iters", "2", "--ranks", "2"];
+    two.extend_from_slice(&ROWWISE);
+    let two = report(&two);
+    let one = report(&[s(&ck), "--infer", "--iters", "2"]);
+    let (a, b) = (two["auc"].as_f64(), one["auc"].as_f64());
+    let (a, b) = (a.expect("auc"), b.expect("auc"));
+    assert!(
+        (a - b).abs() <= 1e-4,
+        "served on 2 ranks: AUC {a}, on 1: {b}"
+    );
+    // Through the API: the plan's on-demand values are never read.
+    let (c, counting, plan) = counted_plan(&ck);
+    let mut opts = two_rowwise_ranks(false);
+    opts.iters = 4;
+    opts.resume = Some(c);
+    let job = job_for(plan, &opts).expect("job");
+    run_with_params(job, &mut |_| {}).expect("run");
+    assert!(
+        counting.reads.lock().expect("lock").is_empty(),
+        "the plan's values were read besides the resume's"
+    );
 }

@@ -1,7 +1,9 @@
 //! `mpirun` of the built `dlrm-run` (compiled only with the `mpi` feature): N MPI
 //! processes train a plan like N thread ranks, with fewer and with more tables than
 //! ranks; a failing or killed rank ends the whole job, naming the rank, within a
-//! timeout; bad rank counts are clear errors.
+//! timeout; bad rank counts are clear errors; under a per-process memory limit
+//! several times smaller than the model, each process holds only its tables
+//! (table-wise) or only its rows of a table (row-wise).
 //!
 //! Stated tolerance: every logged loss of `mpirun -n N ... --comm mpi` within 1e-5
 //! relative of the thread backend's with `--ranks N` (same plan, seed, global
@@ -123,23 +125,24 @@ fn metrics(path: &Path) -> (Vec<(u64, f64)>, Value) {
 /// `mpirun -n N dlrm-run PLAN --comm mpi` and `dlrm-run PLAN --ranks N` log the
 /// same losses and the same held-out AUC.
 fn mpi_matches_threads(plan: &Path, n: usize, iters: u64) {
-    mpi_matches_threads_under(plan, n, iters, &[]);
+    mpi_matches_threads_under(plan, n, iters, &[], &[]);
 }
 
 /// [`mpi_matches_threads`], each MPI process started through `wrap` (e.g.
-/// `prlimit --data=BYTES`).
-fn mpi_matches_threads_under(plan: &Path, n: usize, iters: u64, wrap: &[&str]) {
+/// `prlimit --data=BYTES`), both runs given `extra` options.
+fn mpi_matches_threads_under(plan: &Path, n: usize, iters: u64, wrap: &[&str], extra: &[&str]) {
     let dir = plan.parent().expect("plan dir");
     let m_mpi = dir.join(format!("mpi-{n}.jsonl"));
     let m_thr = dir.join(format!("threads-{n}.jsonl"));
     let iters = iters.to_string();
-    let common = ["--iters", &iters, "--log-every", "1", "--eval-batches", "2"];
+    let mut common = vec!["--iters", &iters, "--log-every", "1", "--eval-batches", "2"];
+    common.extend_from_slice(extra);
 
     let mut cmd = mpirun();
     cmd.args(["-n", &n.to_string()])
         .args(wrap)
         .args([DLRM_RUN, s(plan), "--comm", "mpi"])
-        .args(common)
+        .args(&common)
         .args(["--metrics", s(&m_mpi)]);
     let ran = run_with_timeout(cmd, TIMEOUT);
     assert!(ran.status.success(), "mpirun -n {n}: {}", ran.stderr);
@@ -249,7 +252,31 @@ fn four_processes_each_hold_only_their_tables_under_a_memory_limit() {
         err.contains("dlrm-run: error: `emb.") && err.contains("needs 768000000 bytes"),
         "{err}"
     );
-    mpi_matches_threads_under(&plan, 4, 4, &["prlimit", &limit]);
+    mpi_matches_threads_under(&plan, 4, 4, &["prlimit", &limit], &[]);
+}
+
+/// Per-rank residency, row-wise: one table of 12,000,000 x 64 f32 (3.07 GB, 3.2
+/// times the 960 MiB data limit of each process) split by rows over
+/// `mpirun -n 4` (`--mem-per-rank 900MiB` makes the planner split it in 4: no rank
+/// may hold more than a quarter of it) trains, every process under the limit, as
+/// each creates only its 3,000,000 rows (768 MB); its losses equal 4 thread
+/// ranks' of the same placement. A process holding the whole table, or half of
+/// it, would exceed the limit: the limit proves each holds only its rows.
+#[test]
+fn four_processes_each_hold_only_their_rows_of_a_table_under_a_memory_limit() {
+    let model = serde_json::json!({
+        "name": "rows4", "dense_features": 4, "embedding_dim": 64,
+        "table_rows": [12_000_000], "pooling": 2,
+        "bottom_mlp": "4-16-64", "top_mlp": "16-1",
+        "batch_size": 64, "learning_rate": 0.1, "seed": 5
+    });
+    let dir = tempfile::tempdir().expect("tmp");
+    let plan = compile(dir.path(), "rows4.plan", Some(&model.to_string()));
+    let limit = format!("--data={}", 960u64 << 20);
+    // The same placement in both runs: the table in 4 row shards (the budget is
+    // for placing only: 4 thread ranks share this process's memory).
+    let place = ["--mem-per-rank", "900MiB", "--no-mem-check"];
+    mpi_matches_threads_under(&plan, 4, 3, &["prlimit", &limit], &place);
 }
 
 #[test]

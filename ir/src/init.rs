@@ -43,6 +43,7 @@ use rand_chacha::{ChaCha8Core, ChaCha8Rng};
 use rand_distr::StandardNormal;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// Elements per independently seeded chunk.
 pub const CHUNK: usize = 1 << 16;
@@ -444,13 +445,96 @@ fn to_part(part: Part, x: f32) -> bf16 {
     }
 }
 
-/// A parameter's initial value: stored data, or a [`Described`] initializer.
+/// Where the values of an [`OnDemand`] parameter are read from, by row range (e.g.
+/// a checkpoint's memory-mapped part files): nothing is read until a rank asks for
+/// the rows it holds.
+pub trait RowSource: Send + Sync {
+    /// Rows `lo..hi` (of the first dimension) of the parameter the source calls
+    /// `key`, read now.
+    fn read_rows(&self, key: &str, lo: usize, hi: usize) -> Result<Tensor>;
+    /// Where the values are, for messages (e.g. the checkpoint's directory).
+    fn describe(&self) -> String;
+}
+
+/// A parameter whose values stay in a [`RowSource`] until they are read: its
+/// element type and full shape, and the source.
+#[derive(Clone)]
+pub struct OnDemand {
+    /// Element type.
+    pub dtype: DType,
+    /// The full shape.
+    pub shape: Vec<usize>,
+    /// The parameter's name in the source (a row shard of it is read under the
+    /// shard's own name, e.g. `emb.0.rows0_60`, from the table's key).
+    pub key: String,
+    /// Where the rows are read from.
+    pub source: Arc<dyn RowSource>,
+}
+
+impl OnDemand {
+    /// Rows `lo..hi` read from the source (checked against the shape first);
+    /// `name` is what the caller calls them, for errors.
+    pub fn rows(&self, name: &str, lo: usize, hi: usize) -> Result<Tensor> {
+        let rows = self.shape.first().copied().unwrap_or(1);
+        if lo > hi || hi > rows {
+            return Err(IrError::Binding {
+                name: name.to_string(),
+                reason: format!("rows {lo}..{hi} are outside its {rows} rows"),
+            });
+        }
+        let t = self.source.read_rows(&self.key, lo, hi)?;
+        let mut want = self.shape.clone();
+        if let Some(r) = want.first_mut() {
+            *r = hi - lo;
+        }
+        if t.dtype() != self.dtype || t.shape != want {
+            return Err(IrError::Binding {
+                name: name.to_string(),
+                reason: format!(
+                    "{} gave {}{:?} for rows {lo}..{hi} of `{}`, expected {}{want:?}",
+                    self.source.describe(),
+                    t.dtype(),
+                    t.shape,
+                    self.key,
+                    self.dtype
+                ),
+            });
+        }
+        Ok(t)
+    }
+}
+
+impl std::fmt::Debug for OnDemand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnDemand")
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("key", &self.key)
+            .field("source", &self.source.describe())
+            .finish()
+    }
+}
+
+/// Two on-demand values are equal if they read the same source with the same type.
+impl PartialEq for OnDemand {
+    fn eq(&self, other: &OnDemand) -> bool {
+        self.dtype == other.dtype
+            && self.shape == other.shape
+            && self.key == other.key
+            && Arc::ptr_eq(&self.source, &other.source)
+    }
+}
+
+/// A parameter's initial value: stored data, a [`Described`] initializer, or
+/// values read [`OnDemand`] from a file.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ParamValue {
     /// The values themselves.
     Stored(Tensor),
     /// A description the values are generated from.
     Described(Described),
+    /// Values read by row range when a rank needs them (a checkpoint's parameter).
+    OnDemand(OnDemand),
 }
 
 impl ParamValue {
@@ -459,6 +543,7 @@ impl ParamValue {
         match self {
             ParamValue::Stored(t) => t.dtype(),
             ParamValue::Described(d) => d.part.dtype(),
+            ParamValue::OnDemand(o) => o.dtype,
         }
     }
 
@@ -467,6 +552,7 @@ impl ParamValue {
         match self {
             ParamValue::Stored(t) => &t.shape,
             ParamValue::Described(d) => &d.shape,
+            ParamValue::OnDemand(o) => &o.shape,
         }
     }
 
@@ -476,11 +562,13 @@ impl ParamValue {
         n * self.dtype().size_bytes() as u128
     }
 
-    /// The whole value (a stored one cloned; a described one generated, fallibly).
+    /// The whole value (a stored one cloned; a described one generated, an
+    /// on-demand one read, fallibly).
     pub fn materialize(&self, name: &str) -> Result<Tensor> {
         match self {
             ParamValue::Stored(t) => Ok(t.clone()),
             ParamValue::Described(d) => d.materialize(name),
+            ParamValue::OnDemand(o) => o.rows(name, 0, o.shape.first().copied().unwrap_or(1)),
         }
     }
 
@@ -488,7 +576,7 @@ impl ParamValue {
     pub fn into_tensor(self, name: &str) -> Result<Tensor> {
         match self {
             ParamValue::Stored(t) => Ok(t),
-            ParamValue::Described(d) => d.materialize(name),
+            other => other.materialize(name),
         }
     }
 
@@ -496,6 +584,7 @@ impl ParamValue {
     pub fn rows(&self, name: &str, lo: usize, hi: usize) -> Result<Tensor> {
         match self {
             ParamValue::Described(d) => d.rows(name, lo, hi),
+            ParamValue::OnDemand(o) => o.rows(name, lo, hi),
             ParamValue::Stored(t) => {
                 let rows = t.shape.first().copied().unwrap_or(1);
                 if lo > hi || hi > rows {

@@ -29,7 +29,7 @@ pub use dim::DimExpr;
 pub use error::{IrError, Result};
 pub use graph::{Def, Graph, Node, Update, Value, ValueId};
 pub use infer::{infer, interaction_width};
-pub use init::{Blocking, Described, Init, ParamValue, Part};
+pub use init::{Blocking, Described, Init, OnDemand, ParamValue, Part, RowSource};
 pub use local_group::{AllReduceAlgo, LocalComm, LocalGroup, SMALL_ALLREDUCE};
 pub use op::{
     A2aDir, Act, Attr, BinaryKind, InteractionKind, MNEMONICS, Op, Pool, State, gemm_flops,

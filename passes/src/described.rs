@@ -52,9 +52,15 @@ pub fn compile_values(
     let mut described = HashMap::new();
     for (name, v) in values {
         match v {
-            ParamValue::Stored(t) => stored.push((name, t)),
             ParamValue::Described(d) => {
                 described.insert(name, d);
+            }
+            v => {
+                let t = v.into_tensor(&name).map_err(|source| PassError::Ir {
+                    pass: "describe".to_string(),
+                    source,
+                })?;
+                stored.push((name, t));
             }
         }
     }

@@ -401,6 +401,30 @@ fn an_infeasible_budget_is_a_clear_error() {
         err.contains("table `big`") && err.contains("--mem-per-rank"),
         "{err}"
     );
+    assert!(
+        err.contains("bytes: 64 bytes a row, no optimizer state)"),
+        "{err}"
+    );
+    // The bytes named count the optimizer state kept per row (here a bf16
+    // table's low half), and say so: the rows alone would fit one rank.
+    let mut bf = info("big", 1000, 16, 1);
+    bf.elem_bytes = 2;
+    bf.state_bytes_per_row = 32;
+    let err = shard::plan(
+        &[bf],
+        &PlannerOptions {
+            mem_per_rank: 17_000,
+            ..PlannerOptions::new(1, 64)
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("(15.6 KiB, 16000 bytes: 32 bytes a row and 32 of its optimizer state")
+            && err.contains("Split-SGD low half")
+            && err.contains("Adagrad accumulator"),
+        "{err}"
+    );
     // A bf16 table is split to fit, like an f32 one.
     let mut bf = info("bf", 1000, 16, 1);
     bf.elem_bytes = 2;

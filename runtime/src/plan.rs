@@ -256,7 +256,7 @@ fn write_plan_impl(dir: &Path, plan: &Plan, fail: Option<FailPoint>) -> Result<(
                 shape: v.shape().to_vec(),
                 init: match v {
                     ParamValue::Described(d) => Some(d.clone()),
-                    ParamValue::Stored(_) => None,
+                    ParamValue::Stored(_) | ParamValue::OnDemand(_) => None,
                 },
             })
             .collect(),
@@ -458,11 +458,20 @@ pub(crate) fn tensor_bytes(t: &Tensor) -> &[u8] {
 }
 
 fn write_weights(path: &Path, params: &[(String, ParamValue)]) -> Result<FileRef> {
+    // Values read on demand (a checkpoint's) are stored: read them now.
+    let read = params
+        .iter()
+        .filter(|(_, v)| matches!(v, ParamValue::OnDemand(_)))
+        .map(|(n, v)| -> Result<(&str, Tensor)> { Ok((n.as_str(), v.materialize(n)?)) })
+        .collect::<Result<Vec<_>>>()?;
     safetensors::serialize_to_file(
-        params.iter().filter_map(|(n, v)| match v {
-            ParamValue::Stored(t) => Some((n.as_str(), View(t))),
-            ParamValue::Described(_) => None,
-        }),
+        params
+            .iter()
+            .filter_map(|(n, v)| match v {
+                ParamValue::Stored(t) => Some((n.as_str(), View(t))),
+                ParamValue::Described(_) | ParamValue::OnDemand(_) => None,
+            })
+            .chain(read.iter().map(|(n, t)| (*n, View(t)))),
         None,
         path,
     )

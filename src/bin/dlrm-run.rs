@@ -673,16 +673,18 @@ fn eval_line(m: &dlrm_runtime::EvalMetrics) -> String {
 fn load(cli: &Cli) -> Result<(Plan, Option<Arc<Checkpoint>>)> {
     let positional_ckpt =
         is_checkpoint(&cli.plan) && !cli.plan.join("weights.safetensors").is_file();
+    // A checkpoint's parameters are read on demand: each rank reads only the rows
+    // it holds, once (resuming from the same checkpoint reads them from it alike).
     let (plan, own) = if positional_ckpt {
-        let c = Checkpoint::open(&cli.plan)?;
-        let plan = c.to_plan()?;
+        let c = Arc::new(Checkpoint::open(&cli.plan)?);
+        let plan = c.to_plan_on_demand()?;
         (plan, Some(c))
     } else {
         (read_plan(&cli.plan)?, None)
     };
     let resume = match (&cli.resume, own) {
         (None, _) => None,
-        (Some(Some(dir)), _) => Some(Checkpoint::open(dir)?),
+        (Some(Some(dir)), _) => Some(Arc::new(Checkpoint::open(dir)?)),
         (Some(None), Some(c)) => Some(c),
         (Some(None), None) => bail!(
             "--resume without a directory continues the checkpoint given in place of the \
@@ -690,7 +692,7 @@ fn load(cli: &Cli) -> Result<(Plan, Option<Arc<Checkpoint>>)> {
             cli.plan.display()
         ),
     };
-    Ok((plan, resume.map(Arc::new)))
+    Ok((plan, resume))
 }
 
 /// `--infer --inputs FILE [--outputs FILE]`: one inference on the given arrays.

@@ -170,14 +170,24 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
         }
         let Some(rank) = best else {
             let un = &units[u];
+            let t = &tables[un.table];
+            // What the bytes count: the rows and the state sharded with them.
+            let row = t.dim * t.elem_bytes;
+            let counted = match t.state_bytes_per_row {
+                0 => format!("{row} bytes a row, no optimizer state"),
+                s => format!(
+                    "{row} bytes a row and {s} of its optimizer state (a bf16 table's \
+                     Split-SGD low half, or an Adagrad accumulator), held with it"
+                ),
+            };
             return Err(err(format!(
-                "no rank can hold rows {}..{} of table `{}` ({}, {} bytes): every \
-                 rank's {} for tables (--mem-per-rank {} less \
+                "no rank can hold rows {}..{} of table `{}` ({}, {} bytes: {counted}): \
+                 every rank's {} for tables (--mem-per-rank {} less \
                  {} for the rest of the rank, {} of replicated tables) is taken; raise \
                  --mem-per-rank or --ranks",
                 un.lo,
                 un.hi,
-                tables[un.table].name,
+                t.name,
                 super::memory::human(un.bytes),
                 un.bytes,
                 super::memory::human(avail),

@@ -42,6 +42,11 @@
 //!   `keep` are removed. A write killed at any point leaves the previous checkpoint
 //!   and `latest` intact; a leftover `.tmp` directory is never read and is removed
 //!   by the next write of that step.
+//! - **On demand.** A checkpoint read as a plan to run
+//!   ([`Checkpoint::to_plan_on_demand`]) reads nothing when opened: its parameters
+//!   are [`dlrm_ir::OnDemand`] values, and each rank reads only the parameters and
+//!   rows it holds, once, from the mapped part files. [`Checkpoint::to_plan`] reads
+//!   every parameter (export, inspection).
 //! - **Resume.** The state after step `s` resumes at step `s + 1`: the data of
 //!   step `k` is a pure function of (seed, k) (synthetic data, or a dataset's
 //!   [`crate::Position`]), the executor's step counter is set, and the parameters

@@ -7,14 +7,14 @@ use crate::error::{Result, RuntimeError};
 use crate::plan::{FileRef, MANIFEST_FILE, Plan, check_graph_params};
 use dlrm_data::durable;
 use dlrm_ir::init::try_alloc;
-use dlrm_ir::{DType, Data, Graph, ParamValue, Tensor};
+use dlrm_ir::{DType, Data, Graph, IrError, OnDemand, ParamValue, RowSource, Tensor};
 use memmap2::Mmap;
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 fn ckpt_err(path: &Path, reason: impl Into<String>) -> RuntimeError {
     RuntimeError::Checkpoint {
@@ -488,6 +488,48 @@ impl Checkpoint {
         dlrm_ir::text::parse(&text).map_err(|source| RuntimeError::Parse { file: path, source })
     }
 
+    /// The checkpoint as a plan whose parameters are read on demand
+    /// ([`ParamValue::OnDemand`]): nothing is read now; a rank given the plan reads
+    /// just the rows it holds straight from the mapped part files (checksummed on
+    /// first use), once. [`Checkpoint::to_plan`] reads every parameter now.
+    pub fn to_plan_on_demand(self: &Arc<Checkpoint>) -> Result<Plan> {
+        let (infer, train) = self.graphs()?;
+        let mut params = Vec::with_capacity(self.manifest.tensors.len());
+        for t in &self.manifest.tensors {
+            let dtype = DType::from_mnemonic(&t.dtype).ok_or_else(|| RuntimeError::Param {
+                name: t.name.clone(),
+                reason: format!("unknown dtype {}", t.dtype),
+            })?;
+            let source: Arc<dyn RowSource> = Arc::clone(self) as Arc<dyn RowSource>;
+            params.push((
+                t.name.clone(),
+                ParamValue::OnDemand(OnDemand {
+                    dtype,
+                    shape: t.shape.clone(),
+                    key: t.name.clone(),
+                    source,
+                }),
+            ));
+        }
+        let by_name: HashMap<&str, &ParamValue> =
+            params.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        for g in std::iter::once(&infer).chain(&train) {
+            check_graph_params(g, |n| {
+                by_name.get(n).map(|v| (v.dtype(), v.shape().to_vec()))
+            })?;
+        }
+        let m = &self.manifest;
+        Ok(Plan {
+            name: m.name.clone(),
+            infer,
+            train,
+            params,
+            training: m.plan.training.clone(),
+            precision: m.plan.precision.clone(),
+            pass_log: m.plan.pass_log.clone(),
+        })
+    }
+
     /// The checkpoint as a plan: its graphs and every parameter reassembled
     /// (checksummed, in parallel).
     pub fn to_plan(&self) -> Result<Plan> {
@@ -517,6 +559,24 @@ impl Checkpoint {
             precision: m.plan.precision.clone(),
             pass_log: m.plan.pass_log.clone(),
         })
+    }
+}
+
+/// A checkpoint is where its plan's on-demand parameters are read from
+/// ([`Checkpoint::to_plan_on_demand`]).
+impl RowSource for Checkpoint {
+    fn read_rows(&self, key: &str, lo: usize, hi: usize) -> dlrm_ir::Result<Tensor> {
+        Checkpoint::read_rows(self, key, lo..hi).map_err(|e| match e {
+            RuntimeError::Ir(e) => e,
+            e => IrError::Binding {
+                name: key.to_string(),
+                reason: format!("reading rows {lo}..{hi} from the checkpoint: {e}"),
+            },
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("checkpoint {}", self.dir.display())
     }
 }
 
