@@ -25,7 +25,7 @@ use common::{DLRM_RUN, DLRMC, compile as compile_model, example, ok, run_env, s,
 use dlrm_ir::{ParamValue, RowSource, Tensor};
 use dlrm_runtime::checkpoint::Checkpoint;
 use dlrm_runtime::run_with_params;
-use dlrmc::launch::{RunOptions, job_for};
+use dlrmc::launch::{RunOptions, RunSettings, job_for};
 use dlrmc::shard::ShardSettings;
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
@@ -509,12 +509,15 @@ fn counted_plan(ck: &Path) -> (Arc<Checkpoint>, Arc<Counting>, dlrm_runtime::Pla
 /// Two ranks with [`tiny`]'s first table split by rows ([`ROWWISE`]'s budget).
 fn two_rowwise_ranks(infer: bool) -> RunOptions {
     RunOptions {
-        ranks: 2,
+        settings: RunSettings {
+            ranks: 2,
+            eval_batches: 1,
+            log_every: 0,
+            threads: Some(1),
+            ..RunSettings::default()
+        },
         iters: 1,
         infer,
-        eval_batches: 1,
-        log_every: 0,
-        threads: Some(1),
         shards: ShardSettings {
             mem_per_rank: 3000,
             ..ShardSettings::default()
