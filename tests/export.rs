@@ -371,6 +371,14 @@ fn dlrm_run_matches_committed_onnxruntime_outputs() {
             "dlrm_weighted",
             root().join("frontends/onnx/test_cases/dlrm_weighted/model.onnx"),
         ),
+        (
+            "ts17_dot_last_offset",
+            root().join("frontends/onnx/test_cases/real/ts17_dot_last_offset/model.onnx"),
+        ),
+        (
+            "dynamo_dot_last_offset",
+            root().join("frontends/onnx/test_cases/real/dynamo_dot_last_offset/model.onnx"),
+        ),
     ] {
         let plan = compile_file(&model, Precision::Fp32, None);
         let inputs = dlrm_onnx::npz::read(&golden.join(format!("{name}.inputs.npz"))).expect("in");

@@ -45,6 +45,12 @@ impl DimExpr {
         }
     }
 
+    /// Provably `>= 0` whatever the symbols' values: every coefficient is (the
+    /// symbols are sizes, never negative). `B`, `B+1`, `2*B*F` are; `B-1` is not.
+    pub fn non_negative(&self) -> bool {
+        self.terms.values().all(|&c| c >= 0)
+    }
+
     /// The symbol, when the expression is exactly one symbol.
     pub fn as_sym(&self) -> Option<&str> {
         match self.terms.iter().next() {
@@ -359,6 +365,15 @@ mod tests {
     }
     fn k(v: i64) -> DimExpr {
         DimExpr::int(v)
+    }
+
+    #[test]
+    fn non_negative_is_what_holds_for_every_size() {
+        assert!(k(0).non_negative() && s("B").non_negative());
+        assert!(s("B").add(&k(1)).unwrap().non_negative());
+        assert!(s("B").mul(&s("F")).unwrap().non_negative());
+        assert!(!s("B").sub(&k(1)).unwrap().non_negative());
+        assert!(!k(-2).non_negative());
     }
 
     #[test]

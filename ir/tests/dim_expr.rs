@@ -178,4 +178,16 @@ fn a_symbolic_slice_must_stay_within_its_axis() {
     assert!(dlrm_ir::infer(&op(Dim::batch(), 2), &[&x], &[]).is_err());
     let t = dlrm_ir::infer(&op(expr("B+1"), 1), &[&x], &[]).unwrap();
     assert_eq!(t[0].shape, vec![expr("B+1")]);
+    // A constant end is within `B+1` whatever B is (the first offset: `[0:1]`);
+    // one past it is not, nor is `B-1` within `B` (B may be 0).
+    let t = dlrm_ir::infer(&op(Dim::Fixed(1), 1), &[&x], &[]).unwrap();
+    assert_eq!(t[0].shape, vec![Dim::Fixed(1)]);
+    let err = dlrm_ir::infer(&op(Dim::Fixed(2), 1), &[&x], &[]).unwrap_err();
+    assert!(
+        err.to_string().contains("not provably at or below B+1"),
+        "{err}"
+    );
+    let b = TensorType::new(DType::I64, [Dim::batch()]);
+    assert!(dlrm_ir::infer(&op(expr("B-1"), 1), &[&b], &[]).is_ok());
+    assert!(dlrm_ir::infer(&op(Dim::Fixed(1), 1), &[&b], &[]).is_err());
 }

@@ -236,17 +236,18 @@ pub(crate) fn infer_generic(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> 
     }
 }
 
-/// The length of `start..end` (step 1) of a symbolic axis `dim`: `end` must be at
-/// most a constant below `dim` and at least `start`.
+/// The length of `start..end` (step 1) of a symbolic axis `dim`: `end` must be
+/// provably at most `dim` whatever the sizes (`dim - end` has no negative
+/// coefficient: `B` or `1` of `B+1`) and at least `start`.
 fn symbolic_slice(dim: &Dim, start: usize, end: &Dim, step: usize) -> R<Dim> {
     if step != 1 {
         return Err(format!(
             "a symbolic axis is sliced with step 1 only, not {step}"
         ));
     }
-    let below = dim.to_expr().sub(&end.to_expr()).and_then(|d| d.as_int());
-    if below.is_none_or(|k| k < 0) {
-        return Err(format!("the end {end} is not a constant at or below {dim}"));
+    let within = dim.to_expr().sub(&end.to_expr());
+    if !within.is_some_and(|d| d.non_negative()) {
+        return Err(format!("the end {end} is not provably at or below {dim}"));
     }
     let start = i64::try_from(start).map_err(|_| "start too large".to_string())?;
     end.to_expr()
