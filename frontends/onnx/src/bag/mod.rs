@@ -327,7 +327,7 @@ fn emit(cx: &mut Ctx<'_>, f: &Found, hint: &str) -> R<Val> {
 
 /// `embedding_bag[_weighted](table, ids, offsets[, weights])`: the bag over
 /// offsets, weighted when the loop multiplies the rows by per-sample weights.
-fn emit_offsets_bag(
+pub(super) fn emit_offsets_bag(
     cx: &mut Ctx<'_>,
     mode: Pool,
     [t, i, o]: [Val; 3],

@@ -21,7 +21,7 @@ use super::shapes::{len_of, producer, sym_of, uncast_int};
 use crate::import::{Ctx, NodeCx, SymI, Val};
 use crate::ops::Built;
 use crate::proto::NodeProto;
-use dlrm_ir::{Op, Pool};
+use dlrm_ir::Pool;
 
 type R<T> = Result<T, String>;
 
@@ -77,20 +77,7 @@ struct Seg {
 fn emit_bag(cx: &mut Ctx<'_>, b: &Seg, mode: Pool, hint: &str) -> R<Val> {
     let get = |cx: &Ctx<'_>, name: &str| cx.lookup(name).map_err(err_text);
     let (t, i, o) = (get(cx, &b.table)?, get(cx, &b.ids)?, get(cx, &b.offsets)?);
-    match &b.weights {
-        None => cx.emit(
-            Op::EmbeddingBag {
-                mode,
-                last_offset: false,
-            },
-            &[t, i, o],
-            hint,
-        ),
-        Some(w) => {
-            let w = get(cx, w)?;
-            cx.emit(Op::EmbeddingBagWeighted, &[t, i, o, w], hint)
-        }
-    }
+    super::emit_offsets_bag(cx, mode, [t, i, o], b.weights.as_deref(), hint)
 }
 
 /// The node producing `name` (through `Identity`/`Cast`), which must be `op`.

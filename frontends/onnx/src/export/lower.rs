@@ -275,21 +275,6 @@ impl<'g, 'a> Lower<'g, 'a> {
                 let t = self.plain(inp(0)?)?;
                 let idx = self.plain(inp(1)?)?;
                 let y = match ins.len() {
-                    3 if *last_offset => {
-                        // PyTorch's include_last_offset=True: the bags read
-                        // indices[off[0] .. off[S]] with the offsets off[..S] - off[0],
-                        // the plain form over those indices.
-                        let off = self.plain(inp(2)?)?;
-                        let (idx, off) = self.last_offset_bags(&idx, &off, &hint);
-                        let d = fixed(&out_ty.shape[1], "the embedding width")?;
-                        let rows = self.b.node(
-                            "Gather",
-                            &[&t, &idx],
-                            vec![("axis", A::Int(0))],
-                            &format!("{hint}.rows"),
-                        );
-                        self.segment(&rows, &idx, &off, d, *mode, &hint)
-                    }
                     2 => {
                         let rows = self.b.node(
                             "Gather",
@@ -301,6 +286,14 @@ impl<'g, 'a> Lower<'g, 'a> {
                     }
                     3 => {
                         let off = self.plain(inp(2)?)?;
+                        // PyTorch's include_last_offset=True: the bags read
+                        // indices[off[0] .. off[S]] with the offsets off[..S] - off[0],
+                        // the plain form over those indices.
+                        let (idx, off) = if *last_offset {
+                            self.last_offset_bags(&idx, &off, &hint)
+                        } else {
+                            (idx, off)
+                        };
                         let d = fixed(&out_ty.shape[1], "the embedding width")?;
                         let rows = self.b.node(
                             "Gather",
