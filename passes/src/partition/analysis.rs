@@ -172,7 +172,7 @@ impl Sparse {
                 g,
                 n,
                 format!(
-                    "unsupported: the bag of %{} takes offsets with the end of the last bag (last_offset, PyTorch's include_last_offset=True), which the partition does not split by rank yet; compile it for one rank",
+                    "unsupported: the bag of %{} takes offsets with the end of the last bag (last_offset, PyTorch's include_last_offset=True), which the partition does not place yet (at any rank count; `dlrm-run PLAN --infer --inputs FILE` serves such a plan on given inputs)",
                     g.name_of(table)
                 ),
             ));
