@@ -163,6 +163,70 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     if opts.settings.threads == Some(0) {
         return Err(Error::Options("--threads must be at least 1".into()));
     }
+    let (global_batch, iters) = batch_and_steps(&plan, opts)?;
+    let (seed, global_batch, iters) = match &opts.resume {
+        Some(c) => resume_settings(&plan, c, opts, global_batch, iters)?,
+        None => (opts.seed.unwrap_or(plan.training.seed), global_batch, iters),
+    };
+    if opts.infer && (opts.resume.is_some() || opts.checkpoint.is_some()) {
+        return Err(Error::Options(
+            "--resume and --checkpoint are for training; to serve a checkpoint, give it \
+             in place of the plan with --infer"
+                .into(),
+        ));
+    }
+    let lr_schedule = match (&opts.resume, opts.lr.is_none() && opts.lr_policy.is_none()) {
+        // A resumed run continues the checkpointed run's schedule unless told otherwise.
+        (Some(c), true) => c.manifest().lr_schedule,
+        _ => lr_schedule_for(&plan, opts)?,
+    };
+    let spec = opts.checkpoint.as_ref().map(|c| CheckpointSpec {
+        dir: c.dir.clone(),
+        every: c.every,
+        keep: c.keep,
+        info: RunInfo {
+            name: plan.name.clone(),
+            precision: plan.precision.clone(),
+            training: plan.training.clone(),
+            pass_log: plan.pass_log.clone(),
+            lr_schedule,
+        },
+    });
+    let (infer_graphs, train_graphs, row_shards) = place(&plan, opts, global_batch)?;
+    if let Some(budget) = &opts.memory_budget {
+        check_memory(
+            &plan,
+            opts,
+            budget,
+            global_batch,
+            &infer_graphs,
+            train_graphs.as_deref(),
+        )?;
+    }
+    let mut job = Job::from_plan(plan);
+    job.lr_schedule = lr_schedule;
+    job.row_shards = row_shards;
+    if opts.infer {
+        job.full_train = None;
+    }
+    job.train_graphs = train_graphs;
+    job.infer_graphs = infer_graphs;
+    job.settings = opts.settings.clone();
+    job.iters = iters;
+    job.global_batch = global_batch;
+    job.seed = seed;
+    job.checkpoint = spec;
+    if let Some(c) = &opts.resume {
+        job.start = c.step() + 1;
+        job.resume = Some(Arc::clone(c));
+    }
+    Ok(job)
+}
+
+/// The global batch and the step count (`--epochs` of a dataset counted in
+/// steps), checked against the ranks and the plan.
+fn batch_and_steps(plan: &Plan, opts: &RunOptions) -> Result<(usize, u64)> {
+    let ranks = opts.settings.ranks;
     let global_batch = opts.batch_size.unwrap_or(plan.training.batch_size);
     let iters = match (&opts.settings.data, opts.epochs) {
         (Some(d), Some(e)) => {
@@ -199,105 +263,63 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
             plan.name
         )));
     }
-    let (seed, global_batch, iters) = match &opts.resume {
-        Some(c) => resume_settings(&plan, c, opts, global_batch, iters)?,
-        None => (opts.seed.unwrap_or(plan.training.seed), global_batch, iters),
-    };
-    if opts.infer && (opts.resume.is_some() || opts.checkpoint.is_some()) {
-        return Err(Error::Options(
-            "--resume and --checkpoint are for training; to serve a checkpoint, give it \
-             in place of the plan with --infer"
-                .into(),
-        ));
-    }
-    let lr_schedule = match (&opts.resume, opts.lr.is_none() && opts.lr_policy.is_none()) {
-        // A resumed run continues the checkpointed run's schedule unless told otherwise.
-        (Some(c), true) => c.manifest().lr_schedule,
-        _ => lr_schedule_for(&plan, opts)?,
-    };
-    let spec = opts.checkpoint.as_ref().map(|c| CheckpointSpec {
-        dir: c.dir.clone(),
-        every: c.every,
-        keep: c.keep,
-        info: RunInfo {
-            name: plan.name.clone(),
-            precision: plan.precision.clone(),
-            training: plan.training.clone(),
-            pass_log: plan.pass_log.clone(),
-            lr_schedule,
-        },
-    });
-    // One placement for both graphs (crate::shard).
-    let (infer_graphs, train_graphs, row_shards) = if ranks == 1 {
+    Ok((global_batch, iters))
+}
+
+/// Each rank's inference graph, training graph (when training), and the row
+/// shards the ranks hold.
+type Placed = (Vec<dlrm_ir::Graph>, Option<Vec<dlrm_ir::Graph>>, Vec<RowPiece>);
+
+/// The per-rank graphs (inference, training) of `plan` at `opts`' rank count and
+/// the row shards they hold: one placement for both graphs ([`crate::shard`]), or
+/// the whole graphs on one rank.
+fn place(
+    plan: &Plan,
+    opts: &RunOptions,
+    global_batch: usize,
+) -> Result<Placed> {
+    let ranks = opts.settings.ranks;
+    if ranks == 1 {
         let train = match (&plan.train, opts.infer) {
             (Some(t), false) => Some(vec![t.clone()]),
             _ => None,
         };
-        (vec![plan.infer.clone()], train, None)
-    } else {
-        let sp = match (
-            shard_plan(&plan, ranks, global_batch, &opts.shards),
-            &opts.memory_budget,
-        ) {
-            (Ok(sp), _) => sp,
-            // The tables do not fit the budget: the refusal with its advice.
-            (Err(Error::Partition { source, .. }), Some(budget)) => {
-                let tables = crate::shard::plan_tables(&plan)?;
-                let w = want(&plan, opts, budget, global_batch, &tables);
-                return Err(crate::memory::placement_refusal(&source, &w));
-            }
-            (Err(e), _) => return Err(e),
-        };
-        let infer = partition_graph(&plan.infer, "infer", &sp, opts.shards.bucket_bytes)?;
-        let train = match (&plan.train, opts.infer) {
-            (Some(t), false) => Some(partition_graph(t, "train", &sp, opts.shards.bucket_bytes)?),
-            _ => None,
-        };
-        let graphs = train.as_ref().map(|t| t.graphs.clone());
-        // The training partition's row shards also cover the tables' Split-SGD
-        // low halves, which the inference graph does not hold.
-        let infer_graphs = infer.graphs.clone();
-        (infer_graphs, graphs, Some(train.unwrap_or(infer)))
+        return Ok((vec![plan.infer.clone()], train, Vec::new()));
+    }
+    let sp = match (
+        shard_plan(plan, ranks, global_batch, &opts.shards),
+        &opts.memory_budget,
+    ) {
+        (Ok(sp), _) => sp,
+        // The tables do not fit the budget: the refusal with its advice.
+        (Err(Error::Partition { source, .. }), Some(budget)) => {
+            let tables = crate::shard::plan_tables(plan)?;
+            let w = want(plan, opts, budget, global_batch, &tables);
+            return Err(crate::memory::placement_refusal(&source, &w));
+        }
+        (Err(e), _) => return Err(e),
     };
-    if let Some(budget) = &opts.memory_budget {
-        check_memory(
-            &plan,
-            opts,
-            budget,
-            global_batch,
-            &infer_graphs,
-            train_graphs.as_deref(),
-        )?;
-    }
-    let mut job = Job::from_plan(plan);
-    job.lr_schedule = lr_schedule;
-    if let Some(parts) = &row_shards {
-        job.row_shards = parts
-            .row_shards
-            .iter()
-            .map(|s| RowPiece {
-                param: s.param.clone(),
-                table: s.table.clone(),
-                lo: s.lo,
-                hi: s.hi,
-            })
-            .collect();
-    }
-    if opts.infer {
-        job.full_train = None;
-    }
-    job.train_graphs = train_graphs;
-    job.infer_graphs = infer_graphs;
-    job.settings = opts.settings.clone();
-    job.iters = iters;
-    job.global_batch = global_batch;
-    job.seed = seed;
-    job.checkpoint = spec;
-    if let Some(c) = &opts.resume {
-        job.start = c.step() + 1;
-        job.resume = Some(Arc::clone(c));
-    }
-    Ok(job)
+    let infer = partition_graph(&plan.infer, "infer", &sp, opts.shards.bucket_bytes)?;
+    let train = match (&plan.train, opts.infer) {
+        (Some(t), false) => Some(partition_graph(t, "train", &sp, opts.shards.bucket_bytes)?),
+        _ => None,
+    };
+    let graphs = train.as_ref().map(|t| t.graphs.clone());
+    // The training partition's row shards also cover the tables' Split-SGD
+    // low halves, which the inference graph does not hold.
+    let infer_graphs = infer.graphs.clone();
+    let row_shards = train
+        .unwrap_or(infer)
+        .row_shards
+        .iter()
+        .map(|s| RowPiece {
+            param: s.param.clone(),
+            table: s.table.clone(),
+            lo: s.lo,
+            hi: s.hi,
+        })
+        .collect();
+    Ok((infer_graphs, graphs, row_shards))
 }
 
 /// Refuses the job if a rank's memory account does not fit `budget`

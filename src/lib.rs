@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod compile;
+pub mod console;
 pub mod data_cmd;
 mod error;
 pub mod inspect;

@@ -197,10 +197,6 @@ pub fn convert(
         .split
         .clone()
         .unwrap_or_else(|| SplitSpec::default_for(opts.inputs.len()));
-    let mut total_bytes = 0;
-    for p in &opts.inputs {
-        total_bytes += std::fs::metadata(p).map_err(|e| DataError::io(p, e))?.len();
-    }
     let mut sink = Sink {
         writer: DatasetWriter::create(&opts.output, DENSE, SPARSE)?,
         mapping,
@@ -210,49 +206,7 @@ pub fn convert(
         first_skipped: None,
         skip: opts.skip_bad_lines,
     };
-    let mut per_file = Vec::new();
-    let mut files = Vec::new();
-    let mut lines = 0u64;
-    let mut counts: Option<Vec<u64>> = None;
-    let mut done_bytes = 0u64;
-    for path in &opts.inputs {
-        let before = sink.writer.samples();
-        let (file_lines, extra) = match opts.format {
-            Format::CriteoTsv => read_tsv(path, &mut sink, &mut |rows, b| {
-                progress(&Progress {
-                    rows,
-                    bytes: done_bytes + b,
-                    total_bytes,
-                    mapping: false,
-                })
-            })?,
-            Format::MlperfBin => {
-                let n = processed::read_mlperf(path, &mut sink, &mut |rows, b| {
-                    progress(&Progress {
-                        rows,
-                        bytes: done_bytes + b,
-                        total_bytes,
-                        mapping: false,
-                    })
-                })?;
-                (n, serde_json::Value::Null)
-            }
-            Format::ReferenceNpz => {
-                let (n, c) = processed::read_npz(path, &mut sink)?;
-                counts = Some(merge_counts(counts.take(), c));
-                (n, serde_json::Value::Null)
-            }
-        };
-        done_bytes += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-        let rows = sink.writer.samples() - before;
-        lines += file_lines;
-        per_file.push(rows);
-        let mut entry = serde_json::json!({"path": path.display().to_string(), "lines": file_lines, "rows": rows});
-        if !extra.is_null() {
-            entry["gzip"] = extra;
-        }
-        files.push(entry);
-    }
+    let read = read_inputs(opts, &mut sink, progress)?;
     let samples = sink.writer.samples();
     if samples == 0 {
         return Err(DataError::Usage(format!(
@@ -262,8 +216,8 @@ pub fn convert(
     }
     progress(&Progress {
         rows: samples,
-        bytes: total_bytes,
-        total_bytes,
+        bytes: read.total_bytes,
+        total_bytes: read.total_bytes,
         mapping: true,
     });
     let Sink {
@@ -274,46 +228,27 @@ pub fn convert(
         first_skipped,
         ..
     } = sink;
-    let mut table_stats = Vec::new();
-    let rows: Vec<u64> = match mapping {
-        IdMapping::Vocabulary { min_count, .. } => {
-            let vocabs = counter
-                .map(|c| c.finish(min_count))
-                .ok_or_else(|| DataError::Usage("internal: no vocabulary counter".into()))?;
+    let (rows, table_stats) = match (mapping, counter) {
+        (IdMapping::Vocabulary { min_count, .. }, Some(counter)) => {
             let mut rows = Vec::new();
-            for (t, v) in vocabs.iter().enumerate() {
+            let mut stats = Vec::new();
+            for (t, v) in counter.finish(min_count).iter().enumerate() {
                 writer.map_sparse(t, |id| v.row(id))?;
                 rows.push(v.rows());
-                table_stats
-                    .push(serde_json::json!({"distinct": v.distinct(), "rare_ids": v.rare_ids()}));
+                stats.push(serde_json::json!({"distinct": v.distinct(), "rare_ids": v.rare_ids()}));
             }
-            rows
+            (rows, stats)
         }
-        IdMapping::Hash { modulo } => vec![u64::from(modulo); SPARSE],
-        IdMapping::AsIs { modulo } => {
-            let cap = modulo.map_or(u64::MAX, u64::from);
-            let mut rows = Vec::new();
-            for t in 0..SPARSE {
-                let seen = u64::from(max_id[t]) + 1;
-                let r = match &counts {
-                    Some(c) if c[t] >= seen.min(cap) => c[t].min(cap),
-                    Some(c) => {
-                        return Err(DataError::Usage(format!(
-                            "table {} ({}) has id {} but `counts` says {} rows",
-                            t,
-                            criteo::sparse_name(t),
-                            max_id[t],
-                            c[t]
-                        )));
-                    }
-                    None => seen,
-                };
-                rows.push(r);
-            }
-            rows
+        (IdMapping::Vocabulary { .. }, None) => {
+            return Err(DataError::Usage("internal: no vocabulary counter".into()));
         }
+        (IdMapping::Hash { modulo }, _) => (vec![u64::from(modulo); SPARSE], Vec::new()),
+        (IdMapping::AsIs { modulo }, _) => (
+            as_is_rows(modulo, &max_id, read.counts.as_deref())?,
+            Vec::new(),
+        ),
     };
-    let (splits, days) = split.plan(&per_file)?;
+    let (splits, days) = split.plan(&read.per_file)?;
     let tables = rows
         .iter()
         .enumerate()
@@ -324,8 +259,8 @@ pub fn convert(
         .collect();
     let mut source = serde_json::json!({
         "format": opts.format.name(),
-        "files": files,
-        "lines": lines,
+        "files": read.files,
+        "lines": read.lines,
         "mapping": mapping.describe(),
         "split": split.describe(),
         "skipped": skipped,
@@ -342,10 +277,102 @@ pub fn convert(
     })?;
     Ok(ConvertReport {
         manifest,
-        lines,
+        lines: read.lines,
         skipped,
         first_skipped,
     })
+}
+
+/// What reading the input files found.
+struct Read {
+    /// The rows each file gave.
+    per_file: Vec<u64>,
+    /// Each file's entry in the manifest's `source`.
+    files: Vec<serde_json::Value>,
+    /// Lines read (bad ones too).
+    lines: u64,
+    /// The input files' bytes.
+    total_bytes: u64,
+    /// The reference's `counts` (its `.npz` files), the largest per table.
+    counts: Option<Vec<u64>>,
+}
+
+/// Reads every input file into `sink`, reporting progress.
+fn read_inputs(
+    opts: &ConvertOptions,
+    sink: &mut Sink,
+    progress: &mut dyn FnMut(&Progress),
+) -> Result<Read> {
+    let mut total_bytes = 0;
+    for p in &opts.inputs {
+        total_bytes += std::fs::metadata(p).map_err(|e| DataError::io(p, e))?.len();
+    }
+    let mut read = Read {
+        per_file: Vec::new(),
+        files: Vec::new(),
+        lines: 0,
+        total_bytes,
+        counts: None,
+    };
+    let mut done_bytes = 0u64;
+    for path in &opts.inputs {
+        let before = sink.writer.samples();
+        let mut report = |rows: u64, b: u64| {
+            progress(&Progress {
+                rows,
+                bytes: done_bytes + b,
+                total_bytes,
+                mapping: false,
+            })
+        };
+        let (file_lines, extra) = match opts.format {
+            Format::CriteoTsv => read_tsv(path, sink, &mut report)?,
+            Format::MlperfBin => {
+                let n = processed::read_mlperf(path, sink, &mut report)?;
+                (n, serde_json::Value::Null)
+            }
+            Format::ReferenceNpz => {
+                let (n, c) = processed::read_npz(path, sink)?;
+                read.counts = Some(merge_counts(read.counts.take(), c));
+                (n, serde_json::Value::Null)
+            }
+        };
+        done_bytes += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let rows = sink.writer.samples() - before;
+        read.lines += file_lines;
+        read.per_file.push(rows);
+        let mut entry = serde_json::json!({"path": path.display().to_string(), "lines": file_lines, "rows": rows});
+        if !extra.is_null() {
+            entry["gzip"] = extra;
+        }
+        read.files.push(entry);
+    }
+    Ok(read)
+}
+
+/// Each table's rows for ids kept as they are: the largest id seen + 1 (at most
+/// `modulo`), or the reference's `counts`, which must cover the ids seen.
+fn as_is_rows(modulo: Option<u32>, max_id: &[u32], counts: Option<&[u64]>) -> Result<Vec<u64>> {
+    let cap = modulo.map_or(u64::MAX, u64::from);
+    let mut rows = Vec::new();
+    for t in 0..SPARSE {
+        let seen = u64::from(max_id[t]) + 1;
+        let r = match counts {
+            Some(c) if c[t] >= seen.min(cap) => c[t].min(cap),
+            Some(c) => {
+                return Err(DataError::Usage(format!(
+                    "table {} ({}) has id {} but `counts` says {} rows",
+                    t,
+                    criteo::sparse_name(t),
+                    max_id[t],
+                    c[t]
+                )));
+            }
+            None => seen,
+        };
+        rows.push(r);
+    }
+    Ok(rows)
 }
 
 fn merge_counts(prev: Option<Vec<u64>>, next: Vec<u64>) -> Vec<u64> {

@@ -320,25 +320,13 @@ impl Described {
     /// Rows `lo..hi` (of the first dimension) as a tensor of shape
     /// `[hi - lo, shape[1..]]`; `name` is for errors (out of range, allocation).
     pub fn rows(&self, name: &str, lo: usize, hi: usize) -> Result<Tensor> {
-        let rows = self.shape.first().copied().unwrap_or(1);
-        if lo > hi || hi > rows {
-            return Err(IrError::Binding {
-                name: name.to_string(),
-                reason: format!("rows {lo}..{hi} are outside its {rows} rows"),
-            });
-        }
+        let shape = row_range_shape(name, &self.shape, lo, hi)?;
         let row = self.row_len();
         let n = usize::try_from((hi - lo) as u128 * row).map_err(|_| IrError::Alloc {
             what: name.to_string(),
             bytes: (hi - lo) as u128 * row * 4,
             reason: "more than this machine can address".into(),
         })?;
-        let mut shape = self.shape.clone();
-        if shape.is_empty() {
-            shape = Vec::new();
-        } else {
-            shape[0] = hi - lo;
-        }
         if let Some(b) = self.blocked {
             return self.blocked_rows(name, b, lo, hi, n, shape);
         }
@@ -475,18 +463,8 @@ impl OnDemand {
     /// Rows `lo..hi` read from the source (checked against the shape first);
     /// `name` is what the caller calls them, for errors.
     pub fn rows(&self, name: &str, lo: usize, hi: usize) -> Result<Tensor> {
-        let rows = self.shape.first().copied().unwrap_or(1);
-        if lo > hi || hi > rows {
-            return Err(IrError::Binding {
-                name: name.to_string(),
-                reason: format!("rows {lo}..{hi} are outside its {rows} rows"),
-            });
-        }
+        let want = row_range_shape(name, &self.shape, lo, hi)?;
         let t = self.source.read_rows(&self.key, lo, hi)?;
-        let mut want = self.shape.clone();
-        if let Some(r) = want.first_mut() {
-            *r = hi - lo;
-        }
         if t.dtype() != self.dtype || t.shape != want {
             return Err(IrError::Binding {
                 name: name.to_string(),
@@ -586,13 +564,7 @@ impl ParamValue {
             ParamValue::Described(d) => d.rows(name, lo, hi),
             ParamValue::OnDemand(o) => o.rows(name, lo, hi),
             ParamValue::Stored(t) => {
-                let rows = t.shape.first().copied().unwrap_or(1);
-                if lo > hi || hi > rows {
-                    return Err(IrError::Binding {
-                        name: name.to_string(),
-                        reason: format!("rows {lo}..{hi} are outside its {rows} rows"),
-                    });
-                }
+                let shape = row_range_shape(name, &t.shape, lo, hi)?;
                 let row: usize = t.shape.iter().skip(1).product();
                 let r = lo * row..hi * row;
                 let data = match &t.data {
@@ -601,10 +573,6 @@ impl ParamValue {
                     Data::I64(v) => Data::I64(v[r].to_vec()),
                     Data::I32(v) => Data::I32(v[r].to_vec()),
                 };
-                let mut shape = t.shape.clone();
-                if let Some(s) = shape.first_mut() {
-                    *s = hi - lo;
-                }
                 Ok(Tensor { shape, data })
             }
         }
@@ -617,6 +585,24 @@ pub fn materialize_all(params: &[(String, ParamValue)]) -> Result<Vec<(String, T
         .iter()
         .map(|(n, v)| Ok((n.clone(), v.materialize(n)?)))
         .collect()
+}
+
+/// The shape of rows `lo..hi` of a parameter of shape `shape` (its first axis
+/// cut to `hi - lo`; a scalar counts as one row), or an error naming `name` when
+/// the range is not within its rows.
+fn row_range_shape(name: &str, shape: &[usize], lo: usize, hi: usize) -> Result<Vec<usize>> {
+    let rows = shape.first().copied().unwrap_or(1);
+    if lo > hi || hi > rows {
+        return Err(IrError::Binding {
+            name: name.to_string(),
+            reason: format!("rows {lo}..{hi} are outside its {rows} rows"),
+        });
+    }
+    let mut cut = shape.to_vec();
+    if let Some(r) = cut.first_mut() {
+        *r = hi - lo;
+    }
+    Ok(cut)
 }
 
 #[cfg(test)]

@@ -100,8 +100,18 @@ pub fn select(g: &Graph, precision: Precision, params: Option<&mut Params>) -> R
     if precision == Precision::Fp32 {
         return Ok(g.clone());
     }
-    // Adagrad keeps f32 state; Split-SGD-BF16 has no accumulator form yet.
-    if let Some(n) = g.nodes().iter().position(|n| {
+    refuse_adagrad(g, precision)?;
+    let choice = Choice::of(g, precision == Precision::Mixed);
+    let (out, lo_of) = Rewrite::new(g, &choice)?.run(precision == Precision::Mixed)?;
+    if let Some(params) = params {
+        convert_params(g, &out, &choice, &lo_of, params);
+    }
+    Ok(out)
+}
+
+/// Adagrad keeps f32 state; Split-SGD-BF16 has no accumulator form yet.
+fn refuse_adagrad(g: &Graph, precision: Precision) -> Result<()> {
+    let Some(n) = g.nodes().iter().position(|n| {
         matches!(
             n.op,
             Op::Adagrad { .. }
@@ -109,240 +119,336 @@ pub fn select(g: &Graph, precision: Precision, params: Option<&mut Params>) -> R
                 | Op::EmbeddingUpdateAdagrad { .. }
                 | Op::EmbeddingUpdateAdagradRows { .. }
         )
-    }) {
-        return Err(PassError::Node {
-            pass: ID.into(),
-            node: g.node_label(n),
-            op: g.nodes()[n].op.mnemonic().into(),
-            reason: format!(
-                "adagrad with bf16 tables is not supported yet (precision {precision}: \
-                 use fp32 with adagrad)"
-            ),
-        });
-    }
-    let mixed = precision == Precision::Mixed;
-    let (sens_vals, last_layers) = sensitive(g);
-    let nodes = g.nodes();
-    // Weights and tables.
-    let mut tables: HashSet<ValueId> = HashSet::new();
-    let mut weights: HashSet<ValueId> = HashSet::new();
-    let mut fp32_weights: HashSet<ValueId> = HashSet::new();
-    for (n, node) in nodes.iter().enumerate() {
-        let w = match &node.op {
-            Op::EmbeddingBag { .. } | Op::EmbeddingUpdate { .. } | Op::SparseSgd { .. } => {
-                tables.insert(node.inputs[0]);
-                None
-            }
-            Op::Linear { .. } | Op::Brgemm { .. } => Some(node.inputs[1]),
-            _ => None,
-        };
-        let Some(mut w) = w else { continue };
-        if let Some(m) = def_node(g, w)
-            && matches!(nodes[m].op, Op::BlockWeight { .. })
-        {
-            w = nodes[m].inputs[0];
-        }
-        if !matches!(g.value(w).def, Def::Param(_)) {
-            continue;
-        }
-        if mixed && last_layers.contains(&n) {
-            fp32_weights.insert(w);
-        } else {
-            weights.insert(w);
-        }
-    }
-    for w in &fp32_weights {
-        weights.remove(w);
-    }
-    tables.retain(|t| matches!(g.value(*t).def, Def::Param(_)));
-    // Tables whose whole update chain is `embedding_update`: Split-SGD-BF16.
-    let users = g.users();
-    let mut split_tables: HashSet<ValueId> = HashSet::new();
-    for &t in &tables {
-        let mut ok = false;
-        let mut frontier = vec![t];
-        let mut good = true;
-        while let Some(v) = frontier.pop() {
-            for &u in &users[v.index()] {
-                match &nodes[u].op {
-                    Op::EmbeddingBag { .. } if v == t && nodes[u].inputs[0] == v => {}
-                    Op::EmbeddingUpdate { .. } if nodes[u].inputs[0] == v => {
-                        ok = true;
-                        frontier.push(nodes[u].outputs[0]);
-                    }
-                    _ => good = false,
+    }) else {
+        return Ok(());
+    };
+    Err(PassError::Node {
+        pass: ID.into(),
+        node: g.node_label(n),
+        op: g.nodes()[n].op.mnemonic().into(),
+        reason: format!(
+            "adagrad with bf16 tables is not supported yet (precision {precision}: \
+             use fp32 with adagrad)"
+        ),
+    })
+}
+
+/// Which parameters become bf16, and how they are trained.
+struct Choice {
+    /// Embedding tables (bf16).
+    tables: HashSet<ValueId>,
+    /// MLP weights stored in bf16 (not the last layers' under `mixed`).
+    weights: HashSet<ValueId>,
+    /// Tables whose whole update chain is `embedding_update`: Split-SGD-BF16.
+    split_tables: HashSet<ValueId>,
+    /// bf16 weights updated by `sgd`: Split-SGD-BF16.
+    trained: HashSet<ValueId>,
+    /// Outputs and loss operands (kept f32 when unblocked).
+    sensitive: HashSet<ValueId>,
+}
+
+impl Choice {
+    fn of(g: &Graph, mixed: bool) -> Choice {
+        let (sensitive, last_layers) = sensitive(g);
+        let (nodes, users) = (g.nodes(), g.users());
+        let mut tables: HashSet<ValueId> = HashSet::new();
+        let mut weights: HashSet<ValueId> = HashSet::new();
+        let mut fp32_weights: HashSet<ValueId> = HashSet::new();
+        for (n, node) in nodes.iter().enumerate() {
+            let w = match &node.op {
+                Op::EmbeddingBag { .. } | Op::EmbeddingUpdate { .. } | Op::SparseSgd { .. } => {
+                    tables.insert(node.inputs[0]);
+                    None
                 }
+                Op::Linear { .. } | Op::Brgemm { .. } => Some(node.inputs[1]),
+                _ => None,
+            };
+            let Some(mut w) = w else { continue };
+            if let Some(m) = def_node(g, w)
+                && matches!(nodes[m].op, Op::BlockWeight { .. })
+            {
+                w = nodes[m].inputs[0];
+            }
+            if !matches!(g.value(w).def, Def::Param(_)) {
+                continue;
+            }
+            if mixed && last_layers.contains(&n) {
+                fp32_weights.insert(w);
+            } else {
+                weights.insert(w);
             }
         }
-        if ok && good {
-            split_tables.insert(t);
+        for w in &fp32_weights {
+            weights.remove(w);
         }
-    }
-    // Trained weights: sgd(w, g) is the update of w.
-    let mut trained: HashSet<ValueId> = HashSet::new();
-    for node in nodes {
-        if let Op::Sgd { .. } = node.op
-            && weights.contains(&node.inputs[0])
-        {
-            trained.insert(node.inputs[0]);
+        tables.retain(|t| matches!(g.value(*t).def, Def::Param(_)));
+        let split_tables = tables
+            .iter()
+            .copied()
+            .filter(|&t| only_fused_updates(g, &users, t))
+            .collect();
+        let trained = nodes
+            .iter()
+            .filter(|n| matches!(n.op, Op::Sgd { .. }) && weights.contains(&n.inputs[0]))
+            .map(|n| n.inputs[0])
+            .collect();
+        Choice {
+            tables,
+            weights,
+            split_tables,
+            trained,
+            sensitive,
         }
     }
 
-    let e = PassError::ir(ID);
-    let mut out = Graph::new(g.name.clone());
-    let mut map: Vec<Option<ValueId>> = vec![None; g.values().len()];
-    for &v in g.inputs() {
-        map[v.index()] = Some(out.add_input(g.name_of(v), g.ty(v).clone()).map_err(e)?);
+    /// Does `p` get a `.lo` half (Split-SGD-BF16)?
+    fn split(&self, p: ValueId) -> bool {
+        self.trained.contains(&p) || self.split_tables.contains(&p)
     }
-    let mut lo_of: HashMap<ValueId, ValueId> = HashMap::new();
-    for &p in g.params() {
-        let ty = if weights.contains(&p) || tables.contains(&p) {
-            g.ty(p).with_dtype(DType::BF16)
-        } else {
-            g.ty(p).clone()
-        };
-        map[p.index()] = Some(out.add_param(g.name_of(p), ty).map_err(e)?);
+}
+
+/// Is table `t` read by bags and updated only by a chain of `embedding_update`s
+/// (at least one)?
+fn only_fused_updates(g: &Graph, users: &[Vec<usize>], t: ValueId) -> bool {
+    let nodes = g.nodes();
+    let mut updated = false;
+    let mut frontier = vec![t];
+    while let Some(v) = frontier.pop() {
+        for &u in &users[v.index()] {
+            match &nodes[u].op {
+                Op::EmbeddingBag { .. } if v == t && nodes[u].inputs[0] == v => {}
+                Op::EmbeddingUpdate { .. } if nodes[u].inputs[0] == v => {
+                    updated = true;
+                    frontier.push(nodes[u].outputs[0]);
+                }
+                _ => return false,
+            }
+        }
     }
-    for &p in g.params() {
-        if trained.contains(&p) || split_tables.contains(&p) {
+    updated
+}
+
+/// The rewrite of a graph under a [`Choice`]: the new graph, the map from old
+/// values to new ones, and the `.lo` halves.
+struct Rewrite<'g> {
+    g: &'g Graph,
+    choice: &'g Choice,
+    out: Graph,
+    map: Vec<Option<ValueId>>,
+    /// Each split parameter's `.lo` parameter.
+    lo_of: HashMap<ValueId, ValueId>,
+    /// Per source value of a split table's chain: its low half in the new graph.
+    cur_lo: HashMap<ValueId, ValueId>,
+    /// Updates of the `.lo` halves, added after the graph's own.
+    extra_updates: Vec<(ValueId, ValueId)>,
+}
+
+impl<'g> Rewrite<'g> {
+    /// The new graph's inputs and parameters (bf16 where chosen, `.lo` halves).
+    fn new(g: &'g Graph, choice: &'g Choice) -> Result<Rewrite<'g>> {
+        let e = PassError::ir(ID);
+        let mut out = Graph::new(g.name.clone());
+        let mut map: Vec<Option<ValueId>> = vec![None; g.values().len()];
+        for &v in g.inputs() {
+            map[v.index()] = Some(out.add_input(g.name_of(v), g.ty(v).clone()).map_err(e)?);
+        }
+        for &p in g.params() {
+            let ty = if choice.weights.contains(&p) || choice.tables.contains(&p) {
+                g.ty(p).with_dtype(DType::BF16)
+            } else {
+                g.ty(p).clone()
+            };
+            map[p.index()] = Some(out.add_param(g.name_of(p), ty).map_err(e)?);
+        }
+        let mut lo_of: HashMap<ValueId, ValueId> = HashMap::new();
+        for &p in g.params().iter().filter(|&&p| choice.split(p)) {
             let name = out.fresh_name(&format!("{}.lo", g.name_of(p)));
             let lo = out
                 .add_param(&name, g.ty(p).with_dtype(DType::BF16))
                 .map_err(e)?;
             lo_of.insert(p, lo);
         }
-    }
-    let get = |map: &[Option<ValueId>], v: ValueId| {
-        map[v.index()].ok_or_else(|| PassError::Graph {
-            pass: ID.into(),
-            graph: g.name.clone(),
-            reason: format!("%{} is used before it is defined", g.name_of(v)),
+        let cur_lo = choice.split_tables.iter().map(|t| (*t, lo_of[t])).collect();
+        Ok(Rewrite {
+            g,
+            choice,
+            out,
+            map,
+            lo_of,
+            cur_lo,
+            extra_updates: Vec::new(),
         })
-    };
-    // Per source value of a split table's chain: its low half in the new graph.
-    let mut cur_lo: HashMap<ValueId, ValueId> =
-        split_tables.iter().map(|t| (*t, lo_of[t])).collect();
-    let mut extra_updates: Vec<(ValueId, ValueId)> = Vec::new();
-    for node in nodes {
-        let ins = node
-            .inputs
-            .iter()
-            .map(|&v| get(&map, v))
-            .collect::<Result<Vec<_>>>()?;
-        let names: Vec<&str> = node.outputs.iter().map(|&o| g.name_of(o)).collect();
-        let op = match &node.op {
-            Op::BlockAct { bk, .. } => {
-                // An activation (forward input or the x of a weight gradient)?
-                let y = node.outputs[0];
-                let act_use = users[y.index()].iter().all(|&u| match &nodes[u].op {
-                    Op::Brgemm { .. } => nodes[u].inputs[0] == y,
-                    Op::BrgemmWgrad { .. } => nodes[u].inputs.last() == Some(&y),
-                    _ => false,
-                });
-                let dtype = if act_use && !users[y.index()].is_empty() {
-                    DType::BF16
-                } else {
-                    DType::F32
-                };
-                Op::BlockAct { bk: *bk, dtype }
-            }
-            Op::UnblockAct { k, dtype } => {
-                let src = node.inputs[0];
-                let from_fwd =
-                    def_node(g, src).is_some_and(|m| matches!(nodes[m].op, Op::Brgemm { .. }));
-                let keep = sens_vals.contains(&node.outputs[0]) || mixed;
-                let dtype = if from_fwd && !keep {
-                    DType::BF16
-                } else {
-                    *dtype
-                };
-                Op::UnblockAct { k: *k, dtype }
-            }
-            Op::Sgd { lr } if trained.contains(&node.inputs[0]) => {
-                let w = node.inputs[0];
-                let lo = lo_of[&w];
-                let lo_next = format!("{}.next", out.name_of(lo));
-                let outs = out
-                    .add_node(
-                        Op::SplitSgd { lr: *lr },
-                        &[ins[0], lo, ins[1]],
-                        &[g.name_of(node.outputs[0]), &lo_next],
-                    )
-                    .map_err(e)?;
-                map[node.outputs[0].index()] = Some(outs[0]);
-                extra_updates.push((lo, outs[1]));
+    }
+
+    /// The value `v` of the old graph in the new one.
+    fn get(&self, v: ValueId) -> Result<ValueId> {
+        self.map[v.index()].ok_or_else(|| PassError::Graph {
+            pass: ID.into(),
+            graph: self.g.name.clone(),
+            reason: format!("%{} is used before it is defined", self.g.name_of(v)),
+        })
+    }
+
+    /// Rewrites every node, the outputs and the updates; returns the new graph and
+    /// the `.lo` parameter of each split parameter.
+    fn run(mut self, mixed: bool) -> Result<(Graph, HashMap<ValueId, ValueId>)> {
+        let g = self.g;
+        let users = g.users();
+        for node in g.nodes() {
+            let ins = node
+                .inputs
+                .iter()
+                .map(|&v| self.get(v))
+                .collect::<Result<Vec<_>>>()?;
+            if self.split_update(node, &ins)? {
                 continue;
             }
-            Op::EmbeddingUpdate { mode, lr } if cur_lo.contains_key(&node.inputs[0]) => {
-                let lo = cur_lo[&node.inputs[0]];
-                let lo_next = out.fresh_name(&format!("{}.next", out.name_of(lo)));
-                let mut operands = vec![ins[0], lo];
-                operands.extend_from_slice(&ins[1..]);
-                let outs = out
-                    .add_node(
-                        Op::SplitEmbeddingUpdate {
-                            mode: *mode,
-                            lr: *lr,
-                        },
-                        &operands,
-                        &[g.name_of(node.outputs[0]), &lo_next],
-                    )
-                    .map_err(e)?;
-                map[node.outputs[0].index()] = Some(outs[0]);
-                cur_lo.insert(node.outputs[0], outs[1]);
-                continue;
+            let op = match &node.op {
+                Op::BlockAct { bk, .. } => {
+                    // An activation (forward input or the x of a weight gradient)?
+                    let y = node.outputs[0];
+                    let act_use = users[y.index()].iter().all(|&u| match &g.nodes()[u].op {
+                        Op::Brgemm { .. } => g.nodes()[u].inputs[0] == y,
+                        Op::BrgemmWgrad { .. } => g.nodes()[u].inputs.last() == Some(&y),
+                        _ => false,
+                    });
+                    let dtype = if act_use && !users[y.index()].is_empty() {
+                        DType::BF16
+                    } else {
+                        DType::F32
+                    };
+                    Op::BlockAct { bk: *bk, dtype }
+                }
+                Op::UnblockAct { k, dtype } => {
+                    let from_fwd = def_node(g, node.inputs[0])
+                        .is_some_and(|m| matches!(g.nodes()[m].op, Op::Brgemm { .. }));
+                    let keep = self.choice.sensitive.contains(&node.outputs[0]) || mixed;
+                    let dtype = if from_fwd && !keep {
+                        DType::BF16
+                    } else {
+                        *dtype
+                    };
+                    Op::UnblockAct { k: *k, dtype }
+                }
+                other => other.clone(),
+            };
+            let names: Vec<&str> = node.outputs.iter().map(|&o| g.name_of(o)).collect();
+            let outs = self
+                .out
+                .add_node(op, &ins, &names)
+                .map_err(PassError::ir(ID))?;
+            for (&o, n) in node.outputs.iter().zip(outs) {
+                self.map[o.index()] = Some(n);
             }
-            other => other.clone(),
+        }
+        self.finish()
+    }
+
+    /// Adds `node` as its Split-SGD-BF16 form if it is the update of a split
+    /// parameter (`sgd` -> `split_sgd`, `embedding_update` ->
+    /// `split_embedding_update`); false if it is not.
+    fn split_update(&mut self, node: &dlrm_ir::Node, ins: &[ValueId]) -> Result<bool> {
+        let e = PassError::ir(ID);
+        let g = self.g;
+        let (op, lo, lo_next) = match &node.op {
+            Op::Sgd { lr } if self.choice.trained.contains(&node.inputs[0]) => {
+                let lo = self.lo_of[&node.inputs[0]];
+                let next = format!("{}.next", self.out.name_of(lo));
+                (Op::SplitSgd { lr: *lr }, lo, next)
+            }
+            Op::EmbeddingUpdate { mode, lr } if self.cur_lo.contains_key(&node.inputs[0]) => {
+                let lo = self.cur_lo[&node.inputs[0]];
+                let next = self
+                    .out
+                    .fresh_name(&format!("{}.next", self.out.name_of(lo)));
+                let op = Op::SplitEmbeddingUpdate {
+                    mode: *mode,
+                    lr: *lr,
+                };
+                (op, lo, next)
+            }
+            _ => return Ok(false),
         };
-        let outs = out.add_node(op, &ins, &names).map_err(e)?;
-        for (&o, n) in node.outputs.iter().zip(outs) {
-            map[o.index()] = Some(n);
-        }
-    }
-    let outputs = g
-        .outputs()
-        .iter()
-        .map(|&v| get(&map, v))
-        .collect::<Result<Vec<_>>>()?;
-    out.set_outputs(outputs);
-    for u in g.updates() {
-        let (p, v) = (get(&map, u.param)?, get(&map, u.value)?);
-        out.add_update(p, v).map_err(e)?;
-        if split_tables.contains(&u.param)
-            && let Some(&lo) = cur_lo.get(&u.value)
-        {
-            extra_updates.push((lo_of[&u.param], lo));
-        }
-    }
-    for (p, v) in extra_updates {
-        out.add_update(p, v).map_err(e)?;
-    }
-    if let Some(params) = params {
-        let mut los = Vec::new();
-        for (name, t) in params.iter_mut() {
-            let Some(v) = g.find(name) else { continue };
-            let vals = t.to_f32_vec();
-            if trained.contains(&v) || split_tables.contains(&v) {
-                let (hi, lo): (Vec<bf16>, Vec<bf16>) = vals
-                    .iter()
-                    .map(|x| {
-                        let b = x.to_bits();
-                        (
-                            bf16::from_bits((b >> 16) as u16),
-                            bf16::from_bits((b & 0xffff) as u16),
-                        )
-                    })
-                    .unzip();
-                let lo_name = out.name_of(lo_of[&v]).to_string();
-                los.push((lo_name, Tensor::bf16(t.shape.clone(), lo)));
-                *t = Tensor::bf16(t.shape.clone(), hi);
-            } else if (weights.contains(&v) || tables.contains(&v))
-                && matches!(t.data, Data::F32(_))
-            {
-                *t = Tensor::from_f32(DType::BF16, t.shape.clone(), vals);
+        // The low half is the operand after the parameter.
+        let mut operands = vec![ins[0], lo];
+        operands.extend_from_slice(&ins[1..]);
+        let outs = self
+            .out
+            .add_node(
+                op.clone(),
+                &operands,
+                &[g.name_of(node.outputs[0]), &lo_next],
+            )
+            .map_err(e)?;
+        self.map[node.outputs[0].index()] = Some(outs[0]);
+        match op {
+            Op::SplitSgd { .. } => self.extra_updates.push((lo, outs[1])),
+            _ => {
+                self.cur_lo.insert(node.outputs[0], outs[1]);
             }
         }
-        params.extend(los);
+        Ok(true)
     }
-    Ok(out)
+
+    /// The outputs and updates, the `.lo` halves' updates last.
+    fn finish(mut self) -> Result<(Graph, HashMap<ValueId, ValueId>)> {
+        let e = PassError::ir(ID);
+        let g = self.g;
+        let outputs = g
+            .outputs()
+            .iter()
+            .map(|&v| self.get(v))
+            .collect::<Result<Vec<_>>>()?;
+        self.out.set_outputs(outputs);
+        for u in g.updates() {
+            let (p, v) = (self.get(u.param)?, self.get(u.value)?);
+            self.out.add_update(p, v).map_err(e)?;
+            if self.choice.split_tables.contains(&u.param)
+                && let Some(&lo) = self.cur_lo.get(&u.value)
+            {
+                self.extra_updates.push((self.lo_of[&u.param], lo));
+            }
+        }
+        for (p, v) in std::mem::take(&mut self.extra_updates) {
+            self.out.add_update(p, v).map_err(e)?;
+        }
+        Ok((self.out, self.lo_of))
+    }
+}
+
+/// Converts the parameter tensors as the graph's types changed: a split
+/// parameter into its truncated high half and a new `.lo` tensor, other bf16
+/// ones rounded to nearest even.
+fn convert_params(
+    g: &Graph,
+    out: &Graph,
+    choice: &Choice,
+    lo_of: &HashMap<ValueId, ValueId>,
+    params: &mut Params,
+) {
+    let mut los = Vec::new();
+    for (name, t) in params.iter_mut() {
+        let Some(v) = g.find(name) else { continue };
+        let vals = t.to_f32_vec();
+        if choice.split(v) {
+            let (hi, lo): (Vec<bf16>, Vec<bf16>) = vals
+                .iter()
+                .map(|x| {
+                    let b = x.to_bits();
+                    (
+                        bf16::from_bits((b >> 16) as u16),
+                        bf16::from_bits((b & 0xffff) as u16),
+                    )
+                })
+                .unzip();
+            let lo_name = out.name_of(lo_of[&v]).to_string();
+            los.push((lo_name, Tensor::bf16(t.shape.clone(), lo)));
+            *t = Tensor::bf16(t.shape.clone(), hi);
+        } else if (choice.weights.contains(&v) || choice.tables.contains(&v))
+            && matches!(t.data, Data::F32(_))
+        {
+            *t = Tensor::from_f32(DType::BF16, t.shape.clone(), vals);
+        }
+    }
+    params.extend(los);
 }

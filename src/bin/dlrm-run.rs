@@ -8,15 +8,14 @@ use clap::Parser;
 use dlrm_ir::Communicator;
 use dlrm_passes::shard::human;
 use dlrm_runtime::checkpoint::{Checkpoint, is_checkpoint};
-use dlrm_runtime::driver::{Event, Mode, Report};
 use dlrm_runtime::metrics::{MetricsWriter, peak_rss_bytes};
 use dlrm_runtime::plan::{Plan, read_plan};
 use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, KernelChoice, LrPolicy, bench_loader};
+use dlrmc::console::{Console, Show, summary};
 use dlrmc::launch::{CheckpointOptions, infer_once, init_mpi, mpi_ranks, resume_note};
 use dlrmc::memory::{Budget, mpi_ranks_here};
 use dlrmc::shard::{PlannerArgs, parse_mem_arg};
 use dlrmc::{Comm, Ranks, RunOptions, RunSettings, ShardSettings, job_for, run_job};
-use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -360,9 +359,96 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     {
         eprintln!("{note}");
     }
+    let opts = run_options(cli, ranks, &place, data, resume)?;
+    if let Some(inputs) = &cli.inputs {
+        return infer_file(plan, inputs, cli.outputs.as_deref(), cli);
+    }
+    let name = plan.name.clone();
+    let job = job_for(plan, &opts)?;
+    let iters = job.iters;
+    let steps_per_epoch = match &opts.settings.data {
+        Some(d) => Some(dlrm_runtime::dataset::steps_per_epoch(
+            &dlrm_data::Dataset::open(&d.path)?,
+            &d.train_split,
+            job.global_batch,
+        )?),
+        None => None,
+    };
+    let loader = if cli.bench && root {
+        bench_loader(&job, 50)?
+    } else {
+        None
+    };
+    let mut console = Console::new(
+        iters,
+        match cli.quiet {
+            true => Show::Nothing,
+            false if root && std::io::stderr().is_terminal() => Show::Bar,
+            false => Show::Lines,
+        },
+        steps_per_epoch,
+        match &cli.metrics {
+            Some(path) if root => Some(MetricsWriter::create(path)?),
+            _ => None,
+        },
+    );
+    let report = run_job(job, place, &mut |e| console.event(e));
+    let metrics = console.finish();
+    let Some(report) = report? else {
+        // Not rank 0: rank 0 reports for the job; each process its own peak memory.
+        if !cli.quiet
+            && let (Some(rank), Some(b)) = (rank, peak_rss_bytes())
+        {
+            // One write: stderr is unbuffered, and `mpirun` merges the processes'
+            // streams, so a line written in pieces can be cut by another rank's.
+            let line = format!(
+                "rank {rank}: peak resident memory {} ({b} bytes)\n",
+                human(b)
+            );
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+        }
+        return Ok(());
+    };
+    if let Some(m) = metrics? {
+        m.finish(&report)?;
+    }
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    if cli.bench {
+        eprint!("{}", report.bench_table());
+        if let Some(l) = loader {
+            let steps_per_s = report.samples_per_s / report.global_batch.max(1) as f64;
+            eprintln!(
+                "loader (rank 0 of {}, one thread): {:.1} batches/s = {:.0} samples/s, {:.1}x the training step's consumption ({:.1} steps/s)",
+                report.ranks,
+                l.batches_per_s,
+                l.samples_per_s,
+                if steps_per_s > 0.0 {
+                    l.batches_per_s / steps_per_s
+                } else {
+                    0.0
+                },
+                steps_per_s
+            );
+        }
+    }
+    eprintln!("{}", summary(&name, &report));
+    Ok(())
+}
+
+/// The run's options from the command line: `data` (the dataset, if any) and
+/// `resume` (the checkpoint) as [`load`] and [`run_plan`] found them.
+fn run_options(
+    cli: &Cli,
+    ranks: usize,
+    place: &Ranks<'_>,
+    data: Option<DataConfig>,
+    resume: Option<Arc<Checkpoint>>,
+) -> Result<RunOptions> {
     let default_iters = resume.as_ref().map_or(100, |c| c.manifest().last_step);
-    let budget = run_budget(cli, ranks, &place)?;
-    let opts = RunOptions {
+    let budget = run_budget(cli, ranks, place)?;
+    Ok(RunOptions {
         settings: RunSettings {
             ranks,
             log_every: cli.log_every,
@@ -400,162 +486,7 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
                 .map_or(ShardSettings::default().mem_per_rank, |b| b.bytes),
         ),
         memory_budget: budget.filter(|_| !cli.no_mem_check),
-    };
-    if let Some(inputs) = &cli.inputs {
-        return infer_file(plan, inputs, cli.outputs.as_deref(), cli);
-    }
-    let name = plan.name.clone();
-    let job = job_for(plan, &opts)?;
-    let iters = job.iters;
-    let steps_per_epoch = match &opts.settings.data {
-        Some(d) => Some(dlrm_runtime::dataset::steps_per_epoch(
-            &dlrm_data::Dataset::open(&d.path)?,
-            &d.train_split,
-            job.global_batch,
-        )?),
-        None => None,
-    };
-    let epoch_of = |iter: u64| {
-        steps_per_epoch.map_or(String::new(), |spe| {
-            format!("epoch {:.2}  ", iter as f64 / spe as f64)
-        })
-    };
-    let loader = if cli.bench && root {
-        bench_loader(&job, 50)?
-    } else {
-        None
-    };
-    let mut metrics = match &cli.metrics {
-        Some(path) if root => Some(MetricsWriter::create(path)?),
-        _ => None,
-    };
-
-    let bar = (root && !cli.quiet && std::io::stderr().is_terminal()).then(|| {
-        let pb = ProgressBar::new(iters);
-        pb.set_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  [{elapsed}<{eta}]")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        pb
-    });
-    let mut metrics_err = None;
-    let report = run_job(job, place, &mut |e| {
-        if let Some(m) = metrics.as_mut()
-            && metrics_err.is_none()
-            && let Err(err) = m.event(e)
-        {
-            metrics_err = Some(err);
-        }
-        match e {
-            Event::Step {
-                iter,
-                loss,
-                lr,
-                samples_per_s,
-                elapsed,
-            } => {
-                let loss = loss.map_or(String::new(), |l| format!("loss {l:.5}  "));
-                let lr = lr.map_or(String::new(), |l| format!("lr {l}  "));
-                let msg = format!("{}{loss}{lr}{samples_per_s:.0} samples/s", epoch_of(*iter));
-                match &bar {
-                    Some(pb) => {
-                        pb.set_position(*iter);
-                        pb.set_message(msg);
-                    }
-                    None if !cli.quiet => eprintln!(
-                        "step {iter:>6}/{}  {msg}  ({:.1} s)",
-                        iters,
-                        elapsed.as_secs_f64()
-                    ),
-                    None => {}
-                }
-            }
-            Event::Eval { batch, batches } => {
-                if let Some(pb) = &bar {
-                    pb.set_message(format!("evaluating {batch}/{batches}"));
-                }
-            }
-            Event::Checkpoint(w) => {
-                let line = format!(
-                    "checkpoint after step {}: {} ({:.1} MB in {:.2} s, {:.2} GB/s)",
-                    w.step,
-                    w.path.display(),
-                    w.bytes as f64 / 1e6,
-                    w.seconds,
-                    if w.seconds > 0.0 {
-                        w.bytes as f64 / w.seconds / 1e9
-                    } else {
-                        0.0
-                    }
-                );
-                match &bar {
-                    Some(pb) => pb.println(line),
-                    None if !cli.quiet => eprintln!("{line}"),
-                    None => {}
-                }
-            }
-            Event::Evaluated(m) => {
-                let line = format!(
-                    "eval {}after step {}: {}",
-                    epoch_of(m.iter),
-                    m.iter,
-                    eval_line(m)
-                );
-                match &bar {
-                    Some(pb) => pb.println(line),
-                    None if !cli.quiet => eprintln!("{line}"),
-                    None => {}
-                }
-            }
-        }
-    });
-    if let Some(pb) = &bar {
-        pb.finish_and_clear();
-    }
-    let Some(report) = report? else {
-        // Not rank 0: rank 0 reports for the job; each process its own peak memory.
-        if !cli.quiet
-            && let (Some(rank), Some(b)) = (rank, peak_rss_bytes())
-        {
-            // One write: stderr is unbuffered, and `mpirun` merges the processes'
-            // streams, so a line written in pieces can be cut by another rank's.
-            let line = format!(
-                "rank {rank}: peak resident memory {} ({b} bytes)\n",
-                human(b)
-            );
-            let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-        }
-        return Ok(());
-    };
-    if let Some(err) = metrics_err {
-        return Err(err.into());
-    }
-    if let Some(m) = metrics {
-        m.finish(&report)?;
-    }
-    if cli.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    }
-    if cli.bench {
-        eprint!("{}", report.bench_table());
-        if let Some(l) = loader {
-            let steps_per_s = report.samples_per_s / report.global_batch.max(1) as f64;
-            eprintln!(
-                "loader (rank 0 of {}, one thread): {:.1} batches/s = {:.0} samples/s, {:.1}x the training step's consumption ({:.1} steps/s)",
-                report.ranks,
-                l.batches_per_s,
-                l.samples_per_s,
-                if steps_per_s > 0.0 {
-                    l.batches_per_s / steps_per_s
-                } else {
-                    0.0
-                },
-                steps_per_s
-            );
-        }
-    }
-    eprintln!("{}", summary(&name, &report));
-    Ok(())
+    })
 }
 
 /// The memory budget of a rank, for both the placement of the tables and the
@@ -601,71 +532,6 @@ fn run_budget(cli: &Cli, ranks: usize, place: &Ranks<'_>) -> Result<Option<Budge
         }
         Ranks::Process(_) => budget,
     }))
-}
-
-fn summary(name: &str, r: &Report) -> String {
-    let what = match r.mode {
-        Mode::Train => "trained",
-        Mode::Infer => "served",
-    };
-    let mut s = format!(
-        "{what} `{name}`: {} steps on {} rank{}, global batch {}",
-        r.iters,
-        r.ranks,
-        if r.ranks == 1 { "" } else { "s" },
-        r.global_batch
-    );
-    if let Some(l) = r.final_loss {
-        s += &format!(", final loss {l:.5}");
-    }
-    s += &format!(", {:.0} samples/s", r.samples_per_s);
-    if let Some(b) = r.peak_rss_bytes {
-        s += &format!(", peak resident memory {} ({b} bytes)", human(b));
-    }
-    if let Some(a) = r.auc {
-        s += &format!(", AUC {a:.4}");
-    }
-    if let Some(a) = r.accuracy {
-        s += &format!(", accuracy {a:.4}");
-    }
-    if let Some(l) = r.log_loss {
-        s += &format!(", log loss {l:.5}");
-    }
-    if let Some(ne) = r.ne {
-        s += &format!(", NE {ne:.4}");
-    }
-    s += &format!(
-        " ({} {} samples)",
-        r.eval_samples,
-        if r.eval_split == "heldout" {
-            "held-out".to_string()
-        } else {
-            format!("`{}`", r.eval_split)
-        }
-    );
-    if let Some(b) = &r.best {
-        s += &format!(
-            ", best {} AUC {:.4} at step {}",
-            r.evals.first().map_or("", |m| m.split.as_str()),
-            b.auc,
-            b.iter
-        );
-    }
-    s += &format!(", {:.1} s", r.wall_s);
-    s
-}
-
-fn eval_line(m: &dlrm_runtime::EvalMetrics) -> String {
-    let f = |v: Option<f64>| v.map_or("-".to_string(), |x| format!("{x:.4}"));
-    format!(
-        "`{}` ({} samples): AUC {}, log loss {}, accuracy {}, NE {}",
-        m.split,
-        m.samples,
-        f(m.auc),
-        f(m.log_loss),
-        f(m.accuracy),
-        f(m.ne)
-    )
 }
 
 /// The plan to run and the checkpoint to resume from: the positional argument is

@@ -47,6 +47,51 @@ fn err(reason: String) -> PassError {
 
 /// Places `tables` as the module docs say.
 pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
+    let budget = table_budget(opts)?;
+    let cm = CostModel::new(*opts, true);
+    // 1. Data-parallel tables.
+    let (mut kind, replicated_bytes) = data_parallel(tables, opts, &cm, budget);
+    let room = Room {
+        avail: budget - replicated_bytes,
+        replicated: replicated_bytes,
+    };
+    // 2. Shard counts.
+    let units = shard_units(tables, &mut kind, opts, &cm, room.avail);
+    // 3. LPT, 4. refine.
+    let mut st = lpt(tables, &units, opts, &cm, room)?;
+    st.refine(&units, room.avail);
+
+    // The plan, shards in row order.
+    let mut plans: Vec<TablePlan> = tables
+        .iter()
+        .zip(&kind)
+        .map(|(t, k)| TablePlan {
+            table: t.name.clone(),
+            kind: *k,
+            shards: Vec::new(),
+        })
+        .collect();
+    for (u, unit) in units.iter().enumerate() {
+        plans[unit.table].shards.push(Shard {
+            rank: st.rank_of[u],
+            lo: unit.lo,
+            hi: unit.hi,
+        });
+    }
+    for p in &mut plans {
+        p.shards.sort_by_key(|s| s.lo);
+    }
+    let plan = ShardPlan {
+        ranks: opts.ranks,
+        tables: plans,
+    };
+    plan.check(tables)?;
+    Ok(plan)
+}
+
+/// Step 0: each rank's bytes for tables (`mem_per_rank` less
+/// `reserved_per_rank`), or an error when the options leave none.
+fn table_budget(opts: &PlannerOptions) -> Result<u64> {
     let r = opts.ranks;
     if r == 0 {
         return Err(err("the rank count must be at least 1".into()));
@@ -58,7 +103,6 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
             opts.global_batch
         )));
     }
-    let cm = CostModel::new(*opts, true);
     let budget = opts.mem_per_rank;
     if opts.reserved_per_rank >= budget {
         return Err(err(format!(
@@ -72,16 +116,31 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
             super::memory::human(budget),
         )));
     }
-    let budget = budget - opts.reserved_per_rank;
-    // A table's rows with the state kept per row (its low half, its accumulator).
-    let bytes = |t: &TableInfo| t.bytes();
+    Ok(budget - opts.reserved_per_rank)
+}
 
-    // 1. Data-parallel tables.
+/// A rank's room for sharded tables: what is left of its budget, and what the
+/// replicated tables took.
+#[derive(Clone, Copy, Debug)]
+struct Room {
+    avail: u64,
+    replicated: u64,
+}
+
+/// Step 1: each table's kind (data-parallel or, for now, table-wise) and the
+/// bytes the replicated ones take on every rank.
+fn data_parallel(
+    tables: &[TableInfo],
+    opts: &PlannerOptions,
+    cm: &CostModel,
+    budget: u64,
+) -> (Vec<ShardKind>, u64) {
+    let r = opts.ranks;
     let mut kind = vec![ShardKind::TableWise; tables.len()];
     let mut replicated_bytes = 0u64;
     if r > 1 {
         let mut by_size: Vec<usize> = (0..tables.len()).collect();
-        by_size.sort_by_key(|&i| (bytes(&tables[i]), i));
+        by_size.sort_by_key(|&i| (tables[i].bytes(), i));
         for i in by_size {
             let t = &tables[i];
             let (c, m) = cm.replicated(t);
@@ -89,22 +148,32 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
             let tw = (cm.shard_compute(t, 1.0) + cm.exchanges() * cm.unit_send_bytes(t) * beta)
                 / r as f64
                 + cm.exchanges() * cm.unit_recv_bytes(t) * beta;
-            if c + m < tw && replicated_bytes + bytes(t) <= budget {
+            if c + m < tw && replicated_bytes + t.bytes() <= budget {
                 kind[i] = ShardKind::DataParallel;
-                replicated_bytes += bytes(t);
+                replicated_bytes += t.bytes();
             }
         }
     }
-    let avail = budget - replicated_bytes;
+    (kind, replicated_bytes)
+}
 
-    // 2. Shard counts.
+/// Step 2: every table that is not data-parallel cut into its shards (row-wise
+/// when more than one), each a [`Unit`] with its costs.
+fn shard_units(
+    tables: &[TableInfo],
+    kind: &mut [ShardKind],
+    opts: &PlannerOptions,
+    cm: &CostModel,
+    avail: u64,
+) -> Vec<Unit> {
+    let r = opts.ranks;
+    let beta = 1.0 / (opts.network.gbps * 1e9);
     let unit_cost = |t: &TableInfo, k: usize| {
-        let beta = 1.0 / (opts.network.gbps * 1e9);
         cm.shard_compute(t, 1.0 / k as f64) + cm.exchanges() * cm.unit_send_bytes(t) * beta
     };
     let mean_load = tables
         .iter()
-        .zip(&kind)
+        .zip(kind.iter())
         .filter(|(_, k)| **k != ShardKind::DataParallel)
         .map(|(t, _)| unit_cost(t, 1))
         .sum::<f64>()
@@ -114,11 +183,10 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
         if kind[i] == ShardKind::DataParallel {
             continue;
         }
-        let need = bytes(t).div_ceil(avail.max(1)).max(1) as usize;
+        let need = t.bytes().div_ceil(avail.max(1)).max(1) as usize;
         let k_max = r.min(t.rows.max(1));
         let mut k = need;
         if k_max >= 2 {
-            let beta = 1.0 / (opts.network.gbps * 1e9);
             let recv = cm.exchanges() * cm.unit_recv_bytes(t) * beta;
             let est = |k: usize| unit_cost(t, k).max(mean_load) + k as f64 * recv;
             let mut best = (est(need), need);
@@ -147,8 +215,20 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
             });
         }
     }
+    units
+}
 
-    // 3. LPT.
+/// Step 3: units by decreasing cost, each to the least-loaded rank with room
+/// that holds no other shard of its table; an error naming the unit when none
+/// has room.
+fn lpt<'u>(
+    tables: &[TableInfo],
+    units: &'u [Unit],
+    opts: &PlannerOptions,
+    cm: &'u CostModel,
+    room: Room,
+) -> Result<State<'u>> {
+    let r = opts.ranks;
     let mut order: Vec<usize> = (0..units.len()).collect();
     order.sort_by(|&a, &b| {
         units[b]
@@ -156,79 +236,48 @@ pub fn plan(tables: &[TableInfo], opts: &PlannerOptions) -> Result<ShardPlan> {
             .total_cmp(&units[a].cost)
             .then((units[a].table, units[a].lo).cmp(&(units[b].table, units[b].lo)))
     });
-    let mut st = State::new(r, &units, &cm);
+    let mut st = State::new(r, units, cm);
     let mut load = vec![0.0f64; r];
     for u in order {
-        let mut best: Option<usize> = None;
-        for rank in 0..r {
-            if !st.fits(&units, u, rank, avail) {
-                continue;
-            }
-            if best.is_none_or(|b| load[rank] < load[b]) {
-                best = Some(rank);
-            }
-        }
+        // The first of the least loaded (ties: lowest rank).
+        let best = (0..r)
+            .filter(|&rank| st.fits(units, u, rank, room.avail))
+            .min_by(|&a, &b| load[a].total_cmp(&load[b]));
         let Some(rank) = best else {
-            let un = &units[u];
-            let t = &tables[un.table];
-            // What the bytes count: the rows and the state sharded with them.
-            let row = t.dim * t.elem_bytes;
-            let counted = match t.state_bytes_per_row {
-                0 => format!("{row} bytes a row, no optimizer state"),
-                s => format!(
-                    "{row} bytes a row and {s} of its optimizer state (a bf16 table's \
-                     Split-SGD low half, or an Adagrad accumulator), held with it"
-                ),
-            };
-            return Err(err(format!(
-                "no rank can hold rows {}..{} of table `{}` ({}, {} bytes: {counted}): \
-                 every rank's {} for tables (--mem-per-rank {} less \
-                 {} for the rest of the rank, {} of replicated tables) is taken; raise \
-                 --mem-per-rank or --ranks",
-                un.lo,
-                un.hi,
-                t.name,
-                super::memory::human(un.bytes),
-                un.bytes,
-                super::memory::human(avail),
-                super::memory::human(opts.mem_per_rank),
-                super::memory::human(opts.reserved_per_rank),
-                super::memory::human(replicated_bytes),
-            )));
+            return Err(no_room(&tables[units[u].table], &units[u], opts, room));
         };
         load[rank] += units[u].cost;
-        st.assign(&units, u, rank);
+        st.assign(units, u, rank);
     }
+    Ok(st)
+}
 
-    // 4. Refine.
-    st.refine(&units, avail);
-
-    // The plan, shards in row order.
-    let mut plans: Vec<TablePlan> = tables
-        .iter()
-        .zip(&kind)
-        .map(|(t, k)| TablePlan {
-            table: t.name.clone(),
-            kind: *k,
-            shards: Vec::new(),
-        })
-        .collect();
-    for (u, unit) in units.iter().enumerate() {
-        plans[unit.table].shards.push(Shard {
-            rank: st.rank_of[u],
-            lo: unit.lo,
-            hi: unit.hi,
-        });
-    }
-    for p in &mut plans {
-        p.shards.sort_by_key(|s| s.lo);
-    }
-    let plan = ShardPlan {
-        ranks: r,
-        tables: plans,
+/// The error when no rank can hold `un` of table `t`.
+fn no_room(t: &TableInfo, un: &Unit, opts: &PlannerOptions, room: Room) -> PassError {
+    // What the bytes count: the rows and the state sharded with them.
+    let row = t.dim * t.elem_bytes;
+    let counted = match t.state_bytes_per_row {
+        0 => format!("{row} bytes a row, no optimizer state"),
+        s => format!(
+            "{row} bytes a row and {s} of its optimizer state (a bf16 table's \
+             Split-SGD low half, or an Adagrad accumulator), held with it"
+        ),
     };
-    plan.check(tables)?;
-    Ok(plan)
+    err(format!(
+        "no rank can hold rows {}..{} of table `{}` ({}, {} bytes: {counted}): \
+         every rank's {} for tables (--mem-per-rank {} less \
+         {} for the rest of the rank, {} of replicated tables) is taken; raise \
+         --mem-per-rank or --ranks",
+        un.lo,
+        un.hi,
+        t.name,
+        super::memory::human(un.bytes),
+        un.bytes,
+        super::memory::human(room.avail),
+        super::memory::human(opts.mem_per_rank),
+        super::memory::human(opts.reserved_per_rank),
+        super::memory::human(room.replicated),
+    ))
 }
 
 /// A refinement step: its score (max rank time, sum of squares), the unit moved,
