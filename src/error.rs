@@ -47,6 +47,10 @@ pub enum Error {
     /// Options that cannot run (rank count, step count, batch size, mode).
     #[error("{0}")]
     Options(String),
+    /// Measuring this machine's rates, or reading or writing their file
+    /// ([`crate::calibrate`]), failed.
+    #[error("calibration: {0}")]
+    Calibration(String),
     /// The job does not fit the memory budget (refused before allocating).
     #[error("not enough memory: {0}")]
     Memory(String),

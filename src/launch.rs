@@ -268,16 +268,16 @@ fn batch_and_steps(plan: &Plan, opts: &RunOptions) -> Result<(usize, u64)> {
 
 /// Each rank's inference graph, training graph (when training), and the row
 /// shards the ranks hold.
-type Placed = (Vec<dlrm_ir::Graph>, Option<Vec<dlrm_ir::Graph>>, Vec<RowPiece>);
+type Placed = (
+    Vec<dlrm_ir::Graph>,
+    Option<Vec<dlrm_ir::Graph>>,
+    Vec<RowPiece>,
+);
 
 /// The per-rank graphs (inference, training) of `plan` at `opts`' rank count and
 /// the row shards they hold: one placement for both graphs ([`crate::shard`]), or
 /// the whole graphs on one rank.
-fn place(
-    plan: &Plan,
-    opts: &RunOptions,
-    global_batch: usize,
-) -> Result<Placed> {
+fn place(plan: &Plan, opts: &RunOptions, global_batch: usize) -> Result<Placed> {
     let ranks = opts.settings.ranks;
     if ranks == 1 {
         let train = match (&plan.train, opts.infer) {

@@ -18,6 +18,7 @@
 
 #![warn(missing_docs)]
 
+pub mod calibrate;
 pub mod compile;
 pub mod console;
 pub mod data_cmd;

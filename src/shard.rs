@@ -32,6 +32,8 @@ pub struct ShardSettings {
     /// Bytes per dense-gradient all-reduce bucket (0: one all-reduce per gradient;
     /// see `dlrm_passes::bucket`).
     pub bucket_bytes: u64,
+    /// Where `network` and `machine` come from.
+    pub rates: Rates,
 }
 
 impl Default for ShardSettings {
@@ -41,7 +43,32 @@ impl Default for ShardSettings {
             network: Network::default(),
             machine: Machine::default(),
             bucket_bytes: DEFAULT_BUCKET_BYTES,
+            rates: Rates::Default,
         }
+    }
+}
+
+/// Where the planner's machine and network rates come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rates {
+    /// The built-in guesses ([`Machine::default`], [`Network::default`]).
+    #[default]
+    Default,
+    /// Measured on this machine by `dlrmc calibrate` ([`crate::calibrate`]).
+    Calibrated,
+    /// `--machine` and `--network` (or one of them, the other calibrated or the
+    /// default).
+    Flags,
+}
+
+impl std::fmt::Display for Rates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Rates::Default => "built-in guesses: measure them with `dlrmc calibrate`",
+            Rates::Calibrated => "measured by `dlrmc calibrate`",
+            Rates::Flags => "from --machine/--network",
+        })
     }
 }
 
@@ -72,16 +99,21 @@ pub fn parse_bucket_bytes(s: &str) -> Result<u64> {
 /// The sharding planner's flags that `dlrmc compile`, `dlrmc plan-shards` and
 /// `dlrm-run` share (each binary declares its own `--mem-per-rank`, whose default
 /// differs: the planner's 16 GiB, or `dlrm-run`'s memory budget).
-#[derive(clap::Args, Clone, Copy, Debug, Default, PartialEq)]
+#[derive(clap::Args, Clone, Debug, Default, PartialEq)]
 pub struct PlannerArgs {
-    /// Sharding planner: the network between ranks, `latency_us,GBps` (default
-    /// 2,12.5).
+    /// Sharding planner: the network between ranks, `latency_us,GBps` (default:
+    /// the calibration's, else 2,12.5).
     #[arg(long, value_name = "US,GBPS", value_parser = parse_network_arg)]
     pub network: Option<Network>,
-    /// Sharding planner: one rank's compute rates, `GFLOPs,GBps` (default 20,4:
-    /// one core here).
+    /// Sharding planner: one rank's compute rates, `GFLOPs,GBps` (default: the
+    /// calibration's, else 20,4: one core of an AVX2 machine).
     #[arg(long, value_name = "GFLOPS,GBPS", value_parser = parse_machine_arg)]
     pub machine: Option<Machine>,
+    /// Sharding planner: the rates measured by `dlrmc calibrate` (default: its
+    /// file, `$DLRMC_CALIBRATION` or `~/.cache/dlrmc/calibration.json`, when it
+    /// exists).
+    #[arg(long, value_name = "FILE")]
+    pub calibration: Option<std::path::PathBuf>,
     /// Fuse the dense-gradient all-reduces into buckets of this many bytes, in the
     /// order backward produces the gradients, e.g. `1MiB` (default), `25MiB`; 0:
     /// one all-reduce per gradient.
@@ -90,16 +122,36 @@ pub struct PlannerArgs {
 }
 
 impl PlannerArgs {
-    /// The settings these flags give (the defaults for those not given), with
-    /// `mem_per_rank` bytes of tables per rank.
-    pub fn settings(&self, mem_per_rank: u64) -> ShardSettings {
+    /// The settings these flags give, with `mem_per_rank` bytes of tables per
+    /// rank: `--machine`/`--network` when given, else the calibration's rates
+    /// (`--calibration`, else the default file when it exists), else the
+    /// built-in guesses. An unreadable or invalid calibration file is an error.
+    pub fn settings(&self, mem_per_rank: u64) -> Result<ShardSettings> {
         let d = ShardSettings::default();
-        ShardSettings {
+        let path = match &self.calibration {
+            Some(p) => Some(p.clone()),
+            None => crate::calibrate::default_path().filter(|p| p.exists()),
+        };
+        let measured = match (self.machine.is_some() && self.network.is_some(), path) {
+            (false, Some(p)) => Some(crate::calibrate::read(&p)?),
+            _ => None,
+        };
+        let rates = match (self.machine.is_some() || self.network.is_some(), &measured) {
+            (true, _) => Rates::Flags,
+            (false, Some(_)) => Rates::Calibrated,
+            (false, None) => Rates::Default,
+        };
+        let (machine, network) = match measured {
+            Some(c) => (c.machine, c.network),
+            None => (d.machine, d.network),
+        };
+        Ok(ShardSettings {
             mem_per_rank,
-            network: self.network.unwrap_or(d.network),
-            machine: self.machine.unwrap_or(d.machine),
+            network: self.network.unwrap_or(network),
+            machine: self.machine.unwrap_or(machine),
             bucket_bytes: self.bucket_bytes.unwrap_or(d.bucket_bytes),
-        }
+            rates,
+        })
     }
 }
 
@@ -217,6 +269,8 @@ pub struct ShardReport {
     pub scaling: Vec<ScalePoint>,
     /// The options used.
     pub options: PlannerOptions,
+    /// Where the machine and network rates came from.
+    pub rates: Rates,
     /// Every rank's memory account ([`dlrm_passes::shard::memory`]).
     pub memory: Vec<MemoryAccount>,
 }
@@ -340,6 +394,7 @@ pub fn plan_shards_graphs(
         prediction,
         scaling,
         options: opts,
+        rates: settings.rates,
         memory,
     })
 }
@@ -349,13 +404,15 @@ impl std::fmt::Display for ShardReport {
         let o = &self.options;
         writeln!(
             f,
-            "plan `{}`: network {} µs, {} GB/s; machine {} GFLOP/s, {} GB/s per rank; \
-             {} of memory per rank ({} of it for the rest of the rank, the rest for tables)",
+            "plan `{}`: network {:.3} µs, {:.3} GB/s; machine {:.2} GFLOP/s, {:.3} GB/s per rank \
+             ({}); {} of memory per rank ({} of it for the rest of the rank, the rest for \
+             tables)",
             self.plan,
             o.network.latency_us,
             o.network.gbps,
             o.machine.gflops,
             o.machine.mem_gbps,
+            self.rates,
             shard::human(o.mem_per_rank),
             shard::human(o.reserved_per_rank),
         )?;

@@ -484,7 +484,7 @@ fn run_options(
             budget
                 .as_ref()
                 .map_or(ShardSettings::default().mem_per_rank, |b| b.bytes),
-        ),
+        )?,
         memory_budget: budget.filter(|_| !cli.no_mem_check),
     })
 }

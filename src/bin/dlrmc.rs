@@ -36,6 +36,13 @@ enum Command {
     /// Place a plan's embedding tables on N ranks (table-wise, row-wise,
     /// data-parallel) and predict each rank's step time and the scaling from 1 to N.
     PlanShards(PlanShardsArgs),
+    /// Measure this machine's rates for the sharding planner (GEMM GFLOP/s,
+    /// embedding-gather GB/s, all-to-all latency and bandwidth between ranks) and
+    /// keep them where `plan-shards`, `compile` and `dlrm-run` read them.
+    ///
+    /// Between thread ranks by default; between processes with `mpirun -n N dlrmc
+    /// calibrate --comm mpi` (rank 0 writes the file).
+    Calibrate(CalibrateArgs),
     /// Datasets: convert Criteo data to `.ds`, inspect one, generate synthetic data.
     #[command(subcommand)]
     Data(dlrmc::data_cmd::DataCommand),
@@ -51,6 +58,35 @@ enum Command {
     /// Draw learning curves (training loss, validation AUC and log loss) of one or
     /// more `dlrm-run --metrics` files into an SVG.
     Plot(PlotArgs),
+}
+
+#[derive(Args, Debug)]
+struct CalibrateArgs {
+    /// Where to write the rates (default: `$DLRMC_CALIBRATION`, else
+    /// `$XDG_CACHE_HOME/dlrmc/calibration.json` or
+    /// `~/.cache/dlrmc/calibration.json`, which the planner reads by default).
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Worker threads of one rank (measure with the threads each rank of your
+    /// jobs will have).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    threads: usize,
+    /// Thread ranks exchanging data for the network rates (`--comm threads`).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    ranks: usize,
+    /// Ranks are `threads` of this process or `mpi` processes (under `mpirun`).
+    #[arg(long, value_name = "threads|mpi", default_value = "threads", value_parser = parse_comm)]
+    comm: dlrmc::Comm,
+    /// Fewer repetitions: rougher rates, sooner.
+    #[arg(long)]
+    quick: bool,
+    /// Print the calibration as JSON on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_comm(s: &str) -> std::result::Result<dlrmc::Comm, String> {
+    dlrmc::Comm::parse(s).ok_or_else(|| format!("`{s}`: expected threads or mpi"))
 }
 
 #[derive(Args, Debug)]
@@ -104,7 +140,7 @@ struct ShardArgs {
 }
 
 impl ShardArgs {
-    fn settings(&self) -> ShardSettings {
+    fn settings(&self) -> dlrmc::Result<ShardSettings> {
         let mem = self
             .mem_per_rank
             .unwrap_or(ShardSettings::default().mem_per_rank);
@@ -253,6 +289,7 @@ fn main() -> ExitCode {
         Command::Opt(a) => cmd_opt(a),
         Command::PlanShards(a) => cmd_plan_shards(a),
         Command::Export(a) => cmd_export(a),
+        Command::Calibrate(a) => cmd_calibrate(a),
         Command::Data(c) => dlrmc::data_cmd::run(c),
         Command::Plot(a) => {
             dlrmc::plot::plot_files(&a.metrics, &a.split, &a.output).map_err(Into::into)
@@ -322,7 +359,7 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
     let rank_stages =
         std::iter::once(pipeline::PARTITION).chain(pipeline::RANK_PASSES.iter().copied());
     if rank_stages.clone().any(wants) {
-        partition_stages(&plan, a.ranks, &a.shards.settings(), &mut |stage, g| {
+        partition_stages(&plan, a.ranks, &a.shards.settings()?, &mut |stage, g| {
             if wants(&stage.pass) {
                 write_dump(&mut out, stage, g)
             }
@@ -407,6 +444,59 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
     Ok(())
 }
 
+fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
+    use dlrmc::calibrate::{self, CalibrateOptions};
+    let opts = CalibrateOptions {
+        threads: a.threads,
+        ranks: a.ranks,
+        quick: a.quick,
+    };
+    let path = match a.output.clone().or_else(calibrate::default_path) {
+        Some(p) => p,
+        None => bail!(
+            "no place for the calibration: give --output (DLRMC_CALIBRATION is `none`, or HOME is unset)"
+        ),
+    };
+    let comm = match a.comm {
+        dlrmc::Comm::Threads => None,
+        dlrmc::Comm::Mpi => Some(dlrmc::launch::init_mpi()?),
+    };
+    let root = comm.as_ref().is_none_or(|c| c.rank() == 0);
+    let dyn_comm = comm.as_ref().map(|c| c as &dyn dlrm_ir::Communicator);
+    let c = calibrate::measure(opts, dyn_comm, &mut |line| {
+        if root {
+            eprintln!("{line}");
+        }
+    });
+    let c = match (c, &comm) {
+        (Ok(c), _) => c,
+        (Err(e), Some(comm)) => {
+            comm.abort(&e.to_string());
+            return Err(e.into());
+        }
+        (Err(e), None) => return Err(e.into()),
+    };
+    if !root {
+        return Ok(());
+    }
+    calibrate::write(&path, &c)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&c)?);
+    }
+    eprintln!(
+        "{}: machine {:.2},{:.3} network {:.3},{:.3} (--machine GFLOPS,GBPS --network US,GBPS; {} with {} thread{} a rank)",
+        path.display(),
+        c.machine.gflops,
+        c.machine.mem_gbps,
+        c.network.latency_us,
+        c.network.gbps,
+        c.cpu,
+        c.threads,
+        if c.threads == 1 { "" } else { "s" }
+    );
+    Ok(())
+}
+
 fn cmd_plan_shards(a: PlanShardsArgs) -> Result<()> {
     let is_description = a.plan.is_file()
         && a.plan
@@ -426,10 +516,10 @@ fn cmd_plan_shards(a: PlanShardsArgs) -> Result<()> {
             batch_size: g.batch_size,
             precision: &g.precision,
         };
-        dlrmc::shard::plan_shards_graphs(pg, a.ranks, a.batch_size, &a.shards.settings())?
+        dlrmc::shard::plan_shards_graphs(pg, a.ranks, a.batch_size, &a.shards.settings()?)?
     } else {
         let plan = read_plan_or_checkpoint(&a.plan)?;
-        plan_shards(&plan, a.ranks, a.batch_size, &a.shards.settings())?
+        plan_shards(&plan, a.ranks, a.batch_size, &a.shards.settings()?)?
     };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -46,10 +46,12 @@ pub fn run(bin: &str, args: &[&str]) -> Output {
     run_env(bin, args, &[])
 }
 
-/// [`run`] with the environment variables `env` set.
+/// [`run`] with the environment variables `env` set. The planner's rates are the
+/// built-in ones unless `env` says otherwise (a calibration this machine keeps,
+/// `dlrmc calibrate`, would change placements and predictions).
 pub fn run_env(bin: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut c = Command::new(bin);
-    c.args(args);
+    c.args(args).env("DLRMC_CALIBRATION", "none");
     for (k, v) in env {
         c.env(k, v);
     }

@@ -1,0 +1,325 @@
+//! `dlrmc calibrate`: measures, on this machine, the rates the sharding planner's
+//! cost model takes ([`dlrm_passes::shard::Machine`], [`Network`]), with the
+//! kernels and the communicator a job runs on, and keeps them in a calibration
+//! file the planner reads instead of its built-in guesses.
+//!
+//! - **GFLOP/s** (dense, GEMM-dominated work): the JIT `linear` (with its ReLU
+//!   epilogue) at an MLP layer of DLRM (local batch 1024, 512 → 512), best of
+//!   several timed calls on the rank's threads.
+//! - **Memory GB/s** (embedding gathers): the JIT `embedding_bag` (sum, 20 rows a
+//!   bag, random rows of a 256 MiB table, far larger than the caches), counting the
+//!   rows gathered, the indices and the results.
+//! - **Network** (alpha-beta): `all_to_all_v` between the ranks of the job's
+//!   communicator: N threads of this process (`--ranks`, the thread backend of
+//!   `dlrm-run`), or the processes of `mpirun -n N dlrmc calibrate --comm mpi`. The
+//!   latency is the median time of an exchange of one float per peer; the bandwidth
+//!   is the bytes a rank sends in a 4 MiB-per-peer exchange over its time less that
+//!   latency (the slowest rank's time, as the cost model takes).
+//!
+//! The file (JSON, written atomically) is `--output`, else the default path
+//! ([`default_path`]: `$DLRMC_CALIBRATION`, else
+//! `$XDG_CACHE_HOME/dlrmc/calibration.json`, else
+//! `~/.cache/dlrmc/calibration.json`). `dlrmc plan-shards`, `dlrmc compile` and
+//! `dlrm-run` read it when `--machine`/`--network` are not given
+//! ([`crate::shard::PlannerArgs`]); `DLRMC_CALIBRATION=none` turns that off.
+
+use crate::error::{Error, Result};
+use dlrm_codegen::jit::{self, JitOptions};
+use dlrm_ir::{Act, Communicator, DType, Dim, LocalGroup, Op, Pool, Tensor, TensorType};
+use dlrm_passes::shard::{Machine, Network};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The calibration file's `format` value.
+pub const FORMAT: &str = "dlrmc-calibration";
+
+/// Measured rates of one machine (the calibration file).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// The CPU (`model name` of `/proc/cpuinfo`, or the architecture).
+    pub cpu: String,
+    /// Worker threads of one rank during the compute measurements.
+    pub threads: usize,
+    /// Ranks of the network measurement, and how they talk (`threads` or `mpi`).
+    pub ranks: usize,
+    /// `threads` or `mpi`.
+    pub comm: String,
+    /// One rank's compute and memory rates.
+    pub machine: Machine,
+    /// Latency and bandwidth between ranks.
+    pub network: Network,
+    /// Seconds since the Unix epoch when it was measured.
+    pub measured_at: u64,
+}
+
+/// What to measure with.
+#[derive(Clone, Copy, Debug)]
+pub struct CalibrateOptions {
+    /// Worker threads of one rank.
+    pub threads: usize,
+    /// Thread ranks of the network measurement (ignored under MPI).
+    pub ranks: usize,
+    /// Fewer repetitions (a rougher, faster measurement).
+    pub quick: bool,
+}
+
+/// Measures every rate; `comm` is the MPI communicator when run under `mpirun`
+/// (every process calls this; all measure compute, all take part in the
+/// exchanges). `say` reports each measurement as it finishes.
+pub fn measure(
+    opts: CalibrateOptions,
+    comm: Option<&dyn Communicator>,
+    say: &mut dyn FnMut(&str),
+) -> Result<Calibration> {
+    if opts.threads == 0 {
+        return Err(Error::Options("--threads must be at least 1".into()));
+    }
+    if comm.is_none() && opts.ranks < 2 {
+        return Err(Error::Options(
+            "--ranks must be at least 2 to measure exchanges between ranks".into(),
+        ));
+    }
+    let reps = if opts.quick { 3 } else { 10 };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.threads)
+        .build()
+        .map_err(|e| Error::Calibration(format!("cannot start {} threads: {e}", opts.threads)))?;
+    let gflops = pool.install(|| gemm_gflops(reps))?;
+    say(&format!(
+        "GEMM (linear 1024x512x512, ReLU): {gflops:.1} GFLOP/s"
+    ));
+    let mem_gbps = pool.install(|| gather_gbps(reps))?;
+    say(&format!(
+        "embedding gather (256 MiB table, 20 rows a bag): {mem_gbps:.2} GB/s"
+    ));
+    let (network, ranks, how) = match comm {
+        Some(c) => (exchange_rates(c, reps)?, c.size(), "mpi"),
+        None => (
+            thread_exchange_rates(opts.ranks, reps)?,
+            opts.ranks,
+            "threads",
+        ),
+    };
+    say(&format!(
+        "all_to_all_v between {ranks} ranks ({how}): {:.1} µs, {:.2} GB/s",
+        network.latency_us, network.gbps
+    ));
+    Ok(Calibration {
+        format: FORMAT.into(),
+        cpu: cpu_name(),
+        threads: opts.threads,
+        ranks,
+        comm: how.into(),
+        machine: Machine { gflops, mem_gbps },
+        network,
+        measured_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    })
+}
+
+/// The best time of `reps` calls of `f` after one warm-up call.
+fn best_of(reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let mut best = f64::INFINITY;
+    for _ in 0..reps {
+        let t = Instant::now();
+        f()?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(best.max(1e-9))
+}
+
+/// Runs one JIT kernel; an op without a JIT kernel on this CPU is an error.
+fn jit_eval(op: &Op, ins: &[&Tensor], out: &TensorType, b: usize) -> Result<Vec<Tensor>> {
+    let syms = HashMap::from([("B".to_string(), b)]);
+    let outs = std::slice::from_ref(out);
+    match jit::try_eval(op, ins, outs, &syms, &JitOptions::default()) {
+        Some(r) => r.map_err(|e| Error::Calibration(format!("`{}` failed: {e}", op.mnemonic()))),
+        None => Err(Error::Calibration(format!(
+            "no JIT kernel for `{}` on this CPU: nothing to calibrate with",
+            op.mnemonic()
+        ))),
+    }
+}
+
+/// Values in [-1, 1) from a fixed xorshift stream (no allocation of randomness).
+fn values(n: usize, mut x: u64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn gemm_gflops(reps: usize) -> Result<f64> {
+    let (s, k, n) = (1024usize, 512usize, 512usize);
+    let x = Tensor::f32(vec![s, k], values(s * k, 1));
+    let w = Tensor::f32(vec![n, k], values(n * k, 2));
+    let b = Tensor::f32(vec![n], values(n, 3));
+    let out = TensorType::new(DType::F32, [Dim::batch(), Dim::Fixed(n)]);
+    let op = Op::Linear { act: Act::Relu };
+    let secs = best_of(reps, || jit_eval(&op, &[&x, &w, &b], &out, s).map(drop))?;
+    Ok(2.0 * (s * k * n) as f64 / secs / 1e9)
+}
+
+fn gather_gbps(reps: usize) -> Result<f64> {
+    let (rows, d, batch, pool) = (1usize << 20, 64usize, 2048usize, 20usize);
+    let table = Tensor::f32(vec![rows, d], values(rows * d, 4));
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let idx: Vec<i64> = (0..batch * pool)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % rows as u64) as i64
+        })
+        .collect();
+    let idx = Tensor::i64(vec![batch, pool], idx);
+    let out = TensorType::new(DType::F32, [Dim::batch(), Dim::Fixed(d)]);
+    let op = Op::EmbeddingBag {
+        mode: Pool::Sum,
+        last_offset: false,
+    };
+    let secs = best_of(reps, || {
+        jit_eval(&op, &[&table, &idx], &out, batch).map(drop)
+    })?;
+    let bytes = batch * pool * (d * 4 + 8) + batch * d * 4;
+    Ok(bytes as f64 / secs / 1e9)
+}
+
+/// Floats per peer of the bandwidth exchange (4 MiB).
+const BIG: usize = 1 << 20;
+
+/// Latency and bandwidth of `all_to_all_v` on `comm` (every rank calls this).
+/// Each exchange is timed between barriers; the slowest rank's time counts.
+fn exchange_rates(comm: &dyn Communicator, reps: usize) -> Result<Network> {
+    let peers = comm.size();
+    let time = |floats: usize| -> Result<Vec<f64>> {
+        let mut times = Vec::new();
+        for _ in 0..reps + 1 {
+            comm.barrier().map_err(comm_err)?;
+            let send = vec![vec![1.0f32; floats]; peers];
+            let t = Instant::now();
+            comm.all_to_all_v(send).map_err(comm_err)?;
+            let mine = t.elapsed().as_secs_f32();
+            // Every rank's time to every rank: each takes the slowest.
+            let all = comm
+                .all_to_all_v(vec![vec![mine]; peers])
+                .map_err(comm_err)?;
+            let slowest = all.iter().flatten().copied().fold(mine, f32::max);
+            times.push(f64::from(slowest));
+        }
+        times.remove(0);
+        Ok(times)
+    };
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let alpha = median(time(1)?);
+    let big = median(time(BIG)?);
+    let bytes = ((peers - 1) * BIG * 4) as f64;
+    let gbps = bytes / (big - alpha).max(1e-9) / 1e9;
+    Ok(Network {
+        latency_us: alpha * 1e6,
+        gbps,
+    })
+}
+
+/// [`exchange_rates`] between `ranks` threads of this process.
+fn thread_exchange_rates(ranks: usize, reps: usize) -> Result<Network> {
+    let comms = LocalGroup::new(ranks);
+    let results: Vec<Result<Network>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .iter()
+            .map(|c| s.spawn(move || exchange_rates(c, reps)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Calibration("a rank thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut first = None;
+    for r in results {
+        let n = r?;
+        first.get_or_insert(n);
+    }
+    first.ok_or_else(|| Error::Calibration("no ranks".into()))
+}
+
+fn comm_err(e: dlrm_ir::IrError) -> Error {
+    Error::Calibration(format!("all_to_all_v failed: {e}"))
+}
+
+/// The CPU's model name, or the architecture when `/proc/cpuinfo` has none.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// Where the calibration is kept when no `--output`/`--calibration` is given:
+/// `$DLRMC_CALIBRATION` (`none`: nowhere), else
+/// `$XDG_CACHE_HOME/dlrmc/calibration.json`, else
+/// `$HOME/.cache/dlrmc/calibration.json`.
+pub fn default_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("DLRMC_CALIBRATION") {
+        return (p != "none" && !p.is_empty()).then(|| PathBuf::from(p));
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(cache.join("dlrmc").join("calibration.json"))
+}
+
+/// Writes `c` to `path` atomically (its directory created if needed).
+pub fn write(path: &Path, c: &Calibration) -> Result<()> {
+    let json = serde_json::to_vec_pretty(c).map_err(|e| Error::Calibration(e.to_string()))?;
+    let dir = dlrm_data::durable::parent_of(path);
+    std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+    dlrm_data::durable::write_file_atomic(path, &json).map_err(|e| io_err(path, e))
+}
+
+/// Reads a calibration file, checking its format and that every rate is positive.
+pub fn read(path: &Path) -> Result<Calibration> {
+    let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let bad = |why: String| Error::Calibration(format!("{}: {why}", path.display()));
+    let c: Calibration = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+    if c.format != FORMAT {
+        return Err(bad(format!("format `{}`, expected `{FORMAT}`", c.format)));
+    }
+    let rates = [
+        c.machine.gflops,
+        c.machine.mem_gbps,
+        c.network.gbps,
+        c.network.latency_us + 1.0,
+    ];
+    if rates.iter().any(|r| !r.is_finite() || *r <= 0.0) {
+        return Err(bad(
+            "a rate is not a positive number (measure again with `dlrmc calibrate`)".into(),
+        ));
+    }
+    Ok(c)
+}
+
+fn io_err(path: &Path, e: std::io::Error) -> Error {
+    Error::Calibration(format!("{}: {e}", path.display()))
+}
