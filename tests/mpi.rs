@@ -3,7 +3,8 @@
 //! ranks; a failing or killed rank ends the whole job, naming the rank, within a
 //! timeout; bad rank counts are clear errors; under a per-process memory limit
 //! several times smaller than the model, each process holds only its tables
-//! (table-wise) or only its rows of a table (row-wise).
+//! (table-wise) or only its rows of a table (row-wise); `dlrmc calibrate` measures
+//! the exchanges between the processes.
 //!
 //! Stated tolerance: every logged loss of `mpirun -n N ... --comm mpi` within 1e-5
 //! relative of the thread backend's with `--ranks N` (same plan, seed, global
@@ -617,4 +618,30 @@ fn mpi_checkpoint_killed_mid_write_resumes_bit_for_bit() {
     let after: Vec<_> = full.iter().filter(|l| l.0 > 3).collect();
     assert_eq!(resumed.iter().collect::<Vec<_>>(), after);
     assert_eq!(sf["auc"], sr["auc"]);
+}
+
+#[test]
+fn calibrate_measures_exchanges_between_mpi_processes() {
+    let dir = tempdir();
+    let file = dir.path().join("cal.json");
+    let mut cmd = mpirun();
+    cmd.args(["-n", "2", DLRMC, "calibrate", "--comm", "mpi", "--quick"])
+        .args(["-o", s(&file)]);
+    let ran = run_with_timeout(cmd, TIMEOUT);
+    assert!(ran.status.success(), "{}", ran.stderr);
+    // Rank 0 alone reports and writes.
+    assert_eq!(
+        ran.stderr
+            .matches("all_to_all_v between 2 ranks (mpi)")
+            .count(),
+        1,
+        "{}",
+        ran.stderr
+    );
+    let c: Value = serde_json::from_slice(&fs::read(&file).expect("written")).expect("JSON");
+    assert_eq!(c["comm"], "mpi");
+    assert_eq!(c["ranks"], 2);
+    let gbps = c["network"]["gbps"].as_f64().expect("a number");
+    let lat = c["network"]["latency_us"].as_f64().expect("a number");
+    assert!(gbps > 0.01 && (0.0..1e5).contains(&lat), "{c}");
 }
