@@ -33,6 +33,6 @@ pub use jit::{Jit, JitError, JitOptions, KernelChoice};
 pub use kernels::{
     Hyper, KernelError, Rows, adagrad_in_place, embedding_update_adagrad_in_place,
     embedding_update_in_place, sgd_in_place, sparse_adagrad_in_place, sparse_sgd_in_place,
-    split_embedding_update_in_place, split_sgd_in_place, try_eval,
+    split_embedding_update_in_place, split_sgd_in_place, try_eval, try_eval_instance,
 };
 pub use update::{in_place_operands, update_in_place};

@@ -13,11 +13,11 @@ use super::buffers::{Floats, Fresh};
 use super::clif::{for_range, load_f32, load_f32x4, relu_x4, store_f32, store_f32x4};
 use super::gemm::Elt;
 use super::{Jit, JitError};
-use crate::kernels::{KResult, KernelError, shape_err};
+use crate::kernels::{KResult, KernelError};
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
-use dlrm_ir::{DType, Data, Op, Tensor, TensorType};
+use dlrm_ir::{Checked, DType, Data, Op, Tensor, TensorType};
 use rayon::prelude::*;
 
 /// The elementwise function.
@@ -162,30 +162,35 @@ fn float_ptr(t: &Tensor) -> Option<(Elt, *const u8, usize)> {
 }
 
 impl EwKernel {
-    /// Runs over `n` elements: `a` (and `b`) hold `n` elements of the spec's types;
-    /// the `n` results are written into a fresh buffer (not zeroed first: the
-    /// kernel writes every element). Lengths are checked before the call.
-    fn run(&self, a: &Tensor, b: Option<&Tensor>) -> Result<Floats, JitError> {
+    /// Runs over the `n` elements of the checked operands (`a`, and `b` for a
+    /// binary kind: buffers of `n` elements each, [`Checked`]); the `n` results
+    /// are written into a fresh buffer (not zeroed first: the kernel writes every
+    /// element). The operands' element types are checked against the spec.
+    fn run(&self, c: &Checked<'_>) -> Result<Floats, JitError> {
         let s = self.spec;
         let bad = |r: &str| JitError::Args {
             kernel: format!("{s:?}"),
             reason: r.to_string(),
         };
-        let (ea, pa, n) = float_ptr(a).ok_or_else(|| bad("a is not a float tensor"))?;
-        let (eb, pb, nb) = match b {
-            Some(t) => float_ptr(t).ok_or_else(|| bad("b is not a float tensor"))?,
-            None => (s.b, pa, n),
+        let (ea, pa, n) = float_ptr(c.input(0)).ok_or_else(|| bad("a is not a float tensor"))?;
+        let (eb, pb) = match s.kind.arity() {
+            2 => {
+                let (eb, pb, _) =
+                    float_ptr(c.input(1)).ok_or_else(|| bad("b is not a float tensor"))?;
+                (eb, pb)
+            }
+            _ => (s.b, pa),
         };
-        if ea != s.a || eb != s.b && s.kind.arity() == 2 || nb != n {
-            return Err(bad("operand types or lengths differ from the spec"));
+        if ea != s.a || eb != s.b {
+            return Err(bad("operand types differ from the spec"));
         }
         let (pa, pb) = (pa as usize, pb as usize);
         let f = self.f;
         let go = |chunk: usize, po: *mut u8, len: usize| {
             let i0 = chunk * CHUNK;
-            // SAFETY: elements i0..i0+len of a and b exist (both hold n >= i0+len
-            // elements, checked above); `po` is this task's own chunk of the
-            // result, `len` elements long.
+            // SAFETY: elements i0..i0+len of a and b exist (`Checked`: both
+            // buffers hold their common shape's n >= i0+len elements); `po` is
+            // this task's own chunk of the result, `len` elements long.
             unsafe {
                 f(
                     (pa as *const u8).add(i0 * s.a.size()),
@@ -211,27 +216,24 @@ impl EwKernel {
 }
 
 /// `relu`, `relu_grad`, `sigmoid_grad`, `add` with a JIT kernel (`None`: other op
-/// or non-float dtypes).
+/// or non-float dtypes). The operands are checked against the node's instance
+/// (one operand, or two of one shape; buffers of their shapes' lengths).
 pub(crate) fn eval(
     jit: &Jit,
-    op: &Op,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
-    let kind = match op {
+    let kind = match c.op() {
         Op::Relu => EwKind::Relu,
         Op::ReluGrad => EwKind::ReluGrad,
         Op::SigmoidGrad => EwKind::SigmoidGrad,
         Op::Add => EwKind::Add,
         _ => return None,
     };
-    let op_name = op.mnemonic();
-    if inputs.len() != kind.arity() {
-        return None;
-    }
-    let (ea, _, _) = float_ptr(inputs[0])?;
+    let op_name = c.name();
+    let (ea, _, _) = float_ptr(c.input(0))?;
     let eb = if kind.arity() == 2 {
-        float_ptr(inputs[1])?.0
+        float_ptr(c.input(1))?.0
     } else {
         ea
     };
@@ -240,38 +242,19 @@ pub(crate) fn eval(
         DType::BF16 => Elt::BF16,
         _ => return None,
     };
+    let spec = EwSpec {
+        kind,
+        a: ea,
+        b: eb,
+        out,
+    };
+    let jit_err = |e: JitError| KernelError::Jit {
+        op: op_name,
+        reason: e.to_string(),
+    };
     Some((|| {
-        if kind.arity() == 2 && inputs[0].shape != inputs[1].shape {
-            return Err(shape_err(
-                op_name,
-                format!(
-                    "shapes {:?} and {:?} differ",
-                    inputs[0].shape, inputs[1].shape
-                ),
-            ));
-        }
-        if crate::kernels::data_len(inputs[0]) != inputs[0].numel() {
-            return Err(shape_err(
-                op_name,
-                "operand length differs from its shape".into(),
-            ));
-        }
-        let spec = EwSpec {
-            kind,
-            a: ea,
-            b: eb,
-            out,
-        };
-        let k = jit.elementwise(spec).map_err(|e| KernelError::Jit {
-            op: op_name,
-            reason: e.to_string(),
-        })?;
-        let out = k
-            .run(inputs[0], inputs.get(1).copied())
-            .map_err(|e| KernelError::Jit {
-                op: op_name,
-                reason: e.to_string(),
-            })?;
-        Ok(vec![out.tensor(inputs[0].shape.clone())])
+        let k = jit.elementwise(spec).map_err(jit_err)?;
+        let out = k.run(c).map_err(jit_err)?;
+        Ok(vec![out.tensor(c.in_shape(0).to_vec())])
     })())
 }

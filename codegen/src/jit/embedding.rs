@@ -28,19 +28,19 @@
 use super::buffers::Fresh;
 use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4, var};
 use super::gemm::Elt;
-use super::layout::{checked, copy_row, jit_err, zeros};
+use super::layout::{copy_row, jit_err, zeros};
 use super::linear::{elt_of, operand};
 use super::{Jit, JitError};
 use crate::kernels::embedding::grad_bags;
 use crate::kernels::optim::{Rows, op_name};
 use crate::kernels::{
-    Indices, KResult, KernelError, block_rows, read_bounds, shape_err, validate_bag_indices,
+    Indices, KResult, KernelError, block_rows, dims_of, read_bounds, validate_bag_indices,
     validate_indices,
 };
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
-use dlrm_ir::{DType, Data, Pool, Tensor, TensorType};
+use dlrm_ir::{Checked, DType, Data, Pool, Tensor, TensorType};
 use rayon::prelude::*;
 
 /// What an embedding-bag kernel is specialised on.
@@ -349,9 +349,10 @@ pub(crate) fn embedding_bag(
     jit: &Jit,
     (mode, weighted, last_offset): (Pool, bool, bool),
     rows: Rows,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
+    let inputs = c.inputs();
     let op = match weighted {
         true => "embedding_bag_weighted",
         false => op_name(rows, "embedding_bag", "embedding_bag_rows"),
@@ -379,16 +380,13 @@ pub(crate) fn embedding_bag(
         DType::BF16 => Elt::BF16,
         _ => return None,
     };
+    // The instance verified the ranks, the bag count, the weights' shape and the
+    // shard within its table; the buffers hold their shapes' elements. The index
+    // values and the offsets are checked below (data).
+    let &[stored, d] = c.in_shape(0) else {
+        return None;
+    };
     Some((|| {
-        let [stored, d] = inputs[0].shape[..] else {
-            return Err(shape_err(
-                op,
-                format!("table must have rank 2, got {:?}", inputs[0].shape),
-            ));
-        };
-        if crate::kernels::data_len(inputs[0]) != stored * d {
-            return Err(shape_err(op, "table length differs from its shape".into()));
-        }
         // Indices are validated against the whole table; a shard holds its
         // rows `first..first + stored`.
         let total = rows.table_shape(op, &inputs[0].shape)?[0];
@@ -398,27 +396,10 @@ pub(crate) fn embedding_bag(
             reason: format!("indices must be i64 or i32, got {}", inputs[1].dtype()),
         })?;
         let (s, pooling, bounds) = if inputs.len() == 2 {
-            let [s, l] = inputs[1].shape[..] else {
-                return Err(shape_err(
-                    op,
-                    format!(
-                        "indices (fixed pooling) must have rank 2, got {:?}",
-                        inputs[1].shape
-                    ),
-                ));
-            };
+            let [s, l] = dims_of::<2>(c, 1)?;
             validate_indices(op, idx, total, Some(l), None)?;
             (s, Some(l), Vec::new())
         } else {
-            if inputs[1].shape.len() != 1 {
-                return Err(shape_err(
-                    op,
-                    format!(
-                        "indices with offsets must have rank 1, got {:?}",
-                        inputs[1].shape
-                    ),
-                ));
-            }
             let n = idx.len();
             let bounds = read_bounds(op, inputs[2], n, last_offset)?;
             let s = bounds.len() - 1;
@@ -429,23 +410,6 @@ pub(crate) fn embedding_bag(
             }
             (s, None, bounds)
         };
-        if idx.len() != inputs[1].numel() {
-            return Err(shape_err(
-                op,
-                "indices length differs from their shape".into(),
-            ));
-        }
-        if let Some(w) = weights
-            && (inputs[3].shape.len() != 1 || w.len() != idx.len())
-        {
-            return Err(shape_err(
-                op,
-                format!(
-                    "weights {:?} must match indices {:?}",
-                    inputs[3].shape, inputs[1].shape
-                ),
-            ));
-        }
         let spec = BagSpec {
             d,
             table: tab_elt,
@@ -505,7 +469,7 @@ pub(crate) fn embedding_bag(
                     );
                     // SAFETY: every index was validated against the table's
                     // `total` rows of `d` elements, of which the storage holds
-                    // `first..first + stored` (stored·d elements, checked
+                    // `first..first + stored` (stored·d elements, `Checked`
                     // above; with a shard, the kernel reads only the rows in
                     // that range, at `tab`, see above); fixed pooling: indices s·L..(s+1)·L of the
                     // validated `s×L` indices; offsets: `bounds` holds s+1
@@ -544,20 +508,20 @@ pub(crate) fn embedding_bag(
 }
 
 /// `embedding_bag_grad` with a JIT kernel (`None`: non-float `dy` or result).
-/// The operands are checked as the reference checks them
-/// ([`crate::kernels::embedding::grad_bags`]; the index values are not read).
+/// The operands are checked against the node's instance, the offsets as the
+/// reference checks them ([`crate::kernels::embedding::grad_bags`]; the index
+/// values are not read).
 pub(crate) fn embedding_bag_grad(
     jit: &Jit,
     (mode, last_offset): (Pool, bool),
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
     const OP: &str = "embedding_bag_grad";
-    operand(inputs.first()?)?;
+    let dy = operand(c.input(0))?;
     let out = elt_of(out_types.first()?.dtype)?;
     Some((|| {
-        let g = grad_bags(inputs, last_offset)?;
-        let dy = checked(OP, 0, inputs[0])?;
+        let g = grad_bags(c, last_offset)?;
         let spec = BagSpec {
             d: g.d,
             table: dy.elt(),

@@ -35,10 +35,10 @@ use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4
 use super::gemm::Elt;
 use super::native_dot::{self, Dot};
 use super::{Jit, JitError, JitOptions, KernelChoice};
-use crate::kernels::{KResult, KernelError, block_rows, data_len, shape_err};
+use crate::kernels::{KResult, KernelError, block_rows, shape_err};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::{FunctionBuilder, Variable};
-use dlrm_ir::{DType, Data, InteractionKind, Op, Tensor, TensorType, interaction_width};
+use dlrm_ir::{Checked, DType, Data, InteractionKind, Op, Tensor, TensorType, interaction_width};
 use rayon::prelude::*;
 
 /// Most operands a kernel takes (one bit per operand in [`DotSpec::bf16_ops`]).
@@ -561,10 +561,10 @@ fn elt_dtype(d: DType) -> Option<Elt> {
 pub(crate) fn eval(
     jit: &Jit,
     opts: &JitOptions,
-    op: &Op,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
+    let (op, inputs) = (c.op(), c.inputs());
     let (self_interaction, backward) = match op {
         Op::Interaction {
             kind: InteractionKind::Dot,
@@ -598,20 +598,12 @@ pub(crate) fn eval(
     } else {
         Elt::F32
     };
+    // The instance verified every operand [S, D] (equal widths for `dot`), dr
+    // [S, width] and the buffers' lengths: the kernel reads exactly those.
+    let &[s, d] = fwd[0].shape.as_slice() else {
+        return None;
+    };
     Some((|| {
-        let s = fwd[0].shape.first().copied().unwrap_or(0);
-        let d = fwd[0].shape.get(1).copied().unwrap_or(0);
-        for (i, t) in fwd.iter().enumerate() {
-            if t.shape != [s, d] || data_len(t) != s * d {
-                return Err(shape_err(
-                    name,
-                    format!(
-                        "operand {i} has shape {:?}; dot needs [{s}, {d}] for every operand",
-                        t.shape
-                    ),
-                ));
-            }
-        }
         let spec = DotSpec {
             f,
             d,
@@ -623,15 +615,6 @@ pub(crate) fn eval(
         };
         let width = interaction_width(InteractionKind::Dot, self_interaction, &vec![d; f]);
         debug_assert_eq!(width, spec.width());
-        if backward && (inputs[0].shape != [s, width] || data_len(inputs[0]) != s * width) {
-            return Err(shape_err(
-                name,
-                format!(
-                    "dr has shape {:?}, expected [{s}, {width}]",
-                    inputs[0].shape
-                ),
-            ));
-        }
         let sb = block_rows(s, 8, 256);
         if native_dot_applies(opts, &spec) {
             return Ok(native_backward(&spec, &ptrs, inputs, s, sb));

@@ -27,10 +27,10 @@ use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4
 use super::gemm::{Elt, Operand, OutBuf};
 use super::linear::{elt_of, operand};
 use super::{Jit, JitError};
-use crate::kernels::{KResult, KernelError, block_rows, data_len, shape_err};
+use crate::kernels::{KResult, KernelError, block_rows, dims_of, internal};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
-use dlrm_ir::{Data, InteractionKind, Op, Tensor, TensorType, interaction_width};
+use dlrm_ir::{Checked, Data, InteractionKind, Op, Tensor, TensorType, interaction_width};
 use half::bf16;
 use rayon::prelude::*;
 
@@ -260,30 +260,20 @@ pub(super) fn jit_err(op: &'static str) -> impl Fn(JitError) -> KernelError {
     }
 }
 
-/// The float operand `i`, its data length checked against its shape.
-pub(super) fn checked<'a>(op: &'static str, i: usize, t: &'a Tensor) -> KResult<Operand<'a>> {
-    let o = operand(t).ok_or_else(|| shape_err(op, format!("operand {i} is not float")))?;
-    if data_len(t) != t.numel() {
-        return Err(shape_err(
-            op,
-            format!(
-                "operand {i} holds {} elements for shape {:?}",
-                data_len(t),
-                t.shape
-            ),
-        ));
-    }
-    Ok(o)
+/// The float operand `i` of checked operands (its buffer holds its shape's
+/// elements: [`Checked`]).
+pub(super) fn float_operand<'a>(c: &Checked<'a>, i: usize) -> KResult<Operand<'a>> {
+    operand(c.input(i)).ok_or_else(|| internal(c, &format!("operand {i}'s dtype")))
 }
 
 /// `block_act`, `unblock_act` and the `cat` interaction with JIT kernels (`None`:
 /// another op, or non-float operands or results).
 pub(crate) fn eval(
     jit: &Jit,
-    op: &Op,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
+    let (op, inputs) = (c.op(), c.inputs());
     if inputs.iter().any(|t| operand(t).is_none()) {
         return None;
     }
@@ -292,43 +282,27 @@ pub(crate) fn eval(
         .map(|t| elt_of(t.dtype))
         .collect::<Option<_>>()?;
     match op {
-        Op::BlockAct { bk, .. } => Some(block_act(jit, *bk, inputs, *outs.first()?)),
-        Op::UnblockAct { k, .. } => Some(unblock_act(jit, *k, inputs, *outs.first()?)),
+        Op::BlockAct { bk, .. } => Some(block_act(jit, *bk, c, *outs.first()?)),
+        Op::UnblockAct { k, .. } => Some(unblock_act(jit, *k, c, *outs.first()?)),
         Op::Interaction {
             kind: InteractionKind::Cat,
             ..
-        } => Some(cat(jit, inputs, *outs.first()?)),
+        } => Some(cat(jit, c, *outs.first()?)),
         Op::InteractionGrad {
             kind: InteractionKind::Cat,
             ..
-        } => Some(cat_grad(jit, inputs, &outs)),
+        } => Some(cat_grad(jit, c, &outs)),
         _ => None,
     }
 }
 
-fn dims<const R: usize>(op: &'static str, what: &str, t: &Tensor) -> KResult<[usize; R]> {
-    t.shape.as_slice().try_into().map_err(|_| {
-        shape_err(
-            op,
-            format!("{what} must have rank {R}, got shape {:?}", t.shape),
-        )
-    })
-}
-
-fn arity1(op: &'static str, inputs: &[&Tensor]) -> KResult<()> {
-    crate::kernels::arity(op, inputs, &[1])
-}
-
 /// `block_act{bk}(x[S,K]) -> [ceil(K/bk), S, bk]`.
-fn block_act(jit: &Jit, bk: usize, inputs: &[&Tensor], out: Elt) -> KResult<Vec<Tensor>> {
+fn block_act(jit: &Jit, bk: usize, c: &Checked<'_>, out: Elt) -> KResult<Vec<Tensor>> {
     const OP: &str = "block_act";
-    arity1(OP, inputs)?;
-    let [s, k] = dims::<2>(OP, "x", inputs[0])?;
-    if bk == 0 {
-        return Err(shape_err(OP, "bk must be positive".into()));
-    }
-    let x = checked(OP, 0, inputs[0])?;
-    let kb = k.div_ceil(bk);
+    // The instance verified x[S,K] and bk > 0; the buffer holds S·K elements.
+    let [s, k] = dims_of::<2>(c, 0)?;
+    let x = float_operand(c, 0)?;
+    let kb = k.div_ceil(bk.max(1));
     // Not zeroed: every row of every block is written, padding included.
     let mut fresh = Fresh::new(out, kb * s * bk);
     if s > 0 && kb > 0 {
@@ -360,12 +334,11 @@ fn block_act(jit: &Jit, bk: usize, inputs: &[&Tensor], out: Elt) -> KResult<Vec<
 }
 
 /// `unblock_act{k}(xb[Kb,S,bk]) -> [S, k]`.
-fn unblock_act(jit: &Jit, k: usize, inputs: &[&Tensor], out: Elt) -> KResult<Vec<Tensor>> {
+fn unblock_act(jit: &Jit, k: usize, c: &Checked<'_>, out: Elt) -> KResult<Vec<Tensor>> {
     const OP: &str = "unblock_act";
-    arity1(OP, inputs)?;
-    let [kb, s, bk] = dims::<3>(OP, "blocked x", inputs[0])?;
-    crate::kernels::brgemm::check_fit(OP, "unblock_act", k, kb, bk)?;
-    let xb = checked(OP, 0, inputs[0])?;
+    // The instance verified that `k` fills the `Kb` blocks of `bk`.
+    let [kb, s, bk] = dims_of::<3>(c, 0)?;
+    let xb = float_operand(c, 0)?;
     // Not zeroed: every column of every row is written.
     let mut fresh = Fresh::new(out, s * k);
     if s > 0 && k > 0 {
@@ -393,18 +366,17 @@ fn unblock_act(jit: &Jit, k: usize, inputs: &[&Tensor], out: Elt) -> KResult<Vec
         .map_err(jit_err(OP))?;
     }
     // SAFETY: the sample chunks cover all `s` rows, and per row the blocks'
-    // live columns `kbi·bk..` cover all `k` (check_fit); empty if s·k = 0.
+    // live columns `kbi·bk..` cover all `k` (the instance); empty if s·k = 0.
     Ok(vec![unsafe { fresh.assume_init() }.tensor(vec![s, k])])
 }
 
 /// `interaction{cat}(x, e_0, ..) -> [S, Σ widths]`.
-fn cat(jit: &Jit, inputs: &[&Tensor], out: Elt) -> KResult<Vec<Tensor>> {
+fn cat(jit: &Jit, c: &Checked<'_>, out: Elt) -> KResult<Vec<Tensor>> {
     const OP: &str = "interaction";
-    let (s, widths) = crate::kernels::interaction::samples_and_widths(OP, inputs)?;
-    let ops = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| checked(OP, i, t))
+    // The instance verified the operands' ranks and samples.
+    let (s, widths) = crate::kernels::interaction::samples_and_widths(c, 0)?;
+    let ops = (0..c.inputs().len())
+        .map(|i| float_operand(c, i))
         .collect::<KResult<Vec<_>>>()?;
     let width = interaction_width(InteractionKind::Cat, false, &widths);
     // Not zeroed: every column of every row is written.
@@ -444,36 +416,13 @@ fn cat(jit: &Jit, inputs: &[&Tensor], out: Elt) -> KResult<Vec<Tensor>> {
 }
 
 /// `interaction_grad{cat}(dr, x, e_0, ..) -> (dx, de_0, ..)`: `dr` split by width.
-fn cat_grad(jit: &Jit, inputs: &[&Tensor], outs: &[Elt]) -> KResult<Vec<Tensor>> {
+fn cat_grad(jit: &Jit, c: &Checked<'_>, outs: &[Elt]) -> KResult<Vec<Tensor>> {
     const OP: &str = "interaction_grad";
-    if inputs.len() < 2 {
-        return Err(shape_err(
-            OP,
-            "needs dr and at least the dense operand".into(),
-        ));
-    }
-    let (s, widths) = crate::kernels::interaction::samples_and_widths(OP, &inputs[1..])?;
+    // The instance verified dr[S, width], the operands after it and one result
+    // per operand.
+    let (s, widths) = crate::kernels::interaction::samples_and_widths(c, 1)?;
     let width = interaction_width(InteractionKind::Cat, false, &widths);
-    if inputs[0].shape != [s, width] {
-        return Err(shape_err(
-            OP,
-            format!(
-                "dr has shape {:?}, expected [{s}, {width}]",
-                inputs[0].shape
-            ),
-        ));
-    }
-    let dr = checked(OP, 0, inputs[0])?;
-    if outs.len() != widths.len() {
-        return Err(shape_err(
-            OP,
-            format!(
-                "{} results declared for {} operands",
-                outs.len(),
-                widths.len()
-            ),
-        ));
-    }
+    let dr = float_operand(c, 0)?;
     let sb = sample_block(s);
     let mut res = Vec::with_capacity(widths.len());
     let mut at = 0;

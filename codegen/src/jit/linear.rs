@@ -9,13 +9,17 @@
 //! Weights are packed per call (they change every training step); the packing is
 //! `O(N·K)` against the GEMM's `O(S·N·K)`. Operands may be f32 or bf16 in any mix;
 //! results are stored in the declared dtype (bf16 rounded to nearest even).
+//!
+//! The operands come checked against the node's instance ([`Checked`]: ranks and
+//! shared dims verified by inference, buffers of their shapes' lengths); the
+//! GEMM core still checks each slice against the spec it was compiled for.
 
 use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pack_b, pack_bias};
 use super::micro::BPacking;
 use super::micro::avx512bf16::pack_b_pairs_into;
 use super::{Jit, JitError, JitOptions};
 use crate::kernels::{KResult, KernelError, shape_err};
-use dlrm_ir::{Act, DType, Data, Tensor, TensorType};
+use dlrm_ir::{Act, Checked, DType, Data, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
 
@@ -137,33 +141,19 @@ pub fn linear(
     jit: &Jit,
     opts: &JitOptions,
     act: Act,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
     const OP: &str = "linear";
-    let [x, w, b] = inputs else { return None };
+    let [x, w, b] = c.inputs() else { return None };
     let (xa, _) = (operand(x)?, operand(w)?);
     operand(b)?;
     let out_elt = elt_of(out_types.first()?.dtype)?;
+    // The instance verified x[S,K], weight[N,K], bias[N].
+    let (&[s, k], &[n, _]) = (c.in_shape(0), c.in_shape(1)) else {
+        return None;
+    };
     Some((|| {
-        let (&[s, k], &[n, kw], &[nb]) = (&x.shape[..], &w.shape[..], &b.shape[..]) else {
-            return Err(shape_err(
-                OP,
-                format!(
-                    "x {:?}, weight {:?}, bias {:?} must have ranks 2, 2, 1",
-                    x.shape, w.shape, b.shape
-                ),
-            ));
-        };
-        if kw != k || nb != n {
-            return Err(shape_err(
-                OP,
-                format!(
-                    "x {:?}, weight {:?} and bias {:?} do not fit",
-                    x.shape, w.shape, b.shape
-                ),
-            ));
-        }
         let sigmoid = act == Act::Sigmoid;
         let base = GemmSpec {
             m: s,
@@ -223,29 +213,18 @@ fn xa_elt(a: Operand<'_>) -> Elt {
 pub fn linear_dx(
     jit: &Jit,
     opts: &JitOptions,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
     const OP: &str = "linear_dx";
-    let [dz, w] = inputs else { return None };
+    let [dz, w] = c.inputs() else { return None };
     let (dza, _) = (operand(dz)?, operand(w)?);
     let out_elt = elt_of(out_types.first()?.dtype)?;
+    // The instance verified dz[S,N], weight[N,K].
+    let (&[s, n], &[_, k]) = (c.in_shape(0), c.in_shape(1)) else {
+        return None;
+    };
     Some((|| {
-        let (&[s, n], &[nw, k]) = (&dz.shape[..], &w.shape[..]) else {
-            return Err(shape_err(
-                OP,
-                format!(
-                    "dz {:?} and weight {:?} must have rank 2",
-                    dz.shape, w.shape
-                ),
-            ));
-        };
-        if nw != n {
-            return Err(shape_err(
-                OP,
-                format!("dz {:?} and weight {:?} do not fit", dz.shape, w.shape),
-            ));
-        }
         let base = GemmSpec {
             m: s,
             n: k,
@@ -277,28 +256,19 @@ pub fn linear_dx(
 pub fn linear_dw(
     jit: &Jit,
     opts: &JitOptions,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
     const OP: &str = "linear_dw";
-    let [dz, x] = inputs else { return None };
-    let (_, _) = (operand(dz)?, operand(x)?);
+    let [dz, x] = c.inputs() else { return None };
+    // A = dzᵀ read in place: element (n, s) at dz[s·N + n].
+    let (a, _) = (operand(dz)?, operand(x)?);
     let out_elt = elt_of(out_types.first()?.dtype)?;
+    // The instance verified dz[S,N], x[S,K].
+    let (&[s, n], &[_, k]) = (c.in_shape(0), c.in_shape(1)) else {
+        return None;
+    };
     Some((|| {
-        let (&[s, n], &[sx, k]) = (&dz.shape[..], &x.shape[..]) else {
-            return Err(shape_err(
-                OP,
-                format!("dz {:?} and x {:?} must have rank 2", dz.shape, x.shape),
-            ));
-        };
-        if sx != s {
-            return Err(shape_err(
-                OP,
-                format!("dz {:?} and x {:?} differ in samples", dz.shape, x.shape),
-            ));
-        }
-        // A = dzᵀ read in place: element (n, s) at dz[s·N + n].
-        let a = operand(dz).ok_or_else(|| shape_err(OP, "dz must be a float tensor".into()))?;
         let base = GemmSpec {
             m: n,
             n: k,

@@ -37,12 +37,12 @@ use super::clif::{for_range, load_f32, store_f32, var};
 use super::gemm::Elt;
 use super::linear::elt_of;
 use super::{Jit, JitError};
-use crate::kernels::{KResult, KernelError, data_len, shape_err};
+use crate::kernels::{KResult, KernelError};
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{AbiParam, InstBuilder, types};
 use cranelift_frontend::FunctionBuilder;
 use cranelift_module::{Linkage, Module};
-use dlrm_ir::{Data, Dim, Op, Tensor, TensorType};
+use dlrm_ir::{Checked, Data, Dim, Op, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -317,12 +317,11 @@ fn resolve(d: &Dim, syms: &HashMap<String, usize>) -> Option<f32> {
 /// result, or an unresolved or zero denominator).
 pub(crate) fn eval(
     jit: &Jit,
-    op: &Op,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
     syms: &HashMap<String, usize>,
 ) -> Option<KResult<Vec<Tensor>>> {
-    let (kind, denom) = match op {
+    let (kind, denom) = match c.op() {
         Op::BceLogits { denom } => (LossKind::BceLogits, denom),
         Op::BceLogitsGrad { denom } => (LossKind::BceLogitsGrad, denom),
         Op::Bce { denom } => (LossKind::Bce, denom),
@@ -334,36 +333,20 @@ pub(crate) fn eval(
         Op::GeluGrad => (LossKind::GeluGrad, &Dim::Fixed(1)),
         _ => return None,
     };
-    let name = op.mnemonic();
+    let name = c.name();
     let den = resolve(denom, syms)?;
     let out = elt_of(out_types.first()?.dtype)?;
-    let (ez, pz) = float_ptr(inputs.first()?)?;
+    // The instance verified the arity and that `z` and `y` share one shape; the
+    // buffers hold its `n` elements.
+    let z = c.input(0);
+    let (ez, pz) = float_ptr(z)?;
     // `sigmoid` has no label: the kernel does not read it.
     let (ey, py) = match kind.arity() {
-        2 => float_ptr(inputs.get(1)?)?,
+        2 => float_ptr(c.input(1))?,
         _ => (ez, pz),
     };
+    let n = z.numel();
     Some((|| {
-        crate::kernels::arity(name, inputs, &[kind.arity()])?;
-        let (z, y) = (inputs[0], inputs[kind.arity() - 1]);
-        if z.shape != y.shape {
-            let (what, other) = match kind {
-                LossKind::BceLogits | LossKind::BceLogitsGrad => ("logits", "label"),
-                LossKind::GeluGrad => ("dy", "x"),
-                _ => ("prediction", "label"),
-            };
-            return Err(shape_err(
-                name,
-                format!("{what} {:?} and {other} {:?} differ", z.shape, y.shape),
-            ));
-        }
-        let n = z.numel();
-        if data_len(z) != n || data_len(y) != n {
-            return Err(shape_err(
-                name,
-                "operand length differs from its shape".into(),
-            ));
-        }
         let spec = LossSpec {
             kind,
             z: ez,
@@ -386,8 +369,8 @@ pub(crate) fn eval(
                 Data::BF16(v) => v.as_mut_ptr().cast(),
                 _ => unreachable!("float result"),
             };
-            // SAFETY: z and y hold n elements of the spec's types (checked
-            // above); the result holds the one element written.
+            // SAFETY: z and y hold n elements of the spec's types (`Checked`);
+            // the result holds the one element written.
             unsafe { f(pz as *const u8, py as *const u8, po, n as i64, den) };
             return Ok(vec![Tensor {
                 shape: vec![],
@@ -397,8 +380,8 @@ pub(crate) fn eval(
         let go = |c: usize, po: *mut u8, len: usize| {
             let i0 = c * CHUNK;
             // SAFETY: elements i0..i0+len of z and y exist (both hold n >= i0+len
-            // elements, checked above); `po` is this task's own chunk of the
-            // result, `len` elements long.
+            // elements, `Checked`); `po` is this task's own chunk of the result,
+            // `len` elements long.
             unsafe {
                 f(
                     (pz as *const u8).add(i0 * ez.size()),

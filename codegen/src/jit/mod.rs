@@ -40,10 +40,15 @@
 //! - [`KernelChoice`]: which micro-kernel GEMMs use; `Auto` times the candidates
 //!   on the first call of each shape and keeps the fastest.
 //!
-//! Safety model: every call into generated code goes through a Rust wrapper that
-//! checks each slice's length against the spec the code was compiled for (and
-//! every embedding index against its table) before the call; the generated code
-//! itself does no bounds checks and never sees an unchecked index or size.
+//! Safety model: every call reaches the kernels through [`try_eval_instance`],
+//! which binds the operands to the node's [`NodeInstance`]
+//! ([`NodeInstance::bind`]: each buffer's length equals its verified shape's
+//! element count, in release builds too) — written once, in the call path, not
+//! per kernel. The Rust wrappers then derive every size from those checked
+//! shapes, check the element types (and the GEMM core each slice) against the
+//! spec the code was compiled for, and every embedding index against its table
+//! (data) before the call; the generated code itself does no bounds checks and
+//! never sees an unchecked index or size.
 
 pub mod adagrad;
 pub mod brgemm;
@@ -69,7 +74,7 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module};
-use dlrm_ir::{InteractionKind, Op, Pool, Tensor, TensorType};
+use dlrm_ir::{InteractionKind, NodeInstance, Op, Pool, Tensor, TensorType};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
@@ -572,6 +577,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// dtypes; `None` means "no JIT kernel" (the caller uses the reference kernels,
 /// then the interpreter). Same contract as [`crate::try_eval`]: errors (shapes,
 /// out-of-range indices naming the sample) are found before any output exists.
+/// The op's instance for these operands is verified first
+/// ([`NodeInstance::of_operands`]); a plan that keeps its instances calls
+/// [`try_eval_instance`].
 pub fn try_eval(
     op: &Op,
     inputs: &[&Tensor],
@@ -579,43 +587,104 @@ pub fn try_eval(
     syms: &HashMap<String, usize>,
     opts: &JitOptions,
 ) -> Option<KResult<Vec<Tensor>>> {
+    if !covers(op) {
+        return None;
+    }
+    match NodeInstance::of_operands(op, inputs, out_types, syms) {
+        Ok(inst) => try_eval_instance(&inst, inputs, out_types, syms, opts),
+        Err(reason) => Some(Err(crate::kernels::instance_err(op, reason))),
+    }
+}
+
+/// Does a JIT kernel exist for `op` (for some dtypes)?
+fn covers(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Linear { .. }
+            | Op::LinearDx
+            | Op::LinearDw
+            | Op::LinearDb
+            | Op::Brgemm { .. }
+            | Op::BrgemmDgrad { .. }
+            | Op::BrgemmWgrad { .. }
+            | Op::EmbeddingBag { .. }
+            | Op::EmbeddingBagWeighted
+            | Op::EmbeddingBagRows { .. }
+            | Op::EmbeddingGradDense { .. }
+            | Op::EmbeddingBagGrad { .. }
+            | Op::Relu
+            | Op::ReluGrad
+            | Op::SigmoidGrad
+            | Op::Add
+            | Op::Interaction { .. }
+            | Op::InteractionGrad { .. }
+            | Op::BlockAct { .. }
+            | Op::UnblockAct { .. }
+            | Op::BceLogits { .. }
+            | Op::BceLogitsGrad { .. }
+            | Op::Bce { .. }
+            | Op::BceGrad { .. }
+            | Op::Mse { .. }
+            | Op::MseGrad { .. }
+            | Op::Sigmoid
+            | Op::Gelu
+            | Op::GeluGrad
+    )
+}
+
+/// [`try_eval`] with the node's verified instance (built once per symbol
+/// binding). The operands are checked against it first ([`NodeInstance::bind`]:
+/// dtypes, shapes and every buffer's length, the one check of the call in front
+/// of the generated code); the kernels then take the
+/// [`Checked`](dlrm_ir::Checked) operands.
+pub fn try_eval_instance(
+    inst: &NodeInstance,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+    syms: &HashMap<String, usize>,
+    opts: &JitOptions,
+) -> Option<KResult<Vec<Tensor>>> {
+    let op = inst.op();
+    if !covers(op) {
+        return None;
+    }
     let jit = match Jit::global() {
         Ok(j) => j,
         Err(_) => return None,
     };
+    let c = match inst.bind(inputs) {
+        Ok(c) => c,
+        Err(reason) => return Some(Err(crate::kernels::instance_err(op, reason))),
+    };
     let res = match op {
-        Op::Linear { act } => linear::linear(jit, opts, *act, inputs, out_types),
-        Op::LinearDx => linear::linear_dx(jit, opts, inputs, out_types),
-        Op::LinearDw => linear::linear_dw(jit, opts, inputs, out_types),
-        Op::LinearDb => reduce::linear_db(jit, inputs, out_types),
+        Op::Linear { act } => linear::linear(jit, opts, *act, &c, out_types),
+        Op::LinearDx => linear::linear_dx(jit, opts, &c, out_types),
+        Op::LinearDw => linear::linear_dw(jit, opts, &c, out_types),
+        Op::LinearDb => reduce::linear_db(jit, &c, out_types),
         Op::Brgemm { .. } | Op::BrgemmDgrad { .. } | Op::BrgemmWgrad { .. } => {
-            brgemm::eval(jit, opts, op, inputs, out_types)
+            brgemm::eval(jit, opts, &c, out_types)
         }
-        Op::EmbeddingBag { mode, last_offset } => embedding::embedding_bag(
-            jit,
-            (*mode, false, *last_offset),
-            Rows::All,
-            inputs,
-            out_types,
-        ),
+        Op::EmbeddingBag { mode, last_offset } => {
+            embedding::embedding_bag(jit, (*mode, false, *last_offset), Rows::All, &c, out_types)
+        }
         Op::EmbeddingBagWeighted => {
-            embedding::embedding_bag(jit, (Pool::Sum, true, false), Rows::All, inputs, out_types)
+            embedding::embedding_bag(jit, (Pool::Sum, true, false), Rows::All, &c, out_types)
         }
         Op::EmbeddingBagRows { mode, lo, rows } => {
             let shard = Rows::Shard {
                 first: *lo,
                 total: *rows,
             };
-            embedding::embedding_bag(jit, (*mode, false, false), shard, inputs, out_types)
+            embedding::embedding_bag(jit, (*mode, false, false), shard, &c, out_types)
         }
         Op::EmbeddingGradDense { mode, rows } => {
-            sparse::embedding_grad_dense(jit, *mode, *rows, inputs, out_types)
+            sparse::embedding_grad_dense(jit, *mode, *rows, &c, out_types)
         }
         Op::EmbeddingBagGrad { mode, last_offset } => {
-            embedding::embedding_bag_grad(jit, (*mode, *last_offset), inputs, out_types)
+            embedding::embedding_bag_grad(jit, (*mode, *last_offset), &c, out_types)
         }
         Op::Relu | Op::ReluGrad | Op::SigmoidGrad | Op::Add => {
-            elementwise::eval(jit, op, inputs, out_types)
+            elementwise::eval(jit, &c, out_types)
         }
         Op::Interaction {
             kind: InteractionKind::Cat,
@@ -626,9 +695,9 @@ pub fn try_eval(
             ..
         }
         | Op::BlockAct { .. }
-        | Op::UnblockAct { .. } => layout::eval(jit, op, inputs, out_types),
+        | Op::UnblockAct { .. } => layout::eval(jit, &c, out_types),
         Op::Interaction { .. } | Op::InteractionGrad { .. } => {
-            interaction::eval(jit, opts, op, inputs, out_types)
+            interaction::eval(jit, opts, &c, out_types)
         }
         Op::BceLogits { .. }
         | Op::BceLogitsGrad { .. }
@@ -638,7 +707,7 @@ pub fn try_eval(
         | Op::MseGrad { .. }
         | Op::Sigmoid
         | Op::Gelu
-        | Op::GeluGrad => loss::eval(jit, op, inputs, out_types, syms),
+        | Op::GeluGrad => loss::eval(jit, &c, out_types, syms),
         _ => None,
     }?;
     Some(res.and_then(|outs| crate::kernels::check_results(op, outs, out_types, syms)))

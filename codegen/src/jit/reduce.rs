@@ -19,14 +19,14 @@
 use super::clif::{for_range, load_f32, load_f32x4, store_f32, var};
 use super::embedding::{RowSum, Weights, sum_rows};
 use super::gemm::{Elt, Operand, OutBuf};
-use super::layout::{buf, checked, jit_err, par_chunks, zeros};
+use super::layout::{buf, jit_err, par_chunks, zeros};
 use super::linear::{elt_of, operand};
 use super::{Jit, JitError};
-use crate::kernels::{KResult, block_rows, dims2};
+use crate::kernels::{KResult, block_rows};
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
-use dlrm_ir::{Tensor, TensorType};
+use dlrm_ir::{Checked, Tensor, TensorType};
 
 /// What a column-sum kernel is specialised on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,16 +81,17 @@ pub(crate) fn compile(jit: &Jit, spec: DbSpec) -> Result<DbKernel, JitError> {
 /// or result).
 pub(crate) fn linear_db(
     jit: &Jit,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
     const OP: &str = "linear_db";
-    operand(inputs.first()?)?;
+    // The instance verified dz[S,N]; its buffer holds S·N elements.
+    let dz = operand(c.input(0))?;
     let out = elt_of(out_types.first()?.dtype)?;
+    let &[s, n] = c.in_shape(0) else {
+        return None;
+    };
     Some((|| {
-        crate::kernels::arity(OP, inputs, &[1])?;
-        let (s, n) = dims2(OP, "dz", inputs[0])?;
-        let dz = checked(OP, 0, inputs[0])?;
         let mut data = zeros(out, n);
         if s > 0 && n > 0 {
             // Column blocks (as the reference), one task each, every one
@@ -119,7 +120,7 @@ pub(crate) fn linear_db(
                     });
                 }
                 let po = ch.as_mut_ptr();
-                // SAFETY: `dz` holds s·n elements of the spec's type (checked);
+                // SAFETY: `dz` holds s·n elements of the spec's type (`Checked`);
                 // the kernel reads elements r·n + c0 + [0, w) for r < s, and
                 // c0 + w <= n, so all inside; unweighted, it reads no `wt`.
                 // `po` is this task's own `w` elements of the result (w = the

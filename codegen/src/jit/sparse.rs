@@ -41,7 +41,7 @@ use crate::update::rows_of;
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
-use dlrm_ir::{DType, Data, Op, Pool, Tensor, TensorType};
+use dlrm_ir::{Checked, DType, Data, Op, Pool, Tensor, TensorType};
 use rayon::prelude::*;
 
 /// Parameter storage of an update kernel.
@@ -522,24 +522,21 @@ pub(crate) fn embedding_grad_dense(
     jit: &Jit,
     mode: Pool,
     rows: usize,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
     const OP: &str = "embedding_grad_dense";
+    let inputs = c.inputs();
     if out_types.first()?.dtype != DType::F32 || !(2..=3).contains(&inputs.len()) {
         return None;
     }
+    // The instance verified dy[S,D] against the indices' bags; the plan checks
+    // the index values and the offsets (data).
+    let &[_, d] = c.in_shape(0) else {
+        return None;
+    };
     Some((|| {
         let (dy, idx, off) = (inputs[0], inputs[1], inputs.get(2).copied());
-        let d = match dy.shape[..] {
-            [_, d] => d,
-            _ => {
-                return Err(shape_err(
-                    OP,
-                    format!("dy must have rank 2, got {:?}", dy.shape),
-                ));
-            }
-        };
         let plan = embedding_update_plan(OP, &[rows, d], mode, dy, idx, off)?;
         let mut grad = vec![0.0f32; rows * d];
         let p = grad.as_mut_ptr().cast::<u8>();

@@ -16,22 +16,25 @@
 //!   the sum (`Σ dz·0`) as in the interpreter;
 //! - bf16 operands are widened exactly; bf16 results are rounded to nearest even.
 //!
+//! Every kernel takes its operands checked against the node's instance
+//! ([`Checked`]) and reads the blocked sizes from it: no shape is re-checked here.
+//!
 //! Parallelism: one rayon task per output block (`[nb]` or `[kb]` slab, or a
 //! weight-gradient block), disjoint writes only.
 
-use super::{KResult, arity, data_len, shape_err};
-use dlrm_ir::{Act, DType, Data, Op, Tensor, TensorType};
+use super::{KResult, dims_of, internal};
+use dlrm_ir::{Act, Checked, DType, Data, Op, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
 use std::borrow::Cow;
 
-/// Evaluates a blocked op, or `None` if `op` is not one of this family (or an
+/// Evaluates a blocked op on operands checked against its instance ([`Checked`]:
+/// the family's shape rules — ranks, blocks of the weight against the
+/// activation's, the bias or `n` within the blocks, the mask's shape — were
+/// verified by inference), or `None` if the op is not one of this family (or an
 /// operand is not a float tensor, or a result dtype is not f32/bf16).
-pub fn try_eval(
-    op: &Op,
-    inputs: &[&Tensor],
-    out_types: &[TensorType],
-) -> Option<KResult<Vec<Tensor>>> {
+pub fn try_eval(c: &Checked<'_>, out_types: &[TensorType]) -> Option<KResult<Vec<Tensor>>> {
+    let (op, inputs) = (c.op(), c.inputs());
     let out = out_types.first()?.dtype;
     if out_types
         .iter()
@@ -42,11 +45,11 @@ pub fn try_eval(
     }
     let one = |r: KResult<Tensor>| r.map(|t| vec![t]);
     Some(match op {
-        Op::BlockAct { bk, .. } => one(block_act(*bk, inputs, out)),
-        Op::UnblockAct { k, .. } => one(unblock_act(*k, inputs, out)),
-        Op::Brgemm { act } => one(brgemm(*act, inputs, out)),
-        Op::BrgemmDgrad { act, mask } => one(brgemm_dgrad(*act, *mask, inputs, out)),
-        Op::BrgemmWgrad { act, n } => brgemm_wgrad(*act, *n, inputs, out_types),
+        Op::BlockAct { bk, .. } => one(block_act(*bk, c, out)),
+        Op::UnblockAct { k, .. } => one(unblock_act(*k, c, out)),
+        Op::Brgemm { act } => one(brgemm(*act, c, out)),
+        Op::BrgemmDgrad { act, mask } => one(brgemm_dgrad(*act, *mask, c, out)),
+        Op::BrgemmWgrad { act, n } => brgemm_wgrad(*act, *n, c, out_types),
         _ => return None,
     })
 }
@@ -72,50 +75,13 @@ pub(crate) fn store(dtype: DType, shape: Vec<usize>, v: Vec<f32>) -> Tensor {
     }
 }
 
-/// The dims of a rank-`R` operand.
-pub(crate) fn dims<const R: usize>(
-    op: &'static str,
-    what: &str,
-    t: &Tensor,
-) -> KResult<[usize; R]> {
-    <[usize; R]>::try_from(t.shape.as_slice()).map_err(|_| {
-        shape_err(
-            op,
-            format!("{what} must have rank {R}, got shape {:?}", t.shape),
-        )
-    })
-}
-
-/// Checks that `n` entries fill `nb` blocks of `b` (last block not empty).
-pub(crate) fn check_fit(
-    op: &'static str,
-    what: &str,
-    n: usize,
-    nb: usize,
-    b: usize,
-) -> KResult<()> {
-    if b > 0 && n.div_ceil(b) == nb {
-        Ok(())
-    } else {
-        Err(shape_err(
-            op,
-            format!("{what}: {n} entries do not fill {nb} blocks of {b}"),
-        ))
-    }
-}
-
-/// `(dy, y, last)`: `act=none` takes `(dy, last)` (then `y` is `dy`, unused).
-pub(crate) fn dy_y_last<'t>(
-    op: &'static str,
-    act: Act,
-    ins: &[&'t Tensor],
-) -> KResult<[&'t Tensor; 3]> {
-    if act == Act::None {
-        arity(op, ins, &[2])?;
-        Ok([ins[0], ins[0], ins[1]])
-    } else {
-        arity(op, ins, &[3])?;
-        Ok([ins[0], ins[1], ins[2]])
+/// `(dy, y, last)` of checked operands: `act=none` takes `(dy, last)` (then `y`
+/// is `dy`, unused); `None` for another count (the instance verified it).
+pub(crate) fn dy_y_last<'t>(act: Act, ins: &[&'t Tensor]) -> Option<[&'t Tensor; 3]> {
+    match (act, ins) {
+        (Act::None, &[dy, last]) => Some([dy, dy, last]),
+        (Act::Relu | Act::Sigmoid, &[dy, y, last]) => Some([dy, y, last]),
+        _ => None,
     }
 }
 
@@ -193,37 +159,12 @@ pub(crate) fn act_grads(act: Act, dy: &[f32], y: &[f32]) -> Vec<f32> {
     out
 }
 
-/// Checks `[Kb,S,bk]` against `[Nb,Kb,bk,bn]`; returns `([Nb,Kb,bk,bn], S)`.
-pub(crate) fn check_xw(
-    op: &'static str,
-    x: &Tensor,
-    w: &Tensor,
-    xwhat: &str,
-) -> KResult<([usize; 4], usize)> {
-    let [kb, s, bk] = dims::<3>(op, xwhat, x)?;
-    let wd @ [_, wkb, wbk, _] = dims::<4>(op, "blocked weight", w)?;
-    if wkb != kb || wbk != bk {
-        return Err(shape_err(
-            op,
-            format!(
-                "{xwhat} {:?} does not match blocked weight {:?}",
-                x.shape, w.shape
-            ),
-        ));
-    }
-    Ok((wd, s))
-}
-
 /// `block_act{bk}(x[S,K]) -> [ceil(K/bk), S, bk]`.
-pub fn block_act(bk: usize, ins: &[&Tensor], out: DType) -> KResult<Tensor> {
-    const OP: &str = "block_act";
-    arity(OP, ins, &[1])?;
-    let [s, k] = dims::<2>(OP, "x", ins[0])?;
-    if bk == 0 {
-        return Err(shape_err(OP, "bk must be positive".into()));
-    }
-    let kb = k.div_ceil(bk);
-    let x = floats(ins[0]);
+pub fn block_act(bk: usize, c: &Checked<'_>, out: DType) -> KResult<Tensor> {
+    let [s, k] = dims_of::<2>(c, 0)?;
+    // The instance verified bk > 0.
+    let kb = k.div_ceil(bk.max(1));
+    let x = floats(c.input(0));
     let mut y = vec![0.0f32; kb * s * bk];
     if s > 0 {
         y.par_chunks_mut(s * bk).enumerate().for_each(|(kbi, blk)| {
@@ -238,12 +179,10 @@ pub fn block_act(bk: usize, ins: &[&Tensor], out: DType) -> KResult<Tensor> {
 }
 
 /// `unblock_act{k}(xb[Kb,S,bk]) -> [S, k]`.
-pub fn unblock_act(k: usize, ins: &[&Tensor], out: DType) -> KResult<Tensor> {
-    const OP: &str = "unblock_act";
-    arity(OP, ins, &[1])?;
-    let [kb, s, bk] = dims::<3>(OP, "blocked x", ins[0])?;
-    check_fit(OP, "unblock_act", k, kb, bk)?;
-    let xb = floats(ins[0]);
+pub fn unblock_act(k: usize, c: &Checked<'_>, out: DType) -> KResult<Tensor> {
+    // The instance verified that `k` fills the `Kb` blocks of `bk`.
+    let [_, s, bk] = dims_of::<3>(c, 0)?;
+    let xb = floats(c.input(0));
     let mut y = vec![0.0f32; s * k];
     if k > 0 {
         y.par_chunks_mut(k).enumerate().for_each(|(si, row)| {
@@ -257,13 +196,13 @@ pub fn unblock_act(k: usize, ins: &[&Tensor], out: DType) -> KResult<Tensor> {
 }
 
 /// `brgemm(xb[Kb,S,bk], wb[Nb,Kb,bk,bn], b[N]) -> act(x·wᵀ + b)` as `[Nb,S,bn]`.
-pub fn brgemm(act: Act, ins: &[&Tensor], out: DType) -> KResult<Tensor> {
-    const OP: &str = "brgemm";
-    arity(OP, ins, &[3])?;
-    let ([nb, kb, bk, bn], s) = check_xw(OP, ins[0], ins[1], "blocked x")?;
-    let [n] = dims::<1>(OP, "bias", ins[2])?;
-    check_fit(OP, "brgemm bias", n, nb, bn)?;
-    let (x, w, b) = (floats(ins[0]), floats(ins[1]), floats(ins[2]));
+pub fn brgemm(act: Act, c: &Checked<'_>, out: DType) -> KResult<Tensor> {
+    // The instance verified x's blocks against the weight's and the bias
+    // against its `Nb` blocks of `bn`.
+    let [_, s, _] = dims_of::<3>(c, 0)?;
+    let [nb, kb, bk, bn] = dims_of::<4>(c, 1)?;
+    let [n] = dims_of::<1>(c, 2)?;
+    let (x, w, b) = (floats(c.input(0)), floats(c.input(1)), floats(c.input(2)));
     let mut y = vec![0.0f32; nb * s * bn];
     if s > 0 && bn > 0 {
         y.par_chunks_mut(s * bn).enumerate().for_each(|(nbi, yb)| {
@@ -291,30 +230,13 @@ pub fn brgemm(act: Act, ins: &[&Tensor], out: DType) -> KResult<Tensor> {
 }
 
 /// `brgemm_dgrad(dyb[Nb,S,bn], (yb,) wb[Nb,Kb,bk,bn]) -> dx[Kb,S,bk]`.
-pub fn brgemm_dgrad(act: Act, mask: Act, ins: &[&Tensor], out: DType) -> KResult<Tensor> {
-    const OP: &str = "brgemm_dgrad";
-    let (ins, xb) = mask_operand(mask, ins);
-    let [dy, y, w] = dy_y_last(OP, act, ins)?;
-    if dy.shape != y.shape {
-        return Err(shape_err(
-            OP,
-            format!(
-                "blocked dy {:?} and blocked y {:?} differ",
-                dy.shape, y.shape
-            ),
-        ));
-    }
-    let [nb_dy, s, bn_dy] = dims::<3>(OP, "blocked dy", dy)?;
-    let [nb, kb, bk, bn] = dims::<4>(OP, "blocked weight", w)?;
-    if nb_dy != nb || bn_dy != bn {
-        return Err(shape_err(
-            OP,
-            format!(
-                "blocked dy {:?} does not match blocked weight {:?}",
-                dy.shape, w.shape
-            ),
-        ));
-    }
+pub fn brgemm_dgrad(act: Act, mask: Act, c: &Checked<'_>, out: DType) -> KResult<Tensor> {
+    // The instance verified `dy` and `y` alike, `dy`'s blocks against the
+    // weight's, and the mask operand of the result's shape.
+    let (ins, xb) = mask_operand(mask, c.inputs());
+    let [dy, y, w] = dy_y_last(act, ins).ok_or_else(|| internal(c, "operand count"))?;
+    let [_, s, _] = dims_of::<3>(c, 0)?;
+    let [nb, kb, bk, bn] = dims_of::<4>(c, ins.len() - 1)?;
     let dz = dz_of(act, dy, y);
     let w = floats(w);
     // wᵀ per block, `[Nb][Kb][bn][bk]`, so the inner loop runs over contiguous i.
@@ -348,7 +270,6 @@ pub fn brgemm_dgrad(act: Act, mask: Act, ins: &[&Tensor], out: DType) -> KResult
         });
     }
     if let Some(xb) = xb {
-        check_mask(OP, xb, [kb, s, bk])?;
         mask_in_place(mask, &mut dx, &floats(xb));
     }
     Ok(store(out, vec![kb, s, bk], dx))
@@ -366,20 +287,6 @@ pub(crate) fn mask_operand<'a, 't>(
     }
 }
 
-/// Checks that the mask operand has the result's blocked shape.
-pub(crate) fn check_mask(op: &'static str, xb: &Tensor, shape: [usize; 3]) -> KResult<()> {
-    if xb.shape != shape || data_len(xb) != xb.numel() {
-        return Err(shape_err(
-            op,
-            format!(
-                "blocked x (mask) {:?} is not the result's {shape:?}",
-                xb.shape
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// `dx[i] = mask'(dx[i], x[i])` (over the shorter of the two), each exactly
 /// [`act_grad`]: the previous layer's `dz` from this layer's `dx` and input;
 /// the mask matched once per call so the loops vectorise.
@@ -394,8 +301,9 @@ pub(crate) fn mask_in_place(mask: Act, dx: &mut [f32], x: &[f32]) {
     }
 }
 
-/// The operands of `brgemm_wgrad` and their blocked sizes, checked: what the
-/// reference kernel and the JIT's ([`crate::jit`]) both start from.
+/// The operands of `brgemm_wgrad` and their blocked sizes (verified by the
+/// instance): what the reference kernel and the JIT's ([`crate::jit`]) both
+/// start from.
 pub(crate) struct WgradArgs<'t> {
     /// `dyb[Nb,S,bn]`.
     pub dy: &'t Tensor,
@@ -409,42 +317,20 @@ pub(crate) struct WgradArgs<'t> {
     pub outs: [&'t TensorType; 2],
 }
 
-/// Checks `brgemm_wgrad`'s operands (`dy` and `y` alike, `dy` and `x` over the
-/// same samples, `n` within the `Nb` blocks of `bn`) and its two results.
+/// `brgemm_wgrad`'s checked operands (the instance verified `dy` and `y` alike,
+/// `dy` and `x` over the same samples, `n` within the `Nb` blocks of `bn`, and
+/// its two results).
 pub(crate) fn wgrad_args<'t>(
     act: Act,
-    n: usize,
-    ins: &[&'t Tensor],
+    c: &Checked<'t>,
     out_types: &'t [TensorType],
 ) -> KResult<WgradArgs<'t>> {
-    const OP: &str = "brgemm_wgrad";
-    let [dy, y, x] = dy_y_last(OP, act, ins)?;
-    if dy.shape != y.shape {
-        return Err(shape_err(
-            OP,
-            format!(
-                "blocked dy {:?} and blocked y {:?} differ",
-                dy.shape, y.shape
-            ),
-        ));
-    }
-    let [nb, s, bn] = dims::<3>(OP, "blocked dy", dy)?;
-    let [kb, sx, bk] = dims::<3>(OP, "blocked x", x)?;
-    if sx != s {
-        return Err(shape_err(
-            OP,
-            format!(
-                "blocked dy {:?} and blocked x {:?} must have the same samples",
-                dy.shape, x.shape
-            ),
-        ));
-    }
-    check_fit(OP, "brgemm_wgrad n", n, nb, bn)?;
+    let ins = c.inputs();
+    let [dy, y, x] = dy_y_last(act, ins).ok_or_else(|| internal(c, "operand count"))?;
+    let [nb, s, bn] = dims_of::<3>(c, 0)?;
+    let [kb, _, bk] = dims_of::<3>(c, ins.len() - 1)?;
     let [dw_t, db_t] = out_types else {
-        return Err(shape_err(
-            OP,
-            format!("has two results, {} declared", out_types.len()),
-        ));
+        return Err(internal(c, "result count"));
     };
     Ok(WgradArgs {
         dy,
@@ -459,7 +345,7 @@ pub(crate) fn wgrad_args<'t>(
 pub fn brgemm_wgrad(
     act: Act,
     n: usize,
-    ins: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
 ) -> KResult<Vec<Tensor>> {
     let WgradArgs {
@@ -468,7 +354,7 @@ pub fn brgemm_wgrad(
         x,
         dims: [nb, kb, s, bk, bn],
         outs: [dw_t, db_t],
-    } = wgrad_args(act, n, ins, out_types)?;
+    } = wgrad_args(act, c, out_types)?;
     let dz = dz_of(act, dy, y);
     let x = floats(x);
     let mut dw = vec![0.0f32; nb * kb * bk * bn];

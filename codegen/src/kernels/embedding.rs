@@ -9,12 +9,16 @@
 //! equal to a sequential sum (the mean divides that sum by the bag's size; an empty
 //! bag gives zeros). The backward copies `dy[bag]` (divided by the bag's size for
 //! `mean`) into each of the bag's rows, parallel over blocks of bags.
+//!
+//! The operands come checked against the node's instance ([`Checked`]: ranks,
+//! samples and the bag count verified by inference); what is checked here is the
+//! data: the index values and the offsets.
 
 use super::{
-    Indices, Ix, KResult, KernelError, arity, block_rows, dims2, f32_operand, read_bounds,
-    shape_err, validate_bag_indices, validate_indices,
+    Indices, Ix, KResult, KernelError, block_rows, dims_of, read_bounds, validate_bag_indices,
+    validate_indices,
 };
-use dlrm_ir::{Pool, Tensor};
+use dlrm_ir::{Checked, Pool, Tensor};
 use rayon::prelude::*;
 
 const FWD: &str = "embedding_bag";
@@ -30,14 +34,17 @@ fn index_operand<'a>(op: &'static str, t: &'a Tensor) -> KResult<Indices<'a>> {
 /// `embedding_bag(table[R,D], indices[S,L])` or
 /// `embedding_bag(table[R,D], indices[N], offsets[S])` -> `[S,D]`
 /// (`offsets[S+1]` with `last_offset`: only the indices in a bag are read).
-pub fn embedding_bag(mode: Pool, last_offset: bool, inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
-    let table = f32_operand(inputs, 0)?;
+pub fn embedding_bag(mode: Pool, last_offset: bool, c: &Checked<'_>) -> Option<KResult<Tensor>> {
+    let table = c.input(0).as_f32()?;
+    // The instance verified the ranks and the bag count; the indices and the
+    // offsets (their values) are checked here.
+    let &[rows, d] = c.in_shape(0) else {
+        return None;
+    };
     Some((|| {
-        arity(FWD, inputs, if last_offset { &[3] } else { &[2, 3] })?;
-        let (rows, d) = dims2(FWD, "table", inputs[0])?;
-        let idx = index_operand(FWD, inputs[1])?;
-        if inputs.len() == 2 {
-            let (s, l) = dims2(FWD, "indices (fixed pooling)", inputs[1])?;
+        let idx = index_operand(FWD, c.input(1))?;
+        if c.inputs().len() == 2 {
+            let [s, l] = dims_of::<2>(c, 1)?;
             validate_indices(FWD, idx, rows, Some(l), None)?;
             let mut out = vec![0.0f32; s * d];
             if d > 0 && s > 0 {
@@ -48,17 +55,8 @@ pub fn embedding_bag(mode: Pool, last_offset: bool, inputs: &[&Tensor]) -> Optio
             }
             Ok(Tensor::f32(vec![s, d], out))
         } else {
-            if inputs[1].shape.len() != 1 {
-                return Err(shape_err(
-                    FWD,
-                    format!(
-                        "indices with offsets must have rank 1, got {:?}",
-                        inputs[1].shape
-                    ),
-                ));
-            }
             let n = idx.len();
-            let bounds = read_bounds(FWD, inputs[2], n, last_offset)?;
+            let bounds = read_bounds(FWD, c.input(2), n, last_offset)?;
             let s = bounds.len() - 1;
             if last_offset {
                 validate_bag_indices(FWD, idx, rows, &bounds)?;
@@ -176,25 +174,16 @@ impl GradBags {
     }
 }
 
-/// Checks the operands of `embedding_bag_grad(dy[S,D], indices[S,L])` or
+/// Where the rows of `embedding_bag_grad(dy[S,D], indices[S,L])` or
 /// `embedding_bag_grad(dy[S,D], indices[N], offsets[S])` (`offsets[S+1]` with
-/// `last_offset`; shapes, index dtype, offsets; the index values are not read)
-/// and returns where the rows go.
-pub(crate) fn grad_bags(inputs: &[&Tensor], last_offset: bool) -> KResult<GradBags> {
-    arity(BWD, inputs, if last_offset { &[3] } else { &[2, 3] })?;
-    let (s, d) = dims2(BWD, "dy", inputs[0])?;
-    index_operand(BWD, inputs[1])?;
-    if inputs.len() == 2 {
-        let (si, l) = dims2(BWD, "indices (fixed pooling)", inputs[1])?;
-        if si != s {
-            return Err(shape_err(
-                BWD,
-                format!(
-                    "dy {:?} and indices {:?} differ in samples",
-                    inputs[0].shape, inputs[1].shape
-                ),
-            ));
-        }
+/// `last_offset`) go, from checked operands (the instance verified the shapes
+/// and the bag count; the offsets' values are checked here, the indices' are
+/// not read).
+pub(crate) fn grad_bags(c: &Checked<'_>, last_offset: bool) -> KResult<GradBags> {
+    let [s, d] = dims_of::<2>(c, 0)?;
+    index_operand(BWD, c.input(1))?;
+    if c.inputs().len() == 2 {
+        let [_, l] = dims_of::<2>(c, 1)?;
         return Ok(GradBags {
             s,
             d,
@@ -204,23 +193,8 @@ pub(crate) fn grad_bags(inputs: &[&Tensor], last_offset: bool) -> KResult<GradBa
             shape: vec![s, l, d],
         });
     }
-    if inputs[1].shape.len() != 1 {
-        return Err(shape_err(
-            BWD,
-            format!(
-                "indices with offsets must have rank 1, got {:?}",
-                inputs[1].shape
-            ),
-        ));
-    }
-    let n = inputs[1].shape[0];
-    let bounds = read_bounds(BWD, inputs[2], n, last_offset)?;
-    if bounds.len() - 1 != s {
-        return Err(shape_err(
-            BWD,
-            format!("dy has {s} samples, offsets {} bags", bounds.len() - 1),
-        ));
-    }
+    let [n] = dims_of::<1>(c, 1)?;
+    let bounds = read_bounds(BWD, c.input(2), n, last_offset)?;
     Ok(GradBags {
         s,
         d,
@@ -237,11 +211,11 @@ pub(crate) fn grad_bags(inputs: &[&Tensor], last_offset: bool) -> KResult<GradBa
 pub fn embedding_bag_grad(
     mode: Pool,
     last_offset: bool,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
 ) -> Option<KResult<Tensor>> {
-    let dy = f32_operand(inputs, 0)?;
+    let dy = c.input(0).as_f32()?;
     Some((|| {
-        let g = grad_bags(inputs, last_offset)?;
+        let g = grad_bags(c, last_offset)?;
         let d = g.d;
         let mut out = vec![0.0f32; g.n * d];
         if g.n > 0 && d > 0 {

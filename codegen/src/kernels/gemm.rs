@@ -21,9 +21,13 @@
 //! results differ by reassociation only (relative error ~1e-6·sqrt(K); the tests
 //! allow 1e-5 relative to the magnitude of the terms); `linear_db` sums samples in
 //! order, exactly like the definition.
+//!
+//! The operands come checked against the node's instance ([`Checked`]: ranks and
+//! the shared dims verified by inference, buffers of their shapes' lengths), so
+//! the kernels read `S`, `N`, `K` from it and check no shape.
 
-use super::{KResult, arity, block_rows, dims2, f32_operand, gemm_rows, shape_err};
-use dlrm_ir::{Act, Tensor};
+use super::{KResult, block_rows, gemm_rows};
+use dlrm_ir::{Act, Checked, Tensor};
 use rayon::prelude::*;
 
 /// Output widths below this use the skinny (non-`sgemm`) paths.
@@ -157,26 +161,17 @@ fn bias_act(c: &mut [f32], b: &[f32], act: Act) {
 }
 
 /// `linear(x[S,K], w[N,K], b[N]) -> act(x · wᵀ + b)`.
-pub fn linear(act: Act, inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
-    const OP: &str = "linear";
+pub fn linear(act: Act, c: &Checked<'_>) -> Option<KResult<Tensor>> {
     let (x, w, b) = (
-        f32_operand(inputs, 0)?,
-        f32_operand(inputs, 1)?,
-        f32_operand(inputs, 2)?,
+        c.input(0).as_f32()?,
+        c.input(1).as_f32()?,
+        c.input(2).as_f32()?,
     );
+    // The instance verified x[S,K], weight[N,K], bias[N].
+    let (&[s, k], &[n, _]) = (c.in_shape(0), c.in_shape(1)) else {
+        return None;
+    };
     Some((|| {
-        arity(OP, inputs, &[3])?;
-        let (s, k) = dims2(OP, "x", inputs[0])?;
-        let (n, kw) = dims2(OP, "weight", inputs[1])?;
-        if kw != k || inputs[2].shape != [n] {
-            return Err(shape_err(
-                OP,
-                format!(
-                    "x {:?}, weight {:?} and bias {:?} do not fit",
-                    inputs[0].shape, inputs[1].shape, inputs[2].shape
-                ),
-            ));
-        }
         let mut out = vec![0.0f32; s * n];
         if s == 0 || n == 0 {
             return Ok(Tensor::f32(vec![s, n], out));
@@ -224,22 +219,13 @@ pub fn linear(act: Act, inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
 }
 
 /// `linear_dx(dz[S,N], w[N,K]) -> dz · w`.
-pub fn linear_dx(inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
-    const OP: &str = "linear_dx";
-    let (dz, w) = (f32_operand(inputs, 0)?, f32_operand(inputs, 1)?);
+pub fn linear_dx(c: &Checked<'_>) -> Option<KResult<Tensor>> {
+    let (dz, w) = (c.input(0).as_f32()?, c.input(1).as_f32()?);
+    // The instance verified dz[S,N], weight[N,K].
+    let (&[s, n], &[_, k]) = (c.in_shape(0), c.in_shape(1)) else {
+        return None;
+    };
     Some((|| {
-        arity(OP, inputs, &[2])?;
-        let (s, n) = dims2(OP, "dz", inputs[0])?;
-        let (nw, k) = dims2(OP, "weight", inputs[1])?;
-        if nw != n {
-            return Err(shape_err(
-                OP,
-                format!(
-                    "dz {:?} and weight {:?} do not fit",
-                    inputs[0].shape, inputs[1].shape
-                ),
-            ));
-        }
         let mut out = vec![0.0f32; s * k];
         if s == 0 || k == 0 {
             return Ok(Tensor::f32(vec![s, k], out));
@@ -283,22 +269,13 @@ pub fn linear_dx(inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
 }
 
 /// `linear_dw(dz[S,N], x[S,K]) -> dzᵀ · x` (`[N,K]`).
-pub fn linear_dw(inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
-    const OP: &str = "linear_dw";
-    let (dz, x) = (f32_operand(inputs, 0)?, f32_operand(inputs, 1)?);
+pub fn linear_dw(c: &Checked<'_>) -> Option<KResult<Tensor>> {
+    let (dz, x) = (c.input(0).as_f32()?, c.input(1).as_f32()?);
+    // The instance verified dz[S,N], x[S,K].
+    let (&[s, n], &[_, k]) = (c.in_shape(0), c.in_shape(1)) else {
+        return None;
+    };
     Some((|| {
-        arity(OP, inputs, &[2])?;
-        let (s, n) = dims2(OP, "dz", inputs[0])?;
-        let (sx, k) = dims2(OP, "x", inputs[1])?;
-        if sx != s {
-            return Err(shape_err(
-                OP,
-                format!(
-                    "dz {:?} and x {:?} differ in samples",
-                    inputs[0].shape, inputs[1].shape
-                ),
-            ));
-        }
         let mut out = vec![0.0f32; n * k];
         if n == 0 || k == 0 || s == 0 {
             return Ok(Tensor::f32(vec![n, k], out));
@@ -396,28 +373,27 @@ fn scatter_columns(out: &mut [f32], k: usize, n: usize, parts: Vec<(usize, Vec<f
 }
 
 /// `linear_db(dz[S,N]) -> Σ_s dz[s]` (`[N]`), summed over samples in order.
-pub fn linear_db(inputs: &[&Tensor]) -> Option<KResult<Tensor>> {
-    const OP: &str = "linear_db";
-    let dz = f32_operand(inputs, 0)?;
-    Some((|| {
-        arity(OP, inputs, &[1])?;
-        let (s, n) = dims2(OP, "dz", inputs[0])?;
-        let mut out = vec![0.0f32; n];
-        if n > 0 {
-            // Column blocks; each scans every sample in order (as the definition).
-            let cb = if s * n >= 1 << 16 {
-                block_rows(n, 64, usize::MAX)
-            } else {
-                n
-            };
-            out.par_chunks_mut(cb).enumerate().for_each(|(blk, acc)| {
-                let c0 = blk * cb;
-                let c1 = c0 + acc.len();
-                for row in dz.chunks_exact(n).take(s) {
-                    acc.iter_mut().zip(&row[c0..c1]).for_each(|(a, &v)| *a += v);
-                }
-            });
-        }
-        Ok(Tensor::f32(vec![n], out))
-    })())
+pub fn linear_db(c: &Checked<'_>) -> Option<KResult<Tensor>> {
+    let dz = c.input(0).as_f32()?;
+    // The instance verified dz[S,N].
+    let &[s, n] = c.in_shape(0) else {
+        return None;
+    };
+    let mut out = vec![0.0f32; n];
+    if n > 0 {
+        // Column blocks; each scans every sample in order (as the definition).
+        let cb = if s * n >= 1 << 16 {
+            block_rows(n, 64, usize::MAX)
+        } else {
+            n
+        };
+        out.par_chunks_mut(cb).enumerate().for_each(|(blk, acc)| {
+            let c0 = blk * cb;
+            let c1 = c0 + acc.len();
+            for row in dz.chunks_exact(n).take(s) {
+                acc.iter_mut().zip(&row[c0..c1]).for_each(|(a, &v)| *a += v);
+            }
+        });
+    }
+    Some(Ok(Tensor::f32(vec![n], out)))
 }

@@ -9,57 +9,38 @@
 //! `dT_i += dZ_ij · T_j` and `dT_j += dZ_ij · T_i` for `i > j`, `dT_i += 2 dZ_ii · T_i`
 //! on the diagonal, plus the pass-through `dx += dr[.., 0..D]`.
 //! `cat` is a copy forward and a split backward (bitwise exact).
+//!
+//! The operands come checked against the node's instance ([`Checked`]): ranks,
+//! samples, widths and `dr`'s shape were verified by inference.
 
 use super::gemm::dot;
-use super::{KResult, KernelError, block_rows, shape_err};
-use dlrm_ir::{InteractionKind, Tensor, interaction_width};
+use super::{KResult, block_rows, dims_of};
+use dlrm_ir::{Checked, InteractionKind, Tensor, interaction_width};
 use rayon::prelude::*;
-
-const FWD: &str = "interaction";
-const BWD: &str = "interaction_grad";
 
 /// Samples, per-operand f32 data, per-operand widths.
 type Operands<'a> = (usize, Vec<&'a [f32]>, Vec<usize>);
 
-/// Samples and widths of the interaction operands: rank 2, the same samples, at
-/// least the dense operand.
-pub(crate) fn samples_and_widths(op: &'static str, ts: &[&Tensor]) -> KResult<(usize, Vec<usize>)> {
-    let Some(first) = ts.first() else {
-        return Err(shape_err(op, "needs at least the dense operand".into()));
-    };
-    let s = first.shape.first().copied().unwrap_or(0);
-    let mut widths = Vec::with_capacity(ts.len());
-    for (i, t) in ts.iter().enumerate() {
-        match t.shape[..] {
-            [si, w] if si == s => widths.push(w),
-            _ => {
-                return Err(shape_err(
-                    op,
-                    format!("operand {i} has shape {:?}; expected [{s}, width]", t.shape),
-                ));
-            }
-        }
+/// Samples and widths of the checked interaction operands `from..` (the instance
+/// verified them: rank 2, the same samples, at least the dense operand, equal
+/// widths for `dot`, and `dr`'s shape for the gradient).
+pub(crate) fn samples_and_widths(c: &Checked<'_>, from: usize) -> KResult<(usize, Vec<usize>)> {
+    let mut s = 0;
+    let mut widths = Vec::with_capacity(c.inputs().len().saturating_sub(from));
+    for i in from..c.inputs().len() {
+        let [si, w] = dims_of::<2>(c, i)?;
+        s = si;
+        widths.push(w);
     }
     Ok((s, widths))
 }
 
-/// The f32 data and widths of the interaction operands (`None`: not all f32).
-fn operands<'a>(
-    op: &'static str,
-    kind: InteractionKind,
-    ts: &[&'a Tensor],
-) -> Option<KResult<Operands<'a>>> {
+/// The f32 data and widths of the checked interaction operands `from..`
+/// (`None`: not all f32).
+fn operands<'a>(c: &Checked<'a>, from: usize) -> Option<KResult<Operands<'a>>> {
+    let ts = c.inputs().get(from..)?;
     let data: Vec<&[f32]> = ts.iter().map(|t| t.as_f32()).collect::<Option<_>>()?;
-    Some((|| {
-        let (s, widths) = samples_and_widths(op, ts)?;
-        if kind == InteractionKind::Dot && widths.iter().any(|&w| w != widths[0]) {
-            return Err(shape_err(
-                op,
-                format!("dot needs equal widths, got {widths:?}"),
-            ));
-        }
-        Ok((s, data, widths))
-    })())
+    Some(samples_and_widths(c, from).map(|(s, widths)| (s, data, widths)))
 }
 
 /// The kept pairs `(i, j)` in row-major order.
@@ -73,9 +54,9 @@ fn pairs(f: usize, self_interaction: bool) -> Vec<(usize, usize)> {
 pub fn interaction(
     kind: InteractionKind,
     self_interaction: bool,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
 ) -> Option<KResult<Tensor>> {
-    let parsed = operands(FWD, kind, inputs)?;
+    let parsed = operands(c, 0)?;
     Some(parsed.map(|(s, data, widths)| {
         let width = interaction_width(kind, self_interaction, &widths);
         let mut out = vec![0.0f32; s * width];
@@ -120,27 +101,13 @@ pub fn interaction(
 pub fn interaction_grad(
     kind: InteractionKind,
     self_interaction: bool,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
 ) -> Option<KResult<Vec<Tensor>>> {
-    if inputs.len() < 2 {
-        return Some(Err(shape_err(
-            BWD,
-            "needs dr and at least the dense operand".into(),
-        )));
-    }
-    let dr = inputs[0].as_f32()?;
-    let parsed = operands(BWD, kind, &inputs[1..])?;
-    Some(parsed.and_then(|(s, data, widths)| {
+    // The instance verified dr[S, width] and the operands after it.
+    let dr = c.input(0).as_f32()?;
+    let parsed = operands(c, 1)?;
+    Some(parsed.map(|(s, data, widths)| {
         let width = interaction_width(kind, self_interaction, &widths);
-        if inputs[0].shape != [s, width] {
-            return Err(KernelError::Shape {
-                op: BWD,
-                reason: format!(
-                    "dr has shape {:?}, expected [{s}, {width}]",
-                    inputs[0].shape
-                ),
-            });
-        }
         let f = widths.len();
         let mut outs: Vec<Vec<f32>> = widths.iter().map(|&w| vec![0.0f32; s * w]).collect();
         if s > 0 {
@@ -201,10 +168,9 @@ pub fn interaction_grad(
                     }
                 });
         }
-        Ok(outs
-            .into_iter()
+        outs.into_iter()
             .zip(&widths)
             .map(|(o, &w)| Tensor::f32(vec![s, w], o))
-            .collect())
+            .collect()
     }))
 }

@@ -7,9 +7,12 @@
 //! chunks, each element by the definition's own operations: bitwise equal.
 //! A denominator whose symbol is unbound (or 0) has no kernel: the interpreter
 //! reports it.
+//!
+//! The operands come checked against the node's instance ([`Checked`]: logits and
+//! label of one shape, verified by inference; buffers of their shapes' lengths).
 
-use super::{KResult, arity, f32_operand, shape_err};
-use dlrm_ir::{Dim, Tensor};
+use super::KResult;
+use dlrm_ir::{Checked, Dim, Tensor};
 use rayon::prelude::*;
 use std::collections::HashMap;
 
@@ -21,60 +24,41 @@ fn resolve(d: &Dim, syms: &HashMap<String, usize>) -> Option<f32> {
     (n > 0).then_some(n as f32)
 }
 
-fn operands<'a>(
-    op: &'static str,
-    inputs: &[&'a Tensor],
-) -> Option<KResult<(&'a [f32], &'a [f32])>> {
-    let (z, y) = (f32_operand(inputs, 0)?, f32_operand(inputs, 1)?);
-    Some((|| {
-        arity(op, inputs, &[2])?;
-        if inputs[0].shape != inputs[1].shape {
-            return Err(shape_err(
-                op,
-                format!(
-                    "logits {:?} and label {:?} differ",
-                    inputs[0].shape, inputs[1].shape
-                ),
-            ));
-        }
-        Ok((z, y))
-    })())
+/// The f32 logits and labels (`None`: another dtype, no kernel).
+fn operands<'a>(c: &Checked<'a>) -> Option<(&'a [f32], &'a [f32])> {
+    Some((c.input(0).as_f32()?, c.input(1).as_f32()?))
 }
 
 /// `bce_logits(z, y) -> f32[]`.
 pub fn bce_logits(
     denom: &Dim,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     syms: &HashMap<String, usize>,
 ) -> Option<KResult<Tensor>> {
     let den = resolve(denom, syms)?;
-    let ops = operands("bce_logits", inputs)?;
-    Some(ops.map(|(z, y)| {
-        let mut acc = 0.0f32;
-        for (&zi, &yi) in z.iter().zip(y) {
-            acc += zi.max(0.0) - zi * yi + (-zi.abs()).exp().ln_1p();
-        }
-        Tensor::f32(vec![], vec![acc / den])
-    }))
+    let (z, y) = operands(c)?;
+    let mut acc = 0.0f32;
+    for (&zi, &yi) in z.iter().zip(y) {
+        acc += zi.max(0.0) - zi * yi + (-zi.abs()).exp().ln_1p();
+    }
+    Some(Ok(Tensor::f32(vec![], vec![acc / den])))
 }
 
 /// `bce_logits_grad(z, y) -> (sigmoid(z) - y) / denom`.
 pub fn bce_logits_grad(
     denom: &Dim,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     syms: &HashMap<String, usize>,
 ) -> Option<KResult<Tensor>> {
     let den = resolve(denom, syms)?;
-    let ops = operands("bce_logits_grad", inputs)?;
-    Some(ops.map(|(z, y)| {
-        let mut out = vec![0.0f32; z.len()];
-        out.par_chunks_mut(CHUNK)
-            .zip(z.par_chunks(CHUNK).zip(y.par_chunks(CHUNK)))
-            .for_each(|(o, (z, y))| {
-                for (o, (&zi, &yi)) in o.iter_mut().zip(z.iter().zip(y)) {
-                    *o = (1.0 / (1.0 + (-zi).exp()) - yi) / den;
-                }
-            });
-        Tensor::f32(inputs[0].shape.clone(), out)
-    }))
+    let (z, y) = operands(c)?;
+    let mut out = vec![0.0f32; z.len()];
+    out.par_chunks_mut(CHUNK)
+        .zip(z.par_chunks(CHUNK).zip(y.par_chunks(CHUNK)))
+        .for_each(|(o, (z, y))| {
+            for (o, (&zi, &yi)) in o.iter_mut().zip(z.iter().zip(y)) {
+                *o = (1.0 / (1.0 + (-zi).exp()) - yi) / den;
+            }
+        });
+    Some(Ok(Tensor::f32(c.in_shape(0).to_vec(), out)))
 }

@@ -18,6 +18,14 @@
 //! - [`shard`]: `embedding_bag_rows` and `embedding_grad_dense` (row-wise and
 //!   data-parallel tables of the partition pass).
 //!
+//! Shapes: every kernel takes its operands as [`Checked`] — bound to the node's
+//! [`NodeInstance`], whose concrete types the op's shape rule
+//! (`dlrm_ir::infer`) verified once — and reads its dims from there; no kernel
+//! re-derives the rule. [`try_eval_instance`] binds the operands (dtypes, shapes,
+//! each buffer's length: the one check of a call), [`try_eval`] builds the
+//! instance first (a call outside a plan). Kernels check only data: index
+//! values, offsets.
+//!
 //! Contract of [`try_eval`]: `None` means "no fast kernel for this op or these
 //! dtypes" (the caller runs `dlrm_ir::interp::eval_op`); `Some(Ok(results))` are the
 //! op's results exactly as the interpreter defines them, up to float reassociation
@@ -51,7 +59,7 @@ pub use optim::{
     split_embedding_update_in_place, split_sgd_in_place,
 };
 
-use dlrm_ir::{Data, Dim, Op, Tensor, TensorType};
+use dlrm_ir::{Checked, Data, Dim, NodeInstance, Op, Tensor, TensorType};
 use half::bf16;
 use std::collections::HashMap;
 use thiserror::Error;
@@ -118,28 +126,85 @@ pub type KResult<T> = Result<T, KernelError>;
 /// `inputs` are the node's operands, `out_types` its declared result types and `syms`
 /// the symbol sizes (used to check the results' shapes; unbound symbols are not
 /// checked). Returns `None` when the caller must use the interpreter instead.
+/// The op's instance for these operands is verified first
+/// ([`NodeInstance::of_operands`]); a plan that keeps its instances calls
+/// [`try_eval_instance`] instead.
 pub fn try_eval(
     op: &Op,
     inputs: &[&Tensor],
     out_types: &[TensorType],
     syms: &HashMap<String, usize>,
 ) -> Option<KResult<Vec<Tensor>>> {
-    if let Some((i, t)) = inputs
-        .iter()
-        .enumerate()
-        .find(|(_, t)| data_len(t) != t.numel())
-    {
-        return Some(Err(shape_err(
-            op.mnemonic(),
-            format!(
-                "operand {i} holds {} elements for shape {:?}",
-                data_len(t),
-                t.shape
-            ),
-        )));
+    if !covers(op) {
+        return None;
     }
+    match NodeInstance::of_operands(op, inputs, out_types, syms) {
+        Ok(inst) => try_eval_instance(&inst, inputs, out_types, syms),
+        Err(reason) => Some(Err(instance_err(op, reason))),
+    }
+}
+
+/// Does a reference kernel exist for `op` (for some dtypes)?
+fn covers(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Brgemm { .. }
+            | Op::BrgemmDgrad { .. }
+            | Op::BrgemmWgrad { .. }
+            | Op::BlockAct { .. }
+            | Op::UnblockAct { .. }
+            | Op::Linear { .. }
+            | Op::LinearDx
+            | Op::LinearDw
+            | Op::LinearDb
+            | Op::EmbeddingBag { .. }
+            | Op::EmbeddingBagGrad { .. }
+            | Op::Interaction { .. }
+            | Op::InteractionGrad { .. }
+            | Op::Relu
+            | Op::ReluGrad
+            | Op::Sigmoid
+            | Op::SigmoidGrad
+            | Op::Gelu
+            | Op::GeluGrad
+            | Op::Add
+            | Op::BceLogits { .. }
+            | Op::BceLogitsGrad { .. }
+            | Op::EmbeddingBagRows { .. }
+            | Op::EmbeddingGradDense { .. }
+    )
+}
+
+/// A [`NodeInstance`] error as a kernel error (the message already names the op).
+pub(crate) fn instance_err(op: &Op, reason: String) -> KernelError {
+    let name = op.mnemonic();
+    let reason = match reason.strip_prefix(&format!("`{name}`: ")) {
+        Some(r) => r.to_string(),
+        None => reason,
+    };
+    KernelError::Shape { op: name, reason }
+}
+
+/// [`try_eval`] with the node's verified instance (built once per symbol binding):
+/// the operands are checked against it ([`NodeInstance::bind`], the one check of
+/// each call: dtypes, shapes, buffer lengths), then the kernel runs on the
+/// [`Checked`] operands without re-deriving the op's shape rule.
+pub fn try_eval_instance(
+    inst: &NodeInstance,
+    inputs: &[&Tensor],
+    out_types: &[TensorType],
+    syms: &HashMap<String, usize>,
+) -> Option<KResult<Vec<Tensor>>> {
+    let op = inst.op();
+    if !covers(op) {
+        return None;
+    }
+    let c = match inst.bind(inputs) {
+        Ok(c) => c,
+        Err(reason) => return Some(Err(instance_err(op, reason))),
+    };
     // The blocked GEMM family handles f32 and bf16 storage.
-    if let Some(res) = brgemm::try_eval(op, inputs, out_types) {
+    if let Some(res) = brgemm::try_eval(&c, out_types) {
         return Some(res.and_then(|outs| check_results(op, outs, out_types, syms)));
     }
     // The other kernels only run when every declared result is f32 (bf16 results
@@ -148,38 +213,38 @@ pub fn try_eval(
         return None;
     }
     let res: KResult<Vec<Tensor>> = match op {
-        Op::Linear { act } => one(gemm::linear(*act, inputs)?),
-        Op::LinearDx => one(gemm::linear_dx(inputs)?),
-        Op::LinearDw => one(gemm::linear_dw(inputs)?),
-        Op::LinearDb => one(gemm::linear_db(inputs)?),
+        Op::Linear { act } => one(gemm::linear(*act, &c)?),
+        Op::LinearDx => one(gemm::linear_dx(&c)?),
+        Op::LinearDw => one(gemm::linear_dw(&c)?),
+        Op::LinearDb => one(gemm::linear_db(&c)?),
         Op::EmbeddingBag { mode, last_offset } => {
-            one(embedding::embedding_bag(*mode, *last_offset, inputs)?)
+            one(embedding::embedding_bag(*mode, *last_offset, &c)?)
         }
         Op::EmbeddingBagGrad { mode, last_offset } => {
-            one(embedding::embedding_bag_grad(*mode, *last_offset, inputs)?)
+            one(embedding::embedding_bag_grad(*mode, *last_offset, &c)?)
         }
         Op::Interaction {
             kind,
             self_interaction,
-        } => one(interaction::interaction(*kind, *self_interaction, inputs)?),
+        } => one(interaction::interaction(*kind, *self_interaction, &c)?),
         Op::InteractionGrad {
             kind,
             self_interaction,
-        } => interaction::interaction_grad(*kind, *self_interaction, inputs)?,
-        Op::Relu => one(elementwise::relu(inputs)?),
-        Op::ReluGrad => one(elementwise::relu_grad(inputs)?),
-        Op::Sigmoid => one(elementwise::sigmoid(inputs)?),
-        Op::SigmoidGrad => one(elementwise::sigmoid_grad(inputs)?),
-        Op::Gelu => one(elementwise::gelu(inputs)?),
-        Op::GeluGrad => one(elementwise::gelu_grad(inputs)?),
-        Op::Add => one(elementwise::add(inputs)?),
-        Op::BceLogits { denom } => one(loss::bce_logits(denom, inputs, syms)?),
-        Op::BceLogitsGrad { denom } => one(loss::bce_logits_grad(denom, inputs, syms)?),
+        } => interaction::interaction_grad(*kind, *self_interaction, &c)?,
+        Op::Relu => one(elementwise::relu(&c)?),
+        Op::ReluGrad => one(elementwise::relu_grad(&c)?),
+        Op::Sigmoid => one(elementwise::sigmoid(&c)?),
+        Op::SigmoidGrad => one(elementwise::sigmoid_grad(&c)?),
+        Op::Gelu => one(elementwise::gelu(&c)?),
+        Op::GeluGrad => one(elementwise::gelu_grad(&c)?),
+        Op::Add => one(elementwise::add(&c)?),
+        Op::BceLogits { denom } => one(loss::bce_logits(denom, &c, syms)?),
+        Op::BceLogitsGrad { denom } => one(loss::bce_logits_grad(denom, &c, syms)?),
         Op::EmbeddingBagRows { mode, lo, rows } => {
-            one(shard::embedding_bag_rows(*mode, *lo, *rows, inputs)?)
+            one(shard::embedding_bag_rows(*mode, *lo, *rows, &c)?)
         }
         Op::EmbeddingGradDense { mode, rows } => {
-            one(shard::embedding_grad_dense(*mode, *rows, inputs)?)
+            one(shard::embedding_grad_dense(*mode, *rows, &c)?)
         }
         _ => return None,
     };
@@ -231,40 +296,23 @@ pub(crate) fn check_results(
 
 /// The number of elements actually stored in a tensor.
 pub(crate) fn data_len(t: &Tensor) -> usize {
-    match &t.data {
-        Data::F32(v) => v.len(),
-        Data::BF16(v) => v.len(),
-        Data::I64(v) => v.len(),
-        Data::I32(v) => v.len(),
-    }
+    dlrm_ir::stored_len(t)
 }
 
-/// The f32 data of operand `i`, or `None` (no kernel) for another dtype.
-pub(crate) fn f32_operand<'a>(inputs: &[&'a Tensor], i: usize) -> Option<&'a [f32]> {
-    inputs.get(i).and_then(|t| t.as_f32())
+/// The dims of checked operand `i`, of the rank `R` its op's shape rule verified
+/// (an internal error if the kernel and the rule disagree, never a panic).
+pub(crate) fn dims_of<const R: usize>(c: &Checked<'_>, i: usize) -> KResult<[usize; R]> {
+    let shape = c.inputs().get(i).map_or(&[][..], |_| c.in_shape(i));
+    <[usize; R]>::try_from(shape)
+        .map_err(|_| internal(c, &format!("operand {i} {shape:?} is not of rank {R}")))
 }
 
-/// Checks the operand count.
-pub(crate) fn arity(op: &'static str, inputs: &[&Tensor], allowed: &[usize]) -> KResult<()> {
-    if allowed.contains(&inputs.len()) {
-        Ok(())
-    } else {
-        Err(KernelError::Shape {
-            op,
-            reason: format!("takes {allowed:?} operands, got {}", inputs.len()),
-        })
-    }
-}
-
-/// The two dims of a rank-2 operand.
-pub(crate) fn dims2(op: &'static str, what: &str, t: &Tensor) -> KResult<(usize, usize)> {
-    match t.shape[..] {
-        [a, b] => Ok((a, b)),
-        _ => Err(KernelError::Shape {
-            op,
-            reason: format!("{what} must have rank 2, got shape {:?}", t.shape),
-        }),
-    }
+/// An internal error: a kernel disagrees with its op's verified instance.
+pub(crate) fn internal(c: &Checked<'_>, what: &str) -> KernelError {
+    shape_err(
+        c.name(),
+        format!("internal: {what} differs from the instance"),
+    )
 }
 
 /// A shape error.

@@ -14,10 +14,10 @@
 //! bitwise equal to the interpreter.
 
 use super::{
-    Indices, Ix, KResult, KernelError, arity, bag_range, block_rows, dims2, f32_operand,
-    read_offsets, shape_err, validate_indices,
+    Indices, Ix, KResult, KernelError, bag_range, block_rows, dims_of, read_offsets,
+    validate_indices,
 };
-use dlrm_ir::{Pool, Tensor};
+use dlrm_ir::{Checked, Pool, Tensor};
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -33,23 +33,16 @@ fn index_operand<'a>(op: &'static str, t: &'a Tensor) -> KResult<Indices<'a>> {
 
 /// The bag structure of the index operands: `(samples, offsets)` where `offsets` is
 /// `None` for fixed pooling (`indices[S,L]`, bag `s` = row `s`).
-fn bags(op: &'static str, inputs: &[&Tensor], rows: usize) -> KResult<(usize, Option<Vec<i64>>)> {
-    let idx = index_operand(op, inputs[1])?;
-    if inputs.len() == 2 {
-        let (s, l) = dims2(op, "indices (fixed pooling)", inputs[1])?;
+/// The instance verified the ranks and the bag count; the index values and the
+/// offsets are checked here.
+fn bags(op: &'static str, c: &Checked<'_>, rows: usize) -> KResult<(usize, Option<Vec<i64>>)> {
+    let idx = index_operand(op, c.input(1))?;
+    if c.inputs().len() == 2 {
+        let [s, l] = dims_of::<2>(c, 1)?;
         validate_indices(op, idx, rows, Some(l), None)?;
         Ok((s, None))
     } else {
-        if inputs[1].shape.len() != 1 {
-            return Err(shape_err(
-                op,
-                format!(
-                    "indices with offsets must have rank 1, got {:?}",
-                    inputs[1].shape
-                ),
-            ));
-        }
-        let off = read_offsets(op, inputs[2], idx.len())?;
+        let off = read_offsets(op, c.input(2), idx.len())?;
         validate_indices(op, idx, rows, None, Some(&off))?;
         Ok((off.len(), Some(off)))
     }
@@ -76,22 +69,22 @@ pub fn embedding_bag_rows(
     mode: Pool,
     lo: usize,
     rows: usize,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
 ) -> Option<KResult<Tensor>> {
-    let shard = f32_operand(inputs, 0)?;
+    let shard = c.input(0).as_f32()?;
+    // The instance verified the shard `lo..lo + Rs` within the table's rows.
+    let &[rs, d] = c.in_shape(0) else {
+        return None;
+    };
     Some((|| {
-        arity(FWD, inputs, &[2, 3])?;
-        let (rs, d) = dims2(FWD, "table shard", inputs[0])?;
-        if lo.checked_add(rs).is_none_or(|hi| hi > rows) {
-            return Err(shape_err(
-                FWD,
-                format!("a shard of {rs} rows at row {lo} does not fit a table of {rows} rows"),
-            ));
-        }
-        let (s, off) = bags(FWD, inputs, rows)?;
-        let idx = index_operand(FWD, inputs[1])?;
+        let (s, off) = bags(FWD, c, rows)?;
+        let idx = index_operand(FWD, c.input(1))?;
         let n = idx.len();
-        let l = if off.is_none() { inputs[1].shape[1] } else { 0 };
+        let l = if off.is_none() {
+            c.in_shape(1).get(1).copied().unwrap_or(0)
+        } else {
+            0
+        };
         let mut out = vec![0.0f32; s * d];
         if d > 0 && s > 0 {
             let v = as_i64(idx);
@@ -122,25 +115,21 @@ pub fn embedding_bag_rows(
 }
 
 /// `embedding_grad_dense {mode, rows}(dy[S,D], indices[, offsets]) -> f32[rows,D]`.
-pub fn embedding_grad_dense(
-    mode: Pool,
-    rows: usize,
-    inputs: &[&Tensor],
-) -> Option<KResult<Tensor>> {
-    let dy = f32_operand(inputs, 0)?;
+pub fn embedding_grad_dense(mode: Pool, rows: usize, c: &Checked<'_>) -> Option<KResult<Tensor>> {
+    let dy = c.input(0).as_f32()?;
+    // The instance verified dy[S,D] against the indices' bags.
+    let &[s, d] = c.in_shape(0) else {
+        return None;
+    };
     Some((|| {
-        arity(DENSE, inputs, &[2, 3])?;
-        let (s, d) = dims2(DENSE, "dy", inputs[0])?;
-        let (bags_n, off) = bags(DENSE, inputs, rows)?;
-        if bags_n != s {
-            return Err(shape_err(
-                DENSE,
-                format!("dy has {s} samples, the indices describe {bags_n} bags"),
-            ));
-        }
-        let idx = index_operand(DENSE, inputs[1])?;
+        let (_, off) = bags(DENSE, c, rows)?;
+        let idx = index_operand(DENSE, c.input(1))?;
         let n = idx.len();
-        let l = if off.is_none() { inputs[1].shape[1] } else { 0 };
+        let l = if off.is_none() {
+            c.in_shape(1).get(1).copied().unwrap_or(0)
+        } else {
+            0
+        };
         // (index position, sample) in row-major order, with the per-row scale.
         let mut owner = vec![0usize; n];
         for sample in 0..s {

@@ -22,8 +22,9 @@
 //!
 //! The rest is by concern:
 //! - `preflight`: what is checked before a step's nodes run — the symbol
-//!   binding, the inputs against their declared types, and that the step's
-//!   buffers can be allocated;
+//!   binding, the inputs against their declared types, that the step's
+//!   buffers can be allocated, and each node's instance under the binding
+//!   (its concrete operand and result types, verified once by inference);
 //! - `step`: one step — the nodes in order, then the outputs and the updates
 //!   of the parameters; a failed step poisons the executor;
 //! - `nodes`: one node — its kernel, or the interpreter, and the optimizer
@@ -42,7 +43,7 @@ pub use timing::OpTime;
 
 use crate::error::{Result, RuntimeError};
 pub use dlrm_codegen::{JitOptions, KernelChoice};
-use dlrm_ir::{Def, Graph, Tensor, ValueId};
+use dlrm_ir::{Def, Graph, NodeInstance, Tensor, ValueId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -113,6 +114,10 @@ pub struct Executor {
     /// The symbol binding [`Executor::check_buffers`] last passed, and per value
     /// the largest size (bytes) checked so far.
     checked: (Option<HashMap<String, usize>>, Vec<u128>),
+    /// The symbol binding the node instances were built for, and per node its
+    /// verified instance ([`Executor::instantiate`]; `None`: updates, collectives,
+    /// and nodes verified per call instead).
+    instances: (Option<HashMap<String, usize>>, Vec<Option<NodeInstance>>),
 }
 
 impl Executor {
@@ -232,6 +237,7 @@ impl Executor {
             comm_busy: Duration::ZERO,
             comm_exposed: Duration::ZERO,
             checked: (None, vec![0; nvals]),
+            instances: (None, Vec::new()),
         })
     }
 
@@ -359,11 +365,4 @@ impl Executor {
     }
 }
 
-pub(crate) fn stored_len(t: &Tensor) -> usize {
-    match &t.data {
-        dlrm_ir::Data::F32(v) => v.len(),
-        dlrm_ir::Data::BF16(v) => v.len(),
-        dlrm_ir::Data::I64(v) => v.len(),
-        dlrm_ir::Data::I32(v) => v.len(),
-    }
-}
+pub(crate) use dlrm_ir::stored_len;

@@ -1,5 +1,6 @@
-//! One node. Each node runs with a codegen kernel ([`dlrm_codegen::try_eval`];
-//! with the JIT backend first [`dlrm_codegen::jit::try_eval`]) when there is one,
+//! One node. Each node runs with a codegen kernel ([`dlrm_codegen::try_eval_instance`];
+//! with the JIT backend first [`dlrm_codegen::jit::try_eval_instance`], both on the
+//! node's instance under the step's binding, `preflight`) when there is one,
 //! else with the reference interpreter ([`dlrm_ir::interp::eval_op`]); collectives
 //! always go through `eval_op` with the rank's communicator (here when they run
 //! inline, else on the progress thread, [`super::collectives`]). The step's
@@ -46,14 +47,29 @@ impl Executor {
             return self.run_update(n, &op, &ins_ids, &out_types, syms, comm);
         }
         let ins = self.operands(n, &ins_ids)?;
-        let res = if op.is_collective() {
-            None
-        } else {
-            let jit = match self.backend {
-                Backend::Jit => dlrm_codegen::jit::try_eval(&op, &ins, &out_types, syms, &self.jit),
-                Backend::Reference => None,
-            };
-            jit.or_else(|| dlrm_codegen::try_eval(&op, &ins, &out_types, syms))
+        let inst = self.instances.1.get(n).and_then(Option::as_ref);
+        let res = match inst {
+            _ if op.is_collective() => None,
+            // The node's instance under this binding: the call checks its operands
+            // against it, the kernels re-derive no shape.
+            Some(inst) => {
+                let jit = match self.backend {
+                    Backend::Jit => dlrm_codegen::jit::try_eval_instance(
+                        inst, &ins, &out_types, syms, &self.jit,
+                    ),
+                    Backend::Reference => None,
+                };
+                jit.or_else(|| dlrm_codegen::try_eval_instance(inst, &ins, &out_types, syms))
+            }
+            None => {
+                let jit = match self.backend {
+                    Backend::Jit => {
+                        dlrm_codegen::jit::try_eval(&op, &ins, &out_types, syms, &self.jit)
+                    }
+                    Backend::Reference => None,
+                };
+                jit.or_else(|| dlrm_codegen::try_eval(&op, &ins, &out_types, syms))
+            }
         };
         let outs = match res {
             Some(r) => r.map_err(|e| self.node_err(n, self.with_table(&op, &ins_ids, e))),

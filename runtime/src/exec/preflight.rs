@@ -3,6 +3,11 @@
 //! checked against their declared types (dtype, fixed dims, bound symbols) like
 //! `interp::run`, and so are parameters with symbolic dimensions.
 //!
+//! Instances ([`Executor::instantiate`]): under a new binding every compute node's
+//! [`NodeInstance`] is built once — its concrete operand and result types, the
+//! op's shape rule run on them — and kept while the binding holds; each call then
+//! only checks its operands against it (O(rank) per operand).
+//!
 //! Memory ([`Executor::check_buffers`]): before the first step under a symbol
 //! binding (e.g. a batch size), every buffer of the step that binding sizes (the
 //! inputs, each node's results: activations, gradients, all-to-all buffers) is
@@ -16,7 +21,7 @@
 
 use super::{Executor, stored_len};
 use crate::error::{Result, RuntimeError};
-use dlrm_ir::{Def, Dim, Tensor, TensorType, ValueId};
+use dlrm_ir::{Def, Dim, NodeInstance, Tensor, TensorType, ValueId};
 use std::collections::HashMap;
 
 impl Executor {
@@ -116,6 +121,43 @@ impl Executor {
         }
         self.checked.0 = Some(syms.clone());
         Ok(())
+    }
+
+    /// Builds each node's instance under `syms` ([`NodeInstance::new`]: its
+    /// operand types resolved, its shape rule run once on them and its declared
+    /// results checked). Under a new binding only the nodes whose types name a
+    /// symbol whose size changed are rebuilt (variable bags: the nodes of the
+    /// bags' index count). The kernels then take operands checked against the
+    /// instance ([`dlrm_codegen::try_eval_instance`]) and re-derive no shape.
+    /// Updates and collectives have none, and so has a node whose types do not
+    /// resolve or verify: its kernel call verifies the operands it is given, per
+    /// call, and reports what does not fit.
+    pub(super) fn instantiate(&mut self, syms: &HashMap<String, usize>) {
+        let old = self.instances.0.take();
+        if old.as_ref() == Some(syms) {
+            self.instances.0 = old;
+            return;
+        }
+        let changed = |s: &str| old.as_ref().is_none_or(|o| o.get(s) != syms.get(s));
+        let g = &self.graph;
+        let n_nodes = g.nodes().len();
+        self.instances.1.resize(n_nodes, None);
+        for (node, slot) in g.nodes().iter().zip(self.instances.1.iter_mut()) {
+            if node.op.is_update() || node.op.is_collective() {
+                continue;
+            }
+            let values = || node.inputs.iter().chain(&node.outputs);
+            let stale = values()
+                .flat_map(|&v| g.ty(v).shape.iter())
+                .any(|d| d.symbols().into_iter().any(changed));
+            if slot.is_some() && !stale {
+                continue;
+            }
+            let ins: Vec<TensorType> = node.inputs.iter().map(|&v| g.ty(v).clone()).collect();
+            let outs: Vec<TensorType> = node.outputs.iter().map(|&v| g.ty(v).clone()).collect();
+            *slot = NodeInstance::new(&node.op, &ins, &outs, syms).ok();
+        }
+        self.instances.0 = Some(syms.clone());
     }
 
     pub(super) fn bind_inputs(

@@ -19,7 +19,8 @@ impl Executor {
     /// Runs one step: binds `inputs` (exactly the graph's inputs), evaluates every
     /// node, applies the updates to the parameters, and returns the outputs in
     /// order. `syms` must bind every symbol the graph uses. The step's buffers are
-    /// checked first ([`Executor::check_buffers`]).
+    /// checked first ([`Executor::check_buffers`]), and the nodes instantiated for
+    /// `syms` ([`Executor::instantiate`]).
     pub fn step(
         &mut self,
         inputs: HashMap<String, Tensor>,
@@ -33,9 +34,10 @@ impl Executor {
                 reason: format!("the executor is unusable after an earlier failure: {why}"),
             });
         }
-        let result = self
-            .check_buffers(syms)
-            .and_then(|()| self.run_step(inputs, syms, comm));
+        let result = self.check_buffers(syms).and_then(|()| {
+            self.instantiate(syms);
+            self.run_step(inputs, syms, comm)
+        });
         // Never keep values of a step around.
         self.slots.iter_mut().for_each(|s| *s = None);
         match result {

@@ -5,11 +5,9 @@ use crate::jit::buffers::{Floats, Fresh, Scratch};
 use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand};
 use crate::jit::pack::{Src, pack_blocked};
 use crate::jit::{Jit, JitOptions};
-use crate::kernels::brgemm::{
-    act_grads, check_mask, dims, dy_y_last, floats, mask_in_place, mask_operand,
-};
-use crate::kernels::{KResult, shape_err};
-use dlrm_ir::{Act, Tensor};
+use crate::kernels::brgemm::{act_grads, dy_y_last, floats, mask_in_place, mask_operand};
+use crate::kernels::{KResult, dims_of, internal, shape_err};
+use dlrm_ir::{Act, Checked, Tensor};
 use rayon::prelude::*;
 use std::borrow::Cow;
 
@@ -18,36 +16,17 @@ pub fn brgemm_dgrad(
     jit: &Jit,
     opts: &JitOptions,
     (act, mask): (Act, Act),
-    ins: &[&Tensor],
+    c: &Checked<'_>,
     out: Elt,
 ) -> KResult<Tensor> {
     const OP: &str = "brgemm_dgrad";
-    let (ins, xb) = mask_operand(mask, ins);
-    let [dy, y, w] = dy_y_last(OP, act, ins)?;
-    if dy.shape != y.shape {
-        return Err(shape_err(
-            OP,
-            format!(
-                "blocked dy {:?} and blocked y {:?} differ",
-                dy.shape, y.shape
-            ),
-        ));
-    }
-    let [nb_dy, s, bn_dy] = dims::<3>(OP, "blocked dy", dy)?;
-    let [nb, kb, bk, bn] = dims::<4>(OP, "blocked weight", w)?;
-    if nb_dy != nb || bn_dy != bn {
-        return Err(shape_err(
-            OP,
-            format!(
-                "blocked dy {:?} does not match blocked weight {:?}",
-                dy.shape, w.shape
-            ),
-        ));
-    }
+    // The instance verified `dy` and `y` alike, `dy`'s blocks against the
+    // weight's and the mask operand of the result's shape.
+    let (ins, xb) = mask_operand(mask, c.inputs());
+    let [dy, y, w] = dy_y_last(act, ins).ok_or_else(|| internal(c, "operand count"))?;
+    let [_, s, _] = dims_of::<3>(c, 0)?;
+    let [nb, kb, bk, bn] = dims_of::<4>(c, ins.len() - 1)?;
     let np = nb * bn;
-    if let Some(xb) = xb {
-        check_mask(OP, xb, [kb, s, bk])?;
-    }
     if s == 0 || kb == 0 || bk == 0 {
         return Ok(Floats::zeros(out, kb * s * bk).tensor(vec![kb, s, bk]));
     }

@@ -6,9 +6,9 @@ use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand};
 use crate::jit::linear::operand;
 use crate::jit::pack::{Src, pack_blocked};
 use crate::jit::{Jit, JitError, JitOptions};
-use crate::kernels::brgemm::{check_fit, check_xw, dims, floats};
-use crate::kernels::{KResult, shape_err};
-use dlrm_ir::{Act, Data, Tensor};
+use crate::kernels::brgemm::floats;
+use crate::kernels::{KResult, dims_of, shape_err};
+use dlrm_ir::{Act, Checked, Data, Tensor};
 use half::bf16;
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -22,14 +22,16 @@ pub fn brgemm(
     jit: &Jit,
     opts: &JitOptions,
     act: Act,
-    ins: &[&Tensor],
+    c: &Checked<'_>,
     out: Elt,
 ) -> KResult<Tensor> {
     const OP: &str = "brgemm";
-    crate::kernels::arity(OP, ins, &[3])?;
-    let ([nb, kb, bk, bn], s) = check_xw(OP, ins[0], ins[1], "blocked x")?;
-    let [n] = dims::<1>(OP, "bias", ins[2])?;
-    check_fit(OP, "brgemm bias", n, nb, bn)?;
+    // The instance verified x's blocks against the weight's and the bias
+    // against its `Nb` blocks of `bn`; the buffers hold their shapes' elements.
+    let ins = c.inputs();
+    let [_, s, _] = dims_of::<3>(c, 0)?;
+    let [nb, kb, bk, bn] = dims_of::<4>(c, 1)?;
+    let [n] = dims_of::<1>(c, 2)?;
     let kp = kb * bk;
     let sigmoid = act == Act::Sigmoid;
     let c = if sigmoid { Elt::F32 } else { out };

@@ -58,7 +58,7 @@ use super::micro::BPacking;
 use super::micro::avx512bf16::pack_b_pairs_into;
 use super::{Jit, JitError, JitOptions};
 use crate::kernels::{KResult, KernelError};
-use dlrm_ir::{Act, Data, Tensor, TensorType};
+use dlrm_ir::{Act, Checked, Data, Tensor, TensorType};
 use rayon::prelude::*;
 
 /// Evaluates `brgemm`, `brgemm_dgrad` or `brgemm_wgrad`; `None` for other ops or
@@ -66,12 +66,12 @@ use rayon::prelude::*;
 pub fn eval(
     jit: &Jit,
     opts: &JitOptions,
-    op: &dlrm_ir::Op,
-    inputs: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
     use dlrm_ir::Op;
-    if inputs.iter().any(|t| operand(t).is_none()) {
+    let op = c.op();
+    if c.inputs().iter().any(|t| operand(t).is_none()) {
         return None;
     }
     let out = elt_of(out_types.first()?.dtype)?;
@@ -79,13 +79,13 @@ pub fn eval(
         return None;
     }
     Some(match op {
-        Op::Brgemm { act } => brgemm(jit, opts, *act, inputs, out).map(|t| vec![t]),
+        Op::Brgemm { act } => brgemm(jit, opts, *act, c, out).map(|t| vec![t]),
         // The mask is applied to f32 results only (bf16 ones: the reference).
         Op::BrgemmDgrad { mask, .. } if *mask != Act::None && out != Elt::F32 => return None,
         Op::BrgemmDgrad { act, mask } => {
-            brgemm_dgrad(jit, opts, (*act, *mask), inputs, out).map(|t| vec![t])
+            brgemm_dgrad(jit, opts, (*act, *mask), c, out).map(|t| vec![t])
         }
-        Op::BrgemmWgrad { act, n } => brgemm_wgrad(jit, opts, *act, *n, inputs, out_types),
+        Op::BrgemmWgrad { act, n } => brgemm_wgrad(jit, opts, *act, *n, c, out_types),
         _ => return None,
     })
 }

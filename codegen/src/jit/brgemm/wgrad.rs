@@ -8,7 +8,7 @@ use crate::jit::linear::{elt_of, operand};
 use crate::jit::{Jit, JitOptions};
 use crate::kernels::brgemm::{WgradArgs, act_grad, floats, wgrad_args};
 use crate::kernels::{KResult, shape_err};
-use dlrm_ir::{Act, Tensor, TensorType};
+use dlrm_ir::{Act, Checked, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
 
@@ -18,7 +18,7 @@ pub fn brgemm_wgrad(
     opts: &JitOptions,
     act: Act,
     n: usize,
-    ins: &[&Tensor],
+    c: &Checked<'_>,
     out_types: &[TensorType],
 ) -> KResult<Vec<Tensor>> {
     const OP: &str = "brgemm_wgrad";
@@ -28,7 +28,7 @@ pub fn brgemm_wgrad(
         x,
         dims: [nb, kb, s, bk, bn],
         outs: [dw_t, db_t],
-    } = wgrad_args(act, n, ins, out_types)?;
+    } = wgrad_args(act, c, out_types)?;
     let (dw_elt, db_elt) = (
         elt_of(dw_t.dtype).ok_or_else(|| shape_err(OP, "dw must be f32 or bf16".into()))?,
         elt_of(db_t.dtype).ok_or_else(|| shape_err(OP, "db must be f32 or bf16".into()))?,
@@ -212,16 +212,8 @@ fn wgrad_columns(
     (dw_elt, db_elt): (Elt, Elt),
 ) -> KResult<Vec<Tensor>> {
     const OP: &str = "brgemm_wgrad";
-    if dyv.len() != nb * s || yv.len() != nb * s {
-        return Err(shape_err(
-            OP,
-            format!(
-                "dy holds {} and y {} elements for {nb} blocks of {s} samples × 1",
-                dyv.len(),
-                yv.len()
-            ),
-        ));
-    }
+    // `dy` and `y` hold `nb·s` elements each (`bn = 1`; checked against the
+    // node's instance before the kernel ran).
     let mut dw = zeros(dw_elt, nb * kb * bk);
     let mut db = Vec::with_capacity(nb);
     let mut dz = vec![0.0f32; s];
