@@ -1,10 +1,11 @@
 //! `mpirun` of the built `dlrm-run` (compiled only with the `mpi` feature): N MPI
 //! processes train a plan like N thread ranks, with fewer and with more tables than
-//! ranks; a failing or killed rank ends the whole job, naming the rank, within a
-//! timeout; bad rank counts are clear errors; under a per-process memory limit
-//! several times smaller than the model, each process holds only its tables
-//! (table-wise) or only its rows of a table (row-wise); `dlrmc calibrate` measures
-//! the exchanges between the processes.
+//! ranks, and a PyTorch export with `include_last_offset=True` bags; a failing or
+//! killed rank ends the whole job, naming the rank, within a timeout; bad rank
+//! counts are clear errors; under a per-process memory limit several times smaller
+//! than the model, each process holds only its tables (table-wise) or only its rows
+//! of a table (row-wise); `dlrmc calibrate` measures the exchanges between the
+//! processes.
 //!
 //! Stated tolerance: every logged loss of `mpirun -n N ... --comm mpi` within 1e-5
 //! relative of the thread backend's with `--ranks N` (same plan, seed, global
@@ -212,6 +213,17 @@ fn eight_processes_train_like_eight_threads_with_more_tables_than_ranks() {
     let dir = tempdir();
     let plan = compile(dir.path(), "ten.plan", Some(&v.to_string()));
     mpi_matches_threads(&plan, 8, 6);
+}
+
+/// A real PyTorch export with `include_last_offset=True` bags (`[B+1]` offsets)
+/// trains under `mpirun -n 2` like two thread ranks.
+#[test]
+fn a_last_offset_export_trains_under_mpi_like_threads() {
+    let dir = tempdir();
+    let plan = dir.path().join("last.plan");
+    let model = "frontends/onnx/test_cases/real/ts17_dot_last_offset/model.onnx";
+    compile_model(&common::root().join(model), &plan, &[]);
+    mpi_matches_threads(&plan, 2, 6);
 }
 
 /// Per-rank residency: a model whose tables (4 x 3,000,000 x 64 f32 = 3.07 GB) are

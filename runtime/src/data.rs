@@ -17,7 +17,9 @@
 //! Values: dense ~ U(0,1); indices follow a Zipf-like law over the table's rows
 //! (rank `r` has probability ~ 1/(r+1)), mapped through a per-feature bijection so
 //! hot rows are spread over the table; variable bags (offsets form) have 0..=2L
-//! lookups. Labels come from a hidden "teacher" fixed by the seed:
+//! lookups, their offsets start at 0, and a last_offset bag's offsets input (leading
+//! dimension `B+1` or `G+1`, `include_last_offset=True`) gets one more entry, the
+//! number of indices (a partitioned graph's offsets are plain, `[B]` / `[G]`). Labels come from a hidden "teacher" fixed by the seed:
 //! `logit = Σ_j a_j·(dense_j - ½) + Σ_t w·mean_{i∈bag_t} v_t(i) + noise`, label 1 when
 //! the logit is above a threshold calibrated so that [`POSITIVE_RATE`] of samples
 //! are positive (Criteo has ~25%). The dense and sparse parts each have unit
@@ -28,7 +30,7 @@
 //! `EVAL_STEP_BASE + b`.
 
 use crate::error::{Result, RuntimeError};
-use dlrm_ir::{DType, Def, Dim, Graph, Op, Tensor, batch_slice};
+use dlrm_ir::{DType, Def, Dim, DimExpr, Graph, Op, Tensor, batch_slice};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -101,18 +103,11 @@ impl DataSchema {
         let mut label = None;
         for (n, node) in g.nodes().iter().enumerate() {
             match &node.op {
-                Op::EmbeddingBag { last_offset, .. } => {
+                Op::EmbeddingBag { .. } => {
                     let (Some(&table), Some(&idx)) = (node.inputs.first(), node.inputs.get(1))
                     else {
                         continue;
                     };
-                    if *last_offset {
-                        return Err(data_err(format!(
-                            "node {}: the bag of %{} takes offsets with the end of the last bag (last_offset, include_last_offset=True), which the data sources do not produce yet",
-                            g.node_label(n),
-                            g.name_of(table)
-                        )));
-                    }
                     let rows = match g.ty(table).shape.first().and_then(Dim::fixed) {
                         Some(r) if matches!(g.value(table).def, Def::Param(_)) => r,
                         _ => {
@@ -570,8 +565,9 @@ impl SyntheticData {
                             ))
                         })?;
                         let off_ty = rank_graph.ty(off_v);
-                        let r = samples_of(off_name, off_ty.shape.first())?;
-                        let (idx, off) = self.variable_bags(step, f, r);
+                        let (r, last) =
+                            offsets_samples(off_ty.shape.first(), |d| samples_of(off_name, d))?;
+                        let (idx, off) = self.variable_bags(step, f, r, last);
                         out.insert(
                             name.to_string(),
                             index_tensor(ty.dtype, vec![idx.len()], idx)?,
@@ -592,8 +588,8 @@ impl SyntheticData {
                         .iter()
                         .position(|s| s.offsets.as_deref() == Some(name))
                         .unwrap_or_default();
-                    let r = samples_of(name, ty.shape.first())?;
-                    let (idx, off) = self.variable_bags(step, f, r);
+                    let (r, last) = offsets_samples(ty.shape.first(), |d| samples_of(name, d))?;
+                    let (idx, off) = self.variable_bags(step, f, r, last);
                     let idx_name = schema.sparse[f].input.clone();
                     let idx_ty = rank_graph
                         .find(&idx_name)
@@ -613,8 +609,15 @@ impl SyntheticData {
         Ok(out)
     }
 
-    /// Indices and offsets of variable bags for the samples `r`.
-    fn variable_bags(&self, step: u64, f: usize, r: Range<usize>) -> (Vec<i64>, Vec<i64>) {
+    /// Indices and offsets of variable bags for the samples `r`; with `last`, the
+    /// offsets end with the number of indices (`include_last_offset=True`).
+    fn variable_bags(
+        &self,
+        step: u64,
+        f: usize,
+        r: Range<usize>,
+        last: bool,
+    ) -> (Vec<i64>, Vec<i64>) {
         let bags: Vec<Vec<i64>> = r
             .into_par_iter()
             .map(|s| {
@@ -623,14 +626,39 @@ impl SyntheticData {
                 (0..len).map(|k| self.index(keys, f, k)).collect()
             })
             .collect();
-        let mut off = Vec::with_capacity(bags.len());
+        let mut off = Vec::with_capacity(bags.len() + 1);
         let mut at = 0i64;
         for b in &bags {
             off.push(at);
             at += b.len() as i64;
         }
+        if last {
+            off.push(at);
+        }
         (bags.into_iter().flatten().collect(), off)
     }
+}
+
+/// The samples of a bag's offsets input whose leading dimension is `lead`, and
+/// whether the offsets carry one entry more than samples, the end of the last bag
+/// (a last_offset bag's `[B+1]` / `[G+1]`; the partition makes a rank's offsets
+/// plain, `[B]` / `[G]`). `samples` maps a samples dimension to its samples.
+pub(crate) fn offsets_samples<T, E>(
+    lead: Option<&Dim>,
+    samples: impl Fn(Option<&Dim>) -> std::result::Result<T, E>,
+) -> std::result::Result<(T, bool), E> {
+    match samples(lead) {
+        Ok(r) => Ok((r, false)),
+        Err(e) => match lead.and_then(one_less) {
+            Some(d) => samples(Some(&d)).map(|r| (r, true)).map_err(|_| e),
+            None => Err(e),
+        },
+    }
+}
+
+/// `d - 1` (`B` of `B+1`, `n` of `n+1`), if it is a dimension.
+fn one_less(d: &Dim) -> Option<Dim> {
+    Dim::from_expr(d.to_expr().sub(&DimExpr::int(1))?)
 }
 
 fn index_tensor(dtype: DType, shape: Vec<usize>, v: Vec<i64>) -> Result<Tensor> {

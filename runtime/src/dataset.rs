@@ -5,7 +5,8 @@
 //! dataset: the dense inputs in graph order take the dataset's dense columns in order
 //! (their total width must equal the dataset's); the sparse features in graph input
 //! order take the tables in column order (the counts must be equal); each must take
-//! one id per sample (pooling-1 indices `[B,1]`, or offsets-form bags of one id each);
+//! one id per sample (pooling-1 indices `[B,1]`, or offsets-form bags of one id each,
+//! a last_offset bag's `[B+1]` offsets ending with the id count);
 //! a graph table with fewer rows than the dataset's table is an error naming both
 //! counts. The label input gets the label (0.0 or 1.0). Index inputs get the dtype the
 //! graph declares (i64 or i32). Every id is checked against its graph table's rows
@@ -27,7 +28,7 @@
 //! is padded with the split's last sample and the padded predictions are dropped
 //! ([`DatasetSource::eval_samples`]).
 
-use crate::data::{DataSchema, hash, splitmix64};
+use crate::data::{DataSchema, hash, offsets_samples, splitmix64};
 use crate::error::{Result, RuntimeError};
 use dlrm_data::Dataset;
 use dlrm_ir::{DType, Dim, Graph, Tensor, batch_slice};
@@ -397,13 +398,15 @@ impl DatasetSource {
                 out.insert(name.to_string(), Tensor::from_f32(ty.dtype, shape, vals));
             } else if let Some(t) = schema.sparse.iter().position(|s| s.input == name) {
                 let feat = &schema.sparse[t];
-                let lead = match &feat.offsets {
-                    None => ty.shape.first(),
-                    Some(o) => rank_graph
-                        .find(o)
-                        .and_then(|ov| rank_graph.ty(ov).shape.first()),
+                let (rows, last) = match &feat.offsets {
+                    None => (rows_of(name, ty.shape.first())?, false),
+                    Some(o) => {
+                        let lead = rank_graph
+                            .find(o)
+                            .and_then(|ov| rank_graph.ty(ov).shape.first());
+                        offsets_samples(lead, |d| rows_of(o, d))?
+                    }
                 };
-                let rows = rows_of(name, lead)?;
                 let ids = self.ids(t, rows, feat.rows)?;
                 let shape = match &feat.offsets {
                     None => vec![rows.len(), 1],
@@ -414,8 +417,10 @@ impl DatasetSource {
                     let odt = rank_graph
                         .find(o)
                         .map_or(DType::I64, |ov| rank_graph.ty(ov).dtype);
-                    let offs: Vec<u32> = (0..rows.len() as u32).collect();
-                    out.insert(o.clone(), index_tensor(odt, vec![rows.len()], offs, path)?);
+                    // One id per sample; a last_offset bag's offsets end with the count.
+                    let n = rows.len() + usize::from(last);
+                    let offs: Vec<u32> = (0..n as u32).collect();
+                    out.insert(o.clone(), index_tensor(odt, vec![n], offs, path)?);
                 }
             } else if schema
                 .sparse

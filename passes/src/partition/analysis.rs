@@ -168,11 +168,12 @@ impl Sparse {
                 ..
             }
         ) {
+            // `last_offset::plain_offsets` made every such bag plain before.
             return Err(node_err(
                 g,
                 n,
                 format!(
-                    "unsupported: the bag of %{} takes offsets with the end of the last bag (last_offset, PyTorch's include_last_offset=True), which the partition does not place yet (at any rank count; `dlrm-run PLAN --infer --inputs FILE` serves such a plan on given inputs)",
+                    "internal: the last_offset bag of %{} was not made plain before the analysis",
                     g.name_of(table)
                 ),
             ));

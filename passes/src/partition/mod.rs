@@ -13,7 +13,8 @@
 //! - **data-parallel**: on every rank, looked up for the rank's own samples; its
 //!   backward becomes a dense, all-reduced table gradient and a dense `sgd`.
 //!
-//! The pass is three steps, one module each:
+//! The pass is three steps, one module each (after `last_offset`, which makes
+//! last_offset bags plain):
 //! - `analysis`: the graph's sparse structure, checked (which nodes are bags, bag
 //!   gradients, sparse updates; which bag each backward node belongs to; where
 //!   tables, indices and row gradients may flow), and the tables' [`TableInfo`]s
@@ -28,7 +29,11 @@
 //!   tables rank `r` holds (whole or a row shard) get leading dimension `G` instead
 //!   of `B` (`indices: [G, L]`; with offsets, `offsets: [G]` and the `indices: [N]`
 //!   stay); those of tables it does not hold are absent; those of data-parallel
-//!   tables stay `[B, ..]`. Parameters: the dense ones and the data-parallel tables,
+//!   tables stay `[B, ..]`. The offsets `[B+1]` of a last_offset bag
+//!   (`include_last_offset=True`) become plain offsets (`[G]` or `[B]`) and its bag
+//!   and bag gradient plain ones (`last_offset.rs`: the data sources give every
+//!   rank offsets from 0 ending at the index count, so the last entry carries
+//!   nothing the exchange needs). Parameters: the dense ones and the data-parallel tables,
 //!   the tables it owns, and for a row shard `lo..hi` of table `t` a parameter
 //!   `t.rows<lo>_<hi>` ([`RowShard`]; [`RowShard::slice`] cuts its value);
 //! - forward: the held bags of the exchanged tables (in node order, outputs
@@ -75,6 +80,7 @@
 
 mod analysis;
 mod exchange;
+mod last_offset;
 mod rank;
 mod replicated;
 
@@ -181,7 +187,7 @@ impl RowShard {
 
 /// The embedding tables of `g` with their cost-model data, in parameter order.
 pub fn tables(g: &Graph) -> Result<Vec<TableInfo>> {
-    Ok(Sparse::analyze(g)?.table_infos)
+    Ok(Sparse::analyze(last_offset::plain_offsets(g)?.as_ref())?.table_infos)
 }
 
 /// Partitions `g` as `plan` says (see the module docs), then runs the per-rank
@@ -201,6 +207,8 @@ pub fn partition_buckets(g: &Graph, plan: &ShardPlan, bucket_bytes: u64) -> Resu
 /// passes (one `all_reduce` per gradient, nodes in source order; module docs).
 pub fn rank_graphs(g: &Graph, plan: &ShardPlan) -> Result<Partitioned> {
     verify(g).map_err(PassError::ir(ID))?;
+    let plain = last_offset::plain_offsets(g)?;
+    let g = plain.as_ref();
     let sparse = Sparse::analyze(g)?;
     plan.check(&sparse.table_infos)?;
     let (home, row_shards) = homes(g, &sparse, plan)?;

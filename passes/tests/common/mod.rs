@@ -4,8 +4,8 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 use dlrm_ir::{
-    Act, DType, Def, Dim, Graph, InteractionKind, LocalGroup, Op, Pool, SingleRank, Tensor,
-    TensorType, ValueId, batch_slice, interp,
+    Act, DType, Def, Dim, DimExpr, Graph, InteractionKind, LocalGroup, Op, Pool, SingleRank,
+    Tensor, TensorType, ValueId, batch_slice, interp,
 };
 use dlrm_passes::shard::{Shard, ShardKind, ShardPlan, TablePlan};
 use dlrm_passes::{Partitioned, TableInfo};
@@ -21,6 +21,9 @@ pub enum Form {
     Fixed(usize),
     /// `indices: [N<t>]`, `offsets: [B]`.
     Offsets,
+    /// `indices: [N<t>]`, `offsets: [B+1]` (`last_offset=true`,
+    /// `include_last_offset=True`).
+    LastOffset,
 }
 
 /// A bag: which table, how it is fed, sum or mean.
@@ -89,6 +92,19 @@ impl Spec {
         }
     }
 
+    /// Like [`Spec::offsets`] with last_offset bags (`[B+1]` offsets).
+    pub fn last_offset() -> Spec {
+        Spec {
+            name: "dlrm_last_offset",
+            bags: vec![
+                bag(0, Form::LastOffset, Pool::Sum),
+                bag(1, Form::LastOffset, Pool::Mean),
+                bag(2, Form::Fixed(2), Pool::Sum),
+            ],
+            ..Spec::dot()
+        }
+    }
+
     /// Table 0 serves two bags.
     pub fn shared() -> Spec {
         Spec {
@@ -140,15 +156,23 @@ impl Spec {
                     )
                     .unwrap(),
                 ],
-                Form::Offsets => vec![
-                    g.add_input(
-                        &format!("idx.{k}"),
-                        TensorType::new(DType::I64, [Dim::Sym(format!("N{k}"))]),
-                    )
-                    .unwrap(),
-                    g.add_input(&format!("off.{k}"), TensorType::new(DType::I64, [b()]))
+                Form::Offsets | Form::LastOffset => {
+                    let lead = match bs.form {
+                        Form::LastOffset => {
+                            Dim::from_expr(b().to_expr().add(&DimExpr::int(1)).unwrap()).unwrap()
+                        }
+                        _ => b(),
+                    };
+                    vec![
+                        g.add_input(
+                            &format!("idx.{k}"),
+                            TensorType::new(DType::I64, [Dim::Sym(format!("N{k}"))]),
+                        )
                         .unwrap(),
-                ],
+                        g.add_input(&format!("off.{k}"), TensorType::new(DType::I64, [lead]))
+                            .unwrap(),
+                    ]
+                }
             };
             idx.push(ops);
         }
@@ -181,7 +205,7 @@ impl Spec {
                 g.add(
                     Op::EmbeddingBag {
                         mode: bs.mode,
-                        last_offset: false,
+                        last_offset: matches!(bs.form, Form::LastOffset),
                     },
                     &ins,
                     &format!("e.{k}"),
@@ -328,8 +352,13 @@ pub fn make_batch(g: &Graph, batch: usize, seed: u64) -> Batch {
             if let Dim::Sym(n) = &g.ty(idx).shape[0] {
                 syms.insert(n.clone(), acc as usize);
             }
+            // `[B+1]` offsets (last_offset) end with the index count.
+            if !g.ty(v).shape[0].is_sym("B") {
+                offs.push(acc);
+            }
             bag_sizes.insert(g.name_of(idx).to_string(), sizes);
-            inputs.insert(g.name_of(v).to_string(), Tensor::i64(vec![batch], offs));
+            let n = offs.len();
+            inputs.insert(g.name_of(v).to_string(), Tensor::i64(vec![n], offs));
         }
     }
     for &v in g.inputs() {
@@ -423,8 +452,17 @@ pub fn run_ranks(
                     syms.insert("B".into(), slice.len());
                     syms.insert("G".into(), gsize);
                     let mut inputs = HashMap::new();
+                    let bags = offsets_inputs(g);
+                    for (&off, &idx) in &bags {
+                        let (o, i) = rank_bags(g, (off, idx), global, slice.clone(), &mut syms);
+                        inputs.insert(g.name_of(off).to_string(), o);
+                        inputs.insert(g.name_of(idx).to_string(), i);
+                    }
                     for &v in g.inputs() {
                         let name = g.name_of(v);
+                        if inputs.contains_key(name) {
+                            continue;
+                        }
                         let t = &global.inputs[name];
                         let local = g.ty(v).shape.first().is_some_and(|d| d.is_sym("B"));
                         let t = if local {
@@ -451,6 +489,72 @@ pub fn run_ranks(
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     })
+}
+
+/// The offsets inputs of `g`'s bags (any form: bag, row shard, gradient, dense
+/// gradient, fused update) with their indices inputs.
+fn offsets_inputs(g: &Graph) -> HashMap<ValueId, ValueId> {
+    let mut pairs = HashMap::new();
+    for node in g.nodes() {
+        let (i, o) = match node.op {
+            Op::EmbeddingBag { .. }
+            | Op::EmbeddingBagRows { .. }
+            | Op::EmbeddingBagGrad { .. }
+            | Op::EmbeddingGradDense { .. } => (1, 2),
+            Op::EmbeddingUpdate { .. } | Op::EmbeddingUpdateRows { .. } => (2, 3),
+            Op::SplitEmbeddingUpdate { .. }
+            | Op::SplitEmbeddingUpdateRows { .. }
+            | Op::EmbeddingUpdateAdagrad { .. }
+            | Op::EmbeddingUpdateAdagradRows { .. } => (3, 4),
+            _ => continue,
+        };
+        if let (Some(&idx), Some(&off)) = (node.inputs.get(i), node.inputs.get(o))
+            && is_input(g, off)
+        {
+            pairs.insert(off, idx);
+        }
+    }
+    pairs
+}
+
+/// A rank's offsets and indices of an offsets bag from the global batch's: the
+/// whole global batch for `[G]` (`[G+1]`) offsets, the rank's samples (offsets
+/// from 0, their indices only) for `[B]` (`[B+1]`) ones; the one more entry, the
+/// end of the last bag, when the rank's offsets have it. Binds the indices' symbol.
+fn rank_bags(
+    g: &Graph,
+    (off, idx): (ValueId, ValueId),
+    global: &Batch,
+    slice: std::ops::Range<usize>,
+    syms: &mut HashMap<String, usize>,
+) -> (Tensor, Tensor) {
+    let all_off = global.inputs[g.name_of(off)].to_i64_vec().unwrap();
+    let all_idx = global.inputs[g.name_of(idx)].to_i64_vec().unwrap();
+    let lead = &g.ty(off).shape[0];
+    let want = lead.resolve(&|s| syms.get(s).copied()).unwrap();
+    let r = if lead.symbols().contains(&"B") {
+        slice
+    } else {
+        0..global.syms["B"]
+    };
+    let at = |k: usize| all_off.get(k).map_or(all_idx.len(), |&o| o as usize);
+    let (start, end) = (at(r.start), at(r.end));
+    let mut o: Vec<i64> = all_off[r.clone()]
+        .iter()
+        .map(|&x| x - start as i64)
+        .collect();
+    if want == r.len() + 1 {
+        o.push((end - start) as i64);
+    }
+    assert_eq!(o.len(), want, "offsets %{}", g.name_of(off));
+    let ids = all_idx[start..end].to_vec();
+    if let Dim::Sym(n) = &g.ty(idx).shape[0] {
+        syms.insert(n.clone(), ids.len());
+    }
+    (
+        Tensor::i64(vec![o.len()], o),
+        Tensor::i64(vec![ids.len()], ids),
+    )
 }
 
 /// Asserts `a` and `b` agree within `rel` relative tolerance (elementwise).
