@@ -616,14 +616,10 @@ fn onnx_models_compile_and_serve_onnx_runtimes_answers() {
 /// graph too), `dlrmc inspect` shows one fused bag per table and the interaction
 /// and no generic op (include_last_offset=True is the bag's `last_offset`
 /// attribute, not a slice of the offsets), and `dlrm-run PLAN --infer --inputs inputs_B.npz` writes
-/// PyTorch's own outputs within 1e-5 at every committed batch size (1, 7, 2048).
-/// The cases the importer cannot take yet fail to compile naming the node and why.
+/// PyTorch's own outputs within 1e-5 at every committed batch size (1, 7, 2048),
+/// TorchRec's jagged batch (`values`, `lengths`) too.
 #[test]
 fn real_pytorch_exports_compile_inspect_and_serve_pytorchs_answers() {
-    const NOT_YET: &[(&str, &str)] = &[
-        ("ts17_torchrec", "sliced at bounds computed from the data"),
-        ("dynamo_torchrec", "sliced at bounds computed from the data"),
-    ];
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("frontends/onnx/test_cases/real");
     let dir = tempdir();
     let mut names: Vec<String> = fs::read_dir(&root)
@@ -637,11 +633,6 @@ fn real_pytorch_exports_compile_inspect_and_serve_pytorchs_answers() {
         let case = root.join(name);
         let plan = dir.path().join(format!("{name}.plan"));
         let model = case.join("model.onnx");
-        if let Some((_, why)) = NOT_YET.iter().find(|(n, _)| n == name) {
-            let err = fails(DLRMC, &["compile", s(&model), "-o", s(&plan), "-q"]);
-            assert!(err.contains("node #") && err.contains(why), "{name}: {err}");
-            continue;
-        }
         ok(DLRMC, &["compile", s(&model), "-o", s(&plan), "-q"]);
         let v: Value = serde_json::from_slice(&ok(DLRMC, &["inspect", s(&plan), "--json"]).stdout)
             .expect("inspect json");
@@ -694,5 +685,5 @@ fn real_pytorch_exports_compile_inspect_and_serve_pytorchs_answers() {
         }
         served += 1;
     }
-    assert!(served >= 14, "served {served} of {names:?}");
+    assert!(served >= 18, "served {served} of {names:?}");
 }

@@ -427,15 +427,20 @@ fn check_runs(name: &str, runs: &[Vec<f32>], fall: f32, agree: usize) {
 /// -O0 and -O1 plans agree over the first 10 steps.
 #[test]
 fn real_pytorch_exports_train() {
-    for (name, bag) in [
-        ("ts17_dot_offsets", "embedding_bag"),
-        ("ts17_dot_fixed", "embedding_bag"),
-        ("ts17_dot_mean", "embedding_bag"),
-        ("dynamo_dot_weighted", "embedding_bag_weighted"),
-        ("ts17_dot_int32", "embedding_bag"),
-        ("ts11_cat_offsets", "embedding_bag"),
-        ("ts17_dot_last_offset", "embedding_bag"),
-        ("dynamo_dot_last_offset", "embedding_bag"),
+    let (emb, tables) = ("emb_l.0.weight", "tables.1");
+    for (name, bag, table) in [
+        ("ts17_dot_offsets", "embedding_bag", emb),
+        ("ts17_dot_fixed", "embedding_bag", emb),
+        ("ts17_dot_mean", "embedding_bag", emb),
+        ("dynamo_dot_weighted", "embedding_bag_weighted", emb),
+        ("ts17_dot_int32", "embedding_bag", emb),
+        ("ts11_cat_offsets", "embedding_bag", emb),
+        ("ts17_dot_last_offset", "embedding_bag", emb),
+        ("dynamo_dot_last_offset", "embedding_bag", emb),
+        // TorchRec: `values` holds every key's ids, and table 1 (25 rows) is
+        // updated from its key's bags only (the others' ids reach 40).
+        ("ts17_torchrec", "embedding_bag", tables),
+        ("dynamo_torchrec", "embedding_bag", tables),
     ] {
         let dir = case("real").join(name);
         let arrays = npz_inputs(&dir.join("inputs_7.npz"));
@@ -443,14 +448,16 @@ fn real_pytorch_exports_train() {
             &dir.join("model.onnx"),
             &arrays,
             7,
-            "emb_l.0.weight",
+            table,
             &[bag, "embedding_bag_grad", "sparse_sgd"],
             0.5,
         );
         // At lr 0.5 on three tables -O0 and -O1 (blocked GEMMs, fused updates)
         // drift apart past 1e-5 after some 30 steps (5.6e-4 at step 36 of
-        // `ts17_dot_mean`): compared over the first 10.
-        check_runs(name, &runs, 0.8, 10);
+        // `ts17_dot_mean`): compared over the first 10. TorchRec's model (its own
+        // MLP sizes) falls more slowly: 0.691 to 0.566 in 40 steps.
+        let fall = if table == tables { 0.85 } else { 0.8 };
+        check_runs(name, &runs, fall, 10);
     }
 }
 
@@ -459,19 +466,18 @@ fn real_pytorch_exports_train() {
 /// importer takes: each compiles (training graph too) to a plan whose inference
 /// graph is the fused DLRM — one bag op per table, the interaction, blocked GEMMs,
 /// no generic op left — and whose outputs match PyTorch's own within 1e-5 at batch
-/// 1, 7 and 2048. (The cases left out are listed, with their reasons, in
-/// `frontends/onnx/tests/real_exports.rs`.)
+/// 1, 7 and 2048 (TorchRec's jagged batch too: its bags' bounds come from
+/// `offsets_from_lengths`).
 #[test]
 fn real_pytorch_exports_compile_to_fused_plans_that_match_pytorch() {
-    const NOT_YET: &[&str] = &["ts17_torchrec", "dynamo_torchrec"];
     let root = case("real");
     let mut names: Vec<String> = std::fs::read_dir(&root)
         .expect("real cases")
         .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
-        .filter(|n| root.join(n).join("model.onnx").exists() && !NOT_YET.contains(&n.as_str()))
+        .filter(|n| root.join(n).join("model.onnx").exists())
         .collect();
     names.sort();
-    assert!(names.len() >= 13, "{names:?}");
+    assert!(names.len() >= 15, "{names:?}");
     for name in &names {
         let dir = root.join(name);
         let model = load_model(&dir.join("model.onnx"), Overrides::default())
@@ -492,7 +498,8 @@ fn real_pytorch_exports_compile_to_fused_plans_that_match_pytorch() {
             ops.keys().all(|k| !GENERIC.contains(&k.as_str())),
             "{name}: generic ops left: {ops:?}"
         );
-        // include_last_offset=True: the bags read their `B+1` offsets whole.
+        // include_last_offset=True: the bags read their `B+1` offsets whole; so do
+        // TorchRec's per-key bags, over all keys' values.
         let last_offset_bags = plan
             .infer
             .nodes()
@@ -507,7 +514,11 @@ fn real_pytorch_exports_compile_to_fused_plans_that_match_pytorch() {
                 )
             })
             .count();
-        let want_last = if name.contains("last_offset") { 3 } else { 0 };
+        let want_last = if name.contains("last_offset") || name.contains("torchrec") {
+            3
+        } else {
+            0
+        };
         assert_eq!(last_offset_bags, want_last, "{name}: last_offset bags");
         for batch in [1, 7, 2048] {
             let inputs: Vec<(String, Tensor)> =

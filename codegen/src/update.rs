@@ -12,7 +12,9 @@
 //! the high and low halves, and for the Adagrad ops, whose operands 0 and 1 are the
 //! weight and its accumulator; else 1); they are modified in place and are the op's
 //! `k` results. Every kernel validates all operands (shapes, dtypes, every index,
-//! offsets) before writing: on error the parameters are unchanged.
+//! offsets) before writing: on error the parameters are unchanged. A
+//! `sparse_sgd` / `sparse_adagrad` given the bounds of a `last_offset` bag is
+//! applied to the indices inside them only ([`dlrm_ir::interp::narrow_to_bags`]).
 
 use crate::jit::{self, JitOptions};
 use crate::kernels::{self, Hyper, KResult, KernelError, Rows};
@@ -37,6 +39,17 @@ pub fn update_in_place(
     let k = in_place_operands(op)?;
     if params.len() != k {
         return None;
+    }
+    if let (Op::SparseSgd { .. } | Op::SparseAdagrad { .. }, [idx, g, bounds]) = (op, rest) {
+        // A `last_offset` bag's bounds: only the indices the bag reads are
+        // applied (the others are checked by no one and touch no row).
+        return match dlrm_ir::interp::narrow_to_bags(idx, g, bounds) {
+            Ok((i, g)) => update_in_place(op, params, &[&i, &g], jit),
+            Err(reason) => Some(Err(KernelError::Shape {
+                op: op.mnemonic(),
+                reason,
+            })),
+        };
     }
     let arity = |allowed: &[usize]| -> KResult<()> {
         if allowed.contains(&(rest.len() + k)) {

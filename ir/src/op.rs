@@ -194,7 +194,12 @@ pub enum Op {
     },
     /// `sparse_sgd(table[R,D], indices[..], rowgrad[.., D]) -> table'`: for every
     /// index `i` in row-major order, `table[indices[i]] -= lr · rowgrad[i]` (duplicates
-    /// accumulate; rows not indexed are unchanged).
+    /// accumulate; rows not indexed are unchanged). With a fourth operand
+    /// `bounds[S+1]` (indices `[N]`: the offsets of the `last_offset` bag the row
+    /// gradient comes from), only the indices at positions `bounds[0] ..
+    /// bounds[S]` are applied; the others are in no bag (other keys' ids of a
+    /// jagged batch) and are neither checked against `R` nor applied. Needs `0 <=
+    /// bounds[0] <= bounds[S] <= N`.
     SparseSgd {
         /// Learning rate.
         lr: f32,
@@ -224,7 +229,10 @@ pub enum Op {
     /// among the indices, `g_r = Σ rowgrad[i]` over the `i` with `indices[i] = r`,
     /// in row-major order, from 0.0. Then each such row is updated once as
     /// [`Op::Adagrad`] with `g_r` (`acc[R,D]` elementwise, or `acc[R]` with
-    /// `rowwise`); rows not indexed are unchanged.
+    /// `rowwise`); rows not indexed are unchanged. A fifth operand `bounds[S+1]`
+    /// restricts the update to the indices at positions `bounds[0] .. bounds[S]`,
+    /// as for [`Op::SparseSgd`]: indices in no bag are not coalesced, not checked,
+    /// and their rows not updated.
     SparseAdagrad {
         /// Learning rate.
         lr: f32,
@@ -546,6 +554,23 @@ pub enum Op {
     /// [S,D]`: as [`Op::EmbeddingBag`] `sum` with offsets, each row scaled by its
     /// per-sample weight first (PyTorch's `per_sample_weights`).
     EmbeddingBagWeighted,
+    /// `offsets_from_lengths(lengths[N]) -> [N/keys + 1]`, integer (i64 or i32, the
+    /// result has the operand's dtype): the bag bounds of one key of a jagged
+    /// batch (TorchRec's `KeyedJaggedTensor`: `lengths` holds `keys` runs of `R =
+    /// N/keys` bag lengths, key-major, the bags' ids one after another in one
+    /// `values` vector). With `G[j] = lengths[0] + .. + lengths[j-1]` (`G[0] = 0`,
+    /// summed in that order), the result is `G[key·R + s]` for `s` in `0..=R`: the
+    /// offsets of `embedding_bag[last_offset=true](table_key, values, ..)` (bag `s`
+    /// is `values[G[key·R+s] .. G[key·R+s+1]]`). `keys = 1` gives `G` itself.
+    /// Needs `key < keys` and `N` a multiple of `keys`; a negative length (of any
+    /// key) is an error naming its position, a sum beyond the dtype an error.
+    /// Integer: no gradient.
+    OffsetsFromLengths {
+        /// How many keys (runs of bag lengths) `lengths` holds.
+        keys: usize,
+        /// The key whose bag bounds are computed.
+        key: usize,
+    },
 }
 
 /// The operation of an [`Op::Binary`].

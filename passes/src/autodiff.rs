@@ -29,6 +29,10 @@
 //!   `binary{mul}(embedding_bag_grad{sum}(dy, idx, off), reshape[N,1](w))` (row `i`
 //!   is `w[i]·dy[bag(i)]`), applied by `sparse_sgd` like an unweighted bag's
 //!   `embedding_bag_grad`; weights that depend on a parameter are an error;
+//! - `embedding_bag[last_offset](t, idx, off)`: the update gets `off` as its last
+//!   operand (`sparse_sgd(t, idx, rows, off)`, `sparse_adagrad(.., rows, off)`):
+//!   only the indices the bags read are applied (a jagged batch's `values` holds
+//!   other keys' ids, which need not be rows of `t`);
 //! - `relu`, `sigmoid`: `relu_grad(dy, y)`, `sigmoid_grad(dy, y)`; `gelu(x)`:
 //!   `gelu_grad(dy, x)` (the input);
 //! - `add(a, b)`: both operands receive `dy`;
@@ -274,7 +278,8 @@ pub fn autodiff_with(
                 } else {
                     format!("{name}.next.part")
                 };
-                let ins = [table, index_ops[0], rowgrad];
+                let mut ins = vec![table, index_ops[0], rowgrad];
+                ins.extend(index_ops.get(1));
                 table =
                     ad.g.add(Op::SparseSgd { lr: cfg.lr }, &ins, &hint)
                         .map_err(&e)?;
@@ -377,8 +382,9 @@ fn adagrad_step(
                 eps: a.eps,
                 rowwise,
             };
-            ad.g.add_node(op, &[p, acc, index_ops[0], rowgrad], &names)
-                .map_err(&e)?
+            let mut ins = vec![p, acc, index_ops[0], rowgrad];
+            ins.extend(index_ops.get(1));
+            ad.g.add_node(op, &ins, &names).map_err(&e)?
         }
         (None, None) => return Ok(()),
     };
@@ -627,8 +633,16 @@ impl Ad {
                             &h,
                         )
                         .map_err(&e)?;
-                    // Backward visits bags in reverse; keep bag order.
-                    self.rows[table.index()].insert(0, (ins[1..].to_vec(), rows));
+                    // Backward visits bags in reverse; keep bag order. The update
+                    // takes the indices, and a last_offset bag's offsets as the
+                    // bounds of the indices it reads (other keys' ids of a jagged
+                    // batch are not this table's).
+                    let index_ops = if *last_offset {
+                        ins[1..].to_vec()
+                    } else {
+                        vec![ins[1]]
+                    };
+                    self.rows[table.index()].insert(0, (index_ops, rows));
                 }
             }
             Op::EmbeddingBagWeighted => {
@@ -660,7 +674,7 @@ impl Ad {
                         kind: BinaryKind::Mul,
                     };
                     let rows = self.g.add(mul, &[rows, w1], &h).map_err(&e)?;
-                    self.rows[table.index()].insert(0, (vec![*idx, *off], rows));
+                    self.rows[table.index()].insert(0, (vec![*idx], rows));
                 }
             }
             other => {

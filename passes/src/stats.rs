@@ -137,6 +137,8 @@ pub(crate) fn node_flops(g: &Graph, n: usize) -> f64 {
         | Op::GatherNd { .. }
         | Op::Slice { .. }
         | Op::Cast { .. } => 0.0,
+        // One add per length.
+        Op::OffsetsFromLengths { .. } => numel1(ty(0)),
     }
 }
 

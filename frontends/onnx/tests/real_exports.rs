@@ -18,20 +18,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// Cases that do not import yet, and a fragment of the error they give.
-const NOT_YET: &[(&str, &str)] = &[
-    // TorchRec: each feature's indices are `values[start..end]` with bounds from
-    // the CumSum of `lengths` (data), so the bag count and index count are only
-    // known when the graph runs. The importer names that cause for both exporters
-    // (dynamo reshapes the slice to 1-d before the bag).
-    (
-        "ts17_torchrec",
-        "sliced at bounds computed from the data at run time",
-    ),
-    (
-        "dynamo_torchrec",
-        "sliced at bounds computed from the data at run time",
-    ),
-];
+const NOT_YET: &[(&str, &str)] = &[];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("test_cases/real")

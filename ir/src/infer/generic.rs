@@ -232,6 +232,24 @@ pub(crate) fn infer_generic(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> 
             }
             one(t.dtype, vec![o.shape[0].clone(), t.shape[1].clone()])
         }
+        Op::OffsetsFromLengths { keys, key } => {
+            arity(op, ins, 1)?;
+            let l = ins[0];
+            int("lengths", l)?;
+            if l.rank() != 1 || key >= keys {
+                return Err(format!(
+                    "offsets_from_lengths needs lengths[N] and key < keys; got {l}, key={key}, keys={keys}"
+                ));
+            }
+            let k = i64::try_from(*keys).map_err(|_| "too many keys".to_string())?;
+            let per_key = l.shape[0]
+                .to_expr()
+                .div_exact(k)
+                .and_then(|r| r.add(&crate::DimExpr::int(1)))
+                .and_then(Dim::from_expr)
+                .ok_or_else(|| format!("the {} lengths are not {keys} equal runs", l.shape[0]))?;
+            one(l.dtype, vec![per_key])
+        }
         _ => Err(format!("internal: `{}` is not a generic op", op.mnemonic())),
     }
 }

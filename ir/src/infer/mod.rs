@@ -366,8 +366,11 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             Ok(vec![ins[0].clone()])
         }
         Op::SparseSgd { .. } => {
-            expect_arity(op, ins, &[3])?;
+            expect_arity(op, ins, &[3, 4])?;
             let (table, idx, g) = (ins[0], ins[1], ins[2]);
+            if let Some(b) = ins.get(3) {
+                optim::bag_bounds(idx, b)?;
+            }
             expect_rank("table", table, 2)?;
             expect_float("table", table)?;
             expect_int("indices", idx)?;
@@ -464,7 +467,8 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
         | Op::Slice { .. }
         | Op::Reduce { .. }
         | Op::Cast { .. }
-        | Op::EmbeddingBagWeighted => generic::infer_generic(op, ins),
+        | Op::EmbeddingBagWeighted
+        | Op::OffsetsFromLengths { .. } => generic::infer_generic(op, ins),
     }
 }
 

@@ -26,8 +26,11 @@ pub(super) fn infer_adagrad(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> 
             Ok(vec![w.clone(), acc.clone()])
         }
         Op::SparseAdagrad { rowwise, .. } => {
-            expect_arity(op, ins, &[4])?;
+            expect_arity(op, ins, &[4, 5])?;
             let (table, acc, idx, g) = (ins[0], ins[1], ins[2], ins[3]);
+            if let Some(b) = ins.get(4) {
+                bag_bounds(idx, b)?;
+            }
             expect_rank("table", table, 2)?;
             f32_state("table", table)?;
             accumulator(table, acc, rowwise)?;
@@ -101,4 +104,17 @@ fn accumulator(w: &TensorType, acc: &TensorType, rowwise: bool) -> R<()> {
     } else {
         expect_same_shape("weight", w, "accumulator", acc)
     }
+}
+
+/// The optional last operand of `sparse_sgd` / `sparse_adagrad`: the offsets
+/// `[S+1]` of the `last_offset` bag over the indices `[N]`, whose range the update
+/// is restricted to.
+pub(super) fn bag_bounds(idx: &TensorType, bounds: &TensorType) -> R<()> {
+    expect_int("bag bounds", bounds)?;
+    if idx.rank() != 1 || bounds.rank() != 1 {
+        return Err(format!(
+            "bag bounds {bounds} need indices[N] and bounds[S+1], got indices {idx}"
+        ));
+    }
+    Ok(())
 }

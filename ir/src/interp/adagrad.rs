@@ -122,8 +122,13 @@ pub(super) fn adagrad(
 
 /// `sparse_adagrad(table, acc, indices, rowgrad)`.
 pub(super) fn sparse_adagrad(h: Hyper, ins: &[&Tensor]) -> R<Vec<Tensor>> {
-    expect_arity("sparse_adagrad", ins, &[4])?;
+    expect_arity("sparse_adagrad", ins, &[4, 5])?;
     let [rows, _] = dims2(ins[0], "table")?;
+    if let Some(bounds) = ins.get(4) {
+        // A `last_offset` bag's bounds: only the indices it reads are applied.
+        let (idx, g) = super::jagged::narrow_to_bags(ins[2], ins[3], bounds)?;
+        return sparse_adagrad_rows(h, 0, rows, ins[0], ins[1], &idx, &g);
+    }
     sparse_adagrad_rows(h, 0, rows, ins[0], ins[1], ins[2], ins[3])
 }
 

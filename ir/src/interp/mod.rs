@@ -29,6 +29,7 @@ mod embedding;
 mod fused;
 mod generic;
 mod interaction;
+mod jagged;
 mod optim;
 mod shape;
 
@@ -37,6 +38,7 @@ mod shape;
 /// longer than a line keeps it in one place).
 pub use adagrad::{adagrad_acc1, adagrad_row_acc, adagrad_step1};
 pub use dense::{gelu_grad1, gelu1};
+pub use jagged::narrow_to_bags;
 
 use crate::{A2aDir, Communicator, Def, Graph, IrError, Op, Result, Tensor, TensorType, ValueId};
 use common::{R, fmt_shape};
@@ -336,6 +338,9 @@ fn dispatch(
         } => single(generic::reduce(*kind, axes, *keepdims, ins, one()?)),
         Op::Cast { to } => single(generic::cast(*to, ins)),
         Op::EmbeddingBagWeighted => single(generic::embedding_bag_weighted(ins, one()?)),
+        Op::OffsetsFromLengths { keys, key } => {
+            single(jagged::offsets_from_lengths(*keys, *key, ins))
+        }
     }
 }
 

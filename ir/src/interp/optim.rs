@@ -37,12 +37,21 @@ pub(super) fn sparse_sgd(
     ins: &[&Tensor],
     out: DType,
 ) -> R<Tensor> {
-    // `ins` are the indices and the row gradient.
-    let [idx_t, g_t] = ins else {
-        return Err(format!(
-            "`sparse_sgd` takes 3 operands, got {}",
-            ins.len() + 1
-        ));
+    // `ins` are the indices and the row gradient, and the bag bounds of a
+    // `last_offset` bag: only the indices it reads are applied.
+    let narrowed;
+    let (idx_t, g_t) = match ins {
+        [i, g] => (*i, *g),
+        [i, g, bounds] => {
+            narrowed = super::jagged::narrow_to_bags(i, g, bounds)?;
+            (&narrowed.0, &narrowed.1)
+        }
+        _ => {
+            return Err(format!(
+                "`sparse_sgd` takes 3 or 4 operands, got {}",
+                ins.len() + 1
+            ));
+        }
     };
     let [rows, d] = dims2(&table, "table")?;
     super::common::check_len(&table, "table")?;
@@ -111,7 +120,7 @@ pub(super) fn sparse_sgd(
 
 /// `sparse_sgd` on borrowed operands (the table is copied once).
 pub(super) fn sparse_sgd_ref(lr: f32, ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("sparse_sgd", ins, &[3])?;
+    expect_arity("sparse_sgd", ins, &[3, 4])?;
     sparse_sgd(lr, Cow::Borrowed(ins[0]), &ins[1..], out)
 }
 

@@ -144,6 +144,7 @@ op_table! {
     Reduce "reduce" { kind: pool "kind", axes: usizes "axes", keepdims: bool "keepdims" },
     Cast "cast" { to: any_dtype "to" },
     EmbeddingBagWeighted "embedding_bag_weighted",
+    OffsetsFromLengths "offsets_from_lengths" { keys: usize "keys", key: usize "key" },
 }
 
 /// The printed form of each attribute kind (`None`: not printed).

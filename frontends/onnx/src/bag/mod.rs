@@ -21,8 +21,12 @@
 //! `Range(0, len(ids), P)` as the offsets of indices that are a `[n, P]` tensor
 //! flattened gives the fixed-size `embedding_bag(table, ids2d)`. A loop that does
 //! not match is refused with the first reason it did not, naming the node.
+//!
+//! Indices sliced from a longer vector at prefix sums of lengths are TorchRec's
+//! per-key view of a jagged batch: [`jagged`] recognises those bags.
 
 mod eval;
+mod jagged;
 mod segment;
 mod shapes;
 
@@ -260,9 +264,17 @@ fn emit(cx: &mut Ctx<'_>, f: &Found, hint: &str) -> R<Val> {
     else {
         return Err("the bag's rows are not gathered from a table".into());
     };
+    if jagged::is_jagged(cx, ids) {
+        let names = (
+            table.as_str(),
+            ids.as_str(),
+            f.arr.as_str(),
+            f.count.as_str(),
+        );
+        return jagged::emit(cx, names, (f.mode, weights.is_some()), hint);
+    }
     let Some(count) = int_of(cx, &f.count) else {
-        return Err(jagged_slice(cx, ids)
-            .unwrap_or_else(|| "the loop's bound is not known at import".into()));
+        return Err("the loop's bound is not known at import".into());
     };
     let get = |cx: &Ctx<'_>, name: &str| cx.lookup(name).map_err(err_text);
     let Some(e) = producer(cx, &f.arr) else {
@@ -393,29 +405,4 @@ fn emit_last_offset(
     };
     let o = cx.emit(slice, &[e], &format!("{hint}_offsets"))?;
     emit_offsets_bag(cx, f.mode, [t, i, o], weights, hint)
-}
-
-/// Why a loop's bound is unknown when its indices are a `Slice` at bounds computed
-/// from the data (TorchRec's per-feature view of a KeyedJaggedTensor: `values`
-/// sliced at the `CumSum` of `lengths`), or `None`. The slice may reach the bag
-/// through ops that keep its elements (dynamo reshapes it to 1-d first).
-fn jagged_slice(cx: &Ctx<'_>, ids: &str) -> Option<String> {
-    let mut p = producer(cx, ids)?;
-    for _ in 0..8 {
-        if !matches!(op_of(p), "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze") {
-            break;
-        }
-        p = producer(cx, arg(p, 0).ok()?)?;
-    }
-    if op_of(p) != "Slice" {
-        return None;
-    }
-    let (s, e) = (arg(p, 1).ok()?, arg(p, 2).ok()?);
-    if int_of(cx, s).is_some() && int_of(cx, e).is_some() {
-        return None;
-    }
-    Some(format!(
-        "the loop's bound is not known at import: the bag indices are `{}` sliced at bounds computed from the data at run time (a jagged per-feature slice, as of a TorchRec KeyedJaggedTensor: CumSum of the lengths), which neither the fused bags nor the IR's slice (bounds known at import) take yet",
-        arg(p, 0).ok()?
-    ))
 }
