@@ -19,7 +19,9 @@
 //!
 //! Requirements (errors naming the node otherwise): the offsets of a last_offset
 //! bag are a graph input `[B+1]` used only as the offsets (operand 2) of
-//! last_offset bags and bag gradients.
+//! last_offset bags and bag gradients, and as the bounds of the sparse updates of
+//! their rows (`sparse_sgd`/`sparse_adagrad`'s last operand, dropped: every index
+//! of plain offsets is in a bag).
 
 use super::{ID, graph_err, node_err};
 use crate::{PassError, Result};
@@ -74,7 +76,7 @@ pub(super) fn plain_offsets(g: &Graph) -> Result<Cow<'_, Graph>> {
                 .inputs
                 .iter()
                 .enumerate()
-                .find(|&(slot, &v)| v == o && (slot != 2 || !is_last_offset(&node.op)));
+                .find(|&(slot, &v)| v == o && !offsets_slot(&node.op, slot));
             if let Some((slot, _)) = bad_slot {
                 return Err(node_err(
                     g,
@@ -161,6 +163,25 @@ fn fused_adagrad(g: &Graph, grad: usize, upd: usize) -> Option<(Op, Vec<ValueId>
     Some((op, ins))
 }
 
+/// True if operand `slot` of `op` may be a last_offset bag's offsets: the offsets
+/// of a last_offset bag or bag gradient, or the bounds of the sparse update of
+/// such a bag's rows (`sparse_sgd`'s fourth operand, `sparse_adagrad`'s fifth).
+fn offsets_slot(op: &Op, slot: usize) -> bool {
+    match op {
+        _ if is_last_offset(op) => slot == 2,
+        _ => bounds_slot(op) == Some(slot),
+    }
+}
+
+/// The operand of a sparse update that bounds it to a last_offset bag's indices.
+fn bounds_slot(op: &Op) -> Option<usize> {
+    match op {
+        Op::SparseSgd { .. } => Some(3),
+        Op::SparseAdagrad { .. } => Some(4),
+        _ => None,
+    }
+}
+
 /// `B` for a length `B+1`.
 fn plain_len(len: Option<&Dim>) -> Option<Dim> {
     let d = Dim::from_expr(len?.to_expr().sub(&DimExpr::int(1))?)?;
@@ -201,7 +222,7 @@ fn rebuild(g: &Graph, retype: &[bool], adagrad: &HashMap<usize, usize>) -> Resul
         }
         let (op, ins) = match fused.get(&n).and_then(|&k| fused_adagrad(g, k, n)) {
             Some(f) => f,
-            None => (plain_op(&node.op), node.inputs.clone()),
+            None => (plain_op(&node.op), unbounded(node, retype)),
         };
         let ins = ins
             .iter()
@@ -232,6 +253,19 @@ fn rebuild(g: &Graph, retype: &[bool], adagrad: &HashMap<usize, usize>) -> Resul
         source,
     })?;
     Ok(ng)
+}
+
+/// `node`'s operands without the bounds of a sparse update bounded by plain-made
+/// offsets: plain offsets start at 0 and end at the index count, so every index is
+/// in a bag and the update needs no bounds.
+fn unbounded(node: &dlrm_ir::Node, retype: &[bool]) -> Vec<ValueId> {
+    let mut ins = node.inputs.clone();
+    if let Some(k) = bounds_slot(&node.op)
+        && ins.get(k).is_some_and(|v| retype[v.index()])
+    {
+        ins.truncate(k);
+    }
+    ins
 }
 
 /// `op` with `last_offset=false` if it is a bag or a bag gradient.
