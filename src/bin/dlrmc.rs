@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use dlrm_ir::{Graph, dot, text};
+use dlrm_ir::{Communicator, Graph, dot, text};
 use dlrm_passes::pipeline::{self, DumpSpec, PipelineOptions, Precision};
 use dlrm_passes::{LossKind, TrainConfig};
 use dlrm_runtime::checkpoint::read_plan_or_checkpoint;
@@ -462,7 +462,7 @@ fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
         dlrmc::Comm::Mpi => Some(dlrmc::launch::init_mpi()?),
     };
     let root = comm.as_ref().is_none_or(|c| c.rank() == 0);
-    let dyn_comm = comm.as_ref().map(|c| c as &dyn dlrm_ir::Communicator);
+    let dyn_comm = comm.as_ref().map(|c| c as &dyn Communicator);
     let c = calibrate::measure(opts, dyn_comm, &mut |line| {
         if root {
             eprintln!("{line}");
