@@ -464,7 +464,15 @@ fn all_graphs() -> Vec<Graph> {
         generic_ops(),
         gelu(),
         adagrad(),
+        jagged(),
     ]
+}
+
+/// A jagged batch's per-key bags (the round-trip case
+/// `text_cases/roundtrip/offsets_from_lengths.ir`).
+fn jagged() -> Graph {
+    let src = include_str!("text_cases/roundtrip/offsets_from_lengths.ir");
+    text::parse(src).unwrap()
 }
 
 /// The Adagrad updates (the round-trip case `text_cases/roundtrip/adagrad.ir`).
