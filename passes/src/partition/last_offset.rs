@@ -59,7 +59,14 @@ pub(super) fn plain_offsets(g: &Graph) -> Result<Cow<'_, Graph>> {
             return Err(node_err(
                 g,
                 n,
-                format!("the offsets %{} must be a graph input", g.name_of(o)),
+                format!(
+                    "the offsets %{} must be a graph input [{}+1] (offsets computed in the \
+                     graph, e.g. a jagged batch's `offsets_from_lengths`, are not placed \
+                     yet, and dlrm-run's data sources do not produce jagged batches; \
+                     `dlrm-run PLAN --infer --inputs FILE` serves such a plan)",
+                    g.name_of(o),
+                    Dim::BATCH
+                ),
             ));
         }
         retype[o.index()] = true;
