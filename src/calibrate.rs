@@ -147,15 +147,21 @@ fn jit_eval(op: &Op, ins: &[&Tensor], out: &TensorType, b: usize) -> Result<Vec<
     }
 }
 
-/// Values in [-1, 1) from a fixed xorshift stream (no allocation of randomness).
-fn values(n: usize, mut x: u64) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
+/// A fixed xorshift64 stream (the measurements need spread data, not randomness).
+fn xorshift(mut x: u64) -> impl Iterator<Item = u64> {
+    std::iter::repeat_with(move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    })
+}
+
+/// `n` values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    xorshift(seed)
+        .take(n)
+        .map(|x| (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
         .collect()
 }
 
@@ -173,14 +179,9 @@ fn gemm_gflops(reps: usize) -> Result<f64> {
 fn gather_gbps(reps: usize) -> Result<f64> {
     let (rows, d, batch, pool) = (1usize << 20, 64usize, 2048usize, 20usize);
     let table = Tensor::f32(vec![rows, d], values(rows * d, 4));
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let idx: Vec<i64> = (0..batch * pool)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % rows as u64) as i64
-        })
+    let idx: Vec<i64> = xorshift(0x9e37_79b9_7f4a_7c15)
+        .take(batch * pool)
+        .map(|x| (x % rows as u64) as i64)
         .collect();
     let idx = Tensor::i64(vec![batch, pool], idx);
     let out = TensorType::new(DType::F32, [Dim::batch(), Dim::Fixed(d)]);
@@ -250,12 +251,12 @@ fn thread_exchange_rates(ranks: usize, reps: usize) -> Result<Network> {
             })
             .collect()
     });
-    let mut first = None;
-    for r in results {
-        let n = r?;
-        first.get_or_insert(n);
-    }
-    first.ok_or_else(|| Error::Calibration("no ranks".into()))
+    // Every rank saw the same slowest times: rank 0's rates are the job's.
+    let rates = results.into_iter().collect::<Result<Vec<Network>>>()?;
+    rates
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Calibration("no ranks".into()))
 }
 
 fn comm_err(e: dlrm_ir::IrError) -> Error {

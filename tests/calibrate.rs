@@ -83,13 +83,10 @@ fn calibrate_measures_rates_that_the_planner_reads() {
     assert_eq!(none["options"]["machine"]["gflops"], 20.0);
 }
 
-#[test]
-fn a_bad_calibration_file_is_an_error_naming_it() {
-    let dir = tempdir();
+/// The error of `plan-shards` of dlrm-small with `--calibration file`.
+fn refused(file: &std::path::Path) -> String {
     let m = example("dlrm-small.json");
-    let bad = dir.path().join("bad.json");
-    std::fs::write(&bad, "{\"format\": \"something-else\"}").expect("write");
-    let err = fails(
+    fails(
         DLRMC,
         &[
             "plan-shards",
@@ -97,25 +94,23 @@ fn a_bad_calibration_file_is_an_error_naming_it() {
             "--ranks",
             "2",
             "--calibration",
-            s(&bad),
+            s(file),
         ],
-    );
+    )
+}
+
+#[test]
+fn a_bad_calibration_file_is_an_error_naming_it() {
+    let dir = tempdir();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{\"format\": \"something-else\"}").expect("write");
+    let err = refused(&bad);
     assert!(
         err.contains("calibration") && err.contains("bad.json"),
         "{err}"
     );
     let missing = dir.path().join("missing.json");
-    let err = fails(
-        DLRMC,
-        &[
-            "plan-shards",
-            s(&m),
-            "--ranks",
-            "2",
-            "--calibration",
-            s(&missing),
-        ],
-    );
+    let err = refused(&missing);
     assert!(err.contains("missing.json"), "{err}");
     // A rate that is not positive (hand-edited) is refused too.
     let zero = dir.path().join("zero.json");
@@ -126,17 +121,7 @@ fn a_bad_calibration_file_is_an_error_naming_it() {
             "measured_at":0}"#,
     )
     .expect("write");
-    let err = fails(
-        DLRMC,
-        &[
-            "plan-shards",
-            s(&m),
-            "--ranks",
-            "2",
-            "--calibration",
-            s(&zero),
-        ],
-    );
+    let err = refused(&zero);
     assert!(err.contains("not a positive number"), "{err}");
     let err = fails(DLRMC, &["calibrate", "--ranks", "1", "-o", s(&zero)]);
     assert!(err.contains("--ranks must be at least 2"), "{err}");

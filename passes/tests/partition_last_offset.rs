@@ -9,10 +9,9 @@
 
 mod common;
 
-use common::{Spec, count, init_params, make_batch, run_ranks, run1};
+use common::{Spec, count, hand_plan, init_params, make_batch, run_ranks, run1};
 use dlrm_ir::{DType, Dim, DimExpr, Graph, Op, Pool, TensorType, verify};
 use dlrm_passes::partition::{Partitioned, tables};
-use dlrm_passes::shard::{Shard, TablePlan};
 use dlrm_passes::{
     AdagradConfig, LossKind, Optimizer, PipelineOptions, ShardKind, ShardPlan, TrainConfig,
     compile, partition_with,
@@ -39,36 +38,9 @@ fn train_with(spec: &Spec, lr: f32, optimize: bool, optimizer: Optimizer) -> Gra
     compile(spec.build(), &opts, &mut |_, _| {}).unwrap().0
 }
 
-/// A plan from per-table kinds: table-wise on rank `arg`, row-wise in `arg` even
-/// shards (shard `k` on rank `(k+1) % ranks`), data-parallel everywhere.
+/// [`hand_plan`] of `g`'s tables.
 fn plan(g: &Graph, ranks: usize, kinds: &[(ShardKind, usize)]) -> ShardPlan {
-    let ts = tables(g).unwrap();
-    ShardPlan {
-        ranks,
-        tables: ts
-            .iter()
-            .zip(kinds)
-            .map(|(t, &(kind, arg))| TablePlan {
-                table: t.name.clone(),
-                kind,
-                shards: match kind {
-                    ShardKind::TableWise => vec![Shard {
-                        rank: arg,
-                        lo: 0,
-                        hi: t.rows,
-                    }],
-                    ShardKind::DataParallel => vec![],
-                    ShardKind::RowWise => (0..arg)
-                        .map(|k| Shard {
-                            rank: (k + 1) % ranks,
-                            lo: k * t.rows / arg,
-                            hi: (k + 1) * t.rows / arg,
-                        })
-                        .collect(),
-                },
-            })
-            .collect(),
-    }
+    hand_plan(&tables(g).unwrap(), ranks, kinds)
 }
 
 fn last_offset_nodes(g: &Graph) -> usize {

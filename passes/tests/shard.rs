@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Spec, count, init_params, make_batch, run_ranks, run1};
+use common::{Spec, count, hand_plan, init_params, make_batch, run_ranks, run1};
 use dlrm_ir::{Graph, Tensor, verify};
 use dlrm_passes::partition::{Partitioned, TableInfo, tables};
 use dlrm_passes::shard::{self, Machine, Network, Shard, TablePlan};
@@ -32,37 +32,6 @@ fn train(spec: &Spec, loss: LossKind, lr: f32, optimize: bool) -> Graph {
         ..base
     };
     compile(spec.build(), &opts, &mut |_, _| {}).unwrap().0
-}
-
-/// A plan from per-table kinds: table-wise tables on `owner`, row-wise ones split
-/// evenly over `ranks` (in rank order), data-parallel ones everywhere.
-fn hand_plan(ts: &[TableInfo], ranks: usize, kinds: &[(ShardKind, usize)]) -> ShardPlan {
-    ShardPlan {
-        ranks,
-        tables: ts
-            .iter()
-            .zip(kinds)
-            .map(|(t, &(kind, arg))| TablePlan {
-                table: t.name.clone(),
-                kind,
-                shards: match kind {
-                    ShardKind::TableWise => vec![Shard {
-                        rank: arg,
-                        lo: 0,
-                        hi: t.rows,
-                    }],
-                    ShardKind::DataParallel => vec![],
-                    ShardKind::RowWise => (0..arg)
-                        .map(|k| Shard {
-                            rank: (k + 1) % ranks,
-                            lo: k * t.rows / arg,
-                            hi: (k + 1) * t.rows / arg,
-                        })
-                        .collect(),
-                },
-            })
-            .collect(),
-    }
 }
 
 /// `params` with every row shard's value added: its rows of the table.

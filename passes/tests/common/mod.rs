@@ -587,6 +587,38 @@ pub fn table_wise(g: &Graph, ranks: usize) -> ShardPlan {
     table_wise_of(&dlrm_passes::partition::tables(g).unwrap(), ranks)
 }
 
+/// A plan from per-table kinds `(kind, arg)`: a table-wise table on rank `arg`, a
+/// row-wise one in `arg` even shards (shard `k` on rank `(k+1) % ranks`), a
+/// data-parallel one everywhere.
+pub fn hand_plan(ts: &[TableInfo], ranks: usize, kinds: &[(ShardKind, usize)]) -> ShardPlan {
+    ShardPlan {
+        ranks,
+        tables: ts
+            .iter()
+            .zip(kinds)
+            .map(|(t, &(kind, arg))| TablePlan {
+                table: t.name.clone(),
+                kind,
+                shards: match kind {
+                    ShardKind::TableWise => vec![Shard {
+                        rank: arg,
+                        lo: 0,
+                        hi: t.rows,
+                    }],
+                    ShardKind::DataParallel => vec![],
+                    ShardKind::RowWise => (0..arg)
+                        .map(|k| Shard {
+                            rank: (k + 1) % ranks,
+                            lo: k * t.rows / arg,
+                            hi: (k + 1) * t.rows / arg,
+                        })
+                        .collect(),
+                },
+            })
+            .collect(),
+    }
+}
+
 fn table_wise_of(tables: &[TableInfo], ranks: usize) -> ShardPlan {
     ShardPlan {
         ranks,
