@@ -10,7 +10,7 @@ mod common;
 use common::{Spec, count, hand_plan, init_params, make_batch, run_ranks, run1};
 use dlrm_ir::{Graph, Tensor, verify};
 use dlrm_passes::partition::{Partitioned, TableInfo, tables};
-use dlrm_passes::shard::{self, Machine, Network, Shard, TablePlan};
+use dlrm_passes::shard::{self, Machine, Network};
 use dlrm_passes::{
     LossKind, PipelineOptions, PlannerOptions, ShardKind, ShardPlan, TrainConfig, compile,
     partition_with,
