@@ -28,7 +28,7 @@ pub enum Error {
         source: Box<dlrm_passes::PassError>,
     },
     /// Partitioning a graph for N ranks failed.
-    #[error("partitioning the {graph} graph for {ranks} ranks")]
+    #[error("partitioning the {graph} graph for {ranks} rank{}", plural(*.ranks))]
     Partition {
         /// `infer` or `train`.
         graph: &'static str,
@@ -58,3 +58,8 @@ pub enum Error {
 
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The plural ending of a count: "" for 1, "s" otherwise.
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}

@@ -1,7 +1,17 @@
 //! Writing a plan directory atomically (the invariants are in the module docs of
 //! [`crate::plan`]).
 
-use super::*;
+use super::{
+    FORMAT, FileRef, GraphFiles, INFER_FILE, MANIFEST_FILE, Manifest, ParamEntry, Plan, TRAIN_FILE,
+    VERSION, WEIGHTS_FILE, check_graph_params, param_err, sha256_file, stored_len,
+};
+use crate::error::{Result, RuntimeError};
+use dlrm_data::durable;
+use dlrm_ir::{DType, Data, ParamValue, Tensor};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File};
+use std::path::Path;
 
 /// Writes `plan` as a plan directory at `dir`, atomically (see the module docs).
 /// The parent directory is created if needed.
