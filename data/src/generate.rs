@@ -6,9 +6,9 @@
 //!   `I1`/`I10` ~45%, `C19`/`C20`/`C25`/`C26` ~44%, `C22` ~76%, ...).
 //! - Heavy-tailed integers: `floor(exp(N(mu, sigma))) - 1` per column (log-normal
 //!   counts with many zeros), and a few negatives in `I2` as in Criteo.
-//! - Power-law ids: a Zipf-like rank over each table's cardinality (the Kaggle
-//!   cardinalities of DOMAIN.md times `cardinality_scale`, tables of 100 rows or less
-//!   kept whole), printed as a per-table 32-bit hash of the rank. The head of each
+//! - Power-law ids: a Zipf-like rank over each table's cardinality
+//!   ([`KAGGLE_CARDINALITIES`] times `cardinality_scale`, tables of 100 rows or
+//!   less kept whole), printed as a per-table 32-bit hash of the rank. The head of each
 //!   table is stable; the tail drifts from day to day, so later days bring new ids.
 //! - Labels from a hidden logistic model: a few dense features plus a per-id random
 //!   effect in 10 tables, its intercept calibrated to ~25% positives (Criteo's
