@@ -98,10 +98,7 @@ pub(super) fn eval(c: &Checked<'_>) -> R<Vec<Tensor>> {
             let rowgrad = embedding::embedding_bag_grad(mode, false, &ins[2..], DType::F32)?;
             sparse_adagrad_rows(h, (lo, rows), ins[0], ins[1], ins[3], &rowgrad)
         }
-        ref other => Err(format!(
-            "internal: `{}` is not an Adagrad update",
-            other.mnemonic()
-        )),
+        ref other => super::common::not_in_family(other, "an Adagrad update"),
     }
 }
 

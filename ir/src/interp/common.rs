@@ -129,6 +129,12 @@ pub(crate) fn store(dtype: DType, shape: Vec<usize>, values: Vec<f32>) -> R<Tens
     Ok(Tensor { shape, data })
 }
 
+/// The error of a family's `eval` given an op of another family (an interpreter
+/// bug: `dispatch` routes each op to its family).
+pub(crate) fn not_in_family<T>(op: &crate::Op, family: &str) -> R<T> {
+    Err(format!("internal: `{}` is not {family}", op.mnemonic()))
+}
+
 /// The `N` dims of an operand whose rank `N` its op's shape rule checked (the
 /// instance it is bound to).
 pub(crate) fn dims<const N: usize>(shape: &[usize]) -> [usize; N] {

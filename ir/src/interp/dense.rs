@@ -111,10 +111,7 @@ pub(super) fn eval(c: &Checked<'_>, syms: &HashMap<String, usize>) -> R<Tensor> 
             let den = denom(d, syms)?;
             map2(c, ["prediction", "label"], |p, y| 2.0 * (p - y) / den)
         }
-        other => Err(format!(
-            "internal: `{}` is not a dense op",
-            other.mnemonic()
-        )),
+        other => super::common::not_in_family(other, "a dense op"),
     }
 }
 

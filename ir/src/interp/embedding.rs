@@ -169,10 +169,7 @@ pub(super) fn eval(c: &Checked<'_>) -> R<Tensor> {
             embedding_bag_grad(mode, last_offset, ins, out)
         }
         Op::EmbeddingGradDense { mode, rows } => embedding_grad_dense(mode, rows, ins),
-        ref other => Err(format!(
-            "internal: `{}` is not an embedding op",
-            other.mnemonic()
-        )),
+        ref other => super::common::not_in_family(other, "an embedding op"),
     }
 }
 

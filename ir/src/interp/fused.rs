@@ -70,10 +70,7 @@ pub(super) fn eval(c: &Checked<'_>, syms: &HashMap<String, usize>) -> R<Vec<Tens
         Op::SplitEmbeddingUpdateRows { mode, lr, lo, rows } => {
             split_embedding_update_rows(*mode, *lr, (*lo, *rows), ins)
         }
-        other => Err(format!(
-            "internal: `{}` is not a fused op",
-            other.mnemonic()
-        )),
+        other => super::common::not_in_family(other, "a fused op"),
     }
 }
 

@@ -91,10 +91,7 @@ pub(super) fn eval(c: &Checked<'_>) -> R<Tensor> {
         } => reduce(*kind, axes, ins[0], out),
         Op::Cast { to } => cast(*to, ins[0]),
         Op::EmbeddingBagWeighted => embedding_bag_weighted(ins, out),
-        other => Err(format!(
-            "internal: `{}` is not a generic op",
-            other.mnemonic()
-        )),
+        other => super::common::not_in_family(other, "a generic op"),
     }
 }
 

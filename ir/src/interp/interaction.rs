@@ -42,10 +42,7 @@ pub(super) fn eval(c: &Checked<'_>) -> R<Vec<Tensor>> {
             kind,
             self_interaction,
         } => interaction_grad(kind, self_interaction, c),
-        ref other => Err(format!(
-            "internal: `{}` is not an interaction",
-            other.mnemonic()
-        )),
+        ref other => super::common::not_in_family(other, "an interaction"),
     }
 }
 

@@ -2,21 +2,34 @@
 //!
 //! It implements the text of [`crate::Op`]'s documentation with plain sequential
 //! loops; every optimised path (codegen kernels, JIT code) is tested against it.
-//! One file per op family: `dense` (linear, elementwise, losses),
-//! `embedding`, `interaction`, `shape` (concat/split/reshape), `optim`,
-//! `collective`; `common` holds the operand helpers.
+//! One file per op family, each with an `eval` that holds its ops' arms: `dense`
+//! (linear, elementwise, losses), `embedding`, `interaction`, `shape`
+//! (concat/split/reshape), `optim`, `adagrad`, `fused` (blocked and fused ops),
+//! `generic` (ONNX import), `jagged`, `collective`; `common` holds the operand
+//! helpers.
+//!
+//! Shapes: an op's shape rule is written once, in [`crate::infer`]. Each node gets
+//! one [`NodeInstance`] (its concrete operand and result types, verified by that
+//! rule: [`NodeInstance::new`] from the declared types under the symbol binding in
+//! [`run`], [`NodeInstance::of_operands`] from the operands in [`eval_op`]); the
+//! operands are bound to it once ([`NodeInstance::bind`]: count, dtypes, shapes,
+//! buffer lengths), and the families read their dims from the [`Checked`]
+//! operands without re-deriving the rule. Symbolic attributes (a `reshape`
+//! target, `slice` ends) are resolved under the binding first. `all_to_all` has no
+//! instance: its results are the other ranks' data (see [`eval_op`]).
 //!
 //! Rules shared by every op:
 //! - float operands of any dtype are widened to f32 (bf16 exactly), computed in f32,
-//!   and each result is stored in the dtype of its declared type (`out_types`), bf16
-//!   rounded to nearest even; index operands may be i64 or i32;
+//!   and each result is stored in the dtype of its declared type, bf16 rounded to
+//!   nearest even; index operands may be i64 or i32;
 //! - sums use one f32 accumulator in a fixed order, documented in each family;
-//! - operands are checked against each other at run time: any mismatch, bad index
-//!   or bad offset is an error message, never a panic or an out-of-bounds access;
-//! - results are checked against `out_types`: the count, the dtype, and every
-//!   fixed dimension and every *bound* symbol (a symbol missing from `ctx.syms` is
-//!   not checked, except where the op needs its value: loss `denom`, `reshape`
-//!   targets, `all_to_all`'s `G` and received shapes).
+//! - what depends on the data is checked where the data is read: an index out of
+//!   range, offsets that do not partition the indices, a negative length; any
+//!   mismatch is an error message, never a panic or an out-of-bounds access;
+//! - results are checked against the instance's concrete result types (an
+//!   interpreter bug otherwise); a symbol missing from `ctx.syms` is taken from
+//!   the shape rule, except where the op needs its value: loss `denom`, `reshape`
+//!   targets, `slice` ends, `all_to_all`'s `G` and received shapes.
 //!
 //! [`run`] evaluates a whole graph in node order, drops each value after its last
 //! use, and applies the graph's updates to the parameters at the end.

@@ -38,10 +38,7 @@ pub(super) fn eval(c: &Checked<'_>) -> R<Tensor> {
             let rowgrad = super::embedding::embedding_bag_grad(mode, false, &grad_ins, DType::F32)?;
             sparse_sgd_rows(lr, (lo, rows), Cow::Borrowed(ins[0]), ins[2], &rowgrad, out)
         }
-        ref other => Err(format!(
-            "internal: `{}` is not an SGD update",
-            other.mnemonic()
-        )),
+        ref other => super::common::not_in_family(other, "an SGD update"),
     }
 }
 

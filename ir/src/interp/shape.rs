@@ -55,10 +55,7 @@ pub(super) fn eval(c: &Checked<'_>) -> R<Vec<Tensor>> {
                 data,
             }])
         }
-        other => Err(format!(
-            "internal: `{}` does not move data",
-            other.mnemonic()
-        )),
+        other => super::common::not_in_family(other, "a data-movement op"),
     }
 }
 
