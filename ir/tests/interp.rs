@@ -726,7 +726,8 @@ fn eval_instance_binds_operands_to_the_verified_instance() {
     let b_ty = TensorType::new(DType::F32, [Dim::Fixed(4)]);
     let y_ty = TensorType::new(DType::BF16, [sym("B"), Dim::Fixed(4)]);
     let op = Op::Linear { act: Act::Relu };
-    let inst = NodeInstance::new(&op, &[x_ty, w_ty, b_ty], &[y_ty.clone()], &s).expect("linear");
+    let inst = NodeInstance::new(&op, &[x_ty, w_ty, b_ty], std::slice::from_ref(&y_ty), &s)
+        .expect("linear");
     let x = f(&[2, 3], &[1., 2., 3., -1., -2., -3.]);
     let w = f(&[4, 3], &[1., 0., 0., 0., 1., 0., 0., 0., 1., 1., 1., 1.]);
     let b = f(&[4], &[0.5, 0., 0., 0.]);
