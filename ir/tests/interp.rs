@@ -7,10 +7,10 @@
     reason = "`unwrap_err` states that a case must fail; a test fails loudly otherwise"
 )]
 
-use dlrm_ir::interp::{EvalCtx, bind_symbols, eval_op, run};
+use dlrm_ir::interp::{EvalCtx, bind_symbols, eval_instance, eval_op, run};
 use dlrm_ir::{
     A2aDir, Act, Communicator, DType, Dim, Graph, InteractionKind, IrError, LocalComm, LocalGroup,
-    Op, Pool, SingleRank, Tensor, TensorType, batch_slice, infer,
+    NodeInstance, Op, Pool, SingleRank, Tensor, TensorType, batch_slice, infer,
 };
 use half::bf16;
 use std::collections::HashMap;
@@ -659,7 +659,9 @@ fn mismatches_are_errors_not_panics() {
     )
     .unwrap_err();
     assert!(
-        err.contains("3 features") && err.contains("2 columns"),
+        err.contains("`linear`")
+            && err.contains("x features vs weight columns")
+            && err.contains("expected 2, got 3"),
         "{err}"
     );
     // Wrong operand count, wrong result count, wrong declared shape.
@@ -692,7 +694,10 @@ fn mismatches_are_errors_not_panics() {
         &[ty(DType::F32, &[1, 2]), ty(DType::F32, &[1, 2])],
     )
     .unwrap_err();
-    assert!(err.contains("must be [1,3]"), "{err}");
+    assert!(
+        err.contains("`interaction_grad`") && err.contains("dr width: expected 3, got 4"),
+        "{err}"
+    );
     // sparse_sgd row gradient of the wrong shape.
     let table = f(&[3, 2], &[0.; 6]);
     let idx = i64t(&[2], &[0, 1]);
@@ -704,6 +709,46 @@ fn mismatches_are_errors_not_panics() {
     )
     .unwrap_err();
     assert!(err.contains("row gradient"), "{err}");
+}
+
+/// An instance verified once from declared types under a binding evaluates any
+/// operands of its concrete types; others are refused by the binding, naming the
+/// op and the operand, before the op runs.
+#[test]
+fn eval_instance_binds_operands_to_the_verified_instance() {
+    let s = syms(&[("B", 2)]);
+    let ctx = EvalCtx {
+        syms: &s,
+        comm: &SingleRank,
+    };
+    let x_ty = TensorType::new(DType::F32, [sym("B"), Dim::Fixed(3)]);
+    let w_ty = TensorType::new(DType::F32, [Dim::Fixed(4), Dim::Fixed(3)]);
+    let b_ty = TensorType::new(DType::F32, [Dim::Fixed(4)]);
+    let y_ty = TensorType::new(DType::BF16, [sym("B"), Dim::Fixed(4)]);
+    let op = Op::Linear { act: Act::Relu };
+    let inst = NodeInstance::new(&op, &[x_ty, w_ty, b_ty], std::slice::from_ref(&y_ty), &s)
+        .expect("linear");
+    let x = f(&[2, 3], &[1., 2., 3., -1., -2., -3.]);
+    let w = f(&[4, 3], &[1., 0., 0., 0., 1., 0., 0., 0., 1., 1., 1., 1.]);
+    let b = f(&[4], &[0.5, 0., 0., 0.]);
+    let got = eval_instance(&inst, &[&x, &w, &b], &ctx).expect("eval");
+    assert_eq!(
+        got,
+        eval_op(&op, &[&x, &w, &b], &[y_ty], &ctx).expect("eval_op")
+    );
+    assert_eq!(got[0], bf(&[2, 4], &[1.5, 2., 3., 6., 0., 0., 0., 0.]));
+    // Three samples where the instance has B = 2: refused, naming op and operand.
+    let x3 = f(&[3, 3], &[0.; 9]);
+    let err = eval_instance(&inst, &[&x3, &w, &b], &ctx).unwrap_err();
+    assert!(
+        err.contains("`linear`") && err.contains("operand 0"),
+        "{err}"
+    );
+    let err = eval_instance(&inst, &[&x, &w], &ctx).unwrap_err();
+    assert!(
+        err.contains("`linear`") && err.contains("2 operands"),
+        "{err}"
+    );
 }
 
 // ---------------------------------------------------------------- run / bind

@@ -13,11 +13,9 @@
 //! its row gradients in row-major index order from 0.0; each touched row is then
 //! updated once (rows are independent, so the order of rows is immaterial).
 
-use super::common::{
-    R, describe, dims1, dims2, expect_arity, floats, index_location, ints, out_of_range, same_shape,
-};
+use super::common::{R, describe, dims, floats, index_location, ints, out_of_range};
 use super::embedding;
-use crate::{DType, Data, Pool, Tensor};
+use crate::{Checked, DType, Data, Op, Tensor};
 use std::collections::BTreeMap;
 
 /// The elementwise accumulator update: `acc + g·g`.
@@ -44,10 +42,10 @@ pub fn adagrad_step1(w: f32, g: f32, acc: f32, lr: f32, eps: f32) -> f32 {
 
 /// Hyper-parameters of the sparse updates.
 #[derive(Clone, Copy)]
-pub(super) struct Hyper {
-    pub lr: f32,
-    pub eps: f32,
-    pub rowwise: bool,
+struct Hyper {
+    lr: f32,
+    eps: f32,
+    rowwise: bool,
 }
 
 fn f32_vec(t: &Tensor, what: &str) -> R<Vec<f32>> {
@@ -57,39 +55,55 @@ fn f32_vec(t: &Tensor, what: &str) -> R<Vec<f32>> {
     }
 }
 
-fn check_acc(w: &Tensor, acc: &Tensor, rowwise: bool) -> R<()> {
-    if !matches!(acc.data, Data::F32(_)) {
-        return Err(format!(
-            "the accumulator must be f32, got {}",
-            describe(acc)
-        ));
-    }
-    if rowwise {
-        let [r, _] = dims2(w, "row-wise weight")?;
-        if dims1(acc, "row-wise accumulator")? != r {
-            return Err(format!(
-                "row-wise accumulator {} must have one element per row of {}",
-                describe(acc),
-                describe(w)
-            ));
+/// Evaluates an Adagrad update on its checked operands (their shapes and the f32
+/// state are the op's rule, checked by its instance).
+pub(super) fn eval(c: &Checked<'_>) -> R<Vec<Tensor>> {
+    let ins = c.inputs();
+    let rows = |i: usize| c.in_shape(i)[0];
+    match *c.op() {
+        Op::Adagrad {
+            lr,
+            eps,
+            wd,
+            rowwise,
+        } => adagrad(lr, eps, wd, rowwise, ins),
+        Op::SparseAdagrad { lr, eps, rowwise } => {
+            let h = Hyper { lr, eps, rowwise };
+            if let Some(bounds) = ins.get(4) {
+                // A `last_offset` bag's bounds: only the indices it reads are applied.
+                let (idx, g) = super::jagged::narrow_to_bags(ins[2], ins[3], bounds)?;
+                return sparse_adagrad_rows(h, (0, rows(0)), ins[0], ins[1], &idx, &g);
+            }
+            sparse_adagrad_rows(h, (0, rows(0)), ins[0], ins[1], ins[2], ins[3])
         }
-        Ok(())
-    } else {
-        same_shape("weight", w, "accumulator", acc)
+        Op::EmbeddingUpdateAdagrad {
+            mode,
+            lr,
+            eps,
+            rowwise,
+        } => {
+            let h = Hyper { lr, eps, rowwise };
+            let rowgrad = embedding::embedding_bag_grad(mode, false, &ins[2..], DType::F32)?;
+            sparse_adagrad_rows(h, (0, rows(0)), ins[0], ins[1], ins[3], &rowgrad)
+        }
+        Op::EmbeddingUpdateAdagradRows {
+            mode,
+            lr,
+            eps,
+            rowwise,
+            lo,
+            rows,
+        } => {
+            let h = Hyper { lr, eps, rowwise };
+            let rowgrad = embedding::embedding_bag_grad(mode, false, &ins[2..], DType::F32)?;
+            sparse_adagrad_rows(h, (lo, rows), ins[0], ins[1], ins[3], &rowgrad)
+        }
+        ref other => super::common::not_in_family(other, "an Adagrad update"),
     }
 }
 
 /// `adagrad {lr, eps, wd, rowwise}(w, acc, g) -> (w', acc')`.
-pub(super) fn adagrad(
-    lr: f32,
-    eps: f32,
-    wd: f32,
-    rowwise: bool,
-    ins: &[&Tensor],
-) -> R<Vec<Tensor>> {
-    expect_arity("adagrad", ins, &[3])?;
-    same_shape("weight", ins[0], "gradient", ins[2])?;
-    check_acc(ins[0], ins[1], rowwise)?;
+fn adagrad(lr: f32, eps: f32, wd: f32, rowwise: bool, ins: &[&Tensor]) -> R<Vec<Tensor>> {
     let mut w = f32_vec(ins[0], "weight")?;
     let mut acc = f32_vec(ins[1], "accumulator")?;
     let mut g = floats(ins[2], "gradient")?.into_owned();
@@ -99,7 +113,7 @@ pub(super) fn adagrad(
         }
     }
     if rowwise {
-        let [_, d] = dims2(ins[0], "weight")?;
+        let d = ins[0].shape[1];
         if d > 0 {
             for ((wr, gr), a) in w.chunks_mut(d).zip(g.chunks(d)).zip(acc.iter_mut()) {
                 *a = adagrad_row_acc(*a, gr);
@@ -120,60 +134,19 @@ pub(super) fn adagrad(
     ])
 }
 
-/// `sparse_adagrad(table, acc, indices, rowgrad)`.
-pub(super) fn sparse_adagrad(h: Hyper, ins: &[&Tensor]) -> R<Vec<Tensor>> {
-    expect_arity("sparse_adagrad", ins, &[4, 5])?;
-    let [rows, _] = dims2(ins[0], "table")?;
-    if let Some(bounds) = ins.get(4) {
-        // A `last_offset` bag's bounds: only the indices it reads are applied.
-        let (idx, g) = super::jagged::narrow_to_bags(ins[2], ins[3], bounds)?;
-        return sparse_adagrad_rows(h, 0, rows, ins[0], ins[1], &idx, &g);
-    }
-    sparse_adagrad_rows(h, 0, rows, ins[0], ins[1], ins[2], ins[3])
-}
-
-/// `embedding_update_adagrad(table, acc, dy, indices[, offsets])`, and with
-/// `shard = Some((lo, rows))` its row-shard form.
-pub(super) fn embedding_update_adagrad(
-    mode: Pool,
-    h: Hyper,
-    shard: Option<(usize, usize)>,
-    ins: &[&Tensor],
-) -> R<Vec<Tensor>> {
-    expect_arity("embedding_update_adagrad", ins, &[4, 5])?;
-    let rowgrad = embedding::embedding_bag_grad(mode, false, &ins[2..], DType::F32)?;
-    let (lo, rows) = match shard {
-        Some(s) => s,
-        None => (0, dims2(ins[0], "table")?[0]),
-    };
-    sparse_adagrad_rows(h, lo, rows, ins[0], ins[1], ins[3], &rowgrad)
-}
-
 /// The sparse update of the rows `lo .. lo+Rs` of a table of `rows` rows held by
 /// `table[Rs, D]` (the whole table when `lo = 0`, `Rs = rows`): every index is
 /// checked against `0..rows`, those outside the shard are skipped.
 fn sparse_adagrad_rows(
     h: Hyper,
-    lo: usize,
-    rows: usize,
+    (lo, rows): (usize, usize),
     table: &Tensor,
     acc: &Tensor,
     idx_t: &Tensor,
     g_t: &Tensor,
 ) -> R<Vec<Tensor>> {
-    let [rs, d] = dims2(table, "table")?;
-    let range = embedding::shard_range(lo, rs, rows)?;
-    check_acc(table, acc, h.rowwise)?;
-    let mut want = idx_t.shape.clone();
-    want.push(d);
-    if g_t.shape != want {
-        return Err(format!(
-            "row gradient {} must have shape indices ++ [{d}] for indices {} and table {}",
-            describe(g_t),
-            describe(idx_t),
-            describe(table)
-        ));
-    }
+    let [rs, d] = dims(&table.shape);
+    let range = embedding::shard_range(lo, rs);
     let raw = ints(idx_t, "indices")?;
     let g = floats(g_t, "row gradient")?;
     // Coalesce: one summed gradient per touched (local) row.

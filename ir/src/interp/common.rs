@@ -129,25 +129,16 @@ pub(crate) fn store(dtype: DType, shape: Vec<usize>, values: Vec<f32>) -> R<Tens
     Ok(Tensor { shape, data })
 }
 
-/// Checks the operand count.
-pub(crate) fn expect_arity(mnemonic: &str, ins: &[&Tensor], allowed: &[usize]) -> R<()> {
-    if allowed.contains(&ins.len()) {
-        return Ok(());
-    }
-    let want: Vec<String> = allowed.iter().map(|n| n.to_string()).collect();
-    Err(format!(
-        "`{mnemonic}` takes {} operands, got {}",
-        want.join(" or "),
-        ins.len()
-    ))
+/// The error of a family's `eval` given an op of another family (an interpreter
+/// bug: `dispatch` routes each op to its family).
+pub(crate) fn not_in_family<T>(op: &crate::Op, family: &str) -> R<T> {
+    Err(format!("internal: `{}` is not {family}", op.mnemonic()))
 }
 
-/// Checks a rank-2 operand and returns its two sizes.
-pub(crate) fn dims2(t: &Tensor, what: &str) -> R<[usize; 2]> {
-    match t.shape.as_slice() {
-        &[a, b] => Ok([a, b]),
-        _ => Err(format!("{what} must have rank 2, got {}", describe(t))),
-    }
+/// The `N` dims of an operand whose rank `N` its op's shape rule checked (the
+/// instance it is bound to).
+pub(crate) fn dims<const N: usize>(shape: &[usize]) -> [usize; N] {
+    std::array::from_fn(|i| shape[i])
 }
 
 /// Checks a rank-1 operand and returns its size.
@@ -155,19 +146,6 @@ pub(crate) fn dims1(t: &Tensor, what: &str) -> R<usize> {
     match t.shape.as_slice() {
         &[a] => Ok(a),
         _ => Err(format!("{what} must have rank 1, got {}", describe(t))),
-    }
-}
-
-/// Checks that two operands have the same shape.
-pub(crate) fn same_shape(a_what: &str, a: &Tensor, b_what: &str, b: &Tensor) -> R<()> {
-    if a.shape == b.shape {
-        Ok(())
-    } else {
-        Err(format!(
-            "{a_what} {} and {b_what} {} must have the same shape",
-            describe(a),
-            describe(b)
-        ))
     }
 }
 

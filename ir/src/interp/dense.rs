@@ -8,8 +8,8 @@
 //! losses: over the elements in row-major order, then the negation and the division
 //! by `denom`). Products are plain `a * b` (no fused multiply-add).
 
-use super::common::{R, denom, describe, dims1, dims2, expect_arity, floats, same_shape, store};
-use crate::{Act, DType, Dim, Tensor};
+use super::common::{R, denom, dims, floats, store};
+use crate::{Act, Checked, Op, Tensor};
 use std::collections::HashMap;
 
 /// `max(x, 0)`; NaN stays NaN.
@@ -58,29 +58,91 @@ fn act1(act: Act, x: f32) -> f32 {
     }
 }
 
+/// Evaluates a dense op on its checked operands.
+pub(super) fn eval(c: &Checked<'_>, syms: &HashMap<String, usize>) -> R<Tensor> {
+    let one = |i: usize, what: &str| floats(c.input(i), what);
+    match c.op() {
+        Op::Linear { act } => linear(*act, c),
+        Op::Relu => map1(c, relu1),
+        Op::Sigmoid => map1(c, sigmoid1),
+        Op::Gelu => map1(c, gelu1),
+        Op::Add => map2(c, ["a", "b"], |a, b| a + b),
+        Op::GeluGrad => map2(c, ["dy", "x"], gelu_grad1),
+        Op::ReluGrad => map2(c, ["dy", "y"], |dy, y| if y > 0.0 { dy } else { 0.0 }),
+        Op::SigmoidGrad => map2(c, ["dy", "y"], |dy, y| dy * y * (1.0 - y)),
+        Op::LinearDx => {
+            let [s, n] = dims(c.in_shape(0));
+            let k = c.in_shape(1)[1];
+            let (dz, w) = (one(0, "dz")?, one(1, "weight")?);
+            let dx = gemm(s, k, n, |si, ki, ni| dz[si * n + ni] * w[ni * k + ki]);
+            store(c.out(0).dtype, vec![s, k], dx)
+        }
+        Op::LinearDw => {
+            let [s, n] = dims(c.in_shape(0));
+            let k = c.in_shape(1)[1];
+            let (dz, x) = (one(0, "dz")?, one(1, "x")?);
+            let dw = gemm(n, k, s, |ni, ki, si| dz[si * n + ni] * x[si * k + ki]);
+            store(c.out(0).dtype, vec![n, k], dw)
+        }
+        Op::LinearDb => {
+            let [s, n] = dims(c.in_shape(0));
+            let dz = one(0, "dz")?;
+            let db = gemm(1, n, s, |_, ni, si| dz[si * n + ni]);
+            store(c.out(0).dtype, vec![n], db)
+        }
+        Op::Bce { denom: d } => {
+            let term = |p: f32, y: f32| y * clamped_ln(p) + (1.0 - y) * clamped_ln(1.0 - p);
+            loss(c, denom(d, syms)?, term, true)
+        }
+        Op::Mse { denom: d } => {
+            let term = |p: f32, y: f32| {
+                let e = p - y;
+                e * e
+            };
+            loss(c, denom(d, syms)?, term, false)
+        }
+        Op::BceGrad { denom: d } => {
+            let den = denom(d, syms)?;
+            map2(c, ["prediction", "label"], |p, y| {
+                (p - y) / (p * (1.0 - p)).max(1e-12) / den
+            })
+        }
+        Op::MseGrad { denom: d } => {
+            let den = denom(d, syms)?;
+            map2(c, ["prediction", "label"], |p, y| 2.0 * (p - y) / den)
+        }
+        other => super::common::not_in_family(other, "a dense op"),
+    }
+}
+
+/// `out[i][j] = Σ_r term(i, j, r)` for `r` in `0..depth` ascending, row-major
+/// `[rows, cols]`.
+fn gemm(
+    rows: usize,
+    cols: usize,
+    depth: usize,
+    term: impl Fn(usize, usize, usize) -> f32,
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(rows * cols);
+    for i in 0..rows {
+        for j in 0..cols {
+            let mut acc = 0.0f32;
+            for r in 0..depth {
+                acc += term(i, j, r);
+            }
+            out.push(acc);
+        }
+    }
+    out
+}
+
 /// `linear(x[S,K], w[N,K], b[N]) -> act(x · wᵀ + b)`.
-pub(super) fn linear(act: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("linear", ins, &[3])?;
-    let [s, k] = dims2(ins[0], "x")?;
-    let [n, kw] = dims2(ins[1], "weight")?;
-    let nb = dims1(ins[2], "bias")?;
-    if kw != k {
-        return Err(format!(
-            "x {} has {k} features but weight {} has {kw} columns",
-            describe(ins[0]),
-            describe(ins[1])
-        ));
-    }
-    if nb != n {
-        return Err(format!(
-            "bias {} does not match the {n} rows of weight {}",
-            describe(ins[2]),
-            describe(ins[1])
-        ));
-    }
-    let x = floats(ins[0], "x")?;
-    let w = floats(ins[1], "weight")?;
-    let b = floats(ins[2], "bias")?;
+fn linear(act: Act, c: &Checked<'_>) -> R<Tensor> {
+    let [s, k] = dims(c.in_shape(0));
+    let n = c.in_shape(1)[0];
+    let x = floats(c.input(0), "x")?;
+    let w = floats(c.input(1), "weight")?;
+    let b = floats(c.input(2), "bias")?;
     let mut y = Vec::with_capacity(s * n);
     for si in 0..s {
         let xr = &x[si * k..(si + 1) * k];
@@ -93,139 +155,25 @@ pub(super) fn linear(act: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
             y.push(act1(act, acc + b[ni]));
         }
     }
-    store(out, vec![s, n], y)
+    store(c.out(0).dtype, vec![s, n], y)
 }
 
 /// An elementwise map of one operand.
-fn map1(ins: &[&Tensor], mnemonic: &str, out: DType, f: fn(f32) -> f32) -> R<Tensor> {
-    expect_arity(mnemonic, ins, &[1])?;
-    let x = floats(ins[0], "operand")?;
-    store(out, ins[0].shape.clone(), x.iter().map(|&v| f(v)).collect())
+fn map1(c: &Checked<'_>, f: fn(f32) -> f32) -> R<Tensor> {
+    let x = floats(c.input(0), "operand")?;
+    store(
+        c.out(0).dtype,
+        c.in_shape(0).to_vec(),
+        x.iter().map(|&v| f(v)).collect(),
+    )
 }
 
 /// An elementwise map of two operands of the same shape.
-fn map2(
-    ins: &[&Tensor],
-    mnemonic: &str,
-    names: [&str; 2],
-    out: DType,
-    f: impl Fn(f32, f32) -> f32,
-) -> R<Tensor> {
-    expect_arity(mnemonic, ins, &[2])?;
-    same_shape(names[0], ins[0], names[1], ins[1])?;
-    let a = floats(ins[0], names[0])?;
-    let b = floats(ins[1], names[1])?;
+fn map2(c: &Checked<'_>, names: [&str; 2], f: impl Fn(f32, f32) -> f32) -> R<Tensor> {
+    let a = floats(c.input(0), names[0])?;
+    let b = floats(c.input(1), names[1])?;
     let y = a.iter().zip(b.iter()).map(|(&x, &z)| f(x, z)).collect();
-    store(out, ins[0].shape.clone(), y)
-}
-
-/// `relu(x)`.
-pub(super) fn relu(ins: &[&Tensor], out: DType) -> R<Tensor> {
-    map1(ins, "relu", out, relu1)
-}
-
-/// `sigmoid(x)`.
-pub(super) fn sigmoid(ins: &[&Tensor], out: DType) -> R<Tensor> {
-    map1(ins, "sigmoid", out, sigmoid1)
-}
-
-/// `gelu(x)`.
-pub(super) fn gelu(ins: &[&Tensor], out: DType) -> R<Tensor> {
-    map1(ins, "gelu", out, gelu1)
-}
-
-/// `gelu_grad(dy, x)`.
-pub(super) fn gelu_grad(ins: &[&Tensor], out: DType) -> R<Tensor> {
-    map2(ins, "gelu_grad", ["dy", "x"], out, gelu_grad1)
-}
-
-/// `add(a, b)`.
-pub(super) fn add(ins: &[&Tensor], out: DType) -> R<Tensor> {
-    map2(ins, "add", ["a", "b"], out, |a, b| a + b)
-}
-
-/// `relu_grad(dy, y)`: `dy` where `y > 0`, else 0.
-pub(super) fn relu_grad(ins: &[&Tensor], out: DType) -> R<Tensor> {
-    map2(ins, "relu_grad", ["dy", "y"], out, |dy, y| {
-        if y > 0.0 { dy } else { 0.0 }
-    })
-}
-
-/// `sigmoid_grad(dy, y)`: `(dy · y) · (1 - y)`.
-pub(super) fn sigmoid_grad(ins: &[&Tensor], out: DType) -> R<Tensor> {
-    map2(ins, "sigmoid_grad", ["dy", "y"], out, |dy, y| {
-        dy * y * (1.0 - y)
-    })
-}
-
-/// `linear_dx(dz[S,N], w[N,K]) -> dz · w`.
-pub(super) fn linear_dx(ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("linear_dx", ins, &[2])?;
-    let [s, n] = dims2(ins[0], "dz")?;
-    let [nw, k] = dims2(ins[1], "weight")?;
-    if nw != n {
-        return Err(format!(
-            "dz {} has {n} columns but weight {} has {nw} rows",
-            describe(ins[0]),
-            describe(ins[1])
-        ));
-    }
-    let dz = floats(ins[0], "dz")?;
-    let w = floats(ins[1], "weight")?;
-    let mut dx = Vec::with_capacity(s * k);
-    for si in 0..s {
-        for ki in 0..k {
-            let mut acc = 0.0f32;
-            for ni in 0..n {
-                acc += dz[si * n + ni] * w[ni * k + ki];
-            }
-            dx.push(acc);
-        }
-    }
-    store(out, vec![s, k], dx)
-}
-
-/// `linear_dw(dz[S,N], x[S,K]) -> dzᵀ · x`.
-pub(super) fn linear_dw(ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("linear_dw", ins, &[2])?;
-    let [s, n] = dims2(ins[0], "dz")?;
-    let [sx, k] = dims2(ins[1], "x")?;
-    if sx != s {
-        return Err(format!(
-            "dz {} and x {} must have the same number of samples",
-            describe(ins[0]),
-            describe(ins[1])
-        ));
-    }
-    let dz = floats(ins[0], "dz")?;
-    let x = floats(ins[1], "x")?;
-    let mut dw = Vec::with_capacity(n * k);
-    for ni in 0..n {
-        for ki in 0..k {
-            let mut acc = 0.0f32;
-            for si in 0..s {
-                acc += dz[si * n + ni] * x[si * k + ki];
-            }
-            dw.push(acc);
-        }
-    }
-    store(out, vec![n, k], dw)
-}
-
-/// `linear_db(dz[S,N]) -> Σ_s dz[s]`.
-pub(super) fn linear_db(ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("linear_db", ins, &[1])?;
-    let [s, n] = dims2(ins[0], "dz")?;
-    let dz = floats(ins[0], "dz")?;
-    let mut db = Vec::with_capacity(n);
-    for ni in 0..n {
-        let mut acc = 0.0f32;
-        for si in 0..s {
-            acc += dz[si * n + ni];
-        }
-        db.push(acc);
-    }
-    store(out, vec![n], db)
+    store(c.out(0).dtype, c.in_shape(0).to_vec(), y)
 }
 
 /// `ln(v)` clamped below at -100 (PyTorch's `BCELoss`); NaN stays NaN.
@@ -234,76 +182,15 @@ fn clamped_ln(v: f32) -> f32 {
     if l < -100.0 { -100.0 } else { l }
 }
 
-/// A loss: `reduce(Σ term(p, y)) / denom`, an f32 scalar.
-fn loss(
-    ins: &[&Tensor],
-    mnemonic: &str,
-    d: &Dim,
-    syms: &HashMap<String, usize>,
-    out: DType,
-    term: fn(f32, f32) -> f32,
-    negate: bool,
-) -> R<Tensor> {
-    expect_arity(mnemonic, ins, &[2])?;
-    same_shape("prediction", ins[0], "label", ins[1])?;
-    let den = denom(d, syms)?;
-    let p = floats(ins[0], "prediction")?;
-    let y = floats(ins[1], "label")?;
+/// A loss over `prediction` and `label` of one shape: `reduce(Σ term(p, y)) /
+/// denom`, an f32 scalar.
+fn loss(c: &Checked<'_>, den: f32, term: fn(f32, f32) -> f32, negate: bool) -> R<Tensor> {
+    let p = floats(c.input(0), "prediction")?;
+    let y = floats(c.input(1), "label")?;
     let mut acc = 0.0f32;
     for (&pi, &yi) in p.iter().zip(y.iter()) {
         acc += term(pi, yi);
     }
     let total = if negate { -acc } else { acc };
-    store(out, vec![], vec![total / den])
-}
-
-/// `bce(p, y) = -Σ (y·ln p + (1-y)·ln(1-p)) / denom`, logs clamped at -100.
-pub(super) fn bce(
-    ins: &[&Tensor],
-    d: &Dim,
-    syms: &HashMap<String, usize>,
-    out: DType,
-) -> R<Tensor> {
-    let term = |p: f32, y: f32| y * clamped_ln(p) + (1.0 - y) * clamped_ln(1.0 - p);
-    loss(ins, "bce", d, syms, out, term, true)
-}
-
-/// `mse(p, y) = Σ (p - y)² / denom`.
-pub(super) fn mse(
-    ins: &[&Tensor],
-    d: &Dim,
-    syms: &HashMap<String, usize>,
-    out: DType,
-) -> R<Tensor> {
-    let term = |p: f32, y: f32| {
-        let e = p - y;
-        e * e
-    };
-    loss(ins, "mse", d, syms, out, term, false)
-}
-
-/// `bce_grad(p, y) = (p - y) / max(p·(1-p), 1e-12) / denom`.
-pub(super) fn bce_grad(
-    ins: &[&Tensor],
-    d: &Dim,
-    syms: &HashMap<String, usize>,
-    out: DType,
-) -> R<Tensor> {
-    let den = denom(d, syms)?;
-    map2(ins, "bce_grad", ["prediction", "label"], out, |p, y| {
-        (p - y) / (p * (1.0 - p)).max(1e-12) / den
-    })
-}
-
-/// `mse_grad(p, y) = 2 (p - y) / denom`.
-pub(super) fn mse_grad(
-    ins: &[&Tensor],
-    d: &Dim,
-    syms: &HashMap<String, usize>,
-    out: DType,
-) -> R<Tensor> {
-    let den = denom(d, syms)?;
-    map2(ins, "mse_grad", ["prediction", "label"], out, |p, y| {
-        2.0 * (p - y) / den
-    })
+    store(c.out(0).dtype, vec![], vec![total / den])
 }

@@ -12,10 +12,8 @@
 //! in bag order (position 0 first); `mean` then divides the sum by the bag's length.
 //! An empty bag gives zeros for both `sum` and `mean`.
 
-use super::common::{
-    FView, R, describe, dims1, dims2, expect_arity, fview, ints, out_of_range, store,
-};
-use crate::{DType, Pool, Tensor};
+use super::common::{FView, R, dims, fview, ints, out_of_range, store};
+use crate::{Checked, DType, Op, Pool, Tensor};
 use std::borrow::Cow;
 use std::ops::Range;
 
@@ -41,17 +39,18 @@ pub(super) enum Bags {
 impl Bags {
     /// Reads and validates the bag structure from `indices` (and `offsets`; with
     /// `last_offset` they have one more entry, the end of the last bag, and may
-    /// start anywhere in `0..=N`).
+    /// start anywhere in `0..=N`). Their ranks (`[S, L]`, or `[N]` with `[S]`
+    /// offsets) are the op's shape rule, checked by its instance; the offsets'
+    /// values are checked here.
     pub(super) fn new(indices: &Tensor, offsets: Option<&Tensor>, last_offset: bool) -> R<Bags> {
         match offsets {
             None if last_offset => Err("last_offset needs an offsets operand".into()),
-            None => {
-                let [samples, len] = dims2(indices, "indices (fixed pooling)")?;
-                Ok(Bags::Fixed { samples, len })
-            }
+            None => Ok(Bags::Fixed {
+                samples: indices.shape[0],
+                len: indices.shape[1],
+            }),
             Some(off) => {
-                let n = dims1(indices, "indices (with offsets)")?;
-                dims1(off, "offsets")?;
+                let n = indices.shape[0];
                 let raw = ints(off, "offsets")?;
                 let mut offsets = Vec::with_capacity(raw.len());
                 for (s, &o) in raw.iter().enumerate() {
@@ -153,16 +152,41 @@ fn bags_of<'a>(ins: &[&'a Tensor], last_offset: bool) -> R<(Cow<'a, [i64]>, Bags
     Ok((raw, bags))
 }
 
+/// Evaluates an embedding op on its checked operands.
+pub(super) fn eval(c: &Checked<'_>) -> R<Tensor> {
+    let ins = c.inputs();
+    let out = c.out(0).dtype;
+    match *c.op() {
+        Op::EmbeddingBag { mode, last_offset } => {
+            let [rows, _] = dims(c.in_shape(0));
+            bag_sum(mode, ins, last_offset, 0..rows, rows, out)
+        }
+        Op::EmbeddingBagRows { mode, lo, rows } => {
+            let rs = c.in_shape(0)[0];
+            bag_sum(mode, ins, false, lo..lo + rs, rows, out)
+        }
+        Op::EmbeddingBagGrad { mode, last_offset } => {
+            embedding_bag_grad(mode, last_offset, ins, out)
+        }
+        Op::EmbeddingGradDense { mode, rows } => embedding_grad_dense(mode, rows, ins),
+        ref other => super::common::not_in_family(other, "an embedding op"),
+    }
+}
+
 /// `embedding_bag(table[R,D], indices[, offsets]) -> [S,D]` (`offsets[S+1]` with
-/// `last_offset`).
-pub(super) fn embedding_bag(
+/// `last_offset`) on the rows `range` of a table of `rows` rows: operand 0 holds
+/// rows `range` (the whole table, or a shard of `embedding_bag_rows`); indices are
+/// validated against `0..rows`, only those in `range` are looked up, and `mean`
+/// divides by the full bag length.
+fn bag_sum(
     mode: Pool,
-    last_offset: bool,
     ins: &[&Tensor],
+    last_offset: bool,
+    range: Range<usize>,
+    rows: usize,
     out: DType,
 ) -> R<Tensor> {
-    expect_arity("embedding_bag", ins, &[2, 3])?;
-    let [rows, d] = dims2(ins[0], "table")?;
+    let d = ins[0].shape[1];
     let table: FView<'_> = fview(ins[0], "table")?;
     let (raw, bags) = bags_of(ins, last_offset)?;
     let idx = check_indices(&raw, &bags, Some(rows))?;
@@ -174,7 +198,10 @@ pub(super) fn embedding_bag(
         let bag = bags.bag(s);
         let count = bag.len();
         for flat in bag {
-            let base = idx[flat] * d;
+            if !range.contains(&idx[flat]) {
+                continue;
+            }
+            let base = (idx[flat] - range.start) * d;
             for (j, a) in acc.iter_mut().enumerate() {
                 *a += table.get(base + j);
             }
@@ -190,24 +217,18 @@ pub(super) fn embedding_bag(
 
 /// `embedding_bag_grad(dy[S,D], indices[, offsets])`: one row per index, `dy[bag]`
 /// (divided by the bag's length for `mean`); shape `indices.shape ++ [D]`. With
-/// `last_offset`, the rows of indices in no bag are 0.
+/// `last_offset`, the rows of indices in no bag are 0. The operands satisfy the
+/// rule of `embedding_bag_grad` (checked by its instance, or by the instance of a
+/// fused update that contains it).
 pub(super) fn embedding_bag_grad(
     mode: Pool,
     last_offset: bool,
     ins: &[&Tensor],
     out: DType,
 ) -> R<Tensor> {
-    expect_arity("embedding_bag_grad", ins, &[2, 3])?;
-    let [s_dy, d] = dims2(ins[0], "dy")?;
+    let [s_dy, d] = dims(&ins[0].shape);
     let dy = super::common::floats(ins[0], "dy")?;
     let (raw, bags) = bags_of(ins, last_offset)?;
-    if bags.samples() != s_dy {
-        return Err(format!(
-            "dy {} has {s_dy} samples but the indices describe {} bags",
-            describe(ins[0]),
-            bags.samples()
-        ));
-    }
     check_indices(&raw, &bags, None)?;
     let mut g = vec![0.0f32; raw.len() * d];
     for s in 0..s_dy {
@@ -231,65 +252,19 @@ pub(super) fn embedding_bag_grad(
 
 // ---- sharded embeddings
 
-/// `embedding_bag_rows {mode, lo, rows}(shard[Rs,D], indices[, offsets]) -> [S,D]`:
-/// indices are validated against the whole table (`0..rows`); only those in
-/// `lo..lo+Rs` are looked up; `mean` divides by the full bag length.
-pub(super) fn embedding_bag_rows(
-    mode: Pool,
-    lo: usize,
-    rows: usize,
-    ins: &[&Tensor],
-    out: DType,
-) -> R<Tensor> {
-    expect_arity("embedding_bag_rows", ins, &[2, 3])?;
-    let [rs, d] = dims2(ins[0], "table shard")?;
-    let range = shard_range(lo, rs, rows)?;
-    let shard: FView<'_> = fview(ins[0], "table shard")?;
-    let (raw, bags) = bags_of(ins, false)?;
-    let idx = check_indices(&raw, &bags, Some(rows))?;
-    let samples = bags.samples();
-    let mut y = Vec::with_capacity(samples * d);
-    let mut acc = vec![0.0f32; d];
-    for s in 0..samples {
-        acc.iter_mut().for_each(|a| *a = 0.0);
-        let bag = bags.bag(s);
-        let count = bag.len();
-        for flat in bag {
-            if !range.contains(&idx[flat]) {
-                continue;
-            }
-            let base = (idx[flat] - lo) * d;
-            for (j, a) in acc.iter_mut().enumerate() {
-                *a += shard.get(base + j);
-            }
-        }
-        if mode == Pool::Mean && count > 0 {
-            let c = count as f32;
-            acc.iter_mut().for_each(|a| *a /= c);
-        }
-        y.extend_from_slice(&acc);
-    }
-    store(out, vec![samples, d], y)
-}
-
-/// The rows `lo..lo+rs` of a table of `rows` rows, checked.
-pub(super) fn shard_range(lo: usize, rs: usize, rows: usize) -> R<Range<usize>> {
-    match lo.checked_add(rs) {
-        Some(hi) if hi <= rows => Ok(lo..hi),
-        _ => Err(format!(
-            "a shard of {rs} rows starting at row {lo} does not fit a table of {rows} rows"
-        )),
-    }
+/// The rows `lo..lo+rs` of a table of `rows` rows (the op's rule checked that they
+/// fit).
+pub(super) fn shard_range(lo: usize, rs: usize) -> Range<usize> {
+    lo..lo + rs
 }
 
 /// `embedding_grad_dense {mode, rows}(dy[S,D], indices[, offsets]) -> f32[rows,D]`.
-pub(super) fn embedding_grad_dense(mode: Pool, rows: usize, ins: &[&Tensor]) -> R<Tensor> {
-    expect_arity("embedding_grad_dense", ins, &[2, 3])?;
+fn embedding_grad_dense(mode: Pool, rows: usize, ins: &[&Tensor]) -> R<Tensor> {
     let rowgrad = embedding_bag_grad(mode, false, ins, DType::F32)?;
     let g = super::common::floats(&rowgrad, "row gradient")?;
     let (raw, bags) = bags_of(ins, false)?;
     let idx = check_indices(&raw, &bags, Some(rows))?;
-    let d = ins[0].shape.get(1).copied().unwrap_or(0);
+    let d = ins[0].shape[1];
     let mut dense = vec![0.0f32; rows * d];
     for (i, &r) in idx.iter().enumerate() {
         for (o, &v) in dense[r * d..(r + 1) * d]

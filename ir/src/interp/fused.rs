@@ -10,36 +10,28 @@
 //! f32 (padding terms are `0·w` products, which leave an f32 sum unchanged);
 //! `embedding_update` is defined as the composition it replaces and computed by it.
 
-use super::common::{R, denom, describe, dims1, expect_arity, floats, same_shape, store};
+use super::common::{R, denom, describe, dims, floats, store};
 use super::{embedding, optim};
-use crate::{Act, DType, Data, Op, Tensor};
+use crate::{Act, Checked, DType, Data, Op, Tensor};
 use half::bf16;
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-/// Evaluates a fused op; `dtypes` are the declared result dtypes (right count).
-pub(super) fn eval(
-    op: &Op,
-    ins: &[&Tensor],
-    dtypes: &[DType],
-    syms: &HashMap<String, usize>,
-) -> R<Vec<Tensor>> {
-    let out = dtypes
-        .first()
-        .copied()
-        .ok_or_else(|| "internal: no result type".to_string())?;
+/// Evaluates a fused op on its checked operands (their shapes, block counts and
+/// dtypes are the op's rule, checked by its instance).
+pub(super) fn eval(c: &Checked<'_>, syms: &HashMap<String, usize>) -> R<Vec<Tensor>> {
+    let ins = c.inputs();
+    let out = c.out(0).dtype;
     let one = |r: R<Tensor>| r.map(|t| vec![t]);
-    match op {
-        Op::BlockAct { bk, .. } => one(block_act(*bk, ins, out)),
-        Op::UnblockAct { k, .. } => one(unblock_act(*k, ins, out)),
-        Op::BlockWeight { bn, bk } => one(block_weight(*bn, *bk, ins, out)),
-        Op::UnblockWeight { n, k } => one(unblock_weight(*n, *k, ins, out)),
+    match c.op() {
+        Op::BlockAct { bk, .. } => one(block_act(*bk, ins[0], out)),
+        Op::UnblockAct { k, .. } => one(unblock_act(*k, ins[0], out)),
+        Op::BlockWeight { bn, bk } => one(block_weight(*bn, *bk, ins[0], out)),
+        Op::UnblockWeight { n, k } => one(unblock_weight(*n, *k, ins[0], out)),
         Op::Brgemm { act } => one(brgemm(*act, ins, out)),
         Op::BrgemmDgrad { act, mask } => one(brgemm_dgrad(*act, *mask, ins, out)),
-        Op::BrgemmWgrad { act, n } => brgemm_wgrad(*act, *n, ins, dtypes),
+        Op::BrgemmWgrad { act, n } => brgemm_wgrad(*act, *n, ins, [out, c.out(1).dtype]),
         Op::BceLogits { denom: d } => {
-            expect_arity("bce_logits", ins, &[2])?;
-            same_shape("logits", ins[0], "label", ins[1])?;
             let den = denom(d, syms)?;
             let z = floats(ins[0], "logits")?;
             let y = floats(ins[1], "label")?;
@@ -50,8 +42,6 @@ pub(super) fn eval(
             one(store(out, vec![], vec![acc / den]))
         }
         Op::BceLogitsGrad { denom: d } => {
-            expect_arity("bce_logits_grad", ins, &[2])?;
-            same_shape("logits", ins[0], "label", ins[1])?;
             let den = denom(d, syms)?;
             let z = floats(ins[0], "logits")?;
             let y = floats(ins[1], "label")?;
@@ -64,7 +54,6 @@ pub(super) fn eval(
         }
         Op::SplitSgd { lr } => split_sgd(*lr, ins),
         Op::EmbeddingUpdate { mode, lr } => {
-            expect_arity("embedding_update", ins, &[3, 4])?;
             let mut grad_ins = vec![ins[1]];
             grad_ins.extend_from_slice(&ins[2..]);
             let rows = embedding::embedding_bag_grad(*mode, false, &grad_ins, DType::F32)?;
@@ -75,51 +64,34 @@ pub(super) fn eval(
                 out,
             ))
         }
-        Op::SplitEmbeddingUpdate { mode, lr } => split_embedding_update(*mode, *lr, ins),
-        other => Err(format!(
-            "internal: `{}` is not a fused op",
-            other.mnemonic()
-        )),
+        Op::SplitEmbeddingUpdate { mode, lr } => {
+            split_embedding_update_rows(*mode, *lr, (0, c.in_shape(0)[0]), ins)
+        }
+        Op::SplitEmbeddingUpdateRows { mode, lr, lo, rows } => {
+            split_embedding_update_rows(*mode, *lr, (*lo, *rows), ins)
+        }
+        other => super::common::not_in_family(other, "a fused op"),
     }
-}
-
-/// Joins the touched rows' f32 masters, updates them as `embedding_update` does,
-/// and splits them again: [`split_embedding_update_rows`] on the whole table.
-fn split_embedding_update(mode: crate::Pool, lr: f32, ins: &[&Tensor]) -> R<Vec<Tensor>> {
-    expect_arity("split_embedding_update", ins, &[4, 5])?;
-    let [rows, _] = dims2(ins[0], "table")?;
-    split_embedding_update_rows(mode, lr, 0, rows, ins)
 }
 
 /// `split_embedding_update_rows {mode, lr, lo, rows}(hi, lo, dy, indices[,
 /// offsets])`: [`split_embedding_update`] on a row shard `lo .. lo+Rs` of a table
 /// of `rows` rows (indices outside the shard are skipped, as in `sparse_sgd_rows`).
-pub(super) fn split_embedding_update_rows(
+fn split_embedding_update_rows(
     mode: crate::Pool,
     lr: f32,
-    first: usize,
-    rows: usize,
+    (first, rows): (usize, usize),
     ins: &[&Tensor],
 ) -> R<Vec<Tensor>> {
-    expect_arity("split_embedding_update_rows", ins, &[4, 5])?;
-    same_shape("high half", ins[0], "low half", ins[1])?;
     let hi = bf16_bits(ins[0], "high half")?;
     let lo = bf16_bits(ins[1], "low half")?;
-    let [rs, d] = dims2(ins[0], "table shard")?;
-    let range = embedding::shard_range(first, rs, rows)?;
+    let [rs, d] = dims(&ins[0].shape);
+    let range = embedding::shard_range(first, rs);
     let mut grad_ins = vec![ins[2]];
     grad_ins.extend_from_slice(&ins[3..]);
     let g_t = embedding::embedding_bag_grad(mode, false, &grad_ins, DType::F32)?;
     let g = floats(&g_t, "row gradient")?;
     let idx = super::common::ints(ins[3], "indices")?;
-    if g.len() != idx.len() * d {
-        return Err(format!(
-            "row gradient {} does not match indices {} and shard {}",
-            describe(&g_t),
-            describe(ins[3]),
-            describe(ins[0])
-        ));
-    }
     let mut scratch: std::collections::BTreeMap<usize, Vec<f32>> = Default::default();
     for (flat, &i) in idx.iter().enumerate() {
         let r = match usize::try_from(i).ok().filter(|&u| u < rows) {
@@ -194,43 +166,10 @@ fn act_grad(act: Act, dy: f32, y: f32) -> f32 {
     }
 }
 
-fn dims3(t: &Tensor, what: &str) -> R<[usize; 3]> {
-    match t.shape.as_slice() {
-        &[a, b, c] => Ok([a, b, c]),
-        _ => Err(format!("{what} must have rank 3, got {}", describe(t))),
-    }
-}
-
-fn dims4(t: &Tensor, what: &str) -> R<[usize; 4]> {
-    match t.shape.as_slice() {
-        &[a, b, c, d] => Ok([a, b, c, d]),
-        _ => Err(format!("{what} must have rank 4, got {}", describe(t))),
-    }
-}
-
-fn dims2(t: &Tensor, what: &str) -> R<[usize; 2]> {
-    super::common::dims2(t, what)
-}
-
-/// Checks that `n` entries fill `nb` blocks of `b` (last block not empty).
-fn check_fit(what: &str, n: usize, nb: usize, b: usize) -> R<()> {
-    if b > 0 && n.div_ceil(b) == nb {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what}: {n} entries do not fill {nb} blocks of {b}"
-        ))
-    }
-}
-
-fn block_act(bk: usize, ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("block_act", ins, &[1])?;
-    let [s, k] = dims2(ins[0], "x")?;
-    if bk == 0 {
-        return Err("block_act: bk must be positive".into());
-    }
+fn block_act(bk: usize, x: &Tensor, out: DType) -> R<Tensor> {
+    let [s, k] = dims(&x.shape);
     let kb = k.div_ceil(bk);
-    let x = floats(ins[0], "x")?;
+    let x = floats(x, "x")?;
     let mut y = vec![0.0f32; kb * s * bk];
     for si in 0..s {
         for ki in 0..k {
@@ -240,11 +179,9 @@ fn block_act(bk: usize, ins: &[&Tensor], out: DType) -> R<Tensor> {
     store(out, vec![kb, s, bk], y)
 }
 
-fn unblock_act(k: usize, ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("unblock_act", ins, &[1])?;
-    let [kb, s, bk] = dims3(ins[0], "blocked x")?;
-    check_fit("unblock_act", k, kb, bk)?;
-    let xb = floats(ins[0], "blocked x")?;
+fn unblock_act(k: usize, xb: &Tensor, out: DType) -> R<Tensor> {
+    let [_, s, bk] = dims(&xb.shape);
+    let xb = floats(xb, "blocked x")?;
     let mut y = Vec::with_capacity(s * k);
     for si in 0..s {
         for ki in 0..k {
@@ -254,14 +191,10 @@ fn unblock_act(k: usize, ins: &[&Tensor], out: DType) -> R<Tensor> {
     store(out, vec![s, k], y)
 }
 
-fn block_weight(bn: usize, bk: usize, ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("block_weight", ins, &[1])?;
-    let [n, k] = dims2(ins[0], "weight")?;
-    if bn == 0 || bk == 0 {
-        return Err("block_weight: block sizes must be positive".into());
-    }
+fn block_weight(bn: usize, bk: usize, w: &Tensor, out: DType) -> R<Tensor> {
+    let [n, k] = dims(&w.shape);
     let (nb, kb) = (n.div_ceil(bn), k.div_ceil(bk));
-    let w = floats(ins[0], "weight")?;
+    let w = floats(w, "weight")?;
     let mut y = vec![0.0f32; nb * kb * bk * bn];
     for ni in 0..n {
         for ki in 0..k {
@@ -276,12 +209,9 @@ fn wb_index(n: usize, k: usize, kb: usize, bk: usize, bn: usize) -> usize {
     (((n / bn) * kb + k / bk) * bk + k % bk) * bn + n % bn
 }
 
-fn unblock_weight(n: usize, k: usize, ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("unblock_weight", ins, &[1])?;
-    let [nb, kb, bk, bn] = dims4(ins[0], "blocked weight")?;
-    check_fit("unblock_weight rows", n, nb, bn)?;
-    check_fit("unblock_weight columns", k, kb, bk)?;
-    let wb = floats(ins[0], "blocked weight")?;
+fn unblock_weight(n: usize, k: usize, wb: &Tensor, out: DType) -> R<Tensor> {
+    let [_, kb, bk, bn] = dims(&wb.shape);
+    let wb = floats(wb, "blocked weight")?;
     let mut y = Vec::with_capacity(n * k);
     for ni in 0..n {
         for ki in 0..k {
@@ -291,26 +221,10 @@ fn unblock_weight(n: usize, k: usize, ins: &[&Tensor], out: DType) -> R<Tensor> 
     store(out, vec![n, k], y)
 }
 
-/// Shapes of a blocked GEMM: (Nb, Kb, bk, bn) of the weight, checked against the
-/// activation `[Kb, S, bk]`; returns S too.
-fn check_xw(x: &Tensor, w: &Tensor, xwhat: &str) -> R<([usize; 4], usize)> {
-    let [kb, s, bk] = dims3(x, xwhat)?;
-    let wd @ [_, wkb, wbk, _] = dims4(w, "blocked weight")?;
-    if wkb != kb || wbk != bk {
-        return Err(format!(
-            "{xwhat} {} does not match blocked weight {}",
-            describe(x),
-            describe(w)
-        ));
-    }
-    Ok((wd, s))
-}
-
 fn brgemm(act: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("brgemm", ins, &[3])?;
-    let ([nb, kb, bk, bn], s) = check_xw(ins[0], ins[1], "blocked x")?;
-    let n = dims1(ins[2], "bias")?;
-    check_fit("brgemm bias", n, nb, bn)?;
+    let [kb, s, bk] = dims(&ins[0].shape);
+    let [nb, _, _, bn] = dims(&ins[1].shape);
+    let [n] = dims(&ins[2].shape);
     let x = floats(ins[0], "blocked x")?;
     let w = floats(ins[1], "blocked weight")?;
     let b = floats(ins[2], "bias")?;
@@ -339,13 +253,11 @@ fn brgemm(act: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
 }
 
 /// `(dy, y, last)` of a gradient op: `act=none` takes `(dy, last)`.
-fn dy_y_last<'t>(act: Act, ins: &[&'t Tensor], what: &str) -> R<[&'t Tensor; 3]> {
+fn dy_y_last<'t>(act: Act, ins: &[&'t Tensor]) -> [&'t Tensor; 3] {
     if act == Act::None {
-        expect_arity(what, ins, &[2])?;
-        Ok([ins[0], ins[0], ins[1]])
+        [ins[0], ins[0], ins[1]]
     } else {
-        expect_arity(what, ins, &[3])?;
-        Ok([ins[0], ins[1], ins[2]])
+        [ins[0], ins[1], ins[2]]
     }
 }
 
@@ -355,17 +267,9 @@ fn brgemm_dgrad(act: Act, mask: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
         (Act::None, _) | (_, None) => (ins, None),
         (_, Some((xb, rest))) => (rest, Some(*xb)),
     };
-    let ins = &dy_y_last(act, ins, "brgemm_dgrad")?;
-    same_shape("blocked dy", ins[0], "blocked y", ins[1])?;
-    let [nb_dy, s, bn_dy] = dims3(ins[0], "blocked dy")?;
-    let [nb, kb, bk, bn] = dims4(ins[2], "blocked weight")?;
-    if nb_dy != nb || bn_dy != bn {
-        return Err(format!(
-            "blocked dy {} does not match blocked weight {}",
-            describe(ins[0]),
-            describe(ins[2])
-        ));
-    }
+    let ins = &dy_y_last(act, ins);
+    let [_, s, _] = dims(&ins[0].shape);
+    let [nb, kb, bk, bn] = dims(&ins[2].shape);
     let dy = floats(ins[0], "blocked dy")?;
     let y = floats(ins[1], "blocked y")?;
     let w = floats(ins[2], "blocked weight")?;
@@ -392,12 +296,6 @@ fn brgemm_dgrad(act: Act, mask: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
         }
     }
     if let Some(xb) = xb {
-        if xb.shape != [kb, s, bk] {
-            return Err(format!(
-                "blocked x (mask) {} is not the result's [{kb}, {s}, {bk}]",
-                describe(xb)
-            ));
-        }
         let x = floats(xb, "blocked x (mask)")?;
         for (d, &v) in dx.iter_mut().zip(x.iter()) {
             *d = act_grad(mask, *d, v);
@@ -407,22 +305,10 @@ fn brgemm_dgrad(act: Act, mask: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
     store(out, vec![kb, s, bk], dx)
 }
 
-fn brgemm_wgrad(act: Act, n: usize, ins: &[&Tensor], dtypes: &[DType]) -> R<Vec<Tensor>> {
-    let ins = &dy_y_last(act, ins, "brgemm_wgrad")?;
-    same_shape("blocked dy", ins[0], "blocked y", ins[1])?;
-    let [nb, s, bn] = dims3(ins[0], "blocked dy")?;
-    let [kb, sx, bk] = dims3(ins[2], "blocked x")?;
-    if sx != s {
-        return Err(format!(
-            "blocked dy {} and blocked x {} must have the same samples",
-            describe(ins[0]),
-            describe(ins[2])
-        ));
-    }
-    check_fit("brgemm_wgrad n", n, nb, bn)?;
-    let [dw_t, db_t] = dtypes else {
-        return Err("internal: brgemm_wgrad has two results".into());
-    };
+fn brgemm_wgrad(act: Act, n: usize, ins: &[&Tensor], [dw_t, db_t]: [DType; 2]) -> R<Vec<Tensor>> {
+    let ins = &dy_y_last(act, ins);
+    let [nb, s, bn] = dims(&ins[0].shape);
+    let [kb, _, bk] = dims(&ins[2].shape);
     let dy = floats(ins[0], "blocked dy")?;
     let y = floats(ins[1], "blocked y")?;
     let x = floats(ins[2], "blocked x")?;
@@ -458,8 +344,8 @@ fn brgemm_wgrad(act: Act, n: usize, ins: &[&Tensor], dtypes: &[DType]) -> R<Vec<
         }
     }
     Ok(vec![
-        store(*dw_t, vec![nb, kb, bk, bn], dw)?,
-        store(*db_t, vec![n], db)?,
+        store(dw_t, vec![nb, kb, bk, bn], dw)?,
+        store(db_t, vec![n], db)?,
     ])
 }
 
@@ -472,9 +358,6 @@ fn bf16_bits(t: &Tensor, what: &str) -> R<Vec<u16>> {
 }
 
 fn split_sgd(lr: f32, ins: &[&Tensor]) -> R<Vec<Tensor>> {
-    expect_arity("split_sgd", ins, &[3])?;
-    same_shape("high half", ins[0], "low half", ins[1])?;
-    same_shape("weight", ins[0], "gradient", ins[2])?;
     let hi = bf16_bits(ins[0], "high half")?;
     let lo = bf16_bits(ins[1], "low half")?;
     let g = floats(ins[2], "gradient")?;

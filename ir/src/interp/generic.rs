@@ -9,11 +9,9 @@
 //! accumulator starting at 0; `reduce` adds the reduced elements in row-major order;
 //! `embedding_bag_weighted` adds `w_i * row_i` in bag order.
 
-use super::common::{
-    R, check_len, describe, dims1, dims2, expect_arity, floats, fview, ints, numel, store,
-};
+use super::common::{R, check_len, describe, dims, floats, fview, ints, numel, store};
 use super::embedding::Bags;
-use crate::{BinaryKind, DType, Data, Pool, Tensor};
+use crate::{BinaryKind, Checked, Concrete, DType, Data, Op, Pool, Tensor};
 use half::bf16;
 
 /// Row-major strides of a shape.
@@ -46,33 +44,6 @@ fn moved(t: &Tensor, shape: Vec<usize>, src: &[usize]) -> R<Tensor> {
     })
 }
 
-/// The shape two shapes broadcast to, or an error.
-fn broadcast_shape(a: &[usize], b: &[usize]) -> R<Vec<usize>> {
-    let n = a.len().max(b.len());
-    (0..n)
-        .map(|i| {
-            let da = if i + a.len() >= n {
-                a[i + a.len() - n]
-            } else {
-                1
-            };
-            let db = if i + b.len() >= n {
-                b[i + b.len() - n]
-            } else {
-                1
-            };
-            match (da, db) {
-                _ if da == db => Ok(da),
-                (1, _) => Ok(db),
-                (_, 1) => Ok(da),
-                _ => Err(format!(
-                    "shapes {a:?} and {b:?} do not broadcast (dimension {i})"
-                )),
-            }
-        })
-        .collect()
-}
-
 /// For each element of `out` (row-major), the flat position in an operand of shape
 /// `shape` broadcast to `out`.
 fn broadcast_src(shape: &[usize], out: &[usize]) -> R<Vec<usize>> {
@@ -94,12 +65,41 @@ fn broadcast_src(shape: &[usize], out: &[usize]) -> R<Vec<usize>> {
     Ok(src)
 }
 
+/// Evaluates a generic op on its checked operands (ranks, axes, permutations,
+/// broadcasting and slice bounds are the op's rule, checked by its instance; index
+/// values are checked here).
+pub(super) fn eval(c: &Checked<'_>) -> R<Tensor> {
+    let ins = c.inputs();
+    let out = c.out(0);
+    match c.op() {
+        Op::MatMul => matmul(ins, out),
+        Op::Binary { kind } => binary(*kind, ins, out),
+        Op::Transpose { perm } => transpose(perm, ins[0], out),
+        Op::Gather { axis } => gather(*axis, ins, out),
+        Op::GatherElements { axis } => gather_elements(*axis, ins),
+        Op::GatherNd { batch_dims } => gather_nd(*batch_dims, ins, out),
+        Op::Slice {
+            axes,
+            starts,
+            steps,
+            ..
+        } => slice(axes, starts, steps, ins[0], out),
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims: _,
+        } => reduce(*kind, axes, ins[0], out),
+        Op::Cast { to } => cast(*to, ins[0]),
+        Op::EmbeddingBagWeighted => embedding_bag_weighted(ins, out),
+        other => super::common::not_in_family(other, "a generic op"),
+    }
+}
+
 /// `binary {kind}(a, b)` with broadcasting.
-pub(super) fn binary(kind: BinaryKind, ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("binary", ins, &[2])?;
+fn binary(kind: BinaryKind, ins: &[&Tensor], out: &Concrete) -> R<Tensor> {
     let a = floats(ins[0], "a")?;
     let b = floats(ins[1], "b")?;
-    let shape = broadcast_shape(&ins[0].shape, &ins[1].shape)?;
+    let shape = out.shape.clone();
     let sa = broadcast_src(&ins[0].shape, &shape)?;
     let sb = broadcast_src(&ins[1].shape, &shape)?;
     let f = |x: f32, y: f32| match kind {
@@ -109,33 +109,18 @@ pub(super) fn binary(kind: BinaryKind, ins: &[&Tensor], out: DType) -> R<Tensor>
         BinaryKind::Div => x / y,
     };
     let v = sa.iter().zip(&sb).map(|(&i, &j)| f(a[i], b[j])).collect();
-    store(out, shape, v)
+    store(out.dtype, shape, v)
 }
 
 /// `matmul(a[..,M,K], b[..,K,N])` with broadcast batch dimensions.
-pub(super) fn matmul(ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("matmul", ins, &[2])?;
+fn matmul(ins: &[&Tensor], out: &Concrete) -> R<Tensor> {
     let (ta, tb) = (ins[0], ins[1]);
     let (ra, rb) = (ta.shape.len(), tb.shape.len());
-    if ra < 2 || rb < 2 {
-        return Err(format!(
-            "matmul operands need rank >= 2, got {} and {}",
-            describe(ta),
-            describe(tb)
-        ));
-    }
     let (m, k) = (ta.shape[ra - 2], ta.shape[ra - 1]);
-    let (kb, n) = (tb.shape[rb - 2], tb.shape[rb - 1]);
-    if k != kb {
-        return Err(format!(
-            "matmul {} x {}: inner dimensions differ",
-            describe(ta),
-            describe(tb)
-        ));
-    }
+    let n = tb.shape[rb - 1];
     let a = floats(ta, "a")?;
     let b = floats(tb, "b")?;
-    let batch = broadcast_shape(&ta.shape[..ra - 2], &tb.shape[..rb - 2])?;
+    let batch = out.shape[..out.shape.len() - 2].to_vec();
     let ba = broadcast_src(&ta.shape[..ra - 2], &batch)?;
     let bb = broadcast_src(&tb.shape[..rb - 2], &batch)?;
     let mut y = Vec::with_capacity(ba.len() * m * n);
@@ -152,20 +137,12 @@ pub(super) fn matmul(ins: &[&Tensor], out: DType) -> R<Tensor> {
             }
         }
     }
-    let mut shape = batch;
-    shape.push(m);
-    shape.push(n);
-    store(out, shape, y)
+    store(out.dtype, out.shape.clone(), y)
 }
 
 /// `transpose {perm}`.
-pub(super) fn transpose(perm: &[usize], ins: &[&Tensor]) -> R<Tensor> {
-    expect_arity("transpose", ins, &[1])?;
-    let x = ins[0];
-    if perm.len() != x.shape.len() || perm.iter().any(|&p| p >= x.shape.len()) {
-        return Err(format!("perm {perm:?} does not fit {}", describe(x)));
-    }
-    let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+fn transpose(perm: &[usize], x: &Tensor, out: &Concrete) -> R<Tensor> {
+    let shape = out.shape.clone();
     let st = strides(&x.shape);
     let ost = strides(&shape);
     let total = numel(&shape)?;
@@ -190,13 +167,8 @@ fn wrap(i: i64, dim: usize, what: &str) -> R<usize> {
 }
 
 /// `gather {axis}(data, indices)`.
-pub(super) fn gather(axis: usize, ins: &[&Tensor]) -> R<Tensor> {
-    expect_arity("gather", ins, &[2])?;
+fn gather(axis: usize, ins: &[&Tensor], out: &Concrete) -> R<Tensor> {
     let (d, it) = (ins[0], ins[1]);
-    if axis >= d.shape.len() {
-        return Err(format!("axis {axis} out of range for {}", describe(d)));
-    }
-    check_len(d, "data")?;
     let idx = ints(it, "indices")?;
     let dim = d.shape[axis];
     let outer = numel(&d.shape[..axis])?;
@@ -212,21 +184,16 @@ pub(super) fn gather(axis: usize, ins: &[&Tensor]) -> R<Tensor> {
             src.extend(base..base + inner);
         }
     }
-    let mut shape = d.shape[..axis].to_vec();
-    shape.extend_from_slice(&it.shape);
-    shape.extend_from_slice(&d.shape[axis + 1..]);
-    moved(d, shape, &src)
+    moved(d, out.shape.clone(), &src)
 }
 
 /// `gather_elements {axis}(data, indices)`.
-pub(super) fn gather_elements(axis: usize, ins: &[&Tensor]) -> R<Tensor> {
-    expect_arity("gather_elements", ins, &[2])?;
+/// The indices may not be longer than the data along any other axis (a check
+/// the shape rule lacks).
+fn gather_elements(axis: usize, ins: &[&Tensor]) -> R<Tensor> {
     let (d, it) = (ins[0], ins[1]);
     let rank = d.shape.len();
     let bad = || format!("bad operands {} and {}", describe(d), describe(it));
-    if axis >= rank || it.shape.len() != rank {
-        return Err(bad());
-    }
     if it
         .shape
         .iter()
@@ -236,7 +203,6 @@ pub(super) fn gather_elements(axis: usize, ins: &[&Tensor]) -> R<Tensor> {
     {
         return Err(bad());
     }
-    check_len(d, "data")?;
     let idx = ints(it, "indices")?;
     let st = strides(&d.shape);
     let ist = strides(&it.shape);
@@ -257,24 +223,17 @@ pub(super) fn gather_elements(axis: usize, ins: &[&Tensor]) -> R<Tensor> {
 }
 
 /// `gather_nd {batch_dims}(data, indices)`.
-pub(super) fn gather_nd(b: usize, ins: &[&Tensor]) -> R<Tensor> {
-    expect_arity("gather_nd", ins, &[2])?;
+/// Index tuples of length 0 are refused (a check the shape rule lacks).
+fn gather_nd(b: usize, ins: &[&Tensor], out: &Concrete) -> R<Tensor> {
     let (d, it) = (ins[0], ins[1]);
-    let bad = || {
-        format!(
+    let k = it.shape[it.shape.len() - 1];
+    if k == 0 {
+        return Err(format!(
             "batch_dims={b}: bad operands {} and {}",
             describe(d),
             describe(it)
-        )
-    };
-    let k = *it.shape.last().ok_or_else(bad)?;
-    if k == 0 {
-        return Err(bad());
+        ));
     }
-    if it.shape.len() < b + 1 || d.shape.len() < b + k || d.shape[..b] != it.shape[..b] {
-        return Err(bad());
-    }
-    check_len(d, "data")?;
     let idx = ints(it, "indices")?;
     let st = strides(&d.shape);
     let inner = numel(&d.shape[b + k..])?;
@@ -298,40 +257,25 @@ pub(super) fn gather_nd(b: usize, ins: &[&Tensor]) -> R<Tensor> {
         }
         src.extend(s..s + inner);
     }
-    let mut shape = it.shape[..it.shape.len() - 1].to_vec();
-    shape.extend_from_slice(&d.shape[b + k..]);
-    moved(d, shape, &src)
+    moved(d, out.shape.clone(), &src)
 }
 
 /// `slice {axes, starts, ends, steps}`.
-pub(super) fn slice(
+/// `out` has the length of each sliced axis (its `ends` resolved).
+fn slice(
     axes: &[usize],
     starts: &[usize],
-    ends: &[usize],
     steps: &[usize],
-    ins: &[&Tensor],
+    x: &Tensor,
+    out: &Concrete,
 ) -> R<Tensor> {
-    expect_arity("slice", ins, &[1])?;
-    let x = ins[0];
     let rank = x.shape.len();
-    // Per axis: (start, step, len).
-    let mut sel: Vec<(usize, usize, usize)> = x.shape.iter().map(|&d| (0, 1, d)).collect();
-    for (i, &a) in axes.iter().enumerate() {
-        let (s, e, st) = (starts.get(i), ends.get(i), steps.get(i));
-        let (Some(&s), Some(&e), Some(&st)) = (s, e, st) else {
-            return Err("slice needs one start, end and step per axis".into());
-        };
-        let dim = *x
-            .shape
-            .get(a)
-            .ok_or_else(|| format!("axis {a} out of range"))?;
-        let e = e.min(dim);
-        if st == 0 || s > e {
-            return Err(format!("slice {s}..{e} step {st} is invalid for axis {a}"));
-        }
-        sel[a] = (s, st, (e - s).div_ceil(st));
+    // Per axis: (start, step).
+    let mut sel: Vec<(usize, usize)> = vec![(0, 1); rank];
+    for ((&a, &s), &st) in axes.iter().zip(starts).zip(steps) {
+        sel[a] = (s, st);
     }
-    let shape: Vec<usize> = sel.iter().map(|s| s.2).collect();
+    let shape = out.shape.clone();
     let st = strides(&x.shape);
     let ost = strides(&shape);
     let total = numel(&shape)?;
@@ -346,18 +290,8 @@ pub(super) fn slice(
 }
 
 /// `reduce {kind, axes, keepdims}`.
-pub(super) fn reduce(
-    kind: Pool,
-    axes: &[usize],
-    keepdims: bool,
-    ins: &[&Tensor],
-    out: DType,
-) -> R<Tensor> {
-    expect_arity("reduce", ins, &[1])?;
-    let x = ins[0];
-    if let Some(&a) = axes.iter().find(|&&a| a >= x.shape.len()) {
-        return Err(format!("axis {a} out of range for {}", describe(x)));
-    }
+/// `out` has the reduced shape (with or without the kept unit axes).
+fn reduce(kind: Pool, axes: &[usize], x: &Tensor, out: &Concrete) -> R<Tensor> {
     let v = floats(x, "operand")?;
     let kept: Vec<usize> = x
         .shape
@@ -383,17 +317,7 @@ pub(super) fn reduce(
             *a /= count as f32;
         }
     }
-    let shape = if keepdims {
-        kept
-    } else {
-        x.shape
-            .iter()
-            .enumerate()
-            .filter(|(k, _)| !axes.contains(k))
-            .map(|(_, &d)| d)
-            .collect()
-    };
-    store(out, shape, acc)
+    store(out.dtype, out.shape.clone(), acc)
 }
 
 fn to_int(x: f32) -> R<i64> {
@@ -405,10 +329,7 @@ fn to_int(x: f32) -> R<i64> {
 }
 
 /// `cast {to}`.
-pub(super) fn cast(to: DType, ins: &[&Tensor]) -> R<Tensor> {
-    expect_arity("cast", ins, &[1])?;
-    let x = ins[0];
-    check_len(x, "operand")?;
+fn cast(to: DType, x: &Tensor) -> R<Tensor> {
     let fit = |v: i64| i32::try_from(v).map_err(|_| format!("{v} does not fit in i32"));
     let data = match (&x.data, to) {
         (Data::F32(_) | Data::BF16(_), DType::F32 | DType::BF16) => {
@@ -446,18 +367,9 @@ pub(super) fn cast(to: DType, ins: &[&Tensor]) -> R<Tensor> {
 }
 
 /// `embedding_bag_weighted(table, indices[N], offsets[S], weights[N])`.
-pub(super) fn embedding_bag_weighted(ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("embedding_bag_weighted", ins, &[4])?;
-    let [rows, d] = dims2(ins[0], "table")?;
+fn embedding_bag_weighted(ins: &[&Tensor], out: &Concrete) -> R<Tensor> {
+    let [rows, d] = dims(&ins[0].shape);
     let table = fview(ins[0], "table")?;
-    let n = dims1(ins[1], "indices")?;
-    if dims1(ins[3], "weights")? != n {
-        return Err(format!(
-            "weights {} must match indices {}",
-            describe(ins[3]),
-            describe(ins[1])
-        ));
-    }
     let bags = Bags::new(ins[1], Some(ins[2]), false)?;
     let idx = ints(ins[1], "indices")?;
     let w = floats(ins[3], "weights")?;
@@ -477,5 +389,5 @@ pub(super) fn embedding_bag_weighted(ins: &[&Tensor], out: DType) -> R<Tensor> {
             }
         }
     }
-    store(out, vec![bags.samples(), d], y)
+    store(out.dtype, vec![bags.samples(), d], y)
 }

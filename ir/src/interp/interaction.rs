@@ -11,42 +11,39 @@
 //! `dT_j[d] += g·T_i[d]` (a diagonal pair thus adds `g·T_i[d]` twice).
 //! `cat` gradient: `dr` split back into the operands' widths.
 
-use super::common::{R, describe, dims2, floats, store};
-use crate::{DType, InteractionKind, Tensor, interaction_width};
+use super::common::{R, floats, store};
+use crate::{Checked, InteractionKind, Op, Tensor, interaction_width};
 use std::borrow::Cow;
 
-/// Checked forward operands: samples, widths and the widened values.
+/// Forward operands: samples, widths and the widened values.
 type Operands<'t> = (usize, Vec<usize>, Vec<Cow<'t, [f32]>>);
 
-/// Checks the forward operands (rank 2, same samples, equal widths for `dot`).
-fn operands<'t>(fwd: &[&'t Tensor], kind: InteractionKind) -> R<Operands<'t>> {
-    let Some(first) = fwd.first() else {
-        return Err("interaction needs at least the dense operand".into());
-    };
-    let [s, _] = dims2(first, "interaction operand 0")?;
-    let mut widths = Vec::with_capacity(fwd.len());
-    let mut vals = Vec::with_capacity(fwd.len());
-    for (i, t) in fwd.iter().enumerate() {
-        let what = format!("interaction operand {i}");
-        let [si, w] = dims2(t, &what)?;
-        if si != s {
-            return Err(format!(
-                "{what} {} has {si} samples, operand 0 {} has {s}",
-                describe(t),
-                describe(first)
-            ));
-        }
-        if kind == InteractionKind::Dot && w != widths.first().copied().unwrap_or(w) {
-            return Err(format!(
-                "dot interaction needs equal widths: {what} {} differs from operand 0 {}",
-                describe(t),
-                describe(first)
-            ));
-        }
-        widths.push(w);
-        vals.push(floats(t, &what)?);
-    }
+/// The forward operands' samples, widths and widened values (their ranks, samples
+/// and, for `dot`, equal widths are the op's rule, checked by its instance).
+fn operands<'t>(fwd: &[&'t Tensor]) -> R<Operands<'t>> {
+    let s = fwd.first().map_or(0, |t| t.shape[0]);
+    let widths = fwd.iter().map(|t| t.shape[1]).collect();
+    let vals = fwd
+        .iter()
+        .enumerate()
+        .map(|(i, t)| floats(t, &format!("interaction operand {i}")))
+        .collect::<R<Vec<_>>>()?;
     Ok((s, widths, vals))
+}
+
+/// Evaluates `interaction` or `interaction_grad` on its checked operands.
+pub(super) fn eval(c: &Checked<'_>) -> R<Vec<Tensor>> {
+    match *c.op() {
+        Op::Interaction {
+            kind,
+            self_interaction,
+        } => interaction(kind, self_interaction, c).map(|t| vec![t]),
+        Op::InteractionGrad {
+            kind,
+            self_interaction,
+        } => interaction_grad(kind, self_interaction, c),
+        ref other => super::common::not_in_family(other, "an interaction"),
+    }
 }
 
 /// The pairs `(i, j)` kept by `dot`, in output order.
@@ -62,13 +59,9 @@ fn pairs(f: usize, self_interaction: bool) -> Vec<(usize, usize)> {
 }
 
 /// `interaction(x, e_0, .., e_{n-1})`.
-pub(super) fn interaction(
-    kind: InteractionKind,
-    self_interaction: bool,
-    ins: &[&Tensor],
-    out: DType,
-) -> R<Tensor> {
-    let (s, widths, vals) = operands(ins, kind)?;
+fn interaction(kind: InteractionKind, self_interaction: bool, c: &Checked<'_>) -> R<Tensor> {
+    let ins = c.inputs();
+    let (s, widths, vals) = operands(ins)?;
     let width = interaction_width(kind, self_interaction, &widths);
     let mut r = Vec::with_capacity(s * width);
     match kind {
@@ -95,28 +88,20 @@ pub(super) fn interaction(
             }
         }
     }
-    store(out, vec![s, width], r)
+    store(c.out(0).dtype, vec![s, width], r)
 }
 
 /// `interaction_grad(dr, x, e_0, .., e_{n-1}) -> (dx, de_0, .., de_{n-1})`.
-pub(super) fn interaction_grad(
+fn interaction_grad(
     kind: InteractionKind,
     self_interaction: bool,
-    ins: &[&Tensor],
-    outs: &[DType],
+    c: &Checked<'_>,
 ) -> R<Vec<Tensor>> {
-    let Some((dr_t, fwd)) = ins.split_first() else {
-        return Err("interaction_grad needs dr and at least the dense operand".into());
+    let Some((dr_t, fwd)) = c.inputs().split_first() else {
+        return Err("internal: interaction_grad without operands".into());
     };
-    let (s, widths, vals) = operands(fwd, kind)?;
+    let (s, widths, vals) = operands(fwd)?;
     let width = interaction_width(kind, self_interaction, &widths);
-    let [sr, wr] = dims2(dr_t, "dr")?;
-    if sr != s || wr != width {
-        return Err(format!(
-            "dr {} must be [{s},{width}] for these interaction operands",
-            describe(dr_t)
-        ));
-    }
     let dr = floats(dr_t, "dr")?;
     let mut grads: Vec<Vec<f32>> = widths.iter().map(|&w| vec![0.0f32; s * w]).collect();
     match kind {
@@ -149,7 +134,7 @@ pub(super) fn interaction_grad(
     grads
         .into_iter()
         .zip(widths)
-        .zip(outs)
-        .map(|((g, w), &dt)| store(dt, vec![s, w], g))
+        .enumerate()
+        .map(|(k, (g, w))| store(c.out(k).dtype, vec![s, w], g))
         .collect()
 }

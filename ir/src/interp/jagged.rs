@@ -4,26 +4,17 @@
 //! other keys' ids, which the update neither checks nor applies).
 
 use super::common::{R, check_len, describe, dims1, ints};
-use crate::{Data, Tensor};
+use crate::{Checked, Data, Tensor};
 
 /// `offsets_from_lengths {keys, key}(lengths[N]) -> [N/keys + 1]`: `G[key·R + s]`,
 /// `s` in `0..=R`, `R = N/keys`, `G` the exclusive prefix sums of the lengths
 /// with the total appended. Every length is checked (a negative one is an error
 /// naming its position, key and sample). Same integer dtype as the lengths.
-pub(super) fn offsets_from_lengths(keys: usize, key: usize, ins: &[&Tensor]) -> R<Tensor> {
-    let [l] = ins else {
-        return Err(format!(
-            "`offsets_from_lengths` takes 1 operand, got {}",
-            ins.len()
-        ));
-    };
-    let n = dims1(l, "lengths")?;
-    if key >= keys || n % keys != 0 {
-        return Err(format!(
-            "{} lengths are not {keys} equal runs (one per key) with a key {key}",
-            describe(l)
-        ));
-    }
+/// The count of lengths and `key < keys` are the op's rule, checked by its
+/// instance (`c`).
+pub(super) fn offsets_from_lengths(keys: usize, key: usize, c: &Checked<'_>) -> R<Tensor> {
+    let l = c.input(0);
+    let n = c.in_shape(0)[0];
     let per_key = n / keys;
     let lens = ints(l, "lengths")?;
     let max = match l.data {

@@ -2,21 +2,34 @@
 //!
 //! It implements the text of [`crate::Op`]'s documentation with plain sequential
 //! loops; every optimised path (codegen kernels, JIT code) is tested against it.
-//! One file per op family: `dense` (linear, elementwise, losses),
-//! `embedding`, `interaction`, `shape` (concat/split/reshape), `optim`,
-//! `collective`; `common` holds the operand helpers.
+//! One file per op family, each with an `eval` that holds its ops' arms: `dense`
+//! (linear, elementwise, losses), `embedding`, `interaction`, `shape`
+//! (concat/split/reshape), `optim`, `adagrad`, `fused` (blocked and fused ops),
+//! `generic` (ONNX import), `jagged`, `collective`; `common` holds the operand
+//! helpers.
+//!
+//! Shapes: an op's shape rule is written once, in [`crate::infer`]. Each node gets
+//! one [`NodeInstance`] (its concrete operand and result types, verified by that
+//! rule: [`NodeInstance::new`] from the declared types under the symbol binding in
+//! [`run`], [`NodeInstance::of_operands`] from the operands in [`eval_op`]); the
+//! operands are bound to it once ([`NodeInstance::bind`]: count, dtypes, shapes,
+//! buffer lengths), and the families read their dims from the [`Checked`]
+//! operands without re-deriving the rule. Symbolic attributes (a `reshape`
+//! target, `slice` ends) are resolved under the binding first. `all_to_all` has no
+//! instance: its results are the other ranks' data (see [`eval_op`]).
 //!
 //! Rules shared by every op:
 //! - float operands of any dtype are widened to f32 (bf16 exactly), computed in f32,
-//!   and each result is stored in the dtype of its declared type (`out_types`), bf16
-//!   rounded to nearest even; index operands may be i64 or i32;
+//!   and each result is stored in the dtype of its declared type, bf16 rounded to
+//!   nearest even; index operands may be i64 or i32;
 //! - sums use one f32 accumulator in a fixed order, documented in each family;
-//! - operands are checked against each other at run time: any mismatch, bad index
-//!   or bad offset is an error message, never a panic or an out-of-bounds access;
-//! - results are checked against `out_types`: the count, the dtype, and every
-//!   fixed dimension and every *bound* symbol (a symbol missing from `ctx.syms` is
-//!   not checked, except where the op needs its value: loss `denom`, `reshape`
-//!   targets, `all_to_all`'s `G` and received shapes).
+//! - what depends on the data is checked where the data is read: an index out of
+//!   range, offsets that do not partition the indices, a negative length; any
+//!   mismatch is an error message, never a panic or an out-of-bounds access;
+//! - results are checked against the instance's concrete result types (an
+//!   interpreter bug otherwise); a symbol missing from `ctx.syms` is taken from
+//!   the shape rule, except where the op needs its value: loss `denom`, `reshape`
+//!   targets, `slice` ends, `all_to_all`'s `G` and received shapes.
 //!
 //! [`run`] evaluates a whole graph in node order, drops each value after its last
 //! use, and applies the graph's updates to the parameters at the end.
@@ -40,7 +53,10 @@ pub use adagrad::{adagrad_acc1, adagrad_row_acc, adagrad_step1};
 pub use dense::{gelu_grad1, gelu1};
 pub use jagged::narrow_to_bags;
 
-use crate::{A2aDir, Communicator, Def, Graph, IrError, Op, Result, Tensor, TensorType, ValueId};
+use crate::{
+    A2aDir, Checked, Communicator, Concrete, Def, Dim, Graph, IrError, NodeInstance, Op, Result,
+    Tensor, TensorType, ValueId,
+};
 use common::{R, fmt_shape};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -55,89 +71,118 @@ pub struct EvalCtx<'a> {
 
 /// Evaluates one op on concrete operands. `out_types` are the node's declared
 /// result types (the result dtypes; the shapes of data received from other ranks).
-/// Errors are plain messages; [`run`] attaches the node. A collective whose local
-/// checks fail calls `ctx.comm.abort` before returning, so peers never hang.
+/// The op's instance for these operands is verified first
+/// ([`NodeInstance::of_operands`]: the op's shape rule, [`crate::infer`], run on
+/// their concrete types), then [`eval_instance`] runs it. Errors are plain
+/// messages; [`run`] attaches the node. A collective whose local checks fail calls
+/// `ctx.comm.abort` before returning, so peers never hang.
 pub fn eval_op(
     op: &Op,
     inputs: &[&Tensor],
     out_types: &[TensorType],
     ctx: &EvalCtx<'_>,
 ) -> std::result::Result<Vec<Tensor>, String> {
-    check_result_count(op, inputs.len(), out_types)?;
-    let results = dispatch(op, inputs, out_types, ctx)?;
-    check_results(&results, out_types, ctx.syms)?;
+    if let Op::AllToAll { dir, counts, rank } = op {
+        return all_to_all(*dir, counts, *rank, inputs, out_types, ctx);
+    }
+    let op = bind_attrs(op, ctx.syms)?;
+    let inst = NodeInstance::of_operands(&op, inputs, out_types, ctx.syms)?;
+    eval_instance(&inst, inputs, ctx)
+}
+
+/// Evaluates the op of a verified instance ([`NodeInstance`]) on `inputs`: they
+/// are bound to it ([`NodeInstance::bind`]: count, dtypes, shapes, buffer lengths),
+/// the op's family evaluates the [`Checked`] operands without re-deriving its
+/// shape rule, and each result is compared with the instance's concrete result
+/// type. `all_to_all` has no instance (its results are the other ranks' data):
+/// [`eval_op`] runs it.
+pub fn eval_instance(
+    inst: &NodeInstance,
+    inputs: &[&Tensor],
+    ctx: &EvalCtx<'_>,
+) -> std::result::Result<Vec<Tensor>, String> {
+    let c = inst.bind(inputs)?;
+    let results = dispatch(&c, ctx)?;
+    check_results(&results, inst.outputs())?;
     Ok(results)
 }
 
-/// The number of results `op` produces with `n_in` operands.
-fn result_count(op: &Op, n_in: usize) -> usize {
-    match op {
-        Op::Split { sizes, .. } => sizes.len(),
-        Op::InteractionGrad { .. } => n_in.saturating_sub(1),
-        Op::AllReduce => n_in,
-        Op::AllToAll {
-            dir: A2aDir::Scatter,
-            counts,
-            ..
-        } => counts.iter().fold(0usize, |a, &c| a.saturating_add(c)),
-        Op::AllToAll {
-            dir: A2aDir::Gather,
-            counts,
-            rank,
-        } => counts.get(*rank).copied().unwrap_or(0),
-        // ---- fused / blocked ops (e-graph, precision)
-        Op::BrgemmWgrad { .. }
-        | Op::SplitSgd { .. }
-        | Op::SplitEmbeddingUpdate { .. }
-        | Op::SplitEmbeddingUpdateRows { .. } => 2,
-        Op::Adagrad { .. }
-        | Op::SparseAdagrad { .. }
-        | Op::EmbeddingUpdateAdagrad { .. }
-        | Op::EmbeddingUpdateAdagradRows { .. } => 2,
-        _ => 1,
-    }
+/// `op` with its symbolic attributes (a `reshape` target, `slice` ends) resolved
+/// under `syms`, so that its shape rule runs on concrete types.
+fn bind_attrs<'o>(op: &'o Op, syms: &HashMap<String, usize>) -> R<Cow<'o, Op>> {
+    let fixed = |dims: &[Dim], what: &str| -> R<Vec<Dim>> {
+        dims.iter()
+            .map(|d| common::resolve_dim(d, syms).map(Dim::Fixed))
+            .collect::<R<Vec<Dim>>>()
+            .map_err(|e| format!("{what}: {e}"))
+    };
+    Ok(match op {
+        Op::Reshape { shape } if shape.iter().any(|d| d.fixed().is_none()) => {
+            Cow::Owned(Op::Reshape {
+                shape: fixed(shape, "reshape target")?,
+            })
+        }
+        Op::Slice {
+            axes,
+            starts,
+            ends,
+            steps,
+        } if ends.iter().any(|d| d.fixed().is_none()) => Cow::Owned(Op::Slice {
+            axes: axes.clone(),
+            starts: starts.clone(),
+            ends: fixed(ends, "slice ends")?,
+            steps: steps.clone(),
+        }),
+        _ => Cow::Borrowed(op),
+    })
 }
 
-fn check_result_count(op: &Op, n_in: usize, out_types: &[TensorType]) -> R<()> {
-    let want = result_count(op, n_in);
-    if out_types.len() == want {
-        Ok(())
-    } else {
-        Err(format!(
-            "`{}` with {n_in} operands has {want} results, but {} result types were given",
-            op.mnemonic(),
-            out_types.len()
-        ))
-    }
-}
-
-/// Checks each result against its declared type: dtype, rank, fixed dims and bound
-/// symbols.
-fn check_results(
-    results: &[Tensor],
+/// `all_to_all`, whose results are the other ranks' data: the exchange checks its
+/// operands and the received sizes (aborting the group on a local error), then
+/// each result is checked against its declared type under `ctx.syms` (dtype, rank,
+/// fixed dims and bound symbols).
+fn all_to_all(
+    dir: A2aDir,
+    counts: &[usize],
+    rank: usize,
+    ins: &[&Tensor],
     out_types: &[TensorType],
-    syms: &HashMap<String, usize>,
-) -> R<()> {
-    if results.len() != out_types.len() {
+    ctx: &EvalCtx<'_>,
+) -> R<Vec<Tensor>> {
+    let results = collective::all_to_all(dir, counts, rank, ins, out_types, ctx)?;
+    let bind = |s: &str| ctx.syms.get(s).copied();
+    for (k, (t, ty)) in results.iter().zip(out_types).enumerate() {
+        let dims_ok = t.shape.len() == ty.shape.len()
+            && (t.shape.iter().zip(&ty.shape))
+                .all(|(&n, d)| d.resolve(&bind).is_none_or(|b| b == n));
+        if t.dtype() != ty.dtype || !dims_ok {
+            return Err(format!(
+                "result {k} is {} but is declared {ty}{}",
+                common::describe(t),
+                bound_syms(ty, ctx.syms)
+            ));
+        }
+    }
+    Ok(results)
+}
+
+/// Checks each result against the instance's concrete result type (dtype and
+/// shape): an interpreter bug, reported rather than passed on.
+fn check_results(results: &[Tensor], outs: &[Concrete]) -> R<()> {
+    if results.len() != outs.len() {
         return Err(format!(
             "internal: {} results for {} declared types",
             results.len(),
-            out_types.len()
+            outs.len()
         ));
     }
-    for (k, (t, ty)) in results.iter().zip(out_types).enumerate() {
-        let dims_ok = t.shape.len() == ty.shape.len()
-            && t.shape.iter().zip(&ty.shape).all(|(&n, d)| match d {
-                crate::Dim::Fixed(f) => *f == n,
-                crate::Dim::Sym(s) => syms.get(s).is_none_or(|&b| b == n),
-                crate::Dim::Expr(e) => e.eval(&|s| syms.get(s).copied()).is_none_or(|b| b == n),
-            });
-        if t.dtype() != ty.dtype || !dims_ok {
+    for (k, (t, c)) in results.iter().zip(outs).enumerate() {
+        if t.dtype() != c.dtype || t.shape != c.shape {
             return Err(format!(
-                "result {k} is {}{} but is declared {ty}{}",
-                t.dtype(),
-                fmt_shape(&t.shape),
-                bound_syms(ty, syms)
+                "internal: result {k} is {} but the instance has {}{}",
+                common::describe(t),
+                c.dtype,
+                fmt_shape(&c.shape)
             ));
         }
     }
@@ -162,113 +207,42 @@ fn bound_syms(ty: &TensorType, syms: &HashMap<String, usize>) -> String {
     }
 }
 
-/// Runs the op's family implementation. `out_types` has the right length.
-fn dispatch(
-    op: &Op,
-    ins: &[&Tensor],
-    out_types: &[TensorType],
-    ctx: &EvalCtx<'_>,
-) -> R<Vec<Tensor>> {
-    let out = out_types.first().map(|t| t.dtype);
-    let dtypes: Vec<_> = out_types.iter().map(|t| t.dtype).collect();
-    // Every single-result op below reads `one`; `out_types` has exactly one entry
-    // for them (checked by `check_result_count`).
-    let one = || out.ok_or_else(|| "internal: no result type".to_string());
+/// Runs the op's family on checked operands: one arm per family, each family's
+/// `eval` holds its ops' arms.
+fn dispatch(c: &Checked<'_>, ctx: &EvalCtx<'_>) -> R<Vec<Tensor>> {
     let single = |r: R<Tensor>| r.map(|t| vec![t]);
-    match op {
-        Op::EmbeddingBag { mode, last_offset } => {
-            single(embedding::embedding_bag(*mode, *last_offset, ins, one()?))
-        }
-        Op::EmbeddingBagGrad { mode, last_offset } => single(embedding::embedding_bag_grad(
-            *mode,
-            *last_offset,
-            ins,
-            one()?,
-        )),
-        Op::Linear { act } => single(dense::linear(*act, ins, one()?)),
-        Op::Relu => single(dense::relu(ins, one()?)),
-        Op::Add => single(dense::add(ins, one()?)),
-        Op::Sigmoid => single(dense::sigmoid(ins, one()?)),
-        Op::Gelu => single(dense::gelu(ins, one()?)),
-        Op::Interaction {
-            kind,
-            self_interaction,
-        } => single(interaction::interaction(
-            *kind,
-            *self_interaction,
-            ins,
-            one()?,
-        )),
-        Op::InteractionGrad {
-            kind,
-            self_interaction,
-        } => interaction::interaction_grad(*kind, *self_interaction, ins, &dtypes),
-        Op::Concat { axis } => single(shape::concat(*axis, ins, one()?)),
-        Op::Split { axis, sizes } => shape::split(*axis, sizes, ins, &dtypes),
-        Op::Reshape { shape: target } => single(shape::reshape(target, ins, one()?, ctx.syms)),
-        Op::Bce { denom } => single(dense::bce(ins, denom, ctx.syms, one()?)),
-        Op::Mse { denom } => single(dense::mse(ins, denom, ctx.syms, one()?)),
-        Op::ReluGrad => single(dense::relu_grad(ins, one()?)),
-        Op::SigmoidGrad => single(dense::sigmoid_grad(ins, one()?)),
-        Op::GeluGrad => single(dense::gelu_grad(ins, one()?)),
-        Op::LinearDx => single(dense::linear_dx(ins, one()?)),
-        Op::LinearDw => single(dense::linear_dw(ins, one()?)),
-        Op::LinearDb => single(dense::linear_db(ins, one()?)),
-        Op::BceGrad { denom } => single(dense::bce_grad(ins, denom, ctx.syms, one()?)),
-        Op::MseGrad { denom } => single(dense::mse_grad(ins, denom, ctx.syms, one()?)),
-        Op::Sgd { lr } => single(optim::sgd(*lr, ins, one()?)),
-        Op::SparseSgd { lr } => single(optim::sparse_sgd_ref(*lr, ins, one()?)),
-        Op::Adagrad {
-            lr,
-            eps,
-            wd,
-            rowwise,
-        } => adagrad::adagrad(*lr, *eps, *wd, *rowwise, ins),
-        Op::SparseAdagrad { lr, eps, rowwise } => adagrad::sparse_adagrad(
-            adagrad::Hyper {
-                lr: *lr,
-                eps: *eps,
-                rowwise: *rowwise,
-            },
-            ins,
-        ),
-        Op::EmbeddingUpdateAdagrad {
-            mode,
-            lr,
-            eps,
-            rowwise,
-        } => adagrad::embedding_update_adagrad(
-            *mode,
-            adagrad::Hyper {
-                lr: *lr,
-                eps: *eps,
-                rowwise: *rowwise,
-            },
-            None,
-            ins,
-        ),
-        Op::EmbeddingUpdateAdagradRows {
-            mode,
-            lr,
-            eps,
-            rowwise,
-            lo,
-            rows,
-        } => adagrad::embedding_update_adagrad(
-            *mode,
-            adagrad::Hyper {
-                lr: *lr,
-                eps: *eps,
-                rowwise: *rowwise,
-            },
-            Some((*lo, *rows)),
-            ins,
-        ),
-        Op::AllReduce => collective::all_reduce(ins, ctx),
-        Op::AllToAll { dir, counts, rank } => {
-            collective::all_to_all(*dir, counts, *rank, ins, out_types, ctx)
-        }
-        // ---- fused / blocked ops (e-graph, precision)
+    match c.op() {
+        Op::EmbeddingBag { .. }
+        | Op::EmbeddingBagGrad { .. }
+        | Op::EmbeddingBagRows { .. }
+        | Op::EmbeddingGradDense { .. } => single(embedding::eval(c)),
+        Op::Linear { .. }
+        | Op::Relu
+        | Op::Add
+        | Op::Sigmoid
+        | Op::Gelu
+        | Op::ReluGrad
+        | Op::SigmoidGrad
+        | Op::GeluGrad
+        | Op::LinearDx
+        | Op::LinearDw
+        | Op::LinearDb
+        | Op::Bce { .. }
+        | Op::Mse { .. }
+        | Op::BceGrad { .. }
+        | Op::MseGrad { .. } => single(dense::eval(c, ctx.syms)),
+        Op::Interaction { .. } | Op::InteractionGrad { .. } => interaction::eval(c),
+        Op::Concat { .. } | Op::Split { .. } | Op::Reshape { .. } => shape::eval(c),
+        Op::Sgd { .. }
+        | Op::SparseSgd { .. }
+        | Op::SparseSgdRows { .. }
+        | Op::EmbeddingUpdateRows { .. } => single(optim::eval(c)),
+        Op::Adagrad { .. }
+        | Op::SparseAdagrad { .. }
+        | Op::EmbeddingUpdateAdagrad { .. }
+        | Op::EmbeddingUpdateAdagradRows { .. } => adagrad::eval(c),
+        Op::AllReduce => collective::all_reduce(c.inputs(), ctx),
+        Op::AllToAll { .. } => Err("internal: `all_to_all` has no instance".into()),
         Op::BlockAct { .. }
         | Op::UnblockAct { .. }
         | Op::BlockWeight { .. }
@@ -280,66 +254,20 @@ fn dispatch(
         | Op::BceLogitsGrad { .. }
         | Op::SplitSgd { .. }
         | Op::EmbeddingUpdate { .. }
-        | Op::SplitEmbeddingUpdate { .. } => fused::eval(op, ins, &dtypes, ctx.syms),
-        // ---- sharded embeddings
-        Op::EmbeddingBagRows { mode, lo, rows } => single(embedding::embedding_bag_rows(
-            *mode,
-            *lo,
-            *rows,
-            ins,
-            one()?,
-        )),
-        Op::SparseSgdRows { lr, lo, rows } => {
-            single(optim::sparse_sgd_rows_ref(*lr, *lo, *rows, ins, one()?))
-        }
-        Op::EmbeddingUpdateRows { mode, lr, lo, rows } => {
-            common::expect_arity("embedding_update_rows", ins, &[3, 4])?;
-            let mut grad_ins = vec![ins[1]];
-            grad_ins.extend_from_slice(&ins[2..]);
-            let rowgrad =
-                embedding::embedding_bag_grad(*mode, false, &grad_ins, crate::DType::F32)?;
-            single(optim::sparse_sgd_rows_ref(
-                *lr,
-                *lo,
-                *rows,
-                &[ins[0], ins[2], &rowgrad],
-                one()?,
-            ))
-        }
-        Op::SplitEmbeddingUpdateRows { mode, lr, lo, rows } => {
-            fused::split_embedding_update_rows(*mode, *lr, *lo, *rows, ins)
-        }
-        Op::EmbeddingGradDense { mode, rows } => {
-            single(embedding::embedding_grad_dense(*mode, *rows, ins))
-        }
-        // ---- generic ops (ONNX import)
-        Op::MatMul => single(generic::matmul(ins, one()?)),
-        Op::Binary { kind } => single(generic::binary(*kind, ins, one()?)),
-        Op::Transpose { perm } => single(generic::transpose(perm, ins)),
-        Op::Gather { axis } => single(generic::gather(*axis, ins)),
-        Op::GatherElements { axis } => single(generic::gather_elements(*axis, ins)),
-        Op::GatherNd { batch_dims } => single(generic::gather_nd(*batch_dims, ins)),
-        Op::Slice {
-            axes,
-            starts,
-            ends,
-            steps,
-        } => {
-            let ends = ends
-                .iter()
-                .map(|d| common::resolve_dim(d, ctx.syms))
-                .collect::<R<Vec<usize>>>()?;
-            single(generic::slice(axes, starts, &ends, steps, ins))
-        }
-        Op::Reduce {
-            kind,
-            axes,
-            keepdims,
-        } => single(generic::reduce(*kind, axes, *keepdims, ins, one()?)),
-        Op::Cast { to } => single(generic::cast(*to, ins)),
-        Op::EmbeddingBagWeighted => single(generic::embedding_bag_weighted(ins, one()?)),
+        | Op::SplitEmbeddingUpdate { .. }
+        | Op::SplitEmbeddingUpdateRows { .. } => fused::eval(c, ctx.syms),
+        Op::MatMul
+        | Op::Binary { .. }
+        | Op::Transpose { .. }
+        | Op::Gather { .. }
+        | Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::Slice { .. }
+        | Op::Reduce { .. }
+        | Op::Cast { .. }
+        | Op::EmbeddingBagWeighted => single(generic::eval(c)),
         Op::OffsetsFromLengths { keys, key } => {
-            single(jagged::offsets_from_lengths(*keys, *key, ins))
+            single(jagged::offsets_from_lengths(*keys, *key, c))
         }
     }
 }
@@ -481,8 +409,112 @@ fn evaluate(
     comm: &dyn Communicator,
     lr: Option<f32>,
 ) -> Result<(Vec<Tensor>, NewParams)> {
-    let nvals = g.values().len();
-    let mut slots: Vec<Slot<'_>> = (0..nvals).map(|_| None).collect();
+    let mut slots = bound_slots(g, inputs, params, syms)?;
+    let last = last_uses(g);
+    let ctx = EvalCtx { syms, comm };
+    for (n, node) in g.nodes().iter().enumerate() {
+        let eval_err = |reason: String| IrError::Eval {
+            node: g.node_label(n),
+            op: node.op.mnemonic().to_string(),
+            reason: format!("{reason}{}", operand_names(g, &node.inputs)),
+        };
+        // The step's learning rate, if the run gives one.
+        let op: Cow<'_, Op> = match lr {
+            Some(lr) if node.op.is_update() => Cow::Owned(node.op.with_lr(lr)),
+            _ => Cow::Borrowed(&node.op),
+        };
+        // sparse_sgd on an owned table at its last use: update it in place.
+        let table = match (op.as_ref(), node.inputs.as_slice()) {
+            (Op::SparseSgd { .. }, [t, rest @ ..])
+                if last.get(t.index()) == Some(&Some(n))
+                    && !rest.contains(t)
+                    && matches!(slots.get(t.index()), Some(Some(Cow::Owned(_)))) =>
+            {
+                slots[t.index()].take()
+            }
+            _ => None,
+        };
+        let results = {
+            let mut rest: Vec<&Tensor> = Vec::with_capacity(node.inputs.len());
+            for &v in &node.inputs[usize::from(table.is_some())..] {
+                match slots.get(v.index()) {
+                    Some(Some(t)) => rest.push(t.as_ref()),
+                    _ => {
+                        return Err(eval_err(format!(
+                            "operand {v:?} has no value (is the graph in execution order?)"
+                        )));
+                    }
+                }
+            }
+            let types = |vs: &[ValueId]| -> Vec<TensorType> {
+                vs.iter().map(|&v| g.ty(v).clone()).collect()
+            };
+            let (in_types, out_types) = (types(&node.inputs), types(&node.outputs));
+            eval_node(&op, (&in_types, &out_types), table, &rest, &ctx).map_err(eval_err)?
+        };
+        for (&v, t) in node.outputs.iter().zip(results) {
+            // A result nobody uses is dropped at once.
+            if last[v.index()].is_some() {
+                slots[v.index()] = Some(Cow::Owned(t));
+            }
+        }
+        for &v in &node.inputs {
+            if last.get(v.index()) == Some(&Some(n)) {
+                slots[v.index()] = None;
+            }
+        }
+    }
+    finish(g, slots)
+}
+
+/// Evaluates one node of a run: its instance is built from its declared types
+/// under the binding ([`NodeInstance::new`]; from the operands' shapes when an
+/// operand type has a symbol the binding lacks), the operands are bound to it and
+/// its family runs. `table` is the owned table of an in-place `sparse_sgd`
+/// (operand 0; `rest` are the others).
+fn eval_node(
+    op: &Op,
+    (in_types, out_types): (&[TensorType], &[TensorType]),
+    table: Option<Cow<'_, Tensor>>,
+    rest: &[&Tensor],
+    ctx: &EvalCtx<'_>,
+) -> R<Vec<Tensor>> {
+    if table.is_none() && matches!(op, Op::AllToAll { .. }) {
+        return eval_op(op, rest, out_types, ctx);
+    }
+    let op = bind_attrs(op, ctx.syms)?;
+    let all: Vec<&Tensor> = table
+        .iter()
+        .map(AsRef::as_ref)
+        .chain(rest.iter().copied())
+        .collect();
+    let inst = match NodeInstance::new(&op, in_types, out_types, ctx.syms) {
+        Ok(inst) => inst,
+        Err(_) => NodeInstance::of_operands(&op, &all, out_types, ctx.syms)?,
+    };
+    if table.is_none() {
+        return eval_instance(&inst, &all, ctx);
+    }
+    inst.bind(&all)?;
+    drop(all);
+    let (Some(table), Op::SparseSgd { lr }) = (table, inst.op()) else {
+        return Err("internal: an in-place update of another op".into());
+    };
+    let t = optim::sparse_sgd(*lr, table, rest, inst.outputs()[0].dtype)?;
+    let results = vec![t];
+    check_results(&results, inst.outputs())?;
+    Ok(results)
+}
+
+/// The value slots of a run with its inputs and parameters in place, each checked
+/// against its declared type under `syms` (and its buffer against its shape).
+fn bound_slots<'a>(
+    g: &Graph,
+    inputs: &'a HashMap<String, Tensor>,
+    params: &'a HashMap<String, Tensor>,
+    syms: &HashMap<String, usize>,
+) -> Result<Vec<Slot<'a>>> {
+    let mut slots: Vec<Slot<'a>> = (0..g.values().len()).map(|_| None).collect();
     let bind = |s: &str| syms.get(s).copied();
     for (ids, map, kind) in [
         (g.inputs(), inputs, "input"),
@@ -491,33 +523,31 @@ fn evaluate(
         for &v in ids {
             let name = g.name_of(v);
             let ty = g.ty(v);
-            let t = map.get(name).ok_or_else(|| IrError::Binding {
+            let binding_err = |reason: String| IrError::Binding {
                 name: name.to_string(),
-                reason: format!("missing {kind} (declared {ty})"),
-            })?;
+                reason,
+            };
+            let t = map
+                .get(name)
+                .ok_or_else(|| binding_err(format!("missing {kind} (declared {ty})")))?;
             if !t.matches(ty, &bind) {
-                return Err(IrError::Binding {
-                    name: name.to_string(),
-                    reason: format!(
-                        "{kind} is {} but is declared {ty}{}",
-                        common::describe(t),
-                        bound_syms(ty, syms)
-                    ),
-                });
+                return Err(binding_err(format!(
+                    "{kind} is {} but is declared {ty}{}",
+                    common::describe(t),
+                    bound_syms(ty, syms)
+                )));
             }
-            if let Err(e) = common::check_len(t, kind) {
-                return Err(IrError::Binding {
-                    name: name.to_string(),
-                    reason: e,
-                });
-            }
+            common::check_len(t, kind).map_err(binding_err)?;
             slots[v.index()] = Some(Cow::Borrowed(t));
         }
     }
+    Ok(slots)
+}
 
-    // Last use of each value; outputs and update values live to the end.
-    const KEEP: usize = usize::MAX;
-    let mut last: Vec<Option<usize>> = vec![None; nvals];
+/// The node index of each value's last use; `usize::MAX` for outputs and update
+/// values, which live to the end.
+fn last_uses(g: &Graph) -> Vec<Option<usize>> {
+    let mut last: Vec<Option<usize>> = vec![None; g.values().len()];
     for (n, node) in g.nodes().iter().enumerate() {
         for &v in &node.inputs {
             if let Some(l) = last.get_mut(v.index()) {
@@ -531,92 +561,30 @@ fn evaluate(
         .chain(g.updates().iter().map(|u| &u.value))
     {
         if let Some(l) = last.get_mut(v.index()) {
-            *l = Some(KEEP);
+            *l = Some(usize::MAX);
         }
     }
+    last
+}
 
-    let ctx = EvalCtx { syms, comm };
-    for (n, node) in g.nodes().iter().enumerate() {
-        let operand_names = || -> String {
-            let names: Vec<String> = node
-                .inputs
-                .iter()
-                .map(|&v| match g.values().get(v.index()) {
-                    Some(val) => format!("%{}", val.name),
-                    None => format!("{v:?}"),
-                })
-                .collect();
-            if names.is_empty() {
-                " (no operands)".to_string()
-            } else {
-                format!(" (operands: {})", names.join(", "))
-            }
-        };
-        let eval_err = |reason: String| IrError::Eval {
-            node: g.node_label(n),
-            op: node.op.mnemonic().to_string(),
-            reason: format!("{reason}{}", operand_names()),
-        };
-        let out_types: Vec<TensorType> = node.outputs.iter().map(|&v| g.ty(v).clone()).collect();
-        // The step's learning rate, if the run gives one.
-        let op: Cow<'_, Op> = match lr {
-            Some(lr) if node.op.is_update() => Cow::Owned(node.op.with_lr(lr)),
-            _ => Cow::Borrowed(&node.op),
-        };
-
-        // sparse_sgd on an owned table at its last use: update it in place.
-        let owned_table = match (op.as_ref(), node.inputs.as_slice()) {
-            (Op::SparseSgd { lr }, [t, rest @ ..])
-                if last.get(t.index()) == Some(&Some(n))
-                    && !rest.contains(t)
-                    && matches!(slots.get(t.index()), Some(Some(Cow::Owned(_)))) =>
-            {
-                slots[t.index()].take().map(|table| (*lr, table))
-            }
-            _ => None,
-        };
-        let results = {
-            let first = usize::from(owned_table.is_some());
-            let mut operands: Vec<&Tensor> = Vec::with_capacity(node.inputs.len());
-            for &v in &node.inputs[first..] {
-                match slots.get(v.index()) {
-                    Some(Some(t)) => operands.push(t.as_ref()),
-                    _ => {
-                        return Err(eval_err(format!(
-                            "operand {v:?} has no value (is the graph in execution order?)"
-                        )));
-                    }
-                }
-            }
-            match owned_table {
-                Some((lr, table)) => check_result_count(&op, node.inputs.len(), &out_types)
-                    .and_then(|()| optim::sparse_sgd(lr, table, &operands, out_types[0].dtype))
-                    .map(|t| vec![t])
-                    .and_then(|r| check_results(&r, &out_types, syms).map(|()| r)),
-                None => eval_op(&op, &operands, &out_types, &ctx),
-            }
-            .map_err(eval_err)?
-        };
-        if results.len() != node.outputs.len() {
-            return Err(eval_err(format!(
-                "internal: {} results for {} declared",
-                results.len(),
-                node.outputs.len()
-            )));
-        }
-        for (&v, t) in node.outputs.iter().zip(results) {
-            // A result nobody uses is dropped at once.
-            if last[v.index()].is_some() {
-                slots[v.index()] = Some(Cow::Owned(t));
-            }
-        }
-        for &v in &node.inputs {
-            if last.get(v.index()) == Some(&Some(n)) {
-                slots[v.index()] = None;
-            }
-        }
+/// ` (operands: %a, %b)` for an error message.
+fn operand_names(g: &Graph, inputs: &[ValueId]) -> String {
+    let names: Vec<String> = inputs
+        .iter()
+        .map(|&v| match g.values().get(v.index()) {
+            Some(val) => format!("%{}", val.name),
+            None => format!("{v:?}"),
+        })
+        .collect();
+    if names.is_empty() {
+        " (no operands)".to_string()
+    } else {
+        format!(" (operands: {})", names.join(", "))
     }
+}
 
+/// Takes the outputs and the update values out of a finished run's slots.
+fn finish(g: &Graph, mut slots: Vec<Slot<'_>>) -> Result<(Vec<Tensor>, NewParams)> {
     let mut take = |v: ValueId, keep: bool, what: &str| -> Result<Tensor> {
         let slot = slots.get_mut(v.index()).ok_or_else(|| IrError::Graph {
             graph: g.name.clone(),

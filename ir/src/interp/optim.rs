@@ -10,27 +10,42 @@
 //!
 //! Every index is validated before any update is applied.
 
-use super::common::{
-    R, describe, dims2, expect_arity, floats, index_location, ints, out_of_range, same_shape, store,
-};
-use crate::{DType, Data, Tensor};
+use super::common::{R, dims, floats, index_location, ints, out_of_range, store};
+use crate::{Checked, DType, Data, Op, Tensor};
 use half::bf16;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-/// `sgd(w, g) -> w - lr·g`.
-pub(super) fn sgd(lr: f32, ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("sgd", ins, &[2])?;
-    same_shape("weight", ins[0], "gradient", ins[1])?;
-    let w = floats(ins[0], "weight")?;
-    let g = floats(ins[1], "gradient")?;
-    let y = w.iter().zip(g.iter()).map(|(&a, &b)| a - lr * b).collect();
-    store(out, ins[0].shape.clone(), y)
+/// Evaluates `sgd`, `sparse_sgd`, `sparse_sgd_rows` or `embedding_update_rows` on
+/// its checked operands (their shapes are the op's rule, checked by its instance).
+pub(super) fn eval(c: &Checked<'_>) -> R<Tensor> {
+    let ins = c.inputs();
+    let out = c.out(0).dtype;
+    match *c.op() {
+        Op::Sgd { lr } => {
+            let w = floats(ins[0], "weight")?;
+            let g = floats(ins[1], "gradient")?;
+            let y = w.iter().zip(g.iter()).map(|(&a, &b)| a - lr * b).collect();
+            store(out, ins[0].shape.clone(), y)
+        }
+        Op::SparseSgd { lr } => sparse_sgd(lr, Cow::Borrowed(ins[0]), &ins[1..], out),
+        Op::SparseSgdRows { lr, lo, rows } => {
+            sparse_sgd_rows(lr, (lo, rows), Cow::Borrowed(ins[0]), ins[1], ins[2], out)
+        }
+        Op::EmbeddingUpdateRows { mode, lr, lo, rows } => {
+            let mut grad_ins = vec![ins[1]];
+            grad_ins.extend_from_slice(&ins[2..]);
+            let rowgrad = super::embedding::embedding_bag_grad(mode, false, &grad_ins, DType::F32)?;
+            sparse_sgd_rows(lr, (lo, rows), Cow::Borrowed(ins[0]), ins[2], &rowgrad, out)
+        }
+        ref other => super::common::not_in_family(other, "an SGD update"),
+    }
 }
 
 /// `sparse_sgd(table[R,D], indices[..], rowgrad[.., D])`. The table is taken as a
 /// `Cow` so that a caller owning it (the interpreter's `run`, at the table's last
-/// use) has it updated in place without a copy.
+/// use) has it updated in place without a copy. The operands satisfy the rule of
+/// `sparse_sgd` (checked by its instance, or built so by the callers here).
 pub(super) fn sparse_sgd(
     lr: f32,
     table: Cow<'_, Tensor>,
@@ -46,25 +61,9 @@ pub(super) fn sparse_sgd(
             narrowed = super::jagged::narrow_to_bags(i, g, bounds)?;
             (&narrowed.0, &narrowed.1)
         }
-        _ => {
-            return Err(format!(
-                "`sparse_sgd` takes 3 or 4 operands, got {}",
-                ins.len() + 1
-            ));
-        }
+        _ => return Err("internal: `sparse_sgd` without its operands".into()),
     };
-    let [rows, d] = dims2(&table, "table")?;
-    super::common::check_len(&table, "table")?;
-    let mut want = idx_t.shape.clone();
-    want.push(d);
-    if g_t.shape != want {
-        return Err(format!(
-            "row gradient {} must have shape indices ++ [{d}] for indices {} and table {}",
-            describe(g_t),
-            describe(idx_t),
-            describe(&table)
-        ));
-    }
+    let [rows, d] = dims(&table.shape);
     let raw = ints(idx_t, "indices")?;
     let g = floats(g_t, "row gradient")?;
     let mut idx = Vec::with_capacity(raw.len());
@@ -118,41 +117,19 @@ pub(super) fn sparse_sgd(
     }
 }
 
-/// `sparse_sgd` on borrowed operands (the table is copied once).
-pub(super) fn sparse_sgd_ref(lr: f32, ins: &[&Tensor], out: DType) -> R<Tensor> {
-    expect_arity("sparse_sgd", ins, &[3, 4])?;
-    sparse_sgd(lr, Cow::Borrowed(ins[0]), &ins[1..], out)
-}
-
 /// `sparse_sgd_rows {lr, lo, rows}(shard[Rs,D], indices[..], rowgrad[.., D])`: every
 /// index is checked against the whole table (`0..rows`), then the in-range ones
 /// (shifted by `lo`, in row-major order) update the shard exactly as `sparse_sgd`.
-pub(super) fn sparse_sgd_rows(
+fn sparse_sgd_rows(
     lr: f32,
-    lo: usize,
-    rows: usize,
+    (lo, rows): (usize, usize),
     table: Cow<'_, Tensor>,
-    ins: &[&Tensor],
+    idx_t: &Tensor,
+    g_t: &Tensor,
     out: DType,
 ) -> R<Tensor> {
-    let [idx_t, g_t] = ins else {
-        return Err(format!(
-            "`sparse_sgd_rows` takes 3 operands, got {}",
-            ins.len() + 1
-        ));
-    };
-    let [rs, d] = dims2(&table, "table shard")?;
-    let range = super::embedding::shard_range(lo, rs, rows)?;
-    let mut want = idx_t.shape.clone();
-    want.push(d);
-    if g_t.shape != want {
-        return Err(format!(
-            "row gradient {} must have shape indices ++ [{d}] for indices {} and shard {}",
-            describe(g_t),
-            describe(idx_t),
-            describe(&table)
-        ));
-    }
+    let [rs, d] = dims(&table.shape);
+    let range = super::embedding::shard_range(lo, rs);
     let raw = ints(idx_t, "indices")?;
     let g = floats(g_t, "row gradient")?;
     let mut local = Vec::new();
@@ -179,16 +156,4 @@ pub(super) fn sparse_sgd_rows(
         data: Data::F32(grads),
     };
     sparse_sgd(lr, table, &[&idx, &rowgrad], out)
-}
-
-/// `sparse_sgd_rows` on borrowed operands (the shard is copied once).
-pub(super) fn sparse_sgd_rows_ref(
-    lr: f32,
-    lo: usize,
-    rows: usize,
-    ins: &[&Tensor],
-    out: DType,
-) -> R<Tensor> {
-    expect_arity("sparse_sgd_rows", ins, &[3])?;
-    sparse_sgd_rows(lr, lo, rows, Cow::Borrowed(ins[0]), &ins[1..], out)
 }

@@ -4,10 +4,9 @@
 //! declared result dtype (a no-op when they agree, which the verifier guarantees;
 //! see `common::convert` for the other cases).
 
-use super::common::{R, convert, describe, fmt_shape, numel, resolve_dim};
-use crate::{DType, Data, Shape, Tensor};
+use super::common::{R, convert, numel};
+use crate::{Checked, Concrete, DType, Data, Op, Tensor};
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 /// `outer` = product of the dims before `axis`; `inner` = product from `axis` on.
 fn outer_inner(shape: &[usize], axis: usize) -> R<(usize, usize)> {
@@ -42,40 +41,36 @@ fn cut<T: Copy>(data: &[T], outer: usize, inners: &[usize]) -> Vec<Vec<T>> {
     out
 }
 
-/// `concat(x_0, .., x_k)` along `axis`.
-pub(super) fn concat(axis: usize, ins: &[&Tensor], out: DType) -> R<Tensor> {
-    let Some(first) = ins.first() else {
-        return Err("concat needs at least one operand".into());
-    };
-    if axis >= first.shape.len() {
-        return Err(format!("axis {axis} out of range for {}", describe(first)));
+/// Evaluates a data-movement op on its checked operands (ranks, axes, sizes and
+/// the reshape's element count are the op's rule, checked by its instance).
+pub(super) fn eval(c: &Checked<'_>) -> R<Vec<Tensor>> {
+    let ins = c.inputs();
+    match c.op() {
+        Op::Concat { axis } => concat(*axis, ins, c.out(0)).map(|t| vec![t]),
+        Op::Split { axis, sizes } => split(*axis, sizes, ins[0], c),
+        Op::Reshape { .. } => {
+            let data = convert(ins[0], c.out(0).dtype, "operand")?.into_owned();
+            Ok(vec![Tensor {
+                shape: c.out(0).shape.clone(),
+                data,
+            }])
+        }
+        other => super::common::not_in_family(other, "a data-movement op"),
     }
+}
+
+/// `concat(x_0, .., x_k)` along `axis`, into a result of type `res`.
+fn concat(axis: usize, ins: &[&Tensor], res: &Concrete) -> R<Tensor> {
+    let out = res.dtype;
+    let first = ins[0];
     let mut datas: Vec<Cow<'_, Data>> = Vec::with_capacity(ins.len());
     let mut inners = Vec::with_capacity(ins.len());
-    let mut total = 0usize;
     for (i, t) in ins.iter().enumerate() {
-        let same_rank = t.shape.len() == first.shape.len();
-        let others_agree = same_rank
-            && t.shape
-                .iter()
-                .zip(&first.shape)
-                .enumerate()
-                .all(|(k, (a, b))| k == axis || a == b);
-        if !others_agree {
-            return Err(format!(
-                "operand {i} {} does not match operand 0 {} outside axis {axis}",
-                describe(t),
-                describe(first)
-            ));
-        }
         datas.push(convert(t, out, &format!("operand {i}"))?);
         inners.push(outer_inner(&t.shape, axis)?.1);
-        total += t.shape[axis];
     }
     let (outer, _) = outer_inner(&first.shape, axis)?;
-    let mut shape = first.shape.clone();
-    shape[axis] = total;
-    numel(&shape)?;
+    let shape = res.shape.clone();
     macro_rules! join_as {
         ($v:ident) => {{
             let parts = datas
@@ -97,38 +92,12 @@ pub(super) fn concat(axis: usize, ins: &[&Tensor], out: DType) -> R<Tensor> {
     Ok(Tensor { shape, data })
 }
 
-/// `split(x)` along `axis` into pieces of `sizes`.
-pub(super) fn split(
-    axis: usize,
-    sizes: &[usize],
-    ins: &[&Tensor],
-    outs: &[DType],
-) -> R<Vec<Tensor>> {
-    let [x] = ins else {
-        return Err(format!("`split` takes 1 operand, got {}", ins.len()));
-    };
-    if axis >= x.shape.len() {
-        return Err(format!("axis {axis} out of range for {}", describe(x)));
-    }
-    let sum = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
-    if sum != Some(x.shape[axis]) {
-        return Err(format!(
-            "split sizes {} do not sum to axis {axis} of {}",
-            fmt_shape(sizes),
-            describe(x)
-        ));
-    }
+/// `split(x)` along `axis` into pieces of `sizes` (the results of `c`).
+fn split(axis: usize, sizes: &[usize], x: &Tensor, c: &Checked<'_>) -> R<Vec<Tensor>> {
     let (outer, _) = outer_inner(&x.shape, axis)?;
     let after = numel(&x.shape[axis + 1..])?;
     let inners: Vec<usize> = sizes.iter().map(|&s| s * after).collect();
-    let shapes: Vec<Vec<usize>> = sizes
-        .iter()
-        .map(|&s| {
-            let mut sh = x.shape.clone();
-            sh[axis] = s;
-            sh
-        })
-        .collect();
+    let shapes = (0..sizes.len()).map(|k| c.out(k).shape.clone());
     // Pieces are cut in the operand's dtype, then converted to each result's dtype.
     macro_rules! cut_as {
         ($v:ident, $data:expr) => {
@@ -138,7 +107,6 @@ pub(super) fn split(
                 .collect::<Vec<Data>>()
         };
     }
-    super::common::check_len(x, "operand")?;
     let pieces = match &x.data {
         Data::F32(v) => cut_as!(F32, v),
         Data::BF16(v) => cut_as!(BF16, v),
@@ -148,10 +116,10 @@ pub(super) fn split(
     pieces
         .into_iter()
         .zip(shapes)
-        .zip(outs)
         .enumerate()
-        .map(|(k, ((data, shape), &dt))| {
+        .map(|(k, (data, shape))| {
             let t = Tensor { shape, data };
+            let dt = c.out(k).dtype;
             Ok(match convert(&t, dt, &format!("piece {k}"))? {
                 Cow::Borrowed(_) => t,
                 Cow::Owned(data) => Tensor {
@@ -161,32 +129,4 @@ pub(super) fn split(
             })
         })
         .collect()
-}
-
-/// `reshape(x)` to `shape` (symbols resolved with `syms`).
-pub(super) fn reshape(
-    target: &Shape,
-    ins: &[&Tensor],
-    out: DType,
-    syms: &HashMap<String, usize>,
-) -> R<Tensor> {
-    let [x] = ins else {
-        return Err(format!("`reshape` takes 1 operand, got {}", ins.len()));
-    };
-    let shape = target
-        .iter()
-        .map(|d| resolve_dim(d, syms))
-        .collect::<R<Vec<usize>>>()
-        .map_err(|e| format!("reshape target: {e}"))?;
-    let n_in = numel(&x.shape)?;
-    let n_out = numel(&shape)?;
-    if n_in != n_out {
-        return Err(format!(
-            "cannot reshape {} ({n_in} elements) to {} ({n_out} elements)",
-            describe(x),
-            fmt_shape(&shape)
-        ));
-    }
-    let data = convert(x, out, "operand")?.into_owned();
-    Ok(Tensor { shape, data })
 }
