@@ -16,7 +16,8 @@
 //!   is the bytes a rank sends in a 4 MiB-per-peer exchange over its best time less
 //!   that latency (each time the slowest rank's, as the cost model takes; after a
 //!   warm-up, with the same buffers every time: no allocation or page fault is
-//!   timed).
+//!   timed; the time includes one copy of the received values, as a step unpacks
+//!   them).
 //!
 //! The file (JSON, written atomically) is `--output`, else the default path
 //! ([`default_path`]: `$DLRMC_CALIBRATION`, else
@@ -210,16 +211,25 @@ const WARMUP: usize = 2;
 /// the best of `reps` such times is taken (the noise of a shared machine only ever
 /// adds time). The buffers a rank receives are the ones it sends next, so after
 /// the warm-up no exchange allocates or page-faults (as in a training step, whose
-/// allocator keeps its pages across steps).
+/// allocator keeps its pages across steps); the time includes one copy of the
+/// received values (what a step does with them), else an exchange between thread
+/// ranks, which hands over the buffers, would take no time whatever its size.
 fn exchange_rates(comm: &dyn Communicator, reps: usize) -> Result<Network> {
     let peers = comm.size();
     let best = |floats: usize| -> Result<f64> {
         let mut bufs = vec![vec![1.0f32; floats]; peers];
+        let mut used = vec![0.0f32; floats * peers];
         let mut best = f64::INFINITY;
         for i in 0..WARMUP + reps {
             comm.barrier().map_err(comm_err)?;
             let t = Instant::now();
             bufs = comm.all_to_all_v(bufs).map_err(comm_err)?;
+            // The values received are used: copied out once, as `all_to_all`
+            // unpacks them into its results (thread ranks move the buffers
+            // themselves, so this copy is all their exchange costs).
+            for (dst, b) in used.chunks_mut(floats).zip(&bufs) {
+                dst.copy_from_slice(b);
+            }
             let mine = t.elapsed().as_secs_f32();
             // Every rank's time to every rank: each takes the slowest.
             let all = comm
