@@ -78,7 +78,9 @@ struct World {
 /// A buffer of `n` values to receive into: the smallest of `spare` that holds
 /// them, else a new one.
 fn take_spare(spare: &mut Vec<Vec<f32>>, n: usize) -> Vec<f32> {
-    let best = (spare.iter().enumerate())
+    let best = spare
+        .iter()
+        .enumerate()
         .filter(|(_, b)| b.capacity() >= n)
         .min_by_key(|(_, b)| b.capacity())
         .map(|(i, _)| i);
@@ -289,7 +291,8 @@ impl Communicator for MpiComm {
                 .peers()
                 .map(|p| {
                     let s = batch_slice(len, n, p);
-                    (w.comm.process_at_rank(rank_of(p)))
+                    w.comm
+                        .process_at_rank(rank_of(p))
                         .immediate_send_with_tag(scope, &data[s], TAG_REDUCE)
                 })
                 .collect();
@@ -340,7 +343,7 @@ impl Communicator for MpiComm {
             let mut reqs: Vec<_> = self
                 .peers()
                 .map(|p| {
-                    (comm.process_at_rank(rank_of(p))).immediate_send_with_tag(
+                    comm.process_at_rank(rank_of(p)).immediate_send_with_tag(
                         scope,
                         &chunk[..],
                         TAG_GATHER,
@@ -349,7 +352,7 @@ impl Communicator for MpiComm {
                 .collect();
             for (p, slot) in slots {
                 reqs.push(
-                    (comm.process_at_rank(rank_of(p)))
+                    comm.process_at_rank(rank_of(p))
                         .immediate_receive_into_with_tag(scope, slot, TAG_GATHER),
                 );
             }
@@ -388,7 +391,7 @@ impl Communicator for MpiComm {
             let sends: Vec<_> = self
                 .peers()
                 .map(|p| {
-                    (comm.process_at_rank(rank_of(p))).immediate_send_with_tag(
+                    comm.process_at_rank(rank_of(p)).immediate_send_with_tag(
                         scope,
                         &send[p][..],
                         TAG_A2A,
