@@ -12,9 +12,12 @@
 //! - **Network** (alpha-beta): `all_to_all_v` between the ranks of the job's
 //!   communicator: N threads of this process (`--ranks`, the thread backend of
 //!   `dlrm-run`), or the processes of `mpirun -n N dlrmc calibrate --comm mpi`. The
-//!   latency is the median time of an exchange of one float per peer; the bandwidth
-//!   is the bytes a rank sends in a 4 MiB-per-peer exchange over its time less that
-//!   latency (the slowest rank's time, as the cost model takes).
+//!   latency is the best time of an exchange of one float per peer; the bandwidth
+//!   is the bytes a rank sends in a 4 MiB-per-peer exchange over its best time less
+//!   that latency (each time the slowest rank's, as the cost model takes; after a
+//!   warm-up, with the same buffers every time: no allocation or page fault is
+//!   timed; the time includes one copy of the received values, as a step unpacks
+//!   them).
 //!
 //! The file (JSON, written atomically) is `--output`, else the default path
 //! ([`default_path`]: `$DLRMC_CALIBRATION`, else
@@ -199,34 +202,48 @@ fn gather_gbps(reps: usize) -> Result<f64> {
 /// Floats per peer of the bandwidth exchange (4 MiB).
 const BIG: usize = 1 << 20;
 
+/// Untimed exchanges of each size before the timed ones (first touches of the
+/// buffers, the transport's connection set-up).
+const WARMUP: usize = 2;
+
 /// Latency and bandwidth of `all_to_all_v` on `comm` (every rank calls this).
-/// Each exchange is timed between barriers; the slowest rank's time counts.
+/// Each exchange is timed between barriers and counts as its slowest rank's time;
+/// the best of `reps` such times is taken (the noise of a shared machine only ever
+/// adds time). The buffers a rank receives are the ones it sends next, so after
+/// the warm-up no exchange allocates or page-faults (as in a training step, whose
+/// allocator keeps its pages across steps); the time includes one copy of the
+/// received values (what a step does with them), else an exchange between thread
+/// ranks, which hands over the buffers, would take no time whatever its size.
 fn exchange_rates(comm: &dyn Communicator, reps: usize) -> Result<Network> {
     let peers = comm.size();
-    let time = |floats: usize| -> Result<Vec<f64>> {
-        let mut times = Vec::new();
-        for _ in 0..reps + 1 {
+    let best = |floats: usize| -> Result<f64> {
+        let mut bufs = vec![vec![1.0f32; floats]; peers];
+        let mut used = vec![0.0f32; floats * peers];
+        let mut best = f64::INFINITY;
+        for i in 0..WARMUP + reps {
             comm.barrier().map_err(comm_err)?;
-            let send = vec![vec![1.0f32; floats]; peers];
             let t = Instant::now();
-            comm.all_to_all_v(send).map_err(comm_err)?;
+            bufs = comm.all_to_all_v(bufs).map_err(comm_err)?;
+            // The values received are used: copied out once, as `all_to_all`
+            // unpacks them into its results (thread ranks move the buffers
+            // themselves, so this copy is all their exchange costs).
+            for (dst, b) in used.chunks_mut(floats).zip(&bufs) {
+                dst.copy_from_slice(b);
+            }
             let mine = t.elapsed().as_secs_f32();
             // Every rank's time to every rank: each takes the slowest.
             let all = comm
                 .all_to_all_v(vec![vec![mine]; peers])
                 .map_err(comm_err)?;
             let slowest = all.iter().flatten().copied().fold(mine, f32::max);
-            times.push(f64::from(slowest));
+            if i >= WARMUP {
+                best = best.min(f64::from(slowest));
+            }
         }
-        times.remove(0);
-        Ok(times)
+        Ok(best)
     };
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let alpha = median(time(1)?);
-    let big = median(time(BIG)?);
+    let alpha = best(1)?;
+    let big = best(BIG)?;
     let bytes = ((peers - 1) * BIG * 4) as f64;
     let gbps = bytes / (big - alpha).max(1e-9) / 1e9;
     Ok(Network {

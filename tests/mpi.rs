@@ -52,7 +52,9 @@ fn mpirun() -> Command {
         .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
         // More processes than cores: yield instead of busy-polling in collectives.
         .env("OMPI_MCA_mpi_yield_when_idle", "1")
-        // Containers often forbid the cross-memory-attach single copy.
+        // Containers often forbid the cross-memory-attach single copy (then Open
+        // MPI fails on large messages); `none` works anywhere, at a cost in
+        // speed that these tests do not measure (README: MPI settings).
         .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
         .env("OMPI_MCA_hwloc_base_binding_policy", "none")
         .env("RAYON_NUM_THREADS", "1");
