@@ -2,10 +2,10 @@
 //! processes train a plan like N thread ranks, with fewer and with more tables than
 //! ranks, and a PyTorch export with `include_last_offset=True` bags; a failing or
 //! killed rank ends the whole job, naming the rank, within a timeout; bad rank
-//! counts are clear errors; under a per-process memory limit several times smaller
-//! than the model, each process holds only its tables (table-wise) or only its rows
-//! of a table (row-wise); `dlrmc calibrate` measures the exchanges between the
-//! processes.
+//! counts and an unknown `DLRM_MPI_WAIT` are clear errors; under a per-process
+//! memory limit several times smaller than the model, each process holds only its
+//! tables (table-wise) or only its rows of a table (row-wise); `dlrmc calibrate`
+//! measures the exchanges between the processes.
 //!
 //! Stated tolerance: every logged loss of `mpirun -n N ... --comm mpi` within 1e-5
 //! relative of the thread backend's with `--ranks N` (same plan, seed, global
@@ -457,6 +457,31 @@ fn bad_rank_counts_are_clear_errors() {
     assert!(
         ran.stderr
             .contains("--ranks 3 is more than the global batch of 2 samples"),
+        "{}",
+        ran.stderr
+    );
+}
+
+#[test]
+fn an_unknown_mpi_wait_mode_is_a_clear_error() {
+    let dir = tempdir();
+    let plan = compile(dir.path(), "tiny.plan", None);
+    let mut cmd = mpirun();
+    cmd.env("DLRM_MPI_WAIT", "spin").args([
+        "-n",
+        "2",
+        DLRM_RUN,
+        s(&plan),
+        "--comm",
+        "mpi",
+        "--iters",
+        "1",
+    ]);
+    let ran = run_with_timeout(cmd, TIMEOUT);
+    assert!(!ran.status.success());
+    assert!(
+        ran.stderr
+            .contains("DLRM_MPI_WAIT is \"spin\"; it takes `nap` (the default) or `block`"),
         "{}",
         ran.stderr
     );

@@ -135,7 +135,7 @@ impl MpiComm {
                 chunk: Vec::new(),
                 spare: Vec::new(),
             }),
-            wait: Wait::from_env(),
+            wait: Wait::from_env()?,
             _universe: universe,
         })
     }
@@ -200,10 +200,16 @@ const SPIN: Duration = Duration::from_micros(50);
 const NAP_MAX: Duration = Duration::from_micros(200);
 
 impl Wait {
-    fn from_env() -> Wait {
-        match std::env::var("DLRM_MPI_WAIT").as_deref() {
-            Ok("block") => Wait::Block,
-            _ => Wait::Nap,
+    /// `DLRM_MPI_WAIT`: `nap` (the default, also when unset) or `block`; any
+    /// other value is an error naming it.
+    fn from_env() -> Result<Wait> {
+        match std::env::var_os("DLRM_MPI_WAIT") {
+            None => Ok(Wait::Nap),
+            Some(v) if v == "nap" => Ok(Wait::Nap),
+            Some(v) if v == "block" => Ok(Wait::Block),
+            Some(v) => Err(RuntimeError::Mpi {
+                reason: format!("DLRM_MPI_WAIT is {v:?}; it takes `nap` (the default) or `block`"),
+            }),
         }
     }
 }
