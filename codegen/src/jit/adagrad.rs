@@ -194,9 +194,9 @@ pub(crate) fn update_in_place(op: &Op, c: &mut CheckedMut<'_>) -> Option<KResult
         Op::Adagrad {
             lr,
             eps,
-            wd,
+            wd: 0.0,
             rowwise,
-        } if wd == 0.0 => {
+        } => {
             let (ps, rest) = c.split();
             let [g] = *rest else { return None };
             let Data::F32(gv) = &g.data else { return None };
