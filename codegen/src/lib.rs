@@ -31,8 +31,6 @@ pub mod update;
 
 pub use jit::{Jit, JitError, JitOptions, KernelChoice};
 pub use kernels::{
-    Hyper, KernelError, Rows, adagrad_in_place, embedding_update_adagrad_in_place,
-    embedding_update_in_place, sgd_in_place, sparse_adagrad_in_place, sparse_sgd_in_place,
-    split_embedding_update_in_place, split_sgd_in_place, try_eval, try_eval_instance,
+    Hyper, KernelError, Rows, sgd_in_place, sparse_sgd_in_place, try_eval, try_eval_instance,
 };
-pub use update::{in_place_operands, update_in_place};
+pub use update::{in_place_operands, update_in_place, update_in_place_instance};

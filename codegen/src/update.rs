@@ -11,14 +11,18 @@
 //! [`in_place_operands`]: 2 for the Split-SGD-BF16 ops, whose operands 0 and 1 are
 //! the high and low halves, and for the Adagrad ops, whose operands 0 and 1 are the
 //! weight and its accumulator; else 1); they are modified in place and are the op's
-//! `k` results. Every kernel validates all operands (shapes, dtypes, every index,
-//! offsets) before writing: on error the parameters are unchanged. A
-//! `sparse_sgd` / `sparse_adagrad` given the bounds of a `last_offset` bag is
+//! `k` results. The operands are checked against the update's [`NodeInstance`]
+//! ([`NodeInstance::bind_mut`]: shapes and dtypes verified once by the op's shape
+//! rule, each buffer's length per call); every kernel then validates the data
+//! (every index, offsets) before writing: on error the parameters are
+//! unchanged. A `sparse_sgd` / `sparse_adagrad` given the bounds of a
+//! `last_offset` bag is
 //! applied to the indices inside them only ([`dlrm_ir::interp::narrow_to_bags`]).
 
 use crate::jit::{self, JitOptions};
-use crate::kernels::{self, Hyper, KResult, KernelError, Rows};
-use dlrm_ir::{Op, Tensor};
+use crate::kernels::{self, Hyper, KResult, KernelError, Rows, instance_err};
+use dlrm_ir::{CheckedMut, Dim, NodeInstance, Op, Tensor, TensorType};
+use std::collections::HashMap;
 
 /// How many leading operands of `op` are updated in place (and are its results);
 /// `None` for an op that is not an in-place update ([`Op::in_place_operands`]).
@@ -30,127 +34,141 @@ pub fn in_place_operands(op: &Op) -> Option<usize> {
 /// given the remaining operands `rest`. `jit`: use JIT kernels where there are
 /// some (`None`: reference kernels only). `None` when `op` is not an in-place
 /// update or the counts do not fit it (the caller uses the interpreter).
+///
+/// A call outside a plan: the op's instance for these operands is verified first
+/// ([`NodeInstance::of_operands`]); a plan that keeps its instances calls
+/// [`update_in_place_instance`].
 pub fn update_in_place(
     op: &Op,
     params: &mut [Tensor],
     rest: &[&Tensor],
     jit: Option<&JitOptions>,
 ) -> Option<KResult<()>> {
-    let k = in_place_operands(op)?;
-    if params.len() != k {
+    if in_place_operands(op)? != params.len() {
         return None;
     }
-    if let (Op::SparseSgd { .. } | Op::SparseAdagrad { .. }, [idx, g, bounds]) = (op, rest) {
+    match instance_of(op, params, rest) {
+        Ok(inst) => update_in_place_instance(&inst, None, params, rest, jit),
+        Err(reason) => Some(Err(instance_err(op, reason))),
+    }
+}
+
+/// The instance of the update `op` for these operands: its results are the
+/// parameters, of their own types.
+fn instance_of(op: &Op, params: &[Tensor], rest: &[&Tensor]) -> Result<NodeInstance, String> {
+    let all: Vec<&Tensor> = params.iter().chain(rest.iter().copied()).collect();
+    let outs: Vec<TensorType> = params
+        .iter()
+        .map(|t| TensorType::new(t.dtype(), t.shape.iter().map(|&d| Dim::Fixed(d))))
+        .collect();
+    NodeInstance::of_operands(op, &all, &outs, &HashMap::new())
+}
+
+/// [`update_in_place`] with the update node's verified instance (built once per
+/// symbol binding): the parameters and operands are checked against it
+/// ([`NodeInstance::bind_mut`], the one check of each call), then the kernel runs
+/// on the checked operands without re-deriving the op's shape rule. `lr`: the
+/// step's learning rate, replacing the op's ([`Op::with_lr`]).
+///
+/// A `sparse_sgd` / `sparse_adagrad` given the bounds of a `last_offset` bag is
+/// applied to the indices inside them only: the operands are checked against
+/// the instance as given, then narrowed to the bags
+/// ([`dlrm_ir::interp::narrow_to_bags`]: the bounds are data, so the narrowed
+/// indices' length differs per call), and the narrowed call verifies its own
+/// instance ([`NodeInstance::of_operands`], per call: three operands).
+pub fn update_in_place_instance(
+    inst: &NodeInstance,
+    lr: Option<f32>,
+    params: &mut [Tensor],
+    rest: &[&Tensor],
+    jit: Option<&JitOptions>,
+) -> Option<KResult<()>> {
+    let op = match lr {
+        Some(lr) => inst.op().with_lr(lr),
+        None => inst.op().clone(),
+    };
+    if in_place_operands(&op)? != params.len() {
+        return None;
+    }
+    let mut c = match inst.bind_mut(params, rest) {
+        Ok(c) => c,
+        Err(reason) => return Some(Err(instance_err(&op, reason))),
+    };
+    if let (Op::SparseSgd { .. } | Op::SparseAdagrad { .. }, [idx, g, bounds]) = (&op, rest) {
         // A `last_offset` bag's bounds: only the indices the bag reads are
         // applied (the others are checked by no one and touch no row).
-        return match dlrm_ir::interp::narrow_to_bags(idx, g, bounds) {
-            Ok((i, g)) => update_in_place(op, params, &[&i, &g], jit),
-            Err(reason) => Some(Err(KernelError::Shape {
-                op: op.mnemonic(),
-                reason,
-            })),
+        let (i, g) = match dlrm_ir::interp::narrow_to_bags(idx, g, bounds) {
+            Ok(narrowed) => narrowed,
+            Err(reason) => return Some(Err(instance_err(&op, reason))),
         };
+        let narrowed = match instance_of(&op, params, &[&i, &g]) {
+            Ok(n) => n,
+            Err(reason) => return Some(Err(instance_err(&op, reason))),
+        };
+        return update_in_place_instance(&narrowed, None, params, &[&i, &g], jit);
     }
-    let arity = |allowed: &[usize]| -> KResult<()> {
-        if allowed.contains(&(rest.len() + k)) {
-            Ok(())
-        } else {
-            Err(KernelError::Shape {
-                op: op.mnemonic(),
-                reason: format!("takes {allowed:?} operands, got {}", rest.len() + k),
-            })
-        }
-    };
     if jit.is_some()
-        && let Some(r) = jit::sparse::update_in_place(op, params, rest)
-            .or_else(|| jit::adagrad::update_in_place(op, params, rest))
+        && let Some(r) = jit::sparse::update_in_place(&op, &mut c)
+            .or_else(|| jit::adagrad::update_in_place(&op, &mut c))
     {
         return Some(r);
     }
-    Some(match (op, params) {
-        (Op::Sgd { lr }, [w]) => arity(&[2]).and_then(|()| kernels::sgd_in_place(w, rest[0], *lr)),
-        (Op::SplitSgd { lr }, [hi, lo]) => {
-            arity(&[3]).and_then(|()| kernels::split_sgd_in_place(hi, lo, rest[0], *lr))
+    reference(&op, &mut c)
+}
+
+/// The update `op` on checked operands with the reference kernels (`None`: not
+/// an update with a reference kernel).
+fn reference(op: &Op, c: &mut CheckedMut<'_>) -> Option<KResult<()>> {
+    use kernels::{adagrad, optim};
+    let rows = rows_of(op);
+    Some(match *op {
+        Op::Sgd { lr } => optim::sgd(c, lr),
+        Op::SplitSgd { lr } => optim::split_sgd(c, lr),
+        Op::SparseSgd { lr } | Op::SparseSgdRows { lr, .. } => optim::sparse_sgd(c, rows, lr),
+        Op::EmbeddingUpdate { mode, lr } | Op::EmbeddingUpdateRows { mode, lr, .. } => {
+            optim::embedding_update(c, rows, mode, lr)
         }
-        (Op::SparseSgd { lr } | Op::SparseSgdRows { lr, .. }, [t]) => arity(&[3])
-            .and_then(|()| kernels::sparse_sgd_in_place(t, rows_of(op), rest[0], rest[1], *lr)),
-        (Op::EmbeddingUpdate { mode, lr } | Op::EmbeddingUpdateRows { mode, lr, .. }, [t]) => {
-            arity(&[3, 4]).and_then(|()| {
-                kernels::embedding_update_in_place(
-                    t,
-                    rows_of(op),
-                    *mode,
-                    rest[0],
-                    rest[1],
-                    rest.get(2).copied(),
-                    *lr,
-                )
-            })
+        Op::SplitEmbeddingUpdate { mode, lr } | Op::SplitEmbeddingUpdateRows { mode, lr, .. } => {
+            optim::split_embedding_update(c, rows, mode, lr)
         }
-        (
-            Op::SplitEmbeddingUpdate { mode, lr } | Op::SplitEmbeddingUpdateRows { mode, lr, .. },
-            [hi, lo],
-        ) => arity(&[4, 5]).and_then(|()| {
-            kernels::split_embedding_update_in_place(
-                hi,
-                lo,
-                rows_of(op),
-                *mode,
-                rest[0],
-                rest[1],
-                rest.get(2).copied(),
-                *lr,
-            )
-        }),
-        (
-            &Op::Adagrad {
-                lr,
-                eps,
-                wd,
-                rowwise,
-            },
-            [w, acc],
-        ) => arity(&[3]).and_then(|()| {
-            kernels::adagrad_in_place(w, acc, rest[0], Hyper { lr, eps, rowwise }, wd)
-        }),
-        (&Op::SparseAdagrad { lr, eps, rowwise }, [t, acc]) => arity(&[4]).and_then(|()| {
-            kernels::sparse_adagrad_in_place(
-                t,
-                acc,
-                Rows::All,
-                rest[0],
-                rest[1],
-                Hyper { lr, eps, rowwise },
-            )
-        }),
-        (
-            &Op::EmbeddingUpdateAdagrad {
-                mode,
-                lr,
-                eps,
-                rowwise,
-            }
-            | &Op::EmbeddingUpdateAdagradRows {
-                mode,
-                lr,
-                eps,
-                rowwise,
-                ..
-            },
-            [t, acc],
-        ) => arity(&[4, 5]).and_then(|()| {
-            kernels::embedding_update_adagrad_in_place(
-                t,
-                acc,
-                rows_of(op),
-                mode,
-                rest[0],
-                rest[1],
-                rest.get(2).copied(),
-                Hyper { lr, eps, rowwise },
-            )
-        }),
+        Op::Adagrad {
+            lr,
+            eps,
+            wd,
+            rowwise,
+        } => adagrad::adagrad(c, Hyper { lr, eps, rowwise }, wd),
+        Op::SparseAdagrad { lr, eps, rowwise } => {
+            let h = Hyper { lr, eps, rowwise };
+            adagrad::sparse_adagrad(c, Rows::All, h, &adagrad::reference_row(h))
+        }
+        Op::EmbeddingUpdateAdagrad {
+            mode,
+            lr,
+            eps,
+            rowwise,
+        }
+        | Op::EmbeddingUpdateAdagradRows {
+            mode,
+            lr,
+            eps,
+            rowwise,
+            ..
+        } => {
+            let h = Hyper { lr, eps, rowwise };
+            adagrad::embedding_update_adagrad(c, rows, mode, h, &adagrad::reference_row(h))
+        }
         _ => return None,
+    })
+}
+
+/// [`update_in_place`] with the reference kernels, for the public single-update
+/// wrappers ([`kernels::sgd_in_place`], [`kernels::sparse_sgd_in_place`]).
+pub(crate) fn reference_in_place(op: &Op, params: &mut [Tensor], rest: &[&Tensor]) -> KResult<()> {
+    update_in_place(op, params, rest, None).unwrap_or_else(|| {
+        Err(KernelError::Shape {
+            op: op.mnemonic(),
+            reason: format!("no in-place kernel for {} parameters", params.len()),
+        })
     })
 }
 

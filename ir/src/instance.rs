@@ -267,6 +267,112 @@ impl<'a> Checked<'a> {
     }
 }
 
+/// In-place updates: the parameters updated in place are checked as operands
+/// too, so an update's kernel reads its dims from the instance like any other.
+impl NodeInstance {
+    /// [`NodeInstance::bind`] for an in-place update: `params` are the op's
+    /// leading operands that the update writes ([`Op::in_place_operands`] of
+    /// them), `rest` the others. The same one check of each call: the counts,
+    /// each operand's dtype and shape, and that each buffer holds exactly its
+    /// shape's element count. Errors name the op and the operand.
+    pub fn bind_mut<'a>(
+        &'a self,
+        params: &'a mut [Tensor],
+        rest: &[&'a Tensor],
+    ) -> Result<CheckedMut<'a>, String> {
+        let name = self.op.mnemonic();
+        if self.op.in_place_operands() != Some(params.len()) {
+            return Err(format!(
+                "`{name}`: {} parameters given to update in place, the op updates {}",
+                params.len(),
+                self.op.in_place_operands().unwrap_or(0)
+            ));
+        }
+        if params.len() + rest.len() != self.ins.len() {
+            return Err(format!(
+                "`{name}`: {} operands given, the instance has {}",
+                params.len() + rest.len(),
+                self.ins.len()
+            ));
+        }
+        let all = params.iter().chain(rest.iter().copied());
+        for (i, (t, c)) in all.zip(&self.ins).enumerate() {
+            self.check_operand(i, t, c)?;
+        }
+        Ok(CheckedMut {
+            inst: self,
+            params,
+            rest: rest.to_vec(),
+        })
+    }
+
+    /// Operand `i` against its concrete type `c` (dtype, shape, buffer length).
+    fn check_operand(&self, i: usize, t: &Tensor, c: &Concrete) -> Result<(), String> {
+        let name = self.op.mnemonic();
+        if t.dtype() != c.dtype || t.shape != c.shape {
+            return Err(format!(
+                "`{name}`: operand {i} is {}{:?}, the instance has {}{:?}",
+                t.dtype(),
+                t.shape,
+                c.dtype,
+                c.shape
+            ));
+        }
+        let len = stored_len(t);
+        if len != c.numel() {
+            return Err(format!(
+                "`{name}`: operand {i} holds {len} elements for shape {:?}",
+                t.shape
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The operands of an in-place update checked against a [`NodeInstance`]
+/// ([`NodeInstance::bind_mut`]): the parameters it writes (operands
+/// `0..params().len()`) and the others, each of the instance's dtype and shape,
+/// each buffer exactly its element count. Kernels read dims from here without
+/// checking them again.
+#[derive(Debug)]
+pub struct CheckedMut<'a> {
+    inst: &'a NodeInstance,
+    params: &'a mut [Tensor],
+    rest: Vec<&'a Tensor>,
+}
+
+impl<'a> CheckedMut<'a> {
+    /// The instance the operands were checked against.
+    pub fn instance(&self) -> &'a NodeInstance {
+        self.inst
+    }
+
+    /// The op's mnemonic (for error messages).
+    pub fn name(&self) -> &'static str {
+        self.inst.op.mnemonic()
+    }
+
+    /// The shape of operand `i` (parameters first, then the others).
+    pub fn in_shape(&self, i: usize) -> &'a [usize] {
+        &self.inst.ins[i].shape
+    }
+
+    /// The parameters (read only).
+    pub fn params(&self) -> &[Tensor] {
+        &*self.params
+    }
+
+    /// The operands that are not updated.
+    pub fn rest(&self) -> &[&'a Tensor] {
+        &self.rest
+    }
+
+    /// The parameters to write and the other operands, at once.
+    pub fn split(&mut self) -> (&mut [Tensor], &[&'a Tensor]) {
+        (&mut *self.params, &self.rest)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

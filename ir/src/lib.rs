@@ -31,7 +31,7 @@ pub use error::{IrError, Result};
 pub use graph::{Def, Graph, Node, Update, Value, ValueId};
 pub use infer::{infer, interaction_width};
 pub use init::{Blocking, Described, Init, OnDemand, ParamValue, Part, RowSource};
-pub use instance::{Checked, Concrete, NodeInstance, stored_len};
+pub use instance::{Checked, CheckedMut, Concrete, NodeInstance, stored_len};
 pub use local_group::{AllReduceAlgo, LocalComm, LocalGroup, SMALL_ALLREDUCE};
 pub use op::{
     A2aDir, Act, Attr, BinaryKind, InteractionKind, MNEMONICS, Op, Pool, State, gemm_flops,

@@ -22,14 +22,13 @@
 
 use super::clif::{flags, for_range};
 use super::{Jit, JitError};
-use crate::kernels::adagrad::{Hyper, embedding_update_adagrad_with, sparse_adagrad_with, state};
-use crate::kernels::optim::check_consistent;
-use crate::kernels::{KResult, KernelError, shape_err};
+use crate::kernels::adagrad::{Hyper, embedding_update_adagrad, sparse_adagrad, state};
+use crate::kernels::{KResult, KernelError};
 use crate::update::rows_of;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
 use dlrm_ir::interp::adagrad_row_acc;
-use dlrm_ir::{Data, Op, Tensor};
+use dlrm_ir::{CheckedMut, Data, Op, Tensor};
 use rayon::prelude::*;
 
 /// What an Adagrad kernel is specialised on.
@@ -152,27 +151,16 @@ fn jit_row(op: &'static str, jit: &Jit, h: Hyper) -> KResult<impl RowUpdate> {
 const CHUNK: usize = 1 << 15;
 
 /// `adagrad` (no weight decay, f32 gradient) with the JIT kernel.
-fn dense(w: &mut Tensor, acc: &mut Tensor, g: &Tensor, h: Hyper, jit: &Jit) -> KResult<()> {
+/// The operands are checked ([`CheckedMut`]): `g` (f32, the caller's match) is
+/// shaped like `w`.
+fn dense(ps: &mut [Tensor], gv: &[f32], h: Hyper, jit: &Jit) -> KResult<()> {
     const OP: &str = "adagrad";
-    if w.shape != g.shape {
-        return Err(shape_err(
-            OP,
-            format!("weight {:?} and gradient {:?} differ", w.shape, g.shape),
-        ));
-    }
-    check_consistent(OP, "gradient", g)?;
-    let Data::F32(gv) = &g.data else {
-        return Err(KernelError::DType {
-            op: OP,
-            reason: format!("gradient must be f32, got {}", g.dtype()),
-        });
-    };
     let k = jit
         .adagrad(AdagradSpec {
             given_den: h.rowwise,
         })
         .map_err(jit_err(OP))?;
-    let (w, a, d) = state(OP, w, acc, h.rowwise)?;
+    let (w, a, d) = state(OP, ps)?;
     if h.rowwise {
         if d == 0 {
             return Ok(());
@@ -196,66 +184,43 @@ fn dense(w: &mut Tensor, acc: &mut Tensor, g: &Tensor, h: Hyper, jit: &Jit) -> K
     Ok(())
 }
 
-/// The Adagrad update `op` with JIT kernels (`None`: not an Adagrad op, weight
-/// decay, or a non-f32 gradient; the caller runs the reference kernel). Same
-/// contract as [`crate::update::update_in_place`].
-pub(crate) fn update_in_place(
-    op: &Op,
-    params: &mut [Tensor],
-    rest: &[&Tensor],
-) -> Option<KResult<()>> {
+/// The Adagrad update `op` on checked operands with JIT kernels (`None`: not an
+/// Adagrad op, weight decay, or a non-f32 gradient; the caller runs the
+/// reference kernel). Same contract as [`crate::update::update_in_place`].
+pub(crate) fn update_in_place(op: &Op, c: &mut CheckedMut<'_>) -> Option<KResult<()>> {
     let jit = Jit::global().ok()?;
-    match (op, params, rest) {
-        (
-            &Op::Adagrad {
-                lr,
-                eps,
-                wd,
-                rowwise,
-            },
-            [w, acc],
-            [g],
-        ) if wd == 0.0 && matches!(g.data, Data::F32(_)) => {
-            Some(dense(w, acc, g, Hyper { lr, eps, rowwise }, jit))
+    let row = |h: Hyper| jit_row(op.mnemonic(), jit, h);
+    match *op {
+        Op::Adagrad {
+            lr,
+            eps,
+            wd: 0.0,
+            rowwise,
+        } => {
+            let (ps, rest) = c.split();
+            let [g] = *rest else { return None };
+            let Data::F32(gv) = &g.data else { return None };
+            Some(dense(ps, gv, Hyper { lr, eps, rowwise }, jit))
         }
-        (&Op::SparseAdagrad { lr, eps, rowwise }, [t, acc], [idx, g]) => {
+        Op::SparseAdagrad { lr, eps, rowwise } => {
             let h = Hyper { lr, eps, rowwise };
-            Some(
-                jit_row("sparse_adagrad", jit, h)
-                    .and_then(|row| sparse_adagrad_with(t, acc, rows_of(op), idx, g, h, &row)),
-            )
+            Some(row(h).and_then(|row| sparse_adagrad(c, rows_of(op), h, &row)))
         }
-        (
-            &Op::EmbeddingUpdateAdagrad {
-                mode,
-                lr,
-                eps,
-                rowwise,
-            }
-            | &Op::EmbeddingUpdateAdagradRows {
-                mode,
-                lr,
-                eps,
-                rowwise,
-                ..
-            },
-            [t, acc],
-            [dy, idx, off @ ..],
-        ) if off.len() <= 1 => {
+        Op::EmbeddingUpdateAdagrad {
+            mode,
+            lr,
+            eps,
+            rowwise,
+        }
+        | Op::EmbeddingUpdateAdagradRows {
+            mode,
+            lr,
+            eps,
+            rowwise,
+            ..
+        } => {
             let h = Hyper { lr, eps, rowwise };
-            Some(jit_row(op.mnemonic(), jit, h).and_then(|row| {
-                embedding_update_adagrad_with(
-                    t,
-                    acc,
-                    rows_of(op),
-                    mode,
-                    dy,
-                    idx,
-                    off.first().copied(),
-                    h,
-                    &row,
-                )
-            }))
+            Some(row(h).and_then(|row| embedding_update_adagrad(c, rows_of(op), mode, h, &row)))
         }
         _ => None,
     }

@@ -389,27 +389,13 @@ pub(crate) fn embedding_bag(
     Some((|| {
         // Indices are validated against the whole table; a shard holds its
         // rows `first..first + stored`.
-        let total = rows.table_shape(op, &inputs[0].shape)?[0];
+        let total = rows.table_rows(stored);
         let first = rows.first();
         let idx = Indices::of(inputs[1]).ok_or_else(|| KernelError::DType {
             op,
             reason: format!("indices must be i64 or i32, got {}", inputs[1].dtype()),
         })?;
-        let (s, pooling, bounds) = if inputs.len() == 2 {
-            let [s, l] = dims_of::<2>(c, 1)?;
-            validate_indices(op, idx, total, Some(l), None)?;
-            (s, Some(l), Vec::new())
-        } else {
-            let n = idx.len();
-            let bounds = read_bounds(op, inputs[2], n, last_offset)?;
-            let s = bounds.len() - 1;
-            if last_offset {
-                validate_bag_indices(op, idx, total, &bounds)?;
-            } else {
-                validate_indices(op, idx, total, None, Some(&bounds[..s]))?;
-            }
-            (s, None, bounds)
-        };
+        let (s, pooling, bounds) = bags(op, c, idx, total, last_offset)?;
         let spec = BagSpec {
             d,
             table: tab_elt,
@@ -426,85 +412,155 @@ pub(crate) fn embedding_bag(
             reason: e.to_string(),
         })?;
         // Not zeroed: the kernel stores every column of every bag (an empty
-        // bag's zeros too), and the tasks below cover all `s` bags.
+        // bag's zeros too), and the tasks of `run_bags` cover all `s` bags.
         let mut fresh = Fresh::new(out, s * d);
-        if s > 0 && d > 0 {
-            let idx_ptr = match idx {
-                Indices::I64(v) => v.as_ptr().cast::<u8>(),
-                Indices::I32(v) => v.as_ptr().cast::<u8>(),
-            } as usize;
-            let row_bytes = d * tab_elt.size();
-            // Table row `r` at `tab + r·row_bytes`: `first` rows before a
-            // shard's storage (only its own rows are read or fetched).
-            let tab = (tab_ptr as usize).wrapping_sub(first * row_bytes);
-            let bnd = bounds.as_ptr() as usize;
-            let wts = weights.map_or(std::ptr::null(), <[f32]>::as_ptr) as usize;
-            let held = first..first + stored;
-            let sb = block_rows(s, 8, 256);
-            let f = k.f;
-            let runs = BagRuns {
-                pooling,
-                bounds: &bounds,
-            };
-            let sub = runs.per_call();
-            let go = |blk: usize, po: *mut u8, bags: usize| {
-                let s0 = blk * sb;
-                let end = s0 + bags;
+        let runs = BagRuns {
+            pooling,
+            bounds: &bounds,
+        };
+        // SAFETY: every index was validated against the table's `total` rows
+        // of `d` elements (`bags`), of which the storage at `tab_ptr` holds
+        // `first..first + stored` (stored·d elements, `Checked` above); the
+        // bags are the validated `s×L` indices or `bounds` (s+1 non-decreasing
+        // entries at most the indices' length, the indices between the first
+        // and the last validated); `weights`: one f32 per index (checked);
+        // `fresh` holds `s × d` elements of `out`.
+        unsafe {
+            run_bags(
+                k,
+                (&mut fresh, s),
+                (tab_ptr, first, stored),
+                idx,
+                &runs,
+                weights,
+            );
+        }
+        // SAFETY: every bag's row was written by its task's kernel calls
+        // (`run_bags`); with s = 0 or d = 0 the result is empty.
+        Ok(vec![unsafe { fresh.assume_init() }.tensor(vec![s, d])])
+    })())
+}
+
+/// The bags of an `embedding_bag` call on checked operands: their count, the
+/// fixed pooling `L` (indices `[S, L]`) or else the bounds read from the
+/// offsets (`S + 1` entries, `last_offset`: the offsets' own last one), the
+/// index values validated against the table's `total` rows (data: only the
+/// indices in a bag with `last_offset`).
+fn bags(
+    op: &'static str,
+    c: &Checked<'_>,
+    idx: Indices<'_>,
+    total: usize,
+    last_offset: bool,
+) -> KResult<(usize, Option<usize>, Vec<i64>)> {
+    let inputs = c.inputs();
+    if inputs.len() == 2 {
+        let [s, l] = dims_of::<2>(c, 1)?;
+        validate_indices(op, idx, total, Some(l), None)?;
+        return Ok((s, Some(l), Vec::new()));
+    }
+    let n = idx.len();
+    let bounds = read_bounds(op, inputs[2], n, last_offset)?;
+    let s = bounds.len() - 1;
+    if last_offset {
+        validate_bag_indices(op, idx, total, &bounds)?;
+    } else {
+        validate_indices(op, idx, total, None, Some(&bounds[..s]))?;
+    }
+    Ok((s, None, bounds))
+}
+
+/// Runs the bag kernel `k` on the `s` bags of `runs` into `fresh` (`s × d`
+/// elements of the kernel's result type), in blocks of bags, one rayon task
+/// each, prefetching each call's table rows while the previous call runs.
+///
+/// # Safety
+///
+/// `tab` holds the table rows `first..first + stored` of `d` elements of the
+/// kernel's table type; every index of every bag of `runs` was validated
+/// against the whole table, and the kernel reads only the rows in that range;
+/// `runs` (fixed pooling over `s·L` indices, or `s + 1` non-decreasing bounds
+/// at most the indices' length) describes `idx`; `weights`, with a weighted
+/// kernel, holds one f32 per index; `fresh` holds `s × d` elements.
+unsafe fn run_bags(
+    k: BagKernel,
+    (fresh, s): (&mut Fresh, usize),
+    (tab_ptr, first, stored): (*const u8, usize, usize),
+    idx: Indices<'_>,
+    runs: &BagRuns<'_>,
+    weights: Option<&[f32]>,
+) {
+    let (d, tab_elt, out) = (k.spec.d, k.spec.table, k.spec.out);
+    // Not zeroed: the kernel stores every column of every bag (an empty
+    // bag's zeros too), and the tasks below cover all `s` bags.
+    if s > 0 && d > 0 {
+        let idx_ptr = match idx {
+            Indices::I64(v) => v.as_ptr().cast::<u8>(),
+            Indices::I32(v) => v.as_ptr().cast::<u8>(),
+        } as usize;
+        let row_bytes = d * tab_elt.size();
+        // Table row `r` at `tab + r·row_bytes`: `first` rows before a
+        // shard's storage (only its own rows are read or fetched).
+        let tab = (tab_ptr as usize).wrapping_sub(first * row_bytes);
+        let bnd = runs.bounds.as_ptr() as usize;
+        let wts = weights.map_or(std::ptr::null(), <[f32]>::as_ptr) as usize;
+        let held = first..first + stored;
+        let sb = block_rows(s, 8, 256);
+        let f = k.f;
+        let sub = runs.per_call();
+        let go = |blk: usize, po: *mut u8, bags: usize| {
+            let s0 = blk * sb;
+            let end = s0 + bags;
+            prefetch_rows(
+                tab,
+                row_bytes,
+                idx,
+                runs.positions(s0, (s0 + sub).min(end)),
+                held.clone(),
+            );
+            for b0 in (s0..end).step_by(sub) {
+                let b1 = (b0 + sub).min(end);
+                // The next call's rows are on their way while this one runs.
                 prefetch_rows(
                     tab,
                     row_bytes,
                     idx,
-                    runs.positions(s0, (s0 + sub).min(end)),
+                    runs.positions(b1, (b1 + sub).min(end)),
                     held.clone(),
                 );
-                for b0 in (s0..end).step_by(sub) {
-                    let b1 = (b0 + sub).min(end);
-                    // The next call's rows are on their way while this one runs.
-                    prefetch_rows(
-                        tab,
-                        row_bytes,
-                        idx,
-                        runs.positions(b1, (b1 + sub).min(end)),
-                        held.clone(),
-                    );
-                    // SAFETY: every index was validated against the table's
-                    // `total` rows of `d` elements, of which the storage holds
-                    // `first..first + stored` (stored·d elements, `Checked`
-                    // above; with a shard, the kernel reads only the rows in
-                    // that range, at `tab`, see above); fixed pooling: indices s·L..(s+1)·L of the
-                    // validated `s×L` indices; offsets: `bounds` holds s+1
-                    // non-decreasing entries at most the indices' length
-                    // (read_bounds), the indices between the first and the
-                    // last validated (validate_bag_indices); weighted: one f32 weight per index
-                    // (checked). `po` is this task's own `bags × d` chunk of
-                    // the result, bag b0's row at `(b0 - s0)·d`.
-                    unsafe {
-                        f(
-                            tab as *const u8,
-                            idx_ptr as *const u8,
-                            bnd as *const i64,
-                            po.add((b0 - s0) * d * out.size()),
-                            wts as *const f32,
-                            b0 as i64,
-                            b1 as i64,
-                            first as i64,
-                            stored as i64,
-                        )
-                    }
+                // SAFETY: every index was validated against the table's
+                // `total` rows of `d` elements, of which the storage holds
+                // `first..first + stored` (stored·d elements, `Checked`
+                // above; with a shard, the kernel reads only the rows in
+                // that range, at `tab`, see above); fixed pooling: indices s·L..(s+1)·L of the
+                // validated `s×L` indices; offsets: `bounds` holds s+1
+                // non-decreasing entries at most the indices' length
+                // (read_bounds), the indices between the first and the
+                // last validated (validate_bag_indices); weighted: one f32 weight per index
+                // (checked). `po` is this task's own `bags × d` chunk of
+                // the result, bag b0's row at `(b0 - s0)·d`.
+                unsafe {
+                    f(
+                        tab as *const u8,
+                        idx_ptr as *const u8,
+                        bnd as *const i64,
+                        po.add((b0 - s0) * d * out.size()),
+                        wts as *const f32,
+                        b0 as i64,
+                        b1 as i64,
+                        first as i64,
+                        stored as i64,
+                    )
                 }
-            };
-            fresh
-                .buf()
-                .chunks(sb * d)
-                .into_par_iter()
-                .enumerate()
-                .for_each(|(blk, mut ch)| go(blk, ch.as_mut_ptr(), ch.len() / d));
-        }
-        let _ = k.spec;
-        // SAFETY: every bag's row was written by its task's kernel calls (see
-        // above); with s = 0 or d = 0 the result is empty.
-        Ok(vec![unsafe { fresh.assume_init() }.tensor(vec![s, d])])
-    })())
+            }
+        };
+        fresh
+            .buf()
+            .chunks(sb * d)
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(blk, mut ch)| go(blk, ch.as_mut_ptr(), ch.len() / d));
+    }
 }
 
 /// `embedding_bag_grad` with a JIT kernel (`None`: non-float `dy` or result).

@@ -352,159 +352,48 @@ fn emit_backward_loops(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value],
     let (d, f) = (spec.d, spec.f);
     let (ed, eo, ex) = (spec.dr.size(), spec.out.size(), spec.elt(0));
     let width = spec.width();
-    let self_i = spec.self_interaction;
     for_range(b, s0, s1, 1, &mut |b, s| {
         let drow = at(b, dr, s, (width * ed) as i64);
-        // Row pointer of operand k (run time) for this sample.
-        let row_of = |b: &mut FunctionBuilder<'_>, base: Value, k: Value, size: usize| {
-            let off = b.ins().ishl_imm_u(k, 3);
-            let addr = b.ins().iadd(base, off);
-            let p = b.ins().load(types::I64, flags(), addr, 0);
-            at(b, p, s, (d * size) as i64)
-        };
-        // `dr` column of pair (hi, lo): D + hi(hi∓1)/2 + lo.
-        let col_of = |b: &mut FunctionBuilder<'_>, hi: Value, lo: Value| {
-            let n = if self_i {
-                b.ins().iadd_imm_s(hi, 1)
-            } else {
-                b.ins().iadd_imm_s(hi, -1)
-            };
-            let t = b.ins().imul(hi, n);
-            let t = b.ins().ushr_imm_u(t, 1);
-            let t = b.ins().iadd(t, lo);
-            b.ins().iadd_imm_s(t, d as i64)
+        let row = LoopRow {
+            spec,
+            ops,
+            drow,
+            s,
+            e,
         };
         // dT_i for operand i (run time; `first`: i = 0, with dr's passthrough).
         let operand = |b: &mut FunctionBuilder<'_>, i: Value, first: bool| {
-            let g = row_of(b, grads, i, eo);
+            let g = row.row_of(b, grads, i, eo);
             let ei = if first { ex } else { e };
-            let ti = row_of(b, ops, i, ei.size());
+            let ti = row.row_of(b, ops, i, ei.size());
             let x = {
                 let z = b.ins().iconst(types::I64, 0);
-                row_of(b, ops, z, ex.size())
+                row.row_of(b, ops, z, ex.size())
             };
             let one = b.ins().iconst(types::I64, 1);
             let fv = b.ins().iconst(types::I64, f as i64);
             let i1 = b.ins().iadd_imm_s(i, 1);
-            // Columns [c0, c0 + cols) at byte offsets `off(size)`.
-            let chunk = |b: &mut FunctionBuilder<'_>, c: Option<Value>, c0: usize, cols: usize| {
-                let off = |b: &mut FunctionBuilder<'_>, p: Value, size: usize| match c {
-                    Some(c) => at(b, p, c, (CC * size) as i64),
-                    None => b.ins().iadd_imm_s(p, (c0 * size) as i64),
-                };
-                let nv = cols / 4;
-                let zf = b.ins().f32const(0.0);
-                let zv = b.ins().splat(types::F32X4, zf);
-                let dp = off(b, drow, ed);
-                let accs: Vec<Variable> = (0..nv)
-                    .map(|v| {
-                        let init = if first {
-                            load_f32x4(b, spec.dr, dp, (4 * v * ed) as i32)
-                        } else {
-                            zv
-                        };
-                        var(b, types::F32X4, init)
-                    })
-                    .collect();
-                let saccs: Vec<Variable> = (4 * nv..cols)
-                    .map(|q| {
-                        let init = if first {
-                            load_f32(b, spec.dr, dp, (q * ed) as i32)
-                        } else {
-                            zf
-                        };
-                        var(b, types::F32, init)
-                    })
-                    .collect();
-                // acc += coef · T_k[chunk] (T_k's row at `tk`, element type `ek`).
-                let add = |b: &mut FunctionBuilder<'_>, coef: Value, tk: Value, ek: Elt| {
-                    let tk = off(b, tk, ek.size());
-                    let cv = b.ins().splat(types::F32X4, coef);
-                    for (v, &a) in accs.iter().enumerate() {
-                        let xk = load_f32x4(b, ek, tk, (4 * v * ek.size()) as i32);
-                        let acc = b.use_var(a);
-                        let nacc = b.ins().fma(cv, xk, acc);
-                        b.def_var(a, nacc);
-                    }
-                    for (q, &a) in saccs.iter().enumerate() {
-                        let xk = load_f32(b, ek, tk, ((4 * nv + q) * ek.size()) as i32);
-                        let m = b.ins().fmul(coef, xk);
-                        let acc = b.use_var(a);
-                        let nacc = b.ins().fadd(acc, m);
-                        b.def_var(a, nacc);
-                    }
-                };
-                let coef_at = |b: &mut FunctionBuilder<'_>, col: Value| {
-                    let o = b.ins().imul_imm_s(col, ed as i64);
-                    let a = b.ins().iadd(drow, o);
-                    load_f32(b, spec.dr, a, 0)
-                };
-                // The partners in ascending order (the unrolled kernel's and
-                // the AVX-512 kernel's order: the same sums bit for bit).
-                // The diagonal: 2·dZ_ii · T_i.
-                let diagonal = |b: &mut FunctionBuilder<'_>| {
-                    let col = col_of(b, i, i);
-                    let c1 = coef_at(b, col);
-                    let two = b.ins().f32const(2.0);
-                    let coef = b.ins().fmul(two, c1);
-                    add(b, coef, ti, ei);
-                };
-                if first {
-                    if self_i {
-                        diagonal(b);
-                    }
-                    // Partners k = 1..F of operand 0: pairs (k, 0).
-                    let zero = b.ins().iconst(types::I64, 0);
-                    for_range(b, one, fv, 1, &mut |b, k| {
-                        let col = col_of(b, k, zero);
-                        let coef = coef_at(b, col);
-                        let tk = row_of(b, ops, k, e.size());
-                        add(b, coef, tk, e);
-                    });
-                } else {
-                    // Partner 0 (x): pair (i, 0).
-                    let zero = b.ins().iconst(types::I64, 0);
-                    let col = col_of(b, i, zero);
-                    let coef = coef_at(b, col);
-                    add(b, coef, x, ex);
-                    // Partners 1 <= k < i: pairs (i, k).
-                    for_range(b, one, i, 1, &mut |b, k| {
-                        let col = col_of(b, i, k);
-                        let coef = coef_at(b, col);
-                        let tk = row_of(b, ops, k, e.size());
-                        add(b, coef, tk, e);
-                    });
-                    if self_i {
-                        diagonal(b);
-                    }
-                }
-                if !first {
-                    // Partners i < k < F: pairs (k, i).
-                    for_range(b, i1, fv, 1, &mut |b, k| {
-                        let col = col_of(b, k, i);
-                        let coef = coef_at(b, col);
-                        let tk = row_of(b, ops, k, e.size());
-                        add(b, coef, tk, e);
-                    });
-                }
-                let gp = off(b, g, eo);
-                for (v, &a) in accs.iter().enumerate() {
-                    let val = b.use_var(a);
-                    store_f32x4(b, spec.out, val, gp, (4 * v * eo) as i32);
-                }
-                for (q, &a) in saccs.iter().enumerate() {
-                    let val = b.use_var(a);
-                    store_f32(b, spec.out, val, gp, ((4 * nv + q) * eo) as i32);
-                }
+            let opd = LoopOperand {
+                i,
+                first,
+                g,
+                ti,
+                ei,
+                x,
+                one,
+                fv,
+                i1,
             };
             let full = d / CC;
             if full > 0 {
                 let zero = b.ins().iconst(types::I64, 0);
                 let end = b.ins().iconst(types::I64, full as i64);
-                for_range(b, zero, end, 1, &mut |b, c| chunk(b, Some(c), 0, CC));
+                for_range(b, zero, end, 1, &mut |b, c| {
+                    backward_chunk(b, &row, &opd, (Some(c), 0, CC));
+                });
             }
             if !d.is_multiple_of(CC) {
-                chunk(b, None, full * CC, d % CC);
+                backward_chunk(b, &row, &opd, (None, full * CC, d % CC));
             }
         };
         let zero = b.ins().iconst(types::I64, 0);
@@ -513,6 +402,181 @@ fn emit_backward_loops(b: &mut FunctionBuilder<'_>, spec: &DotSpec, p: &[Value],
         let fv = b.ins().iconst(types::I64, f as i64);
         for_range(b, one, fv, 1, &mut |b, i| operand(b, i, false));
     });
+}
+
+/// One sample of [`emit_backward_loops`]: the spec, the operands' pointer
+/// table `ops`, the sample `s` and its `dr` row `drow`; operands `1..F` are of
+/// element type `e`.
+struct LoopRow<'s> {
+    spec: &'s DotSpec,
+    ops: Value,
+    drow: Value,
+    s: Value,
+    e: Elt,
+}
+
+impl LoopRow<'_> {
+    /// Row pointer of operand k (run time) for this sample.
+    fn row_of(&self, b: &mut FunctionBuilder<'_>, base: Value, k: Value, size: usize) -> Value {
+        let off = b.ins().ishl_imm_u(k, 3);
+        let addr = b.ins().iadd(base, off);
+        let p = b.ins().load(types::I64, flags(), addr, 0);
+        at(b, p, self.s, (self.spec.d * size) as i64)
+    }
+
+    /// `dr` column of pair (hi, lo): D + hi(hi∓1)/2 + lo.
+    fn col_of(&self, b: &mut FunctionBuilder<'_>, hi: Value, lo: Value) -> Value {
+        let n = if self.spec.self_interaction {
+            b.ins().iadd_imm_s(hi, 1)
+        } else {
+            b.ins().iadd_imm_s(hi, -1)
+        };
+        let t = b.ins().imul(hi, n);
+        let t = b.ins().ushr_imm_u(t, 1);
+        let t = b.ins().iadd(t, lo);
+        b.ins().iadd_imm_s(t, self.spec.d as i64)
+    }
+
+    /// `dZ` at `dr` column `col` of this sample.
+    fn coef_at(&self, b: &mut FunctionBuilder<'_>, col: Value) -> Value {
+        let o = b.ins().imul_imm_s(col, self.spec.dr.size() as i64);
+        let a = b.ins().iadd(self.drow, o);
+        load_f32(b, self.spec.dr, a, 0)
+    }
+}
+
+/// Operand `i` of one sample in [`emit_backward_loops`] (`first`: operand 0):
+/// its gradient row `g`, its row `ti` (element type `ei`), operand 0's row `x`,
+/// and the constants 1, `F` and `i + 1`.
+struct LoopOperand {
+    i: Value,
+    first: bool,
+    g: Value,
+    ti: Value,
+    ei: Elt,
+    x: Value,
+    one: Value,
+    fv: Value,
+    i1: Value,
+}
+
+/// Columns `[c0, c0 + cols)` of operand `o`'s gradient (chunk `c` of
+/// [`CC`] columns when given, at run time): accumulated over its partners in
+/// ascending order, then stored.
+fn backward_chunk(
+    b: &mut FunctionBuilder<'_>,
+    row: &LoopRow<'_>,
+    o: &LoopOperand,
+    (c, c0, cols): (Option<Value>, usize, usize),
+) {
+    let (spec, e, ops) = (row.spec, row.e, row.ops);
+    let (ed, eo, ex) = (spec.dr.size(), spec.out.size(), spec.elt(0));
+    let (i, first) = (o.i, o.first);
+    // Byte offsets of the chunk's columns in a row of elements of `size`.
+    let off = |b: &mut FunctionBuilder<'_>, p: Value, size: usize| match c {
+        Some(c) => at(b, p, c, (CC * size) as i64),
+        None => b.ins().iadd_imm_s(p, (c0 * size) as i64),
+    };
+    let nv = cols / 4;
+    let zf = b.ins().f32const(0.0);
+    let zv = b.ins().splat(types::F32X4, zf);
+    let dp = off(b, row.drow, ed);
+    let accs: Vec<Variable> = (0..nv)
+        .map(|v| {
+            let init = if first {
+                load_f32x4(b, spec.dr, dp, (4 * v * ed) as i32)
+            } else {
+                zv
+            };
+            var(b, types::F32X4, init)
+        })
+        .collect();
+    let saccs: Vec<Variable> = (4 * nv..cols)
+        .map(|q| {
+            let init = if first {
+                load_f32(b, spec.dr, dp, (q * ed) as i32)
+            } else {
+                zf
+            };
+            var(b, types::F32, init)
+        })
+        .collect();
+    // acc += coef · T_k[chunk] (T_k's row at `tk`, element type `ek`).
+    let add = |b: &mut FunctionBuilder<'_>, coef: Value, tk: Value, ek: Elt| {
+        let tk = off(b, tk, ek.size());
+        let cv = b.ins().splat(types::F32X4, coef);
+        for (v, &a) in accs.iter().enumerate() {
+            let xk = load_f32x4(b, ek, tk, (4 * v * ek.size()) as i32);
+            let acc = b.use_var(a);
+            let nacc = b.ins().fma(cv, xk, acc);
+            b.def_var(a, nacc);
+        }
+        for (q, &a) in saccs.iter().enumerate() {
+            let xk = load_f32(b, ek, tk, ((4 * nv + q) * ek.size()) as i32);
+            let m = b.ins().fmul(coef, xk);
+            let acc = b.use_var(a);
+            let nacc = b.ins().fadd(acc, m);
+            b.def_var(a, nacc);
+        }
+    };
+    // The partners in ascending order (the unrolled kernel's and the AVX-512
+    // kernel's order: the same sums bit for bit).
+    // The diagonal: 2·dZ_ii · T_i.
+    let diagonal = |b: &mut FunctionBuilder<'_>| {
+        let col = row.col_of(b, i, i);
+        let c1 = row.coef_at(b, col);
+        let two = b.ins().f32const(2.0);
+        let coef = b.ins().fmul(two, c1);
+        add(b, coef, o.ti, o.ei);
+    };
+    let self_i = spec.self_interaction;
+    if first {
+        if self_i {
+            diagonal(b);
+        }
+        // Partners k = 1..F of operand 0: pairs (k, 0).
+        let zero = b.ins().iconst(types::I64, 0);
+        for_range(b, o.one, o.fv, 1, &mut |b, k| {
+            let col = row.col_of(b, k, zero);
+            let coef = row.coef_at(b, col);
+            let tk = row.row_of(b, ops, k, e.size());
+            add(b, coef, tk, e);
+        });
+    } else {
+        // Partner 0 (x): pair (i, 0).
+        let zero = b.ins().iconst(types::I64, 0);
+        let col = row.col_of(b, i, zero);
+        let coef = row.coef_at(b, col);
+        add(b, coef, o.x, ex);
+        // Partners 1 <= k < i: pairs (i, k).
+        for_range(b, o.one, i, 1, &mut |b, k| {
+            let col = row.col_of(b, i, k);
+            let coef = row.coef_at(b, col);
+            let tk = row.row_of(b, ops, k, e.size());
+            add(b, coef, tk, e);
+        });
+        if self_i {
+            diagonal(b);
+        }
+    }
+    if !first {
+        // Partners i < k < F: pairs (k, i).
+        for_range(b, o.i1, o.fv, 1, &mut |b, k| {
+            let col = row.col_of(b, k, i);
+            let coef = row.coef_at(b, col);
+            let tk = row.row_of(b, ops, k, e.size());
+            add(b, coef, tk, e);
+        });
+    }
+    let gp = off(b, o.g, eo);
+    for (v, &a) in accs.iter().enumerate() {
+        let val = b.use_var(a);
+        store_f32x4(b, spec.out, val, gp, (4 * v * eo) as i32);
+    }
+    for (q, &a) in saccs.iter().enumerate() {
+        let val = b.use_var(a);
+        store_f32(b, spec.out, val, gp, ((4 * nv + q) * eo) as i32);
+    }
 }
 
 pub(crate) fn compile(jit: &Jit, spec: DotSpec) -> Result<DotKernel, JitError> {
@@ -623,74 +687,115 @@ pub(crate) fn eval(
             op: name,
             reason: e.to_string(),
         })?;
-        if !backward {
-            // Not zeroed: the kernel writes every element of its rows.
-            let mut fresh = Fresh::new(out, s * width);
-            if s > 0 && width > 0 {
-                let DotFn::Fwd(fun) = k.f else {
-                    return Err(shape_err(name, "internal: kernel direction".into()));
-                };
-                let base = fresh.buf().as_mut_ptr() as usize;
-                let ops = ptrs.as_ptr() as usize;
-                let eo = out.size();
-                (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
-                    let s0 = blk * sb;
-                    let s1 = (s0 + sb).min(s);
-                    // SAFETY: every operand holds s·d elements of its spec type
-                    // (checked above); the result holds s·width elements and this
-                    // task writes rows s0..s1 only, from its own row s0.
-                    unsafe {
-                        fun(
-                            ops as *const usize,
-                            (base as *mut u8).add(s0 * width * eo),
-                            s0 as i64,
-                            s1 as i64,
-                        )
-                    }
-                });
+        // SAFETY: `ptrs` are the `f` forward operands' buffers, each of
+        // `s·d` elements of its spec type, `inputs[0]` (backward) is `dr` of
+        // `s·width` (the node's instance verified the shapes, the bind the
+        // buffers' lengths), and `k` was compiled for `spec`.
+        unsafe {
+            match backward {
+                false => run_forward(k, &spec, &ptrs, s, sb),
+                true => run_backward(k, &spec, (&ptrs, inputs[0]), s, sb),
             }
-            let _ = k.spec;
-            // SAFETY: the tasks cover rows 0..s, each written whole (`x`, then
-            // every kept pair); empty if s·width = 0.
-            return Ok(vec![unsafe { fresh.assume_init() }.tensor(vec![s, width])]);
         }
-        // Not zeroed: the kernel writes every column of its rows of each.
-        let mut grads: Vec<Fresh> = (0..f).map(|_| Fresh::new(out, s * d)).collect();
-        if s > 0 && d > 0 {
-            let DotFn::Bwd(fun) = k.f else {
-                return Err(shape_err(name, "internal: kernel direction".into()));
-            };
-            let gptrs: Vec<usize> = grads
-                .iter_mut()
-                .map(|g| g.buf().as_mut_ptr() as usize)
-                .collect();
-            let ops = ptrs.as_ptr() as usize;
-            let gp = gptrs.as_ptr() as usize;
-            let drp = elt_of(inputs[0]).map_or(0, |(_, p)| p);
-            (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
-                let s0 = blk * sb;
-                let s1 = (s0 + sb).min(s);
-                // SAFETY: operands hold s·d elements, dr s·width, every gradient
-                // s·d (checked or allocated above); this task writes rows s0..s1 of
-                // each gradient only.
-                unsafe {
-                    fun(
-                        ops as *const usize,
-                        drp as *const u8,
-                        gp as *const usize,
-                        s0 as i64,
-                        s1 as i64,
-                    )
-                }
-            });
-        }
-        // SAFETY: the tasks cover rows 0..s of every gradient, each row written
-        // whole (all `d` columns); empty if s·d = 0.
-        Ok(grads
-            .into_iter()
-            .map(|g| unsafe { g.assume_init() }.tensor(vec![s, d]))
-            .collect())
     })())
+}
+
+/// The forward dot interaction with kernel `k` over `s` samples in blocks of
+/// `sb`.
+///
+/// # Safety
+///
+/// `ptrs` are the addresses of `spec.f` operands of `s·d` elements of their
+/// spec types each; `k` was compiled for `spec`.
+unsafe fn run_forward(
+    k: DotKernel,
+    spec: &DotSpec,
+    ptrs: &[usize],
+    s: usize,
+    sb: usize,
+) -> KResult<Vec<Tensor>> {
+    let (name, out, width) = ("interaction", spec.out, spec.width());
+    // Not zeroed: the kernel writes every element of its rows.
+    let mut fresh = Fresh::new(out, s * width);
+    if s > 0 && width > 0 {
+        let DotFn::Fwd(fun) = k.f else {
+            return Err(shape_err(name, "internal: kernel direction".into()));
+        };
+        let base = fresh.buf().as_mut_ptr() as usize;
+        let ops = ptrs.as_ptr() as usize;
+        let eo = out.size();
+        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
+            let s0 = blk * sb;
+            let s1 = (s0 + sb).min(s);
+            // SAFETY: every operand holds s·d elements of its spec type
+            // (the caller's contract); the result holds s·width elements and this
+            // task writes rows s0..s1 only, from its own row s0.
+            unsafe {
+                fun(
+                    ops as *const usize,
+                    (base as *mut u8).add(s0 * width * eo),
+                    s0 as i64,
+                    s1 as i64,
+                )
+            }
+        });
+    }
+    let _ = k.spec;
+    // SAFETY: the tasks cover rows 0..s, each written whole (`x`, then
+    // every kept pair); empty if s·width = 0.
+    Ok(vec![unsafe { fresh.assume_init() }.tensor(vec![s, width])])
+}
+
+/// The backward dot interaction with kernel `k` over `s` samples in blocks of
+/// `sb`.
+///
+/// # Safety
+///
+/// As [`run_forward`], and `dr` holds `s·width` elements of `spec.dr`.
+unsafe fn run_backward(
+    k: DotKernel,
+    spec: &DotSpec,
+    (ptrs, dr): (&[usize], &Tensor),
+    s: usize,
+    sb: usize,
+) -> KResult<Vec<Tensor>> {
+    let (name, out, d, f) = ("interaction_grad", spec.out, spec.d, spec.f);
+    // Not zeroed: the kernel writes every column of its rows of each.
+    let mut grads: Vec<Fresh> = (0..f).map(|_| Fresh::new(out, s * d)).collect();
+    if s > 0 && d > 0 {
+        let DotFn::Bwd(fun) = k.f else {
+            return Err(shape_err(name, "internal: kernel direction".into()));
+        };
+        let gptrs: Vec<usize> = grads
+            .iter_mut()
+            .map(|g| g.buf().as_mut_ptr() as usize)
+            .collect();
+        let ops = ptrs.as_ptr() as usize;
+        let gp = gptrs.as_ptr() as usize;
+        let drp = elt_of(dr).map_or(0, |(_, p)| p);
+        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
+            let s0 = blk * sb;
+            let s1 = (s0 + sb).min(s);
+            // SAFETY: operands hold s·d elements, dr s·width, every gradient
+            // s·d (checked or allocated above); this task writes rows s0..s1 of
+            // each gradient only.
+            unsafe {
+                fun(
+                    ops as *const usize,
+                    drp as *const u8,
+                    gp as *const usize,
+                    s0 as i64,
+                    s1 as i64,
+                )
+            }
+        });
+    }
+    // SAFETY: the tasks cover rows 0..s of every gradient, each row written
+    // whole (all `d` columns); empty if s·d = 0.
+    Ok(grads
+        .into_iter()
+        .map(|g| unsafe { g.assume_init() }.tensor(vec![s, d]))
+        .collect())
 }
 
 /// Whether the AVX-512 backward ([`native_dot`]) runs `spec`: the backward

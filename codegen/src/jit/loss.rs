@@ -39,9 +39,10 @@ use super::linear::elt_of;
 use super::{Jit, JitError};
 use crate::kernels::{KResult, KernelError};
 use cranelift_codegen::ir::condcodes::FloatCC;
-use cranelift_codegen::ir::{AbiParam, InstBuilder, types};
+use cranelift_codegen::ir::{AbiParam, FuncRef, InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
-use cranelift_module::{Linkage, Module};
+use cranelift_jit::JITModule;
+use cranelift_module::{FuncId, Linkage, Module};
 use dlrm_ir::{Checked, Data, Dim, Op, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
@@ -151,21 +152,7 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
         (GELU_SYMBOL, gelu as *const u8),
         (GELU_GRAD_SYMBOL, gelu_grad as *const u8),
     ])?;
-    let mut sig = module.make_signature();
-    sig.params.push(AbiParam::new(types::F32));
-    sig.returns.push(AbiParam::new(types::F32));
-    let [exp_id, log1p_id, ln_id, gelu_id] = [EXP_SYMBOL, LOG1P_SYMBOL, LN_SYMBOL, GELU_SYMBOL]
-        .map(|name| {
-            module
-                .declare_function(name, Linkage::Import, &sig)
-                .map_err(JitError::module)
-        });
-    let (exp_id, log1p_id, ln_id, gelu_id) = (exp_id?, log1p_id?, ln_id?, gelu_id?);
-    let mut sig2 = sig.clone();
-    sig2.params.push(AbiParam::new(types::F32));
-    let gelu_grad_id = module
-        .declare_function(GELU_GRAD_SYMBOL, Linkage::Import, &sig2)
-        .map_err(JitError::module)?;
+    let ids = declare_imports(&mut module)?;
     let f = jit.compile_fn(
         module,
         "loss",
@@ -173,21 +160,14 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
         &[types::I64, types::F32],
         |module, b, p| {
             let (pz, py, po, n, den) = (p[0], p[1], p[2], p[3], p[4]);
-            let exp = module.declare_func_in_func(exp_id, b.func);
-            let log1p = module.declare_func_in_func(log1p_id, b.func);
-            let ln = module.declare_func_in_func(ln_id, b.func);
-            let gelu = module.declare_func_in_func(gelu_id, b.func);
-            let gelu_grad = module.declare_func_in_func(gelu_grad_id, b.func);
-            let call = |b: &mut FunctionBuilder<'_>, f, x| {
-                let c = b.ins().call(f, &[x]);
-                b.inst_results(c)[0]
-            };
-            // `ln(v)` clamped below at -100 (NaN stays NaN).
-            let clamped_ln = |b: &mut FunctionBuilder<'_>, v| {
-                let l = call(b, ln, v);
-                let lo = b.ins().f32const(-100.0);
-                let below = b.ins().fcmp(FloatCC::LessThan, l, lo);
-                b.ins().select(below, lo, l)
+            let [exp, log1p, ln, gelu, gelu_grad] =
+                ids.map(|id| module.declare_func_in_func(id, b.func));
+            let calls = Calls {
+                exp,
+                log1p,
+                ln,
+                gelu,
+                gelu_grad,
             };
             let (ez, ey, eo) = (
                 spec.z.size() as i64,
@@ -198,13 +178,6 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
             let fzero = b.ins().f32const(0.0);
             let one = b.ins().f32const(1.0);
             let acc = var(b, types::F32, fzero);
-            // `1 / (1 + exp(-z))`.
-            let sigmoid = |b: &mut FunctionBuilder<'_>, z| {
-                let nz = b.ins().fneg(z);
-                let e = call(b, exp, nz);
-                let d = b.ins().fadd(one, e);
-                b.ins().fdiv(one, d)
-            };
             for_range(b, zero, n, 1, &mut |b, i| {
                 let a = b.ins().imul_imm_s(i, ez);
                 let a = b.ins().iadd(pz, a);
@@ -216,64 +189,7 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
                 } else {
                     fzero
                 };
-                let v = match spec.kind {
-                    LossKind::Sigmoid => sigmoid(b, z),
-                    LossKind::Gelu => call(b, gelu, z),
-                    LossKind::GeluGrad => {
-                        let c = b.ins().call(gelu_grad, &[z, y]);
-                        b.inst_results(c)[0]
-                    }
-                    LossKind::BceLogitsGrad => {
-                        let s = sigmoid(b, z);
-                        let t = b.ins().fsub(s, y);
-                        b.ins().fdiv(t, den)
-                    }
-                    LossKind::Mse => {
-                        let e = b.ins().fsub(z, y);
-                        b.ins().fmul(e, e)
-                    }
-                    LossKind::MseGrad => {
-                        // `2·(p - y) / denom`, in that order.
-                        let e = b.ins().fsub(z, y);
-                        let two = b.ins().f32const(2.0);
-                        let t = b.ins().fmul(two, e);
-                        b.ins().fdiv(t, den)
-                    }
-                    LossKind::BceLogits => {
-                        let pos = b.ins().fcmp(FloatCC::GreaterThan, z, fzero);
-                        let m = b.ins().select(pos, z, fzero);
-                        let zy = b.ins().fmul(z, y);
-                        let t = b.ins().fsub(m, zy);
-                        let az = b.ins().fabs(z);
-                        let naz = b.ins().fneg(az);
-                        let e = call(b, exp, naz);
-                        let l = call(b, log1p, e);
-                        b.ins().fadd(t, l)
-                    }
-                    LossKind::Bce => {
-                        // y·ln p + (1-y)·ln(1-p), z being the probability p.
-                        let lp = clamped_ln(b, z);
-                        let t1 = b.ins().fmul(y, lp);
-                        let q = b.ins().fsub(one, z);
-                        let lq = clamped_ln(b, q);
-                        let ny = b.ins().fsub(one, y);
-                        let t2 = b.ins().fmul(ny, lq);
-                        b.ins().fadd(t1, t2)
-                    }
-                    LossKind::BceGrad => {
-                        // (p - y) / max(p·(1-p), 1e-12) / denom; `f32::max`
-                        // gives 1e-12 for a NaN product, as `q > 1e-12 ? q :
-                        // 1e-12` does.
-                        let t = b.ins().fsub(z, y);
-                        let q = b.ins().fsub(one, z);
-                        let q = b.ins().fmul(z, q);
-                        let eps = b.ins().f32const(1e-12);
-                        let big = b.ins().fcmp(FloatCC::GreaterThan, q, eps);
-                        let m = b.ins().select(big, q, eps);
-                        let r = b.ins().fdiv(t, m);
-                        b.ins().fdiv(r, den)
-                    }
-                };
+                let v = element(b, spec.kind, calls, (z, y, den), (fzero, one));
                 if spec.kind.reduces() {
                     let a = b.use_var(acc);
                     let a = b.ins().fadd(a, v);
@@ -297,6 +213,131 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
     // SAFETY: generated with exactly this signature and the C call convention.
     let f: LossFn = unsafe { std::mem::transmute::<*const u8, LossFn>(f) };
     Ok(LossKernel { spec, f })
+}
+
+/// Declares the scalar functions a loss kernel imports in `module`: `exp`,
+/// `log1p`, `ln`, `gelu` (`f32 -> f32`) and `gelu_grad` (`(f32, f32) -> f32`).
+fn declare_imports(module: &mut JITModule) -> Result<[FuncId; 5], JitError> {
+    let mut sig = module.make_signature();
+    sig.params.push(AbiParam::new(types::F32));
+    sig.returns.push(AbiParam::new(types::F32));
+    let [exp_id, log1p_id, ln_id, gelu_id] = [EXP_SYMBOL, LOG1P_SYMBOL, LN_SYMBOL, GELU_SYMBOL]
+        .map(|name| {
+            module
+                .declare_function(name, Linkage::Import, &sig)
+                .map_err(JitError::module)
+        });
+    let (exp_id, log1p_id, ln_id, gelu_id) = (exp_id?, log1p_id?, ln_id?, gelu_id?);
+    let mut sig2 = sig.clone();
+    sig2.params.push(AbiParam::new(types::F32));
+    let gelu_grad_id = module
+        .declare_function(GELU_GRAD_SYMBOL, Linkage::Import, &sig2)
+        .map_err(JitError::module)?;
+    Ok([exp_id, log1p_id, ln_id, gelu_id, gelu_grad_id])
+}
+
+/// The imported scalar functions in the function being built.
+#[derive(Clone, Copy)]
+struct Calls {
+    exp: FuncRef,
+    log1p: FuncRef,
+    ln: FuncRef,
+    gelu: FuncRef,
+    gelu_grad: FuncRef,
+}
+
+impl Calls {
+    /// `f(x)`.
+    fn call(self, b: &mut FunctionBuilder<'_>, f: FuncRef, x: Value) -> Value {
+        let c = b.ins().call(f, &[x]);
+        b.inst_results(c)[0]
+    }
+
+    /// `ln(v)` clamped below at -100 (NaN stays NaN).
+    fn clamped_ln(self, b: &mut FunctionBuilder<'_>, v: Value) -> Value {
+        let l = self.call(b, self.ln, v);
+        let lo = b.ins().f32const(-100.0);
+        let below = b.ins().fcmp(FloatCC::LessThan, l, lo);
+        b.ins().select(below, lo, l)
+    }
+
+    /// `1 / (1 + exp(-z))` (`one`: the constant 1).
+    fn sigmoid(self, b: &mut FunctionBuilder<'_>, z: Value, one: Value) -> Value {
+        let nz = b.ins().fneg(z);
+        let e = self.call(b, self.exp, nz);
+        let d = b.ins().fadd(one, e);
+        b.ins().fdiv(one, d)
+    }
+}
+
+/// The value of `kind` at one element: prediction (or logit) `z`, label `y`,
+/// denominator `den` (read by the gradients); `fzero`, `one` the function's
+/// constants 0 and 1. Each formula is the interpreter's, operation for
+/// operation.
+fn element(
+    b: &mut FunctionBuilder<'_>,
+    kind: LossKind,
+    calls: Calls,
+    (z, y, den): (Value, Value, Value),
+    (fzero, one): (Value, Value),
+) -> Value {
+    match kind {
+        LossKind::Sigmoid => calls.sigmoid(b, z, one),
+        LossKind::Gelu => calls.call(b, calls.gelu, z),
+        LossKind::GeluGrad => {
+            let c = b.ins().call(calls.gelu_grad, &[z, y]);
+            b.inst_results(c)[0]
+        }
+        LossKind::BceLogitsGrad => {
+            let s = calls.sigmoid(b, z, one);
+            let t = b.ins().fsub(s, y);
+            b.ins().fdiv(t, den)
+        }
+        LossKind::Mse => {
+            let e = b.ins().fsub(z, y);
+            b.ins().fmul(e, e)
+        }
+        LossKind::MseGrad => {
+            // `2·(p - y) / denom`, in that order.
+            let e = b.ins().fsub(z, y);
+            let two = b.ins().f32const(2.0);
+            let t = b.ins().fmul(two, e);
+            b.ins().fdiv(t, den)
+        }
+        LossKind::BceLogits => {
+            let pos = b.ins().fcmp(FloatCC::GreaterThan, z, fzero);
+            let m = b.ins().select(pos, z, fzero);
+            let zy = b.ins().fmul(z, y);
+            let t = b.ins().fsub(m, zy);
+            let az = b.ins().fabs(z);
+            let naz = b.ins().fneg(az);
+            let e = calls.call(b, calls.exp, naz);
+            let l = calls.call(b, calls.log1p, e);
+            b.ins().fadd(t, l)
+        }
+        LossKind::Bce => {
+            // y·ln p + (1-y)·ln(1-p), z being the probability p.
+            let lp = calls.clamped_ln(b, z);
+            let t1 = b.ins().fmul(y, lp);
+            let q = b.ins().fsub(one, z);
+            let lq = calls.clamped_ln(b, q);
+            let ny = b.ins().fsub(one, y);
+            let t2 = b.ins().fmul(ny, lq);
+            b.ins().fadd(t1, t2)
+        }
+        LossKind::BceGrad => {
+            // (p - y) / max(p·(1-p), 1e-12) / denom; `f32::max` gives 1e-12
+            // for a NaN product, as `q > 1e-12 ? q : 1e-12` does.
+            let t = b.ins().fsub(z, y);
+            let q = b.ins().fsub(one, z);
+            let q = b.ins().fmul(z, q);
+            let eps = b.ins().f32const(1e-12);
+            let big = b.ins().fcmp(FloatCC::GreaterThan, q, eps);
+            let m = b.ins().select(big, q, eps);
+            let r = b.ins().fdiv(t, m);
+            b.ins().fdiv(r, den)
+        }
+    }
 }
 
 fn float_ptr(t: &Tensor) -> Option<(Elt, usize)> {

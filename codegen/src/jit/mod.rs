@@ -74,7 +74,7 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module};
-use dlrm_ir::{InteractionKind, NodeInstance, Op, Pool, Tensor, TensorType};
+use dlrm_ir::{Checked, InteractionKind, NodeInstance, Op, Pool, Tensor, TensorType};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
@@ -578,8 +578,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// then the interpreter). Same contract as [`crate::try_eval`]: errors (shapes,
 /// out-of-range indices naming the sample) are found before any output exists.
 /// The op's instance for these operands is verified first
-/// ([`NodeInstance::of_operands`]); a plan that keeps its instances calls
-/// [`try_eval_instance`].
+/// ([`NodeInstance::of_operands`], only for an op with a JIT kernel); a plan
+/// that keeps its instances calls [`try_eval_instance`].
 pub fn try_eval(
     op: &Op,
     inputs: &[&Tensor],
@@ -587,56 +587,19 @@ pub fn try_eval(
     syms: &HashMap<String, usize>,
     opts: &JitOptions,
 ) -> Option<KResult<Vec<Tensor>>> {
-    if !covers(op) {
-        return None;
-    }
-    match NodeInstance::of_operands(op, inputs, out_types, syms) {
-        Ok(inst) => try_eval_instance(&inst, inputs, out_types, syms, opts),
-        Err(reason) => Some(Err(crate::kernels::instance_err(op, reason))),
-    }
-}
-
-/// Does a JIT kernel exist for `op` (for some dtypes)?
-fn covers(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Linear { .. }
-            | Op::LinearDx
-            | Op::LinearDw
-            | Op::LinearDb
-            | Op::Brgemm { .. }
-            | Op::BrgemmDgrad { .. }
-            | Op::BrgemmWgrad { .. }
-            | Op::EmbeddingBag { .. }
-            | Op::EmbeddingBagWeighted
-            | Op::EmbeddingBagRows { .. }
-            | Op::EmbeddingGradDense { .. }
-            | Op::EmbeddingBagGrad { .. }
-            | Op::Relu
-            | Op::ReluGrad
-            | Op::SigmoidGrad
-            | Op::Add
-            | Op::Interaction { .. }
-            | Op::InteractionGrad { .. }
-            | Op::BlockAct { .. }
-            | Op::UnblockAct { .. }
-            | Op::BceLogits { .. }
-            | Op::BceLogitsGrad { .. }
-            | Op::Bce { .. }
-            | Op::BceGrad { .. }
-            | Op::Mse { .. }
-            | Op::MseGrad { .. }
-            | Op::Sigmoid
-            | Op::Gelu
-            | Op::GeluGrad
-    )
+    let slot = std::cell::OnceCell::new();
+    dispatch(op, out_types, syms, opts, || {
+        let inst = NodeInstance::of_operands(op, inputs, out_types, syms)
+            .map_err(|reason| crate::kernels::instance_err(op, reason))?;
+        crate::kernels::bind(slot.get_or_init(|| inst), inputs)
+    })
 }
 
 /// [`try_eval`] with the node's verified instance (built once per symbol
 /// binding). The operands are checked against it first ([`NodeInstance::bind`]:
 /// dtypes, shapes and every buffer's length, the one check of the call in front
 /// of the generated code); the kernels then take the
-/// [`Checked`](dlrm_ir::Checked) operands.
+/// [`Checked`] operands.
 pub fn try_eval_instance(
     inst: &NodeInstance,
     inputs: &[&Tensor],
@@ -644,47 +607,63 @@ pub fn try_eval_instance(
     syms: &HashMap<String, usize>,
     opts: &JitOptions,
 ) -> Option<KResult<Vec<Tensor>>> {
-    let op = inst.op();
-    if !covers(op) {
-        return None;
+    dispatch(inst.op(), out_types, syms, opts, || {
+        crate::kernels::bind(inst, inputs)
+    })
+}
+
+/// The JIT kernel of `op` on the operands `bind` checks, called only for an op
+/// that has one (`None`: no JIT kernel for this op or these dtypes, or no JIT on
+/// this machine). Its match is the one list of the ops the JIT covers.
+fn dispatch<'a>(
+    op: &Op,
+    out_types: &[TensorType],
+    syms: &HashMap<String, usize>,
+    opts: &JitOptions,
+    bind: impl FnOnce() -> KResult<Checked<'a>>,
+) -> Option<KResult<Vec<Tensor>>> {
+    // `$c`: the checked operands and `$jit` the JIT (bound and fetched here, so
+    // only for an op with a kernel).
+    macro_rules! checked {
+        (($jit:ident, $c:ident) => $run:expr) => {{
+            let $jit = Jit::global().ok()?;
+            let $c = match bind() {
+                Ok(c) => c,
+                Err(e) => return Some(Err(e)),
+            };
+            let $c = &$c;
+            $run
+        }};
     }
-    let jit = match Jit::global() {
-        Ok(j) => j,
-        Err(_) => return None,
-    };
-    let c = match inst.bind(inputs) {
-        Ok(c) => c,
-        Err(reason) => return Some(Err(crate::kernels::instance_err(op, reason))),
-    };
     let res = match op {
-        Op::Linear { act } => linear::linear(jit, opts, *act, &c, out_types),
-        Op::LinearDx => linear::linear_dx(jit, opts, &c, out_types),
-        Op::LinearDw => linear::linear_dw(jit, opts, &c, out_types),
-        Op::LinearDb => reduce::linear_db(jit, &c, out_types),
+        Op::Linear { act } => checked!((jit, c) => linear::linear(jit, opts, *act, c, out_types)),
+        Op::LinearDx => checked!((jit, c) => linear::linear_dx(jit, opts, c, out_types)),
+        Op::LinearDw => checked!((jit, c) => linear::linear_dw(jit, opts, c, out_types)),
+        Op::LinearDb => checked!((jit, c) => reduce::linear_db(jit, c, out_types)),
         Op::Brgemm { .. } | Op::BrgemmDgrad { .. } | Op::BrgemmWgrad { .. } => {
-            brgemm::eval(jit, opts, &c, out_types)
+            checked!((jit, c) => brgemm::eval(jit, opts, c, out_types))
         }
-        Op::EmbeddingBag { mode, last_offset } => {
-            embedding::embedding_bag(jit, (*mode, false, *last_offset), Rows::All, &c, out_types)
-        }
-        Op::EmbeddingBagWeighted => {
-            embedding::embedding_bag(jit, (Pool::Sum, true, false), Rows::All, &c, out_types)
-        }
-        Op::EmbeddingBagRows { mode, lo, rows } => {
+        Op::EmbeddingBag { mode, last_offset } => checked!((jit, c) => {
+            embedding::embedding_bag(jit, (*mode, false, *last_offset), Rows::All, c, out_types)
+        }),
+        Op::EmbeddingBagWeighted => checked!((jit, c) => {
+            embedding::embedding_bag(jit, (Pool::Sum, true, false), Rows::All, c, out_types)
+        }),
+        Op::EmbeddingBagRows { mode, lo, rows } => checked!((jit, c) => {
             let shard = Rows::Shard {
                 first: *lo,
                 total: *rows,
             };
-            embedding::embedding_bag(jit, (*mode, false, false), shard, &c, out_types)
-        }
-        Op::EmbeddingGradDense { mode, rows } => {
-            sparse::embedding_grad_dense(jit, *mode, *rows, &c, out_types)
-        }
-        Op::EmbeddingBagGrad { mode, last_offset } => {
-            embedding::embedding_bag_grad(jit, (*mode, *last_offset), &c, out_types)
-        }
+            embedding::embedding_bag(jit, (*mode, false, false), shard, c, out_types)
+        }),
+        Op::EmbeddingGradDense { mode, rows } => checked!((jit, c) => {
+            sparse::embedding_grad_dense(jit, *mode, *rows, c, out_types)
+        }),
+        Op::EmbeddingBagGrad { mode, last_offset } => checked!((jit, c) => {
+            embedding::embedding_bag_grad(jit, (*mode, *last_offset), c, out_types)
+        }),
         Op::Relu | Op::ReluGrad | Op::SigmoidGrad | Op::Add => {
-            elementwise::eval(jit, &c, out_types)
+            checked!((jit, c) => elementwise::eval(jit, c, out_types))
         }
         Op::Interaction {
             kind: InteractionKind::Cat,
@@ -695,9 +674,9 @@ pub fn try_eval_instance(
             ..
         }
         | Op::BlockAct { .. }
-        | Op::UnblockAct { .. } => layout::eval(jit, &c, out_types),
+        | Op::UnblockAct { .. } => checked!((jit, c) => layout::eval(jit, c, out_types)),
         Op::Interaction { .. } | Op::InteractionGrad { .. } => {
-            interaction::eval(jit, opts, &c, out_types)
+            checked!((jit, c) => interaction::eval(jit, opts, c, out_types))
         }
         Op::BceLogits { .. }
         | Op::BceLogitsGrad { .. }
@@ -707,7 +686,7 @@ pub fn try_eval_instance(
         | Op::MseGrad { .. }
         | Op::Sigmoid
         | Op::Gelu
-        | Op::GeluGrad => loss::eval(jit, &c, out_types, syms),
+        | Op::GeluGrad => checked!((jit, c) => loss::eval(jit, c, out_types, syms)),
         _ => None,
     }?;
     Some(res.and_then(|outs| crate::kernels::check_results(op, outs, out_types, syms)))

@@ -33,15 +33,15 @@ use super::embedding::{BagRuns, prefetch_rows};
 use super::gemm::Elt;
 use super::{Jit, JitError};
 use crate::kernels::optim::{
-    Grad, GradRows, SparsePlan, check_consistent, embedding_update_plan, embedding_update_plan_of,
-    grad_of, op_name, sparse_sgd_plan_of, split_pair,
+    Grad, GradRows, SparsePlan, bag_operands, embedding_update_plan, embedding_update_plan_of,
+    grad_of, sparse_sgd_plan_of, split_pair,
 };
-use crate::kernels::{Indices, KResult, KernelError, shape_err};
+use crate::kernels::{Indices, KResult, KernelError};
 use crate::update::rows_of;
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
-use dlrm_ir::{Checked, DType, Data, Op, Pool, Tensor, TensorType};
+use dlrm_ir::{Checked, CheckedMut, DType, Data, Op, Pool, Tensor, TensorType};
 use rayon::prelude::*;
 
 /// Parameter storage of an update kernel.
@@ -537,7 +537,7 @@ pub(crate) fn embedding_grad_dense(
     };
     Some((|| {
         let (dy, idx, off) = (inputs[0], inputs[1], inputs.get(2).copied());
-        let plan = embedding_update_plan(OP, &[rows, d], mode, dy, idx, off)?;
+        let plan = embedding_update_plan(OP, [rows, d], mode, dy, idx, off)?;
         let mut grad = vec![0.0f32; rows * d];
         let p = grad.as_mut_ptr().cast::<u8>();
         run_sparse(jit, OP, Store::F32, p, p, &plan, -1.0)?;
@@ -545,113 +545,76 @@ pub(crate) fn embedding_grad_dense(
     })())
 }
 
-/// The update `op` on `params` with a JIT kernel (`None`: no JIT kernel for this
-/// op or storage; the caller runs the reference kernel). Same contract as
-/// [`crate::update::update_in_place`].
-pub(crate) fn update_in_place(
-    op: &Op,
-    params: &mut [Tensor],
-    rest: &[&Tensor],
-) -> Option<KResult<()>> {
+/// The update `op` on checked operands with a JIT kernel (`None`: no JIT kernel
+/// for this op or storage; the caller runs the reference kernel). Same contract
+/// as [`crate::update::update_in_place`]; the instance verified the shapes and
+/// dtypes, the bind each buffer's length ([`dlrm_ir::NodeInstance::bind_mut`]),
+/// the plans check the index values and offsets.
+pub(crate) fn update_in_place(op: &Op, c: &mut CheckedMut<'_>) -> Option<KResult<()>> {
     let jit = Jit::global().ok()?;
-    match (op, params, rest) {
-        (Op::SparseSgd { lr } | Op::SparseSgdRows { lr, .. }, [t], [idx, g]) => {
-            let Data::F32(_) = t.data else { return None };
-            Some((|| {
-                let rows = rows_of(op);
-                let op = op_name(rows, "sparse_sgd", "sparse_sgd_rows");
-                check_consistent(op, "table", t)?;
-                let plan = sparse_sgd_plan_of(op, rows, &t.shape, idx, g)?;
-                let Data::F32(w) = &mut t.data else {
-                    unreachable!("checked above")
-                };
-                let p = w.as_mut_ptr().cast::<u8>();
-                run_sparse(jit, op, Store::F32, p, p, &plan, *lr)
-            })())
+    let name = c.name();
+    let rows = rows_of(op);
+    let (ps, rest) = c.split();
+    match (op, ps, rest) {
+        (Op::SparseSgd { lr } | Op::SparseSgdRows { lr, .. }, [t], &[idx, g]) => {
+            let shape = t.shape.clone();
+            let Data::F32(w) = &mut t.data else {
+                return None;
+            };
+            Some(
+                sparse_sgd_plan_of(name, rows, &shape, idx, g).and_then(|plan| {
+                    let p = w.as_mut_ptr().cast::<u8>();
+                    run_sparse(jit, name, Store::F32, p, p, &plan, *lr)
+                }),
+            )
         }
         (
             Op::EmbeddingUpdate { mode, lr } | Op::EmbeddingUpdateRows { mode, lr, .. },
             [t],
-            [dy, idx, off @ ..],
-        ) if off.len() <= 1 => {
-            let Data::F32(_) = t.data else { return None };
+            rest,
+        ) => {
+            let shape = t.shape.clone();
+            let Data::F32(w) = &mut t.data else {
+                return None;
+            };
             Some((|| {
-                let rows = rows_of(op);
-                let op = op_name(rows, "embedding_update", "embedding_update_rows");
-                check_consistent(op, "table", t)?;
-                let plan = embedding_update_plan_of(
-                    op,
-                    rows,
-                    &t.shape,
-                    *mode,
-                    dy,
-                    idx,
-                    off.first().copied(),
-                )?;
-                let Data::F32(w) = &mut t.data else {
-                    unreachable!("checked above")
-                };
+                let (dy, idx, off) = bag_operands(name, rest)?;
+                let plan = embedding_update_plan_of(name, rows, &shape, *mode, dy, idx, off)?;
                 let p = w.as_mut_ptr().cast::<u8>();
-                run_sparse(jit, op, Store::F32, p, p, &plan, *lr)
+                run_sparse(jit, name, Store::F32, p, p, &plan, *lr)
             })())
         }
         (
             Op::SplitEmbeddingUpdate { mode, lr } | Op::SplitEmbeddingUpdateRows { mode, lr, .. },
-            [hi, lo],
-            [dy, idx, off @ ..],
-        ) if off.len() <= 1 => Some((|| {
-            let rows = rows_of(op);
-            let op = op_name(
-                rows,
-                "split_embedding_update",
-                "split_embedding_update_rows",
-            );
-            let (shape, h, l) = split_pair(op, hi, lo)?;
-            let plan =
-                embedding_update_plan_of(op, rows, shape, *mode, dy, idx, off.first().copied())?;
+            ps,
+            rest,
+        ) => Some((|| {
+            let (dy, idx, off) = bag_operands(name, rest)?;
+            let (shape, h, l) = split_pair(name, ps)?;
+            let plan = embedding_update_plan_of(name, rows, shape, *mode, dy, idx, off)?;
             let (hp, lp) = (h.as_mut_ptr().cast::<u8>(), l.as_mut_ptr().cast::<u8>());
-            run_sparse(jit, op, Store::Split, hp, lp, &plan, *lr)
+            run_sparse(jit, name, Store::Split, hp, lp, &plan, *lr)
         })()),
-        (Op::Sgd { lr }, [w], [g]) => {
-            let st = match w.data {
-                Data::F32(_) => Store::F32,
-                Data::BF16(_) => Store::BF16,
+        (Op::Sgd { lr }, [w], &[g]) => {
+            let st = match w.dtype() {
+                DType::F32 => Store::F32,
+                DType::BF16 => Store::BF16,
                 _ => return None,
             };
-            Some((|| {
-                const OP: &str = "sgd";
-                if w.shape != g.shape {
-                    return Err(shape_err(
-                        OP,
-                        format!("weight {:?} and gradient {:?} differ", w.shape, g.shape),
-                    ));
-                }
-                check_consistent(OP, "weight", w)?;
-                check_consistent(OP, "gradient", g)?;
-                let gr = grad_of(OP, g)?;
-                let n = w.numel();
-                let p = match &mut w.data {
-                    Data::F32(v) => v.as_mut_ptr().cast::<u8>(),
-                    Data::BF16(v) => v.as_mut_ptr().cast::<u8>(),
-                    _ => unreachable!("checked above"),
-                };
-                run_dense(jit, OP, st, p, p, n, gr, *lr)
-            })())
+            let n = w.numel();
+            let p = match &mut w.data {
+                Data::F32(v) => v.as_mut_ptr().cast::<u8>(),
+                Data::BF16(v) => v.as_mut_ptr().cast::<u8>(),
+                _ => return None,
+            };
+            Some(grad_of(name, g).and_then(|gr| run_dense(jit, name, st, p, p, n, gr, *lr)))
         }
-        (Op::SplitSgd { lr }, [hi, lo], [g]) => Some((|| {
-            const OP: &str = "split_sgd";
-            let (shape, h, l) = split_pair(OP, hi, lo)?;
-            if shape != &g.shape[..] {
-                return Err(shape_err(
-                    OP,
-                    format!("weight {shape:?} and gradient {:?} differ", g.shape),
-                ));
-            }
-            check_consistent(OP, "gradient", g)?;
-            let gr = grad_of(OP, g)?;
+        (Op::SplitSgd { lr }, ps, &[g]) => Some((|| {
+            let gr = grad_of(name, g)?;
+            let (_, h, l) = split_pair(name, ps)?;
             let n = h.len();
             let (hp, lp) = (h.as_mut_ptr().cast::<u8>(), l.as_mut_ptr().cast::<u8>());
-            run_dense(jit, OP, Store::Split, hp, lp, n, gr, *lr)
+            run_dense(jit, name, Store::Split, hp, lp, n, gr, *lr)
         })()),
         _ => None,
     }

@@ -14,17 +14,18 @@
 //!   [`adagrad_row_acc`], [`adagrad_step1`]): results are bitwise equal to the
 //!   interpreter's.
 //!
-//! All validate everything (shapes, dtypes, every index, offsets) before writing:
-//! on error the parameters are unchanged. Adagrad state is f32; a bf16 table or
-//! weight is refused ("not supported yet").
+//! All take their operands checked against the update's instance
+//! ([`CheckedMut`]: shapes and dtypes verified once by the op's shape rule, which
+//! refuses a bf16 table or weight, "not supported yet") and check only data
+//! (every index, offsets), before writing: on error the parameters are unchanged.
 
 use super::optim::{
-    Grad, Rows, SparsePlan, check_consistent, embedding_update_plan_of, grad_of, gval, op_name,
+    Grad, Rows, SparsePlan, bag_operands, embedding_update_plan_of, grad_of, gval, operands,
     sparse_sgd_plan_of,
 };
-use super::{Elem, KResult, KernelError, shape_err};
+use super::{Elem, KResult, internal_in};
 use dlrm_ir::interp::{adagrad_acc1, adagrad_row_acc, adagrad_step1};
-use dlrm_ir::{Data, Pool, Tensor};
+use dlrm_ir::{CheckedMut, Data, Pool, Tensor};
 use rayon::prelude::*;
 
 /// Elements per task of the dense update.
@@ -41,75 +42,32 @@ pub struct Hyper {
     pub rowwise: bool,
 }
 
-/// The f32 storage of a weight or table and of its accumulator, checked to fit:
-/// `acc` shaped like `w`, or `[R]` for a row-wise `w[R, D]`.
+/// The f32 storage of a checked weight or table and of its accumulator (`acc`
+/// shaped like `w`, or `[R]` for a row-wise `w[R, D]`: the op's shape rule), and
+/// the row width `D` (the last dim; 1 for a scalar).
 pub(crate) fn state<'a>(
     op: &'static str,
-    w: &'a mut Tensor,
-    acc: &'a mut Tensor,
-    rowwise: bool,
+    ps: &'a mut [Tensor],
 ) -> KResult<(&'a mut [f32], &'a mut [f32], usize)> {
-    check_consistent(op, "weight", w)?;
-    check_consistent(op, "accumulator", acc)?;
-    let d = if rowwise {
-        let [r, d] = w.shape[..] else {
-            return Err(shape_err(
-                op,
-                format!("a row-wise weight must have rank 2, got {:?}", w.shape),
-            ));
-        };
-        if acc.shape != [r] {
-            return Err(shape_err(
-                op,
-                format!(
-                    "row-wise accumulator {:?} must be [{r}] for weight {:?}",
-                    acc.shape, w.shape
-                ),
-            ));
-        }
-        d
-    } else {
-        if acc.shape != w.shape {
-            return Err(shape_err(
-                op,
-                format!(
-                    "accumulator {:?} and weight {:?} differ",
-                    acc.shape, w.shape
-                ),
-            ));
-        }
-        w.shape.last().copied().unwrap_or(1)
+    let [w, acc] = ps else {
+        return Err(internal_in(op, &format!("{} parameters", ps.len())));
     };
-    let (wd, ad) = (w.dtype(), acc.dtype());
+    let d = w.shape.last().copied().unwrap_or(1);
     match (&mut w.data, &mut acc.data) {
         (Data::F32(w), Data::F32(a)) => Ok((w, a, d)),
-        _ => Err(KernelError::DType {
-            op,
-            reason: format!(
-                "adagrad state must be f32 (bf16 is not supported yet), got weight {wd} and accumulator {ad}"
-            ),
-        }),
+        _ => Err(internal_in(op, "the state's dtypes")),
     }
 }
 
-/// `adagrad {lr, eps, wd, rowwise}(w, acc, g)` in place.
-pub fn adagrad_in_place(
-    w: &mut Tensor,
-    acc: &mut Tensor,
-    g: &Tensor,
-    h: Hyper,
-    wd: f32,
-) -> KResult<()> {
+/// `adagrad {lr, eps, wd, rowwise}(w, acc, g)` in place on checked operands.
+pub(crate) fn adagrad(c: &mut CheckedMut<'_>, h: Hyper, wd: f32) -> KResult<()> {
     const OP: &str = "adagrad";
-    if w.shape != g.shape {
-        return Err(shape_err(
-            OP,
-            format!("weight {:?} and gradient {:?} differ", w.shape, g.shape),
-        ));
-    }
-    check_consistent(OP, "gradient", g)?;
+    let (ps, rest) = c.split();
+    let [g] = *rest else {
+        return Err(internal_in(OP, "1 gradient"));
+    };
     let grad = grad_of(OP, g)?;
-    let (w, a, d) = state(OP, w, acc, h.rowwise)?;
+    let (w, a, d) = state(OP, ps)?;
     fn go<G: Elem>(w: &mut [f32], a: &mut [f32], g: &[G], h: Hyper, wd: f32, d: usize) {
         let grad = |w: f32, g: G| {
             let g = g.load();
@@ -159,7 +117,7 @@ pub fn adagrad_in_place(
 pub(crate) type RowFn<'a> = &'a (dyn Fn(&mut [f32], &mut [f32], &[f32]) + Sync);
 
 /// The reference row update (the interpreter's scalar functions).
-fn reference_row(h: Hyper) -> impl Fn(&mut [f32], &mut [f32], &[f32]) + Sync {
+pub(crate) fn reference_row(h: Hyper) -> impl Fn(&mut [f32], &mut [f32], &[f32]) + Sync {
     move |row: &mut [f32], acc: &mut [f32], sum: &[f32]| {
         if h.rowwise {
             let ar = adagrad_row_acc(acc[0], sum);
@@ -176,75 +134,38 @@ fn reference_row(h: Hyper) -> impl Fn(&mut [f32], &mut [f32], &[f32]) + Sync {
     }
 }
 
-/// `sparse_adagrad(table, acc, indices, rowgrad)` in place (a row shard with
-/// [`Rows::Shard`]).
-pub fn sparse_adagrad_in_place(
-    table: &mut Tensor,
-    acc: &mut Tensor,
+/// `sparse_adagrad(table, acc, indices, rowgrad)` in place on checked operands,
+/// with the row update `row` (the reference's: [`reference_row`]).
+pub(crate) fn sparse_adagrad(
+    c: &mut CheckedMut<'_>,
     rows: Rows,
-    indices: &Tensor,
-    rowgrad: &Tensor,
-    h: Hyper,
-) -> KResult<()> {
-    sparse_adagrad_with(table, acc, rows, indices, rowgrad, h, &reference_row(h))
-}
-
-/// [`sparse_adagrad_in_place`] with the row update `row`.
-pub(crate) fn sparse_adagrad_with(
-    table: &mut Tensor,
-    acc: &mut Tensor,
-    rows: Rows,
-    indices: &Tensor,
-    rowgrad: &Tensor,
     h: Hyper,
     row: RowFn<'_>,
 ) -> KResult<()> {
-    let op = op_name(rows, "sparse_adagrad", "sparse_adagrad_rows");
-    let storage = table.shape.clone();
-    let plan = sparse_sgd_plan_of(op, rows, &storage, indices, rowgrad)?;
-    let (t, a, _) = state(op, table, acc, h.rowwise)?;
+    let op = c.name();
+    let (ps, [indices, rowgrad]) = operands::<2, 2>(c)?;
+    let plan = sparse_sgd_plan_of(op, rows, &ps[0].shape, indices, rowgrad)?;
+    let (t, a, _) = state(op, ps)?;
     apply(t, a, &plan, h, row);
     Ok(())
 }
 
 /// `embedding_update_adagrad(table, acc, dy, indices[, offsets])` in place (its
-/// row-shard form with [`Rows::Shard`]).
-#[allow(clippy::too_many_arguments)]
-pub fn embedding_update_adagrad_in_place(
-    table: &mut Tensor,
-    acc: &mut Tensor,
+/// row-shard form with [`Rows::Shard`]) on checked operands, with the row update
+/// `row` (the reference's: [`reference_row`]).
+pub(crate) fn embedding_update_adagrad(
+    c: &mut CheckedMut<'_>,
     rows: Rows,
     mode: Pool,
-    dy: &Tensor,
-    indices: &Tensor,
-    offsets: Option<&Tensor>,
-    h: Hyper,
-) -> KResult<()> {
-    let row = reference_row(h);
-    embedding_update_adagrad_with(table, acc, rows, mode, dy, indices, offsets, h, &row)
-}
-
-/// [`embedding_update_adagrad_in_place`] with the row update `row`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn embedding_update_adagrad_with(
-    table: &mut Tensor,
-    acc: &mut Tensor,
-    rows: Rows,
-    mode: Pool,
-    dy: &Tensor,
-    indices: &Tensor,
-    offsets: Option<&Tensor>,
     h: Hyper,
     row: RowFn<'_>,
 ) -> KResult<()> {
-    let op = op_name(
-        rows,
-        "embedding_update_adagrad",
-        "embedding_update_adagrad_rows",
-    );
-    let storage = table.shape.clone();
+    let op = c.name();
+    let (ps, rest) = c.split();
+    let (dy, indices, offsets) = bag_operands(op, rest)?;
+    let storage = ps.first().map(|t| t.shape.clone()).unwrap_or_default();
     let plan = embedding_update_plan_of(op, rows, &storage, mode, dy, indices, offsets)?;
-    let (t, a, _) = state(op, table, acc, h.rowwise)?;
+    let (t, a, _) = state(op, ps)?;
     apply(t, a, &plan, h, row);
     Ok(())
 }

@@ -231,12 +231,13 @@ pub fn brgemm(act: Act, c: &Checked<'_>, out: DType) -> KResult<Tensor> {
 
 /// `brgemm_dgrad(dyb[Nb,S,bn], (yb,) wb[Nb,Kb,bk,bn]) -> dx[Kb,S,bk]`.
 pub fn brgemm_dgrad(act: Act, mask: Act, c: &Checked<'_>, out: DType) -> KResult<Tensor> {
-    // The instance verified `dy` and `y` alike, `dy`'s blocks against the
-    // weight's, and the mask operand of the result's shape.
-    let (ins, xb) = mask_operand(mask, c.inputs());
-    let [dy, y, w] = dy_y_last(act, ins).ok_or_else(|| internal(c, "operand count"))?;
-    let [_, s, _] = dims_of::<3>(c, 0)?;
-    let [nb, kb, bk, bn] = dims_of::<4>(c, ins.len() - 1)?;
+    let DgradArgs {
+        dy,
+        y,
+        w,
+        mask: xb,
+        dims: [nb, kb, s, bk, bn],
+    } = dgrad_args(act, mask, c)?;
     let dz = dz_of(act, dy, y);
     let w = floats(w);
     // wᵀ per block, `[Nb][Kb][bn][bk]`, so the inner loop runs over contiguous i.
@@ -273,6 +274,40 @@ pub fn brgemm_dgrad(act: Act, mask: Act, c: &Checked<'_>, out: DType) -> KResult
         mask_in_place(mask, &mut dx, &floats(xb));
     }
     Ok(store(out, vec![kb, s, bk], dx))
+}
+
+/// The operands of `brgemm_dgrad` and their blocked sizes (verified by the
+/// instance): what the reference kernel and the JIT's ([`crate::jit`]) both
+/// start from.
+pub(crate) struct DgradArgs<'t> {
+    /// `dyb[Nb,S,bn]`.
+    pub dy: &'t Tensor,
+    /// `yb[Nb,S,bn]` (`dy` itself without an activation).
+    pub y: &'t Tensor,
+    /// `wb[Nb,Kb,bk,bn]`.
+    pub w: &'t Tensor,
+    /// The mask operand `xb[Kb,S,bk]` (the previous layer's input), when the
+    /// mask is not `none`.
+    pub mask: Option<&'t Tensor>,
+    /// `[Nb, Kb, S, bk, bn]`.
+    pub dims: [usize; 5],
+}
+
+/// `brgemm_dgrad`'s checked operands (the instance verified `dy` and `y` alike,
+/// `dy`'s blocks against the weight's, and the mask operand of the result's
+/// shape).
+pub(crate) fn dgrad_args<'t>(act: Act, mask: Act, c: &Checked<'t>) -> KResult<DgradArgs<'t>> {
+    let (ins, xb) = mask_operand(mask, c.inputs());
+    let [dy, y, w] = dy_y_last(act, ins).ok_or_else(|| internal(c, "operand count"))?;
+    let [_, s, _] = dims_of::<3>(c, 0)?;
+    let [nb, kb, bk, bn] = dims_of::<4>(c, ins.len() - 1)?;
+    Ok(DgradArgs {
+        dy,
+        y,
+        w,
+        mask: xb,
+        dims: [nb, kb, s, bk, bn],
+    })
 }
 
 /// `brgemm_dgrad`'s operands without the mask operand, and the mask operand

@@ -11,10 +11,12 @@
 //! - [`elementwise`]: `relu`, `relu_grad`, `sigmoid`, `sigmoid_grad`, `gelu`,
 //!   `gelu_grad`, `add`;
 //! - [`loss`]: `bce_logits`, `bce_logits_grad`;
-//! - [`optim`]: the in-place updates [`sgd_in_place`], [`split_sgd_in_place`],
-//!   [`sparse_sgd_in_place`], [`embedding_update_in_place`] and
-//!   [`split_embedding_update_in_place`] (SC20's race-free row-range update), on
-//!   whole tables or row shards ([`Rows`]: the `*_rows` update ops);
+//! - [`optim`] and [`adagrad`]: the in-place updates (`sgd`, `split_sgd`,
+//!   `sparse_sgd`, `embedding_update`, `split_embedding_update`, SC20's race-free
+//!   row-range update, on whole tables or row shards, [`Rows`]: the `*_rows`
+//!   update ops; the Adagrad updates), reached through
+//!   [`crate::update_in_place`] with their operands checked against the
+//!   update's instance ([`dlrm_ir::CheckedMut`]);
 //! - [`shard`]: `embedding_bag_rows` and `embedding_grad_dense` (row-wise and
 //!   data-parallel tables of the partition pass).
 //!
@@ -51,16 +53,12 @@ pub mod loss;
 pub mod optim;
 pub mod shard;
 
-pub use adagrad::{
-    Hyper, adagrad_in_place, embedding_update_adagrad_in_place, sparse_adagrad_in_place,
-};
-pub use optim::{
-    Rows, embedding_update_in_place, sgd_in_place, sparse_sgd_in_place,
-    split_embedding_update_in_place, split_sgd_in_place,
-};
+pub use adagrad::Hyper;
+pub use optim::{Rows, sgd_in_place, sparse_sgd_in_place};
 
 use dlrm_ir::{Checked, Data, Dim, NodeInstance, Op, Tensor, TensorType};
 use half::bf16;
+use std::cell::OnceCell;
 use std::collections::HashMap;
 use thiserror::Error;
 
@@ -127,52 +125,26 @@ pub type KResult<T> = Result<T, KernelError>;
 /// the symbol sizes (used to check the results' shapes; unbound symbols are not
 /// checked). Returns `None` when the caller must use the interpreter instead.
 /// The op's instance for these operands is verified first
-/// ([`NodeInstance::of_operands`]); a plan that keeps its instances calls
-/// [`try_eval_instance`] instead.
+/// ([`NodeInstance::of_operands`], only for an op with a kernel); a plan that
+/// keeps its instances calls [`try_eval_instance`] instead.
 pub fn try_eval(
     op: &Op,
     inputs: &[&Tensor],
     out_types: &[TensorType],
     syms: &HashMap<String, usize>,
 ) -> Option<KResult<Vec<Tensor>>> {
-    if !covers(op) {
-        return None;
-    }
-    match NodeInstance::of_operands(op, inputs, out_types, syms) {
-        Ok(inst) => try_eval_instance(&inst, inputs, out_types, syms),
-        Err(reason) => Some(Err(instance_err(op, reason))),
-    }
+    let slot = OnceCell::new();
+    dispatch(op, out_types, syms, || {
+        let inst = NodeInstance::of_operands(op, inputs, out_types, syms)
+            .map_err(|reason| instance_err(op, reason))?;
+        bind(slot.get_or_init(|| inst), inputs)
+    })
 }
 
-/// Does a reference kernel exist for `op` (for some dtypes)?
-fn covers(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Brgemm { .. }
-            | Op::BrgemmDgrad { .. }
-            | Op::BrgemmWgrad { .. }
-            | Op::BlockAct { .. }
-            | Op::UnblockAct { .. }
-            | Op::Linear { .. }
-            | Op::LinearDx
-            | Op::LinearDw
-            | Op::LinearDb
-            | Op::EmbeddingBag { .. }
-            | Op::EmbeddingBagGrad { .. }
-            | Op::Interaction { .. }
-            | Op::InteractionGrad { .. }
-            | Op::Relu
-            | Op::ReluGrad
-            | Op::Sigmoid
-            | Op::SigmoidGrad
-            | Op::Gelu
-            | Op::GeluGrad
-            | Op::Add
-            | Op::BceLogits { .. }
-            | Op::BceLogitsGrad { .. }
-            | Op::EmbeddingBagRows { .. }
-            | Op::EmbeddingGradDense { .. }
-    )
+/// The operands bound to `inst` ([`NodeInstance::bind`]), errors as kernel errors.
+pub(crate) fn bind<'a>(inst: &'a NodeInstance, inputs: &[&'a Tensor]) -> KResult<Checked<'a>> {
+    inst.bind(inputs)
+        .map_err(|reason| instance_err(inst.op(), reason))
 }
 
 /// A [`NodeInstance`] error as a kernel error (the message already names the op).
@@ -195,56 +167,80 @@ pub fn try_eval_instance(
     out_types: &[TensorType],
     syms: &HashMap<String, usize>,
 ) -> Option<KResult<Vec<Tensor>>> {
-    let op = inst.op();
-    if !covers(op) {
-        return None;
-    }
-    let c = match inst.bind(inputs) {
-        Ok(c) => c,
-        Err(reason) => return Some(Err(instance_err(op, reason))),
-    };
-    // The blocked GEMM family handles f32 and bf16 storage.
-    if let Some(res) = brgemm::try_eval(&c, out_types) {
-        return Some(res.and_then(|outs| check_results(op, outs, out_types, syms)));
-    }
-    // The other kernels only run when every declared result is f32 (bf16 results
-    // need the interpreter's rounding rule).
-    if out_types.iter().any(|t| t.dtype != dlrm_ir::DType::F32) {
-        return None;
+    dispatch(inst.op(), out_types, syms, || bind(inst, inputs))
+}
+
+/// The reference kernel of `op` on the operands `bind` checks, called only for
+/// an op that has one (`None`: no kernel for this op or these dtypes). Its match
+/// is the one list of the ops this module covers.
+fn dispatch<'a>(
+    op: &Op,
+    out_types: &[TensorType],
+    syms: &HashMap<String, usize>,
+    bind: impl FnOnce() -> KResult<Checked<'a>>,
+) -> Option<KResult<Vec<Tensor>>> {
+    // The other kernels than the blocked GEMM family's only run when every
+    // declared result is f32 (bf16 results need the interpreter's rounding rule).
+    let f32_results = out_types.iter().all(|t| t.dtype == dlrm_ir::DType::F32);
+    // `$c`: the checked operands (bound here, so only for an op with a kernel).
+    macro_rules! checked {
+        ($c:ident => $run:expr) => {{
+            let $c = match bind() {
+                Ok(c) => c,
+                Err(e) => return Some(Err(e)),
+            };
+            let $c = &$c;
+            if !f32_results {
+                return None;
+            }
+            $run
+        }};
     }
     let res: KResult<Vec<Tensor>> = match op {
-        Op::Linear { act } => one(gemm::linear(*act, &c)?),
-        Op::LinearDx => one(gemm::linear_dx(&c)?),
-        Op::LinearDw => one(gemm::linear_dw(&c)?),
-        Op::LinearDb => one(gemm::linear_db(&c)?),
+        // The blocked GEMM family handles f32 and bf16 storage.
+        Op::Brgemm { .. }
+        | Op::BrgemmDgrad { .. }
+        | Op::BrgemmWgrad { .. }
+        | Op::BlockAct { .. }
+        | Op::UnblockAct { .. } => {
+            let c = match bind() {
+                Ok(c) => c,
+                Err(e) => return Some(Err(e)),
+            };
+            brgemm::try_eval(&c, out_types)?
+        }
+        Op::Linear { act } => checked!(c => one(gemm::linear(*act, c)?)),
+        Op::LinearDx => checked!(c => one(gemm::linear_dx(c)?)),
+        Op::LinearDw => checked!(c => one(gemm::linear_dw(c)?)),
+        Op::LinearDb => checked!(c => one(gemm::linear_db(c)?)),
         Op::EmbeddingBag { mode, last_offset } => {
-            one(embedding::embedding_bag(*mode, *last_offset, &c)?)
+            checked!(c => one(embedding::embedding_bag(*mode, *last_offset, c)?))
         }
         Op::EmbeddingBagGrad { mode, last_offset } => {
-            one(embedding::embedding_bag_grad(*mode, *last_offset, &c)?)
+            checked!(c => one(embedding::embedding_bag_grad(*mode, *last_offset, c)?))
         }
         Op::Interaction {
             kind,
             self_interaction,
-        } => one(interaction::interaction(*kind, *self_interaction, &c)?),
+        } => checked!(c => one(interaction::interaction(*kind, *self_interaction, c)?)),
         Op::InteractionGrad {
             kind,
             self_interaction,
-        } => interaction::interaction_grad(*kind, *self_interaction, &c)?,
-        Op::Relu => one(elementwise::relu(&c)?),
-        Op::ReluGrad => one(elementwise::relu_grad(&c)?),
-        Op::Sigmoid => one(elementwise::sigmoid(&c)?),
-        Op::SigmoidGrad => one(elementwise::sigmoid_grad(&c)?),
-        Op::Gelu => one(elementwise::gelu(&c)?),
-        Op::GeluGrad => one(elementwise::gelu_grad(&c)?),
-        Op::Add => one(elementwise::add(&c)?),
-        Op::BceLogits { denom } => one(loss::bce_logits(denom, &c, syms)?),
-        Op::BceLogitsGrad { denom } => one(loss::bce_logits_grad(denom, &c, syms)?),
+        } => checked!(c => interaction::interaction_grad(*kind, *self_interaction, c)?),
+        Op::Relu => checked!(c => one(elementwise::relu(c)?)),
+        Op::ReluGrad => checked!(c => one(elementwise::relu_grad(c)?)),
+        Op::Sigmoid => checked!(c => one(elementwise::sigmoid(c)?)),
+        Op::SigmoidGrad => checked!(c => one(elementwise::sigmoid_grad(c)?)),
+        Op::Gelu => checked!(c => one(elementwise::gelu(c)?)),
+        Op::GeluGrad => checked!(c => one(elementwise::gelu_grad(c)?)),
+        Op::Add => checked!(c => one(elementwise::add(c)?)),
+        Op::BceLogits { denom } => checked!(c => one(loss::bce_logits(denom, c, syms)?)),
+        Op::BceLogitsGrad { denom } => checked!(c => one(loss::bce_logits_grad(denom, c, syms)?)),
         Op::EmbeddingBagRows { mode, lo, rows } => {
-            one(shard::embedding_bag_rows(*mode, *lo, *rows, &c)?)
+            checked!(c => one(shard::embedding_bag_rows(*mode, *lo, *rows, c)?))
         }
         Op::EmbeddingGradDense { mode, rows } => {
-            one(shard::embedding_grad_dense(*mode, *rows, &c)?)
+            checked!(c => one(shard::embedding_grad_dense(*mode, *rows, c)?))
         }
         _ => return None,
     };
@@ -294,11 +290,6 @@ pub(crate) fn check_results(
 
 // ------------------------------------------------------------------ helpers
 
-/// The number of elements actually stored in a tensor.
-pub(crate) fn data_len(t: &Tensor) -> usize {
-    dlrm_ir::stored_len(t)
-}
-
 /// The dims of checked operand `i`, of the rank `R` its op's shape rule verified
 /// (an internal error if the kernel and the rule disagree, never a panic).
 pub(crate) fn dims_of<const R: usize>(c: &Checked<'_>, i: usize) -> KResult<[usize; R]> {
@@ -309,10 +300,12 @@ pub(crate) fn dims_of<const R: usize>(c: &Checked<'_>, i: usize) -> KResult<[usi
 
 /// An internal error: a kernel disagrees with its op's verified instance.
 pub(crate) fn internal(c: &Checked<'_>, what: &str) -> KernelError {
-    shape_err(
-        c.name(),
-        format!("internal: {what} differs from the instance"),
-    )
+    internal_in(c.name(), what)
+}
+
+/// [`internal`] for the op named `op`.
+pub(crate) fn internal_in(op: &'static str, what: &str) -> KernelError {
+    shape_err(op, format!("internal: {what} differs from the instance"))
 }
 
 /// A shape error.

@@ -22,13 +22,14 @@
 //!   `split_embedding_update_rows`, [`Rows::Shard`]): the tasks' ranges cover
 //!   the shard's rows, and positions whose row lies outside it are skipped.
 //!
-//! All validate everything (shapes, dtypes, every index, offsets) before writing
-//! anything: on error the parameters are unchanged.
+//! Shapes: every kernel takes its operands bound to the update's
+//! [`dlrm_ir::NodeInstance`] ([`CheckedMut`]: the op's shape rule verified the
+//! shapes and dtypes once, the bind each buffer's length) and reads its dims
+//! from there. The kernels check only data (every index, offsets) and do so
+//! before writing anything: on error the parameters are unchanged.
 
-use super::{
-    Elem, Indices, Ix, KResult, KernelError, data_len, read_offsets, shape_err, validate_indices,
-};
-use dlrm_ir::{Data, Pool, Tensor};
+use super::{Elem, Indices, Ix, KResult, KernelError, internal_in, read_offsets, validate_indices};
+use dlrm_ir::{CheckedMut, Data, Op, Pool, Tensor};
 use half::bf16;
 use rayon::prelude::*;
 
@@ -53,33 +54,38 @@ pub(crate) fn grad_of<'a>(op: &'static str, g: &'a Tensor) -> KResult<Grad<'a>> 
     }
 }
 
-pub(crate) fn check_consistent(op: &'static str, what: &str, t: &Tensor) -> KResult<()> {
-    if data_len(t) == t.numel() {
-        Ok(())
-    } else {
-        Err(shape_err(
-            op,
-            format!(
-                "{what} holds {} elements for shape {:?}",
-                data_len(t),
-                t.shape
-            ),
-        ))
-    }
+/// The dims `[R, D]` of a rank-2 operand whose rank the op's shape rule verified
+/// (an internal error if the kernel and the rule disagree, never a panic).
+pub(crate) fn dims2(op: &'static str, shape: &[usize]) -> KResult<[usize; 2]> {
+    <[usize; 2]>::try_from(shape)
+        .map_err(|_| internal_in(op, &format!("{shape:?} is not of rank 2")))
+}
+
+/// The operands of a checked update as `K` parameters and `N` others (an internal
+/// error if the kernel and the op's arity disagree).
+pub(crate) fn operands<'c, 'a, const K: usize, const N: usize>(
+    c: &'c mut CheckedMut<'a>,
+) -> KResult<(&'c mut [Tensor; K], [&'a Tensor; N])> {
+    let name = c.name();
+    let (ps, rest) = c.split();
+    let rest = <[&Tensor; N]>::try_from(rest)
+        .map_err(|_| internal_in(name, &format!("{} operands", rest.len())))?;
+    let ps = <&mut [Tensor; K]>::try_from(ps)
+        .map_err(|_| internal_in(name, &format!("{K} parameters")))?;
+    Ok((ps, rest))
 }
 
 /// `w <- w - lr · g`, in place (`sgd`'s semantics). `w` is f32 or bf16, `g` f32 or
-/// bf16, with equal shapes.
+/// bf16, with equal shapes (a call outside a plan: the operands are checked
+/// against the op's instance first, [`crate::update_in_place`]).
 pub fn sgd_in_place(w: &mut Tensor, g: &Tensor, lr: f32) -> KResult<()> {
+    crate::update::reference_in_place(&Op::Sgd { lr }, std::slice::from_mut(w), &[g])
+}
+
+/// [`sgd_in_place`] on checked operands `(w, g)`.
+pub(crate) fn sgd(c: &mut CheckedMut<'_>, lr: f32) -> KResult<()> {
     const OP: &str = "sgd";
-    if w.shape != g.shape {
-        return Err(shape_err(
-            OP,
-            format!("weight {:?} and gradient {:?} differ", w.shape, g.shape),
-        ));
-    }
-    check_consistent(OP, "weight", w)?;
-    check_consistent(OP, "gradient", g)?;
+    let ([w], [g]) = operands::<1, 1>(c)?;
     let grad = grad_of(OP, g)?;
     fn go<W: Elem, G: Elem>(w: &mut [W], g: &[G], lr: f32) {
         w.par_chunks_mut(CHUNK)
@@ -135,25 +141,13 @@ pub enum Rows {
 }
 
 impl Rows {
-    /// The whole table's shape for storage of shape `storage`, checking that a
-    /// shard fits its table.
-    pub(crate) fn table_shape(self, op: &'static str, storage: &[usize]) -> KResult<Vec<usize>> {
-        let Rows::Shard { first, total } = self else {
-            return Ok(storage.to_vec());
-        };
-        let [rs, d] = storage[..] else {
-            return Err(shape_err(
-                op,
-                format!("table shard must have rank 2, got {storage:?}"),
-            ));
-        };
-        if first.checked_add(rs).is_none_or(|end| end > total) {
-            return Err(shape_err(
-                op,
-                format!("a shard of {rs} rows at row {first} does not fit a table of {total} rows"),
-            ));
+    /// The whole table's rows for storage of `stored` rows (that a shard fits
+    /// its table is the op's shape rule, verified by its instance).
+    pub(crate) fn table_rows(self, stored: usize) -> usize {
+        match self {
+            Rows::All => stored,
+            Rows::Shard { total, .. } => total,
         }
-        Ok(vec![total, d])
     }
 
     /// The first table row the storage holds.
@@ -249,8 +243,7 @@ impl SparsePlan<'_> {
         self.stored.div_ceil(ranges).max(1)
     }
 
-    /// The plan for storage of `stored` rows holding `rows` of the table
-    /// (checked by [`Rows::table_shape`]).
+    /// The plan for storage of `stored` rows holding `rows` of the table.
     fn holding(self, rows: Rows, stored: usize) -> Self {
         SparsePlan {
             first: rows.first(),
@@ -373,32 +366,15 @@ fn index_view<'a>(op: &'static str, t: &'a Tensor) -> KResult<Indices<'a>> {
     })
 }
 
-/// Validates `sparse_sgd(table[R,D], indices, rowgrad)` operands into a plan.
+/// The plan of `sparse_sgd(table[R,D], indices, rowgrad)` on operands checked
+/// against its instance (`rowgrad` is the indices' shape then `D`): the index
+/// values are validated here.
 pub(crate) fn sparse_sgd_plan<'a>(
     op: &'static str,
-    table_shape: &[usize],
+    [rows, d]: [usize; 2],
     indices: &'a Tensor,
     rowgrad: &'a Tensor,
 ) -> KResult<SparsePlan<'a>> {
-    let [rows, d] = table_shape[..] else {
-        return Err(shape_err(
-            op,
-            format!("table must have rank 2, got {table_shape:?}"),
-        ));
-    };
-    let mut want = indices.shape.clone();
-    want.push(d);
-    if rowgrad.shape != want {
-        return Err(shape_err(
-            op,
-            format!(
-                "row gradient {:?} must have shape {want:?} (indices {:?} then the table width)",
-                rowgrad.shape, indices.shape
-            ),
-        ));
-    }
-    check_consistent(op, "indices", indices)?;
-    check_consistent(op, "row gradient", rowgrad)?;
     let idx = index_view(op, indices)?;
     let per_sample =
         (indices.shape.len() >= 2).then(|| indices.shape[1..].iter().product::<usize>());
@@ -418,80 +394,34 @@ pub(crate) fn sparse_sgd_plan<'a>(
     })
 }
 
-/// Validates `embedding_update`-style operands `(dy[S,D], indices[S,L])` or
-/// `(dy[S,D], indices[N], offsets[S])` against a table of shape `table_shape`.
+/// The plan of `embedding_update`-style operands `(dy[S,D], indices[S,L])` or
+/// `(dy[S,D], indices[N], offsets[S])` for a table of `[rows, D]`, on operands
+/// checked against the op's instance (`embedding_update`'s rule, or
+/// `embedding_bag_grad`'s): the offsets and the index values are validated here.
 pub(crate) fn embedding_update_plan<'a>(
     op: &'static str,
-    table_shape: &[usize],
+    [rows, d]: [usize; 2],
     mode: Pool,
     dy: &'a Tensor,
     indices: &'a Tensor,
     offsets: Option<&'a Tensor>,
 ) -> KResult<SparsePlan<'a>> {
-    let [rows, d] = table_shape[..] else {
-        return Err(shape_err(
-            op,
-            format!("table must have rank 2, got {table_shape:?}"),
-        ));
-    };
-    let [s, dd] = dy.shape[..] else {
-        return Err(shape_err(
-            op,
-            format!("dy must have rank 2, got {:?}", dy.shape),
-        ));
-    };
-    if dd != d {
-        return Err(shape_err(
-            op,
-            format!(
-                "dy {:?} and table {table_shape:?} differ in width",
-                dy.shape
-            ),
-        ));
-    }
-    check_consistent(op, "dy", dy)?;
-    check_consistent(op, "indices", indices)?;
+    let [s, _] = dims2(op, &dy.shape)?;
     let idx = index_view(op, indices)?;
     let grad = grad_of(op, dy)?;
     let (pooling, bounds) = match offsets {
         None => {
-            let [si, l] = indices.shape[..] else {
-                return Err(shape_err(
-                    op,
-                    format!(
-                        "indices (fixed pooling) must have rank 2, got {:?}",
-                        indices.shape
-                    ),
-                ));
-            };
-            if si != s {
-                return Err(shape_err(
-                    op,
-                    format!(
-                        "dy {:?} and indices {:?} differ in samples",
-                        dy.shape, indices.shape
-                    ),
-                ));
-            }
+            let [_, l] = dims2(op, &indices.shape)?;
             validate_indices(op, idx, rows, Some(l), None)?;
             (Some(l), Vec::new())
         }
         Some(off) => {
-            if indices.shape.len() != 1 {
-                return Err(shape_err(
-                    op,
-                    format!(
-                        "indices with offsets must have rank 1, got {:?}",
-                        indices.shape
-                    ),
-                ));
-            }
             let n = idx.len();
             let mut b = read_offsets(op, off, n)?;
             if b.len() != s {
-                return Err(shape_err(
+                return Err(internal_in(
                     op,
-                    format!("dy has {s} samples, offsets {}", b.len()),
+                    &format!("{} offsets for {s} samples", b.len()),
                 ));
             }
             if s == 0 && n > 0 {
@@ -521,7 +451,7 @@ pub(crate) fn embedding_update_plan<'a>(
 }
 
 /// [`sparse_sgd_plan`] for storage of shape `storage` holding `rows` of its
-/// table (checked by [`Rows::table_shape`]).
+/// table.
 pub(crate) fn sparse_sgd_plan_of<'a>(
     op: &'static str,
     rows: Rows,
@@ -529,12 +459,13 @@ pub(crate) fn sparse_sgd_plan_of<'a>(
     indices: &'a Tensor,
     rowgrad: &'a Tensor,
 ) -> KResult<SparsePlan<'a>> {
-    let whole = rows.table_shape(op, storage)?;
-    Ok(sparse_sgd_plan(op, &whole, indices, rowgrad)?.holding(rows, storage[0]))
+    let [stored, d] = dims2(op, storage)?;
+    let whole = [rows.table_rows(stored), d];
+    Ok(sparse_sgd_plan(op, whole, indices, rowgrad)?.holding(rows, stored))
 }
 
 /// [`embedding_update_plan`] for storage of shape `storage` holding `rows` of
-/// its table (checked by [`Rows::table_shape`]).
+/// its table.
 pub(crate) fn embedding_update_plan_of<'a>(
     op: &'static str,
     rows: Rows,
@@ -544,8 +475,9 @@ pub(crate) fn embedding_update_plan_of<'a>(
     indices: &'a Tensor,
     offsets: Option<&'a Tensor>,
 ) -> KResult<SparsePlan<'a>> {
-    let whole = rows.table_shape(op, storage)?;
-    Ok(embedding_update_plan(op, &whole, mode, dy, indices, offsets)?.holding(rows, storage[0]))
+    let [stored, d] = dims2(op, storage)?;
+    let whole = [rows.table_rows(stored), d];
+    Ok(embedding_update_plan(op, whole, mode, dy, indices, offsets)?.holding(rows, stored))
 }
 
 /// Applies a validated plan to `table` (f32 or bf16), race-free.
@@ -583,7 +515,9 @@ fn table_dtype_err(op: &'static str, t: &Tensor) -> KernelError {
 /// bf16. An index outside `0..R` is an error naming its position (and sample, for
 /// indices of rank >= 2), reported before any row is touched.
 ///
-/// With `rows` a [`Rows::Shard`], `table` is that shard (`sparse_sgd_rows`).
+/// With `rows` a [`Rows::Shard`], `table` is that shard (`sparse_sgd_rows`). A
+/// call outside a plan: the operands are checked against the op's instance
+/// first ([`crate::update_in_place`]).
 pub fn sparse_sgd_in_place(
     table: &mut Tensor,
     rows: Rows,
@@ -591,8 +525,21 @@ pub fn sparse_sgd_in_place(
     rowgrad: &Tensor,
     lr: f32,
 ) -> KResult<()> {
-    let op = op_name(rows, "sparse_sgd", "sparse_sgd_rows");
-    check_consistent(op, "table", table)?;
+    let op = match rows {
+        Rows::All => Op::SparseSgd { lr },
+        Rows::Shard { first, total } => Op::SparseSgdRows {
+            lr,
+            lo: first,
+            rows: total,
+        },
+    };
+    crate::update::reference_in_place(&op, std::slice::from_mut(table), &[indices, rowgrad])
+}
+
+/// [`sparse_sgd_in_place`] on checked operands `(table, indices, rowgrad)`.
+pub(crate) fn sparse_sgd(c: &mut CheckedMut<'_>, rows: Rows, lr: f32) -> KResult<()> {
+    let op = c.name();
+    let ([table], [indices, rowgrad]) = operands::<1, 2>(c)?;
     let plan = sparse_sgd_plan_of(op, rows, &table.shape, indices, rowgrad)?;
     apply_plan(op, table, &plan, lr)
 }
@@ -605,76 +552,71 @@ pub(crate) fn op_name(rows: Rows, all: &'static str, shard: &'static str) -> &'s
     }
 }
 
-/// `embedding_update(table, dy, indices[, offsets])` in place: the fused
-/// `sparse_sgd(table, indices, embedding_bag_grad(dy, indices[, offsets]))` with
-/// exactly its arithmetic, no row gradient materialised, race-free. `table` is
-/// `[R,D]` f32 or bf16, `dy` `[S,D]` f32 or bf16; with `rows` a
-/// [`Rows::Shard`], `table` is that shard (`embedding_update_rows`).
-#[allow(clippy::too_many_arguments)]
-pub fn embedding_update_in_place(
-    table: &mut Tensor,
+/// The dy, indices and offsets of an `embedding_update`-style op's checked
+/// operands after its `K` parameters.
+pub(crate) fn bag_operands<'a>(
+    op: &'static str,
+    rest: &[&'a Tensor],
+) -> KResult<(&'a Tensor, &'a Tensor, Option<&'a Tensor>)> {
+    match *rest {
+        [dy, idx] => Ok((dy, idx, None)),
+        [dy, idx, off] => Ok((dy, idx, Some(off))),
+        _ => Err(internal_in(op, &format!("{} operands", rest.len()))),
+    }
+}
+
+/// `embedding_update(table, dy, indices[, offsets])` in place on checked
+/// operands: the fused `sparse_sgd(table, indices, embedding_bag_grad(dy,
+/// indices[, offsets]))` with exactly its arithmetic, no row gradient
+/// materialised, race-free. `table` is `[R,D]` f32 or bf16, `dy` `[S,D]` f32 or
+/// bf16; with `rows` a [`Rows::Shard`], `table` is that shard
+/// (`embedding_update_rows`).
+pub(crate) fn embedding_update(
+    c: &mut CheckedMut<'_>,
     rows: Rows,
     mode: Pool,
-    dy: &Tensor,
-    indices: &Tensor,
-    offsets: Option<&Tensor>,
     lr: f32,
 ) -> KResult<()> {
-    let op = op_name(rows, "embedding_update", "embedding_update_rows");
-    check_consistent(op, "table", table)?;
+    let op = c.name();
+    let (ps, rest) = c.split();
+    let [table] = ps else {
+        return Err(internal_in(op, "1 parameter"));
+    };
+    let (dy, indices, offsets) = bag_operands(op, rest)?;
     let plan = embedding_update_plan_of(op, rows, &table.shape, mode, dy, indices, offsets)?;
     apply_plan(op, table, &plan, lr)
 }
 
-/// Checks a Split-SGD-BF16 pair: both bf16, same shape, consistent lengths.
+/// The two halves of a checked Split-SGD-BF16 pair (bf16, of one shape: the
+/// op's shape rule).
 pub(crate) fn split_pair<'a>(
     op: &'static str,
-    hi: &'a mut Tensor,
-    lo: &'a mut Tensor,
+    ps: &'a mut [Tensor],
 ) -> KResult<(&'a [usize], &'a mut [bf16], &'a mut [bf16])> {
-    if hi.shape != lo.shape {
-        return Err(shape_err(
-            op,
-            format!(
-                "high half {:?} and low half {:?} differ",
-                hi.shape, lo.shape
-            ),
-        ));
-    }
-    check_consistent(op, "high half", hi)?;
-    check_consistent(op, "low half", lo)?;
-    let (hd, ld) = (hi.dtype(), lo.dtype());
-    match (&mut hi.data, &mut lo.data) {
-        (Data::BF16(h), Data::BF16(l)) => Ok((&hi.shape, h, l)),
-        _ => Err(KernelError::DType {
-            op,
-            reason: format!("both halves must be bf16, got {hd} and {ld}"),
-        }),
+    match ps {
+        [hi, lo] => match (&mut hi.data, &mut lo.data) {
+            (Data::BF16(h), Data::BF16(l)) => Ok((&hi.shape, h, l)),
+            _ => Err(internal_in(op, "the halves' dtypes")),
+        },
+        _ => Err(internal_in(op, &format!("{} parameters", ps.len()))),
     }
 }
 
-/// `split_embedding_update(hi, lo, dy, indices[, offsets])` in place:
-/// [`embedding_update_in_place`] on a Split-SGD-BF16 table (f32 master
+/// `split_embedding_update(hi, lo, dy, indices[, offsets])` in place on checked
+/// operands: [`embedding_update`] on a Split-SGD-BF16 table (f32 master
 /// `hi << 16 | lo`, updated in f32 and split again after each update: exact);
 /// with `rows` a [`Rows::Shard`], both halves are that shard
 /// (`split_embedding_update_rows`).
-#[allow(clippy::too_many_arguments)]
-pub fn split_embedding_update_in_place(
-    hi: &mut Tensor,
-    lo: &mut Tensor,
+pub(crate) fn split_embedding_update(
+    c: &mut CheckedMut<'_>,
     rows: Rows,
     mode: Pool,
-    dy: &Tensor,
-    indices: &Tensor,
-    offsets: Option<&Tensor>,
     lr: f32,
 ) -> KResult<()> {
-    let op = op_name(
-        rows,
-        "split_embedding_update",
-        "split_embedding_update_rows",
-    );
-    let (shape, h, l) = split_pair(op, hi, lo)?;
+    let op = c.name();
+    let (ps, rest) = c.split();
+    let (dy, indices, offsets) = bag_operands(op, rest)?;
+    let (shape, h, l) = split_pair(op, ps)?;
     let plan = embedding_update_plan_of(op, rows, shape, mode, dy, indices, offsets)?;
     if plan.d > 0 && plan.idx.len() > 0 {
         apply_split(h, l, &plan, lr);
@@ -682,18 +624,16 @@ pub fn split_embedding_update_in_place(
     Ok(())
 }
 
-/// `split_sgd(hi, lo, g)` in place (Split-SGD-BF16): elementwise
-/// `w = f32(hi << 16 | lo) - lr·g`, split again; `g` f32 or bf16 of the same shape.
-pub fn split_sgd_in_place(hi: &mut Tensor, lo: &mut Tensor, g: &Tensor, lr: f32) -> KResult<()> {
+/// `split_sgd(hi, lo, g)` in place (Split-SGD-BF16) on checked operands:
+/// elementwise `w = f32(hi << 16 | lo) - lr·g`, split again; `g` f32 or bf16 of
+/// the same shape.
+pub(crate) fn split_sgd(c: &mut CheckedMut<'_>, lr: f32) -> KResult<()> {
     const OP: &str = "split_sgd";
-    let (shape, h, l) = split_pair(OP, hi, lo)?;
-    if shape != &g.shape[..] {
-        return Err(shape_err(
-            OP,
-            format!("weight {shape:?} and gradient {:?} differ", g.shape),
-        ));
-    }
-    check_consistent(OP, "gradient", g)?;
+    let (ps, rest) = c.split();
+    let [g] = *rest else {
+        return Err(internal_in(OP, "1 gradient"));
+    };
+    let (_, h, l) = split_pair(OP, ps)?;
     fn go<G: Elem>(h: &mut [bf16], l: &mut [bf16], g: &[G], lr: f32) {
         h.par_chunks_mut(CHUNK)
             .zip(l.par_chunks_mut(CHUNK))

@@ -115,7 +115,7 @@ pub struct Executor {
     /// the largest size (bytes) checked so far.
     checked: (Option<HashMap<String, usize>>, Vec<u128>),
     /// The symbol binding the node instances were built for, and per node its
-    /// verified instance ([`Executor::instantiate`]; `None`: updates, collectives,
+    /// verified instance ([`Executor::instantiate`]; `None`: collectives
     /// and nodes verified per call instead).
     instances: (Option<HashMap<String, usize>>, Vec<Option<NodeInstance>>),
 }

@@ -8,8 +8,8 @@
 //!
 //! Optimizer updates (`sgd`, `split_sgd`, `sparse_sgd`, `embedding_update`,
 //! `split_embedding_update`) run *in place* on the parameter storage
-//! ([`dlrm_codegen::update_in_place`]: a JIT kernel with the JIT backend, else the
-//! reference kernel): when an update node is the last use of its parameter(s) (both
+//! ([`dlrm_codegen::update_in_place_instance`] on the node's instance: a JIT
+//! kernel with the JIT backend, else the reference kernel): when an update node is the last use of its parameter(s) (both
 //! halves for the Split-SGD-BF16 ops) and the graph's update list gives them new
 //! values, the parameters' tensors are moved into the node's results, updated
 //! there, and moved back into the parameter slots by the update list at the end of
@@ -150,7 +150,15 @@ impl Executor {
             }
         };
         let jit = (self.backend == Backend::Jit).then_some(&self.jit);
-        let res = dlrm_codegen::update_in_place(op, &mut ws, &rest, jit).unwrap_or_else(|| {
+        // The node's instance under this binding (the step's rate replaces the
+        // op's); without one, the call verifies the operands it is given.
+        let res = match self.instances.1.get(n).and_then(Option::as_ref) {
+            Some(inst) => {
+                dlrm_codegen::update_in_place_instance(inst, self.lr, &mut ws, &rest, jit)
+            }
+            None => dlrm_codegen::update_in_place(op, &mut ws, &rest, jit),
+        }
+        .unwrap_or_else(|| {
             Err(dlrm_codegen::KernelError::Shape {
                 op: op.mnemonic(),
                 reason: format!("no in-place kernel for {} operands", ids.len()),

@@ -128,10 +128,11 @@ impl Executor {
     /// results checked). Under a new binding only the nodes whose types name a
     /// symbol whose size changed are rebuilt (variable bags: the nodes of the
     /// bags' index count). The kernels then take operands checked against the
-    /// instance ([`dlrm_codegen::try_eval_instance`]) and re-derive no shape.
-    /// Updates and collectives have none, and so has a node whose types do not
-    /// resolve or verify: its kernel call verifies the operands it is given, per
-    /// call, and reports what does not fit.
+    /// instance ([`dlrm_codegen::try_eval_instance`]; an update's parameters too,
+    /// [`dlrm_codegen::update_in_place_instance`]) and re-derive no shape.
+    /// Collectives have none, and so has a node whose types do not resolve or
+    /// verify: its kernel call verifies the operands it is given, per call, and
+    /// reports what does not fit.
     pub(super) fn instantiate(&mut self, syms: &HashMap<String, usize>) {
         let old = self.instances.0.take();
         if old.as_ref() == Some(syms) {
@@ -143,7 +144,7 @@ impl Executor {
         let n_nodes = g.nodes().len();
         self.instances.1.resize(n_nodes, None);
         for (node, slot) in g.nodes().iter().zip(self.instances.1.iter_mut()) {
-            if node.op.is_update() || node.op.is_collective() {
+            if node.op.is_collective() {
                 continue;
             }
             let values = || node.inputs.iter().chain(&node.outputs);

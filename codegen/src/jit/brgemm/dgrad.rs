@@ -5,8 +5,8 @@ use crate::jit::buffers::{Floats, Fresh, Scratch};
 use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand};
 use crate::jit::pack::{Src, pack_blocked};
 use crate::jit::{Jit, JitOptions};
-use crate::kernels::brgemm::{act_grads, dy_y_last, floats, mask_in_place, mask_operand};
-use crate::kernels::{KResult, dims_of, internal, shape_err};
+use crate::kernels::brgemm::{DgradArgs, act_grads, dgrad_args, floats, mask_in_place};
+use crate::kernels::{KResult, shape_err};
 use dlrm_ir::{Act, Checked, Tensor};
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -20,12 +20,13 @@ pub fn brgemm_dgrad(
     out: Elt,
 ) -> KResult<Tensor> {
     const OP: &str = "brgemm_dgrad";
-    // The instance verified `dy` and `y` alike, `dy`'s blocks against the
-    // weight's and the mask operand of the result's shape.
-    let (ins, xb) = mask_operand(mask, c.inputs());
-    let [dy, y, w] = dy_y_last(act, ins).ok_or_else(|| internal(c, "operand count"))?;
-    let [_, s, _] = dims_of::<3>(c, 0)?;
-    let [nb, kb, bk, bn] = dims_of::<4>(c, ins.len() - 1)?;
+    let DgradArgs {
+        dy,
+        y,
+        w,
+        mask: xb,
+        dims: [nb, kb, s, bk, bn],
+    } = dgrad_args(act, mask, c)?;
     let np = nb * bn;
     if s == 0 || kb == 0 || bk == 0 {
         return Ok(Floats::zeros(out, kb * s * bk).tensor(vec![kb, s, bk]));

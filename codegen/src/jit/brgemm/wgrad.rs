@@ -2,10 +2,10 @@
 
 use super::{check_cover, jit_err, row_block, run_blocks, tail, with_kernel};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
-use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand};
+use crate::jit::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand};
 use crate::jit::layout::{buf, zeros};
 use crate::jit::linear::{elt_of, operand};
-use crate::jit::{Jit, JitOptions};
+use crate::jit::{Jit, JitError, JitOptions};
 use crate::kernels::brgemm::{WgradArgs, act_grad, floats, wgrad_args};
 use crate::kernels::{KResult, shape_err};
 use dlrm_ir::{Act, Checked, Tensor, TensorType};
@@ -43,12 +43,36 @@ pub fn brgemm_wgrad(
     if bn == 1 {
         return wgrad_columns(jit, act, (&dyv, &yv), xa, (nb, kb, s, bk), (dw_elt, db_elt));
     }
-    // xᵀ packed once per call pays off when many N blocks reuse it; with few,
-    // the transposed view read in place is faster (`brgemm_best`: 256→64 1.0
-    // vs 1.4 ms, 256→1 0.4 vs 1.1; 512→256 ~5% slower).
-    let pack_x = nb >= PACK_X_MIN_NB;
+    let dz = DzRows {
+        act,
+        dy: &dyv,
+        y: &yv,
+        s,
+        bn,
+    };
+    let base = wgrad_spec(nb >= PACK_X_MIN_NB, (kb, s, bk, bn), xa.elt(), dw_elt);
+    let mut result = None;
+    with_kernel(jit, opts, OP, (base, false, false), &mut |kern| {
+        result = Some(wgrad_gemm(kern, &dz, xa, (nb, kb, bk), dw_elt)?);
+        Ok(())
+    })?;
+    let (dw, dbp) = result.ok_or_else(|| shape_err(OP, "internal: no result".into()))?;
+    Ok(finish_wgrad(dw, dbp, n, (nb, kb, bk, bn), db_elt))
+}
+
+/// The GEMM spec of `brgemm_wgrad` for `[Kb·bk] × S` of `xᵀ` (elements `xa`)
+/// times `S × bn` of `dz`. xᵀ packed once per call (`pack_x`) pays off when
+/// many N blocks reuse it; with few, the transposed view read in place is
+/// faster (`brgemm_best`: 256→64 1.0 vs 1.4 ms, 256→1 0.4 vs 1.1; 512→256 ~5%
+/// slower).
+fn wgrad_spec(
+    pack_x: bool,
+    (kb, s, bk, bn): (usize, usize, usize, usize),
+    xa: Elt,
+    dw_elt: Elt,
+) -> GemmSpec {
     let kp = kb * bk;
-    let base = GemmSpec {
+    GemmSpec {
         // Packed: one GEMM per N block over all `Kb·bk` rows of xᵀ (its tiles
         // run across the K blocks: no ragged tile per block), whose `[Kb·bk][bn]`
         // result is exactly dw[nb]. In place: one per block dw[nb][kb].
@@ -58,7 +82,7 @@ pub fn brgemm_wgrad(
         lda: 1,
         acs: bk,
         ldc: bn,
-        a: if pack_x { Elt::F32 } else { xa.elt() },
+        a: if pack_x { Elt::F32 } else { xa },
         c: dw_elt,
         bias: false,
         relu: false,
@@ -67,108 +91,143 @@ pub fn brgemm_wgrad(
         b: BLayout::Packed,
         kb: 0,
         a_blk: 0,
-    };
-    let mut result = None;
-    with_kernel(jit, opts, OP, (base, false, false), &mut |kern| {
-        let sp = *kern.spec();
-        let (mr, nr) = (sp.micro.mr(), sp.micro.nr());
-        // B per nb block: dz[nb] (`S × bn`), packed, with db summed on the way.
-        let panels = bn.div_ceil(nr);
-        let blk_b = panels * s * nr;
-        let mut dbp = vec![0.0f32; nb * panels * nr];
-        // Panel q (`S × nr`) of the packed dz, its db columns summed into `dbq`.
-        let pack_panel = |q: usize, pan: &mut [f32], dbq: &mut [f32]| {
-            let (nbi, p) = (q / panels, q % panels);
-            let j0 = p * nr;
-            let cols = nr.min(bn - j0);
-            if cols < nr {
-                pan.fill(0.0);
-            }
-            let rows = (
-                &dyv[nbi * s * bn..(nbi + 1) * s * bn],
-                &yv[nbi * s * bn..(nbi + 1) * s * bn],
-            );
-            match act {
-                Act::None => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, _| d),
-                Act::Relu => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
-                    act_grad(Act::Relu, d, y)
-                }),
-                Act::Sigmoid => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
-                    act_grad(Act::Sigmoid, d, y)
-                }),
-            }
-        };
-        let mut fresh = Fresh::new(dw_elt, nb * kp * bn);
-        let threads = rayon::current_num_threads().max(1);
-        let xt = sp.pack_a.then(|| {
-            let mut xt = Scratch::new(kp.div_ceil(mr) * mr * s);
-            pack_x_t(&mut xt, xa, (kb, s, bk), mr);
-            xt
-        });
-        let dw = if let Some(xt) = xt
-            .as_ref()
-            .filter(|_| nb >= FUSED_DZ_BLOCKS_PER_THREAD * threads)
-        {
-            // One task per N block packs that block's dz into a buffer of its
-            // own and runs the GEMM on it at once, while it is in cache (enough
-            // blocks to share out; the packed dz never goes through memory).
-            check_cover(&kern, &fresh, (nb, kp, bn))?;
-            let tasks: Vec<_> = fresh
-                .buf()
-                .chunks(kp * bn)
-                .into_iter()
-                .zip(dbp.chunks_mut(panels * nr))
-                .enumerate()
-                .collect();
-            tasks
-                .into_par_iter()
-                .with_max_len(1)
-                .try_for_each(|(nbi, (cb, dbq))| {
-                    let mut b = Scratch::new(blk_b);
-                    for (p, (pan, dbp)) in b.chunks_mut(s * nr).zip(dbq.chunks_mut(nr)).enumerate()
-                    {
-                        pack_panel(nbi * panels + p, pan, dbp);
-                    }
-                    kern.run_block(Operand::F32(xt), &b, None, cb, kp)
-                })?;
-            // SAFETY: every task returned Ok, and `check_cover` held: task nb
-            // wrote all `Kb·bk` rows of block nb, and the tasks cover every block.
-            unsafe { fresh.assume_init() }
+    }
+}
+
+/// `dz = act'(dy, y)` over the `[Nb][S][bn]` blocks of `dy` and `y`, the `B`
+/// operand of `brgemm_wgrad`'s GEMMs.
+struct DzRows<'v> {
+    act: Act,
+    dy: &'v [f32],
+    y: &'v [f32],
+    s: usize,
+    bn: usize,
+}
+
+impl DzRows<'_> {
+    /// Panel `q` (`S × nr`; `panels` per N block) of the packed dz, its db
+    /// columns summed into `dbq`.
+    fn pack_panel(&self, (q, panels, nr): (usize, usize, usize), pan: &mut [f32], dbq: &mut [f32]) {
+        let (s, bn) = (self.s, self.bn);
+        let (nbi, p) = (q / panels, q % panels);
+        let j0 = p * nr;
+        let cols = nr.min(bn - j0);
+        if cols < nr {
+            pan.fill(0.0);
+        }
+        let rows = (
+            &self.dy[nbi * s * bn..(nbi + 1) * s * bn],
+            &self.y[nbi * s * bn..(nbi + 1) * s * bn],
+        );
+        match self.act {
+            Act::None => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, _| d),
+            Act::Relu => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
+                act_grad(Act::Relu, d, y)
+            }),
+            Act::Sigmoid => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
+                act_grad(Act::Sigmoid, d, y)
+            }),
+        }
+    }
+}
+
+/// `dw` (`[Nb][Kb·bk][bn]`) with `kern` ([`wgrad_spec`]), and the per-panel
+/// column sums of dz (`db`, `[Nb][panels·nr]`).
+fn wgrad_gemm(
+    kern: GemmKernel,
+    dz: &DzRows<'_>,
+    xa: Operand<'_>,
+    (nb, kb, bk): (usize, usize, usize),
+    dw_elt: Elt,
+) -> Result<(Floats, Vec<f32>), JitError> {
+    let (s, bn) = (dz.s, dz.bn);
+    let sp = *kern.spec();
+    let kp = kb * bk;
+    let (mr, nr) = (sp.micro.mr(), sp.micro.nr());
+    // B per nb block: dz[nb] (`S × bn`), packed, with db summed on the way.
+    let panels = bn.div_ceil(nr);
+    let blk_b = panels * s * nr;
+    let mut dbp = vec![0.0f32; nb * panels * nr];
+    let pack_panel =
+        |q: usize, pan: &mut [f32], dbq: &mut [f32]| dz.pack_panel((q, panels, nr), pan, dbq);
+    let mut fresh = Fresh::new(dw_elt, nb * kp * bn);
+    let threads = rayon::current_num_threads().max(1);
+    let xt = sp.pack_a.then(|| {
+        let mut xt = Scratch::new(kp.div_ceil(mr) * mr * s);
+        pack_x_t(&mut xt, xa, (kb, s, bk), mr);
+        xt
+    });
+    let dw = if let Some(xt) = xt
+        .as_ref()
+        .filter(|_| nb >= FUSED_DZ_BLOCKS_PER_THREAD * threads)
+    {
+        // One task per N block packs that block's dz into a buffer of its
+        // own and runs the GEMM on it at once, while it is in cache (enough
+        // blocks to share out; the packed dz never goes through memory).
+        check_cover(&kern, &fresh, (nb, kp, bn))?;
+        let tasks: Vec<_> = fresh
+            .buf()
+            .chunks(kp * bn)
+            .into_iter()
+            .zip(dbp.chunks_mut(panels * nr))
+            .enumerate()
+            .collect();
+        tasks
+            .into_par_iter()
+            .with_max_len(1)
+            .try_for_each(|(nbi, (cb, dbq))| {
+                let mut b = Scratch::new(blk_b);
+                for (p, (pan, dbp)) in b.chunks_mut(s * nr).zip(dbq.chunks_mut(nr)).enumerate() {
+                    pack_panel(nbi * panels + p, pan, dbp);
+                }
+                kern.run_block(Operand::F32(xt), &b, None, cb, kp)
+            })?;
+        // SAFETY: every task returned Ok, and `check_cover` held: task nb
+        // wrote all `Kb·bk` rows of block nb, and the tasks cover every block.
+        unsafe { fresh.assume_init() }
+    } else {
+        let mut bp = Scratch::new(nb * blk_b);
+        bp.par_chunks_mut(s * nr)
+            .zip(dbp.par_chunks_mut(nr))
+            .enumerate()
+            .for_each(|(q, (pan, dbq))| pack_panel(q, pan, dbq));
+        let b_of = |nbi: usize| (&bp[nbi * blk_b..(nbi + 1) * blk_b], None);
+        if let Some(xt) = &xt {
+            // Row chunks of dw[nb] (whole tiles: chunk r0 starts at tile
+            // r0/mr, element r0·S of the packed xᵀ).
+            run_blocks(
+                kern,
+                fresh,
+                (nb, kp, bn, row_block(kp, mr, nb)),
+                &|_, r0| Operand::F32(&xt[(r0 * s).min(xt.len())..]),
+                &b_of,
+                None,
+            )?
         } else {
-            let mut bp = Scratch::new(nb * blk_b);
-            bp.par_chunks_mut(s * nr)
-                .zip(dbp.par_chunks_mut(nr))
-                .enumerate()
-                .for_each(|(q, (pan, dbq))| pack_panel(q, pan, dbq));
-            let b_of = |nbi: usize| (&bp[nbi * blk_b..(nbi + 1) * blk_b], None);
-            if let Some(xt) = &xt {
-                // Row chunks of dw[nb] (whole tiles: chunk r0 starts at tile
-                // r0/mr, element r0·S of the packed xᵀ).
-                run_blocks(
-                    kern,
-                    fresh,
-                    (nb, kp, bn, row_block(kp, mr, nb)),
-                    &|_, r0| Operand::F32(&xt[(r0 * s).min(xt.len())..]),
-                    &b_of,
-                    None,
-                )?
-            } else {
-                // One task per block dw[nb][kb]: `xb[kb]` read as its transpose.
-                run_blocks(
-                    kern,
-                    fresh,
-                    (nb * kb, bk, bn, bk),
-                    &|blk, _| tail(xa, (blk % kb) * s * bk),
-                    &|blk| b_of(blk / kb),
-                    None,
-                )?
-            }
-        };
-        result = Some((dw, dbp));
-        Ok(())
-    })?;
-    let (mut dw, dbp) = result.ok_or_else(|| shape_err(OP, "internal: no result".into()))?;
-    // Exact zeros in the padding columns n >= N (the interpreter writes 0).
+            // One task per block dw[nb][kb]: `xb[kb]` read as its transpose.
+            run_blocks(
+                kern,
+                fresh,
+                (nb * kb, bk, bn, bk),
+                &|blk, _| tail(xa, (blk % kb) * s * bk),
+                &|blk| b_of(blk / kb),
+                None,
+            )?
+        }
+    };
+    Ok((dw, dbp))
+}
+
+/// `brgemm_wgrad`'s results from the GEMMs' `dw` and per-panel `db` sums:
+/// exact zeros in `dw`'s padding columns `n >= N` (the interpreter writes 0),
+/// `db`'s `n` live columns.
+fn finish_wgrad(
+    mut dw: Floats,
+    dbp: Vec<f32>,
+    n: usize,
+    (nb, kb, bk, bn): (usize, usize, usize, usize),
+    db_elt: Elt,
+) -> Vec<Tensor> {
     let live_last = n - (nb - 1) * bn;
     if live_last < bn {
         match &mut dw {
@@ -183,7 +242,7 @@ pub fn brgemm_wgrad(
     // dbp is [Nb][panels·nr]: column j of block nb at nb·panels·nr + j.
     let panels_nr = dbp.len() / nb;
     let db: Vec<f32> = (0..n).map(|j| dbp[(j / bn) * panels_nr + j % bn]).collect();
-    Ok(vec![dw.tensor(vec![nb, kb, bk, bn]), db_of(db, db_elt)])
+    vec![dw.tensor(vec![nb, kb, bk, bn]), db_of(db, db_elt)]
 }
 
 /// The bias gradient `db` (f32 sums) stored as `elt`.

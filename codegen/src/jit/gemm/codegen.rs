@@ -292,7 +292,9 @@ impl Gen<'_, '_> {
     }
 
     /// The Cranelift micro-kernel: `rows × ncols` (`ncols <= CL_NR`) tile with
-    /// `rows × 2` f32x4 accumulators, k loop unrolled by [`CL_UNROLL`].
+    /// `rows × 2` f32x4 accumulators, k loop unrolled by [`CL_UNROLL`]: the
+    /// batch-reduce into the accumulators ([`Gen::cl_reduce`]), then the
+    /// epilogue ([`Gen::cl_store`]).
     fn cl_tile(
         &mut self,
         at: Value,
@@ -302,88 +304,30 @@ impl Gen<'_, '_> {
         rows: usize,
         ncols: usize,
     ) {
-        let s = self.spec;
-        let nv = CL_NR / 4;
-        let fl = flags();
         let zf = self.b.ins().f32const(0.0);
         let zv = self.b.ins().splat(types::F32X4, zf);
-        let accs: Vec<Variable> = (0..rows * nv).map(|_| self.var(types::F32X4, zv)).collect();
-        let pav = self.var(self.ptr, at);
-        let pbv = self.var(self.ptr, bpan);
-        let (_, lda, acs) = s.a_layout();
+        let nv = CL_NR / 4;
+        let t = ClTile {
+            accs: (0..rows * nv).map(|_| self.var(types::F32X4, zv)).collect(),
+            pa: self.var(self.ptr, at),
+            pb: self.var(self.ptr, bpan),
+            rows,
+        };
+        self.cl_reduce(&t, at);
+        let outs: Vec<Value> = t.accs.iter().map(|&v| self.b.use_var(v)).collect();
+        self.cl_store(outs, ct, biaspan, rows, ncols);
+    }
+
+    /// The batch-reduce of a Cranelift tile: full blocks of `kb` steps (a loop
+    /// when there are several), then the partial last one; each block restarts
+    /// A at its own base (from `at`), B runs on.
+    fn cl_reduce(&mut self, t: &ClTile, at: Value) {
+        let s = self.spec;
         let ae = s.a.size();
-        let ldb = s.b_geom().0;
-        let step = |g: &mut Self, u: usize| {
-            let pa = g.b.use_var(pav);
-            let pb = g.b.use_var(pbv);
-            let bvs: Vec<Value> = (0..nv)
-                .map(|v| {
-                    g.b.ins()
-                        .load(types::F32X4, fl, pb, ((u * ldb + v * 4) * 4) as i32)
-                })
-                .collect();
-            for r in 0..rows {
-                let av = g.a_splat(pa, (r * lda * ae + u * acs * ae) as i32);
-                for (v, &bv) in bvs.iter().enumerate() {
-                    let acc = g.b.use_var(accs[r * nv + v]);
-                    let nacc = g.b.ins().fma(av, bv, acc);
-                    g.b.def_var(accs[r * nv + v], nacc);
-                }
-            }
-        };
-        // `len` steps of the reduction from the current A and B pointers (both
-        // advance).
-        let run = |g: &mut Self, len: usize| {
-            let iters = len / CL_UNROLL;
-            if iters > 0 {
-                let z = g.b.ins().iconst(types::I64, 0);
-                let cnt = g.var(types::I64, z);
-                let head = g.b.create_block();
-                let blk = g.b.create_block();
-                let exit = g.b.create_block();
-                g.b.ins().jump(head, &[]);
-                g.b.switch_to_block(head);
-                let kc = g.b.use_var(cnt);
-                let more =
-                    g.b.ins()
-                        .icmp_imm_s(IntCC::SignedLessThan, kc, iters as i64);
-                g.b.ins().brif(more, blk, &[], exit, &[]);
-                g.b.switch_to_block(blk);
-                for u in 0..CL_UNROLL {
-                    step(g, u);
-                }
-                let pa = g.b.use_var(pav);
-                let npa = g.b.ins().iadd_imm_s(pa, (CL_UNROLL * acs * ae) as i64);
-                g.b.def_var(pav, npa);
-                let pb = g.b.use_var(pbv);
-                let npb = g.b.ins().iadd_imm_s(pb, (CL_UNROLL * ldb * 4) as i64);
-                g.b.def_var(pbv, npb);
-                let kc = g.b.use_var(cnt);
-                let nk = g.b.ins().iadd_imm_s(kc, 1);
-                g.b.def_var(cnt, nk);
-                g.b.ins().jump(head, &[]);
-                g.b.switch_to_block(exit);
-            }
-            let tail = len % CL_UNROLL;
-            for u in 0..tail {
-                step(g, u);
-            }
-            if tail > 0 {
-                let pa = g.b.use_var(pav);
-                let npa = g.b.ins().iadd_imm_s(pa, (tail * acs * ae) as i64);
-                g.b.def_var(pav, npa);
-                let pb = g.b.use_var(pbv);
-                let npb = g.b.ins().iadd_imm_s(pb, (tail * ldb * 4) as i64);
-                g.b.def_var(pbv, npb);
-            }
-        };
-        // The batch-reduce: full blocks of `kb` steps (a loop when there are
-        // several), then the partial last one; each block restarts A at its
-        // own base, B runs on.
         let kb = s.kb.clamp(1, s.k.max(1));
         let (full, last) = (s.k / kb, s.k % kb);
         if full == 1 && last == 0 {
-            run(self, kb);
+            self.cl_steps(t, kb);
         } else if s.k > 0 {
             let blk_a = self.var(self.ptr, at);
             let blk_step = (s.a_blk * ae) as i64;
@@ -403,8 +347,8 @@ impl Gen<'_, '_> {
                 self.b.ins().brif(more, body, &[], exit, &[]);
                 self.b.switch_to_block(body);
                 let base = self.b.use_var(blk_a);
-                self.b.def_var(pav, base);
-                run(self, kb);
+                self.b.def_var(t.pa, base);
+                self.cl_steps(t, kb);
                 let base = self.b.use_var(blk_a);
                 let nb = self.b.ins().iadd_imm_s(base, blk_step);
                 self.b.def_var(blk_a, nb);
@@ -416,12 +360,105 @@ impl Gen<'_, '_> {
             }
             if last > 0 {
                 let base = self.b.use_var(blk_a);
-                self.b.def_var(pav, base);
-                run(self, last);
+                self.b.def_var(t.pa, base);
+                self.cl_steps(t, last);
             }
         }
-        // Epilogue.
-        let mut outs: Vec<Value> = accs.iter().map(|&v| self.b.use_var(v)).collect();
+    }
+
+    /// `len` steps of a Cranelift tile's reduction from its current A and B
+    /// pointers (both advance): a loop of [`CL_UNROLL`] steps, then the tail.
+    fn cl_steps(&mut self, t: &ClTile, len: usize) {
+        let (_, _, acs) = self.spec.a_layout();
+        let ae = self.spec.a.size();
+        let ldb = self.spec.b_geom().0;
+        let iters = len / CL_UNROLL;
+        if iters > 0 {
+            let z = self.b.ins().iconst(types::I64, 0);
+            let cnt = self.var(types::I64, z);
+            let head = self.b.create_block();
+            let blk = self.b.create_block();
+            let exit = self.b.create_block();
+            self.b.ins().jump(head, &[]);
+            self.b.switch_to_block(head);
+            let kc = self.b.use_var(cnt);
+            let more = self
+                .b
+                .ins()
+                .icmp_imm_s(IntCC::SignedLessThan, kc, iters as i64);
+            self.b.ins().brif(more, blk, &[], exit, &[]);
+            self.b.switch_to_block(blk);
+            for u in 0..CL_UNROLL {
+                self.cl_step(t, u);
+            }
+            self.cl_advance(t, CL_UNROLL * acs * ae, CL_UNROLL * ldb * 4);
+            let kc = self.b.use_var(cnt);
+            let nk = self.b.ins().iadd_imm_s(kc, 1);
+            self.b.def_var(cnt, nk);
+            self.b.ins().jump(head, &[]);
+            self.b.switch_to_block(exit);
+        }
+        let tail = len % CL_UNROLL;
+        for u in 0..tail {
+            self.cl_step(t, u);
+        }
+        if tail > 0 {
+            self.cl_advance(t, tail * acs * ae, tail * ldb * 4);
+        }
+    }
+
+    /// Step `u` (of the current unrolled group) of a Cranelift tile: one B row
+    /// of `CL_NR` lanes, each A element of the tile's rows broadcast and
+    /// multiplied into its row's accumulators.
+    fn cl_step(&mut self, t: &ClTile, u: usize) {
+        let fl = flags();
+        let nv = CL_NR / 4;
+        let (_, lda, acs) = self.spec.a_layout();
+        let ae = self.spec.a.size();
+        let ldb = self.spec.b_geom().0;
+        let pa = self.b.use_var(t.pa);
+        let pb = self.b.use_var(t.pb);
+        let bvs: Vec<Value> = (0..nv)
+            .map(|v| {
+                self.b
+                    .ins()
+                    .load(types::F32X4, fl, pb, ((u * ldb + v * 4) * 4) as i32)
+            })
+            .collect();
+        for r in 0..t.rows {
+            let av = self.a_splat(pa, (r * lda * ae + u * acs * ae) as i32);
+            for (v, &bv) in bvs.iter().enumerate() {
+                let acc = self.b.use_var(t.accs[r * nv + v]);
+                let nacc = self.b.ins().fma(av, bv, acc);
+                self.b.def_var(t.accs[r * nv + v], nacc);
+            }
+        }
+    }
+
+    /// Advances a Cranelift tile's A and B pointers by `da` and `db` bytes.
+    fn cl_advance(&mut self, t: &ClTile, da: usize, db: usize) {
+        let pa = self.b.use_var(t.pa);
+        let npa = self.b.ins().iadd_imm_s(pa, da as i64);
+        self.b.def_var(t.pa, npa);
+        let pb = self.b.use_var(t.pb);
+        let npb = self.b.ins().iadd_imm_s(pb, db as i64);
+        self.b.def_var(t.pb, npb);
+    }
+
+    /// The epilogue of a Cranelift tile: bias and relu on the accumulators'
+    /// values `outs` (`rows × CL_NR/4` vectors), stored to the `rows × ncols`
+    /// tile at `ct` as `C`'s element type.
+    fn cl_store(
+        &mut self,
+        mut outs: Vec<Value>,
+        ct: Value,
+        biaspan: Value,
+        rows: usize,
+        ncols: usize,
+    ) {
+        let s = self.spec;
+        let nv = CL_NR / 4;
+        let fl = flags();
         if s.bias {
             for v in 0..nv {
                 let bb = self
@@ -474,4 +511,13 @@ impl Gen<'_, '_> {
             }
         }
     }
+}
+
+/// A Cranelift tile's state while its code is emitted: one f32x4 accumulator
+/// per row and 4 columns, and the A and B pointers.
+struct ClTile {
+    accs: Vec<Variable>,
+    pa: Variable,
+    pb: Variable,
+    rows: usize,
 }
