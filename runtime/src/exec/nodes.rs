@@ -9,11 +9,11 @@
 //! Optimizer updates (`sgd`, `split_sgd`, `sparse_sgd`, `embedding_update`,
 //! `split_embedding_update`) run *in place* on the parameter storage
 //! ([`dlrm_codegen::update_in_place_instance`] on the node's instance: a JIT
-//! kernel with the JIT backend, else the reference kernel): when an update node is the last use of its parameter(s) (both
-//! halves for the Split-SGD-BF16 ops) and the graph's update list gives them new
-//! values, the parameters' tensors are moved into the node's results, updated
-//! there, and moved back into the parameter slots by the update list at the end of
-//! the step — no copy of a table per step. (An update chain
+//! kernel with the JIT backend, else the reference kernel): when an update node is
+//! the last use of its parameter(s) (both halves for the Split-SGD-BF16 ops) and
+//! the graph's update list gives them new values, the parameters' tensors are
+//! moved into the node's results, updated there, and moved back into the parameter
+//! slots by the update list at the end of the step — no copy of a table per step. (An update chain
 //! `t1 = sparse_sgd(t, ..); t2 = sparse_sgd(t1, ..)` moves the same storage along.)
 //! Otherwise the operand is copied first, which is always correct.
 

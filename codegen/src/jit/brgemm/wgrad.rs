@@ -1,4 +1,5 @@
-//! `brgemm_wgrad`: the weight and bias gradients of a blocked layer (see the parent module's table).
+//! `brgemm_wgrad`: the weight and bias gradients of a blocked layer (see the parent
+//! module's table).
 
 use super::{check_cover, jit_err, row_block, run_blocks, tail, with_kernel};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
