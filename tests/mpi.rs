@@ -424,42 +424,27 @@ fn rank_pid(rank: usize, marker: &str) -> Option<u32> {
     None
 }
 
+/// Runs `cmd` to the end and checks that it failed with `msg` on stderr.
+fn refused(cmd: Command, msg: &str) {
+    let ran = run_with_timeout(cmd, TIMEOUT);
+    assert!(!ran.status.success(), "succeeded; wanted: {msg}");
+    assert!(ran.stderr.contains(msg), "{}", ran.stderr);
+}
+
 #[test]
 fn bad_rank_counts_are_clear_errors() {
     let dir = tempdir();
     let plan = compile(dir.path(), "tiny.plan", None);
     // --ranks must agree with the MPI job's size.
     let mut cmd = mpirun();
-    cmd.args([
-        "-n",
-        "2",
-        DLRM_RUN,
-        s(&plan),
-        "--comm",
-        "mpi",
-        "--ranks",
-        "3",
-    ]);
-    let ran = run_with_timeout(cmd, TIMEOUT);
-    assert!(!ran.status.success());
-    assert!(
-        ran.stderr
-            .contains("--ranks 3 disagrees with the MPI job's 2 processes"),
-        "{}",
-        ran.stderr
-    );
+    cmd.args(["-n", "2", DLRM_RUN, s(&plan), "--comm", "mpi"])
+        .args(["--ranks", "3"]);
+    refused(cmd, "--ranks 3 disagrees with the MPI job's 2 processes");
     // More processes than samples in the global batch.
     let mut cmd = mpirun();
     cmd.args(["-n", "3", DLRM_RUN, s(&plan), "--comm", "mpi"])
         .args(["--batch-size", "2", "--iters", "1"]);
-    let ran = run_with_timeout(cmd, TIMEOUT);
-    assert!(!ran.status.success());
-    assert!(
-        ran.stderr
-            .contains("--ranks 3 is more than the global batch of 2 samples"),
-        "{}",
-        ran.stderr
-    );
+    refused(cmd, "--ranks 3 is more than the global batch of 2 samples");
 }
 
 #[test]
@@ -467,23 +452,12 @@ fn an_unknown_mpi_wait_mode_is_a_clear_error() {
     let dir = tempdir();
     let plan = compile(dir.path(), "tiny.plan", None);
     let mut cmd = mpirun();
-    cmd.env("DLRM_MPI_WAIT", "spin").args([
-        "-n",
-        "2",
-        DLRM_RUN,
-        s(&plan),
-        "--comm",
-        "mpi",
-        "--iters",
-        "1",
-    ]);
-    let ran = run_with_timeout(cmd, TIMEOUT);
-    assert!(!ran.status.success());
-    assert!(
-        ran.stderr
-            .contains("DLRM_MPI_WAIT is \"spin\"; it takes `nap` (the default) or `block`"),
-        "{}",
-        ran.stderr
+    cmd.env("DLRM_MPI_WAIT", "spin")
+        .args(["-n", "2", DLRM_RUN, s(&plan), "--comm", "mpi"])
+        .args(["--iters", "1"]);
+    refused(
+        cmd,
+        "DLRM_MPI_WAIT is \"spin\"; it takes `nap` (the default) or `block`",
     );
 }
 

@@ -187,22 +187,7 @@ impl NodeInstance {
             ));
         }
         for (i, (t, c)) in inputs.iter().zip(&self.ins).enumerate() {
-            if t.dtype() != c.dtype || t.shape != c.shape {
-                return Err(format!(
-                    "`{name}`: operand {i} is {}{:?}, the instance has {}{:?}",
-                    t.dtype(),
-                    t.shape,
-                    c.dtype,
-                    c.shape
-                ));
-            }
-            let len = stored_len(t);
-            if len != c.numel() {
-                return Err(format!(
-                    "`{name}`: operand {i} holds {len} elements for shape {:?}",
-                    t.shape
-                ));
-            }
+            self.check_operand(i, t, c)?;
         }
         Ok(Checked {
             inst: self,

@@ -235,9 +235,10 @@ impl fmt::Display for Prediction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{} step, {} ranks, global batch {}: predicted {:.3} ms/step, {:.0} samples/s",
+            "{} step, {} rank{}, global batch {}: predicted {:.3} ms/step, {:.0} samples/s",
             if self.train { "training" } else { "inference" },
             self.ranks,
+            if self.ranks == 1 { "" } else { "s" },
             self.global_batch,
             self.step_ms,
             self.samples_per_s
