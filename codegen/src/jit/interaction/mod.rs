@@ -1,0 +1,391 @@
+//! The dot interaction's JIT kernels, forward and backward, parallel over blocks
+//! of samples; every operand f32 or bf16 (independently), results f32 or bf16.
+//!
+//! Forward, per sample: `T = [x, e_0, .., e_{n-1}]` is read in place from the
+//! operands (row pointers, no concatenation copy); the result row is `x` then
+//! `T_i · T_j` for the kept pairs in row-major order. The pairs of one `i` are
+//! computed four `j` at a time (four f32x4 FMA accumulators sharing each load of
+//! `T_i`), then each accumulator is summed across lanes and the scalar tail
+//! (`D mod 4`) added: a reassociation of the definition's sum (the tests allow
+//! 1e-5 relative to the terms' magnitudes).
+//!
+//! Backward, per sample and operand `i`, in chunks of up to 32 columns (8 f32x4
+//! accumulators): `dT_i = [i == 0] dr[..D] + Σ_{k≠i} dZ_{ik} T_k (+ 2 dZ_ii T_i)`
+//! with `dZ_{ik}` the `dr` entry of the pair `(max, min)` — the reference's sums in
+//! another order.
+//!
+//! The pair loops and the operand choice are unrolled at compile time (operands
+//! may differ in element type); the column loop runs at run time in 16- (forward)
+//! or 32-column (backward) steps with a static tail. Above `UNROLL_F` (12) operands
+//! whose embeddings share one element type, the backward loops over the operands
+//! and their partners at run time instead (the unrolled code grows as `F²`).
+//!
+//! Under `--kernels auto|avx512` the backward with f32 operands and results runs
+//! on [`super::native_dot`]'s AVX-512 kernel instead, which sums in the same
+//! order (the same gradients, bit for bit, on the columns of whole f32x4
+//! vectors); the forward is always this module's.
+//!
+//! ABI: forward `fn(ops: *const *const u8, out: *mut u8, s0: i64, s1: i64)` writes
+//! samples `s0..s1` from `out` (sample `s0`'s row first); backward
+//! `fn(ops, dr: *const u8, grads: *const *mut u8, s0, s1)` writes rows `s0..s1` of
+//! each gradient (absolute rows). Shapes are checked by the Rust wrappers.
+
+mod emit;
+
+use super::buffers::Fresh;
+use super::gemm::Elt;
+use super::native_dot::{self, Dot};
+use super::{Jit, JitError, JitOptions, KernelChoice};
+use crate::kernels::{KResult, KernelError, block_rows, shape_err};
+use cranelift_codegen::ir::types;
+use dlrm_ir::{Checked, DType, Data, InteractionKind, Op, Tensor, TensorType, interaction_width};
+use emit::{emit_backward, emit_forward};
+use rayon::prelude::*;
+
+/// Most operands a kernel takes (one bit per operand in [`DotSpec::bf16_ops`]).
+const MAX_F: usize = 64;
+
+/// What a dot-interaction kernel is specialised on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DotSpec {
+    /// Operands (`x` and the embeddings), `F`.
+    pub f: usize,
+    /// Their width `D`.
+    pub d: usize,
+    /// Keep the diagonal pairs.
+    pub self_interaction: bool,
+    /// Backward (`interaction_grad`), else forward.
+    pub backward: bool,
+    /// Bit `i` set: operand `i` is bf16 (else f32).
+    pub bf16_ops: u64,
+    /// `dr`'s element type (backward).
+    pub dr: Elt,
+    /// The results' element type.
+    pub out: Elt,
+}
+
+impl DotSpec {
+    fn elt(&self, i: usize) -> Elt {
+        if (self.bf16_ops >> i) & 1 == 1 {
+            Elt::BF16
+        } else {
+            Elt::F32
+        }
+    }
+
+    fn pairs(&self) -> Vec<(usize, usize)> {
+        let si = self.self_interaction;
+        (0..self.f)
+            .flat_map(|i| (0..if si { i + 1 } else { i }).map(move |j| (i, j)))
+            .collect()
+    }
+
+    fn width(&self) -> usize {
+        self.d + self.pairs().len()
+    }
+
+    /// The element type of operands `1..F` when they share one.
+    fn tail_elt(&self) -> Option<Elt> {
+        let e = self.elt(1.min(self.f - 1));
+        (1..self.f).all(|k| self.elt(k) == e).then_some(e)
+    }
+}
+
+type FwdFn = unsafe extern "C" fn(*const usize, *mut u8, i64, i64);
+type BwdFn = unsafe extern "C" fn(*const usize, *const u8, *const usize, i64, i64);
+
+#[derive(Clone, Copy, Debug)]
+enum DotFn {
+    Fwd(FwdFn),
+    Bwd(BwdFn),
+}
+
+/// A compiled dot-interaction kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct DotKernel {
+    spec: DotSpec,
+    f: DotFn,
+}
+
+pub(crate) fn compile(jit: &Jit, spec: DotSpec) -> Result<DotKernel, JitError> {
+    let nptr = if spec.backward { 3 } else { 2 };
+    // The loads and FMAs are emitted interleaved, register-blocked: kept in
+    // that order ([`Jit::in_order_module`]).
+    let module = jit.in_order_module()?;
+    let f = jit.compile_fn(module, "interaction", nptr, &[types::I64; 2], |_, b, p| {
+        if spec.backward {
+            emit_backward(b, &spec, p);
+        } else {
+            emit_forward(b, &spec, p);
+        }
+    })?;
+    // SAFETY: generated with exactly the signature of the spec's direction and the
+    // C call convention.
+    let f = unsafe {
+        if spec.backward {
+            DotFn::Bwd(std::mem::transmute::<*const u8, BwdFn>(f))
+        } else {
+            DotFn::Fwd(std::mem::transmute::<*const u8, FwdFn>(f))
+        }
+    };
+    Ok(DotKernel { spec, f })
+}
+
+fn elt_of(t: &Tensor) -> Option<(Elt, usize)> {
+    match &t.data {
+        Data::F32(v) => Some((Elt::F32, v.as_ptr() as usize)),
+        Data::BF16(v) => Some((Elt::BF16, v.as_ptr() as usize)),
+        _ => None,
+    }
+}
+
+fn elt_dtype(d: DType) -> Option<Elt> {
+    match d {
+        DType::F32 => Some(Elt::F32),
+        DType::BF16 => Some(Elt::BF16),
+        _ => None,
+    }
+}
+
+/// `interaction` / `interaction_grad` of kind `dot` with a JIT kernel (`None`:
+/// `cat`, which [`super::layout`] copies; non-float operands or results; more
+/// than 64 operands).
+pub(crate) fn eval(
+    jit: &Jit,
+    opts: &JitOptions,
+    c: &Checked<'_>,
+    out_types: &[TensorType],
+) -> Option<KResult<Vec<Tensor>>> {
+    let (op, inputs) = (c.op(), c.inputs());
+    let (self_interaction, backward) = match op {
+        Op::Interaction {
+            kind: InteractionKind::Dot,
+            self_interaction,
+        } => (*self_interaction, false),
+        Op::InteractionGrad {
+            kind: InteractionKind::Dot,
+            self_interaction,
+        } => (*self_interaction, true),
+        _ => return None,
+    };
+    let name = op.mnemonic();
+    let fwd = if backward { inputs.get(1..)? } else { inputs };
+    let f = fwd.len();
+    if f == 0 || f > MAX_F {
+        return None;
+    }
+    let mut bf16_ops = 0u64;
+    let mut ptrs = Vec::with_capacity(f);
+    for (i, t) in fwd.iter().enumerate() {
+        let (e, p) = elt_of(t)?;
+        bf16_ops |= u64::from(e == Elt::BF16) << i;
+        ptrs.push(p);
+    }
+    let out = elt_dtype(out_types.first()?.dtype)?;
+    if out_types.iter().any(|t| elt_dtype(t.dtype) != Some(out)) {
+        return None;
+    }
+    let dr = if backward {
+        elt_of(inputs[0])?.0
+    } else {
+        Elt::F32
+    };
+    // The instance verified every operand [S, D] (equal widths for `dot`), dr
+    // [S, width] and the buffers' lengths: the kernel reads exactly those.
+    let &[s, d] = fwd[0].shape.as_slice() else {
+        return None;
+    };
+    Some((|| {
+        let spec = DotSpec {
+            f,
+            d,
+            self_interaction,
+            backward,
+            bf16_ops,
+            dr,
+            out,
+        };
+        let width = interaction_width(InteractionKind::Dot, self_interaction, &vec![d; f]);
+        debug_assert_eq!(width, spec.width());
+        let sb = block_rows(s, 8, 256);
+        if native_dot_applies(opts, &spec) {
+            return Ok(native_backward(&spec, &ptrs, inputs, s, sb));
+        }
+        let k = jit.interaction(spec).map_err(|e| KernelError::Jit {
+            op: name,
+            reason: e.to_string(),
+        })?;
+        // SAFETY: `ptrs` are the `f` forward operands' buffers, each of
+        // `s·d` elements of its spec type, `inputs[0]` (backward) is `dr` of
+        // `s·width` (the node's instance verified the shapes, the bind the
+        // buffers' lengths), and `k` was compiled for `spec`.
+        unsafe {
+            match backward {
+                false => run_forward(k, &spec, &ptrs, s, sb),
+                true => run_backward(k, &spec, (&ptrs, inputs[0]), s, sb),
+            }
+        }
+    })())
+}
+
+/// The forward dot interaction with kernel `k` over `s` samples in blocks of
+/// `sb`.
+///
+/// # Safety
+///
+/// `ptrs` are the addresses of `spec.f` operands of `s·d` elements of their
+/// spec types each; `k` was compiled for `spec`.
+unsafe fn run_forward(
+    k: DotKernel,
+    spec: &DotSpec,
+    ptrs: &[usize],
+    s: usize,
+    sb: usize,
+) -> KResult<Vec<Tensor>> {
+    let (name, out, width) = ("interaction", spec.out, spec.width());
+    // Not zeroed: the kernel writes every element of its rows.
+    let mut fresh = Fresh::new(out, s * width);
+    if s > 0 && width > 0 {
+        let DotFn::Fwd(fun) = k.f else {
+            return Err(shape_err(name, "internal: kernel direction".into()));
+        };
+        let base = fresh.buf().as_mut_ptr() as usize;
+        let ops = ptrs.as_ptr() as usize;
+        let eo = out.size();
+        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
+            let s0 = blk * sb;
+            let s1 = (s0 + sb).min(s);
+            // SAFETY: every operand holds s·d elements of its spec type
+            // (the caller's contract); the result holds s·width elements and this
+            // task writes rows s0..s1 only, from its own row s0.
+            unsafe {
+                fun(
+                    ops as *const usize,
+                    (base as *mut u8).add(s0 * width * eo),
+                    s0 as i64,
+                    s1 as i64,
+                )
+            }
+        });
+    }
+    let _ = k.spec;
+    // SAFETY: the tasks cover rows 0..s, each written whole (`x`, then
+    // every kept pair); empty if s·width = 0.
+    Ok(vec![unsafe { fresh.assume_init() }.tensor(vec![s, width])])
+}
+
+/// The backward dot interaction with kernel `k` over `s` samples in blocks of
+/// `sb`.
+///
+/// # Safety
+///
+/// As [`run_forward`], and `dr` holds `s·width` elements of `spec.dr`.
+unsafe fn run_backward(
+    k: DotKernel,
+    spec: &DotSpec,
+    (ptrs, dr): (&[usize], &Tensor),
+    s: usize,
+    sb: usize,
+) -> KResult<Vec<Tensor>> {
+    let (name, out, d, f) = ("interaction_grad", spec.out, spec.d, spec.f);
+    // Not zeroed: the kernel writes every column of its rows of each.
+    let mut grads: Vec<Fresh> = (0..f).map(|_| Fresh::new(out, s * d)).collect();
+    if s > 0 && d > 0 {
+        let DotFn::Bwd(fun) = k.f else {
+            return Err(shape_err(name, "internal: kernel direction".into()));
+        };
+        let gptrs: Vec<usize> = grads
+            .iter_mut()
+            .map(|g| g.buf().as_mut_ptr() as usize)
+            .collect();
+        let ops = ptrs.as_ptr() as usize;
+        let gp = gptrs.as_ptr() as usize;
+        let drp = elt_of(dr).map_or(0, |(_, p)| p);
+        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
+            let s0 = blk * sb;
+            let s1 = (s0 + sb).min(s);
+            // SAFETY: operands hold s·d elements, dr s·width, every gradient
+            // s·d (checked or allocated above); this task writes rows s0..s1 of
+            // each gradient only.
+            unsafe {
+                fun(
+                    ops as *const usize,
+                    drp as *const u8,
+                    gp as *const usize,
+                    s0 as i64,
+                    s1 as i64,
+                )
+            }
+        });
+    }
+    // SAFETY: the tasks cover rows 0..s of every gradient, each row written
+    // whole (all `d` columns); empty if s·d = 0.
+    Ok(grads
+        .into_iter()
+        .map(|g| unsafe { g.assume_init() }.tensor(vec![s, d]))
+        .collect())
+}
+
+/// Whether the AVX-512 backward ([`native_dot`]) runs `spec`: the backward
+/// with f32 operands, `dr` and results, on a CPU that has AVX-512, under
+/// `auto` or `avx512`.
+fn native_dot_applies(opts: &JitOptions, spec: &DotSpec) -> bool {
+    spec.backward
+        && matches!(
+            opts.kernels,
+            KernelChoice::Auto | KernelChoice::Avx512 | KernelChoice::Avx512Bf16
+        )
+        && native_dot::available()
+        && spec.bf16_ops == 0
+        && spec.dr == Elt::F32
+        && spec.out == Elt::F32
+        && spec.f <= native_dot::MAX_F
+}
+
+/// The interaction's gradients on the AVX-512 kernel, parallel over blocks of
+/// `sb` samples; shapes were checked by [`eval`] (every operand `[s, d]` f32
+/// at `ptrs`, `dr` `[s, width]`).
+fn native_backward(
+    spec: &DotSpec,
+    ptrs: &[usize],
+    inputs: &[&Tensor],
+    s: usize,
+    sb: usize,
+) -> Vec<Tensor> {
+    let dot = Dot {
+        f: spec.f,
+        d: spec.d,
+        self_interaction: spec.self_interaction,
+    };
+    let d = spec.d;
+    // Not zeroed: the kernel writes every column of its rows of each.
+    let mut grads: Vec<Fresh> = (0..spec.f).map(|_| Fresh::new(Elt::F32, s * d)).collect();
+    if s > 0 && d > 0 {
+        // Addresses, as the Cranelift path passes them to its tasks.
+        let gaddrs: Vec<usize> = grads
+            .iter_mut()
+            .map(|g| g.buf().as_mut_ptr() as usize)
+            .collect();
+        let dr = elt_of(inputs[0]).map_or(0, |(_, p)| p);
+        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
+            let (s0, s1) = (blk * sb, ((blk + 1) * sb).min(s));
+            let ops: Vec<*const f32> = ptrs.iter().map(|&p| p as *const f32).collect();
+            let gs: Vec<*mut f32> = gaddrs.iter().map(|&p| p as *mut f32).collect();
+            // SAFETY: operands hold s·d f32, dr s·width, every gradient s·d
+            // (checked or allocated above); this task writes rows s0..s1 of each
+            // gradient only; `native_dot_applies` checked the CPU and F.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                native_dot::backward(dot, &ops, dr as *const f32, &gs, s0, s1)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (s0, s1, dr, ops, gs);
+        });
+    }
+    // SAFETY: the tasks cover rows 0..s of every gradient, each row written
+    // whole (all `d` columns); empty if s·d = 0.
+    grads
+        .into_iter()
+        .map(|g| unsafe { g.assume_init() }.tensor(vec![s, d]))
+        .collect()
+}
