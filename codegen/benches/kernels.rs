@@ -315,6 +315,7 @@ fn bench_brgemm(c: &mut Criterion) {
                     Op::BrgemmDgrad {
                         act: Act::Relu,
                         mask: Act::None,
+                        dtype: DType::F32,
                     },
                     vec![dy, y, w],
                     vec![fixed_ty(DType::F32, &[kb, m, bk])],

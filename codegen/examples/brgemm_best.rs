@@ -80,6 +80,7 @@ fn main() {
             Op::BrgemmDgrad {
                 act: Act::Relu,
                 mask: Act::None,
+                dtype: DType::F32,
             },
             vec![&dyb, &yb, &wb],
             vec![ty(&[kb, s, bk])],

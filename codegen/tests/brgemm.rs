@@ -95,6 +95,7 @@ fn problem(
             op: Op::BrgemmDgrad {
                 act,
                 mask: Act::None,
+                dtype: DType::F32,
             },
             ins: grad_ins(w),
         },
@@ -131,10 +132,10 @@ fn activated(act: Act, seed: u64, s: usize, n: usize, bn: usize, dt: DType) -> T
 /// `p` (a [`problem`] `brgemm_dgrad`) with the previous layer's `mask`: the
 /// layer input `xb[Kb,S,bk]` (activated by `mask`, the result's shape) appended.
 fn masked(mut p: Problem, mask: Act, seed: u64) -> Problem {
-    let Op::BrgemmDgrad { act, .. } = p.op else {
+    let Op::BrgemmDgrad { act, dtype, .. } = p.op else {
         return p;
     };
-    p.op = Op::BrgemmDgrad { act, mask };
+    p.op = Op::BrgemmDgrad { act, mask, dtype };
     if mask != Act::None {
         let (dy, w) = (&p.ins[0], &p.ins[p.ins.len() - 1]);
         let (s, kb, bk) = (dy.shape[1], w.shape[1], w.shape[2]);
@@ -377,6 +378,69 @@ proptest! {
     ) {
         let p = problem(which, act, s, n, k, bn.min(n), bk.min(k), dt, seed);
         check_jit(&masked(p, mask, seed + 5));
+    }
+}
+
+/// `t` as f32 (exact).
+fn widened(t: &Tensor) -> Tensor {
+    Tensor::f32(t.shape.clone(), t.to_f32_vec())
+}
+
+/// `p` (a [`problem`] of bf16 operands) as the precision pass leaves a bf16 or
+/// mixed plan's backward: `dy` bf16, the other GEMM operand (`w` or `x`; last
+/// but for a mask) bf16 unless `f32_other`, `y` and the mask operand bf16, and
+/// a `brgemm_dgrad` storing `dx` as `out`.
+fn bf16_gradient(mut p: Problem, f32_other: bool, out: DType) -> Problem {
+    let other = match p.op {
+        Op::BrgemmDgrad {
+            mask,
+            ref mut dtype,
+            ..
+        } => {
+            *dtype = out;
+            p.ins.len() - 1 - usize::from(mask != Act::None)
+        }
+        _ => p.ins.len() - 1,
+    };
+    if f32_other {
+        p.ins[other] = widened(&p.ins[other]);
+    }
+    p
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// `brgemm_dgrad` and `brgemm_wgrad` on bf16 gradients (bf16 results for
+    /// dgrad, the other operand bf16 or f32): the reference kernels against the
+    /// interpreter bit for bit, the JIT (on every micro-kernel, the BF16 one
+    /// where the CPU has it) against the reference kernels.
+    #[test]
+    fn bf16_gradients_match_the_reference(
+        which in 1usize..3,
+        act in acts(),
+        mask in acts(),
+        s in 1usize..40,
+        n in 1usize..70,
+        k in 1usize..70,
+        bn in prop_oneof![Just(1usize), 1usize..40],
+        bk in 1usize..40,
+        f32_other in any::<bool>(),
+        out in dtypes(),
+        seed in 0u64..1000,
+    ) {
+        let p = problem(which, act, s, n, k, bn.min(n), bk.min(k), DType::BF16, seed);
+        let p = bf16_gradient(masked(p, mask, seed + 5), f32_other, out);
+        let ins: Vec<&Tensor> = p.ins.iter().collect();
+        let want = interp(&p.op, &ins);
+        let got = dlrm_codegen::try_eval(&p.op, &ins, &out_types(&p.op, &ins), &HashMap::new())
+            .expect("a reference kernel")
+            .unwrap_or_else(|e| panic!("{e}"));
+        for (g, w) in got.iter().zip(&want) {
+            prop_assert_eq!(g.dtype(), w.dtype());
+            prop_assert_eq!(bits(g), bits(w), "{:?}", p.op);
+        }
+        check_jit(&p);
     }
 }
 

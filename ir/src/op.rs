@@ -310,31 +310,31 @@ pub enum Op {
         /// Fused activation (the epilogue).
         act: Act,
     },
-    /// `brgemm_dgrad(dyb[Nb,S,bn], yb[Nb,S,bn], wb[Nb,Kb,bk,bn]) -> f32[Kb,S,bk]`
-    /// (`act=none` takes no `yb`: `brgemm_dgrad(dyb, wb)`):
-    /// with `dz = act'(dy, y)` (`relu_grad`/`sigmoid_grad`/identity, fused),
-    /// `dx[s][k] = Σ_n dz[s][n]·w[n][k]` over `n` ascending (as `linear_dx`), 0 in the
-    /// padding.
-    ///
-    /// With `mask` other than `none`, one more operand: the layer's blocked input
-    /// `xb[Kb,S,bk]` (the previous layer's output, activated by `mask`), and the
-    /// result is that layer's `dz`: `mask'(dx, xb)` elementwise (`relu_grad` /
+    /// `brgemm_dgrad(dyb[Nb,S,bn], yb[Nb,S,bn], wb[Nb,Kb,bk,bn]) -> dtype[Kb,S,bk]`
+    /// (`act=none` takes no `yb`: `brgemm_dgrad(dyb, wb)`): with `dz = act'(dy, y)`
+    /// (`relu_grad`/`sigmoid_grad`/identity, fused), `dx[s][k] = Σ_n dz[s][n]·w[n][k]`
+    /// over `n` ascending in f32 (as `linear_dx`), 0 in the padding; operands widened
+    /// exactly, the result stored as `dtype` (bf16: rounded once, after the mask,
+    /// to nearest even). With `mask` other than `none`, one more operand: the layer's
+    /// blocked input `xb[Kb,S,bk]` (the previous layer's output, activated by `mask`),
+    /// and the result is that layer's `dz`: `mask'(dx, xb)` elementwise (`relu_grad` /
     /// `sigmoid_grad` of the definition, padding included), so the previous
     /// layer's `brgemm_dgrad`/`brgemm_wgrad` take it with `act=none` instead of
-    /// each applying `act'` to `dx` (the `fuse-dgrad-mask` pass). Printed only
-    /// when not `none`.
+    /// each applying `act'` to `dx` (the `fuse-dgrad-mask` pass). Printed only when not `none`.
     BrgemmDgrad {
         /// The forward activation whose gradient is fused.
         act: Act,
         /// The previous layer's activation, whose gradient is applied to the
         /// result (`none`: the plain `dx`).
         mask: Act,
+        /// The result dtype (f32, or bf16 between bf16 layers; printed if bf16).
+        dtype: DType,
     },
     /// `brgemm_wgrad(dyb[Nb,S,bn], yb[Nb,S,bn], xb[Kb,S,bk]) -> (f32[Nb,Kb,bk,bn], f32[n])`
     /// (`act=none` takes no `yb`: `brgemm_wgrad(dyb, xb)`):
     /// with `dz = act'(dy, y)`: the blocked weight gradient `dw[n][k] = Σ_s dz[s][n]·x[s][k]`
-    /// and the bias gradient `db[n] = Σ_s dz[s][n]`, sums over `s` ascending (as
-    /// `linear_dw`, `linear_db`), 0 in the padding.
+    /// and the bias gradient `db[n] = Σ_s dz[s][n]`, sums over `s` ascending in f32 (as
+    /// `linear_dw`, `linear_db`), 0 in the padding; operands widened exactly.
     BrgemmWgrad {
         /// The forward activation whose gradient is fused.
         act: Act,

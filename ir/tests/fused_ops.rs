@@ -126,6 +126,7 @@ fn brgemm_family_reproduces_linear_bit_for_bit() {
             Op::BrgemmDgrad {
                 act,
                 mask: Act::None,
+                dtype: DType::F32,
             },
             &dg_ins,
         );

@@ -104,7 +104,7 @@ pub fn fuse_dgrad_mask(g: &Graph, pass: &str) -> Result<(Graph, usize)> {
         let mut inputs = n.inputs.clone();
         let op = match (&n.op, drop_act[i], mask[i]) {
             (op, false, None) => op.clone(),
-            (Op::BrgemmDgrad { act, .. }, drop, m) => {
+            (Op::BrgemmDgrad { act, dtype, .. }, drop, m) => {
                 if drop {
                     inputs.remove(1);
                 }
@@ -115,6 +115,7 @@ pub fn fuse_dgrad_mask(g: &Graph, pass: &str) -> Result<(Graph, usize)> {
                 Op::BrgemmDgrad {
                     act: if drop { Act::None } else { *act },
                     mask: m.map_or(Act::None, |(a, _)| a),
+                    dtype: *dtype,
                 }
             }
             (Op::BrgemmWgrad { n, .. }, true, None) => {

@@ -6,10 +6,21 @@
 //!   activations are blocked (`block_act`) and unblocked (`unblock_act`) as bf16 —
 //!   except values that are graph outputs or reach a loss, which stay f32.
 //!   Compute stays f32 (every op widens, accumulates in f32, and rounds to nearest
-//!   even when it stores bf16); gradients stay f32.
+//!   even when it stores bf16). The blocked activation gradients between MLP
+//!   layers are stored bf16 where every GEMM they feed is then all-bf16: a
+//!   gradient `block_act` or `brgemm_dgrad` result (its `dtype`) whose users all
+//!   take it as the `dy` of a `brgemm_dgrad` with bf16 weights or of a
+//!   `brgemm_wgrad` with a bf16 `x` — the loss gradient entering the top MLP and
+//!   the one entering the bottom MLP, and every `dx` passed down inside an MLP —
+//!   so the backward GEMMs run on bf16 operands (the AVX-512 BF16 kernel where
+//!   the CPU has it). Each is the f32 value rounded once to nearest even (after
+//!   the fused mask). Weight and bias gradients stay f32 (f32 sums), and so do
+//!   gradients leaving an MLP (unblocked for the interaction or the bags).
 //! - `mixed`: as `bf16`, but the precision-sensitive parts stay fp32: the loss, the
 //!   last layer (its weights; its output is then f32), and the interaction's output
 //!   (the bottom MLP's output is unblocked to f32, so the interaction computes f32).
+//!   The gradient rule is the same, so the loss gradient, which feeds the f32 last
+//!   layer, stays f32; the last layer's `dx` and the gradients below it are bf16.
 //!
 //! Training keeps an fp32 master of every bf16 MLP weight as Split-SGD-BF16: the
 //! bf16 parameter `%w` is the high half of the master, a new parameter `%w.lo`
@@ -25,7 +36,7 @@
 
 use crate::pipeline::{Params, Precision};
 use crate::{Pass, PassError, Ran, Result};
-use dlrm_ir::{DType, Data, Def, Graph, Op, Tensor, ValueId};
+use dlrm_ir::{Act, DType, Data, Def, Graph, Op, Tensor, ValueId};
 use half::bf16;
 use std::collections::{HashMap, HashSet};
 
@@ -101,8 +112,13 @@ pub fn select(g: &Graph, precision: Precision, params: Option<&mut Params>) -> R
         return Ok(g.clone());
     }
     refuse_adagrad(g, precision)?;
-    let choice = Choice::of(g, precision == Precision::Mixed);
-    let (out, lo_of) = Rewrite::new(g, &choice)?.run(precision == Precision::Mixed)?;
+    let mixed = precision == Precision::Mixed;
+    let choice = Choice::of(g, mixed);
+    // Which gradients are stored bf16 depends on the other operands' dtypes
+    // after the rewrite: rewrite once with f32 gradients, read them off, redo.
+    let (first, _, map) = Rewrite::new(g, &choice, HashSet::new())?.run(mixed)?;
+    let grads = bf16_gradients(g, &first, &map);
+    let (out, lo_of, _) = Rewrite::new(g, &choice, grads)?.run(mixed)?;
     if let Some(params) = params {
         convert_params(g, &out, &choice, &lo_of, params);
     }
@@ -131,6 +147,44 @@ fn refuse_adagrad(g: &Graph, precision: Precision) -> Result<()> {
              use fp32 with adagrad)"
         ),
     })
+}
+
+/// The nodes of `g` (`block_act` and `brgemm_dgrad`) whose result, a blocked
+/// activation gradient, is stored bf16: every user takes it as the `dy` of a
+/// `brgemm_dgrad` whose weight is bf16 or of a `brgemm_wgrad` whose `x` is
+/// bf16 in `first` (the rewrite with f32 gradients; `map` takes `g`'s values
+/// there), so the GEMMs it feeds are all-bf16; not a graph output.
+fn bf16_gradients(g: &Graph, first: &Graph, map: &[Option<ValueId>]) -> HashSet<usize> {
+    let (nodes, users) = (first.nodes(), first.users());
+    let bf16_gemm = |v: ValueId, u: usize| {
+        let ins = &nodes[u].inputs;
+        let other = match &nodes[u].op {
+            Op::BrgemmDgrad { mask, .. } => {
+                ins.len().checked_sub(1 + usize::from(*mask != Act::None))
+            }
+            Op::BrgemmWgrad { .. } => ins.len().checked_sub(1),
+            _ => None,
+        };
+        ins.first() == Some(&v)
+            && !ins[1..].contains(&v)
+            && other.is_some_and(|o| first.ty(ins[o]).dtype == DType::BF16)
+    };
+    let mut out = HashSet::new();
+    for (n, node) in g.nodes().iter().enumerate() {
+        if !matches!(node.op, Op::BlockAct { .. } | Op::BrgemmDgrad { .. }) {
+            continue;
+        }
+        let Some(v) = map[node.outputs[0].index()] else {
+            continue;
+        };
+        let us = &users[v.index()];
+        let gradient =
+            !us.is_empty() && !first.outputs().contains(&v) && us.iter().all(|&u| bf16_gemm(v, u));
+        if gradient {
+            out.insert(n);
+        }
+    }
+    out
 }
 
 /// Which parameters become bf16, and how they are trained.
@@ -241,11 +295,13 @@ struct Rewrite<'g> {
     cur_lo: HashMap<ValueId, ValueId>,
     /// Updates of the `.lo` halves, added after the graph's own.
     extra_updates: Vec<(ValueId, ValueId)>,
+    /// Nodes whose result (a blocked activation gradient) is stored bf16.
+    grads: HashSet<usize>,
 }
 
 impl<'g> Rewrite<'g> {
     /// The new graph's inputs and parameters (bf16 where chosen, `.lo` halves).
-    fn new(g: &'g Graph, choice: &'g Choice) -> Result<Rewrite<'g>> {
+    fn new(g: &'g Graph, choice: &'g Choice, grads: HashSet<usize>) -> Result<Rewrite<'g>> {
         let e = PassError::ir(ID);
         let mut out = Graph::new(g.name.clone());
         let mut map: Vec<Option<ValueId>> = vec![None; g.values().len()];
@@ -277,6 +333,7 @@ impl<'g> Rewrite<'g> {
             lo_of,
             cur_lo,
             extra_updates: Vec::new(),
+            grads,
         })
     }
 
@@ -289,12 +346,12 @@ impl<'g> Rewrite<'g> {
         })
     }
 
-    /// Rewrites every node, the outputs and the updates; returns the new graph and
-    /// the `.lo` parameter of each split parameter.
-    fn run(mut self, mixed: bool) -> Result<(Graph, HashMap<ValueId, ValueId>)> {
+    /// Rewrites every node, the outputs and the updates; returns the new graph,
+    /// the `.lo` parameter of each split parameter and the map of values.
+    fn run(mut self, mixed: bool) -> Result<Rewritten> {
         let g = self.g;
         let users = g.users();
-        for node in g.nodes() {
+        for (n, node) in g.nodes().iter().enumerate() {
             let ins = node
                 .inputs
                 .iter()
@@ -312,13 +369,19 @@ impl<'g> Rewrite<'g> {
                         Op::BrgemmWgrad { .. } => g.nodes()[u].inputs.last() == Some(&y),
                         _ => false,
                     });
-                    let dtype = if act_use && !users[y.index()].is_empty() {
-                        DType::BF16
-                    } else {
-                        DType::F32
-                    };
+                    let dtype =
+                        if (act_use && !users[y.index()].is_empty()) || self.grads.contains(&n) {
+                            DType::BF16
+                        } else {
+                            DType::F32
+                        };
                     Op::BlockAct { bk: *bk, dtype }
                 }
+                Op::BrgemmDgrad { act, mask, .. } if self.grads.contains(&n) => Op::BrgemmDgrad {
+                    act: *act,
+                    mask: *mask,
+                    dtype: DType::BF16,
+                },
                 Op::UnblockAct { k, dtype } => {
                     let from_fwd = def_node(g, node.inputs[0])
                         .is_some_and(|m| matches!(g.nodes()[m].op, Op::Brgemm { .. }));
@@ -391,7 +454,7 @@ impl<'g> Rewrite<'g> {
     }
 
     /// The outputs and updates, the `.lo` halves' updates last.
-    fn finish(mut self) -> Result<(Graph, HashMap<ValueId, ValueId>)> {
+    fn finish(mut self) -> Result<Rewritten> {
         let e = PassError::ir(ID);
         let g = self.g;
         let outputs = g
@@ -412,9 +475,13 @@ impl<'g> Rewrite<'g> {
         for (p, v) in std::mem::take(&mut self.extra_updates) {
             self.out.add_update(p, v).map_err(e)?;
         }
-        Ok((self.out, self.lo_of))
+        Ok((self.out, self.lo_of, self.map))
     }
 }
+
+/// A rewritten graph, the `.lo` parameter of each split parameter, and the map
+/// from the old graph's values to the new one's.
+type Rewritten = (Graph, HashMap<ValueId, ValueId>, Vec<Option<ValueId>>);
 
 /// Converts the parameter tensors as the graph's types changed: a split
 /// parameter into its truncated high half and a new `.lo` tensor, other bf16

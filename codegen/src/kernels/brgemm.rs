@@ -48,7 +48,7 @@ pub fn try_eval(c: &Checked<'_>, out_types: &[TensorType]) -> Option<KResult<Vec
         Op::BlockAct { bk, .. } => one(block_act(*bk, c, out)),
         Op::UnblockAct { k, .. } => one(unblock_act(*k, c, out)),
         Op::Brgemm { act } => one(brgemm(*act, c, out)),
-        Op::BrgemmDgrad { act, mask } => one(brgemm_dgrad(*act, *mask, c, out)),
+        Op::BrgemmDgrad { act, mask, .. } => one(brgemm_dgrad(*act, *mask, c, out)),
         Op::BrgemmWgrad { act, n } => brgemm_wgrad(*act, *n, c, out_types),
         _ => return None,
     })

@@ -133,7 +133,7 @@ pub(super) fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
                 [f(nb), xb.shape[1].clone(), f(bn)],
             )])
         }
-        Op::BrgemmDgrad { act, mask } => {
+        Op::BrgemmDgrad { act, mask, dtype } => {
             let (ins, xb) = match mask {
                 Act::None => (ins, None),
                 _ => match ins.split_last() {
@@ -149,8 +149,14 @@ pub(super) fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
             expect_same_shape("blocked dy", dy, "blocked y", y)?;
             expect_dim("dy blocks vs weight row blocks", &dy.shape[0], &wb.shape[0])?;
             expect_dim("dy block width vs weight bn", &dy.shape[2], &wb.shape[3])?;
+            expect_float("blocked weight", wb)?;
+            if !dtype.is_float() {
+                return Err(format!(
+                    "brgemm_dgrad dtype must be f32 or bf16, got {dtype}"
+                ));
+            }
             let dx = TensorType::new(
-                DType::F32,
+                *dtype,
                 [
                     wb.shape[1].clone(),
                     dy.shape[1].clone(),

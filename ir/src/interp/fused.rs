@@ -29,7 +29,7 @@ pub(super) fn eval(c: &Checked<'_>, syms: &HashMap<String, usize>) -> R<Vec<Tens
         Op::BlockWeight { bn, bk } => one(block_weight(*bn, *bk, ins[0], out)),
         Op::UnblockWeight { n, k } => one(unblock_weight(*n, *k, ins[0], out)),
         Op::Brgemm { act } => one(brgemm(*act, ins, out)),
-        Op::BrgemmDgrad { act, mask } => one(brgemm_dgrad(*act, *mask, ins, out)),
+        Op::BrgemmDgrad { act, mask, .. } => one(brgemm_dgrad(*act, *mask, ins, out)),
         Op::BrgemmWgrad { act, n } => brgemm_wgrad(*act, *n, ins, [out, c.out(1).dtype]),
         Op::BceLogits { denom: d } => {
             let den = denom(d, syms)?;

@@ -71,7 +71,7 @@ macro_rules! op_table {
 // `opt_act` (printed only when not `none`), `kind` (interaction), `bool`,
 // `opt_bool` (printed only when true),
 // `usize`, `usizes`, `float`, `dim`, `list` (a shape), `dtype` (f32 or bf16),
-// `any_dtype`, `a2a_dir`, `binary_kind`.
+// `opt_dtype` (printed only when not f32), `any_dtype`, `a2a_dir`, `binary_kind`.
 op_table! {
     EmbeddingBag "embedding_bag" { mode: pool "mode", last_offset: opt_bool "last_offset" },
     Linear "linear" { act: act "act" },
@@ -107,7 +107,7 @@ op_table! {
     BlockWeight "block_weight" { bn: usize "bn", bk: usize "bk" },
     UnblockWeight "unblock_weight" { n: usize "n", k: usize "k" },
     Brgemm "brgemm" { act: act "act" },
-    BrgemmDgrad "brgemm_dgrad" { act: act "act", mask: opt_act "mask" },
+    BrgemmDgrad "brgemm_dgrad" { act: act "act", mask: opt_act "mask", dtype: opt_dtype "dtype" },
     BrgemmWgrad "brgemm_wgrad" { act: act "act", n: usize "n" },
     BceLogits "bce_logits" { denom: dim "denom" },
     BceLogitsGrad "bce_logits_grad" { denom: dim "denom" },
@@ -206,6 +206,11 @@ mod print {
         id(v.mnemonic())
     }
 
+    /// Omitted when f32 (the reader's default).
+    pub(super) fn opt_dtype(v: &DType) -> Option<Attr> {
+        (*v != DType::F32).then(|| Attr::Ident(v.mnemonic().to_string()))
+    }
+
     pub(super) fn any_dtype(v: &DType) -> Option<Attr> {
         id(v.mnemonic())
     }
@@ -278,6 +283,15 @@ impl AttrReader<'_> {
         match DType::from_mnemonic(&s) {
             Some(d) if d.is_float() => Ok(d),
             _ => Err(format!("`{key}` must be f32 or bf16, got `{s}`")),
+        }
+    }
+
+    /// [`Self::dtype`] if `key` is given, else f32.
+    fn opt_dtype(&mut self, key: &str) -> Result<DType, String> {
+        if self.attrs.iter().any(|(k, _)| k == key) {
+            self.dtype(key)
+        } else {
+            Ok(DType::F32)
         }
     }
 

@@ -1,15 +1,26 @@
 //! `brgemm_dgrad`: the input gradient of a blocked layer (see the parent module's table).
+//!
+//! With `dy` and the weights both bf16 and an activation whose derivative keeps
+//! bf16 values exact (`none`, `relu`: `dz` is `dy` or 0), `A` is `dz` in bf16
+//! and `B` (`wᵀ`) is packed from the bf16 weights: the GEMM is all-bf16, so
+//! `auto` runs it on the AVX-512 BF16 kernel where the CPU has it (`B` packed
+//! in k pairs); the FMA kernels read the same bf16 `A` widened, and `B` packed
+//! as f32. A bf16 result with a mask is computed in f32, masked, then rounded
+//! once (the interpreter's order).
 
-use super::{Epilogue, row_block, run_blocks, run_row_chunks, with_kernel};
+use super::{Epilogue, row_block, run_blocks, run_row_chunks, tail, with_kernel};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
 use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand};
+use crate::jit::micro::BPacking;
 use crate::jit::pack::{Src, pack_blocked};
 use crate::jit::{Jit, JitOptions};
 use crate::kernels::brgemm::{DgradArgs, act_grads, dgrad_args, floats, mask_in_place};
 use crate::kernels::{KResult, shape_err};
-use dlrm_ir::{Act, Checked, Tensor};
+use dlrm_ir::{Act, Checked, Data, Tensor};
+use half::bf16;
 use rayon::prelude::*;
 use std::borrow::Cow;
+use std::cell::OnceCell;
 
 /// `brgemm_dgrad(dyb[Nb,S,bn], (yb,) wb[Nb,Kb,bk,bn]) -> dx[Kb,S,bk]`.
 pub fn brgemm_dgrad(
@@ -32,7 +43,8 @@ pub fn brgemm_dgrad(
         return Ok(Floats::zeros(out, kb * s * bk).tensor(vec![kb, s, bk]));
     }
     // The mask (the previous layer's act'), applied to each chunk of dx while
-    // it is in cache: the result is that layer's dz.
+    // it is in cache: the result is that layer's dz. It works on f32 rows, so
+    // a bf16 result is then rounded from them.
     let xv = xb.map(floats);
     let masking = |q: usize, r0: usize, rows: &mut [f32]| {
         if let Some(xv) = &xv {
@@ -41,12 +53,16 @@ pub fn brgemm_dgrad(
         }
     };
     let epi: Option<Epilogue<'_>> = xv.as_ref().map(|_| &masking as Epilogue<'_>);
+    let gemm_out = if epi.is_some() { Elt::F32 } else { out };
     // A = dz = act'(dy, y) in dy's blocked layout `[Nb][S][bn]`: read in place
-    // as the batch-reduce over its Nb blocks (computed once, on first use), or
-    // computed into each row chunk's packed tiles.
-    let (dv, yv) = (floats(dy), floats(y));
-    let dz = std::cell::OnceCell::new();
-    let wv = floats(w);
+    // as the batch-reduce over its Nb blocks (computed once, on first use: bf16
+    // when `dz16` is), or computed into each row chunk's packed tiles.
+    let dz16 = bf16_dz(act, dy, y, w);
+    let (dv, yv) = (OnceCell::new(), OnceCell::new());
+    let dv = || dv.get_or_init(|| floats(dy));
+    let yv = || yv.get_or_init(|| floats(y));
+    let dz = OnceCell::new();
+    let wv = OnceCell::new();
     let base = GemmSpec {
         m: s,
         n: bk,
@@ -54,8 +70,8 @@ pub fn brgemm_dgrad(
         lda: bn,
         acs: 1,
         ldc: bk,
-        a: Elt::F32,
-        c: out,
+        a: if dz16.is_some() { Elt::BF16 } else { Elt::F32 },
+        c: gemm_out,
         bias: false,
         relu: false,
         micro: Micro::Cranelift,
@@ -65,36 +81,36 @@ pub fn brgemm_dgrad(
         a_blk: s * bn,
     };
     let mut result = None;
-    with_kernel(jit, opts, OP, (base, true, false), &mut |kern| {
+    let bf16_b = dz16.is_some();
+    with_kernel(jit, opts, OP, (base, true, bf16_b), &mut |kern| {
         let sp = *kern.spec();
         let nr = sp.micro.nr();
         // B for dx block kb: wᵀ, `Nb·bn × bk`: B(n', i) = wb[n'/bn][kb][i][n'%bn].
         let panels = bk.div_ceil(nr);
-        let blk_b = panels * np * nr;
+        let pan_len = sp.b_rows() * nr;
+        let blk_b = panels * pan_len;
         let mut bp = Scratch::new(kb * blk_b);
-        bp.par_chunks_mut(np * nr).enumerate().for_each(|(q, pan)| {
-            let (kbi, p) = (q / panels, q % panels);
-            let i0 = p * nr;
-            let cols = nr.min(bk - i0);
-            if cols < nr {
-                pan.fill(0.0);
-            }
-            for nbi in 0..nb {
-                let blk = (nbi * kb + kbi) * bk * bn;
-                let dst = &mut pan[nbi * bn * nr..(nbi + 1) * bn * nr];
-                for ii in 0..cols {
-                    let src = &wv[blk + (i0 + ii) * bn..blk + (i0 + ii + 1) * bn];
-                    for (d, &e) in dst[ii..].iter_mut().step_by(nr).zip(src) {
-                        *d = e;
-                    }
-                }
+        let w16 = match &w.data {
+            Data::BF16(v) if sp.micro.b_packing() == BPacking::KPairs => Some(v.as_slice()),
+            _ => None,
+        };
+        let wv: &[f32] = match w16 {
+            Some(_) => &[],
+            None => wv.get_or_init(|| floats(w)),
+        };
+        bp.par_chunks_mut(pan_len).enumerate().for_each(|(q, pan)| {
+            let (kbi, i0) = (q / panels, (q % panels) * nr);
+            let geom = (nb, kb, bk, bn);
+            match w16 {
+                Some(w16) => pack_wt_pairs(pan, w16, geom, (kbi, i0, nr)),
+                None => pack_wt(pan, wv, geom, (kbi, i0, nr)),
             }
         });
-        let fresh = Fresh::new(out, kb * s * bk);
+        let fresh = Fresh::new(gemm_out, kb * s * bk);
         let mr = sp.micro.mr();
         let b_of = |q: usize| (&bp[q * blk_b..(q + 1) * blk_b], None);
         let dx = if sp.pack_a {
-            let src = Src::Dz(act, &dv, &yv);
+            let src = Src::Dz(act, dv(), yv());
             let pack = |r0, rows, dst: &mut [f32]| pack_blocked(dst, (s, bn, mr), (r0, rows), src);
             run_row_chunks(
                 kern,
@@ -105,15 +121,18 @@ pub fn brgemm_dgrad(
                 epi,
             )?
         } else {
-            let dz = dz.get_or_init(|| match act {
-                Act::None => Cow::Borrowed(&dv[..]),
-                _ => Cow::Owned(act_grads(act, &dv, &yv)),
-            });
+            let a = match &dz16 {
+                Some(z) => Operand::BF16(z),
+                None => Operand::F32(dz.get_or_init(|| match act {
+                    Act::None => Cow::Borrowed(&dv()[..]),
+                    _ => Cow::Owned(act_grads(act, dv(), yv())),
+                })),
+            };
             run_blocks(
                 kern,
                 fresh,
                 (kb, s, bk, row_block(s, mr, kb)),
-                &|_, r0| Operand::F32(&dz[(r0 * bn).min(dz.len())..]),
+                &|_, r0| tail(a, r0 * bn),
                 &b_of,
                 epi,
             )?
@@ -122,5 +141,88 @@ pub fn brgemm_dgrad(
         Ok(())
     })?;
     let dx = result.ok_or_else(|| shape_err(OP, "internal: no result".into()))?;
+    let dx = match (dx, out) {
+        (Floats::F32(v), Elt::BF16) => {
+            Floats::BF16(v.par_iter().map(|&x| bf16::from_f32(x)).collect())
+        }
+        (dx, _) => dx,
+    };
     Ok(dx.tensor(vec![kb, s, bk]))
+}
+
+/// `dz = act'(dy, y)` as bf16 when it is exact there and the GEMM can be all
+/// bf16: `dy` and the weights bf16, `act` none (dz is dy) or relu (dy or 0).
+fn bf16_dz<'t>(act: Act, dy: &'t Tensor, y: &Tensor, w: &Tensor) -> Option<Cow<'t, [bf16]>> {
+    let (Data::BF16(d), Data::BF16(_)) = (&dy.data, &w.data) else {
+        return None;
+    };
+    match act {
+        Act::None => Some(Cow::Borrowed(d.as_slice())),
+        Act::Relu => {
+            let yv = floats(y);
+            // relu_grad: dy where y > 0, else 0 (exactly the f32 definition's).
+            Some(Cow::Owned(
+                d.par_iter()
+                    .zip(yv.par_iter())
+                    .map(|(&d, &y)| if y > 0.0 { d } else { bf16::ZERO })
+                    .collect(),
+            ))
+        }
+        Act::Sigmoid => None,
+    }
+}
+
+/// One panel of `wᵀ` for K block `kbi` (`Nb·bn` rows of `nr` f32, columns
+/// `i0..` of the block; columns past `bk` zero).
+fn pack_wt(
+    pan: &mut [f32],
+    wv: &[f32],
+    (nb, kb, bk, bn): (usize, usize, usize, usize),
+    (kbi, i0, nr): (usize, usize, usize),
+) {
+    let cols = nr.min(bk - i0);
+    if cols < nr {
+        pan.fill(0.0);
+    }
+    for nbi in 0..nb {
+        let blk = (nbi * kb + kbi) * bk * bn;
+        let dst = &mut pan[nbi * bn * nr..(nbi + 1) * bn * nr];
+        for ii in 0..cols {
+            let src = &wv[blk + (i0 + ii) * bn..blk + (i0 + ii + 1) * bn];
+            for (d, &e) in dst[ii..].iter_mut().step_by(nr).zip(src) {
+                *d = e;
+            }
+        }
+    }
+}
+
+/// One panel of `wᵀ` for K block `kbi` in k pairs for the AVX-512 BF16 kernel
+/// (`⌈Nb·bn/2⌉` rows of `nr` words, word `(q, j)` holding `B(2q, i0+j)` in its
+/// low half and `B(2q+1, i0+j)` in its high half; zero past `Nb·bn` and `bk`),
+/// as [`crate::jit::micro::avx512bf16::pack_b_pairs_into`] lays out a panel.
+fn pack_wt_pairs(
+    pan: &mut [f32],
+    w: &[bf16],
+    (nb, kb, bk, bn): (usize, usize, usize, usize),
+    (kbi, i0, nr): (usize, usize, usize),
+) {
+    let np = nb * bn;
+    let cols = nr.min(bk - i0);
+    if cols < nr {
+        pan.fill(0.0);
+    }
+    let at = |nn: usize, i: usize| -> u32 {
+        if nn < np {
+            let blk = ((nn / bn) * kb + kbi) * bk * bn;
+            u32::from(w[blk + i * bn + nn % bn].to_bits())
+        } else {
+            0
+        }
+    };
+    for (q, row) in pan.chunks_exact_mut(nr).enumerate() {
+        for (jj, d) in row[..cols].iter_mut().enumerate() {
+            let i = i0 + jj;
+            *d = f32::from_bits(at(2 * q, i) | (at(2 * q + 1, i) << 16));
+        }
+    }
 }

@@ -39,26 +39,33 @@
 //!
 //! Results are not zeroed first (`Fresh`): the kernels write every element.
 //!
+//! bf16 gradients (a bf16 plan's backward): `brgemm_dgrad` with bf16 `dy` and
+//! weights takes `dz` as a bf16 `A` in place and packs `wᵀ` from the bf16
+//! weights (in k pairs for the AVX-512 BF16 kernel); `brgemm_wgrad` with bf16
+//! `dy` and `x` copies `xᵀ` as bf16 rows and packs `dz` in sample pairs
+//! (`wgrad_bf16.rs`, where the BF16 kernel runs). Both only for `act` none or
+//! relu, whose `dz` is exact in bf16; with sigmoid, `dz` is f32 (FMA kernels).
+//!
 //! Arithmetic: every output element is one accumulator summed over its reduction
 //! index ascending (the interpreter's order) with one FMA per term, then the
-//! epilogue (on the AVX-512 BF16 kernel, which `brgemm` with bf16 `x` and
-//! weights runs under `auto` where the CPU has it, two exact products per
+//! epilogue (on the AVX-512 BF16 kernel, which the GEMMs with two bf16
+//! operands run under `auto` where the CPU has it, two exact products per
 //! step); so the results differ from the reference kernels
 //! ([`crate::kernels::brgemm`]) by float reassociation of the multiply-adds only
 //! (the bias gradient and `act'` are computed exactly as there). Padding outputs
-//! are exactly 0. Operands may be f32 or bf16 (widened exactly); `brgemm`'s
-//! result is stored in its declared dtype (bf16 rounded to nearest even), the
-//! gradients are f32. The micro-kernel is chosen per shape by
-//! `Jit::pick_variant` under [`JitOptions::kernels`].
+//! are exactly 0. Operands may be f32 or bf16 (widened exactly); results are
+//! stored in their declared dtype (bf16 rounded to nearest even: `brgemm`'s,
+//! `brgemm_dgrad`'s after its mask), `brgemm_wgrad`'s are f32. The micro-kernel
+//! is chosen per shape by `Jit::pick_variant` under [`JitOptions::kernels`].
 
 use super::buffers::{Floats, Fresh, Scratch};
-use super::gemm::{Elt, GemmKernel, GemmSpec, Operand, OutBuf, pack_b_into};
+use super::gemm::{GemmKernel, GemmSpec, Operand, OutBuf, pack_b_into};
 use super::linear::{elt_of, operand};
 use super::micro::BPacking;
 use super::micro::avx512bf16::pack_b_pairs_into;
 use super::{Jit, JitError, JitOptions};
 use crate::kernels::{KResult, KernelError};
-use dlrm_ir::{Act, Checked, Data, Tensor, TensorType};
+use dlrm_ir::{Checked, Data, Tensor, TensorType};
 use rayon::prelude::*;
 
 /// Evaluates `brgemm`, `brgemm_dgrad` or `brgemm_wgrad`; `None` for other ops or
@@ -80,9 +87,7 @@ pub fn eval(
     }
     Some(match op {
         Op::Brgemm { act } => brgemm(jit, opts, *act, c, out).map(|t| vec![t]),
-        // The mask is applied to f32 results only (bf16 ones: the reference).
-        Op::BrgemmDgrad { mask, .. } if *mask != Act::None && out != Elt::F32 => return None,
-        Op::BrgemmDgrad { act, mask } => {
+        Op::BrgemmDgrad { act, mask, .. } => {
             brgemm_dgrad(jit, opts, (*act, *mask), c, out).map(|t| vec![t])
         }
         Op::BrgemmWgrad { act, n } => brgemm_wgrad(jit, opts, *act, *n, c, out_types),
@@ -295,6 +300,7 @@ fn pack_w_blocks(w: &Tensor, nb: usize, sp: &GemmSpec) -> Scratch {
 mod dgrad;
 mod forward;
 mod wgrad;
+mod wgrad_bf16;
 pub use dgrad::brgemm_dgrad;
 pub use forward::brgemm;
 pub use wgrad::brgemm_wgrad;

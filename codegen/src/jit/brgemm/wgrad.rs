@@ -40,6 +40,13 @@ pub fn brgemm_wgrad(
         let db = Floats::zeros(db_elt, n).tensor(vec![n]);
         return Ok(vec![dw, db]);
     }
+    if bn > 1
+        && let Some((dz, x16)) = super::wgrad_bf16::operands(opts, act, (dy, y, x))
+    {
+        let dims = (nb, kb, s, bk, bn);
+        let (dw, dbp) = super::wgrad_bf16::wgrad_gemm(jit, opts, (&dz, x16), dims, dw_elt)?;
+        return Ok(finish_wgrad(dw, dbp, n, (nb, kb, bk, bn), db_elt));
+    }
     let (dyv, yv) = (floats(dy), floats(y));
     if bn == 1 {
         return wgrad_columns(jit, act, (&dyv, &yv), xa, (nb, kb, s, bk), (dw_elt, db_elt));

@@ -21,7 +21,7 @@
 use super::super::cost::block_for;
 use super::super::lang::{Dl, DlGraph, Types, class_name, set_hint};
 use super::{RuleConfig, add_op, add1, attr_of, bound, build_rule, get, same_type, ty_of};
-use dlrm_ir::{Act, Attr, Op, TensorType};
+use dlrm_ir::{Act, Attr, DType, Op, TensorType};
 use egg::{Id, Rewrite, Subst, Symbol};
 
 /// The rules of this theme.
@@ -140,6 +140,7 @@ fn dgrad_fused(eg: &mut DlGraph, m: Id, s: &Subst, cfg: &RuleConfig, act: Act) -
         &Op::BrgemmDgrad {
             act,
             mask: Act::None,
+            dtype: DType::F32,
         },
         &[dyb, f.yb, f.wb],
     )?;
@@ -175,6 +176,7 @@ fn dgrad_plain(eg: &mut DlGraph, m: Id, s: &Subst, cfg: &RuleConfig) -> Option<I
         &Op::BrgemmDgrad {
             act: Act::None,
             mask: Act::None,
+            dtype: DType::F32,
         },
         &[dzb, wb],
     )?;

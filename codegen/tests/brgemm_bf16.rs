@@ -1,0 +1,125 @@
+//! The backward GEMMs of a bf16 plan (`brgemm_dgrad` and `brgemm_wgrad` on bf16
+//! gradients, weights and activations) run on the AVX-512 BF16 kernel under
+//! `auto` where the CPU has it, and agree with the interpreter. One test in its
+//! own binary, so the JIT's pick counts it reads are its own.
+
+use dlrm_codegen::jit::{self, Jit, JitOptions, micro};
+use dlrm_ir::interp::{EvalCtx, eval_op};
+use dlrm_ir::{Act, DType, Dim, Op, SingleRank, Tensor, TensorType};
+use half::bf16;
+use std::collections::HashMap;
+
+mod common;
+use common::vals;
+
+fn out_types(op: &Op, ins: &[&Tensor]) -> Vec<TensorType> {
+    let tys: Vec<TensorType> = ins
+        .iter()
+        .map(|t| TensorType::new(t.dtype(), t.shape.iter().map(|&d| Dim::Fixed(d))))
+        .collect();
+    let refs: Vec<&TensorType> = tys.iter().collect();
+    dlrm_ir::infer(op, &refs, &[]).unwrap_or_else(|e| panic!("infer {op:?}: {e}"))
+}
+
+fn interp(op: &Op, ins: &[&Tensor]) -> Vec<Tensor> {
+    let syms = HashMap::new();
+    let ctx = EvalCtx {
+        syms: &syms,
+        comm: &SingleRank,
+    };
+    eval_op(op, ins, &out_types(op, ins), &ctx).unwrap_or_else(|e| panic!("interp {op:?}: {e}"))
+}
+
+/// `[rows, cols]` of random bf16 values, blocked by `op`.
+fn blocked(op: Op, seed: u64, rows: usize, cols: usize) -> Tensor {
+    let v = vals(seed, rows * cols)
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect();
+    interp(&op, &[&Tensor::bf16(vec![rows, cols], v)]).remove(0)
+}
+
+/// How many GEMM shapes the global JIT has given to the BF16 kernel.
+fn bf16_picks(jit: &Jit) -> usize {
+    jit.gemm_picks()
+        .iter()
+        .filter(|(name, _)| name == micro::AVX512_BF16.name)
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Runs `op` under `auto`: the JIT's results within reassociation of the
+/// interpreter's (relative to the largest magnitude, plus one bf16 step for
+/// bf16 results), and one more shape given to the BF16 kernel.
+fn runs_on_bf16(jit: &Jit, op: &Op, ins: &[&Tensor]) {
+    let tys = out_types(op, ins);
+    let want = interp(op, ins);
+    let before = bf16_picks(jit);
+    let got = jit::try_eval(op, ins, &tys, &HashMap::new(), &JitOptions::default())
+        .expect("a JIT kernel")
+        .unwrap_or_else(|e| panic!("{op:?}: {e}"));
+    assert!(bf16_picks(jit) > before, "{op:?}: {:?}", jit.gemm_picks());
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!((&g.shape, g.dtype()), (&w.shape, w.dtype()), "{op:?}");
+        let (g, w) = (g.to_f32_vec(), w.to_f32_vec());
+        let big = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        for (i, (&a, &b)) in g.iter().zip(&w).enumerate() {
+            let tol = 1e-5 * big + b.abs() / 128.0;
+            assert!((a - b).abs() <= tol, "{op:?}: element {i}: {a} vs {b}");
+        }
+    }
+}
+
+/// A 150 -> 96 layer's blocked operands for `s` samples, blocks of 64
+/// (outputs) and 32 (inputs, the last one ragged): `(dy, y, x, w)`, all bf16.
+fn layer(s: usize) -> [Tensor; 4] {
+    let (n, k) = (96, 150);
+    let act = |bk, seed, cols| {
+        let op = Op::BlockAct {
+            bk,
+            dtype: DType::BF16,
+        };
+        blocked(op, seed, s, cols)
+    };
+    let w = blocked(Op::BlockWeight { bn: 64, bk: 32 }, 4, n, k);
+    [act(64, 1, n), act(64, 2, n), act(32, 3, k), w]
+}
+
+#[test]
+fn bf16_gradients_run_on_the_bf16_kernel() {
+    if !micro::AVX512_BF16.available() {
+        eprintln!("skipped: this CPU has no AVX512_BF16");
+        return;
+    }
+    let jit = Jit::global().expect("a JIT");
+    // Each case a new sample count, so a new GEMM shape (picks are per shape).
+    let mut s = 300;
+    let mut next = || {
+        s += 1;
+        layer(s)
+    };
+    for act in [Act::None, Act::Relu] {
+        for (mask, dtype) in [
+            (Act::None, DType::BF16),
+            (Act::None, DType::F32),
+            // The fused mask on a bf16 result (masked in f32, then rounded).
+            (Act::Relu, DType::BF16),
+        ] {
+            let [dy, y, x, w] = next();
+            let mut ins = vec![&dy, &y, &w, &x];
+            if act == Act::None {
+                ins.remove(1);
+            }
+            if mask == Act::None {
+                ins.pop();
+            }
+            runs_on_bf16(jit, &Op::BrgemmDgrad { act, mask, dtype }, &ins);
+        }
+        let [dy, y, x, _] = next();
+        let ins = match act {
+            Act::None => vec![&dy, &x],
+            _ => vec![&dy, &y, &x],
+        };
+        runs_on_bf16(jit, &Op::BrgemmWgrad { act, n: 96 }, &ins);
+    }
+}
