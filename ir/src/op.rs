@@ -12,7 +12,9 @@
 use crate::types::{DType, Dim, Shape};
 use std::fmt;
 
+mod adagrad;
 mod table;
+pub use adagrad::AdagradHyper;
 pub use table::MNEMONICS;
 
 /// Pooling of an embedding bag.
