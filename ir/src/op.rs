@@ -13,6 +13,7 @@ use crate::types::{DType, Dim, Shape};
 use std::fmt;
 
 mod adagrad;
+pub(crate) mod family;
 mod table;
 pub use adagrad::AdagradHyper;
 pub use table::MNEMONICS;

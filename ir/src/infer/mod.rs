@@ -4,6 +4,7 @@
 //! verifier. Errors are plain messages; callers attach the node.
 
 use crate::dim::DimExpr;
+use crate::op::family::{fused_ops, generic_ops};
 use crate::op::{A2aDir, InteractionKind, Op};
 use crate::types::{DType, Dim, Shape, TensorType};
 
@@ -401,18 +402,7 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
         }
         Op::AllToAll { dir, counts, rank } => infer_all_to_all(*dir, counts, *rank, ins, declared),
         // ---- fused / blocked ops (e-graph, precision)
-        Op::BlockAct { .. }
-        | Op::UnblockAct { .. }
-        | Op::BlockWeight { .. }
-        | Op::UnblockWeight { .. }
-        | Op::Brgemm { .. }
-        | Op::BrgemmDgrad { .. }
-        | Op::BrgemmWgrad { .. }
-        | Op::BceLogits { .. }
-        | Op::BceLogitsGrad { .. }
-        | Op::SplitSgd { .. }
-        | Op::EmbeddingUpdate { .. }
-        | Op::SplitEmbeddingUpdate { .. } => infer_fused(op, ins),
+        fused_ops!() => infer_fused(op, ins),
         // ---- sharded embeddings
         Op::EmbeddingBagRows { mode, lo, rows } => {
             shard_range(op, ins, *lo, *rows)?;
@@ -458,17 +448,7 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             Ok(vec![TensorType::new(DType::F32, [Dim::Fixed(*rows), d])])
         }
         // ---- generic ops (ONNX import)
-        Op::MatMul
-        | Op::Binary { .. }
-        | Op::Transpose { .. }
-        | Op::Gather { .. }
-        | Op::GatherElements { .. }
-        | Op::GatherNd { .. }
-        | Op::Slice { .. }
-        | Op::Reduce { .. }
-        | Op::Cast { .. }
-        | Op::EmbeddingBagWeighted
-        | Op::OffsetsFromLengths { .. } => generic::infer_generic(op, ins),
+        generic_ops!() | Op::OffsetsFromLengths { .. } => generic::infer_generic(op, ins),
     }
 }
 
