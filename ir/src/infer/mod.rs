@@ -128,6 +128,17 @@ fn bag_count(len: &Dim, last_offset: bool) -> R<Dim> {
         })
 }
 
+/// Refuses `indices[N]` with empty `offsets` (no bags) when `N > 0`: indices no
+/// bag holds. Checked when both lengths are known (always on an instance).
+fn expect_bags(indices: &TensorType, offsets: &TensorType) -> R<()> {
+    match (indices.shape.first(), offsets.shape.first()) {
+        (Some(Dim::Fixed(n)), Some(Dim::Fixed(0))) if *n > 0 => {
+            Err(format!("{n} indices but no bags (offsets is empty)"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Infers the result types of `op` applied to operands of types `ins`.
 ///
 /// `declared` is the list of result types written in the graph; it is consulted
@@ -150,6 +161,9 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
                 expect_rank("indices (with offsets)", ins[1], 1)?;
                 expect_int("offsets", ins[2])?;
                 expect_rank("offsets", ins[2], 1)?;
+                if !*last_offset {
+                    expect_bags(ins[1], ins[2])?;
+                }
                 bag_count(&ins[2].shape[0], *last_offset)?
             };
             Ok(vec![TensorType::new(table.dtype, [s, d])])
@@ -171,6 +185,9 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
                 expect_rank("indices (with offsets)", ins[1], 1)?;
                 expect_rank("offsets", ins[2], 1)?;
                 expect_int("offsets", ins[2])?;
+                if !*last_offset {
+                    expect_bags(ins[1], ins[2])?;
+                }
                 let s = bag_count(&ins[2].shape[0], *last_offset)?;
                 expect_dim("offsets samples", &s, &dy.shape[0])?;
                 Ok(vec![TensorType::new(
