@@ -736,11 +736,6 @@ impl Op {
         op
     }
 
-    /// True for ops that exchange data between ranks.
-    pub fn is_collective(&self) -> bool {
-        matches!(self, Op::AllReduce | Op::AllToAll { .. })
-    }
-
     /// True for optimizer updates (their result replaces a parameter).
     pub fn is_update(&self) -> bool {
         matches!(

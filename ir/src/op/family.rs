@@ -2,7 +2,17 @@
 //! (`infer/fused.rs` and `interp/fused.rs`, `infer/generic.rs` and
 //! `interp/generic.rs`): each family is listed once, as a pattern, and both
 //! `infer` and the interpreter's dispatch route it with that pattern. An op
-//! joins a family here; the matches stay exhaustive.
+//! joins a family here; the matches stay exhaustive. The collectives are a
+//! family too ([`Op::is_collective`]).
+
+use super::Op;
+
+impl Op {
+    /// True for ops that exchange data between ranks.
+    pub fn is_collective(&self) -> bool {
+        matches!(self, Op::AllReduce | Op::AllToAll { .. })
+    }
+}
 
 /// The fused and blocked ops the e-graph and `precision` introduce (shape rules
 /// in `infer_fused`, interpreter in `interp::fused`); their row-shard forms are
