@@ -226,9 +226,9 @@ pub(super) struct RowSum {
     /// Scale row `p` by the f32 at `weights.at + 4·p` first: the sum is then
     /// `Σ_p weight_p · row_p`.
     pub weights: Option<Weights>,
-    /// While row `p` is read, fetch the row of position `p +`
-    /// [`prefetch::AHEAD`] (at most `end - 1` of this value `end`: positions
-    /// past the bag's end are rows too, of the next bags, up to `end`).
+    /// While row `p` is read, fetch the rows [`prefetch::AHEAD`] positions on
+    /// ([`Prefetch::ahead`]), up to position `end - 1` of this value `end`
+    /// (positions past the bag's end are rows too, of the next bags).
     pub fetch: Option<(Prefetch, Value)>,
 }
 
