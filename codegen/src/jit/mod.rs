@@ -26,7 +26,8 @@
 //!   bag's gradient rows), the race-free sparse updates (whole tables and row
 //!   shards, the `*_rows` ops; `embedding_grad_dense` as an update of a zero
 //!   table) and dense optimizer updates, dot interaction forward and backward,
-//!   elementwise ops.
+//!   elementwise ops. The bag forward and the sparse updates fetch the rows a
+//!   few lookups ahead through a native prefetch call ([`prefetch`]).
 //! - [`layout`]: one strided row copy (f32/bf16 in any mix, zero padding) for
 //!   `block_act`, `unblock_act` and the `cat` interaction forward and backward.
 //! - [`loss`]: `bce_logits`, `bce_logits_grad`, `bce`, `bce_grad`, `mse`,
@@ -64,6 +65,7 @@ pub mod loss;
 pub mod micro;
 pub mod native_dot;
 mod pack;
+mod prefetch;
 pub mod reduce;
 pub mod sparse;
 
