@@ -15,7 +15,7 @@ use dlrm_ir::{DType, Dim, Op, Pool, SingleRank, Tensor, TensorType};
 use std::collections::HashMap;
 
 mod common;
-use common::vals;
+use common::{random_indices, same_bits, vals};
 
 fn syms(s: usize) -> HashMap<String, usize> {
     HashMap::from([("B".to_string(), s)])
@@ -32,27 +32,6 @@ fn interp(op: &Op, ins: &[&Tensor], outs: &[TensorType], s: usize) -> Vec<Tensor
 
 fn ty_of(t: &Tensor) -> TensorType {
     TensorType::new(t.dtype(), t.shape.iter().map(|&n| Dim::Fixed(n)))
-}
-
-fn same_bits(name: &str, a: &Tensor, b: &Tensor) {
-    assert_eq!(a.shape, b.shape, "{name}: shape");
-    assert_eq!(a.dtype(), b.dtype(), "{name}: dtype");
-    let (x, y) = (a.to_f32_vec(), b.to_f32_vec());
-    if let Some(i) = (0..x.len()).find(|&i| x[i].to_bits() != y[i].to_bits()) {
-        panic!("{name}: element {i}: {} vs {}", x[i], y[i]);
-    }
-}
-
-/// `n` indices into `rows` rows (i32 or i64), of shape `shape`.
-fn indices(seed: u64, n: usize, rows: usize, i32s: bool, shape: Vec<usize>) -> Tensor {
-    let raw: Vec<i64> = vals(seed, n)
-        .iter()
-        .map(|v| ((v + 1.0) * 0.5 * rows as f32) as i64 % rows as i64)
-        .collect();
-    match i32s {
-        true => Tensor::i32(shape, raw.iter().map(|&x| x as i32).collect()),
-        false => Tensor::i64(shape, raw),
-    }
 }
 
 /// Offsets from 0 cutting `n` indices into `s` bags, every third one empty.
@@ -105,7 +84,7 @@ struct Upd {
 fn update_case(c: Upd, seed: u64) {
     let n = c.s * c.l;
     let shape = if c.var { vec![n] } else { vec![c.s, c.l] };
-    let idx = indices(seed, n, c.rows, c.i32s, shape);
+    let idx = random_indices(seed, n, c.rows, c.i32s, shape);
     let off = offsets(c.s, n);
     let dy = Tensor::f32(vec![c.s, c.d], vals(seed + 1, c.s * c.d));
     let mode = if c.mean { Pool::Mean } else { Pool::Sum };
@@ -206,7 +185,7 @@ fn fused_updates_split_among_tasks_match_the_references() {
 fn sparse_sgd_split_among_tasks_matches_the_references() {
     for (rows, d, s, l, i32s) in [(50, 40, 200, 3, false), (4000, 16, 500, 4, true)] {
         let n = s * l;
-        let idx = indices(7, n, rows, i32s, vec![s, l]);
+        let idx = random_indices(7, n, rows, i32s, vec![s, l]);
         let g = Tensor::f32(vec![s, l, d], vals(8, n * d));
         let params = vec![Tensor::f32(vec![rows, d], vals(9, rows * d))];
         let op = Op::SparseSgd { lr: 0.5 };
@@ -230,7 +209,7 @@ fn embedding_bags_in_blocks_match_the_references() {
     ] {
         let n = s * l;
         let shape = if var { vec![n] } else { vec![s, l] };
-        let idx = indices(3, n, rows, i32s, shape);
+        let idx = random_indices(3, n, rows, i32s, shape);
         let off = offsets(s, n);
         let table = Tensor::f32(vec![rows, d], vals(4, rows * d));
         let op = Op::EmbeddingBag {
