@@ -687,3 +687,34 @@ fn real_pytorch_exports_compile_inspect_and_serve_pytorchs_answers() {
     }
     assert!(served >= 18, "served {served} of {names:?}");
 }
+
+/// Output into a pipe whose reader has gone (`dlrmc inspect PLAN | head -0`,
+/// `dlrm-run PLAN --json | ...`)
+/// ends the process as `SIGPIPE` ends `cat`: no panic message, no exit code 101.
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_pipe_ends_the_binaries_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempdir();
+    let plan = compile_tiny(dir.path(), &[]);
+    for (exe, args) in [
+        (DLRMC, vec!["inspect", s(&plan)]),
+        (DLRMC, vec!["plan-shards", s(&plan), "--ranks", "2"]),
+        (DLRM_RUN, vec![s(&plan), "--iters", "2", "--json"]),
+    ] {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let out = Command::new(exe)
+            .args(&args)
+            .stdout(writer)
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{exe} {args:?}: {err}");
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "{exe} {args:?}: {err}"
+        );
+    }
+}

@@ -299,6 +299,7 @@ fn parse_kernels(s: &str) -> Result<KernelChoice, String> {
 }
 
 fn main() -> ExitCode {
+    dlrmc::console::exit_quietly_on_closed_pipe();
     keep_freed_pages_across_steps();
     match real_main(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
