@@ -1,9 +1,9 @@
-//! Best-of-N time of the dot interaction's backward (`interaction_grad`): the
-//! Cranelift kernel against the AVX-512 one (`--kernels cranelift` / `avx512`),
-//! interleaved (robust on a shared machine), f32, batch `S`. (The forward has
-//! only the Cranelift kernel.) Each time is also given as GFLOP/s (the
-//! backward's multiply-adds: `2·S·D` per (operand, partner) pair) and as a
-//! share of this machine's FMA peak, measured first: every thread of the pool
+//! Best-of-N time of the dot interaction, forward (`interaction`) and backward
+//! (`interaction_grad`): the Cranelift kernels against the AVX-512 ones
+//! (`--kernels cranelift` / `avx512`), interleaved (robust on a shared
+//! machine), f32, batch `S`. Each time is also given as GFLOP/s (the
+//! multiply-adds: `2·S·D` per kept pair forward, per (operand, partner) pair
+//! backward) and as a share of this machine's FMA peak: every thread of the pool
 //! running independent `vfmadd231ps` chains (16 `zmm`, or 12 `ymm` without
 //! AVX-512 F), timed once per round between the kernels, best of the rounds.
 //!
@@ -56,14 +56,24 @@ fn main() {
     } else {
         f.saturating_sub(1)
     };
-    let flops = 2.0 * (s * d * f * partners) as f64;
+    // Multiply-adds: the forward's one per kept pair and column, the
+    // backward's one per (operand, partner) and column.
+    let pairs = width - d;
+    let flops = [2.0 * (s * d * pairs) as f64, 2.0 * (s * d * f * partners) as f64];
+    let fwd = Op::Interaction {
+        kind,
+        self_interaction,
+    };
+    let fwd_ins: Vec<&Tensor> = ops.iter().collect();
     let mut choices = vec![KernelChoice::Cranelift];
     if native_dot::available() {
         choices.push(KernelChoice::Avx512);
     }
     let syms = HashMap::new();
-    let cases: [(&str, &Op, &[&Tensor], Vec<TensorType>); 1] =
-        [("backward", &bwd, &bwd_ins, bwd_tys)];
+    let cases: [(&str, &Op, &[&Tensor], Vec<TensorType>); 2] = [
+        ("forward", &fwd, &fwd_ins, vec![ty(width)]),
+        ("backward", &bwd, &bwd_ins, bwd_tys),
+    ];
     let mut best = vec![f64::INFINITY; cases.len() * choices.len()];
     let mut peak = 0f64;
     for _ in 0..reps {
@@ -92,7 +102,7 @@ fn main() {
     for (ci, (name, ..)) in cases.iter().enumerate() {
         for (ki, kc) in choices.iter().enumerate() {
             let t = best[ci * choices.len() + ki];
-            let gflops = flops / t / 1e9;
+            let gflops = flops[ci] / t / 1e9;
             println!(
                 "{name:>9} {:>9}: {:7.3} ms, {gflops:6.1} GFLOP/s, {:4.1}% of the FMA peak",
                 kc.name(),

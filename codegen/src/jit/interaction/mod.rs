@@ -20,10 +20,11 @@
 //! whose embeddings share one element type, the backward loops over the operands
 //! and their partners at run time instead (the unrolled code grows as `F²`).
 //!
-//! Under `--kernels auto|avx512` the backward with f32 operands and results runs
-//! on [`super::native_dot`]'s AVX-512 kernel instead, which sums in the same
-//! order (the same gradients, bit for bit, on the columns of whole f32x4
-//! vectors); the forward is always this module's.
+//! Under `--kernels auto|avx512`, with f32 operands and results, both
+//! directions run on [`super::native_dot`]'s AVX-512 kernels instead: the
+//! backward sums in the same order (the same gradients, bit for bit, on the
+//! columns of whole f32x4 vectors); the forward sums 16 lanes, not 4 (within
+//! the same tolerance of the reference).
 //!
 //! ABI: forward `fn(ops: *const *const u8, out: *mut u8, s0: i64, s1: i64)` writes
 //! samples `s0..s1` from `out` (sample `s0`'s row first); backward
@@ -209,7 +210,10 @@ pub(crate) fn eval(
         debug_assert_eq!(width, spec.width());
         let sb = block_rows(s, 8, 256);
         if native_dot_applies(opts, &spec) {
-            return Ok(native_backward(&spec, &ptrs, inputs, s, sb));
+            return Ok(match backward {
+                false => native_forward(&spec, &ptrs, s, sb),
+                true => native_backward(&spec, &ptrs, inputs, s, sb),
+            });
         }
         let k = jit.interaction(spec).map_err(|e| KernelError::Jit {
             op: name,
@@ -370,20 +374,50 @@ impl Call {
     }
 }
 
-/// Whether the AVX-512 backward ([`native_dot`]) runs `spec`: the backward
-/// with f32 operands, `dr` and results, on a CPU that has AVX-512, under
-/// `auto` or `avx512`.
+/// Whether the AVX-512 kernels ([`native_dot`]) run `spec`: f32 operands,
+/// `dr` and results, on a CPU that has AVX-512, under `auto` or `avx512`.
 fn native_dot_applies(opts: &JitOptions, spec: &DotSpec) -> bool {
-    spec.backward
-        && matches!(
-            opts.kernels,
-            KernelChoice::Auto | KernelChoice::Avx512 | KernelChoice::Avx512Bf16
-        )
-        && native_dot::available()
+    matches!(
+        opts.kernels,
+        KernelChoice::Auto | KernelChoice::Avx512 | KernelChoice::Avx512Bf16
+    ) && native_dot::available()
         && spec.bf16_ops == 0
         && spec.dr == Elt::F32
         && spec.out == Elt::F32
         && spec.f <= native_dot::MAX_F
+}
+
+/// The interaction on the AVX-512 kernel, parallel over blocks of `sb`
+/// samples; shapes were checked by [`eval`] (every operand `[s, d]` f32 at
+/// `ptrs`).
+fn native_forward(spec: &DotSpec, ptrs: &[usize], s: usize, sb: usize) -> Vec<Tensor> {
+    let dot = Dot {
+        f: spec.f,
+        d: spec.d,
+        self_interaction: spec.self_interaction,
+    };
+    let width = spec.width();
+    // Not zeroed: the kernel writes every column of its rows.
+    let mut fresh = Fresh::new(Elt::F32, s * width);
+    if s > 0 && width > 0 {
+        let out = fresh.buf().as_mut_ptr() as usize;
+        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
+            let (s0, s1) = (blk * sb, ((blk + 1) * sb).min(s));
+            let ops: Vec<*const f32> = ptrs.iter().map(|&p| p as *const f32).collect();
+            // SAFETY: operands hold s·d f32, the result s·width (allocated
+            // above); this task writes rows s0..s1 only; `native_dot_applies`
+            // checked the CPU and F.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                native_dot::forward(dot, &ops, out as *mut f32, s0, s1)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (s0, s1, out, ops);
+        });
+    }
+    // SAFETY: the tasks cover rows 0..s, each row written whole (`x`, then
+    // every kept pair); empty if s·width = 0.
+    vec![unsafe { fresh.assume_init() }.tensor(vec![s, width])]
 }
 
 /// The interaction's gradients on the AVX-512 kernel, parallel over blocks of
