@@ -59,7 +59,10 @@ fn main() {
     // Multiply-adds: the forward's one per kept pair and column, the
     // backward's one per (operand, partner) and column.
     let pairs = width - d;
-    let flops = [2.0 * (s * d * pairs) as f64, 2.0 * (s * d * f * partners) as f64];
+    let flops = [
+        2.0 * (s * d * pairs) as f64,
+        2.0 * (s * d * f * partners) as f64,
+    ];
     let fwd = Op::Interaction {
         kind,
         self_interaction,
