@@ -5,10 +5,15 @@
 //! the row `AHEAD` lookups ahead, all on one thread (and the JIT kernels on two
 //! as well):
 //!
-//! - `probe/bag_fwd/{jit|jit_2threads|hand_prefetch|hand|hand512_prefetch|hand512}`:
+//! - `probe/bag_fwd/{jit|jit_2threads|jit_avx2|jit_cranelift|hand_prefetch|hand|hand512_prefetch|hand512}`:
 //!   forward; bytes = rows gathered + indices + result (GB/s);
 //! - `probe/update/{...the same}`: `row -= lr * dy` for every lookup, in place;
 //!   bytes = rows read and written + dy + indices (GB/s).
+//!
+//! `jit` runs the JIT kernels with the best native row kernels this CPU has
+//! (`dlrm_codegen::jit::rows`), `jit_avx2` with the AVX2+FMA ones forced, and
+//! `jit_cranelift` with the rows summed and updated in Cranelift code (the
+//! kernels before the native row kernels).
 //!
 //! The issue asks for the JIT kernels at 80% or more of the hand loop with
 //! prefetch. The hand loops are Rust rather than C: compiled by LLVM for AVX2+FMA
@@ -23,6 +28,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use dlrm_codegen::jit::JitOptions;
+use dlrm_codegen::jit::rows::{RowKernel, force_row_kernel};
 use dlrm_ir::{Data, Dim, Op, Pool, Tensor, TensorType};
 use std::collections::HashMap;
 use std::hint::black_box;
@@ -199,6 +205,20 @@ fn avx2() -> bool {
     }
 }
 
+/// `f()` with the row kernels `k` forced (then the default again).
+fn forced<T>(k: RowKernel, f: impl FnOnce() -> T) -> T {
+    force_row_kernel(Some(k));
+    let r = f();
+    force_row_kernel(None);
+    r
+}
+
+/// The forced variants timed beside the default (`jit`).
+const FORCED: [(&str, RowKernel); 2] = [
+    ("jit_avx2", RowKernel::Avx2),
+    ("jit_cranelift", RowKernel::Cranelift),
+];
+
 fn bench_probe(c: &mut Criterion) {
     assert!(avx2(), "the hand loops are compiled for AVX2+FMA");
     let one = rayon::ThreadPoolBuilder::new()
@@ -252,6 +272,13 @@ fn bench_probe(c: &mut Criterion) {
     g.bench_function(BenchmarkId::new("bag_fwd", "jit_2threads"), |b| {
         b.iter(|| black_box(two.install(jit_bag)))
     });
+    for (name, k) in FORCED {
+        let got = forced(k, || one.install(jit_bag));
+        assert_eq!(f32s(&got[0]), f32s(&want[0]), "{name}: the same bits");
+        g.bench_function(BenchmarkId::new("bag_fwd", name), |b| {
+            b.iter(|| black_box(forced(k, || one.install(jit_bag))))
+        });
+    }
     for (name, pf) in [("hand_prefetch", true), ("hand", false)] {
         g.bench_function(BenchmarkId::new("bag_fwd", name), |b| {
             b.iter(|| black_box(unsafe { hand_bag(t, &idx, pf) }))
@@ -305,6 +332,20 @@ fn bench_probe(c: &mut Criterion) {
             black_box(&params);
         })
     });
+    for (name, k) in FORCED {
+        g.bench_function(BenchmarkId::new("update", name), |b| {
+            b.iter(|| {
+                forced(k, || {
+                    one.install(|| {
+                        dlrm_codegen::update_in_place(&upd, &mut params, &rest, Some(&o))
+                    })
+                })
+                .expect("a kernel")
+                .expect("runs");
+                black_box(&params);
+            })
+        });
+    }
     for (name, pf) in [("hand_prefetch", true), ("hand", false)] {
         g.bench_function(BenchmarkId::new("update", name), |b| {
             b.iter(|| {

@@ -13,6 +13,11 @@
 //! the row [`prefetch::AHEAD`] positions later (of this bag or the next ones
 //! of the call; [`prefetch`]), so the random row misses overlap.
 //!
+//! An f32 table and result (not the gradient) go instead to a native row
+//! kernel where the CPU has one ([`super::rows`]: AVX-512 or AVX2+FMA): the
+//! generated loop over bags calls it once per bag, with the same float
+//! operations in the same order, and it fetches the rows ahead itself.
+//!
 //! Every index is validated against the table *before* the kernel runs (the error
 //! names the position and the sample; the executor adds the table's name): the
 //! generated code loads rows without bounds checks.
@@ -33,6 +38,7 @@ use super::gemm::Elt;
 use super::layout::{copy_row, jit_err, zeros};
 use super::linear::{elt_of, operand};
 use super::prefetch::{self, Prefetch};
+use super::rows::{self, RowKernel};
 use super::{Jit, JitError};
 use crate::kernels::embedding::grad_bags;
 use crate::kernels::optim::{Rows, op_name};
@@ -70,6 +76,10 @@ pub struct BagSpec {
     /// `embedding_bag_grad` (`table` is `dy`, `idx64` unused): bag `s`'s
     /// gradient rows are `dy[s]` (divided by the bag's size for `mean`).
     pub grad: bool,
+    /// The row kernels: a native one calls [`super::rows`]' bag sum per bag
+    /// (only for the specs it covers, [`rows::emit::covers_bag`]; the others
+    /// say [`RowKernel::Cranelift`]).
+    pub rows: RowKernel,
 }
 
 type BagFn =
@@ -86,6 +96,13 @@ pub struct BagKernel {
 const CW: usize = 32;
 
 pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
+    if spec.rows != RowKernel::Cranelift && rows::emit::covers_bag(&spec) {
+        let f = rows::emit::compile_bag(jit, spec, spec.rows)?;
+        // SAFETY: generated with exactly this signature and the C call
+        // convention.
+        let f: BagFn = unsafe { std::mem::transmute::<*const u8, BagFn>(f) };
+        return Ok(BagKernel { spec, f });
+    }
     let (module, fetch) = prefetch::module(jit)?;
     let f = jit.compile_fn(module, "embedding_bag", 5, &[types::I64; 4], |m, b, p| {
         let (table, idx, bounds, out, weights) = (p[0], p[1], p[2], p[3], p[4]);
@@ -139,7 +156,7 @@ pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
 
 /// The index positions `start..end` of bag `s`: `s·L..(s+1)·L` with fixed
 /// pooling `L`, else `bounds[s]..bounds[s+1]`.
-pub(super) fn bag_bounds(
+pub(crate) fn bag_bounds(
     b: &mut FunctionBuilder<'_>,
     pooling: Option<usize>,
     bounds: Value,
@@ -415,7 +432,7 @@ pub(crate) fn embedding_bag(
             reason: format!("indices must be i64 or i32, got {}", inputs[1].dtype()),
         })?;
         let (s, pooling, bounds) = bags(op, c, idx, total, last_offset)?;
-        let spec = BagSpec {
+        let mut spec = BagSpec {
             d,
             table: tab_elt,
             out,
@@ -425,7 +442,11 @@ pub(crate) fn embedding_bag(
             shard: rows != Rows::All,
             weighted,
             grad: false,
+            rows: RowKernel::Cranelift,
         };
+        if rows::emit::covers_bag(&spec) {
+            spec.rows = rows::row_kernel();
+        }
         let k = jit.embedding(spec).map_err(|e| KernelError::Jit {
             op,
             reason: e.to_string(),
@@ -584,6 +605,7 @@ pub(crate) fn embedding_bag_grad(
             shard: false,
             weighted: false,
             grad: true,
+            rows: RowKernel::Cranelift,
         };
         let k = jit.embedding(spec).map_err(jit_err(OP))?;
         let mut data = zeros(k.spec.out, g.n * k.spec.d);

@@ -67,6 +67,7 @@ pub mod native_dot;
 mod pack;
 mod prefetch;
 pub mod reduce;
+pub mod rows;
 pub mod sparse;
 
 use crate::kernels::{KResult, Rows};

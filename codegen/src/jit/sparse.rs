@@ -22,6 +22,11 @@
 //! While the kernel updates one entry's row, it asks the CPU for the row of the
 //! entry [`prefetch::AHEAD`] on (the updates are random row reads and writes,
 //! latency-bound like the embedding bag's; [`prefetch`]).
+//! With f32 gradients on an f32 or split table, a native row kernel
+//! ([`super::rows`], AVX-512 or AVX2+FMA where the CPU has one) does the row
+//! work instead: the generated loop calls it once per run of entries of one
+//! bag, and it computes `lr·g` once per run (the same value as per entry) and
+//! fetches the rows ahead itself.
 //!
 //! ABI, sparse: `fn(hi, lo, grad, entries, bounds, n: i64, lr: f32)` over the
 //! `n` entries `[row, s]` (i64 pairs): storage row `row` (at `hi + row·d`)
@@ -33,6 +38,7 @@
 use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4};
 use super::gemm::Elt;
 use super::prefetch::{self, Prefetch};
+use super::rows::{self, RowKernel};
 use super::{Jit, JitError};
 use crate::kernels::optim::{
     Grad, GradRows, SparsePlan, bag_operands, embedding_update_plan, embedding_update_plan_of,
@@ -80,6 +86,10 @@ pub struct SparseSpec {
     pub per_pos: bool,
     /// Divide the bag's gradient by its size (per bag only).
     pub mean: bool,
+    /// The row kernels: a native one applies each run of entries of one bag
+    /// ([`super::rows`]; only for the specs it covers,
+    /// [`rows::emit::covers_run`]; the others say [`RowKernel::Cranelift`]).
+    pub rows: RowKernel,
 }
 
 /// What a dense update kernel is specialised on.
@@ -254,6 +264,13 @@ fn lr_pair(b: &mut FunctionBuilder<'_>, lr: Value) -> (Value, Value) {
 }
 
 pub(crate) fn compile_sparse(jit: &Jit, spec: SparseSpec) -> Result<SparseKernel, JitError> {
+    if spec.rows != RowKernel::Cranelift && rows::emit::covers_run(&spec) {
+        let f = rows::emit::compile_run(jit, spec, spec.rows)?;
+        // SAFETY: generated with exactly this signature and the C call
+        // convention.
+        let f: SparseFn = unsafe { std::mem::transmute::<*const u8, SparseFn>(f) };
+        return Ok(SparseKernel { f });
+    }
     let (module, fetch) = prefetch::module(jit)?;
     let f = jit.compile_fn(
         module,
@@ -374,14 +391,18 @@ fn run_sparse(
     // gradient row is s either way).
     let pooling = if per_pos { Some(1) } else { plan.pooling };
     let nbags = if per_pos { plan.idx.len() } else { plan.bags };
-    let spec = SparseSpec {
+    let mut spec = SparseSpec {
         d: plan.d,
         table,
         grad,
         pooling,
         per_pos,
         mean: matches!(plan.src, GradRows::PerBag { mean: true }),
+        rows: RowKernel::Cranelift,
     };
+    if rows::emit::covers_run(&spec) {
+        spec.rows = rows::row_kernel();
+    }
     let k = jit.sparse(spec).map_err(jit_err(op))?;
     let rr = plan.range_rows();
     let tasks = plan.stored.div_ceil(rr);
