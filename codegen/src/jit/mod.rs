@@ -109,9 +109,9 @@ impl JitError {
 }
 
 /// Which GEMM micro-kernel to use (`--kernels
-/// cranelift|native|avx512|avx512bf16|auto`); under `Avx512`, `Avx512Bf16` and
-/// `Auto` the dot interaction's backward runs on AVX-512 too ([`native_dot`]),
-/// where the CPU has it.
+/// cranelift|native|avx512|avx512bf16|amxbf16|auto`); under `Avx512`,
+/// `Avx512Bf16`, `AmxBf16` and `Auto` the dot interaction's backward runs on
+/// AVX-512 too ([`native_dot`]), where the CPU has it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum KernelChoice {
     /// Pure Cranelift (128-bit f32x4 FMA).
@@ -123,22 +123,29 @@ pub enum KernelChoice {
     /// The AVX-512 BF16 micro-kernel ([`micro::avx512bf16`]) for GEMMs whose
     /// operands are both bf16, the AVX-512 one for the others.
     Avx512Bf16,
+    /// The AMX-BF16 micro-kernel ([`micro::amx`]) for GEMMs whose operands
+    /// are both bf16, the AVX-512 one for the others.
+    AmxBf16,
     /// Per shape, the fastest of those this CPU can run (timed on the first
-    /// call); GEMMs whose operands are both bf16 run on the AVX-512 BF16
-    /// kernel where the CPU has it (not timed: its sums pair the k steps, so
-    /// a timing race must not choose the numbers).
+    /// call); for GEMMs whose operands are both bf16 the candidates include
+    /// the k-pair kernels (AVX-512 BF16, AMX-BF16) where the CPU has them.
+    /// Their sums are not the FMA kernels' bits, so a bf16 run's last bits
+    /// depend on which kernel won the timing; `Avx512Bf16` or `AmxBf16` fix
+    /// the kernel.
     #[default]
     Auto,
 }
 
 impl KernelChoice {
-    /// Parses `cranelift`, `native`, `avx512`, `avx512bf16` or `auto`.
+    /// Parses `cranelift`, `native`, `avx512`, `avx512bf16`, `amxbf16` or
+    /// `auto`.
     pub fn parse(s: &str) -> Option<KernelChoice> {
         match s {
             "cranelift" => Some(KernelChoice::Cranelift),
             "native" => Some(KernelChoice::Native),
             "avx512" => Some(KernelChoice::Avx512),
             "avx512bf16" => Some(KernelChoice::Avx512Bf16),
+            "amxbf16" => Some(KernelChoice::AmxBf16),
             "auto" => Some(KernelChoice::Auto),
             _ => None,
         }
@@ -151,6 +158,7 @@ impl KernelChoice {
             KernelChoice::Native => "native",
             KernelChoice::Avx512 => "avx512",
             KernelChoice::Avx512Bf16 => "avx512bf16",
+            KernelChoice::AmxBf16 => "amxbf16",
             KernelChoice::Auto => "auto",
         }
     }
@@ -437,10 +445,10 @@ impl Jit {
         if !spec.micro.available() {
             return Err(JitError::NoNative(spec.micro.name()));
         }
-        if spec.micro == gemm::Micro::Bf16Dot && !spec.bf16_dot_fits() {
+        if spec.micro.b_packing() == micro::BPacking::KPairs && !spec.bf16_dot_fits() {
             return Err(JitError::Args {
                 kernel: format!("{spec:?}"),
-                reason: "the BF16 micro-kernel needs bf16 A with paired k steps".into(),
+                reason: "the BF16 micro-kernels need bf16 A with paired k steps".into(),
             });
         }
         self.gemm_normalized(spec)
@@ -450,11 +458,13 @@ impl Jit {
     /// ([`JitOptions::kernels`]) and, when `packable` (the caller can pack `A`
     /// itself: [`gemm::GemmSpec::pack_a`] with `A` widened to f32), whether to
     /// pack ([`JitOptions::pack_a`]). `bf16_b`: `B` is bf16 in memory, so the
-    /// AVX-512 BF16 kernel (which packs it in k pairs) computes exact products;
-    /// under `Auto` and `Avx512Bf16` it is the pick for such a spec whose `A`
-    /// fits it. With more than one candidate, `trial` runs each three times,
-    /// taking turns (after a warm-up run each), on the first call of a shape and
-    /// the fastest is remembered.
+    /// k-pair kernels (AVX-512 BF16, AMX-BF16: `B` packed in k pairs) compute
+    /// exact products; for such a spec whose `A` fits them, `Avx512Bf16` and
+    /// `AmxBf16` force their kernel, and `Auto` adds the available ones to its
+    /// candidates (timed against the FMA kernels, which widen the bf16). With
+    /// more than one candidate, `trial` runs each three times, taking turns
+    /// (after a warm-up run each), on the first call of a shape and the
+    /// fastest is remembered.
     pub(crate) fn pick_variant(
         &self,
         spec: gemm::GemmSpec,
@@ -463,9 +473,6 @@ impl Jit {
         trial: &mut dyn FnMut(gemm::GemmKernel) -> Result<(), JitError>,
     ) -> Result<gemm::GemmSpec, JitError> {
         use gemm::Micro;
-        if opts.kernels == KernelChoice::Avx512Bf16 && !Micro::Bf16Dot.available() {
-            return Err(JitError::NoNative(Micro::Bf16Dot.name()));
-        }
         let key = gemm::GemmSpec {
             micro: Micro::Cranelift,
             ..spec
@@ -475,17 +482,26 @@ impl Jit {
             lock(&self.auto).insert(pick_key, s);
             Ok(s)
         };
-        let dot = bf16_b && spec.bf16_dot_fits() && Micro::Bf16Dot.available();
-        if dot && matches!(opts.kernels, KernelChoice::Auto | KernelChoice::Avx512Bf16) {
-            return picked(gemm::GemmSpec {
-                micro: Micro::Bf16Dot,
-                ..spec
-            });
+        let k_pairs = bf16_b && spec.bf16_dot_fits();
+        let forced = match opts.kernels {
+            KernelChoice::Avx512Bf16 => Some(Micro::Bf16Dot),
+            KernelChoice::AmxBf16 => Some(Micro::Amx),
+            _ => None,
+        };
+        if let Some(m) = forced {
+            if !m.available() {
+                return Err(JitError::NoNative(m.name()));
+            }
+            if k_pairs {
+                return picked(gemm::GemmSpec { micro: m, ..spec });
+            }
         }
         let micros: Vec<Micro> = match opts.kernels {
             KernelChoice::Cranelift => vec![Micro::Cranelift],
             KernelChoice::Native => vec![Micro::Native],
-            KernelChoice::Avx512 | KernelChoice::Avx512Bf16 => vec![Micro::Native512],
+            KernelChoice::Avx512 | KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16 => {
+                vec![Micro::Native512]
+            }
             KernelChoice::Auto => [Micro::Cranelift, Micro::Native, Micro::Native512]
                 .into_iter()
                 .filter(|m| m.available())
@@ -513,6 +529,14 @@ impl Jit {
                     },
                 });
             }
+        }
+        if k_pairs && opts.kernels == KernelChoice::Auto {
+            // The k-pair kernels read `A` in place (never packed).
+            let dots = [Micro::Bf16Dot, Micro::Amx].into_iter();
+            candidates.extend(
+                dots.filter(|m| m.available())
+                    .map(|micro| gemm::GemmSpec { micro, ..spec }),
+            );
         }
         if let [only] = candidates[..] {
             return picked(only);
