@@ -127,11 +127,10 @@ pub enum KernelChoice {
     /// are both bf16, the AVX-512 one for the others.
     AmxBf16,
     /// Per shape, the fastest of those this CPU can run (timed on the first
-    /// call); for GEMMs whose operands are both bf16 the candidates include
-    /// the k-pair kernels (AVX-512 BF16, AMX-BF16) where the CPU has them.
-    /// Their sums are not the FMA kernels' bits, so a bf16 run's last bits
-    /// depend on which kernel won the timing; `Avx512Bf16` or `AmxBf16` fix
-    /// the kernel.
+    /// call); GEMMs whose operands are both bf16 run on the AMX-BF16 kernel
+    /// where the CPU and OS allow it, else on the AVX-512 BF16 one where the
+    /// CPU has it (not timed: their sums are neither the FMA kernels' bits
+    /// nor each other's, so a timing race must not choose the numbers).
     #[default]
     Auto,
 }
@@ -460,8 +459,12 @@ impl Jit {
     /// pack ([`JitOptions::pack_a`]). `bf16_b`: `B` is bf16 in memory, so the
     /// k-pair kernels (AVX-512 BF16, AMX-BF16: `B` packed in k pairs) compute
     /// exact products; for such a spec whose `A` fits them, `Avx512Bf16` and
-    /// `AmxBf16` force their kernel, and `Auto` adds the available ones to its
-    /// candidates (timed against the FMA kernels, which widen the bf16). With
+    /// `AmxBf16` force their kernel, and `Auto` picks AMX-BF16 where available,
+    /// else AVX-512 BF16 where available, without timing: their sums differ
+    /// from the FMA kernels' and from each other's in the last bits, so a
+    /// timing race between them would make a run's numbers differ from one
+    /// process to the next (a resumed run must repeat the uninterrupted one
+    /// bit for bit); the timed candidates below all give the same bits. With
     /// more than one candidate, `trial` runs each three times, taking turns
     /// (after a warm-up run each), on the first call of a shape and the
     /// fastest is remembered.
@@ -486,6 +489,9 @@ impl Jit {
         let forced = match opts.kernels {
             KernelChoice::Avx512Bf16 => Some(Micro::Bf16Dot),
             KernelChoice::AmxBf16 => Some(Micro::Amx),
+            KernelChoice::Auto if k_pairs => [Micro::Amx, Micro::Bf16Dot]
+                .into_iter()
+                .find(|m| m.available()),
             _ => None,
         };
         if let Some(m) = forced {
@@ -529,14 +535,6 @@ impl Jit {
                     },
                 });
             }
-        }
-        if k_pairs && opts.kernels == KernelChoice::Auto {
-            // The k-pair kernels read `A` in place (never packed).
-            let dots = [Micro::Bf16Dot, Micro::Amx].into_iter();
-            candidates.extend(
-                dots.filter(|m| m.available())
-                    .map(|micro| gemm::GemmSpec { micro, ..spec }),
-            );
         }
         if let [only] = candidates[..] {
             return picked(only);
