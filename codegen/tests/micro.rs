@@ -13,11 +13,22 @@
 //!   blocked (widths 32/64/128) `A`, `B` rows padded with NaN garbage in the
 //!   lanes past `nr`, special values (NaN, ±inf, -0); and bit for bit against
 //!   each other kernel of that kind on the part of the tile both express;
-//! - the kernel that reads `B` in k pairs ([`BPacking::KPairs`]: the bf16 dot
-//!   product) against an f64 reference, within 1e-5 of the sum of the terms'
-//!   magnitudes (it pairs the k steps: reassociation), on bf16 `A` row-major
-//!   per block, `k` odd and even, blocks of even length, the blocked widths
-//!   32/64/128 and other row strides; plus its packing and layout rules.
+//! - the kernels that read `B` in k pairs ([`BPacking::KPairs`]: the AVX-512
+//!   BF16 dot product and the AMX-BF16 tiles) against an f64 reference,
+//!   within 1e-5 of the sum of the terms' magnitudes (plus a bf16 step for
+//!   bf16 `C`), NaN for NaN, on bf16 `A` row-major per block, `k` odd and
+//!   even, one block, blocks of even length and of 32/64/96 steps, the
+//!   blocked widths 32/64/128 and other row strides, full and ragged tiles,
+//!   some `A` elements NaN; plus their packing and layout rules. Why a
+//!   tolerance: the products of two bf16 are exact in f32, but `vdpbf16ps`
+//!   adds the two of a pair into the accumulator in its own order and
+//!   `tdpbf16ps` sums 32 k steps in the hardware's order (Intel's pseudocode
+//!   adds them one by one; on this CPU about 10% of random sums differed in
+//!   the last bit from a sequential `mul_add` and from pairwise sums); both
+//!   treat denormal inputs as zero and flush denormal results, which the
+//!   reference does not. With `k < 300`, values in [-1, 1) and no denormals,
+//!   the rounding errors (about √k·2⁻²⁴ of the magnitudes, at worst k·2⁻²⁴)
+//!   stay under 1e-5 of the magnitudes in practice.
 
 use dlrm_codegen::jit::micro::{
     self, BPacking, F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_RELU, MicroKernel, TileArgs,

@@ -15,8 +15,10 @@
 //!   table: one `#[repr(C)]` argument struct, one registry (name, tile, CPU
 //!   features, entry, `B` packing). [`micro::avx2`] is the AVX2+FMA kernel,
 //!   [`micro::avx512`] its AVX-512 sibling (12×32 tiles, batch-reduce `A`, chosen
-//!   at run time), and [`micro::avx512bf16`] the AVX-512 BF16 one (`vdpbf16ps`:
-//!   two k steps per instruction, for bf16 `A` and `B`).
+//!   at run time), [`micro::avx512bf16`] the AVX-512 BF16 one (`vdpbf16ps`:
+//!   two k steps per instruction, for bf16 `A` and `B`) and [`micro::amx`] the
+//!   AMX-BF16 one (`tdpbf16ps`: 32×32 tiles, for bf16 `A` and `B`, the same
+//!   packed `B`).
 //! - [`reduce`]: `linear_db` (the bias gradient: column sums over the samples,
 //!   parallel over column blocks, on the embedding bag's row sum), and the
 //!   weighted column sums of `brgemm_wgrad` with one-column blocks.

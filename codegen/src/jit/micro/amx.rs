@@ -249,7 +249,9 @@ unsafe fn tile(t: &TileArgs) {
     // SAFETY: `configure`: AMX usable (the caller's contract). The C scratch
     // is `MR × NR` f32 (rows of 128 bytes): each tile load or store touches 16
     // rows of 64 bytes at one of its quarters. `acc_start` reads the `mr × nr`
-    // tile of `C` (the caller's contract).
+    // tile of `C` (the caller's contract). The tile registers carry the
+    // accumulators from one `asm!` block to the next: compiled Rust never
+    // allocates them, and the blocks (none `pure`) keep their order.
     unsafe {
         configure();
         if flags & F_ACC != 0 {
