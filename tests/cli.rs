@@ -500,6 +500,31 @@ fn bad_runs_are_clear_errors() {
         let err = fails(DLRM_RUN, &args);
         assert!(err.contains("AVX-512 BF16"), "{err}");
     }
+    // The AMX kernel likewise; `auto` picks it for the bf16 forward GEMMs where
+    // the CPU and OS allow it, and `--bench` names it.
+    let amx = dlrm_codegen::jit::micro::AMX_BF16.available();
+    for kernels in ["amxbf16", "auto"] {
+        let args = [
+            s(&bf16_plan),
+            "--kernels",
+            kernels,
+            "--iters",
+            "2",
+            "--bench",
+        ];
+        if amx {
+            let out = ok(DLRM_RUN, &args);
+            let all = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(all.contains("AMX-BF16"), "{kernels}: {all}");
+        } else if kernels == "amxbf16" {
+            let err = fails(DLRM_RUN, &args);
+            assert!(err.contains("AMX-BF16"), "{err}");
+        }
+    }
     let err = fails(DLRM_RUN, &[s(&dir.path().join("missing.plan"))]);
     assert!(err.contains("missing.plan"), "{err}");
     let err = fails(DLRMC, &["inspect", s(&dir.path().join("missing.plan"))]);

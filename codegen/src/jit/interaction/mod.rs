@@ -379,7 +379,10 @@ impl Call {
 fn native_dot_applies(opts: &JitOptions, spec: &DotSpec) -> bool {
     matches!(
         opts.kernels,
-        KernelChoice::Auto | KernelChoice::Avx512 | KernelChoice::Avx512Bf16
+        KernelChoice::Auto
+            | KernelChoice::Avx512
+            | KernelChoice::Avx512Bf16
+            | KernelChoice::AmxBf16
     ) && native_dot::available()
         && spec.bf16_ops == 0
         && spec.dr == Elt::F32
