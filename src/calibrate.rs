@@ -3,9 +3,13 @@
 //! kernels and the communicator a job runs on, and keeps them in a calibration
 //! file the planner reads instead of its built-in guesses.
 //!
-//! - **GFLOP/s** (dense, GEMM-dominated work): the JIT `linear` (with its ReLU
-//!   epilogue) at an MLP layer of DLRM (local batch 1024, 512 → 512), best of
-//!   several timed calls on the rank's threads.
+//! - **GFLOP/s** (dense, GEMM-dominated work): what a training step runs of an
+//!   MLP compiled at `-O1`, through the JIT kernels of a plan: a chain of blocked
+//!   layers (local batch 1024, widths 512 → 512 → 256 → 64), each `brgemm` with
+//!   its ReLU forward, then `brgemm_wgrad` and (but for the first layer)
+//!   `brgemm_dgrad` with the ReLU mask fused backward; the flops as the planner
+//!   counts them (`2·S·N·K` a GEMM) over the best time of several chains on the
+//!   rank's threads.
 //! - **Memory GB/s** (embedding gathers): the JIT `embedding_bag` (sum, 20 rows a
 //!   bag, random rows of a 256 MiB table, far larger than the caches), counting the
 //!   rows gathered, the indices and the results.
@@ -28,7 +32,11 @@
 
 use crate::error::{Error, Result};
 use dlrm_codegen::jit::{self, JitOptions};
-use dlrm_ir::{Act, Communicator, DType, Dim, LocalGroup, Op, Pool, Tensor, TensorType};
+use dlrm_ir::Op::{BlockAct, BlockWeight, Brgemm, BrgemmDgrad, BrgemmWgrad};
+use dlrm_ir::{
+    Act, Communicator, DType, Dim, LocalGroup, NodeInstance, Op, Pool, Tensor, TensorType,
+};
+use dlrm_passes::egraph::cost::block_for;
 use dlrm_passes::shard::{Machine, Network};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -91,9 +99,10 @@ pub fn measure(
         .num_threads(opts.threads)
         .build()
         .map_err(|e| Error::Calibration(format!("cannot start {} threads: {e}", opts.threads)))?;
-    let gflops = pool.install(|| gemm_gflops(reps))?;
+    let gflops = pool.install(|| dense_gflops(reps))?;
+    let widths = DENSE_WIDTHS.map(|w| w.to_string()).join("-");
     say(&format!(
-        "GEMM (linear 1024x512x512, ReLU): {gflops:.1} GFLOP/s"
+        "GEMM (brgemm chain {widths}, batch {DENSE_BATCH}, forward and backward): {gflops:.1} GFLOP/s"
     ));
     let mem_gbps = pool.install(|| gather_gbps(reps))?;
     say(&format!(
@@ -142,11 +151,8 @@ fn jit_eval(op: &Op, ins: &[&Tensor], out: &TensorType, b: usize) -> Result<Vec<
     let syms = HashMap::from([("B".to_string(), b)]);
     let outs = std::slice::from_ref(out);
     match jit::try_eval(op, ins, outs, &syms, &JitOptions::default()) {
-        Some(r) => r.map_err(|e| Error::Calibration(format!("`{}` failed: {e}", op.mnemonic()))),
-        None => Err(Error::Calibration(format!(
-            "no JIT kernel for `{}` on this CPU: nothing to calibrate with",
-            op.mnemonic()
-        ))),
+        Some(r) => r.map_err(|e| failed(op, e)),
+        None => Err(no_jit(op)),
     }
 }
 
@@ -168,15 +174,182 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn gemm_gflops(reps: usize) -> Result<f64> {
-    let (s, k, n) = (1024usize, 512usize, 512usize);
-    let x = Tensor::f32(vec![s, k], values(s * k, 1));
-    let w = Tensor::f32(vec![n, k], values(n * k, 2));
-    let b = Tensor::f32(vec![n], values(n, 3));
-    let out = TensorType::new(DType::F32, [Dim::batch(), Dim::Fixed(n)]);
-    let op = Op::Linear { act: Act::Relu };
-    let secs = best_of(reps, || jit_eval(&op, &[&x, &w, &b], &out, s).map(drop))?;
-    Ok(2.0 * (s * k * n) as f64 / secs / 1e9)
+/// The local batch of the dense chain [`dense_gflops`] times (dlrm-small's
+/// global batch of 2048 on 2 ranks).
+const DENSE_BATCH: usize = 1024;
+
+/// The widths of the dense chain's activations: three layers of DLRM-like
+/// widths, 512 → 512 → 256 → 64.
+const DENSE_WIDTHS: [usize; 4] = [512, 512, 256, 64];
+
+/// One blocked layer of the dense chain: its blocked weight and bias, and the
+/// verified instances of its three kernels (built once, as a plan keeps them).
+struct DenseLayer {
+    w: Tensor,
+    b: Tensor,
+    fwd: Instance,
+    wgrad: Instance,
+    /// `None` for the first layer (a step computes no gradient of its input).
+    dgrad: Option<Instance>,
+    /// Flops of one of its GEMMs as the planner counts them (`2·S·N·K`).
+    flops: f64,
+}
+
+/// A node instance with the declared types of its results.
+struct Instance {
+    inst: NodeInstance,
+    outs: Vec<TensorType>,
+}
+
+impl Instance {
+    /// The instance of `op` on operands of these types (the results inferred).
+    fn of(op: Op, ins: &[&Tensor]) -> Result<Instance> {
+        let tys: Vec<TensorType> = ins.iter().map(|t| ty_of(t)).collect();
+        let refs: Vec<&TensorType> = tys.iter().collect();
+        let bad = |e: String| Error::Calibration(format!("`{}`: {e}", op.mnemonic()));
+        let outs = dlrm_ir::infer(&op, &refs, &[]).map_err(bad)?;
+        let inst = NodeInstance::of_operands(&op, ins, &outs, &HashMap::new()).map_err(bad)?;
+        Ok(Instance { inst, outs })
+    }
+
+    /// Runs its JIT kernel, as the executor runs a plan's node, and returns the
+    /// first result; an op without a JIT kernel on this CPU is an error.
+    fn run(&self, ins: &[&Tensor]) -> Result<Tensor> {
+        let op = self.inst.op();
+        let syms = HashMap::new();
+        match jit::try_eval_instance(&self.inst, ins, &self.outs, &syms, &JitOptions::default()) {
+            Some(r) => first(op, r.map_err(|e| failed(op, e))?),
+            None => Err(no_jit(op)),
+        }
+    }
+}
+
+/// The type of `t`: its dtype and fixed dims.
+fn ty_of(t: &Tensor) -> TensorType {
+    TensorType::new(t.dtype(), t.shape.iter().map(|&d| Dim::Fixed(d)))
+}
+
+/// The first of `op`'s results.
+fn first(op: &Op, results: Vec<Tensor>) -> Result<Tensor> {
+    results
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Calibration(format!("`{}` gave no result", op.mnemonic())))
+}
+
+fn failed(op: &Op, e: impl std::fmt::Display) -> Error {
+    Error::Calibration(format!("`{}` failed: {e}", op.mnemonic()))
+}
+
+fn no_jit(op: &Op) -> Error {
+    Error::Calibration(format!(
+        "no JIT kernel for `{}` on this CPU: nothing to calibrate with",
+        op.mnemonic()
+    ))
+}
+
+/// The one result of `op` (a re-layout) on `x`, by the interpreter: set-up,
+/// not timed.
+fn relayout(op: Op, x: &Tensor) -> Result<Tensor> {
+    let out = dlrm_ir::infer(&op, &[&ty_of(x)], &[])
+        .map_err(|e| Error::Calibration(format!("`{}`: {e}", op.mnemonic())))?;
+    let syms = HashMap::new();
+    let ctx = dlrm_ir::interp::EvalCtx {
+        syms: &syms,
+        comm: &dlrm_ir::SingleRank,
+    };
+    let results = dlrm_ir::interp::eval_op(&op, &[x], &out, &ctx).map_err(|e| failed(&op, e))?;
+    first(&op, results)
+}
+
+/// The layers of the dense chain, and the blocked input of the first; block
+/// sizes as the `contract` rules choose them (`block_for`), so that consecutive
+/// layers agree.
+fn dense_chain() -> Result<(Tensor, Vec<DenseLayer>)> {
+    let s = DENSE_BATCH;
+    let k0 = DENSE_WIDTHS[0];
+    let x = Tensor::f32(vec![s, k0], values(s * k0, 1));
+    let bk0 = block_for(k0, None);
+    let xb = relayout(
+        BlockAct {
+            bk: bk0,
+            dtype: DType::F32,
+        },
+        &x,
+    )?;
+    let mut layers = Vec::new();
+    let mut act = xb.clone();
+    for (i, pair) in DENSE_WIDTHS.windows(2).enumerate() {
+        let (k, n) = (pair[0], pair[1]);
+        let (bn, bk) = (block_for(n, None), block_for(k, None));
+        let seed = 2 + 2 * i as u64;
+        let w = Tensor::f32(vec![n, k], values(n * k, seed));
+        let w = relayout(BlockWeight { bn, bk }, &w)?;
+        let b = Tensor::f32(vec![n], values(n, seed + 1));
+        let fwd = Instance::of(Brgemm { act: Act::Relu }, &[&act, &w, &b])?;
+        let y = fwd.run(&[&act, &w, &b])?;
+        // The gradient reaching this layer's output has its output's type.
+        let wgrad = Instance::of(BrgemmWgrad { act: Act::None, n }, &[&y, &act])?;
+        let dgrad = match i {
+            0 => None,
+            _ => Some(Instance::of(
+                BrgemmDgrad {
+                    act: Act::None,
+                    mask: Act::Relu,
+                    dtype: DType::F32,
+                },
+                &[&y, &w, &act],
+            )?),
+        };
+        let flops = 2.0 * (s * n * k) as f64;
+        layers.push(DenseLayer {
+            w,
+            b,
+            fwd,
+            wgrad,
+            dgrad,
+            flops,
+        });
+        act = y;
+    }
+    Ok((xb, layers))
+}
+
+/// One training step's dense chain on `xb`: every layer forward (`brgemm` with
+/// its ReLU), then backward from the last layer: `brgemm_wgrad` (weight and bias
+/// gradients) and, but for the first layer, `brgemm_dgrad` with the previous
+/// layer's ReLU mask fused, as `-O1` compiles an MLP's training step.
+fn dense_step(xb: &Tensor, layers: &[DenseLayer]) -> Result<()> {
+    let mut ys: Vec<Tensor> = Vec::with_capacity(layers.len());
+    for l in layers {
+        let x = ys.last().unwrap_or(xb);
+        let y = l.fwd.run(&[x, &l.w, &l.b])?;
+        ys.push(y);
+    }
+    // The loss gradient: the last layer's output stands in for it (same type).
+    let Some(mut dz) = ys.pop() else {
+        return Ok(());
+    };
+    let xs: Vec<&Tensor> = std::iter::once(xb).chain(&ys).collect();
+    for (l, x) in layers.iter().zip(xs).rev() {
+        std::hint::black_box(l.wgrad.run(&[&dz, x])?);
+        if let Some(d) = &l.dgrad {
+            dz = d.run(&[&dz, &l.w, x])?;
+        }
+    }
+    Ok(())
+}
+
+/// GFLOP/s of the dense chain of a training step ([`dense_step`]), counted as
+/// the planner counts a step's dense work: `2·S·N·K` per GEMM.
+fn dense_gflops(reps: usize) -> Result<f64> {
+    let (xb, layers) = dense_chain()?;
+    let flops: f64 = layers
+        .iter()
+        .map(|l| l.flops * if l.dgrad.is_some() { 3.0 } else { 2.0 })
+        .sum();
+    let secs = best_of(reps, || dense_step(&xb, &layers))?;
+    Ok(flops / secs / 1e9)
 }
 
 fn gather_gbps(reps: usize) -> Result<f64> {
@@ -230,6 +403,7 @@ fn exchange_rates(comm: &dyn Communicator, reps: usize) -> Result<Network> {
             for (dst, b) in used.chunks_mut(floats).zip(&bufs) {
                 dst.copy_from_slice(b);
             }
+            std::hint::black_box(&used);
             let mine = t.elapsed().as_secs_f32();
             // Every rank's time to every rank: each takes the slowest.
             let all = comm

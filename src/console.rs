@@ -215,3 +215,16 @@ fn eval_line(m: &EvalMetrics) -> String {
         f(m.ne)
     )
 }
+
+/// Makes a write to a closed pipe end the process quietly, as it ends `cat`
+/// or `grep` (`dlrmc plan-shards PLAN | head -1`): Rust ignores `SIGPIPE`, so
+/// `println!` would panic on the broken pipe instead. Called first by both
+/// binaries; a no-op off Unix.
+pub fn exit_quietly_on_closed_pipe() {
+    #[cfg(unix)]
+    // SAFETY: restores the default disposition of one signal before any thread
+    // is started; no handler code runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}

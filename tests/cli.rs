@@ -500,6 +500,31 @@ fn bad_runs_are_clear_errors() {
         let err = fails(DLRM_RUN, &args);
         assert!(err.contains("AVX-512 BF16"), "{err}");
     }
+    // The AMX kernel likewise; `auto` picks it for the bf16 forward GEMMs where
+    // the CPU and OS allow it, and `--bench` names it.
+    let amx = dlrm_codegen::jit::micro::AMX_BF16.available();
+    for kernels in ["amxbf16", "auto"] {
+        let args = [
+            s(&bf16_plan),
+            "--kernels",
+            kernels,
+            "--iters",
+            "2",
+            "--bench",
+        ];
+        if amx {
+            let out = ok(DLRM_RUN, &args);
+            let all = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(all.contains("AMX-BF16"), "{kernels}: {all}");
+        } else if kernels == "amxbf16" {
+            let err = fails(DLRM_RUN, &args);
+            assert!(err.contains("AMX-BF16"), "{err}");
+        }
+    }
     let err = fails(DLRM_RUN, &[s(&dir.path().join("missing.plan"))]);
     assert!(err.contains("missing.plan"), "{err}");
     let err = fails(DLRMC, &["inspect", s(&dir.path().join("missing.plan"))]);
@@ -686,4 +711,35 @@ fn real_pytorch_exports_compile_inspect_and_serve_pytorchs_answers() {
         served += 1;
     }
     assert!(served >= 18, "served {served} of {names:?}");
+}
+
+/// Output into a pipe whose reader has gone (`dlrmc inspect PLAN | head -0`,
+/// `dlrm-run PLAN --json | ...`)
+/// ends the process as `SIGPIPE` ends `cat`: no panic message, no exit code 101.
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_pipe_ends_the_binaries_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempdir();
+    let plan = compile_tiny(dir.path(), &[]);
+    for (exe, args) in [
+        (DLRMC, vec!["inspect", s(&plan)]),
+        (DLRMC, vec!["plan-shards", s(&plan), "--ranks", "2"]),
+        (DLRM_RUN, vec![s(&plan), "--iters", "2", "--json"]),
+    ] {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let out = Command::new(exe)
+            .args(&args)
+            .stdout(writer)
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{exe} {args:?}: {err}");
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGPIPE),
+            "{exe} {args:?}: {err}"
+        );
+    }
 }

@@ -1,12 +1,12 @@
 //! Kernel benchmarks (criterion): GFLOP/s (reported as elements/s = FLOP/s) and
 //! GB/s of the JIT kernels against the reference kernels.
 //!
-//! - `gemm/{shape}/{dtype}/{cranelift|native|avx512|avx512bf16|matrixmultiply}`: the
+//! - `gemm/{shape}/{dtype}/{cranelift|native|avx512|avx512bf16|amxbf16|matrixmultiply}`: the
 //!   JIT GEMM core at M=2048 (packed B; bf16: `A`, `B` and `C` bf16, the
 //!   AVX-512 BF16 kernel where the CPU has it), and `matrixmultiply::sgemm`
 //!   (single-threaded; compare with `RAYON_NUM_THREADS=1`). Shapes: K=N in {13,64,128,256,512,1024} plus
 //!   the DLRM layer shapes; `BENCH_FULL=1` runs the whole K×N grid.
-//! - `brgemm/{op}/{shape}/{dtype}/{cranelift|native|avx512|avx512bf16}`: the blocked `brgemm` (relu),
+//! - `brgemm/{op}/{shape}/{dtype}/{cranelift|native|avx512|avx512bf16|amxbf16}`: the blocked `brgemm` (relu),
 //!   `brgemm_dgrad` (relu) and `brgemm_wgrad` (relu, with the bias gradient) JIT
 //!   ops at M=2048 on the same shapes, blocks as the e-graph picks them (`bk =
 //!   min(K, 64)`, `bn = min(N, 64)`), operand copies included; bf16 for the
@@ -19,6 +19,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use dlrm_codegen::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand, OutBuf, pack_b};
+use dlrm_codegen::jit::micro::BPacking;
 use dlrm_codegen::jit::micro::avx512bf16::pack_b_pairs_into;
 use dlrm_codegen::jit::{Jit, JitOptions};
 use dlrm_ir::{DType, Dim, InteractionKind, Op, Pool, Tensor, TensorType};
@@ -72,6 +73,9 @@ fn bench_gemm(c: &mut Criterion) {
             if bf && Micro::Bf16Dot.available() {
                 micros.push(Micro::Bf16Dot);
             }
+            if bf && Micro::Amx.available() {
+                micros.push(Micro::Amx);
+            }
             for micro in micros {
                 let spec = GemmSpec {
                     m,
@@ -91,7 +95,7 @@ fn bench_gemm(c: &mut Criterion) {
                     a_blk: 0,
                 };
                 let kern = jit.gemm(spec).expect("compiles");
-                let bp = if micro == Micro::Bf16Dot {
+                let bp = if micro.b_packing() == BPacking::KPairs {
                     // `w` rounded to bf16: the kernel's operands are both bf16.
                     let wbf: Vec<bf16> = w.iter().map(|&x| bf16::from_f32(x)).collect();
                     let mut bp = vec![0.0f32; kern.spec().packed_b_len()];
@@ -105,6 +109,7 @@ fn bench_gemm(c: &mut Criterion) {
                     Micro::Native => "native",
                     Micro::Native512 => "avx512",
                     Micro::Bf16Dot => "avx512bf16",
+                    Micro::Amx => "amxbf16",
                 };
                 let id = BenchmarkId::new(format!("{shape}/{dt}"), name);
                 if bf {
@@ -288,6 +293,9 @@ fn bench_brgemm(c: &mut Criterion) {
     if Micro::Bf16Dot.available() {
         choices.push(dlrm_codegen::KernelChoice::Avx512Bf16);
     }
+    if Micro::Amx.available() {
+        choices.push(dlrm_codegen::KernelChoice::AmxBf16);
+    }
     let syms = HashMap::new();
     for (k, n) in gemm_shapes() {
         let (bk, bn) = (k.min(64), n.min(64));
@@ -331,7 +339,11 @@ fn bench_brgemm(c: &mut Criterion) {
             };
             let refs: Vec<&Tensor> = ins.iter().collect();
             for kernels in &choices {
-                if *kernels == dlrm_codegen::KernelChoice::Avx512Bf16 && dt != DType::BF16 {
+                let k_pairs = [
+                    dlrm_codegen::KernelChoice::Avx512Bf16,
+                    dlrm_codegen::KernelChoice::AmxBf16,
+                ];
+                if k_pairs.contains(kernels) && dt != DType::BF16 {
                     // The same as `avx512` without two bf16 operands.
                     continue;
                 }

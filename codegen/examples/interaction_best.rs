@@ -1,7 +1,11 @@
-//! Best-of-N time of the dot interaction's backward (`interaction_grad`): the
-//! Cranelift kernel against the AVX-512 one (`--kernels cranelift` / `avx512`),
-//! interleaved (robust on a shared machine), f32, batch `S`. (The forward has
-//! only the Cranelift kernel.)
+//! Best-of-N time of the dot interaction, forward (`interaction`) and backward
+//! (`interaction_grad`): the Cranelift kernels against the AVX-512 ones
+//! (`--kernels cranelift` / `avx512`), interleaved (robust on a shared
+//! machine), f32, batch `S`. Each time is also given as GFLOP/s (the
+//! multiply-adds: `2·S·D` per kept pair forward, per (operand, partner) pair
+//! backward) and as a share of this machine's FMA peak: every thread of the pool
+//! running independent `vfmadd231ps` chains (16 `zmm`, or 12 `ymm` without
+//! AVX-512 F), timed once per round between the kernels, best of the rounds.
 //!
 //! `cargo run --release -p dlrm-codegen --example interaction_best -- [F D S reps]`
 //! (default 9 64 2048 30: dlrm-small's interaction).
@@ -40,21 +44,43 @@ fn main() {
         .collect();
     let dr = Tensor::f32(vec![s, width], val(99, s * width));
     let ty = |w: usize| TensorType::f32([Dim::Fixed(s), Dim::Fixed(w)]);
+    let self_interaction = false;
     let bwd = Op::InteractionGrad {
         kind,
-        self_interaction: false,
+        self_interaction,
     };
     let bwd_ins: Vec<&Tensor> = std::iter::once(&dr).chain(&ops).collect();
     let bwd_tys = vec![ty(d); f];
+    let partners = if self_interaction {
+        f
+    } else {
+        f.saturating_sub(1)
+    };
+    // Multiply-adds: the forward's one per kept pair and column, the
+    // backward's one per (operand, partner) and column.
+    let pairs = width - d;
+    let flops = [
+        2.0 * (s * d * pairs) as f64,
+        2.0 * (s * d * f * partners) as f64,
+    ];
+    let fwd = Op::Interaction {
+        kind,
+        self_interaction,
+    };
+    let fwd_ins: Vec<&Tensor> = ops.iter().collect();
     let mut choices = vec![KernelChoice::Cranelift];
     if native_dot::available() {
         choices.push(KernelChoice::Avx512);
     }
     let syms = HashMap::new();
-    let cases: [(&str, &Op, &[&Tensor], Vec<TensorType>); 1] =
-        [("backward", &bwd, &bwd_ins, bwd_tys)];
+    let cases: [(&str, &Op, &[&Tensor], Vec<TensorType>); 2] = [
+        ("forward", &fwd, &fwd_ins, vec![ty(width)]),
+        ("backward", &bwd, &bwd_ins, bwd_tys),
+    ];
     let mut best = vec![f64::INFINITY; cases.len() * choices.len()];
+    let mut peak = 0f64;
     for _ in 0..reps {
+        peak = peak.max(fma_peak());
         for (ci, (_, op, ins, tys)) in cases.iter().enumerate() {
             for (ki, &kernels) in choices.iter().enumerate() {
                 let opts = JitOptions {
@@ -73,16 +99,89 @@ fn main() {
         }
     }
     println!(
-        "F={f} D={d} S={s}, best of {reps}, {} threads",
+        "F={f} D={d} S={s}, best of {reps}, {} threads; FMA peak {peak:.1} GFLOP/s",
         rayon::current_num_threads()
     );
     for (ci, (name, ..)) in cases.iter().enumerate() {
         for (ki, kc) in choices.iter().enumerate() {
+            let t = best[ci * choices.len() + ki];
+            let gflops = flops[ci] / t / 1e9;
             println!(
-                "{name:>9} {:>9}: {:7.3} ms",
+                "{name:>9} {:>9}: {:7.3} ms, {gflops:6.1} GFLOP/s, {:4.1}% of the FMA peak",
                 kc.name(),
-                best[ci * choices.len() + ki] * 1e3
+                t * 1e3,
+                100.0 * gflops / peak
             );
         }
     }
+}
+
+/// The FMA rate of the pool in GFLOP/s, one timed run: every thread runs
+/// independent multiply-add chains.
+fn fma_peak() -> f64 {
+    use rayon::prelude::*;
+    const ITERS: usize = 2_000_000;
+    let threads = rayon::current_num_threads();
+    let t0 = Instant::now();
+    let lanes: usize = (0..threads)
+        .into_par_iter()
+        .map(|_| fma_chains(ITERS))
+        .sum();
+    // Each counted lane did ITERS multiply-adds: 2 flops.
+    2.0 * (ITERS * lanes) as f64 / t0.elapsed().as_secs_f64() / 1e9
+}
+
+/// Runs `iters` rounds of independent FMA chains; returns how many f32
+/// lanes ran (16 `zmm` × 16 with AVX-512 F, else 12 `ymm` × 8, else 4 scalar
+/// chains).
+fn fma_chains(iters: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512 F.
+            return unsafe { chains512(iters) };
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA.
+            return unsafe { chains256(iters) };
+        }
+    }
+    let mut acc = [1.0f32; 4];
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = a.mul_add(0.999_999, 1e-7);
+        }
+    }
+    std::hint::black_box(acc);
+    4
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn chains512(iters: usize) -> usize {
+    use std::arch::x86_64::*;
+    let (m, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+    let mut acc = [_mm512_set1_ps(1.0); 16];
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = _mm512_fmadd_ps(*a, m, c);
+        }
+    }
+    std::hint::black_box(acc);
+    16 * 16
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn chains256(iters: usize) -> usize {
+    use std::arch::x86_64::*;
+    let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = _mm256_fmadd_ps(*a, m, c);
+        }
+    }
+    std::hint::black_box(acc);
+    12 * 8
 }

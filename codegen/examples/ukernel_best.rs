@@ -4,8 +4,9 @@
 //! rows (its full `MR` and a shorter tile, to show the choice of `MR`), for
 //! `k` = 64, 256, 512, `A` packed (`[kk][mr]`, as the loop nest packs it) or
 //! unpacked (row-major, `lda = k`), f32 and bf16 `A`; and the AVX-512 BF16
-//! kernel ([`micro::avx512bf16`], `B` in k pairs) on unpacked bf16 `A`, the
-//! only layout it takes. Best of N samples (robust on a shared machine), one
+//! kernel ([`micro::avx512bf16`], `B` in k pairs) and the AMX-BF16 one
+//! ([`micro::amx`], the same `B`) on unpacked bf16 `A`, the only layout they
+//! take. Best of N samples (robust on a shared machine), one
 //! thread, variants interleaved.
 //!
 //! `cargo run --release -p dlrm-codegen --example ukernel_best -- [samples]`
@@ -50,6 +51,10 @@ fn main() {
                 if micro::AVX512_BF16.available() && abf && !packed {
                     let bf = &micro::AVX512_BF16;
                     kernels.push(("avx512bf16", bf, bf.mr));
+                }
+                if micro::AMX_BF16.available() && abf && !packed {
+                    let amx = &micro::AMX_BF16;
+                    kernels.push(("amxbf16", amx, amx.mr));
                 }
                 for (label, kern, mr) in kernels {
                     variants.push(variant(label, kern, mr, k, packed, abf));
@@ -102,7 +107,7 @@ fn variant(
         if abf { "bf16" } else { "f32" }
     );
     // Rows of B `nr` apart: each kernel's NR (rows of k pairs for the BF16
-    // kernel).
+    // kernels).
     let b = if kern.b_packing == BPacking::KPairs {
         let bb: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect();
         let mut pairs = vec![0.0f32; k.div_ceil(2) * nr];

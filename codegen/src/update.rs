@@ -141,23 +141,10 @@ fn reference(op: &Op, c: &mut CheckedMut<'_>) -> Option<KResult<()>> {
             let h = Hyper { lr, eps, rowwise };
             adagrad::sparse_adagrad(c, Rows::All, h, &adagrad::reference_row(h))
         }
-        Op::EmbeddingUpdateAdagrad {
-            mode,
-            lr,
-            eps,
-            rowwise,
-        }
-        | Op::EmbeddingUpdateAdagradRows {
-            mode,
-            lr,
-            eps,
-            rowwise,
-            ..
-        } => {
-            let h = Hyper { lr, eps, rowwise };
+        _ => {
+            let (mode, h) = op.embedding_adagrad()?;
             adagrad::embedding_update_adagrad(c, rows, mode, h, &adagrad::reference_row(h))
         }
-        _ => return None,
     })
 }
 

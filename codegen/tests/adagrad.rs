@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use std::collections::HashMap;
 
 mod common;
-use common::vals;
+use common::{random_indices, same_bits, vals};
 
 fn ty_of(t: &Tensor) -> TensorType {
     TensorType::new(t.dtype(), t.shape.iter().map(|&n| Dim::Fixed(n)))
@@ -28,14 +28,6 @@ fn run(
     let o = JitOptions::default();
     update_in_place(op, &mut ps, rest, jit.then_some(&o)).expect("an in-place kernel")?;
     Ok(ps)
-}
-
-fn same_bits(name: &str, a: &Tensor, b: &Tensor) {
-    assert_eq!(a.shape, b.shape, "{name}: shape");
-    let (x, y) = (a.to_f32_vec(), b.to_f32_vec());
-    if let Some(i) = (0..x.len()).find(|&i| x[i].to_bits() != y[i].to_bits()) {
-        panic!("{name}: element {i}: {} vs {}", x[i], y[i]);
-    }
 }
 
 /// Checks the kernels against the interpreter and returns the updated params.
@@ -56,18 +48,6 @@ fn check(name: &str, op: &Op, params: &[Tensor], rest: &[&Tensor], s: usize) -> 
         same_bits(&format!("{name} jit vs reference"), j, r);
     }
     reference
-}
-
-fn indices(seed: u64, n: usize, rows: usize, i32s: bool, shape: Vec<usize>) -> Tensor {
-    let raw: Vec<i64> = vals(seed, n)
-        .iter()
-        .map(|v| ((v + 1.0) * 0.5 * rows as f32) as i64 % rows as i64)
-        .collect();
-    if i32s {
-        Tensor::i32(shape, raw.iter().map(|&x| x as i32).collect())
-    } else {
-        Tensor::i64(shape, raw)
-    }
 }
 
 fn offsets(seed: u64, s: usize, n: usize) -> Tensor {
@@ -106,7 +86,7 @@ fn fused_case(
         (lo, 1 + b % (rows - lo))
     });
     let n = s * l;
-    let idx = indices(seed, n, rows, i32s, if var { vec![n] } else { vec![s, l] });
+    let idx = random_indices(seed, n, rows, i32s, if var { vec![n] } else { vec![s, l] });
     let off = offsets(seed + 1, s, n);
     let gdt = if bf_grad { DType::BF16 } else { DType::F32 };
     let dy = Tensor::from_f32(gdt, vec![s, d], vals(seed + 2, s * d));
@@ -177,7 +157,7 @@ proptest! {
         rowwise: bool,
         seed in 0u64..1000,
     ) {
-        let idx = indices(seed, n, rows, false, vec![n]);
+        let idx = random_indices(seed, n, rows, false, vec![n]);
         let g = Tensor::f32(vec![n, d], vals(seed + 1, n * d));
         let acc = if rowwise {
             Tensor::f32(vec![rows], accs(seed + 2, rows))

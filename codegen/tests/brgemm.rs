@@ -253,6 +253,10 @@ fn kernel_choices() -> Vec<JitOptions> {
         // Runs the GEMMs of two bf16 operands on the BF16 kernel.
         v.push(KernelChoice::Avx512Bf16);
     }
+    if micro::AMX_BF16.available() {
+        // Runs the GEMMs of two bf16 operands on the AMX kernel.
+        v.push(KernelChoice::AmxBf16);
+    }
     v.into_iter()
         .flat_map(|kernels| {
             [false, true].map(|p| JitOptions {
@@ -481,6 +485,31 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
             ));
         });
     }
+    // The bf16 forward with blocks of 32 and 64 steps: on the AMX kernel, full
+    // 32-row tiles read `A` in place, the ragged last rows and the zero-padded
+    // last K block through its copies.
+    check_jit(&problem(
+        0,
+        Act::Relu,
+        301,
+        100,
+        128,
+        64,
+        32,
+        DType::BF16,
+        17,
+    ));
+    check_jit(&problem(
+        0,
+        Act::Sigmoid,
+        130,
+        70,
+        100,
+        64,
+        64,
+        DType::BF16,
+        18,
+    ));
     check_jit(&problem(0, Act::None, 130, 1, 64, 1, 64, DType::BF16, 8));
     check_jit(&problem(2, Act::None, 130, 1, 64, 1, 64, DType::BF16, 9));
     // The forward and wgrad with one-column blocks (matrix-vector products):

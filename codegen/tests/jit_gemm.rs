@@ -229,12 +229,22 @@ fn linear_ops_case(s: usize, k: usize, n: usize, bf: bool, act: Act, seed: u64) 
         };
         let want = dlrm_ir::interp::eval_op(&op, &ins, std::slice::from_ref(&out_ty), &ctx)
             .expect("interpreter");
+        // The k-pair kernels (forced) run the bf16 `linear` (two bf16
+        // operands); the other ops on AVX-512.
         for kernels in [
             KernelChoice::Cranelift,
             KernelChoice::Native,
             KernelChoice::Auto,
+            KernelChoice::Avx512Bf16,
+            KernelChoice::AmxBf16,
         ] {
-            if kernels == KernelChoice::Native && !micro::AVX2.available() {
+            let available = match kernels {
+                KernelChoice::Native => micro::AVX2.available(),
+                KernelChoice::Avx512Bf16 => micro::AVX512_BF16.available(),
+                KernelChoice::AmxBf16 => micro::AMX_BF16.available(),
+                _ => true,
+            };
+            if !available {
                 continue;
             }
             let got = dlrm_codegen::jit::try_eval(

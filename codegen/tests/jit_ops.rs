@@ -117,8 +117,8 @@ fn bag_case(
 
 #[test]
 fn embedding_bag_blocks_of_many_bags_match_the_interpreter() {
-    // Enough bags for several kernel calls per task (the wrapper calls the
-    // kernel on a few bags at a time, prefetching the next ones' rows), ragged.
+    // Enough bags for several blocks (one kernel call each, fetching rows
+    // ahead up to its block's end), ragged.
     bag_case(500, 64, 1001, 1, false, false, false, false, 1);
     bag_case(300, 37, 777, 3, true, true, false, true, 2);
     bag_case(200, 50, 613, 7, false, false, true, false, 3);

@@ -16,7 +16,7 @@ use proptest::prelude::*;
 use std::collections::HashMap;
 
 mod common;
-use common::vals;
+use common::{random_indices, same_bits, vals};
 
 fn bits(seed: u64, n: usize) -> Vec<bf16> {
     vals(seed, n)
@@ -54,28 +54,6 @@ fn run(
     let o = JitOptions::default();
     update_in_place(op, &mut ps, rest, jit.then_some(&o)).expect("an in-place kernel")?;
     Ok(ps)
-}
-
-fn same_bits(name: &str, a: &Tensor, b: &Tensor) {
-    assert_eq!(a.shape, b.shape, "{name}: shape");
-    assert_eq!(a.dtype(), b.dtype(), "{name}: dtype");
-    let (x, y) = (a.to_f32_vec(), b.to_f32_vec());
-    if let Some(i) = (0..x.len()).find(|&i| x[i].to_bits() != y[i].to_bits()) {
-        panic!("{name}: element {i}: {} vs {}", x[i], y[i]);
-    }
-}
-
-/// Indices into `rows` rows, with many duplicates when `rows` is small.
-fn indices(seed: u64, n: usize, rows: usize, i32s: bool, shape: Vec<usize>) -> Tensor {
-    let raw: Vec<i64> = vals(seed, n)
-        .iter()
-        .map(|v| ((v + 1.0) * 0.5 * rows as f32) as i64 % rows as i64)
-        .collect();
-    if i32s {
-        Tensor::i32(shape, raw.iter().map(|&x| x as i32).collect())
-    } else {
-        Tensor::i64(shape, raw)
-    }
 }
 
 /// Non-decreasing offsets from 0 cutting `n` indices into `s` bags (some empty).
@@ -130,7 +108,7 @@ fn update_case(
     shard: Option<(usize, usize)>,
 ) {
     let n = s * l;
-    let idx = indices(seed, n, rows, i32s, if var { vec![n] } else { vec![s, l] });
+    let idx = random_indices(seed, n, rows, i32s, if var { vec![n] } else { vec![s, l] });
     let off = offsets(seed + 1, s, n);
     let gdt = if bf_grad { DType::BF16 } else { DType::F32 };
     let dy = Tensor::from_f32(gdt, vec![s, d], vals(seed + 2, s * d));
@@ -222,7 +200,7 @@ proptest! {
         cut in proptest::option::of((0usize..200, 0usize..200)),
     ) {
         let n = s * l;
-        let idx = indices(seed, n, rows, i32s, vec![s, l]);
+        let idx = random_indices(seed, n, rows, i32s, vec![s, l]);
         let gdt = if bf_grad { DType::BF16 } else { DType::F32 };
         let g = Tensor::from_f32(gdt, vec![s, l, d], vals(seed + 1, n * d));
         let tdt = if bf_table { DType::BF16 } else { DType::F32 };
@@ -295,7 +273,7 @@ fn embedding_ops_case(
     shard: Option<(usize, usize)>,
 ) {
     let n = s * l;
-    let idx = indices(seed, n, rows, i32s, if var { vec![n] } else { vec![s, l] });
+    let idx = random_indices(seed, n, rows, i32s, if var { vec![n] } else { vec![s, l] });
     let off = offsets(seed + 1, s, n);
     let (bf_in, bf_out) = bf;
     let edt = if bf_in { DType::BF16 } else { DType::F32 };

@@ -13,11 +13,22 @@
 //!   blocked (widths 32/64/128) `A`, `B` rows padded with NaN garbage in the
 //!   lanes past `nr`, special values (NaN, ±inf, -0); and bit for bit against
 //!   each other kernel of that kind on the part of the tile both express;
-//! - the kernel that reads `B` in k pairs ([`BPacking::KPairs`]: the bf16 dot
-//!   product) against an f64 reference, within 1e-5 of the sum of the terms'
-//!   magnitudes (it pairs the k steps: reassociation), on bf16 `A` row-major
-//!   per block, `k` odd and even, blocks of even length, the blocked widths
-//!   32/64/128 and other row strides; plus its packing and layout rules.
+//! - the kernels that read `B` in k pairs ([`BPacking::KPairs`]: the AVX-512
+//!   BF16 dot product and the AMX-BF16 tiles) against an f64 reference,
+//!   within 1e-5 of the sum of the terms' magnitudes (plus a bf16 step for
+//!   bf16 `C`), NaN for NaN, on bf16 `A` row-major per block, `k` odd and
+//!   even, one block, blocks of even length and of 32/64/96 steps, the
+//!   blocked widths 32/64/128 and other row strides, full and ragged tiles,
+//!   some `A` elements NaN; plus their packing and layout rules. Why a
+//!   tolerance: the products of two bf16 are exact in f32, but `vdpbf16ps`
+//!   adds the two of a pair into the accumulator in its own order and
+//!   `tdpbf16ps` sums 32 k steps in the hardware's order (Intel's pseudocode
+//!   adds them one by one; on this CPU about 10% of random sums differed in
+//!   the last bit from a sequential `mul_add` and from pairwise sums); both
+//!   treat denormal inputs as zero and flush denormal results, which the
+//!   reference does not. With `k < 300`, values in [-1, 1) and no denormals,
+//!   the rounding errors (about √k·2⁻²⁴ of the magnitudes, at worst k·2⁻²⁴)
+//!   stay under 1e-5 of the magnitudes in practice.
 
 use dlrm_codegen::jit::micro::{
     self, BPacking, F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_RELU, MicroKernel, TileArgs,
@@ -169,24 +180,28 @@ fn fma_cases(mr: usize, nr: usize) -> impl Strategy<Value = Case> {
 }
 
 /// Random cases for a k-pair kernel ([`BPacking::KPairs`]) of tile `mr × nr`:
-/// bf16 `A`, row-major per block, blocks of even length or one block.
+/// bf16 `A`, row-major per block, one block, blocks of an even length, or
+/// blocks of 32, 64 or 96 steps (the AMX kernel's in-place chunks); the full
+/// tile height a third of the time; with `specials`, some `A` elements NaN.
 fn pair_cases(mr: usize, nr: usize) -> impl Strategy<Value = Case> {
     (
-        1..=mr,
+        prop_oneof![Just(mr), 1..=mr],
         1..=nr,
         0usize..300,
-        (any::<bool>(), 1usize..40),
+        (0u8..3, 1usize..40),
         prop_oneof![Just(0usize), Just(32), Just(64), Just(128), 1usize..9],
         (0usize..50, 0usize..3),
         0u32..32,
+        any::<bool>(),
         0u64..1_000_000,
     )
         .prop_map(
-            |(mr, nr, k, (one_block, half), width, (blk_pad, ldc_pad), flags, seed)| {
-                let kb_len = if one_block || k == 0 {
-                    k.max(1)
-                } else {
-                    (2 * half).min(k.max(2))
+            |(mr, nr, k, (blocks, half), width, (blk_pad, ldc_pad), flags, specials, seed)| {
+                let kb_len = match blocks {
+                    _ if k == 0 => 1,
+                    0 => k,
+                    1 => (2 * half).min(k.max(2)),
+                    _ => 32 * (1 + half % 3),
                 };
                 // A blocked width when it holds the block, else a few elements more.
                 let lda = if width >= kb_len && width >= 32 {
@@ -204,7 +219,7 @@ fn pair_cases(mr: usize, nr: usize) -> impl Strategy<Value = Case> {
                     ldb_pad: 0,
                     ldc_pad,
                     flags: (flags & (F_BIAS | F_RELU | F_C_BF16 | F_ACC)) | F_A_BF16,
-                    specials: false,
+                    specials,
                     seed,
                 }
             },
@@ -262,7 +277,15 @@ impl Problem {
                 + 1
         };
         let mut a = vec![f32::NAN; alen];
-        let av = vals(case.seed, case.mr * case.k, case.specials);
+        // A k-pair kernel's specials: some `A` elements NaN (infinities could
+        // meet zeros of the padding: the reference would not say which NaN).
+        let pairs = kern.b_packing == BPacking::KPairs;
+        let mut av = vals(case.seed, case.mr * case.k, case.specials && !pairs);
+        if pairs && case.specials {
+            for x in av.iter_mut().step_by(41) {
+                *x = f32::NAN;
+            }
+        }
         for r in 0..case.mr {
             for kk in 0..case.k {
                 let v = av[r * case.k + kk];
@@ -297,7 +320,7 @@ impl Problem {
                 (bp, kern.nr, b_vals, nr)
             }
         };
-        let mut bias = vals(case.seed + 2, kern.nr, case.specials);
+        let mut bias = vals(case.seed + 2, kern.nr, case.specials && !pairs);
         if kern.b_packing == BPacking::F32 {
             for x in &mut bias[case.nr..] {
                 *x = f32::NAN;
@@ -498,8 +521,13 @@ fn check_pairs(kern: &MicroKernel, case: Case) -> Result<(), TestCaseError> {
             if c.flags & F_RELU != 0 && sum <= 0.0 {
                 sum = 0.0;
             }
-            let tol = 1e-5 * mag + if cbf { sum.abs() / 128.0 } else { 0.0 } + 1e-30;
             let g = f64::from(got[i]);
+            if sum.is_nan() {
+                // A NaN of `A` in the row (kept through relu and bf16).
+                prop_assert!(g.is_nan(), "{:?}: C[{}][{}] = {}, want NaN", c, r, j, g);
+                continue;
+            }
+            let tol = 1e-5 * mag + if cbf { sum.abs() / 128.0 } else { 0.0 } + 1e-30;
             prop_assert!(
                 (g - sum).abs() <= tol,
                 "{:?}: C[{}][{}] = {}, want {} (tolerance {})",
@@ -545,24 +573,32 @@ fn every_flag_and_height(kern: &MicroKernel) {
             (Layout::Strided(13, 13 * 12 + 5), kern.nr - 1),
         ],
     };
+    // (k, kb_len): a partial last block; for a k-pair kernel also blocks of
+    // 32 steps with an odd tail, and one block of whole 32-step chunks.
+    let ks: &[(usize, usize)] = match kern.b_packing {
+        BPacking::F32 => &[(37, 10)],
+        BPacking::KPairs => &[(37, 10), (71, 32), (64, 64)],
+    };
     for flags in 0..32 {
         let flags = match kern.b_packing {
             BPacking::F32 => flags,
             BPacking::KPairs => flags | F_A_BF16,
         };
         for mr in 1..=kern.mr {
-            for &(layout, nr) in &shapes {
+            for (&(layout, nr), &(k, kb_len)) in
+                shapes.iter().flat_map(|s| ks.iter().map(move |kk| (s, kk)))
+            {
                 let case = Case {
                     mr,
                     nr,
-                    k: 37,
-                    kb_len: 10,
+                    k,
+                    kb_len,
                     layout,
                     pads: (1, 3, 7),
                     ldb_pad: 3,
                     ldc_pad: 2,
                     flags,
-                    specials: kern.b_packing == BPacking::F32 && flags % 3 == 0,
+                    specials: flags % 3 == 0,
                     seed: u64::from(flags) * 100 + mr as u64,
                 };
                 if let Err(e) = check(kern, case.clone()) {
@@ -645,6 +681,7 @@ battery! {
     avx2 => &micro::AVX2,
     avx512 => &micro::AVX512,
     avx512bf16 => &micro::AVX512_BF16,
+    amxbf16 => &micro::AMX_BF16,
 }
 
 /// The symbols the JIT modules import (stable names: other tools grep them).
@@ -656,6 +693,7 @@ fn symbols() {
         micro::AVX512_BF16.symbol,
         "dlrm_gemm_ukernel_avx512bf16_12x32"
     );
+    assert_eq!(micro::AMX_BF16.symbol, "dlrm_gemm_ukernel_amxbf16_32x32");
 }
 
 /// The k-pair kernel's `A` rule: pairs never straddle two blocks (even blocks,
@@ -665,8 +703,10 @@ fn k_pair_layout_rules() {
     use micro::avx512bf16::fits;
     assert!(fits(64, 1, 32) && fits(13, 1, 13) && fits(13, 1, 0));
     assert!(!fits(64, 1, 13) && !fits(64, 2, 32));
-    let k = &micro::AVX512_BF16;
-    assert!(k.fits(true, 64, 1, 32) && !k.fits(false, 64, 1, 32));
+    for k in [&micro::AVX512_BF16, &micro::AMX_BF16] {
+        assert!(k.fits(true, 64, 1, 32) && !k.fits(false, 64, 1, 32));
+        assert!(k.fits(true, 71, 1, 10) && !k.fits(true, 71, 1, 11));
+    }
     assert!(micro::AVX2.fits(false, 64, 3, 7) && micro::AVX512.fits(true, 64, 3, 7));
 }
 

@@ -34,7 +34,8 @@ pub use init::{Blocking, Described, Init, OnDemand, ParamValue, Part, RowSource}
 pub use instance::{Checked, CheckedMut, Concrete, NodeInstance, stored_len};
 pub use local_group::{AllReduceAlgo, LocalComm, LocalGroup, SMALL_ALLREDUCE};
 pub use op::{
-    A2aDir, Act, Attr, BinaryKind, InteractionKind, MNEMONICS, Op, Pool, State, gemm_flops,
+    A2aDir, Act, AdagradHyper, Attr, BinaryKind, InteractionKind, MNEMONICS, Op, Pool, State,
+    gemm_flops,
 };
 pub use tensor::{Data, Tensor};
 pub use types::{DType, Dim, Shape, TensorType};

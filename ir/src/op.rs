@@ -12,7 +12,10 @@
 use crate::types::{DType, Dim, Shape};
 use std::fmt;
 
+mod adagrad;
+pub(crate) mod family;
 mod table;
+pub use adagrad::AdagradHyper;
 pub use table::MNEMONICS;
 
 /// Pooling of an embedding bag.
@@ -731,11 +734,6 @@ impl Op {
             _ => {}
         }
         op
-    }
-
-    /// True for ops that exchange data between ranks.
-    pub fn is_collective(&self) -> bool {
-        matches!(self, Op::AllReduce | Op::AllToAll { .. })
     }
 
     /// True for optimizer updates (their result replaces a parameter).

@@ -100,6 +100,48 @@ fn gather_elements_and_nd() {
     assert_eq!(z.as_f32().unwrap(), &[4., 2.]);
 }
 
+/// Operands the interpreter could not read are the shape rule's to refuse, so
+/// every path (the verifier, an instance, the interpreter, the kernels) refuses
+/// them: `gather_elements` indices longer than the data off the axis, `gather_nd`
+/// index tuples of length 0, indices with no bags. A length still symbolic is
+/// left to the instance, which sees it bound.
+#[test]
+fn shapes_the_interpreter_cannot_read_are_refused_by_the_rule() {
+    let x = Tensor::f32(vec![2, 2], vec![1., 2., 3., 4.]);
+    let long = Tensor::i64(vec![3, 1], vec![0, 1, 0]);
+    let err = eval(Op::GatherElements { axis: 1 }, &[&x, &long]).unwrap_err();
+    assert!(err.contains("longer than the data"), "{err}");
+    let empty = Tensor::i64(vec![2, 0], vec![]);
+    let err = eval(Op::GatherNd { batch_dims: 0 }, &[&x, &empty]).unwrap_err();
+    assert!(err.contains("index tuples of length 0"), "{err}");
+    let (idx, w) = (
+        Tensor::i64(vec![2], vec![0, 1]),
+        Tensor::f32(vec![2], vec![1., 1.]),
+    );
+    let no_bags = Tensor::i64(vec![0], vec![]);
+    let err = eval(Op::EmbeddingBagWeighted, &[&x, &idx, &no_bags, &w]).unwrap_err();
+    assert!(err.contains("no bags"), "{err}");
+
+    // The interpreter's own entry (its instance from the operands) refuses
+    // them too, whatever result type it is given.
+    let syms = HashMap::new();
+    let ctx = EvalCtx {
+        syms: &syms,
+        comm: &SingleRank,
+    };
+    let out = [TensorType::new(DType::F32, [Dim::Fixed(3), Dim::Fixed(1)])];
+    let err = eval_op(&Op::GatherElements { axis: 1 }, &[&x, &long], &out, &ctx).unwrap_err();
+    assert!(err.contains("longer than the data"), "{err}");
+
+    // Symbolic lengths pass the graph's rule.
+    let n = TensorType::new(DType::I64, [Dim::batch(), Dim::Fixed(1)]);
+    infer(&Op::GatherElements { axis: 1 }, &[&ty(&x), &n], &[]).unwrap();
+    let s = TensorType::new(DType::I64, [Dim::batch()]);
+    let wt = TensorType::new(DType::F32, [Dim::batch()]);
+    let zero = TensorType::new(DType::I64, [Dim::Fixed(0)]);
+    infer(&Op::EmbeddingBagWeighted, &[&ty(&x), &s, &zero, &wt], &[]).unwrap();
+}
+
 #[test]
 fn reduce_cast_weighted_bag() {
     let x = Tensor::f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]);

@@ -85,34 +85,88 @@ pub fn autodiff_with(
     cfg: &TrainConfig,
     mut params: Option<&mut Params>,
 ) -> Result<Graph> {
-    let graph_err = |reason: String| PassError::Graph {
+    let pred = prediction(fwd, cfg)?;
+    let need = needed(fwd, pred)?;
+    let (active, uses) = gradient_uses(fwd, pred, &need)?;
+    let nvals = fwd.values().len();
+    let mut ad = Ad {
+        g: fwd.clone(),
+        need,
+        uses,
+        contribs: vec![Vec::new(); nvals],
+        total: vec![None; nvals],
+        rows: vec![Vec::new(); nvals],
+    };
+    let loss = add_loss(&mut ad, fwd, cfg, pred)?;
+    // Backward, in reverse order of the forward nodes.
+    for n in (0..fwd.nodes().len()).rev() {
+        if active[n] {
+            ad.backward(fwd, n)?;
+        }
+    }
+    check_adagrad(fwd, cfg)?;
+    for &p in fwd.params() {
+        let bags = std::mem::take(&mut ad.rows[p.index()]);
+        if cfg.optimizer != Optimizer::Sgd {
+            adagrad_step(&mut ad, cfg, p, bags, params.as_deref_mut())?;
+        } else {
+            sgd_step(&mut ad, cfg, p, bags)?;
+        }
+    }
+    ad.g.set_outputs(vec![loss]);
+    verify(&ad.g).map_err(|source| PassError::Verify {
+        after: ID.to_string(),
+        source,
+    })?;
+    Ok(ad.g)
+}
+
+/// An error about the forward graph as a whole.
+fn graph_err(fwd: &Graph, reason: String) -> PassError {
+    PassError::Graph {
         pass: ID.to_string(),
         graph: fwd.name.clone(),
         reason,
-    };
+    }
+}
+
+/// The prediction (the first output) of a forward graph that can be trained
+/// with `cfg`: a finite learning rate, no state updates yet, a float prediction.
+fn prediction(fwd: &Graph, cfg: &TrainConfig) -> Result<ValueId> {
     if !cfg.lr.is_finite() {
-        return Err(graph_err(format!(
-            "learning rate must be finite, got {}",
-            cfg.lr
-        )));
+        return Err(graph_err(
+            fwd,
+            format!("learning rate must be finite, got {}", cfg.lr),
+        ));
     }
     if !fwd.updates().is_empty() {
         return Err(graph_err(
+            fwd,
             "the graph already has state updates (is it a training graph?)".into(),
         ));
     }
-    let &pred = fwd
-        .outputs()
-        .first()
-        .ok_or_else(|| graph_err("no output: the first output must be the prediction".into()))?;
+    let &pred = fwd.outputs().first().ok_or_else(|| {
+        graph_err(
+            fwd,
+            "no output: the first output must be the prediction".into(),
+        )
+    })?;
     if !fwd.ty(pred).dtype.is_float() {
-        return Err(graph_err(format!(
-            "the prediction %{} must be a float tensor, got {}",
-            fwd.name_of(pred),
-            fwd.ty(pred)
-        )));
+        return Err(graph_err(
+            fwd,
+            format!(
+                "the prediction %{} must be a float tensor, got {}",
+                fwd.name_of(pred),
+                fwd.ty(pred)
+            ),
+        ));
     }
+    Ok(pred)
+}
 
+/// Per value: does it need a gradient (it depends on a float parameter and the
+/// prediction depends on it)? The prediction must.
+fn needed(fwd: &Graph, pred: ValueId) -> Result<Vec<bool>> {
     let nvals = fwd.values().len();
     // Values depending on a float parameter.
     let mut dep = vec![false; nvals];
@@ -138,13 +192,23 @@ pub fn autodiff_with(
     }
     let need: Vec<bool> = (0..nvals).map(|i| dep[i] && reach[i]).collect();
     if !need[pred.index()] {
-        return Err(graph_err(format!(
-            "the prediction %{} depends on no float parameter: nothing to train",
-            fwd.name_of(pred)
-        )));
+        return Err(graph_err(
+            fwd,
+            format!(
+                "the prediction %{} depends on no float parameter: nothing to train",
+                fwd.name_of(pred)
+            ),
+        ));
     }
+    Ok(need)
+}
 
-    // Expected number of gradient contributions per value (to name partial sums).
+/// Per node, whether it is differentiated (a result needs a gradient), and per
+/// value the number of gradient contributions it will get (to name partial
+/// sums). Tables (operand 0 of a bag) must be parameters used only as tables;
+/// a weighted bag's weights may not need a gradient.
+fn gradient_uses(fwd: &Graph, pred: ValueId, need: &[bool]) -> Result<(Vec<bool>, Vec<usize>)> {
+    let nvals = fwd.values().len();
     let active: Vec<bool> = fwd
         .nodes()
         .iter()
@@ -192,23 +256,21 @@ pub fn autodiff_with(
         }
     }
     if let Some(t) = (0..nvals).find(|&i| is_table[i] && uses[i] > 0) {
-        return Err(graph_err(format!(
-            "parameter %{} is used both as an embedding table and densely: unsupported",
-            fwd.values()[t].name
-        )));
+        return Err(graph_err(
+            fwd,
+            format!(
+                "parameter %{} is used both as an embedding table and densely: unsupported",
+                fwd.values()[t].name
+            ),
+        ));
     }
+    Ok((active, uses))
+}
 
-    let mut ad = Ad {
-        g: fwd.clone(),
-        need,
-        uses,
-        contribs: vec![Vec::new(); nvals],
-        total: vec![None; nvals],
-        rows: vec![Vec::new(); nvals],
-    };
+/// Adds the input `label`, the loss of `pred` against it (returned) and the
+/// loss gradient, the seed of the backward pass.
+fn add_loss(ad: &mut Ad, fwd: &Graph, cfg: &TrainConfig, pred: ValueId) -> Result<ValueId> {
     let e = PassError::ir(ID);
-
-    // Loss and seed.
     let label_name = ad.g.fresh_name("label");
     let label =
         ad.g.add_input(&label_name, fwd.ty(pred).clone())
@@ -235,71 +297,71 @@ pub fn autodiff_with(
     let hint = ad.hint(pred);
     let seed = ad.g.add(grad_op, &[pred, label], &hint).map_err(&e)?;
     ad.contribute(pred, seed);
+    Ok(loss)
+}
 
-    // Backward, in reverse order of the forward nodes.
-    for n in (0..fwd.nodes().len()).rev() {
-        if active[n] {
-            ad.backward(fwd, n)?;
+/// Adagrad's hyper-parameters, when it is the optimizer: eps finite and > 0 (a
+/// zero gradient must leave a weight, and blocked padding, as it is, not divide
+/// 0 by 0), the initial accumulator value and the weight decay finite and >= 0.
+fn check_adagrad(fwd: &Graph, cfg: &TrainConfig) -> Result<()> {
+    let (Optimizer::Adagrad(a) | Optimizer::RowwiseAdagrad(a)) = cfg.optimizer else {
+        return Ok(());
+    };
+    if !(a.eps.is_finite() && a.eps > 0.0) {
+        return Err(graph_err(
+            fwd,
+            format!("adagrad eps must be finite and > 0, got {}", a.eps),
+        ));
+    }
+    for (what, v) in [
+        ("initial_accumulator_value", a.initial_accumulator_value),
+        ("weight_decay", a.weight_decay),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(graph_err(
+                fwd,
+                format!("adagrad {what} must be finite and >= 0, got {v}"),
+            ));
         }
     }
+    Ok(())
+}
 
-    // Optimizer.
-    if let Optimizer::Adagrad(a) | Optimizer::RowwiseAdagrad(a) = cfg.optimizer {
-        // eps > 0: a zero gradient must leave a weight (and blocked padding) as it
-        // is, not divide 0 by 0.
-        if !(a.eps.is_finite() && a.eps > 0.0) {
-            return Err(graph_err(format!(
-                "adagrad eps must be finite and > 0, got {}",
-                a.eps
-            )));
-        }
-        for (what, v) in [
-            ("initial_accumulator_value", a.initial_accumulator_value),
-            ("weight_decay", a.weight_decay),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(graph_err(format!(
-                    "adagrad {what} must be finite and >= 0, got {v}"
-                )));
-            }
-        }
-    }
-    for &p in fwd.params() {
-        let name = fwd.name_of(p).to_string();
-        let bags = std::mem::take(&mut ad.rows[p.index()]);
-        if cfg.optimizer != Optimizer::Sgd {
-            adagrad_step(&mut ad, cfg, p, bags, params.as_deref_mut())?;
-        } else if !bags.is_empty() {
-            let mut table = p;
-            let last = bags.len() - 1;
-            for (k, (index_ops, rowgrad)) in bags.into_iter().enumerate() {
-                let hint = if k == last {
-                    format!("{name}.next")
-                } else {
-                    format!("{name}.next.part")
-                };
-                let mut ins = vec![table, index_ops[0], rowgrad];
-                ins.extend(index_ops.get(1));
-                table =
-                    ad.g.add(Op::SparseSgd { lr: cfg.lr }, &ins, &hint)
-                        .map_err(&e)?;
-            }
-            ad.g.add_update(p, table).map_err(&e)?;
-        } else if ad.need[p.index()]
-            && let Some(dp) = ad.grad(p)?
-        {
-            let next =
-                ad.g.add(Op::Sgd { lr: cfg.lr }, &[p, dp], &format!("{name}.next"))
+/// The SGD update of parameter `p`: a chain of `sparse_sgd`, one per bag, for a
+/// table (`bags` not empty), else `sgd` with its gradient if it has one.
+fn sgd_step(
+    ad: &mut Ad,
+    cfg: &TrainConfig,
+    p: ValueId,
+    bags: Vec<(Vec<ValueId>, ValueId)>,
+) -> Result<()> {
+    let e = PassError::ir(ID);
+    let name = ad.g.name_of(p).to_string();
+    if !bags.is_empty() {
+        let mut table = p;
+        let last = bags.len() - 1;
+        for (k, (index_ops, rowgrad)) in bags.into_iter().enumerate() {
+            let hint = if k == last {
+                format!("{name}.next")
+            } else {
+                format!("{name}.next.part")
+            };
+            let mut ins = vec![table, index_ops[0], rowgrad];
+            ins.extend(index_ops.get(1));
+            table =
+                ad.g.add(Op::SparseSgd { lr: cfg.lr }, &ins, &hint)
                     .map_err(&e)?;
-            ad.g.add_update(p, next).map_err(&e)?;
         }
+        ad.g.add_update(p, table).map_err(&e)?;
+    } else if ad.need[p.index()]
+        && let Some(dp) = ad.grad(p)?
+    {
+        let next =
+            ad.g.add(Op::Sgd { lr: cfg.lr }, &[p, dp], &format!("{name}.next"))
+                .map_err(&e)?;
+        ad.g.add_update(p, next).map_err(&e)?;
     }
-    ad.g.set_outputs(vec![loss]);
-    verify(&ad.g).map_err(|source| PassError::Verify {
-        after: ID.to_string(),
-        source,
-    })?;
-    Ok(ad.g)
+    Ok(())
 }
 
 /// The Adagrad update of parameter `p` (a table when `bags` is not empty), with

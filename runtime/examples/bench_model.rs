@@ -4,7 +4,7 @@
 //! `RAYON_NUM_THREADS=2 cargo run --release -p dlrm-runtime --example bench_model -- \
 //!     examples/dlrm-small.json [iters] [ranks] [configs]`
 //! where `configs` is a comma list of `reference` and the `--kernels` choices
-//! (`cranelift`, `native`, `avx512`, `avx512bf16`, `auto`; default: `reference`,
+//! (`cranelift`, `native`, `avx512`, `avx512bf16`, `amxbf16`, `auto`; default: `reference`,
 //! `cranelift`, `native`, `auto`). With `ranks > 1` the tables are placed by the sharding
 //! planner and the dense gradients all-reduced in buckets, as `dlrm-run` does.
 

@@ -30,7 +30,7 @@
 //! `EVAL_STEP_BASE + b`.
 
 use crate::error::{Result, RuntimeError};
-use dlrm_ir::{DType, Def, Dim, DimExpr, Graph, Op, Tensor, batch_slice};
+use dlrm_ir::{DType, Def, Dim, DimExpr, Graph, Op, Tensor, TensorType, batch_slice};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ops::Range;
@@ -478,84 +478,25 @@ impl SyntheticData {
         if ranks == 0 || rank >= ranks {
             return Err(data_err(format!("rank {rank} of {ranks} ranks")));
         }
-        let local = batch_slice(global_batch, ranks, rank);
-        let samples_of = |name: &str, d: Option<&Dim>| -> Result<Range<usize>> {
-            match d {
-                Some(Dim::Sym(s)) if s == Dim::BATCH => Ok(local.clone()),
-                Some(Dim::Sym(s)) if s == Dim::GLOBAL => Ok(0..global_batch),
-                Some(Dim::Fixed(n)) if *n == local.len() => Ok(local.clone()),
-                other => Err(data_err(format!(
-                    "input %{name} of graph `{}`: leading dimension {} is neither B ({}) nor G ({global_batch})",
-                    rank_graph.name,
-                    other.map_or_else(|| "(none)".to_string(), |d| d.to_string()),
-                    local.len()
-                ))),
-            }
+        let at = Samples {
+            local: batch_slice(global_batch, ranks, rank),
+            global: global_batch,
+            graph: rank_graph,
         };
+        let schema = &self.schema;
         let mut out = HashMap::new();
         for &v in rank_graph.inputs() {
             let name = rank_graph.name_of(v);
             let ty = rank_graph.ty(v);
-            let schema = &self.schema;
             if let Some(f) = schema.dense.iter().position(|d| d.input == name) {
-                let w = schema.dense[f].width;
-                if ty.rank() != 2 || ty.shape[1].fixed() != Some(w) {
-                    return Err(data_err(format!(
-                        "input %{name} is {ty}, the schema has width {w}"
-                    )));
-                }
-                let r = samples_of(name, ty.shape.first())?;
-                let mut vals = vec![0.0f32; r.len() * w];
-                if w > 0 {
-                    vals.par_chunks_mut(w).enumerate().for_each(|(k, row)| {
-                        let keys = self.keys(step, (r.start + k) as u64);
-                        for (j, x) in row.iter_mut().enumerate() {
-                            *x = self.dense(keys, f, j);
-                        }
-                    });
-                }
-                out.insert(
-                    name.to_string(),
-                    Tensor::from_f32(ty.dtype, vec![r.len(), w], vals),
-                );
+                out.insert(name.to_string(), self.dense_input(step, f, name, ty, &at)?);
             } else if schema.label.as_ref().is_some_and(|l| l.input == name) {
-                let r = samples_of(name, ty.shape.first())?;
-                let cols: usize = ty.shape[1..]
-                    .iter()
-                    .map(|d| d.fixed().unwrap_or(1))
-                    .product();
-                let labels = self.labels(step, r.clone());
-                let vals: Vec<f32> = labels
-                    .iter()
-                    .flat_map(|&y| std::iter::repeat_n(y, cols))
-                    .collect();
-                let mut shape = vec![r.len()];
-                shape.extend(ty.shape[1..].iter().map(|d| d.fixed().unwrap_or(1)));
-                out.insert(name.to_string(), Tensor::from_f32(ty.dtype, shape, vals));
+                out.insert(name.to_string(), self.label_input(step, name, ty, &at)?);
             } else if let Some(f) = schema.sparse.iter().position(|s| s.input == name) {
-                let feat = &schema.sparse[f];
-                match &feat.offsets {
+                match &schema.sparse[f].offsets {
                     None => {
-                        let r = samples_of(name, ty.shape.first())?;
-                        let l = feat.pooling;
-                        if ty.rank() != 2 || ty.shape[1].fixed() != Some(l) {
-                            return Err(data_err(format!(
-                                "input %{name} is {ty}, the schema has pooling {l}"
-                            )));
-                        }
-                        let mut idx = vec![0i64; r.len() * l];
-                        if l > 0 {
-                            idx.par_chunks_mut(l).enumerate().for_each(|(k, bag)| {
-                                let keys = self.keys(step, (r.start + k) as u64);
-                                for (slot, x) in bag.iter_mut().enumerate() {
-                                    *x = self.index(keys, f, slot);
-                                }
-                            });
-                        }
-                        out.insert(
-                            name.to_string(),
-                            index_tensor(ty.dtype, vec![r.len(), l], idx)?,
-                        );
+                        let t = self.fixed_bags_input(step, f, name, ty, &at)?;
+                        out.insert(name.to_string(), t);
                     }
                     Some(off_name) => {
                         let off_v = rank_graph.find(off_name).ok_or_else(|| {
@@ -565,39 +506,27 @@ impl SyntheticData {
                             ))
                         })?;
                         let off_ty = rank_graph.ty(off_v);
-                        let (r, last) =
-                            offsets_samples(off_ty.shape.first(), |d| samples_of(off_name, d))?;
-                        let (idx, off) = self.variable_bags(step, f, r, last);
-                        out.insert(
-                            name.to_string(),
-                            index_tensor(ty.dtype, vec![idx.len()], idx)?,
-                        );
-                        let n = off.len();
-                        out.insert(off_name.clone(), index_tensor(off_ty.dtype, vec![n], off)?);
+                        let (idx, off) =
+                            self.jagged_input(step, f, off_name, off_ty, ty.dtype, &at)?;
+                        out.insert(name.to_string(), idx);
+                        out.insert(off_name.clone(), off);
                     }
                 }
-            } else if schema
+            } else if let Some(f) = schema
                 .sparse
                 .iter()
-                .any(|s| s.offsets.as_deref() == Some(name))
+                .position(|s| s.offsets.as_deref() == Some(name))
             {
                 // Generated with its indices above (or below, in input order).
                 if !out.contains_key(name) {
-                    let f = schema
-                        .sparse
-                        .iter()
-                        .position(|s| s.offsets.as_deref() == Some(name))
-                        .unwrap_or_default();
-                    let (r, last) = offsets_samples(ty.shape.first(), |d| samples_of(name, d))?;
-                    let (idx, off) = self.variable_bags(step, f, r, last);
                     let idx_name = schema.sparse[f].input.clone();
                     let idx_ty = rank_graph
                         .find(&idx_name)
                         .map(|v| rank_graph.ty(v).dtype)
                         .unwrap_or(DType::I64);
-                    let n = off.len();
-                    out.insert(idx_name, index_tensor(idx_ty, vec![idx.len()], idx)?);
-                    out.insert(name.to_string(), index_tensor(ty.dtype, vec![n], off)?);
+                    let (idx, off) = self.jagged_input(step, f, name, ty, idx_ty, &at)?;
+                    out.insert(idx_name, idx);
+                    out.insert(name.to_string(), off);
                 }
             } else {
                 return Err(data_err(format!(
@@ -607,6 +536,105 @@ impl SyntheticData {
             }
         }
         Ok(out)
+    }
+
+    /// Dense feature `f` as input `name` of type `ty`: `[S, width]`.
+    fn dense_input(
+        &self,
+        step: u64,
+        f: usize,
+        name: &str,
+        ty: &TensorType,
+        at: &Samples<'_>,
+    ) -> Result<Tensor> {
+        let w = self.schema.dense[f].width;
+        expect_width(name, ty, "width", w)?;
+        let r = at.of(name, ty.shape.first())?;
+        let vals = self.per_sample(step, &r, w, |keys, j| self.dense(keys, f, j));
+        Ok(Tensor::from_f32(ty.dtype, vec![r.len(), w], vals))
+    }
+
+    /// `w` values per sample of `r`, row-major: `value(keys, j)` for column `j`
+    /// of a sample with `keys` (samples in parallel).
+    fn per_sample<T: Copy + Default + Send>(
+        &self,
+        step: u64,
+        r: &Range<usize>,
+        w: usize,
+        value: impl Fn(SampleKeys, usize) -> T + Sync,
+    ) -> Vec<T> {
+        let mut vals = vec![T::default(); r.len() * w];
+        if w > 0 {
+            vals.par_chunks_mut(w).enumerate().for_each(|(k, row)| {
+                let keys = self.keys(step, (r.start + k) as u64);
+                for (j, x) in row.iter_mut().enumerate() {
+                    *x = value(keys, j);
+                }
+            });
+        }
+        vals
+    }
+
+    /// The labels as input `name` of type `ty` (each repeated over its trailing
+    /// dims).
+    fn label_input(
+        &self,
+        step: u64,
+        name: &str,
+        ty: &TensorType,
+        at: &Samples<'_>,
+    ) -> Result<Tensor> {
+        let r = at.of(name, ty.shape.first())?;
+        let cols: usize = ty.shape[1..]
+            .iter()
+            .map(|d| d.fixed().unwrap_or(1))
+            .product();
+        let labels = self.labels(step, r.clone());
+        let vals: Vec<f32> = labels
+            .iter()
+            .flat_map(|&y| std::iter::repeat_n(y, cols))
+            .collect();
+        let mut shape = vec![r.len()];
+        shape.extend(ty.shape[1..].iter().map(|d| d.fixed().unwrap_or(1)));
+        Ok(Tensor::from_f32(ty.dtype, shape, vals))
+    }
+
+    /// Sparse feature `f` of fixed pooling `L` as input `name` of type `ty`:
+    /// indices `[S, L]`.
+    fn fixed_bags_input(
+        &self,
+        step: u64,
+        f: usize,
+        name: &str,
+        ty: &TensorType,
+        at: &Samples<'_>,
+    ) -> Result<Tensor> {
+        let r = at.of(name, ty.shape.first())?;
+        let l = self.schema.sparse[f].pooling;
+        expect_width(name, ty, "pooling", l)?;
+        let idx = self.per_sample(step, &r, l, |keys, slot| self.index(keys, f, slot));
+        index_tensor(ty.dtype, vec![r.len(), l], idx)
+    }
+
+    /// Sparse feature `f` of variable bags: its indices (of dtype `idx_dtype`)
+    /// and its offsets (input `off_name` of type `off_ty`, whose length says
+    /// the samples and whether it ends with the last bag's end).
+    fn jagged_input(
+        &self,
+        step: u64,
+        f: usize,
+        off_name: &str,
+        off_ty: &TensorType,
+        idx_dtype: DType,
+        at: &Samples<'_>,
+    ) -> Result<(Tensor, Tensor)> {
+        let (r, last) = offsets_samples(off_ty.shape.first(), |d| at.of(off_name, d))?;
+        let (idx, off) = self.variable_bags(step, f, r, last);
+        let n = off.len();
+        Ok((
+            index_tensor(idx_dtype, vec![idx.len()], idx)?,
+            index_tensor(off_ty.dtype, vec![n], off)?,
+        ))
     }
 
     /// Indices and offsets of variable bags for the samples `r`; with `last`, the
@@ -636,6 +664,43 @@ impl SyntheticData {
             off.push(at);
         }
         (bags.into_iter().flatten().collect(), off)
+    }
+}
+
+/// Input `name` of type `ty` must be `[S, w]` (`what`: the schema's word for
+/// `w`).
+fn expect_width(name: &str, ty: &TensorType, what: &str, w: usize) -> Result<()> {
+    if ty.rank() != 2 || ty.shape[1].fixed() != Some(w) {
+        return Err(data_err(format!(
+            "input %{name} is {ty}, the schema has {what} {w}"
+        )));
+    }
+    Ok(())
+}
+
+/// Which samples a rank's input holds: a `B`-leading input this rank's
+/// [`batch_slice`], a `G`-leading one the whole global batch.
+struct Samples<'a> {
+    local: Range<usize>,
+    global: usize,
+    graph: &'a Graph,
+}
+
+impl Samples<'_> {
+    /// The samples of input `name` whose leading dimension is `d`.
+    fn of(&self, name: &str, d: Option<&Dim>) -> Result<Range<usize>> {
+        match d {
+            Some(Dim::Sym(s)) if s == Dim::BATCH => Ok(self.local.clone()),
+            Some(Dim::Sym(s)) if s == Dim::GLOBAL => Ok(0..self.global),
+            Some(Dim::Fixed(n)) if *n == self.local.len() => Ok(self.local.clone()),
+            other => Err(data_err(format!(
+                "input %{name} of graph `{}`: leading dimension {} is neither B ({}) nor G ({})",
+                self.graph.name,
+                other.map_or_else(|| "(none)".to_string(), |d| d.to_string()),
+                self.local.len(),
+                self.global
+            ))),
+        }
     }
 }
 

@@ -214,12 +214,15 @@ impl Wait {
     }
 }
 
-/// Tests `done` (each test progresses MPI) until it is true: [`SPIN`] of busy
-/// tests, then naps of growing length between tests.
-fn wait_until(mut done: impl FnMut() -> bool) {
+/// Polls `poll` (each poll progresses MPI) until it returns a value, and returns
+/// that value: [`SPIN`] of busy polls, then naps of growing length between polls.
+fn wait_for<T>(mut poll: impl FnMut() -> Option<T>) -> T {
     let t0 = Instant::now();
     let mut nap = Duration::from_micros(5);
-    while !done() {
+    loop {
+        if let Some(v) = poll() {
+            return v;
+        }
         if t0.elapsed() < SPIN {
             std::hint::spin_loop();
         } else {
@@ -236,12 +239,7 @@ impl MpiComm {
         if self.wait == Wait::Block {
             return peer.matched_probe_with_tag(tag);
         }
-        let mut got = None;
-        wait_until(|| {
-            got = peer.immediate_matched_probe_with_tag(tag);
-            got.is_some()
-        });
-        got.expect("wait_until returns once the probe found the message")
+        wait_for(|| peer.immediate_matched_probe_with_tag(tag))
     }
 
     /// Waits for every request of `reqs`.
@@ -253,12 +251,12 @@ impl MpiComm {
             return;
         }
         let mut pending = reqs;
-        wait_until(|| {
+        wait_for(|| {
             pending = std::mem::take(&mut pending)
                 .into_iter()
                 .filter_map(|r| r.test().err())
                 .collect();
-            pending.is_empty()
+            pending.is_empty().then_some(())
         });
     }
 }

@@ -157,9 +157,11 @@ struct Cli {
     backend: Backend,
     /// GEMM micro-kernel of the JIT: `cranelift` (128-bit), `native` (AVX2+FMA),
     /// `avx512` (AVX-512, where the CPU has it), `avx512bf16` (the AVX-512 BF16
-    /// dot product for GEMMs of two bf16 operands, AVX-512 for the others) or
-    /// `auto` (the fastest this CPU can run, per shape; the BF16 kernel for two
-    /// bf16 operands where the CPU has it); with all but `cranelift` and
+    /// dot product for GEMMs of two bf16 operands, AVX-512 for the others),
+    /// `amxbf16` (the AMX-BF16 tile kernel for GEMMs of two bf16 operands,
+    /// AVX-512 for the others) or `auto` (the fastest this CPU can run, per
+    /// shape; for two bf16 operands the AMX-BF16 kernel, else the AVX-512
+    /// BF16 one, where the CPU has it, untimed); with all but `cranelift` and
     /// `native` the dot interaction's backward runs on AVX-512 too.
     #[arg(long, default_value = "auto", value_parser = parse_kernels)]
     kernels: KernelChoice,
@@ -294,11 +296,13 @@ fn parse_backend(s: &str) -> Result<Backend, String> {
 }
 
 fn parse_kernels(s: &str) -> Result<KernelChoice, String> {
-    KernelChoice::parse(s)
-        .ok_or_else(|| format!("`{s}`: expected cranelift, native, avx512, avx512bf16 or auto"))
+    KernelChoice::parse(s).ok_or_else(|| {
+        format!("`{s}`: expected cranelift, native, avx512, avx512bf16, amxbf16 or auto")
+    })
 }
 
 fn main() -> ExitCode {
+    dlrmc::console::exit_quietly_on_closed_pipe();
     keep_freed_pages_across_steps();
     match real_main(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,

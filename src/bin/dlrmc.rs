@@ -282,6 +282,7 @@ struct InspectArgs {
 }
 
 fn main() -> ExitCode {
+    dlrmc::console::exit_quietly_on_closed_pipe();
     let cli = Cli::parse();
     let r = match cli.command {
         Command::Compile(a) => cmd_compile(a),

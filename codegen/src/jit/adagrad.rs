@@ -206,22 +206,9 @@ pub(crate) fn update_in_place(op: &Op, c: &mut CheckedMut<'_>) -> Option<KResult
             let h = Hyper { lr, eps, rowwise };
             Some(row(h).and_then(|row| sparse_adagrad(c, rows_of(op), h, &row)))
         }
-        Op::EmbeddingUpdateAdagrad {
-            mode,
-            lr,
-            eps,
-            rowwise,
-        }
-        | Op::EmbeddingUpdateAdagradRows {
-            mode,
-            lr,
-            eps,
-            rowwise,
-            ..
-        } => {
-            let h = Hyper { lr, eps, rowwise };
+        _ => {
+            let (mode, h) = op.embedding_adagrad()?;
             Some(row(h).and_then(|row| embedding_update_adagrad(c, rows_of(op), mode, h, &row)))
         }
-        _ => None,
     }
 }

@@ -9,7 +9,14 @@
 //! accumulators, so they stay in registers); the bag's rows are added in index
 //! order starting from zero, and `mean` divides by the bag's size (an empty bag
 //! gives zeros) — exactly the reference's float operations, so f32 results are
-//! bitwise equal to it.
+//! bitwise equal to it. While it reads a row, the first chunk's pass asks for
+//! the row [`prefetch::AHEAD`] positions later (of this bag or the next ones
+//! of the call; [`prefetch`]), so the random row misses overlap.
+//!
+//! An f32 table and result (not the gradient) go instead to a native row
+//! kernel where the CPU has one ([`super::rows`]: AVX-512 or AVX2+FMA): the
+//! generated loop over bags calls it once per bag, with the same float
+//! operations in the same order, and it fetches the rows ahead itself.
 //!
 //! Every index is validated against the table *before* the kernel runs (the error
 //! names the position and the sample; the executor adds the table's name): the
@@ -30,6 +37,8 @@ use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4
 use super::gemm::Elt;
 use super::layout::{copy_row, jit_err, zeros};
 use super::linear::{elt_of, operand};
+use super::prefetch::{self, Prefetch};
+use super::rows::{self, RowKernel};
 use super::{Jit, JitError};
 use crate::kernels::embedding::grad_bags;
 use crate::kernels::optim::{Rows, op_name};
@@ -67,6 +76,10 @@ pub struct BagSpec {
     /// `embedding_bag_grad` (`table` is `dy`, `idx64` unused): bag `s`'s
     /// gradient rows are `dy[s]` (divided by the bag's size for `mean`).
     pub grad: bool,
+    /// The row kernels: a native one calls [`super::rows`]' bag sum per bag
+    /// (only for the specs it covers, [`rows::emit::covers_bag`]; the others
+    /// say [`RowKernel::Cranelift`]).
+    pub rows: RowKernel,
 }
 
 type BagFn =
@@ -83,8 +96,15 @@ pub struct BagKernel {
 const CW: usize = 32;
 
 pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
-    let module = jit.new_module()?;
-    let f = jit.compile_fn(module, "embedding_bag", 5, &[types::I64; 4], |_, b, p| {
+    if spec.rows != RowKernel::Cranelift && rows::emit::covers_bag(&spec) {
+        let f = rows::emit::compile_bag(jit, spec, spec.rows)?;
+        // SAFETY: generated with exactly this signature and the C call
+        // convention.
+        let f: BagFn = unsafe { std::mem::transmute::<*const u8, BagFn>(f) };
+        return Ok(BagKernel { spec, f });
+    }
+    let (module, fetch) = prefetch::module(jit)?;
+    let f = jit.compile_fn(module, "embedding_bag", 5, &[types::I64; 4], |m, b, p| {
         let (table, idx, bounds, out, weights) = (p[0], p[1], p[2], p[3], p[4]);
         let (s0, s1, first, span) = (p[5], p[6], p[7], p[8]);
         if spec.grad {
@@ -93,12 +113,15 @@ pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
         let d = spec.d;
         let eo = spec.out.size();
         let ei: i64 = if spec.idx64 { 8 } else { 4 };
+        let row_bytes = (d * spec.table.size()) as i64;
+        // The rows fetched ahead run up to the last position of bag s1 - 1.
+        let fetch = Prefetch::new(m, b, fetch, row_bytes as usize);
+        let (pend, _) = bag_bounds(b, spec.pooling, bounds, s1);
         for_range(b, s0, s1, 1, &mut |b, s| {
             let (start, end) = bag_bounds(b, spec.pooling, bounds, s);
             let rel = b.ins().isub(s, s0);
             let orow_off = b.ins().imul_imm_s(rel, (d * eo) as i64);
             let orow = b.ins().iadd(out, orow_off);
-            let row_bytes = (d * spec.table.size()) as i64;
             let pool = RowSum {
                 src: spec.table,
                 out: spec.out,
@@ -107,6 +130,7 @@ pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
                     at: weights,
                     fused: false,
                 }),
+                fetch: Some((fetch, pend)),
             };
             sum_rows(b, pool, start, end, d, orow, &mut |b, p| {
                 let ioff = b.ins().imul_imm_s(p, ei);
@@ -132,7 +156,7 @@ pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
 
 /// The index positions `start..end` of bag `s`: `s·L..(s+1)·L` with fixed
 /// pooling `L`, else `bounds[s]..bounds[s+1]`.
-pub(super) fn bag_bounds(
+pub(crate) fn bag_bounds(
     b: &mut FunctionBuilder<'_>,
     pooling: Option<usize>,
     bounds: Value,
@@ -219,6 +243,10 @@ pub(super) struct RowSum {
     /// Scale row `p` by the f32 at `weights.at + 4·p` first: the sum is then
     /// `Σ_p weight_p · row_p`.
     pub weights: Option<Weights>,
+    /// While row `p` is read, fetch the rows [`prefetch::AHEAD`] positions on
+    /// ([`Prefetch::ahead`]), up to position `end - 1` of this value `end`
+    /// (positions past the bag's end are rows too, of the next bags).
+    pub fetch: Option<(Prefetch, Value)>,
 }
 
 /// The per-row weights of a [`sum_rows`].
@@ -279,6 +307,14 @@ fn sum_chunk(
     let sacc: Vec<_> = (0..tail).map(|_| var(b, types::F32, zf)).collect();
     for_range(b, start, end, 1, &mut |b, p| {
         let (rp, live) = row(b, p);
+        if let Some((fetch, pend)) = pool.fetch.filter(|_| c0 == 0) {
+            // Whole rows, in the first chunk's pass (a row another kernel's
+            // shard holds is not fetched: this row's address instead).
+            fetch.ahead(b, p, pend, &mut |b, q| {
+                let (qp, qlive) = row(b, q);
+                vec![qlive.map_or(qp, |l| b.ins().select(l, qp, rp))]
+            });
+        }
         let skip = live.map(|live| {
             let (add, next) = (b.create_block(), b.create_block());
             b.ins().brif(live, add, &[], next, &[]);
@@ -396,7 +432,7 @@ pub(crate) fn embedding_bag(
             reason: format!("indices must be i64 or i32, got {}", inputs[1].dtype()),
         })?;
         let (s, pooling, bounds) = bags(op, c, idx, total, last_offset)?;
-        let spec = BagSpec {
+        let mut spec = BagSpec {
             d,
             table: tab_elt,
             out,
@@ -406,7 +442,11 @@ pub(crate) fn embedding_bag(
             shard: rows != Rows::All,
             weighted,
             grad: false,
+            rows: RowKernel::Cranelift,
         };
+        if rows::emit::covers_bag(&spec) {
+            spec.rows = rows::row_kernel();
+        }
         let k = jit.embedding(spec).map_err(|e| KernelError::Jit {
             op,
             reason: e.to_string(),
@@ -414,10 +454,6 @@ pub(crate) fn embedding_bag(
         // Not zeroed: the kernel stores every column of every bag (an empty
         // bag's zeros too), and the tasks of `run_bags` cover all `s` bags.
         let mut fresh = Fresh::new(out, s * d);
-        let runs = BagRuns {
-            pooling,
-            bounds: &bounds,
-        };
         // SAFETY: every index was validated against the table's `total` rows
         // of `d` elements (`bags`), of which the storage at `tab_ptr` holds
         // `first..first + stored` (stored·d elements, `Checked` above); the
@@ -431,7 +467,7 @@ pub(crate) fn embedding_bag(
                 (&mut fresh, s),
                 (tab_ptr, first, stored),
                 idx,
-                &runs,
+                &bounds,
                 weights,
             );
         }
@@ -470,27 +506,28 @@ fn bags(
     Ok((s, None, bounds))
 }
 
-/// Runs the bag kernel `k` on the `s` bags of `runs` into `fresh` (`s × d`
-/// elements of the kernel's result type), in blocks of bags, one rayon task
-/// each, prefetching each call's table rows while the previous call runs.
+/// Runs the bag kernel `k` on the `s` bags into `fresh` (`s × d` elements of
+/// the kernel's result type), in blocks of bags, one rayon task and one kernel
+/// call each (the kernel fetches its rows ahead itself).
 ///
 /// # Safety
 ///
 /// `tab` holds the table rows `first..first + stored` of `d` elements of the
-/// kernel's table type; every index of every bag of `runs` was validated
-/// against the whole table, and the kernel reads only the rows in that range;
-/// `runs` (fixed pooling over `s·L` indices, or `s + 1` non-decreasing bounds
-/// at most the indices' length) describes `idx`; `weights`, with a weighted
-/// kernel, holds one f32 per index; `fresh` holds `s × d` elements.
+/// kernel's table type; every index of every bag was validated against the
+/// whole table, and the kernel reads only the rows in that range; the bags are
+/// the kernel's fixed pooling over `s·L` indices, or `bounds` (`s + 1`
+/// non-decreasing entries at most the indices' length) over `idx`; `weights`,
+/// with a weighted kernel, holds one f32 per index; `fresh` holds `s × d`
+/// elements.
 unsafe fn run_bags(
     k: BagKernel,
     (fresh, s): (&mut Fresh, usize),
     (tab_ptr, first, stored): (*const u8, usize, usize),
     idx: Indices<'_>,
-    runs: &BagRuns<'_>,
+    bounds: &[i64],
     weights: Option<&[f32]>,
 ) {
-    let (d, tab_elt, out) = (k.spec.d, k.spec.table, k.spec.out);
+    let (d, tab_elt) = (k.spec.d, k.spec.table);
     // Not zeroed: the kernel stores every column of every bag (an empty
     // bag's zeros too), and the tasks below cover all `s` bags.
     if s > 0 && d > 0 {
@@ -502,56 +539,36 @@ unsafe fn run_bags(
         // Table row `r` at `tab + r·row_bytes`: `first` rows before a
         // shard's storage (only its own rows are read or fetched).
         let tab = (tab_ptr as usize).wrapping_sub(first * row_bytes);
-        let bnd = runs.bounds.as_ptr() as usize;
+        let bnd = bounds.as_ptr() as usize;
         let wts = weights.map_or(std::ptr::null(), <[f32]>::as_ptr) as usize;
-        let held = first..first + stored;
         let sb = block_rows(s, 8, 256);
         let f = k.f;
-        let sub = runs.per_call();
         let go = |blk: usize, po: *mut u8, bags: usize| {
             let s0 = blk * sb;
-            let end = s0 + bags;
-            prefetch_rows(
-                tab,
-                row_bytes,
-                idx,
-                runs.positions(s0, (s0 + sub).min(end)),
-                held.clone(),
-            );
-            for b0 in (s0..end).step_by(sub) {
-                let b1 = (b0 + sub).min(end);
-                // The next call's rows are on their way while this one runs.
-                prefetch_rows(
-                    tab,
-                    row_bytes,
-                    idx,
-                    runs.positions(b1, (b1 + sub).min(end)),
-                    held.clone(),
-                );
-                // SAFETY: every index was validated against the table's
-                // `total` rows of `d` elements, of which the storage holds
-                // `first..first + stored` (stored·d elements, `Checked`
-                // above; with a shard, the kernel reads only the rows in
-                // that range, at `tab`, see above); fixed pooling: indices s·L..(s+1)·L of the
-                // validated `s×L` indices; offsets: `bounds` holds s+1
-                // non-decreasing entries at most the indices' length
-                // (read_bounds), the indices between the first and the
-                // last validated (validate_bag_indices); weighted: one f32 weight per index
-                // (checked). `po` is this task's own `bags × d` chunk of
-                // the result, bag b0's row at `(b0 - s0)·d`.
-                unsafe {
-                    f(
-                        tab as *const u8,
-                        idx_ptr as *const u8,
-                        bnd as *const i64,
-                        po.add((b0 - s0) * d * out.size()),
-                        wts as *const f32,
-                        b0 as i64,
-                        b1 as i64,
-                        first as i64,
-                        stored as i64,
-                    )
-                }
+            // SAFETY: every index was validated against the table's `total`
+            // rows of `d` elements, of which the storage holds `first..first +
+            // stored` (stored·d elements, `Checked` above; with a shard, the
+            // kernel reads only the rows in that range, at `tab`, see above);
+            // fixed pooling: indices s·L..(s+1)·L of the validated `s×L`
+            // indices; offsets: `bounds` holds s+1 non-decreasing entries at
+            // most the indices' length (read_bounds), the indices between the
+            // first and the last validated (validate_bag_indices); the rows
+            // fetched ahead are those of positions up to the end of bag
+            // `s0 + bags - 1`, among them; weighted: one f32 weight per index
+            // (checked). `po` is this task's own `bags × d` chunk of the
+            // result, bag s0's row first.
+            unsafe {
+                f(
+                    tab as *const u8,
+                    idx_ptr as *const u8,
+                    bnd as *const i64,
+                    po,
+                    wts as *const f32,
+                    s0 as i64,
+                    (s0 + bags) as i64,
+                    first as i64,
+                    stored as i64,
+                )
             }
         };
         fresh
@@ -588,9 +605,10 @@ pub(crate) fn embedding_bag_grad(
             shard: false,
             weighted: false,
             grad: true,
+            rows: RowKernel::Cranelift,
         };
         let k = jit.embedding(spec).map_err(jit_err(OP))?;
-        let mut data = zeros(out, g.n * g.d);
+        let mut data = zeros(k.spec.out, g.n * k.spec.d);
         if g.n > 0 && g.d > 0 {
             let f = k.f;
             let sb = block_rows(g.s, 8, 256);
@@ -628,76 +646,9 @@ pub(crate) fn embedding_bag_grad(
                 _ => {}
             }
         }
-        let _ = k.spec;
         Ok(vec![Tensor {
             shape: g.shape,
             data,
         }])
     })())
-}
-
-/// Table rows fetched ahead of the kernel (a few per line-fill buffer of a core).
-const PREFETCH_ROWS: usize = 16;
-
-/// The bags of a row-fetching kernel (bag, update) in runs, one kernel call
-/// each, whose rows [`prefetch_rows`] fetches ahead.
-#[derive(Clone, Copy)]
-pub(super) struct BagRuns<'a> {
-    /// Fixed pooling `L` (else `bounds`).
-    pub(super) pooling: Option<usize>,
-    /// Bag `s` is positions `bounds[s]..bounds[s+1]` (without fixed pooling).
-    pub(super) bounds: &'a [i64],
-}
-
-impl BagRuns<'_> {
-    /// The index positions bags `b0..b1` read.
-    pub(super) fn positions(&self, b0: usize, b1: usize) -> std::ops::Range<usize> {
-        match self.pooling {
-            Some(l) => b0 * l..b1 * l,
-            None => self.bounds[b0] as usize..self.bounds[b1] as usize,
-        }
-    }
-
-    /// Bags per kernel call: about `PREFETCH_ROWS` rows.
-    pub(super) fn per_call(&self) -> usize {
-        match self.pooling {
-            Some(l) => (PREFETCH_ROWS / l.max(1)).max(1),
-            None => 8,
-        }
-    }
-}
-
-/// Asks the CPU to fetch the table rows of index positions `pos` that lie in
-/// `rows` into cache (a hint: the bag and update kernels' accesses are
-/// latency-bound random reads of rows, and these let the next few rows' misses
-/// overlap). `tab` is the table's address, every index already validated
-/// against it.
-pub(super) fn prefetch_rows(
-    tab: usize,
-    row_bytes: usize,
-    idx: Indices<'_>,
-    pos: std::ops::Range<usize>,
-    rows: std::ops::Range<usize>,
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let fetch = |row: usize| {
-            if !rows.contains(&row) {
-                return;
-            }
-            let base = tab + row * row_bytes;
-            for off in (0..row_bytes).step_by(64) {
-                // SAFETY: a prefetch is a hint that never faults, and the
-                // address is inside the table (the index was validated).
-                unsafe { _mm_prefetch::<_MM_HINT_T0>((base + off) as *const i8) };
-            }
-        };
-        match idx {
-            Indices::I64(v) => v[pos].iter().for_each(|&r| fetch(r as usize)),
-            Indices::I32(v) => v[pos].iter().for_each(|&r| fetch(r as usize)),
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (tab, row_bytes, idx, pos, rows);
 }

@@ -82,7 +82,7 @@ impl Out {
 
 /// Picks the micro-kernel (`bf16_b`: `B` is bf16 in memory, see
 /// [`Jit::pick_variant`]), packs B for it (`pack(micro)`: panels of its width,
-/// in k pairs for [`Micro::Bf16Dot`]), and runs the GEMM into a fresh result of
+/// in k pairs for the k-pair kernels, [`Micro::Bf16Dot`] and [`Micro::Amx`]), and runs the GEMM into a fresh result of
 /// `m × n`.
 fn run_gemm(
     jit: &Jit,

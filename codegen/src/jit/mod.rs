@@ -15,8 +15,10 @@
 //!   table: one `#[repr(C)]` argument struct, one registry (name, tile, CPU
 //!   features, entry, `B` packing). [`micro::avx2`] is the AVX2+FMA kernel,
 //!   [`micro::avx512`] its AVX-512 sibling (12×32 tiles, batch-reduce `A`, chosen
-//!   at run time), and [`micro::avx512bf16`] the AVX-512 BF16 one (`vdpbf16ps`:
-//!   two k steps per instruction, for bf16 `A` and `B`).
+//!   at run time), [`micro::avx512bf16`] the AVX-512 BF16 one (`vdpbf16ps`:
+//!   two k steps per instruction, for bf16 `A` and `B`) and [`micro::amx`] the
+//!   AMX-BF16 one (`tdpbf16ps`: 32×32 tiles, for bf16 `A` and `B`, the same
+//!   packed `B`).
 //! - [`reduce`]: `linear_db` (the bias gradient: column sums over the samples,
 //!   parallel over column blocks, on the embedding bag's row sum), and the
 //!   weighted column sums of `brgemm_wgrad` with one-column blocks.
@@ -26,7 +28,8 @@
 //!   bag's gradient rows), the race-free sparse updates (whole tables and row
 //!   shards, the `*_rows` ops; `embedding_grad_dense` as an update of a zero
 //!   table) and dense optimizer updates, dot interaction forward and backward,
-//!   elementwise ops.
+//!   elementwise ops. The bag forward and the sparse updates fetch the rows a
+//!   few lookups ahead through a native prefetch call ([`prefetch`]).
 //! - [`layout`]: one strided row copy (f32/bf16 in any mix, zero padding) for
 //!   `block_act`, `unblock_act` and the `cat` interaction forward and backward.
 //! - [`loss`]: `bce_logits`, `bce_logits_grad`, `bce`, `bce_grad`, `mse`,
@@ -64,7 +67,9 @@ pub mod loss;
 pub mod micro;
 pub mod native_dot;
 mod pack;
+mod prefetch;
 pub mod reduce;
+pub mod rows;
 pub mod sparse;
 
 use crate::kernels::{KResult, Rows};
@@ -107,9 +112,9 @@ impl JitError {
 }
 
 /// Which GEMM micro-kernel to use (`--kernels
-/// cranelift|native|avx512|avx512bf16|auto`); under `Avx512`, `Avx512Bf16` and
-/// `Auto` the dot interaction's backward runs on AVX-512 too ([`native_dot`]),
-/// where the CPU has it.
+/// cranelift|native|avx512|avx512bf16|amxbf16|auto`); under `Avx512`,
+/// `Avx512Bf16`, `AmxBf16` and `Auto` the dot interaction's backward runs on
+/// AVX-512 too ([`native_dot`]), where the CPU has it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum KernelChoice {
     /// Pure Cranelift (128-bit f32x4 FMA).
@@ -121,22 +126,28 @@ pub enum KernelChoice {
     /// The AVX-512 BF16 micro-kernel ([`micro::avx512bf16`]) for GEMMs whose
     /// operands are both bf16, the AVX-512 one for the others.
     Avx512Bf16,
+    /// The AMX-BF16 micro-kernel ([`micro::amx`]) for GEMMs whose operands
+    /// are both bf16, the AVX-512 one for the others.
+    AmxBf16,
     /// Per shape, the fastest of those this CPU can run (timed on the first
-    /// call); GEMMs whose operands are both bf16 run on the AVX-512 BF16
-    /// kernel where the CPU has it (not timed: its sums pair the k steps, so
-    /// a timing race must not choose the numbers).
+    /// call); GEMMs whose operands are both bf16 run on the AMX-BF16 kernel
+    /// where the CPU and OS allow it, else on the AVX-512 BF16 one where the
+    /// CPU has it (not timed: their sums are neither the FMA kernels' bits
+    /// nor each other's, so a timing race must not choose the numbers).
     #[default]
     Auto,
 }
 
 impl KernelChoice {
-    /// Parses `cranelift`, `native`, `avx512`, `avx512bf16` or `auto`.
+    /// Parses `cranelift`, `native`, `avx512`, `avx512bf16`, `amxbf16` or
+    /// `auto`.
     pub fn parse(s: &str) -> Option<KernelChoice> {
         match s {
             "cranelift" => Some(KernelChoice::Cranelift),
             "native" => Some(KernelChoice::Native),
             "avx512" => Some(KernelChoice::Avx512),
             "avx512bf16" => Some(KernelChoice::Avx512Bf16),
+            "amxbf16" => Some(KernelChoice::AmxBf16),
             "auto" => Some(KernelChoice::Auto),
             _ => None,
         }
@@ -149,6 +160,7 @@ impl KernelChoice {
             KernelChoice::Native => "native",
             KernelChoice::Avx512 => "avx512",
             KernelChoice::Avx512Bf16 => "avx512bf16",
+            KernelChoice::AmxBf16 => "amxbf16",
             KernelChoice::Auto => "auto",
         }
     }
@@ -435,10 +447,10 @@ impl Jit {
         if !spec.micro.available() {
             return Err(JitError::NoNative(spec.micro.name()));
         }
-        if spec.micro == gemm::Micro::Bf16Dot && !spec.bf16_dot_fits() {
+        if spec.micro.b_packing() == micro::BPacking::KPairs && !spec.bf16_dot_fits() {
             return Err(JitError::Args {
                 kernel: format!("{spec:?}"),
-                reason: "the BF16 micro-kernel needs bf16 A with paired k steps".into(),
+                reason: "the BF16 micro-kernels need bf16 A with paired k steps".into(),
             });
         }
         self.gemm_normalized(spec)
@@ -448,11 +460,17 @@ impl Jit {
     /// ([`JitOptions::kernels`]) and, when `packable` (the caller can pack `A`
     /// itself: [`gemm::GemmSpec::pack_a`] with `A` widened to f32), whether to
     /// pack ([`JitOptions::pack_a`]). `bf16_b`: `B` is bf16 in memory, so the
-    /// AVX-512 BF16 kernel (which packs it in k pairs) computes exact products;
-    /// under `Auto` and `Avx512Bf16` it is the pick for such a spec whose `A`
-    /// fits it. With more than one candidate, `trial` runs each three times,
-    /// taking turns (after a warm-up run each), on the first call of a shape and
-    /// the fastest is remembered.
+    /// k-pair kernels (AVX-512 BF16, AMX-BF16: `B` packed in k pairs) compute
+    /// exact products; for such a spec whose `A` fits them, `Avx512Bf16` and
+    /// `AmxBf16` force their kernel, and `Auto` picks AMX-BF16 where available,
+    /// else AVX-512 BF16 where available, without timing: their sums differ
+    /// from the FMA kernels' and from each other's in the last bits, so a
+    /// timing race between them would make a run's numbers differ from one
+    /// process to the next (a resumed run must repeat the uninterrupted one
+    /// bit for bit); the timed candidates below all give the same bits. With
+    /// more than one candidate, `trial` runs each three times, taking turns
+    /// (after a warm-up run each), on the first call of a shape and the
+    /// fastest is remembered.
     pub(crate) fn pick_variant(
         &self,
         spec: gemm::GemmSpec,
@@ -461,9 +479,6 @@ impl Jit {
         trial: &mut dyn FnMut(gemm::GemmKernel) -> Result<(), JitError>,
     ) -> Result<gemm::GemmSpec, JitError> {
         use gemm::Micro;
-        if opts.kernels == KernelChoice::Avx512Bf16 && !Micro::Bf16Dot.available() {
-            return Err(JitError::NoNative(Micro::Bf16Dot.name()));
-        }
         let key = gemm::GemmSpec {
             micro: Micro::Cranelift,
             ..spec
@@ -473,17 +488,29 @@ impl Jit {
             lock(&self.auto).insert(pick_key, s);
             Ok(s)
         };
-        let dot = bf16_b && spec.bf16_dot_fits() && Micro::Bf16Dot.available();
-        if dot && matches!(opts.kernels, KernelChoice::Auto | KernelChoice::Avx512Bf16) {
-            return picked(gemm::GemmSpec {
-                micro: Micro::Bf16Dot,
-                ..spec
-            });
+        let k_pairs = bf16_b && spec.bf16_dot_fits();
+        let forced = match opts.kernels {
+            KernelChoice::Avx512Bf16 => Some(Micro::Bf16Dot),
+            KernelChoice::AmxBf16 => Some(Micro::Amx),
+            KernelChoice::Auto if k_pairs => [Micro::Amx, Micro::Bf16Dot]
+                .into_iter()
+                .find(|m| m.available()),
+            _ => None,
+        };
+        if let Some(m) = forced {
+            if !m.available() {
+                return Err(JitError::NoNative(m.name()));
+            }
+            if k_pairs {
+                return picked(gemm::GemmSpec { micro: m, ..spec });
+            }
         }
         let micros: Vec<Micro> = match opts.kernels {
             KernelChoice::Cranelift => vec![Micro::Cranelift],
             KernelChoice::Native => vec![Micro::Native],
-            KernelChoice::Avx512 | KernelChoice::Avx512Bf16 => vec![Micro::Native512],
+            KernelChoice::Avx512 | KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16 => {
+                vec![Micro::Native512]
+            }
             KernelChoice::Auto => [Micro::Cranelift, Micro::Native, Micro::Native512]
                 .into_iter()
                 .filter(|m| m.available())

@@ -1,12 +1,13 @@
-//! The dot interaction's backward on AVX-512 (f32 operands, `dr` and
-//! gradients): the 512-bit sibling of the Cranelift kernel of
+//! The dot interaction on AVX-512, forward and backward (f32 operands, `dr`,
+//! results and gradients): the 512-bit sibling of the Cranelift kernel of
 //! [`super::interaction`], whose vectors are 128 bits wide (the x86-64 backend
 //! has no wider ones). Chosen at run time ([`available`]) under
 //! [`super::KernelChoice::Auto`] or `Avx512`, like the GEMM micro-kernels;
 //! other element types and choices run the Cranelift kernel.
 //!
-//! Per sample and operand `i`, 64 columns at a time (up to four `zmm`, as many
-//! as have live columns):
+//! Per sample, 64 columns at a time (up to four `zmm`, as many as have live
+//! columns) and six operands `i` at a time (each partner's loaded columns feed
+//! all six):
 //! `dT_i = [i == 0] dr[..D] + Σ_k c_ik T_k` over the partners `k` of `i` in
 //! ascending order, one FMA per term, with `c_ik` the `dr` entry of the pair
 //! `(max, min)` (`2·dr` on the diagonal with self-interaction): the Cranelift
@@ -15,10 +16,13 @@
 //! an add). Columns past a multiple of 16 are masked loads and stores: nothing
 //! outside a row is read or written.
 //!
-//! The forward has no such kernel: an AVX-512 version (16-lane dot products,
-//! four partners per load of `T_i`) was no faster than the Cranelift one in a
-//! training step (`--bench`, 3 interleaved pairs: 0.49–0.72 ms against
-//! 0.43–0.80); its time is the operands' reads, not its arithmetic.
+//! The forward ([`forward`]): per sample, `x`, then each operand's dot products
+//! with up to 8 partners at a time in 16-lane partial sums, summed across the
+//! lanes at the end (a reassociation, as the Cranelift kernel's 4-lane sums
+//! are). At dlrm-small's 9×64 its time is the operands' reads (an earlier
+//! version was no faster than the Cranelift kernel there); at dlrm-mlperf's
+//! 27×128 it is arithmetic, where the Cranelift kernel's 128-bit vectors ran
+//! at 16 GFLOP/s.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -76,9 +80,22 @@ fn mask(c: usize, d: usize) -> u16 {
     if n == 16 { u16::MAX } else { (1u16 << n) - 1 }
 }
 
+/// Rows of a gradient block: the operands whose gradients one pass over the
+/// partners computes together (each load of a partner's columns feeds `ROWS`
+/// FMAs; `ROWS × 4` accumulators, 4 loaded vectors and a broadcast fit the 32
+/// `zmm` registers).
+const ROWS: usize = 6;
+
 /// Backward rows `s0..s1`: `ops[i]` operand `i`, `dr` the result's gradient
 /// (`[S][width]`), `grads[i]` operand `i`'s gradient (`[S][D]`); rows `s0..s1`
 /// of each gradient are written (absolute rows).
+///
+/// Per sample, the pair coefficients are first gathered into an `F × F`
+/// matrix (`coef[k][i]` = `dr` of the pair `(max, min)`, doubled on the
+/// diagonal); then each 64-column chunk of the gradients is computed `ROWS`
+/// operands at a time: a per-sample `[F × F] · [F × D]` product, register
+/// blocked, each gradient entry still summed over its partners in ascending
+/// order with one FMA per term.
 ///
 /// # Safety
 /// Every `ops[i]` holds rows `0..s1` of `d` f32, `dr` rows `0..s1` of `width`
@@ -97,16 +114,8 @@ pub unsafe fn backward(
     let Dot { f, d, .. } = dot;
     let width = dot.width();
     let mut rows = [std::ptr::null::<f32>(); MAX_F];
-    // Per operand i: its partners k (ascending) and the dr column of the pair
-    // (the diagonal doubled), fixed for the call.
-    let partners: Vec<Vec<(usize, usize, bool)>> = (0..f)
-        .map(|i| {
-            (0..f)
-                .filter(|&k| k != i || dot.self_interaction)
-                .map(|k| (k, dot.col(i.max(k), i.min(k)), k == i))
-                .collect()
-        })
-        .collect();
+    let mut outs = [std::ptr::null_mut::<f32>(); MAX_F];
+    let mut coef = vec![0f32; f * f];
     for s in s0..s1 {
         // SAFETY: the caller's contract: row `s` of every operand, of `dr` and
         // of every gradient; the masked loads and stores stay inside the rows.
@@ -114,70 +123,249 @@ pub unsafe fn backward(
             for (r, &op) in rows.iter_mut().zip(ops) {
                 *r = op.add(s * d);
             }
+            for (o, &g) in outs.iter_mut().zip(grads) {
+                *o = g.add(s * d);
+            }
             let drow = dr.add(s * width);
-            for (i, part) in partners.iter().enumerate() {
-                let g = grads[i].add(s * d);
-                for c0 in (0..d).step_by(64) {
-                    // Only the vectors with live columns (a 16-wide operand
-                    // is one `zmm`, not four).
-                    let at = (c0, d - c0, i == 0);
-                    match (d - c0).div_ceil(16) {
-                        1 => cols::<1>(part, drow, &rows[..f], g, at),
-                        2 => cols::<2>(part, drow, &rows[..f], g, at),
-                        3 => cols::<3>(part, drow, &rows[..f], g, at),
-                        _ => cols::<4>(part, drow, &rows[..f], g, at),
-                    }
+            gather_coefs(&dot, drow, &mut coef);
+            let blk = Block {
+                f,
+                self_interaction: dot.self_interaction,
+                coef: &coef,
+                drow,
+                rows: &rows[..f],
+                outs: &outs[..f],
+            };
+            for c0 in (0..d).step_by(64) {
+                // Only the vectors with live columns (a 16-wide operand is one
+                // `zmm`, not four).
+                let n = d - c0;
+                for i0 in (0..f).step_by(ROWS) {
+                    blk.run(i0, (f - i0).min(ROWS), n.div_ceil(16).min(4), c0, n);
                 }
             }
         }
     }
 }
 
-/// Columns `c0..c0 + n` (`NV` vectors, `n <= 16·NV`) of one operand's gradient
-/// row `g`: `drow`'s columns when `init` (operand 0), plus `c·T_k` per partner
-/// `(k, col, diag)` in order (`c` = `drow[col]`, doubled on the diagonal; `T_k`
-/// is the row `rows[k]`).
+/// Fills `coef[k·f + i]` with the coefficient of partner `k` in operand `i`'s
+/// gradient: `dr[col(max, min)]`, doubled on the diagonal (whose entries are
+/// left as they are without self-interaction: never read).
 ///
 /// # Safety
-/// [`backward`]'s contract for this sample: `drow` is its `dr` row, `rows` its
-/// operands' rows, `g` its gradient row, each holding columns `c0..c0 + n`;
-/// AVX-512 F.
+/// `drow` holds the sample's `width` f32 of `dr`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn cols<const NV: usize>(
-    part: &[(usize, usize, bool)],
-    drow: *const f32,
-    rows: &[*const f32],
-    g: *mut f32,
-    (c0, n, init): (usize, usize, bool),
-) {
-    let ms: [u16; NV] = std::array::from_fn(|v| mask(16 * v, n));
-    let mut acc = [_mm512_setzero_ps(); NV];
-    // SAFETY: the caller's contract; the masked loads and stores touch the
-    // `n` live columns only.
-    unsafe {
-        let g = g.add(c0);
-        if init {
-            for v in 0..NV {
-                acc[v] = _mm512_maskz_loadu_ps(ms[v], drow.add(c0 + 16 * v));
-            }
+unsafe fn gather_coefs(dot: &Dot, drow: *const f32, coef: &mut [f32]) {
+    let f = dot.f;
+    for hi in 0..f {
+        for lo in 0..hi {
+            // SAFETY: `col` of a kept pair is a column of the row.
+            let v = unsafe { *drow.add(dot.col(hi, lo)) };
+            coef[hi * f + lo] = v;
+            coef[lo * f + hi] = v;
         }
-        for &(k, col, diag) in part {
-            let mut coef = *drow.add(col);
-            if diag {
-                coef *= 2.0;
-            }
-            let cv = _mm512_set1_ps(coef);
-            let t = rows[k].add(c0);
-            for v in 0..NV {
-                let x = _mm512_maskz_loadu_ps(ms[v], t.add(16 * v));
-                acc[v] = _mm512_fmadd_ps(cv, x, acc[v]);
-            }
-        }
-        for v in 0..NV {
-            _mm512_mask_storeu_ps(g.add(16 * v), ms[v], acc[v]);
+        if dot.self_interaction {
+            // SAFETY: as above (the diagonal is kept).
+            coef[hi * f + hi] = unsafe { *drow.add(dot.col(hi, hi)) } * 2.0;
         }
     }
+}
+
+/// One sample's operands for [`Block::run`].
+#[cfg(target_arch = "x86_64")]
+struct Block<'a> {
+    f: usize,
+    self_interaction: bool,
+    /// [`gather_coefs`]'s matrix.
+    coef: &'a [f32],
+    /// The sample's `dr` row.
+    drow: *const f32,
+    /// Its operands' rows.
+    rows: &'a [*const f32],
+    /// Its gradients' rows.
+    outs: &'a [*mut f32],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Block<'_> {
+    /// Gradients `i0..i0 + r` (`r <= ROWS`), columns `c0..c0 + n` in `nv`
+    /// vectors (`1..=4`, `n <= 16·nv`), through the block kernel specialised
+    /// on `(r, nv)`.
+    ///
+    /// # Safety
+    /// [`backward`]'s contract for this sample; AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn run(&self, i0: usize, r: usize, nv: usize, c0: usize, n: usize) {
+        macro_rules! dispatch {
+            ($($r:literal),*) => {
+                match (r, nv) {
+                    $(
+                        ($r, 1) => self.rows_cols::<$r, 1>(i0, c0, n),
+                        ($r, 2) => self.rows_cols::<$r, 2>(i0, c0, n),
+                        ($r, 3) => self.rows_cols::<$r, 3>(i0, c0, n),
+                        ($r, _) => self.rows_cols::<$r, 4>(i0, c0, n),
+                    )*
+                    _ => unreachable!("a block has 1..=ROWS rows"),
+                }
+            };
+        }
+        // SAFETY: forwarded.
+        unsafe { dispatch!(1, 2, 3, 4, 5, 6) }
+    }
+
+    /// Columns `c0..c0 + n` (`NV` vectors) of gradients `i0..i0 + R`: operand
+    /// 0's starts from `dr`'s first `D` columns, the others from zero; then
+    /// per partner `k` ascending (skipping `k == i` without self-interaction),
+    /// `acc_i += coef[k][i] · T_k`, one FMA per term.
+    ///
+    /// # Safety
+    /// [`backward`]'s contract for this sample; `i0 + R <= f`; AVX-512 F.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows_cols<const R: usize, const NV: usize>(&self, i0: usize, c0: usize, n: usize) {
+        let ms: [u16; NV] = std::array::from_fn(|v| mask(16 * v, n));
+        let mut acc = [[_mm512_setzero_ps(); NV]; R];
+        // SAFETY: the caller's contract; the masked loads and stores touch the
+        // `n` live columns only.
+        unsafe {
+            if i0 == 0 {
+                for v in 0..NV {
+                    acc[0][v] = _mm512_maskz_loadu_ps(ms[v], self.drow.add(c0 + 16 * v));
+                }
+            }
+            for k in 0..self.f {
+                let t = self.rows[k].add(c0);
+                let x: [__m512; NV] =
+                    std::array::from_fn(|v| _mm512_maskz_loadu_ps(ms[v], t.add(16 * v)));
+                let ck = &self.coef[k * self.f + i0..k * self.f + i0 + R];
+                for (r, (row, &c)) in acc.iter_mut().zip(ck).enumerate() {
+                    if k == i0 + r && !self.self_interaction {
+                        continue;
+                    }
+                    let cv = _mm512_set1_ps(c);
+                    for (a, &xv) in row.iter_mut().zip(&x) {
+                        *a = _mm512_fmadd_ps(cv, xv, *a);
+                    }
+                }
+            }
+            for (row, out) in acc.iter().zip(&self.outs[i0..i0 + R]) {
+                let g = out.add(c0);
+                for (v, a) in row.iter().enumerate() {
+                    _mm512_mask_storeu_ps(g.add(16 * v), ms[v], *a);
+                }
+            }
+        }
+    }
+}
+
+/// Forward rows `s0..s1`: `ops[i]` operand `i` (`[S][D]`), `out` the result
+/// (`[S][width]`): per sample, `x` (operand 0) and then each kept pair's dot
+/// product `T_i · T_j` (`j < i`, or `j <= i` with self-interaction) in
+/// row-major order. Each pair of operand `i` with up to 8 partners `j` at a
+/// time: 16-lane partial sums over the columns (one FMA per column, `T_i`'s
+/// vector loaded once for all partners), then summed across the lanes: a
+/// reassociation of the definition's sum, as the Cranelift kernel's 4-lane one
+/// is.
+///
+/// # Safety
+/// Every `ops[i]` holds rows `0..s1` of `d` f32, `out` rows `0..s1` of `width`
+/// f32 whose rows `s0..s1` no other thread touches; the CPU has AVX-512 F
+/// ([`available`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub unsafe fn forward(dot: Dot, ops: &[*const f32], out: *mut f32, s0: usize, s1: usize) {
+    let Dot { f, d, .. } = dot;
+    let width = dot.width();
+    let mut rows = [std::ptr::null::<f32>(); MAX_F];
+    for s in s0..s1 {
+        // SAFETY: the caller's contract: row `s` of every operand and of the
+        // result; pair columns are inside the row (`Dot::col`).
+        unsafe {
+            for (r, &op) in rows.iter_mut().zip(ops) {
+                *r = op.add(s * d);
+            }
+            let orow = out.add(s * width);
+            std::ptr::copy_nonoverlapping(rows[0], orow, d);
+            for i in 0..f {
+                let kept = if dot.self_interaction { i + 1 } else { i };
+                let dst = orow.add(dot.col(i, 0));
+                for j0 in (0..kept).step_by(8) {
+                    let js = &rows[j0..kept.min(j0 + 8)];
+                    macro_rules! dots {
+                        ($($n:literal),*) => {
+                            match js.len() {
+                                $($n => dots::<$n>(rows[i], js, d, dst.add(j0)),)*
+                                _ => unreachable!("1..=8 partners"),
+                            }
+                        };
+                    }
+                    dots!(1, 2, 3, 4, 5, 6, 7, 8);
+                }
+            }
+        }
+    }
+}
+
+/// `dst[n] = ti · js[n]` over `d` columns, for the `N` rows `js`.
+///
+/// # Safety
+/// `ti` and every `js[n]` hold `d` f32, `dst` `N`; `js.len() == N`; AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dots<const N: usize>(ti: *const f32, js: &[*const f32], d: usize, dst: *mut f32) {
+    let js: &[*const f32; N] = js.try_into().expect("N partners");
+    let mut acc = [_mm512_setzero_ps(); N];
+    // SAFETY: the caller's contract; the masked loads touch the live
+    // columns only.
+    unsafe {
+        for c in (0..d).step_by(16) {
+            let m = mask(c, d);
+            let x = _mm512_maskz_loadu_ps(m, ti.add(c));
+            for (a, &tj) in acc.iter_mut().zip(js) {
+                *a = _mm512_fmadd_ps(x, _mm512_maskz_loadu_ps(m, tj.add(c)), *a);
+            }
+        }
+        let mut all = [_mm512_setzero_ps(); 8];
+        all[..N].copy_from_slice(&acc);
+        let sums = sum8(all);
+        _mm512_mask_storeu_ps(dst, (1u16 << N) - 1, _mm512_castps256_ps512(sums));
+    }
+}
+
+/// The lane sums of eight vectors, in order: a transposing tree of 128-bit
+/// block shuffles, in-block unpacks and adds (23 instructions for 8 sums, where
+/// 8 separate reductions take about 64).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn sum8(a: [__m512; 8]) -> __m256 {
+    // Each pair: a[2p]'s two 256-bit halves summed into the low half, a[2p+1]'s
+    // into the high half (blocks 0+2, 1+3 of each).
+    let pair = |x: __m512, y: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(x, y),
+            _mm512_shuffle_f32x4::<0xEE>(x, y),
+        )
+    };
+    let (p01, p23, p45, p67) = (
+        pair(a[0], a[1]),
+        pair(a[2], a[3]),
+        pair(a[4], a[5]),
+        pair(a[6], a[7]),
+    );
+    // Each 128-bit block: 4 partial sums of one vector (blocks a0 a1 a2 a3;
+    // a4 a5 a6 a7).
+    let quad = |x: __m512, y: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x88>(x, y),
+            _mm512_shuffle_f32x4::<0xDD>(x, y),
+        )
+    };
+    let (lo, hi) = (quad(p01, p23), quad(p45, p67));
+    // Per block q: [lo0+lo2, hi0+hi2, lo1+lo3, hi1+hi3], then lanes 0 and 1
+    // are the sums of a[q] and a[q + 4].
+    let u = _mm512_add_ps(_mm512_unpacklo_ps(lo, hi), _mm512_unpackhi_ps(lo, hi));
+    let v = _mm512_add_ps(u, _mm512_shuffle_ps::<0b01_00_11_10>(u, u));
+    let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    _mm512_castps512_ps256(_mm512_permutexvar_ps(order, v))
 }
 
 /// Most operands these kernels take (the row-pointer array's size).

@@ -65,6 +65,7 @@ pub(crate) fn compile(jit: &Jit, spec: DbSpec) -> Result<DbKernel, JitError> {
                 at: wt,
                 fused: true,
             }),
+            fetch: None,
         };
         let row_bytes = (spec.n * spec.dz.size()) as i64;
         sum_rows(b, pool, zero, s, spec.w, out, &mut |b, r| {

@@ -4,41 +4,48 @@
 //! the dense `sgd` / `split_sgd`.
 //!
 //! Sparse update (SC20): the table's rows are split into one contiguous range per
-//! rayon task; every task runs the kernel over *all* bags and positions in order
-//! and applies only the positions whose row is in its range — no two tasks write
-//! the same row, no atomics, no locks, and each row sees its updates in index
-//! order: exactly the reference's float operations (`w - lr·g`, with
-//! `g = dy[bag] / size` for `mean`), so results are bitwise equal to it. Tables are
-//! f32 or Split-SGD-BF16 (`hi`, `lo`: the f32 master joined in registers, updated,
-//! split again — exact). A plain bf16 table is rounded once per row after all of
-//! its updates; that needs grouping by row, which the reference kernel does (no
-//! JIT kernel: `None`).
+//! rayon task, and each task applies only the positions whose row is in its
+//! range — no two tasks write the same row, no atomics, no locks. The positions
+//! are first sorted by task (a counting sort over runs of bags, in parallel:
+//! every index is read once, not once per task), each task's in index order, so
+//! each row sees its updates in index order: exactly the reference's float
+//! operations (`w - lr·g`, with `g = dy[bag] / size` for `mean`), and results
+//! are bitwise equal to it. Tables are f32 or Split-SGD-BF16 (`hi`, `lo`: the
+//! f32 master joined in registers, updated, split again — exact). A plain bf16
+//! table is rounded once per row after all of its updates; that needs grouping
+//! by row, which the reference kernel does (no JIT kernel: `None`).
 //!
 //! Every operand is validated by the reference kernels' planners
 //! ([`crate::kernels::optim`]) before the kernel runs: every index lies in the
 //! table, bag bounds are a valid partition of the indices, lengths fit the shapes.
 //!
-//! The wrapper calls the kernel on 16-row runs of bags and asks the CPU to fetch
-//! the next run's rows of the task's range meanwhile (the updates are random
-//! row reads and writes, latency-bound like the embedding bag's).
+//! While the kernel updates one entry's row, it asks the CPU for the row of the
+//! entry [`prefetch::AHEAD`] on (the updates are random row reads and writes,
+//! latency-bound like the embedding bag's; [`prefetch`]).
+//! With f32 gradients on an f32 or split table, a native row kernel
+//! ([`super::rows`], AVX-512 or AVX2+FMA where the CPU has one) does the row
+//! work instead: the generated loop calls it once per run of entries of one
+//! bag, and it computes `lr·g` once per run (the same value as per entry) and
+//! fetches the rows ahead itself.
 //!
-//! ABI, sparse: `fn(hi, lo, grad, idx, bounds, s0: i64, s1: i64, r0: i64, r1: i64,
-//! lr: f32)` over bags `s0..s1`, bag `s` = positions `bounds[s]..bounds[s+1]` (or
-//! `s·L..(s+1)·L` with fixed pooling `L`); gradient row `p` per position or `s`
-//! per bag (per position, the wrapper passes one-position bags). Dense:
+//! ABI, sparse: `fn(hi, lo, grad, entries, bounds, n: i64, lr: f32)` over the
+//! `n` entries `[row, s]` (i64 pairs): storage row `row` (at `hi + row·d`)
+//! gets bag `s`'s gradient row (per position, the wrapper passes one-position
+//! bags: row `s` is the position's), divided for `mean` by the size of bag `s`
+//! = positions `bounds[s]..bounds[s+1]` (or `L` with fixed pooling `L`). Dense:
 //! `fn(w, lo, g, n: i64, lr: f32)` over `n` elements.
 
 use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4};
-use super::embedding::{BagRuns, prefetch_rows};
 use super::gemm::Elt;
+use super::prefetch::{self, Prefetch};
+use super::rows::{self, RowKernel};
 use super::{Jit, JitError};
 use crate::kernels::optim::{
     Grad, GradRows, SparsePlan, bag_operands, embedding_update_plan, embedding_update_plan_of,
     grad_of, sparse_sgd_plan_of, split_pair,
 };
-use crate::kernels::{Indices, KResult, KernelError};
+use crate::kernels::{Indices, Ix, KResult, KernelError};
 use crate::update::rows_of;
-use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
 use dlrm_ir::{Checked, CheckedMut, DType, Data, Op, Pool, Tensor, TensorType};
@@ -73,14 +80,16 @@ pub struct SparseSpec {
     pub table: Store,
     /// Gradient element type.
     pub grad: Elt,
-    /// Indices are i64 (else i32).
-    pub idx64: bool,
-    /// Fixed pooling `L` (else bounds).
+    /// Fixed pooling `L` (else bounds): a `mean` bag's size.
     pub pooling: Option<usize>,
     /// Gradient row per position (else per bag).
     pub per_pos: bool,
     /// Divide the bag's gradient by its size (per bag only).
     pub mean: bool,
+    /// The row kernels: a native one applies each run of entries of one bag
+    /// ([`super::rows`]; only for the specs it covers,
+    /// [`rows::emit::covers_run`]; the others say [`RowKernel::Cranelift`]).
+    pub rows: RowKernel,
 }
 
 /// What a dense update kernel is specialised on.
@@ -92,18 +101,8 @@ pub struct DenseSpec {
     pub grad: Elt,
 }
 
-type SparseFn = unsafe extern "C" fn(
-    *mut u8,
-    *mut u8,
-    *const u8,
-    *const u8,
-    *const i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    f32,
-);
+type SparseFn =
+    unsafe extern "C" fn(*mut u8, *mut u8, *const u8, *const [i64; 2], *const i64, i64, f32);
 type DenseFn = unsafe extern "C" fn(*mut u8, *mut u8, *const u8, i64, f32);
 
 /// A compiled sparse update kernel.
@@ -265,68 +264,59 @@ fn lr_pair(b: &mut FunctionBuilder<'_>, lr: Value) -> (Value, Value) {
 }
 
 pub(crate) fn compile_sparse(jit: &Jit, spec: SparseSpec) -> Result<SparseKernel, JitError> {
-    let module = jit.new_module()?;
-    let scalars = [types::I64, types::I64, types::I64, types::I64, types::F32];
-    let f = jit.compile_fn(module, "sparse_update", 5, &scalars, |_, b, p| {
-        let (hi, lo, grad, idx, bounds) = (p[0], p[1], p[2], p[3], p[4]);
-        let (s0, s1, r0, r1, lr) = (p[5], p[6], p[7], p[8], p[9]);
-        let lr = lr_pair(b, lr);
-        let span = b.ins().isub(r1, r0);
-        let d = spec.d as i64;
-        let (et, eg) = (spec.table.size(), spec.grad.size() as i64);
-        let ei: i64 = if spec.idx64 { 8 } else { 4 };
-        for_range(b, s0, s1, 1, &mut |b, s| {
-            let (start, end) = super::embedding::bag_bounds(b, spec.pooling, bounds, s);
-            let div = if spec.mean && !spec.per_pos {
-                let cnt = b.ins().isub(end, start);
-                let cf = b.ins().fcvt_from_sint(types::F32, cnt);
-                Some((cf, b.ins().splat(types::F32X4, cf)))
-            } else {
-                None
-            };
-            let bag_g = if spec.per_pos {
-                None
-            } else {
-                let o = b.ins().imul_imm_s(s, d * eg);
-                Some(b.ins().iadd(grad, o))
-            };
-            for_range(b, start, end, 1, &mut |b, p| {
-                let ia = {
-                    let o = b.ins().imul_imm_s(p, ei);
-                    b.ins().iadd(idx, o)
+    if spec.rows != RowKernel::Cranelift && rows::emit::covers_run(&spec) {
+        let f = rows::emit::compile_run(jit, spec, spec.rows)?;
+        // SAFETY: generated with exactly this signature and the C call
+        // convention.
+        let f: SparseFn = unsafe { std::mem::transmute::<*const u8, SparseFn>(f) };
+        return Ok(SparseKernel { f });
+    }
+    let (module, fetch) = prefetch::module(jit)?;
+    let f = jit.compile_fn(
+        module,
+        "sparse_update",
+        5,
+        &[types::I64, types::F32],
+        |m, b, p| {
+            let (hi, lo, grad, ent, bounds) = (p[0], p[1], p[2], p[3], p[4]);
+            let (n, lr) = (p[5], p[6]);
+            let lr = lr_pair(b, lr);
+            let rb = spec.d as i64 * spec.table.size();
+            let gb = spec.d as i64 * spec.grad.size() as i64;
+            let fetch = Prefetch::new(m, b, fetch, rb as usize);
+            let zero = b.ins().iconst(types::I64, 0);
+            for_range(b, zero, n, 1, &mut |b, i| {
+                let at = |b: &mut FunctionBuilder<'_>, i: Value| -> Value {
+                    let o = b.ins().imul_imm_s(i, 16);
+                    b.ins().iadd(ent, o)
                 };
-                let row = if spec.idx64 {
-                    b.ins().load(types::I64, flags(), ia, 0)
-                } else {
-                    b.ins().sload32(flags(), ia, 0)
-                };
-                let rel = b.ins().isub(row, r0);
-                let mine = b.ins().icmp(IntCC::UnsignedLessThan, rel, span);
-                let upd = b.create_block();
-                let next = b.create_block();
-                b.ins().brif(mine, upd, &[], next, &[]);
-                b.switch_to_block(upd);
-                let gp = match bag_g {
-                    Some(g) => g,
-                    None => {
-                        let o = b.ins().imul_imm_s(p, d * eg);
-                        b.ins().iadd(grad, o)
+                // The rows of the entries `AHEAD` on (their high and low halves).
+                fetch.ahead(b, i, n, &mut |b, q| {
+                    let eq = at(b, q);
+                    let rq = b.ins().load(types::I64, flags(), eq, 0);
+                    let oq = b.ins().imul_imm_s(rq, rb);
+                    match spec.table {
+                        Store::Split => vec![b.ins().iadd(hi, oq), b.ins().iadd(lo, oq)],
+                        _ => vec![b.ins().iadd(hi, oq)],
                     }
-                };
-                let wp = {
-                    let o = b.ins().imul_imm_s(row, d * et);
-                    b.ins().iadd(hi, o)
-                };
-                let lp = {
-                    let o = b.ins().imul_imm_s(row, d * et);
-                    b.ins().iadd(lo, o)
-                };
+                });
+                let e = at(b, i);
+                let row = b.ins().load(types::I64, flags(), e, 0);
+                let s = b.ins().load(types::I64, flags(), e, 8);
+                let div = (spec.mean && !spec.per_pos).then(|| {
+                    let (start, end) = super::embedding::bag_bounds(b, spec.pooling, bounds, s);
+                    let cnt = b.ins().isub(end, start);
+                    let cf = b.ins().fcvt_from_sint(types::F32, cnt);
+                    (cf, b.ins().splat(types::F32X4, cf))
+                });
+                let og = b.ins().imul_imm_s(s, gb);
+                let gp = b.ins().iadd(grad, og);
+                let ow = b.ins().imul_imm_s(row, rb);
+                let (wp, lp) = (b.ins().iadd(hi, ow), b.ins().iadd(lo, ow));
                 update_row(b, spec.table, spec.grad, spec.d, wp, lp, gp, lr, div);
-                b.ins().jump(next, &[]);
-                b.switch_to_block(next);
             });
-        });
-    })?;
+        },
+    )?;
     // SAFETY: generated with exactly this signature and the C call convention.
     let f: SparseFn = unsafe { std::mem::transmute::<*const u8, SparseFn>(f) };
     Ok(SparseKernel { f })
@@ -398,81 +388,126 @@ fn run_sparse(
     let (grad, gptr) = grad_ptr(plan.grad);
     let per_pos = plan.src == GradRows::PerPosition;
     // Per-position gradients: one-position bags (bag s = position s, whose
-    // gradient row is s either way), so the positions split into runs too.
+    // gradient row is s either way).
     let pooling = if per_pos { Some(1) } else { plan.pooling };
     let nbags = if per_pos { plan.idx.len() } else { plan.bags };
-    let spec = SparseSpec {
+    let mut spec = SparseSpec {
         d: plan.d,
         table,
         grad,
-        idx64: matches!(plan.idx, Indices::I64(_)),
         pooling,
         per_pos,
         mean: matches!(plan.src, GradRows::PerBag { mean: true }),
+        rows: RowKernel::Cranelift,
     };
+    if rows::emit::covers_run(&spec) {
+        spec.rows = rows::row_kernel();
+    }
     let k = jit.sparse(spec).map_err(jit_err(op))?;
-    let idx_ptr = match plan.idx {
-        Indices::I64(v) => v.as_ptr() as usize,
-        Indices::I32(v) => v.as_ptr() as usize,
-    };
-    let bounds = &plan.bounds;
-    let row_bytes = plan.d * table.size() as usize;
-    // The kernel addresses row `r` of the table at `base + r·row_bytes`: for a
-    // row shard, `base` lies `first` rows before the storage, and only the
-    // shard's rows are ever written or fetched.
-    let base = |p: *mut u8| (p as usize).wrapping_sub(plan.first * row_bytes);
-    let (hi, lo, bptr) = (base(hi), base(lo), bounds.as_ptr() as usize);
     let rr = plan.range_rows();
-    let (first, end) = (plan.first, plan.first + plan.stored);
-    let f = k.f;
-    let runs = BagRuns { pooling, bounds };
-    let sub = runs.per_call();
-    let stores: &[usize] = if table == Store::Split {
-        &[hi, lo]
-    } else {
-        &[hi]
+    let tasks = plan.stored.div_ceil(rr);
+    let work = Work {
+        pooling,
+        bounds: &plan.bounds,
+        bags: nbags,
+        first: plan.first,
+        stored: plan.stored,
+        rr,
+        tasks,
     };
-    (0..plan.stored.div_ceil(rr)).into_par_iter().for_each(|t| {
-        let r0 = first + t * rr;
-        let r1 = (r0 + rr).min(end);
-        let fetch = |b0: usize, b1: usize| {
-            for &tab in stores {
-                prefetch_rows(tab, row_bytes, plan.idx, runs.positions(b0, b1), r0..r1);
-            }
-        };
-        fetch(0, sub.min(nbags));
-        for b0 in (0..nbags).step_by(sub) {
-            let b1 = (b0 + sub).min(nbags);
-            // The next call's rows (of this task's range) are on their way
-            // while this one runs.
-            fetch(b1, (b1 + sub).min(nbags));
-            // SAFETY: the plan validated every index against the table's `rows`
-            // rows of `d` elements, of which the storage holds `first..end`
-            // (`hi`, `lo` hold (end-first)·d elements of the spec's storage,
-            // checked by the caller; `base` maps table row `r` to storage row
-            // `r - first`), the bounds (a partition of the indices, `bags + 1`
-            // entries; bags `b0..b1` are among them) or the fixed pooling
-            // (`bags·L` indices; per position, `L = 1` over the indices), and
-            // the gradient's shape (a row per bag or per position). The kernel
-            // touches only rows in `r0..r1`, within `first..end`, and the tasks'
-            // ranges are disjoint.
+    let pieces = match plan.idx {
+        Indices::I64(v) => work.entries(v),
+        Indices::I32(v) => work.entries(v),
+    };
+    let (hi, lo, bptr) = (hi as usize, lo as usize, plan.bounds.as_ptr() as usize);
+    let f = k.f;
+    (0..tasks).into_par_iter().for_each(|t| {
+        for ent in pieces.iter().map(|p| &p[t]).filter(|e| !e.is_empty()) {
+            // SAFETY: the plan validated every index against the table's rows
+            // of `d` elements, of which the storage holds `first..first +
+            // stored` (`hi`, `lo` hold stored·d elements of the spec's storage,
+            // checked by the caller); each entry's row is a storage row
+            // (`Work::entries`) of this task's range, disjoint from the other
+            // tasks' (no two tasks write a row), and its bag is one of the
+            // plan's: the bounds (a partition of the indices, `bags + 1`
+            // entries) or the fixed pooling (`bags·L` indices; per position,
+            // `L = 1`) give a `mean` bag's size, the gradient's shape (a row
+            // per bag or per position) its gradient row.
             unsafe {
                 f(
                     hi as *mut u8,
                     lo as *mut u8,
                     gptr as *const u8,
-                    idx_ptr as *const u8,
+                    ent.as_ptr(),
                     bptr as *const i64,
-                    b0 as i64,
-                    b1 as i64,
-                    r0 as i64,
-                    r1 as i64,
+                    ent.len() as i64,
                     lr,
                 )
             }
         }
     });
     Ok(())
+}
+
+/// The bags of a sparse update and how its table storage is split among tasks.
+struct Work<'a> {
+    /// Fixed pooling `L` (else `bounds`: bag `s` is `bounds[s]..bounds[s+1]`).
+    pooling: Option<usize>,
+    bounds: &'a [i64],
+    /// Number of bags.
+    bags: usize,
+    /// The storage holds the table rows `first..first + stored`.
+    first: usize,
+    stored: usize,
+    /// Task `t` owns the storage rows `t·rr .. (t+1)·rr`, of `tasks` tasks.
+    rr: usize,
+    tasks: usize,
+}
+
+impl Work<'_> {
+    /// The positions of bag `s` (`s = bags`: the empty range at the end).
+    fn bag(&self, s: usize) -> std::ops::Range<usize> {
+        match self.pooling {
+            Some(l) => s * l..(s + 1) * l,
+            None if s == self.bags => {
+                let end = self.bounds[s] as usize;
+                end..end
+            }
+            None => self.bounds[s] as usize..self.bounds[s + 1] as usize,
+        }
+    }
+
+    /// Each task's entries `[storage row, bag]`, one per position whose row
+    /// the storage holds, in pieces: piece `c` (a run of bags, counted in
+    /// parallel) holds `tasks` lists, task `t`'s the entries of its rows, in
+    /// position order. Task `t` walking its list of every piece in turn sees
+    /// each of its rows' updates in index order, as the reference applies them
+    /// (a counting sort by task: each position is read once, not once per
+    /// task).
+    fn entries<I: Ix>(&self, idx: &[I]) -> Vec<Vec<Vec<[i64; 2]>>> {
+        let pieces = if self.tasks > 1 { self.tasks } else { 1 };
+        let per = self.bags.div_ceil(pieces);
+        (0..pieces)
+            .into_par_iter()
+            .map(|c| {
+                let (s0, s1) = ((c * per).min(self.bags), ((c + 1) * per).min(self.bags));
+                // Room for an even share of the run's positions and a quarter.
+                let n = self.bag(s1).start - self.bag(s0).start;
+                let cap = n / self.tasks + n / (4 * self.tasks);
+                let mut out: Vec<Vec<_>> =
+                    (0..self.tasks).map(|_| Vec::with_capacity(cap)).collect();
+                for s in s0..s1 {
+                    for &i in &idx[self.bag(s)] {
+                        let r = (i.get() as usize).wrapping_sub(self.first);
+                        if r < self.stored {
+                            out[r / self.rr].push([r as i64, s as i64]);
+                        }
+                    }
+                }
+                out
+            })
+            .collect()
+    }
 }
 
 /// Elements per task of the dense updates.

@@ -31,16 +31,9 @@ use rayon::prelude::*;
 /// Elements per task of the dense update.
 const CHUNK: usize = 1 << 15;
 
-/// Adagrad's hyper-parameters (weight decay only for the dense update).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Hyper {
-    /// Learning rate.
-    pub lr: f32,
-    /// Added to the accumulator's root.
-    pub eps: f32,
-    /// One accumulator per row.
-    pub rowwise: bool,
-}
+/// Adagrad's hyper-parameters (weight decay only for the dense update): the
+/// IR's, as the ops carry them.
+pub use dlrm_ir::AdagradHyper as Hyper;
 
 /// The f32 storage of a checked weight or table and of its accumulator (`acc`
 /// shaped like `w`, or `[R]` for a row-wise `w[R, D]`: the op's shape rule), and

@@ -401,7 +401,6 @@ impl<'a> Indices<'a> {
         }
     }
 
-    /// The first position whose index is outside `0..rows`, with that index.
     /// The indices at positions `r` (in range).
     pub(crate) fn slice(self, r: std::ops::Range<usize>) -> Indices<'a> {
         match self {
@@ -410,19 +409,23 @@ impl<'a> Indices<'a> {
         }
     }
 
+    /// The first position whose index is outside `0..rows`, with that index.
     pub(crate) fn first_out_of_range(self, rows: usize) -> Option<(usize, i64)> {
         fn scan<T: Ix>(v: &[T], rows: usize) -> Option<(usize, i64)> {
             use rayon::prelude::*;
-            let bad = |x: &T| {
-                let i = x.get();
-                i < 0 || i as u64 >= rows as u64
-            };
-            let pos = if v.len() >= 1 << 16 {
-                v.par_iter().position_first(bad)
+            // A negative index is a huge u64: one comparison for both bounds.
+            let bad = |x: &T| x.get() as u64 >= rows as u64;
+            // Blocks checked without branches (vectorised), then the first bad
+            // index of the first bad block.
+            const BLOCK: usize = 1 << 12;
+            let any_bad = |c: &[T]| c.iter().fold(false, |a, x| a | bad(x));
+            let blk = if v.len() >= 1 << 16 {
+                v.par_chunks(BLOCK).position_first(any_bad)
             } else {
-                v.iter().position(bad)
-            };
-            pos.map(|p| (p, v[p].get()))
+                v.chunks(BLOCK).position(any_bad)
+            }?;
+            let p = blk * BLOCK + v[blk * BLOCK..].iter().position(bad)?;
+            Some((p, v[p].get()))
         }
         match self {
             Indices::I64(v) => scan(v, rows),

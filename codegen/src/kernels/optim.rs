@@ -424,12 +424,6 @@ pub(crate) fn embedding_update_plan<'a>(
                     &format!("{} offsets for {s} samples", b.len()),
                 ));
             }
-            if s == 0 && n > 0 {
-                return Err(KernelError::Offsets {
-                    op,
-                    reason: format!("{n} indices but no bags (offsets is empty)"),
-                });
-            }
             validate_indices(op, idx, rows, None, Some(&b))?;
             b.push(n as i64);
             (None, b)

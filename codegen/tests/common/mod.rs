@@ -49,6 +49,31 @@ pub fn vals(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// Asserts `a` and `b` have the same shape, dtype and bits, naming the first
+/// element that differs.
+pub fn same_bits(name: &str, a: &Tensor, b: &Tensor) {
+    assert_eq!(a.shape, b.shape, "{name}: shape");
+    assert_eq!(a.dtype(), b.dtype(), "{name}: dtype");
+    let (x, y) = (a.to_f32_vec(), b.to_f32_vec());
+    if let Some(i) = (0..x.len()).find(|&i| x[i].to_bits() != y[i].to_bits()) {
+        panic!("{name}: element {i}: {} vs {}", x[i], y[i]);
+    }
+}
+
+/// `n` indices into `rows` rows (i32 or i64), of shape `shape`; many duplicates
+/// when `rows` is small.
+pub fn random_indices(seed: u64, n: usize, rows: usize, i32s: bool, shape: Vec<usize>) -> Tensor {
+    let raw: Vec<i64> = vals(seed, n)
+        .iter()
+        .map(|v| ((v + 1.0) * 0.5 * rows as f32) as i64 % rows as i64)
+        .collect();
+    if i32s {
+        Tensor::i32(shape, raw.iter().map(|&x| x as i32).collect())
+    } else {
+        Tensor::i64(shape, raw)
+    }
+}
+
 pub fn rng(seed: u64) -> ChaCha8Rng {
     ChaCha8Rng::seed_from_u64(seed)
 }

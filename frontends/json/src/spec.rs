@@ -385,18 +385,29 @@ fn invalid(origin: &str, field: impl Into<String>, reason: impl Into<String>) ->
 
 // ------------------------------------------------------------------ validation
 
+/// A count that must be above 0.
+fn positive(origin: &str, field: String, v: usize) -> Result<()> {
+    if v == 0 {
+        Err(invalid(origin, field, "must be > 0, got 0"))
+    } else {
+        Ok(())
+    }
+}
+
 impl ModelSpec {
     /// Checks every rule of the description; `origin` names the source in errors.
     /// The first violation is returned, naming its field.
     pub fn validate(&self, origin: &str) -> Result<()> {
+        self.validate_inputs(origin)?;
+        self.validate_mlps(origin)?;
+        self.validate_training(origin)
+    }
+
+    /// The graph's name, the dense features and the tables: widths, rows and
+    /// lookups per table.
+    fn validate_inputs(&self, origin: &str) -> Result<()> {
         let bad = |field: String, reason: String| Err(invalid(origin, field, reason));
-        let positive = |field: String, v: usize| {
-            if v == 0 {
-                bad(field, "must be > 0, got 0".into())
-            } else {
-                Ok(())
-            }
-        };
+        let positive = |field: String, v: usize| positive(origin, field, v);
         if !dlrm_ir::text::is_graph_name(&self.name) {
             return bad(
                 "name".into(),
@@ -437,6 +448,15 @@ impl ModelSpec {
         for (t, &l) in self.pooling.iter().enumerate() {
             positive(format!("pooling[{t}]"), l)?;
         }
+        Ok(())
+    }
+
+    /// The MLPs' widths: the bottom MLP from the dense features (to the
+    /// embedding width for `dot`), the top MLP to the one click probability;
+    /// the interaction's options.
+    fn validate_mlps(&self, origin: &str) -> Result<()> {
+        let bad = |field: String, reason: String| Err(invalid(origin, field, reason));
+        let positive = |field: String, v: usize| positive(origin, field, v);
         if self.bottom_mlp.len() < 2 {
             return bad(
                 "bottom_mlp".into(),
@@ -496,7 +516,14 @@ impl ModelSpec {
                 ),
             );
         }
-        positive("batch_size".into(), self.batch_size)?;
+        Ok(())
+    }
+
+    /// The batch, the learning rate, the optimizer's hyper-parameters and the
+    /// parameter count.
+    fn validate_training(&self, origin: &str) -> Result<()> {
+        let bad = |field: String, reason: String| Err(invalid(origin, field, reason));
+        positive(origin, "batch_size".into(), self.batch_size)?;
         if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
             return bad(
                 "learning_rate".into(),

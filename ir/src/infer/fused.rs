@@ -4,8 +4,8 @@
 //! the node.
 
 use super::{
-    R, expect_arity, expect_dim, expect_float, expect_int, expect_rank, expect_same_shape,
-    float_result,
+    R, expect_arity, expect_bags, expect_dim, expect_float, expect_int, expect_rank,
+    expect_same_shape, float_result,
 };
 use crate::op::{Act, Op};
 use crate::types::{DType, Dim, TensorType};
@@ -238,6 +238,7 @@ pub(super) fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
                 expect_rank("indices (with offsets)", ins[2], 1)?;
                 expect_int("offsets", ins[3])?;
                 expect_rank("offsets", ins[3], 1)?;
+                expect_bags(ins[2], ins[3])?;
                 expect_dim("offsets samples", &ins[3].shape[0], &dy.shape[0])?;
             }
             Ok(vec![table.clone()])

@@ -146,6 +146,21 @@ pub(crate) fn infer_generic(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> 
             if *axis >= d.rank() || i.rank() != d.rank() {
                 return Err(format!("axis {axis}: bad operands {d} and {i}"));
             }
+            // Off the axis, an index position must exist in the data (when both
+            // lengths are known; always on an instance).
+            let longer = i
+                .shape
+                .iter()
+                .zip(&d.shape)
+                .enumerate()
+                .find(|(k, (a, b))| {
+                    *k != *axis && matches!((a, b), (Dim::Fixed(a), Dim::Fixed(b)) if a > b)
+                });
+            if let Some((k, _)) = longer {
+                return Err(format!(
+                    "axis {axis}: indices {i} are longer than the data {d} on dimension {k}"
+                ));
+            }
             one(d.dtype, i.shape.clone())
         }
         Op::GatherNd { batch_dims } => {
@@ -158,6 +173,11 @@ pub(crate) fn infer_generic(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> 
                 .last()
                 .and_then(Dim::fixed)
                 .ok_or_else(|| format!("indices {i} need a fixed last dimension"))?;
+            if k == 0 {
+                return Err(format!(
+                    "gather_nd batch_dims={b}: index tuples of length 0 in {i}"
+                ));
+            }
             if i.rank() < b + 1 || d.rank() < b + k || d.shape[..b] != i.shape[..b] {
                 return Err(format!(
                     "gather_nd batch_dims={b}: bad operands {d} and {i}"
@@ -230,6 +250,7 @@ pub(crate) fn infer_generic(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> 
                      weights[N]; got {t}, {i}, {o}, {w}"
                 ));
             }
+            super::expect_bags(i, o)?;
             one(t.dtype, vec![o.shape[0].clone(), t.shape[1].clone()])
         }
         Op::OffsetsFromLengths { keys, key } => {

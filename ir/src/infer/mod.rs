@@ -4,6 +4,7 @@
 //! verifier. Errors are plain messages; callers attach the node.
 
 use crate::dim::DimExpr;
+use crate::op::family::{fused_ops, generic_ops};
 use crate::op::{A2aDir, InteractionKind, Op};
 use crate::types::{DType, Dim, Shape, TensorType};
 
@@ -127,6 +128,17 @@ fn bag_count(len: &Dim, last_offset: bool) -> R<Dim> {
         })
 }
 
+/// Refuses `indices[N]` with empty `offsets` (no bags) when `N > 0`: indices no
+/// bag holds. Checked when both lengths are known (always on an instance).
+fn expect_bags(indices: &TensorType, offsets: &TensorType) -> R<()> {
+    match (indices.shape.first(), offsets.shape.first()) {
+        (Some(Dim::Fixed(n)), Some(Dim::Fixed(0))) if *n > 0 => {
+            Err(format!("{n} indices but no bags (offsets is empty)"))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Infers the result types of `op` applied to operands of types `ins`.
 ///
 /// `declared` is the list of result types written in the graph; it is consulted
@@ -149,6 +161,9 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
                 expect_rank("indices (with offsets)", ins[1], 1)?;
                 expect_int("offsets", ins[2])?;
                 expect_rank("offsets", ins[2], 1)?;
+                if !*last_offset {
+                    expect_bags(ins[1], ins[2])?;
+                }
                 bag_count(&ins[2].shape[0], *last_offset)?
             };
             Ok(vec![TensorType::new(table.dtype, [s, d])])
@@ -170,6 +185,9 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
                 expect_rank("indices (with offsets)", ins[1], 1)?;
                 expect_rank("offsets", ins[2], 1)?;
                 expect_int("offsets", ins[2])?;
+                if !*last_offset {
+                    expect_bags(ins[1], ins[2])?;
+                }
                 let s = bag_count(&ins[2].shape[0], *last_offset)?;
                 expect_dim("offsets samples", &s, &dy.shape[0])?;
                 Ok(vec![TensorType::new(
@@ -401,18 +419,7 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
         }
         Op::AllToAll { dir, counts, rank } => infer_all_to_all(*dir, counts, *rank, ins, declared),
         // ---- fused / blocked ops (e-graph, precision)
-        Op::BlockAct { .. }
-        | Op::UnblockAct { .. }
-        | Op::BlockWeight { .. }
-        | Op::UnblockWeight { .. }
-        | Op::Brgemm { .. }
-        | Op::BrgemmDgrad { .. }
-        | Op::BrgemmWgrad { .. }
-        | Op::BceLogits { .. }
-        | Op::BceLogitsGrad { .. }
-        | Op::SplitSgd { .. }
-        | Op::EmbeddingUpdate { .. }
-        | Op::SplitEmbeddingUpdate { .. } => infer_fused(op, ins),
+        fused_ops!() => infer_fused(op, ins),
         // ---- sharded embeddings
         Op::EmbeddingBagRows { mode, lo, rows } => {
             shard_range(op, ins, *lo, *rows)?;
@@ -458,17 +465,7 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             Ok(vec![TensorType::new(DType::F32, [Dim::Fixed(*rows), d])])
         }
         // ---- generic ops (ONNX import)
-        Op::MatMul
-        | Op::Binary { .. }
-        | Op::Transpose { .. }
-        | Op::Gather { .. }
-        | Op::GatherElements { .. }
-        | Op::GatherNd { .. }
-        | Op::Slice { .. }
-        | Op::Reduce { .. }
-        | Op::Cast { .. }
-        | Op::EmbeddingBagWeighted
-        | Op::OffsetsFromLengths { .. } => generic::infer_generic(op, ins),
+        generic_ops!() | Op::OffsetsFromLengths { .. } => generic::infer_generic(op, ins),
     }
 }
 

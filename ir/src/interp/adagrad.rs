@@ -15,7 +15,7 @@
 
 use super::common::{R, describe, dims, floats, index_location, ints, out_of_range};
 use super::embedding;
-use crate::{Checked, DType, Data, Op, Tensor};
+use crate::{AdagradHyper as Hyper, Checked, DType, Data, Op, Tensor};
 use std::collections::BTreeMap;
 
 /// The elementwise accumulator update: `acc + g·g`.
@@ -40,14 +40,6 @@ pub fn adagrad_step1(w: f32, g: f32, acc: f32, lr: f32, eps: f32) -> f32 {
     w - lr * (g / (acc.sqrt() + eps))
 }
 
-/// Hyper-parameters of the sparse updates.
-#[derive(Clone, Copy)]
-struct Hyper {
-    lr: f32,
-    eps: f32,
-    rowwise: bool,
-}
-
 fn f32_vec(t: &Tensor, what: &str) -> R<Vec<f32>> {
     match &t.data {
         Data::F32(v) => Ok(v.clone()),
@@ -60,6 +52,14 @@ fn f32_vec(t: &Tensor, what: &str) -> R<Vec<f32>> {
 pub(super) fn eval(c: &Checked<'_>) -> R<Vec<Tensor>> {
     let ins = c.inputs();
     let rows = |i: usize| c.in_shape(i)[0];
+    if let Some((mode, h)) = c.op().embedding_adagrad() {
+        let shard = match *c.op() {
+            Op::EmbeddingUpdateAdagradRows { lo, rows, .. } => (lo, rows),
+            _ => (0, rows(0)),
+        };
+        let rowgrad = embedding::embedding_bag_grad(mode, false, &ins[2..], DType::F32)?;
+        return sparse_adagrad_rows(h, shard, ins[0], ins[1], ins[3], &rowgrad);
+    }
     match *c.op() {
         Op::Adagrad {
             lr,
@@ -75,28 +75,6 @@ pub(super) fn eval(c: &Checked<'_>) -> R<Vec<Tensor>> {
                 return sparse_adagrad_rows(h, (0, rows(0)), ins[0], ins[1], &idx, &g);
             }
             sparse_adagrad_rows(h, (0, rows(0)), ins[0], ins[1], ins[2], ins[3])
-        }
-        Op::EmbeddingUpdateAdagrad {
-            mode,
-            lr,
-            eps,
-            rowwise,
-        } => {
-            let h = Hyper { lr, eps, rowwise };
-            let rowgrad = embedding::embedding_bag_grad(mode, false, &ins[2..], DType::F32)?;
-            sparse_adagrad_rows(h, (0, rows(0)), ins[0], ins[1], ins[3], &rowgrad)
-        }
-        Op::EmbeddingUpdateAdagradRows {
-            mode,
-            lr,
-            eps,
-            rowwise,
-            lo,
-            rows,
-        } => {
-            let h = Hyper { lr, eps, rowwise };
-            let rowgrad = embedding::embedding_bag_grad(mode, false, &ins[2..], DType::F32)?;
-            sparse_adagrad_rows(h, (lo, rows), ins[0], ins[1], ins[3], &rowgrad)
         }
         ref other => super::common::not_in_family(other, "an Adagrad update"),
     }

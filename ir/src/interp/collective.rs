@@ -169,6 +169,19 @@ struct Exchange {
     global: usize,
 }
 
+/// Where this rank stands in the exchange: checked against the group and the
+/// symbol binding, from local information only.
+struct Place {
+    /// The group's size.
+    ranks: usize,
+    /// The global batch `G`.
+    global: usize,
+    /// This rank's samples of `G`.
+    local: Range<usize>,
+    /// The positions of this rank's tensors in the exchange's list.
+    own: Range<usize>,
+}
+
 impl Exchange {
     fn new(
         dir: A2aDir,
@@ -178,6 +191,159 @@ impl Exchange {
         out_types: &[TensorType],
         ctx: &EvalCtx<'_>,
     ) -> R<Exchange> {
+        let at = Place::of(counts, rank, ctx)?;
+        Self::check_counts(dir, counts, rank, &at, ins.len(), out_types.len())?;
+        let lead = match dir {
+            A2aDir::Scatter => at.global,
+            A2aDir::Gather => at.local.len(),
+        };
+        let mut vals = Vec::with_capacity(ins.len());
+        for (i, t) in ins.iter().enumerate() {
+            let what = format!("all_to_all operand {i}");
+            let (v, inner) = sample_major(t, &what)?;
+            if t.shape[0] != lead {
+                let global = at.global;
+                let which = match dir {
+                    A2aDir::Scatter => format!("G = {global}"),
+                    A2aDir::Gather => format!("this rank's {} of the G = {global} samples", lead),
+                };
+                return Err(format!("{what} {} must have {which} rows", describe(t)));
+            }
+            vals.push((v, inner));
+        }
+        match dir {
+            A2aDir::Scatter => Self::scatter(&at, &vals, ins, out_types, ctx),
+            A2aDir::Gather => Self::gather(&at, counts, &vals, ins),
+        }
+    }
+
+    /// `ins` operands and `outs` results for `dir` on this rank: the scatter
+    /// takes this rank's tensors and gives every tensor's local rows, the
+    /// gather the reverse.
+    fn check_counts(
+        dir: A2aDir,
+        counts: &[usize],
+        rank: usize,
+        at: &Place,
+        ins: usize,
+        outs: usize,
+    ) -> R<()> {
+        let total = counts.iter().fold(0usize, |a, &c| a.saturating_add(c));
+        let (n_in, n_out) = match dir {
+            A2aDir::Scatter => (at.own.len(), total),
+            A2aDir::Gather => (total, at.own.len()),
+        };
+        if ins != n_in || outs != n_out {
+            return Err(format!(
+                "all_to_all {} on rank {rank} with counts {} takes {n_in} operands and \
+                 {n_out} results, got {ins} and {outs}",
+                if dir == A2aDir::Scatter {
+                    "scatter"
+                } else {
+                    "gather"
+                },
+                fmt_shape(counts),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The scatter's buffers (to rank `r`, rows `slice(r)` of each operand) and
+    /// its results' shapes: the declared types, this rank's samples of each
+    /// tensor.
+    fn scatter(
+        at: &Place,
+        vals: &[(Vec<f32>, usize)],
+        ins: &[&Tensor],
+        out_types: &[TensorType],
+        ctx: &EvalCtx<'_>,
+    ) -> R<Exchange> {
+        let (local, own) = (&at.local, &at.own);
+        let mut shapes = Vec::with_capacity(out_types.len());
+        for (j, ty) in out_types.iter().enumerate() {
+            let shape = resolve_shape(ty, ctx.syms)?;
+            if shape.first() != Some(&local.len()) {
+                return Err(format!(
+                    "result {j} {ty} = {} must have this rank's {} samples",
+                    fmt_shape(&shape),
+                    local.len()
+                ));
+            }
+            if own.contains(&j) {
+                let src = ins[j - own.start];
+                if shape[1..] != src.shape[1..] {
+                    return Err(format!(
+                        "result {j} {ty} is this rank's operand {} {}: shapes differ",
+                        j - own.start,
+                        describe(src)
+                    ));
+                }
+            }
+            shapes.push(shape);
+        }
+        let numels = shapes.iter().map(|s| numel(s)).collect::<R<Vec<_>>>()?;
+        let send = (0..at.ranks)
+            .map(|r| {
+                let rows = batch_slice(at.global, at.ranks, r);
+                let mut buf = Vec::new();
+                for (v, inner) in vals {
+                    buf.extend_from_slice(&v[rows_of(&rows, *inner)]);
+                }
+                buf
+            })
+            .collect();
+        Ok(Exchange {
+            send,
+            shapes,
+            numels,
+            inners: Vec::new(),
+            global: at.global,
+        })
+    }
+
+    /// The gather's buffers (to rank `r`, the whole operands `r` owns) and its
+    /// results' shapes: this rank's tensors with all `G` samples.
+    fn gather(
+        at: &Place,
+        counts: &[usize],
+        vals: &[(Vec<f32>, usize)],
+        ins: &[&Tensor],
+    ) -> R<Exchange> {
+        let mut send = Vec::with_capacity(at.ranks);
+        let mut next = 0usize;
+        for &c in counts {
+            let mut buf = Vec::new();
+            for (v, _) in &vals[next..next + c] {
+                buf.extend_from_slice(v);
+            }
+            next += c;
+            send.push(buf);
+        }
+        let own = &at.own;
+        let mut shapes = Vec::with_capacity(own.len());
+        let mut inners = Vec::with_capacity(own.len());
+        for k in 0..own.len() {
+            let src = ins[own.start + k];
+            let mut shape = src.shape.clone();
+            shape[0] = at.global;
+            shapes.push(shape);
+            inners.push(vals[own.start + k].1);
+        }
+        let numels = shapes.iter().map(|s| numel(s)).collect::<R<Vec<_>>>()?;
+        Ok(Exchange {
+            send,
+            shapes,
+            numels,
+            inners,
+            global: at.global,
+        })
+    }
+}
+
+impl Place {
+    /// This rank's place: `counts` name every rank of the group, the op is for
+    /// this rank, and `B` (when bound) is its share of `G`.
+    fn of(counts: &[usize], rank: usize, ctx: &EvalCtx<'_>) -> R<Place> {
         let ranks = counts.len();
         if ranks != ctx.comm.size() {
             return Err(format!(
@@ -202,116 +368,12 @@ impl Exchange {
                 local.len()
             ));
         }
-        let total = counts.iter().fold(0usize, |a, &c| a.saturating_add(c));
         let own_start: usize = counts[..rank].iter().sum();
-        let own = own_start..own_start + counts[rank];
-        let (n_in, n_out) = match dir {
-            A2aDir::Scatter => (own.len(), total),
-            A2aDir::Gather => (total, own.len()),
-        };
-        if ins.len() != n_in || out_types.len() != n_out {
-            return Err(format!(
-                "all_to_all {} on rank {rank} with counts {} takes {n_in} operands and \
-                 {n_out} results, got {} and {}",
-                if dir == A2aDir::Scatter {
-                    "scatter"
-                } else {
-                    "gather"
-                },
-                fmt_shape(counts),
-                ins.len(),
-                out_types.len()
-            ));
-        }
-        let lead = match dir {
-            A2aDir::Scatter => global,
-            A2aDir::Gather => local.len(),
-        };
-        let mut vals = Vec::with_capacity(ins.len());
-        for (i, t) in ins.iter().enumerate() {
-            let what = format!("all_to_all operand {i}");
-            let (v, inner) = sample_major(t, &what)?;
-            if t.shape[0] != lead {
-                let which = match dir {
-                    A2aDir::Scatter => format!("G = {global}"),
-                    A2aDir::Gather => format!("this rank's {} of the G = {global} samples", lead),
-                };
-                return Err(format!("{what} {} must have {which} rows", describe(t)));
-            }
-            vals.push((v, inner));
-        }
-        match dir {
-            A2aDir::Scatter => {
-                let mut shapes = Vec::with_capacity(n_out);
-                for (j, ty) in out_types.iter().enumerate() {
-                    let shape = resolve_shape(ty, ctx.syms)?;
-                    if shape.first() != Some(&local.len()) {
-                        return Err(format!(
-                            "result {j} {ty} = {} must have this rank's {} samples",
-                            fmt_shape(&shape),
-                            local.len()
-                        ));
-                    }
-                    if own.contains(&j) {
-                        let src = ins[j - own.start];
-                        if shape[1..] != src.shape[1..] {
-                            return Err(format!(
-                                "result {j} {ty} is this rank's operand {} {}: shapes differ",
-                                j - own.start,
-                                describe(src)
-                            ));
-                        }
-                    }
-                    shapes.push(shape);
-                }
-                let numels = shapes.iter().map(|s| numel(s)).collect::<R<Vec<_>>>()?;
-                let send = (0..ranks)
-                    .map(|r| {
-                        let rows = batch_slice(global, ranks, r);
-                        let mut buf = Vec::new();
-                        for (v, inner) in &vals {
-                            buf.extend_from_slice(&v[rows_of(&rows, *inner)]);
-                        }
-                        buf
-                    })
-                    .collect();
-                Ok(Exchange {
-                    send,
-                    shapes,
-                    numels,
-                    inners: Vec::new(),
-                    global,
-                })
-            }
-            A2aDir::Gather => {
-                let mut send = Vec::with_capacity(ranks);
-                let mut next = 0usize;
-                for &c in counts {
-                    let mut buf = Vec::new();
-                    for (v, _) in &vals[next..next + c] {
-                        buf.extend_from_slice(v);
-                    }
-                    next += c;
-                    send.push(buf);
-                }
-                let mut shapes = Vec::with_capacity(n_out);
-                let mut inners = Vec::with_capacity(n_out);
-                for k in 0..own.len() {
-                    let src = ins[own.start + k];
-                    let mut shape = src.shape.clone();
-                    shape[0] = global;
-                    shapes.push(shape);
-                    inners.push(vals[own.start + k].1);
-                }
-                let numels = shapes.iter().map(|s| numel(s)).collect::<R<Vec<_>>>()?;
-                Ok(Exchange {
-                    send,
-                    shapes,
-                    numels,
-                    inners,
-                    global,
-                })
-            }
-        }
+        Ok(Place {
+            ranks,
+            global,
+            local,
+            own: own_start..own_start + counts[rank],
+        })
     }
 }

@@ -92,9 +92,6 @@ impl Bags {
                         ),
                     };
                 }
-                if offsets.is_empty() && n > 0 {
-                    return Err(format!("{n} indices but no bags (offsets is empty)"));
-                }
                 Ok(Bags::Var { offsets, end: n })
             }
         }

@@ -53,6 +53,7 @@ pub use adagrad::{adagrad_acc1, adagrad_row_acc, adagrad_step1};
 pub use dense::{gelu_grad1, gelu1};
 pub use jagged::narrow_to_bags;
 
+use crate::op::family::{fused_ops, generic_ops};
 use crate::{
     A2aDir, Checked, Communicator, Concrete, Def, Dim, Graph, IrError, NodeInstance, Op, Result,
     Tensor, TensorType, ValueId,
@@ -243,29 +244,8 @@ fn dispatch(c: &Checked<'_>, ctx: &EvalCtx<'_>) -> R<Vec<Tensor>> {
         | Op::EmbeddingUpdateAdagradRows { .. } => adagrad::eval(c),
         Op::AllReduce => collective::all_reduce(c.inputs(), ctx),
         Op::AllToAll { .. } => Err("internal: `all_to_all` has no instance".into()),
-        Op::BlockAct { .. }
-        | Op::UnblockAct { .. }
-        | Op::BlockWeight { .. }
-        | Op::UnblockWeight { .. }
-        | Op::Brgemm { .. }
-        | Op::BrgemmDgrad { .. }
-        | Op::BrgemmWgrad { .. }
-        | Op::BceLogits { .. }
-        | Op::BceLogitsGrad { .. }
-        | Op::SplitSgd { .. }
-        | Op::EmbeddingUpdate { .. }
-        | Op::SplitEmbeddingUpdate { .. }
-        | Op::SplitEmbeddingUpdateRows { .. } => fused::eval(c, ctx.syms),
-        Op::MatMul
-        | Op::Binary { .. }
-        | Op::Transpose { .. }
-        | Op::Gather { .. }
-        | Op::GatherElements { .. }
-        | Op::GatherNd { .. }
-        | Op::Slice { .. }
-        | Op::Reduce { .. }
-        | Op::Cast { .. }
-        | Op::EmbeddingBagWeighted => single(generic::eval(c)),
+        fused_ops!() | Op::SplitEmbeddingUpdateRows { .. } => fused::eval(c, ctx.syms),
+        generic_ops!() => single(generic::eval(c)),
         Op::OffsetsFromLengths { keys, key } => {
             single(jagged::offsets_from_lengths(*keys, *key, c))
         }

@@ -254,8 +254,29 @@ pub fn account(g: &Graph, rank: usize, job: &MemoryJob) -> MemoryAccount {
         local_batch: local,
         ..MemoryAccount::default()
     };
+    account_params(g, &bytes, &mut a);
+    // Data: the step's inputs, and the prefetched steps.
+    let inputs: u64 = g.inputs().iter().map(|&v| bytes(v)).sum();
+    a.data_bytes = inputs.saturating_mul(1 + job.prefetch as u64);
+    account_step(g, job, &bytes, &mut a);
+    a.total = [
+        a.table_bytes,
+        a.low_half_bytes,
+        a.optimizer_bytes,
+        a.dense_param_bytes,
+        a.activation_bytes,
+        a.gradient_bytes,
+        a.comm_bytes,
+        a.data_bytes,
+    ]
+    .into_iter()
+    .fold(0, u64::saturating_add);
+    a
+}
 
-    // Parameters.
+/// The parameters' bytes by role, and the tables with their state, largest
+/// first.
+fn account_params(g: &Graph, bytes: &impl Fn(ValueId) -> u64, a: &mut MemoryAccount) {
     let (role, owner) = roles(g);
     let mut state_of = vec![0u64; g.values().len()];
     for &p in g.params() {
@@ -281,16 +302,16 @@ pub fn account(g: &Graph, rank: usize, job: &MemoryJob) -> MemoryAccount {
     }
     a.tables
         .sort_by_key(|t| std::cmp::Reverse(t.bytes + t.state_bytes));
+}
 
-    // Data: the step's inputs, and the prefetched steps.
-    let inputs: u64 = g.inputs().iter().map(|&v| bytes(v)).sum();
-    a.data_bytes = inputs.saturating_mul(1 + job.prefetch as u64);
+/// A value's lifetime end: after node `n`, or kept to the end of the step.
+const KEEP: usize = usize::MAX;
 
-    // Step values, replayed in node order.
-    const KEEP: usize = usize::MAX;
+/// Per node, the step values that die after it (their last use; outputs and
+/// update values are kept to the end of the step).
+fn free_after(g: &Graph) -> Vec<Vec<ValueId>> {
     let nodes = g.nodes();
-    let nv = g.values().len();
-    let mut last_use = vec![0usize; nv];
+    let mut last_use = vec![0usize; g.values().len()];
     for (i, v) in g.values().iter().enumerate() {
         if let Def::Node(n, _) = v.def {
             last_use[i] = n;
@@ -307,12 +328,25 @@ pub fn account(g: &Graph, rank: usize, job: &MemoryJob) -> MemoryAccount {
     for u in g.updates() {
         last_use[u.value.index()] = KEEP;
     }
+    let mut free_after: Vec<Vec<ValueId>> = vec![Vec::new(); nodes.len()];
+    for (i, v) in g.values().iter().enumerate() {
+        if matches!(v.def, Def::Node(..)) && last_use[i] != KEEP {
+            free_after[last_use[i]].push(ValueId(i as u32));
+        }
+    }
+    free_after
+}
+
+/// Per value: the bytes its definition allocates (0 for a result updated in
+/// place), and whether it is a gradient (named `d.*`, or all-reduced).
+fn sizes(g: &Graph, bytes: &impl Fn(ValueId) -> u64) -> (Vec<u64>, Vec<bool>) {
+    let nv = g.values().len();
     let mut grad = vec![false; nv];
     for (i, v) in g.values().iter().enumerate() {
         grad[i] = v.name.starts_with("d.");
     }
     let mut size = vec![0u64; nv];
-    for node in nodes {
+    for node in g.nodes() {
         let in_place = in_place_results(&node.op);
         for (k, &o) in node.outputs.iter().enumerate() {
             size[o.index()] = if k < in_place { 0 } else { bytes(o) };
@@ -323,14 +357,22 @@ pub fn account(g: &Graph, rank: usize, job: &MemoryJob) -> MemoryAccount {
             }
         }
     }
+    (size, grad)
+}
+
+/// The step values, replayed in node order: the peak of live activations and
+/// gradients (and the node it is reached at), and the largest transient
+/// buffers of a collective.
+fn account_step(
+    g: &Graph,
+    job: &MemoryJob,
+    bytes: &impl Fn(ValueId) -> u64,
+    a: &mut MemoryAccount,
+) {
+    let free_after = free_after(g);
+    let (size, grad) = sizes(g, bytes);
     let (mut act, mut gr) = (0u64, 0u64);
-    let mut free_after: Vec<Vec<ValueId>> = vec![Vec::new(); nodes.len()];
-    for (i, v) in g.values().iter().enumerate() {
-        if matches!(v.def, Def::Node(..)) && last_use[i] != KEEP {
-            free_after[last_use[i]].push(ValueId(i as u32));
-        }
-    }
-    for (n, node) in nodes.iter().enumerate() {
+    for (n, node) in g.nodes().iter().enumerate() {
         for &o in &node.outputs {
             let s = size[o.index()];
             if grad[o.index()] {
@@ -357,37 +399,33 @@ pub fn account(g: &Graph, rank: usize, job: &MemoryJob) -> MemoryAccount {
                 act -= s;
             }
         }
-        // Collectives' transient buffers.
-        let f32s = |vs: &[ValueId]| -> u64 {
-            vs.iter()
-                .map(|&v| bytes(v) / g.ty(v).dtype.size_bytes() as u64 * 4)
-                .fold(0, u64::saturating_add)
-        };
-        let transient = match node.op {
-            Op::AllToAll { .. } => f32s(&node.inputs)
-                .saturating_add(f32s(&node.outputs))
-                .saturating_mul(2),
-            Op::AllReduce => {
-                let n = f32s(&node.inputs);
-                n.saturating_add(n / job.ranks.max(1) as u64)
-            }
-            _ => 0,
-        };
-        a.comm_bytes = a.comm_bytes.max(transient);
+        a.comm_bytes = a.comm_bytes.max(transient_bytes(g, node, job, bytes));
     }
-    a.total = [
-        a.table_bytes,
-        a.low_half_bytes,
-        a.optimizer_bytes,
-        a.dense_param_bytes,
-        a.activation_bytes,
-        a.gradient_bytes,
-        a.comm_bytes,
-        a.data_bytes,
-    ]
-    .into_iter()
-    .fold(0, u64::saturating_add);
-    a
+}
+
+/// A collective's transient buffers (f32): `all_to_all` packs and unpacks its
+/// operands and results, `all_reduce` keeps its operands and one rank's chunk.
+fn transient_bytes(
+    g: &Graph,
+    node: &dlrm_ir::Node,
+    job: &MemoryJob,
+    bytes: &impl Fn(ValueId) -> u64,
+) -> u64 {
+    let f32s = |vs: &[ValueId]| -> u64 {
+        vs.iter()
+            .map(|&v| bytes(v) / g.ty(v).dtype.size_bytes() as u64 * 4)
+            .fold(0, u64::saturating_add)
+    };
+    match node.op {
+        Op::AllToAll { .. } => f32s(&node.inputs)
+            .saturating_add(f32s(&node.outputs))
+            .saturating_mul(2),
+        Op::AllReduce => {
+            let n = f32s(&node.inputs);
+            n.saturating_add(n / job.ranks.max(1) as u64)
+        }
+        _ => 0,
+    }
 }
 
 /// A rank count or precision that would fit, for [`check`]'s message.

@@ -108,7 +108,7 @@ pub struct RunSettings {
     /// Kernel backend (`--backend jit|reference`).
     pub backend: Backend,
     /// GEMM micro-kernel choice of the JIT backend (`--kernels
-    /// cranelift|native|avx512|avx512bf16|auto`, see [`KernelChoice`]).
+    /// cranelift|native|avx512|avx512bf16|amxbf16|auto`, see [`KernelChoice`]).
     pub kernels: KernelChoice,
     /// Overlap collectives with compute (`--no-overlap` turns it off).
     pub overlap: bool,

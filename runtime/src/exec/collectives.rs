@@ -11,6 +11,7 @@ use crate::error::Result;
 use crate::progress::{Done, Request};
 use dlrm_ir::{Communicator, Def};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::Instant;
 
@@ -25,9 +26,11 @@ impl Executor {
         in_flight: &mut [Option<usize>],
     ) -> Result<()> {
         let t0 = Instant::now();
-        let node = &self.graph.nodes()[n];
-        let (op, ids, outs) = (node.op.clone(), node.inputs.clone(), node.outputs.clone());
-        let out_types = outs.iter().map(|&v| self.graph.ty(v).clone()).collect();
+        // The op and result types go to the progress thread; the rest is borrowed.
+        let graph = Arc::clone(&self.graph);
+        let node = &graph.nodes()[n];
+        let (ids, outs) = (&node.inputs, &node.outputs);
+        let (op, out_types) = (node.op.clone(), self.out_types[n].clone());
         let mut ins = Vec::with_capacity(ids.len());
         for (i, &v) in ids.iter().enumerate() {
             let movable = self.last_use[v.index()] == n
@@ -57,7 +60,7 @@ impl Executor {
         })
         .map_err(|_| self.node_err(n, "the collectives' progress thread is gone".into()))?;
         replies.insert(n, rx);
-        for &v in &outs {
+        for &v in outs {
             in_flight[v.index()] = Some(n);
         }
         for i in 0..self.free_after[n].len() {

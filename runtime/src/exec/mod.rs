@@ -17,8 +17,10 @@
 //! Learning rate ([`Executor::set_lr`]): each update op's `lr` attribute is the
 //! rate the graph was compiled with; the driver may set the step's rate (a
 //! schedule), which every update of the following steps then runs with instead —
-//! in the JIT kernels, the reference kernels and the interpreter alike, since the
-//! node's op is rewritten before it reaches any of them. Unset, nothing changes.
+//! in the JIT kernels, the reference kernels and the interpreter alike: the rate
+//! goes beside the node's op to the in-place update
+//! ([`dlrm_codegen::update_in_place_instance`], which runs its op with it), and
+//! into a copy of the op for the other paths. Unset, nothing changes.
 //!
 //! The rest is by concern:
 //! - `preflight`: what is checked before a step's nodes run — the symbol
@@ -43,9 +45,10 @@ pub use timing::OpTime;
 
 use crate::error::{Result, RuntimeError};
 pub use dlrm_codegen::{JitOptions, KernelChoice};
-use dlrm_ir::{Def, Graph, NodeInstance, Tensor, ValueId};
+use dlrm_ir::{Def, Graph, NodeInstance, Tensor, TensorType, ValueId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 use timing::Acc;
 
@@ -80,12 +83,23 @@ impl Backend {
     }
 }
 
+/// Per node of `graph`: its results' declared types.
+fn out_types(graph: &Graph) -> Arc<[Vec<TensorType>]> {
+    let node_outs =
+        |node: &dlrm_ir::Node| node.outputs.iter().map(|&v| graph.ty(v).clone()).collect();
+    graph.nodes().iter().map(node_outs).collect()
+}
+
 /// A value's lifetime end: after node `n`, or kept to the end of the step.
 const KEEP: usize = usize::MAX;
 
 /// Executes one rank's graph (see the module docs).
 pub struct Executor {
-    graph: Graph,
+    /// Shared so that a step borrows a node (its op, operands and result types)
+    /// while it updates the executor.
+    graph: Arc<Graph>,
+    /// Per node: its results' declared types (shared as the graph is).
+    out_types: Arc<[Vec<TensorType>]>,
     rank: usize,
     /// Parameter storage, by parameter position; `None` only while moved mid-step.
     params: Vec<Option<Tensor>>,
@@ -225,7 +239,8 @@ impl Executor {
             free_after,
             may_move,
             slots: vec![None; nvals],
-            graph,
+            out_types: out_types(&graph),
+            graph: Arc::new(graph),
             times: BTreeMap::new(),
             node_times: vec![Acc::default(); nnodes],
             backend: Backend::default(),
@@ -286,7 +301,7 @@ impl Executor {
     /// optimizer update runs as if its `lr` attribute were `lr` (the step's rate of
     /// a schedule, [`crate::schedule`]); `None` (the default) keeps the rates the
     /// graph was compiled with. The same value reaches the JIT kernels, the
-    /// reference kernels and the interpreter (the op is rewritten once per node,
+    /// reference kernels and the interpreter (each runs the update's op with it,
     /// [`dlrm_ir::Op::with_lr`]). A negative or non-finite rate is an error.
     pub fn set_lr(&mut self, lr: Option<f32>) -> Result<()> {
         if let Some(l) = lr

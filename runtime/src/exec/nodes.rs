@@ -3,8 +3,11 @@
 //! node's instance under the step's binding, `preflight`) when there is one,
 //! else with the reference interpreter ([`dlrm_ir::interp::eval_op`]); collectives
 //! always go through `eval_op` with the rank's communicator (here when they run
-//! inline, else on the progress thread, [`super::collectives`]). The step's
-//! learning rate reaches every kernel through the node's op.
+//! inline, else on the progress thread, [`super::collectives`]). The node's op,
+//! operands and result types are borrowed from the graph; the step's learning
+//! rate goes beside the op to the update kernels
+//! ([`dlrm_codegen::update_in_place_instance`]), and into a copy of the op only
+//! for an update without an instance or an in-place kernel.
 //!
 //! Optimizer updates (`sgd`, `split_sgd`, `sparse_sgd`, `embedding_update`,
 //! `split_embedding_update`) run *in place* on the parameter storage
@@ -22,7 +25,9 @@ use crate::error::Result;
 use dlrm_codegen::cost::{Cost, op_cost};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Communicator, Def, Op, Tensor, TensorType, ValueId};
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 impl Executor {
     pub(super) fn run_node(
@@ -31,22 +36,14 @@ impl Executor {
         syms: &HashMap<String, usize>,
         comm: &dyn Communicator,
     ) -> Result<(Vec<Tensor>, Cost)> {
-        let node = &self.graph.nodes()[n];
-        // The step's learning rate reaches every kernel through the op (one place).
-        let op = match self.lr {
-            Some(lr) if node.op.is_update() => node.op.with_lr(lr),
-            _ => node.op.clone(),
-        };
-        let out_types: Vec<TensorType> = node
-            .outputs
-            .iter()
-            .map(|&v| self.graph.ty(v).clone())
-            .collect();
-        let ins_ids = node.inputs.clone();
+        // Borrowed from the shared graph: no copy of the node per step.
+        let (graph, out_types) = (Arc::clone(&self.graph), Arc::clone(&self.out_types));
+        let (node, out_types) = (&graph.nodes()[n], &out_types[n][..]);
+        let (op, ins_ids) = (&node.op, &node.inputs[..]);
         if op.is_update() {
-            return self.run_update(n, &op, &ins_ids, &out_types, syms, comm);
+            return self.run_update(n, op, ins_ids, out_types, syms, comm);
         }
-        let ins = self.operands(n, &ins_ids)?;
+        let ins = self.operands(n, ins_ids)?;
         let inst = self.instances.1.get(n).and_then(Option::as_ref);
         let res = match inst {
             _ if op.is_collective() => None,
@@ -54,31 +51,31 @@ impl Executor {
             // against it, the kernels re-derive no shape.
             Some(inst) => {
                 let jit = match self.backend {
-                    Backend::Jit => dlrm_codegen::jit::try_eval_instance(
-                        inst, &ins, &out_types, syms, &self.jit,
-                    ),
+                    Backend::Jit => {
+                        dlrm_codegen::jit::try_eval_instance(inst, &ins, out_types, syms, &self.jit)
+                    }
                     Backend::Reference => None,
                 };
-                jit.or_else(|| dlrm_codegen::try_eval_instance(inst, &ins, &out_types, syms))
+                jit.or_else(|| dlrm_codegen::try_eval_instance(inst, &ins, out_types, syms))
             }
             None => {
                 let jit = match self.backend {
                     Backend::Jit => {
-                        dlrm_codegen::jit::try_eval(&op, &ins, &out_types, syms, &self.jit)
+                        dlrm_codegen::jit::try_eval(op, &ins, out_types, syms, &self.jit)
                     }
                     Backend::Reference => None,
                 };
-                jit.or_else(|| dlrm_codegen::try_eval(&op, &ins, &out_types, syms))
+                jit.or_else(|| dlrm_codegen::try_eval(op, &ins, out_types, syms))
             }
         };
         let outs = match res {
-            Some(r) => r.map_err(|e| self.node_err(n, self.with_table(&op, &ins_ids, e))),
+            Some(r) => r.map_err(|e| self.node_err(n, self.with_table(op, ins_ids, e))),
             None => {
                 let ctx = EvalCtx { syms, comm };
-                eval_op(&op, &ins, &out_types, &ctx).map_err(|e| self.node_err(n, e))
+                eval_op(op, &ins, out_types, &ctx).map_err(|e| self.node_err(n, e))
             }
         }?;
-        let cost = op_cost(&op, &ins, &outs.iter().collect::<Vec<_>>());
+        let cost = op_cost(op, &ins, &outs.iter().collect::<Vec<_>>());
         Ok((outs, cost))
     }
 
@@ -100,7 +97,8 @@ impl Executor {
     }
 
     /// Runs an optimizer update in place on its parameter storage (operands
-    /// `0..k`, moved when they die here, else copied), see the module docs.
+    /// `0..k`, moved when they die here, else copied), see the module docs. `op`
+    /// is the graph's; the step's learning rate goes beside it to the kernels.
     fn run_update(
         &mut self,
         n: usize,
@@ -116,10 +114,17 @@ impl Executor {
             && ids.len() > k
             && out_types.len() == k
             && (0..k).all(|i| self.value(ids[i]).map(|t| t.dtype()) == Some(out_types[i].dtype));
+        // The op with the step's rate, for the calls that take no rate beside it.
+        let lr = self.lr;
+        let with_lr = || match lr {
+            Some(lr) => Cow::Owned(op.with_lr(lr)),
+            None => Cow::Borrowed(op),
+        };
         if !fits {
             let ins = self.operands(n, ids)?;
             let ctx = EvalCtx { syms, comm };
-            let outs = eval_op(op, &ins, out_types, &ctx).map_err(|e| self.node_err(n, e))?;
+            let outs =
+                eval_op(&with_lr(), &ins, out_types, &ctx).map_err(|e| self.node_err(n, e))?;
             let cost = op_cost(op, &ins, &outs.iter().collect::<Vec<_>>());
             return Ok((outs, cost));
         }
@@ -156,7 +161,7 @@ impl Executor {
             Some(inst) => {
                 dlrm_codegen::update_in_place_instance(inst, self.lr, &mut ws, &rest, jit)
             }
-            None => dlrm_codegen::update_in_place(op, &mut ws, &rest, jit),
+            None => dlrm_codegen::update_in_place(&with_lr(), &mut ws, &rest, jit),
         }
         .unwrap_or_else(|| {
             Err(dlrm_codegen::KernelError::Shape {

@@ -48,9 +48,9 @@
 //!
 //! Arithmetic: every output element is one accumulator summed over its reduction
 //! index ascending (the interpreter's order) with one FMA per term, then the
-//! epilogue (on the AVX-512 BF16 kernel, which the GEMMs with two bf16
-//! operands run under `auto` where the CPU has it, two exact products per
-//! step); so the results differ from the reference kernels
+//! epilogue (on the k-pair kernels, AMX-BF16 or AVX-512 BF16, which `brgemm`
+//! with bf16 `x` and weights runs under `auto` where the CPU has them, exact
+//! products summed in the instruction's order); so the results differ from the reference kernels
 //! ([`crate::kernels::brgemm`]) by float reassociation of the multiply-adds only
 //! (the bias gradient and `act'` are computed exactly as there). Padding outputs
 //! are exactly 0. Operands may be f32 or bf16 (widened exactly); results are

@@ -25,7 +25,8 @@
 //! (8 accumulators), [`Micro::Native`] calls the AVX2+FMA `6×16` kernel
 //! ([`micro::avx2`]) through a symbol registered in the JIT module, and
 //! [`Micro::Native512`] / [`Micro::Bf16Dot`] the AVX-512 `12×32` ones
-//! ([`micro::avx512`], [`micro::avx512bf16`]): each call passes one pointer to
+//! ([`micro::avx512`], [`micro::avx512bf16`]) and [`Micro::Amx`] the AMX-BF16
+//! `32×32` one ([`micro::amx`]): each call passes one pointer to
 //! a [`micro::TileArgs`] the generated code fills in a stack slot. Ragged edges
 //! are compiled in: the last row tile has `m % mr` rows, the last panel
 //! `n % nr` columns (stores masked lane by lane).
@@ -33,8 +34,8 @@
 //! The FMA micro-kernels sum `k` in order with one FMA per term, so for the same
 //! spec they give bitwise-identical results; against the reference (a different
 //! association) the difference is float reassociation only. [`Micro::Bf16Dot`]
-//! (bf16 `A` and `B`, `B` packed in k pairs) adds its exact products two k steps
-//! at a time: reassociation again, not the FMA kernels' bits.
+//! and [`Micro::Amx`] (bf16 `A` and `B`, `B` packed in k pairs) add their exact
+//! products in their own order: reassociation again, not the FMA kernels' bits.
 //!
 //! The runtime-facing entry [`GemmKernel::run`] validates every slice length
 //! against the spec before the (unsafe) call and splits rows over rayon tasks:
@@ -80,6 +81,11 @@ pub enum Micro {
     /// `vdpbf16ps`, two k steps per instruction), for bf16 `A` and `B`, with `B`
     /// packed in k pairs; called from the JIT loop nest.
     Bf16Dot,
+    /// The native AMX-BF16 32×32 kernel ([`micro::amx`]: `tdpbf16ps`, a
+    /// 16×16 tile of 32 k steps per instruction), for bf16 `A` and `B`, with
+    /// `B` packed in k pairs as for [`Micro::Bf16Dot`]; called from the JIT
+    /// loop nest.
+    Amx,
 }
 
 impl Micro {
@@ -90,6 +96,7 @@ impl Micro {
             Micro::Native => Some(&micro::AVX2),
             Micro::Native512 => Some(&micro::AVX512),
             Micro::Bf16Dot => Some(&micro::AVX512_BF16),
+            Micro::Amx => Some(&micro::AMX_BF16),
         }
     }
 
@@ -189,11 +196,11 @@ pub enum BLayout {
 impl GemmSpec {
     /// The spec as compiled: an in-place `B` whose width is not whole tiles of
     /// this micro-kernel, or whose row stride is below `n`, becomes packed (and
-    /// [`Micro::Bf16Dot`]'s `B` always is, in k pairs, with `A` unpacked); a
-    /// one-block or packed `A` gets `kb = k`.
+    /// a k-pair kernel's `B` always is, in k pairs, with `A` unpacked:
+    /// [`BPacking::KPairs`]); a one-block or packed `A` gets `kb = k`.
     pub fn normalized(self) -> GemmSpec {
         let mut s = self;
-        if s.micro == Micro::Bf16Dot {
+        if s.micro.b_packing() == BPacking::KPairs {
             s.b = BLayout::Packed;
             s.pack_a = false;
         }
@@ -215,20 +222,21 @@ impl GemmSpec {
     }
 
     /// Whether the kernel reads a packed `B` ([`pack_b`], or
-    /// [`micro::avx512bf16::pack_b_pairs_into`] for [`Micro::Bf16Dot`]) and
+    /// [`micro::avx512bf16::pack_b_pairs_into`] for the k-pair kernels) and
     /// bias ([`pack_bias`]).
     pub fn packed_b(&self) -> bool {
         self.b == BLayout::Packed
     }
 
-    /// Whether the spec can run on [`Micro::Bf16Dot`]: bf16 `A` whose k steps
-    /// pair up in memory ([`MicroKernel::fits`]).
+    /// Whether the spec can run on a k-pair kernel ([`Micro::Bf16Dot`],
+    /// [`Micro::Amx`]: one layout rule): bf16 `A` whose k steps pair up in
+    /// memory ([`MicroKernel::fits`]).
     pub fn bf16_dot_fits(&self) -> bool {
         micro::AVX512_BF16.fits(self.a == Elt::BF16, self.k, self.acs, self.kb)
     }
 
-    /// Rows of a packed `B` panel: `k`, or `⌈k/2⌉` k pairs for
-    /// [`Micro::Bf16Dot`].
+    /// Rows of a packed `B` panel: `k`, or `⌈k/2⌉` k pairs for the k-pair
+    /// kernels.
     pub fn b_rows(&self) -> usize {
         self.micro.b_packing().rows(self.k)
     }

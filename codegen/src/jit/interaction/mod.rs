@@ -20,10 +20,11 @@
 //! whose embeddings share one element type, the backward loops over the operands
 //! and their partners at run time instead (the unrolled code grows as `F²`).
 //!
-//! Under `--kernels auto|avx512` the backward with f32 operands and results runs
-//! on [`super::native_dot`]'s AVX-512 kernel instead, which sums in the same
-//! order (the same gradients, bit for bit, on the columns of whole f32x4
-//! vectors); the forward is always this module's.
+//! Under `--kernels auto|avx512`, with f32 operands and results, both
+//! directions run on [`super::native_dot`]'s AVX-512 kernels instead: the
+//! backward sums in the same order (the same gradients, bit for bit, on the
+//! columns of whole f32x4 vectors); the forward sums 16 lanes, not 4 (within
+//! the same tolerance of the reference).
 //!
 //! ABI: forward `fn(ops: *const *const u8, out: *mut u8, s0: i64, s1: i64)` writes
 //! samples `s0..s1` from `out` (sample `s0`'s row first); backward
@@ -209,7 +210,10 @@ pub(crate) fn eval(
         debug_assert_eq!(width, spec.width());
         let sb = block_rows(s, 8, 256);
         if native_dot_applies(opts, &spec) {
-            return Ok(native_backward(&spec, &ptrs, inputs, s, sb));
+            return Ok(match backward {
+                false => native_forward(&spec, &ptrs, s, sb),
+                true => native_backward(&spec, &ptrs, inputs, s, sb),
+            });
         }
         let k = jit.interaction(spec).map_err(|e| KernelError::Jit {
             op: name,
@@ -221,8 +225,8 @@ pub(crate) fn eval(
         // buffers' lengths), and `k` was compiled for `spec`.
         unsafe {
             match backward {
-                false => run_forward(k, &spec, &ptrs, s, sb),
-                true => run_backward(k, &spec, (&ptrs, inputs[0]), s, sb),
+                false => run_forward(k, &ptrs, s, sb),
+                true => run_backward(k, (&ptrs, inputs[0]), s, sb),
             }
         }
     })())
@@ -233,43 +237,30 @@ pub(crate) fn eval(
 ///
 /// # Safety
 ///
-/// `ptrs` are the addresses of `spec.f` operands of `s·d` elements of their
-/// spec types each; `k` was compiled for `spec`.
-unsafe fn run_forward(
-    k: DotKernel,
-    spec: &DotSpec,
-    ptrs: &[usize],
-    s: usize,
-    sb: usize,
-) -> KResult<Vec<Tensor>> {
-    let (name, out, width) = ("interaction", spec.out, spec.width());
+/// `ptrs` are the addresses of `k.spec.f` operands of `s·d` elements of their
+/// spec types each.
+unsafe fn run_forward(k: DotKernel, ptrs: &[usize], s: usize, sb: usize) -> KResult<Vec<Tensor>> {
+    let (out, width) = (k.spec.out, k.spec.width());
     // Not zeroed: the kernel writes every element of its rows.
     let mut fresh = Fresh::new(out, s * width);
     if s > 0 && width > 0 {
         let DotFn::Fwd(fun) = k.f else {
-            return Err(shape_err(name, "internal: kernel direction".into()));
+            return Err(shape_err(
+                "interaction",
+                "internal: kernel direction".into(),
+            ));
         };
-        let base = fresh.buf().as_mut_ptr() as usize;
-        let ops = ptrs.as_ptr() as usize;
-        let eo = out.size();
-        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
-            let s0 = blk * sb;
-            let s1 = (s0 + sb).min(s);
-            // SAFETY: every operand holds s·d elements of its spec type
-            // (the caller's contract); the result holds s·width elements and this
-            // task writes rows s0..s1 only, from its own row s0.
-            unsafe {
-                fun(
-                    ops as *const usize,
-                    (base as *mut u8).add(s0 * width * eo),
-                    s0 as i64,
-                    s1 as i64,
-                )
-            }
-        });
+        let call = Call::Fwd {
+            fun,
+            ops: ptrs.as_ptr() as usize,
+            out: fresh.buf().as_mut_ptr() as usize,
+            row_bytes: width * out.size(),
+        };
+        // SAFETY: the operands as the caller guarantees; the result holds
+        // s·width elements of `out`, rows of `row_bytes`.
+        unsafe { call.blocks(s, sb) };
     }
-    let _ = k.spec;
-    // SAFETY: the tasks cover rows 0..s, each written whole (`x`, then
+    // SAFETY: the blocks cover rows 0..s, each written whole (`x`, then
     // every kept pair); empty if s·width = 0.
     Ok(vec![unsafe { fresh.assume_init() }.tensor(vec![s, width])])
 }
@@ -279,46 +270,38 @@ unsafe fn run_forward(
 ///
 /// # Safety
 ///
-/// As [`run_forward`], and `dr` holds `s·width` elements of `spec.dr`.
+/// As [`run_forward`], and `dr` holds `s·width` elements of `k.spec.dr`.
 unsafe fn run_backward(
     k: DotKernel,
-    spec: &DotSpec,
     (ptrs, dr): (&[usize], &Tensor),
     s: usize,
     sb: usize,
 ) -> KResult<Vec<Tensor>> {
-    let (name, out, d, f) = ("interaction_grad", spec.out, spec.d, spec.f);
+    let (out, d, f) = (k.spec.out, k.spec.d, k.spec.f);
     // Not zeroed: the kernel writes every column of its rows of each.
     let mut grads: Vec<Fresh> = (0..f).map(|_| Fresh::new(out, s * d)).collect();
     if s > 0 && d > 0 {
         let DotFn::Bwd(fun) = k.f else {
-            return Err(shape_err(name, "internal: kernel direction".into()));
+            return Err(shape_err(
+                "interaction_grad",
+                "internal: kernel direction".into(),
+            ));
         };
         let gptrs: Vec<usize> = grads
             .iter_mut()
             .map(|g| g.buf().as_mut_ptr() as usize)
             .collect();
-        let ops = ptrs.as_ptr() as usize;
-        let gp = gptrs.as_ptr() as usize;
-        let drp = elt_of(dr).map_or(0, |(_, p)| p);
-        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
-            let s0 = blk * sb;
-            let s1 = (s0 + sb).min(s);
-            // SAFETY: operands hold s·d elements, dr s·width, every gradient
-            // s·d (checked or allocated above); this task writes rows s0..s1 of
-            // each gradient only.
-            unsafe {
-                fun(
-                    ops as *const usize,
-                    drp as *const u8,
-                    gp as *const usize,
-                    s0 as i64,
-                    s1 as i64,
-                )
-            }
-        });
+        let call = Call::Bwd {
+            fun,
+            ops: ptrs.as_ptr() as usize,
+            dr: elt_of(dr).map_or(0, |(_, p)| p),
+            grads: gptrs.as_ptr() as usize,
+        };
+        // SAFETY: the operands and `dr` as the caller guarantees; every
+        // gradient holds s·d elements of `out` (allocated above).
+        unsafe { call.blocks(s, sb) };
     }
-    // SAFETY: the tasks cover rows 0..s of every gradient, each row written
+    // SAFETY: the blocks cover rows 0..s of every gradient, each row written
     // whole (all `d` columns); empty if s·d = 0.
     Ok(grads
         .into_iter()
@@ -326,20 +309,118 @@ unsafe fn run_backward(
         .collect())
 }
 
-/// Whether the AVX-512 backward ([`native_dot`]) runs `spec`: the backward
-/// with f32 operands, `dr` and results, on a CPU that has AVX-512, under
-/// `auto` or `avx512`.
+/// A Cranelift dot kernel with its buffers (addresses, shared by the tasks):
+/// the operands' address table `ops`, and the forward result (`row_bytes`
+/// per sample) or `dr` and the gradients' address table.
+enum Call {
+    Fwd {
+        fun: FwdFn,
+        ops: usize,
+        out: usize,
+        row_bytes: usize,
+    },
+    Bwd {
+        fun: BwdFn,
+        ops: usize,
+        dr: usize,
+        grads: usize,
+    },
+}
+
+impl Call {
+    /// Runs the kernel on rows `0..s` in blocks of `sb` rows, one rayon task
+    /// each.
+    ///
+    /// # Safety
+    ///
+    /// The buffers hold `s` rows each, of the element types and widths the
+    /// kernel was compiled for (operands `[s, d]`, forward result `[s,
+    /// width]`, `dr` `[s, width]`, gradients `[s, d]`).
+    unsafe fn blocks(&self, s: usize, sb: usize) {
+        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
+            let (s0, s1) = (blk * sb, ((blk + 1) * sb).min(s));
+            // SAFETY: the buffers hold `s` rows (the contract); the kernel
+            // reads rows s0..s1 of the operands (and `dr`) and writes rows
+            // s0..s1 of the result or of each gradient only, this task's own
+            // (the forward's from its row s0, at `out + s0·row_bytes`).
+            unsafe {
+                match *self {
+                    Call::Fwd {
+                        fun,
+                        ops,
+                        out,
+                        row_bytes,
+                    } => fun(
+                        ops as *const usize,
+                        (out as *mut u8).add(s0 * row_bytes),
+                        s0 as i64,
+                        s1 as i64,
+                    ),
+                    Call::Bwd {
+                        fun,
+                        ops,
+                        dr,
+                        grads,
+                    } => fun(
+                        ops as *const usize,
+                        dr as *const u8,
+                        grads as *const usize,
+                        s0 as i64,
+                        s1 as i64,
+                    ),
+                }
+            }
+        });
+    }
+}
+
+/// Whether the AVX-512 kernels ([`native_dot`]) run `spec`: f32 operands,
+/// `dr` and results, on a CPU that has AVX-512, under `auto` or `avx512`.
 fn native_dot_applies(opts: &JitOptions, spec: &DotSpec) -> bool {
-    spec.backward
-        && matches!(
-            opts.kernels,
-            KernelChoice::Auto | KernelChoice::Avx512 | KernelChoice::Avx512Bf16
-        )
-        && native_dot::available()
+    matches!(
+        opts.kernels,
+        KernelChoice::Auto
+            | KernelChoice::Avx512
+            | KernelChoice::Avx512Bf16
+            | KernelChoice::AmxBf16
+    ) && native_dot::available()
         && spec.bf16_ops == 0
         && spec.dr == Elt::F32
         && spec.out == Elt::F32
         && spec.f <= native_dot::MAX_F
+}
+
+/// The interaction on the AVX-512 kernel, parallel over blocks of `sb`
+/// samples; shapes were checked by [`eval`] (every operand `[s, d]` f32 at
+/// `ptrs`).
+fn native_forward(spec: &DotSpec, ptrs: &[usize], s: usize, sb: usize) -> Vec<Tensor> {
+    let dot = Dot {
+        f: spec.f,
+        d: spec.d,
+        self_interaction: spec.self_interaction,
+    };
+    let width = spec.width();
+    // Not zeroed: the kernel writes every column of its rows.
+    let mut fresh = Fresh::new(Elt::F32, s * width);
+    if s > 0 && width > 0 {
+        let out = fresh.buf().as_mut_ptr() as usize;
+        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
+            let (s0, s1) = (blk * sb, ((blk + 1) * sb).min(s));
+            let ops: Vec<*const f32> = ptrs.iter().map(|&p| p as *const f32).collect();
+            // SAFETY: operands hold s·d f32, the result s·width (allocated
+            // above); this task writes rows s0..s1 only; `native_dot_applies`
+            // checked the CPU and F.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                native_dot::forward(dot, &ops, out as *mut f32, s0, s1)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (s0, s1, out, ops);
+        });
+    }
+    // SAFETY: the tasks cover rows 0..s, each row written whole (`x`, then
+    // every kept pair); empty if s·width = 0.
+    vec![unsafe { fresh.assume_init() }.tensor(vec![s, width])]
 }
 
 /// The interaction's gradients on the AVX-512 kernel, parallel over blocks of

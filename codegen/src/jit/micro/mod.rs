@@ -46,6 +46,7 @@
 //! 4. Add it to the `battery!` list in `tests/micro.rs` (a test fails while a
 //!    registered kernel has no battery).
 
+pub mod amx;
 pub mod avx2;
 pub mod avx512;
 pub mod avx512bf16;
@@ -130,6 +131,11 @@ pub enum Feature {
     Avx512Vl,
     /// x86-64 AVX-512 BF16 (`vdpbf16ps`).
     Avx512Bf16,
+    /// x86-64 AMX-TILE (the tile registers), with the OS's tile state
+    /// enabled for this process ([`amx::tile_state_ready`]).
+    AmxTile,
+    /// x86-64 AMX-BF16 (`tdpbf16ps`), with AMX-TILE usable.
+    AmxBf16,
 }
 
 impl Feature {
@@ -143,10 +149,13 @@ impl Feature {
             Feature::Avx512Bw => "avx512bw",
             Feature::Avx512Vl => "avx512vl",
             Feature::Avx512Bf16 => "avx512bf16",
+            Feature::AmxTile => "amx-tile",
+            Feature::AmxBf16 => "amx-bf16",
         }
     }
 
-    /// Whether this CPU has it.
+    /// Whether this CPU has it (for AMX: and the OS lets this process use
+    /// the tiles, asked once: [`amx::tile_state_ready`]).
     pub fn detected(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
@@ -157,6 +166,8 @@ impl Feature {
                 Feature::Avx512Bw => std::is_x86_feature_detected!("avx512bw"),
                 Feature::Avx512Vl => std::is_x86_feature_detected!("avx512vl"),
                 Feature::Avx512Bf16 => std::is_x86_feature_detected!("avx512bf16"),
+                Feature::AmxTile => amx::tile_state_ready().0,
+                Feature::AmxBf16 => amx::tile_state_ready().1,
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -177,8 +188,10 @@ pub enum BPacking {
     F32,
     /// `⌈k/2⌉` rows of 32-bit words, each two bf16 of consecutive k steps
     /// ([`avx512bf16::pack_b_pairs_into`]); the kernel adds the exact products
-    /// two k steps at a time (reassociation: not the FMA kernels' bits); `A`
-    /// bf16 with the k steps of a pair adjacent ([`avx512bf16::fits`]).
+    /// in its own order (two k steps at a time for `vdpbf16ps`, the
+    /// hardware's order for `tdpbf16ps`: reassociation, not the FMA kernels'
+    /// bits); `A` bf16 with the k steps of a pair adjacent
+    /// ([`avx512bf16::fits`]). The AVX-512 BF16 and the AMX-BF16 kernels.
     KPairs,
 }
 
@@ -281,5 +294,23 @@ pub static AVX512_BF16: MicroKernel = MicroKernel {
     b_packing: BPacking::KPairs,
 };
 
+/// The AMX-BF16 `32×32` kernel ([`amx`]: `tdpbf16ps`; its epilogue is
+/// AVX-512's).
+pub static AMX_BF16: MicroKernel = MicroKernel {
+    name: "AMX-BF16",
+    symbol: "dlrm_gemm_ukernel_amxbf16_32x32",
+    mr: amx::MR,
+    nr: amx::NR,
+    features: &[
+        Feature::Avx512F,
+        Feature::Avx512Bw,
+        Feature::Avx512Vl,
+        Feature::AmxTile,
+        Feature::AmxBf16,
+    ],
+    entry: amx::ukernel,
+    b_packing: BPacking::KPairs,
+};
+
 /// Every registered micro-kernel.
-pub static KERNELS: [&MicroKernel; 3] = [&AVX2, &AVX512, &AVX512_BF16];
+pub static KERNELS: [&MicroKernel; 4] = [&AVX2, &AVX512, &AVX512_BF16, &AMX_BF16];

@@ -1,0 +1,112 @@
+//! Software prefetch for the row-fetching kernels (the embedding bag forward,
+//! the sparse updates): their time is random table-row reads, each a cache miss
+//! unless the row was asked for earlier. Cranelift has no prefetch instruction,
+//! so the generated code calls [`prefetch_row`], a native function bound to the
+//! JIT symbol [`PREFETCH_SYMBOL`] (as the GEMM loop nests call their native
+//! micro-kernels): while the kernel reads row `p`, it asks for the row
+//! [`AHEAD`] lookups later (in groups of [`EVERY`] rows, one branch per row and
+//! the calls once per group), so about that many rows' misses overlap.
+
+use super::{Jit, JitError};
+use cranelift_codegen::ir::{AbiParam, FuncRef, InstBuilder, Value, types};
+use cranelift_frontend::FunctionBuilder;
+use cranelift_jit::JITModule;
+use cranelift_module::{FuncId, Linkage, Module};
+
+/// The JIT symbol of [`prefetch_row`].
+pub(crate) const PREFETCH_SYMBOL: &str = "dlrm_prefetch_row";
+
+/// Lookups ahead of the row being read whose row a kernel fetches.
+pub(crate) const AHEAD: i64 = 8;
+
+/// The rows are fetched in groups of this many (a power of two).
+pub(crate) const EVERY: i64 = 4;
+
+/// Asks the CPU to fetch the cache lines of the `bytes` bytes at `p` (a hint:
+/// a prefetch never faults, whatever the address; nothing is read or written).
+pub(crate) extern "C" fn prefetch_row(p: *const u8, bytes: i64) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let start = (p as usize) & !63;
+        let end = (p as usize).wrapping_add(bytes.max(0) as usize);
+        let mut a = start;
+        while a < end {
+            // SAFETY: a prefetch is a hint that never faults and reads nothing
+            // the program can observe.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(a as *const i8) };
+            a += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, bytes);
+}
+
+/// A fresh module in which [`PREFETCH_SYMBOL`] is [`prefetch_row`], declared:
+/// the id to give [`Prefetch::new`] in the function being built.
+pub(crate) fn module(jit: &Jit) -> Result<(JITModule, FuncId), JitError> {
+    let mut module = jit.module_with_symbols(&[(PREFETCH_SYMBOL, prefetch_row as *const u8)])?;
+    let mut sig = module.make_signature();
+    sig.params.push(AbiParam::new(types::I64));
+    sig.params.push(AbiParam::new(types::I64));
+    let id = module
+        .declare_function(PREFETCH_SYMBOL, Linkage::Import, &sig)
+        .map_err(JitError::module)?;
+    Ok((module, id))
+}
+
+/// The prefetch call in a function being built: rows of `row_bytes` bytes.
+#[derive(Clone, Copy)]
+pub(crate) struct Prefetch {
+    f: FuncRef,
+    row_bytes: i64,
+}
+
+impl Prefetch {
+    /// The call of `id` (from [`module`]) in the function `b` builds.
+    pub(crate) fn new(
+        module: &mut JITModule,
+        b: &mut FunctionBuilder<'_>,
+        id: FuncId,
+        row_bytes: usize,
+    ) -> Self {
+        Prefetch {
+            f: module.declare_func_in_func(id, b.func),
+            row_bytes: row_bytes as i64,
+        }
+    }
+
+    /// Emits the fetch of the row at `addr`.
+    pub(crate) fn row(self, b: &mut FunctionBuilder<'_>, addr: Value) {
+        let n = b.ins().iconst(types::I64, self.row_bytes);
+        b.ins().call(self.f, &[addr, n]);
+    }
+
+    /// Emits, when `p` is a multiple of [`EVERY`], the fetch of the rows of
+    /// positions `p + AHEAD .. p + AHEAD + EVERY` (each at most `end - 1`;
+    /// `p < end`), of which `row(b, q)` gives the address of position `q`'s
+    /// row(s): one branch per position, and the calls (which save the caller's
+    /// vector registers) once every `EVERY` positions.
+    pub(crate) fn ahead(
+        self,
+        b: &mut FunctionBuilder<'_>,
+        p: Value,
+        end: Value,
+        row: &mut dyn FnMut(&mut FunctionBuilder<'_>, Value) -> Vec<Value>,
+    ) {
+        let (fetch, next) = (b.create_block(), b.create_block());
+        let m = b.ins().band_imm_s(p, EVERY - 1);
+        b.ins().brif(m, next, &[], fetch, &[]);
+        b.switch_to_block(fetch);
+        let last = b.ins().iadd_imm_s(end, -1);
+        for k in 0..EVERY {
+            let q = b.ins().iadd_imm_s(p, AHEAD + k);
+            let q = b.ins().smin(q, last);
+            for a in row(b, q) {
+                self.row(b, a);
+            }
+        }
+        b.ins().jump(next, &[]);
+        b.switch_to_block(next);
+    }
+}

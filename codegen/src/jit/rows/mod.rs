@@ -1,0 +1,306 @@
+//! Native row kernels of the row-fetching JIT kernels: the embedding-bag
+//! forward's "sum a bag of rows" and the sparse update's "apply `-lr·dy` to a
+//! run of rows", in AVX-512 ([`avx512`]) and AVX2+FMA ([`avx2`]) forms chosen
+//! at run time, bound as JIT symbols the generated code calls (as the GEMM loop
+//! nests call their micro-kernels, [`super::micro`]).
+//!
+//! The JIT kernels keep the loop over bags (or over runs of entries) and the
+//! validation; each call does one bag's (one run's) row work: with 512-bit (or
+//! 256-bit) vectors where Cranelift has 128-bit ones, the accumulators in
+//! registers across the `_mm_prefetch` of the row [`AHEAD`] positions on (no
+//! call in the row loop), and the update's step `lr·g` computed once per run
+//! rather than once per row. The float operations per element are the
+//! reference's, in its order (a bag's rows added to +0 in index order, then
+//! the mean's division; `w - lr·(g / size)` per entry, in entry order), so the
+//! results are bitwise those of the Cranelift kernels and of the reference.
+//!
+//! # The ABI
+//! The arguments constant for a JIT call are a `#[repr(C)]` block ([`BagArgs`],
+//! [`RunArgs`]) that the generated code writes once into a stack slot at the
+//! field offsets `std::mem::offset_of!` gives; each call passes its address
+//! and the bag's (run's) own values: [`BagFn`], [`RunFn`].
+
+pub mod avx2;
+pub mod avx512;
+pub(crate) mod emit;
+
+use super::micro::Feature;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Index positions ahead of the one being read whose rows are fetched.
+pub const AHEAD: usize = 8;
+
+/// [`BagArgs::flags`]: the indices are i64 (else i32).
+pub const B_IDX64: u32 = 1;
+/// [`BagArgs::flags`]: only the indices `i` with `i - first < span`
+/// (unsigned) add a row (a row shard).
+pub const B_SHARD: u32 = 2;
+/// [`BagArgs::flags`]: position `p`'s row is scaled by `weights[p]` first (the
+/// product rounded, then added).
+pub const B_WEIGHTED: u32 = 4;
+/// [`BagArgs::flags`]: divide the sum by the bag's size (an empty bag stays 0).
+pub const B_MEAN: u32 = 8;
+
+/// [`RunArgs::flags`]: the table is Split-SGD-BF16 (`hi`, `lo`: the high and
+/// low halves of the f32 master), else f32 at `hi`.
+pub const R_SPLIT: u32 = 1;
+/// [`RunArgs::flags`]: divide each gradient row by its bag's size first.
+pub const R_MEAN: u32 = 2;
+
+/// The arguments of an embedding-bag forward JIT call, for its [`BagFn`] calls.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BagArgs {
+    /// f32 table: row `i` at `table + i·d` (a shard's `first` rows before its
+    /// storage).
+    pub table: *const f32,
+    /// The indices (i64 with [`B_IDX64`], else i32).
+    pub idx: *const u8,
+    /// One f32 weight per index position ([`B_WEIGHTED`]).
+    pub weights: *const f32,
+    /// Row width, in elements.
+    pub d: usize,
+    /// A shard's first row ([`B_SHARD`]).
+    pub first: i64,
+    /// A shard's row count ([`B_SHARD`]).
+    pub span: i64,
+    /// Rows are fetched ahead for the positions below this one only.
+    pub pend: i64,
+    /// `B_*` flags.
+    pub flags: u32,
+}
+
+/// Sums the rows of index positions `start..end` into the `d` f32 at `out`,
+/// fetching the rows [`AHEAD`] positions on (below `pend`).
+///
+/// # Safety (for the caller)
+/// `args` is a valid [`BagArgs`]; every index of `start..end` names a row the
+/// table holds (with [`B_SHARD`], only those in the shard are read), the
+/// positions below `pend` are indices too, `out` holds `d` f32, and the CPU
+/// has the kernel's features.
+pub type BagFn = unsafe extern "C" fn(args: *const BagArgs, start: i64, end: i64, out: *mut f32);
+
+/// The arguments of a sparse update JIT call, for its [`RunFn`] calls.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RunArgs {
+    /// f32 table (or the bf16 high halves, [`R_SPLIT`]): row `r` at
+    /// `hi + r·d` elements.
+    pub hi: *mut u8,
+    /// The bf16 low halves ([`R_SPLIT`]).
+    pub lo: *mut u8,
+    /// The f32 gradient rows: bag `s`'s at `grad + s·d`.
+    pub grad: *const f32,
+    /// The bag bounds (when `pooling < 0`): bag `s` is `bounds[s]..bounds[s+1]`.
+    pub bounds: *const i64,
+    /// Row width, in elements.
+    pub d: usize,
+    /// Fixed pooling `L` (`>= 0`), else `-1`: a [`R_MEAN`] bag's size.
+    pub pooling: i64,
+    /// The learning rate.
+    pub lr: f32,
+    /// `R_*` flags.
+    pub flags: u32,
+}
+
+/// Applies the entries `[row, s]` from `i` on while their bag `s` is entry
+/// `i`'s (a run), each `w[row] -= lr·g[s]` (`g[s] / size(s)` with
+/// [`R_MEAN`]), fetching the rows of the entries [`AHEAD`] on (below `n`);
+/// returns the end of the run.
+///
+/// # Safety (for the caller)
+/// `args` is a valid [`RunArgs`]; `ent` holds `n > i >= 0` entries, each a row
+/// the table holds and a bag of the gradient (and bounds); no other thread
+/// touches these rows; the CPU has the kernel's features.
+pub type RunFn =
+    unsafe extern "C" fn(args: *const RunArgs, ent: *const [i64; 2], i: i64, n: i64) -> i64;
+
+/// Which row kernels the JIT's bag forward and sparse update use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RowKernel {
+    /// The rows summed and updated in Cranelift code (f32x4), the prefetch a
+    /// call every few rows.
+    Cranelift,
+    /// The AVX2+FMA native kernels ([`avx2`]).
+    Avx2,
+    /// The AVX-512 F/BW/VL native kernels ([`avx512`]).
+    Avx512,
+}
+
+impl RowKernel {
+    /// Every choice, most capable last.
+    pub const ALL: [RowKernel; 3] = [RowKernel::Cranelift, RowKernel::Avx2, RowKernel::Avx512];
+
+    /// The CPU features its native kernels need.
+    pub fn features(self) -> &'static [Feature] {
+        match self {
+            RowKernel::Cranelift => &[],
+            RowKernel::Avx2 => &[Feature::Avx2, Feature::Fma],
+            RowKernel::Avx512 => &[Feature::Avx512F, Feature::Avx512Bw, Feature::Avx512Vl],
+        }
+    }
+
+    /// Whether this CPU can run it.
+    pub fn available(self) -> bool {
+        self.features().iter().all(|f| f.detected())
+    }
+
+    /// Its name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            RowKernel::Cranelift => "Cranelift",
+            RowKernel::Avx2 => "AVX2+FMA",
+            RowKernel::Avx512 => "AVX-512",
+        }
+    }
+
+    /// The forward's entry and its JIT symbol (`None` for Cranelift).
+    pub(crate) fn bag(self) -> Option<(&'static str, BagFn)> {
+        match self {
+            RowKernel::Cranelift => None,
+            RowKernel::Avx2 => Some(("dlrm_rows_bag_avx2", avx2::bag as BagFn)),
+            RowKernel::Avx512 => Some(("dlrm_rows_bag_avx512", avx512::bag as BagFn)),
+        }
+    }
+
+    /// The update's entry and its JIT symbol (`None` for Cranelift).
+    pub(crate) fn run(self) -> Option<(&'static str, RunFn)> {
+        match self {
+            RowKernel::Cranelift => None,
+            RowKernel::Avx2 => Some(("dlrm_rows_run_avx2", avx2::run as RunFn)),
+            RowKernel::Avx512 => Some(("dlrm_rows_run_avx512", avx512::run as RunFn)),
+        }
+    }
+}
+
+/// The forced choice: 0 none, else `1 + ` its place in [`RowKernel::ALL`].
+static FORCED: AtomicU8 = AtomicU8::new(0);
+
+/// Forces the row kernels of the kernels compiled from now on (`None`: the
+/// best this CPU runs, the default); a choice this CPU cannot run gives the
+/// Cranelift ones. For tests and benchmarks: every choice computes the same
+/// bits.
+pub fn force_row_kernel(k: Option<RowKernel>) {
+    let v = k.map_or(0, |k| {
+        1 + RowKernel::ALL.iter().position(|&x| x == k).unwrap_or(0) as u8
+    });
+    FORCED.store(v, Ordering::Relaxed);
+}
+
+/// The row kernels to compile with: the forced ones if this CPU runs them,
+/// else the best it runs.
+pub fn row_kernel() -> RowKernel {
+    let forced = FORCED.load(Ordering::Relaxed);
+    if forced > 0 {
+        let k = RowKernel::ALL[(forced as usize - 1).min(2)];
+        return if k.available() {
+            k
+        } else {
+            RowKernel::Cranelift
+        };
+    }
+    static BEST: std::sync::OnceLock<RowKernel> = std::sync::OnceLock::new();
+    *BEST.get_or_init(|| {
+        (RowKernel::ALL.iter().rev().copied())
+            .find(|k| k.available())
+            .unwrap_or(RowKernel::Cranelift)
+    })
+}
+
+/// The index at position `p` (i64 or i32 by `idx64`).
+///
+/// # Safety
+/// `idx` holds position `p` of that type.
+#[inline(always)]
+unsafe fn index_at(idx: *const u8, idx64: bool, p: usize) -> i64 {
+    // SAFETY: forwarded.
+    unsafe {
+        if idx64 {
+            *idx.cast::<i64>().add(p)
+        } else {
+            *idx.cast::<i32>().add(p) as i64
+        }
+    }
+}
+
+/// Fetches the `bytes` bytes at `p` into the cache (a hint: never faults).
+#[inline(always)]
+fn fetch(p: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let mut a = (p as usize) & !63;
+        let end = (p as usize).wrapping_add(bytes);
+        while a < end {
+            // SAFETY: a prefetch is a hint that never faults and reads nothing
+            // the program can observe.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(a as *const i8) };
+            a += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, bytes);
+}
+
+/// Fetches the table row of position `q` of a bag call, if `q < pend` and (in
+/// a shard) the row is the shard's.
+///
+/// # Safety
+/// `a`'s indices hold position `q` when `q < pend`.
+#[inline(always)]
+unsafe fn fetch_bag_row(a: &BagArgs, q: usize) {
+    if (q as i64) < a.pend {
+        // SAFETY: position `q < pend` is an index (the caller's contract).
+        let i = unsafe { index_at(a.idx, a.flags & B_IDX64 != 0, q) };
+        if a.flags & B_SHARD == 0 || (i.wrapping_sub(a.first) as u64) < a.span as u64 {
+            let row = (a.table as usize).wrapping_add(i as usize * a.d * 4);
+            fetch(row as *const u8, a.d * 4);
+        }
+    }
+}
+
+/// Fetches the row (and its low halves) of entry `q` of a run, if `q < n`.
+///
+/// # Safety
+/// `ent` holds `n` entries.
+#[inline(always)]
+unsafe fn fetch_run_row(a: &RunArgs, ent: *const [i64; 2], q: usize, n: usize) {
+    if q < n {
+        // SAFETY: `q < n` entries.
+        let r = unsafe { (*ent.add(q))[0] } as usize;
+        let es = if a.flags & R_SPLIT != 0 { 2 } else { 4 };
+        fetch(
+            (a.hi as usize).wrapping_add(r * a.d * es) as *const u8,
+            a.d * es,
+        );
+        if a.flags & R_SPLIT != 0 {
+            fetch(
+                (a.lo as usize).wrapping_add(r * a.d * 2) as *const u8,
+                a.d * 2,
+            );
+        }
+    }
+}
+
+/// The end of entry `i`'s run (the entries of its bag from `i` on), and the
+/// divisor of that bag's gradient with [`R_MEAN`] (its size as f32).
+///
+/// # Safety
+/// `ent` holds `n > i` entries whose bags the bounds (or pooling) cover.
+#[inline(always)]
+unsafe fn run_of(a: &RunArgs, ent: *const [i64; 2], i: usize, n: usize) -> (usize, usize, f32) {
+    // SAFETY: `i < n` entries; the bag is one of the bounds'.
+    unsafe {
+        let s = (*ent.add(i))[1];
+        let mut j = i + 1;
+        while j < n && (*ent.add(j))[1] == s {
+            j += 1;
+        }
+        let size = if a.pooling >= 0 {
+            a.pooling
+        } else {
+            *a.bounds.add(s as usize + 1) - *a.bounds.add(s as usize)
+        };
+        (j, s as usize, size as f32)
+    }
+}
