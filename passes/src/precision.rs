@@ -12,8 +12,8 @@
 //!   take it as the `dy` of a `brgemm_dgrad` with bf16 weights or of a
 //!   `brgemm_wgrad` with a bf16 `x` — the loss gradient entering the top MLP and
 //!   the one entering the bottom MLP, and every `dx` passed down inside an MLP —
-//!   so the backward GEMMs run on bf16 operands (the AVX-512 BF16 kernel where
-//!   the CPU has it). Each is the f32 value rounded once to nearest even (after
+//!   so the backward GEMMs run on bf16 operands (the AMX-BF16 or AVX-512 BF16
+//!   kernel where the CPU has one). Each is the f32 value rounded once to nearest even (after
 //!   the fused mask). Weight and bias gradients stay f32 (f32 sums), and so do
 //!   gradients leaving an MLP (unblocked for the interaction or the bags).
 //! - `mixed`: as `bf16`, but the precision-sensitive parts stay fp32: the loss, the

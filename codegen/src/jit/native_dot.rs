@@ -2,8 +2,10 @@
 //! results and gradients): the 512-bit sibling of the Cranelift kernel of
 //! [`super::interaction`], whose vectors are 128 bits wide (the x86-64 backend
 //! has no wider ones). Chosen at run time ([`available`]) under
-//! [`super::KernelChoice::Auto`] or `Avx512`, like the GEMM micro-kernels;
-//! other element types and choices run the Cranelift kernel.
+//! [`super::KernelChoice::Auto`], `Avx512`, `Avx512Bf16` or `AmxBf16`, like the
+//! GEMM micro-kernels (bf16 operands and results are widened and rounded
+//! around these kernels by the interaction's driver); under the other
+//! choices the Cranelift kernel runs.
 //!
 //! Per sample, 64 columns at a time (up to four `zmm`, as many as have live
 //! columns) and six operands `i` at a time (each partner's loaded columns feed

@@ -3,8 +3,8 @@
 //! With `dy` and the weights both bf16 and an activation whose derivative keeps
 //! bf16 values exact (`none`, `relu`: `dz` is `dy` or 0), `A` is `dz` in bf16
 //! and `B` (`wᵀ`) is packed from the bf16 weights: the GEMM is all-bf16, so
-//! `auto` runs it on the AVX-512 BF16 kernel where the CPU has it (`B` packed
-//! in k pairs); the FMA kernels read the same bf16 `A` widened, and `B` packed
+//! `auto` runs it on a k-pair kernel where the CPU has one (AMX-BF16, else
+//! AVX-512 BF16; `B` packed in k pairs); the FMA kernels read the same bf16 `A` widened, and `B` packed
 //! as f32. A bf16 result with a mask is computed in f32, masked, then rounded
 //! once (the interpreter's order).
 
@@ -196,7 +196,7 @@ fn pack_wt(
     }
 }
 
-/// One panel of `wᵀ` for K block `kbi` in k pairs for the AVX-512 BF16 kernel
+/// One panel of `wᵀ` for K block `kbi` in k pairs for the k-pair kernels
 /// (`⌈Nb·bn/2⌉` rows of `nr` words, word `(q, j)` holding `B(2q, i0+j)` in its
 /// low half and `B(2q+1, i0+j)` in its high half; zero past `Nb·bn` and `bk`),
 /// as [`crate::jit::micro::avx512bf16::pack_b_pairs_into`] lays out a panel.

@@ -41,9 +41,9 @@
 //!
 //! bf16 gradients (a bf16 plan's backward): `brgemm_dgrad` with bf16 `dy` and
 //! weights takes `dz` as a bf16 `A` in place and packs `wᵀ` from the bf16
-//! weights (in k pairs for the AVX-512 BF16 kernel); `brgemm_wgrad` with bf16
-//! `dy` and `x` copies `xᵀ` as bf16 rows and packs `dz` in sample pairs
-//! (`wgrad_bf16.rs`, where the BF16 kernel runs). Both only for `act` none or
+//! weights (in k pairs for the k-pair kernels, AMX-BF16 or AVX-512 BF16);
+//! `brgemm_wgrad` with bf16 `dy` and `x` copies `xᵀ` as bf16 rows and packs `dz`
+//! in sample pairs (`wgrad_bf16.rs`, where a k-pair kernel runs). Both only for `act` none or
 //! relu, whose `dz` is exact in bf16; with sigmoid, `dz` is f32 (FMA kernels).
 //!
 //! Arithmetic: every output element is one accumulator summed over its reduction
@@ -275,8 +275,8 @@ fn tail(a: Operand<'_>, from: usize) -> Operand<'_> {
 
 /// `nb` blocks of `k × bn` (`B` of the forward op: the blocked weights
 /// `[Nb][Kb·bk][bn]`) packed for the kernel of spec `sp` (`k`, `n = bn`): into
-/// `⌈bn/nr⌉` zero-padded panels each, of f32, or of k pairs for the AVX-512 BF16
-/// kernel (bf16 weights).
+/// `⌈bn/nr⌉` zero-padded panels each, of f32, or of k pairs for the k-pair
+/// kernels (bf16 weights).
 fn pack_w_blocks(w: &Tensor, nb: usize, sp: &GemmSpec) -> Scratch {
     let (k, bn, nr) = (sp.k, sp.n, sp.micro.nr());
     let blk = sp.packed_b_len();

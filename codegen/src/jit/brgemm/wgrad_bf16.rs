@@ -1,4 +1,5 @@
-//! `brgemm_wgrad` on the AVX-512 BF16 kernel: `x` and `dy` both bf16 (a bf16
+//! `brgemm_wgrad` on a bf16 dot-product kernel (AMX-BF16 or AVX-512 BF16, as
+//! `auto` or the forced `--kernels` picks them): `x` and `dy` both bf16 (a bf16
 //! plan's gradients between bf16 layers) and an activation whose derivative
 //! keeps bf16 values exact (`none`; `relu`: `dz` is `dy` or 0).
 //!
@@ -9,7 +10,7 @@
 //! ([`pack_b_pairs_into`]). One GEMM per N block over all `Kb·bk` rows gives
 //! `dw[nb]` in its blocked layout. `db` is summed from the bf16 `dz` in f32,
 //! sample order (as the interpreter). Taken only where `auto` (or the forced
-//! `avx512bf16`) runs the BF16 kernel; elsewhere the general path runs.
+//! `avx512bf16` / `amxbf16`) runs such a kernel; elsewhere the general path runs.
 
 use super::{row_block, run_blocks, with_kernel};
 use crate::jit::buffers::{Fresh, Scratch};
@@ -34,8 +35,12 @@ pub(super) fn operands<'t>(
     let (Data::BF16(d), Data::BF16(xv)) = (&dy.data, &x.data) else {
         return None;
     };
-    let dot = matches!(opts.kernels, KernelChoice::Auto | KernelChoice::Avx512Bf16)
-        && Micro::Bf16Dot.available();
+    let dot = match opts.kernels {
+        KernelChoice::Auto => Micro::Bf16Dot.available() || Micro::Amx.available(),
+        KernelChoice::Avx512Bf16 => Micro::Bf16Dot.available(),
+        KernelChoice::AmxBf16 => Micro::Amx.available(),
+        _ => false,
+    };
     if !dot {
         return None;
     }

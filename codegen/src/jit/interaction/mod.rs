@@ -20,11 +20,12 @@
 //! whose embeddings share one element type, the backward loops over the operands
 //! and their partners at run time instead (the unrolled code grows as `F²`).
 //!
-//! Under `--kernels auto|avx512`, with f32 operands and results, both
-//! directions run on [`super::native_dot`]'s AVX-512 kernels instead: the
-//! backward sums in the same order (the same gradients, bit for bit, on the
-//! columns of whole f32x4 vectors); the forward sums 16 lanes, not 4 (within
-//! the same tolerance of the reference).
+//! Under `--kernels auto|avx512|avx512bf16|amxbf16`, on a CPU with AVX-512, both
+//! directions run on [`super::native_dot`]'s f32 kernels instead ([`native`]:
+//! bf16 operands, `dr` and results are widened and rounded around them in
+//! blocks of samples): the backward sums in the same order (the same
+//! gradients, bit for bit, on the columns of whole f32x4 vectors); the forward
+//! sums 16 lanes, not 4 (within the same tolerance of the reference).
 //!
 //! ABI: forward `fn(ops: *const *const u8, out: *mut u8, s0: i64, s1: i64)` writes
 //! samples `s0..s1` from `out` (sample `s0`'s row first); backward
@@ -32,11 +33,11 @@
 //! each gradient (absolute rows). Shapes are checked by the Rust wrappers.
 
 mod emit;
+mod native;
 
 use super::buffers::Fresh;
 use super::gemm::Elt;
-use super::native_dot::{self, Dot};
-use super::{Jit, JitError, JitOptions, KernelChoice};
+use super::{Jit, JitError, JitOptions};
 use crate::kernels::{KResult, KernelError, block_rows, shape_err};
 use cranelift_codegen::ir::types;
 use dlrm_ir::{Checked, DType, Data, InteractionKind, Op, Tensor, TensorType, interaction_width};
@@ -209,10 +210,10 @@ pub(crate) fn eval(
         let width = interaction_width(InteractionKind::Dot, self_interaction, &vec![d; f]);
         debug_assert_eq!(width, spec.width());
         let sb = block_rows(s, 8, 256);
-        if native_dot_applies(opts, &spec) {
+        if native::applies(opts, &spec) {
             return Ok(match backward {
-                false => native_forward(&spec, &ptrs, s, sb),
-                true => native_backward(&spec, &ptrs, inputs, s, sb),
+                false => native::forward(&spec, &ptrs, s, sb),
+                true => native::backward(&spec, &ptrs, inputs, s, sb),
             });
         }
         let k = jit.interaction(spec).map_err(|e| KernelError::Jit {
@@ -372,101 +373,4 @@ impl Call {
             }
         });
     }
-}
-
-/// Whether the AVX-512 kernels ([`native_dot`]) run `spec`: f32 operands,
-/// `dr` and results, on a CPU that has AVX-512, under `auto` or `avx512`.
-fn native_dot_applies(opts: &JitOptions, spec: &DotSpec) -> bool {
-    matches!(
-        opts.kernels,
-        KernelChoice::Auto
-            | KernelChoice::Avx512
-            | KernelChoice::Avx512Bf16
-            | KernelChoice::AmxBf16
-    ) && native_dot::available()
-        && spec.bf16_ops == 0
-        && spec.dr == Elt::F32
-        && spec.out == Elt::F32
-        && spec.f <= native_dot::MAX_F
-}
-
-/// The interaction on the AVX-512 kernel, parallel over blocks of `sb`
-/// samples; shapes were checked by [`eval`] (every operand `[s, d]` f32 at
-/// `ptrs`).
-fn native_forward(spec: &DotSpec, ptrs: &[usize], s: usize, sb: usize) -> Vec<Tensor> {
-    let dot = Dot {
-        f: spec.f,
-        d: spec.d,
-        self_interaction: spec.self_interaction,
-    };
-    let width = spec.width();
-    // Not zeroed: the kernel writes every column of its rows.
-    let mut fresh = Fresh::new(Elt::F32, s * width);
-    if s > 0 && width > 0 {
-        let out = fresh.buf().as_mut_ptr() as usize;
-        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
-            let (s0, s1) = (blk * sb, ((blk + 1) * sb).min(s));
-            let ops: Vec<*const f32> = ptrs.iter().map(|&p| p as *const f32).collect();
-            // SAFETY: operands hold s·d f32, the result s·width (allocated
-            // above); this task writes rows s0..s1 only; `native_dot_applies`
-            // checked the CPU and F.
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                native_dot::forward(dot, &ops, out as *mut f32, s0, s1)
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = (s0, s1, out, ops);
-        });
-    }
-    // SAFETY: the tasks cover rows 0..s, each row written whole (`x`, then
-    // every kept pair); empty if s·width = 0.
-    vec![unsafe { fresh.assume_init() }.tensor(vec![s, width])]
-}
-
-/// The interaction's gradients on the AVX-512 kernel, parallel over blocks of
-/// `sb` samples; shapes were checked by [`eval`] (every operand `[s, d]` f32
-/// at `ptrs`, `dr` `[s, width]`).
-fn native_backward(
-    spec: &DotSpec,
-    ptrs: &[usize],
-    inputs: &[&Tensor],
-    s: usize,
-    sb: usize,
-) -> Vec<Tensor> {
-    let dot = Dot {
-        f: spec.f,
-        d: spec.d,
-        self_interaction: spec.self_interaction,
-    };
-    let d = spec.d;
-    // Not zeroed: the kernel writes every column of its rows of each.
-    let mut grads: Vec<Fresh> = (0..spec.f).map(|_| Fresh::new(Elt::F32, s * d)).collect();
-    if s > 0 && d > 0 {
-        // Addresses, as the Cranelift path passes them to its tasks.
-        let gaddrs: Vec<usize> = grads
-            .iter_mut()
-            .map(|g| g.buf().as_mut_ptr() as usize)
-            .collect();
-        let dr = elt_of(inputs[0]).map_or(0, |(_, p)| p);
-        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
-            let (s0, s1) = (blk * sb, ((blk + 1) * sb).min(s));
-            let ops: Vec<*const f32> = ptrs.iter().map(|&p| p as *const f32).collect();
-            let gs: Vec<*mut f32> = gaddrs.iter().map(|&p| p as *mut f32).collect();
-            // SAFETY: operands hold s·d f32, dr s·width, every gradient s·d
-            // (checked or allocated above); this task writes rows s0..s1 of each
-            // gradient only; `native_dot_applies` checked the CPU and F.
-            #[cfg(target_arch = "x86_64")]
-            unsafe {
-                native_dot::backward(dot, &ops, dr as *const f32, &gs, s0, s1)
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = (s0, s1, dr, ops, gs);
-        });
-    }
-    // SAFETY: the tasks cover rows 0..s of every gradient, each row written
-    // whole (all `d` columns); empty if s·d = 0.
-    grads
-        .into_iter()
-        .map(|g| unsafe { g.assume_init() }.tensor(vec![s, d]))
-        .collect()
 }

@@ -1,0 +1,260 @@
+//! The dot interaction on [`native_dot`]'s AVX-512 f32 kernels, for every mix
+//! of element types the Cranelift kernels take: all-f32 operands, `dr` and
+//! results are handed to the kernels in place; otherwise each task widens its
+//! samples' bf16 operands (and a bf16 `dr`) into f32 scratch [`STAGE`] samples
+//! at a time, runs the kernel on them, and rounds bf16 results once to nearest
+//! even (`half::bf16::from_f32`, as the Cranelift kernels store them). Widening
+//! is exact, so the products and sums are the f32 path's: the backward's
+//! gradients equal the Cranelift kernel's bit for bit on the columns of whole
+//! f32x4 vectors, bf16 or not.
+
+use super::super::buffers::{Fresh, Scratch};
+use super::super::gemm::Elt;
+use super::super::native_dot::{self, Dot};
+use super::super::{JitOptions, KernelChoice};
+use super::{DotSpec, elt_of};
+use dlrm_ir::Tensor;
+use half::bf16;
+use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
+
+/// Samples widened (and rounded) at a time where some operand or result is
+/// bf16: at 27 operands of 128 columns, 16 samples are 216 KiB of f32
+/// operands and as much of gradients, well inside a core's L2.
+const STAGE: usize = 16;
+
+/// Whether the AVX-512 kernels run `spec`: a CPU that has AVX-512, a kernel
+/// choice that allows it, and at most [`native_dot::MAX_F`] operands.
+pub(super) fn applies(opts: &JitOptions, spec: &DotSpec) -> bool {
+    matches!(
+        opts.kernels,
+        KernelChoice::Auto
+            | KernelChoice::Avx512
+            | KernelChoice::Avx512Bf16
+            | KernelChoice::AmxBf16
+    ) && native_dot::available()
+        && spec.f <= native_dot::MAX_F
+}
+
+fn dot_of(spec: &DotSpec) -> Dot {
+    Dot {
+        f: spec.f,
+        d: spec.d,
+        self_interaction: spec.self_interaction,
+    }
+}
+
+/// The f32 views of samples `c0..c0 + n` of the operands at `ptrs` (element
+/// types as `spec`'s): f32 operands in place, bf16 ones widened into `buf`
+/// (`f · STAGE · d` floats), each view's row 0 being sample `c0`.
+///
+/// # Safety
+/// Every operand holds rows `c0..c0 + n` of `spec.d` elements of its type;
+/// `n <= STAGE`.
+unsafe fn operands(
+    spec: &DotSpec,
+    ptrs: &[usize],
+    (c0, n): (usize, usize),
+    buf: &mut [f32],
+) -> Vec<*const f32> {
+    let d = spec.d;
+    let mut views = Vec::with_capacity(spec.f);
+    for (i, (&p, dst)) in ptrs.iter().zip(buf.chunks_exact_mut(STAGE * d)).enumerate() {
+        // SAFETY: the caller's contract: rows c0..c0+n of operand i exist.
+        unsafe {
+            views.push(match spec.elt(i) {
+                Elt::F32 => (p as *const f32).add(c0 * d),
+                Elt::BF16 => widen((p as *const bf16).add(c0 * d), &mut dst[..n * d]),
+            });
+        }
+    }
+    views
+}
+
+/// `dst` = the `dst.len()` bf16 at `src`, widened (exact); returns `dst`'s
+/// address.
+///
+/// # Safety
+/// `src` holds `dst.len()` bf16.
+unsafe fn widen(src: *const bf16, dst: &mut [f32]) -> *const f32 {
+    // SAFETY: the caller's contract.
+    let src = unsafe { std::slice::from_raw_parts(src, dst.len()) };
+    src.convert_to_f32_slice(dst);
+    dst.as_ptr()
+}
+
+/// `src` rounded to bf16 (nearest even, NaN kept NaN) at `dst`.
+///
+/// # Safety
+/// `dst` holds `src.len()` bf16 that no other thread touches.
+unsafe fn round_into(src: &[f32], dst: *mut bf16) {
+    // SAFETY: the caller's contract.
+    let dst = unsafe { std::slice::from_raw_parts_mut(dst, src.len()) };
+    dst.convert_from_f32_slice(src);
+}
+
+/// The forward interaction, parallel over blocks of `sb` samples; shapes were
+/// checked by [`super::eval`] (every operand `[s, d]` of its spec type at
+/// `ptrs`).
+pub(super) fn forward(spec: &DotSpec, ptrs: &[usize], s: usize, sb: usize) -> Vec<Tensor> {
+    let dot = dot_of(spec);
+    let (d, width, f) = (spec.d, spec.width(), spec.f);
+    let direct = spec.bf16_ops == 0 && spec.out == Elt::F32;
+    // Not zeroed: the kernel writes every column of its rows.
+    let mut fresh = Fresh::new(spec.out, s * width);
+    if s > 0 && width > 0 {
+        let out = fresh.buf().as_mut_ptr() as usize;
+        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
+            let (s0, s1) = (blk * sb, ((blk + 1) * sb).min(s));
+            // SAFETY (every block below): operands hold s·d elements of their
+            // types, the result s·width (allocated above); this task reads and
+            // writes rows s0..s1 only; `applies` checked the CPU and F.
+            if direct {
+                let ops: Vec<*const f32> = ptrs.iter().map(|&p| p as *const f32).collect();
+                unsafe { fwd_kernel(dot, &ops, out as *mut f32, (s0, s1)) };
+                return;
+            }
+            let mut buf = Scratch::new(f * STAGE * d);
+            let mut res = Scratch::new(if spec.out == Elt::F32 {
+                0
+            } else {
+                STAGE * width
+            });
+            for c0 in (s0..s1).step_by(STAGE) {
+                let n = STAGE.min(s1 - c0);
+                unsafe {
+                    let ops = operands(spec, ptrs, (c0, n), &mut buf);
+                    match spec.out {
+                        Elt::F32 => {
+                            fwd_kernel(dot, &ops, (out as *mut f32).add(c0 * width), (0, n))
+                        }
+                        Elt::BF16 => {
+                            fwd_kernel(dot, &ops, res.as_mut_ptr(), (0, n));
+                            round_into(&res[..n * width], (out as *mut bf16).add(c0 * width));
+                        }
+                    }
+                }
+            }
+        });
+    }
+    // SAFETY: the tasks cover rows 0..s, each row written whole (`x`, then
+    // every kept pair); empty if s·width = 0.
+    vec![unsafe { fresh.assume_init() }.tensor(vec![s, width])]
+}
+
+/// The interaction's gradients, parallel over blocks of `sb` samples; shapes
+/// were checked by [`super::eval`] (every operand `[s, d]` at `ptrs`, `dr`
+/// `[s, width]`, each of its spec type).
+pub(super) fn backward(
+    spec: &DotSpec,
+    ptrs: &[usize],
+    inputs: &[&Tensor],
+    s: usize,
+    sb: usize,
+) -> Vec<Tensor> {
+    let dot = dot_of(spec);
+    let (d, width, f) = (spec.d, spec.width(), spec.f);
+    let direct = spec.bf16_ops == 0 && spec.dr == Elt::F32 && spec.out == Elt::F32;
+    // Not zeroed: the kernel writes every column of its rows of each.
+    let mut grads: Vec<Fresh> = (0..f).map(|_| Fresh::new(spec.out, s * d)).collect();
+    if s > 0 && d > 0 {
+        // Addresses, as the Cranelift path passes them to its tasks.
+        let gaddrs: Vec<usize> = grads
+            .iter_mut()
+            .map(|g| g.buf().as_mut_ptr() as usize)
+            .collect();
+        let dr = elt_of(inputs[0]).map_or(0, |(_, p)| p);
+        (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
+            let (s0, s1) = (blk * sb, ((blk + 1) * sb).min(s));
+            // SAFETY (every block below): operands hold s·d elements, dr
+            // s·width, every gradient s·d, each of its type (checked or
+            // allocated above); this task reads and writes rows s0..s1 only;
+            // `applies` checked the CPU and F.
+            if direct {
+                let ops: Vec<*const f32> = ptrs.iter().map(|&p| p as *const f32).collect();
+                let gs: Vec<*mut f32> = gaddrs.iter().map(|&p| p as *mut f32).collect();
+                unsafe { bwd_kernel(dot, &ops, dr as *const f32, &gs, (s0, s1)) };
+                return;
+            }
+            let mut buf = Scratch::new(f * STAGE * d);
+            let mut drb = Scratch::new(if spec.dr == Elt::F32 {
+                0
+            } else {
+                STAGE * width
+            });
+            let mut gbuf = Scratch::new(if spec.out == Elt::F32 {
+                0
+            } else {
+                f * STAGE * d
+            });
+            for c0 in (s0..s1).step_by(STAGE) {
+                let n = STAGE.min(s1 - c0);
+                unsafe {
+                    let ops = operands(spec, ptrs, (c0, n), &mut buf);
+                    let drp = match spec.dr {
+                        Elt::F32 => (dr as *const f32).add(c0 * width),
+                        Elt::BF16 => {
+                            widen((dr as *const bf16).add(c0 * width), &mut drb[..n * width])
+                        }
+                    };
+                    let gs: Vec<*mut f32> = match spec.out {
+                        Elt::F32 => gaddrs
+                            .iter()
+                            .map(|&p| (p as *mut f32).add(c0 * d))
+                            .collect(),
+                        Elt::BF16 => gbuf
+                            .chunks_exact_mut(STAGE * d)
+                            .map(|g| g.as_mut_ptr())
+                            .collect(),
+                    };
+                    bwd_kernel(dot, &ops, drp, &gs, (0, n));
+                    if spec.out == Elt::BF16 {
+                        for (g, &p) in gbuf.chunks_exact(STAGE * d).zip(&gaddrs) {
+                            round_into(&g[..n * d], (p as *mut bf16).add(c0 * d));
+                        }
+                    }
+                }
+            }
+        });
+    }
+    // SAFETY: the tasks cover rows 0..s of every gradient, each row written
+    // whole (all `d` columns); empty if s·d = 0.
+    grads
+        .into_iter()
+        .map(|g| unsafe { g.assume_init() }.tensor(vec![s, d]))
+        .collect()
+}
+
+/// [`native_dot::forward`] on rows `s0..s1`.
+///
+/// # Safety
+/// As [`native_dot::forward`]'s.
+unsafe fn fwd_kernel(dot: Dot, ops: &[*const f32], out: *mut f32, (s0, s1): (usize, usize)) {
+    // SAFETY: the caller's contract.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        native_dot::forward(dot, ops, out, s0, s1)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (dot, ops, out, s0, s1);
+}
+
+/// [`native_dot::backward`] on rows `s0..s1`.
+///
+/// # Safety
+/// As [`native_dot::backward`]'s.
+unsafe fn bwd_kernel(
+    dot: Dot,
+    ops: &[*const f32],
+    dr: *const f32,
+    grads: &[*mut f32],
+    (s0, s1): (usize, usize),
+) {
+    // SAFETY: the caller's contract.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        native_dot::backward(dot, ops, dr, grads, s0, s1)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (dot, ops, dr, grads, s0, s1);
+}
