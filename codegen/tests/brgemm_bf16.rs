@@ -1,9 +1,10 @@
 //! The backward GEMMs of a bf16 plan (`brgemm_dgrad` and `brgemm_wgrad` on bf16
-//! gradients, weights and activations) run on the AVX-512 BF16 kernel under
-//! `auto` where the CPU has it, and agree with the interpreter. One test in its
-//! own binary, so the JIT's pick counts it reads are its own.
+//! gradients, weights and activations) run on the k-pair kernels (AMX-BF16,
+//! AVX-512 BF16) where the CPU has them — `auto`'s pick, and each forced by its
+//! `--kernels` choice — and agree with the interpreter. One test in its own
+//! binary, so the JIT's pick counts it reads are its own.
 
-use dlrm_codegen::jit::{self, Jit, JitOptions, micro};
+use dlrm_codegen::jit::{self, Jit, JitOptions, KernelChoice, micro};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Act, DType, Dim, Op, SingleRank, Tensor, TensorType};
 use half::bf16;
@@ -39,26 +40,39 @@ fn blocked(op: Op, seed: u64, rows: usize, cols: usize) -> Tensor {
     interp(&op, &[&Tensor::bf16(vec![rows, cols], v)]).remove(0)
 }
 
-/// How many GEMM shapes the global JIT has given to the BF16 kernel.
-fn bf16_picks(jit: &Jit) -> usize {
+/// How many GEMM shapes the global JIT has given to `kernel`.
+fn picks(jit: &Jit, kernel: &micro::MicroKernel) -> usize {
     jit.gemm_picks()
         .iter()
-        .filter(|(name, _)| name == micro::AVX512_BF16.name)
+        .filter(|(name, _)| name == kernel.name)
         .map(|(_, n)| n)
         .sum()
 }
 
-/// Runs `op` under `auto`: the JIT's results within reassociation of the
+/// Runs `op` under `kernels`: the JIT's results within reassociation of the
 /// interpreter's (relative to the largest magnitude, plus one bf16 step for
-/// bf16 results), and one more shape given to the BF16 kernel.
-fn runs_on_bf16(jit: &Jit, op: &Op, ins: &[&Tensor]) {
+/// bf16 results), and one more shape given to `kernel`.
+fn runs_on(
+    jit: &Jit,
+    (kernels, kernel): (KernelChoice, &micro::MicroKernel),
+    op: &Op,
+    ins: &[&Tensor],
+) {
     let tys = out_types(op, ins);
     let want = interp(op, ins);
-    let before = bf16_picks(jit);
-    let got = jit::try_eval(op, ins, &tys, &HashMap::new(), &JitOptions::default())
+    let before = picks(jit, kernel);
+    let opts = JitOptions {
+        kernels,
+        pack_a: None,
+    };
+    let got = jit::try_eval(op, ins, &tys, &HashMap::new(), &opts)
         .expect("a JIT kernel")
         .unwrap_or_else(|e| panic!("{op:?}: {e}"));
-    assert!(bf16_picks(jit) > before, "{op:?}: {:?}", jit.gemm_picks());
+    assert!(
+        picks(jit, kernel) > before,
+        "{op:?} under {kernels:?}: {:?}",
+        jit.gemm_picks()
+    );
     for (g, w) in got.iter().zip(&want) {
         assert_eq!((&g.shape, g.dtype()), (&w.shape, w.dtype()), "{op:?}");
         let (g, w) = (g.to_f32_vec(), w.to_f32_vec());
@@ -86,10 +100,23 @@ fn layer(s: usize) -> [Tensor; 4] {
 }
 
 #[test]
-fn bf16_gradients_run_on_the_bf16_kernel() {
-    if !micro::AVX512_BF16.available() {
-        eprintln!("skipped: this CPU has no AVX512_BF16");
+fn bf16_gradients_run_on_the_k_pair_kernels() {
+    // `auto` prefers AMX-BF16, then AVX-512 BF16.
+    let auto = [&micro::AMX_BF16, &micro::AVX512_BF16]
+        .into_iter()
+        .find(|k| k.available());
+    let Some(auto) = auto else {
+        eprintln!("skipped: this CPU has neither AMX-BF16 nor AVX512_BF16");
         return;
+    };
+    let mut choices = vec![(KernelChoice::Auto, auto)];
+    for (choice, kernel) in [
+        (KernelChoice::Avx512Bf16, &micro::AVX512_BF16),
+        (KernelChoice::AmxBf16, &micro::AMX_BF16),
+    ] {
+        if kernel.available() {
+            choices.push((choice, kernel));
+        }
     }
     let jit = Jit::global().expect("a JIT");
     // Each case a new sample count, so a new GEMM shape (picks are per shape).
@@ -98,7 +125,10 @@ fn bf16_gradients_run_on_the_bf16_kernel() {
         s += 1;
         layer(s)
     };
-    for act in [Act::None, Act::Relu] {
+    for (act, &choice) in [Act::None, Act::Relu]
+        .into_iter()
+        .flat_map(|a| choices.iter().map(move |c| (a, c)))
+    {
         for (mask, dtype) in [
             (Act::None, DType::BF16),
             (Act::None, DType::F32),
@@ -113,13 +143,13 @@ fn bf16_gradients_run_on_the_bf16_kernel() {
             if mask == Act::None {
                 ins.pop();
             }
-            runs_on_bf16(jit, &Op::BrgemmDgrad { act, mask, dtype }, &ins);
+            runs_on(jit, choice, &Op::BrgemmDgrad { act, mask, dtype }, &ins);
         }
         let [dy, y, x, _] = next();
         let ins = match act {
             Act::None => vec![&dy, &x],
             _ => vec![&dy, &y, &x],
         };
-        runs_on_bf16(jit, &Op::BrgemmWgrad { act, n: 96 }, &ins);
+        runs_on(jit, choice, &Op::BrgemmWgrad { act, n: 96 }, &ins);
     }
 }
