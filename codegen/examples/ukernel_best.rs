@@ -1,13 +1,18 @@
-//! Hot-cache throughput of one micro-kernel tile called repeatedly through the
+//! Throughput of one micro-kernel tile called repeatedly through the
 //! registry's entry ([`micro::MicroKernel::call`]): the AVX2+FMA `6×16` kernel
 //! ([`micro::avx2`]) against the AVX-512 kernel ([`micro::avx512`]) at 8 and 12
 //! rows (its full `MR` and a shorter tile, to show the choice of `MR`), for
-//! `k` = 64, 256, 512, `A` packed (`[kk][mr]`, as the loop nest packs it) or
-//! unpacked (row-major, `lda = k`), f32 and bf16 `A`; and the AVX-512 BF16
-//! kernel ([`micro::avx512bf16`], `B` in k pairs) and the AMX-BF16 one
-//! ([`micro::amx`], the same `B`) on unpacked bf16 `A`, the only layout they
-//! take. Best of N samples (robust on a shared machine), one
-//! thread, variants interleaved.
+//! `k` = 64, 256, 1024, `A` packed (`[kk][mr]`, as the loop nest packs it),
+//! blocked (f32 `[k/64][mr][64]`, the blocked activations `brgemm` reads in
+//! place: `lda` 64, batch-reduce blocks of 64) or unpacked (row-major, `lda =
+//! k`), f32 and bf16 `A`; `B` hot (one panel of `k` rows, `ldb = nr`, reused
+//! by every call) or streamed (each call the next of 1 MiB of panels, and
+//! the next `C` tile: `B` from L2, as the loop nest reads a layer's weight
+//! panels, and `C` not in L1; f32 `A`, the AVX-512 12-row tile only); and the AVX-512 BF16 kernel ([`micro::avx512bf16`], `B`
+//! in k pairs) and the AMX-BF16 one ([`micro::amx`], the same `B`) on unpacked
+//! bf16 `A`, the only layout they take. Best of N samples (robust on a shared
+//! machine), one thread, variants interleaved; the last line is the FMA peak
+//! of one core (independent `vfmadd231ps zmm` chains).
 //!
 //! `cargo run --release -p dlrm-codegen --example ukernel_best -- [samples]`
 
@@ -22,6 +27,27 @@ struct Variant {
     run: Box<dyn FnMut()>,
 }
 
+/// How `A` is laid out.
+#[derive(Clone, Copy, PartialEq)]
+enum Layout {
+    /// `[kk][mr]` (`lda` 1, `acs = mr`), as the loop nest packs it.
+    Packed,
+    /// `[k/64][mr][64]` (`lda` 64, `acs` 1, batch-reduce blocks of 64).
+    Blocked,
+    /// Row-major `mr × k` (`lda = k`, `acs` 1).
+    Unpacked,
+}
+
+impl Layout {
+    fn name(self) -> &'static str {
+        match self {
+            Layout::Packed => "packed  ",
+            Layout::Blocked => "blocked ",
+            Layout::Unpacked => "unpacked",
+        }
+    }
+}
+
 fn main() {
     let samples: usize = std::env::args()
         .nth(1)
@@ -33,35 +59,42 @@ fn main() {
         println!("note: no AVX-512 on this CPU: only the AVX2 kernel is measured");
     }
     let mut variants = Vec::new();
-    for k in [64usize, 256, 512] {
-        for packed in [true, false] {
+    for k in [64usize, 256, 1024] {
+        for layout in [Layout::Packed, Layout::Blocked, Layout::Unpacked] {
             for abf in [false, true] {
+                if abf && layout == Layout::Blocked {
+                    continue;
+                }
                 // (label, kernel, mr): the AVX2 tile and two AVX-512 heights.
                 let mut kernels: Vec<(&str, &'static MicroKernel, usize)> = Vec::new();
                 if have2 {
                     kernels.push(("avx2", &micro::AVX2, micro::AVX2.mr));
                 }
                 if have512 {
-                    for mr in [8, 12, 14] {
-                        if mr <= micro::AVX512.mr {
-                            kernels.push(("avx512", &micro::AVX512, mr));
-                        }
+                    for mr in [8, 12] {
+                        kernels.push(("avx512", &micro::AVX512, mr));
                     }
                 }
-                if micro::AVX512_BF16.available() && abf && !packed {
+                let unpacked_bf = abf && layout == Layout::Unpacked;
+                if micro::AVX512_BF16.available() && unpacked_bf {
                     let bf = &micro::AVX512_BF16;
                     kernels.push(("avx512bf16", bf, bf.mr));
                 }
-                if micro::AMX_BF16.available() && abf && !packed {
+                if micro::AMX_BF16.available() && unpacked_bf {
                     let amx = &micro::AMX_BF16;
                     kernels.push(("amxbf16", amx, amx.mr));
                 }
                 for (label, kern, mr) in kernels {
-                    variants.push(variant(label, kern, mr, k, packed, abf));
+                    variants.push(variant(label, kern, mr, k, layout, abf, false));
+                }
+                if have512 && !abf {
+                    let kern = &micro::AVX512;
+                    variants.push(variant("avx512", kern, kern.mr, k, layout, abf, true));
                 }
             }
         }
     }
+    variants.push(fma_peak());
     let mut best = vec![f64::INFINITY; variants.len()];
     for _ in 0..samples {
         for (v, b) in variants.iter_mut().zip(&mut best) {
@@ -70,52 +103,70 @@ fn main() {
             *b = b.min(t0.elapsed().as_secs_f64());
         }
     }
-    println!("{:<44} {:>9}", "variant (one thread, hot cache)", "GFLOP/s");
+    println!("{:<50} {:>9}", "variant (one thread)", "GFLOP/s");
     for (v, t) in variants.iter().zip(best) {
-        println!("{:<44} {:>9.1}", v.name, v.flops / t / 1e9);
+        println!("{:<50} {:>9.1}", v.name, v.flops / t / 1e9);
     }
 }
 
-/// A variant calling `kern`'s `mr×nr` tile `calls` times on its own buffers.
+/// Bytes of `B` panels a streamed variant cycles through (beyond L1, within
+/// L2).
+const STREAM_BYTES: usize = 1 << 20;
+
+/// A variant calling `kern`'s `mr×nr` tile on its own buffers, about 20 MFLOP
+/// per sample; `stream`: each call on the next of several `B` panels (and `C`
+/// tiles), cycling through [`STREAM_BYTES`] of them.
 fn variant(
     label: &str,
     kern: &'static MicroKernel,
     mr: usize,
     k: usize,
-    packed: bool,
+    layout: Layout,
     abf: bool,
+    stream: bool,
 ) -> Variant {
     let nr = kern.nr;
     let a: Vec<f32> = (0..mr * k)
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
         .collect();
     let a_bf: Vec<bf16> = a.iter().map(|&x| bf16::from_f32(x)).collect();
-    let b: Vec<f32> = (0..k * nr)
-        .map(|i| ((i * 104729) % 1000) as f32 / 1000.0 - 0.5)
-        .collect();
-    let bias = vec![0.25f32; nr];
-    let mut c = vec![0f32; mr * nr];
-    // Packed: `[kk][mr]`; unpacked: row-major `mr × k`.
-    let (lda, acs) = if packed { (1, mr) } else { (k, 1) };
-    let flops_call = 2.0 * (mr * nr * k) as f64;
-    // About 20 MFLOP per sample.
-    let calls = (2e7 / flops_call).ceil() as usize;
-    let flags = F_BIAS | if abf { F_A_BF16 } else { 0 };
-    let name = format!(
-        "{label} {mr}x{nr} k={k:<3} A {} {}",
-        if packed { "packed  " } else { "unpacked" },
-        if abf { "bf16" } else { "f32" }
-    );
     // Rows of B `nr` apart: each kernel's NR (rows of k pairs for the BF16
     // kernels).
+    let rows = kern.b_packing.rows(k);
+    let panels = if stream {
+        (STREAM_BYTES / (rows * nr * 4)).max(2)
+    } else {
+        1
+    };
+    let b: Vec<f32> = (0..panels * k * nr)
+        .map(|i| ((i * 104729) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
     let b = if kern.b_packing == BPacking::KPairs {
         let bb: Vec<bf16> = b.iter().map(|&x| bf16::from_f32(x)).collect();
-        let mut pairs = vec![0.0f32; k.div_ceil(2) * nr];
+        let mut pairs = vec![0.0f32; rows * nr];
         micro::avx512bf16::pack_b_pairs_into(&mut pairs, &bb, (k, nr, nr, 1), nr);
         pairs
     } else {
         b
     };
+    let bias = vec![0.25f32; nr];
+    let ctiles = if stream { panels } else { 1 };
+    let mut c = vec![0f32; ctiles * mr * nr];
+    let (lda, acs, kb, a_blk) = match layout {
+        Layout::Packed => (1, mr, k, 0),
+        Layout::Blocked => (64, 1, 64, mr * 64),
+        Layout::Unpacked => (k, 1, k, 0),
+    };
+    let flops_call = 2.0 * (mr * nr * k) as f64;
+    let calls = (2e7 / flops_call).ceil() as usize;
+    let flags = F_BIAS | if abf { F_A_BF16 } else { 0 };
+    let name = format!(
+        "{label} {mr}x{nr} k={k:<4} A {} {} B {}",
+        layout.name(),
+        if abf { "bf16" } else { "f32 " },
+        if stream { "streamed" } else { "hot" }
+    );
+    let mut next = 0;
     let run: Box<dyn FnMut()> = Box::new(move || {
         let ap: *const u8 = if abf {
             a_bf.as_ptr().cast()
@@ -123,22 +174,25 @@ fn variant(
             a.as_ptr().cast()
         };
         for _ in 0..calls {
-            // SAFETY: `a` holds the `mr × k` tile in the (lda, acs) layout, `b`
-            // k rows of `nr` (the kernel's NR), `bias` NR floats, `c` the tile
-            // (`ldc = nr`); the kernel's CPU features were detected above.
+            let (pb, pc) = (next * rows * nr, next * mr * nr);
+            next = (next + 1) % panels;
+            // SAFETY: `a` holds the `mr × k` tile in the (lda, acs, kb, a_blk)
+            // layout, `b[pb..]` k rows of `nr` (the kernel's NR), `bias` NR
+            // floats, `c[pc..]` the tile (`ldc = nr`); the kernel's CPU
+            // features were detected above.
             unsafe {
                 kern.call(&TileArgs {
                     a: ap,
-                    b: b.as_ptr(),
-                    c: c.as_mut_ptr().cast(),
+                    b: b[pb..].as_ptr(),
+                    c: c[pc..].as_mut_ptr().cast(),
                     bias: bias.as_ptr(),
                     k,
                     lda,
                     acs,
                     ldc: nr,
                     ldb: nr,
-                    kb: k,
-                    a_blk: 0,
+                    kb,
+                    a_blk,
                     mr,
                     nr,
                     flags,
@@ -152,4 +206,55 @@ fn variant(
         flops: flops_call * calls as f64,
         run,
     }
+}
+
+/// This core's FMA peak: 16 independent `vfmadd231ps zmm` chains (AVX-512),
+/// else 12 `ymm` chains (AVX2+FMA), about 20 MFLOP per sample.
+fn fma_peak() -> Variant {
+    const ITERS: usize = 40_000;
+    let lanes = if micro::AVX512.available() { 256 } else { 96 };
+    Variant {
+        name: "FMA peak (independent chains)".into(),
+        flops: (2 * ITERS * lanes) as f64,
+        run: Box::new(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if micro::AVX512.available() {
+                    // SAFETY: the CPU has AVX-512 F.
+                    unsafe { chains512(ITERS) };
+                } else if micro::AVX2.available() {
+                    // SAFETY: the CPU has AVX2 and FMA.
+                    unsafe { chains256(ITERS) };
+                }
+            }
+        }),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn chains512(iters: usize) {
+    use std::arch::x86_64::*;
+    let (m, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+    let mut acc = [_mm512_set1_ps(1.0); 16];
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = _mm512_fmadd_ps(*a, m, c);
+        }
+    }
+    std::hint::black_box(acc);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn chains256(iters: usize) {
+    use std::arch::x86_64::*;
+    let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+    let mut acc = [_mm256_set1_ps(1.0); 12];
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = _mm256_fmadd_ps(*a, m, c);
+        }
+    }
+    std::hint::black_box(acc);
 }

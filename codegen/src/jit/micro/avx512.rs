@@ -36,21 +36,25 @@
 //! independent FMA chains cover the FMA latency (4 cycles) × 2 FMA ports eight
 //! times over, and per k step the loads (2 `B` + `MR` `A`) stay well under the two
 //! load ports while the `2·MR` FMAs keep both FMA ports busy. `MR = 12` was
-//! chosen by measurement (`examples/ukernel_best.rs`, hot cache, one thread, a
-//! shared 2-core AVX-512 Xeon; GFLOP/s at k = 64/256/512):
+//! chosen by measurement (`examples/ukernel_best.rs`, one thread, `B` hot in L1;
+//! an Intel Xeon with AVX-512 F/BW/VL, AVX512_BF16 and AMX, 2 cores shared with
+//! other builds, load average 9–10; the same run's FMA peak, independent
+//! `vfmadd231ps zmm` chains, 175.5 GFLOP/s per core; GFLOP/s at k =
+//! 64/256/1024):
 //!
-//! | `A` | 8×32 | 12×32 | 14×32 | AVX2 6×16 |
-//! | --- | --- | --- | --- | --- |
-//! | packed f32 | 131/126/126 | 126/122/121 | 46/45/48 | 63/68/65 |
-//! | packed bf16 | 98/95/97 | 104/107/107 | 42/44/42 | 37/38/38 |
-//! | row-major f32 | 109/97/96 | 103/99/99 | 39/41/40 | 61/68/65 |
-//! | row-major bf16 | 105/99/97 | 106/109/107 | 40/40/44 | 37/38/38 |
+//! | `A` | 8×32 | 12×32 | AVX2 6×16 |
+//! | --- | --- | --- | --- |
+//! | packed f32 | 146/159/156 | 141/161/155 | 76/84/84 |
+//! | blocked f32 (`lda` 64, in place) | 143/162/149 | 147/161/151 | 76/85/84 |
+//! | row-major f32 (`lda = k`, staged) | 142/141/134 | 145/141/132 | 78/84/85 |
+//! | packed bf16 | 112/132/127 | 131/141/134 | 43/45/44 |
+//! | row-major bf16 | 123/140/135 | 125/140/134 | 43/47/45 |
 //!
-//! (14×32 from a separate run built with `MR = 14`; the rest from one run.)
-//! At 14 rows (28 accumulators) LLVM spills. 8 rows are ~4% ahead on packed f32
-//! `A`, 12 rows ~10% ahead on bf16 `A` and even on row-major f32 at larger k,
-//! and 12 rows load 1.5× fewer `B` bytes per FMA, which counts once `B` streams
-//! from L2/L3 in the real loop nest (here it is at most 64 KiB and hot).
+//! The 12-row tile runs at 86–92% of the peak on f32 `A` read in place at
+//! `k >= 256`. An earlier run with `MR = 14` (28 accumulators) spilled and ran at
+//! a third of the speed. 8 and 12 rows tie on f32 `A` in L1; 12 rows are ahead
+//! on bf16 `A` at small k and load 1.5× fewer `B` bytes per FMA, which counts
+//! once `B` comes from L2 in the real loop nest.
 //!
 //! A tile at most 16 columns wide (`nr <= 16`: a 16-wide layer, or the last
 //! panel of a ragged one) runs with one vector per row: half the `B` loads and
@@ -68,8 +72,26 @@
 //! masked loads when the tile's rows or its k steps are adjacent), so that every
 //! hot loop addresses `A` with constant strides folded into immediate
 //! displacements. The loop (checked with `--emit=asm`) is, per 4 k steps,
-//! 96 `vfmadd231ps zmm`, 48 `vbroadcastss zmm, m32`, 8 `B` loads and 3–4 scalar
-//! ops, with no spill.
+//! 96 `vfmadd231ps zmm`, 48 `vbroadcastss zmm, m32`, 8 `B` loads, 8 `B`
+//! prefetches and 3–4 scalar ops, with no spill.
+//!
+//! # Prefetch
+//! In the loop nest `B` (a weight panel, `k` rows of 128 bytes) comes from L2,
+//! and `C` (a fresh output) from L2 or further: in L1 the kernel is at ~90% of
+//! the FMA peak, but with `B` and `C` out of L1 it was at 33–35% (k = 64) to
+//! 55–62% (k = 1024), the FMAs waiting for `B` rows and the epilogue for `C`. So each k
+//! step prefetches the `B` row [`PF`] steps ahead into L1 (both of its cache
+//! lines; the hardware prefetchers alone left the FMAs waiting), and the tile
+//! of `C` is prefetched for writing (`prefetchw`) before the k loop, so the
+//! epilogue's stores find their lines (not with [`F_ACC`], whose start loads
+//! them anyway). A/B against the kernel without them, one binary, the same
+//! machine and load, 12×32 f32 `A`, each call on the next of 0.5–1 MiB of `B`
+//! panels and the next of 6 MiB of `C` tiles, GFLOP/s: k = 64 58–62 → 71–75,
+//! k = 256 102–107 → 113–115, k = 1024 96–108 → 108–118; with `B` and `C` hot
+//! the two are within 2%. Prefetching 12, 16, 24 or 32 steps ahead measured
+//! the same within the noise; a third line per row (for rows not 64-byte
+//! aligned) gained nothing; plain stores for whole vectors instead of masked
+//! ones gained nothing.
 //!
 //! Invariants the caller (the JIT loop nest, validated by its Rust wrapper)
 //! guarantees: `1 <= mr <= MR`, `1 <= nr <= NR`, `kb >= 1`, the pointers cover
@@ -86,6 +108,10 @@ pub use super::{F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_RELU};
 pub const MR: usize = 12;
 /// Columns of an AVX-512 tile: two `zmm` of f32 per row.
 pub const NR: usize = 32;
+
+/// How many k steps ahead the k loop prefetches `B` rows (module docs,
+/// "Prefetch").
+pub const PF: usize = 16;
 
 /// k steps of bf16 `A` widened into the f32 scratch at a time.
 pub const KC: usize = 64;
@@ -164,6 +190,9 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
     // `A(r,kk)`, the `B` rows and the bias row are accessible as documented; the
     // masked loads and stores touch no lane outside the tile.
     unsafe {
+        if flags & F_ACC == 0 {
+            prefetch_c::<R>(c, ldc, nr, flags);
+        }
         let mut acc = acc_start::<R, W>(c, ldc, nr, flags);
         // `len` k steps from `pa`/`pb`: `acc[r] += A[r·lda + kk·acs] · B[kk·ldb..]`,
         // in order, one FMA per term (`lda`, `acs` in bytes). A macro, so that each
@@ -175,6 +204,13 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
                 // One k step: W B vectors, R broadcasts (load-port
                 // `vbroadcastss`, or folded into an FMA), W·R FMAs.
                 let kstep = |acc: &mut [[__m512; W]; R], pa: *const u8, pb: *const f32| {
+                    // The B row PF k steps ahead into L1 (a hint: it never
+                    // faults, so it may run past the tile's last row).
+                    let pf = pb.wrapping_add(PF * ldb).cast::<i8>();
+                    _mm_prefetch::<_MM_HINT_T0>(pf);
+                    if W > 1 {
+                        _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64));
+                    }
                     let b0 = _mm512_loadu_ps(pb);
                     // (W = 1 never uses it.)
                     let b1 = if W > 1 {
@@ -259,6 +295,26 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
             pa = pa.wrapping_add(a_blk * esize);
         }
         finish::<R, W>(acc, c, ldc, nr, bias, flags);
+    }
+}
+
+/// Prefetches the `R × nr` tile of `C` for writing (`prefetchw`: the lines
+/// arrive owned, so the epilogue's stores do not wait for them): every line
+/// each row touches, its first, its 64th byte and its last element. A hint
+/// that never faults and reads nothing.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn prefetch_c<const R: usize>(c: *mut u8, ldc: usize, nr: usize, flags: u32) {
+    let esize = if flags & F_C_BF16 != 0 { 2 } else { 4 };
+    let last = (nr - 1) * esize;
+    for r in 0..R {
+        let row = c.wrapping_add(r * ldc * esize).cast::<i8>().cast_const();
+        _mm_prefetch::<_MM_HINT_ET0>(row);
+        if last >= 64 {
+            _mm_prefetch::<_MM_HINT_ET0>(row.wrapping_add(64));
+        }
+        _mm_prefetch::<_MM_HINT_ET0>(row.wrapping_add(last));
     }
 }
 
