@@ -162,7 +162,7 @@ struct Cli {
     /// AVX-512 for the others) or `auto` (the fastest this CPU can run, per
     /// shape; for two bf16 operands the AMX-BF16 kernel, else the AVX-512
     /// BF16 one, where the CPU has it, untimed); with all but `cranelift` and
-    /// `native` the dot interaction (f32, both directions) runs on AVX-512 too.
+    /// `native` the dot interaction (both directions) runs on AVX-512 too.
     #[arg(long, default_value = "auto", value_parser = parse_kernels)]
     kernels: KernelChoice,
     /// Print a per-op-kind table (time share, ms/step, GFLOP/s, GB/s) of the steps

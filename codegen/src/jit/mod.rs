@@ -37,10 +37,11 @@
 //!   Rust's `f32::exp`, `f32::ln_1p` and `f32::ln` and the interpreter's scalar
 //!   `gelu`/`gelu_grad` through JIT symbols (bitwise the reference's and the
 //!   interpreter's results).
-//! - [`native_dot`]: the dot interaction on AVX-512 (f32), forward and
-//!   backward, run instead of the Cranelift kernels under `Auto` and `Avx512`
-//!   where the CPU has it (the backward's sums bit for bit the same, the
-//!   forward's in 16 lanes, not 4).
+//! - [`native_dot`]: the dot interaction on AVX-512 (f32 arithmetic; bf16
+//!   operands and results widened and rounded around it), forward and
+//!   backward, run instead of the Cranelift kernels under `Auto`, `Avx512`,
+//!   `Avx512Bf16` and `AmxBf16` where the CPU has it (the backward's sums bit
+//!   for bit the same, the forward's in 16 lanes, not 4).
 //! - [`KernelChoice`]: which micro-kernel GEMMs use; `Auto` times the candidates
 //!   on the first call of each shape and keeps the fastest.
 //!
@@ -114,8 +115,9 @@ impl JitError {
 
 /// Which GEMM micro-kernel to use (`--kernels
 /// cranelift|native|avx512|avx512bf16|amxbf16|auto`); under `Avx512`,
-/// `Avx512Bf16`, `AmxBf16` and `Auto` the dot interaction (f32, forward and
-/// backward) runs on AVX-512 too ([`native_dot`]), where the CPU has it.
+/// `Avx512Bf16`, `AmxBf16` and `Auto` the dot interaction (forward and
+/// backward, any element types) runs on AVX-512 too ([`native_dot`]), where
+/// the CPU has it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum KernelChoice {
     /// Pure Cranelift (128-bit f32x4 FMA).
