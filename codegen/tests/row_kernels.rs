@@ -4,9 +4,10 @@
 //! shapes: row widths that are not multiples of the vector width (1 to 200
 //! columns, more than one pass of columns), few rows (duplicates in a bag),
 //! empty bags, fixed pooling and offsets, i64 and i32 indices, sum, mean and
-//! weighted bags, whole tables and row shards, f32 and Split-SGD-BF16 tables,
-//! 1 to 4 threads — every result bitwise equal to the reference kernel's (or,
-//! where there is none, the interpreter's: the definition).
+//! weighted bags, whole tables and row shards, f32 and bf16 bag tables and
+//! results, f32 and Split-SGD-BF16 updated tables with f32 and bf16
+//! gradients, 1 to 4 threads — every result bitwise equal to the reference
+//! kernel's (or, where there is none, the interpreter's: the definition).
 
 use dlrm_codegen::jit::JitOptions;
 use dlrm_codegen::jit::rows::{RowKernel, force_row_kernel};
@@ -67,8 +68,44 @@ fn offsets(r: &mut impl Rng, s: usize, n: usize) -> Tensor {
     Tensor::i64(vec![s], cuts)
 }
 
-/// One random bag case: the op, its operands and the result type.
-fn bag_case(seed: u64) -> (Op, Vec<Tensor>, TensorType, usize, String) {
+/// `t` with its elements rounded to `dt` (`t` itself when f32).
+fn as_dtype(t: Tensor, dt: DType) -> Tensor {
+    match dt {
+        DType::F32 => t,
+        _ => Tensor::from_f32(dt, t.shape.clone(), t.to_f32_vec()),
+    }
+}
+
+/// `t` (f32) with a few elements subnormal, halfway between two bf16 values
+/// (rounding ties of a bf16 result, to even both ways) or large enough for a
+/// sum of two to overflow. (No NaN or infinity: the Cranelift kernels and the
+/// interpreter may give NaNs of different bits.)
+fn specials(mut t: Tensor, seed: u64) -> Tensor {
+    let mut v = t.to_f32_vec();
+    let odd = f32::from_bits(0x3F81_8000);
+    let s = [1e-39, -3e-39, 1.0 + 1.0 / 256.0, odd, 3.0e38];
+    for (k, &x) in s.iter().enumerate() {
+        let at = (seed as usize * 7 + k * 131) % v.len();
+        v[at] = x;
+    }
+    t.data = Tensor::f32(t.shape.clone(), v).data;
+    t
+}
+
+/// The element types of the `seed`-th case: f32 for the first 40, then in
+/// turn each other mix of f32 and bf16 (`[a, b]`: table and result, or
+/// gradient and Split-SGD-BF16 storage).
+fn elts(seed: u64) -> [DType; 2] {
+    let (f, b) = (DType::F32, DType::BF16);
+    match seed {
+        0..40 => [f, f],
+        _ => [[b, b], [b, f], [f, b]][seed as usize % 3],
+    }
+}
+
+/// One random bag case: the op, its operands (the table of element type
+/// `tab`) and the result type (of element type `out`).
+fn bag_case(seed: u64, [tab, out]: [DType; 2]) -> (Op, Vec<Tensor>, TensorType, usize, String) {
     let mut r = rng(seed);
     let d = [1, 5, 16, 17, 31, 64, 100, 129, 200][r.random_range(0..9)];
     let rows = [3, 50, 2000][r.random_range(0..3)];
@@ -109,16 +146,24 @@ fn bag_case(seed: u64) -> (Op, Vec<Tensor>, TensorType, usize, String) {
     if !var {
         ins.truncate(2);
     }
-    let out = TensorType::new(DType::F32, [Dim::batch(), Dim::Fixed(d)]);
-    let name = format!("{op:?} seed={seed} rows={rows} d={d} s={s} l={l} var={var} i32={i32s}");
+    let mut table = ins.remove(0);
+    if [tab, out] != [DType::F32; 2] {
+        table = specials(table, seed);
+    }
+    ins.insert(0, as_dtype(table, tab));
+    let out = TensorType::new(out, [Dim::batch(), Dim::Fixed(d)]);
+    let name = format!(
+        "{op:?} seed={seed} rows={rows} d={d} s={s} l={l} var={var} i32={i32s} {tab:?}->{:?}",
+        out.dtype
+    );
     (op, ins, out, s, name)
 }
 
 #[test]
 fn native_bag_sums_match_the_references_on_random_shapes() {
     let ks = variants();
-    for seed in 0..40u64 {
-        let (op, ins, out, s, name) = bag_case(100 * seed);
+    for seed in 0..100u64 {
+        let (op, ins, out, s, name) = bag_case(100 * seed, elts(seed));
         let ins: Vec<&Tensor> = ins.iter().collect();
         let outs = [out];
         let want = interp(&op, &ins, &outs, s);
@@ -142,8 +187,10 @@ fn native_bag_sums_match_the_references_on_random_shapes() {
     }
 }
 
-/// One random update case: the op, its parameters and other operands.
-fn update_case(seed: u64) -> (Op, Vec<Tensor>, Vec<Tensor>, String) {
+/// One random update case: the op, its parameters and other operands (the
+/// gradient of element type `grad`; the table Split-SGD-BF16 when `store` is
+/// bf16, else either).
+fn update_case(seed: u64, [grad, store]: [DType; 2]) -> (Op, Vec<Tensor>, Vec<Tensor>, String) {
     let mut r = rng(seed);
     let d = [1, 7, 16, 33, 64, 100, 129, 200][r.random_range(0..8)];
     let rows = [2, 40, 3000][r.random_range(0..3)];
@@ -172,12 +219,15 @@ fn update_case(seed: u64) -> (Op, Vec<Tensor>, Vec<Tensor>, String) {
     };
     let sharded = held != rows;
     let tab = vals(seed + 2, rows * d)[lo * d..(lo + held) * d].to_vec();
-    let kind = r.random_range(0..3);
+    let kind = match store {
+        DType::BF16 => 1,
+        _ => r.random_range(0..3),
+    };
     let (op, params) = match (kind, sharded) {
         (0, false) => {
-            let g = Tensor::f32(vec![n, d], vals(seed + 4, n * d));
+            let g = as_dtype(Tensor::f32(vec![n, d], vals(seed + 4, n * d)), grad);
             let t = Tensor::f32(vec![rows, d], tab);
-            let name = format!("sparse_sgd seed={seed} rows={rows} d={d} n={n}");
+            let name = format!("sparse_sgd seed={seed} rows={rows} d={d} n={n} {grad:?}");
             let idx = random_indices(seed + 1, n, rows, i32s, vec![n]);
             return (Op::SparseSgd { lr }, vec![t], vec![idx, g], name);
         }
@@ -198,12 +248,13 @@ fn update_case(seed: u64) -> (Op, Vec<Tensor>, Vec<Tensor>, String) {
             vec![Tensor::f32(vec![held, d], tab)],
         ),
     };
-    let dy = Tensor::f32(vec![s, d], vals(seed + 5, s * d));
+    let dy = as_dtype(Tensor::f32(vec![s, d], vals(seed + 5, s * d)), grad);
     let mut rest = vec![dy, idx];
     if var {
         rest.push(off);
     }
-    let name = format!("{op:?} seed={seed} rows={rows} d={d} s={s} l={l} var={var} i32={i32s}");
+    let name =
+        format!("{op:?} seed={seed} rows={rows} d={d} s={s} l={l} var={var} i32={i32s} {grad:?}");
     (op, params, rest, name)
 }
 
@@ -230,8 +281,8 @@ fn update(op: &Op, params: &[Tensor], rest: &[&Tensor], jit: bool, threads: usiz
 #[test]
 fn native_row_updates_match_the_references_on_random_shapes() {
     let ks = variants();
-    for seed in 0..40u64 {
-        let (op, params, rest, name) = update_case(100 * seed + 7);
+    for seed in 0..100u64 {
+        let (op, params, rest, name) = update_case(100 * seed + 7, elts(seed));
         let rest: Vec<&Tensor> = rest.iter().collect();
         let reference = update(&op, &params, &rest, false, 1);
         let mut all: Vec<&Tensor> = params.iter().collect();

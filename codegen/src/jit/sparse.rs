@@ -22,7 +22,7 @@
 //! While the kernel updates one entry's row, it asks the CPU for the row of the
 //! entry [`prefetch::AHEAD`] on (the updates are random row reads and writes,
 //! latency-bound like the embedding bag's; [`prefetch`]).
-//! With f32 gradients on an f32 or split table, a native row kernel
+//! On an f32 or split table (f32 or bf16 gradients), a native row kernel
 //! ([`super::rows`], AVX-512 or AVX2+FMA where the CPU has one) does the row
 //! work instead: the generated loop calls it once per run of entries of one
 //! bag, and it computes `lr·g` once per run (the same value as per entry) and

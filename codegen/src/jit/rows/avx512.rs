@@ -1,5 +1,7 @@
 //! The AVX-512 (F, BW, VL) row kernels: 16 f32 per `zmm`, up to 8 vectors
-//! (128 columns) of a row in registers per pass, the last one masked.
+//! (128 columns) of a row in registers per pass, the last one masked. bf16
+//! rows (16 per `ymm`) are widened to f32 as they are loaded; bf16 results
+//! are rounded in the vector before a narrowing store (`vpmovdw`).
 //!
 //! Entries [`bag`] and [`run`] ([`super::BagFn`], [`super::RunFn`]); every
 //! inner function is `#[target_feature]` for exactly the features of
@@ -8,8 +10,8 @@
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use super::super::{
-        AHEAD, B_IDX64, B_MEAN, B_SHARD, B_WEIGHTED, BagArgs, R_MEAN, R_SPLIT, RunArgs,
-        fetch_bag_row, fetch_run_row, index_at, run_of,
+        AHEAD, B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_WEIGHTED, BagArgs,
+        R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_bag_row, fetch_run_row, index_at, run_of,
     };
     use std::arch::x86_64::*;
 
@@ -24,18 +26,71 @@ mod imp {
         ((1u32 << n) - 1) as __mmask16
     }
 
+    /// 16 elements (the mask `m`'s, the others 0) at `p` as f32: bf16 (`BF`)
+    /// widened exactly, else f32.
+    ///
+    /// # Safety
+    /// `p` holds the masked elements.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn load16<const BF: bool>(p: *const u8, m: __mmask16) -> __m512 {
+        // SAFETY: forwarded (masked lanes are not read).
+        unsafe {
+            if BF {
+                let h = _mm256_maskz_loadu_epi16(m, p.cast());
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            } else {
+                _mm512_maskz_loadu_ps(m, p.cast())
+            }
+        }
+    }
+
+    /// The bf16 bit patterns (in the low halves of the lanes) of `x` rounded
+    /// to nearest even, NaN kept a quiet NaN: `half::bf16::from_f32`'s rule.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    fn bf16_bits(x: __m512) -> __m512i {
+        let bits = _mm512_castps_si512(x);
+        let hi = _mm512_srli_epi32::<16>(bits);
+        let lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+        let t = _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), lsb);
+        let quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        _mm512_mask_blend_epi32(nan, _mm512_srli_epi32::<16>(t), quiet)
+    }
+
+    /// Stores the mask `m`'s lanes of `x` at `p`: rounded to bf16 (`bf`), else
+    /// f32.
+    ///
+    /// # Safety
+    /// `p` holds the masked elements.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn store16(bf: bool, p: *mut u8, x: __m512, m: __mmask16) {
+        // SAFETY: forwarded (masked lanes are not written).
+        unsafe {
+            if bf {
+                _mm512_mask_cvtepi32_storeu_epi16(p.cast(), m, bf16_bits(x));
+            } else {
+                _mm512_mask_storeu_ps(p.cast(), m, x);
+            }
+        }
+    }
+
     /// Columns `c0..c0+cols` (`NV = ⌈cols/16⌉` vectors) of a bag: the rows of
-    /// positions `start..end` added in order, the mean's division, the store.
+    /// positions `start..end` (f32, or bf16 with `BF`) added in order, the
+    /// mean's division, the store.
     ///
     /// # Safety
     /// [`super::super::BagFn`]'s contract; `c0 + cols <= d`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn bag_cols<const NV: usize>(
+    unsafe fn bag_cols<const NV: usize, const BF: bool>(
         a: &BagArgs,
         (start, end): (usize, usize),
-        out: *mut f32,
+        out: *mut u8,
         (c0, cols): (usize, usize),
     ) {
+        let es = if BF { 2 } else { 4 };
         let last = mask(cols - LANES * (NV - 1));
         let idx64 = a.flags & B_IDX64 != 0;
         let (shard, weighted) = (a.flags & B_SHARD != 0, a.flags & B_WEIGHTED != 0);
@@ -53,18 +108,15 @@ mod imp {
                 if shard && (i.wrapping_sub(a.first) as u64) >= a.span as u64 {
                     continue;
                 }
-                let row = a.table.add(i as usize * a.d + c0);
+                let row = a.table.add((i as usize * a.d + c0) * es);
                 let w = if weighted {
                     Some(_mm512_set1_ps(*a.weights.add(p)))
                 } else {
                     None
                 };
                 for (k, s) in acc.iter_mut().enumerate() {
-                    let x = if k + 1 == NV {
-                        _mm512_maskz_loadu_ps(last, row.add(LANES * k))
-                    } else {
-                        _mm512_loadu_ps(row.add(LANES * k))
-                    };
+                    let m = if k + 1 == NV { last } else { 0xFFFF };
+                    let x = load16::<BF>(row.add(LANES * k * es), m);
                     // The product rounded, then added (never fused).
                     let x = match w {
                         Some(w) => _mm512_mul_ps(w, x),
@@ -80,17 +132,32 @@ mod imp {
                 *s = _mm512_div_ps(*s, c);
             }
         }
+        let (obf, eo) = match a.flags & B_OUT_BF16 != 0 {
+            true => (true, 2),
+            false => (false, 4),
+        };
         for (k, s) in acc.iter().enumerate() {
-            // SAFETY: `out` holds `d >= c0 + cols` f32; the last store is
-            // masked to the columns below `c0 + cols`.
-            unsafe {
-                let o = out.add(c0 + LANES * k);
-                if k + 1 == NV {
-                    _mm512_mask_storeu_ps(o, last, *s);
-                } else {
-                    _mm512_storeu_ps(o, *s);
-                }
-            }
+            let m = if k + 1 == NV { last } else { 0xFFFF };
+            // SAFETY: `out` holds `d >= c0 + cols` elements of the result
+            // type; the last store is masked to the columns below `c0 + cols`.
+            unsafe { store16(obf, out.add((c0 + LANES * k) * eo), *s, m) };
+        }
+    }
+
+    /// A [`bag_cols`] instance.
+    type BagCols = unsafe fn(&BagArgs, (usize, usize), *mut u8, (usize, usize));
+
+    /// The [`bag_cols`] of `nv` vectors (1 to 8) and the table type `BF`.
+    fn bag_cols_of<const BF: bool>(nv: usize) -> BagCols {
+        match nv {
+            1 => bag_cols::<1, BF>,
+            2 => bag_cols::<2, BF>,
+            3 => bag_cols::<3, BF>,
+            4 => bag_cols::<4, BF>,
+            5 => bag_cols::<5, BF>,
+            6 => bag_cols::<6, BF>,
+            7 => bag_cols::<7, BF>,
+            _ => bag_cols::<8, BF>,
         }
     }
 
@@ -99,7 +166,7 @@ mod imp {
     ///
     /// # Safety
     /// [`super::super::BagFn`]'s contract.
-    pub unsafe extern "C" fn bag(args: *const BagArgs, start: i64, end: i64, out: *mut f32) {
+    pub unsafe extern "C" fn bag(args: *const BagArgs, start: i64, end: i64, out: *mut u8) {
         // SAFETY: forwarded (the contract's `args`, positions and `out`).
         unsafe {
             let a = &*args;
@@ -107,17 +174,11 @@ mod imp {
             let mut c0 = 0;
             while c0 < a.d {
                 let cols = (a.d - c0).min(LANES * MAXV);
-                let cc = (c0, cols);
-                match cols.div_ceil(LANES) {
-                    1 => bag_cols::<1>(a, se, out, cc),
-                    2 => bag_cols::<2>(a, se, out, cc),
-                    3 => bag_cols::<3>(a, se, out, cc),
-                    4 => bag_cols::<4>(a, se, out, cc),
-                    5 => bag_cols::<5>(a, se, out, cc),
-                    6 => bag_cols::<6>(a, se, out, cc),
-                    7 => bag_cols::<7>(a, se, out, cc),
-                    _ => bag_cols::<8>(a, se, out, cc),
-                }
+                let f = match a.flags & B_TABLE_BF16 != 0 {
+                    true => bag_cols_of::<true>(cols.div_ceil(LANES)),
+                    false => bag_cols_of::<false>(cols.div_ceil(LANES)),
+                };
+                f(a, se, out, (c0, cols));
                 c0 += cols;
             }
         }
@@ -184,9 +245,17 @@ mod imp {
         let lr = _mm512_set1_ps(a.lr);
         let div = _mm512_set1_ps(size);
         let mut step = [_mm512_setzero_ps(); NV];
+        let gbf = a.flags & R_GRAD_BF16 != 0;
         for (k, st) in step.iter_mut().enumerate() {
-            // SAFETY: bag `s`'s gradient row holds `d >= c0 + cols` f32.
-            let g = unsafe { _mm512_maskz_loadu_ps(m(k), a.grad.add(s * a.d + c0 + LANES * k)) };
+            // SAFETY: bag `s`'s gradient row holds `d >= c0 + cols` elements
+            // of the gradient type (masked to `c0 + cols`).
+            let g = unsafe {
+                let at = s * a.d + c0 + LANES * k;
+                match gbf {
+                    true => load16::<true>(a.grad.add(at * 2), m(k)),
+                    false => load16::<false>(a.grad.add(at * 4), m(k)),
+                }
+            };
             let g = if a.flags & R_MEAN != 0 {
                 _mm512_div_ps(g, div)
             } else {
@@ -253,7 +322,7 @@ pub use imp::{bag, run};
 
 /// Never called: no native row kernel is available off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
-pub unsafe extern "C" fn bag(_: *const super::BagArgs, _: i64, _: i64, _: *mut f32) {}
+pub unsafe extern "C" fn bag(_: *const super::BagArgs, _: i64, _: i64, _: *mut u8) {}
 
 /// Never called: no native row kernel is available off x86-64.
 #[cfg(not(target_arch = "x86_64"))]

@@ -14,7 +14,10 @@ use super::super::embedding::{BagSpec, bag_bounds};
 use super::super::gemm::Elt;
 use super::super::sparse::{SparseSpec, Store};
 use super::super::{Jit, JitError};
-use super::{B_IDX64, B_MEAN, B_SHARD, B_WEIGHTED, BagArgs, R_MEAN, R_SPLIT, RowKernel, RunArgs};
+use super::{
+    B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_WEIGHTED, BagArgs, R_GRAD_BF16, R_MEAN,
+    R_SPLIT, RowKernel, RunArgs,
+};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{AbiParam, InstBuilder, StackSlotData, StackSlotKind, Value, types};
 use cranelift_frontend::FunctionBuilder;
@@ -22,16 +25,16 @@ use cranelift_jit::JITModule;
 use cranelift_module::{FuncId, Linkage, Module};
 use std::mem::offset_of;
 
-/// Whether the native forward covers `spec`: an f32 table and result (any
-/// pooling, indices, shard, weights), not the gradient.
+/// Whether the native forward covers `spec`: every bag sum (f32 or bf16 table
+/// and result, any pooling, indices, shard, weights), not the gradient.
 pub(crate) fn covers_bag(spec: &BagSpec) -> bool {
-    spec.table == Elt::F32 && spec.out == Elt::F32 && !spec.grad
+    !spec.grad
 }
 
-/// Whether the native update covers `spec`: f32 or Split-SGD-BF16 storage, f32
-/// gradients.
+/// Whether the native update covers `spec`: f32 or Split-SGD-BF16 storage
+/// (f32 or bf16 gradients).
 pub(crate) fn covers_run(spec: &SparseSpec) -> bool {
-    matches!(spec.table, Store::F32 | Store::Split) && spec.grad == Elt::F32
+    matches!(spec.table, Store::F32 | Store::Split)
 }
 
 /// A module in which `symbol` is bound to `entry`, with the import declared:
@@ -82,6 +85,8 @@ pub(crate) fn compile_bag(jit: &Jit, spec: BagSpec, k: RowKernel) -> Result<*con
             (spec.shard, B_SHARD),
             (spec.weighted, B_WEIGHTED),
             (spec.mean, B_MEAN),
+            (spec.table == Elt::BF16, B_TABLE_BF16),
+            (spec.out == Elt::BF16, B_OUT_BF16),
         ] {
             fl |= if on { bit } else { 0 };
         }
@@ -105,7 +110,7 @@ pub(crate) fn compile_bag(jit: &Jit, spec: BagSpec, k: RowKernel) -> Result<*con
         super::super::clif::for_range(b, s0, s1, 1, &mut |b, s| {
             let (start, end) = bag_bounds(b, spec.pooling, bounds, s);
             let rel = b.ins().isub(s, s0);
-            let off = b.ins().imul_imm_s(rel, (spec.d * 4) as i64);
+            let off = b.ins().imul_imm_s(rel, (spec.d * spec.out.size()) as i64);
             let orow = b.ins().iadd(out, off);
             b.ins().call(f, &[args, start, end, orow]);
         });
@@ -133,6 +138,9 @@ pub(crate) fn compile_run(
         }
         if spec.mean && !spec.per_pos {
             fl |= R_MEAN;
+        }
+        if spec.grad == Elt::BF16 {
+            fl |= R_GRAD_BF16;
         }
         let d = b.ins().iconst(types::I64, spec.d as i64);
         let pooling = spec.pooling.map_or(-1, |l| l as i64);

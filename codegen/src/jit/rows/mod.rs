@@ -4,6 +4,14 @@
 //! at run time, bound as JIT symbols the generated code calls (as the GEMM loop
 //! nests call their micro-kernels, [`super::micro`]).
 //!
+//! Element types: the bag reads f32 or bf16 tables and writes f32 or bf16
+//! results; the update reads f32 or bf16 gradients and updates f32 or
+//! Split-SGD-BF16 tables. A bf16 element is widened exactly (`bits << 16`) on
+//! load, and a bf16 result is rounded once, to nearest even with NaN kept a
+//! quiet NaN (`half::bf16::from_f32`'s rule, in integer operations: no
+//! AVX512-BF16 instruction, whose conversion flushes subnormals), so every
+//! element type computes the same f32 operations as the f32 kernels.
+//!
 //! The JIT kernels keep the loop over bags (or over runs of entries) and the
 //! validation; each call does one bag's (one run's) row work: with 512-bit (or
 //! 256-bit) vectors where Cranelift has 128-bit ones, the accumulators in
@@ -40,20 +48,26 @@ pub const B_SHARD: u32 = 2;
 pub const B_WEIGHTED: u32 = 4;
 /// [`BagArgs::flags`]: divide the sum by the bag's size (an empty bag stays 0).
 pub const B_MEAN: u32 = 8;
+/// [`BagArgs::flags`]: the table is bf16 (else f32).
+pub const B_TABLE_BF16: u32 = 16;
+/// [`BagArgs::flags`]: the result is bf16, each sum rounded once (else f32).
+pub const B_OUT_BF16: u32 = 32;
 
 /// [`RunArgs::flags`]: the table is Split-SGD-BF16 (`hi`, `lo`: the high and
 /// low halves of the f32 master), else f32 at `hi`.
 pub const R_SPLIT: u32 = 1;
 /// [`RunArgs::flags`]: divide each gradient row by its bag's size first.
 pub const R_MEAN: u32 = 2;
+/// [`RunArgs::flags`]: the gradient is bf16 (else f32).
+pub const R_GRAD_BF16: u32 = 4;
 
 /// The arguments of an embedding-bag forward JIT call, for its [`BagFn`] calls.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BagArgs {
-    /// f32 table: row `i` at `table + i·d` (a shard's `first` rows before its
-    /// storage).
-    pub table: *const f32,
+    /// The table (f32, or bf16 with [`B_TABLE_BF16`]): row `i` at `table +
+    /// i·d` elements (a shard's `first` rows before its storage).
+    pub table: *const u8,
     /// The indices (i64 with [`B_IDX64`], else i32).
     pub idx: *const u8,
     /// One f32 weight per index position ([`B_WEIGHTED`]).
@@ -70,15 +84,16 @@ pub struct BagArgs {
     pub flags: u32,
 }
 
-/// Sums the rows of index positions `start..end` into the `d` f32 at `out`,
-/// fetching the rows [`AHEAD`] positions on (below `pend`).
+/// Sums the rows of index positions `start..end` into the `d` elements at
+/// `out` (f32, or bf16 with [`B_OUT_BF16`]), fetching the rows [`AHEAD`]
+/// positions on (below `pend`).
 ///
 /// # Safety (for the caller)
 /// `args` is a valid [`BagArgs`]; every index of `start..end` names a row the
 /// table holds (with [`B_SHARD`], only those in the shard are read), the
-/// positions below `pend` are indices too, `out` holds `d` f32, and the CPU
-/// has the kernel's features.
-pub type BagFn = unsafe extern "C" fn(args: *const BagArgs, start: i64, end: i64, out: *mut f32);
+/// positions below `pend` are indices too, `out` holds `d` elements of the
+/// result type, and the CPU has the kernel's features.
+pub type BagFn = unsafe extern "C" fn(args: *const BagArgs, start: i64, end: i64, out: *mut u8);
 
 /// The arguments of a sparse update JIT call, for its [`RunFn`] calls.
 #[repr(C)]
@@ -89,8 +104,9 @@ pub struct RunArgs {
     pub hi: *mut u8,
     /// The bf16 low halves ([`R_SPLIT`]).
     pub lo: *mut u8,
-    /// The f32 gradient rows: bag `s`'s at `grad + s·d`.
-    pub grad: *const f32,
+    /// The gradient rows (f32, or bf16 with [`R_GRAD_BF16`]): bag `s`'s at
+    /// `grad + s·d` elements.
+    pub grad: *const u8,
     /// The bag bounds (when `pooling < 0`): bag `s` is `bounds[s]..bounds[s+1]`.
     pub bounds: *const i64,
     /// Row width, in elements.
@@ -253,8 +269,9 @@ unsafe fn fetch_bag_row(a: &BagArgs, q: usize) {
         // SAFETY: position `q < pend` is an index (the caller's contract).
         let i = unsafe { index_at(a.idx, a.flags & B_IDX64 != 0, q) };
         if a.flags & B_SHARD == 0 || (i.wrapping_sub(a.first) as u64) < a.span as u64 {
-            let row = (a.table as usize).wrapping_add(i as usize * a.d * 4);
-            fetch(row as *const u8, a.d * 4);
+            let es = if a.flags & B_TABLE_BF16 != 0 { 2 } else { 4 };
+            let row = (a.table as usize).wrapping_add(i as usize * a.d * es);
+            fetch(row as *const u8, a.d * es);
         }
     }
 }
