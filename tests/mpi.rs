@@ -659,5 +659,8 @@ fn calibrate_measures_exchanges_between_mpi_processes() {
     // Any positive finite rate: what two processes exchange per second depends
     // on the machine's load (0.00996 GB/s and 28 ms latency with two builds
     // running beside the test on 2 cores).
-    assert!(gbps > 0.0 && gbps.is_finite() && (0.0..1e6).contains(&lat), "{c}");
+    assert!(
+        gbps > 0.0 && gbps.is_finite() && (0.0..1e6).contains(&lat),
+        "{c}"
+    );
 }
