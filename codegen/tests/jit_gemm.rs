@@ -149,8 +149,7 @@ fn gemm_case(
         check(&format!("{spec:?}"), &got, &want, &scale, c_bf);
         outs.push(got);
     }
-    // The micro-kernels sum k in order with FMAs (the native ones in k chunks
-    // past GemmSpec::kc): bitwise the Cranelift kernel's one pass.
+    // The FMA micro-kernels sum k in order: bitwise the Cranelift kernel's.
     for (o, micro) in outs[1..].iter().zip(&micros()[1..]) {
         assert!(
             o.iter()
@@ -187,50 +186,20 @@ fn gemm_larger_shapes_cover_cache_blocks() {
 }
 
 #[test]
-fn gemm_k_chunks_match_one_pass() {
-    // k past the native kernels' chunk (GemmSpec::kc): chunked sums with the
-    // epilogue on the last chunk, bitwise the Cranelift kernel's one pass;
-    // ragged last chunks; row-major, transposed (seed % 4 == 3) and packed
-    // (seed % 3 == 1) A; bf16 A; a bf16 C (not chunked) beside.
+fn gemm_long_reductions() {
+    // k of the DLRM layers' size, ragged: row-major, transposed (seed % 4 == 3)
+    // and packed (seed % 3 == 1) A; bf16 A and C; batch-reduce A in blocks of
+    // kb; each native kernel bitwise the Cranelift kernel's.
     gemm_case(53, 45, 700, false, false, true, true, 4);
     gemm_case(29, 33, 517, true, false, true, true, 7);
     gemm_case(30, 64, 1029, false, false, false, true, 11);
     gemm_case(14, 20, 300, false, true, true, false, 8);
-    for (m, n, k, kb, seed) in [(40, 32, 600, 64, 1), (37, 16, 513, 50, 2), (13, 32, 385, 200, 3)] {
+    for (m, n, k, kb, seed) in [
+        (40, 32, 600, 64, 1),
+        (37, 16, 513, 50, 2),
+        (13, 32, 385, 200, 3),
+    ] {
         batch_reduce_case(m, n, k, kb, seed % 2 == 0, true, true, seed);
-    }
-}
-
-#[test]
-fn k_chunks_are_whole_blocks_and_only_for_f32_c() {
-    let spec = |micro, c, k, kb| GemmSpec {
-        m: 64,
-        n: 32,
-        k,
-        lda: k,
-        acs: 1,
-        ldc: 32,
-        a: Elt::F32,
-        c,
-        bias: true,
-        relu: true,
-        micro,
-        pack_a: false,
-        b: BLayout::Packed,
-        kb,
-        a_blk: 64 * k,
-    }
-    .normalized();
-    for micro in micros() {
-        let kc = spec(micro, Elt::F32, 1024, 0).kc();
-        if micro == Micro::Cranelift {
-            assert_eq!(kc, 1024, "the inlined kernel is not chunked");
-            continue;
-        }
-        assert!(kc < 1024, "{micro:?}: a 1024-step panel is chunked");
-        assert_eq!(spec(micro, Elt::F32, 1024, 50).kc() % 50, 0, "whole blocks");
-        assert_eq!(spec(micro, Elt::F32, 1024, 300).kc(), 300, "one block a chunk");
-        assert_eq!(spec(micro, Elt::BF16, 1024, 0).kc(), 1024, "bf16 C");
     }
 }
 
