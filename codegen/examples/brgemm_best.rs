@@ -12,6 +12,9 @@
 //! place) where the op can do either ([`JitOptions::pack_a`]); `FLUSH=1` writes
 //! 64 MiB before each timed run, so the operands come from memory as in a
 //! training step whose other ops evicted them, not from a warm L2/L3.
+//! `DTYPE=bf16` gives the blocked ops bf16 operands and results (wgrad's f32),
+//! as a `--precision bf16` plan has them, and times `auto` and the k-pair
+//! kernels (AVX-512 BF16, AMX-BF16) the CPU has beside the FMA ones.
 //!
 //! Each line gives the best wall time and, beside it, the best CPU time of the
 //! process (all threads; GFLOP per CPU-second is about one core's rate): on a
@@ -56,8 +59,8 @@ fn cpu_seconds() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-fn ty(shape: &[usize]) -> TensorType {
-    TensorType::new(DType::F32, shape.iter().map(|&d| Dim::Fixed(d)))
+fn ty_of(dtype: DType, shape: &[usize]) -> TensorType {
+    TensorType::new(dtype, shape.iter().map(|&d| Dim::Fixed(d)))
 }
 
 fn main() {
@@ -76,20 +79,29 @@ fn main() {
     let bk = env("BK").or(forced).unwrap_or(64).min(k);
     let bn = env("BN").or(forced).unwrap_or(64).min(n);
     let (kb, nb) = (k.div_ceil(bk), n.div_ceil(bn));
+    // DTYPE=bf16: the blocked operands and the activations' results in bf16, as
+    // a `--precision bf16` plan has them (the bias and wgrad's results f32).
+    let bf16 = std::env::var("DTYPE").is_ok_and(|d| d == "bf16");
+    let dt = if bf16 { DType::BF16 } else { DType::F32 };
     let t = |shape: Vec<usize>, seed| {
         let len = shape.iter().product();
         Tensor::f32(shape, vals(seed, len))
     };
+    let tb = |shape: Vec<usize>, seed| {
+        let len = shape.iter().product();
+        Tensor::from_f32(dt, shape, vals(seed, len))
+    };
+    let ty = |shape: &[usize]| ty_of(dt, shape);
     let (x, w, b) = (t(vec![s, k], 1), t(vec![n, k], 2), t(vec![n], 3));
     let dy = t(vec![s, n], 4);
-    let (xb, wb) = (t(vec![kb, s, bk], 1), t(vec![nb, kb, bk, bn], 2));
-    let (dyb, yb) = (t(vec![nb, s, bn], 4), t(vec![nb, s, bn], 5));
+    let (xb, wb) = (tb(vec![kb, s, bk], 1), tb(vec![nb, kb, bk, bn], 2));
+    let (dyb, yb) = (tb(vec![nb, s, bn], 4), tb(vec![nb, s, bn], 5));
     let cases: Vec<Case<'_>> = vec![
         (
             "linear",
             Op::Linear { act: Act::Relu },
             vec![&x, &w, &b],
-            vec![ty(&[s, n])],
+            vec![ty_of(DType::F32, &[s, n])],
         ),
         (
             "brgemm",
@@ -97,23 +109,36 @@ fn main() {
             vec![&xb, &wb, &b],
             vec![ty(&[nb, s, bn])],
         ),
-        ("linear_dx", Op::LinearDx, vec![&dy, &w], vec![ty(&[s, k])]),
+        (
+            "linear_dx",
+            Op::LinearDx,
+            vec![&dy, &w],
+            vec![ty_of(DType::F32, &[s, k])],
+        ),
         (
             "brgemm_dgrad",
             Op::BrgemmDgrad {
                 act: Act::Relu,
                 mask: Act::None,
-                dtype: DType::F32,
+                dtype: dt,
             },
             vec![&dyb, &yb, &wb],
             vec![ty(&[kb, s, bk])],
         ),
-        ("linear_dw", Op::LinearDw, vec![&dy, &x], vec![ty(&[n, k])]),
+        (
+            "linear_dw",
+            Op::LinearDw,
+            vec![&dy, &x],
+            vec![ty_of(DType::F32, &[n, k])],
+        ),
         (
             "brgemm_wgrad",
             Op::BrgemmWgrad { act: Act::Relu, n },
             vec![&dyb, &yb, &xb],
-            vec![ty(&[nb, kb, bk, bn]), ty(&[n])],
+            vec![
+                ty_of(DType::F32, &[nb, kb, bk, bn]),
+                ty_of(DType::F32, &[n]),
+            ],
         ),
     ];
     let mut cases = cases;
@@ -126,6 +151,15 @@ fn main() {
     }
     if micro::AVX512.available() {
         choices.push(KernelChoice::Avx512);
+    }
+    if bf16 {
+        choices.push(KernelChoice::Auto);
+        if micro::AVX512_BF16.available() {
+            choices.push(KernelChoice::Avx512Bf16);
+        }
+        if micro::AMX_BF16.available() {
+            choices.push(KernelChoice::AmxBf16);
+        }
     }
     if let Ok(only) = std::env::var("KERNELS") {
         choices.retain(|c| c.name() == only);

@@ -6,17 +6,17 @@
 //! The reduction runs over the samples, so the k pairs the kernel reads are
 //! pairs of samples: `A = xᵀ` is copied once per call into `[Kb·bk][S]` bf16
 //! rows (consecutive samples adjacent, one batch-reduce block), and `B =
-//! dz[nb]` (`S × bn`) is packed in sample pairs
-//! ([`pack_b_pairs_into`]). One GEMM per N block over all `Kb·bk` rows gives
-//! `dw[nb]` in its blocked layout. `db` is summed from the bf16 `dz` in f32,
-//! sample order (as the interpreter). Taken only where `auto` (or the forced
+//! dz[nb]` (`S × bn`) is packed in sample pairs as
+//! [`crate::jit::micro::avx512bf16::pack_b_pairs_into`] packs them, in one pass
+//! over `dy` that applies relu's mask and sums `db` (in f32, sample order, as
+//! the interpreter) on the way ([`pack_dz_pairs`]). One GEMM per N block over
+//! all `Kb·bk` rows gives `dw[nb]` in its blocked layout. Taken only where `auto` (or the forced
 //! `avx512bf16` / `amxbf16`) runs such a kernel; elsewhere the general path runs.
 
 use super::{row_block, run_blocks, with_kernel};
 use crate::jit::buffers::{Fresh, Scratch};
 use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand, pack_b_into};
 use crate::jit::micro::BPacking;
-use crate::jit::micro::avx512bf16::pack_b_pairs_into;
 use crate::jit::{Jit, JitOptions, KernelChoice};
 use crate::kernels::KResult;
 use crate::kernels::brgemm::floats;
@@ -25,13 +25,36 @@ use half::bf16;
 use rayon::prelude::*;
 use std::borrow::Cow;
 
-/// The bf16 operands of the path: `dz` (`[Nb][S][bn]`) and `x` (`[Kb][S][bk]`),
-/// or `None` when it does not apply (module docs).
+/// `dz = act'(dy, y)` of the path, bf16: `dy` itself (`none`), `dy` masked by
+/// a bf16 `y` on the way into the packed panels (`relu`, [`pack_dz_pairs`]),
+/// or computed whole (`relu` with an f32 `y`).
+pub(super) enum Dz<'t> {
+    /// `dz = dy`.
+    Plain(&'t [bf16]),
+    /// `dz = y > 0 ? dy : 0`, `(dy, y)`.
+    Relu(&'t [bf16], &'t [bf16]),
+    /// `dz` computed.
+    Owned(Vec<bf16>),
+}
+
+impl Dz<'_> {
+    /// `(dy, the relu mask's y if any)`.
+    fn parts(&self) -> (&[bf16], Option<&[bf16]>) {
+        match self {
+            Dz::Plain(d) => (d, None),
+            Dz::Relu(d, y) => (d, Some(y)),
+            Dz::Owned(d) => (d, None),
+        }
+    }
+}
+
+/// The bf16 operands of the path: `dz` (`[Nb][S][bn]`, [`Dz`]) and `x`
+/// (`[Kb][S][bk]`), or `None` when it does not apply (module docs).
 pub(super) fn operands<'t>(
     opts: &JitOptions,
     act: Act,
-    (dy, y, x): (&'t Tensor, &Tensor, &'t Tensor),
-) -> Option<(Cow<'t, [bf16]>, &'t [bf16])> {
+    (dy, y, x): (&'t Tensor, &'t Tensor, &'t Tensor),
+) -> Option<(Dz<'t>, &'t [bf16])> {
     let (Data::BF16(d), Data::BF16(xv)) = (&dy.data, &x.data) else {
         return None;
     };
@@ -44,20 +67,93 @@ pub(super) fn operands<'t>(
     if !dot {
         return None;
     }
-    let dz = match act {
-        Act::None => Cow::Borrowed(d.as_slice()),
-        Act::Relu => {
+    let dz = match (act, &y.data) {
+        (Act::None, _) => Dz::Plain(d),
+        (Act::Relu, Data::BF16(yv)) if yv.len() == d.len() => Dz::Relu(d, yv),
+        (Act::Relu, _) => {
             let yv = floats(y);
-            Cow::Owned(
+            Dz::Owned(
                 d.par_iter()
                     .zip(yv.par_iter())
                     .map(|(&d, &y)| if y > 0.0 { d } else { bf16::ZERO })
                     .collect(),
             )
         }
-        Act::Sigmoid => return None,
+        (Act::Sigmoid, _) => return None,
     };
     Some((dz, xv.as_slice()))
+}
+
+/// Whether a bf16 `y` is `> 0` (relu's derivative is 1): its bits are those of
+/// a positive finite number or `+inf` (not ±0, negative or NaN).
+#[inline]
+fn positive(y: bf16) -> bool {
+    (1..=0x7F80).contains(&y.to_bits())
+}
+
+/// Packs one N block of `dz` (`S × bn` rows of `dy`, masked by `y > 0` when
+/// `y` is given) in sample pairs for the k-pair kernels, as
+/// [`pack_b_pairs_into`] packs `dz` itself (`⌈bn/nr⌉` panels of `⌈S/2⌉` rows
+/// of `nr` words, each two bf16 of consecutive samples, zero past `S` and
+/// `bn`), and adds the block's `dz` into `db` (`bn` f32) in sample order, in
+/// the same pass over `dy`.
+fn pack_dz_pairs(
+    dst: &mut [f32],
+    db: &mut [f32],
+    (dy, y): (&[bf16], Option<&[bf16]>),
+    (s, bn): (usize, usize),
+    nr: usize,
+) {
+    let k2 = s.div_ceil(2);
+    // `dz` of `len <= W` elements of `dy` from `at`, as bits.
+    const W: usize = 64;
+    let dz = |at: usize, len: usize, out: &mut [u16; W]| {
+        let d = &dy[at..at + len];
+        match y {
+            Some(y) => {
+                for ((o, &d), &y) in out.iter_mut().zip(d).zip(&y[at..at + len]) {
+                    *o = if positive(y) { d.to_bits() } else { 0 };
+                }
+            }
+            None => {
+                for (o, &d) in out.iter_mut().zip(d) {
+                    *o = d.to_bits();
+                }
+            }
+        }
+    };
+    let widen = |b: u16| f32::from_bits(u32::from(b) << 16);
+    let (mut lo, mut hi) = ([0u16; W], [0u16; W]);
+    for (p, panel) in dst.chunks_mut(k2 * nr).enumerate() {
+        let j0 = p * nr;
+        let cols = nr.min(bn - j0);
+        for (q, row) in panel.chunks_exact_mut(nr).enumerate() {
+            let pair = 2 * q + 1 < s;
+            for c0 in (0..cols).step_by(W) {
+                let len = W.min(cols - c0);
+                dz(2 * q * bn + j0 + c0, len, &mut lo);
+                if pair {
+                    dz((2 * q + 1) * bn + j0 + c0, len, &mut hi);
+                } else {
+                    hi.fill(0);
+                }
+                for ((w, &l), &h) in row[c0..c0 + len].iter_mut().zip(&lo).zip(&hi) {
+                    *w = f32::from_bits(u32::from(l) | u32::from(h) << 16);
+                }
+                // `db` in sample order: each column's first sample, then its second.
+                let db = &mut db[j0 + c0..j0 + c0 + len];
+                for (a, &l) in db.iter_mut().zip(&lo) {
+                    *a += widen(l);
+                }
+                if pair {
+                    for (a, &h) in db.iter_mut().zip(&hi) {
+                        *a += widen(h);
+                    }
+                }
+            }
+            row[cols..].fill(0.0);
+        }
+    }
 }
 
 /// `dw` (`[Nb][Kb·bk][bn]`, elements `dw_elt`) and `db` sums (`[Nb][bn]`) from
@@ -65,21 +161,15 @@ pub(super) fn operands<'t>(
 pub(super) fn wgrad_gemm(
     jit: &Jit,
     opts: &JitOptions,
-    (dz, x): (&[bf16], &[bf16]),
+    (dz, x): (&Dz<'_>, &[bf16]),
     (nb, kb, s, bk, bn): (usize, usize, usize, usize, usize),
     dw_elt: Elt,
 ) -> KResult<(crate::jit::buffers::Floats, Vec<f32>)> {
     const OP: &str = "brgemm_wgrad";
     let kp = kb * bk;
-    let mut dbp = vec![0.0f32; nb * bn];
-    dbp.par_chunks_mut(bn).enumerate().for_each(|(nbi, acc)| {
-        for row in dz[nbi * s * bn..(nbi + 1) * s * bn].chunks_exact(bn) {
-            for (a, &z) in acc.iter_mut().zip(row) {
-                *a += z.to_f32();
-            }
-        }
-    });
+    let (dy, mask) = dz.parts();
     let (xt, ld) = transpose_x(x, (kb, s, bk));
+    let xt16: &[bf16] = bytemuck::cast_slice(&xt[..]);
     let base = GemmSpec {
         m: kp,
         n: bn,
@@ -103,46 +193,107 @@ pub(super) fn wgrad_gemm(
         let (mr, nr) = (sp.micro.mr(), sp.micro.nr());
         let blk_b = sp.packed_b_len();
         let mut bp = Scratch::new(nb * blk_b);
-        bp.chunks_mut(blk_b).enumerate().for_each(|(nbi, dst)| {
-            let src = &dz[nbi * s * bn..(nbi + 1) * s * bn];
-            match sp.micro.b_packing() {
-                BPacking::KPairs => pack_b_pairs_into(dst, src, (s, bn, bn, 1), nr),
-                BPacking::F32 => pack_b_into(dst, src, (s, bn, bn, 1), nr),
-            }
-        });
+        let mut dbp = vec![0.0f32; nb * bn];
+        // One task per N block: its panels of `dz` and its `db`.
+        bp.par_chunks_mut(blk_b)
+            .zip(dbp.par_chunks_mut(bn))
+            .enumerate()
+            .for_each(|(nbi, (dst, db))| {
+                let blk = nbi * s * bn..(nbi + 1) * s * bn;
+                let src = (&dy[blk.clone()], mask.map(|y| &y[blk]));
+                match sp.micro.b_packing() {
+                    BPacking::KPairs => pack_dz_pairs(dst, db, src, (s, bn), nr),
+                    BPacking::F32 => {
+                        let dz = dz_block(db, src, bn);
+                        pack_b_into(dst, &dz[..], (s, bn, bn, 1), nr);
+                    }
+                }
+            });
         let b_of = |nbi: usize| (&bp[nbi * blk_b..(nbi + 1) * blk_b], None);
         let dw = run_blocks(
             kern,
             Fresh::new(dw_elt, nb * kp * bn),
             (nb, kp, bn, row_block(kp, mr, nb)),
-            &|_, r0| Operand::BF16(&xt[(r0 * ld).min(xt.len())..]),
+            &|_, r0| Operand::BF16(&xt16[(r0 * ld).min(xt16.len())..]),
             &b_of,
             None,
         )?;
-        result = Some(dw);
+        result = Some((dw, dbp));
         Ok(())
     })?;
-    let dw = result.ok_or_else(|| crate::kernels::shape_err(OP, "internal: no result".into()))?;
-    Ok((dw, dbp))
+    result.ok_or_else(|| crate::kernels::shape_err(OP, "internal: no result".into()))
+}
+
+/// One N block's `dz` whole (`S × bn`, for the FMA kernels' f32 panels), with
+/// its `db` summed in sample order.
+fn dz_block<'a>(
+    db: &mut [f32],
+    (dy, y): (&'a [bf16], Option<&[bf16]>),
+    bn: usize,
+) -> Cow<'a, [bf16]> {
+    let dz = match y {
+        Some(y) => Cow::Owned(
+            dy.iter()
+                .zip(y)
+                .map(|(&d, &y)| if positive(y) { d } else { bf16::ZERO })
+                .collect(),
+        ),
+        None => Cow::Borrowed(dy),
+    };
+    for row in dz.chunks_exact(bn) {
+        for (a, &z) in db.iter_mut().zip(row) {
+            *a += z.to_f32();
+        }
+    }
+    dz
 }
 
 /// Rows of `xᵀ` each task of [`transpose_x`] writes.
 const ROWS: usize = 16;
 
-/// `xᵀ` of a blocked activation `xb[Kb][S][bk]`: `Kb·bk` rows of `S` bf16,
+/// `xᵀ` of a blocked activation `xb[Kb][S][bk]`: `Kb·bk` rows of `S` bf16 (in
+/// a pooled f32 buffer, two a word),
 /// row `r` being column `r % bk` of block `r / bk`, rows `ld` elements apart
 /// (returned: `S` rounded up to whole cache lines, plus one line, so that the
 /// kernel's 12 rows per tile do not fall in one cache set when a row is a
 /// power of two bytes), [`ROWS`] rows per task.
-fn transpose_x(x: &[bf16], (kb, s, bk): (usize, usize, usize)) -> (Vec<bf16>, usize) {
+fn transpose_x(x: &[bf16], (kb, s, bk): (usize, usize, usize)) -> (Scratch, usize) {
     let kp = kb * bk;
     let ld = s.next_multiple_of(32) + 32;
-    let mut xt = vec![bf16::ZERO; kp * ld];
-    xt.par_chunks_mut(ROWS * ld)
+    // A pooled buffer (no fresh pages to fault in and zero on every call), two
+    // bf16 a word; every element is written below, the padding with zeros.
+    let mut xt = Scratch::new(kp * ld / 2);
+    xt.par_chunks_mut(ROWS * ld / 2)
         .enumerate()
-        .for_each(|(t, dst)| {
+        .for_each(|(t, words)| {
+            let dst: &mut [bf16] = bytemuck::cast_slice_mut(words);
             let r0 = t * ROWS;
             let rows = dst.len() / ld;
+            for row in dst.chunks_exact_mut(ld) {
+                row[s..].fill(bf16::ZERO);
+            }
+            if r0 % bk + rows <= bk {
+                // The rows are adjacent columns of one block: tiles of
+                // ROWS samples, read row by row, written row by row.
+                let base = (r0 / bk) * s * bk + r0 % bk;
+                let mut tile = [[0u16; ROWS]; ROWS];
+                for s0 in (0..s).step_by(ROWS) {
+                    let n = ROWS.min(s - s0);
+                    for (j, si) in (s0..s0 + n).enumerate() {
+                        let src = &x[base + si * bk..base + si * bk + rows];
+                        for (t, v) in tile.iter_mut().zip(src) {
+                            t[j] = v.to_bits();
+                        }
+                    }
+                    for (rr, t) in tile.iter().enumerate().take(rows) {
+                        let out = &mut dst[rr * ld + s0..rr * ld + s0 + n];
+                        for (o, &b) in out.iter_mut().zip(t) {
+                            *o = bf16::from_bits(b);
+                        }
+                    }
+                }
+                return;
+            }
             // Where each row's sample 0 is in `x`; sample `si` is `si·bk` further.
             let mut base = [0usize; ROWS];
             for (rr, b) in base.iter_mut().enumerate().take(rows) {
@@ -156,4 +307,121 @@ fn transpose_x(x: &[bf16], (kb, s, bk): (usize, usize, usize)) -> (Vec<bf16>, us
             }
         });
     (xt, ld)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{dz_block, pack_dz_pairs, positive};
+    use crate::jit::micro::avx512bf16::pack_b_pairs_into;
+    use half::bf16;
+
+    /// bf16 values with the cases relu's mask tells apart: ±0, ±inf, NaN,
+    /// subnormals, negatives and positives.
+    fn values(seed: u64, n: usize) -> Vec<bf16> {
+        let special = [
+            0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC1, 0x0001, 0x8001, 0x3F80, 0xBF80,
+        ];
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let bits = if x % 5 == 0 {
+                    special[(x >> 8) as usize % special.len()]
+                } else {
+                    (x >> 16) as u16 & 0xBFFF // finite
+                };
+                bf16::from_bits(bits)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn transpose_x_is_the_transpose() {
+        // Block widths whose 16-row tasks stay in one block (tiles) and
+        // cross blocks (the general loop); sample counts ragged to the tile.
+        for (kb, s, bk) in [(2, 37, 64), (3, 16, 32), (2, 5, 20), (4, 33, 8), (1, 1, 3)] {
+            let x = values(kb as u64 * 31 + s as u64, kb * s * bk);
+            let (xt, ld) = super::transpose_x(&x, (kb, s, bk));
+            let xt: &[bf16] = bytemuck::cast_slice(&xt[..]);
+            assert!(ld >= s && xt.len() == kb * bk * ld, "kb {kb} s {s} bk {bk}");
+            for r in 0..kb * bk {
+                for si in 0..ld {
+                    let want = if si < s {
+                        x[(r / bk) * s * bk + si * bk + r % bk].to_bits()
+                    } else {
+                        0
+                    };
+                    assert_eq!(
+                        xt[r * ld + si].to_bits(),
+                        want,
+                        "bk {bk} s {s}: row {r} sample {si}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pack_dz_pairs_is_the_masked_pair_packing_and_its_db() {
+        for (case, (s, bn, nr)) in [
+            (1, 1, 32),
+            (2, 5, 32),
+            (7, 32, 32),
+            (8, 64, 32),
+            (33, 70, 32),
+            (64, 96, 16),
+            (101, 31, 16),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for relu in [false, true] {
+                let seed = case as u64 * 2 + u64::from(relu);
+                let (dy, y) = (values(seed, s * bn), values(seed + 100, s * bn));
+                let mask = relu.then_some(&y[..]);
+                let len = bn.div_ceil(nr) * s.div_ceil(2) * nr;
+                let (mut got, mut db) = (vec![f32::NAN; len], vec![0.0f32; bn]);
+                pack_dz_pairs(&mut got, &mut db, (&dy, mask), (s, bn), nr);
+                // The reference: dz whole, then packed, db summed in sample order.
+                let dz: Vec<bf16> = match mask {
+                    Some(y) => dy
+                        .iter()
+                        .zip(y)
+                        .map(|(&d, &y)| if y.to_f32() > 0.0 { d } else { bf16::ZERO })
+                        .collect(),
+                    None => dy.clone(),
+                };
+                let mut want = vec![f32::NAN; len];
+                pack_b_pairs_into(&mut want, &dz, (s, bn, bn, 1), nr);
+                let mut db_want = vec![0.0f32; bn];
+                for row in dz.chunks_exact(bn) {
+                    for (a, &z) in db_want.iter_mut().zip(row) {
+                        *a += z.to_f32();
+                    }
+                }
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "panels: s {s} bn {bn} nr {nr} relu {relu}"
+                );
+                assert_eq!(
+                    bits(&db),
+                    bits(&db_want),
+                    "db: s {s} bn {bn} nr {nr} relu {relu}"
+                );
+                let mut db_block = vec![0.0f32; bn];
+                let whole = dz_block(&mut db_block, (&dy, mask), bn);
+                let raw = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(raw(&whole), raw(&dz), "dz_block: s {s} bn {bn}");
+                assert_eq!(bits(&db_block), bits(&db_want), "dz_block's db");
+            }
+        }
+        for b in 0..=u16::MAX {
+            let y = bf16::from_bits(b);
+            assert_eq!(positive(y), y.to_f32() > 0.0, "bits {b:#06x}");
+        }
+    }
 }
