@@ -8,6 +8,7 @@
 //! as f32. A bf16 result with a mask is computed in f32, masked, then rounded
 //! once (the interpreter's order).
 
+use super::positive;
 use super::{Epilogue, row_block, run_blocks, run_row_chunks, tail, with_kernel};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
 use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand};
@@ -122,7 +123,7 @@ pub fn brgemm_dgrad(
             )?
         } else {
             let a = match &dz16 {
-                Some(z) => Operand::BF16(z),
+                Some(z) => Operand::BF16(z.values()),
                 None => Operand::F32(dz.get_or_init(|| match act {
                     Act::None => Cow::Borrowed(&dv()[..]),
                     _ => Cow::Owned(act_grads(act, dv(), yv())),
@@ -150,26 +151,59 @@ pub fn brgemm_dgrad(
     Ok(dx.tensor(vec![kb, s, bk]))
 }
 
+/// A bf16 `dz`: `dy` itself, or computed into a pooled buffer (two bf16 a
+/// word; no fresh pages to fault in and zero on every call).
+enum Dz16<'t> {
+    Dy(&'t [bf16]),
+    Pooled(Scratch, usize),
+}
+
+impl Dz16<'_> {
+    fn values(&self) -> &[bf16] {
+        match self {
+            Dz16::Dy(d) => d,
+            Dz16::Pooled(buf, n) => &bytemuck::cast_slice(&buf[..])[..*n],
+        }
+    }
+}
+
 /// `dz = act'(dy, y)` as bf16 when it is exact there and the GEMM can be all
-/// bf16: `dy` and the weights bf16, `act` none (dz is dy) or relu (dy or 0).
-fn bf16_dz<'t>(act: Act, dy: &'t Tensor, y: &Tensor, w: &Tensor) -> Option<Cow<'t, [bf16]>> {
+/// bf16: `dy` and the weights bf16, `act` none (dz is dy) or relu (dy or 0:
+/// exactly the f32 definition's, `y > 0`, read from a bf16 `y` as bits).
+fn bf16_dz<'t>(act: Act, dy: &'t Tensor, y: &Tensor, w: &Tensor) -> Option<Dz16<'t>> {
     let (Data::BF16(d), Data::BF16(_)) = (&dy.data, &w.data) else {
         return None;
     };
-    match act {
-        Act::None => Some(Cow::Borrowed(d.as_slice())),
-        Act::Relu => {
-            let yv = floats(y);
-            // relu_grad: dy where y > 0, else 0 (exactly the f32 definition's).
-            Some(Cow::Owned(
-                d.par_iter()
-                    .zip(yv.par_iter())
-                    .map(|(&d, &y)| if y > 0.0 { d } else { bf16::ZERO })
-                    .collect(),
-            ))
-        }
-        Act::Sigmoid => None,
+    match (act, &y.data) {
+        (Act::None, _) => Some(Dz16::Dy(d)),
+        (Act::Relu, Data::BF16(yv)) => masked(d, yv, positive),
+        (Act::Relu, _) => masked(d, &floats(y), |y: f32| y > 0.0),
+        (Act::Sigmoid, _) => None,
     }
+}
+
+/// `dy` where `keep(y)`, else 0, into a pooled buffer (`None` if the lengths
+/// differ).
+fn masked<'t, T: Copy + Sync>(
+    d: &[bf16],
+    y: &[T],
+    keep: impl Fn(T) -> bool + Sync,
+) -> Option<Dz16<'t>> {
+    let n = d.len();
+    if y.len() != n {
+        return None;
+    }
+    let mut buf = Scratch::new(n.div_ceil(2));
+    let z: &mut [bf16] = &mut bytemuck::cast_slice_mut(&mut buf[..])[..n];
+    const CHUNK: usize = 1 << 14;
+    z.par_chunks_mut(CHUNK)
+        .zip(d.par_chunks(CHUNK).zip(y.par_chunks(CHUNK)))
+        .for_each(|(z, (d, y))| {
+            for ((z, &d), &y) in z.iter_mut().zip(d).zip(y) {
+                *z = if keep(y) { d } else { bf16::ZERO };
+            }
+        });
+    Some(Dz16::Pooled(buf, n))
 }
 
 /// One panel of `wᵀ` for K block `kbi` (`Nb·bn` rows of `nr` f32, columns
@@ -211,18 +245,73 @@ fn pack_wt_pairs(
     if cols < nr {
         pan.fill(0.0);
     }
-    let at = |nn: usize, i: usize| -> u32 {
-        if nn < np {
-            let blk = ((nn / bn) * kb + kbi) * bk * bn;
-            u32::from(w[blk + i * bn + nn % bn].to_bits())
-        } else {
-            0
-        }
-    };
+    // Where `B(nn, i0)` is in `w` (`B(nn, i)` is `i - i0` rows of `bn` on).
+    let start = |nn: usize| ((nn / bn) * kb + kbi) * bk * bn + i0 * bn + nn % bn;
+    let col = |nn: usize| (nn < np).then(|| w[start(nn)..].iter().step_by(bn).take(cols));
     for (q, row) in pan.chunks_exact_mut(nr).enumerate() {
-        for (jj, d) in row[..cols].iter_mut().enumerate() {
-            let i = i0 + jj;
-            *d = f32::from_bits(at(2 * q, i) | (at(2 * q + 1, i) << 16));
+        let row = &mut row[..cols];
+        match (col(2 * q), col(2 * q + 1)) {
+            (Some(lo), Some(hi)) => {
+                for ((d, l), h) in row.iter_mut().zip(lo).zip(hi) {
+                    *d = f32::from_bits(u32::from(l.to_bits()) | u32::from(h.to_bits()) << 16);
+                }
+            }
+            (Some(lo), None) => {
+                for (d, l) in row.iter_mut().zip(lo) {
+                    *d = f32::from_bits(u32::from(l.to_bits()));
+                }
+            }
+            _ => row.fill(0.0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pack_wt_pairs;
+    use half::bf16;
+
+    #[test]
+    fn pack_wt_pairs_is_the_transposed_weights_in_k_pairs() {
+        // Odd `Nb·bn` (a half-empty last pair), ragged last panels.
+        for (nb, kb, bk, bn, nr) in [
+            (1usize, 1usize, 1usize, 1usize, 32usize),
+            (3, 2, 40, 5, 32),
+            (2, 3, 64, 64, 32),
+            (4, 1, 20, 7, 16),
+        ] {
+            let w: Vec<bf16> = (0..nb * kb * bk * bn)
+                .map(|i| bf16::from_bits((i as u16).wrapping_mul(40503) & 0xBFFF))
+                .collect();
+            let np = nb * bn;
+            for kbi in 0..kb {
+                for i0 in (0..bk).step_by(nr) {
+                    let mut got = vec![f32::NAN; np.div_ceil(2) * nr];
+                    pack_wt_pairs(&mut got, &w, (nb, kb, bk, bn), (kbi, i0, nr));
+                    for (q, row) in got.chunks_exact(nr).enumerate() {
+                        for (jj, v) in row.iter().enumerate() {
+                            // B(nn, i) = w[nn / bn][kbi][i][nn % bn], zero outside.
+                            let b = |nn: usize| {
+                                let i = i0 + jj;
+                                if nn < np && i < bk {
+                                    u32::from(
+                                        w[((nn / bn) * kb + kbi) * bk * bn + i * bn + nn % bn]
+                                            .to_bits(),
+                                    )
+                                } else {
+                                    0
+                                }
+                            };
+                            let want = b(2 * q) | b(2 * q + 1) << 16;
+                            assert_eq!(
+                                v.to_bits(),
+                                want,
+                                "nb {nb} bn {bn} bk {bk}: pair {q} column {jj}"
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 }

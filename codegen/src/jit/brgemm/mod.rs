@@ -95,6 +95,14 @@ pub fn eval(
     })
 }
 
+/// Whether a bf16 `y` is `> 0` (relu's derivative is 1 there): its bits are
+/// those of a positive finite number or `+inf` (not ±0, negative or NaN), so
+/// a bf16 activation's mask needs no widening.
+#[inline]
+fn positive(y: half::bf16) -> bool {
+    (1..=0x7F80).contains(&y.to_bits())
+}
+
 fn jit_err(op: &'static str, e: JitError) -> KernelError {
     KernelError::Jit {
         op,

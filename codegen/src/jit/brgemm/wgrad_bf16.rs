@@ -13,7 +13,7 @@
 //! all `Kb·bk` rows gives `dw[nb]` in its blocked layout. Taken only where `auto` (or the forced
 //! `avx512bf16` / `amxbf16`) runs such a kernel; elsewhere the general path runs.
 
-use super::{row_block, run_blocks, with_kernel};
+use super::{positive, row_block, run_blocks, with_kernel};
 use crate::jit::buffers::{Fresh, Scratch};
 use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand, pack_b_into};
 use crate::jit::micro::BPacking;
@@ -82,13 +82,6 @@ pub(super) fn operands<'t>(
         (Act::Sigmoid, _) => return None,
     };
     Some((dz, xv.as_slice()))
-}
-
-/// Whether a bf16 `y` is `> 0` (relu's derivative is 1): its bits are those of
-/// a positive finite number or `+inf` (not ±0, negative or NaN).
-#[inline]
-fn positive(y: bf16) -> bool {
-    (1..=0x7F80).contains(&y.to_bits())
 }
 
 /// Packs one N block of `dz` (`S × bn` rows of `dy`, masked by `y > 0` when
@@ -311,7 +304,8 @@ fn transpose_x(x: &[bf16], (kb, s, bk): (usize, usize, usize)) -> (Scratch, usiz
 
 #[cfg(test)]
 mod tests {
-    use super::{dz_block, pack_dz_pairs, positive};
+    use super::{dz_block, pack_dz_pairs};
+    use crate::jit::brgemm::positive;
     use crate::jit::micro::avx512bf16::pack_b_pairs_into;
     use half::bf16;
 
