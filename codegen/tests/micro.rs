@@ -739,3 +739,26 @@ fn pair_packing_puts_even_steps_low_and_pads_with_zero() {
     assert_eq!(BPacking::KPairs.rows(3), 2);
     assert_eq!(BPacking::F32.rows(3), 3);
 }
+
+#[test]
+fn pair_packing_of_rows_matches_packing_of_columns() {
+    // The same `k × n` matrix row-major (`cs = 1`: the slice path) and
+    // transposed (`rs = 1`: the general one), odd and even k, ragged panels.
+    for (k, n, nr) in [
+        (1, 1, 32),
+        (3, 5, 32),
+        (64, 64, 32),
+        (37, 70, 32),
+        (10, 33, 16),
+    ] {
+        let v = vals(k as u64 * 7 + n as u64, k * n, true);
+        let rows: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+        let cols: Vec<bf16> = (0..n * k).map(|i| rows[(i % k) * n + i / k]).collect();
+        let len = n.div_ceil(nr) * k.div_ceil(2) * nr;
+        let (mut a, mut b) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+        micro::avx512bf16::pack_b_pairs_into(&mut a, &rows, (k, n, n, 1), nr);
+        micro::avx512bf16::pack_b_pairs_into(&mut b, &cols, (k, n, 1, k), nr);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&b), "k {k} n {n} nr {nr}");
+    }
+}

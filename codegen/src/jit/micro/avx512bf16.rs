@@ -87,6 +87,31 @@ pub fn pack_b_pairs_into(
         .for_each(|(p, dst)| {
             let j0 = p * nr;
             let cols = nr.min(n - j0);
+            if cs == 1 {
+                // Rows of adjacent columns: two slices a pair, a loop LLVM
+                // vectorises.
+                let row_of = |kk: usize| (kk < k).then(|| &src[kk * rs + j0..kk * rs + j0 + cols]);
+                for (q, row) in dst.chunks_exact_mut(nr).enumerate() {
+                    let (out, pad) = row.split_at_mut(cols);
+                    match (row_of(2 * q), row_of(2 * q + 1)) {
+                        (Some(lo), Some(hi)) => {
+                            for ((w, l), h) in out.iter_mut().zip(lo).zip(hi) {
+                                *w = f32::from_bits(
+                                    u32::from(l.to_bits()) | u32::from(h.to_bits()) << 16,
+                                );
+                            }
+                        }
+                        (Some(lo), None) => {
+                            for (w, l) in out.iter_mut().zip(lo) {
+                                *w = f32::from_bits(u32::from(l.to_bits()));
+                            }
+                        }
+                        _ => out.fill(0.0),
+                    }
+                    pad.fill(0.0);
+                }
+                return;
+            }
             for (q, row) in dst.chunks_exact_mut(nr).enumerate() {
                 for (jj, w) in row.iter_mut().enumerate() {
                     let bits = if jj < cols {
