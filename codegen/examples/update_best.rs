@@ -98,7 +98,7 @@ fn main() {
     let idx: Vec<Tensor> = (0..TABLES)
         .map(|t| indices(7 + t as u64, BATCH * POOLING, rows))
         .collect();
-    let mut vs = vec![
+    let mut vs = [
         variant("f32 table, f32 grad", false, DType::F32, rows, d),
         variant("f32 table, bf16 grad", false, DType::BF16, rows, d),
         variant("split table, f32 grad", true, DType::F32, rows, d),
