@@ -322,3 +322,59 @@ fn the_default_row_kernel_is_the_best_this_cpu_runs() {
         "{best:?} chosen while {better:?} run here"
     );
 }
+
+/// Split-SGD-BF16 updates on tables of random bits (high halves NaN,
+/// infinite, subnormal and zero among them; low halves anything) and on row
+/// widths around the native kernels' 32-column steps: every variant's two
+/// halves bitwise the reference's (itself checked against the interpreter).
+#[test]
+fn native_split_updates_keep_every_bit_pattern() {
+    let ks = variants();
+    for seed in 0..40u64 {
+        let mut r = rng(5000 + seed);
+        let d = [1, 15, 16, 31, 32, 33, 64, 95, 128, 130, 161][r.random_range(0..11)];
+        let rows = [1, 3, 50][r.random_range(0..3)];
+        let (s, l) = (r.random_range(1..60), r.random_range(1..6));
+        let n = s * l;
+        let mut bits = |k: usize| -> Vec<half::bf16> {
+            (0..k)
+                .map(|_| half::bf16::from_bits(r.random_range(0..=u16::MAX)))
+                .collect()
+        };
+        let params = vec![
+            Tensor::bf16(vec![rows, d], bits(rows * d)),
+            Tensor::bf16(vec![rows, d], bits(rows * d)),
+        ];
+        let mode = if seed % 2 == 0 { Pool::Sum } else { Pool::Mean };
+        let op = Op::SplitEmbeddingUpdate { mode, lr: 0.61 };
+        let grad = if seed % 3 == 0 {
+            DType::F32
+        } else {
+            DType::BF16
+        };
+        let dy = as_dtype(Tensor::f32(vec![s, d], vals(seed + 9, s * d)), grad);
+        let idx = random_indices(seed + 11, n, rows, seed % 4 == 0, vec![s, l]);
+        let rest = [&dy, &idx];
+        let name = format!("split bits seed={seed} rows={rows} d={d} s={s} l={l} {grad:?}");
+        let reference = update(&op, &params, &rest, false, 1);
+        let mut all: Vec<&Tensor> = params.iter().collect();
+        all.extend(rest);
+        let tys: Vec<TensorType> = (params.iter())
+            .map(|t| TensorType::new(t.dtype(), t.shape.iter().map(|&n| Dim::Fixed(n))))
+            .collect();
+        let want = interp(&op, &all, &tys, 1);
+        for (a, w) in reference.iter().zip(&want) {
+            same_bits(&format!("{name} reference vs interpreter"), a, w);
+        }
+        for &k in &ks {
+            force_row_kernel(Some(k));
+            for threads in [1, 2] {
+                let got = update(&op, &params, &rest, true, threads);
+                for (g, a) in got.iter().zip(&reference) {
+                    same_bits(&format!("{name} {k:?} t={threads}"), g, a);
+                }
+            }
+        }
+        force_row_kernel(None);
+    }
+}

@@ -271,10 +271,24 @@ mod imp {
                     _mm256_maskstore_ps(p, mask(n), w)
                 };
             }
-            let mut bits = [0u32; LANES];
-            _mm256_storeu_si256(bits.as_mut_ptr().cast(), _mm256_castps_si256(w));
             let (h, l) = (hi.cast::<u16>().add(off), lo.cast::<u16>().add(off));
-            for (t, &b) in bits.iter().enumerate().take(n) {
+            let bits = _mm256_castps_si256(w);
+            if n == LANES {
+                // Each half narrowed (`vpackusdw`: exact, both are below
+                // 2^16), the two 128-bit lanes' results brought together.
+                let halves = [
+                    (h, _mm256_srli_epi32::<16>(bits)),
+                    (l, _mm256_and_si256(bits, _mm256_set1_epi32(0xFFFF))),
+                ];
+                for (p, x) in halves {
+                    let x = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(x, x));
+                    _mm_storeu_si128(p.cast(), _mm256_castsi256_si128(x));
+                }
+                return;
+            }
+            let mut lanes = [0u32; LANES];
+            _mm256_storeu_si256(lanes.as_mut_ptr().cast(), bits);
+            for (t, &b) in lanes.iter().enumerate().take(n) {
                 *h.add(t) = (b >> 16) as u16;
                 *l.add(t) = b as u16;
             }

@@ -1,7 +1,10 @@
 //! The AVX-512 (F, BW, VL) row kernels: 16 f32 per `zmm`, up to 8 vectors
 //! (128 columns) of a row in registers per pass, the last one masked. bf16
 //! rows (16 per `ymm`) are widened to f32 as they are loaded; bf16 results
-//! are rounded in the vector before a narrowing store (`vpmovdw`).
+//! are rounded in the vector before a narrowing store (`vpmovdw`). The
+//! update of a Split-SGD-BF16 table goes 32 columns at a time: full-width
+//! loads and stores of its two bf16 halves, joined and split again by
+//! interleaving and packing (no widening load or narrowing store per 16).
 //!
 //! Entries [`bag`] and [`run`] ([`super::BagFn`], [`super::RunFn`]); every
 //! inner function is `#[target_feature]` for exactly the features of
@@ -280,6 +283,97 @@ mod imp {
         }
     }
 
+    /// The mask of the first `n` 16-bit lanes of a `zmm` (`n <= 32`).
+    #[inline(always)]
+    fn mask32(n: usize) -> __mmask32 {
+        if n >= 32 { !0 } else { (1u32 << n) - 1 }
+    }
+
+    /// Columns `c0..c0+cols` (`NW = ⌈cols/32⌉` pairs of vectors) of a run
+    /// `i..j` of bag `s` on a Split-SGD-BF16 table, 32 columns per step: one
+    /// full-width load of 32 high and of 32 low halves, joined into two f32
+    /// vectors by interleaving (`vpunpck{l,h}wd`: lane `q` of the first holds
+    /// column `8⌊q/4⌋ + q mod 4`, of the second that plus 4), `w - step` with
+    /// the step permuted once per run into the same column order, and split
+    /// back by narrowing (`vpackusdw` of the high and of the low 16 bits of
+    /// each lane: exact, as both are below 2^16) into the original order. The
+    /// same float operations per column as [`run_cols`].
+    ///
+    /// # Safety
+    /// [`super::super::RunFn`]'s contract; `c0 + cols <= d`; the table is
+    /// Split-SGD-BF16.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn run_split_cols<const NW: usize>(
+        a: &RunArgs,
+        ent: *const [i64; 2],
+        (i, j, n): (usize, usize, usize),
+        (s, size): (usize, f32),
+        (c0, cols): (usize, usize),
+    ) {
+        let m = |w: usize| mask32(cols.saturating_sub(32 * w));
+        let lr = _mm512_set1_ps(a.lr);
+        let div = _mm512_set1_ps(size);
+        let gbf = a.flags & R_GRAD_BF16 != 0;
+        // Column `c` of a 32-column step sits in lane `c mod 16` of its half
+        // `c / 16`; `permutex2var` picks by `c` itself.
+        let lo_cols = _mm512_set_epi32(27, 26, 25, 24, 19, 18, 17, 16, 11, 10, 9, 8, 3, 2, 1, 0);
+        let hi_cols = _mm512_add_epi32(lo_cols, _mm512_set1_epi32(4));
+        let mut step = [[_mm512_setzero_ps(); 2]; NW];
+        for (w, st) in step.iter_mut().enumerate() {
+            let mut half = [_mm512_setzero_ps(); 2];
+            for (h, x) in half.iter_mut().enumerate() {
+                let mh = (m(w) >> (16 * h)) as __mmask16;
+                // SAFETY: bag `s`'s gradient row holds `d >= c0 + cols`
+                // elements of the gradient type (masked to `c0 + cols`).
+                let g = unsafe {
+                    let at = s * a.d + c0 + 32 * w + LANES * h;
+                    match gbf {
+                        true => load16::<true>(a.grad.add(at * 2), mh),
+                        false => load16::<false>(a.grad.add(at * 4), mh),
+                    }
+                };
+                let g = if a.flags & R_MEAN != 0 {
+                    _mm512_div_ps(g, div)
+                } else {
+                    g
+                };
+                *x = _mm512_mul_ps(lr, g);
+            }
+            st[0] = _mm512_permutex2var_ps(half[0], lo_cols, half[1]);
+            st[1] = _mm512_permutex2var_ps(half[0], hi_cols, half[1]);
+        }
+        let low = _mm512_set1_epi32(0xFFFF);
+        for e in i..j {
+            // SAFETY: entries `e < j <= n` name rows of `d` elements the table
+            // holds (both halves), touched by this thread only; masked to
+            // `c0 + cols`.
+            unsafe {
+                if c0 == 0 {
+                    fetch_run_row(a, ent, e + AHEAD, n);
+                }
+                let r = (*ent.add(e))[0] as usize;
+                for (w, st) in step.iter().enumerate() {
+                    let off = r * a.d + c0 + 32 * w;
+                    let (hp, lp) = (a.hi.cast::<u16>().add(off), a.lo.cast::<u16>().add(off));
+                    let h = _mm512_maskz_loadu_epi16(m(w), hp.cast());
+                    let l = _mm512_maskz_loadu_epi16(m(w), lp.cast());
+                    let x0 = _mm512_castsi512_ps(_mm512_unpacklo_epi16(l, h));
+                    let x1 = _mm512_castsi512_ps(_mm512_unpackhi_epi16(l, h));
+                    let y0 = _mm512_castps_si512(_mm512_sub_ps(x0, st[0]));
+                    let y1 = _mm512_castps_si512(_mm512_sub_ps(x1, st[1]));
+                    let h = _mm512_packus_epi32(
+                        _mm512_srli_epi32::<16>(y0),
+                        _mm512_srli_epi32::<16>(y1),
+                    );
+                    let l =
+                        _mm512_packus_epi32(_mm512_and_si512(y0, low), _mm512_and_si512(y1, low));
+                    _mm512_mask_storeu_epi16(hp.cast(), m(w), h);
+                    _mm512_mask_storeu_epi16(lp.cast(), m(w), l);
+                }
+            }
+        }
+    }
+
     /// [`super::super::RunFn`]: entry `i`'s run in passes of up to 128
     /// columns (the first one fetching rows ahead).
     ///
@@ -300,6 +394,16 @@ mod imp {
             while c0 < a.d {
                 let cols = (a.d - c0).min(LANES * MAXV);
                 let (r, g, cc) = ((i, j, n), (s, size), (c0, cols));
+                if a.flags & R_SPLIT != 0 {
+                    match cols.div_ceil(2 * LANES) {
+                        1 => run_split_cols::<1>(a, ent, r, g, cc),
+                        2 => run_split_cols::<2>(a, ent, r, g, cc),
+                        3 => run_split_cols::<3>(a, ent, r, g, cc),
+                        _ => run_split_cols::<4>(a, ent, r, g, cc),
+                    }
+                    c0 += cols;
+                    continue;
+                }
                 match cols.div_ceil(LANES) {
                     1 => run_cols::<1>(a, ent, r, g, cc),
                     2 => run_cols::<2>(a, ent, r, g, cc),
