@@ -321,7 +321,7 @@ mod tests {
                 x ^= x << 13;
                 x ^= x >> 7;
                 x ^= x << 17;
-                let bits = if x % 5 == 0 {
+                let bits = if x.is_multiple_of(5) {
                     special[(x >> 8) as usize % special.len()]
                 } else {
                     (x >> 16) as u16 & 0xBFFF // finite
