@@ -14,7 +14,7 @@
 
 use super::{row_block, run_blocks, with_kernel};
 use crate::jit::buffers::{Fresh, Scratch};
-use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand, pack_b_into};
+use crate::jit::gemm::{Elt, GemmSpec, Micro, Operand, pack_b_into};
 use crate::jit::micro::BPacking;
 use crate::jit::micro::avx512bf16::pack_b_pairs_into;
 use crate::jit::{Jit, JitOptions, KernelChoice};
@@ -80,23 +80,7 @@ pub(super) fn wgrad_gemm(
         }
     });
     let (xt, ld) = transpose_x(x, (kb, s, bk));
-    let base = GemmSpec {
-        m: kp,
-        n: bn,
-        k: s,
-        lda: ld,
-        acs: 1,
-        ldc: bn,
-        a: Elt::BF16,
-        c: dw_elt,
-        bias: false,
-        relu: false,
-        micro: Micro::Cranelift,
-        pack_a: false,
-        b: BLayout::Packed,
-        kb: 0,
-        a_blk: 0,
-    };
+    let base = GemmSpec::new(kp, bn, s, Elt::BF16, dw_elt).a_strides(ld, 1);
     let mut result = None;
     with_kernel(jit, opts, OP, (base, false, true), &mut |kern| {
         let sp = *kern.spec();
