@@ -7,13 +7,13 @@
 //! dims, dims that are not multiples of the tiles or vector width).
 
 use dlrm_codegen::jit::{self, JitOptions, KernelChoice, micro};
-use dlrm_ir::interp::{EvalCtx, eval_op};
-use dlrm_ir::{Act, DType, Data, Dim, Op, SingleRank, Tensor, TensorType};
+use dlrm_ir::{Act, DType, Data, Dim, Op, Tensor, TensorType};
 use half::bf16;
 use proptest::prelude::*;
 use std::collections::HashMap;
 
 mod common;
+use common::interp::{interp, out_types};
 use common::vals;
 
 fn tensor(shape: Vec<usize>, v: Vec<f32>, dt: DType) -> Tensor {
@@ -21,25 +21,6 @@ fn tensor(shape: Vec<usize>, v: Vec<f32>, dt: DType) -> Tensor {
         DType::BF16 => Tensor::bf16(shape, v.into_iter().map(bf16::from_f32).collect()),
         _ => Tensor::f32(shape, v),
     }
-}
-
-fn ty(t: &Tensor) -> TensorType {
-    TensorType::new(t.dtype(), t.shape.iter().map(|&d| Dim::Fixed(d)))
-}
-
-fn out_types(op: &Op, ins: &[&Tensor]) -> Vec<TensorType> {
-    let tys: Vec<TensorType> = ins.iter().map(|t| ty(t)).collect();
-    let refs: Vec<&TensorType> = tys.iter().collect();
-    dlrm_ir::infer(op, &refs, &[]).unwrap_or_else(|e| panic!("infer {op:?}: {e}"))
-}
-
-fn interp(op: &Op, ins: &[&Tensor]) -> Vec<Tensor> {
-    let syms = HashMap::new();
-    let ctx = EvalCtx {
-        syms: &syms,
-        comm: &SingleRank,
-    };
-    eval_op(op, ins, &out_types(op, ins), &ctx).unwrap_or_else(|e| panic!("interp {op:?}: {e}"))
 }
 
 /// A blocked activation `[ceil(k/b), s, b]` of random values (zero padding), by

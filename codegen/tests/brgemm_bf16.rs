@@ -5,31 +5,13 @@
 //! binary, so the JIT's pick counts it reads are its own.
 
 use dlrm_codegen::jit::{self, Jit, JitOptions, KernelChoice, micro};
-use dlrm_ir::interp::{EvalCtx, eval_op};
-use dlrm_ir::{Act, DType, Dim, Op, SingleRank, Tensor, TensorType};
+use dlrm_ir::{Act, DType, Op, Tensor};
 use half::bf16;
 use std::collections::HashMap;
 
 mod common;
+use common::interp::{interp, out_types};
 use common::vals;
-
-fn out_types(op: &Op, ins: &[&Tensor]) -> Vec<TensorType> {
-    let tys: Vec<TensorType> = ins
-        .iter()
-        .map(|t| TensorType::new(t.dtype(), t.shape.iter().map(|&d| Dim::Fixed(d))))
-        .collect();
-    let refs: Vec<&TensorType> = tys.iter().collect();
-    dlrm_ir::infer(op, &refs, &[]).unwrap_or_else(|e| panic!("infer {op:?}: {e}"))
-}
-
-fn interp(op: &Op, ins: &[&Tensor]) -> Vec<Tensor> {
-    let syms = HashMap::new();
-    let ctx = EvalCtx {
-        syms: &syms,
-        comm: &SingleRank,
-    };
-    eval_op(op, ins, &out_types(op, ins), &ctx).unwrap_or_else(|e| panic!("interp {op:?}: {e}"))
-}
 
 /// `[rows, cols]` of random bf16 values, blocked by `op`.
 fn blocked(op: Op, seed: u64, rows: usize, cols: usize) -> Tensor {

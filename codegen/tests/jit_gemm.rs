@@ -438,16 +438,16 @@ proptest! {
 }
 
 #[test]
-fn kernel_cache_reuses_compiled_code() {
-    let jit = Jit::global().expect("jit");
-    let spec = GemmSpec {
-        m: 11,
+fn spec_constructors_set_the_common_defaults_and_each_setter_its_fields() {
+    let spec = GemmSpec::new(7, 5, 3, Elt::BF16, Elt::F32);
+    let plain = GemmSpec {
+        m: 7,
         n: 5,
         k: 3,
         lda: 3,
         acs: 1,
         ldc: 5,
-        a: Elt::F32,
+        a: Elt::BF16,
         c: Elt::F32,
         bias: false,
         relu: false,
@@ -457,6 +457,33 @@ fn kernel_cache_reuses_compiled_code() {
         kb: 0,
         a_blk: 0,
     };
+    assert_eq!(spec, plain);
+    let biased = GemmSpec {
+        bias: true,
+        relu: true,
+        ..plain
+    };
+    assert_eq!(spec.with_bias(true), biased);
+    let strided = GemmSpec {
+        lda: 1,
+        acs: 7,
+        ..plain
+    };
+    assert_eq!(spec.a_strides(1, 7), strided);
+    // A blocked activation [k/2][7][2]: rows 2 apart, blocks 7·2 apart.
+    let blocked = GemmSpec {
+        lda: 2,
+        kb: 2,
+        a_blk: 14,
+        ..plain
+    };
+    assert_eq!(spec.a_strides(1, 7).blocked_a(2), blocked);
+}
+
+#[test]
+fn kernel_cache_reuses_compiled_code() {
+    let jit = Jit::global().expect("jit");
+    let spec = GemmSpec::new(11, 5, 3, Elt::F32, Elt::F32);
     jit.gemm(spec).expect("compiles");
     let before = jit.stats();
     jit.gemm(spec).expect("cached");
@@ -468,23 +495,7 @@ fn kernel_cache_reuses_compiled_code() {
 #[test]
 fn wrong_lengths_are_refused_before_the_call() {
     let jit = Jit::global().expect("jit");
-    let spec = GemmSpec {
-        m: 4,
-        n: 4,
-        k: 4,
-        lda: 4,
-        acs: 1,
-        ldc: 4,
-        a: Elt::F32,
-        c: Elt::F32,
-        bias: false,
-        relu: false,
-        micro: Micro::Cranelift,
-        pack_a: false,
-        b: BLayout::Packed,
-        kb: 0,
-        a_blk: 0,
-    };
+    let spec = GemmSpec::new(4, 4, 4, Elt::F32, Elt::F32);
     let k = jit.gemm(spec).expect("compiles");
     let a = vec![1.0f32; 15]; // one short
     let bp = pack_b(&[1.0f32; 16], 4, 4, 1, 4, Micro::Cranelift.nr());
@@ -500,23 +511,7 @@ fn wrong_lengths_are_refused_before_the_call() {
 #[ignore = "prints the generated code (DLRM_JIT_DISASM=1)"]
 fn disasm_cranelift_tile() {
     let jit = Jit::new().expect("jit");
-    let spec = GemmSpec {
-        m: 8,
-        n: 8,
-        k: 64,
-        lda: 64,
-        acs: 1,
-        ldc: 8,
-        a: Elt::F32,
-        c: Elt::F32,
-        bias: false,
-        relu: false,
-        micro: Micro::Cranelift,
-        pack_a: false,
-        b: BLayout::Packed,
-        kb: 0,
-        a_blk: 0,
-    };
+    let spec = GemmSpec::new(8, 8, 64, Elt::F32, Elt::F32);
     jit.gemm(spec).expect("compiles");
 }
 

@@ -155,23 +155,8 @@ pub fn linear(
     };
     Some((|| {
         let sigmoid = act == Act::Sigmoid;
-        let base = GemmSpec {
-            m: s,
-            n,
-            k,
-            lda: k,
-            acs: 1,
-            ldc: n,
-            a: xa_elt(xa),
-            c: if sigmoid { Elt::F32 } else { out_elt },
-            bias: true,
-            relu: act == Act::Relu,
-            micro: Micro::Cranelift,
-            pack_a: false,
-            b: BLayout::Packed,
-            kb: 0,
-            a_blk: 0,
-        };
+        let c = if sigmoid { Elt::F32 } else { out_elt };
+        let base = GemmSpec::new(s, n, k, xa_elt(xa), c).with_bias(act == Act::Relu);
         let bias = to_f32(b);
         let pack = |micro: Micro| match &w.data {
             Data::BF16(v) if micro.b_packing() == BPacking::KPairs => {
@@ -225,23 +210,7 @@ pub fn linear_dx(
         return None;
     };
     Some((|| {
-        let base = GemmSpec {
-            m: s,
-            n: k,
-            k: n,
-            lda: n,
-            acs: 1,
-            ldc: k,
-            a: xa_elt(dza),
-            c: out_elt,
-            bias: false,
-            relu: false,
-            micro: Micro::Cranelift,
-            pack_a: false,
-            b: BLayout::Packed,
-            kb: 0,
-            a_blk: 0,
-        };
+        let base = GemmSpec::new(s, k, n, xa_elt(dza), out_elt);
         let pack = |micro: Micro| match &w.data {
             Data::F32(v) => pack_b(v, n, k, k, 1, micro.nr()),
             Data::BF16(v) => pack_b(v, n, k, k, 1, micro.nr()),
@@ -269,23 +238,7 @@ pub fn linear_dw(
         return None;
     };
     Some((|| {
-        let base = GemmSpec {
-            m: n,
-            n: k,
-            k: s,
-            lda: 1,
-            acs: n,
-            ldc: k,
-            a: xa_elt(a),
-            c: out_elt,
-            bias: false,
-            relu: false,
-            micro: Micro::Cranelift,
-            pack_a: false,
-            b: BLayout::Packed,
-            kb: 0,
-            a_blk: 0,
-        };
+        let base = GemmSpec::new(n, k, s, xa_elt(a), out_elt).a_strides(1, n);
         // The reduction over samples runs in chunks of DW_CHUNK samples (the B
         // panel of a chunk stays in L1), partial products summed in chunk order.
         let chunks = if out_elt == Elt::F32 {

@@ -62,6 +62,7 @@ mod clif;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemm;
+mod gemm_spec;
 pub mod interaction;
 pub mod layout;
 pub mod linear;

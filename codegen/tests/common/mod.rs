@@ -13,6 +13,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 
+pub mod interp;
+
 /// Expected result: shape, values, scales.
 pub struct Want {
     pub shape: Vec<usize>,

@@ -11,7 +11,7 @@
 use super::positive;
 use super::{Epilogue, row_block, run_blocks, run_row_chunks, tail, with_kernel};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
-use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand};
+use crate::jit::gemm::{Elt, GemmSpec, Operand};
 use crate::jit::micro::BPacking;
 use crate::jit::pack::{Src, pack_blocked};
 use crate::jit::{Jit, JitOptions};
@@ -64,23 +64,8 @@ pub fn brgemm_dgrad(
     let yv = || yv.get_or_init(|| floats(y));
     let dz = OnceCell::new();
     let wv = OnceCell::new();
-    let base = GemmSpec {
-        m: s,
-        n: bk,
-        k: np,
-        lda: bn,
-        acs: 1,
-        ldc: bk,
-        a: if dz16.is_some() { Elt::BF16 } else { Elt::F32 },
-        c: gemm_out,
-        bias: false,
-        relu: false,
-        micro: Micro::Cranelift,
-        pack_a: false,
-        b: BLayout::Packed,
-        kb: bn,
-        a_blk: s * bn,
-    };
+    let a = if dz16.is_some() { Elt::BF16 } else { Elt::F32 };
+    let base = GemmSpec::new(s, bk, np, a, gemm_out).blocked_a(bn);
     let mut result = None;
     let bf16_b = dz16.is_some();
     with_kernel(jit, opts, OP, (base, true, bf16_b), &mut |kern| {

@@ -2,7 +2,7 @@
 
 use super::{jit_err, pack_w_blocks, row_block, run_blocks, run_row_chunks, tail, with_kernel};
 use crate::jit::buffers::{Floats, Fresh};
-use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand};
+use crate::jit::gemm::{BLayout, Elt, GemmSpec, Operand};
 use crate::jit::linear::operand;
 use crate::jit::pack::{Src, pack_blocked};
 use crate::jit::{Jit, JitError, JitOptions};
@@ -54,24 +54,13 @@ pub fn brgemm(
         _ => None,
     };
     let base = GemmSpec {
-        m: s,
-        n: bn,
-        k: kp,
-        lda: bk,
-        acs: 1,
-        ldc: bn,
-        a: xa.elt(),
-        c,
-        bias: true,
-        relu: act == Act::Relu,
-        micro: Micro::Cranelift,
-        pack_a: false,
         b: match w_f32 {
             Some(_) => BLayout::InPlace { ldb: bn },
             None => BLayout::Packed,
         },
-        kb: bk,
-        a_blk: s * bk,
+        ..GemmSpec::new(s, bn, kp, xa.elt(), c)
+            .with_bias(act == Act::Relu)
+            .blocked_a(bk)
     };
     let mut result = None;
     let bf16_w = matches!(w.data, Data::BF16(_));

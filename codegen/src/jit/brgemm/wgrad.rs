@@ -3,7 +3,7 @@
 
 use super::{check_cover, jit_err, row_block, run_blocks, tail, with_kernel};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
-use crate::jit::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand};
+use crate::jit::gemm::{Elt, GemmKernel, GemmSpec, Operand};
 use crate::jit::layout::{buf, zeros};
 use crate::jit::linear::{elt_of, operand};
 use crate::jit::{Jit, JitError, JitOptions};
@@ -80,25 +80,13 @@ fn wgrad_spec(
     dw_elt: Elt,
 ) -> GemmSpec {
     let kp = kb * bk;
+    // Packed: one GEMM per N block over all `Kb·bk` rows of xᵀ (its tiles run
+    // across the K blocks: no ragged tile per block), whose `[Kb·bk][bn]`
+    // result is exactly dw[nb]. In place: one per block dw[nb][kb].
+    let (m, a) = if pack_x { (kp, Elt::F32) } else { (bk, xa) };
     GemmSpec {
-        // Packed: one GEMM per N block over all `Kb·bk` rows of xᵀ (its tiles
-        // run across the K blocks: no ragged tile per block), whose `[Kb·bk][bn]`
-        // result is exactly dw[nb]. In place: one per block dw[nb][kb].
-        m: if pack_x { kp } else { bk },
-        n: bn,
-        k: s,
-        lda: 1,
-        acs: bk,
-        ldc: bn,
-        a: if pack_x { Elt::F32 } else { xa },
-        c: dw_elt,
-        bias: false,
-        relu: false,
-        micro: Micro::Cranelift,
         pack_a: pack_x,
-        b: BLayout::Packed,
-        kb: 0,
-        a_blk: 0,
+        ..GemmSpec::new(m, bn, s, a, dw_elt).a_strides(1, bk)
     }
 }
 

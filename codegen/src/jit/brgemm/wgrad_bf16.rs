@@ -15,7 +15,7 @@
 
 use super::{positive, row_block, run_blocks, with_kernel};
 use crate::jit::buffers::{Fresh, Scratch};
-use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro, Operand, pack_b_into};
+use crate::jit::gemm::{Elt, GemmSpec, Micro, Operand, pack_b_into};
 use crate::jit::micro::BPacking;
 use crate::jit::{Jit, JitOptions, KernelChoice};
 use crate::kernels::KResult;
@@ -163,23 +163,7 @@ pub(super) fn wgrad_gemm(
     let (dy, mask) = dz.parts();
     let (xt, ld) = transpose_x(x, (kb, s, bk));
     let xt16: &[bf16] = bytemuck::cast_slice(&xt[..]);
-    let base = GemmSpec {
-        m: kp,
-        n: bn,
-        k: s,
-        lda: ld,
-        acs: 1,
-        ldc: bn,
-        a: Elt::BF16,
-        c: dw_elt,
-        bias: false,
-        relu: false,
-        micro: Micro::Cranelift,
-        pack_a: false,
-        b: BLayout::Packed,
-        kb: 0,
-        a_blk: 0,
-    };
+    let base = GemmSpec::new(kp, bn, s, Elt::BF16, dw_elt).a_strides(ld, 1);
     let mut result = None;
     with_kernel(jit, opts, OP, (base, false, true), &mut |kern| {
         let sp = *kern.spec();

@@ -10,7 +10,7 @@
 
 use super::super::buffers::{Fresh, Scratch};
 use super::super::gemm::Elt;
-use super::super::native_dot::{self, Dot};
+use super::super::native_dot::{self, Dot, MAX_F};
 use super::super::{JitOptions, KernelChoice};
 use super::{DotSpec, elt_of};
 use dlrm_ir::Tensor;
@@ -24,7 +24,7 @@ use rayon::prelude::*;
 const STAGE: usize = 16;
 
 /// Whether the AVX-512 kernels run `spec`: a CPU that has AVX-512, a kernel
-/// choice that allows it, and at most [`native_dot::MAX_F`] operands.
+/// choice that allows it, and at most [`MAX_F`] operands.
 pub(super) fn applies(opts: &JitOptions, spec: &DotSpec) -> bool {
     matches!(
         opts.kernels,
@@ -33,7 +33,7 @@ pub(super) fn applies(opts: &JitOptions, spec: &DotSpec) -> bool {
             | KernelChoice::Avx512Bf16
             | KernelChoice::AmxBf16
     ) && native_dot::available()
-        && spec.f <= native_dot::MAX_F
+        && spec.f <= MAX_F
 }
 
 fn dot_of(spec: &DotSpec) -> Dot {
@@ -45,30 +45,32 @@ fn dot_of(spec: &DotSpec) -> Dot {
 }
 
 /// The f32 views of samples `c0..c0 + n` of the operands at `ptrs` (element
-/// types as `spec`'s): f32 operands in place, bf16 ones widened into `buf`
-/// (`f · STAGE · d` floats), each view's row 0 being sample `c0`.
+/// types as `spec`'s), written into `views`: f32 operands in place, bf16 ones
+/// widened into `buf` (`f · STAGE · d` floats), each view's row 0 being sample
+/// `c0`; returns the `f` views.
 ///
 /// # Safety
 /// Every operand holds rows `c0..c0 + n` of `spec.d` elements of its type;
-/// `n <= STAGE`.
-unsafe fn operands(
+/// `n <= STAGE`; `spec.f <= MAX_F`.
+unsafe fn operands<'v>(
     spec: &DotSpec,
     ptrs: &[usize],
     (c0, n): (usize, usize),
     buf: &mut [f32],
-) -> Vec<*const f32> {
+    views: &'v mut [*const f32; MAX_F],
+) -> &'v [*const f32] {
     let d = spec.d;
-    let mut views = Vec::with_capacity(spec.f);
-    for (i, (&p, dst)) in ptrs.iter().zip(buf.chunks_exact_mut(STAGE * d)).enumerate() {
+    let chunks = buf.chunks_exact_mut(STAGE * d);
+    for (i, ((&p, dst), v)) in ptrs.iter().zip(chunks).zip(views.iter_mut()).enumerate() {
         // SAFETY: the caller's contract: rows c0..c0+n of operand i exist.
         unsafe {
-            views.push(match spec.elt(i) {
+            *v = match spec.elt(i) {
                 Elt::F32 => (p as *const f32).add(c0 * d),
                 Elt::BF16 => widen((p as *const bf16).add(c0 * d), &mut dst[..n * d]),
-            });
+            };
         }
     }
-    views
+    &views[..spec.f]
 }
 
 /// `dst` = the `dst.len()` bf16 at `src`, widened (exact); returns `dst`'s
@@ -115,21 +117,17 @@ pub(super) fn forward(spec: &DotSpec, ptrs: &[usize], s: usize, sb: usize) -> Ve
                 return;
             }
             let mut buf = Scratch::new(f * STAGE * d);
-            let mut res = Scratch::new(if spec.out == Elt::F32 {
-                0
-            } else {
-                STAGE * width
-            });
+            let mut views = [std::ptr::null(); MAX_F];
+            // f32 results are written in place: no scratch.
+            let mut res = (spec.out == Elt::BF16).then(|| Scratch::new(STAGE * width));
             for c0 in (s0..s1).step_by(STAGE) {
                 let n = STAGE.min(s1 - c0);
                 unsafe {
-                    let ops = operands(spec, ptrs, (c0, n), &mut buf);
-                    match spec.out {
-                        Elt::F32 => {
-                            fwd_kernel(dot, &ops, (out as *mut f32).add(c0 * width), (0, n))
-                        }
-                        Elt::BF16 => {
-                            fwd_kernel(dot, &ops, res.as_mut_ptr(), (0, n));
+                    let ops = operands(spec, ptrs, (c0, n), &mut buf, &mut views);
+                    match res.as_deref_mut() {
+                        None => fwd_kernel(dot, ops, (out as *mut f32).add(c0 * width), (0, n)),
+                        Some(res) => {
+                            fwd_kernel(dot, ops, res.as_mut_ptr(), (0, n));
                             round_into(&res[..n * width], (out as *mut bf16).add(c0 * width));
                         }
                     }
@@ -177,38 +175,35 @@ pub(super) fn backward(
                 return;
             }
             let mut buf = Scratch::new(f * STAGE * d);
-            let mut drb = Scratch::new(if spec.dr == Elt::F32 {
-                0
-            } else {
-                STAGE * width
-            });
-            let mut gbuf = Scratch::new(if spec.out == Elt::F32 {
-                0
-            } else {
-                f * STAGE * d
-            });
+            let mut views = [std::ptr::null(); MAX_F];
+            let mut gs = [std::ptr::null_mut(); MAX_F];
+            // An f32 `dr` is read, f32 gradients written, in place: no scratch.
+            let mut drb = (spec.dr == Elt::BF16).then(|| Scratch::new(STAGE * width));
+            let mut gbuf = (spec.out == Elt::BF16).then(|| Scratch::new(f * STAGE * d));
             for c0 in (s0..s1).step_by(STAGE) {
                 let n = STAGE.min(s1 - c0);
                 unsafe {
-                    let ops = operands(spec, ptrs, (c0, n), &mut buf);
-                    let drp = match spec.dr {
-                        Elt::F32 => (dr as *const f32).add(c0 * width),
-                        Elt::BF16 => {
+                    let ops = operands(spec, ptrs, (c0, n), &mut buf, &mut views);
+                    let drp = match drb.as_deref_mut() {
+                        None => (dr as *const f32).add(c0 * width),
+                        Some(drb) => {
                             widen((dr as *const bf16).add(c0 * width), &mut drb[..n * width])
                         }
                     };
-                    let gs: Vec<*mut f32> = match spec.out {
-                        Elt::F32 => gaddrs
-                            .iter()
-                            .map(|&p| (p as *mut f32).add(c0 * d))
-                            .collect(),
-                        Elt::BF16 => gbuf
-                            .chunks_exact_mut(STAGE * d)
-                            .map(|g| g.as_mut_ptr())
-                            .collect(),
-                    };
-                    bwd_kernel(dot, &ops, drp, &gs, (0, n));
-                    if spec.out == Elt::BF16 {
+                    match gbuf.as_deref_mut() {
+                        None => {
+                            for (g, &p) in gs.iter_mut().zip(&gaddrs) {
+                                *g = (p as *mut f32).add(c0 * d);
+                            }
+                        }
+                        Some(gbuf) => {
+                            for (g, b) in gs.iter_mut().zip(gbuf.chunks_exact_mut(STAGE * d)) {
+                                *g = b.as_mut_ptr();
+                            }
+                        }
+                    }
+                    bwd_kernel(dot, ops, drp, &gs[..f], (0, n));
+                    if let Some(gbuf) = &gbuf {
                         for (g, &p) in gbuf.chunks_exact(STAGE * d).zip(&gaddrs) {
                             round_into(&g[..n * d], (p as *mut bf16).add(c0 * d));
                         }

@@ -5,22 +5,23 @@
 //! to f32 as they are loaded, bf16 results rounded in the vector and packed to
 //! 16 bits (a partial vector's bf16 elements, again, one by one).
 //!
-//! Entries [`bag`] and [`run`] ([`super::BagFn`], [`super::RunFn`]); every
-//! inner function is `#[target_feature]` for exactly the features of
-//! [`super::RowKernel::Avx2`]. No multiply-add is fused: the products are
+//! Entries [`bag`] and [`run`] ([`super::BagFn`], [`super::RunFn`]); the bag
+//! loop is [`super::bag`]'s, on this width's vector operations; every inner
+//! function is `#[target_feature]` for exactly the features of
+//! [`super::RowKernel::Avx2`] (or inlined into one). No multiply-add is fused: the products are
 //! rounded before they are added, as the reference does.
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
+    use super::super::bag::{self, Width, bag_cols};
     use super::super::{
-        AHEAD, B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_WEIGHTED, BagArgs,
-        R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_bag_row, fetch_run_row, index_at, run_of,
+        AHEAD, BagArgs, R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row, run_of,
     };
     use std::arch::x86_64::*;
 
     /// Lanes per vector.
     const LANES: usize = 8;
-    /// Vectors per pass.
+    /// Vectors per pass of the update.
     const MAXV: usize = 8;
 
     /// The `vmaskmovps` mask of the first `n` lanes (`n <= 8`).
@@ -121,86 +122,60 @@ mod imp {
         }
     }
 
-    /// Columns `c0..c0+cols` (`NV = ⌈cols/8⌉` vectors) of a bag: the rows of
-    /// positions `start..end` (f32, or bf16 with `BF`) added in order, the
-    /// mean's division, the store.
-    ///
-    /// # Safety
-    /// [`super::super::BagFn`]'s contract; `c0 + cols <= d`.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn bag_cols<const NV: usize, const BF: bool>(
-        a: &BagArgs,
-        (start, end): (usize, usize),
-        out: *mut u8,
-        (c0, cols): (usize, usize),
-    ) {
-        let es = if BF { 2 } else { 4 };
-        let tail = cols - LANES * (NV - 1);
-        let n_of = |k: usize| if k + 1 == NV { tail } else { LANES };
-        let idx64 = a.flags & B_IDX64 != 0;
-        let (shard, weighted) = (a.flags & B_SHARD != 0, a.flags & B_WEIGHTED != 0);
-        let mut acc = [_mm256_setzero_ps(); NV];
-        for p in start..end {
-            // SAFETY (the block): the contract: positions `start..end` and those
-            // below `pend` are indices of rows the table holds (a shard's only
-            // read when in it), `weights` one f32 per position when weighted;
-            // the masked load reads only columns below `c0 + cols <= d`.
-            unsafe {
-                if c0 == 0 {
-                    fetch_bag_row(a, p + AHEAD);
-                }
-                let i = index_at(a.idx, idx64, p);
-                if shard && (i.wrapping_sub(a.first) as u64) >= a.span as u64 {
-                    continue;
-                }
-                let row = a.table.add((i as usize * a.d + c0) * es);
-                let w = if weighted {
-                    Some(_mm256_set1_ps(*a.weights.add(p)))
-                } else {
-                    None
-                };
-                for (k, s) in acc.iter_mut().enumerate() {
-                    let x = load8::<BF>(row.add(LANES * k * es), n_of(k));
-                    // The product rounded, then added (never fused).
-                    let x = match w {
-                        Some(w) => _mm256_mul_ps(w, x),
-                        None => x,
-                    };
-                    *s = _mm256_add_ps(*s, x);
-                }
-            }
-        }
-        if a.flags & B_MEAN != 0 && end > start {
-            let c = _mm256_set1_ps((end - start) as f32);
-            for s in acc.iter_mut() {
-                *s = _mm256_div_ps(*s, c);
-            }
-        }
-        let (obf, eo) = match a.flags & B_OUT_BF16 != 0 {
-            true => (true, 2),
-            false => (false, 4),
-        };
-        for (k, s) in acc.iter().enumerate() {
-            // SAFETY: `out` holds `d >= c0 + cols` elements of the result
-            // type; the last store is limited to the columns below `c0 + cols`.
-            unsafe { store8(obf, out.add((c0 + LANES * k) * eo), *s, n_of(k)) };
-        }
-    }
+    /// The AVX2 vectors of the shared bag loop ([`bag_cols`]): a part is a
+    /// count of lanes (a partial vector's loads and stores masked or one by
+    /// one, a whole one's plain).
+    pub(in super::super) struct Avx2;
 
-    /// A [`bag_cols`] instance.
-    type BagCols = unsafe fn(&BagArgs, (usize, usize), *mut u8, (usize, usize));
+    impl Width for Avx2 {
+        const LANES: usize = LANES;
+        type V = __m256;
+        type Part = usize;
 
-    /// The [`bag_cols`] of `nv` vectors (1 to 8) and the table type `BF`.
-    fn bag_cols_of<const BF: bool>(nv: usize) -> BagCols {
-        match nv {
-            1 => bag_cols::<1, BF>,
-            2 => bag_cols::<2, BF>,
-            3 => bag_cols::<3, BF>,
-            4 => bag_cols::<4, BF>,
-            5 => bag_cols::<5, BF>,
-            6 => bag_cols::<6, BF>,
-            7 => bag_cols::<7, BF>,
-            _ => bag_cols::<8, BF>,
+        #[inline(always)]
+        unsafe fn part(n: usize) -> usize {
+            n
+        }
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            // SAFETY (these five): the trait's contract (AVX).
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m256 {
+            unsafe { _mm256_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn div(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_div_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn load<const BF: bool>(p: *const u8, n: usize) -> __m256 {
+            // SAFETY: forwarded.
+            unsafe { load8::<BF>(p, n) }
+        }
+        #[inline(always)]
+        unsafe fn store(bf: bool, p: *mut u8, x: __m256, n: usize) {
+            // SAFETY: forwarded.
+            unsafe { store8(bf, p, x, n) }
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn cols<const NV: usize, const BF: bool>(
+            a: &BagArgs,
+            se: (usize, usize),
+            out: *mut u8,
+            cc: (usize, usize),
+        ) {
+            // SAFETY: forwarded; compiled with AVX2+FMA's features.
+            unsafe { bag_cols::<Self, NV, BF>(a, se, out, cc) }
         }
     }
 
@@ -210,21 +185,8 @@ mod imp {
     /// # Safety
     /// [`super::super::BagFn`]'s contract.
     pub unsafe extern "C" fn bag(args: *const BagArgs, start: i64, end: i64, out: *mut u8) {
-        // SAFETY: forwarded (the contract's `args`, positions and `out`).
-        unsafe {
-            let a = &*args;
-            let se = (start as usize, end as usize);
-            let mut c0 = 0;
-            while c0 < a.d {
-                let cols = (a.d - c0).min(LANES * MAXV);
-                let f = match a.flags & B_TABLE_BF16 != 0 {
-                    true => bag_cols_of::<true>(cols.div_ceil(LANES)),
-                    false => bag_cols_of::<false>(cols.div_ceil(LANES)),
-                };
-                f(a, se, out, (c0, cols));
-                c0 += cols;
-            }
-        }
+        // SAFETY: forwarded; the caller checked the CPU's features.
+        unsafe { bag::bag::<Avx2>(args, start, end, out) }
     }
 
     /// 8 stored weights at element `off` of the row at `hi` (`lo`) as f32,

@@ -30,6 +30,8 @@
 
 pub mod avx2;
 pub mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod bag;
 pub(crate) mod emit;
 
 use super::micro::Feature;

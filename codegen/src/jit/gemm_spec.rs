@@ -1,0 +1,58 @@
+//! Constructors of [`GemmSpec`] for the ops that build one: the common defaults
+//! (row-major `A`, `C` rows `n` apart, a packed `B`, no bias, no relu, no
+//! packing of `A`, one reduction block, the Cranelift micro-kernel, which the
+//! JIT's pick then replaces) and setters for what an op changes.
+
+use super::gemm::{BLayout, Elt, GemmSpec, Micro};
+
+impl GemmSpec {
+    /// `C[m × n] = A[m × k] · B`: `A` row-major (`lda = k`, `acs = 1`) of
+    /// elements `a`, `C` of elements `c` with `ldc = n`, `B` packed; no bias,
+    /// relu or packing of `A`; one reduction block; the Cranelift micro-kernel.
+    pub fn new(m: usize, n: usize, k: usize, a: Elt, c: Elt) -> GemmSpec {
+        GemmSpec {
+            m,
+            n,
+            k,
+            lda: k,
+            acs: 1,
+            ldc: n,
+            a,
+            c,
+            bias: false,
+            relu: false,
+            micro: Micro::Cranelift,
+            pack_a: false,
+            b: BLayout::Packed,
+            kb: 0,
+            a_blk: 0,
+        }
+    }
+
+    /// The spec with the packed bias added, then relu if `relu`.
+    pub fn with_bias(self, relu: bool) -> GemmSpec {
+        GemmSpec {
+            bias: true,
+            relu,
+            ..self
+        }
+    }
+
+    /// The spec with `A`'s row stride `lda` and column (k) stride `acs`.
+    pub fn a_strides(self, lda: usize, acs: usize) -> GemmSpec {
+        GemmSpec { lda, acs, ..self }
+    }
+
+    /// The spec reading `A` as a blocked activation `[k / b][m][b]` in place:
+    /// rows `b` apart, the reduction in blocks of `b` steps `m·b` elements
+    /// apart (see [`GemmSpec::kb`]).
+    pub fn blocked_a(self, b: usize) -> GemmSpec {
+        GemmSpec {
+            lda: b,
+            acs: 1,
+            kb: b,
+            a_blk: self.m * b,
+            ..self
+        }
+    }
+}

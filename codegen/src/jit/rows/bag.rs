@@ -1,0 +1,165 @@
+//! The bag loop of the native forward, written once for both vector widths
+//! ([`Width`]: [`super::avx512`]'s and [`super::avx2`]'s) and both table
+//! element types (`BF`: a bf16 row is widened as it is loaded, the one step
+//! that differs). Each width instantiates [`bag_cols`] inside its
+//! `#[target_feature]` [`Width::cols`], so the width's vector operations
+//! (`#[inline(always)]`) compile to its instructions there.
+
+use super::{
+    AHEAD, B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_WEIGHTED, BagArgs, fetch_bag_row,
+    index_at,
+};
+
+/// A [`bag_cols`] instance (a width's [`Width::cols`]).
+pub(super) type BagCols = unsafe fn(&BagArgs, (usize, usize), *mut u8, (usize, usize));
+
+/// Vectors per pass.
+const MAXV: usize = 8;
+
+/// One vector width's operations on f32 vectors.
+///
+/// # Safety (every method)
+/// The CPU has the width's features, and the caller is compiled with them
+/// (the methods are inlined into [`Width::cols`]).
+pub(super) trait Width {
+    /// Lanes per vector.
+    const LANES: usize;
+    /// A vector of [`Width::LANES`] f32.
+    type V: Copy;
+    /// The lanes a load or store touches (a mask, or a count).
+    type Part: Copy;
+    /// The first `n` lanes (`1 <= n <= LANES`).
+    unsafe fn part(n: usize) -> Self::Part;
+    /// All lanes 0.
+    unsafe fn zero() -> Self::V;
+    /// All lanes `x`.
+    unsafe fn splat(x: f32) -> Self::V;
+    /// `a + b`.
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    /// `a · b`.
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// `a / b`.
+    unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
+    /// The `part` elements at `p` as f32 (the others 0): bf16 (`BF`) widened
+    /// exactly, else f32. `p` holds them.
+    unsafe fn load<const BF: bool>(p: *const u8, part: Self::Part) -> Self::V;
+    /// Stores `x`'s `part` lanes at `p`: rounded to bf16 (`bf`), else f32.
+    /// `p` holds them.
+    unsafe fn store(bf: bool, p: *mut u8, x: Self::V, part: Self::Part);
+    /// [`bag_cols`] of this width, `NV` vectors and table type `BF`, compiled
+    /// with the width's features; the contract is [`bag_cols`]'s.
+    unsafe fn cols<const NV: usize, const BF: bool>(
+        a: &BagArgs,
+        se: (usize, usize),
+        out: *mut u8,
+        cc: (usize, usize),
+    );
+}
+
+/// Columns `c0..c0+cols` (`NV = ⌈cols/LANES⌉` vectors) of a bag: the rows of
+/// positions `start..end` (f32, or bf16 with `BF`) added in order (each
+/// product with a weight rounded, then added: never fused), the mean's
+/// division, the store.
+///
+/// # Safety
+/// [`super::BagFn`]'s contract; `c0 + cols <= d`; the CPU has `W`'s features
+/// and the caller is compiled with them.
+#[inline(always)]
+pub(super) unsafe fn bag_cols<W: Width, const NV: usize, const BF: bool>(
+    a: &BagArgs,
+    (start, end): (usize, usize),
+    out: *mut u8,
+    (c0, cols): (usize, usize),
+) {
+    let es = if BF { 2 } else { 4 };
+    // SAFETY (every width operation below): the caller has `W`'s features.
+    let (last, full) = unsafe { (W::part(cols - W::LANES * (NV - 1)), W::part(W::LANES)) };
+    let part = |k: usize| if k + 1 == NV { last } else { full };
+    let idx64 = a.flags & B_IDX64 != 0;
+    let (shard, weighted) = (a.flags & B_SHARD != 0, a.flags & B_WEIGHTED != 0);
+    let mut acc = [unsafe { W::zero() }; NV];
+    for p in start..end {
+        // SAFETY (the block): the contract: positions `start..end` and those
+        // below `pend` are indices of rows the table holds (a shard's only
+        // read when in it), `weights` one f32 per position when weighted; the
+        // last load reads only columns below `c0 + cols <= d`.
+        unsafe {
+            if c0 == 0 {
+                fetch_bag_row(a, p + AHEAD);
+            }
+            let i = index_at(a.idx, idx64, p);
+            if shard && (i.wrapping_sub(a.first) as u64) >= a.span as u64 {
+                continue;
+            }
+            let row = a.table.add((i as usize * a.d + c0) * es);
+            let w = if weighted {
+                Some(W::splat(*a.weights.add(p)))
+            } else {
+                None
+            };
+            for (k, s) in acc.iter_mut().enumerate() {
+                let x = W::load::<BF>(row.add(W::LANES * k * es), part(k));
+                let x = match w {
+                    Some(w) => W::mul(w, x),
+                    None => x,
+                };
+                *s = W::add(*s, x);
+            }
+        }
+    }
+    if a.flags & B_MEAN != 0 && end > start {
+        // SAFETY: the caller has `W`'s features.
+        unsafe {
+            let c = W::splat((end - start) as f32);
+            for s in acc.iter_mut() {
+                *s = W::div(*s, c);
+            }
+        }
+    }
+    let (obf, eo) = match a.flags & B_OUT_BF16 != 0 {
+        true => (true, 2),
+        false => (false, 4),
+    };
+    for (k, s) in acc.iter().enumerate() {
+        // SAFETY: `out` holds `d >= c0 + cols` elements of the result type;
+        // the last store is limited to the columns below `c0 + cols`.
+        unsafe { W::store(obf, out.add((c0 + W::LANES * k) * eo), *s, part(k)) };
+    }
+}
+
+/// `W`'s [`bag_cols`] of `nv` vectors (1 to 8) and the table type `BF`.
+fn cols_of<W: Width, const BF: bool>(nv: usize) -> BagCols {
+    match nv {
+        1 => W::cols::<1, BF>,
+        2 => W::cols::<2, BF>,
+        3 => W::cols::<3, BF>,
+        4 => W::cols::<4, BF>,
+        5 => W::cols::<5, BF>,
+        6 => W::cols::<6, BF>,
+        7 => W::cols::<7, BF>,
+        _ => W::cols::<8, BF>,
+    }
+}
+
+/// [`super::BagFn`] on `W`: a bag's sum in passes of up to 8 vectors of
+/// columns (the first one fetching rows ahead).
+///
+/// # Safety
+/// [`super::BagFn`]'s contract; the CPU has `W`'s features.
+pub(super) unsafe fn bag<W: Width>(args: *const BagArgs, start: i64, end: i64, out: *mut u8) {
+    // SAFETY: forwarded (the contract's `args`, positions and `out`).
+    unsafe {
+        let a = &*args;
+        let se = (start as usize, end as usize);
+        let mut c0 = 0;
+        while c0 < a.d {
+            let cols = (a.d - c0).min(W::LANES * MAXV);
+            let f = match a.flags & B_TABLE_BF16 != 0 {
+                true => cols_of::<W, true>(cols.div_ceil(W::LANES)),
+                false => cols_of::<W, false>(cols.div_ceil(W::LANES)),
+            };
+            f(a, se, out, (c0, cols));
+            c0 += cols;
+        }
+    }
+}
