@@ -701,6 +701,11 @@ fn dot_interaction_at_dlrm_shapes() {
     ] {
         interaction_case(f, d, 23, self_i, mask, false, 7);
     }
+    // Zero-width operands (the result is the empty pairs' zeros), f32 and bf16.
+    for (mask, bf_out) in [(0, false), (!0, true), (0b10, false)] {
+        interaction_case(4, 0, 9, false, mask, bf_out, 8);
+        interaction_case(3, 0, 5, true, mask, bf_out, 9);
+    }
 }
 
 #[test]

@@ -34,6 +34,8 @@ pub(super) fn applies(opts: &JitOptions, spec: &DotSpec) -> bool {
             | KernelChoice::AmxBf16
     ) && native_dot::available()
         && spec.f <= MAX_F
+        // Zero-width operands: nothing to stage (the Cranelift kernel runs).
+        && spec.d > 0
 }
 
 fn dot_of(spec: &DotSpec) -> Dot {
