@@ -86,7 +86,7 @@ pub(super) fn operands<'t>(
 
 /// Packs one N block of `dz` (`S × bn` rows of `dy`, masked by `y > 0` when
 /// `y` is given) in sample pairs for the k-pair kernels, as
-/// [`pack_b_pairs_into`] packs `dz` itself (`⌈bn/nr⌉` panels of `⌈S/2⌉` rows
+/// [`crate::jit::micro::avx512bf16::pack_b_pairs_into`] packs `dz` itself (`⌈bn/nr⌉` panels of `⌈S/2⌉` rows
 /// of `nr` words, each two bf16 of consecutive samples, zero past `S` and
 /// `bn`), and adds the block's `dz` into `db` (`bn` f32) in sample order, in
 /// the same pass over `dy`.
