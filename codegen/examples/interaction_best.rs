@@ -6,6 +6,12 @@
 //! backward) and as a share of this machine's FMA peak: every thread of the pool
 //! running independent `vfmadd231ps` chains (16 `zmm`, or 12 `ymm` without
 //! AVX-512 F), timed once per round between the kernels, best of the rounds.
+//! Beside the peak, each direction's memory time: its reads and writes alone,
+//! in the kernels' order, without the arithmetic ([`memory_time`]), best of the
+//! rounds, and the rate at which a kernel taking that long would run; a kernel
+//! near 100% of it is bound by memory, not by its FMAs (the backward at 27×128
+//! reads 27 operands and writes 27 gradients of the same size: about 6.5 flops
+//! a byte).
 //!
 //! `cargo run --release -p dlrm-codegen --example interaction_best -- [F D S reps]`
 //! (default 9 64 2048 30: dlrm-small's interaction).
@@ -79,8 +85,17 @@ fn main() {
     ];
     let mut best = vec![f64::INFINITY; cases.len() * choices.len()];
     let mut peak = 0f64;
+    // Each direction's inputs (as slices) and result lengths.
+    let traffic: [(Vec<&[f32]>, Vec<usize>); 2] = [
+        (slices(&fwd_ins), vec![s * width]),
+        (slices(&bwd_ins), vec![s * d; f]),
+    ];
+    let mut mem = [f64::INFINITY; 2];
     for _ in 0..reps {
         peak = peak.max(fma_peak());
+        for (m, (ins, outs)) in mem.iter_mut().zip(&traffic) {
+            *m = m.min(memory_time(ins, outs, s));
+        }
         for (ci, (_, op, ins, tys)) in cases.iter().enumerate() {
             for (ki, &kernels) in choices.iter().enumerate() {
                 let opts = JitOptions {
@@ -103,17 +118,77 @@ fn main() {
         rayon::current_num_threads()
     );
     for (ci, (name, ..)) in cases.iter().enumerate() {
+        let bound = flops[ci] / mem[ci] / 1e9;
+        println!(
+            "{name:>9}    memory: {:7.3} ms for its reads and writes alone: {bound:6.1} GFLOP/s, \
+             {:4.1}% of the FMA peak",
+            mem[ci] * 1e3,
+            100.0 * bound / peak
+        );
         for (ki, kc) in choices.iter().enumerate() {
             let t = best[ci * choices.len() + ki];
             let gflops = flops[ci] / t / 1e9;
             println!(
-                "{name:>9} {:>9}: {:7.3} ms, {gflops:6.1} GFLOP/s, {:4.1}% of the FMA peak",
+                "{name:>9} {:>9}: {:7.3} ms, {gflops:6.1} GFLOP/s, {:4.1}% of the FMA peak, \
+                 {:4.1}% of the memory rate",
                 kc.name(),
                 t * 1e3,
-                100.0 * gflops / peak
+                100.0 * gflops / peak,
+                100.0 * mem[ci] / t
             );
         }
     }
+}
+
+/// The data of f32 tensors.
+fn slices<'t>(ts: &[&'t Tensor]) -> Vec<&'t [f32]> {
+    ts.iter().map(|t| t.as_f32().expect("f32 inputs")).collect()
+}
+
+/// Seconds for the kernels' memory traffic without their arithmetic: per block
+/// of `SB` samples (the kernels' order), every input's rows read and every
+/// result's rows written, results freshly allocated as the kernels' are; the
+/// blocks shared out over the pool. `ins` and `outs` are `[S][w]` row-major
+/// (`outs` gives each result's length). A kernel that takes about this long
+/// is bound by memory, not by its FMAs.
+fn memory_time(ins: &[&[f32]], outs: &[usize], s: usize) -> f64 {
+    use rayon::prelude::*;
+    use std::mem::MaybeUninit;
+    const SB: usize = 16;
+    let t0 = Instant::now();
+    let mut res: Vec<Vec<f32>> = outs.iter().map(|&n| Vec::with_capacity(n)).collect();
+    // Block b's rows of every result.
+    let mut blocks: Vec<Vec<&mut [MaybeUninit<f32>]>> =
+        (0..s.div_ceil(SB)).map(|_| Vec::new()).collect();
+    for (v, &n) in res.iter_mut().zip(outs) {
+        let w = n / s;
+        for (b, rows) in v.spare_capacity_mut()[..n].chunks_mut(SB * w).enumerate() {
+            blocks[b].push(rows);
+        }
+    }
+    let sum: f32 = blocks
+        .into_par_iter()
+        .enumerate()
+        .map(|(b, outs)| {
+            // 64 independent lanes: the adds keep up with memory.
+            let mut acc = [0f32; 64];
+            for v in ins {
+                let w = v.len() / s;
+                for row in v[b * SB * w..((b + 1) * SB * w).min(v.len())].chunks(64) {
+                    for (a, &x) in acc.iter_mut().zip(row) {
+                        *a += x;
+                    }
+                }
+            }
+            for o in outs {
+                o.fill(MaybeUninit::new(1.0));
+            }
+            acc.iter().sum::<f32>()
+        })
+        .sum();
+    let dt = t0.elapsed().as_secs_f64();
+    std::hint::black_box((sum, res));
+    dt
 }
 
 /// The FMA rate of the pool in GFLOP/s, one timed run: every thread runs

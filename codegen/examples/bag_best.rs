@@ -1,0 +1,215 @@
+//! Time per call of the embedding bag forward on large tables, interleaved (robust
+//! on a shared machine): the JIT `embedding_bag` (sum, i64 indices, f32 table)
+//! against a hand-written AVX-512 loop that prefetches the row `AHEAD` lookups
+//! ahead (the loop of `benches/embedding_probe.rs`, here on the same pool as the
+//! JIT: one bag after another per task), on 1 and on 2 threads, at
+//! dlrm-intel-small's shape by default (1M rows of 64 floats, batch 2048,
+//! pooling 100). Each variant alternates between `TABLES` tables, so no call
+//! finds the previous call's rows in the cache. Prints the best and the median
+//! of each, the rows' bytes per second at the best, and the JIT's share of the
+//! hand loop's rate: issue 24 asks for 80%.
+//!
+//! `cargo run --release -p dlrm-codegen --example bag_best -- [samples] [rows] [d]`
+//! (AVX-512 F only: elsewhere it says so and stops).
+
+use dlrm_codegen::jit::JitOptions;
+use dlrm_ir::{Data, Dim, Op, Pool, Tensor, TensorType};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// The allocator `dlrm-run` uses.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const BATCH: usize = 2048;
+const POOLING: usize = 100;
+/// Tables, used in turn.
+const TABLES: usize = 2;
+/// Lookups ahead whose rows the hand loop prefetches (as the JIT's row kernels).
+const AHEAD: usize = 8;
+/// Bags per task of the hand loop.
+const BAGS_PER_TASK: usize = 16;
+
+fn indices(seed: u64, rows: usize) -> Vec<i64> {
+    let mut x = seed | 1;
+    (0..BATCH * POOLING)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % rows as u64) as i64
+        })
+        .collect()
+}
+
+fn f32s(t: &Tensor) -> &[f32] {
+    match &t.data {
+        Data::F32(v) => v,
+        _ => panic!("an f32 tensor"),
+    }
+}
+
+/// Each bag's sum of rows into `out` (`[BATCH][d]`), bags split over the pool.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `d` is a multiple of 16; every index is a row of
+/// `table`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn hand_bag(table: &[f32], idx: &[i64], d: usize, out: &mut [f32]) {
+    out.par_chunks_mut(BAGS_PER_TASK * d)
+        .enumerate()
+        .for_each(|(c, o)| unsafe { hand_bags(table, idx, d, c * BAGS_PER_TASK, o) });
+}
+
+/// [`hand_bag`]'s task: bags `b0..` into `out`.
+///
+/// # Safety
+/// As [`hand_bag`]'s.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn hand_bags(table: &[f32], idx: &[i64], d: usize, b0: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let base = table.as_ptr();
+    let row = |j: usize| unsafe { base.add(idx[j] as usize * d) };
+    for (b, o) in (b0..).zip(out.chunks_exact_mut(d)) {
+        for c in (0..d).step_by(64) {
+            let n = (d - c).min(64) / 16;
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for j in b * POOLING..(b + 1) * POOLING {
+                if j + AHEAD < idx.len() {
+                    let p = row(j + AHEAD);
+                    for k in 0..n {
+                        // SAFETY: a prefetch never faults.
+                        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(c + 16 * k).cast()) };
+                    }
+                }
+                let r = row(j);
+                for (k, a) in acc.iter_mut().enumerate().take(n) {
+                    // SAFETY: 16 floats from `c + 16k` lie inside the row.
+                    *a = _mm512_add_ps(*a, unsafe { _mm512_loadu_ps(r.add(c + 16 * k)) });
+                }
+            }
+            for (k, a) in acc.iter().enumerate().take(n) {
+                // SAFETY: inside the bag's result row.
+                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(c + 16 * k), *a) };
+            }
+        }
+    }
+}
+
+fn main() {
+    let arg = |i: usize, default: usize| {
+        std::env::args()
+            .nth(i)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default)
+    };
+    let (samples, rows, d) = (arg(1, 15), arg(2, 1_000_000), arg(3, 64));
+    #[cfg(target_arch = "x86_64")]
+    let ok = std::is_x86_feature_detected!("avx512f");
+    #[cfg(not(target_arch = "x86_64"))]
+    let ok = false;
+    if !ok || d % 16 != 0 {
+        println!("bag_best needs AVX-512 F and d a multiple of 16");
+        return;
+    }
+    let tables: Vec<Tensor> = (0..TABLES)
+        .map(|t| {
+            let v = (0..rows * d)
+                .map(|i| ((i as u64 ^ t as u64).wrapping_mul(2654435761) % 2001) as f32 * 1e-3)
+                .collect();
+            Tensor::f32(vec![rows, d], v)
+        })
+        .collect();
+    let idx: Vec<Vec<i64>> = (0..TABLES).map(|t| indices(7 + t as u64, rows)).collect();
+    let idx_t: Vec<Tensor> = idx
+        .iter()
+        .map(|v| Tensor::i64(vec![BATCH, POOLING], v.clone()))
+        .collect();
+    let op = Op::EmbeddingBag {
+        mode: Pool::Sum,
+        last_offset: false,
+    };
+    let out_ty = [TensorType::new(
+        dlrm_ir::DType::F32,
+        [Dim::batch(), Dim::Fixed(d)],
+    )];
+    let syms = HashMap::from([("B".to_string(), BATCH)]);
+    let o = JitOptions::default();
+    let jit = |t: usize| {
+        dlrm_codegen::jit::try_eval(&op, &[&tables[t], &idx_t[t]], &out_ty, &syms, &o)
+            .expect("a JIT embedding_bag")
+            .expect("runs")
+    };
+    let hand = |t: usize| {
+        let mut out = vec![0.0f32; BATCH * d];
+        // SAFETY: AVX-512 F and d were checked; the indices are below `rows`.
+        unsafe { hand_bag(f32s(&tables[t]), &idx[t], d, &mut out) };
+        out
+    };
+    // The two agree up to the order of the adds (the JIT's row kernels sum in
+    // the same order; checked loosely so another kernel may reassociate).
+    let (want, got) = (jit(0), hand(0));
+    let worst = f32s(&want[0])
+        .iter()
+        .zip(&got)
+        .map(|(a, b)| (a - b).abs() / a.abs().max(1.0))
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst < 1e-4,
+        "the hand loop differs from the JIT by {worst}"
+    );
+    let pools: Vec<rayon::ThreadPool> = [1, 2]
+        .iter()
+        .map(|&n| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .expect("a pool")
+        })
+        .collect();
+    // times[pool][0 = JIT, 1 = hand]
+    let mut times = vec![[Vec::new(), Vec::new()]; pools.len()];
+    for s in 0..=samples {
+        let t = s % TABLES;
+        for (pool, ts) in pools.iter().zip(times.iter_mut()) {
+            for (k, v) in ts.iter_mut().enumerate() {
+                let start = Instant::now();
+                if k == 0 {
+                    std::hint::black_box(pool.install(|| jit(t)));
+                } else {
+                    std::hint::black_box(pool.install(|| hand(t)));
+                }
+                // The first round compiles the kernel and faults pages in.
+                if s > 0 {
+                    v.push(start.elapsed().as_secs_f64());
+                }
+            }
+        }
+    }
+    let bytes = (BATCH * POOLING * d * 4) as f64;
+    println!("rows {rows}, d {d}, batch {BATCH}, pooling {POOLING}, {samples} samples");
+    for (pool, ts) in pools.iter().zip(times.iter_mut()) {
+        let mut best = [0.0; 2];
+        for (k, v) in ts.iter_mut().enumerate() {
+            v.sort_by(f64::total_cmp);
+            let (b, median) = (v[0], v[v.len() / 2]);
+            best[k] = b;
+            println!(
+                "{} thread(s) {:>4}: best {:7.3} ms  median {:7.3} ms  {:6.1} GB/s of rows",
+                pool.current_num_threads(),
+                ["jit", "hand"][k],
+                b * 1e3,
+                median * 1e3,
+                bytes / b / 1e9
+            );
+        }
+        println!(
+            "{} thread(s): the JIT at {:.0}% of the hand loop's rate (best against best)",
+            pool.current_num_threads(),
+            100.0 * best[1] / best[0]
+        );
+    }
+}
