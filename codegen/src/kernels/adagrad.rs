@@ -1,9 +1,9 @@
 //! In-place Adagrad updates on parameter storage (the optimizer ops `adagrad`,
 //! `sparse_adagrad`, `embedding_update_adagrad` and its row-shard form).
 //!
-//! - [`adagrad_in_place`]: the dense update, parallel over chunks of elements (or of
+//! - [`adagrad`]: the dense update, parallel over chunks of elements (or of
 //!   rows, row-wise); the gradient may be f32 or bf16, weight and accumulator f32.
-//! - [`sparse_adagrad_in_place`] and [`embedding_update_adagrad_in_place`]: the
+//! - [`sparse_adagrad`] and [`embedding_update_adagrad`]: the
 //!   race-free embedding update of [`super::optim`] with optimizer state: the
 //!   table's stored rows are split into one contiguous range per rayon task, each
 //!   task owning the same rows of the accumulator; every task scans all indices and

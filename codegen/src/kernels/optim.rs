@@ -2,10 +2,10 @@
 //!
 //! - [`sgd_in_place`]: `w[i] = w[i] - lr · g[i]`, computed in f32, stored in `w`'s
 //!   dtype (f32, or bf16 rounded to nearest even), parallel over chunks.
-//! - [`split_sgd_in_place`]: Split-SGD-BF16 (`split_sgd`): the f32 master
+//! - [`split_sgd`]: Split-SGD-BF16 (the op `split_sgd`): the f32 master
 //!   `hi << 16 | lo` is updated in f32 and split again (exact: no rounding).
-//! - [`sparse_sgd_in_place`], [`embedding_update_in_place`] and
-//!   [`split_embedding_update_in_place`]: SC20's race-free embedding update. The
+//! - [`sparse_sgd_in_place`], [`embedding_update`] and
+//!   [`split_embedding_update`]: SC20's race-free embedding update. The
 //!   table's rows are split into contiguous ranges, one per rayon task; every task
 //!   scans *all* indices in order and applies only those that fall in its range.
 //!   No two tasks touch the same row, so no atomics or locks, and each row receives

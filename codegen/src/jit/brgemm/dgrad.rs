@@ -8,8 +8,8 @@
 //! as f32. A bf16 result with a mask is computed in f32, masked, then rounded
 //! once (the interpreter's order).
 
-use super::positive;
 use super::{Epilogue, row_block, run_blocks, run_row_chunks, tail, with_kernel};
+use super::{PooledBf16, masked, positive};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
 use crate::jit::gemm::{Elt, GemmSpec, Operand};
 use crate::jit::micro::BPacking;
@@ -136,18 +136,17 @@ pub fn brgemm_dgrad(
     Ok(dx.tensor(vec![kb, s, bk]))
 }
 
-/// A bf16 `dz`: `dy` itself, or computed into a pooled buffer (two bf16 a
-/// word; no fresh pages to fault in and zero on every call).
+/// A bf16 `dz`: `dy` itself, or computed into a pooled buffer.
 enum Dz16<'t> {
     Dy(&'t [bf16]),
-    Pooled(Scratch, usize),
+    Pooled(PooledBf16),
 }
 
 impl Dz16<'_> {
     fn values(&self) -> &[bf16] {
         match self {
             Dz16::Dy(d) => d,
-            Dz16::Pooled(buf, n) => &bytemuck::cast_slice(&buf[..])[..*n],
+            Dz16::Pooled(z) => z.values(),
         }
     }
 }
@@ -161,34 +160,10 @@ fn bf16_dz<'t>(act: Act, dy: &'t Tensor, y: &Tensor, w: &Tensor) -> Option<Dz16<
     };
     match (act, &y.data) {
         (Act::None, _) => Some(Dz16::Dy(d)),
-        (Act::Relu, Data::BF16(yv)) => masked(d, yv, positive),
-        (Act::Relu, _) => masked(d, &floats(y), |y: f32| y > 0.0),
+        (Act::Relu, Data::BF16(yv)) => masked(d, yv, positive).map(Dz16::Pooled),
+        (Act::Relu, _) => masked(d, &floats(y), |y: f32| y > 0.0).map(Dz16::Pooled),
         (Act::Sigmoid, _) => None,
     }
-}
-
-/// `dy` where `keep(y)`, else 0, into a pooled buffer (`None` if the lengths
-/// differ).
-fn masked<'t, T: Copy + Sync>(
-    d: &[bf16],
-    y: &[T],
-    keep: impl Fn(T) -> bool + Sync,
-) -> Option<Dz16<'t>> {
-    let n = d.len();
-    if y.len() != n {
-        return None;
-    }
-    let mut buf = Scratch::new(n.div_ceil(2));
-    let z: &mut [bf16] = &mut bytemuck::cast_slice_mut(&mut buf[..])[..n];
-    const CHUNK: usize = 1 << 14;
-    z.par_chunks_mut(CHUNK)
-        .zip(d.par_chunks(CHUNK).zip(y.par_chunks(CHUNK)))
-        .for_each(|(z, (d, y))| {
-            for ((z, &d), &y) in z.iter_mut().zip(d).zip(y) {
-                *z = if keep(y) { d } else { bf16::ZERO };
-            }
-        });
-    Some(Dz16::Pooled(buf, n))
 }
 
 /// One panel of `wᵀ` for K block `kbi` (`Nb·bn` rows of `nr` f32, columns

@@ -103,6 +103,50 @@ fn positive(y: half::bf16) -> bool {
     (1..=0x7F80).contains(&y.to_bits())
 }
 
+/// `z = keep(y) ? d : 0`, element by element: relu's derivative applied to a
+/// bf16 `dy` (`keep` is [`positive`] for a bf16 `y`, `y > 0.0` for an f32 one).
+/// The one formulation of the mask on the bf16 gradient paths; the lengths are
+/// the caller's (the shortest slice's elements are written).
+#[inline]
+fn mask_into<T: Copy>(z: &mut [half::bf16], d: &[half::bf16], y: &[T], keep: impl Fn(T) -> bool) {
+    for ((z, &d), &y) in z.iter_mut().zip(d).zip(y) {
+        *z = if keep(y) { d } else { half::bf16::ZERO };
+    }
+}
+
+/// bf16 values in a pooled buffer (two a word): no fresh pages to fault in and
+/// zero on every call.
+struct PooledBf16 {
+    buf: Scratch,
+    n: usize,
+}
+
+impl PooledBf16 {
+    fn values(&self) -> &[half::bf16] {
+        &bytemuck::cast_slice(&self.buf[..])[..self.n]
+    }
+}
+
+/// [`mask_into`] over the whole of `d` into a [`PooledBf16`], in parallel
+/// chunks; `None` if `y`'s length differs from `d`'s.
+fn masked<T: Copy + Sync>(
+    d: &[half::bf16],
+    y: &[T],
+    keep: impl Fn(T) -> bool + Sync,
+) -> Option<PooledBf16> {
+    let n = d.len();
+    if y.len() != n {
+        return None;
+    }
+    let mut buf = Scratch::new(n.div_ceil(2));
+    let z: &mut [half::bf16] = &mut bytemuck::cast_slice_mut(&mut buf[..])[..n];
+    const CHUNK: usize = 1 << 14;
+    z.par_chunks_mut(CHUNK)
+        .zip(d.par_chunks(CHUNK).zip(y.par_chunks(CHUNK)))
+        .for_each(|(z, (d, y))| mask_into(z, d, y, &keep));
+    Some(PooledBf16 { buf, n })
+}
+
 fn jit_err(op: &'static str, e: JitError) -> KernelError {
     KernelError::Jit {
         op,
@@ -312,3 +356,41 @@ mod wgrad_bf16;
 pub use dgrad::brgemm_dgrad;
 pub use forward::brgemm;
 pub use wgrad::brgemm_wgrad;
+
+#[cfg(test)]
+mod tests {
+    use super::{masked, positive};
+    use half::bf16;
+
+    #[test]
+    fn masked_keeps_dy_where_y_is_positive_and_zero_elsewhere() {
+        // More than one parallel chunk and a ragged last one; every bf16 bit
+        // pattern of `y` (±0, subnormals, ±inf, NaN) in turn.
+        let n = (1 << 14) * 3 + 7;
+        let d: Vec<bf16> = (0..n)
+            .map(|i| bf16::from_bits((i as u16).wrapping_mul(40503) | 1))
+            .collect();
+        let y16: Vec<bf16> = (0..n).map(|i| bf16::from_bits(i as u16)).collect();
+        let y32: Vec<f32> = y16.iter().map(|y| y.to_f32()).collect();
+        let z16 = masked(&d, &y16, positive).expect("equal lengths");
+        let z32 = masked(&d, &y32, |y: f32| y > 0.0).expect("equal lengths");
+        for (i, (&dv, &y)) in d.iter().zip(&y32).enumerate() {
+            let want = if y > 0.0 { dv } else { bf16::ZERO };
+            assert_eq!(
+                z16.values()[i].to_bits(),
+                want.to_bits(),
+                "bf16 y, element {i}"
+            );
+            assert_eq!(
+                z32.values()[i].to_bits(),
+                want.to_bits(),
+                "f32 y, element {i}"
+            );
+        }
+        assert_eq!(z16.values().len(), n);
+        assert!(
+            masked(&d, &y16[1..], positive).is_none(),
+            "a length mismatch"
+        );
+    }
+}

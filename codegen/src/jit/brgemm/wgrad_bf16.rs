@@ -13,7 +13,7 @@
 //! all `Kb·bk` rows gives `dw[nb]` in its blocked layout. Taken only where `auto` (or the forced
 //! `avx512bf16` / `amxbf16`) runs such a kernel; elsewhere the general path runs.
 
-use super::{positive, row_block, run_blocks, with_kernel};
+use super::{PooledBf16, mask_into, masked, positive, row_block, run_blocks, with_kernel};
 use crate::jit::buffers::{Fresh, Scratch};
 use crate::jit::gemm::{Elt, GemmSpec, Micro, Operand, pack_b_into};
 use crate::jit::micro::BPacking;
@@ -34,7 +34,7 @@ pub(super) enum Dz<'t> {
     /// `dz = y > 0 ? dy : 0`, `(dy, y)`.
     Relu(&'t [bf16], &'t [bf16]),
     /// `dz` computed.
-    Owned(Vec<bf16>),
+    Owned(PooledBf16),
 }
 
 impl Dz<'_> {
@@ -43,7 +43,7 @@ impl Dz<'_> {
         match self {
             Dz::Plain(d) => (d, None),
             Dz::Relu(d, y) => (d, Some(y)),
-            Dz::Owned(d) => (d, None),
+            Dz::Owned(d) => (d.values(), None),
         }
     }
 }
@@ -70,15 +70,7 @@ pub(super) fn operands<'t>(
     let dz = match (act, &y.data) {
         (Act::None, _) => Dz::Plain(d),
         (Act::Relu, Data::BF16(yv)) if yv.len() == d.len() => Dz::Relu(d, yv),
-        (Act::Relu, _) => {
-            let yv = floats(y);
-            Dz::Owned(
-                d.par_iter()
-                    .zip(yv.par_iter())
-                    .map(|(&d, &y)| if y > 0.0 { d } else { bf16::ZERO })
-                    .collect(),
-            )
-        }
+        (Act::Relu, _) => Dz::Owned(masked(d, &floats(y), |y: f32| y > 0.0)?),
         (Act::Sigmoid, _) => return None,
     };
     Some((dz, xv.as_slice()))
@@ -209,12 +201,11 @@ fn dz_block<'a>(
     bn: usize,
 ) -> Cow<'a, [bf16]> {
     let dz = match y {
-        Some(y) => Cow::Owned(
-            dy.iter()
-                .zip(y)
-                .map(|(&d, &y)| if positive(y) { d } else { bf16::ZERO })
-                .collect(),
-        ),
+        Some(y) => {
+            let mut z = vec![bf16::ZERO; dy.len()];
+            mask_into(&mut z, dy, y, positive);
+            Cow::Owned(z)
+        }
         None => Cow::Borrowed(dy),
     };
     for row in dz.chunks_exact(bn) {
