@@ -701,6 +701,20 @@ fn dot_interaction_at_dlrm_shapes() {
     ] {
         interaction_case(f, d, 23, self_i, mask, false, 7);
     }
+    // The narrow forward (at most 16 columns, at most 32 operands): partners
+    // across its two vectors of lanes, at its largest operand count, one past
+    // it (the general kernel), and one column.
+    for (f, d, self_i) in [
+        (17, 16, false),
+        (17, 16, true),
+        (16, 7, true),
+        (32, 5, false),
+        (32, 16, true),
+        (33, 16, false),
+        (30, 1, true),
+    ] {
+        interaction_case(f, d, 21, self_i, 0, false, 10);
+    }
     // Zero-width operands (the result is the empty pairs' zeros), f32 and bf16.
     for (mask, bf_out) in [(0, false), (!0, true), (0b10, false)] {
         interaction_case(4, 0, 9, false, mask, bf_out, 8);

@@ -16,7 +16,9 @@
 //! kernel's order term for term, so the two agree bit for bit on the columns
 //! of its whole f32x4 vectors (its last `D mod 4` columns use a multiply and
 //! an add). Columns past a multiple of 16 are masked loads and stores: nothing
-//! outside a row is read or written.
+//! outside a row is read or written. The coefficients are read where they lie
+//! in the sample's `dr` row (no per-sample `F × F` matrix of them: gathering
+//! one took a third of the backward's time at 16 columns).
 //!
 //! The forward ([`forward`]): per sample, `x`, then each operand's dot products
 //! with up to 8 partners at a time in 16-lane partial sums, summed across the
@@ -24,7 +26,11 @@
 //! are). At dlrm-small's 9×64 its time is the operands' reads (an earlier
 //! version was no faster than the Cranelift kernel there); at dlrm-mlperf's
 //! 27×128 it is arithmetic, where the Cranelift kernel's 128-bit vectors ran
-//! at 16 GFLOP/s.
+//! at 16 GFLOP/s. Operands of at most 16 columns (dlrm-kaggle's 27×16), where
+//! the sums across lanes were most of the work, take [`forward_narrow`]: the
+//! operands transposed in registers once per sample, then each operand's dot
+//! products with all its partners as lanes of one or two vectors, summed in
+//! column order.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -92,12 +98,11 @@ const ROWS: usize = 6;
 /// (`[S][width]`), `grads[i]` operand `i`'s gradient (`[S][D]`); rows `s0..s1`
 /// of each gradient are written (absolute rows).
 ///
-/// Per sample, the pair coefficients are first gathered into an `F × F`
-/// matrix (`coef[k][i]` = `dr` of the pair `(max, min)`, doubled on the
-/// diagonal); then each 64-column chunk of the gradients is computed `ROWS`
+/// Per sample, each 64-column chunk of the gradients is computed `ROWS`
 /// operands at a time: a per-sample `[F × F] · [F × D]` product, register
-/// blocked, each gradient entry still summed over its partners in ascending
-/// order with one FMA per term.
+/// blocked, each gradient entry summed over its partners in ascending order
+/// with one FMA per term. The coefficients are read from the sample's `dr` row
+/// where they lie (see [`Block::rows_cols`]): no per-sample matrix of them.
 ///
 /// # Safety
 /// Every `ops[i]` holds rows `0..s1` of `d` f32, `dr` rows `0..s1` of `width`
@@ -117,7 +122,12 @@ pub unsafe fn backward(
     let width = dot.width();
     let mut rows = [std::ptr::null::<f32>(); MAX_F];
     let mut outs = [std::ptr::null_mut::<f32>(); MAX_F];
-    let mut coef = vec![0f32; f * f];
+    // Column of operand `i`'s first pair in a `dr` row (its pairs with
+    // partners `0..i`, and `i` itself with self-interaction, follow it).
+    let mut first = [0usize; MAX_F];
+    for (i, c) in first.iter_mut().enumerate().take(f) {
+        *c = dot.col(i, 0);
+    }
     for s in s0..s1 {
         // SAFETY: the caller's contract: row `s` of every operand, of `dr` and
         // of every gradient; the masked loads and stores stay inside the rows.
@@ -128,13 +138,11 @@ pub unsafe fn backward(
             for (o, &g) in outs.iter_mut().zip(grads) {
                 *o = g.add(s * d);
             }
-            let drow = dr.add(s * width);
-            gather_coefs(&dot, drow, &mut coef);
             let blk = Block {
                 f,
                 self_interaction: dot.self_interaction,
-                coef: &coef,
-                drow,
+                drow: dr.add(s * width),
+                first: &first[..f],
                 rows: &rows[..f],
                 outs: &outs[..f],
             };
@@ -150,38 +158,15 @@ pub unsafe fn backward(
     }
 }
 
-/// Fills `coef[k·f + i]` with the coefficient of partner `k` in operand `i`'s
-/// gradient: `dr[col(max, min)]`, doubled on the diagonal (whose entries are
-/// left as they are without self-interaction: never read).
-///
-/// # Safety
-/// `drow` holds the sample's `width` f32 of `dr`.
-#[cfg(target_arch = "x86_64")]
-unsafe fn gather_coefs(dot: &Dot, drow: *const f32, coef: &mut [f32]) {
-    let f = dot.f;
-    for hi in 0..f {
-        for lo in 0..hi {
-            // SAFETY: `col` of a kept pair is a column of the row.
-            let v = unsafe { *drow.add(dot.col(hi, lo)) };
-            coef[hi * f + lo] = v;
-            coef[lo * f + hi] = v;
-        }
-        if dot.self_interaction {
-            // SAFETY: as above (the diagonal is kept).
-            coef[hi * f + hi] = unsafe { *drow.add(dot.col(hi, hi)) } * 2.0;
-        }
-    }
-}
-
 /// One sample's operands for [`Block::run`].
 #[cfg(target_arch = "x86_64")]
 struct Block<'a> {
     f: usize,
     self_interaction: bool,
-    /// [`gather_coefs`]'s matrix.
-    coef: &'a [f32],
     /// The sample's `dr` row.
     drow: *const f32,
+    /// [`backward`]'s first pair column of each operand.
+    first: &'a [usize],
     /// Its operands' rows.
     rows: &'a [*const f32],
     /// Its gradients' rows.
@@ -218,7 +203,15 @@ impl Block<'_> {
     /// Columns `c0..c0 + n` (`NV` vectors) of gradients `i0..i0 + R`: operand
     /// 0's starts from `dr`'s first `D` columns, the others from zero; then
     /// per partner `k` ascending (skipping `k == i` without self-interaction),
-    /// `acc_i += coef[k][i] · T_k`, one FMA per term.
+    /// `acc_i += c_ik · T_k`, one FMA per term, with `c_ik` the `dr` entry of
+    /// the pair `(max, min)` (`2·dr` on the diagonal with self-interaction).
+    ///
+    /// The partners come in three runs, each reading its coefficients where
+    /// they lie in the `dr` row: `k < i0` (below every row of the block: `c_ik`
+    /// is entry `k` of operand `i`'s pairs), the block's own `i0..i0 + R`
+    /// (either side, and the diagonal), and `k >= i0 + R` (above every row:
+    /// the block's `R` coefficients are entries `i0..i0 + R` of operand `k`'s
+    /// pairs, side by side).
     ///
     /// # Safety
     /// [`backward`]'s contract for this sample; `i0 + R <= f`; AVX-512 F.
@@ -227,26 +220,54 @@ impl Block<'_> {
         let ms: [u16; NV] = std::array::from_fn(|v| mask(16 * v, n));
         let mut acc = [[_mm512_setzero_ps(); NV]; R];
         // SAFETY: the caller's contract; the masked loads and stores touch the
-        // `n` live columns only.
+        // `n` live columns only; every coefficient read is a kept pair's column
+        // of the `dr` row (`Dot::col`).
         unsafe {
+            let load = |k: usize| -> [__m512; NV] {
+                let t = self.rows[k].add(c0);
+                std::array::from_fn(|v| _mm512_maskz_loadu_ps(ms[v], t.add(16 * v)))
+            };
+            let fma = |row: &mut [__m512; NV], c: f32, x: &[__m512; NV]| {
+                let cv = _mm512_set1_ps(c);
+                for (a, &xv) in row.iter_mut().zip(x) {
+                    *a = _mm512_fmadd_ps(cv, xv, *a);
+                }
+            };
             if i0 == 0 {
                 for v in 0..NV {
                     acc[0][v] = _mm512_maskz_loadu_ps(ms[v], self.drow.add(c0 + 16 * v));
                 }
             }
-            for k in 0..self.f {
-                let t = self.rows[k].add(c0);
-                let x: [__m512; NV] =
-                    std::array::from_fn(|v| _mm512_maskz_loadu_ps(ms[v], t.add(16 * v)));
-                let ck = &self.coef[k * self.f + i0..k * self.f + i0 + R];
-                for (r, (row, &c)) in acc.iter_mut().zip(ck).enumerate() {
-                    if k == i0 + r && !self.self_interaction {
-                        continue;
-                    }
-                    let cv = _mm512_set1_ps(c);
-                    for (a, &xv) in row.iter_mut().zip(&x) {
-                        *a = _mm512_fmadd_ps(cv, xv, *a);
-                    }
+            // Below the block: row `i`'s pairs, entry `k`.
+            let below: [*const f32; R] = std::array::from_fn(|r| self.drow.add(self.first[i0 + r]));
+            for k in 0..i0 {
+                let x = load(k);
+                for (row, p) in acc.iter_mut().zip(below) {
+                    fma(row, *p.add(k), &x);
+                }
+            }
+            // The block's own partners.
+            for k in i0..i0 + R {
+                let x = load(k);
+                for (r, row) in acc.iter_mut().enumerate() {
+                    let i = i0 + r;
+                    let c = match k.cmp(&i) {
+                        std::cmp::Ordering::Less => *self.drow.add(self.first[i] + k),
+                        std::cmp::Ordering::Greater => *self.drow.add(self.first[k] + i),
+                        std::cmp::Ordering::Equal if self.self_interaction => {
+                            *self.drow.add(self.first[i] + i) * 2.0
+                        }
+                        std::cmp::Ordering::Equal => continue,
+                    };
+                    fma(row, c, &x);
+                }
+            }
+            // Above the block: operand `k`'s pairs, entries `i0..i0 + R`.
+            for k in i0 + R..self.f {
+                let x = load(k);
+                let p = self.drow.add(self.first[k] + i0);
+                for (r, row) in acc.iter_mut().enumerate() {
+                    fma(row, *p.add(r), &x);
                 }
             }
             for (row, out) in acc.iter().zip(&self.outs[i0..i0 + R]) {
@@ -275,6 +296,10 @@ impl Block<'_> {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub unsafe fn forward(dot: Dot, ops: &[*const f32], out: *mut f32, s0: usize, s1: usize) {
+    if (1..=16).contains(&dot.d) && dot.f <= NARROW_F {
+        // SAFETY: forwarded; the operands fit `forward_narrow`'s registers.
+        return unsafe { forward_narrow(dot, ops, out, s0, s1) };
+    }
     let Dot { f, d, .. } = dot;
     let width = dot.width();
     let mut rows = [std::ptr::null::<f32>(); MAX_F];
@@ -305,6 +330,155 @@ pub unsafe fn forward(dot: Dot, ops: &[*const f32], out: *mut f32, s0: usize, s1
             }
         }
     }
+}
+
+/// Most operands [`forward_narrow`] takes (two 16-lane vectors of partners).
+const NARROW_F: usize = 32;
+
+/// [`forward`] for operands of at most 16 columns (one `zmm` each) and at most
+/// [`NARROW_F`] of them, per sample: the operands transposed in registers
+/// (`Tᵀ[c]` holds column `c` of every operand, partners in lanes), then each
+/// operand `i`'s dot products with all its partners at once,
+/// `Σ_c T_i[c] · Tᵀ[c]` (one FMA per column, in column order, a broadcast of
+/// `T_i[c]`), stored straight into the row's pairs of `i` — no sums across
+/// lanes. Four operands at a time, so that their FMA chains overlap.
+///
+/// # Safety
+/// [`forward`]'s contract; `1 <= d <= 16`, `f <= NARROW_F`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn forward_narrow(dot: Dot, ops: &[*const f32], out: *mut f32, s0: usize, s1: usize) {
+    let Dot {
+        f,
+        d,
+        self_interaction,
+    } = dot;
+    let width = dot.width();
+    let md = mask(0, d);
+    // Operand `i`'s first pair column, and how many partners it has.
+    let first: [usize; NARROW_F] = std::array::from_fn(|i| dot.col(i, 0));
+    let kept = |i: usize| if self_interaction { i + 1 } else { i };
+    let start = if self_interaction { 0 } else { 1 };
+    let mut rows = [std::ptr::null::<f32>(); NARROW_F];
+    for s in s0..s1 {
+        // SAFETY: the caller's contract: row `s` of every operand and of the
+        // result; loads masked to the `d` columns, stores to each operand's
+        // `kept(i)` pair columns (`Dot::col`).
+        unsafe {
+            for (r, &op) in rows.iter_mut().zip(ops) {
+                *r = op.add(s * d);
+            }
+            let t: [__m512; NARROW_F] = std::array::from_fn(|j| {
+                if j < f {
+                    _mm512_maskz_loadu_ps(md, rows[j])
+                } else {
+                    _mm512_setzero_ps()
+                }
+            });
+            let orow = out.add(s * width);
+            _mm512_mask_storeu_ps(orow, md, t[0]);
+            // tt[c]: column c of operands 0..16; tt[16 + c]: of 16..32.
+            let mut tt = [_mm512_setzero_ps(); 32];
+            tt[..16].copy_from_slice(&transpose16(t[..16].try_into().expect("16 rows")));
+            if f > 16 {
+                tt[16..].copy_from_slice(&transpose16(t[16..].try_into().expect("16 rows")));
+            }
+            for i0 in (start..f).step_by(4) {
+                let n = (f - i0).min(4);
+                // The group's last operand has the most partners.
+                let mut acc = [[_mm512_setzero_ps(); 2]; 4];
+                let a = &mut acc;
+                match (n, kept(i0 + n - 1) > 16) {
+                    (4, false) => narrow_rows::<4, false>(&tt, &rows, i0, d, a),
+                    (4, true) => narrow_rows::<4, true>(&tt, &rows, i0, d, a),
+                    (3, false) => narrow_rows::<3, false>(&tt, &rows, i0, d, a),
+                    (3, true) => narrow_rows::<3, true>(&tt, &rows, i0, d, a),
+                    (2, false) => narrow_rows::<2, false>(&tt, &rows, i0, d, a),
+                    (2, true) => narrow_rows::<2, true>(&tt, &rows, i0, d, a),
+                    (_, false) => narrow_rows::<1, false>(&tt, &rows, i0, d, a),
+                    (_, true) => narrow_rows::<1, true>(&tt, &rows, i0, d, a),
+                }
+                for (r, [lo, hi]) in acc.iter().take(n).enumerate() {
+                    let (i, k) = (i0 + r, kept(i0 + r));
+                    let dst = orow.add(first[i]);
+                    _mm512_mask_storeu_ps(dst, mask(0, k), *lo);
+                    if k > 16 {
+                        _mm512_mask_storeu_ps(dst.add(16), mask(16, k), *hi);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Operands `i0..i0 + R`'s dot products with partners `0..16` (and `16..32`
+/// with `HI`) into `out[..R]`: `Σ_{c<d} T_i[c] · tt[c]` in column order, one
+/// FMA per column.
+///
+/// # Safety
+/// `rows[i0..i0 + R]` hold `d` f32; AVX-512 F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn narrow_rows<const R: usize, const HI: bool>(
+    tt: &[__m512; 32],
+    rows: &[*const f32; NARROW_F],
+    i0: usize,
+    d: usize,
+    out: &mut [[__m512; 2]; 4],
+) {
+    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    for c in 0..d {
+        for (r, a) in acc.iter_mut().enumerate() {
+            // SAFETY: column `c < d` of operand `i0 + r`'s row.
+            let b = _mm512_set1_ps(unsafe { *rows[i0 + r].add(c) });
+            a[0] = _mm512_fmadd_ps(b, tt[c], a[0]);
+            if HI {
+                a[1] = _mm512_fmadd_ps(b, tt[16 + c], a[1]);
+            }
+        }
+    }
+    out[..R].copy_from_slice(&acc);
+}
+
+/// The transpose of 16 rows of 16 lanes: lane `j` of result `c` is lane `c`
+/// of row `j` (interleaves of row pairs, then of their 64-bit pairs, then of
+/// 128-bit blocks: 64 shuffles).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn transpose16(r: &[__m512; 16]) -> [__m512; 16] {
+    // t[2p], t[2p + 1]: rows 2p and 2p + 1 interleaved, columns 4L + {0, 1}
+    // and 4L + {2, 3} of each 128-bit block L.
+    let t: [__m512; 16] = std::array::from_fn(|q| {
+        let (a, b) = (r[q & !1], r[q | 1]);
+        if q % 2 == 0 {
+            _mm512_unpacklo_ps(a, b)
+        } else {
+            _mm512_unpackhi_ps(a, b)
+        }
+    });
+    // u[4g + q]: rows 4g..4g + 4 of column 4L + q in block L.
+    let u: [__m512; 16] = std::array::from_fn(|x| {
+        let (g, q) = (x / 4, x % 4);
+        let (a, b) = (t[4 * g + q / 2], t[4 * g + 2 + q / 2]);
+        if q % 2 == 0 {
+            _mm512_shuffle_ps::<0x44>(a, b)
+        } else {
+            _mm512_shuffle_ps::<0xEE>(a, b)
+        }
+    });
+    // Column 4L + q gathers block L of u[q], u[4 + q], u[8 + q], u[12 + q].
+    let mut out = [_mm512_setzero_ps(); 16];
+    for q in 0..4 {
+        let a = _mm512_shuffle_f32x4::<0x88>(u[q], u[4 + q]);
+        let b = _mm512_shuffle_f32x4::<0xDD>(u[q], u[4 + q]);
+        let c = _mm512_shuffle_f32x4::<0x88>(u[8 + q], u[12 + q]);
+        let e = _mm512_shuffle_f32x4::<0xDD>(u[8 + q], u[12 + q]);
+        out[q] = _mm512_shuffle_f32x4::<0x88>(a, c);
+        out[8 + q] = _mm512_shuffle_f32x4::<0xDD>(a, c);
+        out[4 + q] = _mm512_shuffle_f32x4::<0x88>(b, e);
+        out[12 + q] = _mm512_shuffle_f32x4::<0xDD>(b, e);
+    }
+    out
 }
 
 /// `dst[n] = ti · js[n]` over `d` columns, for the `N` rows `js`.
