@@ -444,3 +444,33 @@ fn bf16_row_wise_tables_train_like_one_rank() {
     let d = max_rel(&losses(&four), &losses(&one), 0.0);
     assert!(d <= 1e-3, "bf16 row-wise on 4 ranks vs 1: {d} rel");
 }
+
+#[test]
+fn synthetic_batches_cycle_the_steps_data() {
+    // With the weights frozen (learning rate 0) a step's loss is a function of
+    // its batch: with 2 cycled batches steps 1 and 3 (and 2 and 4) see the same
+    // batch, bit for bit; without the cycle every step has its own.
+    let losses = |cycle: usize| -> Vec<f32> {
+        let opts = RunOptions {
+            settings: RunSettings {
+                log_every: 1,
+                synthetic_batches: cycle,
+                ..RunSettings::default()
+            },
+            iters: 4,
+            lr: Some(0.0),
+            ..RunOptions::default()
+        };
+        let job = job_for(tiny_plan(), &opts).expect("job");
+        let (report, _) = run_with_params(job, &mut |_| {}).expect("run");
+        report.losses.iter().map(|l| l.1).collect()
+    };
+    let (cycled, fresh) = (losses(2), losses(0));
+    assert_eq!(cycled.len(), 4);
+    assert_eq!(cycled[0].to_bits(), cycled[2].to_bits(), "{cycled:?}");
+    assert_eq!(cycled[1].to_bits(), cycled[3].to_bits(), "{cycled:?}");
+    assert_ne!(cycled[0], cycled[1], "{cycled:?}");
+    // The cycle's batches are the first steps' own.
+    assert_eq!(fresh[..2], cycled[..2], "{fresh:?} {cycled:?}");
+    assert_ne!(fresh[2], cycled[2], "{fresh:?} {cycled:?}");
+}

@@ -5,6 +5,8 @@
 //! it belongs to), or as soon as the consumer is gone (an early exit drops the
 //! receiver, so a blocked `send` fails and the thread ends before the scope joins
 //! it). Sources that do not prefetch ([`Source::prefetches`]) are read in place.
+//! With a cycle of `n` batches (synthetic data, `dlrm-run --synthetic-batches`),
+//! step `s` takes batch `s mod n`, each generated once, then copied.
 
 use crate::error::{Result, RuntimeError};
 use crate::source::Source;
@@ -28,6 +30,8 @@ pub(crate) struct LoaderSpec<'a> {
     pub ranks: usize,
     pub rank: usize,
     pub depth: usize,
+    /// Batches generated once and cycled (0: a new batch every step).
+    pub cycle: usize,
 }
 
 /// Runs `body` with a loader of steps `steps` (see the module docs).
@@ -43,8 +47,20 @@ pub(crate) fn with_loader<R>(
         ranks,
         rank,
         depth,
+        cycle,
     } = spec;
     let load = move |s: u64| source.train_inputs(s, global_batch, ranks, rank, graph);
+    if cycle > 0 {
+        let mut made: Vec<Option<Inputs>> = vec![None; cycle];
+        let mut next = move |s: u64| -> Result<Inputs> {
+            let k = s % cycle as u64;
+            Ok(match &mut made[k as usize] {
+                Some(inputs) => inputs.clone(),
+                slot => slot.insert(load(k)?).clone(),
+            })
+        };
+        return body(&mut next);
+    }
     if !source.prefetches() {
         let mut next = load;
         return body(&mut next);

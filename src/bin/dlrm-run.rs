@@ -127,6 +127,12 @@ struct Cli {
     /// checkpointed run's); seed and batch are the checkpoint's.
     #[arg(long, value_name = "DIR", num_args = 0..=1)]
     resume: Option<Option<PathBuf>>,
+    /// Synthetic data: generate N batches once and cycle them (step k takes batch
+    /// k mod N), so that the steps' time excludes making their data, as
+    /// scripts/pytorch_dlrm.py times PyTorch on 4 batches made beforehand
+    /// (scripts/measure-peers uses 4). Default: a new batch every step.
+    #[arg(long, value_name = "N", conflicts_with = "data")]
+    synthetic_batches: Option<usize>,
     /// Seed of the synthetic data (default: the plan's).
     #[arg(long)]
     seed: Option<u64>,
@@ -465,6 +471,7 @@ fn run_options(
             threads: cli.threads,
             data,
             eval_every: cli.eval_every,
+            synthetic_batches: cli.synthetic_batches.unwrap_or(0),
         },
         iters: cli.iters.unwrap_or(default_iters),
         epochs: if cli.iters.is_some() {

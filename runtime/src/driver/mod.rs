@@ -122,6 +122,10 @@ pub struct RunSettings {
     /// Evaluate on the evaluation set every this many training steps and after the
     /// last (`--eval-every`); 0: only the final evaluation.
     pub eval_every: u64,
+    /// Synthetic data: generate this many batches once and cycle them (step `k`
+    /// takes batch `k mod n`), as the PyTorch comparison script times its steps;
+    /// 0 generates a new batch every step (`--synthetic-batches`).
+    pub synthetic_batches: usize,
 }
 
 impl Default for RunSettings {
@@ -141,6 +145,7 @@ impl Default for RunSettings {
             threads: None,
             data: None,
             eval_every: 0,
+            synthetic_batches: 0,
         }
     }
 }
@@ -301,6 +306,11 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
             "the training graph has no loss whose label is a graph input",
         ));
     }
+    if job.settings.data.is_some() && job.settings.synthetic_batches > 0 {
+        return Err(job_err(
+            "--synthetic-batches cycles synthetic batches; with --data every step reads the dataset",
+        ));
+    }
     let data = match &job.settings.data {
         None => Source::Synthetic(SyntheticData::new(schema, job.seed)),
         Some(cfg) => Source::Dataset(Box::new(DatasetSource::open(
@@ -345,6 +355,7 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
             eval_set,
             final_set,
             prefetch: job.settings.data.as_ref().map_or(1, |d| d.prefetch),
+            cycle: job.settings.synthetic_batches,
             mode,
             ranks: job.settings.ranks,
             iters: job.iters,
@@ -692,6 +703,9 @@ struct RankCfg {
     final_set: EvalSet,
     /// Batches the loader prepares ahead.
     prefetch: usize,
+    /// Training batches generated once and cycled (0: none, see
+    /// [`RunSettings::synthetic_batches`]).
+    cycle: usize,
     /// The first training step.
     start: u64,
     /// The checkpoint writer, if the run writes checkpoints.

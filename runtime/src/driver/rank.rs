@@ -155,6 +155,7 @@ fn rank_main(
         ranks: cfg.ranks,
         rank,
         depth: cfg.prefetch,
+        cycle: cfg.cycle,
     };
     with_loader(spec, cfg.start - 1..cfg.iters, |next| {
         train_steps(
