@@ -5,6 +5,12 @@ JSON description, timed on random batches: prints `train SAMPLES_PER_S` or
 `infer SAMPLES_PER_S` (one line) for scripts/measure-peers.
 
 usage: pytorch_dlrm.py MODEL.json train|infer [--iters N] [--threads T]
+                       [--indices zipf|uniform]
+
+The timed steps cycle 4 batches made beforehand. Their indices follow dlrm-run's
+synthetic law by default (`zipf`: P(rank < r) = ln(r+1)/ln(rows+1), the ranks
+spread over the table by a fixed bijection), so that both tools gather rows with
+the same locality; `uniform` draws every row alike.
 
 As the reference: `nn.EmbeddingBag(mode="sum", sparse=True)` per table, fed
 `(indices, offsets)`; MLPs of `nn.Linear` + `ReLU` (the top MLP's last layer
@@ -15,6 +21,7 @@ the probabilities, `torch.optim.SGD` (sparse gradients for the tables). Needs
 """
 import argparse
 import json
+import math
 import time
 
 import torch
@@ -65,12 +72,28 @@ class DLRM(nn.Module):
         return self.top(r)
 
 
+def indices(rows, n, law):
+    """`n` row indices below `rows`: uniform, or dlrm-run's Zipf-like law (rank
+    r with probability about 1/(r+1), ranks mapped through `r·m + c mod rows`,
+    m coprime to rows)."""
+    if law == "uniform":
+        return torch.randint(0, rows, (n,))
+    u = torch.rand(n, dtype=torch.float64)
+    rank = torch.floor(torch.exp(u * math.log(rows + 1)) - 1).clamp(0, rows - 1).to(torch.int64)
+    m = 1 + int(torch.randint(0, rows, (1,)))
+    while math.gcd(m, rows) != 1:
+        m += 1
+    c = int(torch.randint(0, rows, (1,)))
+    return (rank * m + c) % rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("json")
     ap.add_argument("mode", choices=["train", "infer"])
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--indices", choices=["zipf", "uniform"], default="zipf")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -83,7 +106,7 @@ def main():
 
     def batch():
         dense = torch.rand(b, spec["dense_features"])
-        idx = [torch.randint(0, rows, (b * pool,)) for rows in spec["table_rows"]]
+        idx = [indices(rows, b * pool, a.indices) for rows in spec["table_rows"]]
         offsets = [torch.arange(0, b * pool, pool) for _ in spec["table_rows"]]
         y = torch.randint(0, 2, (b, 1)).float()
         return dense, idx, offsets, y
