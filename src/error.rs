@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-/// An error of [`crate::model`], [`crate::compile`] or [`crate::launch`].
+/// An error of [`crate::model`], [`mod@crate::compile`] or [`crate::launch`].
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The JSON model description is invalid (the error names file and field).

@@ -5,7 +5,7 @@
 //!
 //! - [`model`]: read a model file (JSON description or ONNX) into a forward graph,
 //!   initial parameters and training defaults;
-//! - [`compile`]: run the pass pipeline for inference and (optionally) training and
+//! - [`mod@compile`]: run the pass pipeline for inference and (optionally) training and
 //!   assemble a [`dlrm_runtime::plan::Plan`], calling an observer after every pass
 //!   (the `--dump-ir` hook);
 //! - [`inspect`]: the summary of a plan that `dlrmc inspect` prints;
@@ -17,6 +17,8 @@
 //! - [`data_cmd`]: the `dlrmc data` subcommands (convert, inspect, generate).
 
 #![warn(missing_docs)]
+// Module docs link private helpers; the docs are built with --document-private-items.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod calibrate;
 pub mod compile;

@@ -1,6 +1,6 @@
 //! Small learnable datasets written straight to `.ds`, for tests and benches that
 //! need a dataset of a given schema without going through Criteo's text format
-//! ([`crate::generate`] writes Criteo TSV with the real data's character).
+//! ([`crate::generate()`] writes Criteo TSV with the real data's character).
 //!
 //! Sample `i` has dense values in `[0, 1)` and uniform ids, each a hash of `i`, and
 //! the label `4 (d0 - 1/2) ± 1.5 > 0` (plus when table 0's id is even), so a model

@@ -25,8 +25,8 @@
 //! - [`split`]: the reference's Kaggle and Terabyte splits, or fractions;
 //! - [`processed`]: the reference's `.npz` and MLPerf's binary records;
 //! - [`convert()`]: the streaming, atomic conversion of any of them to `.ds`;
-//! - [`generate`]: synthetic Criteo-format TSV with the real data's character;
-//! - [`inspect`]: a dataset's summary (splits, per-feature statistics);
+//! - [`mod@generate`]: synthetic Criteo-format TSV with the real data's character;
+//! - [`mod@inspect`]: a dataset's summary (splits, per-feature statistics);
 //! - [`learnable`]: small learnable datasets of any schema, for tests and benches.
 //! - [`durable`]: the atomic-write helpers (temp beside the target, fsync, rename)
 //!   that datasets, plans and checkpoints share.

@@ -1,10 +1,10 @@
 //! The graph: SSA values, nodes, inputs, parameters, outputs and state updates.
 //!
-//! Invariants (checked by [`crate::verify`]):
+//! Invariants (checked by [`crate::verify()`]):
 //! - every value is defined exactly once: as an input, a parameter, or a node result;
 //! - value names are unique within a graph;
 //! - nodes are in a valid execution order: operands are defined before use;
-//! - every result's declared type equals what [`crate::infer`] derives;
+//! - every result's declared type equals what [`crate::infer()`] derives;
 //! - an update `param <- value` names a parameter and a value of the same type, each
 //!   parameter at most once. After a step the runtime replaces the parameter by the
 //!   value (optimizer updates are functional in the IR; the runtime does them in place).

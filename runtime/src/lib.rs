@@ -26,6 +26,8 @@
 //! node); [`Result`] is its alias.
 
 #![warn(missing_docs)]
+// Module docs link private helpers; the docs are built with --document-private-items.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod checkpoint;
 pub mod data;

@@ -17,6 +17,10 @@
 //! Local checks (group size, rank, operand count and shapes, `G` and `B`) run before
 //! any communication; when one fails the op calls [`Communicator::abort`] so that
 //! the peers, which may already wait in the exchange, fail instead of hanging.
+//!
+//! [`Communicator`]: crate::Communicator
+//! [`Communicator::all_reduce_sum`]: crate::Communicator::all_reduce_sum
+//! [`Communicator::abort`]: crate::Communicator::abort
 
 use super::EvalCtx;
 use super::common::{R, describe, fmt_shape, numel, resolve_dim, resolve_shape, store};

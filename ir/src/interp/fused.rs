@@ -77,6 +77,8 @@ pub(super) fn eval(c: &Checked<'_>, syms: &HashMap<String, usize>) -> R<Vec<Tens
 /// `split_embedding_update_rows {mode, lr, lo, rows}(hi, lo, dy, indices[,
 /// offsets])`: [`split_embedding_update`] on a row shard `lo .. lo+Rs` of a table
 /// of `rows` rows (indices outside the shard are skipped, as in `sparse_sgd_rows`).
+///
+/// [`split_embedding_update`]: crate::Op::SplitEmbeddingUpdate
 fn split_embedding_update_rows(
     mode: crate::Pool,
     lr: f32,

@@ -8,7 +8,7 @@
 //! `generic` (ONNX import), `jagged`, `collective`; `common` holds the operand
 //! helpers.
 //!
-//! Shapes: an op's shape rule is written once, in [`crate::infer`]. Each node gets
+//! Shapes: an op's shape rule is written once, in [`crate::infer()`]. Each node gets
 //! one [`NodeInstance`] (its concrete operand and result types, verified by that
 //! rule: [`NodeInstance::new`] from the declared types under the symbol binding in
 //! [`run`], [`NodeInstance::of_operands`] from the operands in [`eval_op`]); the
@@ -73,7 +73,7 @@ pub struct EvalCtx<'a> {
 /// Evaluates one op on concrete operands. `out_types` are the node's declared
 /// result types (the result dtypes; the shapes of data received from other ranks).
 /// The op's instance for these operands is verified first
-/// ([`NodeInstance::of_operands`]: the op's shape rule, [`crate::infer`], run on
+/// ([`NodeInstance::of_operands`]: the op's shape rule, [`crate::infer()`], run on
 /// their concrete types), then [`eval_instance`] runs it. Errors are plain
 /// messages; [`run`] attaches the node. A collective whose local checks fail calls
 /// `ctx.comm.abort` before returning, so peers never hang.

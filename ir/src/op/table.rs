@@ -1,12 +1,12 @@
 //! The op table: every op's mnemonic and attributes, in one list.
 //!
-//! [`op_table!`] takes one entry per [`Op`] variant,
+//! `op_table!` (below) takes one entry per [`Op`] variant,
 //! `Variant "mnemonic" { field: kind "key", .. }` (no braces for an op without
 //! attributes), and generates from it [`MNEMONICS`], [`Op::mnemonic`],
 //! [`Op::attrs`] (the printer's view) and [`Op::from_parts`] (the parser's), so
 //! the text form has no other per-op code. The attributes are listed in their
 //! printed order; `kind` names both a reader method of [`AttrReader`] (parsing,
-//! with its error message) and a function of [`print`] (the [`Attr`] printed,
+//! with its error message) and a function of [`mod@print`] (the [`Attr`] printed,
 //! `None` to omit it). A variant missing from the table, or a field missing from
 //! its entry, is a compile error (the generated matches are exhaustive).
 

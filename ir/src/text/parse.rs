@@ -11,7 +11,7 @@
 //! - attributes are read generically into `(name, Attr)` pairs and turned into an op
 //!   by [`Op::from_parts`]: the parser has no per-op code;
 //! - node results are taken as declared ([`Graph::push_node_unchecked`]); the
-//!   caller runs [`crate::verify`] on each graph built here.
+//!   caller runs [`crate::verify()`] on each graph built here.
 
 use super::lexer::{Tok, Token, lex};
 use crate::error::{IrError, Result};

@@ -1,6 +1,6 @@
 //! The printer: a graph to its canonical text.
 //!
-//! Canonical layout (what [`super::parse`] reads back to an equal graph): the
+//! Canonical layout (what [`super::parse()`] reads back to an equal graph): the
 //! `graph @name {` line; then one line per input, parameter, node (in order), output
 //! and update, each indented by two spaces; then `}` and a newline. Attributes come
 //! in [`crate::Op::attrs`] order; an op without attributes prints no braces. The

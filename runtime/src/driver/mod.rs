@@ -172,7 +172,7 @@ pub struct Job {
     pub iters: u64,
     /// Data seed.
     pub seed: u64,
-    /// Global batch (split over the ranks with [`batch_slice`]).
+    /// Global batch (split over the ranks with [`dlrm_ir::batch_slice`]).
     pub global_batch: usize,
     /// The learning rate of each training step (`dlrm-run --lr`, `--lr-warmup-steps`,
     /// ...); `None`: every update keeps the rate it was compiled with. A pure

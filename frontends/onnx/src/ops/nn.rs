@@ -31,7 +31,7 @@ fn gelu(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
 }
 
 /// `Gemm`: `alpha * op(A) · op(B) + beta * C`. Maps to `linear` when that is exactly
-/// the semantics (`transA=0`, alpha = beta = 1, 1-D `C` of length N, `B` as [N,K]
+/// the semantics (`transA=0`, alpha = beta = 1, 1-D `C` of length N, `B` as `[N, K]`
 /// directly or a constant transposed at import); otherwise transpose / matmul /
 /// binary ops.
 fn gemm(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
