@@ -77,6 +77,7 @@ pub(super) unsafe fn run_cols<W: Width, const NV: usize>(
 ///
 /// # Safety
 /// [`super::RunFn`]'s contract; the CPU has `W`'s features.
+#[inline(always)]
 pub(super) unsafe fn run<W: Width>(
     args: *const RunArgs,
     ent: *const [i64; 2],
