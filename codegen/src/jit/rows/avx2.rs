@@ -6,23 +6,24 @@
 //! 16 bits (a partial vector's bf16 elements, again, one by one).
 //!
 //! Entries [`bag`] and [`run`] ([`super::BagFn`], [`super::RunFn`]); the bag
-//! loop is [`super::bag`]'s, on this width's vector operations; every inner
-//! function is `#[target_feature]` for exactly the features of
-//! [`super::RowKernel::Avx2`] (or inlined into one). No multiply-add is fused: the products are
-//! rounded before they are added, as the reference does.
+//! loop is [`super::bag`]'s and the update's run loop [`super::update`]'s, on
+//! this width's vector operations ([`super::width::Width`], with the f32 and
+//! Split-SGD-BF16 weight loads and stores); every inner function is
+//! `#[target_feature]` for exactly the features of
+//! [`super::RowKernel::Avx2`] (or inlined into one). No multiply-add is
+//! fused: the products are rounded before they are added, as the reference
+//! does.
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
-    use super::super::bag::{self, Width, bag_cols};
-    use super::super::{
-        AHEAD, BagArgs, R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row, run_of,
-    };
+    use super::super::bag::{self, bag_cols};
+    use super::super::update::{self, run_cols};
+    use super::super::width::Width;
+    use super::super::{BagArgs, RunArgs};
     use std::arch::x86_64::*;
 
     /// Lanes per vector.
     const LANES: usize = 8;
-    /// Vectors per pass of the update.
-    const MAXV: usize = 8;
 
     /// The `vmaskmovps` mask of the first `n` lanes (`n <= 8`).
     #[inline]
@@ -122,7 +123,8 @@ mod imp {
         }
     }
 
-    /// The AVX2 vectors of the shared bag loop ([`bag_cols`]): a part is a
+    /// The AVX2 vectors of the shared bag and update loops ([`bag_cols`],
+    /// [`run_cols`]): a part is a
     /// count of lanes (a partial vector's loads and stores masked or one by
     /// one, a whole one's plain).
     pub(in super::super) struct Avx2;
@@ -138,7 +140,7 @@ mod imp {
         }
         #[inline(always)]
         unsafe fn zero() -> __m256 {
-            // SAFETY (these five): the trait's contract (AVX).
+            // SAFETY (these six): the trait's contract (AVX).
             unsafe { _mm256_setzero_ps() }
         }
         #[inline(always)]
@@ -148,6 +150,10 @@ mod imp {
         #[inline(always)]
         unsafe fn add(a: __m256, b: __m256) -> __m256 {
             unsafe { _mm256_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_sub_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn mul(a: __m256, b: __m256) -> __m256 {
@@ -176,6 +182,27 @@ mod imp {
         ) {
             // SAFETY: forwarded; compiled with AVX2+FMA's features.
             unsafe { bag_cols::<Self, NV, BF>(a, se, out, cc) }
+        }
+        #[inline(always)]
+        unsafe fn load_w(split: bool, hi: *mut u8, lo: *mut u8, off: usize, p: usize) -> __m256 {
+            // SAFETY: forwarded.
+            unsafe { load_w(split, hi, lo, off, p) }
+        }
+        #[inline(always)]
+        unsafe fn store_w(split: bool, w: __m256, hi: *mut u8, lo: *mut u8, off: usize, p: usize) {
+            // SAFETY: forwarded.
+            unsafe { store_w(split, w, hi, lo, off, p) }
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn run_cols<const NV: usize>(
+            a: &RunArgs,
+            ent: *const [i64; 2],
+            run: (usize, usize, usize),
+            bag: (usize, f32),
+            cc: (usize, usize),
+        ) {
+            // SAFETY: forwarded; compiled with AVX2+FMA's features.
+            unsafe { run_cols::<Self, NV>(a, ent, run, bag, cc) }
         }
     }
 
@@ -257,60 +284,6 @@ mod imp {
         }
     }
 
-    /// Columns `c0..c0+cols` of a run `i..j` of bag `s`: the step `lr·g`
-    /// (`lr·(g / size)` for the mean) once, then `w - step` per entry.
-    ///
-    /// # Safety
-    /// [`super::super::RunFn`]'s contract; `c0 + cols <= d`.
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn run_cols<const NV: usize>(
-        a: &RunArgs,
-        ent: *const [i64; 2],
-        (i, j, n): (usize, usize, usize),
-        (s, size): (usize, f32),
-        (c0, cols): (usize, usize),
-    ) {
-        let tail = cols - LANES * (NV - 1);
-        let w_of = |k: usize| if k + 1 == NV { tail } else { LANES };
-        let split = a.flags & R_SPLIT != 0;
-        let lr = _mm256_set1_ps(a.lr);
-        let div = _mm256_set1_ps(size);
-        let mut step = [_mm256_setzero_ps(); NV];
-        let gbf = a.flags & R_GRAD_BF16 != 0;
-        for (k, st) in step.iter_mut().enumerate() {
-            // SAFETY: bag `s`'s gradient row holds `d >= c0 + cols` elements
-            // of the gradient type (limited to `c0 + cols`).
-            let g = unsafe {
-                let at = s * a.d + c0 + LANES * k;
-                match gbf {
-                    true => load8::<true>(a.grad.add(at * 2), w_of(k)),
-                    false => load8::<false>(a.grad.add(at * 4), w_of(k)),
-                }
-            };
-            let g = if a.flags & R_MEAN != 0 {
-                _mm256_div_ps(g, div)
-            } else {
-                g
-            };
-            *st = _mm256_mul_ps(lr, g);
-        }
-        for e in i..j {
-            // SAFETY: entries `e < j <= n` name rows of `d` elements the table
-            // holds, touched by this thread only; limited to `c0 + cols`.
-            unsafe {
-                if c0 == 0 {
-                    fetch_run_row(a, ent, e + AHEAD, n);
-                }
-                let r = (*ent.add(e))[0] as usize;
-                for (k, st) in step.iter().enumerate() {
-                    let off = r * a.d + c0 + LANES * k;
-                    let w = load_w(split, a.hi, a.lo, off, w_of(k));
-                    store_w(split, _mm256_sub_ps(w, *st), a.hi, a.lo, off, w_of(k));
-                }
-            }
-        }
-    }
-
     /// [`super::super::RunFn`]: entry `i`'s run in passes of up to 64
     /// columns (the first one fetching rows ahead).
     ///
@@ -322,29 +295,8 @@ mod imp {
         i: i64,
         n: i64,
     ) -> i64 {
-        // SAFETY: forwarded (the contract's `args` and entries).
-        unsafe {
-            let a = &*args;
-            let (i, n) = (i as usize, n as usize);
-            let (j, s, size) = run_of(a, ent, i, n);
-            let mut c0 = 0;
-            while c0 < a.d {
-                let cols = (a.d - c0).min(LANES * MAXV);
-                let (r, g, cc) = ((i, j, n), (s, size), (c0, cols));
-                match cols.div_ceil(LANES) {
-                    1 => run_cols::<1>(a, ent, r, g, cc),
-                    2 => run_cols::<2>(a, ent, r, g, cc),
-                    3 => run_cols::<3>(a, ent, r, g, cc),
-                    4 => run_cols::<4>(a, ent, r, g, cc),
-                    5 => run_cols::<5>(a, ent, r, g, cc),
-                    6 => run_cols::<6>(a, ent, r, g, cc),
-                    7 => run_cols::<7>(a, ent, r, g, cc),
-                    _ => run_cols::<8>(a, ent, r, g, cc),
-                }
-                c0 += cols;
-            }
-            j as i64
-        }
+        // SAFETY: forwarded; the caller checked the CPU's features.
+        unsafe { update::run::<Avx2>(args, ent, i, n) }
     }
 }
 

@@ -7,22 +7,22 @@
 //! interleaving and packing (no widening load or narrowing store per 16).
 //!
 //! Entries [`bag`] and [`run`] ([`super::BagFn`], [`super::RunFn`]); the bag
-//! loop is [`super::bag`]'s, on this width's vector operations; every inner
-//! function is `#[target_feature]` for exactly the features of
+//! loop is [`super::bag`]'s and the update's run loop [`super::update`]'s, on
+//! this width's vector operations ([`super::width::Width`]), but for the
+//! Split-SGD-BF16 passes, this width's own ([`super::width::Width::own_pass`]);
+//! every inner function is `#[target_feature]` for exactly the features of
 //! [`super::RowKernel::Avx512`] (or inlined into one).
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
-    use super::super::bag::{self, Width, bag_cols};
-    use super::super::{
-        AHEAD, BagArgs, R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row, run_of,
-    };
+    use super::super::bag::{self, bag_cols};
+    use super::super::update::{self, run_cols};
+    use super::super::width::Width;
+    use super::super::{AHEAD, BagArgs, R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row};
     use std::arch::x86_64::*;
 
     /// Lanes per vector.
     const LANES: usize = 16;
-    /// Vectors per pass of the update.
-    const MAXV: usize = 8;
 
     /// The mask of the first `n` lanes (`n <= 16`).
     #[inline(always)]
@@ -81,7 +81,8 @@ mod imp {
         }
     }
 
-    /// The AVX-512 vectors of the shared bag loop ([`bag_cols`]).
+    /// The AVX-512 vectors of the shared bag and update loops ([`bag_cols`],
+    /// [`run_cols`]).
     pub(in super::super) struct Avx512;
 
     impl Width for Avx512 {
@@ -95,7 +96,7 @@ mod imp {
         }
         #[inline(always)]
         unsafe fn zero() -> __m512 {
-            // SAFETY (these five): the trait's contract (AVX-512 F).
+            // SAFETY (these six): the trait's contract (AVX-512 F).
             unsafe { _mm512_setzero_ps() }
         }
         #[inline(always)]
@@ -105,6 +106,10 @@ mod imp {
         #[inline(always)]
         unsafe fn add(a: __m512, b: __m512) -> __m512 {
             unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn sub(a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_sub_ps(a, b) }
         }
         #[inline(always)]
         unsafe fn mul(a: __m512, b: __m512) -> __m512 {
@@ -133,6 +138,65 @@ mod imp {
         ) {
             // SAFETY: forwarded; compiled with AVX-512's features.
             unsafe { bag_cols::<Self, NV, BF>(a, se, out, cc) }
+        }
+        #[inline(always)]
+        unsafe fn load_w(
+            split: bool,
+            hi: *mut u8,
+            lo: *mut u8,
+            off: usize,
+            p: __mmask16,
+        ) -> __m512 {
+            // SAFETY: forwarded.
+            unsafe { load_w(split, hi, lo, off, p) }
+        }
+        #[inline(always)]
+        unsafe fn store_w(
+            split: bool,
+            w: __m512,
+            hi: *mut u8,
+            lo: *mut u8,
+            off: usize,
+            p: __mmask16,
+        ) {
+            // SAFETY: forwarded.
+            unsafe { store_w(split, w, hi, lo, off, p) }
+        }
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+        unsafe fn run_cols<const NV: usize>(
+            a: &RunArgs,
+            ent: *const [i64; 2],
+            run: (usize, usize, usize),
+            bag: (usize, f32),
+            cc: (usize, usize),
+        ) {
+            // SAFETY: forwarded; compiled with AVX-512's features.
+            unsafe { run_cols::<Self, NV>(a, ent, run, bag, cc) }
+        }
+        /// A Split-SGD-BF16 table's pass: [`run_split_cols`], 32 columns a
+        /// step.
+        #[inline(always)]
+        unsafe fn own_pass(
+            a: &RunArgs,
+            ent: *const [i64; 2],
+            run: (usize, usize, usize),
+            bag: (usize, f32),
+            cc: (usize, usize),
+        ) -> bool {
+            if a.flags & R_SPLIT == 0 {
+                return false;
+            }
+            // SAFETY: forwarded; `cc.1 <= 128` columns; the caller checked
+            // the CPU's features.
+            unsafe {
+                match cc.1.div_ceil(2 * LANES) {
+                    1 => run_split_cols::<1>(a, ent, run, bag, cc),
+                    2 => run_split_cols::<2>(a, ent, run, bag, cc),
+                    3 => run_split_cols::<3>(a, ent, run, bag, cc),
+                    _ => run_split_cols::<4>(a, ent, run, bag, cc),
+                }
+            }
+            true
         }
     }
 
@@ -184,60 +248,6 @@ mod imp {
                 _mm512_mask_cvtepi32_storeu_epi16(lo.cast::<i16>().add(off).cast(), m, bits);
             } else {
                 _mm512_mask_storeu_ps(hi.cast::<f32>().add(off), m, w);
-            }
-        }
-    }
-
-    /// Columns `c0..c0+cols` of a run `i..j` of bag `s`: the step `lr·g`
-    /// (`lr·(g / size)` for the mean) once, then `w - step` per entry.
-    ///
-    /// # Safety
-    /// [`super::super::RunFn`]'s contract; `c0 + cols <= d`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn run_cols<const NV: usize>(
-        a: &RunArgs,
-        ent: *const [i64; 2],
-        (i, j, n): (usize, usize, usize),
-        (s, size): (usize, f32),
-        (c0, cols): (usize, usize),
-    ) {
-        let last = mask(cols - LANES * (NV - 1));
-        let m = |k: usize| if k + 1 == NV { last } else { 0xFFFF };
-        let split = a.flags & R_SPLIT != 0;
-        let lr = _mm512_set1_ps(a.lr);
-        let div = _mm512_set1_ps(size);
-        let mut step = [_mm512_setzero_ps(); NV];
-        let gbf = a.flags & R_GRAD_BF16 != 0;
-        for (k, st) in step.iter_mut().enumerate() {
-            // SAFETY: bag `s`'s gradient row holds `d >= c0 + cols` elements
-            // of the gradient type (masked to `c0 + cols`).
-            let g = unsafe {
-                let at = s * a.d + c0 + LANES * k;
-                match gbf {
-                    true => load16::<true>(a.grad.add(at * 2), m(k)),
-                    false => load16::<false>(a.grad.add(at * 4), m(k)),
-                }
-            };
-            let g = if a.flags & R_MEAN != 0 {
-                _mm512_div_ps(g, div)
-            } else {
-                g
-            };
-            *st = _mm512_mul_ps(lr, g);
-        }
-        for e in i..j {
-            // SAFETY: entries `e < j <= n` name rows of `d` elements the table
-            // holds, touched by this thread only; masked to `c0 + cols`.
-            unsafe {
-                if c0 == 0 {
-                    fetch_run_row(a, ent, e + AHEAD, n);
-                }
-                let r = (*ent.add(e))[0] as usize;
-                for (k, st) in step.iter().enumerate() {
-                    let off = r * a.d + c0 + LANES * k;
-                    let w = load_w(split, a.hi, a.lo, off, m(k));
-                    store_w(split, _mm512_sub_ps(w, *st), a.hi, a.lo, off, m(k));
-                }
             }
         }
     }
@@ -344,39 +354,8 @@ mod imp {
         i: i64,
         n: i64,
     ) -> i64 {
-        // SAFETY: forwarded (the contract's `args` and entries).
-        unsafe {
-            let a = &*args;
-            let (i, n) = (i as usize, n as usize);
-            let (j, s, size) = run_of(a, ent, i, n);
-            let mut c0 = 0;
-            while c0 < a.d {
-                let cols = (a.d - c0).min(LANES * MAXV);
-                let (r, g, cc) = ((i, j, n), (s, size), (c0, cols));
-                if a.flags & R_SPLIT != 0 {
-                    match cols.div_ceil(2 * LANES) {
-                        1 => run_split_cols::<1>(a, ent, r, g, cc),
-                        2 => run_split_cols::<2>(a, ent, r, g, cc),
-                        3 => run_split_cols::<3>(a, ent, r, g, cc),
-                        _ => run_split_cols::<4>(a, ent, r, g, cc),
-                    }
-                    c0 += cols;
-                    continue;
-                }
-                match cols.div_ceil(LANES) {
-                    1 => run_cols::<1>(a, ent, r, g, cc),
-                    2 => run_cols::<2>(a, ent, r, g, cc),
-                    3 => run_cols::<3>(a, ent, r, g, cc),
-                    4 => run_cols::<4>(a, ent, r, g, cc),
-                    5 => run_cols::<5>(a, ent, r, g, cc),
-                    6 => run_cols::<6>(a, ent, r, g, cc),
-                    7 => run_cols::<7>(a, ent, r, g, cc),
-                    _ => run_cols::<8>(a, ent, r, g, cc),
-                }
-                c0 += cols;
-            }
-            j as i64
-        }
+        // SAFETY: forwarded; the caller checked the CPU's features.
+        unsafe { update::run::<Avx512>(args, ent, i, n) }
     }
 }
 

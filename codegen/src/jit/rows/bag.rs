@@ -5,6 +5,7 @@
 //! `#[target_feature]` [`Width::cols`], so the width's vector operations
 //! (`#[inline(always)]`) compile to its instructions there.
 
+use super::width::Width;
 use super::{
     AHEAD, B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_WEIGHTED, BagArgs, fetch_bag_row,
     index_at,
@@ -15,46 +16,6 @@ pub(super) type BagCols = unsafe fn(&BagArgs, (usize, usize), *mut u8, (usize, u
 
 /// Vectors per pass.
 const MAXV: usize = 8;
-
-/// One vector width's operations on f32 vectors.
-///
-/// # Safety (every method)
-/// The CPU has the width's features, and the caller is compiled with them
-/// (the methods are inlined into [`Width::cols`]).
-pub(super) trait Width {
-    /// Lanes per vector.
-    const LANES: usize;
-    /// A vector of [`Width::LANES`] f32.
-    type V: Copy;
-    /// The lanes a load or store touches (a mask, or a count).
-    type Part: Copy;
-    /// The first `n` lanes (`1 <= n <= LANES`).
-    unsafe fn part(n: usize) -> Self::Part;
-    /// All lanes 0.
-    unsafe fn zero() -> Self::V;
-    /// All lanes `x`.
-    unsafe fn splat(x: f32) -> Self::V;
-    /// `a + b`.
-    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
-    /// `a · b`.
-    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
-    /// `a / b`.
-    unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
-    /// The `part` elements at `p` as f32 (the others 0): bf16 (`BF`) widened
-    /// exactly, else f32. `p` holds them.
-    unsafe fn load<const BF: bool>(p: *const u8, part: Self::Part) -> Self::V;
-    /// Stores `x`'s `part` lanes at `p`: rounded to bf16 (`bf`), else f32.
-    /// `p` holds them.
-    unsafe fn store(bf: bool, p: *mut u8, x: Self::V, part: Self::Part);
-    /// [`bag_cols`] of this width, `NV` vectors and table type `BF`, compiled
-    /// with the width's features; the contract is [`bag_cols`]'s.
-    unsafe fn cols<const NV: usize, const BF: bool>(
-        a: &BagArgs,
-        se: (usize, usize),
-        out: *mut u8,
-        cc: (usize, usize),
-    );
-}
 
 /// Columns `c0..c0+cols` (`NV = ⌈cols/LANES⌉` vectors) of a bag: the rows of
 /// positions `start..end` (f32, or bf16 with `BF`) added in order (each

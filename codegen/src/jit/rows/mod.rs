@@ -22,6 +22,12 @@
 //! the mean's division; `w - lr·(g / size)` per entry, in entry order), so the
 //! results are bitwise those of the Cranelift kernels and of the reference.
 //!
+//! The loops are written once for both widths, on the vector operations each
+//! width implements (`width.rs`'s `Width` trait): the bag loop (`bag.rs`) and
+//! the update's run loop (`update.rs`), each instantiated inside the width's
+//! `#[target_feature]` functions; only AVX-512's Split-SGD-BF16 update (32
+//! columns a step, on its two bf16 halves at full width) is its own.
+//!
 //! # The ABI
 //! The arguments constant for a JIT call are a `#[repr(C)]` block ([`BagArgs`],
 //! [`RunArgs`]) that the generated code writes once into a stack slot at the
@@ -33,6 +39,10 @@ pub mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod bag;
 pub(crate) mod emit;
+#[cfg(target_arch = "x86_64")]
+mod update;
+#[cfg(target_arch = "x86_64")]
+mod width;
 
 use super::micro::Feature;
 use std::sync::atomic::{AtomicU8, Ordering};
