@@ -72,18 +72,24 @@ class DLRM(nn.Module):
         return self.top(r)
 
 
-def indices(rows, n, law):
+def spread(rows, t):
+    """Table `t`'s fixed bijection of ranks onto rows, `r·m + c mod rows` (m
+    coprime to rows): the same hot rows in every batch, as dlrm-run's."""
+    g = torch.Generator().manual_seed(1000 + t)
+    m = 1 + int(torch.randint(0, rows, (1,), generator=g))
+    while math.gcd(m, rows) != 1:
+        m += 1
+    return m, int(torch.randint(0, rows, (1,), generator=g))
+
+
+def indices(rows, n, law, bijection):
     """`n` row indices below `rows`: uniform, or dlrm-run's Zipf-like law (rank
-    r with probability about 1/(r+1), ranks mapped through `r·m + c mod rows`,
-    m coprime to rows)."""
+    r with probability about 1/(r+1)) mapped through the table's `bijection`."""
     if law == "uniform":
         return torch.randint(0, rows, (n,))
     u = torch.rand(n, dtype=torch.float64)
     rank = torch.floor(torch.exp(u * math.log(rows + 1)) - 1).clamp(0, rows - 1).to(torch.int64)
-    m = 1 + int(torch.randint(0, rows, (1,)))
-    while math.gcd(m, rows) != 1:
-        m += 1
-    c = int(torch.randint(0, rows, (1,)))
+    m, c = bijection
     return (rank * m + c) % rows
 
 
@@ -106,11 +112,12 @@ def main():
 
     def batch():
         dense = torch.rand(b, spec["dense_features"])
-        idx = [indices(rows, b * pool, a.indices) for rows in spec["table_rows"]]
+        idx = [indices(rows, b * pool, a.indices, bij) for rows, bij in zip(spec["table_rows"], bijections)]
         offsets = [torch.arange(0, b * pool, pool) for _ in spec["table_rows"]]
         y = torch.randint(0, 2, (b, 1)).float()
         return dense, idx, offsets, y
 
+    bijections = [spread(rows, t) for t, rows in enumerate(spec["table_rows"])]
     batches = [batch() for _ in range(4)]
     warm = 3
     t0 = None
