@@ -298,8 +298,25 @@ const FUSED_DZ_BLOCKS_PER_THREAD: usize = 2;
 
 /// One packed panel of `dz = g(dy, y)` (`S` rows of `nr`, the first `db.len()`
 /// columns live, from column `j0` of the `[S][bn]` block `dy`, `y`), adding each
-/// row into `db` in sample order.
+/// row into `db` in sample order. A whole panel of the AVX-512 tile width takes
+/// [`pack_dz_rows`] (fixed-length rows: vector moves, the sums in registers);
+/// the general loop's row copies compiled to a `memcpy` call per 128-byte row.
 fn pack_dz(
+    (dy, y): (&[f32], &[f32]),
+    pan: &mut [f32],
+    db: &mut [f32],
+    (bn, j0, nr): (usize, usize, usize),
+    g: impl Fn(f32, f32) -> f32,
+) {
+    if db.len() == nr && nr == 32 {
+        pack_dz_rows::<32>((dy, y), pan, db, (bn, j0), g);
+    } else {
+        pack_dz_any((dy, y), pan, db, (bn, j0, nr), g);
+    }
+}
+
+/// [`pack_dz`] for any panel.
+fn pack_dz_any(
     (dy, y): (&[f32], &[f32]),
     pan: &mut [f32],
     db: &mut [f32],
@@ -323,6 +340,34 @@ fn pack_dz(
             *acc += z;
         }
     }
+}
+
+/// [`pack_dz`] for a panel of `N` live columns: the same values and the same
+/// sums in the same order, on fixed-length rows.
+fn pack_dz_rows<const N: usize>(
+    (dy, y): (&[f32], &[f32]),
+    pan: &mut [f32],
+    db: &mut [f32],
+    (bn, j0): (usize, usize),
+    g: impl Fn(f32, f32) -> f32,
+) {
+    let mut acc = [0.0f32; N];
+    acc.copy_from_slice(&db[..N]);
+    for ((row, d), yy) in pan
+        .as_chunks_mut::<N>()
+        .0
+        .iter_mut()
+        .zip(dy.chunks_exact(bn))
+        .zip(y.chunks_exact(bn))
+    {
+        let (d, yy) = (&d[j0..j0 + N], &yy[j0..j0 + N]);
+        for j in 0..N {
+            let z = g(d[j], yy[j]);
+            row[j] = z;
+            acc[j] += z;
+        }
+    }
+    db[..N].copy_from_slice(&acc);
 }
 
 /// `xᵀ` of a blocked activation `xb[Kb][S][bk]` (`Kb·bk × S`: row `r` is column
@@ -400,3 +445,42 @@ fn copy_runs<const MR: usize>(part: &mut [f32], rows: &[f32], w: usize, t: usize
 
 /// Samples per task of [`pack_x_t`].
 const PACK_X_SAMPLES: usize = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::{pack_dz_any, pack_dz_rows};
+    use crate::kernels::brgemm::act_grad;
+    use dlrm_ir::Act;
+
+    /// The fixed-width panel is bit for bit the general loop's: values (NaN
+    /// and -0 among them, every activation) and the `db` sums (started from
+    /// nonzero values).
+    #[test]
+    fn fixed_width_dz_panel_is_the_general_one() {
+        let (s, bn) = (37, 96);
+        let v = |seed: u32| -> Vec<f32> {
+            (0..s * bn)
+                .map(
+                    |i| match ((i as u32).wrapping_mul(2654435761) ^ seed) % 29 {
+                        0 => f32::NAN,
+                        1 => -0.0,
+                        r => (r as f32 - 14.0) / 7.0,
+                    },
+                )
+                .collect()
+        };
+        let (dy, y) = (v(1), v(2));
+        for act in [Act::None, Act::Relu, Act::Sigmoid] {
+            for j0 in [0, 32, 64] {
+                let g = |d, yy| act_grad(act, d, yy);
+                let (mut p1, mut p2) = (vec![9.0f32; s * 32], vec![9.0f32; s * 32]);
+                let (mut d1, mut d2) = (vec![0.5f32; 32], vec![0.5f32; 32]);
+                pack_dz_rows::<32>((&dy, &y), &mut p1, &mut d1, (bn, j0), g);
+                pack_dz_any((&dy, &y), &mut p2, &mut d2, (bn, j0, 32), g);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&p1), bits(&p2), "{act:?} from column {j0}: panel");
+                assert_eq!(bits(&d1), bits(&d2), "{act:?} from column {j0}: db");
+            }
+        }
+    }
+}
