@@ -15,6 +15,10 @@
 //! of one core (independent `vfmadd231ps zmm` chains).
 //!
 //! `cargo run --release -p dlrm-codegen --example ukernel_best -- [samples]`
+//!
+//! `STREAM_KB=N` (default 1024) sets how many KiB of `B` panels a streamed
+//! variant cycles through: rerun with 256, 512, 1024 and 2048 to see how the
+//! kernel's rate falls as its `B` working set grows through the L2.
 
 use dlrm_codegen::jit::micro::{self, BPacking, F_A_BF16, F_BIAS, MicroKernel, TileArgs};
 use half::bf16;
@@ -110,12 +114,20 @@ fn main() {
 }
 
 /// Bytes of `B` panels a streamed variant cycles through (beyond L1, within
-/// L2).
+/// L2), unless `STREAM_KB` says otherwise.
 const STREAM_BYTES: usize = 1 << 20;
+
+/// [`STREAM_BYTES`], or `STREAM_KB` KiB from the environment.
+fn stream_bytes() -> usize {
+    match std::env::var("STREAM_KB") {
+        Ok(v) => v.parse::<usize>().expect("STREAM_KB: a number of KiB") << 10,
+        Err(_) => STREAM_BYTES,
+    }
+}
 
 /// A variant calling `kern`'s `mr×nr` tile on its own buffers, about 20 MFLOP
 /// per sample; `stream`: each call on the next of several `B` panels (and `C`
-/// tiles), cycling through [`STREAM_BYTES`] of them.
+/// tiles), cycling through [`stream_bytes`] of them.
 fn variant(
     label: &str,
     kern: &'static MicroKernel,
@@ -134,7 +146,7 @@ fn variant(
     // kernels).
     let rows = kern.b_packing.rows(k);
     let panels = if stream {
-        (STREAM_BYTES / (rows * nr * 4)).max(2)
+        (stream_bytes() / (rows * nr * 4)).max(2)
     } else {
         1
     };
