@@ -2,14 +2,22 @@
 //! on a shared machine): the JIT `embedding_bag` (sum, i64 indices, f32 table)
 //! against a hand-written AVX-512 loop that prefetches the row `AHEAD` lookups
 //! ahead (the loop of `benches/embedding_probe.rs`, here on the same pool as the
-//! JIT: one bag after another per task), on 1 and on 2 threads, at
+//! JIT: one bag after another per task) into L1 (`prefetcht0`) and, a second
+//! hand loop, into L2 (`prefetcht1`), on 1 and on 2 threads, at
 //! dlrm-intel-small's shape by default (1M rows of 64 floats, batch 2048,
-//! pooling 100). Each variant alternates between `TABLES` tables, so no call
-//! finds the previous call's rows in the cache. Prints the best and the median
+//! pooling 100). Successive calls (of every variant and thread count, in
+//! turn) take the next of `TABLES` tables, so no call finds rows that the
+//! calls just before it left in the cache: with one table per round, as
+//! before stop 38, the hand loops ran right after the JIT on the rows it had
+//! just fetched, and the JIT measured 20–40% slower against them. Prints the best and the median
 //! of each, the rows' bytes per second at the best, and the JIT's share of the
-//! hand loop's rate: issue 24 asks for 80%.
+//! faster hand loop's rate: issue 24 asks for 80%.
 //!
 //! `cargo run --release -p dlrm-codegen --example bag_best -- [samples] [rows] [d]`
+//!
+//! `INDICES=zipf` draws the lookups by `dlrm-run`'s synthetic law (Zipf-like:
+//! about half of them among the first `√rows` ranks, whose rows stay in the
+//! caches) instead of uniformly.
 //! (AVX-512 F only: elsewhere it says so and stops).
 
 use dlrm_codegen::jit::JitOptions;
@@ -25,22 +33,47 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const BATCH: usize = 2048;
 const POOLING: usize = 100;
 /// Tables, used in turn.
-const TABLES: usize = 2;
+const TABLES: usize = 4;
 /// Lookups ahead whose rows the hand loop prefetches (as the JIT's row kernels).
 const AHEAD: usize = 8;
 /// Bags per task of the hand loop.
 const BAGS_PER_TASK: usize = 16;
 
-fn indices(seed: u64, rows: usize) -> Vec<i64> {
+/// The lookups of one table: uniform over the rows, or (`zipf`) by
+/// `dlrm-run`'s synthetic law, rank `r` with probability about `1/(r+1)`
+/// (`⌊(rows+1)^u⌋ - 1` for uniform `u`), the ranks spread over the table by a
+/// fixed bijection (an odd multiplier; `rows` a power of two or not, the
+/// multiplier is made coprime to it).
+fn indices(seed: u64, rows: usize, zipf: bool) -> Vec<i64> {
     let mut x = seed | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let n = rows as u64;
+    let mut a = (next() % n) | 1;
+    while gcd(a, n) != 1 {
+        a += 2;
+    }
+    let ln = ((rows + 1) as f64).ln();
     (0..BATCH * POOLING)
         .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % rows as u64) as i64
+            let h = next();
+            if zipf {
+                let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+                let rank = (((ln * u).exp() - 1.0).floor() as u64).min(n - 1);
+                (rank.wrapping_mul(a) % n) as i64
+            } else {
+                (h % n) as i64
+            }
         })
         .collect()
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }
 
 fn f32s(t: &Tensor) -> &[f32] {
@@ -57,10 +90,10 @@ fn f32s(t: &Tensor) -> &[f32] {
 /// `table`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn hand_bag(table: &[f32], idx: &[i64], d: usize, out: &mut [f32]) {
+unsafe fn hand_bag<const HINT: i32>(table: &[f32], idx: &[i64], d: usize, out: &mut [f32]) {
     out.par_chunks_mut(BAGS_PER_TASK * d)
         .enumerate()
-        .for_each(|(c, o)| unsafe { hand_bags(table, idx, d, c * BAGS_PER_TASK, o) });
+        .for_each(|(c, o)| unsafe { hand_bags::<HINT>(table, idx, d, c * BAGS_PER_TASK, o) });
 }
 
 /// [`hand_bag`]'s task: bags `b0..` into `out`.
@@ -69,7 +102,13 @@ unsafe fn hand_bag(table: &[f32], idx: &[i64], d: usize, out: &mut [f32]) {
 /// As [`hand_bag`]'s.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn hand_bags(table: &[f32], idx: &[i64], d: usize, b0: usize, out: &mut [f32]) {
+unsafe fn hand_bags<const HINT: i32>(
+    table: &[f32],
+    idx: &[i64],
+    d: usize,
+    b0: usize,
+    out: &mut [f32],
+) {
     use std::arch::x86_64::*;
     let base = table.as_ptr();
     let row = |j: usize| unsafe { base.add(idx[j] as usize * d) };
@@ -82,7 +121,7 @@ unsafe fn hand_bags(table: &[f32], idx: &[i64], d: usize, b0: usize, out: &mut [
                     let p = row(j + AHEAD);
                     for k in 0..n {
                         // SAFETY: a prefetch never faults.
-                        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(c + 16 * k).cast()) };
+                        unsafe { _mm_prefetch::<HINT>(p.add(c + 16 * k).cast()) };
                     }
                 }
                 let r = row(j);
@@ -123,7 +162,10 @@ fn main() {
             Tensor::f32(vec![rows, d], v)
         })
         .collect();
-    let idx: Vec<Vec<i64>> = (0..TABLES).map(|t| indices(7 + t as u64, rows)).collect();
+    let zipf = std::env::var("INDICES").is_ok_and(|v| v == "zipf");
+    let idx: Vec<Vec<i64>> = (0..TABLES)
+        .map(|t| indices(7 + t as u64, rows, zipf))
+        .collect();
     let idx_t: Vec<Tensor> = idx
         .iter()
         .map(|v| Tensor::i64(vec![BATCH, POOLING], v.clone()))
@@ -143,24 +185,35 @@ fn main() {
             .expect("a JIT embedding_bag")
             .expect("runs")
     };
-    let hand = |t: usize| {
+    // The hand loop prefetching into L1 (`l2` false) or L2.
+    let hand = |t: usize, l2: bool| {
+        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1};
         let mut out = vec![0.0f32; BATCH * d];
+        let (table, idx) = (f32s(&tables[t]), &idx[t]);
         // SAFETY: AVX-512 F and d were checked; the indices are below `rows`.
-        unsafe { hand_bag(f32s(&tables[t]), &idx[t], d, &mut out) };
+        unsafe {
+            match l2 {
+                false => hand_bag::<_MM_HINT_T0>(table, idx, d, &mut out),
+                true => hand_bag::<_MM_HINT_T1>(table, idx, d, &mut out),
+            }
+        }
         out
     };
     // The two agree up to the order of the adds (the JIT's row kernels sum in
     // the same order; checked loosely so another kernel may reassociate).
-    let (want, got) = (jit(0), hand(0));
-    let worst = f32s(&want[0])
-        .iter()
-        .zip(&got)
-        .map(|(a, b)| (a - b).abs() / a.abs().max(1.0))
-        .fold(0.0f32, f32::max);
-    assert!(
-        worst < 1e-4,
-        "the hand loop differs from the JIT by {worst}"
-    );
+    let want = jit(0);
+    for l2 in [false, true] {
+        let got = hand(0, l2);
+        let worst = f32s(&want[0])
+            .iter()
+            .zip(&got)
+            .map(|(a, b)| (a - b).abs() / a.abs().max(1.0))
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst < 1e-4,
+            "the hand loop differs from the JIT by {worst}"
+        );
+    }
     let pools: Vec<rayon::ThreadPool> = [1, 2]
         .iter()
         .map(|&n| {
@@ -170,17 +223,19 @@ fn main() {
                 .expect("a pool")
         })
         .collect();
-    // times[pool][0 = JIT, 1 = hand]
-    let mut times = vec![[Vec::new(), Vec::new()]; pools.len()];
+    // times[pool][0 = JIT, 1 = hand into L1, 2 = hand into L2]
+    let mut times = vec![[Vec::new(), Vec::new(), Vec::new()]; pools.len()];
+    let mut call = 0;
     for s in 0..=samples {
-        let t = s % TABLES;
         for (pool, ts) in pools.iter().zip(times.iter_mut()) {
             for (k, v) in ts.iter_mut().enumerate() {
+                let t = call % TABLES;
+                call += 1;
                 let start = Instant::now();
                 if k == 0 {
                     std::hint::black_box(pool.install(|| jit(t)));
                 } else {
-                    std::hint::black_box(pool.install(|| hand(t)));
+                    std::hint::black_box(pool.install(|| hand(t, k == 2)));
                 }
                 // The first round compiles the kernel and faults pages in.
                 if s > 0 {
@@ -190,26 +245,29 @@ fn main() {
         }
     }
     let bytes = (BATCH * POOLING * d * 4) as f64;
-    println!("rows {rows}, d {d}, batch {BATCH}, pooling {POOLING}, {samples} samples");
+    println!(
+        "rows {rows}, d {d}, batch {BATCH}, pooling {POOLING}, {} indices, {samples} samples",
+        if zipf { "Zipf-like" } else { "uniform" }
+    );
     for (pool, ts) in pools.iter().zip(times.iter_mut()) {
-        let mut best = [0.0; 2];
+        let mut best = [0.0; 3];
         for (k, v) in ts.iter_mut().enumerate() {
             v.sort_by(f64::total_cmp);
             let (b, median) = (v[0], v[v.len() / 2]);
             best[k] = b;
             println!(
-                "{} thread(s) {:>4}: best {:7.3} ms  median {:7.3} ms  {:6.1} GB/s of rows",
+                "{} thread(s) {:>7}: best {:7.3} ms  median {:7.3} ms  {:6.1} GB/s of rows",
                 pool.current_num_threads(),
-                ["jit", "hand"][k],
+                ["jit", "hand L1", "hand L2"][k],
                 b * 1e3,
                 median * 1e3,
                 bytes / b / 1e9
             );
         }
         println!(
-            "{} thread(s): the JIT at {:.0}% of the hand loop's rate (best against best)",
+            "{} thread(s): the JIT at {:.0}% of the faster hand loop's rate (best against best)",
             pool.current_num_threads(),
-            100.0 * best[1] / best[0]
+            100.0 * best[1].min(best[2]) / best[0]
         );
     }
 }

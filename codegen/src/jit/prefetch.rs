@@ -23,14 +23,31 @@ pub(crate) const AHEAD: i64 = 8;
 pub(crate) const EVERY: i64 = 4;
 
 /// Asks the CPU to fetch the cache lines of the `bytes` bytes at `p` (a hint:
-/// a prefetch never faults, whatever the address; nothing is read or written).
+/// a prefetch never faults, whatever the address; nothing is read or written):
+/// [`fetch_lines`], for the generated code.
 pub(crate) extern "C" fn prefetch_row(p: *const u8, bytes: i64) {
+    fetch_lines(p, bytes.max(0) as usize);
+}
+
+/// Fetches the cache lines of the `bytes` bytes at `p` into L1
+/// (`prefetcht0`), the row prefetch of every row kernel (these Cranelift ones
+/// and the native ones, [`super::rows`]). Into L2 instead (`prefetcht1`) was
+/// measured in stop 38 (2026-11-27, an Intel Xeon, `examples/bag_best`,
+/// interleaved pairs of builds, the native kernels): on uniform lookups the
+/// JIT bag forward rose from 64-78% to 77-93% of the faster hand loop (and
+/// `examples/update_best`'s f32 update from 5.1-6.1 to 4.5-4.7 ms), but on
+/// `dlrm-run`'s Zipf-like lookups (`INDICES=zipf`), whose hot rows stay in
+/// the caches and then want to be in L1, it fell from 3.5-5.5 to 5.1-5.9 ms
+/// on one thread, and in a dlrm-intel-small training step (`--bench`, 4
+/// interleaved pairs) the bag and the update took 5-7% longer against the
+/// step's GEMMs. Real lookups are skewed, so L1 it is.
+#[inline(always)]
+pub(crate) fn fetch_lines(p: *const u8, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let start = (p as usize) & !63;
-        let end = (p as usize).wrapping_add(bytes.max(0) as usize);
-        let mut a = start;
+        let mut a = (p as usize) & !63;
+        let end = (p as usize).wrapping_add(bytes);
         while a < end {
             // SAFETY: a prefetch is a hint that never faults and reads nothing
             // the program can observe.

@@ -45,6 +45,7 @@ mod update;
 mod width;
 
 use super::micro::Feature;
+use super::prefetch::fetch_lines;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Index positions ahead of the one being read whose rows are fetched.
@@ -251,25 +252,6 @@ unsafe fn index_at(idx: *const u8, idx64: bool, p: usize) -> i64 {
     }
 }
 
-/// Fetches the `bytes` bytes at `p` into the cache (a hint: never faults).
-#[inline(always)]
-fn fetch(p: *const u8, bytes: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        let mut a = (p as usize) & !63;
-        let end = (p as usize).wrapping_add(bytes);
-        while a < end {
-            // SAFETY: a prefetch is a hint that never faults and reads nothing
-            // the program can observe.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(a as *const i8) };
-            a += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (p, bytes);
-}
-
 /// Fetches the table row of position `q` of a bag call, if `q < pend` and (in
 /// a shard) the row is the shard's.
 ///
@@ -283,7 +265,7 @@ unsafe fn fetch_bag_row(a: &BagArgs, q: usize) {
         if a.flags & B_SHARD == 0 || (i.wrapping_sub(a.first) as u64) < a.span as u64 {
             let es = if a.flags & B_TABLE_BF16 != 0 { 2 } else { 4 };
             let row = (a.table as usize).wrapping_add(i as usize * a.d * es);
-            fetch(row as *const u8, a.d * es);
+            fetch_lines(row as *const u8, a.d * es);
         }
     }
 }
@@ -298,12 +280,12 @@ unsafe fn fetch_run_row(a: &RunArgs, ent: *const [i64; 2], q: usize, n: usize) {
         // SAFETY: `q < n` entries.
         let r = unsafe { (*ent.add(q))[0] } as usize;
         let es = if a.flags & R_SPLIT != 0 { 2 } else { 4 };
-        fetch(
+        fetch_lines(
             (a.hi as usize).wrapping_add(r * a.d * es) as *const u8,
             a.d * es,
         );
         if a.flags & R_SPLIT != 0 {
-            fetch(
+            fetch_lines(
                 (a.lo as usize).wrapping_add(r * a.d * 2) as *const u8,
                 a.d * 2,
             );
