@@ -7,9 +7,9 @@
 //! dlrm-intel-small's shape by default (1M rows of 64 floats, batch 2048,
 //! pooling 100). Successive calls (of every variant and thread count, in
 //! turn) take the next of `TABLES` tables, so no call finds rows that the
-//! calls just before it left in the cache: with one table per round, as
-//! before stop 38, the hand loops ran right after the JIT on the rows it had
-//! just fetched, and the JIT measured 20–40% slower against them. Prints the best and the median
+//! calls just before it left in the cache (with one table per round, as
+//! before stop 38, the hand loop ran right after the JIT on the rows it had
+//! just fetched). Prints the best and the median
 //! of each, the rows' bytes per second at the best, and the JIT's share of the
 //! faster hand loop's rate: issue 24 asks for 80%.
 //!
