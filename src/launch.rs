@@ -189,6 +189,7 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
             precision: plan.precision.clone(),
             training: plan.training.clone(),
             pass_log: plan.pass_log.clone(),
+            contract: plan.contract.clone(),
             lr_schedule,
         },
     });
@@ -475,14 +476,20 @@ pub fn resume_note(plan: &Plan, c: &Checkpoint) -> Option<String> {
 /// Runs the plan's inference graph once on one rank with the given inputs (e.g.
 /// read from an `.npz` file) and returns its outputs by name.
 ///
-/// `inputs` must name every graph input exactly once and nothing else; dtypes and
-/// shapes are checked against the graph (the batch size comes from the inputs).
+/// `inputs` are in the model's own names and layout (its input contract computes
+/// the graph's canonical inputs from them) and must name every model input exactly
+/// once and nothing else; dtypes and shapes are checked against the graph (the
+/// batch size comes from the inputs).
 pub fn infer_once(
     plan: Plan,
     inputs: Vec<(String, Tensor)>,
     backend: Backend,
     kernels: KernelChoice,
 ) -> Result<Vec<(String, Tensor)>> {
+    let inputs = plan
+        .contract
+        .adapt(inputs)
+        .map_err(dlrm_runtime::RuntimeError::from)?;
     let graph = plan.infer;
     let wanted: Vec<String> = graph
         .inputs()

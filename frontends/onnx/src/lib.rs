@@ -43,6 +43,7 @@ mod attrs;
 mod bag;
 mod error;
 pub mod export;
+mod hints;
 mod import;
 pub mod npz;
 mod ops;
@@ -137,6 +138,8 @@ pub fn from_bytes(bytes: &[u8], origin: &str, base: Option<&Path>) -> Result<Imp
         NodeErr::Msg(m) => model_err(m),
     })?;
     let outputs = cx.set_outputs()?;
+    hints::free_bag_lengths(&mut cx.g)
+        .map_err(|e| model_err(format!("freeing the bags' id counts: {e}")))?;
     let inputs =
         cx.g.inputs()
             .iter()

@@ -184,7 +184,7 @@ fn shard_units(
             continue;
         }
         let need = t.bytes().div_ceil(avail.max(1)).max(1) as usize;
-        let k_max = r.min(t.rows.max(1));
+        let k_max = if t.row_wise { r.min(t.rows.max(1)) } else { 1 };
         let mut k = need;
         if k_max >= 2 {
             let recv = cm.exchanges() * cm.unit_recv_bytes(t) * beta;

@@ -527,6 +527,7 @@ impl Checkpoint {
             training: m.plan.training.clone(),
             precision: m.plan.precision.clone(),
             pass_log: m.plan.pass_log.clone(),
+            contract: m.plan.contract.clone(),
         })
     }
 
@@ -558,6 +559,7 @@ impl Checkpoint {
             training: m.plan.training.clone(),
             precision: m.plan.precision.clone(),
             pass_log: m.plan.pass_log.clone(),
+            contract: m.plan.contract.clone(),
         })
     }
 }

@@ -49,6 +49,7 @@
 
 use crate::error::{Result, RuntimeError};
 use dlrm_data::durable;
+use dlrm_ir::contract::InputContract;
 use dlrm_ir::{DType, Data, Described, Graph, ParamValue, Tensor, TensorType};
 use half::bf16;
 use serde::{Deserialize, Serialize};
@@ -109,6 +110,8 @@ pub struct Plan {
     pub precision: String,
     /// The compiler's pass log (opaque to the runtime).
     pub pass_log: serde_json::Value,
+    /// How the graphs' inputs come from the model's own ([`InputContract`]).
+    pub contract: InputContract,
 }
 
 /// A file of the plan with its checksum.
@@ -169,6 +172,9 @@ pub struct Manifest {
     pub params: Vec<ParamEntry>,
     /// The weights file.
     pub weights: FileRef,
+    /// The model's input contract (absent: the identity).
+    #[serde(default, skip_serializing_if = "InputContract::is_identity")]
+    pub contract: InputContract,
 }
 
 mod write;
@@ -318,6 +324,7 @@ pub fn read_plan(dir: &Path) -> Result<Plan> {
         training: m.training,
         precision: m.precision,
         pass_log: m.pass_log,
+        contract: m.contract,
     })
 }
 

@@ -100,6 +100,7 @@ fn write_plan_impl(dir: &Path, plan: &Plan, fail: Option<FailPoint>) -> Result<(
             })
             .collect(),
         weights: weights_ref,
+        contract: plan.contract.clone(),
     };
     let json = serde_json::to_vec_pretty(&manifest)
         .map_err(|e| RuntimeError::plan(dir, format!("cannot encode the manifest: {e}")))?;
