@@ -323,6 +323,7 @@ fn real_main(cli: Cli) -> Result<()> {
     if cli.ranks == Some(0) {
         bail!("--ranks must be at least 1");
     }
+    dlrm_passes::shard::check_rank_count(cli.ranks.unwrap_or(1)).map_err(anyhow::Error::msg)?;
     match cli.comm {
         Comm::Threads => run_plan(&cli, cli.ranks.unwrap_or(1), Ranks::Threads),
         Comm::Mpi => {

@@ -315,6 +315,7 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
     if a.ranks == 0 {
         bail!("--ranks must be at least 1");
     }
+    dlrm_passes::shard::check_rank_count(a.ranks).map_err(anyhow::Error::msg)?;
     let wants = |pass: &str| dump.as_ref().is_some_and(|d| d.wants(pass));
     let say = |msg: String| {
         if !a.quiet {
