@@ -161,7 +161,7 @@ fn absurd_counts_on_the_command_line_are_refused_naming_the_flag() {
         ),
         (
             &["--eval-batches", "4294967296"][..],
-            "--eval-batches 4294967296 of",
+            "--eval-batches 4294967296 is more than the 1048576",
         ),
         (
             &["--eval-batches", "18446744073709551615"][..],

@@ -10,9 +10,9 @@ use crate::error::Result;
 pub const MAX_ITERS: u64 = 100_000_000;
 /// The most synthetic batches generated and cycled (`--synthetic-batches`): 2^20.
 pub const MAX_SYNTHETIC_BATCHES: usize = 1 << 20;
-/// The most samples of the held-out batches of synthetic data (`--eval-batches`
-/// times the global batch): 2^28 (their predictions and labels are kept for AUC).
-pub const MAX_EVAL_SAMPLES: usize = 1 << 28;
+/// The most held-out batches of synthetic data evaluated (`--eval-batches`):
+/// 2^20 (their predictions and labels are kept for the AUC, as they are made).
+pub const MAX_EVAL_BATCHES: usize = 1 << 20;
 /// The most worker threads of one rank (`--threads`): 1024.
 pub const MAX_THREADS: usize = 1024;
 /// The most entries preallocated for per-step or per-sample records; they grow
@@ -35,12 +35,11 @@ pub(super) fn check_counts(job: &Job) -> Result<()> {
             s.synthetic_batches
         )));
     }
-    let eval = s.eval_batches.checked_mul(job.global_batch);
-    if s.data.is_none() && eval.is_none_or(|n| n > MAX_EVAL_SAMPLES) {
+    if s.data.is_none() && s.eval_batches > MAX_EVAL_BATCHES {
         return Err(job_err(format!(
-            "--eval-batches {} of {} samples is more than the {MAX_EVAL_SAMPLES} \
-             held-out samples an evaluation may keep",
-            s.eval_batches, job.global_batch
+            "--eval-batches {} is more than the {MAX_EVAL_BATCHES} held-out batches an \
+             evaluation may take",
+            s.eval_batches
         )));
     }
     match s.threads {

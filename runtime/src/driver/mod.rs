@@ -75,7 +75,7 @@ use crate::schedule::{LrSchedule, graph_lr};
 use crate::source::{EvalSet, Source};
 use dlrm_ir::{AllReduceAlgo, Communicator, Graph, LocalGroup, ParamValue, Tensor};
 use handout::{Handout, hand_out};
-pub use limits::{MAX_EVAL_SAMPLES, MAX_ITERS, MAX_SYNTHETIC_BATCHES, MAX_THREADS};
+pub use limits::{MAX_EVAL_BATCHES, MAX_ITERS, MAX_SYNTHETIC_BATCHES, MAX_THREADS};
 use rank::{panic_message, rank_guarded, rank_pool};
 use report::report;
 use serde::Serialize;
