@@ -290,3 +290,41 @@ fn an_id_beyond_the_plans_table_is_caught_while_reading() {
     assert!(e.contains("7 rows"), "{e}");
     assert!(steps_per_epoch(src.dataset(), "train", 32).expect("spe") == 5);
 }
+
+/// Issue 42: a NaN or infinite dense value and a label outside {0, 1} (past the
+/// check of `verify`) are errors naming the sample, not trained on.
+#[test]
+fn non_finite_dense_values_and_bad_labels_are_caught_while_reading() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = write_ds(dir.path(), 200, 4, &ROWS);
+    let dense = path.join("dense.f32");
+    let mut bytes = std::fs::read(&dense).expect("read");
+    // Sample 3, column 2.
+    bytes[(3 * 4 + 2) * 4..(3 * 4 + 3) * 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&dense, bytes).expect("write");
+    let label = path.join("label.u8");
+    let mut bytes = std::fs::read(&label).expect("read");
+    bytes[7] = 2;
+    std::fs::write(&label, bytes).expect("write");
+    let g = model(4, &ROWS);
+    let schema = DataSchema::from_graph(&g).expect("schema");
+    let cfg = DataConfig {
+        verify: false,
+        ..DataConfig::new(&path)
+    };
+    let src = DatasetSource::open(&cfg, schema, 1, 32).expect("unverified");
+    let e = src
+        .inputs(&[5, 3, 0], 1, 0, &g)
+        .expect_err("NaN")
+        .to_string();
+    assert!(
+        e.contains("t.ds") && e.contains("sample 3: dense column 2") && e.contains("NaN"),
+        "{e}"
+    );
+    let e = src
+        .inputs(&[5, 7, 0], 1, 0, &g)
+        .expect_err("label 2")
+        .to_string();
+    assert!(e.contains("sample 7: label 2 is not 0 or 1"), "{e}");
+    src.inputs(&[5, 6, 0], 1, 0, &g).expect("finite rows read");
+}
