@@ -262,23 +262,32 @@ fn a_dataset_that_does_not_fit_the_plan_is_a_clear_error() {
     DatasetSource::open(&cfg, schema, 1, 32).expect("unverified");
 }
 
+/// Overwrites the bytes of `file` at `at` (a change `verify` would catch).
+fn patch(file: &Path, at: usize, with: &[u8]) {
+    let mut bytes = std::fs::read(file).expect("read");
+    bytes[at..at + with.len()].copy_from_slice(with);
+    std::fs::write(file, bytes).expect("write");
+}
+
+/// The dataset at `path` as `g`'s data, opened without `verify` (a no-verify run).
+fn unverified(path: &Path, g: &Graph) -> DatasetSource {
+    let schema = DataSchema::from_graph(g).expect("schema");
+    let cfg = DataConfig {
+        verify: false,
+        ..DataConfig::new(path)
+    };
+    DatasetSource::open(&cfg, schema, 1, 32).expect("unverified")
+}
+
 #[test]
 fn an_id_beyond_the_plans_table_is_caught_while_reading() {
     let dir = tempfile::tempdir().expect("tmp");
     let path = write_ds(dir.path(), 200, 4, &ROWS);
     // A plan whose table 1 has 7 rows reads ids < 7; pretend the data holds more by
     // editing an id past the check of `verify` (no-verify run).
-    let col = path.join("sparse.1.u32");
-    let mut bytes = std::fs::read(&col).expect("read");
-    bytes[..4].copy_from_slice(&100u32.to_le_bytes());
-    std::fs::write(&col, bytes).expect("write");
+    patch(&path.join("sparse.1.u32"), 0, &100u32.to_le_bytes());
     let g = model(4, &ROWS);
-    let schema = DataSchema::from_graph(&g).expect("schema");
-    let cfg = DataConfig {
-        verify: false,
-        ..DataConfig::new(&path)
-    };
-    let src = DatasetSource::open(&cfg, schema, 1, 32).expect("unverified");
+    let src = unverified(&path, &g);
     let e = src
         .inputs(&[5, 0, 3], 1, 0, &g)
         .expect_err("id 100 of 7 rows");
@@ -297,22 +306,15 @@ fn an_id_beyond_the_plans_table_is_caught_while_reading() {
 fn non_finite_dense_values_and_bad_labels_are_caught_while_reading() {
     let dir = tempfile::tempdir().expect("tmp");
     let path = write_ds(dir.path(), 200, 4, &ROWS);
-    let dense = path.join("dense.f32");
-    let mut bytes = std::fs::read(&dense).expect("read");
     // Sample 3, column 2.
-    bytes[(3 * 4 + 2) * 4..(3 * 4 + 3) * 4].copy_from_slice(&f32::NAN.to_le_bytes());
-    std::fs::write(&dense, bytes).expect("write");
-    let label = path.join("label.u8");
-    let mut bytes = std::fs::read(&label).expect("read");
-    bytes[7] = 2;
-    std::fs::write(&label, bytes).expect("write");
+    patch(
+        &path.join("dense.f32"),
+        (3 * 4 + 2) * 4,
+        &f32::NAN.to_le_bytes(),
+    );
+    patch(&path.join("label.u8"), 7, &[2]);
     let g = model(4, &ROWS);
-    let schema = DataSchema::from_graph(&g).expect("schema");
-    let cfg = DataConfig {
-        verify: false,
-        ..DataConfig::new(&path)
-    };
-    let src = DatasetSource::open(&cfg, schema, 1, 32).expect("unverified");
+    let src = unverified(&path, &g);
     let e = src
         .inputs(&[5, 3, 0], 1, 0, &g)
         .expect_err("NaN")

@@ -363,6 +363,18 @@ fn version_1_plans_still_read() {
     assert_eq!(back.params, plan(0.1).params);
 }
 
+/// A uniform description of a 50x4 table (`emb.0`'s shape).
+fn described() -> dlrm_ir::Described {
+    dlrm_ir::Described {
+        init: dlrm_ir::Init::Uniform { bound: 0.5 },
+        seed: 9,
+        stream: 0,
+        shape: vec![50, 4],
+        part: dlrm_ir::Part::F32,
+        blocked: None,
+    }
+}
+
 /// A described parameter round-trips through the manifest (not the weights file)
 /// and is created with the values its description gives; a manifest whose
 /// description disagrees with the entry's shape is refused.
@@ -371,14 +383,7 @@ fn described_parameters_live_in_the_manifest() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("p");
     let mut p = plan(0.1);
-    let d = dlrm_ir::Described {
-        init: dlrm_ir::Init::Uniform { bound: 0.5 },
-        seed: 9,
-        stream: 0,
-        shape: vec![50, 4],
-        part: dlrm_ir::Part::F32,
-        blocked: None,
-    };
+    let d = described();
     let want = d.materialize("emb.0").expect("created");
     p.params[0].1 = ParamValue::Described(d.clone());
     write_plan(&dir, &p).expect("write");
@@ -403,14 +408,7 @@ fn an_edited_manifest_is_refused() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("p");
     let mut p = plan(0.1);
-    p.params[0].1 = ParamValue::Described(dlrm_ir::Described {
-        init: dlrm_ir::Init::Uniform { bound: 0.5 },
-        seed: 9,
-        stream: 0,
-        shape: vec![50, 4],
-        part: dlrm_ir::Part::F32,
-        blocked: None,
-    });
+    p.params[0].1 = ParamValue::Described(described());
     write_plan(&dir, &p).expect("write");
     let mpath = dir.join(MANIFEST_FILE);
     let m: serde_json::Value = serde_json::from_slice(&fs::read(&mpath).expect("m")).expect("json");
