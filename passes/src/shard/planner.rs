@@ -96,6 +96,7 @@ fn table_budget(opts: &PlannerOptions) -> Result<u64> {
     if r == 0 {
         return Err(err("the rank count must be at least 1".into()));
     }
+    super::check_rank_count(r).map_err(err)?;
     if opts.global_batch < r {
         return Err(err(format!(
             "{r} ranks need a global batch of at least {r} samples (every rank needs one), \
