@@ -145,6 +145,15 @@ pub fn compile(
         ..
     } = model;
     let name = graph.name.clone();
+    // Every bag layout to per-table bag inputs, before both pipelines.
+    let dlrm_passes::Canonical {
+        graph,
+        params,
+        contract,
+    } = dlrm_passes::canonical_bags(graph, params).map_err(|source| Error::Compile {
+        graph: "infer",
+        source: Box::new(source),
+    })?;
     let canon = dlrm_passes::egraph::canon::applies(&graph);
     let infer = dlrm_passes::compile_values(
         graph.clone(),
@@ -193,6 +202,7 @@ pub fn compile(
         training,
         precision: opts.precision.to_string(),
         pass_log: serde_json::Value::Object(logs),
+        contract,
     })
 }
 

@@ -3,8 +3,11 @@
 //! The top-level `ops`, `params`, `param_bytes` and `flops_per_sample` describe the
 //! graph the plan runs by default: the training graph if the plan has one, else the
 //! inference graph. `graphs` gives the statistics of each graph separately, and
-//! `pass_log` is the compile's pass log from the manifest.
+//! `pass_log` is the compile's pass log from the manifest, `inputs` the input
+//! contract: each graph input's role and, for a model whose bags come in another
+//! layout, the model's own inputs and where each graph input comes from.
 
+use dlrm_ir::contract::{Layout, Role, roles};
 use dlrm_passes::GraphStats;
 use dlrm_runtime::checkpoint::Checkpoint;
 use dlrm_runtime::plan::{Plan, Training};
@@ -31,9 +34,90 @@ pub struct Inspection {
     pub graphs: BTreeMap<&'static str, GraphStats>,
     /// The compile's pass log.
     pub pass_log: serde_json::Value,
+    /// The input contract: the model's own inputs and the graph's.
+    pub inputs: InputsSummary,
     /// For a checkpoint: where its run stands and how it is stored.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<CheckpointSummary>,
+}
+
+/// The plan's input contract as `dlrmc inspect` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct InputsSummary {
+    /// The bag layout the model takes.
+    pub layout: Layout,
+    /// The model's own inputs (name, type) when they differ from the graph's.
+    pub model_inputs: Vec<(String, String)>,
+    /// Each input of the default graph: name, type, role, and where it comes from
+    /// (`None`: it is a model input itself).
+    pub graph_inputs: Vec<GraphInput>,
+}
+
+/// One input of a compiled graph.
+#[derive(Clone, Debug, Serialize)]
+pub struct GraphInput {
+    /// Its name.
+    pub name: String,
+    /// Its type.
+    pub ty: String,
+    /// What it is for.
+    pub role: Role,
+    /// How it is computed from the model's inputs, if it is not one of them.
+    pub from: Option<String>,
+}
+
+impl InputsSummary {
+    fn of(plan: &Plan) -> InputsSummary {
+        let g = plan.train.as_ref().unwrap_or(&plan.infer);
+        let c = &plan.contract;
+        let graph_inputs = roles(g)
+            .into_iter()
+            .zip(g.inputs())
+            .map(|((name, role), &v)| GraphInput {
+                from: c
+                    .canonical
+                    .iter()
+                    .find(|x| x.name == name)
+                    .map(|x| x.source.to_string()),
+                ty: g.ty(v).to_string(),
+                name,
+                role,
+            })
+            .collect();
+        InputsSummary {
+            layout: c.layout,
+            model_inputs: c
+                .model_inputs
+                .iter()
+                .filter(|_| !c.is_identity())
+                .map(|m| (m.name.clone(), m.ty.clone()))
+                .collect(),
+            graph_inputs,
+        }
+    }
+}
+
+impl fmt::Display for InputsSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "inputs ({}):", self.layout)?;
+        if !self.model_inputs.is_empty() {
+            let list: Vec<String> = self
+                .model_inputs
+                .iter()
+                .map(|(n, t)| format!("{n}: {t}"))
+                .collect();
+            writeln!(f, "  the model's own: {}", list.join(", "))?;
+        }
+        for i in &self.graph_inputs {
+            let from = i
+                .from
+                .as_deref()
+                .map_or(String::new(), |s| format!("  <- {s}"));
+            let name = format!("%{}", i.name);
+            writeln!(f, "  {name:<20} {:<16} {}{from}", i.ty, i.role)?;
+        }
+        Ok(())
+    }
 }
 
 /// What `dlrmc inspect CKPT` adds for a checkpoint.
@@ -86,6 +170,7 @@ impl Inspection {
             stats: graphs[default_graph].clone(),
             graphs,
             pass_log: plan.pass_log.clone(),
+            inputs: InputsSummary::of(plan),
             checkpoint: None,
         }
     }
@@ -169,6 +254,8 @@ impl fmt::Display for Inspection {
             "training: loss {}, optimizer {}, learning rate {}, batch {}, seed {}",
             t.loss, t.optimizer, t.learning_rate, t.batch_size, t.seed
         )?;
+        writeln!(f)?;
+        write!(f, "{}", self.inputs)?;
         for (which, s) in &self.graphs {
             let nodes: usize = s.ops.values().sum();
             writeln!(f)?;

@@ -189,6 +189,7 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
             precision: plan.precision.clone(),
             training: plan.training.clone(),
             pass_log: plan.pass_log.clone(),
+            contract: plan.contract.clone(),
             lr_schedule,
         },
     });
@@ -472,17 +473,50 @@ pub fn resume_note(plan: &Plan, c: &Checkpoint) -> Option<String> {
     })
 }
 
+/// Refuses an input array with NaN or infinite values, naming the rows (along its
+/// first dimension) that hold them: the model would answer them with NaN.
+fn refuse_nonfinite(name: &str, t: &Tensor) -> Result<()> {
+    let Some(v) = t.as_f32() else {
+        return Ok(());
+    };
+    let Some(first) = v.iter().position(|x| !x.is_finite()) else {
+        return Ok(());
+    };
+    let row_len = v.len() / t.shape.first().copied().unwrap_or(1).max(1);
+    let mut rows: Vec<usize> = (first..v.len())
+        .filter(|&i| !v[i].is_finite())
+        .map(|i| i / row_len.max(1))
+        .collect();
+    rows.dedup();
+    let shown: Vec<String> = rows.iter().take(10).map(|r| r.to_string()).collect();
+    Err(Error::Options(format!(
+        "input array `{name}`: {} row(s) hold NaN or infinite values and are refused: {}{} \
+         (row {}: {})",
+        rows.len(),
+        shown.join(", "),
+        if rows.len() > 10 { ", ..." } else { "" },
+        rows[0],
+        v[first]
+    )))
+}
+
 /// Runs the plan's inference graph once on one rank with the given inputs (e.g.
 /// read from an `.npz` file) and returns its outputs by name.
 ///
-/// `inputs` must name every graph input exactly once and nothing else; dtypes and
-/// shapes are checked against the graph (the batch size comes from the inputs).
+/// `inputs` are in the model's own names and layout (its input contract computes
+/// the graph's canonical inputs from them) and must name every model input exactly
+/// once and nothing else; dtypes and shapes are checked against the graph (the
+/// batch size comes from the inputs).
 pub fn infer_once(
     plan: Plan,
     inputs: Vec<(String, Tensor)>,
     backend: Backend,
     kernels: KernelChoice,
 ) -> Result<Vec<(String, Tensor)>> {
+    let inputs = plan
+        .contract
+        .adapt(inputs)
+        .map_err(dlrm_runtime::RuntimeError::from)?;
     let graph = plan.infer;
     let wanted: Vec<String> = graph
         .inputs()
@@ -497,6 +531,7 @@ pub fn infer_once(
                 wanted.join(", ")
             )));
         }
+        refuse_nonfinite(&name, &t)?;
         if given.insert(name.clone(), t).is_some() {
             return Err(Error::Options(format!("input array `{name}` given twice")));
         }
@@ -519,4 +554,26 @@ pub fn infer_once(
     let syms = exec.bind_symbols(&given)?;
     let values = exec.step(given, &syms, &SingleRank)?;
     Ok(outputs.into_iter().zip(values).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refuse_nonfinite;
+    use dlrm_ir::Tensor;
+
+    #[test]
+    fn inputs_with_nan_or_infinite_values_are_refused_naming_the_rows() {
+        let mut v = vec![0.5f32; 12];
+        v[4] = f32::NAN;
+        v[5] = f32::INFINITY;
+        v[10] = f32::NEG_INFINITY;
+        let e = refuse_nonfinite("dense", &Tensor::f32(vec![4, 3], v))
+            .map_or_else(|e| e.to_string(), |()| String::new());
+        assert!(
+            e.contains("input array `dense`: 2 row(s) hold NaN or infinite values and are refused: 1, 3 (row 1: NaN)"),
+            "{e}"
+        );
+        assert!(refuse_nonfinite("x", &Tensor::f32(vec![2], vec![1.0, -2.0])).is_ok());
+        assert!(refuse_nonfinite("i", &Tensor::i64(vec![1], vec![7])).is_ok());
+    }
 }

@@ -326,6 +326,7 @@ pub fn plan_shards_graphs(
     if ranks == 0 {
         return Err(Error::Options("--ranks must be at least 1".into()));
     }
+    dlrm_passes::shard::check_rank_count(ranks).map_err(Error::Options)?;
     let batch = global_batch.unwrap_or(pg.batch_size);
     if batch < ranks {
         return Err(Error::Options(format!(

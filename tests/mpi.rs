@@ -228,6 +228,26 @@ fn a_last_offset_export_trains_under_mpi_like_threads() {
     mpi_matches_threads(&plan, 2, 6);
 }
 
+/// Real PyTorch exports of every bag layout train under `mpirun -n 2` like two
+/// thread ranks: the reference's stacked `[T, B]` offsets, its Criteo mode (ids
+/// stacked too), TorchRec's jagged values + lengths, and per-sample weights
+/// (tables placed whole: a weighted bag has no row-wise form).
+#[test]
+fn exports_of_every_bag_layout_train_under_mpi_like_threads() {
+    let dir = tempdir();
+    for name in [
+        "ts17_dot_stacked",
+        "ts17_dot_criteo",
+        "dynamo_torchrec",
+        "ts17_dot_stacked_weighted",
+    ] {
+        let plan = dir.path().join(format!("{name}.plan"));
+        let model = format!("frontends/onnx/test_cases/real/{name}/model.onnx");
+        compile_model(&common::root().join(model), &plan, &[]);
+        mpi_matches_threads(&plan, 2, 4);
+    }
+}
+
 /// Per-rank residency: a model whose tables (4 x 3,000,000 x 64 f32 = 3.07 GB) are
 /// three times a per-process data limit (RLIMIT_DATA, 960 MiB: it counts the
 /// private writable mappings that hold a process's tensors) trains under

@@ -355,6 +355,9 @@ fn train_both(
             ..CompileOptions::default()
         };
         let plan = compile(model, &opts, &mut |_, _| {}).expect("compile");
+        // The arrays are in the model's own layout; the plan's graphs take the
+        // canonical inputs its input contract computes from them.
+        let arrays = plan.contract.adapt(arrays.to_vec()).expect("adapt");
         let train = plan.train.expect("a training graph");
         let ops: Vec<&str> = train.nodes().iter().map(|n| n.op.mnemonic()).collect();
         for op in ops_wanted {

@@ -426,6 +426,33 @@ proptest! {
         three_way(&name, &op, &ins, &[out], s, 0.0);
     }
 
+    /// A weighted bag's row gradient (`embedding_bag_grad` with per-sample
+    /// weights): the reference kernel against the interpreter on random shapes
+    /// (the JIT declines it; the reference kernel serves it).
+    #[test]
+    fn weighted_embedding_bag_grad_reference_matches_the_interpreter(
+        s in 0usize..60,
+        d in 0usize..40,
+        n in 0usize..200,
+        seed in 0u64..1000,
+    ) {
+        let dy = Tensor::f32(vec![s, d], vals(seed, s * d));
+        let idx = Tensor::i64(vec![n], (0..n as i64).map(|i| (i * 5 + seed as i64) % 13).collect());
+        let off = Tensor::i64(vec![s], (0..s).map(|b| (b * b * n / (s * s).max(1)) as i64).collect());
+        let w = Tensor::f32(vec![n], vals(seed + 1, n));
+        let op = Op::EmbeddingBagGrad { mode: Pool::Sum, last_offset: false };
+        let ins = [&dy, &idx, &off, &w];
+        let outs = [TensorType::new(DType::F32, [Dim::Fixed(n), Dim::Fixed(d)])];
+        let sy = syms(s);
+        let ctx = EvalCtx { syms: &sy, comm: &SingleRank };
+        let want = eval_op(&op, &ins, &outs, &ctx).expect("interpreter");
+        prop_assert!(try_eval(&op, &ins, &outs, &sy, &JitOptions::default()).is_none());
+        let got = dlrm_codegen::try_eval(&op, &ins, &outs, &sy)
+            .expect("a reference kernel")
+            .expect("runs");
+        assert_close(&format!("weighted grad s={s} d={d} n={n}"), &got[0], &want[0], 0.0);
+    }
+
     #[test]
     fn linear_db_matches_the_references(
         s in 0usize..300,

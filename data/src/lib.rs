@@ -24,6 +24,7 @@
 //!   with an optional modulo and frequency threshold, or plain hashing);
 //! - [`split`]: the reference's Kaggle and Terabyte splits, or fractions;
 //! - [`processed`]: the reference's `.npz` and MLPerf's binary records;
+//! - [`npy`]: `.npy`/`.npz` read with every declared size checked first;
 //! - [`convert()`]: the streaming, atomic conversion of any of them to `.ds`;
 //! - [`mod@generate`]: synthetic Criteo-format TSV with the real data's character;
 //! - [`mod@inspect`]: a dataset's summary (splits, per-feature statistics);
@@ -40,6 +41,7 @@ mod error;
 pub mod generate;
 pub mod inspect;
 pub mod learnable;
+pub mod npy;
 pub mod processed;
 pub mod split;
 pub mod vocab;

@@ -17,6 +17,7 @@
 use crate::convert::SampleSink;
 use crate::criteo::{DENSE, RawSample, SPARSE, sparse_name};
 use crate::error::{DataError, Result};
+use crate::npy::{self, NpyError, PayloadError, Value};
 use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::Path;
@@ -122,8 +123,7 @@ pub(crate) fn read_npz(path: &Path, sink: &mut dyn SampleSink) -> Result<(u64, V
             what: "arrays",
         });
     }
-    let mut zip = zip::ZipArchive::new(BufReader::new(file))
-        .map_err(|e| DataError::dataset(path, format!("not a readable .npz (zip) file: {e}")))?;
+    let mut zip = npy::open_npz(path).map_err(|e| DataError::dataset(path, e.to_string()))?;
     let y: Array<u8> = read_array(&mut zip, path, "y", |x| {
         u8::try_from(x).ok().filter(|&y| y <= 1)
     })?;
@@ -205,29 +205,9 @@ impl<T: Copy> Array<T> {
     }
 }
 
-/// Converts a numpy scalar to an integer (floats only when integral).
-trait ToInt: Copy {
-    fn to_int(self) -> Option<i128>;
-}
-
-macro_rules! to_int_exact {
-    ($($t:ty),*) => {$(impl ToInt for $t { fn to_int(self) -> Option<i128> { Some(self as i128) } })*};
-}
-to_int_exact!(i8, i16, i32, i64, u8, u16, u32, u64);
-impl ToInt for bool {
-    fn to_int(self) -> Option<i128> {
-        Some(i128::from(self))
-    }
-}
-impl ToInt for f64 {
-    fn to_int(self) -> Option<i128> {
-        (self.fract() == 0.0 && self.abs() < 9.0e15).then_some(self as i128)
-    }
-}
-impl ToInt for f32 {
-    fn to_int(self) -> Option<i128> {
-        f64::from(self).to_int()
-    }
+/// A float element as an integer, when it is integral.
+fn float_to_int(x: f64) -> Option<i128> {
+    (x.fract() == 0.0 && x.abs() < 9.0e15).then_some(x as i128)
 }
 
 fn read_array<T, R: Read + std::io::Seek>(
@@ -237,64 +217,30 @@ fn read_array<T, R: Read + std::io::Seek>(
     conv: impl Fn(i128) -> Option<T>,
 ) -> Result<Array<T>> {
     let member = format!("{name}.npy");
-    let file = zip
+    let mut file = zip
         .by_name(&member)
         .map_err(|e| DataError::dataset(path, format!("no array `{name}` ({member}): {e}")))?;
-    let npy = npyz::NpyFile::new(file)
-        .map_err(|e| DataError::dataset(path, format!("{member}: not a .npy array: {e}")))?;
-    let shape = npy.shape().to_vec();
-    let fortran = npy.order() == npyz::Order::Fortran;
-    let descr = match npy.dtype() {
-        npyz::DType::Plain(ts) => ts.to_string(),
-        other => {
-            return Err(DataError::dataset(
-                path,
-                format!("{member}: unsupported dtype {}", other.descr()),
-            ));
-        }
-    };
+    let npy_err = |e: NpyError| DataError::dataset(path, format!("{member}: {e}"));
+    let declared = file.size();
+    let (h, count) = npy::read_checked_header(&mut file, declared).map_err(npy_err)?;
     let bad =
         |i: usize, what: String| DataError::dataset(path, format!("{member}: element {i}: {what}"));
-    macro_rules! read_as {
-        ($t:ty) => {{
-            let it = npy
-                .data::<$t>()
-                .map_err(|e| DataError::dataset(path, format!("{member}: {e}")))?;
-            let mut data = Vec::with_capacity(it.len() as usize);
-            for (i, v) in it.enumerate() {
-                let v = v.map_err(|e| DataError::dataset(path, format!("{member}: {e}")))?;
-                let x = v
-                    .to_int()
-                    .ok_or_else(|| bad(i, format!("{v} is not an integer")))?;
-                data.push(
-                    conv(x).ok_or_else(|| bad(i, format!("{x} is out of range for {name}")))?,
-                );
-            }
-            data
-        }};
-    }
-    let data = match &descr[1..] {
-        "i1" => read_as!(i8),
-        "i2" => read_as!(i16),
-        "i4" => read_as!(i32),
-        "i8" => read_as!(i64),
-        "u1" => read_as!(u8),
-        "u2" => read_as!(u16),
-        "u4" => read_as!(u32),
-        "u8" => read_as!(u64),
-        "b1" => read_as!(bool),
-        "f4" => read_as!(f32),
-        "f8" => read_as!(f64),
-        _ => {
-            return Err(DataError::dataset(
-                path,
-                format!("{member}: unsupported dtype {descr} (integers or floats expected)"),
-            ));
-        }
+    let read = npy::read_vec(&mut file, &h, count, |i, v| {
+        let x = match v {
+            Value::Int(x) => Some(x),
+            Value::Float(f) => float_to_int(f),
+        };
+        let x = x.ok_or_else(|| bad(i, format!("{v} is not an integer")))?;
+        conv(x).ok_or_else(|| bad(i, format!("{x} is out of range for {name}")))
+    });
+    let data = match read {
+        Ok(data) => data,
+        Err(PayloadError::Npy(e)) => return Err(npy_err(e)),
+        Err(PayloadError::Value(e)) => return Err(e),
     };
     Ok(Array {
         data,
-        shape,
-        fortran,
+        shape: h.shape,
+        fortran: h.fortran,
     })
 }

@@ -60,6 +60,13 @@ impl FromStr for SplitSpec {
         if (sum - 1.0).abs() > 1e-6 {
             return Err(bad(format!("the fractions add up to {sum}, not 1")));
         }
+        if !parts.iter().any(|(n, _)| n == "train") {
+            let names: Vec<&str> = parts.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(bad(format!(
+                "a dataset needs a `train` split; the splits given are {}",
+                names.join(", ")
+            )));
+        }
         Ok(SplitSpec::Fractions(parts))
     }
 }
@@ -164,4 +171,26 @@ fn halve_last(train: Split, total: u64) -> Vec<Split> {
             end: b,
         },
     ]
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests fail loudly")]
+mod tests {
+    use super::SplitSpec;
+
+    #[test]
+    fn fractions_need_a_train_split() {
+        let e = "x=1".parse::<SplitSpec>().unwrap_err().to_string();
+        assert!(
+            e.contains("--split `x=1`")
+                && e.contains("needs a `train` split; the splits given are x"),
+            "{e}"
+        );
+        let e = "val=0.5,test=0.5"
+            .parse::<SplitSpec>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("the splits given are val, test"), "{e}");
+        assert!("train=0.5,test=0.5".parse::<SplitSpec>().is_ok());
+    }
 }

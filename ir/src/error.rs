@@ -65,6 +65,12 @@ pub enum IrError {
         /// Why it failed.
         reason: String,
     },
+    /// Inputs in the model's own layout do not fit its input contract.
+    #[error("model inputs: {reason}")]
+    Contract {
+        /// What is wrong, naming the input.
+        reason: String,
+    },
 }
 
 /// Result alias for the IR crate.

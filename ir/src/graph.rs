@@ -138,6 +138,27 @@ impl Graph {
         Ok(())
     }
 
+    /// Gives graph input `v` the type `ty` (an importer that learns a dimension
+    /// name was a hint: the caller keeps the graph well typed, e.g. by changing a
+    /// length only its users do not constrain; [`crate::verify`] checks it).
+    pub fn set_input_type(&mut self, v: ValueId, ty: TensorType) -> Result<()> {
+        let value = self
+            .values
+            .get_mut(v.index())
+            .ok_or_else(|| IrError::Graph {
+                graph: self.name.clone(),
+                reason: format!("no value {}", v.index()),
+            })?;
+        if !matches!(value.def, Def::Input(_)) {
+            return Err(IrError::Graph {
+                graph: self.name.clone(),
+                reason: format!("%{} is not a graph input", value.name),
+            });
+        }
+        value.ty = ty;
+        Ok(())
+    }
+
     // ------------------------------------------------------------ accessors
 
     /// All values, indexed by [`ValueId`].

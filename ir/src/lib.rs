@@ -10,6 +10,7 @@
 #![warn(missing_docs)]
 
 mod comm;
+pub mod contract;
 pub mod dim;
 pub mod dot;
 mod error;

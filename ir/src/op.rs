@@ -172,6 +172,9 @@ pub enum Op {
     /// row per index (the sparse gradient of the table): row `i` is `dy[bag(i)]`
     /// (divided by the bag's size for `mean`). With `last_offset` (offsets
     /// `[S+1]`, as in [`Op::EmbeddingBag`]) the rows of indices in no bag are 0.
+    /// A fourth operand `weights[N]` (offsets form) scales row `i` by `weights[i]`:
+    /// the table's gradient of [`Op::EmbeddingBagWeighted`] (PyTorch's
+    /// `per_sample_weights`, `sum` mode).
     EmbeddingBagGrad {
         /// As in the forward op.
         mode: Pool,

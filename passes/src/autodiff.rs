@@ -51,7 +51,7 @@
 
 use crate::pipeline::Params;
 use crate::{LossKind, Optimizer, Pass, PassError, Ran, Result, TrainConfig};
-use dlrm_ir::{BinaryKind, DType, Def, Dim, Graph, Op, Pool, Tensor, TensorType, ValueId, verify};
+use dlrm_ir::{DType, Def, Dim, Graph, Op, Pool, Tensor, TensorType, ValueId, verify};
 
 /// The pass id.
 pub const ID: &str = "autodiff";
@@ -708,13 +708,13 @@ impl Ad {
                 }
             }
             Op::EmbeddingBagWeighted => {
-                // Row i of the sum bag's gradient is dy[bag(i)]; scaled by w[i].
+                // Row i of the sum bag's gradient is dy[bag(i)] scaled by w[i]:
+                // the bag gradient with the weights as its fourth operand.
                 let [table, idx, off, w] = ins else {
                     return Err(node_err(fwd, n, &node.op, "needs 4 operands".into()));
                 };
                 if self.need[table.index()] {
                     let name = fwd.name_of(*table);
-                    let h = format!("d.{name}.rows");
                     let rows = self
                         .g
                         .add(
@@ -722,20 +722,10 @@ impl Ad {
                                 mode: Pool::Sum,
                                 last_offset: false,
                             },
-                            &[dy, *idx, *off],
-                            &format!("{h}.unweighted"),
+                            &[dy, *idx, *off, *w],
+                            &format!("d.{name}.rows"),
                         )
                         .map_err(&e)?;
-                    let mut shape = fwd.ty(*w).shape.clone();
-                    shape.push(Dim::Fixed(1));
-                    let w1 = self
-                        .g
-                        .add(Op::Reshape { shape }, &[*w], &format!("{h}.weights"))
-                        .map_err(&e)?;
-                    let mul = Op::Binary {
-                        kind: BinaryKind::Mul,
-                    };
-                    let rows = self.g.add(mul, &[rows, w1], &h).map_err(&e)?;
                     self.rows[table.index()].insert(0, (vec![*idx], rows));
                 }
             }

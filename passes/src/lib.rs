@@ -58,6 +58,7 @@
 
 pub mod autodiff;
 pub mod bucket;
+pub mod canonical_bags;
 mod copy;
 pub mod dce;
 pub mod described;
@@ -75,6 +76,7 @@ pub mod stats;
 
 pub use autodiff::Autodiff;
 pub use bucket::{Bucket, DEFAULT_BUCKET_BYTES, bucket};
+pub use canonical_bags::{Canonical, canonical_bags};
 pub use dce::Dce;
 pub use described::{CompiledValues, compile_values};
 pub use error::{PassError, Result};

@@ -207,6 +207,7 @@ fn table(name: &str, rows: usize, state: usize) -> TableInfo {
         lookups_per_sample: 1,
         bags: 1,
         state_bytes_per_row: state,
+        row_wise: true,
     }
 }
 

@@ -257,6 +257,7 @@ fn tables_report_rows_width_and_lookups() {
             lookups_per_sample: 5,
             bags: 2,
             state_bytes_per_row: 0,
+            row_wise: true,
         }
     );
     let off = tables(&Spec::offsets().build()).unwrap();

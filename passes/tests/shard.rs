@@ -309,6 +309,7 @@ fn info(name: &str, rows: usize, dim: usize, lookups: usize) -> TableInfo {
         lookups_per_sample: lookups,
         bags: 1,
         state_bytes_per_row: 0,
+        row_wise: true,
     }
 }
 

@@ -65,6 +65,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         precision: "fp32".into(),
         pass_log: serde_json::Value::Null,
+        contract: Default::default(),
     };
     let threads = rayon::current_num_threads();
     for train_mode in [true, false] {

@@ -67,6 +67,13 @@ pub struct SparseFeature {
     /// Pooling factor: lookups per sample for fixed pooling; the mean bag size for
     /// variable bags (1 unless set; bags have 0..=2L lookups).
     pub pooling: usize,
+    /// Variable bags whose indices are one a sample (`[B]` indices beside `[B]`
+    /// offsets, as the reference DLRM's Criteo mode feeds them): every bag holds
+    /// exactly one id.
+    pub one_per_bag: bool,
+    /// The per-sample weights input of a weighted bag (one weight an index,
+    /// U(0.5, 1.5)), if any.
+    pub weights: Option<String>,
 }
 
 /// The label input (the loss's second operand).
@@ -103,7 +110,7 @@ impl DataSchema {
         let mut label = None;
         for (n, node) in g.nodes().iter().enumerate() {
             match &node.op {
-                Op::EmbeddingBag { .. } => {
+                Op::EmbeddingBag { .. } | Op::EmbeddingBagWeighted => {
                     let (Some(&table), Some(&idx)) = (node.inputs.first(), node.inputs.get(1))
                     else {
                         continue;
@@ -149,6 +156,23 @@ impl DataSchema {
                         (Some(_), _) => 1,
                     };
                     let name = g.name_of(idx).to_string();
+                    let weights = match node.inputs.get(3) {
+                        Some(&w) if is_input(w) => Some(g.name_of(w).to_string()),
+                        Some(&w) => {
+                            return Err(data_err(format!(
+                                "node {}: the per-sample weights %{} are not a graph input",
+                                g.node_label(n),
+                                g.name_of(w)
+                            )));
+                        }
+                        None => None,
+                    };
+                    if let Some(w) = &weights {
+                        offsets_of.insert(w.clone(), name.clone());
+                    }
+                    let one_per_bag = offsets.is_some()
+                        && ity.rank() == 1
+                        && (ity.shape[0].is_sym(Dim::BATCH) || ity.shape[0].is_sym(Dim::GLOBAL));
                     if let Some(o) = &offsets {
                         offsets_of.insert(o.clone(), name.clone());
                     }
@@ -160,6 +184,8 @@ impl DataSchema {
                             offsets,
                             rows,
                             pooling,
+                            one_per_bag,
+                            weights,
                         });
                 }
                 Op::Bce { .. } | Op::BceLogits { .. } | Op::Mse { .. } => {
@@ -253,6 +279,7 @@ const S_TEACHER_DENSE: u64 = 5;
 const S_TEACHER_ROW: u64 = 6;
 const S_PERMUTE: u64 = 7;
 const S_CALIBRATE: u64 = 8;
+const S_WEIGHT: u64 = 9;
 
 fn gcd(a: u64, b: u64) -> u64 {
     if b == 0 { a } else { gcd(b, a % b) }
@@ -397,6 +424,8 @@ impl SyntheticData {
         let feat = &self.schema.sparse[f];
         if feat.offsets.is_none() {
             feat.pooling
+        } else if feat.one_per_bag {
+            1
         } else {
             let h = hash(&[self.seed, S_BAGLEN, step, sample, f as u64]);
             (h % (2 * feat.pooling as u64 + 1)) as usize
@@ -512,6 +541,15 @@ impl SyntheticData {
                         out.insert(off_name.clone(), off);
                     }
                 }
+            } else if let Some(f) = schema
+                .sparse
+                .iter()
+                .position(|s| s.weights.as_deref() == Some(name))
+            {
+                out.insert(
+                    name.to_string(),
+                    self.weights_input(step, f, rank_graph, &at)?,
+                );
             } else if let Some(f) = schema
                 .sparse
                 .iter()
@@ -635,6 +673,47 @@ impl SyntheticData {
             index_tensor(idx_dtype, vec![idx.len()], idx)?,
             index_tensor(off_ty.dtype, vec![n], off)?,
         ))
+    }
+
+    /// The per-sample weights of sparse feature `f` (a weighted bag): one
+    /// U(0.5, 1.5) weight per index of its bags, for the samples its offsets
+    /// input holds (this rank's or the global batch).
+    fn weights_input(
+        &self,
+        step: u64,
+        f: usize,
+        rank_graph: &Graph,
+        at: &Samples<'_>,
+    ) -> Result<Tensor> {
+        let feat = &self.schema.sparse[f];
+        let off_name = feat
+            .offsets
+            .as_deref()
+            .ok_or_else(|| data_err(format!("weighted bags of %{} need offsets", feat.input)))?;
+        let off_ty = rank_graph
+            .find(off_name)
+            .map(|v| rank_graph.ty(v))
+            .ok_or_else(|| {
+                data_err(format!(
+                    "graph `{}` has no offsets %{off_name}",
+                    rank_graph.name
+                ))
+            })?;
+        let (r, _) = offsets_samples(off_ty.shape.first(), |d| at.of(off_name, d))?;
+        let w: Vec<Vec<f32>> = r
+            .into_par_iter()
+            .map(|s| {
+                let len = self.bag_len(step, s as u64, f);
+                (0..len)
+                    .map(|k| {
+                        let h = hash(&[self.seed, S_WEIGHT, step, s as u64, f as u64, k as u64]);
+                        0.5 + unit(h)
+                    })
+                    .collect()
+            })
+            .collect();
+        let w: Vec<f32> = w.into_iter().flatten().collect();
+        Ok(Tensor::f32(vec![w.len()], w))
     }
 
     /// Indices and offsets of variable bags for the samples `r`; with `last`, the

@@ -332,6 +332,32 @@ impl DatasetSource {
             .collect()
     }
 
+    /// Dense feature `f`'s values of the samples `rows`, sample-major; a NaN or
+    /// infinite value is an error naming the sample, the column and the value
+    /// (training on it would poison every parameter it reaches).
+    fn dense_rows(&self, f: usize, rows: &[usize]) -> Result<Vec<f32>> {
+        let w = self.schema.dense[f].width;
+        let (dw, at) = (self.ds.dense_width(), self.dense_at[f]);
+        let all = self.ds.dense();
+        let mut vals = Vec::with_capacity(rows.len() * w);
+        for &s in rows {
+            let row = &all[s * dw + at..s * dw + at + w];
+            if let Some(c) = row.iter().position(|x| !x.is_finite()) {
+                return Err(mismatch(
+                    self.ds.path(),
+                    format!(
+                        "sample {s}: dense column {} (input %{}) is {}, not a finite number",
+                        at + c,
+                        self.schema.dense[f].input,
+                        row[c]
+                    ),
+                ));
+            }
+            vals.extend_from_slice(row);
+        }
+        Ok(vals)
+    }
+
     /// The inputs of `rank_graph` for the global batch `samples` (dataset sample
     /// indices in batch order): `B`-leading inputs take this rank's [`batch_slice`]
     /// of it, `G`-leading ones all of it.
@@ -372,12 +398,7 @@ impl DatasetSource {
             if let Some(f) = schema.dense.iter().position(|d| d.input == name) {
                 let w = schema.dense[f].width;
                 let rows = rows_of(name, ty.shape.first())?;
-                let (dw, at) = (self.ds.dense_width(), self.dense_at[f]);
-                let all = self.ds.dense();
-                let mut vals = Vec::with_capacity(rows.len() * w);
-                for &s in rows {
-                    vals.extend_from_slice(&all[s * dw + at..s * dw + at + w]);
-                }
+                let vals = self.dense_rows(f, rows)?;
                 out.insert(
                     name.to_string(),
                     Tensor::from_f32(ty.dtype, vec![rows.len(), w], vals),
@@ -389,6 +410,12 @@ impl DatasetSource {
                     .map(|d| d.fixed().unwrap_or(1))
                     .product();
                 let labels = self.ds.labels();
+                if let Some(&s) = rows.iter().find(|&&s| labels[s] > 1) {
+                    return Err(mismatch(
+                        path,
+                        format!("sample {s}: label {} is not 0 or 1", labels[s]),
+                    ));
+                }
                 let vals: Vec<f32> = rows
                     .iter()
                     .flat_map(|&s| std::iter::repeat_n(f32::from(labels[s]), cols))

@@ -51,13 +51,16 @@ pub(crate) fn with_loader<R>(
     } = spec;
     let load = move |s: u64| source.train_inputs(s, global_batch, ranks, rank, graph);
     if cycle > 0 {
-        let mut made: Vec<Option<Inputs>> = vec![None; cycle];
+        // Made as the steps first reach them: never more than the steps run.
+        let mut made: HashMap<u64, Inputs> = HashMap::new();
         let mut next = move |s: u64| -> Result<Inputs> {
             let k = s % cycle as u64;
-            Ok(match &mut made[k as usize] {
-                Some(inputs) => inputs.clone(),
-                slot => slot.insert(load(k)?).clone(),
-            })
+            if let Some(inputs) = made.get(&k) {
+                return Ok(inputs.clone());
+            }
+            let inputs = load(k)?;
+            made.insert(k, inputs.clone());
+            Ok(inputs)
         };
         return body(&mut next);
     }

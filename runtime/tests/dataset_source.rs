@@ -262,23 +262,32 @@ fn a_dataset_that_does_not_fit_the_plan_is_a_clear_error() {
     DatasetSource::open(&cfg, schema, 1, 32).expect("unverified");
 }
 
+/// Overwrites the bytes of `file` at `at` (a change `verify` would catch).
+fn patch(file: &Path, at: usize, with: &[u8]) {
+    let mut bytes = std::fs::read(file).expect("read");
+    bytes[at..at + with.len()].copy_from_slice(with);
+    std::fs::write(file, bytes).expect("write");
+}
+
+/// The dataset at `path` as `g`'s data, opened without `verify` (a no-verify run).
+fn unverified(path: &Path, g: &Graph) -> DatasetSource {
+    let schema = DataSchema::from_graph(g).expect("schema");
+    let cfg = DataConfig {
+        verify: false,
+        ..DataConfig::new(path)
+    };
+    DatasetSource::open(&cfg, schema, 1, 32).expect("unverified")
+}
+
 #[test]
 fn an_id_beyond_the_plans_table_is_caught_while_reading() {
     let dir = tempfile::tempdir().expect("tmp");
     let path = write_ds(dir.path(), 200, 4, &ROWS);
     // A plan whose table 1 has 7 rows reads ids < 7; pretend the data holds more by
     // editing an id past the check of `verify` (no-verify run).
-    let col = path.join("sparse.1.u32");
-    let mut bytes = std::fs::read(&col).expect("read");
-    bytes[..4].copy_from_slice(&100u32.to_le_bytes());
-    std::fs::write(&col, bytes).expect("write");
+    patch(&path.join("sparse.1.u32"), 0, &100u32.to_le_bytes());
     let g = model(4, &ROWS);
-    let schema = DataSchema::from_graph(&g).expect("schema");
-    let cfg = DataConfig {
-        verify: false,
-        ..DataConfig::new(&path)
-    };
-    let src = DatasetSource::open(&cfg, schema, 1, 32).expect("unverified");
+    let src = unverified(&path, &g);
     let e = src
         .inputs(&[5, 0, 3], 1, 0, &g)
         .expect_err("id 100 of 7 rows");
@@ -289,4 +298,35 @@ fn an_id_beyond_the_plans_table_is_caught_while_reading() {
     );
     assert!(e.contains("7 rows"), "{e}");
     assert!(steps_per_epoch(src.dataset(), "train", 32).expect("spe") == 5);
+}
+
+/// Issue 42: a NaN or infinite dense value and a label outside {0, 1} (past the
+/// check of `verify`) are errors naming the sample, not trained on.
+#[test]
+fn non_finite_dense_values_and_bad_labels_are_caught_while_reading() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = write_ds(dir.path(), 200, 4, &ROWS);
+    // Sample 3, column 2.
+    patch(
+        &path.join("dense.f32"),
+        (3 * 4 + 2) * 4,
+        &f32::NAN.to_le_bytes(),
+    );
+    patch(&path.join("label.u8"), 7, &[2]);
+    let g = model(4, &ROWS);
+    let src = unverified(&path, &g);
+    let e = src
+        .inputs(&[5, 3, 0], 1, 0, &g)
+        .expect_err("NaN")
+        .to_string();
+    assert!(
+        e.contains("t.ds") && e.contains("sample 3: dense column 2") && e.contains("NaN"),
+        "{e}"
+    );
+    let e = src
+        .inputs(&[5, 7, 0], 1, 0, &g)
+        .expect_err("label 2")
+        .to_string();
+    assert!(e.contains("sample 7: label 2 is not 0 or 1"), "{e}");
+    src.inputs(&[5, 6, 0], 1, 0, &g).expect("finite rows read");
 }

@@ -363,6 +363,18 @@ fn version_1_plans_still_read() {
     assert_eq!(back.params, plan(0.1).params);
 }
 
+/// A uniform description of a 50x4 table (`emb.0`'s shape).
+fn described() -> dlrm_ir::Described {
+    dlrm_ir::Described {
+        init: dlrm_ir::Init::Uniform { bound: 0.5 },
+        seed: 9,
+        stream: 0,
+        shape: vec![50, 4],
+        part: dlrm_ir::Part::F32,
+        blocked: None,
+    }
+}
+
 /// A described parameter round-trips through the manifest (not the weights file)
 /// and is created with the values its description gives; a manifest whose
 /// description disagrees with the entry's shape is refused.
@@ -371,14 +383,7 @@ fn described_parameters_live_in_the_manifest() {
     let tmp = tempfile::tempdir().expect("tmp");
     let dir = tmp.path().join("p");
     let mut p = plan(0.1);
-    let d = dlrm_ir::Described {
-        init: dlrm_ir::Init::Uniform { bound: 0.5 },
-        seed: 9,
-        stream: 0,
-        shape: vec![50, 4],
-        part: dlrm_ir::Part::F32,
-        blocked: None,
-    };
+    let d = described();
     let want = d.materialize("emb.0").expect("created");
     p.params[0].1 = ParamValue::Described(d.clone());
     write_plan(&dir, &p).expect("write");
@@ -393,4 +398,41 @@ fn described_parameters_live_in_the_manifest() {
     fs::write(dir.join(MANIFEST_FILE), bad.to_string()).expect("w");
     let err = read_plan(&dir).expect_err("mismatch");
     assert!(err.to_string().contains("initializer gives"), "{err}");
+}
+
+/// Issue 42: the manifest's meaning is sealed (editing a described parameter's
+/// seed is refused at load) and its enumerated fields are enums (an unknown
+/// precision is refused, naming the field and the value).
+#[test]
+fn an_edited_manifest_is_refused() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("p");
+    let mut p = plan(0.1);
+    p.params[0].1 = ParamValue::Described(described());
+    write_plan(&dir, &p).expect("write");
+    let mpath = dir.join(MANIFEST_FILE);
+    let m: serde_json::Value = serde_json::from_slice(&fs::read(&mpath).expect("m")).expect("json");
+    assert!(m["seal"].is_string(), "{m}");
+    // A cosmetic field is not sealed.
+    let mut cosmetic = m.clone();
+    cosmetic["created_by"] = "someone else".into();
+    fs::write(&mpath, cosmetic.to_string()).expect("w");
+    read_plan(&dir).expect("created_by is cosmetic");
+    let mut seed = m.clone();
+    seed["params"][0]["init"]["seed"] = 10.into();
+    fs::write(&mpath, seed.to_string()).expect("w");
+    let err = read_plan(&dir).expect_err("sealed").to_string();
+    assert!(
+        err.contains("manifest.json") && err.contains("do not match its seal"),
+        "{err}"
+    );
+    let mut precision = m.clone();
+    precision["precision"] = "xp32".into();
+    fs::write(&mpath, precision.to_string()).expect("w");
+    let err = read_manifest(&dir).expect_err("enum").to_string();
+    assert!(err.contains("precision `xp32`: unknown variant"), "{err}");
+    let mut unsealed = m.clone();
+    unsealed.as_object_mut().expect("object").remove("seal");
+    fs::write(&mpath, unsealed.to_string()).expect("w");
+    read_plan(&dir).expect("a manifest written before seals still reads");
 }

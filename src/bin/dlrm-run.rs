@@ -68,7 +68,7 @@ struct Cli {
     plan: PathBuf,
     /// Ranks, each running its share of the global batch and owning a share of the
     /// embedding tables [default: 1 with --comm threads; with --comm mpi the MPI
-    /// job's size, which a given --ranks must equal].
+    /// job's size, which a given --ranks must equal; at most 65536].
     #[arg(long, value_name = "N")]
     ranks: Option<usize>,
     /// How ranks talk: `threads` (ranks are threads of this process) or `mpi` (this
@@ -76,7 +76,8 @@ struct Cli {
     /// prints and writes --metrics; needs a build with `--features mpi`).
     #[arg(long, default_value = "threads", value_name = "KIND", value_parser = parse_comm)]
     comm: Comm,
-    /// Steps to run [default: 100, or with --data and --epochs the epochs' steps].
+    /// Steps to run [default: 100, or with --data and --epochs the epochs' steps;
+    /// at most 10^8].
     #[arg(long, value_name = "K")]
     iters: Option<u64>,
     /// Train on this `.ds` dataset (`dlrmc data convert`) instead of synthetic data;
@@ -130,7 +131,7 @@ struct Cli {
     /// Synthetic data: generate N batches once and cycle them (step k takes batch
     /// k mod N), so that the steps' time excludes making their data, as
     /// scripts/pytorch_dlrm.py times PyTorch on 4 batches made beforehand
-    /// (scripts/measure-peers uses 4). Default: a new batch every step.
+    /// (scripts/measure-peers uses 4; at most 2^20). Default: a new batch every step.
     #[arg(long, value_name = "N", conflicts_with = "data")]
     synthetic_batches: Option<usize>,
     /// Seed of the synthetic data (default: the plan's).
@@ -148,7 +149,7 @@ struct Cli {
     /// Log a step every N steps (0: only the last).
     #[arg(long, default_value_t = 10, value_name = "N")]
     log_every: u64,
-    /// Held-out batches evaluated at the end.
+    /// Held-out batches evaluated at the end (at most 2^20).
     #[arg(long, default_value_t = 4, value_name = "N")]
     eval_batches: usize,
     /// Steps left out of the samples/s median.
@@ -184,7 +185,7 @@ struct Cli {
     /// elements, ring above), `doubling` or `ring`.
     #[arg(long, default_value = "auto", value_name = "ALGO")]
     allreduce: AllReduceAlgo,
-    /// Worker threads of each rank [default: this machine's CPUs, or
+    /// Worker threads of each rank, at most 1024 [default: this machine's CPUs, or
     /// RAYON_NUM_THREADS, shared among the ranks of this process].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -323,6 +324,7 @@ fn real_main(cli: Cli) -> Result<()> {
     if cli.ranks == Some(0) {
         bail!("--ranks must be at least 1");
     }
+    dlrm_passes::shard::check_rank_count(cli.ranks.unwrap_or(1)).map_err(anyhow::Error::msg)?;
     match cli.comm {
         Comm::Threads => run_plan(&cli, cli.ranks.unwrap_or(1), Ranks::Threads),
         Comm::Mpi => {

@@ -158,7 +158,7 @@ struct PlanShardsArgs {
     /// With a JSON description: the storage precision to compile it for.
     #[arg(long, default_value = "fp32", value_name = "P")]
     precision: Precision,
-    /// Rank count.
+    /// Rank count (at most 65536).
     #[arg(long, value_name = "N")]
     ranks: usize,
     /// Global batch (default: the plan's).
@@ -187,7 +187,8 @@ struct CompileArgs {
     /// `schedule`).
     #[arg(long, value_name = "STAGES")]
     dump_ir: Option<String>,
-    /// Rank count for the `partition`, `bucket` and `schedule` dump stages.
+    /// Rank count for the `partition`, `bucket` and `schedule` dump stages (at most
+    /// 65536).
     #[arg(long, value_name = "N", default_value_t = 2)]
     ranks: usize,
     #[command(flatten)]
@@ -315,6 +316,7 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
     if a.ranks == 0 {
         bail!("--ranks must be at least 1");
     }
+    dlrm_passes::shard::check_rank_count(a.ranks).map_err(anyhow::Error::msg)?;
     let wants = |pass: &str| dump.as_ref().is_some_and(|d| d.wants(pass));
     let say = |msg: String| {
         if !a.quiet {

@@ -207,13 +207,18 @@ pub(crate) fn grad_bags(c: &Checked<'_>, last_offset: bool) -> KResult<GradBags>
 
 /// `embedding_bag_grad(dy[S,D], indices[S,L]) -> [S,L,D]` or
 /// `embedding_bag_grad(dy[S,D], indices[N], offsets[S]) -> [N,D]` (`offsets[S+1]`
-/// with `last_offset`: the rows of indices in no bag are 0).
+/// with `last_offset`: the rows of indices in no bag are 0); with per-sample
+/// `weights[N]`, row `i` scaled by `weights[i]`.
 pub fn embedding_bag_grad(
     mode: Pool,
     last_offset: bool,
     c: &Checked<'_>,
 ) -> Option<KResult<Tensor>> {
     let dy = c.input(0).as_f32()?;
+    let weights = match c.inputs().get(3) {
+        Some(w) => Some(w.as_f32()?),
+        None => None,
+    };
     Some((|| {
         let g = grad_bags(c, last_offset)?;
         let d = g.d;
@@ -230,8 +235,12 @@ pub fn embedding_bag_grad(
                         Pool::Mean => Some(r.len() as f32),
                     };
                     let src = &dy[sample * d..(sample + 1) * d];
-                    for row in o[(r.start - base) * d..(r.end - base) * d].chunks_exact_mut(d) {
+                    let rows = o[(r.start - base) * d..(r.end - base) * d].chunks_exact_mut(d);
+                    for (i, row) in r.clone().zip(rows) {
                         copy_row(row, src, div);
+                        if let Some(w) = weights {
+                            row.iter_mut().for_each(|x| *x *= w[i]);
+                        }
                     }
                 }
             });

@@ -14,7 +14,9 @@
 
 use crate::attrs::Attrs;
 use crate::error::{OnnxError, Result};
-use crate::proto::{GraphProto, NodeProto, ValueInfoProto, tensor_shape_proto, type_proto};
+use crate::proto::{
+    GraphProto, NodeProto, ValueInfoProto, tensor_proto::DataType, tensor_shape_proto, type_proto,
+};
 use crate::tensor::{dtype_of, read_tensor};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{DType, Dim, Graph, Op, SingleRank, Tensor, TensorType, ValueId};
@@ -240,6 +242,7 @@ impl<'m> Ctx<'m> {
                     .tensor(&other)
                     .map_err(|m| self.model_err(format!("graph output `{name}`: {m}")))?,
             };
+            self.check_output_type(vi, id)?;
             // Outputs carry their ONNX names (an aliased value, e.g. through
             // `Identity`, gets a no-op reshape under the output's name).
             let want = sanitize(&name);
@@ -255,6 +258,26 @@ impl<'m> Ctx<'m> {
             names.push(self.g.name_of(id).to_string());
         }
         Ok(names)
+    }
+
+    /// Refuses a graph output whose declared element type is not the one the graph
+    /// computes (an int64 output computed as float would be served as float).
+    fn check_output_type(&self, vi: &ValueInfoProto, id: ValueId) -> Result<()> {
+        let Some((_, elem)) = tensor_dims(vi) else {
+            return Ok(());
+        };
+        let name = vi.name.as_deref().unwrap_or("");
+        let declared =
+            dtype_of(elem).map_err(|m| self.model_err(format!("graph output `{name}`: {m}")))?;
+        let computed = self.g.ty(id).dtype;
+        if declared != computed {
+            let onnx = DataType::try_from(elem).map_or("?", |d| d.as_str_name());
+            return Err(self.model_err(format!(
+                "graph output `{name}` is declared {onnx} ({declared}) but the graph computes it \
+                 as {computed}"
+            )));
+        }
+        Ok(())
     }
 
     /// The value bound to an ONNX name.
@@ -280,6 +303,11 @@ impl<'m> Ctx<'m> {
     pub(crate) fn input(&self, n: &NodeCx<'_>, k: usize) -> Result<Val, NodeErr> {
         self.opt_input(n, k)?
             .ok_or_else(|| NodeErr::Msg(format!("missing operand {k}")))
+    }
+
+    /// True when `name` is already a graph input, an initializer or a node's output.
+    pub(crate) fn is_bound(&self, name: &str) -> bool {
+        self.vals.contains_key(name)
     }
 
     /// Binds an output name.

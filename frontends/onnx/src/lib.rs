@@ -43,12 +43,15 @@ mod attrs;
 mod bag;
 mod error;
 pub mod export;
+mod hints;
 mod import;
 pub mod npz;
 mod ops;
 mod proto;
 mod sym;
 mod tensor;
+#[cfg(test)]
+mod test_models;
 
 pub use error::{OnnxError, Result};
 
@@ -137,6 +140,8 @@ pub fn from_bytes(bytes: &[u8], origin: &str, base: Option<&Path>) -> Result<Imp
         NodeErr::Msg(m) => model_err(m),
     })?;
     let outputs = cx.set_outputs()?;
+    hints::free_bag_lengths(&mut cx.g)
+        .map_err(|e| model_err(format!("freeing the bags' id counts: {e}")))?;
     let inputs =
         cx.g.inputs()
             .iter()
@@ -161,6 +166,15 @@ pub fn from_bytes(bytes: &[u8], origin: &str, base: Option<&Path>) -> Result<Imp
     })
 }
 
+/// An output `node` names that is already bound, or that it names twice.
+fn redefined<'n>(cx: &Ctx<'_>, node: &'n proto::NodeProto) -> Option<&'n str> {
+    let outs = &node.output;
+    outs.iter()
+        .enumerate()
+        .find(|(k, o)| !o.is_empty() && (cx.is_bound(o) || outs[..*k].contains(o)))
+        .map(|(_, o)| o.as_str())
+}
+
 /// Imports `nodes` in order. `parent` is the index of the enclosing node for a
 /// subgraph (`usize::MAX` at top level): errors inside a subgraph name the
 /// enclosing top-level node's index.
@@ -178,6 +192,14 @@ pub(crate) fn import_nodes(
         };
         let domain = node.domain.as_deref().unwrap_or("");
         let op = n.op_type();
+        if parent == usize::MAX
+            && let Some(out) = redefined(cx, node)
+        {
+            return Err(NodeErr::Msg(format!(
+                "node {i} (`{op}`) defines `{out}`, which is already defined (a graph \
+                 input, an initializer or an earlier output): every value is defined once"
+            )));
+        }
         let built = match (domain, registry.get(op)) {
             ("" | "ai.onnx", Some(b)) => b(cx, &n),
             ("" | "ai.onnx", None) => Err(NodeErr::Msg(format!("unsupported op `{op}`"))),

@@ -1,10 +1,12 @@
 //! npz archives of named arrays (numpy's `savez` format: a zip of `.npy` files) as
 //! [`Tensor`]s: f32, i64 and i32 (plus f64 read as f32, bool and other integer types
-//! widened to i64 on read). Array names are the zip entry names without `.npy`.
+//! widened to i64 on read, u64 when it fits). Array names are the zip entry names
+//! without `.npy`.
 
 use crate::error::{OnnxError, Result};
+use dlrm_data::npy::{self, Kind, PayloadError, Value};
 use dlrm_ir::{Data, Tensor};
-use npyz::{DType as NpyType, NpyFile, TypeStr, WriterBuilder};
+use npyz::{DType as NpyType, TypeStr, WriterBuilder};
 use std::io::{Read, Write};
 use std::path::Path;
 
@@ -15,90 +17,67 @@ fn err(path: &Path, reason: impl Into<String>) -> OnnxError {
     }
 }
 
-/// Reads every array of an npz archive, in archive order.
+/// Reads every array of an npz archive, in archive order. Every declared shape is
+/// checked against the bytes the archive holds before anything is allocated; two
+/// arrays of one name, and bytes past an array's shape, are refused.
 pub fn read(path: &Path) -> Result<Vec<(String, Tensor)>> {
-    let f = std::fs::File::open(path).map_err(|e| err(path, format!("cannot open: {e}")))?;
-    let mut zip =
-        zip::ZipArchive::new(f).map_err(|e| err(path, format!("not a zip archive: {e}")))?;
+    let mut zip = npy::open_npz(path).map_err(|e| err(path, e.to_string()))?;
     let mut out = Vec::new();
     for i in 0..zip.len() {
         let mut entry = zip.by_index(i).map_err(|e| err(path, e.to_string()))?;
         let name = entry.name().trim_end_matches(".npy").to_string();
-        let mut bytes = Vec::new();
-        entry
-            .read_to_end(&mut bytes)
-            .map_err(|e| err(path, format!("array `{name}`: {e}")))?;
-        let t = from_npy(&bytes).map_err(|e| err(path, format!("array `{name}`: {e}")))?;
+        let t = from_npy(&mut entry).map_err(|e| err(path, format!("array `{name}`: {e}")))?;
         out.push((name, t));
     }
     Ok(out)
 }
 
-fn from_npy(bytes: &[u8]) -> std::result::Result<Tensor, String> {
-    let npy = NpyFile::new(bytes).map_err(|e| e.to_string())?;
-    if npy.order() != npyz::Order::C {
+fn from_npy<R: Read>(entry: &mut zip::read::ZipFile<'_, R>) -> std::result::Result<Tensor, String> {
+    let declared = entry.size();
+    let (h, count) = npy::read_checked_header(entry, declared).map_err(|e| e.to_string())?;
+    if h.fortran {
         return Err("Fortran-order arrays are not supported".into());
     }
-    let shape: Vec<usize> = npy
-        .shape()
-        .iter()
-        .map(|&d| usize::try_from(d).map_err(|_| "dimension too large".to_string()))
-        .collect::<std::result::Result<_, _>>()?;
-    let NpyType::Plain(ts) = npy.dtype() else {
-        return Err("structured arrays are not supported".into());
+    // Every dimension is at most `count` elements, which fits in a usize.
+    let shape: Vec<usize> = h.shape.iter().map(|&d| d as usize).collect();
+    fn values<T>(
+        r: &mut impl Read,
+        h: &npy::Header,
+        count: usize,
+        conv: impl Fn(Value) -> Option<T>,
+    ) -> std::result::Result<Vec<T>, String> {
+        npy::read_vec(r, h, count, |i, v| {
+            conv(v).ok_or_else(|| format!("element {i}: {v} does not fit in {}", h.descr))
+        })
+        .map_err(|e| match e {
+            PayloadError::Npy(e) => e.to_string(),
+            PayloadError::Value(e) => e,
+        })
+    }
+    let int = |v: Value| match v {
+        Value::Int(x) => Some(x),
+        Value::Float(_) => None,
     };
-    let (kind, size) = (ts.type_char(), ts.size_field());
-    use npyz::TypeChar as C;
-    let e = |x: std::io::Error| x.to_string();
-    Ok(match (kind, size) {
-        (C::Float, 4) => Tensor::f32(shape, npy.into_vec::<f32>().map_err(e)?),
-        (C::Float, 8) => Tensor::f32(
+    Ok(match (h.kind, h.size) {
+        (Kind::Float, _) => Tensor::f32(
             shape,
-            npy.into_vec::<f64>()
-                .map_err(e)?
-                .into_iter()
-                .map(|x| x as f32)
-                .collect(),
+            values(entry, &h, count, |v| match v {
+                Value::Float(x) => Some(x as f32),
+                Value::Int(_) => None,
+            })?,
         ),
-        (C::Int, 8) => Tensor::i64(shape, npy.into_vec::<i64>().map_err(e)?),
-        (C::Int, 4) => Tensor::i32(shape, npy.into_vec::<i32>().map_err(e)?),
-        (C::Int, 2) => Tensor::i64(
+        (Kind::Int, 4) => Tensor::i32(
             shape,
-            npy.into_vec::<i16>()
-                .map_err(e)?
-                .into_iter()
-                .map(i64::from)
-                .collect(),
+            values(entry, &h, count, |v| {
+                int(v).and_then(|x| i32::try_from(x).ok())
+            })?,
         ),
-        (C::Int, 1) => Tensor::i64(
+        _ => Tensor::i64(
             shape,
-            npy.into_vec::<i8>()
-                .map_err(e)?
-                .into_iter()
-                .map(i64::from)
-                .collect(),
+            values(entry, &h, count, |v| {
+                int(v).and_then(|x| i64::try_from(x).ok())
+            })?,
         ),
-        (C::Bool, 1) => Tensor::i64(
-            shape,
-            npy.into_vec::<u8>()
-                .map_err(e)?
-                .into_iter()
-                .map(i64::from)
-                .collect(),
-        ),
-        (C::Uint, 4) => Tensor::i64(
-            shape,
-            npy.into_vec::<u32>()
-                .map_err(e)?
-                .into_iter()
-                .map(i64::from)
-                .collect(),
-        ),
-        _ => {
-            return Err(format!(
-                "unsupported dtype `{ts}` (f32, f64, i64, i32 and small ints)"
-            ));
-        }
     })
 }
 

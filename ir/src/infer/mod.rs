@@ -169,7 +169,7 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
             Ok(vec![TensorType::new(table.dtype, [s, d])])
         }
         Op::EmbeddingBagGrad { last_offset, .. } => {
-            expect_arity(op, ins, if *last_offset { &[3] } else { &[2, 3] })?;
+            expect_arity(op, ins, if *last_offset { &[3, 4] } else { &[2, 3, 4] })?;
             let dy = ins[0];
             expect_rank("dy", dy, 2)?;
             expect_float("dy", dy)?;
@@ -190,6 +190,20 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
                 }
                 let s = bag_count(&ins[2].shape[0], *last_offset)?;
                 expect_dim("offsets samples", &s, &dy.shape[0])?;
+                if let Some(w) = ins.get(3) {
+                    if matches!(
+                        op,
+                        Op::EmbeddingBagGrad {
+                            mode: crate::Pool::Mean,
+                            ..
+                        }
+                    ) {
+                        return Err("per-sample weights need mode sum".into());
+                    }
+                    expect_rank("weights", w, 1)?;
+                    expect_float("weights", w)?;
+                    expect_dim("weights", &w.shape[0], &ins[1].shape[0])?;
+                }
                 Ok(vec![TensorType::new(
                     DType::F32,
                     [ins[1].shape[0].clone(), d],

@@ -227,6 +227,10 @@ pub(super) fn embedding_bag_grad(
     let dy = super::common::floats(ins[0], "dy")?;
     let (raw, bags) = bags_of(ins, last_offset)?;
     check_indices(&raw, &bags, None)?;
+    let weights = match ins.get(3) {
+        Some(w) => Some(super::common::floats(w, "weights")?),
+        None => None,
+    };
     let mut g = vec![0.0f32; raw.len() * d];
     for s in 0..s_dy {
         let bag = bags.bag(s);
@@ -234,10 +238,12 @@ pub(super) fn embedding_bag_grad(
         let row = &dy[s * d..(s + 1) * d];
         for flat in bag {
             let dst = &mut g[flat * d..(flat + 1) * d];
+            let w = weights.as_ref().map_or(1.0, |w| w[flat]);
             for (o, &v) in dst.iter_mut().zip(row) {
-                *o = match mode {
-                    Pool::Sum => v,
-                    Pool::Mean => v / count,
+                *o = match (mode, &weights) {
+                    (Pool::Sum, None) => v,
+                    (Pool::Sum, Some(_)) => v * w,
+                    (Pool::Mean, _) => v / count,
                 };
             }
         }

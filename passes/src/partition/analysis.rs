@@ -110,7 +110,7 @@ impl Sparse {
     fn classify(&mut self, g: &Graph, n: usize) -> Result<()> {
         let node = &g.nodes()[n];
         match node.op {
-            Op::EmbeddingBag { .. } => self.classify_bag(g, n),
+            Op::EmbeddingBag { .. } | Op::EmbeddingBagWeighted => self.classify_bag(g, n),
             Op::EmbeddingBagGrad { .. } => {
                 self.kinds[n] = Kind::BagGrad;
                 Ok(())
@@ -335,14 +335,17 @@ impl Sparse {
         let nodes = g.nodes();
         let bag = self.bags.iter_mut().find(|b| {
             let bn = &nodes[b.node];
-            b.grad.is_none()
-                && b.table == table
-                && bn.inputs[1..] == *index_ins
-                && bn.op
-                    == Op::EmbeddingBag {
+            // A weighted bag's gradient carries its weights too (sum mode).
+            let op_fits = match bn.op {
+                Op::EmbeddingBagWeighted => mode == dlrm_ir::Pool::Sum,
+                ref op => {
+                    *op == Op::EmbeddingBag {
                         mode,
                         last_offset: false,
                     }
+                }
+            };
+            b.grad.is_none() && b.table == table && bn.inputs[1..] == *index_ins && op_fits
         });
         match bag {
             Some(b) => {
@@ -411,8 +414,8 @@ impl Sparse {
         }
         if self.is_index[v.index()] {
             return Some(&[
-                (Kind::Bag, &[1, 2]),
-                (Kind::BagGrad, &[1, 2]),
+                (Kind::Bag, &[1, 2, 3]),
+                (Kind::BagGrad, &[1, 2, 3]),
                 (Kind::SparseSgd, &[1]),
                 (Kind::Update, &[2, 3, 4]),
             ]);
@@ -473,6 +476,9 @@ impl Sparse {
                 ));
             };
             let bags = self.bags.iter().filter(|b| b.table == t);
+            let row_wise = bags
+                .clone()
+                .all(|b| matches!(nodes[b.node].op, Op::EmbeddingBag { .. }));
             let lookups = bags
                 .clone()
                 .map(|b| {
@@ -502,6 +508,7 @@ impl Sparse {
                 lookups_per_sample: lookups,
                 bags: bags.count(),
                 state_bytes_per_row: state,
+                row_wise,
             });
         }
         Ok(())

@@ -117,10 +117,18 @@ pub struct TableInfo {
     /// half or its Adagrad accumulator (0 for plain SGD and inference).
     #[serde(default)]
     pub state_bytes_per_row: usize,
+    /// Whether the table may be split by rows: every bag of it has a row-wise
+    /// form (a weighted bag has none, so its table is placed whole).
+    #[serde(default = "yes")]
+    pub row_wise: bool,
 }
 
 fn one() -> usize {
     1
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl TableInfo {

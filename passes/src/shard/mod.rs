@@ -41,6 +41,21 @@ pub use report::{
 
 use crate::partition::TableInfo;
 use crate::{PassError, Result};
+
+/// The most ranks a plan is partitioned for or a shard plan places tables on
+/// (`--ranks`): 65536. Per-rank tables are sized by the rank count, so a larger
+/// one is refused before anything is allocated.
+pub const MAX_RANKS: usize = 1 << 16;
+
+/// Refuses a rank count above [`MAX_RANKS`], naming the flag and the value.
+pub fn check_rank_count(ranks: usize) -> std::result::Result<(), String> {
+    if ranks > MAX_RANKS {
+        return Err(format!(
+            "--ranks {ranks} is more than the {MAX_RANKS} ranks dlrmc supports"
+        ));
+    }
+    Ok(())
+}
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -124,6 +139,7 @@ impl ShardPlan {
         if self.ranks == 0 {
             return Err(err("the rank count must be at least 1".into()));
         }
+        check_rank_count(self.ranks).map_err(err)?;
         if self.tables.len() != tables.len() {
             return Err(err(format!(
                 "the plan places {} tables, the graph has {}",

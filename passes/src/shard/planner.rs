@@ -96,6 +96,7 @@ fn table_budget(opts: &PlannerOptions) -> Result<u64> {
     if r == 0 {
         return Err(err("the rank count must be at least 1".into()));
     }
+    super::check_rank_count(r).map_err(err)?;
     if opts.global_batch < r {
         return Err(err(format!(
             "{r} ranks need a global batch of at least {r} samples (every rank needs one), \
@@ -184,7 +185,7 @@ fn shard_units(
             continue;
         }
         let need = t.bytes().div_ceil(avail.max(1)).max(1) as usize;
-        let k_max = r.min(t.rows.max(1));
+        let k_max = if t.row_wise { r.min(t.rows.max(1)) } else { 1 };
         let mut k = need;
         if k_max >= 2 {
             let recv = cm.exchanges() * cm.unit_recv_bytes(t) * beta;

@@ -63,6 +63,7 @@ pub(crate) use write::Writer;
 pub use write::{CheckpointSpec, CheckpointWritten, RunInfo};
 
 use crate::plan::{GraphFiles, Training};
+use dlrm_ir::contract::InputContract;
 use serde::{Deserialize, Serialize};
 
 /// The manifest's `format` value.
@@ -110,6 +111,9 @@ pub struct PlanInfo {
     pub pass_log: serde_json::Value,
     /// The graph files in the checkpoint directory.
     pub graphs: GraphFiles,
+    /// The model's input contract (absent: the identity).
+    #[serde(default, skip_serializing_if = "InputContract::is_identity")]
+    pub contract: InputContract,
 }
 
 /// Where the data stream stands: the data of step `k` is a pure function of the

@@ -12,6 +12,7 @@ use memmap2::Mmap;
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
 use std::fs;
+use std::io::Read;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -55,7 +56,7 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
         return Ok(path.to_path_buf());
     }
     let latest = path.join(LATEST_FILE);
-    if let Ok(text) = fs::read_to_string(&latest) {
+    if let Some(text) = read_latest(&latest)? {
         let n = text.trim();
         if parse_step_dir(n).is_none() {
             return Err(ckpt_err(
@@ -78,6 +79,40 @@ pub fn resolve(path: &Path) -> Result<PathBuf> {
             format!(
                 "holds no checkpoint (no {MANIFEST_FILE}, no `{LATEST_FILE}` file, no \
                  complete step-<n> directory)"
+            ),
+        )
+    })
+}
+
+/// The longest `latest` file read: a step directory's name is far shorter.
+const MAX_LATEST_BYTES: u64 = 4096;
+
+/// The text of a checkpoint root's `latest` file, `None` when there is none; one
+/// that is too long or not UTF-8 is an error naming it.
+fn read_latest(latest: &Path) -> Result<Option<String>> {
+    let file = match fs::File::open(latest) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(_) if latest.is_dir() => return Ok(None),
+        Err(e) => return Err(RuntimeError::io(latest, e)),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_LATEST_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| RuntimeError::io(latest, e))?;
+    if bytes.len() as u64 > MAX_LATEST_BYTES {
+        return Err(ckpt_err(
+            latest,
+            format!("is more than {MAX_LATEST_BYTES} bytes; it should name a step-<n> directory"),
+        ));
+    }
+    String::from_utf8(bytes).map(Some).map_err(|e| {
+        ckpt_err(
+            latest,
+            format!(
+                "is not UTF-8 text (invalid byte at offset {}); it should name a step-<n> \
+                 directory",
+                e.utf8_error().valid_up_to()
             ),
         )
     })
@@ -527,6 +562,7 @@ impl Checkpoint {
             training: m.plan.training.clone(),
             precision: m.plan.precision.clone(),
             pass_log: m.plan.pass_log.clone(),
+            contract: m.plan.contract.clone(),
         })
     }
 
@@ -558,6 +594,7 @@ impl Checkpoint {
             training: m.plan.training.clone(),
             precision: m.plan.precision.clone(),
             pass_log: m.plan.pass_log.clone(),
+            contract: m.plan.contract.clone(),
         })
     }
 }
@@ -605,5 +642,25 @@ fn data_bytes_mut(d: &mut Data) -> &mut [u8] {
         Data::BF16(v) => bytemuck::cast_slice_mut(v),
         Data::I64(v) => bytemuck::cast_slice_mut(v),
         Data::I32(v) => bytemuck::cast_slice_mut(v),
+    }
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests fail loudly")]
+mod latest_tests {
+    #[test]
+    fn a_latest_file_that_is_not_utf8_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let latest = dir.path().join("latest");
+        std::fs::write(&latest, b"step-\xff\xfe").unwrap();
+        let e = super::resolve(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains(&latest.display().to_string())
+                && e.contains("not UTF-8 text (invalid byte at offset 5)"),
+            "{e}"
+        );
+        std::fs::write(&latest, vec![b'x'; 5000]).unwrap();
+        let e = super::resolve(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("more than 4096 bytes"), "{e}");
     }
 }

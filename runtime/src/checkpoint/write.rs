@@ -43,6 +43,8 @@ pub struct RunInfo {
     pub training: Training,
     /// The plan's pass log.
     pub pass_log: serde_json::Value,
+    /// The plan's input contract.
+    pub contract: dlrm_ir::contract::InputContract,
     /// The run's learning-rate schedule (`None`: every update at its compiled rate).
     pub lr_schedule: Option<crate::schedule::LrSchedule>,
 }
@@ -459,6 +461,7 @@ impl Writer {
                 training: info.training.clone(),
                 pass_log: info.pass_log.clone(),
                 graphs: GraphFiles { infer, train },
+                contract: info.contract.clone(),
             },
             files,
             tensors,

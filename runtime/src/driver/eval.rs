@@ -6,6 +6,7 @@
 //! executor's current parameters) and at the end (with the trained parameters).
 
 use super::RankCfg;
+use super::limits::PREALLOC;
 use super::rank::step_syms;
 use crate::driver::Event;
 use crate::error::{Result, RuntimeError};
@@ -58,7 +59,7 @@ pub(super) fn evaluate(
 ) -> Result<Option<EvalMetrics>> {
     let batches = source.eval_batches(set);
     let local = batch_slice(cfg.global_batch, cfg.ranks, rank).len();
-    let mut preds = Vec::with_capacity(batches * local);
+    let mut preds = Vec::with_capacity(batches.saturating_mul(local).min(PREALLOC));
     for b in 0..batches {
         let eval_err = |e: RuntimeError| RuntimeError::Rank {
             rank,

@@ -57,6 +57,7 @@
 
 mod eval;
 mod handout;
+mod limits;
 mod rank;
 mod report;
 
@@ -74,6 +75,7 @@ use crate::schedule::{LrSchedule, graph_lr};
 use crate::source::{EvalSet, Source};
 use dlrm_ir::{AllReduceAlgo, Communicator, Graph, LocalGroup, ParamValue, Tensor};
 use handout::{Handout, hand_out};
+pub use limits::{MAX_EVAL_BATCHES, MAX_ITERS, MAX_SYNTHETIC_BATCHES, MAX_THREADS};
 use rank::{panic_message, rank_guarded, rank_pool};
 use report::report;
 use serde::Serialize;
@@ -290,9 +292,7 @@ pub fn default_threads() -> usize {
 fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
     let wall = Instant::now();
     check_job(job)?;
-    if job.settings.threads == Some(0) {
-        return Err(job_err("a rank needs at least one thread"));
-    }
+    limits::check_counts(job)?;
     let threads = job
         .settings
         .threads

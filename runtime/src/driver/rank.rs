@@ -2,6 +2,7 @@
 //! training and the checkpoints), the final evaluation; the failure rule (a panic
 //! or an error aborts the group, naming the rank and the step).
 
+use super::limits::PREALLOC;
 use super::{BENCH_NODES, Event, Mode, RankCfg, RankOutput, eval};
 use crate::checkpoint::DataPosition;
 use crate::error::{Result, RuntimeError};
@@ -129,7 +130,10 @@ fn rank_main(
     let mut out = RankOutput {
         losses: Vec::new(),
         last_loss: None,
-        step_times: Vec::with_capacity((cfg.iters + 1).saturating_sub(cfg.start) as usize),
+        step_times: Vec::with_capacity(
+            usize::try_from((cfg.iters + 1).saturating_sub(cfg.start))
+                .map_or(PREALLOC, |n| n.min(PREALLOC)),
+        ),
         final_metrics: None,
         evals: Vec::new(),
         op_times: Vec::new(),

@@ -35,8 +35,8 @@
 //!   at the target and both complete directories beside it — never a half plan. A
 //!   failed write never modifies an existing plan. Anything at the target that is
 //!   not a plan (a file, a non-empty directory without a plan manifest) is refused.
-//! - [`read_plan`] checks the format and version, every file's sha256 (a corrupted
-//!   file is named), parses the graphs (parse errors carry the file name) and checks
+//! - [`read_plan`] checks the format and version, the enumerated fields, every
+//!   file's sha256 (a corrupted file is named), the manifest's seal (`seal.rs`), parses the graphs (parse errors carry the file name) and checks
 //!   that every parameter the graphs declare is in the plan (stored or described)
 //!   with its declared dtype and shape. Stored weights are streamed from the file
 //!   straight into the tensors' storage while being hashed: one read, no
@@ -49,6 +49,7 @@
 
 use crate::error::{Result, RuntimeError};
 use dlrm_data::durable;
+use dlrm_ir::contract::InputContract;
 use dlrm_ir::{DType, Data, Described, Graph, ParamValue, Tensor, TensorType};
 use half::bf16;
 use serde::{Deserialize, Serialize};
@@ -80,8 +81,10 @@ pub const WEIGHTS_FILE: &str = "weights.safetensors";
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Training {
     /// Loss: `bce` or `mse`.
+    #[serde(deserialize_with = "seal::loss")]
     pub loss: String,
-    /// Optimizer: `sgd`.
+    /// Optimizer: `sgd`, `adagrad` or `rowwise_adagrad`.
+    #[serde(deserialize_with = "seal::optimizer")]
     pub optimizer: String,
     /// Learning rate: the base rate of the training graph's update ops (a run may
     /// change each step's rate without recompiling, [`crate::schedule`]).
@@ -109,6 +112,8 @@ pub struct Plan {
     pub precision: String,
     /// The compiler's pass log (opaque to the runtime).
     pub pass_log: serde_json::Value,
+    /// How the graphs' inputs come from the model's own ([`InputContract`]).
+    pub contract: InputContract,
 }
 
 /// A file of the plan with its checksum.
@@ -137,6 +142,7 @@ pub struct ParamEntry {
     /// Name (as in the graphs and the weights file).
     pub name: String,
     /// Element type mnemonic (`f32`, `bf16`, `i64`, `i32`).
+    #[serde(deserialize_with = "seal::dtype")]
     pub dtype: String,
     /// Shape.
     pub shape: Vec<usize>,
@@ -157,7 +163,8 @@ pub struct Manifest {
     pub name: String,
     /// Who wrote the plan, e.g. `dlrm-runtime 0.1.0`.
     pub created_by: String,
-    /// Precision policy.
+    /// Precision policy: `fp32`, `bf16` or `mixed`.
+    #[serde(deserialize_with = "seal::precision")]
     pub precision: String,
     /// Training hyper-parameters.
     pub training: Training,
@@ -169,8 +176,19 @@ pub struct Manifest {
     pub params: Vec<ParamEntry>,
     /// The weights file.
     pub weights: FileRef,
+    /// The model's input contract (absent: the identity).
+    #[serde(default, skip_serializing_if = "InputContract::is_identity")]
+    pub contract: InputContract,
+    /// The sha256 of everything above but `created_by` (see `seal.rs`); absent in
+    /// manifests written before seals existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal: Option<String>,
+    /// The seal of the text this manifest was read from (empty when written).
+    #[serde(skip)]
+    pub read_seal: String,
 }
 
+mod seal;
 mod write;
 
 pub use write::{FailPoint, write_plan, write_plan_failing_at};
@@ -223,8 +241,10 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest> {
             ));
         }
     }
-    serde_json::from_value(value)
-        .map_err(|e| RuntimeError::plan(&path, format!("bad manifest: {e}")))
+    let read_seal = seal::seal_of(&value);
+    let m: Manifest = serde_json::from_value(value)
+        .map_err(|e| RuntimeError::plan(&path, format!("bad manifest: {e}")))?;
+    Ok(Manifest { read_seal, ..m })
 }
 
 /// Reads a plan directory, checking everything listed in the module docs.
@@ -310,6 +330,7 @@ pub fn read_plan(dir: &Path) -> Result<Plan> {
             other => other,
         })?;
     }
+    seal::check_seal(&m, &m.read_seal, &dir.join(MANIFEST_FILE))?;
     Ok(Plan {
         name: m.name,
         infer,
@@ -318,6 +339,7 @@ pub fn read_plan(dir: &Path) -> Result<Plan> {
         training: m.training,
         precision: m.precision,
         pass_log: m.pass_log,
+        contract: m.contract,
     })
 }
 

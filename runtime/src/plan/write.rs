@@ -100,6 +100,13 @@ fn write_plan_impl(dir: &Path, plan: &Plan, fail: Option<FailPoint>) -> Result<(
             })
             .collect(),
         weights: weights_ref,
+        contract: plan.contract.clone(),
+        seal: None,
+        read_seal: String::new(),
+    };
+    let manifest = Manifest {
+        seal: Some(super::seal::seal_of_manifest(&manifest)?),
+        ..manifest
     };
     let json = serde_json::to_vec_pretty(&manifest)
         .map_err(|e| RuntimeError::plan(dir, format!("cannot encode the manifest: {e}")))?;

@@ -340,6 +340,7 @@ pub fn plan(lr: f32) -> Plan {
         },
         precision: "fp32".into(),
         pass_log: serde_json::json!([{"pass": "verify", "ms": 0.1}]),
+        contract: Default::default(),
     }
 }
 

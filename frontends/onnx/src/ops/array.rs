@@ -1,5 +1,6 @@
 //! Shapes, indexing and constants: `Concat`, `Reshape`, `Flatten`, `Transpose`,
-//! `Unsqueeze`, `Squeeze`, `Gather`, `GatherElements`, `GatherND`, `Slice`, and the
+//! `Unsqueeze`, `Squeeze`, `Gather`, `GatherElements`, `GatherND`, `Slice`, `Split`
+//! (of a fixed axis, each piece a `slice`), and the
 //! ops folded at import: `Shape`, `Constant`, `ConstantOfShape`, `Identity`.
 //!
 //! Shape values that involve the dynamic batch travel as [`Val::Shape`] so that the
@@ -27,6 +28,7 @@ pub(super) fn register(r: &mut HashMap<&'static str, Builder>) {
     r.insert("GatherElements", gather_elements);
     r.insert("GatherND", gather_nd);
     r.insert("Slice", slice);
+    r.insert("Split", split);
     r.insert("Size", size);
     r.insert("ReduceProd", reduce_prod);
 }
@@ -441,6 +443,61 @@ fn bounds(start: i64, end: i64, dim: usize) -> (usize, usize) {
     let fix = |v: i64| (if v < 0 { v.saturating_add(d) } else { v }).clamp(0, d) as usize;
     let (s, e) = (fix(start), fix(end));
     (s, e.max(s))
+}
+
+/// `Split` of a fixed-size axis into pieces (sizes from the `split` input, opset
+/// 13+, or attribute, or equal pieces, one per output): each piece is a `slice`
+/// of the axis, so a piece later squeezed is a row of the input (the reference
+/// DLRM's Criteo mode iterates its stacked `[T, B]` ids this way).
+fn split(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
+    let x = cx.input(n, 0)?;
+    let ty = cx.ty(&x)?;
+    let axis = norm_axis(n.attrs.int("axis", 0)?, ty.rank())?;
+    let Dim::Fixed(len) = ty.shape[axis] else {
+        return Err(format!(
+            "splitting the dynamic dimension {} is unsupported",
+            ty.shape[axis]
+        )
+        .into());
+    };
+    let outs = n.proto.output.len();
+    let sizes: Vec<i64> = match cx.opt_input(n, 1)? {
+        Some(v) => cx.const_ints(&v, "split")?,
+        None => match n.attrs.ints("split") {
+            Some(s) => s,
+            None => {
+                if outs == 0 || !len.is_multiple_of(outs) {
+                    return Err(
+                        format!("{len} elements do not split into {outs} equal pieces").into(),
+                    );
+                }
+                vec![(len / outs) as i64; outs]
+            }
+        },
+    };
+    if sizes.len() != outs
+        || sizes.iter().any(|&s| s < 0)
+        || sizes.iter().sum::<i64>() != len as i64
+    {
+        return Err(format!(
+            "split sizes {sizes:?} do not cut an axis of {len} into {outs} pieces"
+        )
+        .into());
+    }
+    let mut vals = Vec::with_capacity(outs);
+    let mut at = 0usize;
+    for (k, &size) in sizes.iter().enumerate() {
+        let size = size as usize;
+        let op = Op::Slice {
+            axes: vec![axis],
+            starts: vec![at],
+            ends: vec![Dim::Fixed(at + size)],
+            steps: vec![1],
+        };
+        vals.push(cx.emit(op, std::slice::from_ref(&x), &n.out_name(k))?);
+        at += size;
+    }
+    Ok(vals)
 }
 
 fn slice(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {

@@ -130,45 +130,15 @@ mod tests {
     //! `Gelu` on a model built here (no exporter with opset 20 `Gelu` is at hand:
     //! the real-export cases under `test_cases/` come from the generator scripts).
 
+    use crate::proto::AttributeProto;
     use crate::proto::attribute_proto::AttributeType;
     use crate::proto::tensor_proto::DataType;
-    use crate::proto::tensor_shape_proto::{Dimension, dimension};
-    use crate::proto::{
-        AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto,
-        TypeProto, ValueInfoProto, type_proto,
-    };
-    use prost::Message;
-
-    fn value(name: &str) -> ValueInfoProto {
-        let dims = [
-            dimension::Value::DimParam("batch".into()),
-            dimension::Value::DimValue(4),
-        ];
-        let shape = TensorShapeProto {
-            dim: dims
-                .into_iter()
-                .map(|v| Dimension {
-                    value: Some(v),
-                    ..Default::default()
-                })
-                .collect(),
-        };
-        ValueInfoProto {
-            name: Some(name.into()),
-            r#type: Some(TypeProto {
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                    elem_type: Some(DataType::Float as i32),
-                    shape: Some(shape),
-                })),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
+    use crate::test_models::{model, node, value};
 
     /// A one-node opset 20 model `y = Gelu(x)`, with `approximate` if given.
     fn gelu_model(approximate: Option<&str>) -> Vec<u8> {
-        let attribute = approximate
+        let mut n = node("Gelu", "act", &["x"], &["y"]);
+        n.attribute = approximate
             .map(|a| AttributeProto {
                 name: Some("approximate".into()),
                 r#type: Some(AttributeType::String as i32),
@@ -177,30 +147,8 @@ mod tests {
             })
             .into_iter()
             .collect();
-        let node = NodeProto {
-            op_type: Some("Gelu".into()),
-            name: Some("act".into()),
-            input: vec!["x".into()],
-            output: vec!["y".into()],
-            attribute,
-            ..Default::default()
-        };
-        ModelProto {
-            ir_version: Some(9),
-            opset_import: vec![OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(20),
-            }],
-            graph: Some(GraphProto {
-                name: Some("g".into()),
-                node: vec![node],
-                input: vec![value("x")],
-                output: vec![value("y")],
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-        .encode_to_vec()
+        let f = DataType::Float;
+        model(vec![n], vec![value("x", f)], vec![value("y", f)])
     }
 
     #[test]

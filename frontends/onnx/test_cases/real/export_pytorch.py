@@ -192,6 +192,18 @@ CASES = {
     "dynamo_dot_mean": ("dynamo", 18, {"mode": "mean"}),
     "dynamo_dot_last_offset": ("dynamo", 18, {"last_offset": True}),
     "dynamo_cat_offsets": ("dynamo", 18, {"interaction": "cat"}),
+    # The reference's own layouts: `lS_o` stacked into one [T, B] tensor (random-data
+    # mode, several ids a bag), and lS_o and lS_i both stacked [T, B] (Criteo mode, one
+    # id a bag).
+    "ts17_dot_stacked": ("torchscript", 17, {"stacked": True}),
+    "ts11_dot_stacked": ("torchscript", 11, {"stacked": True}),
+    "ts17_dot_stacked_weighted": ("torchscript", 17, {"stacked": True, "weighted": True}),
+    "ts17_dot_criteo": ("torchscript", 17, {"stacked": True, "criteo": True}),
+    # As the reference's `--save-onnx` names its axes: every indices_k's length
+    # labelled with the batch's own dim name (a hint, not a fact: bags have 0-4 ids).
+    "ts17_dot_stacked_refaxes": ("torchscript", 17, {"stacked": True, "ref_axes": True}),
+    "dynamo_dot_stacked": ("dynamo", 18, {"stacked": True}),
+    "dynamo_dot_criteo": ("dynamo", 18, {"stacked": True, "criteo": True}),
     "ts17_torchrec": ("torchscript", 17, {"torchrec": True}),
     "dynamo_torchrec": ("dynamo", 18, {"torchrec": True}),
 }
@@ -223,6 +235,11 @@ def make_inputs(o, batch, seed):
                 "lengths": lens.reshape(-1).astype(np.int64)}
         args = (dense, torch.tensor(flat["values"]), torch.tensor(flat["lengths"]))
         return list(flat), args, flat
+    if o.get("criteo"):  # one id a bag, offsets 0..B-1: both stacked [T, B]
+        idx = np.stack([rng.integers(0, r, size=batch) for r in ROWS]).astype(np.int64)
+        offs = np.tile(np.arange(batch, dtype=np.int64), (len(ROWS), 1))
+        flat = {"dense_x": dense.numpy(), "offsets": offs, "indices": idx}
+        return list(flat), (dense, torch.tensor(offs), torch.tensor(idx)), flat
     lS_i, lS_o, lS_w = [], [], []
     for rows in ROWS:
         i, off, w = bag_inputs(rng, batch, rows, dtype, fixed=o.get("fixed"),
@@ -233,7 +250,10 @@ def make_inputs(o, batch, seed):
         lS_w.append(w)
     n = len(ROWS)
     flat = {"dense_x": dense.numpy()}
-    if not o.get("fixed"):
+    if o.get("stacked"):  # the reference's `lS_o = torch.stack(lS_o)`: [T, B]
+        lS_o = torch.stack(lS_o)
+        flat["offsets"] = lS_o.numpy()
+    elif not o.get("fixed"):
         flat.update({f"offsets_{k}": lS_o[k].numpy() for k in range(n)})
     flat.update({f"indices_{k}": lS_i[k].numpy() for k in range(n)})
     if o.get("weighted"):
@@ -250,8 +270,11 @@ def dynamic_axes(o, names):
             axes[nm] = {0: "batch_size"}
         elif nm.startswith("offsets_"):
             axes[nm] = {0: "batch_size"}
+        elif nm in ("offsets", "indices"):  # stacked [T, B]
+            axes[nm] = {1: "batch_size"}
         elif nm.startswith(("indices_", "weights_")):
-            axes[nm] = {0: "batch_size"} if o.get("fixed") else {0: "nnz_" + nm.split("_")[1]}
+            fixed_len = o.get("fixed") or o.get("ref_axes")
+            axes[nm] = {0: "batch_size"} if fixed_len else {0: "nnz_" + nm.split("_")[1]}
         elif nm in ("values", "lengths"):
             axes[nm] = {0: "n_" + nm}
     return axes
@@ -265,8 +288,12 @@ def dynamic_shapes(o):
         return ({0: batch}, {0: Dim("n_values", min=0, max=1 << 24)},
                 {0: Dim("n_lengths", min=1, max=1 << 24)})
     n = len(ROWS)
+    if o.get("criteo"):
+        return ({0: batch}, {1: batch}, {1: batch})
     nnz = [Dim(f"nnz_{k}", min=0, max=1 << 24) for k in range(n)]
     offs = None if o.get("fixed") else [{0: batch} for _ in range(n)]
+    if o.get("stacked"):
+        offs = {1: batch}
     if o.get("last_offset") and not o.get("fixed"):
         offs = [{0: Dim(f"n_offsets_{k}", min=2, max=1 << 20)} for k in range(n)]
     idx = [{0: batch} if o.get("fixed") else {0: nnz[k]} for k in range(n)]
