@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 mod schema;
-pub use schema::{DataSchema, DenseFeature, LabelSpec, SparseFeature};
+pub use schema::{BagSizes, DataSchema, DenseFeature, LabelSpec, SparseFeature};
 
 /// First step of the held-out evaluation step space (training steps stay below).
 pub const EVAL_STEP_BASE: u64 = 1 << 62;
@@ -243,7 +243,10 @@ impl SyntheticData {
             1
         } else {
             let h = hash(&[self.seed, S_BAGLEN, step, sample, f as u64]);
-            (h % (2 * feat.pooling as u64 + 1)) as usize
+            match feat.bag_sizes {
+                Some(s) => s.pick(h),
+                None => (h % (2 * feat.pooling as u64 + 1)) as usize,
+            }
         }
     }
 

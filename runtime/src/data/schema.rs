@@ -34,6 +34,77 @@ pub struct SparseFeature {
     /// The per-sample weights input of a weighted bag (one weight an index,
     /// U(0.5, 1.5)), if any.
     pub weights: Option<String>,
+    /// The bag sizes synthetic variable bags are drawn from
+    /// ([`DataSchema::with_bag_sizes`]); `None`: 0..=2L lookups.
+    pub bag_sizes: Option<BagSizes>,
+}
+
+/// How many ids the synthetic bags of a table hold (`dlrm-run --pooling`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BagSizes {
+    /// Every bag holds this many ids.
+    Fixed(usize),
+    /// Each bag's size is drawn uniformly from `lo..=hi`.
+    Uniform(usize, usize),
+}
+
+impl std::fmt::Display for BagSizes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BagSizes::Fixed(n) => write!(f, "{n}"),
+            BagSizes::Uniform(lo, hi) => write!(f, "{lo}-{hi}"),
+        }
+    }
+}
+
+impl BagSizes {
+    /// The largest bag size that may be asked for: a sample's bag is created whole.
+    pub const MAX: usize = 1 << 16;
+
+    /// Parses `N` or `A-B` (`A <= B`, both at most [`BagSizes::MAX`]).
+    pub fn parse(s: &str) -> std::result::Result<BagSizes, String> {
+        let num = |t: &str| -> std::result::Result<usize, String> {
+            let n: usize = t
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{t}` is not a bag size (a count, or a range A-B)"))?;
+            if n > BagSizes::MAX {
+                return Err(format!(
+                    "bag size {n} is above the limit of {}",
+                    BagSizes::MAX
+                ));
+            }
+            Ok(n)
+        };
+        match s.split_once('-') {
+            None => Ok(BagSizes::Fixed(num(s)?)),
+            Some((a, b)) => {
+                let (lo, hi) = (num(a)?, num(b)?);
+                if lo > hi {
+                    return Err(format!("bag sizes `{s}`: the range is empty ({lo} > {hi})"));
+                }
+                Ok(if lo == hi {
+                    BagSizes::Fixed(lo)
+                } else {
+                    BagSizes::Uniform(lo, hi)
+                })
+            }
+        }
+    }
+
+    /// Parses a comma list of [`BagSizes::parse`] items (one for every table, or
+    /// one per table).
+    pub fn parse_list(s: &str) -> std::result::Result<Vec<BagSizes>, String> {
+        s.split(',').map(BagSizes::parse).collect()
+    }
+
+    /// The size for a draw `h` (uniform over the range).
+    pub(crate) fn pick(self, h: u64) -> usize {
+        match self {
+            BagSizes::Fixed(n) => n,
+            BagSizes::Uniform(lo, hi) => lo + (h % (hi - lo + 1) as u64) as usize,
+        }
+    }
 }
 
 /// The label input (the loss's second operand).
@@ -55,6 +126,51 @@ pub struct DataSchema {
 }
 
 impl DataSchema {
+    /// The schema with its sparse features' synthetic bag sizes set: `sizes` holds
+    /// one item for every feature, or one per feature in order (empty: unchanged).
+    /// A fixed-pooling feature `[B, L]` takes only `L`; a feature whose bags hold
+    /// one id each (`[B]` ids) only 1.
+    pub fn with_bag_sizes(mut self, sizes: &[BagSizes]) -> Result<DataSchema> {
+        if sizes.is_empty() {
+            return Ok(self);
+        }
+        let n = self.sparse.len();
+        if sizes.len() != 1 && sizes.len() != n {
+            return Err(data_err(format!(
+                "--pooling lists {} bag sizes, but the model has {n} sparse features \
+                 (give one for all, or one per feature in input order: {})",
+                sizes.len(),
+                self.sparse
+                    .iter()
+                    .map(|f| f.input.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        for (k, f) in self.sparse.iter_mut().enumerate() {
+            let s = sizes[if sizes.len() == 1 { 0 } else { k }];
+            let only = if f.offsets.is_none() {
+                Some(f.pooling)
+            } else if f.one_per_bag {
+                Some(1)
+            } else {
+                None
+            };
+            match only {
+                Some(l) if s != BagSizes::Fixed(l) => {
+                    return Err(data_err(format!(
+                        "--pooling {s} for %{}: the model's bags there hold exactly {l} \
+                         id(s)",
+                        f.input
+                    )));
+                }
+                Some(_) => {}
+                None => f.bag_sizes = Some(s),
+            }
+        }
+        Ok(self)
+    }
+
     /// Finds the roles of `g`'s inputs (see the module docs). `g` must be an
     /// unpartitioned graph (inference or training).
     pub fn from_graph(g: &Graph) -> Result<DataSchema> {
@@ -186,5 +302,33 @@ fn bag_feature(
         pooling,
         one_per_bag,
         weights,
+        bag_sizes: None,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BagSizes;
+
+    #[test]
+    fn bag_sizes_parse_counts_ranges_and_lists() {
+        assert_eq!(BagSizes::parse("3"), Ok(BagSizes::Fixed(3)));
+        assert_eq!(BagSizes::parse("1-100"), Ok(BagSizes::Uniform(1, 100)));
+        assert_eq!(BagSizes::parse("4-4"), Ok(BagSizes::Fixed(4)));
+        assert_eq!(
+            BagSizes::parse_list("3,2,1-5"),
+            Ok(vec![
+                BagSizes::Fixed(3),
+                BagSizes::Fixed(2),
+                BagSizes::Uniform(1, 5)
+            ])
+        );
+        for bad in ["", "x", "5-2", "-3", "1-", "70000", "1,,2"] {
+            assert!(BagSizes::parse_list(bad).is_err(), "{bad:?} was accepted");
+        }
+        // The draw covers the range and stays in it.
+        let u = BagSizes::Uniform(2, 4);
+        let seen: std::collections::BTreeSet<usize> = (0..64).map(|h| u.pick(h)).collect();
+        assert_eq!(seen.into_iter().collect::<Vec<_>>(), [2, 3, 4]);
+    }
 }
