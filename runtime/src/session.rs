@@ -114,6 +114,18 @@ impl Session {
         &self.outputs
     }
 
+    /// The outputs' names and types, in order.
+    pub fn model_outputs(&self) -> Vec<ModelInput> {
+        let g = &self.graph;
+        g.outputs()
+            .iter()
+            .map(|&v| ModelInput {
+                name: g.name_of(v).to_string(),
+                ty: g.ty(v).to_string(),
+            })
+            .collect()
+    }
+
     /// Runs the model on `inputs` (every model input once, in its own names and
     /// layout; dtypes and shapes checked, the batch size read from them) and
     /// returns the outputs by name.
