@@ -252,10 +252,7 @@ pub fn convert(
     let tables = rows
         .iter()
         .enumerate()
-        .map(|(t, &rows)| TableInfo {
-            name: criteo::sparse_name(t),
-            rows,
-        })
+        .map(|(t, &rows)| TableInfo::new(criteo::sparse_name(t), rows))
         .collect();
     let mut source = serde_json::json!({
         "format": opts.format.name(),

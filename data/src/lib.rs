@@ -33,6 +33,7 @@
 //!   that datasets, plans and checkpoints share.
 #![warn(missing_docs)]
 
+mod bags;
 pub mod convert;
 pub mod criteo;
 mod ds;
@@ -46,6 +47,7 @@ pub mod processed;
 pub mod split;
 pub mod vocab;
 
+pub use bags::Bags;
 pub use convert::{ConvertOptions, ConvertReport, Format, Progress, convert};
 pub use ds::{
     Dataset, DatasetMeta, DatasetWriter, FORMAT, FileEntry, Manifest, Split, TableInfo, VERSION,
@@ -53,6 +55,6 @@ pub use ds::{
 pub use error::{DataError, Result};
 pub use generate::{GenerateOptions, GenerateReport, generate};
 pub use inspect::{Inspection, inspect};
-pub use learnable::{Learnable, write_learnable};
+pub use learnable::{BagSize, Learnable, parse_pooling, write_learnable, write_learnable_bags};
 pub use split::SplitSpec;
 pub use vocab::IdMapping;
