@@ -35,6 +35,9 @@ pub enum FormatArg {
     ReferenceNpz,
     /// MLPerf's binary records (40 little-endian int32 per sample).
     MlperfBin,
+    /// Multi-hot bags in `.npz`: `y`, `X_int`, per table `X_cat_<t>_ids` with
+    /// `X_cat_<t>_lengths` or `X_cat_<t>_offsets` (docs/data.md).
+    RaggedNpz,
 }
 
 /// `dlrmc data convert`.
@@ -160,6 +163,7 @@ fn cmd_convert(a: ConvertArgs) -> Result<()> {
         FormatArg::CriteoTsv => Format::CriteoTsv,
         FormatArg::ReferenceNpz => Format::ReferenceNpz,
         FormatArg::MlperfBin => Format::MlperfBin,
+        FormatArg::RaggedNpz => Format::RaggedNpz,
     };
     if a.min_count == 0 {
         bail!("--min-count must be at least 1");

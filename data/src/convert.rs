@@ -34,6 +34,8 @@ pub enum Format {
     ReferenceNpz,
     /// MLPerf's binary records: 40 little-endian int32 per sample.
     MlperfBin,
+    /// Multi-hot bags per table in `.npz` files ([`crate::ragged`]).
+    RaggedNpz,
 }
 
 impl Format {
@@ -43,6 +45,7 @@ impl Format {
             Format::CriteoTsv => "criteo-tsv",
             Format::ReferenceNpz => "reference-npz",
             Format::MlperfBin => "mlperf-bin",
+            Format::RaggedNpz => "ragged-npz",
         }
     }
 }
@@ -50,12 +53,17 @@ impl Format {
 impl FromStr for Format {
     type Err = DataError;
     fn from_str(s: &str) -> Result<Format> {
-        [Format::CriteoTsv, Format::ReferenceNpz, Format::MlperfBin]
-            .into_iter()
+        [
+            Format::CriteoTsv,
+            Format::ReferenceNpz,
+            Format::MlperfBin,
+            Format::RaggedNpz,
+        ]
+        .into_iter()
             .find(|f| f.name() == s)
             .ok_or_else(|| {
                 DataError::Usage(format!(
-                    "unknown format `{s}` (expected criteo-tsv, reference-npz or mlperf-bin)"
+                    "unknown format `{s}` (expected criteo-tsv, reference-npz, mlperf-bin or ragged-npz)"
                 ))
             })
     }
@@ -193,6 +201,9 @@ pub fn convert(
         }
         (_, m) => IdMapping::AsIs { modulo: m.modulo() },
     };
+    if opts.format == Format::RaggedNpz {
+        return crate::ragged::convert_ragged(opts, mapping, progress);
+    }
     let split = opts
         .split
         .clone()
@@ -332,6 +343,11 @@ fn read_inputs(
                 let (n, c) = processed::read_npz(path, sink)?;
                 read.counts = Some(merge_counts(read.counts.take(), c));
                 (n, serde_json::Value::Null)
+            }
+            Format::RaggedNpz => {
+                return Err(DataError::Usage(
+                    "internal: ragged .npz files are read by ragged::convert_ragged".into(),
+                ));
             }
         };
         done_bytes += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);

@@ -540,6 +540,16 @@ impl std::fmt::Debug for Dataset {
     }
 }
 
+/// The ids of a mapped ids file (a page-aligned map whose size was checked to be a
+/// multiple of 4 at open; an empty file, which has no page, holds none).
+fn ids_of(m: &Mmap) -> &[u32] {
+    if m.is_empty() {
+        &[]
+    } else {
+        bytemuck::cast_slice(m)
+    }
+}
+
 /// Maps `dir/name`, which must be `bytes` long.
 fn map_file(dir: &Path, name: &str, bytes: u64) -> Result<Mmap> {
     let p = dir.join(name);
@@ -693,7 +703,7 @@ impl Dataset {
     /// # Panics
     /// If `t >= num_tables()`.
     pub fn sparse(&self, t: usize) -> &[u32] {
-        bytemuck::cast_slice(&self.sparse[t])
+        ids_of(&self.sparse[t])
     }
 
     /// Multi-hot table `t`'s `len() + 1` bag starts (unchecked; [`Dataset::bag`]
@@ -711,7 +721,7 @@ impl Dataset {
         let ids = self
             .sparse
             .get(t)
-            .map(|m| bytemuck::cast_slice::<u8, u32>(m))
+            .map(ids_of)
             .ok_or_else(|| DataError::Usage(format!("no table {t}")))?;
         let r = match self.bag_offsets(t) {
             Some(o) => bag_range(&self.dir.join(offsets_file(t)), t, o, ids.len(), s)?,

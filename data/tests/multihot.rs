@@ -80,6 +80,15 @@ fn a_one_hot_table_refuses_a_bag_of_two() {
     );
 }
 
+fn learnable(samples: u64, dense: usize, rows: Vec<u64>) -> Learnable {
+    Learnable {
+        samples,
+        dense,
+        rows,
+        generator: "data/tests/multihot.rs".into(),
+    }
+}
+
 /// Overwrites the `u64` at `index` of `file` in `dir`.
 fn poke(dir: &Path, file: &str, index: usize, v: u64) {
     let p = dir.join(file);
@@ -155,12 +164,7 @@ fn manifests_claiming_the_impossible_are_refused() {
 fn one_hot_datasets_stay_version_1_and_read_as_before() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("o.ds");
-    let spec = Learnable {
-        samples: 50,
-        dense: 2,
-        rows: vec![10, 5],
-        generator: "t".into(),
-    };
+    let spec = learnable(50, 2, vec![10, 5]);
     let m = write_learnable(&dir, &spec).unwrap();
     assert_eq!(m.version, 1);
     let text = std::fs::read_to_string(dir.join("manifest.json")).unwrap();
@@ -181,12 +185,7 @@ fn one_hot_datasets_stay_version_1_and_read_as_before() {
 fn generated_pooling_follows_the_spec() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("g.ds");
-    let spec = Learnable {
-        samples: 400,
-        dense: 3,
-        rows: vec![40, 25, 60],
-        generator: "t".into(),
-    };
+    let spec = learnable(400, 3, vec![40, 25, 60]);
     let pooling = parse_pooling("1-100,3,1", 3).unwrap();
     assert_eq!(pooling[0], BagSize::Uniform(1, 100));
     write_learnable_bags(&dir, &spec, &pooling).unwrap();
@@ -200,4 +199,22 @@ fn generated_pooling_follows_the_spec() {
     for bad in ["0", "5-2", "x", "1,2"] {
         assert!(parse_pooling(bad, 3).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn a_multi_hot_table_of_empty_bags_reads_as_no_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("e.ds");
+    let mut w = DatasetWriter::create_bags(&dir, 1, &[Bags::MultiHot]).unwrap();
+    for i in 0..3 {
+        w.push_bags(0, &[i as f32], &[&[]]).unwrap();
+    }
+    let mut m = meta(3);
+    m.tables.truncate(1);
+    w.finish(m).unwrap();
+    let ds = Dataset::open(&dir).unwrap();
+    ds.verify().unwrap();
+    assert_eq!(ds.sparse(0), &[] as &[u32]);
+    assert_eq!(ds.bag(0, 2).unwrap(), &[] as &[u32]);
+    assert_eq!(ds.manifest().tables[0].hotness, Some(0));
 }

@@ -155,13 +155,18 @@ pub fn trained_value(per_rank: &[HashMap<String, Tensor>], name: &str) -> Vec<f3
     shards.into_iter().flat_map(|s| s.1).collect()
 }
 
-/// The step losses and the summary's AUC of a metrics file.
-pub fn metrics(path: &Path) -> (Vec<f32>, f64) {
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(path)
+/// The JSON lines of a metrics file.
+pub fn metric_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
         .lines()
         .map(|l| serde_json::from_str(l).expect("json line"))
-        .collect();
+        .collect()
+}
+
+/// The step losses and the summary's AUC of a metrics file.
+pub fn metrics(path: &Path) -> (Vec<f32>, f64) {
+    let lines = metric_lines(path);
     let (last, steps) = lines.split_last().expect("a summary line");
     let losses = steps
         .iter()
