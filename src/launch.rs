@@ -15,14 +15,13 @@
 use crate::error::{Error, Result};
 use crate::memory::Budget;
 use crate::shard::{ShardSettings, partition_graph, shard_plan};
-use dlrm_ir::{Communicator, SingleRank, Tensor};
+use dlrm_ir::{Communicator, Tensor};
 use dlrm_runtime::checkpoint::{Checkpoint, CheckpointSpec, RowPiece, RunInfo, plan_identity};
 pub use dlrm_runtime::driver::RunSettings;
 use dlrm_runtime::driver::{Event, Job, Report, run, run_rank};
 use dlrm_runtime::plan::Plan;
 use dlrm_runtime::schedule::{LrPolicy, LrSchedule, graph_lr};
-use dlrm_runtime::{Backend, Executor, KernelChoice, MpiComm};
-use std::collections::HashMap;
+use dlrm_runtime::{Backend, KernelChoice, MpiComm};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -473,107 +472,15 @@ pub fn resume_note(plan: &Plan, c: &Checkpoint) -> Option<String> {
     })
 }
 
-/// Refuses an input array with NaN or infinite values, naming the rows (along its
-/// first dimension) that hold them: the model would answer them with NaN.
-fn refuse_nonfinite(name: &str, t: &Tensor) -> Result<()> {
-    let Some(v) = t.as_f32() else {
-        return Ok(());
-    };
-    let Some(first) = v.iter().position(|x| !x.is_finite()) else {
-        return Ok(());
-    };
-    let row_len = v.len() / t.shape.first().copied().unwrap_or(1).max(1);
-    let mut rows: Vec<usize> = (first..v.len())
-        .filter(|&i| !v[i].is_finite())
-        .map(|i| i / row_len.max(1))
-        .collect();
-    rows.dedup();
-    let shown: Vec<String> = rows.iter().take(10).map(|r| r.to_string()).collect();
-    Err(Error::Options(format!(
-        "input array `{name}`: {} row(s) hold NaN or infinite values and are refused: {}{} \
-         (row {}: {})",
-        rows.len(),
-        shown.join(", "),
-        if rows.len() > 10 { ", ..." } else { "" },
-        rows[0],
-        v[first]
-    )))
-}
-
 /// Runs the plan's inference graph once on one rank with the given inputs (e.g.
-/// read from an `.npz` file) and returns its outputs by name.
-///
-/// `inputs` are in the model's own names and layout (its input contract computes
-/// the graph's canonical inputs from them) and must name every model input exactly
-/// once and nothing else; dtypes and shapes are checked against the graph (the
-/// batch size comes from the inputs).
+/// read from an `.npz` file) and returns its outputs by name: a
+/// [`dlrm_runtime::Session`] used once (inputs in the model's own names and
+/// layout, NaN and infinite values refused naming the rows).
 pub fn infer_once(
     plan: Plan,
     inputs: Vec<(String, Tensor)>,
     backend: Backend,
     kernels: KernelChoice,
 ) -> Result<Vec<(String, Tensor)>> {
-    let inputs = plan
-        .contract
-        .adapt(inputs)
-        .map_err(dlrm_runtime::RuntimeError::from)?;
-    let graph = plan.infer;
-    let wanted: Vec<String> = graph
-        .inputs()
-        .iter()
-        .map(|&v| graph.name_of(v).to_string())
-        .collect();
-    let mut given = HashMap::new();
-    for (name, t) in inputs {
-        if !wanted.contains(&name) {
-            return Err(Error::Options(format!(
-                "input array `{name}` is not an input of the model (its inputs: {})",
-                wanted.join(", ")
-            )));
-        }
-        refuse_nonfinite(&name, &t)?;
-        if given.insert(name.clone(), t).is_some() {
-            return Err(Error::Options(format!("input array `{name}` given twice")));
-        }
-    }
-    if let Some(missing) = wanted.iter().find(|n| !given.contains_key(*n)) {
-        return Err(Error::Options(format!(
-            "no array for the model input `{missing}` (its inputs: {})",
-            wanted.join(", ")
-        )));
-    }
-    let outputs: Vec<String> = graph
-        .outputs()
-        .iter()
-        .map(|&v| graph.name_of(v).to_string())
-        .collect();
-    let params =
-        dlrm_ir::init::materialize_all(&plan.params).map_err(dlrm_runtime::RuntimeError::from)?;
-    let mut exec = Executor::new(graph, params.into_iter().collect(), 0)?;
-    exec.set_backend(backend, kernels);
-    let syms = exec.bind_symbols(&given)?;
-    let values = exec.step(given, &syms, &SingleRank)?;
-    Ok(outputs.into_iter().zip(values).collect())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::refuse_nonfinite;
-    use dlrm_ir::Tensor;
-
-    #[test]
-    fn inputs_with_nan_or_infinite_values_are_refused_naming_the_rows() {
-        let mut v = vec![0.5f32; 12];
-        v[4] = f32::NAN;
-        v[5] = f32::INFINITY;
-        v[10] = f32::NEG_INFINITY;
-        let e = refuse_nonfinite("dense", &Tensor::f32(vec![4, 3], v))
-            .map_or_else(|e| e.to_string(), |()| String::new());
-        assert!(
-            e.contains("input array `dense`: 2 row(s) hold NaN or infinite values and are refused: 1, 3 (row 1: NaN)"),
-            "{e}"
-        );
-        assert!(refuse_nonfinite("x", &Tensor::f32(vec![2], vec![1.0, -2.0])).is_ok());
-        assert!(refuse_nonfinite("i", &Tensor::i64(vec![1], vec![7])).is_ok());
-    }
+    Ok(dlrm_runtime::Session::new(plan, backend, kernels)?.infer(inputs)?)
 }

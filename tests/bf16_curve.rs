@@ -1,6 +1,6 @@
 //! bf16 training against fp32 on the example models: a `--precision bf16` plan's
 //! backward GEMMs take bf16 operands (its activation gradients are bf16), and its
-//! loss curve stays within a stated tolerance of the fp32 plan's (the README's
+//! loss curve stays within a stated tolerance of the fp32 plan's (docs/performance.md's
 //! 500-step table is the same comparison at full batch).
 
 mod common;
@@ -113,7 +113,7 @@ fn bf16_training_follows_the_fp32_loss_curve() {
     }
 }
 
-/// Steps and global batch of the test's runs (the README's table: 500 steps of
+/// Steps and global batch of the test's runs (docs/performance.md's table: 500 steps of
 /// 512); the losses are compared as means of windows of [`WINDOW`] steps.
 const STEPS: u64 = 100;
 const BATCH: usize = 256;

@@ -484,7 +484,7 @@ fn trained_weights_export() {
 /// (`DLRM_TRAINED_PLAN`, default `/tmp/dlrm-small-trained.plan`):
 /// `cargo test --release --test export -- --ignored write_trained_dlrm_small`.
 #[test]
-#[ignore = "writes a trained dlrm-small plan for the README's measurement"]
+#[ignore = "writes a trained dlrm-small plan for docs/onnx.md's measurement"]
 fn write_trained_dlrm_small() {
     let out = std::env::var("DLRM_TRAINED_PLAN")
         .unwrap_or_else(|_| "/tmp/dlrm-small-trained.plan".into());

@@ -54,7 +54,7 @@ fn mpirun() -> Command {
         .env("OMPI_MCA_mpi_yield_when_idle", "1")
         // Containers often forbid the cross-memory-attach single copy (then Open
         // MPI fails on large messages); `none` works anywhere, at a cost in
-        // speed that these tests do not measure (README: MPI settings).
+        // speed that these tests do not measure (docs/parallel.md: MPI settings).
         .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
         .env("OMPI_MCA_hwloc_base_binding_policy", "none")
         .env("RAYON_NUM_THREADS", "1");

@@ -108,6 +108,54 @@ fn every_real_export_trains_and_serves_at_1_2_and_4_ranks() {
     }
 }
 
+/// `dlrm-run --pooling` draws the synthetic bags' sizes: 1 to 100 ids a bag on the
+/// reference layout and per table on TorchRec's jagged batch, with the same losses
+/// at 1 and 3 ranks; a size a fixed-pooling model cannot take, or a list of the
+/// wrong length, is a clear error.
+#[test]
+fn synthetic_bag_sizes_are_drawn_as_pooling_says() {
+    let dir = tempdir();
+    let case = |n: &str| {
+        root()
+            .join("frontends/onnx/test_cases/real")
+            .join(n)
+            .join("model.onnx")
+    };
+    for (name, pooling) in [("ts17_dot_stacked", "1-100"), ("ts17_torchrec", "3,2,1-8")] {
+        let plan = dir.path().join(format!("{name}.plan"));
+        compile(&case(name), &plan, &[]);
+        let args = [
+            "--iters",
+            "3",
+            "--log-every",
+            "1",
+            "--eval-batches",
+            "1",
+            "--pooling",
+            pooling,
+        ];
+        let (one, _) = run(&plan, 1, &args);
+        let (three, _) = run(&plan, 3, &args);
+        let d = max_rel(&one, &three, 0.0);
+        assert!(
+            d <= 1e-5,
+            "{name} --pooling {pooling}: 1 vs 3 ranks {d} rel"
+        );
+        // Bigger bags sum more rows: the first loss differs from the default's.
+        let (default, _) = run(&plan, 1, &args[..6]);
+        assert_ne!(one[0], default[0], "{name}: --pooling changed nothing");
+    }
+    let plan = dir.path().join("fixed.plan");
+    compile(&case("ts17_dot_fixed"), &plan, &[]);
+    let err = common::fails(DLRM_RUN, &[s(&plan), "--iters", "1", "--pooling", "2"]);
+    assert!(err.contains("hold exactly 3 id(s)"), "{err}");
+    let err = common::fails(DLRM_RUN, &[s(&plan), "--iters", "1", "--pooling", "3,3"]);
+    assert!(
+        err.contains("lists 2 bag sizes, but the model has 3"),
+        "{err}"
+    );
+}
+
 /// `dlrmc inspect` shows each graph input's role and, for a model whose bags come
 /// in another layout, the model's own inputs and where each canonical input comes
 /// from.

@@ -436,6 +436,8 @@ proptest! {
         n in 0usize..200,
         seed in 0u64..1000,
     ) {
+        // Indices need bags to be in: none without samples.
+        let n = if s == 0 { 0 } else { n };
         let dy = Tensor::f32(vec![s, d], vals(seed, s * d));
         let idx = Tensor::i64(vec![n], (0..n as i64).map(|i| (i * 5 + seed as i64) % 13).collect());
         let off = Tensor::i64(vec![s], (0..s).map(|b| (b * b * n / (s * s).max(1)) as i64).collect());

@@ -140,7 +140,7 @@ impl Graph {
 
     /// Gives graph input `v` the type `ty` (an importer that learns a dimension
     /// name was a hint: the caller keeps the graph well typed, e.g. by changing a
-    /// length only its users do not constrain; [`crate::verify`] checks it).
+    /// length only its users do not constrain; [`crate::verify()`] checks it).
     pub fn set_input_type(&mut self, v: ValueId, ty: TensorType) -> Result<()> {
         let value = self
             .values

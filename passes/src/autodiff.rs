@@ -49,7 +49,7 @@
 //! [`Graph::fresh_name`]). Any other op on the gradient path is an error naming the
 //! node and op.
 
-use crate::pipeline::Params;
+use crate::pass::Params;
 use crate::{LossKind, Optimizer, Pass, PassError, Ran, Result, TrainConfig};
 use dlrm_ir::{DType, Def, Dim, Graph, Op, Pool, Tensor, TensorType, ValueId, verify};
 

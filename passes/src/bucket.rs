@@ -31,7 +31,7 @@
 //! all-reduces comes back node for node.
 
 use crate::copy::Copier;
-use crate::pipeline::Params;
+use crate::pass::Params;
 use crate::{PassError, Ran, Result};
 use dlrm_ir::{Def, Graph, Op, ValueId, verify};
 use std::cmp::Reverse;

@@ -7,7 +7,7 @@
 //! Value names and types are kept verbatim; the surviving nodes keep their order.
 
 use crate::copy::copy_nodes;
-use crate::pipeline::Params;
+use crate::pass::Params;
 use crate::{Pass, Ran, Result};
 use dlrm_ir::Graph;
 

@@ -17,7 +17,7 @@
 //! shape, or an `sgd` / `adagrad` as described; any other use leaves it unblocked
 //! (correct, only slower: the `block_weight` then runs every step).
 
-use crate::pipeline::Params;
+use crate::pass::Params;
 use crate::{Pass, PassError, Ran, Result};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Def, Graph, Op, SingleRank, TensorType, ValueId};

@@ -18,7 +18,7 @@
 //! explicit.
 
 use crate::copy::Copier;
-use crate::pipeline::Params;
+use crate::pass::Params;
 use crate::{Pass, Ran, Result};
 use dlrm_ir::{Act, DType, Graph, Op, ValueId};
 

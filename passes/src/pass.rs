@@ -8,10 +8,14 @@
 
 use crate::Result;
 use crate::egraph::EgraphStats;
-use crate::pipeline::Params;
-use dlrm_ir::Graph;
+use dlrm_ir::{Graph, Tensor};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// Parameters with their values, in the graph's parameter order: what a pass
+/// that changes parameters (layout, dtype, Split-SGD low halves) transforms
+/// alongside the graph.
+pub type Params = Vec<(String, Tensor)>;
 
 /// A graph transformation.
 pub trait Pass {

@@ -1,6 +1,7 @@
 //! The pass pipeline: the order of the passes in one place, and the driver.
 //!
-//! [`PASSES`] lists every pass id in its fixed order: `canon` (the DLRM ops of an
+//! `PIPELINE` is the one table of the passes: each pass's id, when it runs and
+//! how it is made; [`PASSES`] lists the ids in that fixed order: `canon` (the DLRM ops of an
 //! imported model's generic ops, when [`PipelineOptions::canon`] is set),
 //! `autodiff` (training only), `fuse` (the e-graph), `fuse-dgrad-mask` (the
 //! rewrite extraction cannot choose), `layout` (blocked weights), `precision`
@@ -39,69 +40,139 @@ use crate::precision::{self, PrecisionPass};
 use crate::schedule::{self, Schedule};
 use crate::shard::ShardPlan;
 use crate::{Pass, PassError, Result, TrainConfig};
-use dlrm_ir::{Graph, Tensor, verify};
+use dlrm_ir::{Graph, verify};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::str::FromStr;
 use std::time::Instant;
 
-/// Every pass id, in the order the pipeline runs them.
-pub const PASSES: &[&str] = &[
-    canon::ID,
-    autodiff::ID,
-    egraph::ID,
-    mask::ID,
-    layout::ID,
-    precision::ID,
-    dce::ID,
-];
-
-/// Every per-rank pass id, in the order [`partition`] runs them on each rank's
-/// graph after the `partition` pass.
-pub const RANK_PASSES: &[&str] = &[bucket::ID, schedule::ID];
-
-/// Parameters with their values, in the graph's parameter order.
-pub type Params = Vec<(String, Tensor)>;
-
-/// Storage precision of the optimised plan.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// Everything f32.
-    #[default]
-    Fp32,
-    /// MLP weights, activations and tables in bf16 (f32 accumulation, f32 masters
-    /// by Split-SGD-BF16).
-    Bf16,
-    /// bf16 except the precision-sensitive ops (loss, last layer, interaction output).
-    Mixed,
+/// When a pass of the pipeline runs, by the [`PipelineOptions`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum When {
+    /// Always.
+    Always,
+    /// With [`PipelineOptions::canon`] (an imported model's generic ops).
+    Canon,
+    /// For the training step ([`PipelineOptions::train`]).
+    Train,
+    /// With [`PipelineOptions::optimize`].
+    Optimize,
+    /// Optimising to a precision other than fp32.
+    LowPrecision,
 }
 
-impl fmt::Display for Precision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Precision::Fp32 => "fp32",
-            Precision::Bf16 => "bf16",
-            Precision::Mixed => "mixed",
-        })
-    }
-}
-
-impl FromStr for Precision {
-    type Err = PassError;
-    fn from_str(s: &str) -> Result<Precision> {
-        match s {
-            "fp32" | "f32" => Ok(Precision::Fp32),
-            "bf16" => Ok(Precision::Bf16),
-            "mixed" => Ok(Precision::Mixed),
-            other => Err(PassError::Arg {
-                pass: precision::ID.into(),
-                reason: format!("precision must be fp32, bf16 or mixed, got `{other}`"),
-            }),
+impl When {
+    fn applies(self, o: &PipelineOptions) -> bool {
+        match self {
+            When::Always => true,
+            When::Canon => o.canon,
+            When::Train => o.train.is_some(),
+            When::Optimize => o.optimize,
+            When::LowPrecision => o.optimize && o.precision != Precision::Fp32,
         }
     }
 }
+
+/// One pass of the pipeline: its id (the `--dump-ir` stage), when it runs, and
+/// how it is made for the options (`None`: it cannot run with them).
+struct Stage {
+    id: &'static str,
+    when: When,
+    make: fn(&PipelineOptions) -> Option<Box<dyn Pass>>,
+}
+
+/// The pipeline, in order: the one place a pass is listed.
+const PIPELINE: [Stage; 7] = [
+    Stage {
+        id: canon::ID,
+        when: When::Canon,
+        make: |o| Some(Box::new(Canon { limits: o.limits })),
+    },
+    Stage {
+        id: autodiff::ID,
+        when: When::Train,
+        make: |o| {
+            o.train
+                .map(|cfg| Box::new(Autodiff { cfg }) as Box<dyn Pass>)
+        },
+    },
+    Stage {
+        id: egraph::ID,
+        when: When::Optimize,
+        make: |o| {
+            Some(Box::new(Fuse {
+                opts: o.fuse_options(),
+            }))
+        },
+    },
+    Stage {
+        id: mask::ID,
+        when: When::Optimize,
+        make: |_| Some(Box::new(FuseDgradMask)),
+    },
+    Stage {
+        id: layout::ID,
+        when: When::Optimize,
+        make: |_| Some(Box::new(Layout)),
+    },
+    Stage {
+        id: precision::ID,
+        when: When::LowPrecision,
+        make: |o| {
+            Some(Box::new(PrecisionPass {
+                precision: o.precision,
+            }))
+        },
+    },
+    Stage {
+        id: dce::ID,
+        when: When::Always,
+        make: |_| Some(Box::new(Dce)),
+    },
+];
+
+/// A per-rank pass: its id and how it is made for a bucket size.
+struct RankStage {
+    id: &'static str,
+    make: fn(u64) -> Box<dyn Pass>,
+}
+
+/// The per-rank passes [`partition`] runs on each rank's graph after the
+/// `partition` pass, in order.
+const RANK_PIPELINE: [RankStage; 2] = [
+    RankStage {
+        id: bucket::ID,
+        make: |bytes| Box::new(Bucket { bytes }),
+    },
+    RankStage {
+        id: schedule::ID,
+        make: |_| Box::new(Schedule),
+    },
+];
+
+/// The ids of a table's stages, in order.
+macro_rules! ids_of {
+    ($table:expr, $n:expr) => {{
+        let mut out = [""; $n];
+        let mut i = 0;
+        while i < $n {
+            out[i] = $table[i].id;
+            i += 1;
+        }
+        out
+    }};
+}
+
+/// Every pass id, in the order the pipeline runs them (`PIPELINE`'s).
+pub const PASSES: [&str; PIPELINE.len()] = ids_of!(PIPELINE, PIPELINE.len());
+
+/// Every per-rank pass id, in the order [`partition`] runs them on each rank's
+/// graph after the `partition` pass.
+pub const RANK_PASSES: [&str; RANK_PIPELINE.len()] = ids_of!(RANK_PIPELINE, RANK_PIPELINE.len());
+
+pub use crate::pass::Params;
+
+pub use crate::precision::Precision;
 
 /// The dump stage of the pipeline's input.
 pub const INPUT: &str = "input";
@@ -163,40 +234,17 @@ impl PipelineOptions {
 
 /// The pass ids [`compile`] runs for `opts`, in order.
 pub fn pass_ids_for(opts: &PipelineOptions) -> Vec<&'static str> {
-    PASSES
+    PIPELINE
         .iter()
-        .copied()
-        .filter(|&id| match id {
-            canon::ID => opts.canon,
-            autodiff::ID => opts.train.is_some(),
-            egraph::ID | mask::ID | layout::ID => opts.optimize,
-            precision::ID => opts.optimize && opts.precision != Precision::Fp32,
-            _ => true,
-        })
+        .filter(|s| s.when.applies(opts))
+        .map(|s| s.id)
         .collect()
 }
 
 /// Instantiates pass `id` for `opts` (`None` if the id is unknown or the pass does
 /// not apply, e.g. autodiff without a training configuration).
 fn make_pass(id: &str, opts: &PipelineOptions) -> Option<Box<dyn Pass>> {
-    match id {
-        canon::ID => Some(Box::new(Canon {
-            limits: opts.limits,
-        })),
-        autodiff::ID => opts
-            .train
-            .map(|cfg| Box::new(Autodiff { cfg }) as Box<dyn Pass>),
-        egraph::ID => Some(Box::new(Fuse {
-            opts: opts.fuse_options(),
-        })),
-        mask::ID => Some(Box::new(FuseDgradMask)),
-        layout::ID => Some(Box::new(Layout)),
-        precision::ID => Some(Box::new(PrecisionPass {
-            precision: opts.precision,
-        })),
-        dce::ID => Some(Box::new(Dce)),
-        _ => None,
-    }
+    (PIPELINE.iter().find(|s| s.id == id)?.make)(opts)
 }
 
 /// One pass's entry in the log.
@@ -400,17 +448,6 @@ fn run_one(
     Ok((ran.graph, record))
 }
 
-/// Instantiates per-rank pass `id` (`None` if the id is unknown).
-fn make_rank_pass(id: &str, bucket_bytes: u64) -> Option<Box<dyn Pass>> {
-    match id {
-        bucket::ID => Some(Box::new(Bucket {
-            bytes: bucket_bytes,
-        })),
-        schedule::ID => Some(Box::new(Schedule)),
-        _ => None,
-    }
-}
-
 /// Partitions `g` for the ranks of `plan` (the `partition` pass,
 /// [`crate::partition::rank_graphs`]), then runs the [`RANK_PASSES`] on every rank's
 /// graph, `bucket` with buckets of `bucket_bytes` (0: one `all_reduce` per
@@ -427,10 +464,8 @@ pub fn partition(
     for (r, rg) in p.graphs.iter().enumerate() {
         on_pass(PARTITION, r, rg);
     }
-    for &id in RANK_PASSES {
-        let Some(pass) = make_rank_pass(id, bucket_bytes) else {
-            continue;
-        };
+    for stage in &RANK_PIPELINE {
+        let (id, pass) = (stage.id, (stage.make)(bucket_bytes));
         let graphs = std::mem::take(&mut p.graphs);
         for (r, rg) in graphs.into_iter().enumerate() {
             let stage = format!("{id} (rank {r})");
@@ -446,9 +481,9 @@ pub fn partition(
 /// per-rank pass ids in order.
 pub fn dump_stages() -> Vec<&'static str> {
     let mut v = vec![INPUT];
-    v.extend_from_slice(PASSES);
+    v.extend_from_slice(&PASSES);
     v.push(PARTITION);
-    v.extend_from_slice(RANK_PASSES);
+    v.extend_from_slice(&RANK_PASSES);
     v
 }
 

@@ -34,11 +34,53 @@
 //! (the bf16 value is the truncated high half), other bf16 ones rounded to nearest
 //! even.
 
-use crate::pipeline::{Params, Precision};
+use crate::pass::Params;
 use crate::{Pass, PassError, Ran, Result};
 use dlrm_ir::{Act, DType, Data, Def, Graph, Op, Tensor, ValueId};
 use half::bf16;
+use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::str::FromStr;
+
+/// Storage precision of the optimised plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// Everything f32.
+    #[default]
+    Fp32,
+    /// MLP weights, activations and tables in bf16 (f32 accumulation, f32 masters
+    /// by Split-SGD-BF16).
+    Bf16,
+    /// bf16 except the precision-sensitive ops (loss, last layer, interaction output).
+    Mixed,
+}
+
+impl fmt::Display for Precision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Mixed => "mixed",
+        })
+    }
+}
+
+impl FromStr for Precision {
+    type Err = PassError;
+    fn from_str(s: &str) -> Result<Precision> {
+        match s {
+            "fp32" | "f32" => Ok(Precision::Fp32),
+            "bf16" => Ok(Precision::Bf16),
+            "mixed" => Ok(Precision::Mixed),
+            other => Err(PassError::Arg {
+                pass: ID.into(),
+                reason: format!("precision must be fp32, bf16 or mixed, got `{other}`"),
+            }),
+        }
+    }
+}
 
 /// The pass id.
 pub const ID: &str = "precision";

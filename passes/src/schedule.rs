@@ -24,7 +24,7 @@
 //! larger, is never picked before `a`); a graph without collectives keeps its order.
 
 use crate::copy::copy_nodes;
-use crate::pipeline::Params;
+use crate::pass::Params;
 use crate::{Pass, Ran, Result};
 use dlrm_ir::{Def, Graph};
 use std::cmp::Reverse;

@@ -20,7 +20,9 @@
 //! - [`schedule`]: learning-rate schedules ([`LrSchedule`]): each training step's
 //!   rate as a pure function of the step, handed to the executor per step;
 //! - [`metrics`]: AUC, log loss, accuracy, normalized entropy and the JSON-lines
-//!   metrics file.
+//!   metrics file;
+//! - [`session`]: a plan served from Rust ([`Session`]: loaded once, inputs in the
+//!   model's own names, called many times).
 //!
 //! Errors are one [`RuntimeError`] enum with structured fields (file, rank, step,
 //! node); [`Result`] is its alias.
@@ -45,6 +47,7 @@ pub mod plan;
 mod prefetch;
 pub mod progress;
 pub mod schedule;
+pub mod session;
 pub mod source;
 
 pub use data::{DataSchema, SyntheticData, eval_step};
@@ -58,4 +61,5 @@ pub use mpi_comm::MpiComm;
 pub use plan::{Plan, Training, read_manifest, read_plan, write_plan};
 pub use progress::CommTimes;
 pub use schedule::{LrPolicy, LrSchedule};
+pub use session::Session;
 pub use source::{EvalSet, Source};

@@ -134,6 +134,12 @@ struct Cli {
     /// (scripts/measure-peers uses 4; at most 2^20). Default: a new batch every step.
     #[arg(long, value_name = "N", conflicts_with = "data")]
     synthetic_batches: Option<usize>,
+    /// Synthetic data: how many ids each variable bag holds, `N` or a range `A-B`
+    /// (uniform), one for every table or a comma list per table in the model's
+    /// input order, e.g. `1-100` or `3,2,1`. Default: 0 to 2 ids a bag. A
+    /// fixed-pooling model's bags keep their size.
+    #[arg(long, value_name = "SIZES", value_parser = parse_pooling, conflicts_with = "data")]
+    pooling: Option<Pooling>,
     /// Seed of the synthetic data (default: the plan's).
     #[arg(long)]
     seed: Option<u64>,
@@ -265,6 +271,14 @@ struct Cli {
         help_heading = "Learning rate"
     )]
     lr_gamma: Option<f64>,
+}
+
+/// `--pooling`'s bag sizes (one value to clap).
+#[derive(Clone, Debug)]
+struct Pooling(Vec<dlrm_runtime::data::BagSizes>);
+
+fn parse_pooling(s: &str) -> Result<Pooling, String> {
+    dlrm_runtime::data::BagSizes::parse_list(s).map(Pooling)
 }
 
 fn parse_lr(s: &str) -> Result<f32, String> {
@@ -474,6 +488,7 @@ fn run_options(
             data,
             eval_every: cli.eval_every,
             synthetic_batches: cli.synthetic_batches.unwrap_or(0),
+            pooling: cli.pooling.clone().map(|p| p.0).unwrap_or_default(),
         },
         iters: cli.iters.unwrap_or(default_iters),
         epochs: if cli.iters.is_some() {

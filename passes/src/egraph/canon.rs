@@ -22,7 +22,7 @@
 use super::cost::CostModel;
 use super::{EgraphStats, Limits, rules, saturate};
 use crate::copy::{Rewire, copy_rewired};
-use crate::pipeline::Params;
+use crate::pass::Params;
 use crate::{Pass, PassError, PassStats, Ran, Result};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Graph, Node, Op, SingleRank, TensorType, ValueId};

@@ -23,7 +23,7 @@ pub mod cost;
 pub mod lang;
 pub mod rules;
 
-use crate::pipeline::Params;
+use crate::pass::Params;
 use crate::{Pass, PassStats, Ran, Result};
 use cost::{CostModel, DlCost};
 use dlrm_ir::Graph;

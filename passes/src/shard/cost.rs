@@ -79,7 +79,7 @@ pub struct Machine {
 impl Default for Machine {
     /// 20 GFLOP/s and 4 GB/s: one core of the development machine (2-core x86-64
     /// AVX2+FMA) running dlrmc's kernels, calibrated with `dlrm-run --bench`
-    /// (README, "Sharding planner").
+    /// (docs/planner.md, "Sharding planner").
     fn default() -> Machine {
         Machine {
             gflops: 20.0,

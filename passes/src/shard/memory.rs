@@ -35,7 +35,7 @@
 //! Not counted: the program itself, the JIT's code, thread stacks, allocator slack,
 //! the MPI library's buffers, and whatever the process holds besides its ranks'
 //! graphs (the plan's stored parameters — the MLPs; described tables are created
-//! only by the ranks that own them). The README compares the account with the
+//! only by the ranks that own them). docs/planner.md compares the account with the
 //! measured peak resident memory.
 //!
 //! The planner ([`super::planner`]) places tables (their rows with the low halves

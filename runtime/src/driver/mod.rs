@@ -128,6 +128,9 @@ pub struct RunSettings {
     /// takes batch `k mod n`), as the PyTorch comparison script times its steps;
     /// 0 generates a new batch every step (`--synthetic-batches`).
     pub synthetic_batches: usize,
+    /// Synthetic data: the bag sizes of the variable bags, one for every table or
+    /// one per table (`--pooling`); empty: 0..=2 ids a bag.
+    pub pooling: Vec<crate::data::BagSizes>,
 }
 
 impl Default for RunSettings {
@@ -148,6 +151,7 @@ impl Default for RunSettings {
             data: None,
             eval_every: 0,
             synthetic_batches: 0,
+            pooling: Vec::new(),
         }
     }
 }
@@ -311,8 +315,16 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
             "--synthetic-batches cycles synthetic batches; with --data every step reads the dataset",
         ));
     }
+    if job.settings.data.is_some() && !job.settings.pooling.is_empty() {
+        return Err(job_err(
+            "--pooling sets synthetic bag sizes; with --data the dataset's bags are used",
+        ));
+    }
     let data = match &job.settings.data {
-        None => Source::Synthetic(SyntheticData::new(schema, job.seed)),
+        None => Source::Synthetic(SyntheticData::new(
+            schema.with_bag_sizes(&job.settings.pooling)?,
+            job.seed,
+        )),
         Some(cfg) => Source::Dataset(Box::new(DatasetSource::open(
             cfg,
             schema,

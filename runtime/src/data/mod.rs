@@ -30,10 +30,13 @@
 //! `EVAL_STEP_BASE + b`.
 
 use crate::error::{Result, RuntimeError};
-use dlrm_ir::{DType, Def, Dim, DimExpr, Graph, Op, Tensor, TensorType, batch_slice};
+use dlrm_ir::{DType, Dim, DimExpr, Graph, Tensor, TensorType, batch_slice};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ops::Range;
+
+mod schema;
+pub use schema::{BagSizes, DataSchema, DenseFeature, LabelSpec, SparseFeature};
 
 /// First step of the held-out evaluation step space (training steps stay below).
 pub const EVAL_STEP_BASE: u64 = 1 << 62;
@@ -46,197 +49,9 @@ pub fn eval_step(b: u64) -> u64 {
 /// The share of positive labels the teacher's threshold aims at.
 pub const POSITIVE_RATE: f64 = 0.3;
 
-/// A dense float input `[B,width]`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DenseFeature {
-    /// Input name.
-    pub input: String,
-    /// Number of columns.
-    pub width: usize,
-}
-
-/// A sparse feature: the indices (and offsets) of embedding bags.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SparseFeature {
-    /// The indices input.
-    pub input: String,
-    /// The offsets input (variable bags), if any.
-    pub offsets: Option<String>,
-    /// Rows of the table(s) it indexes (the smallest, if several tables share it).
-    pub rows: usize,
-    /// Pooling factor: lookups per sample for fixed pooling; the mean bag size for
-    /// variable bags (1 unless set; bags have 0..=2L lookups).
-    pub pooling: usize,
-    /// Variable bags whose indices are one a sample (`[B]` indices beside `[B]`
-    /// offsets, as the reference DLRM's Criteo mode feeds them): every bag holds
-    /// exactly one id.
-    pub one_per_bag: bool,
-    /// The per-sample weights input of a weighted bag (one weight an index,
-    /// U(0.5, 1.5)), if any.
-    pub weights: Option<String>,
-}
-
-/// The label input (the loss's second operand).
-#[derive(Clone, Debug, PartialEq)]
-pub struct LabelSpec {
-    /// Input name.
-    pub input: String,
-}
-
-/// The roles of a model's inputs.
-#[derive(Clone, Debug, PartialEq)]
-pub struct DataSchema {
-    /// Dense features, in graph input order.
-    pub dense: Vec<DenseFeature>,
-    /// Sparse features, in graph input order of their indices.
-    pub sparse: Vec<SparseFeature>,
-    /// The label, if the graph has a loss.
-    pub label: Option<LabelSpec>,
-}
-
 fn data_err(reason: impl Into<String>) -> RuntimeError {
     RuntimeError::Data {
         reason: reason.into(),
-    }
-}
-
-impl DataSchema {
-    /// Finds the roles of `g`'s inputs (see the module docs). `g` must be an
-    /// unpartitioned graph (inference or training).
-    pub fn from_graph(g: &Graph) -> Result<DataSchema> {
-        let is_input = |v| matches!(g.value(v).def, Def::Input(_));
-        let mut sparse: HashMap<String, SparseFeature> = HashMap::new();
-        let mut offsets_of: HashMap<String, String> = HashMap::new();
-        let mut label = None;
-        for (n, node) in g.nodes().iter().enumerate() {
-            match &node.op {
-                Op::EmbeddingBag { .. } | Op::EmbeddingBagWeighted => {
-                    let (Some(&table), Some(&idx)) = (node.inputs.first(), node.inputs.get(1))
-                    else {
-                        continue;
-                    };
-                    let rows = match g.ty(table).shape.first().and_then(Dim::fixed) {
-                        Some(r) if matches!(g.value(table).def, Def::Param(_)) => r,
-                        _ => {
-                            return Err(data_err(format!(
-                                "node {}: the table %{} is not a parameter with a fixed row count",
-                                g.node_label(n),
-                                g.name_of(table)
-                            )));
-                        }
-                    };
-                    if !is_input(idx) {
-                        return Err(data_err(format!(
-                            "node {}: the indices %{} are not a graph input",
-                            g.node_label(n),
-                            g.name_of(idx)
-                        )));
-                    }
-                    let ity = g.ty(idx);
-                    let offsets = match node.inputs.get(2) {
-                        Some(&o) if is_input(o) => Some(g.name_of(o).to_string()),
-                        Some(&o) => {
-                            return Err(data_err(format!(
-                                "node {}: the offsets %{} are not a graph input",
-                                g.node_label(n),
-                                g.name_of(o)
-                            )));
-                        }
-                        None => None,
-                    };
-                    let pooling = match (&offsets, ity.shape.get(1).and_then(Dim::fixed)) {
-                        (None, Some(l)) if ity.rank() == 2 => l,
-                        (None, _) => {
-                            return Err(data_err(format!(
-                                "node {}: indices %{} {ity} need a fixed pooling [B,L]",
-                                g.node_label(n),
-                                g.name_of(idx)
-                            )));
-                        }
-                        (Some(_), _) => 1,
-                    };
-                    let name = g.name_of(idx).to_string();
-                    let weights = match node.inputs.get(3) {
-                        Some(&w) if is_input(w) => Some(g.name_of(w).to_string()),
-                        Some(&w) => {
-                            return Err(data_err(format!(
-                                "node {}: the per-sample weights %{} are not a graph input",
-                                g.node_label(n),
-                                g.name_of(w)
-                            )));
-                        }
-                        None => None,
-                    };
-                    if let Some(w) = &weights {
-                        offsets_of.insert(w.clone(), name.clone());
-                    }
-                    let one_per_bag = offsets.is_some()
-                        && ity.rank() == 1
-                        && (ity.shape[0].is_sym(Dim::BATCH) || ity.shape[0].is_sym(Dim::GLOBAL));
-                    if let Some(o) = &offsets {
-                        offsets_of.insert(o.clone(), name.clone());
-                    }
-                    sparse
-                        .entry(name.clone())
-                        .and_modify(|f| f.rows = f.rows.min(rows))
-                        .or_insert(SparseFeature {
-                            input: name,
-                            offsets,
-                            rows,
-                            pooling,
-                            one_per_bag,
-                            weights,
-                        });
-                }
-                Op::Bce { .. } | Op::BceLogits { .. } | Op::Mse { .. } => {
-                    if let Some(&y) = node.inputs.get(1)
-                        && is_input(y)
-                    {
-                        label = Some(LabelSpec {
-                            input: g.name_of(y).to_string(),
-                        });
-                    }
-                }
-                _ => {}
-            }
-        }
-        let mut schema = DataSchema {
-            dense: Vec::new(),
-            sparse: Vec::new(),
-            label,
-        };
-        for &v in g.inputs() {
-            let name = g.name_of(v);
-            let ty = g.ty(v);
-            if let Some(f) = sparse.remove(name) {
-                if f.rows == 0 {
-                    return Err(data_err(format!(
-                        "sparse feature %{name} indexes a table with 0 rows"
-                    )));
-                }
-                schema.sparse.push(f);
-            } else if offsets_of.contains_key(name)
-                || schema.label.as_ref().is_some_and(|l| l.input == name)
-            {
-                // Generated with its feature / the label.
-            } else if ty.dtype.is_float()
-                && ty.rank() == 2
-                && ty.shape[0].is_sym(Dim::BATCH)
-                && let Some(width) = ty.shape[1].fixed()
-            {
-                schema.dense.push(DenseFeature {
-                    input: name.to_string(),
-                    width,
-                });
-            } else {
-                return Err(data_err(format!(
-                    "input %{name} {ty} of graph `{}` has no role the data generator knows \
-                     (dense float [B,k], embedding indices/offsets, or the loss's label)",
-                    g.name
-                )));
-            }
-        }
-        Ok(schema)
     }
 }
 
@@ -428,7 +243,10 @@ impl SyntheticData {
             1
         } else {
             let h = hash(&[self.seed, S_BAGLEN, step, sample, f as u64]);
-            (h % (2 * feat.pooling as u64 + 1)) as usize
+            match feat.bag_sizes {
+                Some(s) => s.pick(h),
+                None => (h % (2 * feat.pooling as u64 + 1)) as usize,
+            }
         }
     }
 
