@@ -134,15 +134,15 @@ fn synthetic_bag_sizes_are_drawn_as_pooling_says() {
             "--pooling",
             pooling,
         ];
-        let (one, _) = run(&plan, 1, &args);
-        let (three, _) = run(&plan, 3, &args);
+        let (one, _) = run_metrics(&plan, 1, &args);
+        let (three, _) = run_metrics(&plan, 3, &args);
         let d = max_rel(&one, &three, 0.0);
         assert!(
             d <= 1e-5,
             "{name} --pooling {pooling}: 1 vs 3 ranks {d} rel"
         );
         // Bigger bags sum more rows: the first loss differs from the default's.
-        let (default, _) = run(&plan, 1, &args[..6]);
+        let (default, _) = run_metrics(&plan, 1, &args[..6]);
         assert_ne!(one[0], default[0], "{name}: --pooling changed nothing");
     }
     let plan = dir.path().join("fixed.plan");

@@ -7,7 +7,7 @@
 //! learns it from dense column 0 and table 0 alone (well above 0.5 AUC). Splits:
 //! the first 80% `train`, then `val` and `test` of 10% each; one day.
 
-use crate::bags::Bags;
+use crate::bags::{BagSizes, Bags};
 use crate::ds::{DatasetMeta, DatasetWriter, Manifest, Split, TableInfo};
 use crate::error::{DataError, Result};
 use std::path::Path;
@@ -33,68 +33,11 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// A table's bag size in a generated dataset: fixed, or uniform in a range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BagSize {
-    /// Every bag holds this many ids (1: a one-hot table).
-    Fixed(u32),
-    /// Bag sizes uniform in `lo..=hi`.
-    Uniform(u32, u32),
-}
-
-impl BagSize {
-    /// The size of the bag drawn with hash `h`.
-    fn draw(self, h: u64) -> u32 {
-        match self {
-            BagSize::Fixed(n) => n,
-            BagSize::Uniform(lo, hi) => lo + (h % (u64::from(hi - lo) + 1)) as u32,
-        }
-    }
-
-    /// Whether every bag holds exactly one id.
-    fn one_hot(self) -> bool {
-        matches!(self, BagSize::Fixed(1) | BagSize::Uniform(1, 1))
-    }
-}
-
-impl std::str::FromStr for BagSize {
-    type Err = DataError;
-
-    /// `N` (a fixed size) or `LO-HI` (uniform in the range), each at least 1.
-    fn from_str(s: &str) -> Result<BagSize> {
-        let num = |v: &str| {
-            v.trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|&n| n >= 1)
-                .ok_or_else(|| {
-                    DataError::Usage(format!(
-                        "bag size `{s}`: `{v}` is not a whole number of at least 1"
-                    ))
-                })
-        };
-        match s.split_once('-') {
-            None => num(s).map(BagSize::Fixed),
-            Some((lo, hi)) => {
-                let (lo, hi) = (num(lo)?, num(hi)?);
-                if lo > hi {
-                    return Err(DataError::Usage(format!(
-                        "bag size `{s}`: the range is empty"
-                    )));
-                }
-                Ok(BagSize::Uniform(lo, hi))
-            }
-        }
-    }
-}
-
 /// The pooling of `tables` tables from `spec`: one bag size for all (`3`, `1-100`)
 /// or a comma-separated list of one per table (`3,2,1-10`).
-pub fn parse_pooling(spec: &str, tables: usize) -> Result<Vec<BagSize>> {
-    let sizes = spec
-        .split(',')
-        .map(str::parse)
-        .collect::<Result<Vec<BagSize>>>()?;
+pub fn parse_pooling(spec: &str, tables: usize) -> Result<Vec<BagSizes>> {
+    let sizes = BagSizes::parse_list(spec)
+        .map_err(|e| DataError::Usage(format!("pooling `{spec}`: {e}")))?;
     match sizes.len() {
         1 => Ok(vec![sizes[0]; tables]),
         n if n == tables => Ok(sizes),
@@ -107,7 +50,7 @@ pub fn parse_pooling(spec: &str, tables: usize) -> Result<Vec<BagSize>> {
 /// Writes the dataset `spec` describes at `path` (atomically, as every
 /// [`DatasetWriter`]), one id per sample and table.
 pub fn write_learnable(path: &Path, spec: &Learnable) -> Result<Manifest> {
-    write_learnable_bags(path, spec, &vec![BagSize::Fixed(1); spec.rows.len()])
+    write_learnable_bags(path, spec, &vec![BagSizes::Fixed(1); spec.rows.len()])
 }
 
 /// Writes the dataset `spec` describes with table `t`'s bags of `pooling[t]` ids
@@ -116,7 +59,7 @@ pub fn write_learnable(path: &Path, spec: &Learnable) -> Result<Manifest> {
 pub fn write_learnable_bags(
     path: &Path,
     spec: &Learnable,
-    pooling: &[BagSize],
+    pooling: &[BagSizes],
 ) -> Result<Manifest> {
     if spec.dense == 0 || spec.rows.is_empty() || spec.rows.contains(&0) {
         return Err(DataError::Usage(format!(
@@ -139,8 +82,8 @@ pub fn write_learnable_bags(
     let n = spec.samples;
     let kinds: Vec<Bags> = pooling
         .iter()
-        .map(|p| {
-            if p.one_hot() {
+        .map(|&p| {
+            if p == BagSizes::Fixed(1) {
                 Bags::OneHot
             } else {
                 Bags::MultiHot
@@ -155,17 +98,17 @@ pub fn write_learnable_bags(
             *d = (mix(i * 31 + j as u64) % 1000) as f32 / 1000.0;
         }
         for (t, (bag, &r)) in bags.iter_mut().zip(&spec.rows).enumerate() {
-            let len = pooling[t].draw(mix(i * 13 + t as u64 + 5000));
+            let len = pooling[t].pick(mix(i * 13 + t as u64 + 5000)) as u64;
             bag.clear();
             // r <= 2^32 (checked above), so every id fits u32; bag k > 0 of a
             // sample hashes its own stream, so bag 0 is the one-hot id.
-            bag.extend((0..u64::from(len)).map(|k| {
+            bag.extend((0..len).map(|k| {
                 let h = if k == 0 { i * 7 } else { mix(i) ^ (k << 40) };
                 (mix(h + t as u64 + 1000) % r) as u32
             }));
         }
         let logit = 4.0 * (dense[0] - 0.5)
-            + if bags[0][0].is_multiple_of(2) {
+            + if bags[0].first().is_some_and(|id| id.is_multiple_of(2)) {
                 1.5
             } else {
                 -1.5

@@ -58,7 +58,7 @@ pub mod ragged;
 pub mod split;
 pub mod vocab;
 
-pub use bags::Bags;
+pub use bags::{BagSizes, Bags};
 pub use convert::{ConvertOptions, ConvertReport, Format, Progress, convert};
 pub use ds::{
     Dataset, DatasetMeta, DatasetWriter, FORMAT, FileEntry, Manifest, Split, TableInfo, VERSION,
@@ -66,6 +66,6 @@ pub use ds::{
 pub use error::{DataError, Result};
 pub use generate::{GenerateOptions, GenerateReport, generate};
 pub use inspect::{Inspection, inspect};
-pub use learnable::{BagSize, Learnable, parse_pooling, write_learnable, write_learnable_bags};
+pub use learnable::{Learnable, parse_pooling, write_learnable, write_learnable_bags};
 pub use split::SplitSpec;
 pub use vocab::IdMapping;
