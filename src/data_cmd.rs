@@ -38,6 +38,10 @@ pub enum FormatArg {
     /// Multi-hot bags in `.npz`: `y`, `X_int`, per table `X_cat_<t>_ids` with
     /// `X_cat_<t>_lengths` or `X_cat_<t>_offsets` (docs/data.md).
     RaggedNpz,
+    /// MLPerf DLRM-DCNv2's multi-hot days: `day_<d>_sparse_multi_hot.npz` (members
+    /// "0".."25", [N, hotness]) with `day_<d>_dense.npy` and `day_<d>_labels.npy`
+    /// beside it; name the `.npz` files.
+    MlperfMultihot,
 }
 
 /// `dlrmc data convert`.
@@ -164,6 +168,7 @@ fn cmd_convert(a: ConvertArgs) -> Result<()> {
         FormatArg::ReferenceNpz => Format::ReferenceNpz,
         FormatArg::MlperfBin => Format::MlperfBin,
         FormatArg::RaggedNpz => Format::RaggedNpz,
+        FormatArg::MlperfMultihot => Format::MlperfMultiHot,
     };
     if a.min_count == 0 {
         bail!("--min-count must be at least 1");

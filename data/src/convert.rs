@@ -36,6 +36,8 @@ pub enum Format {
     MlperfBin,
     /// Multi-hot bags per table in `.npz` files ([`crate::ragged`]).
     RaggedNpz,
+    /// MLPerf DLRM-DCNv2's per-day multi-hot arrays ([`crate::mlperf_multihot`]).
+    MlperfMultiHot,
 }
 
 impl Format {
@@ -46,6 +48,7 @@ impl Format {
             Format::ReferenceNpz => "reference-npz",
             Format::MlperfBin => "mlperf-bin",
             Format::RaggedNpz => "ragged-npz",
+            Format::MlperfMultiHot => "mlperf-multihot",
         }
     }
 }
@@ -58,12 +61,13 @@ impl FromStr for Format {
             Format::ReferenceNpz,
             Format::MlperfBin,
             Format::RaggedNpz,
+            Format::MlperfMultiHot,
         ]
         .into_iter()
             .find(|f| f.name() == s)
             .ok_or_else(|| {
                 DataError::Usage(format!(
-                    "unknown format `{s}` (expected criteo-tsv, reference-npz, mlperf-bin or ragged-npz)"
+                    "unknown format `{s}` (expected criteo-tsv, reference-npz, mlperf-bin, ragged-npz or mlperf-multihot)"
                 ))
             })
     }
@@ -201,8 +205,13 @@ pub fn convert(
         }
         (_, m) => IdMapping::AsIs { modulo: m.modulo() },
     };
-    if opts.format == Format::RaggedNpz {
-        return crate::ragged::convert_ragged(opts, mapping, progress);
+    match opts.format {
+        Format::RaggedNpz => return crate::ragged::convert_ragged(opts, mapping, progress),
+        Format::MlperfMultiHot => {
+            let read = &crate::mlperf_multihot::read_day;
+            return crate::ragged::convert_days(opts, mapping, progress, ("ln(x+3)", read));
+        }
+        _ => {}
     }
     let split = opts
         .split
@@ -344,9 +353,9 @@ fn read_inputs(
                 read.counts = Some(merge_counts(read.counts.take(), c));
                 (n, serde_json::Value::Null)
             }
-            Format::RaggedNpz => {
+            Format::RaggedNpz | Format::MlperfMultiHot => {
                 return Err(DataError::Usage(
-                    "internal: ragged .npz files are read by ragged::convert_ragged".into(),
+                    "internal: multi-hot inputs are read by ragged::convert_days".into(),
                 ));
             }
         };

@@ -35,6 +35,7 @@
 //! - [`processed`]: the reference's `.npz` and MLPerf's binary records;
 //! - [`npy`]: `.npy`/`.npz` read with every declared size checked first;
 //! - [`ragged`]: multi-hot bags per table from `.npz` (ids + lengths or offsets);
+//! - [`mlperf_multihot`]: MLPerf DLRM-DCNv2's per-day multi-hot arrays;
 //! - [`convert()`]: the streaming, atomic conversion of any of them to `.ds`;
 //! - [`mod@generate`]: synthetic Criteo-format TSV with the real data's character;
 //! - [`mod@inspect`]: a dataset's summary (splits, per-feature statistics);
@@ -52,6 +53,7 @@ mod error;
 pub mod generate;
 pub mod inspect;
 pub mod learnable;
+pub mod mlperf_multihot;
 pub mod npy;
 pub mod processed;
 pub mod ragged;

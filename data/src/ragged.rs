@@ -30,12 +30,13 @@ use crate::vocab::IdMapping;
 use std::path::Path;
 
 /// One file's samples.
-struct Day {
-    labels: Vec<u8>,
-    dense: Vec<f32>,
+pub(crate) struct Day {
+    pub(crate) labels: Vec<u8>,
+    pub(crate) dense: Vec<f32>,
     /// Per table: its ids and each sample's bag end.
-    bags: Vec<(Vec<u32>, Vec<u64>)>,
-    counts: Option<Vec<u64>>,
+    pub(crate) bags: Vec<(Vec<u32>, Vec<u64>)>,
+    /// Rows per table, when the file says.
+    pub(crate) counts: Option<Vec<u64>>,
 }
 
 /// Table `t`'s bag ends (exclusive, `n` of them) from its lengths or offsets.
@@ -161,6 +162,22 @@ pub(crate) fn convert_ragged(
     mapping: IdMapping,
     progress: &mut dyn FnMut(&Progress),
 ) -> Result<ConvertReport> {
+    convert_days(opts, mapping, progress, ("log1p", &read_day))
+}
+
+/// Reads one input file (of `tables` tables, `None`: as many as the first has), ids
+/// taken modulo the option.
+pub(crate) type ReadDay<'a> = &'a dyn Fn(&Path, Option<usize>, Option<u32>) -> Result<Day>;
+
+/// Converts `opts.inputs`, a day each read by `read`, into a dataset of multi-hot
+/// tables whose dense values went through `transform` (the manifest's
+/// `dense_transform`).
+pub(crate) fn convert_days(
+    opts: &ConvertOptions,
+    mapping: IdMapping,
+    progress: &mut dyn FnMut(&Progress),
+    (transform, read): (&str, ReadDay<'_>),
+) -> Result<ConvertReport> {
     let modulo = mapping.modulo();
     let total_bytes: u64 = opts
         .inputs
@@ -170,13 +187,16 @@ pub(crate) fn convert_ragged(
     let mut writer: Option<(DatasetWriter, usize, usize)> = None;
     let (mut per_file, mut max_id, mut counts) = (Vec::new(), Vec::new(), None::<Vec<u64>>);
     for path in &opts.inputs {
-        let day = read_day(path, writer.as_ref().map(|w| w.2), modulo)?;
+        let day = read(path, writer.as_ref().map(|w| w.2), modulo)?;
         let (w, width, tables) = match &mut writer {
             Some(w) => w,
             None => {
                 let t = day.bags.len();
                 if t == 0 {
-                    return Err(DataError::dataset(path, "no table (no array X_cat_0_ids)"));
+                    return Err(DataError::dataset(
+                        path,
+                        "no table (no ids array of table 0)",
+                    ));
                 }
                 let width = day.dense.len() / day.labels.len().max(1);
                 max_id = vec![0u32; t];
@@ -190,7 +210,7 @@ pub(crate) fn convert_ragged(
         if day.dense.len() != day.labels.len() * *width {
             return Err(DataError::dataset(
                 path,
-                format!("X_int is not {width} wide like the first file's"),
+                format!("the dense features are not {width} wide like the first file's"),
             ));
         }
         for (m, (ids, _)) in max_id.iter_mut().zip(&day.bags) {
@@ -244,7 +264,7 @@ pub(crate) fn convert_ragged(
     let (splits, days) = split.plan(&per_file)?;
     let lines = per_file.iter().sum();
     let manifest = writer.finish(DatasetMeta {
-        dense_transform: "log1p".into(),
+        dense_transform: transform.into(),
         tables,
         splits,
         days,

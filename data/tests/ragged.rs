@@ -110,3 +110,57 @@ fn malformed_ragged_bags_are_refused() {
         assert!(!tmp.path().join("x.ds").exists());
     }
 }
+
+fn i32s(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// An MLPerf multi-hot day of 3 samples in `dir`: table 0 of hotness 2, table 1 of
+/// hotness 1; returns the `.npz` path.
+fn mlperf_day(dir: &Path) -> PathBuf {
+    let f32s: Vec<u8> = [0.5f32, 1.0, 1.5, 2.0, 2.5, 3.0]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    std::fs::write(dir.join("day_0_dense.npy"), npy("<f4", "(3, 2)", &f32s)).unwrap();
+    std::fs::write(
+        dir.join("day_0_labels.npy"),
+        npy("<i4", "(3, 1)", &i32s(&[0, 1, 1])),
+    )
+    .unwrap();
+    let sparse = dir.join("day_0_sparse_multi_hot.npz");
+    npz(
+        &sparse,
+        &[
+            ("0", npy("<i4", "(3, 2)", &i32s(&[1, 2, 3, 4, 5, 6]))),
+            ("1", npy("<i4", "(3, 1)", &i32s(&[7, 8, 9]))),
+        ],
+    );
+    sparse
+}
+
+#[test]
+fn mlperf_multi_hot_days_convert_to_fixed_hotness_tables() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = mlperf_day(tmp.path());
+    let out = tmp.path().join("m.ds");
+    let o = ConvertOptions {
+        format: Format::MlperfMultiHot,
+        ..opts(input, out.clone())
+    };
+    convert(&o, &mut |_| {}).unwrap();
+    let ds = Dataset::open(&out).unwrap();
+    ds.verify().unwrap();
+    assert_eq!(ds.labels(), &[0, 1, 1]);
+    assert_eq!(ds.dense(), &[0.5, 1.0, 1.5, 2.0, 2.5, 3.0]);
+    let m = ds.manifest();
+    assert_eq!(m.dense_transform, "ln(x+3)");
+    assert_eq!((m.tables[0].hotness, m.tables[0].rows), (Some(2), 7));
+    assert_eq!((m.tables[1].hotness, m.tables[1].rows), (Some(1), 10));
+    assert_eq!(ds.bag(0, 1).unwrap(), &[3, 4]);
+    assert_eq!(ds.bag(1, 2).unwrap(), &[9]);
+    // A day without its labels is refused naming the file.
+    std::fs::remove_file(tmp.path().join("day_0_labels.npy")).unwrap();
+    let e = convert(&o, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("day_0_labels.npy"), "{e}");
+}
