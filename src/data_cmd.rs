@@ -22,7 +22,8 @@ pub enum DataCommand {
     /// Summarise a dataset: samples, days, splits, per-feature and per-table statistics.
     Inspect(InspectArgs),
     /// Write synthetic Criteo-format TSV (39 features, Criteo's missing rates,
-    /// heavy-tailed integers, power-law ids, ~25% learnable positives).
+    /// heavy-tailed integers, power-law ids, ~25% learnable positives); with
+    /// --pooling or --tables, a learnable `.ds` dataset with multi-hot bags.
     Generate(GenerateArgs),
 }
 

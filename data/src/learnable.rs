@@ -6,6 +6,10 @@
 //! the label `4 (d0 - 1/2) ± 1.5 > 0` (plus when table 0's id is even), so a model
 //! learns it from dense column 0 and table 0 alone (well above 0.5 AUC). Splits:
 //! the first 80% `train`, then `val` and `test` of 10% each; one day.
+//! [`write_learnable_bags`] gives table `t` bags of sizes drawn from a
+//! [`BagSizes`] (multi-hot tables where it is not 1); the first id of a bag is the
+//! one-hot dataset's id, and the label follows table 0's first id (an empty bag
+//! counts as odd).
 
 use crate::bags::{BagSizes, Bags};
 use crate::ds::{DatasetMeta, DatasetWriter, Manifest, Split, TableInfo};
