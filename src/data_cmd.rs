@@ -5,8 +5,8 @@
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use dlrm_data::{
-    ConvertOptions, Dataset, Format, GenerateOptions, IdMapping, SplitSpec, convert, generate,
-    inspect,
+    ConvertOptions, Dataset, Format, GenerateOptions, IdMapping, Learnable, SplitSpec, convert,
+    generate, inspect, parse_pooling, write_learnable_bags,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{IsTerminal, Write};
@@ -22,7 +22,8 @@ pub enum DataCommand {
     /// Summarise a dataset: samples, days, splits, per-feature and per-table statistics.
     Inspect(InspectArgs),
     /// Write synthetic Criteo-format TSV (39 features, Criteo's missing rates,
-    /// heavy-tailed integers, power-law ids, ~25% learnable positives).
+    /// heavy-tailed integers, power-law ids, ~25% learnable positives); with
+    /// --pooling or --tables, a learnable `.ds` dataset with multi-hot bags.
     Generate(GenerateArgs),
 }
 
@@ -35,6 +36,13 @@ pub enum FormatArg {
     ReferenceNpz,
     /// MLPerf's binary records (40 little-endian int32 per sample).
     MlperfBin,
+    /// Multi-hot bags in `.npz`: `y`, `X_int`, per table `X_cat_<t>_ids` with
+    /// `X_cat_<t>_lengths` or `X_cat_<t>_offsets` (docs/data.md).
+    RaggedNpz,
+    /// MLPerf DLRM-DCNv2's multi-hot days: `day_<d>_sparse_multi_hot.npz` (members
+    /// "0".."25", [N, hotness]) with `day_<d>_dense.npy` and `day_<d>_labels.npy`
+    /// beside it; name the `.npz` files.
+    MlperfMultihot,
 }
 
 /// `dlrmc data convert`.
@@ -114,9 +122,23 @@ pub struct GenerateArgs {
     /// One file per day, `day_0` .. in the output directory (Terabyte style).
     #[arg(long)]
     split_files: bool,
-    /// The output file (or directory, with --split-files).
+    /// The output file (or directory, with --split-files; the `.ds` directory with
+    /// --pooling or --tables).
     #[arg(short, long, value_name = "PATH")]
     output: PathBuf,
+    /// Bag sizes: one for every table or a comma list of one per table, each a
+    /// size (`3`) or a range of uniform sizes (`1-100`). Writes a `.ds` dataset
+    /// straight away (Criteo TSV holds one id per feature), multi-hot tables where
+    /// a size is not 1, with learnable labels.
+    #[arg(long, value_name = "SPEC", conflicts_with_all = ["gzip", "split_files"])]
+    pooling: Option<String>,
+    /// With a `.ds` output: the tables' rows (comma list), instead of Criteo's 26
+    /// cardinalities times --cardinality-scale.
+    #[arg(long, value_name = "ROWS", value_delimiter = ',', conflicts_with_all = ["gzip", "split_files"])]
+    tables: Option<Vec<u64>>,
+    /// With a `.ds` output: dense features per sample.
+    #[arg(long, value_name = "N", default_value_t = 13)]
+    dense: usize,
     /// No progress display.
     #[arg(short, long)]
     quiet: bool,
@@ -146,6 +168,8 @@ fn cmd_convert(a: ConvertArgs) -> Result<()> {
         FormatArg::CriteoTsv => Format::CriteoTsv,
         FormatArg::ReferenceNpz => Format::ReferenceNpz,
         FormatArg::MlperfBin => Format::MlperfBin,
+        FormatArg::RaggedNpz => Format::RaggedNpz,
+        FormatArg::MlperfMultihot => Format::MlperfMultiHot,
     };
     if a.min_count == 0 {
         bail!("--min-count must be at least 1");
@@ -264,6 +288,9 @@ fn cmd_inspect(a: InspectArgs) -> Result<()> {
 }
 
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
+    if a.pooling.is_some() || a.tables.is_some() {
+        return generate_ds(&a);
+    }
     let opts = GenerateOptions {
         rows: a.rows,
         days: a.days,
@@ -296,6 +323,38 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             secs,
             report.rows as f64 / secs.max(1e-9),
             100.0 * report.positive_rate
+        );
+    }
+    Ok(())
+}
+
+/// `dlrmc data generate --pooling/--tables`: a learnable `.ds` dataset.
+fn generate_ds(a: &GenerateArgs) -> Result<()> {
+    let rows = match &a.tables {
+        Some(t) => t.clone(),
+        None => dlrm_data::generate::cardinalities(a.cardinality_scale).to_vec(),
+    };
+    let pooling = parse_pooling(a.pooling.as_deref().unwrap_or("1"), rows.len())?;
+    let spec = Learnable {
+        samples: a.rows,
+        dense: a.dense,
+        rows,
+        generator: format!(
+            "dlrmc data generate --pooling {}",
+            a.pooling.as_deref().unwrap_or("1")
+        ),
+    };
+    let t0 = Instant::now();
+    let m = write_learnable_bags(&a.output, &spec, &pooling)
+        .with_context(|| format!("writing {}", a.output.display()))?;
+    if !a.quiet {
+        let multi = m.tables.iter().filter(|t| !t.bags.is_one_hot()).count();
+        eprintln!(
+            "wrote {}: {} samples, {} tables ({multi} multi-hot) in {:.1} s",
+            a.output.display(),
+            m.samples,
+            m.tables.len(),
+            t0.elapsed().as_secs_f64()
         );
     }
     Ok(())

@@ -12,53 +12,17 @@
 
 mod common;
 
-use common::{DLRM_RUN, compile, max_rel, ok, root, s, tempdir};
+use common::{compile, max_rel, real_model, run_metrics, s, tempdir};
 use dlrm_data::{Learnable, write_learnable};
-use serde_json::Value;
-use std::fs;
-use std::path::{Path, PathBuf};
-
-fn model(name: &str) -> PathBuf {
-    root()
-        .join("frontends/onnx/test_cases/real")
-        .join(name)
-        .join("model.onnx")
-}
-
-/// The step losses and the summary's AUC of a metrics file.
-fn metrics(path: &Path) -> (Vec<f32>, f64) {
-    let lines: Vec<Value> = fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("json line"))
-        .collect();
-    let (last, steps) = lines.split_last().expect("a summary line");
-    let losses = steps
-        .iter()
-        .filter(|l| l.get("elapsed_s").is_some())
-        .filter_map(|l| l["loss"].as_f64())
-        .map(|l| l as f32)
-        .collect();
-    (losses, last["auc"].as_f64().expect("auc"))
-}
-
-/// `dlrm-run PLAN --ranks N ARGS..` with a fresh metrics file: its losses and AUC.
-fn run(plan: &Path, ranks: usize, args: &[&str]) -> (Vec<f32>, f64) {
-    let m = plan.with_extension(format!("{ranks}.{}.jsonl", args.len()));
-    let _ = fs::remove_file(&m);
-    let n = ranks.to_string();
-    let common = [s(plan), "--ranks", &n, "--metrics", s(&m), "-q"];
-    ok(DLRM_RUN, &[&common[..], args].concat());
-    metrics(&m)
-}
+use std::path::Path;
 
 /// `last` at each of `ranks` (with `extra` options too) logs `plain`'s one-rank
 /// losses and AUC (both runs given `args`); returns how many losses were compared.
 fn agree(plain: &Path, last: &Path, (args, extra): (&[&str], &[&str]), ranks: &[usize]) -> usize {
     let what = s(last);
-    let (want, auc) = run(plain, 1, args);
+    let (want, auc) = run_metrics(plain, 1, args);
     for &r in ranks {
-        let (got, a) = run(last, r, &[args, extra].concat());
+        let (got, a) = run_metrics(last, r, &[args, extra].concat());
         assert_eq!(got.len(), want.len(), "{what} {extra:?}, {r} ranks");
         let d = max_rel(&want, &got, 0.0);
         assert!(
@@ -92,8 +56,8 @@ fn last_offset_exports_train_and_serve_at_any_rank_count_like_their_plain_twins(
             dir.path().join(format!("{last}.plan")),
             dir.path().join(format!("{plain}.plan")),
         );
-        compile(&model(last), &lp, &[]);
-        compile(&model(plain), &pp, &[]);
+        compile(&real_model(last), &lp, &[]);
+        compile(&real_model(plain), &pp, &[]);
         let train = ["--iters", "8", "--log-every", "1", "--eval-batches", "2"];
         assert_eq!(agree(&pp, &lp, (&train, &[]), &[1, 2, 3]), 8);
         // Row-wise splits: the 60-row table (1920 bytes) cannot stay whole.

@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::{DLRM_RUN, DLRMC, compile as compile_model, example, ok, s, tempdir};
+use common::{DLRM_RUN, DLRMC, compile as compile_model, example, metric_lines, ok, s, tempdir};
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -108,11 +108,7 @@ fn wait_or_kill(child: &mut Child, timeout: Duration, t0: Instant) -> ExitStatus
 
 /// Losses (by iter) and the summary line of a metrics file.
 fn metrics(path: &Path) -> (Vec<(u64, f64)>, Value) {
-    let lines: Vec<Value> = fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("json line"))
-        .collect();
+    let lines = metric_lines(path);
     let (last, steps) = lines.split_last().expect("a summary line");
     let losses = steps
         .iter()

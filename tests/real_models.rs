@@ -15,8 +15,7 @@
 
 mod common;
 
-use common::{DLRM_RUN, DLRMC, compile, max_rel, ok, root, s, tempdir};
-use serde_json::Value;
+use common::{DLRM_RUN, DLRMC, compile, max_rel, ok, root, run_metrics, s, tempdir};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -35,33 +34,6 @@ fn cases() -> Vec<(String, PathBuf)> {
         .collect();
     v.sort();
     v
-}
-
-/// The step losses and the summary's AUC of a metrics file.
-fn metrics(path: &Path) -> (Vec<f32>, f64) {
-    let lines: Vec<Value> = fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("json line"))
-        .collect();
-    let (last, steps) = lines.split_last().expect("a summary line");
-    let losses = steps
-        .iter()
-        .filter(|l| l.get("elapsed_s").is_some())
-        .filter_map(|l| l["loss"].as_f64())
-        .map(|l| l as f32)
-        .collect();
-    (losses, last["auc"].as_f64().expect("auc"))
-}
-
-/// `dlrm-run PLAN --ranks N ARGS..` with a fresh metrics file: losses and AUC.
-fn run(plan: &Path, ranks: usize, args: &[&str]) -> (Vec<f32>, f64) {
-    let m = plan.with_extension(format!("{ranks}.{}.jsonl", args.len()));
-    let _ = fs::remove_file(&m);
-    let n = ranks.to_string();
-    let common = [s(plan), "--ranks", &n, "--metrics", s(&m), "-q"];
-    ok(DLRM_RUN, &[&common[..], args].concat());
-    metrics(&m)
 }
 
 /// The largest absolute difference between two npz files' arrays of the same
@@ -95,11 +67,11 @@ fn every_real_export_trains_and_serves_at_1_2_and_4_ranks() {
         let plan = dir.path().join(format!("{name}.plan"));
         compile(&case.join("model.onnx"), &plan, &[]);
         let train = ["--iters", "4", "--log-every", "1", "--eval-batches", "2"];
-        let (want, auc) = run(&plan, 1, &train);
+        let (want, auc) = run_metrics(&plan, 1, &train);
         assert_eq!(want.len(), 4, "{name}");
         assert!(want.iter().all(|l| l.is_finite()), "{name}: {want:?}");
         for ranks in [2, 4] {
-            let (got, a) = run(&plan, ranks, &train);
+            let (got, a) = run_metrics(&plan, ranks, &train);
             let d = max_rel(&want, &got, 0.0);
             assert!(
                 d <= 1e-5,
@@ -111,7 +83,7 @@ fn every_real_export_trains_and_serves_at_1_2_and_4_ranks() {
             );
         }
         let infer = ["--infer", "--iters", "2", "--eval-batches", "2"];
-        let (_, a) = run(&plan, 2, &infer);
+        let (_, a) = run_metrics(&plan, 2, &infer);
         assert!(a.is_finite(), "{name}: served AUC {a}");
         // The case's own inputs, in the model's names and layout.
         let out = dir.path().join(format!("{name}.out.npz"));
@@ -162,15 +134,15 @@ fn synthetic_bag_sizes_are_drawn_as_pooling_says() {
             "--pooling",
             pooling,
         ];
-        let (one, _) = run(&plan, 1, &args);
-        let (three, _) = run(&plan, 3, &args);
+        let (one, _) = run_metrics(&plan, 1, &args);
+        let (three, _) = run_metrics(&plan, 3, &args);
         let d = max_rel(&one, &three, 0.0);
         assert!(
             d <= 1e-5,
             "{name} --pooling {pooling}: 1 vs 3 ranks {d} rel"
         );
         // Bigger bags sum more rows: the first loss differs from the default's.
-        let (default, _) = run(&plan, 1, &args[..6]);
+        let (default, _) = run_metrics(&plan, 1, &args[..6]);
         assert_ne!(one[0], default[0], "{name}: --pooling changed nothing");
     }
     let plan = dir.path().join("fixed.plan");

@@ -34,6 +34,10 @@ pub enum Format {
     ReferenceNpz,
     /// MLPerf's binary records: 40 little-endian int32 per sample.
     MlperfBin,
+    /// Multi-hot bags per table in `.npz` files ([`crate::ragged`]).
+    RaggedNpz,
+    /// MLPerf DLRM-DCNv2's per-day multi-hot arrays ([`crate::mlperf_multihot`]).
+    MlperfMultiHot,
 }
 
 impl Format {
@@ -43,6 +47,8 @@ impl Format {
             Format::CriteoTsv => "criteo-tsv",
             Format::ReferenceNpz => "reference-npz",
             Format::MlperfBin => "mlperf-bin",
+            Format::RaggedNpz => "ragged-npz",
+            Format::MlperfMultiHot => "mlperf-multihot",
         }
     }
 }
@@ -50,12 +56,18 @@ impl Format {
 impl FromStr for Format {
     type Err = DataError;
     fn from_str(s: &str) -> Result<Format> {
-        [Format::CriteoTsv, Format::ReferenceNpz, Format::MlperfBin]
-            .into_iter()
+        [
+            Format::CriteoTsv,
+            Format::ReferenceNpz,
+            Format::MlperfBin,
+            Format::RaggedNpz,
+            Format::MlperfMultiHot,
+        ]
+        .into_iter()
             .find(|f| f.name() == s)
             .ok_or_else(|| {
                 DataError::Usage(format!(
-                    "unknown format `{s}` (expected criteo-tsv, reference-npz or mlperf-bin)"
+                    "unknown format `{s}` (expected criteo-tsv, reference-npz, mlperf-bin, ragged-npz or mlperf-multihot)"
                 ))
             })
     }
@@ -193,6 +205,14 @@ pub fn convert(
         }
         (_, m) => IdMapping::AsIs { modulo: m.modulo() },
     };
+    match opts.format {
+        Format::RaggedNpz => return crate::ragged::convert_ragged(opts, mapping, progress),
+        Format::MlperfMultiHot => {
+            let read = &crate::mlperf_multihot::read_day;
+            return crate::ragged::convert_days(opts, mapping, progress, ("ln(x+3)", read));
+        }
+        _ => {}
+    }
     let split = opts
         .split
         .clone()
@@ -252,10 +272,7 @@ pub fn convert(
     let tables = rows
         .iter()
         .enumerate()
-        .map(|(t, &rows)| TableInfo {
-            name: criteo::sparse_name(t),
-            rows,
-        })
+        .map(|(t, &rows)| TableInfo::new(criteo::sparse_name(t), rows))
         .collect();
     let mut source = serde_json::json!({
         "format": opts.format.name(),
@@ -335,6 +352,11 @@ fn read_inputs(
                 let (n, c) = processed::read_npz(path, sink)?;
                 read.counts = Some(merge_counts(read.counts.take(), c));
                 (n, serde_json::Value::Null)
+            }
+            Format::RaggedNpz | Format::MlperfMultiHot => {
+                return Err(DataError::Usage(
+                    "internal: multi-hot inputs are read by ragged::convert_days".into(),
+                ));
             }
         };
         done_bytes += std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);

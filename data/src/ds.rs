@@ -1,5 +1,6 @@
 //! The `.ds` dataset: manifest, atomic writer, memory-mapped reader (see the crate docs).
 
+use crate::bags::{Bags, TableOut, bag_range, check_offsets, ids_file, offsets_file};
 use crate::error::{DataError, Result};
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
@@ -13,23 +14,54 @@ compile_error!("the .ds column files are little-endian and read by memory map");
 
 /// The manifest's `format` field.
 pub const FORMAT: &str = "dlrm-dataset";
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The newest format version this build reads; it writes version 2 when a table is
+/// multi-hot and version 1 (which every earlier build reads) when every table is
+/// one-hot.
+pub const VERSION: u32 = 2;
+/// The version of datasets whose tables are all one-hot.
+const VERSION_ONE_HOT: u32 = 1;
 const MANIFEST: &str = "manifest.json";
 const LABEL: &str = "label.u8";
 const DENSE: &str = "dense.f32";
 
-fn sparse_file(t: usize) -> String {
-    format!("sparse.{t}.u32")
-}
-
-/// A table (categorical feature): its name and row count (every id is below it).
+/// A table (categorical feature): its name, row count (every id is below it) and
+/// how its bags are stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableInfo {
     /// The feature's name (`C1` .. `C26` for Criteo).
     pub name: String,
     /// Rows: one more than the largest id the table may hold.
     pub rows: u64,
+    /// One id per sample, or a bag of ids per sample (set by the writer).
+    #[serde(default, skip_serializing_if = "Bags::is_one_hot")]
+    pub bags: Bags,
+    /// A multi-hot table's ids in all samples (set by the writer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<u64>,
+    /// A multi-hot table's bag size when every bag has the same (set by the writer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hotness: Option<u64>,
+}
+
+impl TableInfo {
+    /// A table called `name` of `rows` rows (its bags are filled in by the writer).
+    pub fn new(name: impl Into<String>, rows: u64) -> TableInfo {
+        TableInfo {
+            name: name.into(),
+            rows,
+            bags: Bags::OneHot,
+            ids: None,
+            hotness: None,
+        }
+    }
+
+    /// The bag size of every sample, if fixed: 1 for a one-hot table.
+    pub fn fixed_hotness(&self) -> Option<u64> {
+        match self.bags {
+            Bags::OneHot => Some(1),
+            Bags::MultiHot => self.hotness,
+        }
+    }
 }
 
 /// A named range of samples.
@@ -135,6 +167,7 @@ impl Manifest {
                     table.name, table.rows
                 ));
             }
+            self.check_bags(t, table).or_else(bad)?;
         }
         for (name, bytes) in self.expected_files() {
             match self.files.iter().find(|f| f.path == name) {
@@ -151,6 +184,35 @@ impl Manifest {
         Ok(())
     }
 
+    /// Table `t`'s bag description: a multi-hot table only in version 2, with its
+    /// id count, and a hotness that accounts for every id.
+    fn check_bags(&self, t: usize, table: &TableInfo) -> std::result::Result<(), String> {
+        let name = &table.name;
+        match (table.bags, table.ids, table.hotness) {
+            (Bags::OneHot, None, None) => Ok(()),
+            (Bags::OneHot, ..) => Err(format!(
+                "table {t} ({name}) is one_hot but lists an id count or hotness"
+            )),
+            (Bags::MultiHot, _, _) if self.version < 2 => Err(format!(
+                "table {t} ({name}) is multi_hot, which format version {} does not have (2 does)",
+                self.version
+            )),
+            (Bags::MultiHot, None, _) => Err(format!(
+                "table {t} ({name}) is multi_hot but lists no id count"
+            )),
+            (Bags::MultiHot, Some(ids), Some(h)) if h.checked_mul(self.samples) != Some(ids) => {
+                Err(format!(
+                    "table {t} ({name}) has hotness {h} but {ids} ids for {} samples",
+                    self.samples
+                ))
+            }
+            (Bags::MultiHot, Some(ids), _) if ids > u64::MAX / 8 => {
+                Err(format!("table {t} ({name}) lists {ids} ids"))
+            }
+            (Bags::MultiHot, Some(_), _) => Ok(()),
+        }
+    }
+
     /// The column files this schema has, with their sizes.
     fn expected_files(&self) -> Vec<(String, u64)> {
         let n = self.samples;
@@ -158,7 +220,12 @@ impl Manifest {
             (LABEL.to_string(), n),
             (DENSE.to_string(), n * self.dense as u64 * 4),
         ];
-        v.extend((0..self.tables.len()).map(|t| (sparse_file(t), n * 4)));
+        for (t, table) in self.tables.iter().enumerate() {
+            v.push((ids_file(t), table.ids.unwrap_or(n) * 4));
+            if table.bags == Bags::MultiHot {
+                v.push((offsets_file(t), (n + 1) * 8));
+            }
+        }
         v
     }
 }
@@ -187,15 +254,21 @@ pub struct DatasetWriter {
     dense: usize,
     label: BufWriter<File>,
     dense_f: BufWriter<File>,
-    sparse: Vec<BufWriter<File>>,
+    tables: Vec<TableOut>,
     samples: u64,
 }
 
 impl DatasetWriter {
     /// A writer of a dataset at `target` with `dense` dense features and `tables`
-    /// categorical ones. `target` must not exist or be a dataset (which the finished
-    /// write replaces).
+    /// one-hot categorical ones. `target` must not exist or be a dataset (which the
+    /// finished write replaces).
     pub fn create(target: &Path, dense: usize, tables: usize) -> Result<DatasetWriter> {
+        DatasetWriter::create_bags(target, dense, &vec![Bags::OneHot; tables])
+    }
+
+    /// A writer like [`DatasetWriter::create`] whose table `t` stores its bags as
+    /// `bags[t]`.
+    pub fn create_bags(target: &Path, dense: usize, bags: &[Bags]) -> Result<DatasetWriter> {
         if target.exists() && !target.join(MANIFEST).is_file() {
             return Err(DataError::dataset(
                 target,
@@ -213,8 +286,10 @@ impl DatasetWriter {
         Ok(DatasetWriter {
             label: open(LABEL)?,
             dense_f: open(DENSE)?,
-            sparse: (0..tables)
-                .map(|t| open(&sparse_file(t)))
+            tables: bags
+                .iter()
+                .enumerate()
+                .map(|(t, &b)| TableOut::create(tmp.path(), t, b))
                 .collect::<Result<_>>()?,
             target: target.to_path_buf(),
             tmp,
@@ -230,14 +305,21 @@ impl DatasetWriter {
 
     /// Appends one sample: its label (0 or 1), dense values and one id per table.
     pub fn push(&mut self, label: u8, dense: &[f32], sparse: &[u32]) -> Result<()> {
-        if label > 1 || dense.len() != self.dense || sparse.len() != self.sparse.len() {
+        let bags: Vec<&[u32]> = sparse.iter().map(std::slice::from_ref).collect();
+        self.push_bags(label, dense, &bags)
+    }
+
+    /// Appends one sample: its label (0 or 1), dense values and one bag per table
+    /// (exactly one id for a one-hot table).
+    pub fn push_bags(&mut self, label: u8, dense: &[f32], bags: &[&[u32]]) -> Result<()> {
+        if label > 1 || dense.len() != self.dense || bags.len() != self.tables.len() {
             return Err(DataError::Usage(format!(
-                "sample {}: label {label}, {} dense and {} sparse values; the dataset takes a 0/1 label, {} dense and {} sparse",
+                "sample {}: label {label}, {} dense values and {} bags; the dataset takes a 0/1 label, {} dense values and {} bags",
                 self.samples,
                 dense.len(),
-                sparse.len(),
+                bags.len(),
                 self.dense,
-                self.sparse.len()
+                self.tables.len()
             )));
         }
         let tmp = self.tmp.path();
@@ -246,9 +328,8 @@ impl DatasetWriter {
         self.dense_f
             .write_all(bytemuck::cast_slice(dense))
             .map_err(|e| io(DENSE, e))?;
-        for (t, (w, id)) in self.sparse.iter_mut().zip(sparse).enumerate() {
-            w.write_all(&id.to_le_bytes())
-                .map_err(|e| io(&sparse_file(t), e))?;
+        for (t, (w, bag)) in self.tables.iter_mut().zip(bags).enumerate() {
+            w.push(tmp, t, bag, &[bag.len() as u64])?;
         }
         self.samples += 1;
         Ok(())
@@ -263,15 +344,30 @@ impl DatasetWriter {
         dense: &[f32],
         sparse: &[Vec<u32>],
     ) -> Result<()> {
+        let ends: Vec<u64> = (1..=labels.len() as u64).collect();
+        let bags: Vec<(&[u32], &[u64])> = sparse.iter().map(|c| (&c[..], &ends[..])).collect();
+        self.push_bag_columns(labels, dense, &bags)
+    }
+
+    /// Appends `labels.len()` samples column by column like
+    /// [`DatasetWriter::push_columns`], with per table the samples' ids in sample
+    /// order and where each sample's bag ends in them (exclusive; `labels.len()`
+    /// ends, non-decreasing, the last the id count).
+    pub fn push_bag_columns(
+        &mut self,
+        labels: &[u8],
+        dense: &[f32],
+        sparse: &[(&[u32], &[u64])],
+    ) -> Result<()> {
         let n = labels.len();
         if dense.len() != n * self.dense
-            || sparse.len() != self.sparse.len()
-            || sparse.iter().any(|c| c.len() != n)
+            || sparse.len() != self.tables.len()
+            || sparse.iter().any(|(_, ends)| ends.len() != n)
         {
             return Err(DataError::Usage(format!(
-                "{n} samples need {} dense values and {} id columns of {n}",
+                "{n} samples need {} dense values and {} bag columns of {n} bags",
                 n * self.dense,
-                self.sparse.len()
+                self.tables.len()
             )));
         }
         if let Some(i) = labels.iter().position(|&y| y > 1) {
@@ -287,9 +383,8 @@ impl DatasetWriter {
         self.dense_f
             .write_all(bytemuck::cast_slice(dense))
             .map_err(|e| io(DENSE, e))?;
-        for (t, (w, ids)) in self.sparse.iter_mut().zip(sparse).enumerate() {
-            w.write_all(bytemuck::cast_slice(ids))
-                .map_err(|e| io(&sparse_file(t), e))?;
+        for (t, (w, (ids, ends))) in self.tables.iter_mut().zip(sparse).enumerate() {
+            w.push(tmp, t, ids, ends)?;
         }
         self.samples += n as u64;
         Ok(())
@@ -298,14 +393,14 @@ impl DatasetWriter {
     /// Rewrites every id of table `t` written so far through `f` (e.g. raw hashes to
     /// vocabulary rows once the vocabulary is known).
     pub fn map_sparse(&mut self, t: usize, f: impl Fn(u32) -> u32 + Sync) -> Result<()> {
-        let name = sparse_file(t);
+        let name = ids_file(t);
         let w = self
-            .sparse
+            .tables
             .get_mut(t)
             .ok_or_else(|| DataError::Usage(format!("no table {t}")))?;
         let p = self.tmp.path().join(&name);
-        w.flush().map_err(|e| DataError::io(&p, e))?;
-        if self.samples == 0 {
+        w.ids.flush().map_err(|e| DataError::io(&p, e))?;
+        if w.count == 0 {
             return Ok(());
         }
         let file = std::fs::OpenOptions::new()
@@ -327,30 +422,39 @@ impl DatasetWriter {
     }
 
     /// Syncs every file, writes the manifest and renames the directory into place
-    /// (replacing a dataset already there only once the new one is complete).
-    pub fn finish(mut self, meta: DatasetMeta) -> Result<Manifest> {
-        if meta.tables.len() != self.sparse.len() {
+    /// (replacing a dataset already there only once the new one is complete). The
+    /// tables' bag descriptions ([`TableInfo::bags`], `ids`, `hotness`) are the
+    /// writer's.
+    pub fn finish(mut self, mut meta: DatasetMeta) -> Result<Manifest> {
+        if meta.tables.len() != self.tables.len() {
             return Err(DataError::Usage(format!(
                 "{} table descriptions for {} tables",
                 meta.tables.len(),
-                self.sparse.len()
+                self.tables.len()
             )));
         }
         let tmp = self.tmp.path().to_path_buf();
-        let mut names = vec![LABEL.to_string(), DENSE.to_string()];
-        names.extend((0..self.sparse.len()).map(sparse_file));
-        let mut writers: Vec<&mut BufWriter<File>> = vec![&mut self.label, &mut self.dense_f];
-        writers.extend(self.sparse.iter_mut());
-        for (w, name) in writers.into_iter().zip(&names) {
+        for (w, name) in [(&mut self.label, LABEL), (&mut self.dense_f, DENSE)] {
             let p = tmp.join(name);
             w.flush().map_err(|e| DataError::io(&p, e))?;
             w.get_ref().sync_all().map_err(|e| DataError::io(&p, e))?;
         }
+        let mut names = vec![LABEL.to_string(), DENSE.to_string()];
+        for (t, (w, info)) in self.tables.iter_mut().zip(&mut meta.tables).enumerate() {
+            w.sync(&tmp, t)?;
+            names.push(ids_file(t));
+            info.bags = w.bags();
+            (info.ids, info.hotness) = (None, None);
+            if info.bags == Bags::MultiHot {
+                names.push(offsets_file(t));
+                info.ids = Some(w.count);
+                info.hotness = (w.min == w.max).then_some(w.max);
+            }
+        }
         let files = names
             .iter()
             .map(|name| {
-                let p = tmp.join(name);
-                let (bytes, sha256) = hash_file(&p)?;
+                let (bytes, sha256) = hash_file(&tmp.join(name))?;
                 Ok(FileEntry {
                     path: name.clone(),
                     bytes,
@@ -358,9 +462,10 @@ impl DatasetWriter {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        let multi = meta.tables.iter().any(|t| t.bags == Bags::MultiHot);
         let manifest = Manifest {
             format: FORMAT.into(),
-            version: VERSION,
+            version: if multi { VERSION } else { VERSION_ONE_HOT },
             samples: self.samples,
             dense: self.dense,
             dense_transform: meta.dense_transform,
@@ -371,14 +476,7 @@ impl DatasetWriter {
             files,
         };
         manifest.check(&self.target)?;
-        let mp = tmp.join(MANIFEST);
-        let text = serde_json::to_string_pretty(&manifest)
-            .map_err(|e| DataError::dataset(&mp, e.to_string()))?;
-        let mut f = File::create(&mp).map_err(|e| DataError::io(&mp, e))?;
-        f.write_all(text.as_bytes())
-            .and_then(|()| f.write_all(b"\n"))
-            .and_then(|()| f.sync_all())
-            .map_err(|e| DataError::io(&mp, e))?;
+        write_manifest(&tmp, &manifest)?;
         // A temporary directory is private (0700); a dataset is as readable as any
         // directory the user makes.
         #[cfg(unix)]
@@ -391,6 +489,18 @@ impl DatasetWriter {
         commit_dir(self.tmp, &self.target)?;
         Ok(manifest)
     }
+}
+
+/// Writes `manifest.json` in `dir`, synced.
+fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<()> {
+    let mp = dir.join(MANIFEST);
+    let text = serde_json::to_string_pretty(manifest)
+        .map_err(|e| DataError::dataset(&mp, e.to_string()))?;
+    let mut f = File::create(&mp).map_err(|e| DataError::io(&mp, e))?;
+    f.write_all(text.as_bytes())
+        .and_then(|()| f.write_all(b"\n"))
+        .and_then(|()| f.sync_all())
+        .map_err(|e| DataError::io(&mp, e))
 }
 
 /// Renames the finished temporary directory to `target`; an existing dataset there
@@ -417,6 +527,8 @@ pub struct Dataset {
     label: Mmap,
     dense: Mmap,
     sparse: Vec<Mmap>,
+    /// Per table: its bag starts, if multi-hot.
+    offsets: Vec<Option<Mmap>>,
 }
 
 impl std::fmt::Debug for Dataset {
@@ -428,50 +540,78 @@ impl std::fmt::Debug for Dataset {
     }
 }
 
+/// The ids of a mapped ids file (a page-aligned map whose size was checked to be a
+/// multiple of 4 at open; an empty file, which has no page, holds none).
+fn ids_of(m: &Mmap) -> &[u32] {
+    if m.is_empty() {
+        &[]
+    } else {
+        bytemuck::cast_slice(m)
+    }
+}
+
+/// Maps `dir/name`, which must be `bytes` long.
+fn map_file(dir: &Path, name: &str, bytes: u64) -> Result<Mmap> {
+    let p = dir.join(name);
+    let f = File::open(&p).map_err(|e| DataError::io(&p, e))?;
+    let len = f.metadata().map_err(|e| DataError::io(&p, e))?.len();
+    if len != bytes {
+        return Err(DataError::dataset(
+            &p,
+            format!("is {len} bytes, the manifest says {bytes}"),
+        ));
+    }
+    // SAFETY: the map is read-only; a dataset is never written in place (the
+    // writer renames a new directory over it), so the file does not change
+    // under the map unless someone edits it by hand, which the checksums of
+    // `verify` catch (and every bag's bounds are checked where they are read).
+    unsafe { Mmap::map(&f) }.map_err(|e| DataError::io(&p, e))
+}
+
 impl Dataset {
     /// Opens the dataset at `dir`: reads and checks the manifest, checks every column
-    /// file's size, maps the files. Checksums and value ranges are checked by
-    /// [`Dataset::verify`].
+    /// file's size and every multi-hot table's first and last offset, maps the files.
+    /// Checksums, value ranges and the order of every offset are checked by
+    /// [`Dataset::verify`]; a bag's bounds are checked again where it is read
+    /// ([`Dataset::bag`]).
     pub fn open(dir: &Path) -> Result<Dataset> {
         let mp = dir.join(MANIFEST);
         let text = std::fs::read_to_string(&mp).map_err(|e| DataError::io(&mp, e))?;
         let manifest: Manifest = serde_json::from_str(&text)
             .map_err(|e| DataError::dataset(&mp, format!("malformed manifest: {e}")))?;
         manifest.check(dir)?;
-        let map = |name: &str, bytes: u64| -> Result<Mmap> {
-            let p = dir.join(name);
-            let f = File::open(&p).map_err(|e| DataError::io(&p, e))?;
-            let len = f.metadata().map_err(|e| DataError::io(&p, e))?.len();
-            if len != bytes {
-                return Err(DataError::dataset(
-                    &p,
-                    format!("is {len} bytes, the manifest says {bytes}"),
-                ));
-            }
-            // SAFETY: the map is read-only; a dataset is never written in place (the
-            // writer renames a new directory over it), so the file does not change
-            // under the map unless someone edits it by hand, which the checksums of
-            // `verify` catch.
-            unsafe { Mmap::map(&f) }.map_err(|e| DataError::io(&p, e))
-        };
-        let sizes = manifest.expected_files();
-        let label = map(&sizes[0].0, sizes[0].1)?;
-        let dense = map(&sizes[1].0, sizes[1].1)?;
-        let sparse = sizes[2..]
-            .iter()
-            .map(|(n, b)| map(n, *b))
-            .collect::<Result<Vec<_>>>()?;
+        let n = manifest.samples;
+        let label = map_file(dir, LABEL, n)?;
+        let dense = map_file(dir, DENSE, n * manifest.dense as u64 * 4)?;
+        let mut sparse = Vec::with_capacity(manifest.tables.len());
+        let mut offsets = Vec::with_capacity(manifest.tables.len());
+        for (t, table) in manifest.tables.iter().enumerate() {
+            let ids = table.ids.unwrap_or(n);
+            sparse.push(map_file(dir, &ids_file(t), ids * 4)?);
+            offsets.push(match table.bags {
+                Bags::OneHot => None,
+                Bags::MultiHot => {
+                    let m = map_file(dir, &offsets_file(t), (n + 1) * 8)?;
+                    let o: &[u64] = bytemuck::cast_slice(&m);
+                    let ends = [o[0], o[o.len() - 1]];
+                    check_offsets(&dir.join(offsets_file(t)), t, &ends, ids)?;
+                    Some(m)
+                }
+            });
+        }
         Ok(Dataset {
             dir: dir.to_path_buf(),
             manifest,
             label,
             dense,
             sparse,
+            offsets,
         })
     }
 
-    /// Checks every file's SHA-256 against the manifest, every label is 0 or 1 and
-    /// every id below its table's rows; names the first mismatch.
+    /// Checks every file's SHA-256 against the manifest, every label is 0 or 1,
+    /// every id below its table's rows and every multi-hot table's offsets in order;
+    /// names the first mismatch.
     pub fn verify(&self) -> Result<()> {
         for f in &self.manifest.files {
             let p = self.dir.join(&f.path);
@@ -494,12 +634,21 @@ impl Dataset {
         }
         for (t, table) in self.manifest.tables.iter().enumerate() {
             let ids = self.sparse(t);
+            if let Some(o) = self.bag_offsets(t) {
+                check_offsets(&self.dir.join(offsets_file(t)), t, o, ids.len() as u64)?;
+            }
             if let Some(i) = ids.iter().position(|&id| u64::from(id) >= table.rows) {
                 return Err(DataError::dataset(
-                    self.dir.join(sparse_file(t)),
+                    self.dir.join(ids_file(t)),
                     format!(
-                        "sample {i}: id {} of table {t} ({}) is beyond its {} rows",
-                        ids[i], table.name, table.rows
+                        "{}: id {} of table {t} ({}) is beyond its {} rows",
+                        match table.bags {
+                            Bags::OneHot => format!("sample {i}"),
+                            Bags::MultiHot => format!("id {i} of the bags"),
+                        },
+                        ids[i],
+                        table.name,
+                        table.rows
                     ),
                 ));
             }
@@ -548,12 +697,43 @@ impl Dataset {
         bytemuck::cast_slice(&self.dense)
     }
 
-    /// Table `t`'s id of every sample.
+    /// Table `t`'s ids: one per sample (one-hot), or every sample's bag in sample
+    /// order (multi-hot; see [`Dataset::bag`]).
     ///
     /// # Panics
     /// If `t >= num_tables()`.
     pub fn sparse(&self, t: usize) -> &[u32] {
-        bytemuck::cast_slice(&self.sparse[t])
+        ids_of(&self.sparse[t])
+    }
+
+    /// Multi-hot table `t`'s `len() + 1` bag starts (unchecked; [`Dataset::bag`]
+    /// checks each bag it reads); `None` for a one-hot table or no table `t`.
+    pub fn bag_offsets(&self, t: usize) -> Option<&[u64]> {
+        self.offsets
+            .get(t)?
+            .as_ref()
+            .map(|m| bytemuck::cast_slice(m))
+    }
+
+    /// Sample `s`'s bag of table `t`: a range of [`Dataset::sparse`], its bounds
+    /// checked (an error names the offsets file, the table and the sample).
+    pub fn bag(&self, t: usize, s: usize) -> Result<&[u32]> {
+        let ids = self
+            .sparse
+            .get(t)
+            .map(ids_of)
+            .ok_or_else(|| DataError::Usage(format!("no table {t}")))?;
+        let r = match self.bag_offsets(t) {
+            Some(o) => bag_range(&self.dir.join(offsets_file(t)), t, o, ids.len(), s)?,
+            None if s < ids.len() => s..s + 1,
+            None => {
+                return Err(DataError::Usage(format!(
+                    "sample {s} is beyond the {} samples",
+                    ids.len()
+                )));
+            }
+        };
+        Ok(&ids[r])
     }
 
     /// The samples of split `name`.

@@ -1,5 +1,6 @@
 //! `dlrmc data inspect`: what a dataset holds, per split, dense feature and table.
 
+use crate::bags::Bags;
 use crate::ds::{Dataset, Split};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -32,8 +33,32 @@ pub struct TableStats {
     pub used: u64,
     /// The most frequent row.
     pub top_row: u32,
-    /// Share of samples on the most frequent row.
+    /// Share of the table's ids on the most frequent row.
     pub top_share: f64,
+    /// One id per sample, or a bag per sample.
+    pub bags: Bags,
+    /// The smallest bag (ids per sample).
+    pub bag_min: u64,
+    /// The mean bag.
+    pub bag_mean: f64,
+    /// The largest bag.
+    pub bag_max: u64,
+    /// The bag size of every sample, when fixed (1 for a one-hot table).
+    pub hotness: Option<u64>,
+}
+
+/// The smallest, mean and largest bag of table `t`.
+fn bag_sizes(ds: &Dataset, t: usize) -> (u64, f64, u64) {
+    let Some(o) = ds.bag_offsets(t) else {
+        return (1, 1.0, 1);
+    };
+    let (mut lo, mut hi) = (u64::MAX, 0);
+    for w in o.windows(2) {
+        let len = w[1].saturating_sub(w[0]);
+        (lo, hi) = (lo.min(len), hi.max(len));
+    }
+    let n = o.len().saturating_sub(1).max(1);
+    (lo.min(hi), ds.sparse(t).len() as f64 / n as f64, hi)
 }
 
 /// Everything `dlrmc data inspect` prints.
@@ -125,12 +150,18 @@ pub fn inspect(ds: &Dataset) -> Inspection {
                     .map_or((0, 0), |(&i, &c)| (i, c));
                 (counts.len() as u64, top_row, top)
             };
+            let (bag_min, bag_mean, bag_max) = bag_sizes(ds, t);
             TableStats {
                 name: info.name.clone(),
                 rows: info.rows,
                 used,
                 top_row,
-                top_share: top as f64 / n as f64,
+                top_share: top as f64 / ids.len().max(1) as f64,
+                bags: info.bags,
+                bag_min,
+                bag_mean,
+                bag_max,
+                hotness: info.fixed_hotness(),
             }
         })
         .collect();
@@ -218,17 +249,29 @@ impl fmt::Display for Inspection {
         writeln!(f, "tables")?;
         writeln!(
             f,
-            "  {:<5} {:>12} {:>12} {:>10}",
-            "name", "rows", "used", "top row"
+            "  {:<5} {:>12} {:>12} {:>10}  {:<10}{:>7} {:>6} {:>8} {:>6}",
+            "name", "rows", "used", "top row", "bags", "hotness", "min", "mean", "max"
         )?;
         for t in &self.tables {
+            let bags = match t.bags {
+                Bags::OneHot => "one-hot",
+                Bags::MultiHot => "multi-hot",
+            };
+            let hot = t
+                .hotness
+                .map_or_else(|| "varies".to_string(), |h| h.to_string());
             writeln!(
                 f,
-                "  {:<5} {:>12} {:>12} {:>9.2}%",
+                "  {:<5} {:>12} {:>12} {:>9.2}%  {:<10}{:>7} {:>6} {:>8.2} {:>6}",
                 t.name,
                 t.rows,
                 t.used,
-                100.0 * t.top_share
+                100.0 * t.top_share,
+                bags,
+                hot,
+                t.bag_min,
+                t.bag_mean,
+                t.bag_max
             )?;
         }
         Ok(())

@@ -9,7 +9,16 @@
 //! | --- | --- | --- |
 //! | `label.u8` | u8 (0 or 1) | samples |
 //! | `dense.f32` | f32, sample-major | samples × dense width (values already transformed) |
-//! | `sparse.<t>.u32` | u32 | samples (table `t`'s row of each sample) |
+//! | `sparse.<t>.u32` | u32 | one-hot table: samples (table `t`'s row of each sample); multi-hot: every sample's bag, in sample order |
+//! | `sparse.<t>.off.u64` | u64 | multi-hot tables only: samples + 1 bag starts (0 first, non-decreasing, the id count last) |
+//!
+//! The manifest's table entry says which ([`TableInfo::bags`], `"one_hot"` when
+//! absent) and, for a multi-hot table, its id count and its hotness when every bag
+//! has the same size. A dataset with a multi-hot table is format version 2; one whose
+//! tables are all one-hot is written as version 1, byte for byte as before, and every
+//! version-1 dataset reads unchanged. [`Dataset::open`] checks every file's size and
+//! each offsets file's first and last entry; [`Dataset::bag`] checks a bag's bounds
+//! where it is read and [`Dataset::verify`] every offset's order.
 //!
 //! [`DatasetWriter`] writes one atomically: into a temporary directory beside the
 //! target, every file synced, then renamed into place; a failed or interrupted write
@@ -25,6 +34,8 @@
 //! - [`split`]: the reference's Kaggle and Terabyte splits, or fractions;
 //! - [`processed`]: the reference's `.npz` and MLPerf's binary records;
 //! - [`npy`]: `.npy`/`.npz` read with every declared size checked first;
+//! - [`ragged`]: multi-hot bags per table from `.npz` (ids + lengths or offsets);
+//! - [`mlperf_multihot`]: MLPerf DLRM-DCNv2's per-day multi-hot arrays;
 //! - [`convert()`]: the streaming, atomic conversion of any of them to `.ds`;
 //! - [`mod@generate`]: synthetic Criteo-format TSV with the real data's character;
 //! - [`mod@inspect`]: a dataset's summary (splits, per-feature statistics);
@@ -33,6 +44,7 @@
 //!   that datasets, plans and checkpoints share.
 #![warn(missing_docs)]
 
+mod bags;
 pub mod convert;
 pub mod criteo;
 mod ds;
@@ -41,11 +53,14 @@ mod error;
 pub mod generate;
 pub mod inspect;
 pub mod learnable;
+pub mod mlperf_multihot;
 pub mod npy;
 pub mod processed;
+pub mod ragged;
 pub mod split;
 pub mod vocab;
 
+pub use bags::{BagSizes, Bags};
 pub use convert::{ConvertOptions, ConvertReport, Format, Progress, convert};
 pub use ds::{
     Dataset, DatasetMeta, DatasetWriter, FORMAT, FileEntry, Manifest, Split, TableInfo, VERSION,
@@ -53,6 +68,6 @@ pub use ds::{
 pub use error::{DataError, Result};
 pub use generate::{GenerateOptions, GenerateReport, generate};
 pub use inspect::{Inspection, inspect};
-pub use learnable::{Learnable, write_learnable};
+pub use learnable::{Learnable, parse_pooling, write_learnable, write_learnable_bags};
 pub use split::SplitSpec;
 pub use vocab::IdMapping;

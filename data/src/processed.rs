@@ -181,15 +181,15 @@ fn bad_shape(path: &Path, name: &str, shape: &[u64], want: &str) -> DataError {
 }
 
 /// A numpy array read into `T`s, with its shape and order.
-struct Array<T> {
-    data: Vec<T>,
-    shape: Vec<u64>,
-    fortran: bool,
+pub(crate) struct Array<T> {
+    pub(crate) data: Vec<T>,
+    pub(crate) shape: Vec<u64>,
+    pub(crate) fortran: bool,
 }
 
 impl<T: Copy> Array<T> {
     /// The values of an (n, k) array in sample-major order.
-    fn sample_major(&self, path: &Path, name: &str, n: u64, k: usize) -> Result<Vec<T>> {
+    pub(crate) fn sample_major(&self, path: &Path, name: &str, n: u64, k: usize) -> Result<Vec<T>> {
         if self.shape != [n, k as u64] {
             return Err(bad_shape(path, name, &self.shape, &format!("({n}, {k})")));
         }
@@ -210,7 +210,7 @@ fn float_to_int(x: f64) -> Option<i128> {
     (x.fract() == 0.0 && x.abs() < 9.0e15).then_some(x as i128)
 }
 
-fn read_array<T, R: Read + std::io::Seek>(
+pub(crate) fn read_array<T, R: Read + std::io::Seek>(
     zip: &mut zip::ZipArchive<R>,
     path: &Path,
     name: &str,

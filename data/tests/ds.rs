@@ -7,16 +7,7 @@ use std::path::Path;
 fn meta(samples: u64) -> DatasetMeta {
     DatasetMeta {
         dense_transform: "log1p".into(),
-        tables: vec![
-            TableInfo {
-                name: "C1".into(),
-                rows: 10,
-            },
-            TableInfo {
-                name: "C2".into(),
-                rows: 3,
-            },
-        ],
+        tables: vec![TableInfo::new("C1", 10), TableInfo::new("C2", 3)],
         splits: vec![
             Split {
                 name: "train".into(),

@@ -4,9 +4,13 @@
 //! **Mapping.** [`DatasetSource::new`] maps the graph's [`DataSchema`] onto the
 //! dataset: the dense inputs in graph order take the dataset's dense columns in order
 //! (their total width must equal the dataset's); the sparse features in graph input
-//! order take the tables in column order (the counts must be equal); each must take
-//! one id per sample (pooling-1 indices `[B,1]`, or offsets-form bags of one id each,
-//! a last_offset bag's `[B+1]` offsets ending with the id count);
+//! order take the tables in column order (the counts must be equal). Bags with
+//! offsets take any table: the rank's samples' ids in order and their bag starts
+//! from 0 (a last_offset bag's `[B+1]` offsets ending with the id count); a fixed
+//! pooling `[B,P]` takes a table whose every bag holds P ids (a one-hot table for
+//! P = 1, a multi-hot one of hotness P); `[B]` indices beside `[B]` offsets (one id
+//! a bag) take a table of bags of one. Any other pairing is an error naming the
+//! input and the table;
 //! a graph table with fewer rows than the dataset's table is an error naming both
 //! counts. The label input gets the label (0.0 or 1.0). Index inputs get the dtype the
 //! graph declares (i64 or i32). Every id is checked against its graph table's rows
@@ -28,9 +32,9 @@
 //! is padded with the split's last sample and the padded predictions are dropped
 //! ([`DatasetSource::eval_samples`]).
 
-use crate::data::{DataSchema, hash, offsets_samples, splitmix64};
+use crate::data::{DataSchema, SparseFeature, hash, offsets_samples, splitmix64};
 use crate::error::{Result, RuntimeError};
-use dlrm_data::Dataset;
+use dlrm_data::{Dataset, TableInfo};
 use dlrm_ir::{DType, Dim, Graph, Tensor, batch_slice};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -180,15 +184,7 @@ impl DatasetSource {
             ));
         }
         for (t, (f, info)) in schema.sparse.iter().zip(&ds.manifest().tables).enumerate() {
-            if f.offsets.is_none() && f.pooling != 1 {
-                return Err(mismatch(
-                    &path,
-                    format!(
-                        "sparse feature %{} takes {} ids per sample; a dataset has one per sample and table (compile with pooling 1)",
-                        f.input, f.pooling
-                    ),
-                ));
-            }
+            check_bags(&path, t, f, info)?;
             if (f.rows as u64) < info.rows {
                 return Err(mismatch(
                     &path,
@@ -434,19 +430,19 @@ impl DatasetSource {
                         offsets_samples(lead, |d| rows_of(o, d))?
                     }
                 };
-                let ids = self.ids(t, rows, feat.rows)?;
+                let (ids, starts) = self.bags(t, rows, feat.rows)?;
                 let shape = match &feat.offsets {
-                    None => vec![rows.len(), 1],
-                    Some(_) => vec![rows.len()],
+                    None => vec![rows.len(), feat.pooling],
+                    Some(_) => vec![ids.len()],
                 };
                 out.insert(name.to_string(), index_tensor(ty.dtype, shape, ids, path)?);
                 if let Some(o) = &feat.offsets {
                     let odt = rank_graph
                         .find(o)
                         .map_or(DType::I64, |ov| rank_graph.ty(ov).dtype);
-                    // One id per sample; a last_offset bag's offsets end with the count.
+                    // A last_offset bag's offsets end with the id count.
                     let n = rows.len() + usize::from(last);
-                    let offs: Vec<u32> = (0..n as u32).collect();
+                    let offs = starts[..n].to_vec();
                     out.insert(o.clone(), index_tensor(odt, vec![n], offs, path)?);
                 }
             } else if schema
@@ -468,22 +464,66 @@ impl DatasetSource {
         Ok(out)
     }
 
-    /// Table `t`'s ids of `rows`, each checked against the graph table's `limit`.
-    fn ids(&self, t: usize, rows: &[usize], limit: usize) -> Result<Vec<u32>> {
-        let col = self.ds.sparse(t);
-        let mut ids = Vec::with_capacity(rows.len());
+    /// Table `t`'s bags of the samples `rows`, read once: their ids in order, each
+    /// checked against the graph table's `limit`, and the bag starts from 0
+    /// (`rows.len() + 1` of them, the last the id count).
+    fn bags(&self, t: usize, rows: &[usize], limit: usize) -> Result<(Vec<u32>, Vec<u32>)> {
+        let hot = self.ds.manifest().tables[t].fixed_hotness();
+        let mut ids = Vec::with_capacity(rows.len() * hot.unwrap_or(1) as usize);
+        let mut starts = Vec::with_capacity(rows.len() + 1);
+        starts.push(0);
         for &s in rows {
-            let id = col[s];
-            if id as usize >= limit {
+            let bag = self.ds.bag(t, s)?;
+            if let Some(&id) = bag.iter().find(|&&id| id as usize >= limit) {
                 return Err(mismatch(
                     &self.ds.path().join(format!("sparse.{t}.u32")),
                     format!("sample {s}: id {id} of table {t} is beyond the plan's {limit} rows"),
                 ));
             }
-            ids.push(id);
+            ids.extend_from_slice(bag);
+            let end = u32::try_from(ids.len()).map_err(|_| {
+                mismatch(
+                    self.ds.path(),
+                    format!("table {t}: a batch's bags hold more than 2^32 ids"),
+                )
+            })?;
+            starts.push(end);
         }
-        Ok(ids)
+        Ok((ids, starts))
     }
+}
+
+/// Whether sparse feature `f` can take table `t` (`info`)'s bags: a fixed pooling
+/// `[B, P]` needs bags of exactly P ids, a one-id-a-bag `[B]` input bags of one;
+/// offsets-form bags take any.
+fn check_bags(path: &Path, t: usize, f: &SparseFeature, info: &TableInfo) -> Result<()> {
+    let hot = info.fixed_hotness();
+    let (want, form) = match (&f.offsets, f.one_per_bag) {
+        (None, _) => (
+            f.pooling as u64,
+            format!("a fixed pooling of {}", f.pooling),
+        ),
+        (Some(_), true) => (
+            1,
+            "one id per bag ([B] indices beside [B] offsets)".to_string(),
+        ),
+        (Some(_), false) => return Ok(()),
+    };
+    if hot == Some(want) {
+        return Ok(());
+    }
+    let has = match hot {
+        Some(h) => format!("bags of {h} ids"),
+        None => "bags of varying size (multi-hot)".to_string(),
+    };
+    Err(mismatch(
+        path,
+        format!(
+            "sparse feature %{} takes {form}, but table {t} (`{}`) has {has}: \
+             use a model whose bags take offsets, or data of that hotness",
+            f.input, info.name
+        ),
+    ))
 }
 
 fn index_tensor(dtype: DType, shape: Vec<usize>, v: Vec<u32>, path: &Path) -> Result<Tensor> {

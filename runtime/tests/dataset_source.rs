@@ -2,7 +2,7 @@
 //! deterministic block shuffle (same seed same order, every sample once an epoch),
 //! resuming at an offset, rank slices, evaluation padding.
 
-use dlrm_data::{Dataset, Learnable, write_learnable};
+use dlrm_data::{Dataset, Learnable, parse_pooling, write_learnable, write_learnable_bags};
 use dlrm_ir::{Graph, Tensor};
 use dlrm_passes::pipeline::{PipelineOptions, compile_params};
 use dlrm_passes::{LossKind, TrainConfig};
@@ -30,12 +30,17 @@ fn write_ds(dir: &Path, n: u64, dense: usize, rows: &[u64]) -> PathBuf {
 /// A pooling-1 model with `dense` dense features and tables of `rows`: its
 /// training graph (with the label input).
 fn model(dense: usize, rows: &[u64]) -> Graph {
+    model_pooled(dense, rows, 1)
+}
+
+/// [`model`] with a fixed pooling of `pooling` ids per sample and table.
+fn model_pooled(dense: usize, rows: &[u64], pooling: usize) -> Graph {
     let src = serde_json::json!({
         "name": "ds-test",
         "dense_features": dense,
         "embedding_dim": 4,
         "table_rows": rows,
-        "pooling": 1,
+        "pooling": pooling,
         "pooling_mode": "sum",
         "bottom_mlp": format!("{dense}-8-4"),
         "top_mlp": "8-1",
@@ -329,4 +334,42 @@ fn non_finite_dense_values_and_bad_labels_are_caught_while_reading() {
         .to_string();
     assert!(e.contains("sample 7: label 2 is not 0 or 1"), "{e}");
     src.inputs(&[5, 6, 0], 1, 0, &g).expect("finite rows read");
+}
+
+#[test]
+fn a_fixed_pooling_takes_a_multi_hot_table_of_that_hotness_and_refuses_others() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let spec = Learnable {
+        samples: 500,
+        dense: 4,
+        rows: ROWS.to_vec(),
+        generator: "dataset_source test".into(),
+    };
+    let path = dir.path().join("h3.ds");
+    let pooling = parse_pooling("3", 3).expect("pooling");
+    write_learnable_bags(&path, &spec, &pooling).expect("dataset");
+    let g = model_pooled(4, &ROWS, 3);
+    let src = source(&path, &g, 5, 30, 64);
+    let ds = Dataset::open(&path).expect("open");
+    let samples = src.train_samples(2);
+    let one = src.inputs(&samples, 1, 0, &g).expect("one rank");
+    assert_eq!(one["idx.2"].shape, vec![30, 3]);
+    let want: Vec<i64> = samples
+        .iter()
+        .flat_map(|&s| ds.bag(2, s).expect("bag").iter().map(|&i| i64::from(i)))
+        .collect();
+    assert_eq!(one["idx.2"].to_i64_vec(), Some(want));
+    // Pooling 1 on bags of 3; pooling 3 on bags of 1..=4.
+    let e = open_err(&path, &model(4, &ROWS));
+    assert!(
+        e.contains("%idx.0") && e.contains("table 0 (`C1`) has bags of 3 ids"),
+        "{e}"
+    );
+    let var = dir.path().join("var.ds");
+    write_learnable_bags(&var, &spec, &parse_pooling("1-4", 3).expect("p")).expect("dataset");
+    let e = open_err(&var, &g);
+    assert!(
+        e.contains("fixed pooling of 3") && e.contains("varying size"),
+        "{e}"
+    );
 }

@@ -154,3 +154,44 @@ pub fn trained_value(per_rank: &[HashMap<String, Tensor>], name: &str) -> Vec<f3
     shards.dedup_by_key(|s| s.0);
     shards.into_iter().flat_map(|s| s.1).collect()
 }
+
+/// The JSON lines of a metrics file.
+pub fn metric_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
+/// The step losses and the summary's AUC of a metrics file.
+pub fn metrics(path: &Path) -> (Vec<f32>, f64) {
+    let lines = metric_lines(path);
+    let (last, steps) = lines.split_last().expect("a summary line");
+    let losses = steps
+        .iter()
+        .filter(|l| l.get("elapsed_s").is_some())
+        .filter_map(|l| l["loss"].as_f64())
+        .map(|l| l as f32)
+        .collect();
+    (losses, last["auc"].as_f64().expect("auc"))
+}
+
+/// `dlrm-run PLAN --ranks N ARGS..` with a fresh metrics file beside the plan: its
+/// step losses and AUC ([`metrics`]).
+pub fn run_metrics(plan: &Path, ranks: usize, args: &[&str]) -> (Vec<f32>, f64) {
+    let m = plan.with_extension(format!("{ranks}.{}.jsonl", args.len()));
+    let _ = std::fs::remove_file(&m);
+    let n = ranks.to_string();
+    let common = [s(plan), "--ranks", &n, "--metrics", s(&m), "-q"];
+    ok(DLRM_RUN, &[&common[..], args].concat());
+    metrics(&m)
+}
+
+/// The real PyTorch export `name` (`frontends/onnx/test_cases/real/NAME/model.onnx`).
+pub fn real_model(name: &str) -> PathBuf {
+    root()
+        .join("frontends/onnx/test_cases/real")
+        .join(name)
+        .join("model.onnx")
+}

@@ -39,73 +39,9 @@ pub struct SparseFeature {
     pub bag_sizes: Option<BagSizes>,
 }
 
-/// How many ids the synthetic bags of a table hold (`dlrm-run --pooling`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BagSizes {
-    /// Every bag holds this many ids.
-    Fixed(usize),
-    /// Each bag's size is drawn uniformly from `lo..=hi`.
-    Uniform(usize, usize),
-}
-
-impl std::fmt::Display for BagSizes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BagSizes::Fixed(n) => write!(f, "{n}"),
-            BagSizes::Uniform(lo, hi) => write!(f, "{lo}-{hi}"),
-        }
-    }
-}
-
-impl BagSizes {
-    /// The largest bag size that may be asked for: a sample's bag is created whole.
-    pub const MAX: usize = 1 << 16;
-
-    /// Parses `N` or `A-B` (`A <= B`, both at most [`BagSizes::MAX`]).
-    pub fn parse(s: &str) -> std::result::Result<BagSizes, String> {
-        let num = |t: &str| -> std::result::Result<usize, String> {
-            let n: usize = t
-                .trim()
-                .parse()
-                .map_err(|_| format!("`{t}` is not a bag size (a count, or a range A-B)"))?;
-            if n > BagSizes::MAX {
-                return Err(format!(
-                    "bag size {n} is above the limit of {}",
-                    BagSizes::MAX
-                ));
-            }
-            Ok(n)
-        };
-        match s.split_once('-') {
-            None => Ok(BagSizes::Fixed(num(s)?)),
-            Some((a, b)) => {
-                let (lo, hi) = (num(a)?, num(b)?);
-                if lo > hi {
-                    return Err(format!("bag sizes `{s}`: the range is empty ({lo} > {hi})"));
-                }
-                Ok(if lo == hi {
-                    BagSizes::Fixed(lo)
-                } else {
-                    BagSizes::Uniform(lo, hi)
-                })
-            }
-        }
-    }
-
-    /// Parses a comma list of [`BagSizes::parse`] items (one for every table, or
-    /// one per table).
-    pub fn parse_list(s: &str) -> std::result::Result<Vec<BagSizes>, String> {
-        s.split(',').map(BagSizes::parse).collect()
-    }
-
-    /// The size for a draw `h` (uniform over the range).
-    pub(crate) fn pick(self, h: u64) -> usize {
-        match self {
-            BagSizes::Fixed(n) => n,
-            BagSizes::Uniform(lo, hi) => lo + (h % (hi - lo + 1) as u64) as usize,
-        }
-    }
-}
+/// How many ids the bags of a table hold (`dlrm-run --pooling`, `dlrmc data
+/// generate --pooling`): dlrm-data's, shared.
+pub use dlrm_data::BagSizes;
 
 /// The label input (the loss's second operand).
 #[derive(Clone, Debug, PartialEq)]
