@@ -19,6 +19,14 @@ use common::{DLRM_RUN, DLRMC, compile, max_rel, ok, root, run_metrics, s, tempdi
 use std::fs;
 use std::path::{Path, PathBuf};
 
+/// The ONNX file of real export `name`.
+fn model(name: &str) -> PathBuf {
+    root()
+        .join("frontends/onnx/test_cases/real")
+        .join(name)
+        .join("model.onnx")
+}
+
 fn cases() -> Vec<(String, PathBuf)> {
     let dir = root().join("frontends/onnx/test_cases/real");
     let mut v: Vec<(String, PathBuf)> = fs::read_dir(&dir)
@@ -115,12 +123,7 @@ fn every_real_export_trains_and_serves_at_1_2_and_4_ranks() {
 #[test]
 fn synthetic_bag_sizes_are_drawn_as_pooling_says() {
     let dir = tempdir();
-    let case = |n: &str| {
-        root()
-            .join("frontends/onnx/test_cases/real")
-            .join(n)
-            .join("model.onnx")
-    };
+    let case = model;
     for (name, pooling) in [("ts17_dot_stacked", "1-100"), ("ts17_torchrec", "3,2,1-8")] {
         let plan = dir.path().join(format!("{name}.plan"));
         compile(&case(name), &plan, &[]);
@@ -162,12 +165,7 @@ fn synthetic_bag_sizes_are_drawn_as_pooling_says() {
 #[test]
 fn inspect_shows_the_input_contract() {
     let dir = tempdir();
-    let case = |n: &str| {
-        root()
-            .join("frontends/onnx/test_cases/real")
-            .join(n)
-            .join("model.onnx")
-    };
+    let case = model;
     let plan = dir.path().join("stacked.plan");
     compile(&case("ts17_dot_stacked_weighted"), &plan, &[]);
     let text = String::from_utf8(ok(DLRMC, &["inspect", s(&plan)]).stdout).expect("utf-8");
