@@ -215,15 +215,18 @@ impl Manifest {
 
     /// The column files this schema has, with their sizes.
     fn expected_files(&self) -> Vec<(String, u64)> {
+        // Counts are claims from the manifest: a size past u64 saturates, and so
+        // matches no file.
         let n = self.samples;
+        let dense = (self.dense as u64).saturating_mul(4);
         let mut v = vec![
             (LABEL.to_string(), n),
-            (DENSE.to_string(), n * self.dense as u64 * 4),
+            (DENSE.to_string(), n.saturating_mul(dense)),
         ];
         for (t, table) in self.tables.iter().enumerate() {
-            v.push((ids_file(t), table.ids.unwrap_or(n) * 4));
+            v.push((ids_file(t), table.ids.unwrap_or(n).saturating_mul(4)));
             if table.bags == Bags::MultiHot {
-                v.push((offsets_file(t), (n + 1) * 8));
+                v.push((offsets_file(t), n.saturating_add(1).saturating_mul(8)));
             }
         }
         v

@@ -132,6 +132,30 @@ fn bad_datasets_get_errors_that_say_where() {
     );
 }
 
+/// Counts in the manifest are claims: sample and dense counts whose file sizes
+/// overflow u64 are errors naming a file, not an arithmetic panic (found by
+/// `scripts/fuzz ds`).
+#[test]
+fn counts_whose_sizes_overflow_are_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("x.ds");
+    write(&dir, 5);
+    let mp = dir.join("manifest.json");
+    let m = std::fs::read_to_string(&mp).unwrap();
+    for (from, to) in [
+        ("\"samples\": 5", "\"samples\": 18446744073709551615"),
+        ("\"dense\": 2", "\"dense\": 18446744073709551615"),
+    ] {
+        assert!(m.contains(from), "{from} not in {m}");
+        std::fs::write(&mp, m.replace(from, to)).unwrap();
+        let e = Dataset::open(&dir).unwrap_err().to_string();
+        assert!(
+            e.contains("manifest.json") || e.contains("bytes"),
+            "{to}: {e}"
+        );
+    }
+}
+
 #[test]
 fn verify_finds_ids_beyond_their_table() {
     let tmp = tempfile::tempdir().unwrap();
