@@ -14,6 +14,10 @@
 //! [`HANG`] is a finding too: the watchdog names the input (written to
 //! `target/fuzz/current-TARGET.bin` before each case) and ends the process; so does
 //! an abort (e.g. an allocation failure), which leaves the same file behind.
+//! `FUZZ_CASES=N` stops each target after N cases as well (CI's short run: the same
+//! cases whatever the machine's speed). Findings become regression cases
+//! (`frontends/onnx/test_cases/fuzz/`, `data/tests/ds.rs`), and every `.onnx` under
+//! the test cases is a seed.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
@@ -244,7 +248,13 @@ fn run(t: &Target, secs: f64, seed: u64, out: &Path, clock: &Clock) -> (u64, u64
         eprintln!("{}: no seeds found", t.name);
         return (0, 0, 1);
     }
-    while start.elapsed().as_secs_f64() < secs {
+    // `FUZZ_CASES=N` also stops a target after N cases (CI: the same cases on any
+    // machine).
+    let max_cases: u64 = std::env::var("FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(u64::MAX);
+    while start.elapsed().as_secs_f64() < secs && cases < max_cases {
         let a = &t.seeds[rng.below(t.seeds.len())];
         let b = &t.seeds[rng.below(t.seeds.len())];
         let input = if cases < t.seeds.len() as u64 {

@@ -194,3 +194,15 @@ fn ir_names_of_onnx_names() {
     assert_eq!(dlrm_onnx::ir_name("input:0"), "input_0");
     assert_eq!(dlrm_onnx::ir_name("0x"), "v0x");
 }
+
+/// Inputs the fuzzer (`scripts/fuzz onnx`) found to panic the importer, kept as
+/// regression cases: each is now an error (`test_cases/fuzz/`).
+#[test]
+fn fuzzer_findings_are_errors() {
+    // A `Slice` with more starts than its operand has axes, and no axes input.
+    let b = std::fs::read(case("fuzz").join("slice_starts_past_rank.onnx")).unwrap();
+    let err = dlrm_onnx::from_bytes(&b, "m.onnx", None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Slice") || err.contains("starts"), "{err}");
+}

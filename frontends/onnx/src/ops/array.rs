@@ -516,11 +516,22 @@ fn slice(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
             .iter()
             .map(|&a| norm_axis(a, ty.rank()))
             .collect::<Result<Vec<_>, _>>()?,
-        None => (0..starts.len()).collect(),
+        None if starts.len() <= ty.rank() => (0..starts.len()).collect(),
+        None => {
+            return Err(format!(
+                "{} starts for an operand of rank {} (and no axes)",
+                starts.len(),
+                ty.rank()
+            )
+            .into());
+        }
     };
     let steps = ints(cx, 4, "steps")?.unwrap_or_else(|| vec![1; starts.len()]);
     if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
         return Err("starts, ends, axes and steps must have the same length".into());
+    }
+    if starts.is_empty() {
+        return Err("Slice needs at least one axis".into());
     }
     if let Some(s) = steps.iter().find(|&&s| s <= 0) {
         return Err(format!("unsupported attribute value: step {s} (only positive steps)").into());
