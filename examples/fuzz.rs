@@ -104,6 +104,7 @@ fn tiny_plan(work: &Path) -> PathBuf {
 
 fn targets(work: &Path) -> Vec<Target> {
     let onnx_dir = root().join("frontends/onnx/test_cases");
+    let plan = tiny_plan(work);
     let mut v = vec![
         Target {
             name: "onnx",
@@ -112,7 +113,15 @@ fn targets(work: &Path) -> Vec<Target> {
         },
         Target {
             name: "ir",
-            seeds: read_all(&files(&root().join("tests/filetests"), ".ir")),
+            // A compiled plan's graphs (valid IR), and the golden files (whose
+            // headers the parser refuses: error paths).
+            seeds: read_all(
+                &[
+                    vec![plan.join("infer.ir"), plan.join("train.ir")],
+                    files(&root().join("tests/filetests"), ".ir"),
+                ]
+                .concat(),
+            ),
             feed: Box::new(|b| dlrm_ir::text::parse(&String::from_utf8_lossy(b)).is_ok()),
         },
     ];
@@ -135,7 +144,6 @@ fn targets(work: &Path) -> Vec<Target> {
             std::fs::write(&npz_file, b).is_ok() && dlrm_onnx::npz::read(&npz_file).is_ok()
         }),
     });
-    let plan = tiny_plan(work);
     let manifest = plan.join("manifest.json");
     v.push(Target {
         name: "plan",
