@@ -181,12 +181,20 @@ impl IntView<'_> {
             IntView::I32(v) => i64::from(v[i]),
         }
     }
-    /// A tensor of the same dtype holding `f(i)` for `i` in `range`.
-    fn tensor_of(&self, n: usize, f: impl Fn(usize) -> i64) -> Tensor {
+    /// A tensor of the same dtype holding `f(i)` for `i` in `0..n`; for i32 data a
+    /// value past i32 (offsets summing i32 lengths) is an error naming `input`.
+    fn tensor_of(&self, n: usize, input: &str, f: impl Fn(usize) -> i64) -> Result<Tensor> {
         match self {
-            IntView::I64(_) => Tensor::i64(vec![n], (0..n).map(f).collect()),
-            // Values derived from i32 data and bounded by its length fit i32.
-            IntView::I32(_) => Tensor::i32(vec![n], (0..n).map(|i| f(i) as i32).collect()),
+            IntView::I64(_) => Ok(Tensor::i64(vec![n], (0..n).map(f).collect())),
+            IntView::I32(_) => (0..n)
+                .map(|i| {
+                    let x = f(i);
+                    i32::try_from(x).map_err(|_| {
+                        contract_err(format!("`{input}`: {x} at [{i}] does not fit i32"))
+                    })
+                })
+                .collect::<Result<Vec<i32>>>()
+                .map(|v| Tensor::i32(vec![n], v)),
         }
     }
 }
@@ -308,7 +316,7 @@ impl InputContract {
                     )));
                 }
                 let lo = lo as usize;
-                Ok(v.tensor_of((hi as usize) - lo, |i| v.get(lo + i)))
+                v.tensor_of((hi as usize) - lo, values, |i| v.get(lo + i))
             }
             Source::JaggedOffsets { lengths, key, keys } => {
                 let l = ints(get(lengths)?, lengths)?;
@@ -319,7 +327,7 @@ impl InputContract {
                 for s in 0..r {
                     acc[s + 1] = acc[s] + l.get(base + s);
                 }
-                Ok(l.tensor_of(r + 1, |i| acc[i]))
+                l.tensor_of(r + 1, lengths, |i| acc[i])
             }
         }
     }
@@ -539,5 +547,24 @@ mod tests {
             .adapt(vec![("v".into(), short), ("l".into(), l)])
             .unwrap_err();
         assert!(e.to_string().contains("`v` holds 2"), "{e}");
+        // i32 lengths whose offsets pass i32 are an error, not a wrapped value.
+        let offs = contract(
+            vec![(
+                "off_1",
+                Source::JaggedOffsets {
+                    lengths: "l".into(),
+                    key: 1,
+                    keys: 2,
+                },
+            )],
+            &["l"],
+        );
+        let big = Tensor::i32(vec![6], vec![0, 0, 0, i32::MAX, 1, 0]);
+        let e = offs.adapt(vec![("l".into(), big)]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`l`: 2147483648 at [2] does not fit i32"),
+            "{e}"
+        );
     }
 }

@@ -99,14 +99,7 @@ impl Session {
         if !self.contract.model_inputs.is_empty() {
             return self.contract.model_inputs.clone();
         }
-        let g = &self.graph;
-        g.inputs()
-            .iter()
-            .map(|&v| ModelInput {
-                name: g.name_of(v).to_string(),
-                ty: g.ty(v).to_string(),
-            })
-            .collect()
+        named(&self.graph, self.graph.inputs())
     }
 
     /// The outputs' names, in order.
@@ -116,14 +109,7 @@ impl Session {
 
     /// The outputs' names and types, in order.
     pub fn model_outputs(&self) -> Vec<ModelInput> {
-        let g = &self.graph;
-        g.outputs()
-            .iter()
-            .map(|&v| ModelInput {
-                name: g.name_of(v).to_string(),
-                ty: g.ty(v).to_string(),
-            })
-            .collect()
+        named(&self.graph, self.graph.outputs())
     }
 
     /// Runs the model on `inputs` (every model input once, in its own names and
@@ -181,6 +167,16 @@ impl Session {
         let inputs = data.inputs_for(0, batch, 1, 0, &self.graph)?;
         Ok(inputs.into_iter().collect())
     }
+}
+
+/// The names and types of values `vs` of `g`.
+fn named(g: &Graph, vs: &[dlrm_ir::ValueId]) -> Vec<ModelInput> {
+    vs.iter()
+        .map(|&v| ModelInput {
+            name: g.name_of(v).to_string(),
+            ty: g.ty(v).to_string(),
+        })
+        .collect()
 }
 
 fn bad_input(reason: String) -> RuntimeError {
