@@ -34,6 +34,21 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
         _ => (0.0, 0.0),
     };
     match op {
+        Op::Module(m) => {
+            let ty = |t: &&Tensor| {
+                dlrm_ir::TensorType::new(t.dtype(), t.shape.iter().map(|&d| dlrm_ir::Dim::Fixed(d)))
+            };
+            let ins: Vec<_> = inputs.iter().map(ty).collect();
+            let outs: Vec<_> = outputs.iter().map(ty).collect();
+            let (ins, outs): (Vec<_>, Vec<_>) = (ins.iter().collect(), outs.iter().collect());
+            let w = m
+                .def()
+                .work(m, &ins, &outs, &|d| d.fixed().unwrap_or(1) as f64);
+            Cost {
+                flops: w.flops,
+                bytes: w.bytes,
+            }
+        }
         Op::Linear { .. } => {
             let (s, k) = dims2(inputs.first());
             let (n, _) = dims2(inputs.get(1));

@@ -577,6 +577,11 @@ pub enum Op {
         /// The key whose bag bounds are computed.
         key: usize,
     },
+    // ---- ops defined in one module each (`crate::module`, `ir/src/ops/`)
+    /// An op written as a module: its definition ([`crate::module::OpModule`], in
+    /// `ir/src/ops/`) and attribute values. Its doc comment there is its
+    /// specification.
+    Module(crate::module::ModOp),
 }
 
 /// The operation of an [`Op::Binary`].

@@ -56,6 +56,8 @@ use dlrm_ir::{DType, Def, Dim, Graph, Op, Pool, Tensor, TensorType, ValueId, ver
 /// The pass id.
 pub const ID: &str = "autodiff";
 
+mod cx;
+
 /// The autodiff pass with its training configuration.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Autodiff {
@@ -530,6 +532,9 @@ impl Ad {
         let mut dys = Vec::with_capacity(node.outputs.len());
         for &o in &node.outputs {
             dys.push(self.grad(o)?);
+        }
+        if let Op::Module(m) = &node.op {
+            return cx::backward(self, fwd, n, m, &dys);
         }
         if let Op::Split { axis, .. } = &node.op {
             let mut parts = Vec::with_capacity(dys.len());

@@ -63,6 +63,11 @@ pub(crate) fn node_flops(g: &Graph, n: usize) -> f64 {
     let out = || g.ty(node.outputs[0]);
     let d = |t: &TensorType, i: usize| t.shape.get(i).map_or(1.0, dim1);
     match &node.op {
+        Op::Module(m) => {
+            let ins: Vec<&TensorType> = node.inputs.iter().map(|&v| g.ty(v)).collect();
+            let outs: Vec<&TensorType> = node.outputs.iter().map(|&v| g.ty(v)).collect();
+            m.def().work(m, &ins, &outs, &dim1).flops
+        }
         // x[S,K] · w[N,K]ᵀ
         Op::Linear { .. } => gemm_flops(d(ty(0), 0), d(ty(1), 0), d(ty(0), 1)),
         // dz[S,N] · w[N,K], and dz[S,N]ᵀ · x[S,K]

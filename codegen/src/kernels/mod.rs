@@ -45,6 +45,7 @@
 
 pub mod adagrad;
 pub mod brgemm;
+mod cross;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemm;
@@ -208,6 +209,10 @@ fn dispatch<'a>(
                 Err(e) => return Some(Err(e)),
             };
             brgemm::try_eval(&c, out_types)?
+        }
+        Op::Module(m) => {
+            let run = cross::kernel(m.mnemonic())?;
+            checked!(c => run(c)?)
         }
         Op::Linear { act } => checked!(c => one(gemm::linear(*act, c)?)),
         Op::LinearDx => checked!(c => one(gemm::linear_dx(c)?)),

@@ -105,6 +105,28 @@ impl ModelSpec {
                 init: Init::linear_bias(fan_out),
             });
         }
+        if let Some(c) = self.cross {
+            // TorchRec's LowRankCrossNet: xavier_normal_ kernels, zero biases.
+            let w = self.top_input_width();
+            for l in 0..c.layers {
+                let normal = |fan_in, fan_out| Init::linear_weight(fan_in, fan_out);
+                defs.push(ParamDef {
+                    name: format!("cross.{l}.v"),
+                    shape: vec![c.low_rank, w],
+                    init: normal(w, c.low_rank),
+                });
+                defs.push(ParamDef {
+                    name: format!("cross.{l}.u"),
+                    shape: vec![w, c.low_rank],
+                    init: normal(c.low_rank, w),
+                });
+                defs.push(ParamDef {
+                    name: format!("cross.{l}.b"),
+                    shape: vec![w],
+                    init: Init::Constant { value: 0.0 },
+                });
+            }
+        }
         defs
     }
 
@@ -137,6 +159,8 @@ impl ModelSpec {
         let ntab = self.num_tables();
         let (tables, linears) = params.split_at(ntab);
         let nbot = self.bottom_mlp.len() - 1;
+        let ncross = 3 * self.cross.map_or(0, |c| c.layers);
+        let (linears, cross) = linears.split_at(linears.len() - ncross);
         let (bot, top) = linears.split_at(2 * nbot);
 
         let mut x = dense;
@@ -157,6 +181,12 @@ impl ModelSpec {
             self_interaction: self.interaction_itself,
         };
         let mut y = g.add(op, &feats, "inter")?;
+        // DCN-v2: x_{l+1} = x0 ⊙ (u_l·(v_l·x_l) + b_l) + x_l over x0 = the concatenation.
+        let x0 = y;
+        for (l, vub) in cross.chunks(3).enumerate() {
+            let op = dlrm_ir::module::ModOp::op("cross");
+            y = g.add(op, &[x0, y, vub[0], vub[1], vub[2]], &format!("cross.{l}"))?;
+        }
         let ntop = top.len() / 2;
         for (i, wb) in top.chunks(2).enumerate() {
             let last = i + 1 == ntop;
@@ -292,9 +322,10 @@ impl ModelSpec {
             out,
             "bottom MLP {}, interaction {}{} (width {}), top MLP {}-{}",
             join(&s.bottom_mlp),
-            match s.interaction {
-                InteractionKind::Dot => "dot",
-                InteractionKind::Cat => "cat",
+            match (s.interaction, s.cross) {
+                (_, Some(c)) => format!("dcn ({} cross layers of rank {})", c.layers, c.low_rank),
+                (InteractionKind::Dot, None) => "dot".to_string(),
+                (InteractionKind::Cat, None) => "cat".to_string(),
             },
             if s.interaction_itself {
                 " with self terms"

@@ -80,7 +80,7 @@ mod spec;
 
 pub use build::{DESCRIBE_ABOVE, Model, Training};
 pub use error::{Error, Result};
-pub use spec::{Adagrad, Loss, ModelSpec, Optimizer};
+pub use spec::{Adagrad, CrossNet, Loss, ModelSpec, Optimizer};
 
 use std::path::Path;
 

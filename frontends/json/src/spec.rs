@@ -108,6 +108,10 @@ pub struct ModelSpec {
     pub interaction: InteractionKind,
     /// Keep the self-interaction terms `i == j` (dot only).
     pub interaction_itself: bool,
+    /// DCN-v2's cross network over the concatenated features (`"interaction":
+    /// "dcn"`, whose `interaction` is then [`InteractionKind::Cat`]); `None` for
+    /// the dot and cat interactions.
+    pub cross: Option<CrossNet>,
     /// Training loss.
     pub loss: Loss,
     /// Global mini-batch size.
@@ -118,6 +122,17 @@ pub struct ModelSpec {
     pub learning_rate: f32,
     /// Seed of the parameter initialisation (and of anything else random).
     pub seed: u64,
+}
+
+/// DCN-v2's low-rank cross network (TorchRec's `LowRankCrossNet`): `layers` layers
+/// `x_{l+1} = x0 ⊙ (U_l V_l x_l + b_l) + x_l` of rank `low_rank` over the
+/// concatenation `x0` of the bottom MLP's output and the pooled embeddings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CrossNet {
+    /// Number of cross layers (`dcn_layers`).
+    pub layers: usize,
+    /// The rank `R` of each layer's `W = U·V` (`dcn_low_rank`).
+    pub low_rank: usize,
 }
 
 // ------------------------------------------------------------------ raw form
@@ -140,6 +155,8 @@ struct RawSpec {
     interaction: RawInteraction,
     #[serde(default)]
     interaction_itself: bool,
+    dcn_layers: Option<usize>,
+    dcn_low_rank: Option<usize>,
     #[serde(default)]
     loss: RawLoss,
     batch_size: usize,
@@ -165,12 +182,13 @@ enum RawPoolingMode {
     Mean,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, Clone, Copy)]
 #[serde(rename_all = "lowercase")]
 enum RawInteraction {
     #[default]
     Dot,
     Cat,
+    Dcn,
 }
 
 #[derive(Deserialize, Default)]
@@ -332,7 +350,33 @@ impl RawSpec {
             top_mlp: self.top_mlp.0,
             interaction: match self.interaction {
                 RawInteraction::Dot => InteractionKind::Dot,
-                RawInteraction::Cat => InteractionKind::Cat,
+                RawInteraction::Cat | RawInteraction::Dcn => InteractionKind::Cat,
+            },
+            cross: match (self.interaction, self.dcn_layers, self.dcn_low_rank) {
+                (RawInteraction::Dcn, layers, Some(low_rank)) => Some(CrossNet {
+                    layers: layers.unwrap_or(3),
+                    low_rank,
+                }),
+                (RawInteraction::Dcn, _, None) => {
+                    return Err(invalid(
+                        origin,
+                        "dcn_low_rank",
+                        "is required with interaction \"dcn\" (the rank of each cross layer, \
+                         e.g. 512 as MLPerf's DLRM-DCNv2)",
+                    ));
+                }
+                (_, Some(_), _) | (_, _, Some(_)) => {
+                    return Err(invalid(
+                        origin,
+                        if self.dcn_layers.is_some() {
+                            "dcn_layers"
+                        } else {
+                            "dcn_low_rank"
+                        },
+                        "applies only to interaction \"dcn\"",
+                    ));
+                }
+                _ => None,
             },
             interaction_itself: self.interaction_itself,
             loss: match self.loss {
@@ -497,6 +541,10 @@ impl ModelSpec {
                 "applies only to interaction \"dot\"; remove it or set it to false".into(),
             );
         }
+        if let Some(c) = self.cross {
+            positive("dcn_layers".into(), c.layers)?;
+            positive("dcn_low_rank".into(), c.low_rank)?;
+        }
         if self.top_mlp.is_empty() {
             return bad(
                 "top_mlp".into(),
@@ -583,6 +631,12 @@ impl ModelSpec {
         for (fan_in, fan_out) in self.layers() {
             let w = (fan_in as u64).checked_mul(fan_out as u64)?;
             n = n.checked_add(w)?.checked_add(fan_out as u64)?;
+        }
+        if let Some(c) = self.cross {
+            // v[R,W], u[W,R], b[W] per layer.
+            let w = self.top_input_width() as u64;
+            let layer = w.checked_mul(2 * c.low_rank as u64)?.checked_add(w)?;
+            n = n.checked_add(layer.checked_mul(c.layers as u64)?)?;
         }
         Some(n)
     }

@@ -147,6 +147,7 @@ fn expect_bags(indices: &TensorType, offsets: &TensorType) -> R<()> {
 /// can be derived.
 pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<TensorType>> {
     match op {
+        Op::Module(m) => m.def().infer(m, ins),
         Op::EmbeddingBag { last_offset, .. } => {
             expect_arity(op, ins, if *last_offset { &[3] } else { &[2, 3] })?;
             let table = ins[0];

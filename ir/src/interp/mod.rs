@@ -36,7 +36,7 @@
 
 mod adagrad;
 mod collective;
-mod common;
+pub(crate) mod common;
 mod dense;
 mod embedding;
 mod fused;
@@ -249,6 +249,7 @@ fn dispatch(c: &Checked<'_>, ctx: &EvalCtx<'_>) -> R<Vec<Tensor>> {
         Op::OffsetsFromLengths { keys, key } => {
             single(jagged::offsets_from_lengths(*keys, *key, c))
         }
+        Op::Module(m) => m.def().eval(c),
     }
 }
 

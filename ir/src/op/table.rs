@@ -25,6 +25,7 @@ macro_rules! op_table {
             pub fn mnemonic(&self) -> &'static str {
                 match self {
                     $(Op::$variant { .. } => $mn,)*
+                    Op::Module(m) => m.mnemonic(),
                 }
             }
 
@@ -37,6 +38,7 @@ macro_rules! op_table {
                             out.push(($key, a));
                         })*)?
                     })*
+                    Op::Module(m) => out.extend(m.attrs().iter().cloned()),
                 }
                 out
             }
@@ -52,6 +54,9 @@ macro_rules! op_table {
                 let op = match mnemonic {
                     $($mn => Op::$variant { $($($field: a.$kind($key)?),*)? },)*
                     other => {
+                        if let Some(op) = crate::module::from_parts(other, attrs) {
+                            return op;
+                        }
                         return Err(format!(
                             "unknown op `{other}` (expected one of: {})",
                             MNEMONICS.join(", ")

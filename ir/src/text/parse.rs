@@ -251,7 +251,7 @@ impl Parser {
         }
         self.expect_punct('=')?;
         let (mnemonic, op_at) = self.ident("an op name")?;
-        if !MNEMONICS.contains(&mnemonic.as_str()) {
+        if !MNEMONICS.contains(&mnemonic.as_str()) && crate::module::find(&mnemonic).is_none() {
             return Err(err_at(
                 op_at,
                 format!(

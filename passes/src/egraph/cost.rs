@@ -124,6 +124,31 @@ impl DlCost<'_> {
         }
     }
 
+    /// The flops of a module op's e-node (its own work model), `None` for any
+    /// other op.
+    fn module_work(
+        &self,
+        m: &str,
+        children: &[Id],
+        ins: &[TensorType],
+        outs: &[TensorType],
+    ) -> Option<f64> {
+        dlrm_ir::module::find(m)?;
+        let attrs: Vec<(String, dlrm_ir::Attr)> = children
+            .iter()
+            .filter_map(|&c| match &self.egraph[c].data {
+                Data::Tag(t) => Some((t.key.as_str().to_string(), t.attr())),
+                _ => None,
+            })
+            .collect();
+        let Ok(dlrm_ir::Op::Module(op)) = dlrm_ir::Op::from_parts(m, &attrs) else {
+            return None;
+        };
+        let ins: Vec<&TensorType> = ins.iter().collect();
+        let outs: Vec<&TensorType> = outs.iter().collect();
+        Some(op.def().work(&op, &ins, &outs, &|d| self.size(d)).flops)
+    }
+
     /// The time of one op e-node, children excluded.
     pub fn own(&self, enode: &Dl) -> f64 {
         let Dl::Op(m, children) = enode else {
@@ -191,7 +216,10 @@ impl DlCost<'_> {
                 2.0 * d(i0, 1) * d(i0, 0) * d(i0, 2) * d(last, 0) * d(last, 2),
                 self.model.blocked_eff,
             ),
-            _ => (o0.map_or(0.0, |t| self.numel(t)), 1.0),
+            _ => match self.module_work(m, children, &ins, &outs) {
+                Some(w) => (w, self.model.plain_eff),
+                None => (o0.map_or(0.0, |t| self.numel(t)), 1.0),
+            },
         };
         // exp/ln/tanh per element: the sigmoid epilogue, the losses (the clamped BCE
         // takes two logs, its logits form one exp and one log1p), gelu's tanh.

@@ -184,6 +184,19 @@ pub fn export<'a>(
             graph.name
         )));
     }
+    // Ops defined as modules are written as the primitive ops they decompose into.
+    let decomposed;
+    let graph = if graph
+        .nodes()
+        .iter()
+        .any(|n| matches!(n.op, dlrm_ir::Op::Module(_)))
+    {
+        decomposed = dlrm_ir::module::decompose_modules(graph)
+            .map_err(|e| export_err(format!("decomposing the module ops: {e}")))?;
+        &decomposed
+    } else {
+        graph
+    };
     let mut b = Builder::new(opts.opset);
     let mut inputs = Vec::new();
     for &v in graph.inputs() {

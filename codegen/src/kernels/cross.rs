@@ -1,0 +1,155 @@
+//! The reference kernels of the `cross` module ops (DCN-v2's low-rank cross layer,
+//! `dlrm_ir::ops::cross`, whose doc is the specification): `matrixmultiply::sgemm`
+//! on row blocks of the batch (one per thread), the layer's elementwise steps
+//! applied to each block right after its products, while it is in cache. f32 only
+//! (`None` otherwise: the interpreter runs).
+//!
+//! `sgemm` sums in its own order, so results equal the interpreter's within
+//! rounding, not bit for bit (checked in `codegen/tests/cross.rs`).
+
+use super::gemm::{MatRef, gemm};
+use super::{KResult, gemm_rows};
+use dlrm_ir::{Checked, Tensor};
+use rayon::prelude::*;
+
+/// The kernel of a module op, by mnemonic: the one list of the module ops with a
+/// reference kernel (`None`: the interpreter runs them).
+pub(crate) fn kernel(mnemonic: &str) -> Option<fn(&Checked<'_>) -> Option<KResult<Vec<Tensor>>>> {
+    match mnemonic {
+        "cross" => Some(cross),
+        "cross_grad" => Some(cross_grad),
+        _ => None,
+    }
+}
+
+fn rm(data: &[f32], cols: usize) -> MatRef<'_> {
+    MatRef {
+        data,
+        rs: cols,
+        cs: 1,
+    }
+}
+
+/// The transposed view of a row-major `[rows, cols]` matrix.
+fn tr(data: &[f32], cols: usize) -> MatRef<'_> {
+    MatRef {
+        data,
+        rs: 1,
+        cs: cols,
+    }
+}
+
+/// `z = x·vᵀ` and `w = z·uᵀ + b` for the `rows` rows of one block (`z`: `rows×r`,
+/// `w`: `rows×d`).
+#[allow(clippy::too_many_arguments)]
+fn block_forward(
+    x: &[f32],
+    v: &[f32],
+    u: &[f32],
+    b: &[f32],
+    rows: usize,
+    d: usize,
+    r: usize,
+    z: &mut [f32],
+    w: &mut [f32],
+) {
+    gemm(rows, d, r, rm(x, d), tr(v, d), z, r);
+    gemm(rows, r, d, rm(z, r), tr(u, r), w, d);
+    for row in w.chunks_exact_mut(d) {
+        for (e, &bias) in row.iter_mut().zip(b) {
+            *e += bias;
+        }
+    }
+}
+
+fn f32s<'a>(c: &'a Checked<'_>, from: usize, n: usize) -> Option<Vec<&'a [f32]>> {
+    (from..from + n).map(|i| c.input(i).as_f32()).collect()
+}
+
+fn cross(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+    let ops = f32s(c, 0, 5)?;
+    let [x0, x, v, u, b] = ops[..] else {
+        return None;
+    };
+    let (&[s, d], r) = (c.in_shape(1), c.in_shape(2)[0]) else {
+        return None;
+    };
+    let mut y = vec![0.0f32; s * d];
+    if s > 0 && d > 0 {
+        let rb = gemm_rows(s, 16, 256);
+        y.par_chunks_mut(rb * d).enumerate().for_each(|(blk, yb)| {
+            let (r0, rows) = (blk * rb, yb.len() / d);
+            let mut z = vec![0.0f32; rows * r];
+            block_forward(&x[r0 * d..], v, u, b, rows, d, r, &mut z, yb);
+            let (x0b, xb) = (&x0[r0 * d..][..rows * d], &x[r0 * d..][..rows * d]);
+            for ((o, &a), &res) in yb.iter_mut().zip(x0b).zip(xb) {
+                *o = a * *o + res;
+            }
+        });
+    }
+    Some(Ok(vec![Tensor::f32(vec![s, d], y)]))
+}
+
+fn cross_grad(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+    let ops = f32s(c, 0, 6)?;
+    let [dy, x0, x, v, u, b] = ops[..] else {
+        return None;
+    };
+    let (&[s, d], r) = (c.in_shape(2), c.in_shape(3)[0]) else {
+        return None;
+    };
+    let (mut z, mut g, mut t) = (
+        vec![0.0f32; s * r],
+        vec![0.0f32; s * d],
+        vec![0.0f32; s * r],
+    );
+    let (mut dx0, mut dx) = (vec![0.0f32; s * d], vec![0.0f32; s * d]);
+    let (mut du, mut dv, mut db) = (vec![0.0f32; d * r], vec![0.0f32; r * d], vec![0.0f32; d]);
+    if s > 0 && d > 0 && r > 0 {
+        let rb = gemm_rows(s, 16, 256);
+        z.par_chunks_mut(rb * r)
+            .zip(g.par_chunks_mut(rb * d))
+            .zip(t.par_chunks_mut(rb * r))
+            .zip(dx0.par_chunks_mut(rb * d))
+            .zip(dx.par_chunks_mut(rb * d))
+            .enumerate()
+            .for_each(|(blk, ((((zb, gb), tb), dx0b), dxb))| {
+                let (r0, rows) = (blk * rb, gb.len() / d);
+                let span = r0 * d..(r0 + rows) * d;
+                let (dyb, x0b) = (&dy[span.clone()], &x0[span]);
+                // w lands in dx0's block, then becomes dy ⊙ w in place.
+                block_forward(&x[r0 * d..], v, u, b, rows, d, r, zb, dx0b);
+                for (((gw, w), &e), &a) in gb.iter_mut().zip(dx0b.iter_mut()).zip(dyb).zip(x0b) {
+                    *gw = e * a;
+                    *w *= e;
+                }
+                gemm(rows, d, r, rm(gb, d), rm(u, r), tb, r);
+                gemm(rows, r, d, rm(tb, r), rm(v, d), dxb, d);
+                for (o, &e) in dxb.iter_mut().zip(dyb) {
+                    *o += e;
+                }
+            });
+        // du = gᵀ·z and dv = tᵀ·x: row blocks of the results, reducing over S.
+        let (gr, zr, tr_, xr) = (&g, &z, &t, x);
+        du.par_chunks_mut(16 * r).enumerate().for_each(|(blk, o)| {
+            let (d0, m) = (blk * 16, o.len() / r);
+            gemm(m, s, r, tr(&gr[d0..], d), rm(zr, r), o, r);
+        });
+        dv.par_chunks_mut(16 * d).enumerate().for_each(|(blk, o)| {
+            let (q0, m) = (blk * 16, o.len() / d);
+            gemm(m, s, d, tr(&tr_[q0..], r), rm(xr, d), o, d);
+        });
+        for row in g.chunks_exact(d) {
+            for (acc, &e) in db.iter_mut().zip(row) {
+                *acc += e;
+            }
+        }
+    }
+    Some(Ok(vec![
+        Tensor::f32(vec![s, d], dx0),
+        Tensor::f32(vec![s, d], dx),
+        Tensor::f32(vec![r, d], dv),
+        Tensor::f32(vec![d, r], du),
+        Tensor::f32(vec![d], db),
+    ]))
+}

@@ -1,0 +1,257 @@
+//! Ops defined in one module each: the [`OpModule`] trait and the registry.
+//!
+//! An op written as a module keeps every aspect of its meaning in one file under
+//! `ir/src/ops/`: its mnemonic and attributes (the text form and the e-graph form
+//! come from them), its shape rule, its interpreter definition, its gradient rule
+//! (the IR it adds to the backward graph), its work count (one model: flops and
+//! bytes, read by the graph statistics, the e-graph cost and the planner) and its
+//! decomposition into primitive ops (what the ONNX exporter writes). The trait has
+//! no default for any of them, so an aspect cannot be forgotten: a module that
+//! lacks one does not compile. The op reaches the IR as [`Op::Module`]; every
+//! consumer of ops has one arm for all modules, which calls the trait.
+//!
+//! Adding an op is therefore: its file under `ir/src/ops/`, one line in
+//! [`MODULES`] (`ir/src/ops/mod.rs`), and, for speed, a kernel file in `codegen/`
+//! with one line in that crate's kernel list (without one the interpreter runs).
+//! `docs/adding-an-op.md` walks through it with `cross` as the example.
+
+use crate::error::Result;
+use crate::graph::{Graph, ValueId};
+use crate::instance::Checked;
+use crate::op::{Attr, Op};
+use crate::tensor::Tensor;
+use crate::types::TensorType;
+use std::fmt;
+
+pub use crate::ops::MODULES;
+
+/// The work of one execution of a node, for the cost model and the reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Work {
+    /// Floating-point operations (a multiply-add counts 2).
+    pub flops: f64,
+    /// Bytes read and written at least once (operands and results, in their dtypes).
+    pub bytes: f64,
+}
+
+/// What the gradient rule of an op sees and may do ([`OpModule::backward`]): the
+/// forward node's operands and results, the gradients reaching its results, and a
+/// builder for the backward graph (which holds every forward value under the same
+/// id).
+pub trait GradCx {
+    /// The forward node's operands.
+    fn inputs(&self) -> &[ValueId];
+    /// The forward node's results.
+    fn outputs(&self) -> &[ValueId];
+    /// The gradient reaching result `k`, `None` where none flows.
+    fn dy(&self, k: usize) -> Option<ValueId>;
+    /// Whether operand `k` needs a gradient.
+    fn needs(&self, k: usize) -> bool;
+    /// The name hint for the gradient of operand `k`.
+    fn hint(&self, k: usize) -> String;
+    /// Adds a node to the backward graph; its results' names are made unique from
+    /// `names` (one hint per result).
+    fn add(&mut self, op: Op, operands: &[ValueId], names: &[&str]) -> Result<Vec<ValueId>>;
+    /// Adds `grad` to the gradient of operand `k` (ignored when it needs none).
+    fn contribute(&mut self, k: usize, grad: ValueId);
+}
+
+/// One op's definition (see the module docs). Implemented by a unit struct per op,
+/// listed once in [`MODULES`].
+pub trait OpModule: Send + Sync + 'static {
+    /// The op's name in the text form and the e-graph (snake case, unique among all
+    /// ops).
+    fn mnemonic(&self) -> &'static str;
+
+    /// The attribute keys, in printed order (the parser accepts exactly these).
+    fn attr_keys(&self) -> &'static [&'static str];
+
+    /// Checks parsed attribute values (keys already match [`OpModule::attr_keys`]).
+    fn check_attrs(&self, attrs: &[(&'static str, Attr)]) -> std::result::Result<(), String>;
+
+    /// The shape rule: result types from operand types (arity, ranks, dtypes and
+    /// dimensions checked). The interpreter and the kernels rely on it: they read
+    /// dims from the checked operands without checking them again.
+    fn infer(
+        &self,
+        op: &ModOp,
+        ins: &[&TensorType],
+    ) -> std::result::Result<Vec<TensorType>, String>;
+
+    /// The interpreter definition: the op's specification in plain sequential
+    /// loops, which every kernel is tested against.
+    fn eval(&self, c: &Checked<'_>) -> std::result::Result<Vec<Tensor>, String>;
+
+    /// The work of one execution with these operand and result types; symbolic
+    /// dimensions are given by `dim` (the caller's binding or estimate).
+    fn work(
+        &self,
+        op: &ModOp,
+        ins: &[&TensorType],
+        outs: &[&TensorType],
+        dim: &dyn Fn(&crate::Dim) -> f64,
+    ) -> Work;
+
+    /// The gradient rule: adds the backward of one forward node through `cx`.
+    /// `Err` for an op that has none (an integer op, a gradient op itself).
+    fn backward(&self, op: &ModOp, cx: &mut dyn GradCx) -> Result<()>;
+
+    /// The op as primitive ops (those an exporter writes): appends nodes computing
+    /// the same results from `operands` to `g` and returns them. `names` holds one
+    /// name hint per result.
+    fn decompose(
+        &self,
+        op: &ModOp,
+        g: &mut Graph,
+        operands: &[ValueId],
+        names: &[&str],
+    ) -> Result<Vec<ValueId>>;
+}
+
+/// A module op with its attribute values: the payload of [`Op::Module`].
+#[derive(Clone)]
+pub struct ModOp {
+    def: &'static dyn OpModule,
+    attrs: Vec<(&'static str, Attr)>,
+}
+
+impl ModOp {
+    /// The op of `def` with attribute values `attrs` (in [`OpModule::attr_keys`]
+    /// order, checked by [`OpModule::check_attrs`]).
+    pub fn new(
+        def: &'static dyn OpModule,
+        attrs: Vec<(&'static str, Attr)>,
+    ) -> std::result::Result<ModOp, String> {
+        let keys: Vec<&str> = attrs.iter().map(|(k, _)| *k).collect();
+        if keys != def.attr_keys() {
+            return Err(format!(
+                "`{}` takes the attributes [{}], got [{}]",
+                def.mnemonic(),
+                def.attr_keys().join(", "),
+                keys.join(", ")
+            ));
+        }
+        def.check_attrs(&attrs)?;
+        Ok(ModOp { def, attrs })
+    }
+
+    /// The module op named `mnemonic` with no attributes, as an [`Op`].
+    ///
+    /// # Panics
+    /// If no module has that mnemonic or it takes attributes (a programming error
+    /// in the caller, which names a module it links against).
+    pub fn op(mnemonic: &str) -> Op {
+        let def = find(mnemonic).unwrap_or_else(|| panic!("no op module `{mnemonic}`"));
+        Op::Module(ModOp::new(def, Vec::new()).unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    /// The op's definition.
+    pub fn def(&self) -> &'static dyn OpModule {
+        self.def
+    }
+
+    /// The op's mnemonic.
+    pub fn mnemonic(&self) -> &'static str {
+        self.def.mnemonic()
+    }
+
+    /// The attribute values, in printed order.
+    pub fn attrs(&self) -> &[(&'static str, Attr)] {
+        &self.attrs
+    }
+
+    /// The value of attribute `key`.
+    pub fn attr(&self, key: &str) -> Option<&Attr> {
+        self.attrs.iter().find(|(k, _)| *k == key).map(|(_, a)| a)
+    }
+}
+
+impl PartialEq for ModOp {
+    fn eq(&self, other: &ModOp) -> bool {
+        self.mnemonic() == other.mnemonic() && self.attrs == other.attrs
+    }
+}
+
+impl fmt::Debug for ModOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.mnemonic())?;
+        for (k, a) in &self.attrs {
+            write!(f, " {k}={a}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The module with this mnemonic.
+pub fn find(mnemonic: &str) -> Option<&'static dyn OpModule> {
+    MODULES.iter().copied().find(|m| m.mnemonic() == mnemonic)
+}
+
+/// Builds a module op from parsed parts (the text parser's and the e-graph's
+/// fallback after the op table): `None` when no module has this mnemonic.
+pub(crate) fn from_parts(
+    mnemonic: &str,
+    attrs: &[(String, Attr)],
+) -> Option<std::result::Result<Op, String>> {
+    let def = find(mnemonic)?;
+    let mut out = Vec::with_capacity(attrs.len());
+    for key in def.attr_keys() {
+        match attrs.iter().find(|(k, _)| k == key) {
+            Some((_, a)) => out.push((*key, a.clone())),
+            None => return Some(Err(format!("`{mnemonic}` needs attribute `{key}`"))),
+        }
+    }
+    if let Some((k, _)) = attrs
+        .iter()
+        .find(|(k, _)| !def.attr_keys().contains(&k.as_str()))
+    {
+        return Some(Err(format!("`{mnemonic}` has no attribute `{k}`")));
+    }
+    Some(ModOp::new(def, out).map(Op::Module))
+}
+
+/// `g` with every module op replaced by its [`OpModule::decompose`] (inputs,
+/// parameters, outputs, updates and every other value's name kept): the graph an
+/// exporter writes, and a second definition the tests check the module's own
+/// against.
+pub fn decompose_modules(g: &Graph) -> Result<Graph> {
+    let mut out = Graph::new(g.name.clone());
+    let mut map: Vec<Option<ValueId>> = vec![None; g.values().len()];
+    for &v in g.inputs() {
+        map[v.index()] = Some(out.add_input(g.name_of(v), g.ty(v).clone())?);
+    }
+    for &v in g.params() {
+        map[v.index()] = Some(out.add_param(g.name_of(v), g.ty(v).clone())?);
+    }
+    let get = |map: &[Option<ValueId>], v: ValueId| {
+        map[v.index()].ok_or_else(|| crate::IrError::Graph {
+            graph: g.name.clone(),
+            reason: format!("%{} is used before it is defined", g.name_of(v)),
+        })
+    };
+    for node in g.nodes() {
+        let ins = node
+            .inputs
+            .iter()
+            .map(|&v| get(&map, v))
+            .collect::<Result<Vec<_>>>()?;
+        let names: Vec<&str> = node.outputs.iter().map(|&v| g.name_of(v)).collect();
+        let outs = match &node.op {
+            Op::Module(m) => m.def().decompose(m, &mut out, &ins, &names)?,
+            op => {
+                let tys: Vec<TensorType> = node.outputs.iter().map(|&v| g.ty(v).clone()).collect();
+                out.add_node_typed(op.clone(), &ins, &names, &tys)?
+            }
+        };
+        for (&o, n) in node.outputs.iter().zip(outs) {
+            map[o.index()] = Some(n);
+        }
+    }
+    for &v in g.outputs() {
+        out.add_output(get(&map, v)?);
+    }
+    for u in g.updates() {
+        out.add_update(get(&map, u.param)?, get(&map, u.value)?)?;
+    }
+    Ok(out)
+}

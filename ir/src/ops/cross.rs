@@ -1,0 +1,396 @@
+//! `cross` and `cross_grad`: one low-rank layer of DCN-v2's cross network
+//! (TorchRec's `LowRankCrossNet`, the interaction of DLRM-DCNv2) and its gradient.
+//!
+//! `cross(x0[S,D], x[S,D], v[R,D], u[D,R], b[D]) -> y[S,D]`:
+//! - `z = x · vᵀ`: `z[s,r] = Σ_k x[s,k]·v[r,k]`, one f32 accumulator, increasing `k`;
+//! - `w = z · uᵀ + b`: `w[s,d] = (Σ_r z[s,r]·u[d,r]) + b[d]`, the sum as above;
+//! - `y = x0 ⊙ w + x`: `y[s,d] = x0[s,d]·w[s,d] + x[s,d]`.
+//!
+//! `v` and `u` are in PyTorch's `Linear` layout (`[out, in]`): `v` is the weight of
+//! `Linear(D, R, bias=False)` and `u` with `b` that of `Linear(R, D)`, so
+//! `y = x0 * U(V(x)) + x`. The layer's `W = u·v` has rank `R`; a full-rank layer is
+//! `R = D` (or `v` the identity). Results are in `x`'s dtype; every product and sum
+//! is computed in f32.
+//!
+//! `cross_grad(dy[S,D], x0, x, v, u, b) -> (dx0, dx, dv, du, db)` recomputes `z` and
+//! `w` as above, then with `g = dy ⊙ x0` (`g[s,d] = dy[s,d]·x0[s,d]`):
+//! - `dx0 = dy ⊙ w`; `db[d] = Σ_s g[s,d]` (increasing `s`);
+//! - `du = gᵀ · z`: `du[d,r] = Σ_s g[s,d]·z[s,r]`; `t = g · u`: `t[s,r] = Σ_d g[s,d]·u[d,r]`;
+//! - `dv = tᵀ · x`: `dv[r,k] = Σ_s t[s,r]·x[s,k]`; `dx = dy + t · v`:
+//!   `dx[s,k] = dy[s,k] + Σ_r t[s,r]·v[r,k]`.
+//!
+//! Each result has its operand's type. Every sum is one f32 accumulator in the
+//! increasing order of its index.
+
+use crate::error::{IrError, Result};
+use crate::graph::{Graph, ValueId};
+use crate::instance::Checked;
+use crate::interp::common::{floats, store};
+use crate::module::{GradCx, ModOp, OpModule, Work};
+use crate::op::{Attr, BinaryKind, Op, Pool};
+use crate::tensor::Tensor;
+use crate::types::{Dim, TensorType};
+
+type R<T> = std::result::Result<T, String>;
+
+/// The forward op `cross` (see the module docs).
+pub struct Cross;
+
+/// The gradient op `cross_grad` (see the module docs).
+pub struct CrossGrad;
+
+/// Checks the operands `x0, x, v, u, b` of a layer (errors use the spec's names).
+fn check_layer(ins: &[&TensorType]) -> R<()> {
+    let [x0, x, v, u, b] = ins else {
+        unreachable!("arity checked by the caller")
+    };
+    for (name, t, rank) in [
+        ("x0", x0, 2),
+        ("x", x, 2),
+        ("v", v, 2),
+        ("u", u, 2),
+        ("b", b, 1),
+    ] {
+        if t.rank() != rank {
+            return Err(format!("{name} must have rank {rank}, got {t}"));
+        }
+        if !t.dtype.is_float() {
+            return Err(format!("{name} must be f32 or bf16, got {t}"));
+        }
+    }
+    if x0.shape != x.shape || x0.dtype != x.dtype {
+        return Err(format!("x0 {x0} and x {x} must have the same type"));
+    }
+    let d = &x.shape[1];
+    let r = &v.shape[0];
+    let want = |name: &str, got: &Dim, want: &Dim| -> R<()> {
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{name}: expected {want}, got {got}"))
+        }
+    };
+    want("v's columns (the width D of x)", &v.shape[1], d)?;
+    want("u's rows (the width D of x)", &u.shape[0], d)?;
+    want("u's columns (the rank R, v's rows)", &u.shape[1], r)?;
+    want("b's length (the width D of x)", &b.shape[0], d)
+}
+
+fn arity(op: &str, ins: &[&TensorType], n: usize) -> R<()> {
+    if ins.len() == n {
+        Ok(())
+    } else {
+        Err(format!("`{op}` takes {n} operands, got {}", ins.len()))
+    }
+}
+
+/// `S·R·D` of a layer, from the types of `x` and `v`.
+fn srd(x: &TensorType, v: &TensorType, dim: &dyn Fn(&Dim) -> f64) -> f64 {
+    dim(&x.shape[0]) * dim(&v.shape[0]) * dim(&x.shape[1])
+}
+
+fn bytes(tys: &[&TensorType], dim: &dyn Fn(&Dim) -> f64) -> f64 {
+    tys.iter()
+        .map(|t| t.shape.iter().map(dim).product::<f64>() * t.dtype.size_bytes() as f64)
+        .sum()
+}
+
+/// `a[m×k] · b[n×k]ᵀ` (row-major, one accumulator per element, increasing `k`).
+fn mm_nt(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut c = vec![0.0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0f32;
+            for p in 0..k {
+                acc += a[i * k + p] * b[j * k + p];
+            }
+            c[i * n + j] = acc;
+        }
+    }
+    c
+}
+
+/// `a[k×m]ᵀ · b[k×n]` (row-major, one accumulator per element, increasing `k`).
+fn mm_tn(a: &[f32], b: &[f32], k: usize, m: usize, n: usize) -> Vec<f32> {
+    let mut c = vec![0.0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0f32;
+            for p in 0..k {
+                acc += a[p * m + i] * b[p * n + j];
+            }
+            c[i * n + j] = acc;
+        }
+    }
+    c
+}
+
+/// `a[m×k] · b[k×n]` (row-major, one accumulator per element, increasing `k`).
+fn mm_nn(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut c = vec![0.0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0f32;
+            for p in 0..k {
+                acc += a[i * k + p] * b[p * n + j];
+            }
+            c[i * n + j] = acc;
+        }
+    }
+    c
+}
+
+/// The forward's intermediates `z[S,R]` and `w[S,D]` of the operands `x, v, u, b`.
+fn forward(
+    x: &[f32],
+    v: &[f32],
+    u: &[f32],
+    b: &[f32],
+    s: usize,
+    d: usize,
+    r: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let z = mm_nt(x, v, s, d, r);
+    let mut w = mm_nt(&z, u, s, r, d);
+    for row in w.chunks_mut(d.max(1)) {
+        for (e, &bias) in row.iter_mut().zip(b) {
+            *e += bias;
+        }
+    }
+    (z, w)
+}
+
+/// The layer's dims `(S, D, R)` from checked operands whose `x` is operand `at`.
+fn dims(c: &Checked<'_>, at: usize) -> (usize, usize, usize) {
+    let x = c.in_shape(at);
+    (x[0], x[1], c.in_shape(at + 1)[0])
+}
+
+impl OpModule for Cross {
+    fn mnemonic(&self) -> &'static str {
+        "cross"
+    }
+
+    fn attr_keys(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn check_attrs(&self, _: &[(&'static str, Attr)]) -> R<()> {
+        Ok(())
+    }
+
+    fn infer(&self, _: &ModOp, ins: &[&TensorType]) -> R<Vec<TensorType>> {
+        arity("cross", ins, 5)?;
+        check_layer(ins)?;
+        Ok(vec![ins[1].clone()])
+    }
+
+    fn eval(&self, c: &Checked<'_>) -> R<Vec<Tensor>> {
+        let (s, d, r) = dims(c, 1);
+        let x0 = floats(c.input(0), "x0")?;
+        let x = floats(c.input(1), "x")?;
+        let (v, u, b) = (
+            floats(c.input(2), "v")?,
+            floats(c.input(3), "u")?,
+            floats(c.input(4), "b")?,
+        );
+        let (_, w) = forward(&x, &v, &u, &b, s, d, r);
+        let y: Vec<f32> = (0..s * d).map(|i| x0[i] * w[i] + x[i]).collect();
+        Ok(vec![store(c.out(0).dtype, vec![s, d], y)?])
+    }
+
+    fn work(
+        &self,
+        _: &ModOp,
+        ins: &[&TensorType],
+        outs: &[&TensorType],
+        dim: &dyn Fn(&Dim) -> f64,
+    ) -> Work {
+        let sd = dim(&ins[1].shape[0]) * dim(&ins[1].shape[1]);
+        let all: Vec<&TensorType> = ins.iter().chain(outs).copied().collect();
+        Work {
+            flops: 4.0 * srd(ins[1], ins[2], dim) + 3.0 * sd,
+            bytes: bytes(&all, dim),
+        }
+    }
+
+    fn backward(&self, _: &ModOp, cx: &mut dyn GradCx) -> Result<()> {
+        let Some(dy) = cx.dy(0) else {
+            return Ok(());
+        };
+        let mut operands = vec![dy];
+        operands.extend_from_slice(cx.inputs());
+        let hints: Vec<String> = (0..5).map(|k| cx.hint(k)).collect();
+        let names: Vec<&str> = hints.iter().map(String::as_str).collect();
+        let grads = cx.add(ModOp::op("cross_grad"), &operands, &names)?;
+        for (k, g) in grads.into_iter().enumerate() {
+            cx.contribute(k, g);
+        }
+        Ok(())
+    }
+
+    fn decompose(
+        &self,
+        _: &ModOp,
+        g: &mut Graph,
+        ins: &[ValueId],
+        names: &[&str],
+    ) -> Result<Vec<ValueId>> {
+        let &[x0, x, v, u, b] = ins else {
+            return Err(arity_error(g, "cross", 5, ins.len()));
+        };
+        let y = names.first().copied().unwrap_or("cross");
+        let (_, w) = decomposed_forward(g, x, v, u, b, y)?;
+        let p = g.add(mul(), &[x0, w], &format!("{y}.scaled"))?;
+        Ok(vec![g.add(Op::Add, &[p, x], y)?])
+    }
+}
+
+fn mul() -> Op {
+    Op::Binary {
+        kind: BinaryKind::Mul,
+    }
+}
+
+fn arity_error(g: &Graph, op: &str, want: usize, got: usize) -> IrError {
+    IrError::Graph {
+        graph: g.name.clone(),
+        reason: format!("`{op}` takes {want} operands, got {got}"),
+    }
+}
+
+fn transposed(g: &mut Graph, m: ValueId, name: &str) -> Result<ValueId> {
+    g.add(Op::Transpose { perm: vec![1, 0] }, &[m], name)
+}
+
+/// `z = x·vᵀ` and `w = z·uᵀ + b` as primitive ops.
+fn decomposed_forward(
+    g: &mut Graph,
+    x: ValueId,
+    v: ValueId,
+    u: ValueId,
+    b: ValueId,
+    y: &str,
+) -> Result<(ValueId, ValueId)> {
+    let vt = transposed(g, v, &format!("{y}.vt"))?;
+    let z = g.add(Op::MatMul, &[x, vt], &format!("{y}.z"))?;
+    let ut = transposed(g, u, &format!("{y}.ut"))?;
+    let zu = g.add(Op::MatMul, &[z, ut], &format!("{y}.zu"))?;
+    let add = Op::Binary {
+        kind: BinaryKind::Add,
+    };
+    let w = g.add(add, &[zu, b], &format!("{y}.w"))?;
+    Ok((z, w))
+}
+
+impl OpModule for CrossGrad {
+    fn mnemonic(&self) -> &'static str {
+        "cross_grad"
+    }
+
+    fn attr_keys(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn check_attrs(&self, _: &[(&'static str, Attr)]) -> R<()> {
+        Ok(())
+    }
+
+    fn infer(&self, _: &ModOp, ins: &[&TensorType]) -> R<Vec<TensorType>> {
+        arity("cross_grad", ins, 6)?;
+        check_layer(&ins[1..])?;
+        if ins[0] != ins[2] {
+            return Err(format!("dy {} must have x's type {}", ins[0], ins[2]));
+        }
+        Ok(ins[1..].iter().map(|&t| t.clone()).collect())
+    }
+
+    fn eval(&self, c: &Checked<'_>) -> R<Vec<Tensor>> {
+        let (s, d, r) = dims(c, 2);
+        let dy = floats(c.input(0), "dy")?;
+        let x0 = floats(c.input(1), "x0")?;
+        let x = floats(c.input(2), "x")?;
+        let (v, u, b) = (
+            floats(c.input(3), "v")?,
+            floats(c.input(4), "u")?,
+            floats(c.input(5), "b")?,
+        );
+        let (z, w) = forward(&x, &v, &u, &b, s, d, r);
+        let g: Vec<f32> = (0..s * d).map(|i| dy[i] * x0[i]).collect();
+        let dx0: Vec<f32> = (0..s * d).map(|i| dy[i] * w[i]).collect();
+        let mut db = vec![0.0f32; d];
+        for (j, acc) in db.iter_mut().enumerate() {
+            for i in 0..s {
+                *acc += g[i * d + j];
+            }
+        }
+        let du = mm_tn(&g, &z, s, d, r);
+        let t = mm_nn(&g, &u, s, d, r);
+        let dv = mm_tn(&t, &x, s, r, d);
+        let tv = mm_nn(&t, &v, s, r, d);
+        let dx: Vec<f32> = (0..s * d).map(|i| dy[i] + tv[i]).collect();
+        let out = |k: usize, shape: Vec<usize>, vals: Vec<f32>| store(c.out(k).dtype, shape, vals);
+        Ok(vec![
+            out(0, vec![s, d], dx0)?,
+            out(1, vec![s, d], dx)?,
+            out(2, vec![r, d], dv)?,
+            out(3, vec![d, r], du)?,
+            out(4, vec![d], db)?,
+        ])
+    }
+
+    fn work(
+        &self,
+        _: &ModOp,
+        ins: &[&TensorType],
+        outs: &[&TensorType],
+        dim: &dyn Fn(&Dim) -> f64,
+    ) -> Work {
+        let sd = dim(&ins[0].shape[0]) * dim(&ins[0].shape[1]);
+        let all: Vec<&TensorType> = ins.iter().chain(outs).copied().collect();
+        // The recomputed forward (4·SRD), du, t, dv and t·v (2·SRD each).
+        Work {
+            flops: 12.0 * srd(ins[2], ins[3], dim) + 6.0 * sd,
+            bytes: bytes(&all, dim),
+        }
+    }
+
+    fn backward(&self, _: &ModOp, _: &mut dyn GradCx) -> Result<()> {
+        Err(IrError::Graph {
+            graph: String::new(),
+            reason: "autodiff: `cross_grad` has no gradient (second derivatives are not supported)"
+                .into(),
+        })
+    }
+
+    fn decompose(
+        &self,
+        _: &ModOp,
+        g: &mut Graph,
+        ins: &[ValueId],
+        names: &[&str],
+    ) -> Result<Vec<ValueId>> {
+        let &[dy, x0, x, v, u, b] = ins else {
+            return Err(arity_error(g, "cross_grad", 6, ins.len()));
+        };
+        let n = |k: usize, fallback: &str| names.get(k).copied().unwrap_or(fallback).to_string();
+        let base = n(1, "cross_grad");
+        let (z, w) = decomposed_forward(g, x, v, u, b, &base)?;
+        let gg = g.add(mul(), &[dy, x0], &format!("{base}.g"))?;
+        let dx0 = g.add(mul(), &[dy, w], &n(0, "dx0"))?;
+        let sum = Op::Reduce {
+            kind: Pool::Sum,
+            axes: vec![0],
+            keepdims: false,
+        };
+        let db = g.add(sum, &[gg], &n(4, "db"))?;
+        let gt = transposed(g, gg, &format!("{base}.gt"))?;
+        let du = g.add(Op::MatMul, &[gt, z], &n(3, "du"))?;
+        let t = g.add(Op::MatMul, &[gg, u], &format!("{base}.t"))?;
+        let tt = transposed(g, t, &format!("{base}.tt"))?;
+        let dv = g.add(Op::MatMul, &[tt, x], &n(2, "dv"))?;
+        let tv = g.add(Op::MatMul, &[t, v], &format!("{base}.tv"))?;
+        let dx = g.add(Op::Add, &[dy, tv], &n(1, "dx"))?;
+        Ok(vec![dx0, dx, dv, du, db])
+    }
+}
