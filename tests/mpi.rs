@@ -213,6 +213,16 @@ fn eight_processes_train_like_eight_threads_with_more_tables_than_ranks() {
     mpi_matches_threads(&plan, 8, 6);
 }
 
+/// DLRM-DCNv2 (`examples/dlrm-dcnv2-tiny.json`: cross layers, per-table pooling,
+/// row-wise Adagrad) trains under `mpirun -n 3` like three thread ranks.
+#[test]
+fn dcnv2_trains_under_mpi_like_threads() {
+    let dir = tempdir();
+    let model = fs::read_to_string(example("dlrm-dcnv2-tiny.json")).expect("dcnv2 tiny");
+    let plan = compile(dir.path(), "dcn.plan", Some(&model));
+    mpi_matches_threads(&plan, 3, 6);
+}
+
 /// A real PyTorch export with `include_last_offset=True` bags (`[B+1]` offsets)
 /// trains under `mpirun -n 2` like two thread ranks.
 #[test]

@@ -100,6 +100,7 @@ pub fn canonicalise(
         .filter_map(|(n, t)| Some((Symbol::from(n.as_str()), t.to_i64_vec()?)))
         .collect();
     let mut rules = rules::canon::rules(&rules::RuleConfig::default());
+    rules.extend(rules::cross::rules(&rules::RuleConfig::default()));
     rules.extend(rules::recognise::rules());
     let (out, stats) = saturate(g, &rules, limits, CostModel::default(), consts)?;
     let out = store_transposed(&out, params)?;

@@ -11,6 +11,7 @@
 
 pub mod canon;
 pub mod contract;
+pub mod cross;
 pub mod embedding;
 pub mod layout;
 pub mod loss;

@@ -1,0 +1,96 @@
+//! The reference kernels of `cross` and `cross_grad` (`kernels/cross.rs`) against
+//! the interpreter on random shapes: batch sizes around the row-block size, widths
+//! and ranks from 1, including ones that are not multiples of a SIMD width.
+//!
+//! Stated tolerance: `|kernel - interp| <= 1e-4 · (1 + |interp|)` per element
+//! (`sgemm` sums in another order than the interpreter's one accumulator; values
+//! are U(-1, 1), sums of at most a few hundred terms).
+
+use dlrm_ir::interp::{EvalCtx, eval_op};
+use dlrm_ir::module::ModOp;
+use dlrm_ir::{Dim, SingleRank, Tensor, TensorType, infer};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+
+fn rand(r: &mut ChaCha8Rng, shape: &[usize]) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::f32(
+        shape.to_vec(),
+        (0..n).map(|_| r.random::<f32>() * 2.0 - 1.0).collect(),
+    )
+}
+
+fn check(mnemonic: &str, ins: &[Tensor]) {
+    let op = ModOp::op(mnemonic);
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let tys: Vec<TensorType> = ins
+        .iter()
+        .map(|t| TensorType::new(t.dtype(), t.shape.iter().map(|&d| Dim::Fixed(d))))
+        .collect();
+    let ty_refs: Vec<&TensorType> = tys.iter().collect();
+    let outs = infer(&op, &ty_refs, &[]).expect("infer");
+    let syms = HashMap::new();
+    let ctx = EvalCtx {
+        syms: &syms,
+        comm: &SingleRank,
+    };
+    let want = eval_op(&op, &refs, &outs, &ctx).expect("interpreter");
+    let got = dlrm_codegen::try_eval(&op, &refs, &outs, &syms)
+        .expect("a kernel for f32")
+        .expect("kernel");
+    assert_eq!(got.len(), want.len());
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.shape, w.shape, "{mnemonic} result {k}");
+        for (i, (&a, &b)) in g
+            .as_f32()
+            .unwrap()
+            .iter()
+            .zip(w.as_f32().unwrap())
+            .enumerate()
+        {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "{mnemonic} result {k}[{i}] shapes {:?}: kernel {a}, interpreter {b}",
+                ins.iter().map(|t| t.shape.clone()).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+#[test]
+fn cross_kernels_match_the_interpreter_on_random_shapes() {
+    let mut r = ChaCha8Rng::seed_from_u64(11);
+    for case in 0..24 {
+        let s = [1, 3, 17, 64, 300][case % 5];
+        let d = r.random_range(1..70);
+        let rank = r.random_range(1..40);
+        let layer = [
+            rand(&mut r, &[s, d]),
+            rand(&mut r, &[s, d]),
+            rand(&mut r, &[rank, d]),
+            rand(&mut r, &[d, rank]),
+            rand(&mut r, &[d]),
+        ];
+        check("cross", &layer);
+        let mut grad = vec![rand(&mut r, &[s, d])];
+        grad.extend(layer);
+        check("cross_grad", &grad);
+    }
+}
+
+#[test]
+fn an_empty_batch_gives_empty_results_and_zero_parameter_gradients() {
+    let mut r = ChaCha8Rng::seed_from_u64(12);
+    let layer = [
+        rand(&mut r, &[0, 5]),
+        rand(&mut r, &[0, 5]),
+        rand(&mut r, &[2, 5]),
+        rand(&mut r, &[5, 2]),
+        rand(&mut r, &[5]),
+    ];
+    check("cross", &layer);
+    let mut grad = vec![rand(&mut r, &[0, 5])];
+    grad.extend(layer);
+    check("cross_grad", &grad);
+}
