@@ -12,9 +12,12 @@ use super::{KResult, gemm_rows};
 use dlrm_ir::{Checked, Tensor};
 use rayon::prelude::*;
 
+/// A module op's reference kernel: `None` for operands it does not handle.
+pub(crate) type Kernel = fn(&Checked<'_>) -> Option<KResult<Vec<Tensor>>>;
+
 /// The kernel of a module op, by mnemonic: the one list of the module ops with a
 /// reference kernel (`None`: the interpreter runs them).
-pub(crate) fn kernel(mnemonic: &str) -> Option<fn(&Checked<'_>) -> Option<KResult<Vec<Tensor>>>> {
+pub(crate) fn kernel(mnemonic: &str) -> Option<Kernel> {
     match mnemonic {
         "cross" => Some(cross),
         "cross_grad" => Some(cross_grad),
