@@ -108,3 +108,75 @@ fn the_fuse_dump_shows_cross_layers_and_an_export_compiles_back_to_them() {
     );
     ok(DLRM_RUN, &[s(&back), "--ranks", "2", "--iters", "5", "-q"]);
 }
+
+/// A plan trained with (row-wise) Adagrad serves `--infer --inputs` (its
+/// accumulators are training state the inference graph does not declare; they
+/// were once passed to it and refused), and its outputs equal the interpreter's
+/// run of the exported-and-reimported model's inference graph.
+#[test]
+fn an_adagrad_plan_serves_inputs_and_matches_its_export() {
+    use dlrm_ir::Tensor;
+    let dir = tempdir();
+    let plan = dir.path().join("dcn.plan");
+    compile(&example("dlrm-dcnv2-tiny.json"), &plan, &[]);
+    let (s_, d) = (5usize, 4usize);
+    let ids = |rows: i64, l: usize, salt: i64| {
+        Tensor::i64(
+            vec![s_, l],
+            (0..(s_ * l) as i64)
+                .map(|i| (i * 7 + salt) % rows)
+                .collect(),
+        )
+    };
+    let dense: Vec<f32> = (0..s_ * d).map(|i| (i as f32 * 0.37).sin()).collect();
+    let inputs = vec![
+        ("dense".to_string(), Tensor::f32(vec![s_, d], dense)),
+        ("idx.0".to_string(), ids(50, 3, 1)),
+        ("idx.1".to_string(), ids(30, 1, 2)),
+        ("idx.2".to_string(), ids(20, 2, 3)),
+    ];
+    let (inp, out) = (dir.path().join("in.npz"), dir.path().join("out.npz"));
+    dlrm_onnx::npz::write(&inp, &inputs).expect("write inputs");
+    ok(
+        DLRM_RUN,
+        &[
+            s(&plan),
+            "--infer",
+            "--inputs",
+            s(&inp),
+            "--outputs",
+            s(&out),
+            "-q",
+        ],
+    );
+    let got = dlrm_onnx::npz::read(&out).expect("outputs");
+    let prob = got[0].1.to_f32_vec();
+    assert_eq!(prob.len(), s_);
+    assert!(prob.iter().all(|p| (0.0..=1.0).contains(p)), "{prob:?}");
+    // The same inputs through the export, compiled back, served the same way.
+    let onnx = dir.path().join("dcn.onnx");
+    ok(DLRMC, &["export", s(&plan), "-o", s(&onnx), "-q"]);
+    let back = dir.path().join("back.plan");
+    compile(&onnx, &back, &[]);
+    let out2 = dir.path().join("out2.npz");
+    ok(
+        DLRM_RUN,
+        &[
+            s(&back),
+            "--infer",
+            "--inputs",
+            s(&inp),
+            "--outputs",
+            s(&out2),
+            "-q",
+        ],
+    );
+    let again = dlrm_onnx::npz::read(&out2).expect("outputs")[0]
+        .1
+        .to_f32_vec();
+    let d = max_rel(&prob, &again, 1e-7);
+    assert!(
+        d <= 1e-5,
+        "export differs by {d} rel: {prob:?} vs {again:?}"
+    );
+}

@@ -71,7 +71,17 @@ impl Session {
     /// every parameter (fallibly: too large is an error naming it).
     pub fn new(plan: Plan, backend: Backend, kernels: KernelChoice) -> Result<Session> {
         let graph = plan.infer;
-        let params = dlrm_ir::init::materialize_all(&plan.params)?;
+        // The inference graph's parameters only: a plan also holds the training
+        // state (Adagrad's accumulators, bf16 low halves), which inference never
+        // reads and need not be created.
+        let declared: std::collections::HashSet<&str> =
+            graph.params().iter().map(|&p| graph.name_of(p)).collect();
+        let wanted: Vec<(String, dlrm_ir::ParamValue)> = plan
+            .params
+            .into_iter()
+            .filter(|(name, _)| declared.contains(name.as_str()))
+            .collect();
+        let params = dlrm_ir::init::materialize_all(&wanted)?;
         let outputs = graph
             .outputs()
             .iter()
