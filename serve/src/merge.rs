@@ -90,24 +90,29 @@ fn bag_uses(g: &Graph) -> HashMap<usize, Vec<(usize, usize)>> {
     uses
 }
 
+/// The symbol of the batch axis: every output's first dimension.
+fn batch_axis(g: &Graph) -> Result<&str, String> {
+    let mut batch: Option<&str> = None;
+    for &o in g.outputs() {
+        let ty = g.ty(o);
+        match ty.shape.first() {
+            Some(Dim::Sym(s)) if batch.is_none_or(|b| b == s) => batch = Some(s),
+            _ => {
+                return Err(format!(
+                    "output `{}` ({ty}) is not per sample along one batch axis",
+                    g.name_of(o)
+                ));
+            }
+        }
+    }
+    batch.ok_or_else(|| "the model has no outputs".to_string())
+}
+
 impl Layout {
     /// The merge layout of inference graph `g`, or why its requests must run
     /// one at a time.
     pub fn of(g: &Graph) -> Result<Layout, String> {
-        let mut batch: Option<&str> = None;
-        for &o in g.outputs() {
-            let ty = g.ty(o);
-            match ty.shape.first() {
-                Some(Dim::Sym(s)) if batch.is_none_or(|b| b == s) => batch = Some(s),
-                _ => {
-                    return Err(format!(
-                        "output `{}` ({ty}) is not per sample along one batch axis",
-                        g.name_of(o)
-                    ));
-                }
-            }
-        }
-        let batch = batch.ok_or("the model has no outputs")?;
+        let batch = batch_axis(g)?;
         let uses = bag_uses(g);
         let index: HashMap<usize, usize> = g
             .inputs()
