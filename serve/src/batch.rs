@@ -10,7 +10,9 @@
 //! `max_delay`, or the next request cannot join. A request whose deadline has
 //! passed (or whose client has gone) is answered without being computed. The
 //! batch's graph inputs are merged ([`Layout::merge`]), run once and split back
-//! per request ([`merge::split`]). When a merged batch fails (a bad id in one
+//! per request ([`merge::split`]); a batch is padded to the next of few sizes
+//! ([`merge::bucket`]) so that the executors' kernels, compiled once per batch
+//! size, are few and (with `warm_up`) compiled at start. When a merged batch fails (a bad id in one
 //! request, say), each of its requests runs again alone, so that only the bad
 //! one gets the error.
 
@@ -40,6 +42,9 @@ pub struct BatchOptions {
     pub max_queue: usize,
     /// Executors (threads), each running one batch at a time.
     pub instances: usize,
+    /// Compile the kernels of every padded batch size at start (one executor
+    /// runs a padding batch of each while the others serve).
+    pub warm_up: bool,
 }
 
 /// One queued request.
@@ -104,7 +109,7 @@ impl Batcher {
             let sh = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name(format!("dlrm-serve-{i}"))
-                .spawn(move || worker(&sh, s))
+                .spawn(move || worker(&sh, s, i == 0 && opts.warm_up))
                 .map_err(|e| RuntimeError::Data {
                     reason: format!("starting executor thread {i}: {e}"),
                 })?;
@@ -211,7 +216,10 @@ fn plan(q: &VecDeque<Job>, opts: &BatchOptions, now: Instant) -> (usize, Option<
     }
 }
 
-fn worker(sh: &Shared, mut session: Session) {
+fn worker(sh: &Shared, mut session: Session, warm: bool) {
+    if warm && let Some(layout) = &sh.layout {
+        warm_up(&mut session, layout, sh.opts.max_batch);
+    }
     loop {
         let batch: Vec<Job> = {
             let mut q = lock(&sh.queue);
@@ -246,32 +254,64 @@ fn worker(sh: &Shared, mut session: Session) {
     }
 }
 
+/// The padding that brings a batch of `total` samples to its bucket
+/// ([`merge::bucket`], at most `max_batch` unless the batch is larger already).
+fn padding(layout: &Layout, total: usize, max_batch: usize) -> Option<HashMap<String, Tensor>> {
+    let target = merge::bucket(total).min(max_batch.max(total));
+    (target > total)
+        .then(|| layout.padding(target - total))
+        .flatten()
+}
+
+/// Runs a padding batch of every bucket size up to `max_batch`, so that the
+/// kernels of those sizes are compiled before requests need them (the JIT's
+/// cache is shared by every executor).
+fn warm_up(session: &mut Session, layout: &Layout, max_batch: usize) {
+    let mut n = 1;
+    while n <= max_batch {
+        if let Some(inputs) = layout.padding(n) {
+            let _ = session.infer_graph_inputs(inputs);
+        }
+        n = merge::bucket(n + 1);
+    }
+    if let Some(inputs) = layout.padding(max_batch) {
+        let _ = session.infer_graph_inputs(inputs);
+    }
+}
+
 /// Runs one batch and answers its requests.
 fn run(sh: &Shared, session: &mut Session, batch: Vec<Job>) {
     let start = Instant::now();
     for job in &batch {
         sh.metrics.queued(start.duration_since(job.enqueued));
     }
-    if batch.len() > 1
-        && let Some(layout) = &sh.layout
-    {
-        let counts: Vec<usize> = batch.iter().map(Job::samples).collect();
-        let parts: Vec<&HashMap<String, Tensor>> = batch.iter().map(|j| &j.inputs).collect();
-        let merged = layout.merge(&parts).and_then(|inputs| {
-            session
-                .infer_graph_inputs(inputs)
-                .map_err(|e| e.to_string())
-                .and_then(|outs| merge::split(&outs, &counts))
-        });
-        if let Ok(answers) = merged {
-            sh.metrics
-                .batch(batch.len(), counts.iter().sum(), start.elapsed());
-            for (job, outs) in batch.into_iter().zip(answers) {
-                let _ = job.reply.send(Ok(outs));
+    let merged_ok = batch.iter().all(|j| j.key.is_some());
+    if merged_ok && let Some(layout) = &sh.layout {
+        let mut counts: Vec<usize> = batch.iter().map(Job::samples).collect();
+        let total = counts.iter().sum();
+        let pad = padding(layout, total, sh.opts.max_batch);
+        if batch.len() > 1 || pad.is_some() {
+            let mut parts: Vec<&HashMap<String, Tensor>> =
+                batch.iter().map(|j| &j.inputs).collect();
+            if let Some(p) = &pad {
+                parts.push(p);
+                counts.push(layout.key(p).map_or(0, |k| k.samples));
             }
-            return;
+            let merged = layout.merge(&parts).and_then(|inputs| {
+                session
+                    .infer_graph_inputs(inputs)
+                    .map_err(|e| e.to_string())
+                    .and_then(|outs| merge::split(&outs, &counts))
+            });
+            if let Ok(answers) = merged {
+                sh.metrics.batch(batch.len(), total, start.elapsed());
+                for (job, outs) in batch.into_iter().zip(answers) {
+                    let _ = job.reply.send(Ok(outs));
+                }
+                return;
+            }
+            // Run each alone below: only a bad request gets the error.
         }
-        // Run each alone below: only a bad request gets the error.
     }
     for job in batch {
         let t = Instant::now();

@@ -68,6 +68,7 @@ impl Default for ServeOptions {
                 max_delay: Duration::from_micros(500),
                 max_queue: 1024,
                 instances: 2,
+                warm_up: true,
             },
             deadline: None,
         }

@@ -46,6 +46,10 @@ struct Cli {
     /// (0: none); a request still queued at its deadline is answered 504.
     #[arg(long, default_value_t = 0)]
     deadline_ms: u64,
+    /// Do not compile the kernels of the padded batch sizes at start (they are
+    /// then compiled on first use, a few tens of ms each).
+    #[arg(long)]
+    no_warm_up: bool,
 }
 
 fn main() -> Result<()> {
@@ -63,6 +67,7 @@ fn main() -> Result<()> {
             max_delay: Duration::from_micros(cli.max_delay_us),
             max_queue: size(cli.max_queue),
             instances: size(cli.instances),
+            warm_up: !cli.no_warm_up,
         },
         deadline: (cli.deadline_ms > 0).then(|| Duration::from_millis(cli.deadline_ms)),
     };

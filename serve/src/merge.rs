@@ -24,7 +24,7 @@
 //! answers with requests run one at a time).
 
 use dlrm_ir::contract::roles;
-use dlrm_ir::{Data, Def, Dim, Graph, Op, Tensor};
+use dlrm_ir::{DType, Data, Def, Dim, Graph, Op, Tensor};
 use std::collections::HashMap;
 
 /// What one graph input is, for merging.
@@ -55,6 +55,29 @@ pub struct Layout {
     pub names: Vec<String>,
     /// Each one's kind.
     pub kinds: Vec<Kind>,
+    /// Each one's dtype and, for [`Kind::Rows`], its declared dimensions past
+    /// the batch axis (`None`: one is not fixed, no padding is made).
+    pad: Option<Vec<(DType, Vec<usize>)>>,
+}
+
+/// The batch sizes batches are padded to: the powers of two and their halfway
+/// points (1, 2, 3, 4, 6, 8, 12, 16, 24, ...): at most a third of a batch is
+/// padding, and the executors see few distinct sizes (each new size costs its
+/// kernels' compilation once).
+pub fn bucket(n: usize) -> usize {
+    let mut b = 1usize;
+    loop {
+        if n <= b {
+            return b;
+        }
+        if b >= 2 && n <= b + b / 2 {
+            return b + b / 2;
+        }
+        match b.checked_mul(2) {
+            Some(x) => b = x,
+            None => return n,
+        }
+    }
 }
 
 /// A request that may join others: its sample count and the signature (dtypes,
@@ -106,6 +129,23 @@ fn batch_axis(g: &Graph) -> Result<&str, String> {
         }
     }
     batch.ok_or_else(|| "the model has no outputs".to_string())
+}
+
+/// Per input of `g`: its dtype and, for [`Kind::Rows`], its dimensions past
+/// the batch axis; `None` if one of those is not fixed.
+fn pad_shapes(g: &Graph, kinds: &[Kind]) -> Option<Vec<(DType, Vec<usize>)>> {
+    g.inputs()
+        .iter()
+        .zip(kinds)
+        .map(|(&v, k)| {
+            let ty = g.ty(v);
+            let rest: Option<Vec<usize>> = match k {
+                Kind::Rows => ty.shape.iter().skip(1).map(Dim::fixed).collect(),
+                _ => Some(Vec::new()),
+            };
+            rest.map(|r| (ty.dtype, r))
+        })
+        .collect()
 }
 
 impl Layout {
@@ -211,7 +251,9 @@ impl Layout {
                 ));
             }
         }
+        let pad = pad_shapes(g, &kinds);
         Ok(Layout {
+            pad,
             names: g
                 .inputs()
                 .iter()
@@ -219,6 +261,23 @@ impl Layout {
                 .collect(),
             kinds,
         })
+    }
+
+    /// Graph inputs of `n` samples that change no other sample's answer, to pad
+    /// a batch with (dense rows and fixed-size bags of zeros, empty variable
+    /// bags), or `None` when an input's per-sample shape is not fixed.
+    pub fn padding(&self, n: usize) -> Option<HashMap<String, Tensor>> {
+        let pad = self.pad.as_ref()?;
+        let mut out = HashMap::new();
+        for ((name, k), (dtype, rest)) in self.names.iter().zip(&self.kinds).zip(pad) {
+            let shape = match k {
+                Kind::Rows => std::iter::once(n).chain(rest.iter().copied()).collect(),
+                Kind::Ids | Kind::Weights { .. } => vec![0],
+                Kind::Offsets { last, .. } => vec![n + usize::from(*last)],
+            };
+            out.insert(name.clone(), Tensor::zeros(*dtype, shape));
+        }
+        Some(out)
     }
 
     /// The request's [`Key`], or why it must run alone (module docs).
@@ -509,6 +568,14 @@ mod tests {
             let e = l.key(&bad).unwrap_err();
             assert!(e.contains(why), "{e}");
         }
+    }
+
+    #[test]
+    fn buckets_waste_at_most_a_third() {
+        let b: Vec<usize> = (1..=13).map(bucket).collect();
+        assert_eq!(b, [1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16]);
+        assert_eq!((bucket(512), bucket(513), bucket(769)), (512, 768, 1024));
+        assert!((1..5000).all(|n| bucket(n) >= n && 3 * (bucket(n) - n) <= bucket(n)));
     }
 
     #[test]

@@ -213,6 +213,7 @@ fn a_full_queue_answers_503_and_a_passed_deadline_504() {
             "1",
             "--instances",
             "1",
+            "--no-warm-up",
         ],
     ));
     let good = json_inputs(&case_inputs());
