@@ -67,7 +67,7 @@ impl Default for ServeOptions {
                 max_batch: 512,
                 max_delay: Duration::from_micros(500),
                 max_queue: 1024,
-                instances: 2,
+                instances: 1,
                 warm_up: true,
             },
             deadline: None,
