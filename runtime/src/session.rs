@@ -31,6 +31,10 @@
 //!     let outputs: Vec<(String, Tensor)> = session.infer(inputs)?;
 //!     assert_eq!(outputs[0].1.shape[0], 1 + request);
 //! }
+//! // A second session over the same parameters (one copy), e.g. for another thread.
+//! let mut other = session.fork()?;
+//! let inputs = session.example_inputs(2, 7)?;
+//! assert_eq!(other.infer(inputs.clone())?, session.infer(inputs)?);
 //! # Ok(())
 //! # }
 //! ```
@@ -126,6 +130,17 @@ impl Session {
     /// layout; dtypes and shapes checked, the batch size read from them) and
     /// returns the outputs by name.
     pub fn infer(&mut self, inputs: Vec<(String, Tensor)>) -> Result<Vec<(String, Tensor)>> {
+        let given = self.graph_inputs(inputs)?;
+        self.infer_graph_inputs(given)
+    }
+
+    /// The graph's own inputs computed from `inputs` in the model's names and
+    /// layout (the first half of [`Session::infer`]: the input contract, every
+    /// graph input given once, no NaN or infinite value), for a caller that
+    /// combines several requests' graph inputs (a server's batches, by the roles
+    /// [`dlrm_ir::contract::roles`] finds in [`Session::graph`]) before running
+    /// them with [`Session::infer_graph_inputs`].
+    pub fn graph_inputs(&self, inputs: Vec<(String, Tensor)>) -> Result<HashMap<String, Tensor>> {
         let inputs = self.contract.adapt(inputs)?;
         let wanted: Vec<&str> = self
             .graph
@@ -152,9 +167,38 @@ impl Session {
                 wanted.join(", ")
             )));
         }
+        Ok(given)
+    }
+
+    /// Runs the graph on its own inputs (as [`Session::graph_inputs`] makes them;
+    /// shapes checked) and returns the outputs by name.
+    pub fn infer_graph_inputs(
+        &mut self,
+        given: HashMap<String, Tensor>,
+    ) -> Result<Vec<(String, Tensor)>> {
         let syms = self.exec.bind_symbols(&given)?;
         let values = self.exec.step(given, &syms, &SingleRank)?;
         Ok(self.outputs.iter().cloned().zip(values).collect())
+    }
+
+    /// The inference graph (its inputs, their types and roles).
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// Another session of the same model over this one's parameters (one copy in
+    /// memory, shared; inference never changes them), with its own executor
+    /// state, so that several threads run requests at once, each on its own
+    /// session. An error if this session's executor failed irrecoverably.
+    pub fn fork(&self) -> Result<Session> {
+        Ok(Session {
+            name: self.name.clone(),
+            contract: self.contract.clone(),
+            schema: self.schema.clone(),
+            graph: self.graph.clone(),
+            exec: self.exec.fork()?,
+            outputs: self.outputs.clone(),
+        })
     }
 
     /// Synthetic inputs of `batch` samples for this model, as its graph takes

@@ -1,80 +1,129 @@
 //! dlrm-serve: a dlrmc plan (or checkpoint) behind the Open Inference Protocol
-//! (KServe v2) over HTTP/REST, as Triton, KServe, MLServer and TorchServe speak
-//! it, so their clients (`tritonclient`, `perf_analyzer`) drive it unchanged.
+//! (KServe v2) over HTTP, as Triton, KServe, MLServer and TorchServe speak it, so
+//! their clients (`tritonclient`, `perf_analyzer`) drive it unchanged.
 //!
 //! Endpoints: `GET /v2` (server metadata), `GET /v2/health/live`,
 //! `GET /v2/health/ready`, `GET /v2/models/{name}` (model metadata: inputs and
 //! outputs in the model's own names, datatypes, shapes with -1 for the batch and
 //! bag axes), `GET /v2/models/{name}/ready`, `POST /v2/models/{name}/infer`
-//! (JSON tensors, [`protocol`]). The model runs on a [`dlrm_runtime::Session`]
-//! (loaded once; inputs in the model's own layout, its input contract computing
-//! the rest); requests run one at a time on it, off the I/O threads.
+//! (JSON tensors, [`protocol`], and the binary tensor extension, [`binary`]),
+//! `GET /metrics` (Prometheus text, [`metrics`]). The model is loaded once
+//! ([`dlrm_runtime::Session`]); a request's inputs in the model's own layout are
+//! turned into the graph's inputs and checked on arrival, then queued, merged
+//! with others into batches and run on a pool of executors sharing one copy of
+//! the parameters ([`batch`], [`merge`]). A request may carry a deadline (its
+//! `timeout` parameter in microseconds, else the server's default); one still
+//! queued at its deadline is answered `504` without being computed. A full queue
+//! answers `503`.
 //!
-//! A bad request (malformed JSON, an unknown or missing input, a wrong datatype
-//! or shape, an id out of range, NaN) is answered `400` with `{"error": ...}`
-//! naming the input; a body over the limit `413`; an unknown model `404`. The
-//! server never panics on a request and keeps serving the others.
+//! A bad request (malformed JSON or binary data, an unknown or missing input, a
+//! wrong datatype or shape, an id out of range, NaN) is answered `400` with
+//! `{"error": ...}` naming the input; a body over the limit `413`; an unknown
+//! model `404`. The server never panics on a request and keeps serving the
+//! others.
 //!
-//! Not yet (issue 44): dynamic batching across requests, several executors over
-//! one copy of the parameters, the binary tensor extension, gRPC, model reload,
-//! `/metrics`, int8 tables.
+//! Not yet (issue 44): gRPC, model reload, int8 tables.
 
 #![warn(missing_docs)]
 
+pub mod batch;
+pub mod binary;
+pub mod merge;
+pub mod metrics;
 pub mod protocol;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use dlrm_runtime::{RuntimeError, Session};
-use protocol::{InferRequest, InferResponse, TensorMetadata, from_tensor, metadata_of, to_tensor};
+use batch::{BatchOptions, Batcher, status_of};
+use dlrm_runtime::Session;
+use merge::Layout;
+use metrics::{Metrics, Outcome};
+use protocol::{InferRequest, TensorMetadata, metadata_of};
 use serde_json::json;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The default limit on a request body.
 pub const DEFAULT_MAX_BODY: usize = 64 << 20;
 
+/// How a model is served.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeOptions {
+    /// Batching, the queue and the executors.
+    pub batch: BatchOptions,
+    /// The deadline of a request that gives none (`None`: no deadline).
+    pub deadline: Option<Duration>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> ServeOptions {
+        ServeOptions {
+            batch: BatchOptions {
+                max_batch: 512,
+                max_delay: Duration::from_micros(500),
+                max_queue: 1024,
+                instances: 1,
+                warm_up: true,
+            },
+            deadline: None,
+        }
+    }
+}
+
 /// The model a server serves.
 pub struct Served {
     name: String,
-    session: Mutex<Session>,
+    /// Turns requests into graph inputs (the executors run forks of it).
+    session: Session,
     inputs: Vec<TensorMetadata>,
     outputs: Vec<TensorMetadata>,
+    batcher: Batcher,
+    metrics: Arc<Metrics>,
+    deadline: Option<Duration>,
+    /// Why requests run one at a time, if they do.
+    unmerged: Option<String>,
 }
 
 impl Served {
-    /// Serves `session` under `name`.
-    pub fn new(name: String, session: Session) -> Served {
+    /// Serves `session` under `name`, starting its executors.
+    pub fn new(
+        name: String,
+        session: Session,
+        opts: ServeOptions,
+    ) -> Result<Served, dlrm_runtime::RuntimeError> {
         let meta = |v: Vec<dlrm_ir::contract::ModelInput>| {
             v.iter().map(|m| metadata_of(&m.name, &m.ty)).collect()
         };
-        Served {
+        let layout = Layout::of(session.graph());
+        let unmerged = layout.as_ref().err().cloned();
+        let metrics = Arc::new(Metrics::default());
+        let batcher = Batcher::start(&session, layout.ok(), opts.batch, Arc::clone(&metrics))?;
+        Ok(Served {
             inputs: meta(session.model_inputs()),
             outputs: meta(session.model_outputs()),
             name,
-            session: Mutex::new(session),
-        }
+            session,
+            batcher,
+            metrics,
+            deadline: opts.deadline,
+            unmerged,
+        })
+    }
+
+    /// Why requests are not merged into batches (`None`: they are).
+    pub fn unmerged(&self) -> Option<&str> {
+        self.unmerged.as_deref()
     }
 }
 
 /// A JSON error answer.
 fn error(status: StatusCode, msg: impl Into<String>) -> Response {
     (status, axum::Json(json!({ "error": msg.into() }))).into_response()
-}
-
-/// The HTTP status of a failed inference: the request's fault or the server's.
-fn status_of(e: &RuntimeError) -> StatusCode {
-    match e {
-        RuntimeError::Data { .. }
-        | RuntimeError::Input { .. }
-        | RuntimeError::NonFinite { .. }
-        | RuntimeError::Node { .. }
-        | RuntimeError::Ir(_) => StatusCode::BAD_REQUEST,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    }
 }
 
 /// The router of a server of `model`, refusing bodies over `max_body` bytes.
@@ -85,7 +134,11 @@ pub fn router(model: Arc<Served>, max_body: usize) -> Router {
         .route("/v2/health/ready", get(|| async { StatusCode::OK }))
         .route("/v2/models/{name}", get(model_metadata))
         .route("/v2/models/{name}/ready", get(model_ready))
-        .route("/v2/models/{name}/infer", post(infer))
+        .route(
+            "/v2/models/{name}/infer",
+            post(infer).layer(from_fn_with_state(Arc::clone(&model), track)),
+        )
+        .route("/metrics", get(metrics_text))
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(model)
 }
@@ -94,7 +147,7 @@ async fn server_metadata() -> Response {
     axum::Json(json!({
         "name": "dlrm-serve",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": [],
+        "extensions": ["binary_tensor_data"],
     }))
     .into_response()
 }
@@ -127,21 +180,69 @@ async fn model_ready(State(m): State<Arc<Served>>, Path(name): Path<String>) -> 
     not_served(&m, &name).unwrap_or_else(|| StatusCode::OK.into_response())
 }
 
-async fn infer(State(m): State<Arc<Served>>, Path(name): Path<String>, body: Bytes) -> Response {
+/// Counts an inference request's outcome and latency.
+async fn track(State(m): State<Arc<Served>>, req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let r = next.run(req).await;
+    m.metrics
+        .request(Outcome::of_status(r.status().as_u16()), start.elapsed());
+    r
+}
+
+async fn metrics_text(State(m): State<Arc<Served>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        m.metrics.render(),
+    )
+        .into_response()
+}
+
+/// The request's deadline: its `timeout` parameter (microseconds; 0: none),
+/// else the server's default.
+fn deadline_of(
+    req: &InferRequest,
+    default: Option<Duration>,
+    now: Instant,
+) -> Result<Option<Instant>, String> {
+    let d = match req.parameters.get("timeout") {
+        None => default,
+        Some(v) => match v.as_u64() {
+            Some(0) => None,
+            Some(us) => Some(Duration::from_micros(us)),
+            None => {
+                return Err(format!(
+                    "parameter `timeout` is {v}, not a whole number of microseconds"
+                ));
+            }
+        },
+    };
+    Ok(d.and_then(|d| now.checked_add(d)))
+}
+
+async fn infer(
+    State(m): State<Arc<Served>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let now = Instant::now();
     if let Some(r) = not_served(&m, &name) {
         return r;
     }
-    let req: InferRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => return error(StatusCode::BAD_REQUEST, format!("malformed request: {e}")),
-    };
-    let mut inputs = Vec::with_capacity(req.inputs.len());
-    for t in &req.inputs {
-        match to_tensor(t) {
-            Ok(x) => inputs.push((t.name.clone(), x)),
-            Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    let json_len = match headers.get(binary::HEADER).map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(v)) if v.trim().parse::<usize>().is_ok() => v.trim().parse().ok(),
+        Some(v) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("header Inference-Header-Content-Length is {v:?}, not a byte count"),
+            );
         }
-    }
+    };
+    let (req, inputs) = match binary::parse(&body, json_len) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
     for o in &req.outputs {
         if !m.outputs.iter().any(|x| x.name == o.name) {
             return error(
@@ -150,37 +251,76 @@ async fn infer(State(m): State<Arc<Served>>, Path(name): Path<String>, body: Byt
             );
         }
     }
-    let model = Arc::clone(&m);
-    let ran = tokio::task::spawn_blocking(move || {
-        let mut s = model.session.lock().map_err(|_| {
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the model is unusable after an earlier failure".to_string(),
-            )
-        })?;
-        s.infer(inputs).map_err(|e| (status_of(&e), e.to_string()))
-    })
-    .await;
-    let outputs = match ran {
+    let deadline = match deadline_of(&req, m.deadline, now) {
+        Ok(d) => d,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e),
+    };
+    let given = match m.session.graph_inputs(inputs) {
+        Ok(g) => g,
+        Err(e) => return error(code(status_of(&e)), e.to_string()),
+    };
+    let rx = match m.batcher.submit(given, deadline) {
+        Ok(rx) => rx,
+        Err(reason) => return error(StatusCode::SERVICE_UNAVAILABLE, reason),
+    };
+    let outputs = match rx.await {
         Ok(Ok(o)) => o,
-        Ok(Err((status, msg))) => return error(status, msg),
-        Err(e) => {
+        Ok(Err((status, msg))) => return error(code(status), msg),
+        Err(_) => {
             return error(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                format!("inference failed: {e}"),
+                "the executor stopped before answering this request",
             );
         }
     };
-    let wanted = |n: &str| req.outputs.is_empty() || req.outputs.iter().any(|o| o.name == n);
-    let outputs = outputs
-        .iter()
-        .filter(|(n, _)| wanted(n))
-        .map(|(n, t)| from_tensor(n, t))
-        .collect();
-    axum::Json(InferResponse {
-        model_name: m.name.clone(),
-        id: req.id,
-        outputs,
-    })
-    .into_response()
+    let (body, json_len) = binary::respond(&req, &m.name, &outputs);
+    match json_len {
+        None => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Some(n) => (
+            [
+                (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+                (
+                    header::HeaderName::from_static(binary::HEADER),
+                    n.to_string(),
+                ),
+            ],
+            body,
+        )
+            .into_response(),
+    }
+}
+
+fn code(status: u16) -> StatusCode {
+    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+#[cfg(test)]
+mod tests {
+    #![expect(clippy::unwrap_used, reason = "tests fail loudly")]
+    use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn deadlines_from_the_request_or_the_default() {
+        let now = Instant::now();
+        let req = |p: Value| -> InferRequest {
+            serde_json::from_value(json!({"inputs": [], "parameters": p})).unwrap()
+        };
+        let five = Duration::from_millis(5);
+        let ms = Some(five);
+        assert_eq!(
+            deadline_of(&req(json!({"timeout": 100})), ms, now).unwrap(),
+            Some(now + Duration::from_micros(100))
+        );
+        assert_eq!(
+            deadline_of(&req(json!({})), ms, now).unwrap(),
+            Some(now + five)
+        );
+        assert_eq!(
+            deadline_of(&req(json!({"timeout": 0})), ms, now).unwrap(),
+            None
+        );
+        let e = deadline_of(&req(json!({"timeout": "soon"})), ms, now).unwrap_err();
+        assert!(e.contains("parameter `timeout` is \"soon\""), "{e}");
+    }
 }

@@ -3,9 +3,11 @@
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use dlrm_serve::{DEFAULT_MAX_BODY, Served, router};
+use dlrm_serve::batch::BatchOptions;
+use dlrm_serve::{DEFAULT_MAX_BODY, ServeOptions, Served, router};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Serves a dlrmc plan or checkpoint over the Open Inference Protocol (KServe v2,
 /// HTTP/REST): `GET /v2/health/ready`, `GET /v2/models/NAME`,
@@ -27,6 +29,29 @@ struct Cli {
     /// The largest request body accepted, in bytes (a larger one is answered 413).
     #[arg(long, default_value_t = DEFAULT_MAX_BODY)]
     max_body_bytes: usize,
+    /// The most samples merged into one batch (a larger request runs alone).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    max_batch: u64,
+    /// How long, in microseconds, the oldest queued request waits for others to
+    /// merge with (0: batches only what is already queued).
+    #[arg(long, default_value_t = 500)]
+    max_delay_us: u64,
+    /// The most requests waiting in the queue (more are answered 503).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    max_queue: u64,
+    /// Executors running batches at once, over one shared copy of the parameters
+    /// (their kernels share one pool of this process's threads: on 2 cores, one
+    /// executor served dlrm-small faster than two).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    instances: u64,
+    /// The deadline, in milliseconds, of a request without a `timeout` parameter
+    /// (0: none); a request still queued at its deadline is answered 504.
+    #[arg(long, default_value_t = 0)]
+    deadline_ms: u64,
+    /// Do not compile the kernels of the padded batch sizes at start (they are
+    /// then compiled on first use, a few tens of ms each).
+    #[arg(long)]
+    no_warm_up: bool,
 }
 
 fn main() -> Result<()> {
@@ -37,7 +62,19 @@ fn main() -> Result<()> {
         .model_name
         .clone()
         .unwrap_or_else(|| session.name().to_string());
-    let served = Arc::new(Served::new(name.clone(), session));
+    let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    let opts = ServeOptions {
+        batch: BatchOptions {
+            max_batch: size(cli.max_batch),
+            max_delay: Duration::from_micros(cli.max_delay_us),
+            max_queue: size(cli.max_queue),
+            instances: size(cli.instances),
+            warm_up: !cli.no_warm_up,
+        },
+        deadline: (cli.deadline_ms > 0).then(|| Duration::from_millis(cli.deadline_ms)),
+    };
+    let served = Arc::new(Served::new(name.clone(), session, opts)?);
+    let unmerged = served.unmerged().map(str::to_string);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -48,6 +85,9 @@ fn main() -> Result<()> {
             .with_context(|| format!("listening on {}:{}", cli.host, cli.port))?;
         let addr = listener.local_addr()?;
         eprintln!("dlrm-serve: model `{name}` at http://{addr}/v2/models/{name}");
+        if let Some(why) = unmerged {
+            eprintln!("dlrm-serve: requests run one at a time, not merged: {why}");
+        }
         axum::serve(listener, router(served, cli.max_body_bytes))
             .with_graceful_shutdown(async {
                 let _ = tokio::signal::ctrl_c().await;

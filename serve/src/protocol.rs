@@ -9,7 +9,7 @@
 
 use dlrm_ir::{DType, Tensor};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// The most elements one request tensor may hold.
 pub const MAX_ELEMENTS: usize = 1 << 28;
@@ -28,6 +28,9 @@ pub struct InferRequest {
     /// The outputs wanted (all when absent).
     #[serde(default)]
     pub outputs: Vec<RequestedOutput>,
+    /// Request parameters: `timeout` (microseconds), `binary_data_output`.
+    #[serde(default)]
+    pub parameters: Map<String, Value>,
 }
 
 /// One input tensor of a request.
@@ -39,8 +42,12 @@ pub struct RequestTensor {
     pub shape: Vec<i64>,
     /// `FP32`, `FP64`, `INT64` or `INT32`.
     pub datatype: String,
-    /// Its elements, row-major, flat or nested.
+    /// Its elements, row-major, flat or nested (absent when they are binary).
+    #[serde(default)]
     pub data: Value,
+    /// Tensor parameters: `binary_data_size` (the binary tensor extension).
+    #[serde(default)]
+    pub parameters: Map<String, Value>,
 }
 
 /// An output a request asks for.
@@ -48,6 +55,9 @@ pub struct RequestTensor {
 pub struct RequestedOutput {
     /// The output's name.
     pub name: String,
+    /// Output parameters: `binary_data` (answer it in binary).
+    #[serde(default)]
+    pub parameters: Map<String, Value>,
 }
 
 /// The answer to an inference request.
@@ -71,8 +81,12 @@ pub struct ResponseTensor {
     pub shape: Vec<usize>,
     /// Its datatype.
     pub datatype: &'static str,
-    /// Its elements, row-major, flat.
-    pub data: Vec<Value>,
+    /// Its elements, row-major, flat (absent when they are binary).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<Vec<Value>>,
+    /// `binary_data_size` when the elements follow the JSON in binary.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
 }
 
 /// A tensor's name, datatype and shape in the model metadata (`-1` for a
@@ -167,8 +181,8 @@ fn elements<T>(
     Ok(out)
 }
 
-/// A request tensor as an IR tensor (module docs); errors name the input.
-pub fn to_tensor(t: &RequestTensor) -> Result<Tensor, String> {
+/// A request tensor's shape and element count, checked (module docs).
+pub fn checked_shape(t: &RequestTensor) -> Result<(Vec<usize>, usize), String> {
     let named = |e: String| format!("input `{}`: {e}", t.name);
     let mut shape = Vec::with_capacity(t.shape.len());
     let mut n: usize = 1;
@@ -186,6 +200,13 @@ pub fn to_tensor(t: &RequestTensor) -> Result<Tensor, String> {
             })?;
         shape.push(d);
     }
+    Ok((shape, n))
+}
+
+/// A request tensor as an IR tensor (module docs); errors name the input.
+pub fn to_tensor(t: &RequestTensor) -> Result<Tensor, String> {
+    let named = |e: String| format!("input `{}`: {e}", t.name);
+    let (shape, n) = checked_shape(t)?;
     let float = |v: &Value, i: usize| {
         v.as_f64()
             .map(|x| x as f32)
@@ -196,6 +217,10 @@ pub fn to_tensor(t: &RequestTensor) -> Result<Tensor, String> {
             .ok_or_else(|| format!("element {i} is {v}, not an integer"))
     };
     match t.datatype.as_str() {
+        _ if t.data.is_null() => Err(named(
+            "no `data` (nor a `binary_data_size` parameter with the binary tensor extension)"
+                .to_string(),
+        )),
         "FP32" | "FP64" => Ok(Tensor::f32(shape, elements(t, n, &float).map_err(named)?)),
         "INT64" => Ok(Tensor::i64(shape, elements(t, n, &int).map_err(named)?)),
         "INT32" => {
@@ -216,7 +241,7 @@ pub fn to_tensor(t: &RequestTensor) -> Result<Tensor, String> {
     }
 }
 
-/// An IR tensor as a response tensor.
+/// An IR tensor as a response tensor with JSON data.
 pub fn from_tensor(name: &str, t: &Tensor) -> ResponseTensor {
     let data = match t.to_i64_vec() {
         Some(v) if t.dtype().is_int() => v.into_iter().map(Value::from).collect(),
@@ -234,7 +259,8 @@ pub fn from_tensor(name: &str, t: &Tensor) -> ResponseTensor {
         } else {
             t.dtype()
         }),
-        data,
+        data: Some(data),
+        parameters: None,
     }
 }
 
@@ -249,6 +275,7 @@ mod tests {
             shape,
             datatype: datatype.into(),
             data,
+            parameters: Map::new(),
         }
     }
 

@@ -7,98 +7,10 @@
 
 #![expect(clippy::unwrap_used, reason = "tests fail loudly")]
 
-use dlrmc::compile::{CompileOptions, compile};
-use dlrmc::model::{Overrides, load_model};
+mod common;
+
+use common::{case, floats, http, plan, request, start};
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-
-fn case() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../frontends/onnx/test_cases/real/ts17_dot_stacked")
-}
-
-/// A running server, killed when dropped.
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(plan: &Path, extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dlrm-serve"))
-        .arg(plan)
-        .args(["--port", "0", "--model-name", "dlrm"])
-        .args(extra)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
-    Server { child, addr }
-}
-
-/// One request; the status and the body as JSON (`Null` when empty).
-fn http(s: &Server, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
-    let mut c = TcpStream::connect(&s.addr).unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        s.addr,
-        body.len()
-    );
-    c.write_all(head.as_bytes()).unwrap();
-    let _ = c.write_all(body);
-    let mut out = String::new();
-    c.read_to_string(&mut out).unwrap();
-    let status = out[9..12].parse().unwrap();
-    let text = out.split("\r\n\r\n").nth(1).unwrap_or("");
-    (status, serde_json::from_str(text).unwrap_or(Value::Null))
-}
-
-fn plan(dir: &Path) -> PathBuf {
-    let model = load_model(&case().join("model.onnx"), Overrides::default()).unwrap();
-    let plan = compile(model, &CompileOptions::default(), &mut |_, _| {}).unwrap();
-    let path = dir.join("stacked.plan");
-    dlrm_runtime::write_plan(&path, &plan).unwrap();
-    path
-}
-
-/// The case's inputs of batch 7 as a request.
-fn request() -> Value {
-    let inputs: Vec<Value> = dlrm_onnx::npz::read(&case().join("inputs_7.npz"))
-        .unwrap()
-        .into_iter()
-        .map(|(name, t)| {
-            let (datatype, data): (&str, Vec<Value>) = match t.to_i64_vec() {
-                Some(v) if t.dtype().is_int() => {
-                    ("INT64", v.into_iter().map(Value::from).collect())
-                }
-                _ => (
-                    "FP32",
-                    t.to_f32_vec().into_iter().map(|x| json!(x)).collect(),
-                ),
-            };
-            json!({"name": name, "shape": t.shape, "datatype": datatype, "data": data})
-        })
-        .collect();
-    json!({"id": "r1", "inputs": inputs})
-}
 
 #[test]
 fn a_client_drives_health_metadata_and_inference() {
@@ -135,12 +47,7 @@ fn a_client_drives_health_metadata_and_inference() {
     assert_eq!(status, 200, "{out}");
     assert_eq!(out["id"], "r1");
     let want = dlrm_onnx::npz::read(&case().join("outputs_7.npz")).unwrap();
-    let got: Vec<f32> = out["outputs"][0]["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect();
+    let got = floats(&out, 0);
     assert_eq!(out["outputs"][0]["shape"], json!([7, 1]));
     let worst = got
         .iter()

@@ -102,7 +102,9 @@ pub struct Executor {
     out_types: Arc<[Vec<TensorType>]>,
     rank: usize,
     /// Parameter storage, by parameter position; `None` only while moved mid-step.
-    params: Vec<Option<Tensor>>,
+    /// Shared with the executors [`Executor::fork`] made (an update takes a
+    /// shared parameter by copying it, so none sees another's update).
+    params: Vec<Option<Arc<Tensor>>>,
     /// Per value: the last node using it, or [`KEEP`].
     last_use: Vec<usize>,
     /// Per node: values to drop after it.
@@ -165,7 +167,7 @@ impl Executor {
                     ),
                 });
             }
-            storage.push(Some(t));
+            storage.push(Some(Arc::new(t)));
         }
         if let Some(extra) = params.keys().min() {
             return Err(RuntimeError::Param {
@@ -327,7 +329,7 @@ impl Executor {
     pub fn param(&self, name: &str) -> Option<&Tensor> {
         let v = self.graph.find(name)?;
         match self.graph.value(v).def {
-            Def::Param(p) => self.params[p].as_ref(),
+            Def::Param(p) => self.params[p].as_deref(),
             _ => None,
         }
     }
@@ -344,8 +346,46 @@ impl Executor {
         names
             .into_iter()
             .zip(self.params)
-            .filter_map(|(n, t)| t.map(|t| (n, t)))
+            .filter_map(|(n, t)| t.map(|t| (n, Arc::unwrap_or_clone(t))))
             .collect()
+    }
+
+    /// A new executor of the same graph over the same parameter storage (one
+    /// copy in memory, shared), with this one's backend and settings and its own
+    /// step state: e.g. several inference executors serving requests at once. A
+    /// step that updates a shared parameter updates a private copy of it. An
+    /// executor that lost parameters in a failed step cannot be forked.
+    pub fn fork(&self) -> Result<Executor> {
+        if let Some(why) = &self.poisoned {
+            return Err(RuntimeError::Rank {
+                rank: self.rank,
+                step: Some(self.step),
+                reason: format!("the executor is unusable after an earlier failure: {why}"),
+            });
+        }
+        let nvals = self.slots.len();
+        Ok(Executor {
+            graph: Arc::clone(&self.graph),
+            out_types: Arc::clone(&self.out_types),
+            rank: self.rank,
+            params: self.params.clone(),
+            last_use: self.last_use.clone(),
+            free_after: self.free_after.clone(),
+            may_move: self.may_move.clone(),
+            slots: vec![None; nvals],
+            times: BTreeMap::new(),
+            node_times: vec![Acc::default(); self.node_times.len()],
+            backend: self.backend,
+            jit: self.jit,
+            step: 0,
+            lr: self.lr,
+            poisoned: None,
+            overlap: self.overlap,
+            comm_busy: Duration::ZERO,
+            comm_exposed: Duration::ZERO,
+            checked: (None, vec![0; nvals]),
+            instances: (None, Vec::new()),
+        })
     }
 
     /// The last node that uses each value ([`usize::MAX`]: kept to the end of the
@@ -366,7 +406,7 @@ impl Executor {
 
     fn value(&self, v: ValueId) -> Option<&Tensor> {
         match self.graph.value(v).def {
-            Def::Param(p) => self.params[p].as_ref(),
+            Def::Param(p) => self.params[p].as_deref(),
             _ => self.slots[v.index()].as_ref(),
         }
     }
@@ -374,7 +414,7 @@ impl Executor {
     /// Takes value `v`'s tensor out (parameters: their storage).
     fn take(&mut self, v: ValueId) -> Option<Tensor> {
         match self.graph.value(v).def {
-            Def::Param(p) => self.params[p].take(),
+            Def::Param(p) => self.params[p].take().map(Arc::unwrap_or_clone),
             _ => self.slots[v.index()].take(),
         }
     }

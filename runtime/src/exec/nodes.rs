@@ -218,7 +218,7 @@ impl Executor {
             return;
         }
         match self.graph.value(v).def {
-            Def::Param(p) => self.params[p] = Some(t),
+            Def::Param(p) => self.params[p] = Some(Arc::new(t)),
             _ => self.slots[v.index()] = Some(t),
         }
     }

@@ -36,7 +36,7 @@ impl Executor {
             .iter()
             .map(|&v| (v, inputs.get(g.name_of(v))))
             .chain(g.params().iter().map(|&v| match g.value(v).def {
-                Def::Param(p) => (v, self.params[p].as_ref()),
+                Def::Param(p) => (v, self.params[p].as_deref()),
                 _ => (v, None),
             }));
         let mut exprs: Vec<(dlrm_ir::DimExpr, usize)> = Vec::new();
@@ -199,7 +199,7 @@ impl Executor {
             if ty.shape.iter().all(|d| d.fixed().is_some()) {
                 continue;
             }
-            if let Some(t) = &self.params[p]
+            if let Some(t) = self.params[p].as_deref()
                 && !t.matches(ty, &bind)
             {
                 return Err(RuntimeError::Param {

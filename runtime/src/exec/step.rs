@@ -133,7 +133,7 @@ impl Executor {
         }
         for (u, t) in updates.iter().zip(new_vals) {
             if let Def::Param(p) = self.graph.value(u.param).def {
-                self.params[p] = Some(t);
+                self.params[p] = Some(std::sync::Arc::new(t));
             }
         }
         debug_assert!(
