@@ -13,11 +13,16 @@ spread over the table by a fixed bijection), so that both tools gather rows with
 the same locality; `uniform` draws every row alike.
 
 As the reference: `nn.EmbeddingBag(mode="sum", sparse=True)` per table, fed
-`(indices, offsets)`; MLPs of `nn.Linear` + `ReLU` (the top MLP's last layer
-`Sigmoid`); the `dot` interaction as `torch.bmm(T, T^T)` and the strict lower
-triangle gathered by index (`interaction_itself` adds the diagonal); BCE loss on
-the probabilities, `torch.optim.SGD` (sparse gradients for the tables). Needs
-`torch` (a CUDA build runs on the CPU too).
+`(indices, offsets)` (a per-table `pooling` list gives each table its bag size);
+MLPs of `nn.Linear` + `ReLU` (the top MLP's last layer `Sigmoid`); the `dot`
+interaction as `torch.bmm(T, T^T)` and the strict lower triangle gathered by index
+(`interaction_itself` adds the diagonal); `dcn` (DLRM-DCNv2) as TorchRec's
+`LowRankCrossNet` written in plain PyTorch (`x_{l+1} = x0 * (W_l (V_l x_l) + b_l)
++ x_l`, xavier-normal kernels, zero biases) over the concatenation; BCE loss on
+the probabilities; `torch.optim.SGD`, or for `adagrad` and `rowwise_adagrad`
+`torch.optim.Adagrad` (sparse gradients for the tables; PyTorch has no row-wise
+form, so its tables keep an accumulator per element). Needs `torch` (a CUDA build
+runs on the CPU too).
 """
 import argparse
 import json
@@ -48,7 +53,11 @@ class DLRM(nn.Module):
         li, lj = torch.tril_indices(f, f, offset=off)
         self.li, self.lj = li, lj
         self.dot = spec.get("interaction", "dot") == "dot"
-        width = d + len(li) if self.dot else d * f
+        bot_out = widths(spec["bottom_mlp"])[-1]
+        width = d + len(li) if self.dot else bot_out + d * (f - 1)
+        self.cross = None
+        if spec.get("interaction") == "dcn":
+            self.cross = LowRankCrossNet(width, spec.get("dcn_layers", 3), spec["dcn_low_rank"])
         self.top = self.mlp([width] + widths(spec["top_mlp"]), last_sigmoid=True)
 
     @staticmethod
@@ -69,7 +78,26 @@ class DLRM(nn.Module):
             r = torch.cat([x, z[:, self.li, self.lj]], dim=1)
         else:
             r = torch.cat([x] + ly, dim=1)
+            if self.cross is not None:
+                r = self.cross(r)
         return self.top(r)
+
+
+class LowRankCrossNet(nn.Module):
+    """TorchRec's `LowRankCrossNet` (torchrec/modules/crossnet.py) in plain PyTorch."""
+
+    def __init__(self, width, layers, rank):
+        super().__init__()
+        xavier = lambda *shape: nn.Parameter(nn.init.xavier_normal_(torch.empty(*shape)))
+        self.v = nn.ParameterList(xavier(rank, width) for _ in range(layers))
+        self.w = nn.ParameterList(xavier(width, rank) for _ in range(layers))
+        self.b = nn.ParameterList(nn.Parameter(torch.zeros(width)) for _ in range(layers))
+
+    def forward(self, x0):
+        x = x0
+        for v, w, b in zip(self.v, self.w, self.b):
+            x = x0 * (nn.functional.linear(nn.functional.linear(x, v), w) + b) + x
+        return x
 
 
 def spread(rows, t):
@@ -106,14 +134,20 @@ def main():
     spec = json.load(open(a.json))
     b = spec["batch_size"]
     pool = spec.get("pooling", 1)
+    pools = pool if isinstance(pool, list) else [pool] * len(spec["table_rows"])
     model = DLRM(spec)
-    opt = torch.optim.SGD(model.parameters(), lr=spec.get("learning_rate", 0.1))
+    lr = spec.get("learning_rate", 0.1)
+    if spec.get("optimizer", "sgd") == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+    else:
+        opt = torch.optim.Adagrad(model.parameters(), lr=lr, eps=spec.get("eps", 1e-10))
     loss_fn = nn.BCELoss()
 
     def batch():
         dense = torch.rand(b, spec["dense_features"])
-        idx = [indices(rows, b * pool, a.indices, bij) for rows, bij in zip(spec["table_rows"], bijections)]
-        offsets = [torch.arange(0, b * pool, pool) for _ in spec["table_rows"]]
+        tables = zip(spec["table_rows"], bijections, pools)
+        idx = [indices(rows, b * p, a.indices, bij) for rows, bij, p in tables]
+        offsets = [torch.arange(0, b * p, p) for p in pools]
         y = torch.randint(0, 2, (b, 1)).float()
         return dense, idx, offsets, y
 

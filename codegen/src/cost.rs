@@ -21,8 +21,30 @@ pub struct Cost {
     pub bytes: f64,
 }
 
+impl Cost {
+    fn new(flops: f64, bytes: f64) -> Cost {
+        Cost { flops, bytes }
+    }
+}
+
 fn bytes(ts: &[&Tensor]) -> f64 {
     ts.iter().map(|t| t.size_bytes() as f64).sum()
+}
+
+/// The cost of a module op: its own work model on the tensors' concrete types.
+fn module_cost(m: &dlrm_ir::module::ModOp, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
+    let ty = |t: &&Tensor| {
+        dlrm_ir::TensorType::new(t.dtype(), t.shape.iter().map(|&d| dlrm_ir::Dim::Fixed(d)))
+    };
+    let (ins, outs): (Vec<_>, Vec<_>) = (
+        inputs.iter().map(ty).collect(),
+        outputs.iter().map(ty).collect(),
+    );
+    let (ins, outs): (Vec<_>, Vec<_>) = (ins.iter().collect(), outs.iter().collect());
+    let w = m
+        .def()
+        .work(m, &ins, &outs, &|d| d.fixed().unwrap_or(1) as f64);
+    Cost::new(w.flops, w.bytes)
 }
 
 /// The cost of `op` run on `inputs` producing `outputs`.
@@ -34,21 +56,7 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
         _ => (0.0, 0.0),
     };
     match op {
-        Op::Module(m) => {
-            let ty = |t: &&Tensor| {
-                dlrm_ir::TensorType::new(t.dtype(), t.shape.iter().map(|&d| dlrm_ir::Dim::Fixed(d)))
-            };
-            let ins: Vec<_> = inputs.iter().map(ty).collect();
-            let outs: Vec<_> = outputs.iter().map(ty).collect();
-            let (ins, outs): (Vec<_>, Vec<_>) = (ins.iter().collect(), outs.iter().collect());
-            let w = m
-                .def()
-                .work(m, &ins, &outs, &|d| d.fixed().unwrap_or(1) as f64);
-            Cost {
-                flops: w.flops,
-                bytes: w.bytes,
-            }
-        }
+        Op::Module(m) => module_cost(m, inputs, outputs),
         Op::Linear { .. } => {
             let (s, k) = dims2(inputs.first());
             let (n, _) = dims2(inputs.get(1));
@@ -62,10 +70,7 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
         Op::LinearDx | Op::LinearDw => {
             let (s, n) = dims2(inputs.first());
             let (_, k) = dims2(inputs.get(1));
-            Cost {
-                flops: gemm_flops(s, n, k),
-                bytes: io,
-            }
+            Cost::new(gemm_flops(s, n, k), io)
         }
         Op::LinearDb => {
             let (s, n) = dims2(inputs.first());

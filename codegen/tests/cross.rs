@@ -44,9 +44,9 @@ fn check(mnemonic: &str, ins: &[Tensor]) {
         assert_eq!(g.shape, w.shape, "{mnemonic} result {k}");
         for (i, (&a, &b)) in g
             .as_f32()
-            .unwrap()
+            .expect("f32")
             .iter()
-            .zip(w.as_f32().unwrap())
+            .zip(w.as_f32().expect("f32"))
             .enumerate()
         {
             assert!(

@@ -36,9 +36,9 @@ pub use infer::{infer, interaction_width};
 pub use init::{Blocking, Described, Init, OnDemand, ParamValue, Part, RowSource};
 pub use instance::{Checked, CheckedMut, Concrete, NodeInstance, stored_len};
 pub use local_group::{AllReduceAlgo, LocalComm, LocalGroup, SMALL_ALLREDUCE};
+pub use module::gemm_flops;
 pub use op::{
     A2aDir, Act, AdagradHyper, Attr, BinaryKind, InteractionKind, MNEMONICS, Op, Pool, State,
-    gemm_flops,
 };
 pub use tensor::{Data, Tensor};
 pub use types::{DType, Dim, Shape, TensorType};

@@ -577,10 +577,7 @@ pub enum Op {
         /// The key whose bag bounds are computed.
         key: usize,
     },
-    // ---- ops defined in one module each (`crate::module`, `ir/src/ops/`)
-    /// An op written as a module: its definition ([`crate::module::OpModule`], in
-    /// `ir/src/ops/`) and attribute values. Its doc comment there is its
-    /// specification.
+    /// An op written as one module ([`crate::module`], `ir/src/ops/`): its spec is there.
     Module(crate::module::ModOp),
 }
 
@@ -684,14 +681,6 @@ impl A2aDir {
             A2aDir::Gather => "gather",
         }
     }
-}
-
-/// Floating-point operations of the matrix product of `linear`, `linear_dx` and
-/// `linear_dw`: `m·n` dot products of length `k`, a multiply-add (2 flops) per
-/// term. The one formula of the graph statistics (`dlrm_passes::stats`) and the
-/// executed work (`dlrm_codegen::cost`), which adds `linear`'s epilogue.
-pub fn gemm_flops(m: f64, n: f64, k: f64) -> f64 {
-    2.0 * m * n * k
 }
 
 impl Op {

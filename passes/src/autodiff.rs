@@ -525,6 +525,41 @@ impl Ad {
         Ok(Some(acc))
     }
 
+    /// The backward of a `split` (node `n`): the `concat` of its results'
+    /// gradients, each of which must exist.
+    fn backward_split(
+        &mut self,
+        fwd: &Graph,
+        n: usize,
+        axis: usize,
+        dys: &[Option<ValueId>],
+    ) -> Result<()> {
+        let node = &fwd.nodes()[n];
+        let mut parts = Vec::with_capacity(dys.len());
+        for (k, d) in dys.iter().enumerate() {
+            let Some(d) = d else {
+                return Err(node_err(
+                    fwd,
+                    n,
+                    &node.op,
+                    format!(
+                        "unsupported: result {k} %{} has no gradient (it does not reach the loss)",
+                        fwd.name_of(node.outputs[k])
+                    ),
+                ));
+            };
+            parts.push(*d);
+        }
+        let x = node.inputs[0];
+        let hint = self.hint(x);
+        let dx = self
+            .g
+            .add(Op::Concat { axis }, &parts, &hint)
+            .map_err(PassError::ir(ID))?;
+        self.contribute(x, dx);
+        Ok(())
+    }
+
     /// Emits the backward of forward node `n`.
     fn backward(&mut self, fwd: &Graph, n: usize) -> Result<()> {
         let node = &fwd.nodes()[n];
@@ -537,29 +572,7 @@ impl Ad {
             return cx::backward(self, fwd, n, m, &dys);
         }
         if let Op::Split { axis, .. } = &node.op {
-            let mut parts = Vec::with_capacity(dys.len());
-            for (k, d) in dys.iter().enumerate() {
-                let Some(d) = d else {
-                    return Err(node_err(
-                        fwd,
-                        n,
-                        &node.op,
-                        format!(
-                            "unsupported: result {k} %{} has no gradient (it does not reach the loss)",
-                            fwd.name_of(node.outputs[k])
-                        ),
-                    ));
-                };
-                parts.push(*d);
-            }
-            let x = node.inputs[0];
-            let hint = self.hint(x);
-            let dx = self
-                .g
-                .add(Op::Concat { axis: *axis }, &parts, &hint)
-                .map_err(&e)?;
-            self.contribute(x, dx);
-            return Ok(());
+            return self.backward_split(fwd, n, *axis, &dys);
         }
         // Every other op with a rule has exactly one result.
         let (Some(dy), &[y]) = (dys.first().copied().flatten(), node.outputs.as_slice()) else {

@@ -242,18 +242,13 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
                 ins[0].shape.clone(),
             )])
         }
-        Op::ReluGrad | Op::SigmoidGrad => {
+        Op::ReluGrad | Op::SigmoidGrad | Op::GeluGrad => {
+            // relu_grad and sigmoid_grad read the forward output, gelu_grad its input.
+            let fwd = if *op == Op::GeluGrad { "x" } else { "y" };
             expect_arity(op, ins, &[2])?;
             expect_float("dy", ins[0])?;
-            expect_float("y", ins[1])?;
-            expect_same_shape("dy", ins[0], "y", ins[1])?;
-            Ok(vec![ins[0].clone()])
-        }
-        Op::GeluGrad => {
-            expect_arity(op, ins, &[2])?;
-            expect_float("dy", ins[0])?;
-            expect_float("x", ins[1])?;
-            expect_same_shape("dy", ins[0], "x", ins[1])?;
+            expect_float(fwd, ins[1])?;
+            expect_same_shape("dy", ins[0], fwd, ins[1])?;
             Ok(vec![ins[0].clone()])
         }
         Op::Interaction {
