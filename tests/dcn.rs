@@ -34,7 +34,7 @@ fn dcnv2_trains_on_synthetic_bags_at_1_and_3_ranks_with_a_falling_loss() {
     let dir = tempdir();
     let plan = dir.path().join("dcn.plan");
     compile(&example("dlrm-dcnv2-tiny.json"), &plan, &[]);
-    let inspect = String::from_utf8(ok(DLRMC, &["inspect", s(&plan)]).stdout).unwrap();
+    let inspect = String::from_utf8(ok(DLRMC, &["inspect", s(&plan)]).stdout).expect("utf-8");
     assert!(inspect.contains("cross_grad"), "{inspect}");
     let args = ["--iters", "120", "--log-every", "10", "--pooling", "3,1,2"];
     let losses = agree(&plan, 3, &args);
@@ -88,7 +88,7 @@ fn the_fuse_dump_shows_cross_layers_and_an_export_compiles_back_to_them() {
             "fuse",
         ],
     );
-    let dump = String::from_utf8(out.stdout).unwrap();
+    let dump = String::from_utf8(out.stdout).expect("utf-8");
     assert!(
         dump.contains("= cross "),
         "no cross in the fuse dump: {dump}"
@@ -101,7 +101,7 @@ fn the_fuse_dump_shows_cross_layers_and_an_export_compiles_back_to_them() {
     ok(DLRMC, &["export", s(&plan), "-o", s(&onnx)]);
     let back = dir.path().join("back.plan");
     compile(&onnx, &back, &[]);
-    let inspect = String::from_utf8(ok(DLRMC, &["inspect", s(&back)]).stdout).unwrap();
+    let inspect = String::from_utf8(ok(DLRMC, &["inspect", s(&back)]).stdout).expect("utf-8");
     assert!(
         inspect.contains("cross_grad"),
         "the import did not find the cross layers: {inspect}"

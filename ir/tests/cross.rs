@@ -55,12 +55,12 @@ fn cross_by_hand() {
     let u = Tensor::f32(vec![2, 1], vec![0.5, 2.0]);
     let b = Tensor::f32(vec![2], vec![1.0, 0.0]);
     let y = eval(&ModOp::op("cross"), &[&x0, &x, &v, &u, &b]);
-    assert_eq!(y[0].as_f32().unwrap(), &[2.0, 5.0]);
+    assert_eq!(y[0].as_f32().expect("test value"), &[2.0, 5.0]);
 }
 
 fn dot(a: &Tensor, b: &[f32]) -> f64 {
     a.as_f32()
-        .unwrap()
+        .expect("test value")
         .iter()
         .zip(b)
         .map(|(&p, &q)| f64::from(p) * f64::from(q))
@@ -78,20 +78,20 @@ fn cross_grad_matches_finite_differences() {
     operands.extend(ins.iter());
     let grads = eval(&ModOp::op("cross_grad"), &operands);
     assert_eq!(grads.len(), 5);
-    let dyv = dy.as_f32().unwrap().to_vec();
+    let dyv = dy.as_f32().expect("test value").to_vec();
     let eps = 1e-2f32;
     for (k, grad) in grads.iter().enumerate() {
         assert_eq!(grad.shape, ins[k].shape, "d operand {k}");
         for i in 0..ins[k].numel() {
             let mut plus = ins.clone();
             let mut minus = ins.clone();
-            let base = ins[k].as_f32().unwrap()[i];
-            plus[k].as_f32_mut().unwrap()[i] = base + eps;
-            minus[k].as_f32_mut().unwrap()[i] = base - eps;
+            let base = ins[k].as_f32().expect("test value")[i];
+            plus[k].as_f32_mut().expect("test value")[i] = base + eps;
+            minus[k].as_f32_mut().expect("test value")[i] = base - eps;
             let h = f64::from(base + eps) - f64::from(base - eps);
             let f = |t: &[Tensor]| dot(&eval(&cross, &t.iter().collect::<Vec<_>>())[0], &dyv);
             let fd = (f(&plus) - f(&minus)) / h;
-            let an = f64::from(grad.as_f32().unwrap()[i]);
+            let an = f64::from(grad.as_f32().expect("test value")[i]);
             assert!(
                 (an - fd).abs() <= 1e-3 + 1e-3 * fd.abs(),
                 "d operand {k}[{i}]: analytic {an}, finite difference {fd}"
@@ -105,32 +105,38 @@ fn cross_grad_matches_finite_differences() {
 fn two_layers(s: usize, d: usize, r: usize) -> Graph {
     let f = |dims: &[usize]| TensorType::f32(dims.iter().map(|&x| Dim::Fixed(x)));
     let mut g = Graph::new("two_layers");
-    let x0 = g.add_input("x0", f(&[s, d])).unwrap();
-    let dy = g.add_input("dy", f(&[s, d])).unwrap();
+    let x0 = g.add_input("x0", f(&[s, d])).expect("test value");
+    let dy = g.add_input("dy", f(&[s, d])).expect("test value");
     let mut p = Vec::new();
     for l in 0..2 {
-        p.push(g.add_param(&format!("v{l}"), f(&[r, d])).unwrap());
-        p.push(g.add_param(&format!("u{l}"), f(&[d, r])).unwrap());
-        p.push(g.add_param(&format!("b{l}"), f(&[d])).unwrap());
+        p.push(
+            g.add_param(&format!("v{l}"), f(&[r, d]))
+                .expect("test value"),
+        );
+        p.push(
+            g.add_param(&format!("u{l}"), f(&[d, r]))
+                .expect("test value"),
+        );
+        p.push(g.add_param(&format!("b{l}"), f(&[d])).expect("test value"));
     }
     let y1 = g
         .add(ModOp::op("cross"), &[x0, x0, p[0], p[1], p[2]], "y1")
-        .unwrap();
+        .expect("test value");
     let y2 = g
         .add(ModOp::op("cross"), &[x0, y1, p[3], p[4], p[5]], "y2")
-        .unwrap();
+        .expect("test value");
     let grads = g
         .add_node(
             ModOp::op("cross_grad"),
             &[dy, x0, y1, p[3], p[4], p[5]],
             &["dx0", "dx", "dv", "du", "db"],
         )
-        .unwrap();
+        .expect("test value");
     g.add_output(y2);
     for v in grads {
         g.add_output(v);
     }
-    dlrm_ir::verify(&g).unwrap();
+    dlrm_ir::verify(&g).expect("test value");
     g
 }
 
@@ -138,7 +144,7 @@ fn two_layers(s: usize, d: usize, r: usize) -> Graph {
 fn decomposition_computes_the_same_values() {
     let (s, d, r) = (4, 6, 3);
     let g = two_layers(s, d, r);
-    let flat = decompose_modules(&g).unwrap();
+    let flat = decompose_modules(&g).expect("test value");
     assert!(flat.nodes().iter().all(|n| !matches!(n.op, Op::Module(_))));
     assert_eq!(flat.outputs().len(), g.outputs().len());
     let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -154,15 +160,15 @@ fn decomposition_computes_the_same_values() {
         params.insert(format!("b{l}"), randn(&mut rng, &[d]));
     }
     let syms = HashMap::new();
-    let a = run(&g, &inputs, &mut params.clone(), &syms, &SingleRank).unwrap();
-    let b = run(&flat, &inputs, &mut params, &syms, &SingleRank).unwrap();
+    let a = run(&g, &inputs, &mut params.clone(), &syms, &SingleRank).expect("test value");
+    let b = run(&flat, &inputs, &mut params, &syms, &SingleRank).expect("test value");
     for (k, (x, y)) in a.iter().zip(&b).enumerate() {
         assert_eq!(x.shape, y.shape, "output {k}");
         for (i, (&p, &q)) in x
             .as_f32()
-            .unwrap()
+            .expect("test value")
             .iter()
-            .zip(y.as_f32().unwrap())
+            .zip(y.as_f32().expect("test value"))
             .enumerate()
         {
             assert!(
@@ -178,7 +184,7 @@ fn text_form_round_trips() {
     let g = two_layers(2, 4, 2);
     let printed = text::print(&g);
     assert!(printed.contains("cross_grad"), "{printed}");
-    let back = text::parse(&printed).unwrap();
+    let back = text::parse(&printed).expect("test value");
     assert_eq!(text::print(&back), printed);
     assert!(matches!(&back.nodes()[0].op, Op::Module(m) if m.mnemonic() == "cross"));
 }
@@ -188,7 +194,7 @@ fn shape_errors_name_the_operand() {
     let t = |dims: &[usize]| TensorType::f32(dims.iter().map(|&x| Dim::Fixed(x)));
     let (x, v, u, b) = (t(&[4, 6]), t(&[3, 6]), t(&[6, 3]), t(&[6]));
     let cross = ModOp::op("cross");
-    let err = |ins: &[&TensorType]| infer(&cross, ins, &[]).unwrap_err();
+    let err = |ins: &[&TensorType]| infer(&cross, ins, &[]).expect_err("an error");
     assert!(err(&[&x, &x, &v, &u]).contains("takes 5 operands"));
     let bad_u = t(&[6, 2]);
     assert!(
@@ -216,6 +222,7 @@ fn module_mnemonics_are_not_in_the_op_table() {
 
 #[test]
 fn unknown_attributes_of_a_module_op_are_errors() {
-    let e = Op::from_parts("cross", &[("rank".to_string(), dlrm_ir::Attr::Int(2))]).unwrap_err();
+    let e = Op::from_parts("cross", &[("rank".to_string(), dlrm_ir::Attr::Int(2))])
+        .expect_err("an error");
     assert!(e.contains("no attribute `rank`"), "{e}");
 }
