@@ -73,10 +73,54 @@ fn cross_kernels_match_the_interpreter_on_random_shapes() {
             rand(&mut r, &[d]),
         ];
         check("cross", &layer);
+        check("cross_save", &layer);
         let mut grad = vec![rand(&mut r, &[s, d])];
-        grad.extend(layer);
+        grad.extend(layer.iter().cloned());
         check("cross_grad", &grad);
+        // The saved form, given the forward's own z and w.
+        let saved = save(&layer);
+        let mut given = grad[..5].to_vec();
+        given.extend(saved);
+        check("cross_grad_saved", &given);
     }
+}
+
+/// `cross_save`'s `z` and `w` of a layer, by the interpreter.
+fn save(layer: &[Tensor]) -> Vec<Tensor> {
+    let op = ModOp::op("cross_save");
+    let refs: Vec<&Tensor> = layer.iter().collect();
+    let tys: Vec<TensorType> = layer
+        .iter()
+        .map(|t| TensorType::new(t.dtype(), t.shape.iter().map(|&d| Dim::Fixed(d))))
+        .collect();
+    let ty_refs: Vec<&TensorType> = tys.iter().collect();
+    let outs = infer(&op, &ty_refs, &[]).expect("infer");
+    let syms = HashMap::new();
+    let ctx = EvalCtx {
+        syms: &syms,
+        comm: &SingleRank,
+    };
+    eval_op(&op, &refs, &outs, &ctx).expect("interpreter")[1..].to_vec()
+}
+
+#[test]
+fn a_rank_zero_layer_runs_in_the_interpreter() {
+    let mut r = ChaCha8Rng::seed_from_u64(13);
+    let layer = [
+        rand(&mut r, &[3, 4]),
+        rand(&mut r, &[3, 4]),
+        rand(&mut r, &[0, 4]),
+        rand(&mut r, &[4, 0]),
+        rand(&mut r, &[4]),
+    ];
+    let refs: Vec<&Tensor> = layer.iter().collect();
+    let tys: Vec<TensorType> = layer
+        .iter()
+        .map(|t| TensorType::new(t.dtype(), t.shape.iter().map(|&d| Dim::Fixed(d))))
+        .collect();
+    let ty_refs: Vec<&TensorType> = tys.iter().collect();
+    let outs = infer(&ModOp::op("cross"), &ty_refs, &[]).expect("infer");
+    assert!(dlrm_codegen::try_eval(&ModOp::op("cross"), &refs, &outs, &HashMap::new()).is_none());
 }
 
 #[test]

@@ -223,6 +223,27 @@ pub(crate) fn from_parts(
 /// exporter writes, and a second definition the tests check the module's own
 /// against.
 pub fn decompose_modules(g: &Graph) -> Result<Graph> {
+    rebuild(g, &mut |_, node, out, ins, names| match &node.op {
+        Op::Module(m) => Some(m.def().decompose(m, out, ins, names)),
+        _ => None,
+    })
+}
+
+/// What [`rebuild`] asks of each node: `(index, node, the new graph, its operands
+/// there, its results' names)`; `Some(results)` adds the node's replacement (its
+/// results, one per original result), `None` copies it unchanged.
+pub type Rewrite<'a> = dyn FnMut(
+        usize,
+        &crate::graph::Node,
+        &mut Graph,
+        &[ValueId],
+        &[&str],
+    ) -> Option<Result<Vec<ValueId>>>
+    + 'a;
+
+/// A copy of `g` node by node in order, each node replaced where `f` says so
+/// (see [`Rewrite`]); inputs, parameters, outputs, updates and names kept.
+pub fn rebuild(g: &Graph, f: &mut Rewrite<'_>) -> Result<Graph> {
     let mut out = Graph::new(g.name.clone());
     let mut map: Vec<Option<ValueId>> = vec![None; g.values().len()];
     for &v in g.inputs() {
@@ -237,18 +258,18 @@ pub fn decompose_modules(g: &Graph) -> Result<Graph> {
             reason: format!("%{} is used before it is defined", g.name_of(v)),
         })
     };
-    for node in g.nodes() {
+    for (n, node) in g.nodes().iter().enumerate() {
         let ins = node
             .inputs
             .iter()
             .map(|&v| get(&map, v))
             .collect::<Result<Vec<_>>>()?;
         let names: Vec<&str> = node.outputs.iter().map(|&v| g.name_of(v)).collect();
-        let outs = match &node.op {
-            Op::Module(m) => m.def().decompose(m, &mut out, &ins, &names)?,
-            op => {
+        let outs = match f(n, node, &mut out, &ins, &names) {
+            Some(r) => r?,
+            None => {
                 let tys: Vec<TensorType> = node.outputs.iter().map(|&v| g.ty(v).clone()).collect();
-                out.add_node_typed(op.clone(), &ins, &names, &tys)?
+                out.add_node_typed(node.op.clone(), &ins, &names, &tys)?
             }
         };
         for (&o, n) in node.outputs.iter().zip(outs) {

@@ -10,6 +10,8 @@
 //!   BCE on logits, the fused embedding update; cost-model extraction;
 //! - [`layout`]: blocked weight storage; [`precision`]: bf16 / mixed storage with
 //!   Split-SGD-BF16;
+//! - [`saved`]: pass `save-activations`, after `autodiff` (a module op's forward
+//!   keeps what its gradient would recompute: `cross_save` / `cross_grad_saved`);
 //! - [`dce`]: dead-code elimination;
 //! - [`mod@partition`]: one graph per rank for hybrid-parallel execution (tables placed
 //!   as a [`ShardPlan`] says, `all_to_all` for embeddings, `all_reduce` for dense
@@ -70,6 +72,7 @@ pub mod partition;
 mod pass;
 pub mod pipeline;
 pub mod precision;
+pub mod saved;
 pub mod schedule;
 pub mod shard;
 pub mod stats;

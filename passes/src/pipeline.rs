@@ -3,7 +3,8 @@
 //! `PIPELINE` is the one table of the passes: each pass's id, when it runs and
 //! how it is made; [`PASSES`] lists the ids in that fixed order: `canon` (the DLRM ops of an
 //! imported model's generic ops, when [`PipelineOptions::canon`] is set),
-//! `autodiff` (training only), `fuse` (the e-graph), `fuse-dgrad-mask` (the
+//! `autodiff` (training only), `save-activations` (training only: forward
+//! intermediates kept for module ops' gradients), `fuse` (the e-graph), `fuse-dgrad-mask` (the
 //! rewrite extraction cannot choose), `layout` (blocked weights), `precision`
 //! (bf16 / mixed only), `dce`; `fuse`, `fuse-dgrad-mask`, `layout` and `precision`
 //! run only when [`PipelineOptions::optimize`] is set. Passes that change
@@ -37,6 +38,7 @@ use crate::layout::{self, Layout};
 use crate::mask::{self, FuseDgradMask};
 use crate::partition::Partitioned;
 use crate::precision::{self, PrecisionPass};
+use crate::saved::{self, SaveActivations};
 use crate::schedule::{self, Schedule};
 use crate::shard::ShardPlan;
 use crate::{Pass, PassError, Result, TrainConfig};
@@ -82,7 +84,7 @@ struct Stage {
 }
 
 /// The pipeline, in order: the one place a pass is listed.
-const PIPELINE: [Stage; 7] = [
+const PIPELINE: [Stage; 8] = [
     Stage {
         id: canon::ID,
         when: When::Canon,
@@ -95,6 +97,11 @@ const PIPELINE: [Stage; 7] = [
             o.train
                 .map(|cfg| Box::new(Autodiff { cfg }) as Box<dyn Pass>)
         },
+    },
+    Stage {
+        id: saved::ID,
+        when: When::Train,
+        make: |_| Some(Box::new(SaveActivations)),
     },
     Stage {
         id: egraph::ID,

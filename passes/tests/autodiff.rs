@@ -510,3 +510,44 @@ fn weighted_bag_with_trained_weights_is_unsupported() {
         "{err}"
     );
 }
+
+/// DLRM-DCNv2 (`examples/dlrm-dcnv2-tiny.json`: two `cross` layers): gradients of
+/// every parameter, the cross layers' among them, against finite differences.
+fn dcn_forward() -> Graph {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/dlrm-dcnv2-tiny.json"
+    );
+    dlrm_json::ModelSpec::load(path).unwrap().graph().unwrap()
+}
+
+#[test]
+fn gradients_match_finite_differences_dcn() {
+    check_gradients_of("dcn", &dcn_forward(), LossKind::Bce, |t| {
+        make_batch(t, 6, 7)
+    });
+}
+
+/// The `save-activations` pass turns every `cross` / `cross_grad` pair into
+/// `cross_save` / `cross_grad_saved`, and the training step computes bit for bit
+/// the same loss and updated parameters.
+#[test]
+fn saved_activations_train_bit_for_bit_like_recomputing_ones() {
+    let fwd = dcn_forward();
+    let t = autodiff(&fwd, &BCE).unwrap();
+    let s = dlrm_passes::saved::save(&t).unwrap();
+    verify(&s).unwrap();
+    let mnemonics = |g: &Graph, m: &str| g.nodes().iter().filter(|n| n.op.mnemonic() == m).count();
+    assert_eq!(mnemonics(&t, "cross_grad"), 2);
+    assert_eq!(mnemonics(&s, "cross_save"), 2);
+    assert_eq!(mnemonics(&s, "cross_grad_saved"), 2);
+    assert_eq!(mnemonics(&s, "cross") + mnemonics(&s, "cross_grad"), 0);
+    let batch = make_batch(&t, 6, 7);
+    let params = init_params(&fwd, 3);
+    let (loss_t, p_t) = run1(&t, &batch, &params);
+    let (loss_s, p_s) = run1(&s, &batch, &params);
+    assert_eq!(loss_t[0].to_f32_vec(), loss_s[0].to_f32_vec());
+    for (name, v) in &p_t {
+        assert_eq!(v.to_f32_vec(), p_s[name].to_f32_vec(), "{name}");
+    }
+}

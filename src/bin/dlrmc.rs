@@ -182,7 +182,7 @@ struct CompileArgs {
     #[arg(long)]
     infer_only: bool,
     /// Print the IR to stdout after the named stages: `all`, or a comma list of
-    /// `input`, pass ids (`canon`, `autodiff`, `fuse`, `fuse-dgrad-mask`, `layout`,
+    /// `input`, pass ids (`canon`, `autodiff`, `save-activations`, `fuse`, `fuse-dgrad-mask`, `layout`,
     /// `precision`, `dce`), `partition` and the per-rank pass ids (`bucket`,
     /// `schedule`).
     #[arg(long, value_name = "STAGES")]

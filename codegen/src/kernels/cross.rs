@@ -21,6 +21,8 @@ pub(crate) fn kernel(mnemonic: &str) -> Option<Kernel> {
     match mnemonic {
         "cross" => Some(cross),
         "cross_grad" => Some(cross_grad),
+        "cross_save" => Some(cross_save),
+        "cross_grad_saved" => Some(cross_grad_saved),
         _ => None,
     }
 }
@@ -70,6 +72,15 @@ fn f32s<'a>(c: &'a Checked<'_>, from: usize, n: usize) -> Option<Vec<&'a [f32]>>
 }
 
 fn cross(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+    forward(c, false)
+}
+
+fn cross_save(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+    forward(c, true)
+}
+
+/// `cross`, or with `save` `cross_save` (`y`, `z`, `w`).
+fn forward(c: &Checked<'_>, save: bool) -> Option<KResult<Vec<Tensor>>> {
     let ops = f32s(c, 0, 5)?;
     let [x0, x, v, u, b] = ops[..] else {
         return None;
@@ -77,30 +88,79 @@ fn cross(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
     let (&[s, d], r) = (c.in_shape(1), c.in_shape(2)[0]) else {
         return None;
     };
+    if r == 0 {
+        return None; // rank 0: the interpreter (w = b).
+    }
     let mut y = vec![0.0f32; s * d];
+    // Without `save`, z is one block's scratch and w is computed in y's block.
+    let (mut z, mut w) = if save {
+        (vec![0.0f32; s * r], vec![0.0f32; s * d])
+    } else {
+        (Vec::new(), Vec::new())
+    };
     if s > 0 && d > 0 {
         let rb = gemm_rows(s, 16, 256);
-        y.par_chunks_mut(rb * d).enumerate().for_each(|(blk, yb)| {
-            let (r0, rows) = (blk * rb, yb.len() / d);
-            let mut z = vec![0.0f32; rows * r];
-            block_forward(&x[r0 * d..], v, u, b, rows, d, r, &mut z, yb);
-            let (x0b, xb) = (&x0[r0 * d..][..rows * d], &x[r0 * d..][..rows * d]);
-            for ((o, &a), &res) in yb.iter_mut().zip(x0b).zip(xb) {
-                *o = a * *o + res;
-            }
-        });
+        let zs: Vec<&mut [f32]> = z.chunks_mut(rb * r).collect();
+        let ws: Vec<&mut [f32]> = w.chunks_mut(rb * d).collect();
+        let mut saves: Vec<Option<(&mut [f32], &mut [f32])>> =
+            zs.into_iter().zip(ws).map(Some).collect();
+        saves.resize_with(s.div_ceil(rb), || None);
+        y.par_chunks_mut(rb * d)
+            .zip(saves.into_par_iter())
+            .enumerate()
+            .for_each(|(blk, (yb, keep))| {
+                let (r0, rows) = (blk * rb, yb.len() / d);
+                let (x0b, xb) = (&x0[r0 * d..][..rows * d], &x[r0 * d..][..rows * d]);
+                match keep {
+                    Some((zb, wb)) => {
+                        block_forward(&x[r0 * d..], v, u, b, rows, d, r, zb, wb);
+                        for (((o, &a), &res), &e) in yb.iter_mut().zip(x0b).zip(xb).zip(wb.iter()) {
+                            *o = a * e + res;
+                        }
+                    }
+                    None => {
+                        let mut zb = vec![0.0f32; rows * r];
+                        block_forward(&x[r0 * d..], v, u, b, rows, d, r, &mut zb, yb);
+                        for ((o, &a), &res) in yb.iter_mut().zip(x0b).zip(xb) {
+                            *o = a * *o + res;
+                        }
+                    }
+                }
+            });
     }
-    Some(Ok(vec![Tensor::f32(vec![s, d], y)]))
+    let mut out = vec![Tensor::f32(vec![s, d], y)];
+    if save {
+        out.push(Tensor::f32(vec![s, r], z));
+        out.push(Tensor::f32(vec![s, d], w));
+    }
+    Some(Ok(out))
 }
 
 fn cross_grad(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
-    let ops = f32s(c, 0, 6)?;
-    let [dy, x0, x, v, u, b] = ops[..] else {
-        return None;
+    backward(c, false)
+}
+
+fn cross_grad_saved(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+    backward(c, true)
+}
+
+/// `cross_grad`, or with `saved` `cross_grad_saved` (`z` and `w` given, not
+/// recomputed).
+fn backward(c: &Checked<'_>, saved: bool) -> Option<KResult<Vec<Tensor>>> {
+    let ops = f32s(c, 0, if saved { 7 } else { 6 })?;
+    let (dy, x0, x, v, u) = (ops[0], ops[1], ops[2], ops[3], ops[4]);
+    // `b` (recomputing) or the saved `z` and `w`.
+    let (b, zs, ws) = if saved {
+        (&[][..], ops[5], ops[6])
+    } else {
+        (ops[5], &[][..], &[][..])
     };
     let (&[s, d], r) = (c.in_shape(2), c.in_shape(3)[0]) else {
         return None;
     };
+    if r == 0 {
+        return None; // rank 0: the interpreter (dx = dy, dx0 = dy ⊙ b).
+    }
     let (mut z, mut g, mut t) = (
         vec![0.0f32; s * r],
         vec![0.0f32; s * d],
@@ -121,7 +181,12 @@ fn cross_grad(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
                 let span = r0 * d..(r0 + rows) * d;
                 let (dyb, x0b) = (&dy[span.clone()], &x0[span]);
                 // w lands in dx0's block, then becomes dy ⊙ w in place.
-                block_forward(&x[r0 * d..], v, u, b, rows, d, r, zb, dx0b);
+                if saved {
+                    zb.copy_from_slice(&zs[r0 * r..(r0 + rows) * r]);
+                    dx0b.copy_from_slice(&ws[r0 * d..(r0 + rows) * d]);
+                } else {
+                    block_forward(&x[r0 * d..], v, u, b, rows, d, r, zb, dx0b);
+                }
                 for (((gw, w), &e), &a) in gb.iter_mut().zip(dx0b.iter_mut()).zip(dyb).zip(x0b) {
                     *gw = e * a;
                     *w *= e;

@@ -41,7 +41,7 @@ pub struct Cross;
 pub struct CrossGrad;
 
 /// Checks the operands `x0, x, v, u, b` of a layer (errors use the spec's names).
-fn check_layer(ins: &[&TensorType]) -> R<()> {
+pub(super) fn check_layer(ins: &[&TensorType]) -> R<()> {
     let [x0, x, v, u, b] = ins else {
         unreachable!("arity checked by the caller")
     };
@@ -77,7 +77,7 @@ fn check_layer(ins: &[&TensorType]) -> R<()> {
     want("b's length (the width D of x)", &b.shape[0], d)
 }
 
-fn arity(op: &str, ins: &[&TensorType], n: usize) -> R<()> {
+pub(super) fn arity(op: &str, ins: &[&TensorType], n: usize) -> R<()> {
     if ins.len() == n {
         Ok(())
     } else {
@@ -86,18 +86,18 @@ fn arity(op: &str, ins: &[&TensorType], n: usize) -> R<()> {
 }
 
 /// `S·R·D` of a layer, from the types of `x` and `v`.
-fn srd(x: &TensorType, v: &TensorType, dim: &dyn Fn(&Dim) -> f64) -> f64 {
+pub(super) fn srd(x: &TensorType, v: &TensorType, dim: &dyn Fn(&Dim) -> f64) -> f64 {
     dim(&x.shape[0]) * dim(&v.shape[0]) * dim(&x.shape[1])
 }
 
-fn bytes(tys: &[&TensorType], dim: &dyn Fn(&Dim) -> f64) -> f64 {
+pub(super) fn bytes(tys: &[&TensorType], dim: &dyn Fn(&Dim) -> f64) -> f64 {
     tys.iter()
         .map(|t| t.shape.iter().map(dim).product::<f64>() * t.dtype.size_bytes() as f64)
         .sum()
 }
 
 /// `a[m×k] · b[n×k]ᵀ` (row-major, one accumulator per element, increasing `k`).
-fn mm_nt(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+pub(super) fn mm_nt(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut c = vec![0.0f32; m * n];
     for i in 0..m {
         for j in 0..n {
@@ -112,7 +112,7 @@ fn mm_nt(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
 }
 
 /// `a[k×m]ᵀ · b[k×n]` (row-major, one accumulator per element, increasing `k`).
-fn mm_tn(a: &[f32], b: &[f32], k: usize, m: usize, n: usize) -> Vec<f32> {
+pub(super) fn mm_tn(a: &[f32], b: &[f32], k: usize, m: usize, n: usize) -> Vec<f32> {
     let mut c = vec![0.0f32; m * n];
     for i in 0..m {
         for j in 0..n {
@@ -127,7 +127,7 @@ fn mm_tn(a: &[f32], b: &[f32], k: usize, m: usize, n: usize) -> Vec<f32> {
 }
 
 /// `a[m×k] · b[k×n]` (row-major, one accumulator per element, increasing `k`).
-fn mm_nn(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+pub(super) fn mm_nn(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut c = vec![0.0f32; m * n];
     for i in 0..m {
         for j in 0..n {
@@ -142,7 +142,7 @@ fn mm_nn(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
 }
 
 /// The forward's intermediates `z[S,R]` and `w[S,D]` of the operands `x, v, u, b`.
-fn forward(
+pub(super) fn forward(
     x: &[f32],
     v: &[f32],
     u: &[f32],
@@ -161,8 +161,39 @@ fn forward(
     (z, w)
 }
 
+/// The five gradients of a layer from `dy, x0, x, v, u` and the forward's `z` and
+/// `w` (see the module docs), stored in the result types of `c`.
+pub(super) fn grads(
+    c: &Checked<'_>,
+    a: [&[f32]; 7],
+    (s, d, r): (usize, usize, usize),
+) -> R<Vec<Tensor>> {
+    let [dy, x0, x, v, u, z, w] = a;
+    let g: Vec<f32> = (0..s * d).map(|i| dy[i] * x0[i]).collect();
+    let dx0: Vec<f32> = (0..s * d).map(|i| dy[i] * w[i]).collect();
+    let mut db = vec![0.0f32; d];
+    for (j, acc) in db.iter_mut().enumerate() {
+        for i in 0..s {
+            *acc += g[i * d + j];
+        }
+    }
+    let du = mm_tn(&g, z, s, d, r);
+    let t = mm_nn(&g, u, s, d, r);
+    let dv = mm_tn(&t, x, s, r, d);
+    let tv = mm_nn(&t, v, s, r, d);
+    let dx: Vec<f32> = (0..s * d).map(|i| dy[i] + tv[i]).collect();
+    let out = |k: usize, shape: Vec<usize>, vals: Vec<f32>| store(c.out(k).dtype, shape, vals);
+    Ok(vec![
+        out(0, vec![s, d], dx0)?,
+        out(1, vec![s, d], dx)?,
+        out(2, vec![r, d], dv)?,
+        out(3, vec![d, r], du)?,
+        out(4, vec![d], db)?,
+    ])
+}
+
 /// The layer's dims `(S, D, R)` from checked operands whose `x` is operand `at`.
-fn dims(c: &Checked<'_>, at: usize) -> (usize, usize, usize) {
+pub(super) fn dims(c: &Checked<'_>, at: usize) -> (usize, usize, usize) {
     let x = c.in_shape(at);
     (x[0], x[1], c.in_shape(at + 1)[0])
 }
@@ -247,25 +278,25 @@ impl OpModule for Cross {
     }
 }
 
-fn mul() -> Op {
+pub(super) fn mul() -> Op {
     Op::Binary {
         kind: BinaryKind::Mul,
     }
 }
 
-fn arity_error(g: &Graph, op: &str, want: usize, got: usize) -> IrError {
+pub(super) fn arity_error(g: &Graph, op: &str, want: usize, got: usize) -> IrError {
     IrError::Graph {
         graph: g.name.clone(),
         reason: format!("`{op}` takes {want} operands, got {got}"),
     }
 }
 
-fn transposed(g: &mut Graph, m: ValueId, name: &str) -> Result<ValueId> {
+pub(super) fn transposed(g: &mut Graph, m: ValueId, name: &str) -> Result<ValueId> {
     g.add(Op::Transpose { perm: vec![1, 0] }, &[m], name)
 }
 
 /// `z = x·vᵀ` and `w = z·uᵀ + b` as primitive ops.
-fn decomposed_forward(
+pub(super) fn decomposed_forward(
     g: &mut Graph,
     x: ValueId,
     v: ValueId,
@@ -320,27 +351,7 @@ impl OpModule for CrossGrad {
             floats(c.input(5), "b")?,
         );
         let (z, w) = forward(&x, &v, &u, &b, s, d, r);
-        let g: Vec<f32> = (0..s * d).map(|i| dy[i] * x0[i]).collect();
-        let dx0: Vec<f32> = (0..s * d).map(|i| dy[i] * w[i]).collect();
-        let mut db = vec![0.0f32; d];
-        for (j, acc) in db.iter_mut().enumerate() {
-            for i in 0..s {
-                *acc += g[i * d + j];
-            }
-        }
-        let du = mm_tn(&g, &z, s, d, r);
-        let t = mm_nn(&g, &u, s, d, r);
-        let dv = mm_tn(&t, &x, s, r, d);
-        let tv = mm_nn(&t, &v, s, r, d);
-        let dx: Vec<f32> = (0..s * d).map(|i| dy[i] + tv[i]).collect();
-        let out = |k: usize, shape: Vec<usize>, vals: Vec<f32>| store(c.out(k).dtype, shape, vals);
-        Ok(vec![
-            out(0, vec![s, d], dx0)?,
-            out(1, vec![s, d], dx)?,
-            out(2, vec![r, d], dv)?,
-            out(3, vec![d, r], du)?,
-            out(4, vec![d], db)?,
-        ])
+        grads(c, [&dy, &x0, &x, &v, &u, &z, &w], (s, d, r))
     }
 
     fn work(
@@ -380,6 +391,20 @@ impl OpModule for CrossGrad {
         let n = |k: usize, fallback: &str| names.get(k).copied().unwrap_or(fallback).to_string();
         let base = n(1, "cross_grad");
         let (z, w) = decomposed_forward(g, x, v, u, b, &base)?;
+        decomposed_grads(g, [dy, x0, x, v, u, z, w], names)
+    }
+}
+
+/// The gradients of a layer as primitive ops, from `dy, x0, x, v, u, z, w`.
+pub(super) fn decomposed_grads(
+    g: &mut Graph,
+    a: [ValueId; 7],
+    names: &[&str],
+) -> Result<Vec<ValueId>> {
+    let [dy, x0, x, v, u, z, w] = a;
+    let n = |k: usize, fallback: &str| names.get(k).copied().unwrap_or(fallback).to_string();
+    let base = n(1, "cross_grad");
+    {
         let gg = g.add(mul(), &[dy, x0], &format!("{base}.g"))?;
         let dx0 = g.add(mul(), &[dy, w], &n(0, "dx0"))?;
         let sum = Op::Reduce {

@@ -1,9 +1,15 @@
 //! The ops written as one module each ([`crate::module`]), and their list.
 
 pub mod cross;
+pub mod cross_saved;
 
 use crate::module::OpModule;
 
 /// Every op module: the one list the parser, the e-graph and the kernels consult.
 /// A mnemonic here must not also be in the op table (`op/table.rs`); a test checks.
-pub static MODULES: &[&dyn OpModule] = &[&cross::Cross, &cross::CrossGrad];
+pub static MODULES: &[&dyn OpModule] = &[
+    &cross::Cross,
+    &cross::CrossGrad,
+    &cross_saved::CrossSave,
+    &cross_saved::CrossGradSaved,
+];
