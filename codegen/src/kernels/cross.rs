@@ -7,8 +7,8 @@
 //! `sgemm` sums in its own order, so results equal the interpreter's within
 //! rounding, not bit for bit (checked in `codegen/tests/cross.rs`).
 
+use super::KResult;
 use super::gemm::{MatRef, gemm};
-use super::{KResult, gemm_rows};
 use dlrm_ir::{Checked, Tensor};
 use rayon::prelude::*;
 
@@ -99,7 +99,7 @@ fn forward(c: &Checked<'_>, save: bool) -> Option<KResult<Vec<Tensor>>> {
         (Vec::new(), Vec::new())
     };
     if s > 0 && d > 0 {
-        let rb = gemm_rows(s, 16, 256);
+        let rb = s.div_ceil(rayon::current_num_threads()).max(16);
         let zs: Vec<&mut [f32]> = z.chunks_mut(rb * r).collect();
         let ws: Vec<&mut [f32]> = w.chunks_mut(rb * d).collect();
         let mut saves: Vec<Option<(&mut [f32], &mut [f32])>> =
@@ -169,7 +169,7 @@ fn backward(c: &Checked<'_>, saved: bool) -> Option<KResult<Vec<Tensor>>> {
     let (mut dx0, mut dx) = (vec![0.0f32; s * d], vec![0.0f32; s * d]);
     let (mut du, mut dv, mut db) = (vec![0.0f32; d * r], vec![0.0f32; r * d], vec![0.0f32; d]);
     if s > 0 && d > 0 && r > 0 {
-        let rb = gemm_rows(s, 16, 256);
+        let rb = s.div_ceil(rayon::current_num_threads()).max(16);
         z.par_chunks_mut(rb * r)
             .zip(g.par_chunks_mut(rb * d))
             .zip(t.par_chunks_mut(rb * r))
@@ -197,14 +197,18 @@ fn backward(c: &Checked<'_>, saved: bool) -> Option<KResult<Vec<Tensor>>> {
                     *o += e;
                 }
             });
-        // du = gᵀ·z and dv = tᵀ·x: row blocks of the results, reducing over S.
+        // du = gᵀ·z and dv = tᵀ·x: one row block of each result per thread (each
+        // block's sgemm packs all of z or x, so few large blocks), reducing over S.
         let (gr, zr, tr_, xr) = (&g, &z, &t, x);
-        du.par_chunks_mut(16 * r).enumerate().for_each(|(blk, o)| {
-            let (d0, m) = (blk * 16, o.len() / r);
+        let block = |rows: usize| rows.div_ceil(rayon::current_num_threads()).max(16);
+        let bd = block(d);
+        du.par_chunks_mut(bd * r).enumerate().for_each(|(blk, o)| {
+            let (d0, m) = (blk * bd, o.len() / r);
             gemm(m, s, r, tr(&gr[d0..], d), rm(zr, r), o, r);
         });
-        dv.par_chunks_mut(16 * d).enumerate().for_each(|(blk, o)| {
-            let (q0, m) = (blk * 16, o.len() / d);
+        let br = block(r);
+        dv.par_chunks_mut(br * d).enumerate().for_each(|(blk, o)| {
+            let (q0, m) = (blk * br, o.len() / d);
             gemm(m, s, d, tr(&tr_[q0..], r), rm(xr, d), o, d);
         });
         for row in g.chunks_exact(d) {
