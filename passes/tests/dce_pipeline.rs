@@ -80,18 +80,20 @@ fn training_pipeline_drops_forward_only_outputs() {
     .unwrap();
     assert_eq!(
         stages.iter().map(|s| s.0.as_str()).collect::<Vec<_>>(),
-        ["input", "autodiff", "dce"]
+        ["input", "autodiff", "save-activations", "dce"]
     );
     assert!(t.find("aux").is_none());
     assert_eq!(count(&t, "relu"), 0);
-    assert_eq!(stages[2].1 + 1, stages[1].1, "dce removed exactly %aux");
+    assert_eq!(stages[2].1, stages[1].1, "no cross layer: nothing saved");
+    assert_eq!(stages[3].1 + 1, stages[2].1, "dce removed exactly %aux");
     assert_eq!(t.updates().len(), g.params().len());
-    assert_eq!(log.passes.len(), 2);
+    assert_eq!(log.passes.len(), 3);
     assert_eq!(log.passes[0].id, "autodiff");
     assert_eq!(log.passes[0].nodes_before, g.nodes().len());
     assert_eq!(log.passes[0].nodes_after, stages[1].1);
-    assert_eq!(log.passes[1].nodes_before, stages[1].1);
-    assert_eq!(log.passes[1].nodes_after, t.nodes().len());
+    assert_eq!(log.passes[1].id, "save-activations");
+    assert_eq!(log.passes[2].nodes_before, stages[2].1);
+    assert_eq!(log.passes[2].nodes_after, t.nodes().len());
     assert!(log.passes.iter().all(|p| p.wall_ms >= 0.0));
     // The log goes into a manifest and comes back.
     let json = serde_json::to_string(&log).unwrap();
@@ -111,6 +113,7 @@ fn inference_pipeline_skips_autodiff() {
         [
             "canon",
             "autodiff",
+            "save-activations",
             "fuse",
             "fuse-dgrad-mask",
             "layout",
@@ -120,11 +123,21 @@ fn inference_pipeline_skips_autodiff() {
     );
     let infer = PipelineOptions::default();
     assert_eq!(pass_ids_for(&infer), ["dce"]);
-    assert_eq!(pass_ids_for(&TRAIN), ["autodiff", "dce"]);
+    assert_eq!(
+        pass_ids_for(&TRAIN),
+        ["autodiff", "save-activations", "dce"]
+    );
     let opt = PipelineOptions::optimized(TRAIN.train);
     assert_eq!(
         pass_ids_for(&opt),
-        ["autodiff", "fuse", "fuse-dgrad-mask", "layout", "dce"]
+        [
+            "autodiff",
+            "save-activations",
+            "fuse",
+            "fuse-dgrad-mask",
+            "layout",
+            "dce"
+        ]
     );
     let bf16 = PipelineOptions {
         precision: dlrm_passes::Precision::Bf16,
@@ -134,6 +147,7 @@ fn inference_pipeline_skips_autodiff() {
         pass_ids_for(&bf16),
         [
             "autodiff",
+            "save-activations",
             "fuse",
             "fuse-dgrad-mask",
             "layout",
@@ -147,6 +161,7 @@ fn inference_pipeline_skips_autodiff() {
         [
             "canon",
             "autodiff",
+            "save-activations",
             "fuse",
             "fuse-dgrad-mask",
             "layout",
@@ -206,6 +221,7 @@ fn dump_specs_are_validated() {
             "input",
             "canon",
             "autodiff",
+            "save-activations",
             "fuse",
             "fuse-dgrad-mask",
             "layout",
@@ -227,8 +243,8 @@ fn dump_specs_are_validated() {
     assert!(
         msg.contains("`fusion`")
             && msg.contains(
-                "all, input, canon, autodiff, fuse, fuse-dgrad-mask, layout, precision, dce, \
-                 partition, bucket, schedule"
+                "all, input, canon, autodiff, save-activations, fuse, fuse-dgrad-mask, layout, \
+                 precision, dce, partition, bucket, schedule"
             ),
         "{msg}"
     );

@@ -80,6 +80,20 @@ class DLRM_Net(nn.Module):
         self.emb_l = self.create_emb(m_spa, ln_emb)
         self.bot_l = self.create_mlp(ln_bot, -1)
         self.top_l = self.create_mlp(ln_top, len(ln_top) - 2)
+        if interaction == "dcn":  # DLRM-DCNv2: TorchRec's LowRankCrossNet, 2 layers of rank 4
+            self.cross_v, self.cross_w, self.cross_b = self.create_cross(ln_top[0], 2, 4)
+
+    def create_cross(self, n, layers, rank):
+        """TorchRec's `LowRankCrossNet` parameters: V_l [r, n] and W_l [n, r]
+        xavier-normal, biases (random here, so the export's bias is not all zero)."""
+        xavier = lambda a, b: torch.tensor(
+            self.rng.normal(0.0, np.sqrt(2 / (a + b)), size=(a, b)).astype(np.float32))
+        v = nn.ParameterList(nn.Parameter(xavier(rank, n)) for _ in range(layers))
+        w = nn.ParameterList(nn.Parameter(xavier(n, rank)) for _ in range(layers))
+        b = nn.ParameterList(
+            nn.Parameter(torch.tensor(self.rng.normal(0, 0.1, n).astype(np.float32)))
+            for _ in range(layers))
+        return v, w, b
 
     def apply_mlp(self, x, layers):
         return layers(x)
@@ -108,6 +122,13 @@ class DLRM_Net(nn.Module):
             R = torch.cat([x] + [Zflat], dim=1)
         else:
             R = torch.cat([x] + ly, dim=1)
+        if self.arch_interaction_op == "dcn":  # LowRankCrossNet.forward, as TorchRec writes it
+            x_0, x_l = R, R
+            for v, w, b in zip(self.cross_v, self.cross_w, self.cross_b):
+                x_l_v = nn.functional.linear(x_l, v)
+                x_l_w = nn.functional.linear(x_l_v, w)
+                x_l = x_0 * (x_l_w + b) + x_l
+            R = x_l
         return R
 
     def forward(self, dense_x, lS_o, lS_i, v_W_l=None):
@@ -204,6 +225,8 @@ CASES = {
     "ts17_dot_stacked_refaxes": ("torchscript", 17, {"stacked": True, "ref_axes": True}),
     "dynamo_dot_stacked": ("dynamo", 18, {"stacked": True}),
     "dynamo_dot_criteo": ("dynamo", 18, {"stacked": True, "criteo": True}),
+    "ts17_dcn_offsets": ("torchscript", 17, {"interaction": "dcn"}),
+    "dynamo_dcn_offsets": ("dynamo", 18, {"interaction": "dcn"}),
     "ts17_torchrec": ("torchscript", 17, {"torchrec": True}),
     "dynamo_torchrec": ("dynamo", 18, {"torchrec": True}),
 }
@@ -216,7 +239,7 @@ def make_model(o, seed):
     itself = o.get("itself", False)
     f = len(ROWS) + 1
     pairs = f * (f + 1) // 2 if itself else f * (f - 1) // 2
-    top_in = DIM + pairs if inter == "dot" else DIM * f
+    top_in = DIM + pairs if inter == "dot" else DIM * f  # cat and dcn: the concatenation
     return DLRM_Net(DIM, ROWS, [DENSE, 16, DIM], [top_in, 16, 1], interaction=inter,
                     itself=itself, mode=o.get("mode", "sum"),
                     include_last_offset=o.get("last_offset", False), seed=seed)
