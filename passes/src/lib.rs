@@ -47,7 +47,7 @@
 //! let opts = PipelineOptions { train: Some(TrainConfig { loss: LossKind::Bce, lr: 0.1, optimizer: Default::default() }), ..Default::default() };
 //! let (train, log) = compile(g, &opts, &mut |_stage, _graph| {})?;
 //! assert_eq!(train.updates().len(), 2); // w and b
-//! assert_eq!(log.passes.len(), 2); // autodiff, dce
+//! assert_eq!(log.passes.len(), 3); // autodiff, save-activations, dce
 //!
 //! // Two ranks, the tables (none here) placed by the sharding planner.
 //! let plan = shard::plan(&partition::tables(&train)?, &PlannerOptions::new(2, 64))?;
