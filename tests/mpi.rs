@@ -237,7 +237,8 @@ fn a_last_offset_export_trains_under_mpi_like_threads() {
 /// Real PyTorch exports of every bag layout train under `mpirun -n 2` like two
 /// thread ranks: the reference's stacked `[T, B]` offsets, its Criteo mode (ids
 /// stacked too), TorchRec's jagged values + lengths, and per-sample weights
-/// (tables placed whole: a weighted bag has no row-wise form).
+/// (tables placed whole: a weighted bag has no row-wise form); and the reference
+/// DLRM's own `--save-onnx` files in both of its modes (`ref_random`, `ref_kaggle`).
 #[test]
 fn exports_of_every_bag_layout_train_under_mpi_like_threads() {
     let dir = tempdir();
@@ -246,6 +247,8 @@ fn exports_of_every_bag_layout_train_under_mpi_like_threads() {
         "ts17_dot_criteo",
         "dynamo_torchrec",
         "ts17_dot_stacked_weighted",
+        "ref_random",
+        "ref_kaggle",
     ] {
         let plan = dir.path().join(format!("{name}.plan"));
         let model = format!("frontends/onnx/test_cases/real/{name}/model.onnx");
