@@ -234,25 +234,25 @@ fn a_last_offset_export_trains_under_mpi_like_threads() {
     mpi_matches_threads(&plan, 2, 6);
 }
 
-/// Real PyTorch exports of every bag layout train under `mpirun -n 2` like two
-/// thread ranks: the reference's stacked `[T, B]` offsets, its Criteo mode (ids
-/// stacked too), TorchRec's jagged values + lengths, and per-sample weights
-/// (tables placed whole: a weighted bag has no row-wise form); and the reference
-/// DLRM's own `--save-onnx` files in both of its modes (`ref_random`, `ref_kaggle`).
+/// Every committed real export (`frontends/onnx/test_cases/real/`: every bag
+/// layout, both PyTorch exporters, TorchRec-style, DCN-v2, and the reference DLRM's
+/// own `--save-onnx` files in both of its modes) trains under `mpirun -n 2` like
+/// two thread ranks (weighted bags: tables placed whole, a weighted bag has no
+/// row-wise form).
 #[test]
 fn exports_of_every_bag_layout_train_under_mpi_like_threads() {
     let dir = tempdir();
-    for name in [
-        "ts17_dot_stacked",
-        "ts17_dot_criteo",
-        "dynamo_torchrec",
-        "ts17_dot_stacked_weighted",
-        "ref_random",
-        "ref_kaggle",
-    ] {
+    let real = common::root().join("frontends/onnx/test_cases/real");
+    let mut names: Vec<String> = fs::read_dir(&real)
+        .expect("real cases")
+        .filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+        .filter(|n| real.join(n).join("model.onnx").exists())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 29, "the committed real exports: {names:?}");
+    for name in names {
         let plan = dir.path().join(format!("{name}.plan"));
-        let model = format!("frontends/onnx/test_cases/real/{name}/model.onnx");
-        compile_model(&common::root().join(model), &plan, &[]);
+        compile_model(&real.join(&name).join("model.onnx"), &plan, &[]);
         mpi_matches_threads(&plan, 2, 4);
     }
 }
