@@ -46,6 +46,7 @@ mod mpi_comm;
 pub mod plan;
 mod prefetch;
 pub mod progress;
+pub mod roofline;
 pub mod schedule;
 pub mod session;
 pub mod source;

@@ -179,8 +179,10 @@ struct Cli {
     #[arg(long, default_value = "auto", value_parser = parse_kernels)]
     kernels: KernelChoice,
     /// Print a per-op-kind table (time share, ms/step, GFLOP/s, GB/s) of the steps
-    /// after the warm-up at the end, then the heaviest nodes, and with several
-    /// ranks how much collective time the overlap hid.
+    /// after the warm-up at the end, then the heaviest nodes, with several ranks
+    /// how much collective time the overlap hid, and the roofline report: per op
+    /// class and for the step, the fraction reached of this machine's bound (its
+    /// FMA peak and triad bandwidth, measured at the end, about a second)
     #[arg(long)]
     bench: bool,
     /// Run collectives inline instead of on a progress thread overlapped with
@@ -420,7 +422,7 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     );
     let report = run_job(job, place, &mut |e| console.event(e));
     let metrics = console.finish();
-    let Some(report) = report? else {
+    let Some(mut report) = report? else {
         // Not rank 0: rank 0 reports for the job; each process its own peak memory.
         if !cli.quiet
             && let (Some(rank), Some(b)) = (rank, peak_rss_bytes())
@@ -437,6 +439,12 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     };
     if let Some(m) = metrics? {
         m.finish(&report)?;
+    }
+    if cli.bench {
+        // The machine's bounds, measured now on a rank's threads (about a second).
+        let machine = dlrm_runtime::roofline::measure(report.threads);
+        let r = dlrm_runtime::roofline::roofline(&report.op_times, report.timed_steps, machine);
+        report.roofline = Some(r);
     }
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&report)?);

@@ -78,6 +78,10 @@ pub struct Report {
     /// This process's peak resident memory at the end of the run, bytes
     /// ([`crate::metrics::peak_rss_bytes`]; `None` where the OS does not say).
     pub peak_rss_bytes: Option<u64>,
+    /// The roofline report of the timed steps (`dlrm-run --bench`: the caller
+    /// measures the machine and fills it in, [`crate::roofline`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roofline: Option<crate::roofline::Roofline>,
 }
 
 impl Report {
@@ -161,6 +165,9 @@ impl Report {
             self.jit_kernels,
             self.jit_compile_s
         ));
+        if let Some(r) = &self.roofline {
+            s.push_str(&r.table());
+        }
         if !self.gemm_picks.is_empty() {
             let picks: Vec<String> = self
                 .gemm_picks
@@ -256,6 +263,7 @@ pub(super) fn report(rank0: &RankOutput, cfg: &RankCfg, wall: Instant, allreduce
         allreduce: allreduce.to_string(),
         comm: rank0.comm,
         peak_rss_bytes: crate::metrics::peak_rss_bytes(),
+        roofline: None,
     }
 }
 

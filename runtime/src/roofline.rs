@@ -1,0 +1,362 @@
+//! The roofline report of `dlrm-run --bench`: each op class's achieved GFLOP/s and
+//! GB/s against the bound this machine allows it (Williams et al.'s roofline:
+//! `min(FMA peak, arithmetic intensity × memory bandwidth)`), and the fraction of
+//! that bound it reaches; the same for the whole step.
+//!
+//! The machine's two numbers are measured here, on the rank's threads
+//! ([`measure`]): the **FMA peak**, independent fused multiply-adds in registers
+//! (16-wide AVX-512 where the CPU has it, else 8-wide AVX2+FMA, else scalar),
+//! twelve independent accumulators per thread so the FMA latency is hidden; and
+//! the **memory bandwidth**, a STREAM triad `a = b + s·c` over three 64 MiB
+//! arrays (12 bytes per element: two reads and a write; the write-allocate read is
+//! not counted, as STREAM does not). Each is the best of five runs.
+//!
+//! The work of an op is [`dlrm_codegen::cost`]'s (compulsory bytes, not cache
+//! traffic), so a fraction above 1 for a memory-bound class means its operands
+//! were served from cache.
+
+use crate::exec::OpTime;
+use rayon::prelude::*;
+use serde::Serialize;
+use std::time::Instant;
+
+/// This machine's bounds, as measured by [`measure`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Machine {
+    /// FMA peak of the threads, GFLOP/s (an FMA counts 2).
+    pub peak_gflops: f64,
+    /// Triad memory bandwidth of the threads, GB/s.
+    pub bandwidth_gbps: f64,
+    /// Threads measured.
+    pub threads: usize,
+    /// The vector width measured (`avx512`, `avx2`, `scalar`).
+    pub isa: &'static str,
+}
+
+/// One row of the report: an op class, or the whole step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Row {
+    /// The class (see [`class_of`]) or `step`.
+    pub class: &'static str,
+    /// Milliseconds per step.
+    pub ms_per_step: f64,
+    /// Achieved GFLOP/s.
+    pub gflops: f64,
+    /// Achieved GB/s.
+    pub gbps: f64,
+    /// Flops per byte.
+    pub intensity: f64,
+    /// The roofline bound at that intensity, GFLOP/s (for a class without flops:
+    /// the bandwidth, in GB/s).
+    pub bound: f64,
+    /// Achieved over bound.
+    pub fraction: f64,
+}
+
+/// The report: the machine and one row per class, then the step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Roofline {
+    /// The bounds.
+    pub machine: Machine,
+    /// Per class, heaviest first.
+    pub classes: Vec<Row>,
+    /// The whole step (every op's time).
+    pub step: Row,
+}
+
+/// The class of an op mnemonic: GEMMs by product (forward, dgrad, wgrad), the
+/// cross layers (forward and the fused backward), bags, updates, the
+/// interaction, collectives, the rest.
+pub fn class_of(op: &str) -> &'static str {
+    match op {
+        "brgemm" | "linear" | "matmul" => "gemm forward",
+        "brgemm_dgrad" | "linear_dx" => "gemm dgrad",
+        "brgemm_wgrad" | "linear_dw" => "gemm wgrad",
+        "cross" | "cross_save" => "cross forward",
+        "cross_grad" | "cross_grad_saved" => "cross backward",
+        "all_reduce" | "all_to_all" => "collectives",
+        "interaction" | "interaction_grad" => "interaction",
+        o if o.starts_with("embedding_bag") || o == "embedding_grad_dense" => "bags",
+        o if o.contains("sgd") || o.contains("adagrad") || o.starts_with("embedding_update") => {
+            "updates"
+        }
+        _ => "rest",
+    }
+}
+
+fn row(class: &'static str, ts: &[&OpTime], steps: f64, m: &Machine) -> Row {
+    let (seconds, flops, bytes) = ts.iter().fold((0.0, 0.0, 0.0), |(s, f, b), t| {
+        (s + t.seconds, f + t.flops, b + t.bytes)
+    });
+    let per_s = |x: f64| {
+        if seconds > 0.0 {
+            x / seconds / 1e9
+        } else {
+            0.0
+        }
+    };
+    let (gflops, gbps) = (per_s(flops), per_s(bytes));
+    let intensity = if bytes > 0.0 { flops / bytes } else { 0.0 };
+    // Without flops (copies, gathers of ints) the roof is the bandwidth itself.
+    let (bound, got) = if flops > 0.0 {
+        (m.peak_gflops.min(intensity * m.bandwidth_gbps), gflops)
+    } else {
+        (m.bandwidth_gbps, gbps)
+    };
+    Row {
+        class,
+        ms_per_step: 1e3 * seconds / steps,
+        gflops,
+        gbps,
+        intensity,
+        bound,
+        fraction: if bound > 0.0 { got / bound } else { 0.0 },
+    }
+}
+
+/// The report of `op_times` (totals over `steps` steps) on machine `m`.
+pub fn roofline(op_times: &[OpTime], steps: u64, m: Machine) -> Roofline {
+    let steps = steps.max(1) as f64;
+    let mut names: Vec<&'static str> = op_times.iter().map(|t| class_of(&t.op)).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut classes: Vec<Row> = names
+        .into_iter()
+        .map(|c| {
+            let ts: Vec<&OpTime> = op_times.iter().filter(|t| class_of(&t.op) == c).collect();
+            row(c, &ts, steps, &m)
+        })
+        .collect();
+    classes.sort_by(|a, b| b.ms_per_step.total_cmp(&a.ms_per_step));
+    let all: Vec<&OpTime> = op_times.iter().collect();
+    Roofline {
+        machine: m,
+        classes,
+        step: row("step", &all, steps, &m),
+    }
+}
+
+impl Roofline {
+    /// The table `dlrm-run --bench` prints.
+    pub fn table(&self) -> String {
+        let m = &self.machine;
+        let mut s = format!(
+            "roofline: FMA peak {:.1} GFLOP/s ({}, {} thread{}), triad bandwidth {:.1} GB/s\n",
+            m.peak_gflops,
+            m.isa,
+            m.threads,
+            if m.threads == 1 { "" } else { "s" },
+            m.bandwidth_gbps
+        );
+        s.push_str(&format!(
+            "{:<16} {:>9} {:>9} {:>8} {:>9} {:>11} {:>8}\n",
+            "class", "ms/step", "GFLOP/s", "GB/s", "flop/B", "bound", "of bound"
+        ));
+        for r in self.classes.iter().chain(std::iter::once(&self.step)) {
+            let unit = if r.intensity > 0.0 { "GFLOP/s" } else { "GB/s" };
+            s.push_str(&format!(
+                "{:<16} {:>9.3} {:>9.2} {:>8.2} {:>9.2} {:>7.1} {:<3} {:>7.1}%\n",
+                r.class,
+                r.ms_per_step,
+                r.gflops,
+                r.gbps,
+                r.intensity,
+                r.bound,
+                if unit == "GB/s" { "GB" } else { "GF" },
+                100.0 * r.fraction
+            ));
+        }
+        s
+    }
+}
+
+/// Measures the FMA peak and the triad bandwidth on `threads` threads (about a
+/// second in all).
+pub fn measure(threads: usize) -> Machine {
+    let threads = threads.max(1);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+    let run = |f: &(dyn Fn() -> (f64, &'static str) + Sync)| match &pool {
+        Ok(p) => p.install(f),
+        Err(_) => f(),
+    };
+    let (peak_gflops, isa) = run(&|| best_of(5, || fma_peak(threads)));
+    let (bandwidth_gbps, _) = run(&|| best_of(5, || (triad(), "")));
+    Machine {
+        peak_gflops,
+        bandwidth_gbps,
+        threads,
+        isa,
+    }
+}
+
+fn best_of(n: usize, f: impl Fn() -> (f64, &'static str)) -> (f64, &'static str) {
+    (0..n)
+        .map(|_| f())
+        .fold((0.0, "scalar"), |b, r| if r.0 > b.0 { r } else { b })
+}
+
+/// GFLOP/s of `threads` threads each running the FMA loop at once.
+fn fma_peak(threads: usize) -> (f64, &'static str) {
+    const ITERS: u64 = 2_000_000;
+    let t0 = Instant::now();
+    let results: Vec<(f64, &'static str)> = (0..threads)
+        .into_par_iter()
+        .map(|i| fma_loop(ITERS, 1.0 + i as f32 * 1e-7))
+        .collect();
+    let secs = t0.elapsed().as_secs_f64();
+    let flops: f64 = results.iter().map(|r| r.0).sum();
+    let isa = results.first().map_or("scalar", |r| r.1);
+    (flops / secs / 1e9, isa)
+}
+
+/// Runs `iters` rounds of 12 independent vector FMAs; returns the flops done and the
+/// ISA used. The accumulators are consumed, so the loop is not optimised away.
+fn fma_loop(iters: u64, seed: f32) -> (f64, &'static str) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked above).
+            let sink = unsafe { x86::fma512(iters, seed) };
+            return (
+                sink.1 * iters as f64,
+                if sink.0.is_nan() { "?" } else { "avx512" },
+            );
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            let sink = unsafe { x86::fma256(iters, seed) };
+            return (
+                sink.1 * iters as f64,
+                if sink.0.is_nan() { "?" } else { "avx2" },
+            );
+        }
+    }
+    let mut acc = [seed; 12];
+    for _ in 0..iters {
+        for a in &mut acc {
+            *a = a.mul_add(0.999_999, 1e-7);
+        }
+    }
+    let sink: f32 = acc.iter().sum();
+    (
+        24.0 * iters as f64 * f64::from(u8::from(!sink.is_nan())),
+        "scalar",
+    )
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// 12 accumulators of 16 lanes: 384 flops per round. Returns (a sum of the
+    /// accumulators, flops per round).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn fma512(iters: u64, seed: f32) -> (f32, f64) {
+        let (m, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+        let mut a = [_mm512_set1_ps(seed); 12];
+        for _ in 0..iters {
+            for x in &mut a {
+                *x = _mm512_fmadd_ps(*x, m, c);
+            }
+        }
+        let s = a
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x));
+        (_mm512_reduce_add_ps(s), 12.0 * 16.0 * 2.0)
+    }
+
+    /// 12 accumulators of 8 lanes: 192 flops per round.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn fma256(iters: u64, seed: f32) -> (f32, f64) {
+        let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+        let mut a = [_mm256_set1_ps(seed); 12];
+        for _ in 0..iters {
+            for x in &mut a {
+                *x = _mm256_fmadd_ps(*x, m, c);
+            }
+        }
+        let s = a
+            .iter()
+            .fold(_mm256_setzero_ps(), |s, &x| _mm256_add_ps(s, x));
+        let mut out = [0.0f32; 8];
+        // SAFETY: `out` holds the 8 floats an unaligned store writes.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s) };
+        (out.iter().sum(), 12.0 * 8.0 * 2.0)
+    }
+}
+
+/// GB/s of one parallel triad over 3 × 64 MiB.
+fn triad() -> f64 {
+    const N: usize = 16 << 20;
+    let b = vec![1.0f32; N];
+    let c = vec![2.0f32; N];
+    let mut a = vec![0.0f32; N];
+    // Touch every page first, so no page fault is timed.
+    a.par_chunks_mut(1 << 16).for_each(|x| x.fill(0.5));
+    let t0 = Instant::now();
+    a.par_chunks_mut(1 << 16)
+        .zip(b.par_chunks(1 << 16))
+        .zip(c.par_chunks(1 << 16))
+        .for_each(|((a, b), c)| {
+            for ((x, &y), &z) in a.iter_mut().zip(b).zip(c) {
+                *x = y + 3.0 * z;
+            }
+        });
+    let secs = t0.elapsed().as_secs_f64();
+    std::hint::black_box(&a);
+    (12 * N) as f64 / secs / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(name: &str, seconds: f64, flops: f64, bytes: f64) -> OpTime {
+        OpTime {
+            op: name.into(),
+            node: None,
+            calls: 1,
+            seconds,
+            flops,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn classes_and_bounds_follow_the_roofline() {
+        let m = Machine {
+            peak_gflops: 100.0,
+            bandwidth_gbps: 10.0,
+            threads: 2,
+            isa: "avx2",
+        };
+        let times = [
+            op("brgemm", 1.0, 80e9, 1e9),       // intensity 80: compute bound 100
+            op("brgemm_wgrad", 1.0, 40e9, 1e9), // 40 of 100
+            op("embedding_bag", 1.0, 1e9, 5e9), // intensity 0.2: bound 2 GF/s
+            op("sgd", 0.5, 0.0, 2e9),           // no flops: bandwidth bound
+        ];
+        let r = roofline(&times, 1, m);
+        let get = |c: &str| r.classes.iter().find(|x| x.class == c).expect(c).clone();
+        assert!((get("gemm forward").fraction - 0.8).abs() < 1e-12);
+        assert!((get("gemm wgrad").fraction - 0.4).abs() < 1e-12);
+        let bags = get("bags");
+        assert!((bags.bound - 2.0).abs() < 1e-12 && (bags.fraction - 0.5).abs() < 1e-12);
+        let upd = get("updates");
+        assert!((upd.bound - 10.0).abs() < 1e-12 && (upd.fraction - 0.4).abs() < 1e-12);
+        assert!((r.step.ms_per_step - 3500.0).abs() < 1e-9);
+        assert_eq!(r.classes[0].class, "bags"); // ties by time keep a stable order
+        let t = r.table();
+        assert!(
+            t.contains("FMA peak 100.0 GFLOP/s") && t.contains("gemm wgrad"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn the_measured_machine_is_positive() {
+        let m = measure(1);
+        assert!(m.peak_gflops > 0.0 && m.bandwidth_gbps > 0.0, "{m:?}");
+    }
+}
