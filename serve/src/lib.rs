@@ -39,6 +39,7 @@ pub mod watch;
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{Next, from_fn_with_state};
@@ -296,12 +297,17 @@ async fn infer(
     State(m): State<Arc<Served>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let now = Instant::now();
     if let Some(r) = not_served(&m, &name) {
         return r;
     }
+    // Too large (413) or cut short: answered in JSON as every other error.
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return error(e.status(), format!("request body: {}", e.body_text())),
+    };
     // Held until answered: a swap meanwhile does not release this version.
     let model = m.current();
     let json_len = match headers.get(binary::HEADER).map(|v| v.to_str()) {

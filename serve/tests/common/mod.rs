@@ -33,6 +33,11 @@ impl Server {
         self.child.id()
     }
 
+    /// True while the process runs.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Its stderr so far.
     pub fn log(&self) -> String {
         self.log.lock().map(|l| l.clone()).unwrap_or_default()
