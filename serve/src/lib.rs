@@ -204,7 +204,7 @@ pub fn router(model: Arc<Served>, max_body: usize) -> Router {
     Router::new()
         .route("/v2", get(server_metadata))
         .route("/v2/health/live", get(|| async { StatusCode::OK }))
-        .route("/v2/health/ready", get(|| async { StatusCode::OK }))
+        .route("/v2/health/ready", get(server_ready))
         .route("/v2/models/{name}", get(model_metadata))
         .route("/v2/models/{name}/ready", get(model_ready))
         .route(
@@ -250,8 +250,26 @@ async fn model_metadata(State(m): State<Arc<Served>>, Path(name): Path<String>) 
     .into_response()
 }
 
+/// 200 once the model serving has compiled the kernels of every padded batch
+/// size (at once with `--no-warm-up`), 503 before: requests are served
+/// meanwhile, but slower.
+fn readiness(m: &Served) -> Response {
+    if m.current().batcher.is_warm() {
+        StatusCode::OK.into_response()
+    } else {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "warming up: compiling the kernels of the padded batch sizes",
+        )
+    }
+}
+
+async fn server_ready(State(m): State<Arc<Served>>) -> Response {
+    readiness(&m)
+}
+
 async fn model_ready(State(m): State<Arc<Served>>, Path(name): Path<String>) -> Response {
-    not_served(&m, &name).unwrap_or_else(|| StatusCode::OK.into_response())
+    not_served(&m, &name).unwrap_or_else(|| readiness(&m))
 }
 
 /// Counts an inference request's outcome and latency.
