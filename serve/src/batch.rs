@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 use dlrm_ir::Tensor;
 use dlrm_runtime::{RuntimeError, Session};
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -69,11 +70,28 @@ struct Shared {
     opts: BatchOptions,
     layout: Option<Layout>,
     metrics: Arc<Metrics>,
+    /// Set (under the queue's lock) when the batcher is dropped: the workers
+    /// finish what is queued and stop, releasing their sessions.
+    closed: AtomicBool,
+    /// Set when the warm-up has compiled every padded batch size (at once
+    /// without warm-up).
+    warm: AtomicBool,
 }
 
-/// The queue and its workers (module docs).
+/// The queue and its workers (module docs). Dropping it stops the workers once
+/// the queue is empty (a model swapped out is released when its last batch
+/// has run).
 pub struct Batcher {
     shared: Arc<Shared>,
+}
+
+impl Drop for Batcher {
+    fn drop(&mut self) {
+        let q = lock(&self.shared.queue);
+        self.shared.closed.store(true, Ordering::SeqCst);
+        drop(q);
+        self.shared.ready.notify_all();
+    }
 }
 
 /// The HTTP status of a failed inference: the request's fault or the server's.
@@ -101,8 +119,10 @@ impl Batcher {
             queue: Mutex::new(VecDeque::new()),
             ready: Condvar::new(),
             opts,
+            warm: AtomicBool::new(!(opts.warm_up && layout.is_some())),
             layout,
             metrics,
+            closed: AtomicBool::new(false),
         });
         for i in 0..opts.instances.max(1) {
             let s = session.fork()?;
@@ -115,6 +135,12 @@ impl Batcher {
                 })?;
         }
         Ok(Batcher { shared })
+    }
+
+    /// True once the kernels of every padded batch size are compiled (at once
+    /// when the batcher does not warm up).
+    pub fn is_warm(&self) -> bool {
+        self.shared.warm.load(Ordering::SeqCst)
     }
 
     /// Queues a request's graph inputs (deadline: when its answer stops being
@@ -218,7 +244,12 @@ fn plan(q: &VecDeque<Job>, opts: &BatchOptions, now: Instant) -> (usize, Option<
 
 fn worker(sh: &Shared, mut session: Session, warm: bool) {
     if warm && let Some(layout) = &sh.layout {
-        warm_up(&mut session, layout, sh.opts.max_batch);
+        // A kernel's panic is caught here as in a batch: the sizes left are
+        // compiled on first use.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            warm_up(&mut session, layout, sh.opts.max_batch);
+        }));
+        sh.warm.store(true, Ordering::SeqCst);
     }
     loop {
         let batch: Vec<Job> = {
@@ -227,6 +258,7 @@ fn worker(sh: &Shared, mut session: Session, warm: bool) {
                 let now = Instant::now();
                 expire(&mut q, now, &sh.metrics);
                 match plan(&q, &sh.opts, now) {
+                    (0, _) if sh.closed.load(Ordering::SeqCst) => return,
                     (0, _) => q = sh.ready.wait(q).unwrap_or_else(|p| p.into_inner()),
                     (n, None) => break q.drain(..n).collect(),
                     (_, Some(until)) => {

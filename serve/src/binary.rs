@@ -152,6 +152,7 @@ fn wants_binary(req: &InferRequest, name: &str) -> bool {
 pub fn respond(
     req: &InferRequest,
     model_name: &str,
+    model_version: &str,
     outputs: &[(String, Tensor)],
 ) -> (Vec<u8>, Option<usize>) {
     let wanted = |n: &str| req.outputs.is_empty() || req.outputs.iter().any(|o| o.name == n);
@@ -181,6 +182,7 @@ pub fn respond(
         .collect();
     let resp = InferResponse {
         model_name: model_name.to_string(),
+        model_version: model_version.to_string(),
         id: req.id.clone(),
         outputs: tensors,
     };
@@ -255,14 +257,14 @@ mod tests {
         }))
         .unwrap();
         let outs = vec![("p".to_string(), Tensor::f32(vec![2, 1], vec![0.25, 0.5]))];
-        let (b, n) = respond(&req, "m", &outs);
+        let (b, n) = respond(&req, "m", "1", &outs);
         let n = n.unwrap();
         let head: Value = serde_json::from_slice(&b[..n]).unwrap();
         assert_eq!(head["outputs"][0]["parameters"]["binary_data_size"], 8);
         assert!(head["outputs"][0].get("data").is_none());
         assert_eq!(&b[n..n + 4], &0.25f32.to_le_bytes());
         let json_req: InferRequest = serde_json::from_value(json!({"inputs": []})).unwrap();
-        let (b, n) = respond(&json_req, "m", &outs);
+        let (b, n) = respond(&json_req, "m", "1", &outs);
         assert!(n.is_none());
         let v: Value = serde_json::from_slice(&b).unwrap();
         assert_eq!(v["outputs"][0]["data"], json!([0.25, 0.5]));

@@ -22,7 +22,11 @@
 //! model `404`. The server never panics on a request and keeps serving the
 //! others.
 //!
-//! Not yet (issue 44): gRPC, model reload, int8 tables.
+//! With a watched checkpoint directory ([`watch`]), a newer complete checkpoint
+//! is loaded beside the model serving and swapped in whole ([`Served::swap`]):
+//! each request is answered by one version, none fails for the swap.
+//!
+//! Not yet (issue 44): gRPC, int8 tables.
 
 #![warn(missing_docs)]
 
@@ -31,9 +35,11 @@ pub mod binary;
 pub mod merge;
 pub mod metrics;
 pub mod protocol;
+pub mod watch;
 
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{Next, from_fn_with_state};
@@ -45,7 +51,7 @@ use merge::Layout;
 use metrics::{Metrics, Outcome};
 use protocol::{InferRequest, TensorMetadata, metadata_of};
 use serde_json::json;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 /// The default limit on a request body.
@@ -75,49 +81,116 @@ impl Default for ServeOptions {
     }
 }
 
-/// The model a server serves.
-pub struct Served {
-    name: String,
+/// One loaded version of the model: its session, metadata and executors.
+/// Requests hold it (an `Arc`) until answered, so a version swapped out is
+/// released, its executors stopped, when its last request is answered.
+pub struct Model {
     /// Turns requests into graph inputs (the executors run forks of it).
     session: Session,
     inputs: Vec<TensorMetadata>,
     outputs: Vec<TensorMetadata>,
     batcher: Batcher,
-    metrics: Arc<Metrics>,
-    deadline: Option<Duration>,
     /// Why requests run one at a time, if they do.
     unmerged: Option<String>,
+    /// The checkpoint step it was loaded from (`None`: a plan).
+    step: Option<u64>,
 }
 
-impl Served {
-    /// Serves `session` under `name`, starting its executors.
-    pub fn new(
-        name: String,
+impl Model {
+    fn start(
         session: Session,
-        opts: ServeOptions,
-    ) -> Result<Served, dlrm_runtime::RuntimeError> {
+        step: Option<u64>,
+        opts: BatchOptions,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Model, dlrm_runtime::RuntimeError> {
         let meta = |v: Vec<dlrm_ir::contract::ModelInput>| {
             v.iter().map(|m| metadata_of(&m.name, &m.ty)).collect()
         };
         let layout = Layout::of(session.graph());
         let unmerged = layout.as_ref().err().cloned();
-        let metrics = Arc::new(Metrics::default());
-        let batcher = Batcher::start(&session, layout.ok(), opts.batch, Arc::clone(&metrics))?;
-        Ok(Served {
+        let batcher = Batcher::start(&session, layout.ok(), opts, Arc::clone(metrics))?;
+        Ok(Model {
             inputs: meta(session.model_inputs()),
             outputs: meta(session.model_outputs()),
-            name,
             session,
             batcher,
-            metrics,
-            deadline: opts.deadline,
             unmerged,
+            step,
         })
     }
 
+    /// The version clients see: the checkpoint's step, "1" for a plan.
+    pub fn version(&self) -> String {
+        self.step.map_or_else(|| "1".to_string(), |s| s.to_string())
+    }
+}
+
+/// The model a server serves: the current [`Model`], replaced whole by
+/// [`Served::swap`].
+pub struct Served {
+    name: String,
+    model: RwLock<Arc<Model>>,
+    metrics: Arc<Metrics>,
+    opts: ServeOptions,
+}
+
+impl Served {
+    /// Serves `session` under `name`, starting its executors; `step`: the
+    /// checkpoint step it was loaded from (`None`: a plan).
+    pub fn new(
+        name: String,
+        session: Session,
+        step: Option<u64>,
+        opts: ServeOptions,
+    ) -> Result<Served, dlrm_runtime::RuntimeError> {
+        let metrics = Arc::new(Metrics::default());
+        metrics.set_version(step.unwrap_or(0));
+        let model = Model::start(session, step, opts.batch, &metrics)?;
+        Ok(Served {
+            name,
+            model: RwLock::new(Arc::new(model)),
+            metrics,
+            opts,
+        })
+    }
+
+    /// The model serving now.
+    pub fn current(&self) -> Arc<Model> {
+        Arc::clone(&self.model.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The server's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Why requests are not merged into batches (`None`: they are).
-    pub fn unmerged(&self) -> Option<&str> {
-        self.unmerged.as_deref()
+    pub fn unmerged(&self) -> Option<String> {
+        self.current().unmerged.clone()
+    }
+
+    /// Starts `session` (checkpoint step `step`) beside the model serving, waits
+    /// for its warm-up (at most `warm_limit`), then makes it the one new requests
+    /// go to. Requests already queued on the old model are answered by it; the
+    /// old model is released after the last of them.
+    pub fn swap(
+        &self,
+        session: Session,
+        step: Option<u64>,
+        warm_limit: Duration,
+    ) -> Result<(), dlrm_runtime::RuntimeError> {
+        let model = Model::start(session, step, self.opts.batch, &self.metrics)?;
+        let start = Instant::now();
+        while !model.batcher.is_warm() && start.elapsed() < warm_limit {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let old = {
+            let mut m = self.model.write().unwrap_or_else(|p| p.into_inner());
+            std::mem::replace(&mut *m, Arc::new(model))
+        };
+        self.metrics.loaded(step.unwrap_or(0));
+        drop(old);
+        Ok(())
     }
 }
 
@@ -131,7 +204,7 @@ pub fn router(model: Arc<Served>, max_body: usize) -> Router {
     Router::new()
         .route("/v2", get(server_metadata))
         .route("/v2/health/live", get(|| async { StatusCode::OK }))
-        .route("/v2/health/ready", get(|| async { StatusCode::OK }))
+        .route("/v2/health/ready", get(server_ready))
         .route("/v2/models/{name}", get(model_metadata))
         .route("/v2/models/{name}/ready", get(model_ready))
         .route(
@@ -166,18 +239,37 @@ async fn model_metadata(State(m): State<Arc<Served>>, Path(name): Path<String>) 
     if let Some(r) = not_served(&m, &name) {
         return r;
     }
+    let model = m.current();
     axum::Json(json!({
         "name": m.name,
-        "versions": ["1"],
+        "versions": [model.version()],
         "platform": "dlrmc",
-        "inputs": m.inputs,
-        "outputs": m.outputs,
+        "inputs": model.inputs,
+        "outputs": model.outputs,
     }))
     .into_response()
 }
 
+/// 200 once the model serving has compiled the kernels of every padded batch
+/// size (at once with `--no-warm-up`), 503 before: requests are served
+/// meanwhile, but slower.
+fn readiness(m: &Served) -> Response {
+    if m.current().batcher.is_warm() {
+        StatusCode::OK.into_response()
+    } else {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "warming up: compiling the kernels of the padded batch sizes",
+        )
+    }
+}
+
+async fn server_ready(State(m): State<Arc<Served>>) -> Response {
+    readiness(&m)
+}
+
 async fn model_ready(State(m): State<Arc<Served>>, Path(name): Path<String>) -> Response {
-    not_served(&m, &name).unwrap_or_else(|| StatusCode::OK.into_response())
+    not_served(&m, &name).unwrap_or_else(|| readiness(&m))
 }
 
 /// Counts an inference request's outcome and latency.
@@ -223,12 +315,19 @@ async fn infer(
     State(m): State<Arc<Served>>,
     Path(name): Path<String>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let now = Instant::now();
     if let Some(r) = not_served(&m, &name) {
         return r;
     }
+    // Too large (413) or cut short: answered in JSON as every other error.
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return error(e.status(), format!("request body: {}", e.body_text())),
+    };
+    // Held until answered: a swap meanwhile does not release this version.
+    let model = m.current();
     let json_len = match headers.get(binary::HEADER).map(|v| v.to_str()) {
         None => None,
         Some(Ok(v)) if v.trim().parse::<usize>().is_ok() => v.trim().parse().ok(),
@@ -244,22 +343,22 @@ async fn infer(
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
     for o in &req.outputs {
-        if !m.outputs.iter().any(|x| x.name == o.name) {
+        if !model.outputs.iter().any(|x| x.name == o.name) {
             return error(
                 StatusCode::BAD_REQUEST,
                 format!("the model has no output `{}`", o.name),
             );
         }
     }
-    let deadline = match deadline_of(&req, m.deadline, now) {
+    let deadline = match deadline_of(&req, m.opts.deadline, now) {
         Ok(d) => d,
         Err(e) => return error(StatusCode::BAD_REQUEST, e),
     };
-    let given = match m.session.graph_inputs(inputs) {
+    let given = match model.session.graph_inputs(inputs) {
         Ok(g) => g,
         Err(e) => return error(code(status_of(&e)), e.to_string()),
     };
-    let rx = match m.batcher.submit(given, deadline) {
+    let rx = match model.batcher.submit(given, deadline) {
         Ok(rx) => rx,
         Err(reason) => return error(StatusCode::SERVICE_UNAVAILABLE, reason),
     };
@@ -273,7 +372,7 @@ async fn infer(
             );
         }
     };
-    let (body, json_len) = binary::respond(&req, &m.name, &outputs);
+    let (body, json_len) = binary::respond(&req, &m.name, &model.version(), &outputs);
     match json_len {
         None => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Some(n) => (

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 use dlrm_serve::batch::BatchOptions;
-use dlrm_serve::{DEFAULT_MAX_BODY, ServeOptions, Served, router};
+use dlrm_serve::{DEFAULT_MAX_BODY, ServeOptions, Served, router, watch};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,8 +15,19 @@ use std::time::Duration;
 #[derive(Parser, Debug)]
 #[command(name = "dlrm-serve", version)]
 struct Cli {
-    /// A plan directory (`dlrmc compile`) or a checkpoint (`dlrm-run --checkpoint`).
-    plan: PathBuf,
+    /// A plan directory (`dlrmc compile`) or a checkpoint (`dlrm-run --checkpoint`);
+    /// with --watch, the watched directory's newest checkpoint when not given.
+    #[arg(required_unless_present = "watch")]
+    plan: Option<PathBuf>,
+    /// Watch a checkpoint directory (`dlrm-run --checkpoint DIR`): serve its
+    /// newest complete checkpoint, and load each newer one beside the model
+    /// serving and swap it in (a load that fails keeps the old one serving).
+    #[arg(long, value_name = "DIR")]
+    watch: Option<PathBuf>,
+    /// With --watch: how often to look, in milliseconds.
+    #[arg(long, default_value_t = 1000, requires = "watch",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    watch_interval_ms: u64,
     /// The port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 8000)]
     port: u16,
@@ -56,8 +67,7 @@ struct Cli {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let session = dlrm_runtime::Session::open(&cli.plan)
-        .with_context(|| format!("loading {}", cli.plan.display()))?;
+    let (session, step) = initial(&cli)?;
     let name = cli
         .model_name
         .clone()
@@ -73,8 +83,21 @@ fn main() -> Result<()> {
         },
         deadline: (cli.deadline_ms > 0).then(|| Duration::from_millis(cli.deadline_ms)),
     };
-    let served = Arc::new(Served::new(name.clone(), session, opts)?);
-    let unmerged = served.unmerged().map(str::to_string);
+    let served = Arc::new(Served::new(name.clone(), session, step, opts)?);
+    let unmerged = served.unmerged();
+    if let Some(dir) = &cli.watch {
+        let every = Duration::from_millis(cli.watch_interval_ms);
+        // A new model's warm-up is awaited at most a minute before the swap.
+        let warm_limit = Duration::from_secs(60);
+        watch::spawn(
+            Arc::clone(&served),
+            dir.clone(),
+            step.unwrap_or(0),
+            every,
+            warm_limit,
+        )
+        .context("starting the --watch thread")?;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -95,4 +118,25 @@ fn main() -> Result<()> {
             .await?;
         Ok(())
     })
+}
+
+/// The model served at start and its checkpoint step (`None`: a plan): the
+/// positional plan or checkpoint, else the watched directory's newest checkpoint.
+fn initial(cli: &Cli) -> Result<(dlrm_runtime::Session, Option<u64>)> {
+    let path = match (&cli.plan, &cli.watch) {
+        (Some(p), _) => p.clone(),
+        (None, Some(dir)) => {
+            watch::newest(dir).with_context(|| format!("--watch {}", dir.display()))?
+        }
+        (None, None) => anyhow::bail!("give a plan or checkpoint, or --watch DIR"),
+    };
+    if dlrm_runtime::checkpoint::is_checkpoint(&path) {
+        let (session, step) =
+            watch::load(&path).with_context(|| format!("loading {}", path.display()))?;
+        Ok((session, Some(step)))
+    } else {
+        let session = dlrm_runtime::Session::open(&path)
+            .with_context(|| format!("loading {}", path.display()))?;
+        Ok((session, None))
+    }
 }

@@ -118,6 +118,10 @@ struct Histograms {
 pub struct Metrics {
     requests: [AtomicU64; 6],
     queued: AtomicU64,
+    /// The checkpoint step served (0: a plan, or a checkpoint of step 0).
+    version: AtomicU64,
+    /// Model loads of a watched directory: succeeded, failed.
+    loads: [AtomicU64; 2],
     h: Mutex<Histograms>,
 }
 
@@ -126,6 +130,8 @@ impl Default for Metrics {
         Metrics {
             requests: Default::default(),
             queued: AtomicU64::new(0),
+            version: AtomicU64::new(0),
+            loads: Default::default(),
             h: Mutex::new(Histograms {
                 batch_samples: Histogram::new(sizes()),
                 batch_requests: Histogram::new(sizes()),
@@ -171,6 +177,22 @@ impl Metrics {
         self.queued.store(n as u64, Ordering::Relaxed);
     }
 
+    /// A model (checkpoint step `version`) loaded and swapped in.
+    pub fn loaded(&self, version: u64) {
+        self.version.store(version, Ordering::Relaxed);
+        self.loads[0].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Sets the served model's version without counting a load (the first model).
+    pub fn set_version(&self, version: u64) {
+        self.version.store(version, Ordering::Relaxed);
+    }
+
+    /// A model load that failed (the old model goes on serving).
+    pub fn load_failed(&self) {
+        self.loads[1].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The metrics in the Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -189,6 +211,21 @@ impl Metrics {
             "# HELP {name} Requests waiting in the queue.\n# TYPE {name} gauge\n{name} {}",
             self.queued.load(Ordering::Relaxed)
         );
+        let name = "dlrm_serve_model_version";
+        let _ = writeln!(
+            out,
+            "# HELP {name} The checkpoint step of the model served.\n# TYPE {name} gauge\n{name} {}",
+            self.version.load(Ordering::Relaxed)
+        );
+        let name = "dlrm_serve_model_loads_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Models loaded from the watched directory, by outcome.\n# TYPE {name} counter"
+        );
+        for (i, label) in ["success", "failure"].iter().enumerate() {
+            let n = self.loads[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}{{outcome=\"{label}\"}} {n}");
+        }
         self.with(|h| {
             h.batch_samples.write(
                 &mut out,
@@ -231,6 +268,9 @@ mod tests {
         m.batch(1, 1, Duration::from_millis(20));
         m.request(Outcome::Success, Duration::from_micros(70));
         m.request(Outcome::of_status(503), Duration::from_micros(1));
+        m.loaded(30);
+        m.load_failed();
+        m.load_failed();
         let text = m.render();
         for want in [
             "dlrm_serve_requests_total{outcome=\"success\"} 1",
@@ -243,6 +283,9 @@ mod tests {
             "dlrm_serve_compute_seconds_bucket{le=\"0.0025\"} 1",
             "dlrm_serve_compute_seconds_count 2",
             "# TYPE dlrm_serve_request_seconds histogram",
+            "dlrm_serve_model_version 30",
+            "dlrm_serve_model_loads_total{outcome=\"success\"} 1",
+            "dlrm_serve_model_loads_total{outcome=\"failure\"} 2",
         ] {
             assert!(text.contains(want), "{want} not in\n{text}");
         }

@@ -65,6 +65,8 @@ pub struct RequestedOutput {
 pub struct InferResponse {
     /// The model's name.
     pub model_name: String,
+    /// The version of the model that answered (a checkpoint's step; "1" for a plan).
+    pub model_version: String,
     /// The request's id, if it had one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,

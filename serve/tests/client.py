@@ -19,6 +19,7 @@ Checks, failing with a message naming what differs:
 
 import argparse
 import sys
+import time
 import urllib.request
 
 import numpy as np
@@ -77,8 +78,15 @@ def main():
     p.add_argument("--case", required=True)
     args = p.parse_args()
     client = httpclient.InferenceServerClient(args.url, concurrency=8)
-    if not (client.is_server_live() and client.is_server_ready()):
-        fail("server not live and ready")
+    if not client.is_server_live():
+        fail("server not live")
+    # Ready once the warm-up has compiled the padded batch sizes.
+    waited = 0.0
+    while not client.is_server_ready():
+        if waited > 60:
+            fail("server not ready after 60 s")
+        time.sleep(0.05)
+        waited += 0.05
     if not client.is_model_ready(args.model):
         fail("model not ready")
     meta = client.get_model_metadata(args.model)

@@ -15,10 +15,27 @@ use serde_json::{Value, json};
 #[test]
 fn a_client_drives_health_metadata_and_inference() {
     let dir = tempfile::tempdir().unwrap();
-    let s = start(&plan(dir.path()), &[]);
+    let path = plan(dir.path());
+    let s = start(&path, &[]);
     assert_eq!(http(&s, "GET", "/v2/health/live", b"").0, 200);
-    assert_eq!(http(&s, "GET", "/v2/health/ready", b"").0, 200);
+    // Ready (200) once warmed up; 503 naming the warm-up before.
+    let t = std::time::Instant::now();
+    loop {
+        let (status, out) = http(&s, "GET", "/v2/health/ready", b"");
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503, "{out}");
+        assert!(
+            out["error"].as_str().unwrap().contains("warming up"),
+            "{out}"
+        );
+        assert!(t.elapsed().as_secs() < 60, "not ready after 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     assert_eq!(http(&s, "GET", "/v2/models/dlrm/ready", b"").0, 200);
+    let cold = start(&path, &["--no-warm-up"]);
+    assert_eq!(http(&cold, "GET", "/v2/health/ready", b"").0, 200);
     assert_eq!(http(&s, "GET", "/v2", b"").1["name"], "dlrm-serve");
     let (status, meta) = http(&s, "GET", "/v2/models/dlrm", b"");
     assert_eq!(status, 200);

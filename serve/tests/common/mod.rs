@@ -11,6 +11,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 
 pub fn case() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -21,6 +22,26 @@ pub fn case() -> PathBuf {
 pub struct Server {
     child: Child,
     pub addr: String,
+    /// Its stderr so far (read on a thread, so that the server's writes never
+    /// meet a closed pipe).
+    pub log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// True while the process runs.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Its stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
 }
 
 impl Drop for Server {
@@ -31,24 +52,40 @@ impl Drop for Server {
 }
 
 pub fn start(plan: &Path, extra: &[&str]) -> Server {
+    let mut args = vec![plan.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    start_args(&args)
+}
+
+/// The server started with `args` (and `--port 0 --model-name dlrm`).
+pub fn start_args(args: &[&str]) -> Server {
     let mut child = Command::new(env!("CARGO_BIN_EXE_dlrm-serve"))
-        .arg(plan)
+        .args(args)
         .args(["--port", "0", "--model-name", "dlrm"])
-        .args(extra)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    err.read_line(&mut line).unwrap();
+    let log = Arc::new(Mutex::new(line.clone()));
+    let sink = Arc::clone(&log);
+    std::thread::spawn(move || {
+        let mut l = String::new();
+        while matches!(err.read_line(&mut l), Ok(n) if n > 0) {
+            if let Ok(mut s) = sink.lock() {
+                s.push_str(&l);
+            }
+            l.clear();
+        }
+    });
     let addr = line
         .split("http://")
         .nth(1)
         .and_then(|r| r.split('/').next())
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_string();
-    Server { child, addr }
+    Server { child, addr, log }
 }
 
 /// One request with extra header lines; the status, the header block and the body.
@@ -60,6 +97,9 @@ pub fn raw(
     body: &[u8],
 ) -> (u16, String, Vec<u8>) {
     let mut c = TcpStream::connect(&s.addr).unwrap();
+    // A server that stops answering fails the test instead of hanging it.
+    c.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n",
         s.addr,
