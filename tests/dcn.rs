@@ -181,3 +181,60 @@ fn an_adagrad_plan_serves_inputs_and_matches_its_export() {
         "export differs by {d} rel: {prob:?} vs {again:?}"
     );
 }
+
+/// `examples/dlrm-dcnv2-tiny.json` with `"bags": "offsets"` (ids and offsets per
+/// table, no `pooling`): bags of any size, synthetic (1 to 5 ids) at 1 and 3
+/// ranks and from a multi-hot `.ds` of 1 to 6 ids at 1 and 2 ranks; an explicit
+/// `pooling` with offsets is refused naming the field.
+#[test]
+fn dcnv2_with_offsets_bags_trains_on_variable_bags() {
+    let dir = tempdir();
+    let text = std::fs::read_to_string(example("dlrm-dcnv2-tiny.json")).expect("example");
+    let mut v: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let with_pooling = v.clone();
+    v["bags"] = "offsets".into();
+    v.as_object_mut().expect("object").remove("pooling");
+    let model = dir.path().join("dcn-off.json");
+    std::fs::write(&model, v.to_string()).expect("write");
+    let plan = dir.path().join("dcn-off.plan");
+    compile(&model, &plan, &[]);
+    let inspect = String::from_utf8(ok(DLRMC, &["inspect", s(&plan)]).stdout).expect("utf-8");
+    assert!(inspect.contains("offsets of %emb.0"), "{inspect}");
+    let losses = agree(
+        &plan,
+        3,
+        &["--iters", "60", "--log-every", "10", "--pooling", "1-5"],
+    );
+    assert!(losses.iter().all(|l| l.is_finite()));
+    let ds = dir.path().join("mh.ds");
+    let generate = [
+        "data", "generate", "--rows", "600", "--dense", "4", "--tables", "50,30,20",
+    ];
+    ok(
+        DLRMC,
+        &[&generate[..], &["--pooling", "1-6", "-o", s(&ds), "-q"]].concat(),
+    );
+    agree(
+        &plan,
+        2,
+        &[
+            "--data",
+            s(&ds),
+            "--iters",
+            "6",
+            "--log-every",
+            "1",
+            "--batch-size",
+            "48",
+        ],
+    );
+    let mut bad = with_pooling;
+    bad["bags"] = "offsets".into();
+    let bad_model = dir.path().join("bad.json");
+    std::fs::write(&bad_model, bad.to_string()).expect("write");
+    let err = common::fails(
+        DLRMC,
+        &["compile", s(&bad_model), "-o", s(&dir.path().join("x"))],
+    );
+    assert!(err.contains("pooling") && err.contains("offsets"), "{err}");
+}

@@ -1,7 +1,8 @@
 //! From a validated [`ModelSpec`] to a [`Model`]: the forward graph and initial parameters.
 //!
 //! The graph (names fixed by the contract, see the crate docs):
-//! - inputs: `dense` `f32[B, dense_features]`, then `idx.{t}` `i64[B, pooling_t]` per table;
+//! - inputs: `dense` `f32[B, dense_features]`, then `idx.{t}` `i64[B, pooling_t]` per table
+//!   (with `"bags": "offsets"`: `idx.{t}` `i64[nnz_t]` then `off.{t}` `i64[B]`);
 //! - parameters, in this order: `emb.{t}` `f32[rows_t, dim]` per table, then
 //!   `bot.{i}.w` `f32[out, in]` / `bot.{i}.b` `f32[out]` per bottom layer, then
 //!   `top.{i}.w` / `top.{i}.b` per top layer;
@@ -14,11 +15,11 @@
 //! The graph is checked by [`dlrm_ir::verify`] before it is returned.
 
 use crate::error::{Error, Result};
-use crate::spec::{Loss, ModelSpec, Optimizer};
+use crate::spec::{Bags, Loss, ModelSpec, Optimizer};
 use dlrm_ir::init::{self, Init};
 use dlrm_ir::{
     Act, DType, Described, Dim, Graph, InteractionKind, IrError, Op, ParamValue, Part, Pool,
-    Tensor, TensorType,
+    Tensor, TensorType, ValueId,
 };
 use std::fmt::Write as _;
 
@@ -147,10 +148,23 @@ impl ModelSpec {
         let f32_ty = |dims: &[usize]| TensorType::f32(dims.iter().map(|&d| Dim::Fixed(d)));
         let mut g = Graph::new(&self.name);
         let dense = g.add_input("dense", TensorType::f32([b(), self.dense_features.into()]))?;
-        let mut idx = Vec::with_capacity(self.num_tables());
+        // Per table: its ids, and with offsets bags their offsets.
+        let mut idx: Vec<(ValueId, Option<ValueId>)> = Vec::with_capacity(self.num_tables());
         for (t, &l) in self.pooling.iter().enumerate() {
-            let ty = TensorType::new(DType::I64, [b(), l.into()]);
-            idx.push(g.add_input(&format!("idx.{t}"), ty)?);
+            let name = format!("idx.{t}");
+            idx.push(match self.bags {
+                Bags::Fixed => (
+                    g.add_input(&name, TensorType::new(DType::I64, [b(), l.into()]))?,
+                    None,
+                ),
+                Bags::Offsets => {
+                    let nnz = Dim::Sym(format!("nnz_{t}"));
+                    let ids = g.add_input(&name, TensorType::new(DType::I64, [nnz]))?;
+                    let off =
+                        g.add_input(&format!("off.{t}"), TensorType::new(DType::I64, [b()]))?;
+                    (ids, Some(off))
+                }
+            });
         }
         let mut params = Vec::new();
         for def in self.param_defs() {
@@ -169,12 +183,13 @@ impl ModelSpec {
             x = g.add(op, &[x, wb[0], wb[1]], &format!("bot.{i}"))?;
         }
         let mut feats = vec![x];
-        for (t, (&table, &ix)) in tables.iter().zip(&idx).enumerate() {
+        for (t, (&table, &(ix, off))) in tables.iter().zip(&idx).enumerate() {
             let op = Op::EmbeddingBag {
                 mode: self.pooling_mode,
                 last_offset: false,
             };
-            feats.push(g.add(op, &[table, ix], &format!("bag.{t}"))?);
+            let operands: Vec<ValueId> = [table, ix].into_iter().chain(off).collect();
+            feats.push(g.add(op, &operands, &format!("bag.{t}"))?);
         }
         let op = Op::Interaction {
             kind: self.interaction,
@@ -298,7 +313,9 @@ impl ModelSpec {
             .sum();
         let total = s.param_count();
         let mlp_elems = total - table_elems;
-        let pooling = if s.pooling.iter().all(|&l| l == s.pooling[0]) {
+        let pooling = if s.bags == Bags::Offsets {
+            "by offsets".to_string()
+        } else if s.pooling.iter().all(|&l| l == s.pooling[0]) {
             s.pooling[0].to_string()
         } else {
             format!("{:?}", s.pooling)

@@ -35,6 +35,8 @@
 //! | `table_rows` | non-empty list of integers > 0 | required | rows of each table (`--arch-embedding-size`) |
 //! | `pooling` | integer > 0, or a list with one per table | `1` | lookups per sample of each table |
 //! | `pooling_mode` | `"sum"` or `"mean"` | `"sum"` | how a bag's rows are combined |
+//! | `bags` | `"fixed"` or `"offsets"` | `"fixed"` | `fixed`: `idx.{t}` `i64[B, pooling_t]`; `offsets`: `idx.{t}` `i64[nnz_t]` with `off.{t}` `i64[B]` (PyTorch's `EmbeddingBag` offsets), bags of any size (then `pooling` is not given) |
+//! | `interaction` (`"dcn"`) | with `dcn_layers` (default 3) and `dcn_low_rank` (required) | | DLRM-DCNv2's cross network over the concatenation, then the top MLP |
 //! | `bottom_mlp` | widths, list or `"13-512-64"` string | required | bottom MLP **including** the input width (`--arch-mlp-bot`); the first must equal `dense_features`; with `dot` the last must equal `embedding_dim` |
 //! | `top_mlp` | widths, list or string | required | top MLP **excluding** the input width, which the interaction gives (`--arch-mlp-top` without its first entry); the last must be 1 |
 //! | `interaction` | `"dot"` or `"cat"` | `"dot"` | feature interaction (`--arch-interaction-op`) |
@@ -80,7 +82,7 @@ mod spec;
 
 pub use build::{DESCRIBE_ABOVE, Model, Training};
 pub use error::{Error, Result};
-pub use spec::{Adagrad, CrossNet, Loss, ModelSpec, Optimizer};
+pub use spec::{Adagrad, Bags, CrossNet, Loss, ModelSpec, Optimizer};
 
 use std::path::Path;
 

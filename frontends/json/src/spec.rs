@@ -96,8 +96,12 @@ pub struct ModelSpec {
     /// Rows of each embedding table, one entry per table.
     pub table_rows: Vec<usize>,
     /// Lookups per sample of each table (one entry per table; a single number in the
-    /// file is repeated for every table).
+    /// file is repeated for every table). With [`Bags::Offsets`] every entry is 1
+    /// and unused: the data gives each bag's size.
     pub pooling: Vec<usize>,
+    /// How each table's bags come in: a fixed number of ids a sample, or ids with
+    /// offsets (bags of any size).
+    pub bags: Bags,
     /// How a bag's rows are combined.
     pub pooling_mode: Pool,
     /// Bottom MLP widths, the input width (`dense_features`) first.
@@ -135,6 +139,18 @@ pub struct CrossNet {
     pub low_rank: usize,
 }
 
+/// How a model takes each table's bags (`"bags"`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Bags {
+    /// `idx.{t}` `i64[B, pooling_t]`: every bag holds `pooling_t` ids.
+    #[default]
+    Fixed,
+    /// `idx.{t}` `i64[nnz_t]` and `off.{t}` `i64[B]` (PyTorch's `EmbeddingBag`
+    /// offsets: bag `s` is `idx[off[s] .. off[s+1]]`, the last to the end): bags
+    /// of any size, as multi-hot data has them.
+    Offsets,
+}
+
 // ------------------------------------------------------------------ raw form
 
 /// The JSON form exactly as written; see the crate docs.
@@ -145,8 +161,9 @@ struct RawSpec {
     dense_features: usize,
     embedding_dim: usize,
     table_rows: Vec<usize>,
+    pooling: Option<RawPooling>,
     #[serde(default)]
-    pooling: RawPooling,
+    bags: RawBags,
     #[serde(default)]
     pooling_mode: RawPoolingMode,
     bottom_mlp: Widths,
@@ -172,6 +189,14 @@ struct RawSpec {
 
 fn default_seed() -> u64 {
     1
+}
+
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum RawBags {
+    #[default]
+    Fixed,
+    Offsets,
 }
 
 #[derive(Deserialize, Default)]
@@ -331,12 +356,28 @@ fn json_error(origin: &str, field: Option<String>, e: serde_json::Error) -> Erro
 
 impl RawSpec {
     fn into_spec(self, origin: &str) -> Result<ModelSpec> {
-        let pooling = match self.pooling {
-            RawPooling::Uniform(0) => return Err(invalid(origin, "pooling", "must be > 0, got 0")),
-            RawPooling::Uniform(l) => vec![l; self.table_rows.len()],
-            RawPooling::PerTable(v) => v,
+        let given = self.pooling.is_some();
+        let pooling = match (self.bags, self.pooling.unwrap_or_default()) {
+            (RawBags::Offsets, _) if given => {
+                return Err(invalid(
+                    origin,
+                    "pooling",
+                    "applies to fixed bags; with \"bags\": \"offsets\" the data gives each \
+                     bag's size (`dlrm-run --pooling` for synthetic data)",
+                ));
+            }
+            (RawBags::Offsets, _) => vec![1; self.table_rows.len()],
+            (_, RawPooling::Uniform(0)) => {
+                return Err(invalid(origin, "pooling", "must be > 0, got 0"));
+            }
+            (_, RawPooling::Uniform(l)) => vec![l; self.table_rows.len()],
+            (_, RawPooling::PerTable(v)) => v,
         };
         Ok(ModelSpec {
+            bags: match self.bags {
+                RawBags::Fixed => Bags::Fixed,
+                RawBags::Offsets => Bags::Offsets,
+            },
             name: self.name,
             dense_features: self.dense_features,
             embedding_dim: self.embedding_dim,
