@@ -21,7 +21,8 @@ fn rand(r: &mut ChaCha8Rng, shape: &[usize]) -> Tensor {
     )
 }
 
-fn check(mnemonic: &str, ins: &[Tensor]) {
+/// The interpreter's results of `mnemonic` on `ins`, and the result types.
+fn interp(mnemonic: &str, ins: &[Tensor]) -> (Vec<Tensor>, Vec<TensorType>) {
     let op = ModOp::op(mnemonic);
     let refs: Vec<&Tensor> = ins.iter().collect();
     let tys: Vec<TensorType> = ins
@@ -35,7 +36,14 @@ fn check(mnemonic: &str, ins: &[Tensor]) {
         syms: &syms,
         comm: &SingleRank,
     };
-    let want = eval_op(&op, &refs, &outs, &ctx).expect("interpreter");
+    (eval_op(&op, &refs, &outs, &ctx).expect("interpreter"), outs)
+}
+
+fn check(mnemonic: &str, ins: &[Tensor]) {
+    let op = ModOp::op(mnemonic);
+    let refs: Vec<&Tensor> = ins.iter().collect();
+    let (want, outs) = interp(mnemonic, ins);
+    let syms = HashMap::new();
     let got = dlrm_codegen::try_eval(&op, &refs, &outs, &syms)
         .expect("a kernel for f32")
         .expect("kernel");
@@ -87,20 +95,7 @@ fn cross_kernels_match_the_interpreter_on_random_shapes() {
 
 /// `cross_save`'s `z` and `w` of a layer, by the interpreter.
 fn save(layer: &[Tensor]) -> Vec<Tensor> {
-    let op = ModOp::op("cross_save");
-    let refs: Vec<&Tensor> = layer.iter().collect();
-    let tys: Vec<TensorType> = layer
-        .iter()
-        .map(|t| TensorType::new(t.dtype(), t.shape.iter().map(|&d| Dim::Fixed(d))))
-        .collect();
-    let ty_refs: Vec<&TensorType> = tys.iter().collect();
-    let outs = infer(&op, &ty_refs, &[]).expect("infer");
-    let syms = HashMap::new();
-    let ctx = EvalCtx {
-        syms: &syms,
-        comm: &SingleRank,
-    };
-    eval_op(&op, &refs, &outs, &ctx).expect("interpreter")[1..].to_vec()
+    interp("cross_save", layer).0[1..].to_vec()
 }
 
 #[test]
@@ -114,13 +109,16 @@ fn a_rank_zero_layer_runs_in_the_interpreter() {
         rand(&mut r, &[4]),
     ];
     let refs: Vec<&Tensor> = layer.iter().collect();
-    let tys: Vec<TensorType> = layer
-        .iter()
-        .map(|t| TensorType::new(t.dtype(), t.shape.iter().map(|&d| Dim::Fixed(d))))
-        .collect();
-    let ty_refs: Vec<&TensorType> = tys.iter().collect();
-    let outs = infer(&ModOp::op("cross"), &ty_refs, &[]).expect("infer");
+    let (want, outs) = interp("cross", &layer);
     assert!(dlrm_codegen::try_eval(&ModOp::op("cross"), &refs, &outs, &HashMap::new()).is_none());
+    // The interpreter's rank-0 layer: w = b, so y = x0 ⊙ b + x.
+    let (x0, x, b) = (
+        layer[0].to_f32_vec(),
+        layer[1].to_f32_vec(),
+        layer[4].to_f32_vec(),
+    );
+    let y: Vec<f32> = (0..12).map(|i| x0[i] * b[i % 4] + x[i]).collect();
+    assert_eq!(want[0].to_f32_vec(), y);
 }
 
 #[test]

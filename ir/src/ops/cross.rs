@@ -28,7 +28,7 @@ use crate::graph::{Graph, ValueId};
 use crate::instance::Checked;
 use crate::interp::common::{floats, store};
 use crate::module::{GradCx, ModOp, OpModule, Work};
-use crate::op::{Attr, BinaryKind, Op, Pool};
+use crate::op::{BinaryKind, Op, Pool};
 use crate::tensor::Tensor;
 use crate::types::{Dim, TensorType};
 
@@ -85,15 +85,35 @@ pub(super) fn arity(op: &str, ins: &[&TensorType], n: usize) -> R<()> {
     }
 }
 
-/// `S·R·D` of a layer, from the types of `x` and `v`.
-pub(super) fn srd(x: &TensorType, v: &TensorType, dim: &dyn Fn(&Dim) -> f64) -> f64 {
-    dim(&x.shape[0]) * dim(&v.shape[0]) * dim(&x.shape[1])
+/// The work of a layer op whose `x` is operand `at` (`v` follows it):
+/// `f_srd·S·R·D + f_sd·S·D` flops, and the bytes of every operand and result.
+pub(super) fn layer_work(
+    ins: &[&TensorType],
+    outs: &[&TensorType],
+    dim: &dyn Fn(&Dim) -> f64,
+    at: usize,
+    (f_srd, f_sd): (f64, f64),
+) -> Work {
+    let (x, v) = (ins[at], ins[at + 1]);
+    let sd = dim(&x.shape[0]) * dim(&x.shape[1]);
+    let srd = sd * dim(&v.shape[0]);
+    let bytes = ins
+        .iter()
+        .chain(outs)
+        .map(|t| t.shape.iter().map(dim).product::<f64>() * t.dtype.size_bytes() as f64)
+        .sum();
+    Work {
+        flops: f_srd * srd + f_sd * sd,
+        bytes,
+    }
 }
 
-pub(super) fn bytes(tys: &[&TensorType], dim: &dyn Fn(&Dim) -> f64) -> f64 {
-    tys.iter()
-        .map(|t| t.shape.iter().map(dim).product::<f64>() * t.dtype.size_bytes() as f64)
-        .sum()
+/// The gradient rule of a gradient op: none.
+pub(super) fn no_gradient(op: &str) -> Result<()> {
+    Err(IrError::Graph {
+        graph: String::new(),
+        reason: format!("autodiff: `{op}` has no gradient (second derivatives are not supported)"),
+    })
 }
 
 /// `a[m×k] · b[n×k]ᵀ` (row-major, one accumulator per element, increasing `k`).
@@ -203,13 +223,7 @@ impl OpModule for Cross {
         "cross"
     }
 
-    fn attr_keys(&self) -> &'static [&'static str] {
-        &[]
-    }
-
-    fn check_attrs(&self, _: &[(&'static str, Attr)]) -> R<()> {
-        Ok(())
-    }
+    no_attributes!();
 
     fn infer(&self, _: &ModOp, ins: &[&TensorType]) -> R<Vec<TensorType>> {
         arity("cross", ins, 5)?;
@@ -238,12 +252,7 @@ impl OpModule for Cross {
         outs: &[&TensorType],
         dim: &dyn Fn(&Dim) -> f64,
     ) -> Work {
-        let sd = dim(&ins[1].shape[0]) * dim(&ins[1].shape[1]);
-        let all: Vec<&TensorType> = ins.iter().chain(outs).copied().collect();
-        Work {
-            flops: 4.0 * srd(ins[1], ins[2], dim) + 3.0 * sd,
-            bytes: bytes(&all, dim),
-        }
+        layer_work(ins, outs, dim, 1, (4.0, 3.0))
     }
 
     fn backward(&self, _: &ModOp, cx: &mut dyn GradCx) -> Result<()> {
@@ -320,13 +329,7 @@ impl OpModule for CrossGrad {
         "cross_grad"
     }
 
-    fn attr_keys(&self) -> &'static [&'static str] {
-        &[]
-    }
-
-    fn check_attrs(&self, _: &[(&'static str, Attr)]) -> R<()> {
-        Ok(())
-    }
+    no_attributes!();
 
     fn infer(&self, _: &ModOp, ins: &[&TensorType]) -> R<Vec<TensorType>> {
         arity("cross_grad", ins, 6)?;
@@ -361,21 +364,12 @@ impl OpModule for CrossGrad {
         outs: &[&TensorType],
         dim: &dyn Fn(&Dim) -> f64,
     ) -> Work {
-        let sd = dim(&ins[0].shape[0]) * dim(&ins[0].shape[1]);
-        let all: Vec<&TensorType> = ins.iter().chain(outs).copied().collect();
         // The recomputed forward (4·SRD), du, t, dv and t·v (2·SRD each).
-        Work {
-            flops: 12.0 * srd(ins[2], ins[3], dim) + 6.0 * sd,
-            bytes: bytes(&all, dim),
-        }
+        layer_work(ins, outs, dim, 2, (12.0, 6.0))
     }
 
     fn backward(&self, _: &ModOp, _: &mut dyn GradCx) -> Result<()> {
-        Err(IrError::Graph {
-            graph: String::new(),
-            reason: "autodiff: `cross_grad` has no gradient (second derivatives are not supported)"
-                .into(),
-        })
+        no_gradient("cross_grad")
     }
 
     fn decompose(

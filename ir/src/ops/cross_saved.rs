@@ -14,15 +14,15 @@
 //! `cross_grad` of a training graph into this pair.
 
 use super::cross::{
-    arity, arity_error, bytes, check_layer, decomposed_forward, decomposed_grads, dims, forward,
-    grads, mul, srd,
+    arity, arity_error, check_layer, decomposed_forward, decomposed_grads, dims, forward, grads,
+    layer_work, mul, no_gradient,
 };
-use crate::error::{IrError, Result};
+use crate::error::Result;
 use crate::graph::{Graph, ValueId};
 use crate::instance::Checked;
 use crate::interp::common::{floats, store};
 use crate::module::{GradCx, ModOp, OpModule, Work};
-use crate::op::{Attr, Op};
+use crate::op::Op;
 use crate::tensor::Tensor;
 use crate::types::{Dim, TensorType};
 
@@ -39,13 +39,7 @@ impl OpModule for CrossSave {
         "cross_save"
     }
 
-    fn attr_keys(&self) -> &'static [&'static str] {
-        &[]
-    }
-
-    fn check_attrs(&self, _: &[(&'static str, Attr)]) -> R<()> {
-        Ok(())
-    }
+    no_attributes!();
 
     fn infer(&self, _: &ModOp, ins: &[&TensorType]) -> R<Vec<TensorType>> {
         arity("cross_save", ins, 5)?;
@@ -77,12 +71,7 @@ impl OpModule for CrossSave {
         outs: &[&TensorType],
         dim: &dyn Fn(&Dim) -> f64,
     ) -> Work {
-        let sd = dim(&ins[1].shape[0]) * dim(&ins[1].shape[1]);
-        let all: Vec<&TensorType> = ins.iter().chain(outs).copied().collect();
-        Work {
-            flops: 4.0 * srd(ins[1], ins[2], dim) + 3.0 * sd,
-            bytes: bytes(&all, dim),
-        }
+        layer_work(ins, outs, dim, 1, (4.0, 3.0))
     }
 
     fn backward(&self, _: &ModOp, cx: &mut dyn GradCx) -> Result<()> {
@@ -122,13 +111,7 @@ impl OpModule for CrossGradSaved {
         "cross_grad_saved"
     }
 
-    fn attr_keys(&self) -> &'static [&'static str] {
-        &[]
-    }
-
-    fn check_attrs(&self, _: &[(&'static str, Attr)]) -> R<()> {
-        Ok(())
-    }
+    no_attributes!();
 
     fn infer(&self, _: &ModOp, ins: &[&TensorType]) -> R<Vec<TensorType>> {
         arity("cross_grad_saved", ins, 7)?;
@@ -166,20 +149,12 @@ impl OpModule for CrossGradSaved {
         outs: &[&TensorType],
         dim: &dyn Fn(&Dim) -> f64,
     ) -> Work {
-        let sd = dim(&ins[0].shape[0]) * dim(&ins[0].shape[1]);
-        let all: Vec<&TensorType> = ins.iter().chain(outs).copied().collect();
         // du, t, dv and t·v (2·SRD each).
-        Work {
-            flops: 8.0 * srd(ins[2], ins[3], dim) + 4.0 * sd,
-            bytes: bytes(&all, dim),
-        }
+        layer_work(ins, outs, dim, 2, (8.0, 4.0))
     }
 
     fn backward(&self, _: &ModOp, _: &mut dyn GradCx) -> Result<()> {
-        Err(IrError::Graph {
-            graph: String::new(),
-            reason: "autodiff: `cross_grad_saved` has no gradient (second derivatives are not supported)".into(),
-        })
+        no_gradient("cross_grad_saved")
     }
 
     fn decompose(

@@ -1,5 +1,21 @@
 //! The ops written as one module each ([`crate::module`]), and their list.
 
+/// `attr_keys` and `check_attrs` of an op module without attributes.
+macro_rules! no_attributes {
+    () => {
+        fn attr_keys(&self) -> &'static [&'static str] {
+            &[]
+        }
+
+        fn check_attrs(
+            &self,
+            _: &[(&'static str, crate::op::Attr)],
+        ) -> std::result::Result<(), String> {
+            Ok(())
+        }
+    };
+}
+
 pub mod cross;
 pub mod cross_saved;
 
