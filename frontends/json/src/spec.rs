@@ -128,6 +128,10 @@ pub struct ModelSpec {
     pub seed: u64,
 }
 
+/// The most cross layers a description may ask for (MLPerf's model has 3; each
+/// layer is nodes and parameters of the graph built before any size check).
+pub const MAX_DCN_LAYERS: usize = 1024;
+
 /// DCN-v2's low-rank cross network (TorchRec's `LowRankCrossNet`): `layers` layers
 /// `x_{l+1} = x0 ⊙ (U_l V_l x_l + b_l) + x_l` of rank `low_rank` over the
 /// concatenation `x0` of the bottom MLP's output and the pooled embeddings.
@@ -585,6 +589,12 @@ impl ModelSpec {
         if let Some(c) = self.cross {
             positive("dcn_layers".into(), c.layers)?;
             positive("dcn_low_rank".into(), c.low_rank)?;
+            if c.layers > MAX_DCN_LAYERS {
+                return bad(
+                    "dcn_layers".into(),
+                    format!("{} cross layers is more than {MAX_DCN_LAYERS}", c.layers),
+                );
+            }
         }
         if self.top_mlp.is_empty() {
             return bad(

@@ -339,3 +339,16 @@ fn building_an_unvalidated_spec_validates_it() {
     assert!(spec.init_params().is_err());
     assert!(spec.build().is_err());
 }
+
+/// A cross network of more layers than `MAX_DCN_LAYERS` is refused before any
+/// graph is built (100 million layers once ran the compiler out of memory).
+#[test]
+fn too_many_cross_layers_are_refused_naming_the_field() {
+    let src = r#"{"name": "m", "dense_features": 4, "embedding_dim": 8, "table_rows": [5],
+        "bottom_mlp": [4, 8], "top_mlp": [1], "interaction": "dcn",
+        "dcn_layers": 100000000, "dcn_low_rank": 2, "batch_size": 4, "learning_rate": 0.1}"#;
+    let err = dlrm_json::ModelSpec::parse(src, "<inline>")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dcn_layers") && err.contains("1024"), "{err}");
+}

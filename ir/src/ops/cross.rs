@@ -116,44 +116,19 @@ pub(super) fn no_gradient(op: &str) -> Result<()> {
     })
 }
 
-/// `a[m×k] · b[n×k]ᵀ` (row-major, one accumulator per element, increasing `k`).
-pub(super) fn mm_nt(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    let mut c = vec![0.0f32; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            let mut acc = 0.0f32;
-            for p in 0..k {
-                acc += a[i * k + p] * b[j * k + p];
-            }
-            c[i * n + j] = acc;
-        }
-    }
-    c
-}
+/// A matrix view: element `(i, j)` at `i·rs + j·cs` of the slice (a row-major
+/// matrix `(cols, 1)`, its transpose `(1, cols)`).
+type View<'a> = (&'a [f32], usize, usize);
 
-/// `a[k×m]ᵀ · b[k×n]` (row-major, one accumulator per element, increasing `k`).
-pub(super) fn mm_tn(a: &[f32], b: &[f32], k: usize, m: usize, n: usize) -> Vec<f32> {
+/// The row-major `[m, n]` product `a[m×k] · b[k×n]` of two views: one f32
+/// accumulator per element, summed in increasing `k`.
+fn mm((a, ars, acs): View<'_>, (b, brs, bcs): View<'_>, m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut c = vec![0.0f32; m * n];
     for i in 0..m {
         for j in 0..n {
             let mut acc = 0.0f32;
             for p in 0..k {
-                acc += a[p * m + i] * b[p * n + j];
-            }
-            c[i * n + j] = acc;
-        }
-    }
-    c
-}
-
-/// `a[m×k] · b[k×n]` (row-major, one accumulator per element, increasing `k`).
-pub(super) fn mm_nn(a: &[f32], b: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
-    let mut c = vec![0.0f32; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            let mut acc = 0.0f32;
-            for p in 0..k {
-                acc += a[i * k + p] * b[p * n + j];
+                acc += a[i * ars + p * acs] * b[p * brs + j * bcs];
             }
             c[i * n + j] = acc;
         }
@@ -171,8 +146,9 @@ pub(super) fn forward(
     d: usize,
     r: usize,
 ) -> (Vec<f32>, Vec<f32>) {
-    let z = mm_nt(x, v, s, d, r);
-    let mut w = mm_nt(&z, u, s, r, d);
+    // z = x·vᵀ, w = z·uᵀ (+ b below).
+    let z = mm((x, d, 1), (v, 1, d), s, d, r);
+    let mut w = mm((&z, r, 1), (u, 1, r), s, r, d);
     for row in w.chunks_mut(d.max(1)) {
         for (e, &bias) in row.iter_mut().zip(b) {
             *e += bias;
@@ -197,10 +173,10 @@ pub(super) fn grads(
             *acc += g[i * d + j];
         }
     }
-    let du = mm_tn(&g, z, s, d, r);
-    let t = mm_nn(&g, u, s, d, r);
-    let dv = mm_tn(&t, x, s, r, d);
-    let tv = mm_nn(&t, v, s, r, d);
+    let du = mm((&g, 1, d), (z, r, 1), d, s, r); // gᵀ·z
+    let t = mm((&g, d, 1), (u, r, 1), s, d, r); // g·u
+    let dv = mm((&t, 1, r), (x, d, 1), r, s, d); // tᵀ·x
+    let tv = mm((&t, r, 1), (v, d, 1), s, r, d); // t·v
     let dx: Vec<f32> = (0..s * d).map(|i| dy[i] + tv[i]).collect();
     let out = |k: usize, shape: Vec<usize>, vals: Vec<f32>| store(c.out(k).dtype, shape, vals);
     Ok(vec![
