@@ -348,7 +348,7 @@ fn too_many_cross_layers_are_refused_naming_the_field() {
         "bottom_mlp": [4, 8], "top_mlp": [1], "interaction": "dcn",
         "dcn_layers": 100000000, "dcn_low_rank": 2, "batch_size": 4, "learning_rate": 0.1}"#;
     let err = dlrm_json::ModelSpec::parse(src, "<inline>")
-        .unwrap_err()
+        .expect_err("refused")
         .to_string();
     assert!(err.contains("dcn_layers") && err.contains("1024"), "{err}");
 }
