@@ -1,9 +1,10 @@
 //! DLRM-DCNv2 end to end: `examples/dlrm-dcnv2-tiny.json` (`"interaction": "dcn"`,
 //! per-table pooling) compiles to a plan with `cross` layers, trains on synthetic
 //! multi-hot bags and on a generated multi-hot `.ds` dataset at 1 and 3 thread ranks
-//! alike, with a falling loss; its ONNX export compiles back to the same `cross`
-//! layers (the import rule `cross-layer`) and trains; `--dump-ir` shows them
-//! (`cross_save` / `cross_grad_saved` in the training graph: `save-activations`).
+//! alike, with a falling loss; its ONNX export compiles back to the same cross
+//! layers (the import rule `cross-layer`) and trains; `--dump-ir fuse` shows them
+//! as blocked GEMMs (`contract-cross`), and at `-O0` as `cross_save` /
+//! `cross_grad_saved` in the training graph (`save-activations`).
 //!
 //! Stated tolerance: every logged loss at N ranks within 1e-5 relative of one
 //! rank's (that of `tests/e2e.rs`), the AUC within 1e-4.
@@ -36,7 +37,7 @@ fn dcnv2_trains_on_synthetic_bags_at_1_and_3_ranks_with_a_falling_loss() {
     let plan = dir.path().join("dcn.plan");
     compile(&example("dlrm-dcnv2-tiny.json"), &plan, &[]);
     let inspect = String::from_utf8(ok(DLRMC, &["inspect", s(&plan)]).stdout).expect("utf-8");
-    assert!(inspect.contains("cross_grad"), "{inspect}");
+    assert!(inspect.contains("cross_mix_grad"), "{inspect}");
     let args = ["--iters", "120", "--log-every", "10", "--pooling", "3,1,2"];
     let losses = agree(&plan, 3, &args);
     let (head, tail) = (mean(&losses[..3]), mean(&losses[losses.len() - 3..]));
@@ -90,13 +91,44 @@ fn the_fuse_dump_shows_cross_layers_and_an_export_compiles_back_to_them() {
         ],
     );
     let dump = String::from_utf8(out.stdout).expect("utf-8");
-    assert!(
-        dump.contains("= cross "),
-        "no cross in the fuse dump: {dump}"
-    );
-    // The training graph keeps each layer's z and w for its gradient.
-    for op in ["= cross_save ", "= cross_grad_saved "] {
+    // Each layer's two products are blocked GEMMs (the first without a bias),
+    // its gradient brgemm_dgrad / brgemm_wgrad reusing the forward's z and w.
+    for l in 0..2 {
+        for want in [
+            format!("%cross.{l}.z: f32[1,B,4] = brgemm %"),
+            format!(
+                "%cross.{l}.w: f32[1,B,32] = brgemm %cross.{l}.z, %cross.{l}.u.blk, %cross.{l}.b"
+            ),
+            format!("= brgemm_wgrad %d.cross.{l}.g, %cross.{l}.z {{act=none, n=32}}"),
+        ] {
+            assert!(dump.contains(&want), "no `{want}` in the fuse dump: {dump}");
+        }
+    }
+    for op in ["= cross_mix ", "= cross_mix_grad ", "= brgemm_dgrad "] {
         assert!(dump.contains(op), "no `{op}` in the fuse dump: {dump}");
+    }
+    for op in ["= cross ", "= cross_grad ", "= cross_save "] {
+        assert!(!dump.contains(op), "`{op}` left in the fuse dump: {dump}");
+    }
+    // Without optimisation the training graph keeps each layer's z and w for
+    // its gradient instead.
+    let plain = dir.path().join("o0.plan");
+    let out = ok(
+        DLRMC,
+        &[
+            "compile",
+            s(&model),
+            "-o",
+            s(&plain),
+            "-q",
+            "-O0",
+            "--dump-ir",
+            "dce",
+        ],
+    );
+    let dump = String::from_utf8(out.stdout).expect("utf-8");
+    for op in ["= cross ", "= cross_save ", "= cross_grad_saved "] {
+        assert!(dump.contains(op), "no `{op}` in the -O0 dump: {dump}");
     }
     let onnx = dir.path().join("dcn.onnx");
     ok(DLRMC, &["export", s(&plan), "-o", s(&onnx)]);
@@ -104,7 +136,7 @@ fn the_fuse_dump_shows_cross_layers_and_an_export_compiles_back_to_them() {
     compile(&onnx, &back, &[]);
     let inspect = String::from_utf8(ok(DLRMC, &["inspect", s(&back)]).stdout).expect("utf-8");
     assert!(
-        inspect.contains("cross_grad"),
+        inspect.contains("cross_mix_grad"),
         "the import did not find the cross layers: {inspect}"
     );
     ok(DLRM_RUN, &[s(&back), "--ranks", "2", "--iters", "5", "-q"]);

@@ -84,6 +84,11 @@ fn problem(
             op: Op::BrgemmWgrad { act, n },
             ins: grad_ins(x),
         },
+        5 => Problem {
+            // Without a bias: a cross layer's first product.
+            op: Op::Brgemm { act },
+            ins: vec![x, w],
+        },
         3 => Problem {
             op: Op::BlockAct { bk, dtype: dt },
             ins: vec![tensor(vec![s, k], vals(seed, s * k), DType::F32)],
@@ -144,7 +149,7 @@ proptest! {
     /// The reference kernels give the interpreter's results bit for bit.
     #[test]
     fn reference_kernels_match_the_interpreter(
-        which in 0usize..5,
+        which in 0usize..6,
         act in acts(),
         mask in acts(),
         s in 1usize..20,
@@ -348,7 +353,7 @@ proptest! {
     /// every dgrad mask.
     #[test]
     fn jit_kernels_match_the_reference(
-        which in 0usize..3,
+        which in prop_oneof![0usize..3, Just(5usize)],
         act in acts(),
         mask in acts(),
         s in 1usize..40,

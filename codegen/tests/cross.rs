@@ -1,4 +1,5 @@
-//! The reference kernels of `cross` and `cross_grad` (`kernels/cross.rs`) against
+//! The reference kernels of `cross`, `cross_grad`, their saved forms and
+//! `cross_mix` / `cross_mix_grad` (`kernels/cross.rs`) against
 //! the interpreter on random shapes: batch sizes around the row-block size, widths
 //! and ranks from 1, including ones that are not multiples of a SIMD width.
 //!
@@ -90,6 +91,11 @@ fn cross_kernels_match_the_interpreter_on_random_shapes() {
         let mut given = grad[..5].to_vec();
         given.extend(saved);
         check("cross_grad_saved", &given);
+        // The elementwise step of a contracted layer, on blocked shapes.
+        let blocked = [d.div_ceil(8), s, 8];
+        let mix: Vec<Tensor> = (0..3).map(|_| rand(&mut r, &blocked)).collect();
+        check("cross_mix", &mix);
+        check("cross_mix_grad", &mix);
     }
 }
 

@@ -311,7 +311,10 @@ pub enum Op {
     /// `linear`: `y[s][n] = act(Σ_k x[s][k]·w[n][k] + b[n])` for `n < N`, 0 in the
     /// padding. The sum runs over `k` ascending in one f32 accumulator (padding
     /// included, whose terms are 0), then the bias is added: exactly `linear`'s
-    /// arithmetic. The result dtype is bf16 only if `x` and `w` are both bf16.
+    /// arithmetic. Without `b` (`brgemm(xb, wb)`: the bias-free product of a
+    /// cross layer) nothing is added and every column is computed (the weight's
+    /// zero padding rows give 0). The result dtype is bf16 only if `x` and `w`
+    /// are both bf16.
     Brgemm {
         /// Fused activation (the epilogue).
         act: Act,

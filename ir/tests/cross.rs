@@ -1,6 +1,7 @@
 //! The `cross` module op (DCN-v2's low-rank cross layer) and its gradient: hand
 //! values, central finite differences, its decomposition into primitive ops, the
-//! text form and the shape rule's errors.
+//! text form and the shape rule's errors; the elementwise step `cross_mix` and its
+//! gradient (`contract-cross`'s epilogue) against `cross`.
 
 use dlrm_ir::interp::{EvalCtx, eval_op, run};
 use dlrm_ir::module::{ModOp, decompose_modules};
@@ -225,4 +226,46 @@ fn unknown_attributes_of_a_module_op_are_errors() {
     let e = Op::from_parts("cross", &[("rank".to_string(), dlrm_ir::Attr::Int(2))])
         .expect_err("an error");
     assert!(e.contains("no attribute `rank`"), "{e}");
+}
+
+/// `cross_mix(x0, w, x)` and `cross_mix_grad(dy, x0, w)` by hand, on blocked
+/// (rank-3) operands, and bit for bit as `cross` computes its last step: `cross`
+/// of a layer whose `w` is given equals `cross_mix` of that `w`.
+#[test]
+fn cross_mix_by_hand_and_as_cross_computes_it() {
+    let t = |v: Vec<f32>| Tensor::f32(vec![1, 1, 2], v);
+    let (x0, w, x) = (t(vec![2.0, -1.0]), t(vec![0.5, -2.0]), t(vec![1.0, 3.0]));
+    let y = eval(&ModOp::op("cross_mix"), &[&x0, &w, &x]);
+    assert_eq!(y[0].as_f32().expect("f32"), &[2.0, 5.0]);
+    assert_eq!(y[0].shape, vec![1, 1, 2]);
+    let dy = t(vec![3.0, 0.25]);
+    let g = eval(&ModOp::op("cross_mix_grad"), &[&dy, &x0, &w]);
+    assert_eq!(g[0].as_f32().expect("f32"), &[6.0, -0.25], "dy ⊙ x0");
+    assert_eq!(g[1].as_f32().expect("f32"), &[1.5, -0.5], "dy ⊙ w");
+    // A rank-0 layer has w = b: cross equals cross_mix of b (broadcast by hand).
+    let (s, d) = (5, 7);
+    let l = layer(9, s, d, 0);
+    let y = eval(&ModOp::op("cross"), &l.iter().collect::<Vec<_>>());
+    let b = l[4].as_f32().expect("f32");
+    let w = Tensor::f32(vec![s, d], (0..s * d).map(|i| b[i % d]).collect());
+    let mixed = eval(&ModOp::op("cross_mix"), &[&l[0], &w, &l[1]]);
+    assert_eq!(y[0], mixed[0]);
+    let dy = randn(&mut ChaCha8Rng::seed_from_u64(4), &[s, d]);
+    let grads = eval(
+        &ModOp::op("cross_grad"),
+        &[&dy, &l[0], &l[1], &l[2], &l[3], &l[4]],
+    );
+    let mg = eval(&ModOp::op("cross_mix_grad"), &[&dy, &l[0], &w]);
+    assert_eq!(grads[0], mg[1], "dx0 = dy ⊙ w");
+}
+
+#[test]
+fn cross_mix_shape_errors_name_the_operand() {
+    let a = TensorType::f32([Dim::Fixed(2), Dim::Fixed(3)]);
+    let b = TensorType::f32([Dim::Fixed(2), Dim::Fixed(4)]);
+    let err = infer(&ModOp::op("cross_mix"), &[&a, &b, &a], &[]).expect_err("shapes differ");
+    assert!(err.to_string().contains("w f32[2,4]"), "{err}");
+    let i = TensorType::new(dlrm_ir::DType::I64, [Dim::Fixed(2), Dim::Fixed(3)]);
+    let err = infer(&ModOp::op("cross_mix_grad"), &[&a, &i, &a], &[]).expect_err("int");
+    assert!(err.to_string().contains("x0 must be f32 or bf16"), "{err}");
 }

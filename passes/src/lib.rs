@@ -62,6 +62,7 @@ pub mod autodiff;
 pub mod bucket;
 pub mod canonical_bags;
 mod copy;
+pub mod cross;
 pub mod dce;
 pub mod described;
 pub mod egraph;

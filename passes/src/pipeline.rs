@@ -3,10 +3,11 @@
 //! `PIPELINE` is the one table of the passes: each pass's id, when it runs and
 //! how it is made; [`PASSES`] lists the ids in that fixed order: `canon` (the DLRM ops of an
 //! imported model's generic ops, when [`PipelineOptions::canon`] is set),
-//! `autodiff` (training only), `save-activations` (training only: forward
-//! intermediates kept for module ops' gradients), `fuse` (the e-graph), `fuse-dgrad-mask` (the
+//! `autodiff` (training only), `contract-cross` (DCN-v2's cross layers as blocked
+//! GEMMs), `save-activations` (training only: forward intermediates kept for
+//! module ops' gradients, where `contract-cross` did not run), `fuse` (the e-graph), `fuse-dgrad-mask` (the
 //! rewrite extraction cannot choose), `layout` (blocked weights), `precision`
-//! (bf16 / mixed only), `dce`; `fuse`, `fuse-dgrad-mask`, `layout` and `precision`
+//! (bf16 / mixed only), `dce`; `contract-cross`, `fuse`, `fuse-dgrad-mask`, `layout` and `precision`
 //! run only when [`PipelineOptions::optimize`] is set. Passes that change
 //! parameters (layout, dtype, Split-SGD low halves) transform the parameter tensors
 //! given to [`compile_params`]; [`compile`] transforms only the graph.
@@ -31,6 +32,7 @@
 
 use crate::autodiff::{self, Autodiff};
 use crate::bucket::{self, Bucket};
+use crate::cross::{self, ContractCross};
 use crate::dce::{self, Dce};
 use crate::egraph::canon::{self, Canon};
 use crate::egraph::{self, EgraphStats, Fuse, FuseOptions, Limits};
@@ -84,7 +86,7 @@ struct Stage {
 }
 
 /// The pipeline, in order: the one place a pass is listed.
-const PIPELINE: [Stage; 8] = [
+const PIPELINE: [Stage; 9] = [
     Stage {
         id: canon::ID,
         when: When::Canon,
@@ -97,6 +99,11 @@ const PIPELINE: [Stage; 8] = [
             o.train
                 .map(|cfg| Box::new(Autodiff { cfg }) as Box<dyn Pass>)
         },
+    },
+    Stage {
+        id: cross::ID,
+        when: When::Optimize,
+        make: |o| Some(Box::new(ContractCross { block: o.block })),
     },
     Stage {
         id: saved::ID,

@@ -106,8 +106,14 @@ pub(crate) fn node_flops(g: &Graph, n: usize) -> f64 {
             7.0 * numel1(ty(3)) * d(ty(0), 1)
         }
         // Blocked ops: the unpadded GEMM work (as the linear they replace).
-        // xb[Kb,S,bk] · wb[Nb,Kb,bk,bn] -> N = bias length
-        Op::Brgemm { .. } => 2.0 * d(ty(0), 1) * d(ty(2), 0) * d(ty(0), 0) * d(ty(0), 2),
+        // xb[Kb,S,bk] · wb[Nb,Kb,bk,bn] -> N = bias length (Nb·bn without one)
+        Op::Brgemm { .. } => {
+            let n = match node.inputs.len() {
+                3 => d(ty(2), 0),
+                _ => d(ty(1), 0) * d(ty(1), 3),
+            };
+            2.0 * d(ty(0), 1) * n * d(ty(0), 0) * d(ty(0), 2)
+        }
         Op::BrgemmDgrad { mask, .. } => {
             // The weight is last but for the mask operand.
             let w = ty(node.inputs.len() - 1 - usize::from(*mask != Act::None));

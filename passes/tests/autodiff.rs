@@ -551,3 +551,39 @@ fn saved_activations_train_bit_for_bit_like_recomputing_ones() {
         assert_eq!(v.to_f32_vec(), p_s[name].to_f32_vec(), "{name}");
     }
 }
+
+/// The `contract-cross` pass turns every cross layer and its gradient into
+/// blocked GEMMs (`brgemm`, `brgemm_dgrad`, `brgemm_wgrad`) and `cross_mix` /
+/// `cross_mix_grad`, reusing the forward's `z` and `w`; the training step
+/// computes bit for bit the same loss and updated parameters, with block sizes
+/// that divide the dims and ones that pad them (`--block 3`: D=32 and R=4 padded).
+#[test]
+fn contracted_cross_layers_train_bit_for_bit_like_cross() {
+    let fwd = dcn_forward();
+    let t = autodiff(&fwd, &BCE).unwrap();
+    let batch = make_batch(&t, 6, 7);
+    let params = init_params(&fwd, 3);
+    let (loss_t, p_t) = run1(&t, &batch, &params);
+    let mnemonics = |g: &Graph, m: &str| g.nodes().iter().filter(|n| n.op.mnemonic() == m).count();
+    for block in [None, Some(3), Some(64)] {
+        let (c, layers) = dlrm_passes::cross::contract(&t, block).unwrap();
+        verify(&c).unwrap();
+        assert_eq!(layers, 4, "two layers, forward and gradient");
+        assert_eq!(mnemonics(&c, "cross") + mnemonics(&c, "cross_grad"), 0);
+        assert_eq!(mnemonics(&c, "cross_mix"), 2);
+        assert_eq!(mnemonics(&c, "cross_mix_grad"), 2);
+        // z and w per layer: the gradient recomputes neither.
+        assert_eq!(mnemonics(&c, "brgemm"), 4, "{block:?}");
+        assert_eq!(mnemonics(&c, "brgemm_dgrad"), 4);
+        assert_eq!(mnemonics(&c, "brgemm_wgrad"), 4);
+        let (loss_c, p_c) = run1(&c, &batch, &params);
+        assert_eq!(loss_t[0].to_f32_vec(), loss_c[0].to_f32_vec(), "{block:?}");
+        for (name, v) in &p_t {
+            assert_eq!(v.to_f32_vec(), p_c[name].to_f32_vec(), "{name} {block:?}");
+        }
+    }
+    // The inference graph alone (no gradient) is contracted too.
+    let (c, layers) = dlrm_passes::cross::contract(&fwd, None).unwrap();
+    assert_eq!(layers, 2);
+    assert_eq!(mnemonics(&c, "cross_mix"), 2);
+}

@@ -113,6 +113,7 @@ fn inference_pipeline_skips_autodiff() {
         [
             "canon",
             "autodiff",
+            "contract-cross",
             "save-activations",
             "fuse",
             "fuse-dgrad-mask",
@@ -132,6 +133,7 @@ fn inference_pipeline_skips_autodiff() {
         pass_ids_for(&opt),
         [
             "autodiff",
+            "contract-cross",
             "save-activations",
             "fuse",
             "fuse-dgrad-mask",
@@ -147,6 +149,7 @@ fn inference_pipeline_skips_autodiff() {
         pass_ids_for(&bf16),
         [
             "autodiff",
+            "contract-cross",
             "save-activations",
             "fuse",
             "fuse-dgrad-mask",
@@ -161,6 +164,7 @@ fn inference_pipeline_skips_autodiff() {
         [
             "canon",
             "autodiff",
+            "contract-cross",
             "save-activations",
             "fuse",
             "fuse-dgrad-mask",
@@ -221,6 +225,7 @@ fn dump_specs_are_validated() {
             "input",
             "canon",
             "autodiff",
+            "contract-cross",
             "save-activations",
             "fuse",
             "fuse-dgrad-mask",
@@ -243,7 +248,7 @@ fn dump_specs_are_validated() {
     assert!(
         msg.contains("`fusion`")
             && msg.contains(
-                "all, input, canon, autodiff, save-activations, fuse, fuse-dgrad-mask, layout, \
+                "all, input, canon, autodiff, contract-cross, save-activations, fuse, fuse-dgrad-mask, layout, \
                  precision, dce, partition, bucket, schedule"
             ),
         "{msg}"

@@ -182,9 +182,9 @@ struct CompileArgs {
     #[arg(long)]
     infer_only: bool,
     /// Print the IR to stdout after the named stages: `all`, or a comma list of
-    /// `input`, pass ids (`canon`, `autodiff`, `save-activations`, `fuse`, `fuse-dgrad-mask`, `layout`,
-    /// `precision`, `dce`), `partition` and the per-rank pass ids (`bucket`,
-    /// `schedule`).
+    /// `input`, pass ids (`canon`, `autodiff`, `contract-cross`, `save-activations`,
+    /// `fuse`, `fuse-dgrad-mask`, `layout`, `precision`, `dce`), `partition` and the
+    /// per-rank pass ids (`bucket`, `schedule`).
     #[arg(long, value_name = "STAGES")]
     dump_ir: Option<String>,
     /// Rank count for the `partition`, `bucket` and `schedule` dump stages (at most

@@ -195,14 +195,19 @@ pub fn unblock_act(k: usize, c: &Checked<'_>, out: DType) -> KResult<Tensor> {
     Ok(store(out, vec![s, k], y))
 }
 
-/// `brgemm(xb[Kb,S,bk], wb[Nb,Kb,bk,bn], b[N]) -> act(x·wᵀ + b)` as `[Nb,S,bn]`.
+/// `brgemm(xb[Kb,S,bk], wb[Nb,Kb,bk,bn][, b[N]]) -> act(x·wᵀ + b)` as `[Nb,S,bn]`.
 pub fn brgemm(act: Act, c: &Checked<'_>, out: DType) -> KResult<Tensor> {
     // The instance verified x's blocks against the weight's and the bias
     // against its `Nb` blocks of `bn`.
     let [_, s, _] = dims_of::<3>(c, 0)?;
     let [nb, kb, bk, bn] = dims_of::<4>(c, 1)?;
-    let [n] = dims_of::<1>(c, 2)?;
-    let (x, w, b) = (floats(c.input(0)), floats(c.input(1)), floats(c.input(2)));
+    let (x, w) = (floats(c.input(0)), floats(c.input(1)));
+    // Without a bias: every column, plus 0 (which changes no sum: one starting
+    // at +0 is never -0).
+    let (n, b) = match c.inputs().get(2) {
+        Some(&b) => (b.shape[0], floats(b)),
+        None => (nb * bn, Cow::Owned(vec![0.0; nb * bn])),
+    };
     let mut y = vec![0.0f32; nb * s * bn];
     if s > 0 && bn > 0 {
         y.par_chunks_mut(s * bn).enumerate().for_each(|(nbi, yb)| {

@@ -23,6 +23,8 @@ pub(crate) fn kernel(mnemonic: &str) -> Option<Kernel> {
         "cross_grad" => Some(cross_grad),
         "cross_save" => Some(cross_save),
         "cross_grad_saved" => Some(cross_grad_saved),
+        "cross_mix" => Some(cross_mix),
+        "cross_mix_grad" => Some(cross_mix_grad),
         _ => None,
     }
 }
@@ -223,5 +225,51 @@ fn backward(c: &Checked<'_>, saved: bool) -> Option<KResult<Vec<Tensor>>> {
         Tensor::f32(vec![r, d], dv),
         Tensor::f32(vec![d, r], du),
         Tensor::f32(vec![d], db),
+    ]))
+}
+
+/// Elements per parallel chunk of the elementwise steps.
+const CHUNK: usize = 1 << 14;
+
+/// `cross_mix(x0, w, x)`: `x0·w + x` per element, in parallel chunks (f32).
+fn cross_mix(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+    let ops = f32s(c, 0, 3)?;
+    let [x0, w, x] = ops[..] else {
+        return None;
+    };
+    let mut y = vec![0.0f32; x.len()];
+    y.par_chunks_mut(CHUNK).enumerate().for_each(|(i, yc)| {
+        let at = i * CHUNK;
+        let (x0, w, x) = (&x0[at..], &w[at..], &x[at..]);
+        for (k, o) in yc.iter_mut().enumerate() {
+            *o = x0[k] * w[k] + x[k];
+        }
+    });
+    Some(Ok(vec![Tensor::f32(c.in_shape(2).to_vec(), y)]))
+}
+
+/// `cross_mix_grad(dy, x0, w)`: `(dy·x0, dy·w)` per element, in parallel chunks
+/// (f32).
+fn cross_mix_grad(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+    let ops = f32s(c, 0, 3)?;
+    let [dy, x0, w] = ops[..] else {
+        return None;
+    };
+    let (mut g, mut dx0) = (vec![0.0f32; dy.len()], vec![0.0f32; dy.len()]);
+    g.par_chunks_mut(CHUNK)
+        .zip(dx0.par_chunks_mut(CHUNK))
+        .enumerate()
+        .for_each(|(i, (gc, dc))| {
+            let at = i * CHUNK;
+            let (dy, x0, w) = (&dy[at..], &x0[at..], &w[at..]);
+            for (k, (gk, dk)) in gc.iter_mut().zip(dc.iter_mut()).enumerate() {
+                *gk = dy[k] * x0[k];
+                *dk = dy[k] * w[k];
+            }
+        });
+    let shape = c.in_shape(0).to_vec();
+    Some(Ok(vec![
+        Tensor::f32(shape.clone(), g),
+        Tensor::f32(shape, dx0),
     ]))
 }

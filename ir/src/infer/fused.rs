@@ -109,30 +109,7 @@ pub(super) fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
             fits_blocks("unblock_weight columns", *k, d[1], d[2])?;
             Ok(vec![TensorType::new(wb.dtype, [f(*n), f(*k)])])
         }
-        Op::Brgemm { .. } => {
-            expect_arity(op, ins, &[3])?;
-            let (xb, wb, b) = (ins[0], ins[1], ins[2]);
-            expect_rank("blocked x", xb, 3)?;
-            expect_rank("blocked weight", wb, 4)?;
-            expect_rank("bias", b, 1)?;
-            for (n, t) in [("blocked x", xb), ("blocked weight", wb), ("bias", b)] {
-                expect_float(n, t)?;
-            }
-            expect_dim(
-                "x blocks vs weight column blocks",
-                &xb.shape[0],
-                &wb.shape[1],
-            )?;
-            expect_dim("x block width vs weight bk", &xb.shape[2], &wb.shape[2])?;
-            let nb = fixed_dim("weight row blocks", &wb.shape[0])?;
-            let bn = fixed_dim("weight bn", &wb.shape[3])?;
-            let n = fixed_dim("bias length", &b.shape[0])?;
-            fits_blocks("brgemm bias", n, nb, bn)?;
-            Ok(vec![TensorType::new(
-                float_result(&[xb, wb]),
-                [f(nb), xb.shape[1].clone(), f(bn)],
-            )])
-        }
+        Op::Brgemm { .. } => brgemm(op, ins),
         Op::BrgemmDgrad { act, mask, dtype } => {
             let (ins, xb) = match mask {
                 Act::None => (ins, None),
@@ -268,4 +245,33 @@ pub(super) fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
             other.mnemonic()
         )),
     }
+}
+
+/// `brgemm(xb, wb[, b])`: the blocked forward layer (see [`Op::Brgemm`]).
+fn brgemm(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
+    expect_arity(op, ins, &[2, 3])?;
+    let (xb, wb) = (ins[0], ins[1]);
+    expect_rank("blocked x", xb, 3)?;
+    expect_rank("blocked weight", wb, 4)?;
+    for (n, t) in [("blocked x", xb), ("blocked weight", wb)] {
+        expect_float(n, t)?;
+    }
+    expect_dim(
+        "x blocks vs weight column blocks",
+        &xb.shape[0],
+        &wb.shape[1],
+    )?;
+    expect_dim("x block width vs weight bk", &xb.shape[2], &wb.shape[2])?;
+    let nb = fixed_dim("weight row blocks", &wb.shape[0])?;
+    let bn = fixed_dim("weight bn", &wb.shape[3])?;
+    if let Some(b) = ins.get(2) {
+        expect_rank("bias", b, 1)?;
+        expect_float("bias", b)?;
+        let n = fixed_dim("bias length", &b.shape[0])?;
+        fits_blocks("brgemm bias", n, nb, bn)?;
+    }
+    Ok(vec![TensorType::new(
+        float_result(&[xb, wb]),
+        [Dim::Fixed(nb), xb.shape[1].clone(), Dim::Fixed(bn)],
+    )])
 }

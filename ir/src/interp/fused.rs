@@ -226,10 +226,14 @@ fn unblock_weight(n: usize, k: usize, wb: &Tensor, out: DType) -> R<Tensor> {
 fn brgemm(act: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
     let [kb, s, bk] = dims(&ins[0].shape);
     let [nb, _, _, bn] = dims(&ins[1].shape);
-    let [n] = dims(&ins[2].shape);
+    // Without a bias every column is live (the weight's zero padding rows give
+    // zero columns) and nothing is added: `act(acc)`.
+    let (n, b) = match ins.get(2) {
+        Some(b) => (b.shape[0], Some(floats(b, "bias")?)),
+        None => (nb * bn, None),
+    };
     let x = floats(ins[0], "blocked x")?;
     let w = floats(ins[1], "blocked weight")?;
-    let b = floats(ins[2], "bias")?;
     let mut y = vec![0.0f32; nb * s * bn];
     for nbi in 0..nb {
         for si in 0..s {
@@ -247,7 +251,11 @@ fn brgemm(act: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
                         acc += xv * w[wblk + i * bn + j];
                     }
                 }
-                y[(nbi * s + si) * bn + j] = act1(act, acc + b[ni]);
+                let z = match &b {
+                    Some(b) => acc + b[ni],
+                    None => acc,
+                };
+                y[(nbi * s + si) * bn + j] = act1(act, z);
             }
         }
     }

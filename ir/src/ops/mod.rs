@@ -17,6 +17,7 @@ macro_rules! no_attributes {
 }
 
 pub mod cross;
+pub mod cross_mix;
 pub mod cross_saved;
 
 use crate::module::OpModule;
@@ -26,6 +27,8 @@ use crate::module::OpModule;
 pub static MODULES: &[&dyn OpModule] = &[
     &cross::Cross,
     &cross::CrossGrad,
+    &cross_mix::CrossMix,
+    &cross_mix::CrossMixGrad,
     &cross_saved::CrossSave,
     &cross_saved::CrossGradSaved,
 ];

@@ -13,7 +13,7 @@ use half::bf16;
 use rayon::prelude::*;
 use std::borrow::Cow;
 
-/// `brgemm(xb[Kb,S,bk], wb[Nb,Kb,bk,bn], b[N]) -> act(x·wᵀ + b)` as `[Nb,S,bn]`.
+/// `brgemm(xb[Kb,S,bk], wb[Nb,Kb,bk,bn][, b[N]]) -> act(x·wᵀ + b)` as `[Nb,S,bn]`.
 ///
 /// `A` is the blocked activation read in place (the batch-reduce over its `Kb`
 /// blocks); `B` is the f32 weight block `wb[nb]` read in place when `bn` is whole
@@ -31,13 +31,18 @@ pub fn brgemm(
     let ins = c.inputs();
     let [_, s, _] = dims_of::<3>(c, 0)?;
     let [nb, kb, bk, bn] = dims_of::<4>(c, 1)?;
-    let [n] = dims_of::<1>(c, 2)?;
+    // Without a bias (a cross layer's first product) it is 0 and every column
+    // is live (the weight's padding rows are zero).
+    let n = match ins.get(2) {
+        Some(b) => b.shape[0],
+        None => nb * bn,
+    };
     let kp = kb * bk;
     let sigmoid = act == Act::Sigmoid;
     let c = if sigmoid { Elt::F32 } else { out };
     let (x, w) = (ins[0], ins[1]);
     let xa = operand(x).ok_or_else(|| shape_err(OP, "x must be a float tensor".into()))?;
-    let mut bias = floats(ins[2]).into_owned();
+    let mut bias = ins.get(2).map_or_else(Vec::new, |b| floats(b).into_owned());
     bias.resize(nb * bn, 0.0);
     if s == 0 || nb == 0 || bn == 0 {
         return Ok(Floats::zeros(out, nb * s * bn).tensor(vec![nb, s, bn]));

@@ -352,23 +352,7 @@ impl<'g, 'a> Lower<'g, 'a> {
                 Repr::Plain(self.round(y, out_ty.dtype, &hint))
             }
             Op::Add | Op::Binary { .. } | Op::MatMul => {
-                let a = self.plain(inp(0)?)?;
-                let b = self.plain(inp(1)?)?;
-                let op = match &node.op {
-                    Op::MatMul => "MatMul",
-                    Op::Binary {
-                        kind: BinaryKind::Sub,
-                    } => "Sub",
-                    Op::Binary {
-                        kind: BinaryKind::Mul,
-                    } => "Mul",
-                    Op::Binary {
-                        kind: BinaryKind::Div,
-                    } => "Div",
-                    _ => "Add",
-                };
-                let y = self.b.node(op, &[&a, &b], vec![], &hint);
-                Repr::Plain(self.round(y, out_ty.dtype, &hint))
+                self.binary(node, inp(0)?, inp(1)?, out_ty.dtype, &hint)?
             }
             Op::Interaction {
                 kind,
@@ -543,6 +527,9 @@ impl<'g, 'a> Lower<'g, 'a> {
                     self.round(x, *dtype, &hint)
                 })
             }
+            Op::Brgemm { act } if node.inputs.len() == 2 => {
+                self.product(inp(0)?, inp(1)?, *act, out_ty.dtype, &hint)?
+            }
             Op::Brgemm { act } => {
                 let (x, k) = self.act(inp(0)?)?;
                 let n = fixed(&g.ty(inp(2)?).shape[0], "the bias length")?;
@@ -566,6 +553,79 @@ impl<'g, 'a> Lower<'g, 'a> {
         };
         self.set(out, r);
         Ok(())
+    }
+
+    /// `add`, `binary` or `matmul` of `a` and `b`; elementwise over two blocked
+    /// activations of one width (a cross layer's `x0 ⊙ w + x`), on their `[S,k]`
+    /// forms, blocked again.
+    fn binary(
+        &mut self,
+        node: &Node,
+        a: ValueId,
+        b: ValueId,
+        dtype: DType,
+        hint: &str,
+    ) -> Result<Repr, Fail> {
+        let blocked = match (self.repr.get(&a), self.repr.get(&b)) {
+            (Some(Repr::Act { k: ka, .. }), Some(Repr::Act { k: kb, .. }))
+                if ka == kb && node.op != Op::MatMul =>
+            {
+                Some(*ka)
+            }
+            _ => None,
+        };
+        let (a, b) = match blocked {
+            Some(_) => (self.act(a)?.0, self.act(b)?.0),
+            None => (self.plain(a)?, self.plain(b)?),
+        };
+        let op = match &node.op {
+            Op::MatMul => "MatMul",
+            Op::Binary {
+                kind: BinaryKind::Sub,
+            } => "Sub",
+            Op::Binary {
+                kind: BinaryKind::Mul,
+            } => "Mul",
+            Op::Binary {
+                kind: BinaryKind::Div,
+            } => "Div",
+            _ => "Add",
+        };
+        let y = self.b.node(op, &[&a, &b], vec![], hint);
+        let name = self.round(y, dtype, hint);
+        Ok(match blocked {
+            Some(k) => Repr::Act { name, k },
+            None => Repr::Plain(name),
+        })
+    }
+
+    /// The bias-free `brgemm(xb, wb)` of a cross layer: `Gemm` without `C`, over
+    /// all `Nb·bn` columns (the padding ones are 0; an `unblock_act` after it
+    /// drops them).
+    fn product(
+        &mut self,
+        xb: ValueId,
+        wb: ValueId,
+        act: Act,
+        dtype: DType,
+        hint: &str,
+    ) -> Result<Repr, Fail> {
+        let (x, k) = self.act(xb)?;
+        let wt = self.g.ty(wb);
+        let n = fixed(&wt.shape[0], "the weight's row blocks")?
+            * fixed(&wt.shape[3], "the weight's bn")?;
+        let w = self.weight(wb, n, k)?;
+        let y = self
+            .b
+            .node("Gemm", &[&x, &w], vec![("transB", A::Int(1))], hint);
+        let y = match act_op(act) {
+            Some(op) => self.b.node(op, &[&y], vec![], hint),
+            None => y,
+        };
+        Ok(Repr::Act {
+            name: self.round(y, dtype, hint),
+            k: n,
+        })
     }
 
     /// `act(x · wᵀ + b)` as `Gemm(transB=1)` and the activation.
