@@ -223,6 +223,23 @@ fn dcnv2_trains_under_mpi_like_threads() {
     mpi_matches_threads(&plan, 3, 6);
 }
 
+/// DLRM-DCNv2 with variable-length bags (`"bags": "offsets"`: ids and offsets
+/// per table, synthetic bags of 1 to 5 ids) trains under `mpirun -n 2` like two
+/// thread ranks.
+#[test]
+fn dcnv2_with_offsets_bags_trains_under_mpi_like_threads() {
+    let dir = tempdir();
+    let model = fs::read_to_string(example("dlrm-dcnv2-tiny.json")).expect("dcnv2 tiny");
+    let mut v: Value = serde_json::from_str(&model).expect("json");
+    v["name"] = "dlrm-dcnv2-tiny-offsets".into();
+    v["bags"] = "offsets".into();
+    if let Some(m) = v.as_object_mut() {
+        m.remove("pooling");
+    }
+    let plan = compile(dir.path(), "dcn-offsets.plan", Some(&v.to_string()));
+    mpi_matches_threads_under(&plan, 2, 6, &[], &["--pooling", "1-5"]);
+}
+
 /// A real PyTorch export with `include_last_offset=True` bags (`[B+1]` offsets)
 /// trains under `mpirun -n 2` like two thread ranks.
 #[test]
