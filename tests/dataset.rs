@@ -298,3 +298,54 @@ fn a_run_on_a_dataset_resumes_across_an_epoch_bit_for_bit() {
     .expect_err("no --data");
     assert!(e.to_string().contains("resume with `--data"), "{e}");
 }
+
+/// A dataset file truncated under a running job ends it with an error naming the
+/// file and both sizes (exit status 1), not a silent SIGBUS death (issue 42's
+/// soak fault): the dataset's files are checked before every batch, and a
+/// SIGBUS in between is reported by a handler.
+#[test]
+fn a_dataset_truncated_under_a_running_job_is_a_named_error() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let dir = tempdir();
+    let ds = write_ds(dir.path(), 3000, 4);
+    let model = write_model(dir.path(), 4);
+    let plan = dir.path().join("plan");
+    ok(
+        DLRMC,
+        &["compile", s(&model), "--data", s(&ds), "-o", s(&plan), "-q"],
+    );
+    let mut child = Command::new(DLRM_RUN)
+        .args([s(&plan), "--data", s(&ds), "--iters", "50000"])
+        .args(["--log-every", "10", "--threads", "1"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dlrm-run");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    // Training is under way once a step is logged.
+    let mut seen = String::new();
+    for line in lines.by_ref() {
+        let line = line.expect("stderr line");
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("step ") {
+            break;
+        }
+    }
+    let dense = ds.join("dense.f32");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&dense)
+        .and_then(|f| f.set_len(100))
+        .expect("truncate");
+    for line in lines {
+        seen.push_str(&line.expect("stderr line"));
+        seen.push('\n');
+    }
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(1), "{status:?}: {seen}");
+    assert!(
+        seen.contains("dense.f32: changed under the running job") && seen.contains("now 100"),
+        "{seen}"
+    );
+}

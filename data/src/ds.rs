@@ -2,6 +2,7 @@
 
 use crate::bags::{Bags, TableOut, bag_range, check_offsets, ids_file, offsets_file};
 use crate::error::{DataError, Result};
+use crate::mapped::Watched;
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
@@ -532,6 +533,8 @@ pub struct Dataset {
     sparse: Vec<Mmap>,
     /// Per table: its bag starts, if multi-hot.
     offsets: Vec<Option<Mmap>>,
+    /// The mapped files, for [`Dataset::check_unchanged`].
+    watched: Watched,
 }
 
 impl std::fmt::Debug for Dataset {
@@ -553,8 +556,8 @@ fn ids_of(m: &Mmap) -> &[u32] {
     }
 }
 
-/// Maps `dir/name`, which must be `bytes` long.
-fn map_file(dir: &Path, name: &str, bytes: u64) -> Result<Mmap> {
+/// Maps `dir/name`, which must be `bytes` long, and watches its size.
+fn map_file(dir: &Path, name: &str, bytes: u64, watched: &mut Watched) -> Result<Mmap> {
     let p = dir.join(name);
     let f = File::open(&p).map_err(|e| DataError::io(&p, e))?;
     let len = f.metadata().map_err(|e| DataError::io(&p, e))?.len();
@@ -564,11 +567,16 @@ fn map_file(dir: &Path, name: &str, bytes: u64) -> Result<Mmap> {
             format!("is {len} bytes, the manifest says {bytes}"),
         ));
     }
+    crate::mapped::guard_sigbus();
     // SAFETY: the map is read-only; a dataset is never written in place (the
     // writer renames a new directory over it), so the file does not change
-    // under the map unless someone edits it by hand, which the checksums of
-    // `verify` catch (and every bag's bounds are checked where they are read).
-    unsafe { Mmap::map(&f) }.map_err(|e| DataError::io(&p, e))
+    // under the map unless someone edits it by hand: the checksums of `verify`
+    // catch an edit, `Dataset::check_unchanged` (before every batch) a
+    // truncation, and the SIGBUS guard a truncation between two checks (every
+    // bag's bounds are checked where they are read).
+    let map = unsafe { Mmap::map(&f) }.map_err(|e| DataError::io(&p, e))?;
+    watched.add(&p, f, bytes);
+    Ok(map)
 }
 
 impl Dataset {
@@ -584,17 +592,18 @@ impl Dataset {
             .map_err(|e| DataError::dataset(&mp, format!("malformed manifest: {e}")))?;
         manifest.check(dir)?;
         let n = manifest.samples;
-        let label = map_file(dir, LABEL, n)?;
-        let dense = map_file(dir, DENSE, n * manifest.dense as u64 * 4)?;
+        let mut watched = Watched::default();
+        let label = map_file(dir, LABEL, n, &mut watched)?;
+        let dense = map_file(dir, DENSE, n * manifest.dense as u64 * 4, &mut watched)?;
         let mut sparse = Vec::with_capacity(manifest.tables.len());
         let mut offsets = Vec::with_capacity(manifest.tables.len());
         for (t, table) in manifest.tables.iter().enumerate() {
             let ids = table.ids.unwrap_or(n);
-            sparse.push(map_file(dir, &ids_file(t), ids * 4)?);
+            sparse.push(map_file(dir, &ids_file(t), ids * 4, &mut watched)?);
             offsets.push(match table.bags {
                 Bags::OneHot => None,
                 Bags::MultiHot => {
-                    let m = map_file(dir, &offsets_file(t), (n + 1) * 8)?;
+                    let m = map_file(dir, &offsets_file(t), (n + 1) * 8, &mut watched)?;
                     let o: &[u64] = bytemuck::cast_slice(&m);
                     let ends = [o[0], o[o.len() - 1]];
                     check_offsets(&dir.join(offsets_file(t)), t, &ends, ids)?;
@@ -609,7 +618,15 @@ impl Dataset {
             dense,
             sparse,
             offsets,
+            watched,
         })
+    }
+
+    /// An error naming the first of the dataset's files whose size changed since
+    /// it was opened (truncated or rewritten under the running job): reading it
+    /// would fault.
+    pub fn check_unchanged(&self) -> Result<()> {
+        self.watched.check()
     }
 
     /// Checks every file's SHA-256 against the manifest, every label is 0 or 1,

@@ -53,6 +53,7 @@ mod error;
 pub mod generate;
 pub mod inspect;
 pub mod learnable;
+pub mod mapped;
 pub mod mlperf_multihot;
 pub mod npy;
 pub mod processed;

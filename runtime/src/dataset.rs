@@ -368,6 +368,8 @@ impl DatasetSource {
         if ranks == 0 || rank >= ranks {
             return Err(mismatch(path, format!("rank {rank} of {ranks} ranks")));
         }
+        // A file truncated under the job would fault on the reads below.
+        self.ds.check_unchanged()?;
         let global = samples.len();
         let local = batch_slice(global, ranks, rank);
         let rows_of = |name: &str, d: Option<&Dim>| -> Result<&[usize]> {

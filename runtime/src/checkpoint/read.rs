@@ -264,6 +264,7 @@ impl Checkpoint {
                 ),
                 _ => RuntimeError::io(&p, e),
             })?;
+            dlrm_data::mapped::guard_sigbus();
             // SAFETY: the map is read-only; checkpoints are written into a new
             // directory and renamed in, never modified in place, so the file does
             // not change while it is mapped (a user editing it by hand is caught by
