@@ -9,7 +9,7 @@
 
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::module::ModOp;
-use dlrm_ir::{Dim, SingleRank, Tensor, TensorType, infer};
+use dlrm_ir::{DType, Dim, SingleRank, Tensor, TensorType, infer};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
@@ -51,13 +51,8 @@ fn check(mnemonic: &str, ins: &[Tensor]) {
     assert_eq!(got.len(), want.len());
     for (k, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_eq!(g.shape, w.shape, "{mnemonic} result {k}");
-        for (i, (&a, &b)) in g
-            .as_f32()
-            .expect("f32")
-            .iter()
-            .zip(w.as_f32().expect("f32"))
-            .enumerate()
-        {
+        assert_eq!(g.dtype(), w.dtype(), "{mnemonic} result {k}");
+        for (i, (&a, &b)) in g.to_f32_vec().iter().zip(&w.to_f32_vec()).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
                 "{mnemonic} result {k}[{i}] shapes {:?}: kernel {a}, interpreter {b}",
@@ -96,6 +91,22 @@ fn cross_kernels_match_the_interpreter_on_random_shapes() {
         let mix: Vec<Tensor> = (0..3).map(|_| rand(&mut r, &blocked)).collect();
         check("cross_mix", &mix);
         check("cross_mix_grad", &mix);
+        // bf16 operands in every mix (the bf16 precision's blocked activations).
+        for mask in 1..8usize {
+            let mixed: Vec<Tensor> = mix
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    if mask & (1 << i) == 0 {
+                        t.clone()
+                    } else {
+                        Tensor::from_f32(DType::BF16, t.shape.clone(), t.to_f32_vec())
+                    }
+                })
+                .collect();
+            check("cross_mix", &mixed);
+            check("cross_mix_grad", &mixed);
+        }
     }
 }
 

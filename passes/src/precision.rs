@@ -16,6 +16,11 @@
 //!   kernel where the CPU has one). Each is the f32 value rounded once to nearest even (after
 //!   the fused mask). Weight and bias gradients stay f32 (f32 sums), and so do
 //!   gradients leaving an MLP (unblocked for the interaction or the bags).
+//!   DCN-v2's contracted cross layers (`contract-cross`) are treated alike: their
+//!   weights are MLP weights, `x0` and `x` (operands of `cross_mix` and
+//!   `cross_mix_grad`) blocked activations, `cross_mix`'s result a forward
+//!   activation; `cross_mix_grad` stores `g` and `dx0` in the dtypes of `w` and
+//!   `x0`, so a layer's backward GEMMs run on bf16 operands too.
 //! - `mixed`: as `bf16`, but the precision-sensitive parts stay fp32: the loss, the
 //!   last layer (its weights; its output is then f32), and the interaction's output
 //!   (the bottom MLP's output is unblocked to f32, so the interaction computes f32).
@@ -107,6 +112,10 @@ fn def_node(g: &Graph, v: ValueId) -> Option<usize> {
         Def::Node(n, _) => Some(n),
         _ => None,
     }
+}
+
+fn is_module(op: &Op, mnemonic: &str) -> bool {
+    matches!(op, Op::Module(m) if m.mnemonic() == mnemonic)
 }
 
 fn is_loss(op: &Op) -> bool {
@@ -406,10 +415,16 @@ impl<'g> Rewrite<'g> {
                 Op::BlockAct { bk, .. } => {
                     // An activation (forward input or the x of a weight gradient)?
                     let y = node.outputs[0];
-                    let act_use = users[y.index()].iter().all(|&u| match &g.nodes()[u].op {
-                        Op::Brgemm { .. } => g.nodes()[u].inputs[0] == y,
-                        Op::BrgemmWgrad { .. } => g.nodes()[u].inputs.last() == Some(&y),
-                        _ => false,
+                    let act_use = users[y.index()].iter().all(|&u| {
+                        let ins = &g.nodes()[u].inputs;
+                        match &g.nodes()[u].op {
+                            Op::Brgemm { .. } => ins[0] == y,
+                            Op::BrgemmWgrad { .. } => ins.last() == Some(&y),
+                            // A cross layer's x0 or x (`contract-cross`).
+                            op if is_module(op, "cross_mix") => ins[1] != y,
+                            op if is_module(op, "cross_mix_grad") => ins[1] == y,
+                            _ => false,
+                        }
                     });
                     let dtype =
                         if (act_use && !users[y.index()].is_empty()) || self.grads.contains(&n) {
@@ -425,8 +440,10 @@ impl<'g> Rewrite<'g> {
                     dtype: DType::BF16,
                 },
                 Op::UnblockAct { k, dtype } => {
-                    let from_fwd = def_node(g, node.inputs[0])
-                        .is_some_and(|m| matches!(g.nodes()[m].op, Op::Brgemm { .. }));
+                    let from_fwd = def_node(g, node.inputs[0]).is_some_and(|m| {
+                        let op = &g.nodes()[m].op;
+                        matches!(op, Op::Brgemm { .. }) || is_module(op, "cross_mix")
+                    });
                     let keep = self.choice.sensitive.contains(&node.outputs[0]) || mixed;
                     let dtype = if from_fwd && !keep {
                         DType::BF16

@@ -2,14 +2,16 @@
 //! `dlrm_ir::ops::cross`, whose doc is the specification): `matrixmultiply::sgemm`
 //! on row blocks of the batch (one per thread), the layer's elementwise steps
 //! applied to each block right after its products, while it is in cache. f32 only
-//! (`None` otherwise: the interpreter runs).
+//! (`None` otherwise: the interpreter runs). The elementwise steps `cross_mix` and
+//! `cross_mix_grad` take f32 or bf16 operands in any mix, in parallel chunks.
 //!
 //! `sgemm` sums in its own order, so results equal the interpreter's within
 //! rounding, not bit for bit (checked in `codegen/tests/cross.rs`).
 
 use super::KResult;
 use super::gemm::{MatRef, gemm};
-use dlrm_ir::{Checked, Tensor};
+use dlrm_ir::{Checked, DType, Data, Tensor};
+use half::bf16;
 use rayon::prelude::*;
 
 /// A module op's reference kernel: `None` for operands it does not handle.
@@ -231,45 +233,86 @@ fn backward(c: &Checked<'_>, saved: bool) -> Option<KResult<Vec<Tensor>>> {
 /// Elements per parallel chunk of the elementwise steps.
 const CHUNK: usize = 1 << 14;
 
-/// `cross_mix(x0, w, x)`: `x0·w + x` per element, in parallel chunks (f32).
-fn cross_mix(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
-    let ops = f32s(c, 0, 3)?;
-    let [x0, w, x] = ops[..] else {
-        return None;
-    };
-    let mut y = vec![0.0f32; x.len()];
-    y.par_chunks_mut(CHUNK).enumerate().for_each(|(i, yc)| {
-        let at = i * CHUNK;
-        let (x0, w, x) = (&x0[at..], &w[at..], &x[at..]);
-        for (k, o) in yc.iter_mut().enumerate() {
-            *o = x0[k] * w[k] + x[k];
-        }
-    });
-    Some(Ok(vec![Tensor::f32(c.in_shape(2).to_vec(), y)]))
+/// A float operand of an elementwise step, read as f32 per element.
+#[derive(Clone, Copy)]
+enum Elems<'a> {
+    F32(&'a [f32]),
+    BF16(&'a [bf16]),
 }
 
-/// `cross_mix_grad(dy, x0, w)`: `(dy·x0, dy·w)` per element, in parallel chunks
-/// (f32).
+impl Elems<'_> {
+    fn of(t: &Tensor) -> Option<Elems<'_>> {
+        match &t.data {
+            Data::F32(v) => Some(Elems::F32(v)),
+            Data::BF16(v) => Some(Elems::BF16(v)),
+            _ => None,
+        }
+    }
+
+    #[inline]
+    fn at(self, i: usize) -> f32 {
+        match self {
+            Elems::F32(v) => v[i],
+            Elems::BF16(v) => v[i].to_f32(),
+        }
+    }
+}
+
+/// `n` values `f(i)` computed in f32 in parallel chunks, stored as `dtype`
+/// (bf16: rounded once, to nearest even).
+fn elementwise(
+    dtype: DType,
+    shape: Vec<usize>,
+    n: usize,
+    f: impl Fn(usize) -> f32 + Sync,
+) -> Tensor {
+    match dtype {
+        DType::BF16 => {
+            let mut y = vec![bf16::ZERO; n];
+            y.par_chunks_mut(CHUNK).enumerate().for_each(|(c, yc)| {
+                for (k, o) in yc.iter_mut().enumerate() {
+                    *o = bf16::from_f32(f(c * CHUNK + k));
+                }
+            });
+            Tensor::bf16(shape, y)
+        }
+        _ => {
+            let mut y = vec![0.0f32; n];
+            y.par_chunks_mut(CHUNK).enumerate().for_each(|(c, yc)| {
+                for (k, o) in yc.iter_mut().enumerate() {
+                    *o = f(c * CHUNK + k);
+                }
+            });
+            Tensor::f32(shape, y)
+        }
+    }
+}
+
+/// The three float operands of an elementwise step.
+fn three<'a>(c: &'a Checked<'_>) -> Option<[Elems<'a>; 3]> {
+    Some([
+        Elems::of(c.input(0))?,
+        Elems::of(c.input(1))?,
+        Elems::of(c.input(2))?,
+    ])
+}
+
+/// `cross_mix(x0, w, x)`: `x0·w + x` per element (f32 or bf16 operands in any mix).
+fn cross_mix(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+    let [x0, w, x] = three(c)?;
+    let shape = c.in_shape(2).to_vec();
+    let n = shape.iter().product();
+    let y = elementwise(c.out(0).dtype, shape, n, |i| x0.at(i) * w.at(i) + x.at(i));
+    Some(Ok(vec![y]))
+}
+
+/// `cross_mix_grad(dy, x0, w)`: `(dy·x0, dy·w)` per element (f32 or bf16 operands
+/// in any mix).
 fn cross_mix_grad(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
-    let ops = f32s(c, 0, 3)?;
-    let [dy, x0, w] = ops[..] else {
-        return None;
-    };
-    let (mut g, mut dx0) = (vec![0.0f32; dy.len()], vec![0.0f32; dy.len()]);
-    g.par_chunks_mut(CHUNK)
-        .zip(dx0.par_chunks_mut(CHUNK))
-        .enumerate()
-        .for_each(|(i, (gc, dc))| {
-            let at = i * CHUNK;
-            let (dy, x0, w) = (&dy[at..], &x0[at..], &w[at..]);
-            for (k, (gk, dk)) in gc.iter_mut().zip(dc.iter_mut()).enumerate() {
-                *gk = dy[k] * x0[k];
-                *dk = dy[k] * w[k];
-            }
-        });
+    let [dy, x0, w] = three(c)?;
     let shape = c.in_shape(0).to_vec();
-    Some(Ok(vec![
-        Tensor::f32(shape.clone(), g),
-        Tensor::f32(shape, dx0),
-    ]))
+    let n = shape.iter().product();
+    let g = elementwise(c.out(0).dtype, shape.clone(), n, |i| dy.at(i) * x0.at(i));
+    let dx0 = elementwise(c.out(1).dtype, shape, n, |i| dy.at(i) * w.at(i));
+    Some(Ok(vec![g, dx0]))
 }

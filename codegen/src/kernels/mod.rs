@@ -210,9 +210,15 @@ fn dispatch<'a>(
             };
             brgemm::try_eval(&c, out_types)?
         }
+        // A module op's kernel decides which dtypes it handles (`None`: the
+        // interpreter runs) and stores its results in the declared dtypes.
         Op::Module(m) => {
             let run = cross::kernel(m.mnemonic())?;
-            checked!(c => run(c)?)
+            let c = match bind() {
+                Ok(c) => c,
+                Err(e) => return Some(Err(e)),
+            };
+            run(&c)?
         }
         Op::Linear { act } => checked!(c => one(gemm::linear(*act, c)?)),
         Op::LinearDx => checked!(c => one(gemm::linear_dx(c)?)),
