@@ -174,6 +174,26 @@ pub fn partition_observed(
     pipeline::partition(g, sp, bucket_bytes, on_pass).map_err(|e| planner_err(which, sp.ranks, e))
 }
 
+/// Partitions the plan's graphs (inference, then training) for `ranks` ranks, the
+/// tables placed at the plan's batch size, calling `on_pass(graph, pass, rank,
+/// g)` with each rank's graph after the `partition` pass and after each per-rank
+/// pass; `graph` is `infer` or `train` (`dlrmc compile --dump-ir` of these stages).
+pub fn partition_plan_observed(
+    plan: &Plan,
+    ranks: usize,
+    settings: &ShardSettings,
+    on_pass: &mut dyn FnMut(&'static str, &str, usize, &Graph),
+) -> Result<()> {
+    let sp = shard_plan(plan, ranks, plan.training.batch_size.max(ranks), settings)?;
+    let graphs = [("infer", Some(&plan.infer)), ("train", plan.train.as_ref())];
+    for (which, g) in graphs {
+        let Some(g) = g else { continue };
+        let mut observe = |pass: &str, r: usize, pg: &Graph| on_pass(which, pass, r, pg);
+        partition_observed(g, which, &sp, settings.bucket_bytes, &mut observe)?;
+    }
+    Ok(())
+}
+
 /// What `dlrmc plan-shards` prints.
 #[derive(Clone, Debug, Serialize)]
 pub struct ShardReport {
