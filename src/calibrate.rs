@@ -28,7 +28,7 @@
 //! `$XDG_CACHE_HOME/dlrmc/calibration.json`, else
 //! `~/.cache/dlrmc/calibration.json`). `dlrmc plan-shards`, `dlrmc compile` and
 //! `dlrm-run` read it when `--machine`/`--network` are not given
-//! ([`crate::shard::PlannerArgs`]); `DLRMC_CALIBRATION=none` turns that off.
+//! ([`crate::planner::PlannerArgs`]); `DLRMC_CALIBRATION=none` turns that off.
 
 use crate::error::{Error, Result};
 use dlrm_codegen::jit::{self, JitOptions};

@@ -18,6 +18,7 @@ use crate::model::Model;
 use dlrm_ir::{Def, Graph, Op, ParamValue};
 use dlrm_passes::pipeline::{self, PipelineOptions, Precision};
 use dlrm_passes::{LossKind, TrainConfig};
+use dlrm_runtime::launch::shard::{ShardSettings, partition_plan_observed};
 use dlrm_runtime::plan::Plan;
 use std::fmt;
 
@@ -322,28 +323,23 @@ fn merge_params(
 }
 
 /// Partitions the plan's graphs for `ranks` ranks, with the tables placed by the
-/// sharding planner ([`crate::shard`]; the plan's batch size), and calls `on_stage`
-/// with each rank's graph after the `partition` pass and after each per-rank pass
-/// ([`pipeline::RANK_PASSES`]: the dump stages `partition`, `bucket`, `schedule`).
+/// sharding planner ([`partition_plan_observed`]; the plan's batch size), and calls
+/// `on_stage` with each rank's graph after the `partition` pass and after each
+/// per-rank pass ([`pipeline::RANK_PASSES`]: the dump stages `partition`, `bucket`,
+/// `schedule`).
 pub fn partition_stages(
     plan: &Plan,
     ranks: usize,
-    settings: &crate::ShardSettings,
+    settings: &ShardSettings,
     on_stage: &mut dyn FnMut(&Stage, &Graph),
 ) -> Result<()> {
-    let sp = crate::shard::shard_plan(plan, ranks, plan.training.batch_size.max(ranks), settings)?;
-    let graphs = [("infer", Some(&plan.infer)), ("train", plan.train.as_ref())];
-    for (which, g) in graphs {
-        let Some(g) = g else { continue };
-        let mut observe = |pass: &str, r: usize, pg: &Graph| {
-            let stage = Stage {
-                graph: which,
-                pass: pass.to_string(),
-                rank: Some((r, ranks)),
-            };
-            on_stage(&stage, pg);
+    partition_plan_observed(plan, ranks, settings, &mut |graph, pass, r, g| {
+        let stage = Stage {
+            graph,
+            pass: pass.to_string(),
+            rank: Some((r, ranks)),
         };
-        crate::shard::partition_observed(g, which, &sp, settings.bucket_bytes, &mut observe)?;
-    }
+        on_stage(&stage, g);
+    })?;
     Ok(())
 }

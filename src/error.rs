@@ -1,9 +1,9 @@
-//! Errors of the orchestration library; each names what was being done and wraps
+//! Errors of the dlrmc library; each names what was being done and wraps
 //! the failing crate's own error as its source.
 
 use std::path::PathBuf;
 
-/// An error of [`crate::model`], [`mod@crate::compile`] or [`crate::launch`].
+/// An error of [`crate::model`], [`mod@crate::compile`] or the other commands.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The JSON model description is invalid (the error names file and field).
@@ -27,39 +27,20 @@ pub enum Error {
         #[source]
         source: Box<dlrm_passes::PassError>,
     },
-    /// Partitioning a graph for N ranks failed.
-    #[error("partitioning the {graph} graph for {ranks} rank{}", plural(*.ranks))]
-    Partition {
-        /// `infer` or `train`.
-        graph: &'static str,
-        /// Rank count.
-        ranks: usize,
-        /// The partition error.
-        #[source]
-        source: Box<dlrm_passes::PassError>,
-    },
     /// A plan's training setup names something this build cannot do.
     #[error("plan training setup: {0}")]
     Training(String),
-    /// Running the plan failed.
+    /// Running the plan, or placing or partitioning it for N ranks, failed.
     #[error(transparent)]
     Runtime(#[from] dlrm_runtime::RuntimeError),
-    /// Options that cannot run (rank count, step count, batch size, mode).
+    /// Options that cannot run.
     #[error("{0}")]
     Options(String),
     /// Measuring this machine's rates, or reading or writing their file
     /// ([`crate::calibrate`]), failed.
     #[error("calibration: {0}")]
     Calibration(String),
-    /// The job does not fit the memory budget (refused before allocating).
-    #[error("not enough memory: {0}")]
-    Memory(String),
 }
 
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// The plural ending of a count: "" for 1, "s" otherwise.
-fn plural(n: usize) -> &'static str {
-    if n == 1 { "" } else { "s" }
-}

@@ -1,7 +1,9 @@
-//! dlrmc: the orchestration behind the `dlrmc` and `dlrm-run` binaries.
+//! dlrmc: the command line behind the `dlrmc` and `dlrm-run` binaries.
 //!
-//! The binaries only parse arguments and print; everything they do is here, so the
-//! end-to-end tests drive the same code:
+//! The binaries parse arguments and print; the compiler's steps are here, so the
+//! end-to-end tests drive the same code, and running a plan on N ranks (placement,
+//! partitioning, the memory check, the job) is the runtime's
+//! ([`dlrm_runtime::launch`], [`dlrm_runtime::Trainer`]):
 //!
 //! - [`model`]: read a model file (JSON description or ONNX) into a forward graph,
 //!   initial parameters and training defaults;
@@ -9,11 +11,8 @@
 //!   assemble a [`dlrm_runtime::plan::Plan`], calling an observer after every pass
 //!   (the `--dump-ir` hook);
 //! - [`inspect`]: the summary of a plan that `dlrmc inspect` prints;
-//! - [`launch`]: partition a plan for N ranks, build the runtime's job and run it
-//!   on threads or as one rank of an MPI job;
-//! - [`shard`]: the sharding planner on a plan (placement, predictions, scaling);
-//! - [`memory`]: each rank's memory account, its budget, and the refusal of a job
-//!   that does not fit;
+//! - [`planner`]: the sharding planner's flags, which make the runtime's
+//!   [`dlrm_runtime::ShardSettings`] (with the rates of [`calibrate`]'s file);
 //! - [`data_cmd`]: the `dlrmc data` subcommands (convert, inspect, generate).
 
 #![warn(missing_docs)]
@@ -26,15 +25,11 @@ pub mod console;
 pub mod data_cmd;
 mod error;
 pub mod inspect;
-pub mod launch;
-pub mod memory;
 pub mod model;
+pub mod planner;
 pub mod plot;
-pub mod shard;
 
 pub use compile::{CompileOptions, Stage, compile};
 pub use error::{Error, Result};
 pub use inspect::Inspection;
-pub use launch::{Comm, Ranks, RunOptions, RunSettings, job_for, run_job};
 pub use model::{Model, load_model};
-pub use shard::{ShardSettings, plan_shards};

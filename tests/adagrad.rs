@@ -14,9 +14,9 @@ use dlrm_ir::Tensor;
 use dlrm_passes::pipeline::Precision;
 use dlrm_runtime::driver::{Report, run_with_params};
 use dlrm_runtime::plan::Plan;
+use dlrm_runtime::{RunOptions, RunSettings, ShardSettings, job_for};
 use dlrmc::compile::{CompileOptions, compile};
 use dlrmc::model::{Overrides, load_model};
-use dlrmc::{RunOptions, RunSettings, ShardSettings, job_for};
 use std::collections::HashMap;
 use std::path::Path;
 

@@ -10,9 +10,9 @@ use dlrm_ir::{DType, Graph, Op};
 use dlrm_passes::pipeline::Precision;
 use dlrm_runtime::driver::run_with_params;
 use dlrm_runtime::plan::Plan;
+use dlrm_runtime::{RunOptions, RunSettings, job_for};
 use dlrmc::compile::{CompileOptions, compile};
 use dlrmc::model::{Overrides, load_model};
-use dlrmc::{RunOptions, RunSettings, job_for};
 
 fn plan(name: &str, precision: Precision, batch: usize) -> Plan {
     let over = Overrides {

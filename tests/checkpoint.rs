@@ -23,10 +23,10 @@ mod common;
 use common::{DLRM_RUN, DLRMC, compile as compile_model, example, ok, run_env, s, tempdir};
 
 use dlrm_ir::{ParamValue, RowSource, Tensor};
+use dlrm_runtime::ShardSettings;
 use dlrm_runtime::checkpoint::Checkpoint;
 use dlrm_runtime::run_with_params;
-use dlrmc::launch::{RunOptions, RunSettings, job_for};
-use dlrmc::shard::ShardSettings;
+use dlrm_runtime::{RunOptions, RunSettings, job_for};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::fs;

@@ -10,9 +10,9 @@ use common::{DLRM_RUN, DLRMC, assert_contains_all, ok, run, s, stderr, tempdir};
 use dlrm_data::{Learnable, write_learnable};
 use dlrm_runtime::DataConfig;
 use dlrm_runtime::driver::{Report, run_with_params};
+use dlrm_runtime::{RunOptions, RunSettings, job_for};
 use dlrmc::compile::{CompileOptions, compile};
 use dlrmc::model::{Overrides, load_model, table_rows_of};
-use dlrmc::{RunOptions, RunSettings, job_for};
 use std::path::{Path, PathBuf};
 
 const ROWS: [u64; 3] = [40, 7, 300];
@@ -241,8 +241,8 @@ fn the_cli_compiles_from_data_trains_with_eval_every_and_refuses_a_misfit() {
 
 #[test]
 fn a_run_on_a_dataset_resumes_across_an_epoch_bit_for_bit() {
+    use dlrm_runtime::CheckpointOptions;
     use dlrm_runtime::checkpoint::Checkpoint;
-    use dlrmc::launch::CheckpointOptions;
     use std::sync::Arc;
     let dir = tempdir();
     let ds = write_ds(dir.path(), 3000, 4);

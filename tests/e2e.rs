@@ -12,9 +12,9 @@ use dlrm_passes::{LossKind, TrainConfig};
 use dlrm_runtime::driver::{Report, run_with_params};
 use dlrm_runtime::plan::{Plan, read_plan, write_plan};
 use dlrm_runtime::{DataSchema, Executor, SyntheticData};
+use dlrm_runtime::{RunOptions, RunSettings, job_for};
 use dlrmc::compile::{CompileOptions, Stage, compile, partition_stages};
 use dlrmc::model::{Overrides, load_model};
-use dlrmc::{RunOptions, RunSettings, job_for};
 use std::collections::HashMap;
 
 /// The tiny example compiled with the optimising passes (the default).
@@ -149,15 +149,15 @@ fn planner_placements_train_like_one_rank() {
     for opts in [O0, CompileOptions::default()] {
         let model = load_model(&path, Overrides::default()).expect("model");
         let plan = compile(model, &opts, &mut |_, _| {}).expect("compile");
-        let settings = dlrmc::ShardSettings {
+        let settings = dlrm_runtime::ShardSettings {
             mem_per_rank: 1024,
             network: dlrm_passes::shard::Network {
                 latency_us: 0.0,
                 gbps: 100.0,
             },
-            ..dlrmc::ShardSettings::default()
+            ..dlrm_runtime::ShardSettings::default()
         };
-        let sp = dlrmc::shard::shard_plan(&plan, 8, 24, &settings).expect("plan");
+        let sp = dlrm_runtime::launch::shard::shard_plan(&plan, 8, 24, &settings).expect("plan");
         let kinds: Vec<_> = sp.tables.iter().map(|t| t.kind).collect();
         use dlrm_passes::ShardKind::{DataParallel, RowWise};
         assert!(
@@ -293,7 +293,7 @@ fn every_example_round_trips_at_every_stage() {
             partition_stages(
                 &plan,
                 ranks,
-                &dlrmc::ShardSettings::default(),
+                &dlrm_runtime::ShardSettings::default(),
                 &mut |s, g| {
                     assert_round_trips(s, g);
                     n += 1;
@@ -348,9 +348,9 @@ fn gradient_buckets_train_like_one_allreduce_per_gradient() {
                 ..RunSettings::default()
             },
             iters: 10,
-            shards: dlrmc::ShardSettings {
+            shards: dlrm_runtime::ShardSettings {
                 bucket_bytes,
-                ..dlrmc::ShardSettings::default()
+                ..dlrm_runtime::ShardSettings::default()
             },
             ..RunOptions::default()
         };
@@ -421,15 +421,16 @@ fn bf16_row_wise_tables_train_like_one_rank() {
                 ..RunSettings::default()
             },
             iters: 10,
-            shards: dlrmc::ShardSettings {
+            shards: dlrm_runtime::ShardSettings {
                 mem_per_rank: 1200,
-                ..dlrmc::ShardSettings::default()
+                ..dlrm_runtime::ShardSettings::default()
             },
             ..RunOptions::default()
         };
         let plan = tiny_plan_with(&bf16);
         if ranks > 1 {
-            let sp = dlrmc::shard::shard_plan(&plan, ranks, 24, &opts.shards).expect("plan");
+            let sp = dlrm_runtime::launch::shard::shard_plan(&plan, ranks, 24, &opts.shards)
+                .expect("plan");
             assert!(
                 sp.tables
                     .iter()

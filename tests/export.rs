@@ -12,11 +12,11 @@ use dlrm_ir::interp::bind_symbols;
 use dlrm_ir::{Graph, Op, SingleRank, Tensor};
 use dlrm_onnx::export::{ExportOptions, export, export_to_file};
 use dlrm_passes::pipeline::Precision;
+use dlrm_runtime::infer_once;
 use dlrm_runtime::plan::Plan;
 use dlrm_runtime::{Backend, KernelChoice};
 use dlrmc::Inspection;
 use dlrmc::compile::{CompileOptions, compile};
-use dlrmc::launch::infer_once;
 use dlrmc::model::{Overrides, load_model};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -433,16 +433,16 @@ fn dlrmc_export_command() {
 /// `plan` trained `steps` steps on one rank (synthetic data), with its trained
 /// parameters in place of the initial ones: what a checkpoint will give.
 fn trained(plan: Plan, steps: u64) -> Plan {
-    let opts = dlrmc::RunOptions {
-        settings: dlrmc::RunSettings {
+    let opts = dlrm_runtime::RunOptions {
+        settings: dlrm_runtime::RunSettings {
             log_every: 0,
             eval_batches: 0,
-            ..dlrmc::RunSettings::default()
+            ..dlrm_runtime::RunSettings::default()
         },
         iters: steps,
-        ..dlrmc::RunOptions::default()
+        ..dlrm_runtime::RunOptions::default()
     };
-    let job = dlrmc::job_for(plan.clone(), &opts).expect("job");
+    let job = dlrm_runtime::job_for(plan.clone(), &opts).expect("job");
     let (_, mut ranks) = dlrm_runtime::driver::run_with_params(job, &mut |_| {}).expect("train");
     let mut after = ranks.swap_remove(0);
     let params = plan

@@ -9,9 +9,9 @@ use dlrm_ir::Tensor;
 use dlrm_runtime::driver::{Event, Report, run_with_params};
 use dlrm_runtime::plan::Plan;
 use dlrm_runtime::{Backend, LrPolicy};
+use dlrm_runtime::{RunOptions, RunSettings, job_for};
 use dlrmc::compile::{CompileOptions, compile};
 use dlrmc::model::{Overrides, load_model};
-use dlrmc::{RunOptions, RunSettings, job_for};
 use std::collections::HashMap;
 use std::path::Path;
 

@@ -7,11 +7,12 @@ use dlrm_ir::{Graph, InteractionKind, Op, SingleRank, Tensor};
 use dlrm_passes::egraph::Limits;
 use dlrm_passes::egraph::canon::{GENERIC, canonicalise};
 use dlrm_runtime::driver::run_with_params;
+use dlrm_runtime::infer_once;
 use dlrm_runtime::{Backend, Executor, KernelChoice};
+use dlrm_runtime::{RunOptions, RunSettings, job_for};
+use dlrmc::Inspection;
 use dlrmc::compile::{CompileOptions, compile};
-use dlrmc::launch::infer_once;
 use dlrmc::model::{Overrides, load_model};
-use dlrmc::{Inspection, RunOptions, RunSettings, job_for};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 

@@ -136,6 +136,27 @@ pub enum RuntimeError {
         /// What is wrong.
         reason: String,
     },
+    /// Placing the tables or partitioning a graph for N ranks failed
+    /// ([`crate::launch::shard`]).
+    #[error("partitioning the {graph} graph for {ranks} rank{}", if *.ranks == 1 { "" } else { "s" })]
+    Partition {
+        /// `infer` or `train`.
+        graph: &'static str,
+        /// Rank count.
+        ranks: usize,
+        /// The planner's or partition pass's error.
+        #[source]
+        source: Box<dlrm_passes::PassError>,
+    },
+    /// Options that cannot run (rank count, step count, batch size, mode, a
+    /// checkpoint to resume that does not continue this run); the message names
+    /// the `dlrm-run` flag.
+    #[error("{0}")]
+    Options(String),
+    /// The job does not fit the memory budget (refused before allocating;
+    /// [`crate::launch::memory`]).
+    #[error("not enough memory: {0}")]
+    Memory(String),
     /// `--comm mpi` in a build without the `mpi` cargo feature.
     #[error("built without MPI support; rebuild with `--features mpi`")]
     NoMpi,

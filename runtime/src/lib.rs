@@ -21,6 +21,12 @@
 //!   rate as a pure function of the step, handed to the executor per step;
 //! - [`metrics`]: AUC, log loss, accuracy, normalized entropy and the JSON-lines
 //!   metrics file;
+//! - [`launch`]: a plan placed and partitioned for N ranks ([`launch::shard`]: the
+//!   sharding planner on a plan), every rank's memory checked against its budget
+//!   ([`launch::memory`]), as the driver's [`Job`] ([`job_for`]), run on threads
+//!   or as one rank of a process group ([`run_job`]);
+//! - [`trainer`]: a plan trained from Rust ([`Trainer`]: loaded once, options
+//!   through a builder, placed, checked and run on N ranks);
 //! - [`session`]: a plan served from Rust ([`Session`]: loaded once, inputs in the
 //!   model's own names, called many times).
 //!
@@ -37,6 +43,7 @@ pub mod dataset;
 pub mod driver;
 mod error;
 pub mod exec;
+pub mod launch;
 pub mod metrics;
 #[cfg(feature = "mpi")]
 mod mpi_comm;
@@ -50,6 +57,7 @@ pub mod roofline;
 pub mod schedule;
 pub mod session;
 pub mod source;
+pub mod trainer;
 
 pub use data::{DataSchema, SyntheticData, eval_step};
 pub use dataset::{DataConfig, DatasetSource, LoaderBench, Position, bench_loader};
@@ -57,6 +65,8 @@ pub use dlrm_ir::{AllReduceAlgo, Communicator, LocalComm, LocalGroup};
 pub use driver::{BestAuc, Event, Job, Mode, Report, RunSettings, run, run_rank, run_with_params};
 pub use error::{Result, RuntimeError};
 pub use exec::{Backend, Executor, KernelChoice, OpTime};
+pub use launch::shard::{ShardSettings, plan_shards};
+pub use launch::{CheckpointOptions, Comm, Ranks, RunOptions, infer_once, job_for, run_job};
 pub use metrics::{EvalMetrics, MetricsWriter, accuracy, auc, log_loss, normalized_entropy};
 pub use mpi_comm::MpiComm;
 pub use plan::{Plan, Training, read_manifest, read_plan, write_plan};
@@ -64,3 +74,4 @@ pub use progress::CommTimes;
 pub use schedule::{LrPolicy, LrSchedule};
 pub use session::Session;
 pub use source::{EvalSet, Source};
+pub use trainer::Trainer;

@@ -14,10 +14,10 @@ mod common;
 
 use common::{Server, floats, http, json_inputs, raw, start_args};
 use dlrm_ir::Tensor;
+use dlrm_runtime::CheckpointOptions;
 use dlrm_runtime::Session;
 use dlrm_runtime::checkpoint::Checkpoint;
-use dlrmc::launch::CheckpointOptions;
-use dlrmc::{Ranks, RunOptions, job_for, run_job};
+use dlrm_runtime::{Ranks, RunOptions, job_for, run_job};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -7,15 +7,16 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use dlrm_ir::Communicator;
 use dlrm_passes::shard::human;
-use dlrm_runtime::checkpoint::{Checkpoint, is_checkpoint};
+use dlrm_runtime::checkpoint::Checkpoint;
+use dlrm_runtime::launch::{CheckpointOptions, Comm, Ranks, infer_once, mpi_ranks, run_job};
 use dlrm_runtime::metrics::{MetricsWriter, peak_rss_bytes};
-use dlrm_runtime::plan::{Plan, read_plan};
-use dlrm_runtime::{AllReduceAlgo, Backend, DataConfig, KernelChoice, LrPolicy, bench_loader};
+use dlrm_runtime::plan::Plan;
+use dlrm_runtime::{
+    AllReduceAlgo, Backend, DataConfig, KernelChoice, LrPolicy, MpiComm, RunSettings,
+    ShardSettings, Trainer, bench_loader,
+};
 use dlrmc::console::{Console, Show, summary};
-use dlrmc::launch::{CheckpointOptions, infer_once, init_mpi, mpi_ranks, resume_note};
-use dlrmc::memory::{Budget, mpi_ranks_here};
-use dlrmc::shard::{PlannerArgs, parse_mem_arg};
-use dlrmc::{Comm, Ranks, RunOptions, RunSettings, ShardSettings, job_for, run_job};
+use dlrmc::planner::{PlannerArgs, parse_mem_arg};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -344,7 +345,7 @@ fn real_main(cli: Cli) -> Result<()> {
     match cli.comm {
         Comm::Threads => run_plan(&cli, cli.ranks.unwrap_or(1), Ranks::Threads),
         Comm::Mpi => {
-            let comm = init_mpi()?;
+            let comm = MpiComm::init()?;
             let out = mpi_ranks(comm.size(), cli.ranks)
                 .map_err(anyhow::Error::from)
                 .and_then(|n| run_plan(&cli, n, Ranks::Process(&comm)));
@@ -381,20 +382,18 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     if cli.inputs.is_some() && cli.comm == Comm::Mpi {
         bail!("--inputs runs the model once in one process: drop --comm mpi");
     }
-    let (plan, resume) = load(cli)?;
-    if let (Some(c), true) = (&resume, root)
-        && let Some(note) = resume_note(&plan, c)
-    {
+    let trainer = load(cli)?;
+    if root && let Some(note) = trainer.resume_note() {
         eprintln!("{note}");
     }
-    let opts = run_options(cli, ranks, &place, data, resume)?;
+    let trainer = configure(cli, trainer, ranks, data)?;
     if let Some(inputs) = &cli.inputs {
-        return infer_file(plan, inputs, cli.outputs.as_deref(), cli);
+        return infer_file(trainer.into_plan(), inputs, cli.outputs.as_deref(), cli);
     }
-    let name = plan.name.clone();
-    let job = job_for(plan, &opts)?;
+    let name = trainer.plan().name.clone();
+    let job = trainer.job(&place)?;
     let iters = job.iters;
-    let steps_per_epoch = match &opts.settings.data {
+    let steps_per_epoch = match &job.settings.data {
         Some(d) => Some(dlrm_runtime::dataset::steps_per_epoch(
             &dlrm_data::Dataset::open(&d.path)?,
             &d.train_split,
@@ -471,19 +470,19 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     Ok(())
 }
 
-/// The run's options from the command line: `data` (the dataset, if any) and
-/// `resume` (the checkpoint) as [`load`] and [`run_plan`] found them.
-fn run_options(
+/// The trainer set up as the command line says: `data` (the dataset, if any) as
+/// [`run_plan`] found it; the plan and the checkpoint resumed from as [`load`]
+/// found them. The memory budget of a rank, for both the placement of the tables
+/// and the check, is `--mem-per-rank`, else this machine's available memory shared
+/// by the ranks it runs ([`dlrm_runtime::launch::memory::run_budget`]).
+fn configure(
     cli: &Cli,
+    trainer: Trainer,
     ranks: usize,
-    place: &Ranks<'_>,
     data: Option<DataConfig>,
-    resume: Option<Arc<Checkpoint>>,
-) -> Result<RunOptions> {
-    let default_iters = resume.as_ref().map_or(100, |c| c.manifest().last_step);
-    let budget = run_budget(cli, ranks, place)?;
-    Ok(RunOptions {
-        settings: RunSettings {
+) -> Result<Trainer> {
+    let mut t = trainer
+        .settings(RunSettings {
             ranks,
             log_every: cli.log_every,
             eval_batches: cli.eval_batches,
@@ -497,104 +496,62 @@ fn run_options(
             eval_every: cli.eval_every,
             synthetic_batches: cli.synthetic_batches.unwrap_or(0),
             pooling: cli.pooling.clone().map(|p| p.0).unwrap_or_default(),
-        },
-        iters: cli.iters.unwrap_or(default_iters),
-        epochs: if cli.iters.is_some() {
-            None
-        } else {
-            cli.epochs
-        },
-        lr: cli.lr,
-        lr_policy: lr_policy(cli),
-        checkpoint: cli.checkpoint.as_ref().map(|dir| CheckpointOptions {
+        })
+        .infer(cli.infer)
+        .shards(
+            cli.planner
+                .settings(ShardSettings::default().mem_per_rank)?,
+        )
+        .memory_check(!cli.no_mem_check);
+    if let Some(n) = cli.iters {
+        t = t.steps(n);
+    }
+    if let Some(e) = cli.epochs {
+        t = t.epochs(e);
+    }
+    if let Some(s) = cli.seed {
+        t = t.seed(s);
+    }
+    if let Some(b) = cli.batch_size {
+        t = t.batch_size(b);
+    }
+    if let Some(lr) = cli.lr {
+        t = t.lr(lr);
+    }
+    if let Some(p) = lr_policy(cli) {
+        t = t.lr_policy(p);
+    }
+    if let Some(dir) = &cli.checkpoint {
+        t = t.checkpoint(CheckpointOptions {
             dir: dir.clone(),
             every: cli.checkpoint_every,
             keep: cli.keep,
-        }),
-        resume,
-        seed: cli.seed,
-        batch_size: cli.batch_size,
-        infer: cli.infer,
-        // One budget: the tables are placed in what the check allows.
-        shards: cli.planner.settings(
-            budget
-                .as_ref()
-                .map_or(ShardSettings::default().mem_per_rank, |b| b.bytes),
-        )?,
-        memory_budget: budget.filter(|_| !cli.no_mem_check),
-    })
-}
-
-/// The memory budget of a rank, for both the placement of the tables and the
-/// check: `--mem-per-rank`, else this machine's available memory shared by the
-/// ranks it runs. Thread ranks share one process's memory (a refusal advises more
-/// machines, not more threads); MPI processes take the smallest budget of all, so
-/// that every process places the tables alike. `None` only with `--no-mem-check`
-/// when the machine's memory cannot be read (the planner's default then places
-/// the tables).
-fn run_budget(cli: &Cli, ranks: usize, place: &Ranks<'_>) -> Result<Option<Budget>> {
-    let here = match place {
-        Ranks::Threads => ranks,
-        Ranks::Process(_) => mpi_ranks_here(),
-    };
-    let budget = match cli.mem_per_rank {
-        Some(b) => Budget::given(b),
-        None => match Budget::machine(here) {
-            Ok(b) => b,
-            Err(_) if cli.no_mem_check => return Ok(None),
-            Err(e) => return Err(e.into()),
-        },
-    };
-    Ok(Some(match place {
-        Ranks::Threads => {
-            let machine = match cli.mem_per_rank {
-                Some(b) => b,
-                None => budget.bytes.saturating_mul(here as u64),
-            };
-            budget.on_threads(machine)
-        }
-        Ranks::Process(comm) if cli.mem_per_rank.is_none() => {
-            // In MiB, exact in f32 up to 16 TiB; each process its own slot.
-            let mib = (budget.bytes >> 20).min(1 << 24) as f32;
-            let mut all = vec![0f32; comm.size()];
-            all[comm.rank()] = mib;
-            comm.all_reduce_sum(&mut all)?;
-            let least = all.iter().copied().fold(f32::INFINITY, f32::min) as u64;
-            Budget {
-                bytes: least << 20,
-                source: format!("{}, the least of the job's processes", budget.source),
-                ..budget
-            }
-        }
-        Ranks::Process(_) => budget,
-    }))
+        });
+    }
+    if let Some(bytes) = cli.mem_per_rank {
+        t = t.memory_budget(bytes);
+    }
+    Ok(t)
 }
 
 /// The plan to run and the checkpoint to resume from: the positional argument is
 /// a plan, or a checkpoint whose graphs and trained parameters make the plan.
-fn load(cli: &Cli) -> Result<(Plan, Option<Arc<Checkpoint>>)> {
-    let positional_ckpt =
-        is_checkpoint(&cli.plan) && !cli.plan.join("weights.safetensors").is_file();
-    // A checkpoint's parameters are read on demand: each rank reads only the rows
-    // it holds, once (resuming from the same checkpoint reads them from it alike).
-    let (plan, own) = if positional_ckpt {
-        let c = Arc::new(Checkpoint::open(&cli.plan)?);
-        let plan = c.to_plan_on_demand()?;
-        (plan, Some(c))
-    } else {
-        (read_plan(&cli.plan)?, None)
-    };
-    let resume = match (&cli.resume, own) {
+fn load(cli: &Cli) -> Result<Trainer> {
+    let trainer = Trainer::open(&cli.plan)?;
+    let resume = match (&cli.resume, trainer.opened_checkpoint()) {
         (None, _) => None,
         (Some(Some(dir)), _) => Some(Arc::new(Checkpoint::open(dir)?)),
-        (Some(None), Some(c)) => Some(c),
+        (Some(None), Some(c)) => Some(Arc::clone(c)),
         (Some(None), None) => bail!(
             "--resume without a directory continues the checkpoint given in place of the \
              plan, but {} is a plan: give `--resume CHECKPOINT_DIR`",
             cli.plan.display()
         ),
     };
-    Ok((plan, resume))
+    Ok(match resume {
+        Some(c) => trainer.resume(c),
+        None => trainer,
+    })
 }
 
 /// `--infer --inputs FILE [--outputs FILE]`: one inference on the given arrays.

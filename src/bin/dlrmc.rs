@@ -6,12 +6,16 @@ use clap::{Args, Parser, Subcommand};
 use dlrm_ir::{Communicator, Graph, dot, text};
 use dlrm_passes::pipeline::{self, DumpSpec, PipelineOptions, Precision};
 use dlrm_passes::{LossKind, TrainConfig};
+use dlrm_runtime::MpiComm;
 use dlrm_runtime::checkpoint::read_plan_or_checkpoint;
+use dlrm_runtime::launch::Comm;
+use dlrm_runtime::launch::shard::{PlanGraphs, plan_shards_graphs};
 use dlrm_runtime::plan::{read_plan, write_plan};
+use dlrm_runtime::{ShardSettings, plan_shards};
 use dlrmc::compile::{CompileOptions, Stage, partition_stages};
 use dlrmc::model::{Overrides, load_model, table_rows_of};
-use dlrmc::shard::{PlannerArgs, parse_mem_arg};
-use dlrmc::{Inspection, ShardSettings, compile, plan_shards};
+use dlrmc::planner::{PlannerArgs, parse_mem_arg};
+use dlrmc::{Inspection, compile};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -76,7 +80,7 @@ struct CalibrateArgs {
     ranks: usize,
     /// Ranks are `threads` of this process or `mpi` processes (under `mpirun`).
     #[arg(long, value_name = "threads|mpi", default_value = "threads", value_parser = parse_comm)]
-    comm: dlrmc::Comm,
+    comm: Comm,
     /// Fewer repetitions: rougher rates, sooner.
     #[arg(long)]
     quick: bool,
@@ -85,8 +89,8 @@ struct CalibrateArgs {
     json: bool,
 }
 
-fn parse_comm(s: &str) -> std::result::Result<dlrmc::Comm, String> {
-    dlrmc::Comm::parse(s).ok_or_else(|| format!("`{s}`: expected threads or mpi"))
+fn parse_comm(s: &str) -> std::result::Result<Comm, String> {
+    Comm::parse(s).ok_or_else(|| format!("`{s}`: expected threads or mpi"))
 }
 
 #[derive(Args, Debug)]
@@ -461,8 +465,8 @@ fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
         ),
     };
     let comm = match a.comm {
-        dlrmc::Comm::Threads => None,
-        dlrmc::Comm::Mpi => Some(dlrmc::launch::init_mpi()?),
+        Comm::Threads => None,
+        Comm::Mpi => Some(MpiComm::init()?),
     };
     let root = comm.as_ref().is_none_or(|c| c.rank() == 0);
     let dyn_comm = comm.as_ref().map(|c| c as &dyn Communicator);
@@ -512,14 +516,14 @@ fn cmd_plan_shards(a: PlanShardsArgs) -> Result<()> {
             ..Default::default()
         };
         let g = dlrmc::compile::compile_graphs(&a.plan, &opts)?;
-        let pg = dlrmc::shard::PlanGraphs {
+        let pg = PlanGraphs {
             name: &g.name,
             infer: &g.infer,
             train: g.train.as_ref(),
             batch_size: g.batch_size,
             precision: &g.precision,
         };
-        dlrmc::shard::plan_shards_graphs(pg, a.ranks, a.batch_size, &a.shards.settings()?)?
+        plan_shards_graphs(pg, a.ranks, a.batch_size, &a.shards.settings()?)?
     } else {
         let plan = read_plan_or_checkpoint(&a.plan)?;
         plan_shards(&plan, a.ranks, a.batch_size, &a.shards.settings()?)?

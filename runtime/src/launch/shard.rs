@@ -7,7 +7,8 @@
 //! graph when there is none; both have the same tables, and the planner depends on
 //! nothing else) and applied to both graphs.
 
-use crate::error::{Error, Result};
+use crate::error::{Result, RuntimeError};
+use crate::plan::Plan;
 use dlrm_ir::Graph;
 use dlrm_passes::partition::{Partitioned, TableInfo, tables};
 use dlrm_passes::pipeline;
@@ -16,7 +17,6 @@ use dlrm_passes::shard::{
     Prediction, ScalePoint,
 };
 use dlrm_passes::{DEFAULT_BUCKET_BYTES, PlannerOptions, ShardPlan};
-use dlrm_runtime::plan::Plan;
 use serde::Serialize;
 
 /// How a plan is split over N ranks: the sharding planner's knobs (`--mem-per-rank`,
@@ -55,7 +55,8 @@ pub enum Rates {
     /// The built-in guesses ([`Machine::default`], [`Network::default`]).
     #[default]
     Default,
-    /// Measured on this machine by `dlrmc calibrate` ([`crate::calibrate`]).
+    /// Measured on this machine by `dlrmc calibrate` (read by the command line and
+    /// given here as plain rates).
     Calibrated,
     /// `--machine` and `--network` (or one of them, the other calibrated or the
     /// default).
@@ -87,93 +88,8 @@ impl ShardSettings {
     }
 }
 
-/// Parses a `--bucket-bytes` value: `0` (no buckets) or a byte count such as
-/// `1MiB` (as `--mem-per-rank`).
-pub fn parse_bucket_bytes(s: &str) -> Result<u64> {
-    if s.trim() == "0" {
-        return Ok(0);
-    }
-    shard::parse_bytes(s).map_err(|e| Error::Options(e.to_string()))
-}
-
-/// The sharding planner's flags that `dlrmc compile`, `dlrmc plan-shards` and
-/// `dlrm-run` share (each binary declares its own `--mem-per-rank`, whose default
-/// differs: the planner's 16 GiB, or `dlrm-run`'s memory budget).
-#[derive(clap::Args, Clone, Debug, Default, PartialEq)]
-pub struct PlannerArgs {
-    /// Sharding planner: the network between ranks, `latency_us,GBps` (default:
-    /// the calibration's, else 2,12.5).
-    #[arg(long, value_name = "US,GBPS", value_parser = parse_network_arg)]
-    pub network: Option<Network>,
-    /// Sharding planner: one rank's compute rates, `GFLOPs,GBps` (default: the
-    /// calibration's, else 20,4: one core of an AVX2 machine).
-    #[arg(long, value_name = "GFLOPS,GBPS", value_parser = parse_machine_arg)]
-    pub machine: Option<Machine>,
-    /// Sharding planner: the rates measured by `dlrmc calibrate` (default: its
-    /// file, `$DLRMC_CALIBRATION` or `~/.cache/dlrmc/calibration.json`, when it
-    /// exists).
-    #[arg(long, value_name = "FILE")]
-    pub calibration: Option<std::path::PathBuf>,
-    /// Fuse the dense-gradient all-reduces into buckets of this many bytes, in the
-    /// order backward produces the gradients, e.g. `1MiB` (default), `25MiB`; 0:
-    /// one all-reduce per gradient.
-    #[arg(long, value_name = "BYTES", value_parser = parse_bucket_arg)]
-    pub bucket_bytes: Option<u64>,
-}
-
-impl PlannerArgs {
-    /// The settings these flags give, with `mem_per_rank` bytes of tables per
-    /// rank: `--machine`/`--network` when given, else the calibration's rates
-    /// (`--calibration`, else the default file when it exists), else the
-    /// built-in guesses. An unreadable or invalid calibration file is an error.
-    pub fn settings(&self, mem_per_rank: u64) -> Result<ShardSettings> {
-        let d = ShardSettings::default();
-        let path = match &self.calibration {
-            Some(p) => Some(p.clone()),
-            None => crate::calibrate::default_path().filter(|p| p.exists()),
-        };
-        let measured = match (self.machine.is_some() && self.network.is_some(), path) {
-            (false, Some(p)) => Some(crate::calibrate::read(&p)?),
-            _ => None,
-        };
-        let rates = match (self.machine.is_some() || self.network.is_some(), &measured) {
-            (true, _) => Rates::Flags,
-            (false, Some(_)) => Rates::Calibrated,
-            (false, None) => Rates::Default,
-        };
-        let (machine, network) = match measured {
-            Some(c) => (c.machine, c.network),
-            None => (d.machine, d.network),
-        };
-        Ok(ShardSettings {
-            mem_per_rank,
-            network: self.network.unwrap_or(network),
-            machine: self.machine.unwrap_or(machine),
-            bucket_bytes: self.bucket_bytes.unwrap_or(d.bucket_bytes),
-            rates,
-        })
-    }
-}
-
-/// The value parser of `--mem-per-rank` ([`shard::parse_bytes`]).
-pub fn parse_mem_arg(s: &str) -> std::result::Result<u64, String> {
-    shard::parse_bytes(s).map_err(|e| e.to_string())
-}
-
-fn parse_bucket_arg(s: &str) -> std::result::Result<u64, String> {
-    parse_bucket_bytes(s).map_err(|e| e.to_string())
-}
-
-fn parse_network_arg(s: &str) -> std::result::Result<Network, String> {
-    Network::parse(s).map_err(|e| e.to_string())
-}
-
-fn parse_machine_arg(s: &str) -> std::result::Result<Machine, String> {
-    Machine::parse(s).map_err(|e| e.to_string())
-}
-
-fn planner_err(graph: &'static str, ranks: usize, e: dlrm_passes::PassError) -> Error {
-    Error::Partition {
+fn planner_err(graph: &'static str, ranks: usize, e: dlrm_passes::PassError) -> RuntimeError {
+    RuntimeError::Partition {
         graph,
         ranks,
         source: Box::new(e),
@@ -211,7 +127,7 @@ pub fn reserved_per_rank(g: &Graph, ranks: usize, global_batch: usize) -> u64 {
 /// The planner options the placement uses on `ranks` ranks: `settings`', tables
 /// (with their optimizer state) placed in `--mem-per-rank`, nothing reserved, so a
 /// budget of a few KiB still forces row-wise splits (the tests do). The rest of
-/// each rank is judged afterwards, on the partitioned graphs ([`crate::memory`]);
+/// each rank is judged afterwards, on the partitioned graphs ([`super::memory`]);
 /// the suggestions reserve it ([`reserved_per_rank`]).
 pub fn planner_options(
     _g: &Graph,
@@ -256,6 +172,26 @@ pub fn partition_observed(
     on_pass: &mut dyn FnMut(&str, usize, &Graph),
 ) -> Result<Partitioned> {
     pipeline::partition(g, sp, bucket_bytes, on_pass).map_err(|e| planner_err(which, sp.ranks, e))
+}
+
+/// Partitions the plan's graphs (inference, then training) for `ranks` ranks, the
+/// tables placed at the plan's batch size, calling `on_pass(graph, pass, rank,
+/// g)` with each rank's graph after the `partition` pass and after each per-rank
+/// pass; `graph` is `infer` or `train` (`dlrmc compile --dump-ir` of these stages).
+pub fn partition_plan_observed(
+    plan: &Plan,
+    ranks: usize,
+    settings: &ShardSettings,
+    on_pass: &mut dyn FnMut(&'static str, &str, usize, &Graph),
+) -> Result<()> {
+    let sp = shard_plan(plan, ranks, plan.training.batch_size.max(ranks), settings)?;
+    let graphs = [("infer", Some(&plan.infer)), ("train", plan.train.as_ref())];
+    for (which, g) in graphs {
+        let Some(g) = g else { continue };
+        let mut observe = |pass: &str, r: usize, pg: &Graph| on_pass(which, pass, r, pg);
+        partition_observed(g, which, &sp, settings.bucket_bytes, &mut observe)?;
+    }
+    Ok(())
 }
 
 /// What `dlrmc plan-shards` prints.
@@ -306,7 +242,7 @@ impl<'a> PlanGraphs<'a> {
 /// Plans the shards of `plan` for `ranks` ranks and predicts the step, the scaling
 /// curve (training if the plan trains, else inference) and every rank's memory;
 /// refuses a plan whose largest rank does not fit `settings.mem_per_rank`
-/// ([`crate::memory`]).
+/// ([`super::memory`]).
 pub fn plan_shards(
     plan: &Plan,
     ranks: usize,
@@ -324,12 +260,12 @@ pub fn plan_shards_graphs(
     settings: &ShardSettings,
 ) -> Result<ShardReport> {
     if ranks == 0 {
-        return Err(Error::Options("--ranks must be at least 1".into()));
+        return Err(RuntimeError::Options("--ranks must be at least 1".into()));
     }
-    dlrm_passes::shard::check_rank_count(ranks).map_err(Error::Options)?;
+    dlrm_passes::shard::check_rank_count(ranks).map_err(RuntimeError::Options)?;
     let batch = global_batch.unwrap_or(pg.batch_size);
     if batch < ranks {
-        return Err(Error::Options(format!(
+        return Err(RuntimeError::Options(format!(
             "--ranks {ranks} is more than the global batch of {batch} samples: every rank \
              needs at least one sample (lower --ranks or raise --batch-size)"
         )));
@@ -341,7 +277,7 @@ pub fn plan_shards_graphs(
     let ts = tables(g).map_err(|e| planner_err(which, 1, e))?;
     let dense = DenseProfile::of(g);
     let opts = planner_options(g, ranks, batch, settings);
-    let want = crate::memory::Want {
+    let want = super::memory::Want {
         graph: g,
         tables: &ts,
         ranks,
@@ -352,7 +288,7 @@ pub fn plan_shards_graphs(
         precision: pg.precision,
         per_machine: None,
     };
-    let budget = crate::memory::Budget::given(settings.mem_per_rank);
+    let budget = super::memory::Budget::given(settings.mem_per_rank);
     let job = MemoryJob {
         global_batch: batch,
         ranks,
@@ -362,18 +298,18 @@ pub fn plan_shards_graphs(
         Ok(sp) => sp,
         Err(e) if ranks == 1 => {
             // One rank holds everything: the account says what does not fit.
-            let accounts = crate::memory::rank_accounts(
+            let accounts = super::memory::rank_accounts(
                 pg.train.map(std::slice::from_ref),
                 std::slice::from_ref(pg.infer),
                 &job,
             );
-            crate::memory::check(&accounts, &budget, &want)?;
+            super::memory::check(&accounts, &budget, &want)?;
             return Err(planner_err(which, ranks, e));
         }
-        Err(e) => return Err(crate::memory::placement_refusal(&e, &want)),
+        Err(e) => return Err(super::memory::placement_refusal(&e, &want)),
     };
     let memory = if ranks == 1 {
-        crate::memory::rank_accounts(
+        super::memory::rank_accounts(
             pg.train.map(std::slice::from_ref),
             std::slice::from_ref(pg.infer),
             &job,
@@ -385,9 +321,9 @@ pub fn plan_shards_graphs(
             None => part.graphs.clone(),
         };
         let train = pg.train.map(|_| part.graphs);
-        crate::memory::rank_accounts(train.as_deref(), &infer, &job)
+        super::memory::rank_accounts(train.as_deref(), &infer, &job)
     };
-    crate::memory::check(&memory, &budget, &want)?;
+    super::memory::check(&memory, &budget, &want)?;
     let prediction = shard::predict(&ts, &dense, &sp, &opts);
     let scaling = shard::scaling(&ts, &dense, &opts).map_err(|e| planner_err(which, ranks, e))?;
     Ok(ShardReport {

@@ -5,16 +5,17 @@
 //! an estimated rank count, batch and precision that would ([`suggest`]).
 //!
 //! `dlrmc plan-shards` prints the accounts and refuses a plan that does not fit;
-//! `dlrm-run` checks them in [`crate::launch::job_for`], after partitioning and
+//! `dlrm-run` checks them in [`super::job_for`], after partitioning and
 //! before any rank's parameters, executor or data are allocated.
 //!
 //! The suggestions are estimates: for a rank count `R'` (or a batch), the planner
-//! must place the tables in the budget with [`crate::shard::reserved_per_rank`]
+//! must place the tables in the budget with [`super::shard::reserved_per_rank`]
 //! (the unpartitioned graph's non-table account at the local batch) set aside; the
 //! asked configuration itself is judged on the partitioned graphs.
 
-use crate::error::{Error, Result};
-use crate::shard::{ShardSettings, planner_options};
+use super::Ranks;
+use super::shard::{ShardSettings, planner_options};
+use crate::error::{Result, RuntimeError};
 use dlrm_ir::Graph;
 use dlrm_passes::partition::TableInfo;
 use dlrm_passes::shard::{self, MemoryAccount, MemoryJob, Suggestion};
@@ -56,7 +57,7 @@ impl Budget {
     /// by the `ranks_here` ranks this machine runs.
     pub fn machine(ranks_here: usize) -> Result<Budget> {
         let info = std::fs::read_to_string("/proc/meminfo").map_err(|e| {
-            Error::Options(format!(
+            RuntimeError::Options(format!(
                 "reading /proc/meminfo for the default memory budget: {e}; give --mem-per-rank"
             ))
         })?;
@@ -65,7 +66,7 @@ impl Budget {
             .find_map(|l| l.strip_prefix("MemAvailable:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .ok_or_else(|| {
-                Error::Options(
+                RuntimeError::Options(
                     "/proc/meminfo has no MemAvailable line for the default memory budget; \
                      give --mem-per-rank"
                         .into(),
@@ -154,7 +155,7 @@ fn fits_in(w: &Want<'_>, budget: u64, tables: &[TableInfo], ranks: usize, batch:
     }
     let opts = dlrm_passes::PlannerOptions {
         mem_per_rank: budget,
-        reserved_per_rank: crate::shard::reserved_per_rank(w.graph, ranks, batch),
+        reserved_per_rank: super::shard::reserved_per_rank(w.graph, ranks, batch),
         ..planner_options(w.graph, ranks, batch, w.settings)
     };
     opts.reserved_per_rank < budget && shard::plan(tables, &opts).is_ok()
@@ -254,7 +255,7 @@ pub fn check(accounts: &[MemoryAccount], budget: &Budget, want: &Want<'_>) -> Re
     shard::check(accounts, budget.bytes, &budget.source, &|| suggest(want)).map_err(|e| {
         // The reason alone: the refusal is the caller's (`dlrmc plan-shards` or
         // `dlrm-run`), not the planner pass's.
-        Error::Memory(match e {
+        RuntimeError::Memory(match e {
             dlrm_passes::PassError::Arg { reason, .. } => reason,
             e => e.to_string(),
         })
@@ -263,13 +264,63 @@ pub fn check(accounts: &[MemoryAccount], budget: &Budget, want: &Want<'_>) -> Re
 
 /// The planner could not place the tables in the budget: its reason, with
 /// [`suggest`]'s advice.
-pub fn placement_refusal(reason: &dlrm_passes::PassError, want: &Want<'_>) -> Error {
+pub fn placement_refusal(reason: &dlrm_passes::PassError, want: &Want<'_>) -> RuntimeError {
     let advice = suggest(want).clauses(false);
-    Error::Memory(format!(
+    RuntimeError::Memory(format!(
         "{} tables do not fit {} ranks: {reason}{}{}",
         want.tables.len(),
         want.ranks,
         if advice.is_empty() { "" } else { "; " },
         advice.join("; ")
     ))
+}
+
+/// The memory budget of a rank, for both the placement of the tables and the
+/// check: `mem_per_rank` (`--mem-per-rank`), else this machine's available memory
+/// shared by the ranks it runs. Thread ranks share one process's memory (a refusal
+/// advises more machines, not more threads); MPI processes take the smallest
+/// budget of all (a collective of `place`'s group), so that every process places
+/// the tables alike. `None` only when `optional` (no memory check) and the
+/// machine's memory cannot be read (the planner's default then places the tables).
+pub fn run_budget(
+    mem_per_rank: Option<u64>,
+    ranks: usize,
+    place: &Ranks<'_>,
+    optional: bool,
+) -> Result<Option<Budget>> {
+    let here = match place {
+        Ranks::Threads => ranks,
+        Ranks::Process(_) => mpi_ranks_here(),
+    };
+    let budget = match mem_per_rank {
+        Some(b) => Budget::given(b),
+        None => match Budget::machine(here) {
+            Ok(b) => b,
+            Err(_) if optional => return Ok(None),
+            Err(e) => return Err(e),
+        },
+    };
+    Ok(Some(match place {
+        Ranks::Threads => {
+            let machine = match mem_per_rank {
+                Some(b) => b,
+                None => budget.bytes.saturating_mul(here as u64),
+            };
+            budget.on_threads(machine)
+        }
+        Ranks::Process(comm) if mem_per_rank.is_none() => {
+            // In MiB, exact in f32 up to 16 TiB; each process its own slot.
+            let mib = (budget.bytes >> 20).min(1 << 24) as f32;
+            let mut all = vec![0f32; comm.size()];
+            all[comm.rank()] = mib;
+            comm.all_reduce_sum(&mut all)?;
+            let least = all.iter().copied().fold(f32::INFINITY, f32::min) as u64;
+            Budget {
+                bytes: least << 20,
+                source: format!("{}, the least of the job's processes", budget.source),
+                ..budget
+            }
+        }
+        Ranks::Process(_) => budget,
+    }))
 }

@@ -1,27 +1,33 @@
-//! `dlrm-run`: a plan, partitioned for N ranks, as the runtime's [`Job`].
+//! Launching a plan on N ranks: the plan, partitioned for them, as the driver's
+//! [`Job`], the tables placed and every rank's memory checked on the way.
 //!
 //! The plan holds unpartitioned graphs; the partition pass splits them here, at
 //! launch, so the same plan runs on any number of ranks. The global batch is the
 //! plan's batch size (the same whatever the rank count), so N ranks train on the
 //! same samples as one rank. The tables are placed by the sharding planner
-//! ([`crate::shard`]) with [`RunOptions::shards`]; row-wise tables' shard
-//! parameters are listed in [`Job::row_shards`], and each rank creates just its
-//! rows of the table (the runtime's driver), never the whole table.
+//! ([`shard`]) with [`RunOptions::shards`]; row-wise tables' shard parameters are
+//! listed in [`Job::row_shards`], and each rank creates just its rows of the table
+//! (the runtime's driver), never the whole table. [`memory`] accounts each rank's
+//! memory and refuses a job that does not fit its budget before anything is
+//! allocated.
 //!
-//! [`run_job`] runs the job on the chosen [`Comm`]: N threads of this process, or
+//! [`run_job`] runs the job on the chosen [`Ranks`]: N threads of this process, or
 //! this process's rank of an MPI job (`mpirun -n N dlrm-run PLAN --comm mpi`), where
 //! every process partitions the same plan the same way and runs its own rank.
+//! [`crate::Trainer`] puts it all behind one builder.
 
-use crate::error::{Error, Result};
-use crate::memory::Budget;
-use crate::shard::{ShardSettings, partition_graph, shard_plan};
+pub mod memory;
+pub mod shard;
+
+use crate::checkpoint::{Checkpoint, CheckpointSpec, RowPiece, RunInfo, plan_identity};
+use crate::driver::{Event, Job, Report, RunSettings, run, run_rank};
+use crate::error::{Result, RuntimeError};
+use crate::plan::Plan;
+use crate::schedule::{LrPolicy, LrSchedule, graph_lr};
+use crate::{Backend, KernelChoice};
 use dlrm_ir::{Communicator, Tensor};
-use dlrm_runtime::checkpoint::{Checkpoint, CheckpointSpec, RowPiece, RunInfo, plan_identity};
-pub use dlrm_runtime::driver::RunSettings;
-use dlrm_runtime::driver::{Event, Job, Report, run, run_rank};
-use dlrm_runtime::plan::Plan;
-use dlrm_runtime::schedule::{LrPolicy, LrSchedule, graph_lr};
-use dlrm_runtime::{Backend, KernelChoice, MpiComm};
+use memory::Budget;
+use shard::{ShardSettings, partition_graph, shard_plan};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -56,7 +62,7 @@ pub struct RunOptions {
     /// step; `iters` is the run's total (the last step).
     pub resume: Option<Arc<Checkpoint>>,
     /// Refuse the job, before anything is allocated, if a rank's memory account
-    /// ([`crate::memory`]) exceeds this budget, or the planner cannot place the
+    /// ([`memory`]) exceeds this budget, or the planner cannot place the
     /// tables in it (`dlrm-run` places them in the same budget:
     /// `shards.mem_per_rank` is its bytes); `None`: no check.
     pub memory_budget: Option<Budget>,
@@ -117,7 +123,7 @@ impl Comm {
 /// agree with it.
 pub fn mpi_ranks(size: usize, ranks: Option<usize>) -> Result<usize> {
     match ranks {
-        Some(r) if r != size => Err(Error::Options(format!(
+        Some(r) if r != size => Err(RuntimeError::Options(format!(
             "--ranks {r} disagrees with the MPI job's {size} processes (drop --ranks \
              under --comm mpi, or launch `mpirun -n {r}`)"
         ))),
@@ -147,20 +153,14 @@ pub fn run_job(
     })
 }
 
-/// Initialises MPI for `--comm mpi` (once per process). In a build without the
-/// `mpi` feature this is the clear "built without MPI support" error.
-pub fn init_mpi() -> Result<MpiComm> {
-    Ok(MpiComm::init()?)
-}
-
 /// Builds the job that runs `plan` as `opts` says, partitioning its graphs.
 pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
     let ranks = opts.settings.ranks;
     if ranks == 0 {
-        return Err(Error::Options("--ranks must be at least 1".into()));
+        return Err(RuntimeError::Options("--ranks must be at least 1".into()));
     }
     if opts.settings.threads == Some(0) {
-        return Err(Error::Options("--threads must be at least 1".into()));
+        return Err(RuntimeError::Options("--threads must be at least 1".into()));
     }
     let (global_batch, iters) = batch_and_steps(&plan, opts)?;
     let (seed, global_batch, iters) = match &opts.resume {
@@ -168,7 +168,7 @@ pub fn job_for(plan: Plan, opts: &RunOptions) -> Result<Job> {
         None => (opts.seed.unwrap_or(plan.training.seed), global_batch, iters),
     };
     if opts.infer && (opts.resume.is_some() || opts.checkpoint.is_some()) {
-        return Err(Error::Options(
+        return Err(RuntimeError::Options(
             "--resume and --checkpoint are for training; to serve a checkpoint, give it \
              in place of the plan with --infer"
                 .into(),
@@ -230,34 +230,36 @@ fn batch_and_steps(plan: &Plan, opts: &RunOptions) -> Result<(usize, u64)> {
     let global_batch = opts.batch_size.unwrap_or(plan.training.batch_size);
     let iters = match (&opts.settings.data, opts.epochs) {
         (Some(d), Some(e)) => {
-            let ds = dlrm_data::Dataset::open(&d.path).map_err(dlrm_runtime::RuntimeError::from)?;
-            let spe = dlrm_runtime::dataset::steps_per_epoch(&ds, &d.train_split, global_batch)?;
+            let ds = dlrm_data::Dataset::open(&d.path)?;
+            let spe = crate::dataset::steps_per_epoch(&ds, &d.train_split, global_batch)?;
             e.checked_mul(spe)
-                .ok_or_else(|| Error::Options(format!("--epochs {e}: too many steps")))?
+                .ok_or_else(|| RuntimeError::Options(format!("--epochs {e}: too many steps")))?
         }
         (None, Some(_)) => {
-            return Err(Error::Options(
+            return Err(RuntimeError::Options(
                 "--epochs needs --data (synthetic data has no epochs)".into(),
             ));
         }
         _ => opts.iters,
     };
     if iters == 0 {
-        return Err(Error::Options(
+        return Err(RuntimeError::Options(
             "--iters (or --epochs) must be at least 1".into(),
         ));
     }
     if global_batch == 0 {
-        return Err(Error::Options("the batch size must be at least 1".into()));
+        return Err(RuntimeError::Options(
+            "the batch size must be at least 1".into(),
+        ));
     }
     if global_batch < ranks {
-        return Err(Error::Options(format!(
+        return Err(RuntimeError::Options(format!(
             "--ranks {ranks} is more than the global batch of {global_batch} samples: \
              every rank needs at least one sample (lower --ranks or raise --batch-size)"
         )));
     }
     if !opts.infer && plan.train.is_none() {
-        return Err(Error::Options(format!(
+        return Err(RuntimeError::Options(format!(
             "plan `{}` was compiled for inference only; run it with --infer, or compile \
              it again without --infer-only",
             plan.name
@@ -275,7 +277,7 @@ type Placed = (
 );
 
 /// The per-rank graphs (inference, training) of `plan` at `opts`' rank count and
-/// the row shards they hold: one placement for both graphs ([`crate::shard`]), or
+/// the row shards they hold: one placement for both graphs ([`shard`]), or
 /// the whole graphs on one rank.
 fn place(plan: &Plan, opts: &RunOptions, global_batch: usize) -> Result<Placed> {
     let ranks = opts.settings.ranks;
@@ -292,10 +294,10 @@ fn place(plan: &Plan, opts: &RunOptions, global_batch: usize) -> Result<Placed> 
     ) {
         (Ok(sp), _) => sp,
         // The tables do not fit the budget: the refusal with its advice.
-        (Err(Error::Partition { source, .. }), Some(budget)) => {
-            let tables = crate::shard::plan_tables(plan)?;
+        (Err(RuntimeError::Partition { source, .. }), Some(budget)) => {
+            let tables = shard::plan_tables(plan)?;
             let w = want(plan, opts, budget, global_batch, &tables);
-            return Err(crate::memory::placement_refusal(&source, &w));
+            return Err(memory::placement_refusal(&source, &w));
         }
         (Err(e), _) => return Err(e),
     };
@@ -323,7 +325,7 @@ fn place(plan: &Plan, opts: &RunOptions, global_batch: usize) -> Result<Placed> 
 }
 
 /// Refuses the job if a rank's memory account does not fit `budget`
-/// ([`crate::memory`]); nothing of the run is allocated yet.
+/// ([`memory`]); nothing of the run is allocated yet.
 fn check_memory(
     plan: &Plan,
     opts: &RunOptions,
@@ -337,21 +339,21 @@ fn check_memory(
         ranks: opts.settings.ranks,
         prefetch: opts.settings.data.as_ref().map_or(0, |d| d.prefetch),
     };
-    let accounts = crate::memory::rank_accounts(train, infer, &job);
-    let tables = crate::shard::plan_tables(plan)?;
+    let accounts = memory::rank_accounts(train, infer, &job);
+    let tables = shard::plan_tables(plan)?;
     let w = want(plan, opts, budget, global_batch, &tables);
-    crate::memory::check(&accounts, budget, &w)
+    memory::check(&accounts, budget, &w)
 }
 
-/// What a refusal's advice ([`crate::memory::suggest`]) needs of the job.
+/// What a refusal's advice ([`memory::suggest`]) needs of the job.
 fn want<'a>(
     plan: &'a Plan,
     opts: &'a RunOptions,
     budget: &Budget,
     global_batch: usize,
     tables: &'a [dlrm_passes::partition::TableInfo],
-) -> crate::memory::Want<'a> {
-    crate::memory::Want {
+) -> memory::Want<'a> {
+    memory::Want {
         graph: plan.train.as_ref().unwrap_or(&plan.infer),
         tables,
         ranks: opts.settings.ranks,
@@ -403,14 +405,14 @@ fn resume_settings(
     let now = opts.settings.data.as_ref();
     match (m.data.dataset.as_deref(), now) {
         (Some(was), None) => {
-            return Err(Error::Options(format!(
+            return Err(RuntimeError::Options(format!(
                 "checkpoint {} was trained on dataset {was}: resume with `--data {was}` \
                  (without it the run would continue on synthetic data)",
                 c.dir().display()
             )));
         }
         (None, Some(d)) => {
-            return Err(Error::Options(format!(
+            return Err(RuntimeError::Options(format!(
                 "checkpoint {} was trained on synthetic data, not a dataset: drop `--data {}` \
                  to resume it",
                 c.dir().display(),
@@ -421,7 +423,7 @@ fn resume_settings(
             if let Some(split) = m.data.train_split.as_deref()
                 && split != d.train_split
             {
-                return Err(Error::Options(format!(
+                return Err(RuntimeError::Options(format!(
                     "checkpoint {} trained on split `{split}`, this run on `{}`: resume with \
                      `--train-split {split}`",
                     c.dir().display(),
@@ -434,7 +436,7 @@ fn resume_settings(
     if let Some(s) = opts.seed
         && s != m.seed
     {
-        return Err(Error::Options(format!(
+        return Err(RuntimeError::Options(format!(
             "--seed {s}: checkpoint {} was trained with seed {} (resume with its seed, or \
              drop --seed)",
             c.dir().display(),
@@ -442,14 +444,14 @@ fn resume_settings(
         )));
     }
     if opts.batch_size.is_some() && batch != m.global_batch {
-        return Err(Error::Options(format!(
+        return Err(RuntimeError::Options(format!(
             "--batch-size {batch}: checkpoint {} was trained with a global batch of {}",
             c.dir().display(),
             m.global_batch
         )));
     }
     if iters <= m.step {
-        return Err(Error::Options(format!(
+        return Err(RuntimeError::Options(format!(
             "checkpoint {} holds the state after step {}; --iters {iters} is the run's \
              total steps, so nothing is left to train (raise --iters)",
             c.dir().display(),
@@ -474,7 +476,7 @@ pub fn resume_note(plan: &Plan, c: &Checkpoint) -> Option<String> {
 
 /// Runs the plan's inference graph once on one rank with the given inputs (e.g.
 /// read from an `.npz` file) and returns its outputs by name: a
-/// [`dlrm_runtime::Session`] used once (inputs in the model's own names and
+/// [`crate::Session`] used once (inputs in the model's own names and
 /// layout, NaN and infinite values refused naming the rows).
 pub fn infer_once(
     plan: Plan,
@@ -482,5 +484,5 @@ pub fn infer_once(
     backend: Backend,
     kernels: KernelChoice,
 ) -> Result<Vec<(String, Tensor)>> {
-    Ok(dlrm_runtime::Session::new(plan, backend, kernels)?.infer(inputs)?)
+    crate::Session::new(plan, backend, kernels)?.infer(inputs)
 }
