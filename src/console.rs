@@ -190,6 +190,12 @@ pub fn summary(name: &str, r: &Report) -> String {
             format!("`{}`", r.eval_split)
         }
     );
+    if r.skipped_samples > 0 {
+        s += &format!(
+            ", {} samples skipped (non-finite dense values or labels outside {{0, 1}})",
+            r.skipped_samples
+        );
+    }
     if let Some(b) = &r.best {
         s += &format!(
             ", best {} AUC {:.4} at step {}",

@@ -349,3 +349,53 @@ fn a_dataset_truncated_under_a_running_job_is_a_named_error() {
         "{seen}"
     );
 }
+
+/// `--on-nonfinite`: a sample with a NaN dense value ends the run naming it
+/// (`error`, the default); with `skip` that sample and one whose label is 7 are
+/// left out, the run trains, and the summary and the metrics count them.
+#[test]
+fn on_nonfinite_error_names_the_sample_and_skip_counts_it() {
+    let dir = tempdir();
+    let ds = write_ds(dir.path(), 3000, 4);
+    let model = write_model(dir.path(), 4);
+    let plan = dir.path().join("plan");
+    ok(
+        DLRMC,
+        &["compile", s(&model), "--data", s(&ds), "-o", s(&plan), "-q"],
+    );
+    // Sample 10's dense column 2 becomes NaN, sample 20's label 7 (both training
+    // samples; the files' checksums no longer match, hence --no-verify).
+    let dense = ds.join("dense.f32");
+    let mut bytes = std::fs::read(&dense).expect("dense");
+    bytes[(10 * 4 + 2) * 4..(10 * 4 + 3) * 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&dense, bytes).expect("write dense");
+    let labels = ds.join("label.u8");
+    let mut l = std::fs::read(&labels).expect("labels");
+    l[20] = 7;
+    std::fs::write(&labels, l).expect("write labels");
+    let base = [s(&plan), "--data", s(&ds), "--no-verify", "--epochs", "1"];
+    let out = run(DLRM_RUN, &base);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    // Whichever of the two a batch reaches first (the order is shuffled).
+    assert!(
+        (err.contains("sample 10: dense column 2") && err.contains("NaN"))
+            || err.contains("sample 20: label 7 is not 0 or 1"),
+        "{err}"
+    );
+    let metrics = dir.path().join("m.jsonl");
+    let args = [&base[..], &["--on-nonfinite", "skip", "--metrics", s(&metrics)]].concat();
+    let out = ok(DLRM_RUN, &args);
+    let err = stderr(&out);
+    assert!(err.contains(", 2 samples skipped (non-finite"), "{err}");
+    let text = std::fs::read_to_string(&metrics).expect("metrics");
+    let summary: serde_json::Value =
+        serde_json::from_str(text.lines().last().expect("summary")).expect("json");
+    assert_eq!(summary["skipped_samples"], 2);
+    let bad = run(DLRM_RUN, &[&base[..], &["--on-nonfinite", "drop"]].concat());
+    assert!(
+        stderr(&bad).contains("expected `error` or `skip`, got `drop`"),
+        "{}",
+        stderr(&bad)
+    );
+}

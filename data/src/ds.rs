@@ -633,6 +633,12 @@ impl Dataset {
     /// every id below its table's rows and every multi-hot table's offsets in order;
     /// names the first mismatch.
     pub fn verify(&self) -> Result<()> {
+        self.verify_with(true)
+    }
+
+    /// [`Dataset::verify`], the labels' check only if `labels` (a run that skips
+    /// samples with bad labels checks them itself).
+    pub fn verify_with(&self, labels: bool) -> Result<()> {
         for f in &self.manifest.files {
             let p = self.dir.join(&f.path);
             let (_, sha) = hash_file(&p)?;
@@ -646,7 +652,9 @@ impl Dataset {
                 ));
             }
         }
-        if let Some(i) = self.labels().iter().position(|&y| y > 1) {
+        if let Some(i) = self.labels().iter().position(|&y| y > 1)
+            && labels
+        {
             return Err(DataError::dataset(
                 self.dir.join(LABEL),
                 format!("sample {i}: label {} is not 0 or 1", self.labels()[i]),

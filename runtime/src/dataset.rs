@@ -36,6 +36,7 @@ use crate::data::{DataSchema, SparseFeature, hash, offsets_samples, splitmix64};
 use crate::error::{Result, RuntimeError};
 use dlrm_data::{Dataset, TableInfo};
 use dlrm_ir::{DType, Dim, Graph, Tensor, batch_slice};
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -67,6 +68,33 @@ pub struct DataConfig {
     pub block: usize,
     /// Batches prepared ahead of the step, per rank.
     pub prefetch: usize,
+    /// What a sample with a non-finite dense value or a label outside {0, 1}
+    /// does: end the run with an error naming it (default), or be skipped.
+    pub on_nonfinite: OnNonFinite,
+}
+
+/// The policy for samples with a NaN or infinite dense value or a label that is
+/// not 0 or 1 (`dlrm-run --on-nonfinite`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnNonFinite {
+    /// The run ends with an error naming the sample, column and value, when a
+    /// batch reaches it.
+    #[default]
+    Error,
+    /// Such samples are left out of every split at the start (one pass over the
+    /// dataset); the run counts them.
+    Skip,
+}
+
+impl std::str::FromStr for OnNonFinite {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "error" => Ok(OnNonFinite::Error),
+            "skip" => Ok(OnNonFinite::Skip),
+            other => Err(format!("expected `error` or `skip`, got `{other}`")),
+        }
+    }
 }
 
 impl DataConfig {
@@ -81,6 +109,7 @@ impl DataConfig {
             verify: true,
             block: DEFAULT_BLOCK,
             prefetch: DEFAULT_PREFETCH,
+            on_nonfinite: OnNonFinite::Error,
         }
     }
 }
@@ -106,6 +135,15 @@ pub struct DatasetSource {
     steps_per_epoch: u64,
     /// Per dense feature: its first column in the dataset's dense row.
     dense_at: Vec<usize>,
+    /// With [`OnNonFinite::Skip`]: the kept samples of each split (by its range).
+    kept: Option<Kept>,
+}
+
+/// The samples kept by [`OnNonFinite::Skip`].
+#[derive(Debug, Default)]
+struct Kept {
+    splits: HashMap<(usize, usize), Vec<u32>>,
+    skipped: u64,
 }
 
 fn mismatch(path: &Path, reason: impl Into<String>) -> RuntimeError {
@@ -142,9 +180,81 @@ impl DatasetSource {
     ) -> Result<DatasetSource> {
         let ds = Dataset::open(&cfg.path)?;
         if cfg.verify {
-            ds.verify()?;
+            ds.verify_with(cfg.on_nonfinite == OnNonFinite::Error)?;
         }
-        DatasetSource::new(ds, schema, seed, global_batch, &cfg.train_split, cfg.block)
+        let src = DatasetSource::new(ds, schema, seed, global_batch, &cfg.train_split, cfg.block)?;
+        match cfg.on_nonfinite {
+            OnNonFinite::Error => Ok(src),
+            OnNonFinite::Skip => {
+                let splits = [&cfg.train_split, &cfg.eval_split, &cfg.test_split];
+                src.skipping(&splits, &cfg.train_split)
+            }
+        }
+    }
+
+    /// This source with the samples that have a non-finite dense value or a label
+    /// outside {0, 1} left out of the named splits (those the dataset has), and
+    /// the training epoch recounted.
+    fn skipping(mut self, splits: &[&String], train: &str) -> Result<DatasetSource> {
+        let (dense, w, labels) = (self.ds.dense(), self.ds.dense_width(), self.ds.labels());
+        let good =
+            |s: usize| labels[s] <= 1 && dense[s * w..(s + 1) * w].iter().all(|x| x.is_finite());
+        let mut kept = Kept::default();
+        for name in splits {
+            let Ok(r) = self.ds.split(name) else {
+                continue;
+            };
+            if kept.splits.contains_key(&(r.start, r.end)) {
+                continue;
+            }
+            let list: Vec<u32> = r
+                .clone()
+                .into_par_iter()
+                .filter(|&s| good(s))
+                .map(|s| s as u32)
+                .collect();
+            kept.skipped += (r.len() - list.len()) as u64;
+            kept.splits.insert((r.start, r.end), list);
+        }
+        let n = self.split_len(&self.train.clone(), Some(&kept));
+        self.steps_per_epoch = (n / self.global_batch.max(1)) as u64;
+        if self.steps_per_epoch == 0 {
+            return Err(mismatch(
+                self.ds.path(),
+                format!(
+                    "split `{train}` keeps {n} samples after skipping {} with non-finite \
+                     values or bad labels, fewer than one global batch of {}",
+                    kept.skipped, self.global_batch
+                ),
+            ));
+        }
+        self.kept = Some(kept);
+        Ok(self)
+    }
+
+    /// Samples skipped by [`OnNonFinite::Skip`] (0 without it).
+    pub fn skipped(&self) -> u64 {
+        self.kept.as_ref().map_or(0, |k| k.skipped)
+    }
+
+    /// The number of samples of `split` used (all, or those kept).
+    fn split_len(&self, split: &Range<usize>, kept: Option<&Kept>) -> usize {
+        match kept.and_then(|k| k.splits.get(&(split.start, split.end))) {
+            Some(list) => list.len(),
+            None => split.len(),
+        }
+    }
+
+    /// Sample `i` of `split` (of those kept).
+    fn nth(&self, split: &Range<usize>, i: usize) -> usize {
+        match self
+            .kept
+            .as_ref()
+            .and_then(|k| k.splits.get(&(split.start, split.end)))
+        {
+            Some(list) => list[i] as usize,
+            None => split.start + i,
+        }
     }
 
     /// Maps `schema` onto `ds` (see the module docs), training on split `train`.
@@ -225,6 +335,7 @@ impl DatasetSource {
             train,
             steps_per_epoch: spe,
             dense_at,
+            kept: None,
         })
     }
 
@@ -266,7 +377,7 @@ impl DatasetSource {
     /// batch, in batch order.
     pub fn train_samples(&self, step: u64) -> Vec<usize> {
         let pos = self.position(step);
-        let n = self.train.len();
+        let n = self.split_len(&self.train, self.kept.as_ref());
         let block = self.block;
         let nblocks = n.div_ceil(block);
         let order = Self::permutation(hash(&[self.seed, S_BLOCKS, pos.epoch]), nblocks);
@@ -301,30 +412,32 @@ impl DatasetSource {
                     &cached.insert((slot, Self::permutation(key, len))).1
                 }
             };
-            out.push(self.train.start + b * block + perm[off] as usize);
+            out.push(self.nth(&self.train, b * block + perm[off] as usize));
         }
         out
     }
 
     /// Global batches of an evaluation of `split` (the last one padded).
     pub fn eval_batches(&self, split: &Range<usize>) -> usize {
-        split.len().div_ceil(self.global_batch)
+        self.split_len(split, self.kept.as_ref())
+            .div_ceil(self.global_batch)
     }
 
     /// The samples of evaluation batch `b` of `split`: positions past the split's
     /// end repeat its last sample (padding, whose predictions are dropped).
     pub fn eval_samples(&self, split: &Range<usize>, b: usize) -> Vec<usize> {
-        let start = split.start + b * self.global_batch;
+        let n = self.split_len(split, self.kept.as_ref());
+        let start = b * self.global_batch;
         (start..start + self.global_batch)
-            .map(|s| s.min(split.end.saturating_sub(1)))
+            .map(|i| self.nth(split, i.min(n.saturating_sub(1))))
             .collect()
     }
 
     /// The labels of `split`, in order.
     pub fn labels(&self, split: &Range<usize>) -> Vec<f32> {
-        self.ds.labels()[split.clone()]
-            .iter()
-            .map(|&y| f32::from(y))
+        let labels = self.ds.labels();
+        (0..self.split_len(split, self.kept.as_ref()))
+            .map(|i| f32::from(labels[self.nth(split, i)]))
             .collect()
     }
 

@@ -60,7 +60,7 @@ pub mod source;
 pub mod trainer;
 
 pub use data::{DataSchema, SyntheticData, eval_step};
-pub use dataset::{DataConfig, DatasetSource, LoaderBench, Position, bench_loader};
+pub use dataset::{DataConfig, DatasetSource, LoaderBench, OnNonFinite, Position, bench_loader};
 pub use dlrm_ir::{AllReduceAlgo, Communicator, LocalComm, LocalGroup};
 pub use driver::{BestAuc, Event, Job, Mode, Report, RunSettings, run, run_rank, run_with_params};
 pub use error::{Result, RuntimeError};

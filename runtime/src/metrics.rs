@@ -227,6 +227,7 @@ impl MetricsWriter {
             "best_auc": r.best.as_ref().map(|b| b.auc),
             "best_auc_iter": r.best.as_ref().map(|b| b.iter),
             "eval_samples": r.eval_samples,
+            "skipped_samples": r.skipped_samples,
             "final_loss": r.final_loss,
             "samples_per_s": r.samples_per_s,
             "ranks": r.ranks,

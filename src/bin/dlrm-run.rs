@@ -12,7 +12,7 @@ use dlrm_runtime::launch::{CheckpointOptions, Comm, Ranks, infer_once, mpi_ranks
 use dlrm_runtime::metrics::{MetricsWriter, peak_rss_bytes};
 use dlrm_runtime::plan::Plan;
 use dlrm_runtime::{
-    AllReduceAlgo, Backend, DataConfig, KernelChoice, LrPolicy, MpiComm, RunSettings,
+    AllReduceAlgo, Backend, DataConfig, KernelChoice, LrPolicy, MpiComm, OnNonFinite, RunSettings,
     ShardSettings, Trainer, bench_loader,
 };
 use dlrmc::console::{Console, Show, summary};
@@ -109,6 +109,12 @@ struct Cli {
     /// start (ids are still checked against the plan's tables as batches are read).
     #[arg(long)]
     no_verify: bool,
+    /// With --data: what a sample with a NaN or infinite dense value or a label
+    /// other than 0 or 1 does: `error` ends the run naming it when a batch reaches
+    /// it; `skip` leaves such samples out of every split at the start and counts
+    /// them in the summary.
+    #[arg(long, default_value = "error", value_name = "POLICY")]
+    on_nonfinite: OnNonFinite,
     /// Write checkpoints of the whole training state into DIR: `DIR/step-<n>/`
     /// (manifest, graphs, one safetensors file per writing rank) and `DIR/latest`,
     /// each written atomically; see --checkpoint-every and --keep.
@@ -377,6 +383,7 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         eval_split: cli.eval_split.clone(),
         test_split: cli.test_split.clone(),
         verify: !cli.no_verify,
+        on_nonfinite: cli.on_nonfinite,
         ..DataConfig::new(path)
     });
     if cli.inputs.is_some() && cli.comm == Comm::Mpi {

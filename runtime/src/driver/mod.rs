@@ -363,6 +363,7 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
     Ok(Setup {
         cfg: RankCfg {
             steps_per_epoch: data.steps_per_epoch(),
+            skipped: data.dataset().map_or(0, DatasetSource::skipped),
             eval_every: job.settings.eval_every,
             eval_set,
             final_set,
@@ -707,6 +708,8 @@ struct RankCfg {
     kernels: KernelChoice,
     /// A dataset's training steps per epoch.
     steps_per_epoch: Option<u64>,
+    /// Samples the dataset skipped (`--on-nonfinite skip`).
+    skipped: u64,
     /// Evaluate every this many steps (0: never during training).
     eval_every: u64,
     /// The set evaluated during training.

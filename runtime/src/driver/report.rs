@@ -45,6 +45,9 @@ pub struct Report {
     pub best: Option<BestAuc>,
     /// Training steps per epoch of a dataset (`None`: synthetic data).
     pub steps_per_epoch: Option<u64>,
+    /// Dataset samples left out for a non-finite dense value or a label outside
+    /// {0, 1} (`--on-nonfinite skip`; 0 otherwise).
+    pub skipped_samples: u64,
     /// Samples evaluated.
     pub eval_samples: usize,
     /// Wall time of the whole run, in seconds.
@@ -244,6 +247,7 @@ pub(super) fn report(rank0: &RankOutput, cfg: &RankCfg, wall: Instant, allreduce
         evals: rank0.evals.clone(),
         best,
         steps_per_epoch: cfg.steps_per_epoch,
+        skipped_samples: cfg.skipped,
         wall_s: wall.elapsed().as_secs_f64(),
         op_times: rank0.op_times.clone(),
         node_times: rank0.node_times.clone(),
