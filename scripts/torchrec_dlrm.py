@@ -160,7 +160,7 @@ def main():
         return loss
 
     if a.check is not None:
-        check(spec, ebc, made, pools, a.check, step, a.mode)
+        check(spec, ebc, made, pools, a.check, step)
         return
 
     if a.mode == "infer":
@@ -180,7 +180,7 @@ def main():
     print(f"{a.mode} {rate:.0f}")
 
 
-def check(spec, ebc, made, pools, steps, step, mode):
+def check(spec, ebc, made, pools, steps, step):
     bt, idx = made[0]
     b = spec["batch_size"]
     with torch.no_grad():
