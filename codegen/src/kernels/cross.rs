@@ -249,40 +249,55 @@ impl Elems<'_> {
         }
     }
 
-    #[inline]
-    fn at(self, i: usize) -> f32 {
+    /// Elements `at..at + buf.len()` into `buf`, widened to f32 (exact).
+    fn load(self, at: usize, buf: &mut [f32]) {
         match self {
-            Elems::F32(v) => v[i],
-            Elems::BF16(v) => v[i].to_f32(),
+            Elems::F32(v) => buf.copy_from_slice(&v[at..at + buf.len()]),
+            Elems::BF16(v) => {
+                for (o, x) in buf.iter_mut().zip(&v[at..]) {
+                    *o = x.to_f32();
+                }
+            }
         }
     }
 }
 
-/// `n` values `f(i)` computed in f32 in parallel chunks, stored as `dtype`
-/// (bf16: rounded once, to nearest even).
+/// `f(a, b, c)` of the operands' elements, computed in f32 in parallel chunks
+/// (each operand widened a chunk at a time), stored as `dtype` (bf16: rounded
+/// once, to nearest even).
 fn elementwise(
     dtype: DType,
     shape: Vec<usize>,
-    n: usize,
-    f: impl Fn(usize) -> f32 + Sync,
+    ops: [Elems<'_>; 3],
+    f: impl Fn(f32, f32, f32) -> f32 + Sync,
 ) -> Tensor {
+    let n: usize = shape.iter().product();
+    // Chunk `i` of the results, in f32.
+    let chunk = |i: usize, len: usize| -> Vec<f32> {
+        let at = i * CHUNK;
+        let mut bufs = [vec![0.0f32; len], vec![0.0f32; len], vec![0.0f32; len]];
+        for (b, e) in bufs.iter_mut().zip(ops) {
+            e.load(at, b);
+        }
+        let [a, b, c] = &bufs;
+        (0..len).map(|k| f(a[k], b[k], c[k])).collect()
+    };
     match dtype {
         DType::BF16 => {
             let mut y = vec![bf16::ZERO; n];
-            y.par_chunks_mut(CHUNK).enumerate().for_each(|(c, yc)| {
-                for (k, o) in yc.iter_mut().enumerate() {
-                    *o = bf16::from_f32(f(c * CHUNK + k));
+            y.par_chunks_mut(CHUNK).enumerate().for_each(|(i, yc)| {
+                let vals = chunk(i, yc.len());
+                for (o, v) in yc.iter_mut().zip(vals) {
+                    *o = bf16::from_f32(v);
                 }
             });
             Tensor::bf16(shape, y)
         }
         _ => {
             let mut y = vec![0.0f32; n];
-            y.par_chunks_mut(CHUNK).enumerate().for_each(|(c, yc)| {
-                for (k, o) in yc.iter_mut().enumerate() {
-                    *o = f(c * CHUNK + k);
-                }
-            });
+            y.par_chunks_mut(CHUNK)
+                .enumerate()
+                .for_each(|(i, yc)| yc.copy_from_slice(&chunk(i, yc.len())));
             Tensor::f32(shape, y)
         }
     }
@@ -297,22 +312,58 @@ fn three<'a>(c: &'a Checked<'_>) -> Option<[Elems<'a>; 3]> {
     ])
 }
 
+/// The three operands as f32 slices, if all three are f32 (the loops over them
+/// vectorise with no widening copy).
+fn three_f32<'a>(c: &'a Checked<'_>) -> Option<[&'a [f32]; 3]> {
+    Some([
+        c.input(0).as_f32()?,
+        c.input(1).as_f32()?,
+        c.input(2).as_f32()?,
+    ])
+}
+
 /// `cross_mix(x0, w, x)`: `x0·w + x` per element (f32 or bf16 operands in any mix).
 fn cross_mix(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
-    let [x0, w, x] = three(c)?;
+    if let (Some([x0, w, x]), DType::F32) = (three_f32(c), c.out(0).dtype) {
+        let mut y = vec![0.0f32; x.len()];
+        y.par_chunks_mut(CHUNK).enumerate().for_each(|(i, yc)| {
+            let at = i * CHUNK..i * CHUNK + yc.len();
+            let (x0, w, x) = (&x0[at.clone()], &w[at.clone()], &x[at]);
+            for (k, o) in yc.iter_mut().enumerate() {
+                *o = x0[k] * w[k] + x[k];
+            }
+        });
+        return Some(Ok(vec![Tensor::f32(c.in_shape(2).to_vec(), y)]));
+    }
+    let ops = three(c)?;
     let shape = c.in_shape(2).to_vec();
-    let n = shape.iter().product();
-    let y = elementwise(c.out(0).dtype, shape, n, |i| x0.at(i) * w.at(i) + x.at(i));
+    let y = elementwise(c.out(0).dtype, shape, ops, |x0, w, x| x0 * w + x);
     Some(Ok(vec![y]))
 }
 
 /// `cross_mix_grad(dy, x0, w)`: `(dy·x0, dy·w)` per element (f32 or bf16 operands
 /// in any mix).
 fn cross_mix_grad(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
-    let [dy, x0, w] = three(c)?;
+    let all_f32 = (0..2).all(|k| c.out(k).dtype == DType::F32);
+    if let (Some([dy, x0, w]), true) = (three_f32(c), all_f32) {
+        let (mut g, mut dx0) = (vec![0.0f32; dy.len()], vec![0.0f32; dy.len()]);
+        g.par_chunks_mut(CHUNK)
+            .zip(dx0.par_chunks_mut(CHUNK))
+            .enumerate()
+            .for_each(|(i, (gc, dc))| {
+                let at = i * CHUNK..i * CHUNK + gc.len();
+                let (dy, x0, w) = (&dy[at.clone()], &x0[at.clone()], &w[at]);
+                for k in 0..gc.len() {
+                    gc[k] = dy[k] * x0[k];
+                    dc[k] = dy[k] * w[k];
+                }
+            });
+        let shape = c.in_shape(0).to_vec();
+        return Some(Ok(vec![Tensor::f32(shape.clone(), g), Tensor::f32(shape, dx0)]));
+    }
+    let ops = three(c)?;
     let shape = c.in_shape(0).to_vec();
-    let n = shape.iter().product();
-    let g = elementwise(c.out(0).dtype, shape.clone(), n, |i| dy.at(i) * x0.at(i));
-    let dx0 = elementwise(c.out(1).dtype, shape, n, |i| dy.at(i) * w.at(i));
+    let g = elementwise(c.out(0).dtype, shape.clone(), ops, |dy, x0, _| dy * x0);
+    let dx0 = elementwise(c.out(1).dtype, shape, ops, |dy, _, w| dy * w);
     Some(Ok(vec![g, dx0]))
 }
