@@ -299,6 +299,19 @@ fn a_run_on_a_dataset_resumes_across_an_epoch_bit_for_bit() {
     assert!(e.to_string().contains("resume with `--data"), "{e}");
 }
 
+/// A 3000-sample dataset in `dir` and the plan compiled from it (`dlrmc compile
+/// --data`).
+fn compiled_on_data(dir: &Path) -> (PathBuf, PathBuf) {
+    let ds = write_ds(dir, 3000, 4);
+    let model = write_model(dir, 4);
+    let plan = dir.join("plan");
+    ok(
+        DLRMC,
+        &["compile", s(&model), "--data", s(&ds), "-o", s(&plan), "-q"],
+    );
+    (ds, plan)
+}
+
 /// A dataset file truncated under a running job ends it with an error naming the
 /// file and both sizes (exit status 1), not a silent SIGBUS death (issue 42's
 /// soak fault): the dataset's files are checked before every batch, and a
@@ -308,13 +321,7 @@ fn a_dataset_truncated_under_a_running_job_is_a_named_error() {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
     let dir = tempdir();
-    let ds = write_ds(dir.path(), 3000, 4);
-    let model = write_model(dir.path(), 4);
-    let plan = dir.path().join("plan");
-    ok(
-        DLRMC,
-        &["compile", s(&model), "--data", s(&ds), "-o", s(&plan), "-q"],
-    );
+    let (ds, plan) = compiled_on_data(dir.path());
     let mut child = Command::new(DLRM_RUN)
         .args([s(&plan), "--data", s(&ds), "--iters", "50000"])
         .args(["--log-every", "10", "--threads", "1"])
@@ -356,13 +363,7 @@ fn a_dataset_truncated_under_a_running_job_is_a_named_error() {
 #[test]
 fn on_nonfinite_error_names_the_sample_and_skip_counts_it() {
     let dir = tempdir();
-    let ds = write_ds(dir.path(), 3000, 4);
-    let model = write_model(dir.path(), 4);
-    let plan = dir.path().join("plan");
-    ok(
-        DLRMC,
-        &["compile", s(&model), "--data", s(&ds), "-o", s(&plan), "-q"],
-    );
+    let (ds, plan) = compiled_on_data(dir.path());
     // Sample 10's dense column 2 becomes NaN, sample 20's label 7 (both training
     // samples; the files' checksums no longer match, hence --no-verify).
     let dense = ds.join("dense.f32");
@@ -384,7 +385,11 @@ fn on_nonfinite_error_names_the_sample_and_skip_counts_it() {
         "{err}"
     );
     let metrics = dir.path().join("m.jsonl");
-    let args = [&base[..], &["--on-nonfinite", "skip", "--metrics", s(&metrics)]].concat();
+    let args = [
+        &base[..],
+        &["--on-nonfinite", "skip", "--metrics", s(&metrics)],
+    ]
+    .concat();
     let out = ok(DLRM_RUN, &args);
     let err = stderr(&out);
     assert!(err.contains(", 2 samples skipped (non-finite"), "{err}");

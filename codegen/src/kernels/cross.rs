@@ -359,7 +359,10 @@ fn cross_mix_grad(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
                 }
             });
         let shape = c.in_shape(0).to_vec();
-        return Some(Ok(vec![Tensor::f32(shape.clone(), g), Tensor::f32(shape, dx0)]));
+        return Some(Ok(vec![
+            Tensor::f32(shape.clone(), g),
+            Tensor::f32(shape, dx0),
+        ]));
     }
     let ops = three(c)?;
     let shape = c.in_shape(0).to_vec();
