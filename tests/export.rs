@@ -379,6 +379,9 @@ fn dlrm_run_matches_committed_onnxruntime_outputs() {
             "dynamo_dot_last_offset",
             root().join("frontends/onnx/test_cases/real/dynamo_dot_last_offset/model.onnx"),
         ),
+        // DCN-v2: the cross layers contracted to blocked GEMMs (`contract-cross`),
+        // exported as Gemm (with and without C), Mul and Add.
+        ("dcnv2_tiny", root().join("examples/dlrm-dcnv2-tiny.json")),
     ] {
         let plan = compile_file(&model, Precision::Fp32, None);
         let inputs = dlrm_onnx::npz::read(&golden.join(format!("{name}.inputs.npz"))).expect("in");
