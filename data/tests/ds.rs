@@ -190,3 +190,24 @@ fn map_sparse_rewrites_ids_in_place() {
     let ds = Dataset::open(&dir).unwrap();
     assert_eq!(ds.sparse(0), &[0, 1, 2, 3, 5]);
 }
+
+/// A file of an open dataset truncated (or grown) under it is found by
+/// `check_unchanged`, which names the file and both sizes.
+#[test]
+fn files_changed_under_an_open_dataset_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("x.ds");
+    write(&dir, 5);
+    let ds = Dataset::open(&dir).unwrap();
+    ds.check_unchanged().unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join("sparse.1.u32"))
+        .unwrap();
+    f.set_len(8).unwrap();
+    let e = ds.check_unchanged().unwrap_err().to_string();
+    assert!(
+        e.contains("sparse.1.u32") && e.contains("mapped at 20 bytes, now 8"),
+        "{e}"
+    );
+}
