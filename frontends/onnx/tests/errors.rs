@@ -205,4 +205,15 @@ fn fuzzer_findings_are_errors() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("Slice") || err.contains("starts"), "{err}");
+    // A bag `Loop` whose loop-invariant operand is produced through a cycle
+    // (`val_6` feeds itself): the bag recogniser followed producers without
+    // bound and overflowed the stack (fuzzer, seed 11, 2026-11-29).
+    let b = std::fs::read(case("fuzz").join("loop_bag_cycle.onnx")).unwrap();
+    let err = dlrm_onnx::from_bytes(&b, "m.onnx", None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("`val_6`: too many producers followed"),
+        "{err}"
+    );
 }

@@ -149,11 +149,27 @@ impl<'m> Eval<'_, 'm> {
 
     /// A loop-invariant value of the enclosing graph.
     pub(super) fn outer(&self, name: &str) -> R<A> {
+        let budget = std::cell::Cell::new(16 * self.cx.graph.node.len() + 256);
+        self.outer_within(name, &budget)
+    }
+
+    /// [`Eval::outer`] following at most `budget` producers in all: an acyclic
+    /// graph's patterns need a few per node, so running out means a cycle (a
+    /// malformed model: once an unbounded recursion that overflowed the stack) or
+    /// a chain of products reusing their operands (once exponential).
+    fn outer_within(&self, name: &str, budget: &std::cell::Cell<usize>) -> R<A> {
+        let Some(left) = budget.get().checked_sub(1) else {
+            return Err(format!(
+                "`{name}`: too many producers followed (the graph has a cycle through it)"
+            ));
+        };
+        budget.set(left);
+        let outer = |v: &str| self.outer_within(v, budget);
         let g = &self.cx.graph;
         let producer = g.node.iter().find(|n| n.output.iter().any(|o| o == name));
         if let Some(n) = producer {
             match op_of(n) {
-                "Identity" | "Cast" | "CastLike" => return self.outer(arg(n, 0)?),
+                "Identity" | "Cast" | "CastLike" => return outer(arg(n, 0)?),
                 "Gather" if int_attr(n, "axis", 0) == 0 => {
                     return Ok(A::Per(PerIdx::TableRows {
                         table: arg(n, 0)?.to_string(),
@@ -162,14 +178,14 @@ impl<'m> Eval<'_, 'm> {
                     }));
                 }
                 "Mul" => {
-                    let (a, b) = (self.outer(arg(n, 0)?)?, self.outer(arg(n, 1)?)?);
+                    let (a, b) = (outer(arg(n, 0)?)?, outer(arg(n, 1)?)?);
                     if let Some(v) = weigh(&a, &b).or_else(|| weigh(&b, &a)) {
                         return Ok(v);
                     }
                 }
                 "Unsqueeze" => {
                     // Per-sample weights made a column, or a broadcast constant.
-                    let x = self.outer(arg(n, 0)?)?;
+                    let x = outer(arg(n, 0)?)?;
                     if matches!(x, A::Splat(_)) {
                         return Ok(x);
                     }
@@ -184,7 +200,7 @@ impl<'m> Eval<'_, 'm> {
                     }
                 }
                 "Expand" => {
-                    if let A::Splat(v) = self.outer(arg(n, 0)?)? {
+                    if let A::Splat(v) = outer(arg(n, 0)?)? {
                         return Ok(A::Splat(v));
                     }
                 }
