@@ -190,6 +190,14 @@ impl fmt::Debug for ModOp {
     }
 }
 
+impl Op {
+    /// Whether this is the module op named `mnemonic` (the passes that rewrite
+    /// particular module ops find them by it).
+    pub fn is_module(&self, mnemonic: &str) -> bool {
+        matches!(self, Op::Module(m) if m.mnemonic() == mnemonic)
+    }
+}
+
 /// The module with this mnemonic.
 pub fn find(mnemonic: &str) -> Option<&'static dyn OpModule> {
     MODULES.iter().copied().find(|m| m.mnemonic() == mnemonic)

@@ -63,10 +63,6 @@ impl Pass for ContractCross {
     }
 }
 
-fn is(op: &Op, mnemonic: &str) -> bool {
-    matches!(op, Op::Module(m) if m.mnemonic() == mnemonic)
-}
-
 /// A contracted layer's blocked values (in the new graph), for its gradient.
 #[derive(Clone, Copy)]
 struct Layer {
@@ -224,7 +220,7 @@ pub fn contract(g: &Graph, block: Option<usize>) -> Result<(Graph, usize)> {
     let nodes = g.nodes();
     if !nodes
         .iter()
-        .any(|n| is(&n.op, "cross") || is(&n.op, "cross_grad"))
+        .any(|n| n.op.is_module("cross") || n.op.is_module("cross_grad"))
     {
         return Ok((g.clone(), 0));
     }
@@ -237,8 +233,8 @@ pub fn contract(g: &Graph, block: Option<usize>) -> Result<(Graph, usize)> {
         weights: HashMap::new(),
     };
     let out = rebuild(g, &mut |_, node, out, ins, names| {
-        let forward = is(&node.op, "cross");
-        if !forward && !is(&node.op, "cross_grad") {
+        let forward = node.op.is_module("cross");
+        if !forward && !node.op.is_module("cross_grad") {
             return None;
         }
         let fwd_ops = if forward { ins } else { &ins[1..] };

@@ -114,10 +114,6 @@ fn def_node(g: &Graph, v: ValueId) -> Option<usize> {
     }
 }
 
-fn is_module(op: &Op, mnemonic: &str) -> bool {
-    matches!(op, Op::Module(m) if m.mnemonic() == mnemonic)
-}
-
 fn is_loss(op: &Op) -> bool {
     matches!(
         op,
@@ -421,8 +417,8 @@ impl<'g> Rewrite<'g> {
                             Op::Brgemm { .. } => ins[0] == y,
                             Op::BrgemmWgrad { .. } => ins.last() == Some(&y),
                             // A cross layer's x0 or x (`contract-cross`).
-                            op if is_module(op, "cross_mix") => ins[1] != y,
-                            op if is_module(op, "cross_mix_grad") => ins[1] == y,
+                            op if op.is_module("cross_mix") => ins[1] != y,
+                            op if op.is_module("cross_mix_grad") => ins[1] == y,
                             _ => false,
                         }
                     });
@@ -442,7 +438,7 @@ impl<'g> Rewrite<'g> {
                 Op::UnblockAct { k, dtype } => {
                     let from_fwd = def_node(g, node.inputs[0]).is_some_and(|m| {
                         let op = &g.nodes()[m].op;
-                        matches!(op, Op::Brgemm { .. }) || is_module(op, "cross_mix")
+                        matches!(op, Op::Brgemm { .. }) || op.is_module("cross_mix")
                     });
                     let keep = self.choice.sensitive.contains(&node.outputs[0]) || mixed;
                     let dtype = if from_fwd && !keep {

@@ -12,7 +12,7 @@
 use crate::pass::Params;
 use crate::{Pass, PassError, Ran, Result};
 use dlrm_ir::module::{ModOp, rebuild};
-use dlrm_ir::{Graph, Op, ValueId};
+use dlrm_ir::{Graph, ValueId};
 use std::collections::HashMap;
 
 /// The pass.
@@ -32,20 +32,16 @@ impl Pass for SaveActivations {
     }
 }
 
-fn is(op: &Op, mnemonic: &str) -> bool {
-    matches!(op, Op::Module(m) if m.mnemonic() == mnemonic)
-}
-
 /// `g` with each `cross` / `cross_grad` pair replaced (see the module docs).
 pub fn save(g: &Graph) -> Result<Graph> {
     let nodes = g.nodes();
     let forward: HashMap<&[ValueId], usize> = (0..nodes.len())
-        .filter(|&n| is(&nodes[n].op, "cross"))
+        .filter(|&n| nodes[n].op.is_module("cross"))
         .map(|n| (nodes[n].inputs.as_slice(), n))
         .collect();
     // grad node -> its forward node
     let pairs: HashMap<usize, usize> = (0..nodes.len())
-        .filter(|&n| is(&nodes[n].op, "cross_grad"))
+        .filter(|&n| nodes[n].op.is_module("cross_grad"))
         .filter_map(|n| Some((n, *forward.get(&nodes[n].inputs[1..])?)))
         .collect();
     if pairs.is_empty() {
