@@ -187,6 +187,77 @@ fn native_bag_sums_match_the_references_on_random_shapes() {
     }
 }
 
+/// `embedding_bag_q8` (int8 row-wise tables) on the native row kernels this
+/// CPU runs, against the interpreter (the op's definition: `embedding_bag` on
+/// the dequantized table), on random shapes: every operand form (fixed
+/// pooling, offsets, offsets with a last entry, weighted), sum and mean, i64
+/// and i32 indices, widths across vector and pass boundaries, 1 to 4 threads.
+/// On a CPU with no native row kernel the JIT declines (the interpreter runs).
+#[test]
+fn int8_row_wise_bags_match_the_interpreter_on_random_shapes() {
+    use dlrm_ir::ops::embedding_bag_q8::{self, quantize_rows};
+    let mut compared = 0;
+    for seed in 0..60u64 {
+        let (op, mut ins, out, s, name) = bag_case(7000 + 100 * seed, [DType::F32; 2]);
+        let (mode, last_offset) = match op {
+            Op::EmbeddingBag { mode, last_offset } => (mode, last_offset),
+            Op::EmbeddingBagWeighted => (Pool::Sum, false),
+            // A shard's case: the whole-table form on its rows.
+            Op::EmbeddingBagRows { mode, .. } => (mode, false),
+            ref other => panic!("unexpected case {other:?}"),
+        };
+        let [rows, d] = ins[0].shape[..] else {
+            panic!("a table")
+        };
+        if matches!(op, Op::EmbeddingBagRows { .. }) {
+            // Indices were drawn for the whole table: keep them in the shard's rows.
+            let held = rows as i64;
+            let idx = ins[1].to_i64_vec().expect("indices");
+            let shape = ins[1].shape.clone();
+            ins[1] = match ins[1].dtype() {
+                DType::I32 => Tensor::i32(shape, idx.iter().map(|&i| (i % held) as i32).collect()),
+                _ => Tensor::i64(shape, idx.iter().map(|&i| i % held).collect()),
+            };
+        }
+        let q = quantize_rows(&ins[0].to_f32_vec(), d).expect("finite");
+        ins[0] = Tensor::u8(vec![rows, d + 8], q);
+        // The last-offset form over the same bags: offsets [S+1] ending at N.
+        let last = last_offset || (ins.len() == 3 && seed % 3 == 0);
+        if last && ins.len() == 3 {
+            let mut off = ins[2].to_i64_vec().expect("offsets");
+            off.push(ins[1].numel() as i64);
+            ins[2] = Tensor::i64(vec![off.len()], off);
+        }
+        let op = embedding_bag_q8::op(mode, last && ins.len() == 3);
+        let name = format!("q8 {name} last={last}");
+        let ins: Vec<&Tensor> = ins.iter().collect();
+        let outs = [TensorType::new(DType::F32, out.shape.iter().cloned())];
+        let want = interp(&op, &ins, &outs, s);
+        let sy = syms(s);
+        for &k in &variants() {
+            force_row_kernel(Some(k));
+            for threads in [1, 2 + (seed as usize % 3)] {
+                let o = JitOptions::default();
+                let got = pool(threads)
+                    .install(|| dlrm_codegen::jit::try_eval(&op, &ins, &outs, &sy, &o));
+                match (k, got) {
+                    (RowKernel::Cranelift, None) => {}
+                    (RowKernel::Cranelift, Some(_)) => panic!("{name}: Cranelift has no int8 rows"),
+                    (_, got) => {
+                        let got = got.expect("a JIT kernel").expect("runs");
+                        same_bits(&format!("{name} {k:?} t={threads}"), &got[0], &want[0]);
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        force_row_kernel(None);
+    }
+    let native = variants().iter().any(|&k| k != RowKernel::Cranelift);
+    assert!(!native || compared >= 60, "{compared} native comparisons");
+    eprintln!("{compared} native comparisons");
+}
+
 /// One random update case: the op, its parameters and other operands (the
 /// gradient of element type `grad`; the table Split-SGD-BF16 when `store` is
 /// bf16, else either).

@@ -441,6 +441,7 @@ fn row_of(t: &Tensor, input: &str, row: usize) -> Result<Tensor> {
         Data::I32(v) => Tensor::i32(shape, v[lo..hi].to_vec()),
         Data::F32(v) => Tensor::f32(shape, v[lo..hi].to_vec()),
         Data::BF16(v) => Tensor::bf16(shape, v[lo..hi].to_vec()),
+        Data::U8(v) => Tensor::u8(shape, v[lo..hi].to_vec()),
     })
 }
 

@@ -567,12 +567,10 @@ impl ParamValue {
                 let shape = row_range_shape(name, &t.shape, lo, hi)?;
                 let row: usize = t.shape.iter().skip(1).product();
                 let r = lo * row..hi * row;
-                let data = match &t.data {
-                    Data::F32(v) => Data::F32(v[r].to_vec()),
-                    Data::BF16(v) => Data::BF16(v[r].to_vec()),
-                    Data::I64(v) => Data::I64(v[r].to_vec()),
-                    Data::I32(v) => Data::I32(v[r].to_vec()),
-                };
+                let data = t.data.slice(r).ok_or_else(|| IrError::Binding {
+                    name: name.to_string(),
+                    reason: format!("rows {lo}..{hi} are not all in its stored data"),
+                })?;
                 Ok(Tensor { shape, data })
             }
         }

@@ -21,7 +21,7 @@
 
 use crate::infer::infer;
 use crate::op::Op;
-use crate::tensor::{Data, Tensor};
+use crate::tensor::Tensor;
 use crate::types::{DType, Dim, TensorType};
 use std::collections::HashMap;
 
@@ -198,12 +198,7 @@ impl NodeInstance {
 
 /// The number of elements a tensor's buffer holds.
 pub fn stored_len(t: &Tensor) -> usize {
-    match &t.data {
-        Data::F32(v) => v.len(),
-        Data::BF16(v) => v.len(),
-        Data::I64(v) => v.len(),
-        Data::I32(v) => v.len(),
-    }
+    t.data.len()
 }
 
 /// Operands checked against a [`NodeInstance`] ([`NodeInstance::bind`]): each

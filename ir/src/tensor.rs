@@ -17,6 +17,56 @@ pub enum Data {
     I64(Vec<i64>),
     /// i32 elements.
     I32(Vec<i32>),
+    /// Bytes (quantized tables).
+    U8(Vec<u8>),
+}
+
+impl Data {
+    /// The number of elements held.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::F32(v) => v.len(),
+            Data::BF16(v) => v.len(),
+            Data::I64(v) => v.len(),
+            Data::I32(v) => v.len(),
+            Data::U8(v) => v.len(),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Data::F32(_) => DType::F32,
+            Data::BF16(_) => DType::BF16,
+            Data::I64(_) => DType::I64,
+            Data::I32(_) => DType::I32,
+            Data::U8(_) => DType::U8,
+        }
+    }
+
+    /// A copy of the elements in `r`, or `None` when `r` is not in range.
+    pub fn slice(&self, r: std::ops::Range<usize>) -> Option<Data> {
+        Some(match self {
+            Data::F32(v) => Data::F32(v.get(r)?.to_vec()),
+            Data::BF16(v) => Data::BF16(v.get(r)?.to_vec()),
+            Data::I64(v) => Data::I64(v.get(r)?.to_vec()),
+            Data::I32(v) => Data::I32(v.get(r)?.to_vec()),
+            Data::U8(v) => Data::U8(v.get(r)?.to_vec()),
+        })
+    }
+
+    /// The bytes, if these are u8 elements.
+    pub fn as_u8(&self) -> Option<&[u8]> {
+        match self {
+            Data::U8(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// True when no element is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// A dense row-major tensor.
@@ -82,6 +132,19 @@ impl Tensor {
         }
     }
 
+    /// A u8 tensor.
+    pub fn u8(shape: Vec<usize>, data: Vec<u8>) -> Tensor {
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "u8 tensor {shape:?}"
+        );
+        Tensor {
+            shape,
+            data: Data::U8(data),
+        }
+    }
+
     /// A scalar f32.
     pub fn scalar(v: f32) -> Tensor {
         Tensor::f32(vec![], vec![v])
@@ -95,6 +158,7 @@ impl Tensor {
             DType::BF16 => Data::BF16(vec![bf16::ZERO; n]),
             DType::I64 => Data::I64(vec![0; n]),
             DType::I32 => Data::I32(vec![0; n]),
+            DType::U8 => Data::U8(vec![0; n]),
         };
         Tensor { shape, data }
     }
@@ -110,12 +174,7 @@ impl Tensor {
 
     /// Element type.
     pub fn dtype(&self) -> DType {
-        match self.data {
-            Data::F32(_) => DType::F32,
-            Data::BF16(_) => DType::BF16,
-            Data::I64(_) => DType::I64,
-            Data::I32(_) => DType::I32,
-        }
+        self.data.dtype()
     }
 
     /// Number of elements.
@@ -144,6 +203,11 @@ impl Tensor {
         }
     }
 
+    /// The bytes, if this is a u8 tensor.
+    pub fn as_u8(&self) -> Option<&[u8]> {
+        self.data.as_u8()
+    }
+
     /// The elements widened to f32 (floats only; indices are converted too, for
     /// convenience in tests).
     pub fn to_f32_vec(&self) -> Vec<f32> {
@@ -152,6 +216,7 @@ impl Tensor {
             Data::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
             Data::I64(v) => v.iter().map(|&x| x as f32).collect(),
             Data::I32(v) => v.iter().map(|&x| x as f32).collect(),
+            Data::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
         }
     }
 

@@ -25,16 +25,21 @@ pub enum DType {
     I64,
     /// 32-bit signed integer (indices, offsets).
     I32,
+    /// Unsigned byte: the storage of quantized tables (FBGEMM's fused 8-bit
+    /// row-wise rows: a row's codes, then its f32 scale and bias as 8 bytes,
+    /// [`crate::ops::embedding_bag_q8`]). No arithmetic reads it directly.
+    U8,
 }
 
 impl DType {
-    /// The mnemonic used in the text form and in plans (`f32`, `bf16`, `i64`, `i32`).
+    /// The mnemonic used in the text form and in plans (`f32`, `bf16`, `i64`, `i32`, `u8`).
     pub fn mnemonic(self) -> &'static str {
         match self {
             DType::F32 => "f32",
             DType::BF16 => "bf16",
             DType::I64 => "i64",
             DType::I32 => "i32",
+            DType::U8 => "u8",
         }
     }
 
@@ -45,6 +50,7 @@ impl DType {
             "bf16" => DType::BF16,
             "i64" => DType::I64,
             "i32" => DType::I32,
+            "u8" => DType::U8,
             _ => return None,
         })
     }
@@ -55,6 +61,7 @@ impl DType {
             DType::F32 | DType::I32 => 4,
             DType::BF16 => 2,
             DType::I64 => 8,
+            DType::U8 => 1,
         }
     }
 

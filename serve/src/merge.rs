@@ -411,21 +411,21 @@ fn concat(parts: &[&Tensor]) -> Result<Tensor, String> {
         Data::BF16(_) => cat!(BF16, bf16),
         Data::I64(_) => cat!(I64, i64),
         Data::I32(_) => cat!(I32, i32),
+        Data::U8(_) => cat!(U8, u8),
     })
 }
 
 /// Rows `lo..lo+n` of `t` (axis 0).
-fn rows(t: &Tensor, lo: usize, n: usize) -> Tensor {
+fn rows(t: &Tensor, lo: usize, n: usize) -> Result<Tensor, String> {
     let per: usize = t.shape.iter().skip(1).product();
     let (a, b) = (lo * per, (lo + n) * per);
     let mut shape = t.shape.clone();
     shape[0] = n;
-    match &t.data {
-        Data::F32(v) => Tensor::f32(shape, v[a..b].to_vec()),
-        Data::BF16(v) => Tensor::bf16(shape, v[a..b].to_vec()),
-        Data::I64(v) => Tensor::i64(shape, v[a..b].to_vec()),
-        Data::I32(v) => Tensor::i32(shape, v[a..b].to_vec()),
-    }
+    let data = t
+        .data
+        .slice(a..b)
+        .ok_or_else(|| format!("an output holds fewer than {} samples", lo + n))?;
+    Ok(Tensor { shape, data })
 }
 
 /// A batch's outputs split back into `counts` samples per request.
@@ -448,8 +448,8 @@ pub fn split(
         out.push(
             outputs
                 .iter()
-                .map(|(name, t)| (name.clone(), rows(t, lo, n)))
-                .collect(),
+                .map(|(name, t)| Ok((name.clone(), rows(t, lo, n)?)))
+                .collect::<Result<_, String>>()?,
         );
         lo += n;
     }

@@ -110,6 +110,7 @@ pub fn datatype_of(d: DType) -> &'static str {
         DType::BF16 => "BF16",
         DType::I64 => "INT64",
         DType::I32 => "INT32",
+        DType::U8 => "UINT8",
     }
 }
 

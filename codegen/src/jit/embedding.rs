@@ -77,6 +77,10 @@ pub struct BagSpec {
     /// `embedding_bag_grad` (`table` is `dy`, `idx64` unused): bag `s`'s
     /// gradient rows are `dy[s]` (divided by the bag's size for `mean`).
     pub grad: bool,
+    /// The table is int8 row-wise (`embedding_bag_q8`, FBGEMM's fused 8-bit
+    /// rows of `d` codes and an f32 scale and bias; `table` unused): native
+    /// row kernels only.
+    pub q8: bool,
     /// The row kernels: a native one calls [`super::rows`]' bag sum per bag
     /// (only for the specs it covers, [`rows::emit::covers_bag`]; the others
     /// say [`RowKernel::Cranelift`]).
@@ -97,6 +101,9 @@ pub struct BagKernel {
 const CW: usize = 32;
 
 pub(crate) fn compile(jit: &Jit, spec: BagSpec) -> Result<BagKernel, JitError> {
+    if spec.q8 && (spec.rows == RowKernel::Cranelift || spec.grad) {
+        return Err(JitError::NoNative(spec.rows.name()));
+    }
     if spec.rows != RowKernel::Cranelift && rows::emit::covers_bag(&spec) {
         let f = rows::emit::compile_bag(jit, spec, spec.rows)?;
         // SAFETY: generated with exactly this signature and the C call
@@ -390,10 +397,16 @@ pub(crate) fn embedding_bag(
     out_types: &[TensorType],
 ) -> Option<KResult<Vec<Tensor>>> {
     let inputs = c.inputs();
-    let op = match weighted {
-        true => "embedding_bag_weighted",
-        false => op_name(rows, "embedding_bag", "embedding_bag_rows"),
+    // An int8 row-wise table (`embedding_bag_q8`): native row kernels only.
+    let q8 = inputs[0].dtype() == DType::U8;
+    let op = match (q8, weighted) {
+        (true, _) => "embedding_bag_q8",
+        (false, true) => "embedding_bag_weighted",
+        (false, false) => op_name(rows, "embedding_bag", "embedding_bag_rows"),
     };
+    if q8 && (rows != Rows::All || rows::row_kernel() == RowKernel::Cranelift) {
+        return None;
+    }
     let arity_ok = match weighted {
         true => inputs.len() == 4,
         false if last_offset => inputs.len() == 3,
@@ -410,6 +423,7 @@ pub(crate) fn embedding_bag(
     let (tab_elt, tab_ptr) = match &inputs[0].data {
         Data::F32(v) => (Elt::F32, v.as_ptr().cast::<u8>()),
         Data::BF16(v) => (Elt::BF16, v.as_ptr().cast::<u8>()),
+        Data::U8(v) => (Elt::F32, v.as_ptr()),
         _ => return None,
     };
     let out = match out_types.first()?.dtype {
@@ -420,9 +434,11 @@ pub(crate) fn embedding_bag(
     // The instance verified the ranks, the bag count, the weights' shape and the
     // shard within its table; the buffers hold their shapes' elements. The index
     // values and the offsets are checked below (data).
-    let &[stored, d] = c.in_shape(0) else {
+    let &[stored, width] = c.in_shape(0) else {
         return None;
     };
+    // An int8 row holds `d` codes and 8 bytes of scale and bias.
+    let d = if q8 { width.checked_sub(8)? } else { width };
     Some((|| {
         // Indices are validated against the whole table; a shard holds its
         // rows `first..first + stored`.
@@ -443,9 +459,10 @@ pub(crate) fn embedding_bag(
             shard: rows != Rows::All,
             weighted,
             grad: false,
+            q8,
             rows: RowKernel::Cranelift,
         };
-        if rows::emit::covers_bag(&spec) {
+        if q8 || rows::emit::covers_bag(&spec) {
             spec.rows = rows::row_kernel();
         }
         let k = jit.embedding(spec).map_err(|e| KernelError::Jit {
@@ -536,7 +553,7 @@ unsafe fn run_bags(
             Indices::I64(v) => v.as_ptr().cast::<u8>(),
             Indices::I32(v) => v.as_ptr().cast::<u8>(),
         } as usize;
-        let row_bytes = d * tab_elt.size();
+        let row_bytes = if k.spec.q8 { d + 8 } else { d * tab_elt.size() };
         // Table row `r` at `tab + r·row_bytes`: `first` rows before a
         // shard's storage (only its own rows are read or fetched).
         let tab = (tab_ptr as usize).wrapping_sub(first * row_bytes);
@@ -609,6 +626,7 @@ pub(crate) fn embedding_bag_grad(
             shard: false,
             weighted: false,
             grad: true,
+            q8: false,
             rows: RowKernel::Cranelift,
         };
         let k = jit.embedding(spec).map_err(jit_err(OP))?;

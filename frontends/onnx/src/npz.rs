@@ -103,6 +103,7 @@ fn npy_bytes(t: &Tensor) -> std::result::Result<Vec<u8>, String> {
         Data::F32(v) => put!(v, f32, "<f4"),
         Data::I64(v) => put!(v, i64, "<i8"),
         Data::I32(v) => put!(v, i32, "<i4"),
+        Data::U8(v) => put!(v, u8, "|u1"),
         Data::BF16(v) => {
             let f: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
             put!(f, f32, "<f4")

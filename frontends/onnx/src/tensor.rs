@@ -205,5 +205,6 @@ pub(crate) fn read_tensor(t: &TensorProto, base: Option<&Path>) -> Result<Tensor
                     .collect(),
             )
         }
+        DType::U8 => return Err("uint8 tensors are not imported".to_string()),
     })
 }

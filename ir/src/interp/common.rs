@@ -33,12 +33,7 @@ pub(crate) fn describe(t: &Tensor) -> String {
 }
 
 fn data_len(d: &Data) -> usize {
-    match d {
-        Data::F32(v) => v.len(),
-        Data::BF16(v) => v.len(),
-        Data::I64(v) => v.len(),
-        Data::I32(v) => v.len(),
-    }
+    d.len()
 }
 
 /// Checks that `t` holds exactly as many elements as its shape says; returns that
@@ -120,7 +115,7 @@ pub(crate) fn store(dtype: DType, shape: Vec<usize>, values: Vec<f32>) -> R<Tens
     let data = match dtype {
         DType::F32 => Data::F32(values),
         DType::BF16 => Data::BF16(values.into_iter().map(bf16::from_f32).collect()),
-        DType::I64 | DType::I32 => {
+        DType::I64 | DType::I32 | DType::U8 => {
             return Err(format!(
                 "the result is declared {dtype}, but this op computes floats"
             ));

@@ -30,6 +30,7 @@ fn take(data: &Data, src: &[usize]) -> Data {
         Data::BF16(v) => Data::BF16(src.iter().map(|&i| v[i]).collect()),
         Data::I64(v) => Data::I64(src.iter().map(|&i| v[i]).collect()),
         Data::I32(v) => Data::I32(src.iter().map(|&i| v[i]).collect()),
+        Data::U8(v) => Data::U8(src.iter().map(|&i| v[i]).collect()),
     }
 }
 
@@ -342,6 +343,11 @@ fn cast(to: DType, x: &Tensor) -> R<Tensor> {
         (Data::I32(v), DType::I64) => Data::I64(v.iter().map(|&i| i64::from(i)).collect()),
         (Data::I64(v), DType::I32) => Data::I32(v.iter().map(|&i| fit(i)).collect::<R<_>>()?),
         (Data::I32(v), DType::I32) => Data::I32(v.clone()),
+        (Data::U8(v), DType::F32) => Data::F32(v.iter().map(|&i| f32::from(i)).collect()),
+        (Data::U8(v), DType::U8) => Data::U8(v.clone()),
+        (data, DType::U8) | (data @ Data::U8(_), _) => {
+            return Err(format!("cannot cast {} to {to}", data.dtype()));
+        }
     };
     Ok(Tensor {
         shape: x.shape.clone(),

@@ -92,23 +92,14 @@ pub fn narrow_to_bags(indices: &Tensor, rowgrad: &Tensor, bounds: &Tensor) -> R<
         ));
     }
     let d = rowgrad.shape[1];
+    let short = || format!("{} holds fewer elements than its shape", describe(rowgrad));
     let idx = Tensor {
         shape: vec![hi - lo],
-        data: cut(&indices.data, lo, hi),
+        data: indices.data.slice(lo..hi).ok_or_else(short)?,
     };
     let g = Tensor {
         shape: vec![hi - lo, d],
-        data: cut(&rowgrad.data, lo * d, hi * d),
+        data: rowgrad.data.slice(lo * d..hi * d).ok_or_else(short)?,
     };
     Ok((idx, g))
-}
-
-/// Elements `lo..hi` of a tensor's data (in range: checked by the caller).
-fn cut(data: &Data, lo: usize, hi: usize) -> Data {
-    match data {
-        Data::F32(v) => Data::F32(v.get(lo..hi).unwrap_or_default().to_vec()),
-        Data::BF16(v) => Data::BF16(v.get(lo..hi).unwrap_or_default().to_vec()),
-        Data::I64(v) => Data::I64(v.get(lo..hi).unwrap_or_default().to_vec()),
-        Data::I32(v) => Data::I32(v.get(lo..hi).unwrap_or_default().to_vec()),
-    }
 }

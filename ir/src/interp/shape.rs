@@ -88,6 +88,7 @@ fn concat(axis: usize, ins: &[&Tensor], res: &Concrete) -> R<Tensor> {
         DType::BF16 => join_as!(BF16),
         DType::I64 => join_as!(I64),
         DType::I32 => join_as!(I32),
+        DType::U8 => join_as!(U8),
     };
     Ok(Tensor { shape, data })
 }
@@ -112,6 +113,7 @@ fn split(axis: usize, sizes: &[usize], x: &Tensor, c: &Checked<'_>) -> R<Vec<Ten
         Data::BF16(v) => cut_as!(BF16, v),
         Data::I64(v) => cut_as!(I64, v),
         Data::I32(v) => cut_as!(I32, v),
+        Data::U8(v) => cut_as!(U8, v),
     };
     pieces
         .into_iter()

@@ -19,6 +19,7 @@ macro_rules! no_attributes {
 pub mod cross;
 pub mod cross_mix;
 pub mod cross_saved;
+pub mod embedding_bag_q8;
 
 use crate::module::OpModule;
 
@@ -31,4 +32,5 @@ pub static MODULES: &[&dyn OpModule] = &[
     &cross_mix::CrossMixGrad,
     &cross_saved::CrossSave,
     &cross_saved::CrossGradSaved,
+    &embedding_bag_q8::EmbeddingBagQ8,
 ];

@@ -87,7 +87,7 @@ mod replicated;
 use crate::shard::{Shard, ShardKind, ShardPlan};
 use crate::{PassError, Result};
 use analysis::Sparse;
-use dlrm_ir::{Data, Graph, Tensor, verify};
+use dlrm_ir::{Graph, Tensor, verify};
 use rank::RankBuilder;
 use serde::{Deserialize, Serialize};
 
@@ -181,12 +181,7 @@ impl RowShard {
             return None;
         }
         let r = self.lo * d..self.hi * d;
-        let data = match &t.data {
-            Data::F32(v) => Data::F32(v.get(r)?.to_vec()),
-            Data::BF16(v) => Data::BF16(v.get(r)?.to_vec()),
-            Data::I64(v) => Data::I64(v.get(r)?.to_vec()),
-            Data::I32(v) => Data::I32(v.get(r)?.to_vec()),
-        };
+        let data = t.data.slice(r)?;
         let mut shape = t.shape.clone();
         shape[0] = self.hi - self.lo;
         Some(Tensor { shape, data })

@@ -4,6 +4,7 @@
 
 use super::{FORMAT, LATEST_FILE, Manifest, Piece, TensorEntry, VERSION, parse_step_dir};
 use crate::error::{Result, RuntimeError};
+use crate::plan::write::st_dtype;
 use crate::plan::{FileRef, MANIFEST_FILE, Plan, check_graph_params};
 use dlrm_data::durable;
 use dlrm_ir::init::try_alloc;
@@ -618,15 +619,6 @@ impl RowSource for Checkpoint {
     }
 }
 
-fn st_dtype(d: DType) -> safetensors::Dtype {
-    match d {
-        DType::F32 => safetensors::Dtype::F32,
-        DType::BF16 => safetensors::Dtype::BF16,
-        DType::I64 => safetensors::Dtype::I64,
-        DType::I32 => safetensors::Dtype::I32,
-    }
-}
-
 /// `n` zero elements, allocated fallibly (too large is an error naming `name`).
 fn zeroed(name: &str, d: DType, n: usize) -> Result<Data> {
     Ok(match d {
@@ -634,6 +626,7 @@ fn zeroed(name: &str, d: DType, n: usize) -> Result<Data> {
         DType::BF16 => Data::BF16(try_alloc(name, n)?),
         DType::I64 => Data::I64(try_alloc(name, n)?),
         DType::I32 => Data::I32(try_alloc(name, n)?),
+        DType::U8 => Data::U8(try_alloc(name, n)?),
     })
 }
 
@@ -643,6 +636,7 @@ fn data_bytes_mut(d: &mut Data) -> &mut [u8] {
         Data::BF16(v) => bytemuck::cast_slice_mut(v),
         Data::I64(v) => bytemuck::cast_slice_mut(v),
         Data::I32(v) => bytemuck::cast_slice_mut(v),
+        Data::U8(v) => v,
     }
 }
 

@@ -50,7 +50,7 @@
 use crate::error::{Result, RuntimeError};
 use dlrm_data::durable;
 use dlrm_ir::contract::InputContract;
-use dlrm_ir::{DType, Data, Described, Graph, ParamValue, Tensor, TensorType};
+use dlrm_ir::{DType, Described, Graph, ParamValue, Tensor, TensorType};
 use half::bf16;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -189,7 +189,7 @@ pub struct Manifest {
 }
 
 mod seal;
-mod write;
+pub(crate) mod write;
 
 pub use write::{FailPoint, write_plan, write_plan_failing_at};
 pub(crate) use write::{View, tensor_bytes};
@@ -474,9 +474,14 @@ fn stream_weights(path: &Path) -> Result<(HashMap<String, Tensor>, String)> {
                 read_into(bytemuck::cast_slice_mut(&mut v))?;
                 Tensor::i32(shape, v)
             }
+            safetensors::Dtype::U8 => {
+                let mut v = vec![0u8; numel];
+                read_into(&mut v)?;
+                Tensor::u8(shape, v)
+            }
             other => {
                 return Err(bad(format!(
-                    "tensor `{name}` has dtype {other}; plans hold F32, BF16, I64 or I32"
+                    "tensor `{name}` has dtype {other}; plans hold F32, BF16, I64, I32 or U8"
                 )));
             }
         };
@@ -532,12 +537,7 @@ fn param_err(name: &str, reason: impl Into<String>) -> RuntimeError {
 }
 
 fn stored_len(t: &Tensor) -> usize {
-    match &t.data {
-        Data::F32(v) => v.len(),
-        Data::BF16(v) => v.len(),
-        Data::I64(v) => v.len(),
-        Data::I32(v) => v.len(),
-    }
+    t.data.len()
 }
 
 fn sha256_file(path: &Path) -> Result<(String, u64)> {

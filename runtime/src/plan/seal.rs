@@ -105,6 +105,7 @@ enum DTypeName {
     Bf16,
     I64,
     I32,
+    U8,
 }
 
 /// `precision`: `fp32`, `bf16` or `mixed`.
@@ -122,7 +123,7 @@ pub(super) fn optimizer<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<
     one_of::<D, OptimizerName>(d, "training.optimizer")
 }
 
-/// A parameter's `dtype`: `f32`, `bf16`, `i64` or `i32`.
+/// A parameter's `dtype`: `f32`, `bf16`, `i64`, `i32` or `u8`.
 pub(super) fn dtype<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
     one_of::<D, DTypeName>(d, "dtype")
 }

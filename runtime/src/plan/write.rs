@@ -275,12 +275,7 @@ pub(crate) struct View<'a>(pub(crate) &'a Tensor);
 
 impl safetensors::View for View<'_> {
     fn dtype(&self) -> safetensors::Dtype {
-        match self.0.dtype() {
-            DType::F32 => safetensors::Dtype::F32,
-            DType::BF16 => safetensors::Dtype::BF16,
-            DType::I64 => safetensors::Dtype::I64,
-            DType::I32 => safetensors::Dtype::I32,
-        }
+        st_dtype(self.0.dtype())
     }
     fn shape(&self) -> &[usize] {
         &self.0.shape
@@ -293,6 +288,17 @@ impl safetensors::View for View<'_> {
     }
 }
 
+/// The safetensors dtype of an element type.
+pub(crate) fn st_dtype(d: DType) -> safetensors::Dtype {
+    match d {
+        DType::F32 => safetensors::Dtype::F32,
+        DType::BF16 => safetensors::Dtype::BF16,
+        DType::I64 => safetensors::Dtype::I64,
+        DType::I32 => safetensors::Dtype::I32,
+        DType::U8 => safetensors::Dtype::U8,
+    }
+}
+
 /// A tensor's elements as little-endian bytes (no copy).
 pub(crate) fn tensor_bytes(t: &Tensor) -> &[u8] {
     match &t.data {
@@ -300,6 +306,7 @@ pub(crate) fn tensor_bytes(t: &Tensor) -> &[u8] {
         Data::BF16(v) => bytemuck::cast_slice(v),
         Data::I64(v) => bytemuck::cast_slice(v),
         Data::I32(v) => bytemuck::cast_slice(v),
+        Data::U8(v) => v,
     }
 }
 

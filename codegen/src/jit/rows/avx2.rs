@@ -16,7 +16,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
-    use super::super::bag::{self, bag_cols};
+    use super::super::bag::{self, bag_cols, bag_cols_q8};
     use super::super::update::{self, run_cols};
     use super::super::width::Width;
     use super::super::{BagArgs, RunArgs};
@@ -162,6 +162,35 @@ mod imp {
         #[inline(always)]
         unsafe fn div(a: __m256, b: __m256) -> __m256 {
             unsafe { _mm256_div_ps(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+            unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        unsafe fn load_u8(p: *const u8, n: usize) -> __m256 {
+            // SAFETY: `p` holds `n` bytes; a partial vector's are copied
+            // first (no byte-masked load in AVX2).
+            unsafe {
+                let q = if n == LANES {
+                    _mm_loadl_epi64(p.cast())
+                } else {
+                    let mut b = [0u8; 16];
+                    std::ptr::copy_nonoverlapping(p, b.as_mut_ptr(), n);
+                    _mm_loadu_si128(b.as_ptr().cast())
+                };
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q))
+            }
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn cols_q8<const NV: usize>(
+            a: &BagArgs,
+            se: (usize, usize),
+            out: *mut u8,
+            cc: (usize, usize),
+        ) {
+            // SAFETY: forwarded; compiled with AVX2+FMA's features.
+            unsafe { bag_cols_q8::<Self, NV>(a, se, out, cc) }
         }
         #[inline(always)]
         unsafe fn load<const BF: bool>(p: *const u8, n: usize) -> __m256 {

@@ -7,8 +7,8 @@
 
 use super::width::Width;
 use super::{
-    AHEAD, B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_WEIGHTED, BagArgs, fetch_bag_row,
-    index_at,
+    AHEAD, B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_TABLE_Q8, B_WEIGHTED, BagArgs,
+    fetch_bag_row, index_at,
 };
 
 /// A [`bag_cols`] instance (a width's [`Width::cols`]).
@@ -68,23 +68,112 @@ pub(super) unsafe fn bag_cols<W: Width, const NV: usize, const BF: bool>(
             }
         }
     }
-    if a.flags & B_MEAN != 0 && end > start {
-        // SAFETY: the caller has `W`'s features.
-        unsafe {
-            let c = W::splat((end - start) as f32);
+    // SAFETY: forwarded (the caller's `out` and features).
+    unsafe { finish::<W, NV>(a, end - start, acc, out, (c0, cols)) }
+}
+
+/// The end of a bag's pass: the mean's division (by `size`, an empty bag
+/// stays 0), then the store of columns `c0..c0+cols` at `out`.
+///
+/// # Safety
+/// `out` holds `d >= c0 + cols` elements of the result type; the CPU has
+/// `W`'s features and the caller is compiled with them.
+#[inline(always)]
+unsafe fn finish<W: Width, const NV: usize>(
+    a: &BagArgs,
+    size: usize,
+    mut acc: [W::V; NV],
+    out: *mut u8,
+    (c0, cols): (usize, usize),
+) {
+    // SAFETY (the block): the caller has `W`'s features; the last store is
+    // limited to the columns below `c0 + cols`, which `out` holds.
+    unsafe {
+        if a.flags & B_MEAN != 0 && size > 0 {
+            let c = W::splat(size as f32);
             for s in acc.iter_mut() {
                 *s = W::div(*s, c);
             }
         }
+        let (last, full) = (W::part(cols - W::LANES * (NV - 1)), W::part(W::LANES));
+        let (obf, eo) = match a.flags & B_OUT_BF16 != 0 {
+            true => (true, 2),
+            false => (false, 4),
+        };
+        for (k, s) in acc.iter().enumerate() {
+            let part = if k + 1 == NV { last } else { full };
+            W::store(obf, out.add((c0 + W::LANES * k) * eo), *s, part);
+        }
     }
-    let (obf, eo) = match a.flags & B_OUT_BF16 != 0 {
-        true => (true, 2),
-        false => (false, 4),
-    };
-    for (k, s) in acc.iter().enumerate() {
-        // SAFETY: `out` holds `d >= c0 + cols` elements of the result type;
-        // the last store is limited to the columns below `c0 + cols`.
-        unsafe { W::store(obf, out.add((c0 + W::LANES * k) * eo), *s, part(k)) };
+}
+
+/// [`bag_cols`] on an int8 row-wise table ([`B_TABLE_Q8`]): row `i`'s codes
+/// at `table + i·(d+8)`, its f32 scale and bias after them; each element
+/// `fma(q, scale, bias)`, then as [`bag_cols`] (weighted: the product
+/// rounded, then added).
+///
+/// # Safety
+/// [`bag_cols`]'s.
+#[inline(always)]
+pub(super) unsafe fn bag_cols_q8<W: Width, const NV: usize>(
+    a: &BagArgs,
+    (start, end): (usize, usize),
+    out: *mut u8,
+    (c0, cols): (usize, usize),
+) {
+    // SAFETY (every width operation below): the caller has `W`'s features.
+    let (last, full) = unsafe { (W::part(cols - W::LANES * (NV - 1)), W::part(W::LANES)) };
+    let part = |k: usize| if k + 1 == NV { last } else { full };
+    let idx64 = a.flags & B_IDX64 != 0;
+    let (shard, weighted) = (a.flags & B_SHARD != 0, a.flags & B_WEIGHTED != 0);
+    let stride = a.d + 8;
+    let mut acc = [unsafe { W::zero() }; NV];
+    for p in start..end {
+        // SAFETY (the block): as in `bag_cols`; a row holds `d` codes and 8
+        // bytes of scale and bias (read unaligned), the last load reads only
+        // codes below `c0 + cols <= d`.
+        unsafe {
+            if c0 == 0 {
+                fetch_bag_row(a, p + AHEAD);
+            }
+            let i = index_at(a.idx, idx64, p);
+            if shard && (i.wrapping_sub(a.first) as u64) >= a.span as u64 {
+                continue;
+            }
+            let row = a.table.add(i as usize * stride);
+            let scale = W::splat(row.add(a.d).cast::<f32>().read_unaligned());
+            let bias = W::splat(row.add(a.d + 4).cast::<f32>().read_unaligned());
+            let w = if weighted {
+                Some(W::splat(*a.weights.add(p)))
+            } else {
+                None
+            };
+            for (k, s) in acc.iter_mut().enumerate() {
+                let q = W::load_u8(row.add(c0 + W::LANES * k), part(k));
+                let x = W::fma(q, scale, bias);
+                let x = match w {
+                    Some(w) => W::mul(w, x),
+                    None => x,
+                };
+                *s = W::add(*s, x);
+            }
+        }
+    }
+    // SAFETY: forwarded (the caller's `out` and features).
+    unsafe { finish::<W, NV>(a, end - start, acc, out, (c0, cols)) }
+}
+
+/// `W`'s [`bag_cols_q8`] of `nv` vectors (1 to 8).
+fn cols_q8_of<W: Width>(nv: usize) -> BagCols {
+    match nv {
+        1 => W::cols_q8::<1>,
+        2 => W::cols_q8::<2>,
+        3 => W::cols_q8::<3>,
+        4 => W::cols_q8::<4>,
+        5 => W::cols_q8::<5>,
+        6 => W::cols_q8::<6>,
+        7 => W::cols_q8::<7>,
+        _ => W::cols_q8::<8>,
     }
 }
 
@@ -115,9 +204,13 @@ pub(super) unsafe fn bag<W: Width>(args: *const BagArgs, start: i64, end: i64, o
         let mut c0 = 0;
         while c0 < a.d {
             let cols = (a.d - c0).min(W::LANES * MAXV);
-            let f = match a.flags & B_TABLE_BF16 != 0 {
-                true => cols_of::<W, true>(cols.div_ceil(W::LANES)),
-                false => cols_of::<W, false>(cols.div_ceil(W::LANES)),
+            let nv = cols.div_ceil(W::LANES);
+            let f = if a.flags & B_TABLE_Q8 != 0 {
+                cols_q8_of::<W>(nv)
+            } else if a.flags & B_TABLE_BF16 != 0 {
+                cols_of::<W, true>(nv)
+            } else {
+                cols_of::<W, false>(nv)
             };
             f(a, se, out, (c0, cols));
             c0 += cols;

@@ -15,8 +15,8 @@ use super::super::gemm::Elt;
 use super::super::sparse::{SparseSpec, Store};
 use super::super::{Jit, JitError};
 use super::{
-    B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_WEIGHTED, BagArgs, R_GRAD_BF16, R_MEAN,
-    R_SPLIT, RowKernel, RunArgs,
+    B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_TABLE_Q8, B_WEIGHTED, BagArgs,
+    R_GRAD_BF16, R_MEAN, R_SPLIT, RowKernel, RunArgs,
 };
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{AbiParam, InstBuilder, StackSlotData, StackSlotKind, Value, types};
@@ -87,6 +87,7 @@ pub(crate) fn compile_bag(jit: &Jit, spec: BagSpec, k: RowKernel) -> Result<*con
             (spec.mean, B_MEAN),
             (spec.table == Elt::BF16, B_TABLE_BF16),
             (spec.out == Elt::BF16, B_OUT_BF16),
+            (spec.q8, B_TABLE_Q8),
         ] {
             fl |= if on { bit } else { 0 };
         }

@@ -65,6 +65,22 @@ pub const B_MEAN: u32 = 8;
 pub const B_TABLE_BF16: u32 = 16;
 /// [`BagArgs::flags`]: the result is bf16, each sum rounded once (else f32).
 pub const B_OUT_BF16: u32 = 32;
+/// [`BagArgs::flags`]: the table is int8 row-wise (FBGEMM's fused 8-bit
+/// rows: `d` codes, then the row's f32 scale and bias; row `i` at `table +
+/// i·(d+8)` bytes), each element dequantized as `fma(q, scale, bias)`.
+pub const B_TABLE_Q8: u32 = 64;
+
+/// Bytes from one table row to the next.
+#[inline(always)]
+fn row_stride(a: &BagArgs) -> usize {
+    if a.flags & B_TABLE_Q8 != 0 {
+        a.d + 8
+    } else if a.flags & B_TABLE_BF16 != 0 {
+        a.d * 2
+    } else {
+        a.d * 4
+    }
+}
 
 /// [`RunArgs::flags`]: the table is Split-SGD-BF16 (`hi`, `lo`: the high and
 /// low halves of the f32 master), else f32 at `hi`.
@@ -78,8 +94,9 @@ pub const R_GRAD_BF16: u32 = 4;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BagArgs {
-    /// The table (f32, or bf16 with [`B_TABLE_BF16`]): row `i` at `table +
-    /// i·d` elements (a shard's `first` rows before its storage).
+    /// The table (f32, bf16 with [`B_TABLE_BF16`], int8 row-wise with
+    /// [`B_TABLE_Q8`]): row `i` at `table + i·d` elements (`i·(d+8)` bytes
+    /// for int8; a shard's `first` rows before its storage).
     pub table: *const u8,
     /// The indices (i64 with [`B_IDX64`], else i32).
     pub idx: *const u8,
@@ -263,9 +280,9 @@ unsafe fn fetch_bag_row(a: &BagArgs, q: usize) {
         // SAFETY: position `q < pend` is an index (the caller's contract).
         let i = unsafe { index_at(a.idx, a.flags & B_IDX64 != 0, q) };
         if a.flags & B_SHARD == 0 || (i.wrapping_sub(a.first) as u64) < a.span as u64 {
-            let es = if a.flags & B_TABLE_BF16 != 0 { 2 } else { 4 };
-            let row = (a.table as usize).wrapping_add(i as usize * a.d * es);
-            fetch_lines(row as *const u8, a.d * es);
+            let stride = row_stride(a);
+            let row = (a.table as usize).wrapping_add(i as usize * stride);
+            fetch_lines(row as *const u8, stride);
         }
     }
 }

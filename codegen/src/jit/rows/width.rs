@@ -34,6 +34,10 @@ pub(super) trait Width {
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
     /// `a / b`.
     unsafe fn div(a: Self::V, b: Self::V) -> Self::V;
+    /// `a · b + c`, rounded once.
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// The `part` bytes at `p` as f32 (the others 0). `p` holds them.
+    unsafe fn load_u8(p: *const u8, part: Self::Part) -> Self::V;
     /// The `part` elements at `p` as f32 (the others 0): bf16 (`BF`) widened
     /// exactly, else f32. `p` holds them.
     unsafe fn load<const BF: bool>(p: *const u8, part: Self::Part) -> Self::V;
@@ -64,6 +68,15 @@ pub(super) trait Width {
     /// `BF`, compiled with the width's features; the contract is
     /// [`super::bag::bag_cols`]'s.
     unsafe fn cols<const NV: usize, const BF: bool>(
+        a: &BagArgs,
+        se: (usize, usize),
+        out: *mut u8,
+        cc: (usize, usize),
+    );
+    /// [`super::bag::bag_cols_q8`] of this width and `NV` vectors, compiled
+    /// with the width's features; the contract is
+    /// [`super::bag::bag_cols_q8`]'s.
+    unsafe fn cols_q8<const NV: usize>(
         a: &BagArgs,
         se: (usize, usize),
         out: *mut u8,

@@ -20,6 +20,8 @@ pub(crate) enum InitData<'a> {
     I64(Vec<i64>),
     /// int32 elements.
     I32(Cow<'a, [i32]>),
+    /// uint8 elements.
+    U8(Cow<'a, [u8]>),
 }
 
 impl InitData<'_> {
@@ -29,6 +31,7 @@ impl InitData<'_> {
             InitData::F32(_) => DataType::Float,
             InitData::I64(_) => DataType::Int64,
             InitData::I32(_) => DataType::Int32,
+            InitData::U8(_) => DataType::Uint8,
         }
     }
 
@@ -38,6 +41,7 @@ impl InitData<'_> {
             InitData::F32(v) => v.len() * 4,
             InitData::I64(v) => v.len() * 8,
             InitData::I32(v) => v.len() * 4,
+            InitData::U8(v) => v.len(),
         }
     }
 
@@ -54,6 +58,7 @@ impl InitData<'_> {
             InitData::I32(v) => v
                 .iter()
                 .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            InitData::U8(v) => out.extend_from_slice(v),
         }
     }
 }

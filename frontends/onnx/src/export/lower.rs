@@ -57,6 +57,7 @@ fn init_data(t: &Tensor) -> InitData<'_> {
         Data::BF16(v) => InitData::F32(Cow::Owned(v.iter().map(|x| x.to_f32()).collect())),
         Data::I64(v) => InitData::I64(v.clone()),
         Data::I32(v) => InitData::I32(Cow::Borrowed(v)),
+        Data::U8(v) => InitData::U8(Cow::Borrowed(v)),
     }
 }
 
@@ -107,6 +108,7 @@ pub(crate) fn onnx_elem(d: DType) -> DataType {
         DType::F32 | DType::BF16 => DataType::Float,
         DType::I64 => DataType::Int64,
         DType::I32 => DataType::Int32,
+        DType::U8 => DataType::Uint8,
     }
 }
 
