@@ -356,6 +356,7 @@ impl<'a> CheckedMut<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Data;
 
     fn syms() -> HashMap<String, usize> {
         HashMap::from([("B".to_string(), 2)])

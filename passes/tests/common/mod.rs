@@ -420,12 +420,7 @@ pub fn rows(t: &Tensor, r: std::ops::Range<usize>) -> Tensor {
     let mut shape = t.shape.clone();
     shape[0] = r.len();
     let e = r.start * row..r.end * row;
-    let data = match &t.data {
-        dlrm_ir::Data::F32(v) => dlrm_ir::Data::F32(v[e].to_vec()),
-        dlrm_ir::Data::BF16(v) => dlrm_ir::Data::BF16(v[e].to_vec()),
-        dlrm_ir::Data::I64(v) => dlrm_ir::Data::I64(v[e].to_vec()),
-        dlrm_ir::Data::I32(v) => dlrm_ir::Data::I32(v[e].to_vec()),
-    };
+    let data = t.data.slice(e).expect("rows in range");
     Tensor { shape, data }
 }
 
