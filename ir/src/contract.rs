@@ -380,10 +380,9 @@ impl fmt::Display for Role {
 pub fn roles(g: &Graph) -> Vec<(String, Role)> {
     let mut role: Vec<Option<Role>> = vec![None; g.values().len()];
     for node in g.nodes() {
-        let (bag, last) = match &node.op {
-            Op::EmbeddingBag { last_offset, .. } => (true, *last_offset),
-            Op::EmbeddingBagWeighted => (true, false),
-            _ => (false, false),
+        let (bag, last) = match node.op.bag_form() {
+            Some(b) => (true, b.last_offset),
+            None => (false, false),
         };
         let mut set = |v: crate::ValueId, r: Role| {
             if matches!(g.value(v).def, Def::Input(_)) && role[v.index()].is_none() {

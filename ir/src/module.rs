@@ -190,7 +190,49 @@ impl fmt::Debug for ModOp {
     }
 }
 
+/// What the consumers of a bag's operands need to know of an embedding-bag
+/// op (the data generator, the input contract, a server merging requests):
+/// its operands are `table, indices, offsets?, weights?` ([`Op::bag_form`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BagForm {
+    /// Sum or mean.
+    pub mode: crate::op::Pool,
+    /// Offsets carry a last entry ending the last bag.
+    pub last_offset: bool,
+    /// The table is int8 row-wise (`embedding_bag_q8`).
+    pub int8: bool,
+}
+
 impl Op {
+    /// The form of a whole-table embedding bag (`embedding_bag`,
+    /// `embedding_bag_weighted`, `embedding_bag_q8`), `None` for other ops
+    /// (row shards and gradients included). A fourth operand is the per-sample
+    /// weights.
+    pub fn bag_form(&self) -> Option<BagForm> {
+        use crate::op::Pool;
+        match self {
+            Op::EmbeddingBag { mode, last_offset } => Some(BagForm {
+                mode: *mode,
+                last_offset: *last_offset,
+                int8: false,
+            }),
+            Op::EmbeddingBagWeighted => Some(BagForm {
+                mode: Pool::Sum,
+                last_offset: false,
+                int8: false,
+            }),
+            Op::Module(m) if m.mnemonic() == crate::ops::embedding_bag_q8::MNEMONIC => {
+                let (mode, last_offset) = crate::ops::embedding_bag_q8::attrs_of(m);
+                Some(BagForm {
+                    mode,
+                    last_offset,
+                    int8: true,
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// Whether this is the module op named `mnemonic` (the passes that rewrite
     /// particular module ops find them by it).
     pub fn is_module(&self, mnemonic: &str) -> bool {
@@ -252,13 +294,25 @@ pub type Rewrite<'a> = dyn FnMut(
 /// A copy of `g` node by node in order, each node replaced where `f` says so
 /// (see [`Rewrite`]); inputs, parameters, outputs, updates and names kept.
 pub fn rebuild(g: &Graph, f: &mut Rewrite<'_>) -> Result<Graph> {
+    rebuild_params(g, &|_| None, f)
+}
+
+/// [`rebuild`] with some parameters' types changed: `param_ty(p)` is
+/// parameter `p`'s new type, `None` keeps its own (a pass that changes a
+/// parameter's storage, as `quantize-tables` does).
+pub fn rebuild_params(
+    g: &Graph,
+    param_ty: &dyn Fn(ValueId) -> Option<TensorType>,
+    f: &mut Rewrite<'_>,
+) -> Result<Graph> {
     let mut out = Graph::new(g.name.clone());
     let mut map: Vec<Option<ValueId>> = vec![None; g.values().len()];
     for &v in g.inputs() {
         map[v.index()] = Some(out.add_input(g.name_of(v), g.ty(v).clone())?);
     }
     for &v in g.params() {
-        map[v.index()] = Some(out.add_param(g.name_of(v), g.ty(v).clone())?);
+        let ty = param_ty(v).unwrap_or_else(|| g.ty(v).clone());
+        map[v.index()] = Some(out.add_param(g.name_of(v), ty)?);
     }
     let get = |map: &[Option<ValueId>], v: ValueId| {
         map[v.index()].ok_or_else(|| crate::IrError::Graph {

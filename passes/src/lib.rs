@@ -73,6 +73,7 @@ pub mod partition;
 mod pass;
 pub mod pipeline;
 pub mod precision;
+pub mod quantize;
 pub mod saved;
 pub mod schedule;
 pub mod shard;

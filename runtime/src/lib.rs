@@ -69,7 +69,7 @@ pub use launch::shard::{ShardSettings, plan_shards};
 pub use launch::{CheckpointOptions, Comm, Ranks, RunOptions, infer_once, job_for, run_job};
 pub use metrics::{EvalMetrics, MetricsWriter, accuracy, auc, log_loss, normalized_entropy};
 pub use mpi_comm::MpiComm;
-pub use plan::{Plan, Training, read_manifest, read_plan, write_plan};
+pub use plan::{Plan, QuantizeReport, Training, read_manifest, read_plan, write_plan};
 pub use progress::CommTimes;
 pub use schedule::{LrPolicy, LrSchedule};
 pub use session::Session;

@@ -63,6 +63,11 @@ struct Cli {
     /// then compiled on first use, a few tens of ms each).
     #[arg(long)]
     no_warm_up: bool,
+    /// Serve the tables as int8 rows with an f32 scale and bias per row
+    /// (FBGEMM's fused 8-bit row-wise format), quantized as each plan or
+    /// checkpoint loads (also the ones --watch swaps in).
+    #[arg(long, value_name = "FORMAT", value_parser = ["int8"])]
+    quantize_tables: Option<String>,
 }
 
 fn main() -> Result<()> {
@@ -95,6 +100,7 @@ fn main() -> Result<()> {
             step.unwrap_or(0),
             every,
             warm_limit,
+            cli.quantize_tables.is_some(),
         )
         .context("starting the --watch thread")?;
     }
@@ -130,13 +136,16 @@ fn initial(cli: &Cli) -> Result<(dlrm_runtime::Session, Option<u64>)> {
         }
         (None, None) => anyhow::bail!("give a plan or checkpoint, or --watch DIR"),
     };
+    let int8 = cli.quantize_tables.is_some();
     if dlrm_runtime::checkpoint::is_checkpoint(&path) {
         let (session, step) =
-            watch::load(&path).with_context(|| format!("loading {}", path.display()))?;
+            watch::load(&path, int8).with_context(|| format!("loading {}", path.display()))?;
         Ok((session, Some(step)))
     } else {
-        let session = dlrm_runtime::Session::open(&path)
+        let plan = dlrm_runtime::read_plan(&path)
             .with_context(|| format!("loading {}", path.display()))?;
+        let session =
+            watch::session_of(plan, int8).with_context(|| format!("loading {}", path.display()))?;
         Ok((session, None))
     }
 }

@@ -24,7 +24,7 @@
 //! answers with requests run one at a time).
 
 use dlrm_ir::contract::roles;
-use dlrm_ir::{DType, Data, Def, Dim, Graph, Op, Tensor};
+use dlrm_ir::{DType, Data, Def, Dim, Graph, Tensor};
 use std::collections::HashMap;
 
 /// What one graph input is, for merging.
@@ -103,7 +103,7 @@ fn bag_uses(g: &Graph) -> HashMap<usize, Vec<(usize, usize)>> {
     for (n, node) in g.nodes().iter().enumerate() {
         for (slot, &v) in node.inputs.iter().enumerate() {
             if matches!(g.value(v).def, Def::Input(_)) {
-                let bag = matches!(node.op, Op::EmbeddingBag { .. } | Op::EmbeddingBagWeighted);
+                let bag = node.op.bag_form().is_some();
                 uses.entry(v.index())
                     .or_default()
                     .push((n, if bag { slot } else { usize::MAX }));
@@ -209,19 +209,9 @@ impl Layout {
                 }
             } else if slots.iter().all(|&s| s == 2) && ty.shape.len() == 1 {
                 let ids = partner(1)?.ok_or_else(|| format!("offsets `{name}`: no ids input"))?;
-                let last = u.iter().all(|&(n, _)| {
-                    matches!(
-                        g.nodes()[n].op,
-                        Op::EmbeddingBag {
-                            last_offset: true,
-                            ..
-                        }
-                    )
-                });
-                let same = u.iter().all(|&(n, _)| {
-                    matches!(g.nodes()[n].op, Op::EmbeddingBag { last_offset: l, .. } if l == last)
-                        || (!last && matches!(g.nodes()[n].op, Op::EmbeddingBagWeighted))
-                });
+                let last_of = |n: usize| g.nodes()[n].op.bag_form().map(|b| b.last_offset);
+                let last = u.iter().all(|&(n, _)| last_of(n) == Some(true));
+                let same = u.iter().all(|&(n, _)| last_of(n) == Some(last));
                 if !same {
                     return Err(format!(
                         "offsets `{name}` are read both with and without the last"

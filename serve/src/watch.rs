@@ -22,13 +22,25 @@ pub fn newest(dir: &Path) -> Result<PathBuf, RuntimeError> {
     checkpoint::resolve(dir)
 }
 
-/// Loads the checkpoint at `path`: its session and its step.
-pub fn load(path: &Path) -> Result<(Session, u64), RuntimeError> {
+/// Loads the checkpoint at `path`: its session (with `int8` tables, quantized
+/// as it loads) and its step.
+pub fn load(path: &Path, int8: bool) -> Result<(Session, u64), RuntimeError> {
     let ckpt = Checkpoint::open(path)?;
     let step = ckpt.step();
-    let plan = ckpt.to_plan()?;
-    let session = Session::new(plan, Backend::default(), KernelChoice::default())?;
-    Ok((session, step))
+    Ok((session_of(ckpt.to_plan()?, int8)?, step))
+}
+
+/// The session serving `plan`: with `int8`, its tables as int8 rows
+/// ([`dlrm_runtime::Plan::quantize_tables`], logged).
+pub fn session_of(plan: dlrm_runtime::Plan, int8: bool) -> Result<Session, RuntimeError> {
+    let plan = if int8 {
+        let (plan, report) = plan.quantize_tables()?;
+        log(format_args!("{}", report.summary()));
+        plan
+    } else {
+        plan
+    };
+    Session::new(plan, Backend::default(), KernelChoice::default())
 }
 
 /// A line on stderr; one that cannot be written (stderr closed) is dropped,
@@ -48,6 +60,8 @@ struct Watcher {
     /// The last error resolving the directory (logged once).
     unresolved: Option<String>,
     warm_limit: Duration,
+    /// Serve the tables as int8 rows (`--quantize-tables int8`).
+    int8: bool,
 }
 
 impl Watcher {
@@ -78,7 +92,7 @@ impl Watcher {
             return;
         }
         let start = Instant::now();
-        let loaded = load(&path).and_then(|(session, step)| {
+        let loaded = load(&path, self.int8).and_then(|(session, step)| {
             served.swap(session, Some(step), self.warm_limit)?;
             Ok(step)
         });
@@ -113,6 +127,7 @@ pub fn spawn(
     step: u64,
     interval: Duration,
     warm_limit: Duration,
+    int8: bool,
 ) -> std::io::Result<()> {
     let mut w = Watcher {
         dir,
@@ -120,6 +135,7 @@ pub fn spawn(
         failed: None,
         unresolved: None,
         warm_limit,
+        int8,
     };
     std::thread::Builder::new()
         .name("dlrm-serve-watch".into())

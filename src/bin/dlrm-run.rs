@@ -156,6 +156,11 @@ struct Cli {
     /// Run inference instead of training.
     #[arg(long)]
     infer: bool,
+    /// With --infer: serve the tables as int8 rows with an f32 scale and bias
+    /// per row (FBGEMM's fused 8-bit row-wise format), quantized from the plan's
+    /// or checkpoint's values as it loads (as `dlrmc compile --quantize-tables`).
+    #[arg(long, value_name = "FORMAT", value_parser = ["int8"], requires = "infer")]
+    quantize_tables: Option<String>,
     /// Write JSON lines (one per logged step, then a summary with auc and accuracy).
     #[arg(long, value_name = "FILE")]
     metrics: Option<PathBuf>,
@@ -544,7 +549,14 @@ fn configure(
 /// The plan to run and the checkpoint to resume from: the positional argument is
 /// a plan, or a checkpoint whose graphs and trained parameters make the plan.
 fn load(cli: &Cli) -> Result<Trainer> {
-    let trainer = Trainer::open(&cli.plan)?;
+    let mut trainer = Trainer::open(&cli.plan)?;
+    if cli.quantize_tables.is_some() {
+        let (plan, report) = trainer.into_plan().quantize_tables()?;
+        if !cli.quiet {
+            eprintln!("{}", report.summary());
+        }
+        trainer = Trainer::new(plan);
+    }
     let resume = match (&cli.resume, trainer.opened_checkpoint()) {
         (None, _) => None,
         (Some(Some(dir)), _) => Some(Arc::new(Checkpoint::open(dir)?)),

@@ -185,6 +185,12 @@ struct CompileArgs {
     /// Build only the inference graph.
     #[arg(long)]
     infer_only: bool,
+    /// Store the tables as int8 rows with an f32 scale and bias per row
+    /// (FBGEMM's fused 8-bit row-wise format), dequantized inside the bag
+    /// kernels: about a quarter of the f32 bytes; the plan serves only
+    /// (inference, as with --infer-only).
+    #[arg(long, value_name = "FORMAT", value_parser = ["int8"])]
+    quantize_tables: Option<String>,
     /// Print the IR to stdout after the named stages: `all`, or a comma list of
     /// `input`, pass ids (`canon`, `autodiff`, `contract-cross`, `save-activations`,
     /// `fuse`, `fuse-dgrad-mask`, `layout`, `precision`, `dce`), `partition` and the
@@ -353,7 +359,7 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let opts = CompileOptions {
-        infer_only: a.infer_only,
+        infer_only: a.infer_only || a.quantize_tables.is_some(),
         optimize: a.opt_level > 0,
         precision: a.precision,
         block: a.block,
@@ -373,6 +379,14 @@ fn cmd_compile(a: CompileArgs) -> Result<()> {
         })?;
     }
     drop(out);
+    let plan = match a.quantize_tables {
+        Some(_) => {
+            let (plan, report) = plan.quantize_tables()?;
+            say(report.summary());
+            plan
+        }
+        None => plan,
+    };
 
     if let Some(path) = &a.dot {
         let g = plan.train.as_ref().unwrap_or(&plan.infer);

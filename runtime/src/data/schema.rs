@@ -116,7 +116,7 @@ impl DataSchema {
         let mut label = None;
         for (n, node) in g.nodes().iter().enumerate() {
             match &node.op {
-                Op::EmbeddingBag { .. } | Op::EmbeddingBagWeighted => {
+                op if op.bag_form().is_some() => {
                     if let Some(f) = bag_feature(g, n, &mut offsets_of)? {
                         let rows = f.rows;
                         sparse

@@ -189,12 +189,14 @@ impl Executor {
     /// the table's name (operand 0 of `embedding_bag`, `sparse_sgd`, the fused
     /// updates and their row-shard forms).
     fn with_table(&self, op: &Op, ids: &[ValueId], e: dlrm_codegen::KernelError) -> String {
+        let bag = op.bag_form().is_some();
         match (&e, op, ids.first()) {
+            (dlrm_codegen::KernelError::IndexOutOfRange { .. }, _, Some(&t)) if bag => {
+                format!("table %{}: {e}", self.graph.name_of(t))
+            }
             (
                 dlrm_codegen::KernelError::IndexOutOfRange { .. },
-                Op::EmbeddingBag { .. }
-                | Op::EmbeddingBagWeighted
-                | Op::SparseSgd { .. }
+                Op::SparseSgd { .. }
                 | Op::EmbeddingUpdate { .. }
                 | Op::SplitEmbeddingUpdate { .. }
                 | Op::EmbeddingBagRows { .. }

@@ -188,9 +188,11 @@ pub struct Manifest {
     pub read_seal: String,
 }
 
+mod quantize;
 mod seal;
 pub(crate) mod write;
 
+pub use quantize::QuantizeReport;
 pub use write::{FailPoint, write_plan, write_plan_failing_at};
 pub(crate) use write::{View, tensor_bytes};
 
