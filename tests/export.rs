@@ -382,8 +382,23 @@ fn dlrm_run_matches_committed_onnxruntime_outputs() {
         // DCN-v2: the cross layers contracted to blocked GEMMs (`contract-cross`),
         // exported as Gemm (with and without C), Mul and Add.
         ("dcnv2_tiny", root().join("examples/dlrm-dcnv2-tiny.json")),
+        // Int8 row-wise tables (`--quantize-tables int8`): codes, scales and
+        // biases as initializers, dequantized after the gather, in every bag form
+        // (fixed pooling, weighted bags with offsets, last-offset bags).
+        ("tiny_int8", root().join("examples/dlrm-tiny.json")),
+        (
+            "dlrm_weighted_int8",
+            root().join("frontends/onnx/test_cases/dlrm_weighted/model.onnx"),
+        ),
+        (
+            "ts17_dot_last_offset_int8",
+            root().join("frontends/onnx/test_cases/real/ts17_dot_last_offset/model.onnx"),
+        ),
     ] {
-        let plan = compile_file(&model, Precision::Fp32, None);
+        let mut plan = compile_file(&model, Precision::Fp32, None);
+        if name.ends_with("_int8") {
+            plan = plan.quantize_tables().expect("int8 tables").0;
+        }
         let inputs = dlrm_onnx::npz::read(&golden.join(format!("{name}.inputs.npz"))).expect("in");
         let want: HashMap<String, Tensor> =
             dlrm_onnx::npz::read(&golden.join(format!("{name}.ort.npz")))

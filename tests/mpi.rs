@@ -240,6 +240,50 @@ fn dcnv2_with_offsets_bags_trains_under_mpi_like_threads() {
     mpi_matches_threads_under(&plan, 2, 6, &[], &["--pooling", "1-5"]);
 }
 
+/// A plan with int8 row-wise tables (`dlrmc compile --quantize-tables int8`)
+/// serves under `mpirun -n 2 ... --infer` with the held-out AUC of two thread
+/// ranks and of one.
+#[test]
+fn int8_tables_serve_under_mpi_like_threads() {
+    let dir = tempdir();
+    let plan = dir.path().join("q8.plan");
+    compile_model(
+        &example("dlrm-tiny.json"),
+        &plan,
+        &["--quantize-tables", "int8"],
+    );
+    let common = ["--infer", "--iters", "3", "--eval-batches", "2"];
+    let auc = |m: &Path| {
+        let lines = metric_lines(m);
+        lines
+            .last()
+            .and_then(|l| l["auc"].as_f64())
+            .expect("an auc")
+    };
+    let m_mpi = dir.path().join("mpi.jsonl");
+    let mut cmd = mpirun();
+    cmd.args(["-n", "2", DLRM_RUN, s(&plan), "--comm", "mpi"])
+        .args(common)
+        .args(["--metrics", s(&m_mpi)]);
+    let ran = run_with_timeout(cmd, TIMEOUT);
+    assert!(ran.status.success(), "mpirun -n 2: {}", ran.stderr);
+    assert!(ran.stderr.contains("on 2 ranks"), "{}", ran.stderr);
+    for ranks in ["1", "2"] {
+        let m = dir.path().join(format!("threads-{ranks}.jsonl"));
+        let args = [
+            &[s(&plan), "--ranks", ranks, "--metrics", s(&m), "-q"][..],
+            &common,
+        ]
+        .concat();
+        ok(DLRM_RUN, &args);
+        let (a, b) = (auc(&m_mpi), auc(&m));
+        assert!(
+            (a - b).abs() <= 1e-6,
+            "AUC mpi {a} vs {ranks} thread ranks {b}"
+        );
+    }
+}
+
 /// A real PyTorch export with `include_last_offset=True` bags (`[B+1]` offsets)
 /// trains under `mpirun -n 2` like two thread ranks.
 #[test]

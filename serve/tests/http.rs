@@ -136,3 +136,30 @@ fn bad_requests_get_4xx_naming_the_input_and_the_server_keeps_serving() {
     assert_eq!(status, 404);
     assert!(out["error"].as_str().unwrap().contains("serves `dlrm`"));
 }
+
+/// `--quantize-tables int8`: the plan's tables quantized as it loads (logged),
+/// answers within the quantization's error of PyTorch's f32 outputs.
+#[test]
+fn int8_tables_serve_within_their_quantization_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = plan(dir.path());
+    let s = start(&path, &["--quantize-tables", "int8", "--no-warm-up"]);
+    let (status, out) = http(
+        &s,
+        "POST",
+        "/v2/models/dlrm/infer",
+        request().to_string().as_bytes(),
+    );
+    assert_eq!(status, 200, "{out}");
+    let want = dlrm_onnx::npz::read(&case().join("outputs_7.npz")).unwrap()[0]
+        .1
+        .to_f32_vec();
+    let got = floats(&out, 0);
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst <= 0.02 && got != want, "int8 vs PyTorch: {worst}");
+    assert!(s.log().contains("int8 row-wise tables"), "{}", s.log());
+}

@@ -113,6 +113,11 @@ struct ExportArgs {
     /// protobuf (it is automatic above 2 GB).
     #[arg(long)]
     external_data: bool,
+    /// Export the tables as int8 rows (codes `uint8[R, D]`, a float scale and
+    /// bias per row, dequantized after the gather), quantized from the plan's
+    /// or checkpoint's values as `dlrmc compile --quantize-tables` does.
+    #[arg(long, value_name = "FORMAT", value_parser = ["int8"])]
+    quantize_tables: Option<String>,
     /// Print nothing but errors.
     #[arg(short, long)]
     quiet: bool,
@@ -440,7 +445,14 @@ fn cmd_inspect(a: InspectArgs) -> Result<()> {
 
 fn cmd_export(a: ExportArgs) -> Result<()> {
     let start = Instant::now();
-    let plan = read_plan_or_checkpoint(&a.plan)?;
+    let mut plan = read_plan_or_checkpoint(&a.plan)?;
+    if a.quantize_tables.is_some() {
+        let (q, report) = plan.quantize_tables()?;
+        if !a.quiet {
+            eprintln!("{}", report.summary());
+        }
+        plan = q;
+    }
     let opts = dlrm_onnx::export::ExportOptions {
         opset: a.opset,
         batch: a.batch.clone(),

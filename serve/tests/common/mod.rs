@@ -65,10 +65,15 @@ pub fn start_args(args: &[&str]) -> Server {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut line = String::new();
+    // Lines before the address (e.g. `--quantize-tables`' report) go to the log.
     let mut err = BufReader::new(child.stderr.take().unwrap());
-    err.read_line(&mut line).unwrap();
-    let log = Arc::new(Mutex::new(line.clone()));
+    let mut before = String::new();
+    let mut line = String::new();
+    while err.read_line(&mut line).unwrap() > 0 && !line.contains("http://") {
+        before.push_str(&line);
+        line.clear();
+    }
+    let log = Arc::new(Mutex::new(before + &line));
     let sink = Arc::clone(&log);
     std::thread::spawn(move || {
         let mut l = String::new();

@@ -44,7 +44,11 @@ pub(crate) struct Lower<'g, 'a> {
     repr: HashMap<ValueId, Repr>,
     /// Written parameters: (plain name, unblocked-weight name).
     written: HashMap<ValueId, (Option<String>, Option<String>)>,
+    /// Written int8 tables: their codes, scales and biases.
+    int8: HashMap<ValueId, [String; 3]>,
 }
+
+mod bags;
 
 fn dims_of(t: &Tensor) -> &[usize] {
     &t.shape
@@ -121,6 +125,7 @@ impl<'g, 'a> Lower<'g, 'a> {
             params: params.iter().map(|(n, t)| (n.as_str(), t)).collect(),
             repr: HashMap::new(),
             written: HashMap::new(),
+            int8: HashMap::new(),
         }
     }
 
@@ -273,64 +278,7 @@ impl<'g, 'a> Lower<'g, 'a> {
                 .ok_or_else(|| format!("missing operand {k}"))
         };
         let r = match &node.op {
-            Op::EmbeddingBag { mode, last_offset } => {
-                let t = self.plain(inp(0)?)?;
-                let idx = self.plain(inp(1)?)?;
-                let y = match ins.len() {
-                    2 => {
-                        let rows = self.b.node(
-                            "Gather",
-                            &[&t, &idx],
-                            vec![("axis", A::Int(0))],
-                            &format!("{hint}.rows"),
-                        );
-                        self.reduce(&rows, *mode, &[1], false, &hint)
-                    }
-                    3 => {
-                        let off = self.plain(inp(2)?)?;
-                        // PyTorch's include_last_offset=True: the bags read
-                        // indices[off[0] .. off[S]] with the offsets off[..S] - off[0],
-                        // the plain form over those indices.
-                        let (idx, off) = if *last_offset {
-                            self.last_offset_bags(&idx, &off, &hint)
-                        } else {
-                            (idx, off)
-                        };
-                        let d = fixed(&out_ty.shape[1], "the embedding width")?;
-                        let rows = self.b.node(
-                            "Gather",
-                            &[&t, &idx],
-                            vec![("axis", A::Int(0))],
-                            &format!("{hint}.rows"),
-                        );
-                        self.segment(&rows, &idx, &off, d, *mode, &hint)
-                    }
-                    n => return Err(format!("embedding_bag takes 2 or 3 operands, got {n}")),
-                };
-                Repr::Plain(self.round(y, out_ty.dtype, &hint))
-            }
-            Op::EmbeddingBagWeighted => {
-                let t = self.plain(inp(0)?)?;
-                let idx = self.plain(inp(1)?)?;
-                let off = self.plain(inp(2)?)?;
-                let w = self.plain(inp(3)?)?;
-                let d = fixed(&out_ty.shape[1], "the embedding width")?;
-                let rows = self.b.node(
-                    "Gather",
-                    &[&t, &idx],
-                    vec![("axis", A::Int(0))],
-                    &format!("{hint}.rows"),
-                );
-                let ax = self.b.ints(&[1]);
-                let w1 = self
-                    .b
-                    .node("Unsqueeze", &[&w, &ax], vec![], &format!("{hint}.w"));
-                let scaled = self
-                    .b
-                    .node("Mul", &[&rows, &w1], vec![], &format!("{hint}.scaled"));
-                let y = self.segment(&scaled, &idx, &off, d, Pool::Sum, &hint);
-                Repr::Plain(self.round(y, out_ty.dtype, &hint))
-            }
+            op if op.bag_form().is_some() => self.bag(node, &hint, &out_ty)?,
             Op::Linear { act } => {
                 let x = self.plain(inp(0)?)?;
                 let w = self.plain(inp(1)?)?;

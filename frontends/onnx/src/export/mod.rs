@@ -44,6 +44,7 @@ use crate::proto::{
     type_proto,
 };
 use builder::{Builder, Init};
+use dlrm_ir::ops::embedding_bag_q8;
 use dlrm_ir::{Def, Dim, Graph, Tensor};
 use lower::{Lower, Repr, onnx_elem};
 use std::path::Path;
@@ -184,14 +185,19 @@ pub fn export<'a>(
             graph.name
         )));
     }
-    // Ops defined as modules are written as the primitive ops they decompose into.
+    // Ops defined as modules are written as the primitive ops they decompose
+    // into; an int8 bag (no primitive reads an f32 from its row's bytes) is
+    // lowered as a bag (`lower/bags.rs`).
+    let decomposable = |op: &dlrm_ir::Op| matches!(op, dlrm_ir::Op::Module(m) if m.mnemonic() != embedding_bag_q8::MNEMONIC);
     let decomposed;
-    let graph = if graph
-        .nodes()
-        .iter()
-        .any(|n| matches!(n.op, dlrm_ir::Op::Module(_)))
-    {
-        decomposed = dlrm_ir::module::decompose_modules(graph)
+    let graph = if graph.nodes().iter().any(|n| decomposable(&n.op)) {
+        decomposed =
+            dlrm_ir::module::rebuild(graph, &mut |_, node, out, ins, names| match &node.op {
+                dlrm_ir::Op::Module(m) if decomposable(&node.op) => {
+                    Some(m.def().decompose(m, out, ins, names))
+                }
+                _ => None,
+            })
             .map_err(|e| export_err(format!("decomposing the module ops: {e}")))?;
         &decomposed
     } else {
