@@ -57,8 +57,12 @@ interaction (the `Split` of the pooled `KeyedTensor` that a `Concat` undoes is
 dropped at import), then per layer MatMul/MatMul (Gemm/Gemm for dynamo) + Add(bias)
 + Mul(x0) + Add(x_l), TorchRec's `LowRankCrossNet`.
 
-usage: export_torchrec.py [OUT_DIR] [--only NAME ...]
-  (OUT_DIR defaults to this directory)
+usage: export_torchrec.py [OUT_DIR] [--only NAME ...] [--rows R,R,..] [--batches B,..]
+  (OUT_DIR defaults to this directory; --rows gives other tables, and other than
+  3 of them the case names end in _k{tables} and case.json says "tables".
+  ../torchrec_keys/ was made with `--rows 40,30,20,10,25 --batches 1,7 --only
+  ts17_torchrec_dcn_k5` and `--rows 40,30 --batches 1,7 --only
+  dynamo_torchrec_dcn_k2`)
 needs: torchrec (1.9.2 tested), torch, fbgemm-gpu-cpu, onnx, onnxruntime, onnxscript
 """
 import argparse

@@ -554,7 +554,8 @@ fn stacked_sources(eg: &DlGraph, x: Id, samples: &Dim) -> Option<Vec<Id>> {
                     .find_map(|(_, ops)| {
                         let [y] = ops.as_slice() else { return None };
                         let yt = ty_of(eg, *y)?;
-                        (yt.shape.as_slice() == [samples.clone(), Dim::Fixed(n * dd)]).then_some(*y)
+                        (yt.shape.as_slice() == [samples.clone(), Dim::Fixed(n.checked_mul(*dd)?)])
+                            .then_some(*y)
                     })?;
                 let inner = op_nodes(eg, y, "concat").into_iter().find_map(|(a, ops)| {
                     let two_d = ops
