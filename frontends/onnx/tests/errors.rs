@@ -190,10 +190,18 @@ proptest! {
     /// a panic.
     #[test]
     fn mutated_bytes_never_panic(
-        which in 0usize..5,
+        which in 0usize..7,
         edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..8),
     ) {
-        let name = ["dlrm_dot", "dlrm_cat", "ebag_torchscript_weighted", "ebag_dynamo", "dlrm_pytorch"][which];
+        let name = [
+            "dlrm_dot",
+            "dlrm_cat",
+            "ebag_torchscript_weighted",
+            "ebag_dynamo",
+            "dlrm_pytorch",
+            "real/ts17_torchrec_dcn",
+            "real/dynamo_torchrec_dcn",
+        ][which];
         let mut b = model_bytes(name);
         for (at, byte, kind) in edits {
             if b.is_empty() { break; }
