@@ -137,6 +137,31 @@ fn unrecognised_loop_names_the_node() {
     );
 }
 
+/// TorchRec's `KeyedJaggedTensor.to_dict()` whose per-key offsets are not the
+/// prefix sums of the lengths (`CumSum` made `CumMax`, the same length of name):
+/// the bag loop is refused naming the loop and what its bounds are not.
+#[test]
+fn jagged_bags_over_other_bounds_name_the_loop() {
+    for (name, node) in [
+        (
+            "real/ts17_torchrec_dcn",
+            "`/model/sparse_arch/embedding_bag_collection/t0/Loop` (Loop)",
+        ),
+        ("real/dynamo_torchrec_dcn", "`n19_2` (Loop)"),
+    ] {
+        let m = replace(&model_bytes(name), b"CumSum", b"CumMax");
+        let err = dlrm_onnx::from_bytes(&m, "m.onnx", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(node)
+                && err.contains("the indices are `values` sliced at prefix sums of `lengths`")
+                && err.contains("nor a row of the lengths' per-row offsets"),
+            "{name}: {err}"
+        );
+    }
+}
+
 #[test]
 fn npz_round_trip() {
     use dlrm_ir::Tensor;
@@ -165,10 +190,18 @@ proptest! {
     /// a panic.
     #[test]
     fn mutated_bytes_never_panic(
-        which in 0usize..5,
+        which in 0usize..7,
         edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..8),
     ) {
-        let name = ["dlrm_dot", "dlrm_cat", "ebag_torchscript_weighted", "ebag_dynamo", "dlrm_pytorch"][which];
+        let name = [
+            "dlrm_dot",
+            "dlrm_cat",
+            "ebag_torchscript_weighted",
+            "ebag_dynamo",
+            "dlrm_pytorch",
+            "real/ts17_torchrec_dcn",
+            "real/dynamo_torchrec_dcn",
+        ][which];
         let mut b = model_bytes(name);
         for (at, byte, kind) in edits {
             if b.is_empty() { break; }

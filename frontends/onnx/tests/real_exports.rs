@@ -57,7 +57,11 @@ fn batches(dir: &Path) -> Vec<usize> {
 /// Imports a case and checks it against PyTorch at every batch size; returns the
 /// number of bag ops.
 fn check(name: &str) -> Result<usize, String> {
-    let dir = root().join(name);
+    check_dir(&root().join(name), name)
+}
+
+/// [`check`] of the case in `dir`.
+fn check_dir(dir: &Path, name: &str) -> Result<usize, String> {
     let m = dlrm_onnx::load(&dir.join("model.onnx")).map_err(|e| e.to_string())?;
     let bags = m
         .graph
@@ -65,7 +69,7 @@ fn check(name: &str) -> Result<usize, String> {
         .iter()
         .filter(|n| n.op.mnemonic().starts_with("embedding_bag"))
         .count();
-    for b in batches(&dir) {
+    for b in batches(dir) {
         let ins: HashMap<String, Tensor> = npz(&dir.join(format!("inputs_{b}.npz")))
             .into_iter()
             .map(|(k, v)| (dlrm_onnx::ir_name(&k), v))
@@ -123,4 +127,31 @@ fn every_real_export_matches_pytorch_at_every_batch_size() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// TorchRec's own `DLRM_DCN` with other numbers of keys than the 3 of
+/// `{ts17,dynamo}_torchrec_dcn` (`test_cases/torchrec_keys/`, made by
+/// `real/export_torchrec.py --rows .. --batches 1,7`): 5 tables through the
+/// TorchScript exporter (an `Add` chain of 5 id counts), 2 through dynamo (a
+/// `Split` of the values in 2). Each imports with one `embedding_bag`
+/// (last_offset, over `offsets_from_lengths`) per table and matches TorchRec.
+#[test]
+fn torchrec_dcn_with_2_and_5_keys_matches_torchrec() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("test_cases/torchrec_keys");
+    for (name, tables) in [("ts17_torchrec_dcn_k5", 5), ("dynamo_torchrec_dcn_k2", 2)] {
+        let bags = check_dir(&dir.join(name), name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(bags, tables, "{name}");
+        let m = dlrm_onnx::load(&dir.join(name).join("model.onnx")).unwrap();
+        let offsets: Vec<_> = m
+            .graph
+            .nodes()
+            .iter()
+            .filter_map(|n| match n.op {
+                dlrm_ir::Op::OffsetsFromLengths { keys, key } => Some((keys, key)),
+                _ => None,
+            })
+            .collect();
+        let want: Vec<_> = (0..tables).map(|k| (tables, k)).collect();
+        assert_eq!(offsets, want, "{name}: one key's offsets per table");
+    }
 }

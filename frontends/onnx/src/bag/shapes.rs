@@ -5,6 +5,7 @@
 use super::eval::{int_attr, op_of};
 use crate::import::{Ctx, SymI, Val};
 use crate::proto::NodeProto;
+use std::cell::Cell;
 
 /// The symbolic integer an outer name holds, if the import computed one.
 pub(super) fn sym_of(cx: &Ctx<'_>, name: &str) -> Option<SymI> {
@@ -27,22 +28,35 @@ pub(super) fn same_value(cx: &Ctx<'_>, a: &str, b: &str) -> bool {
 /// `+ - *`), for values the import could not represent (a `Concat` of the offsets
 /// with a length is data, not a shape).
 pub(super) fn int_of(cx: &Ctx<'_>, name: &str) -> Option<SymI> {
+    int_in(cx, name, &budget(cx))
+}
+
+/// Producers [`int_of`] and [`shape_of`] may follow in one question: a value's
+/// shape arithmetic needs a few, so running out means a cycle (a malformed
+/// model; the cap also bounds the recursion's depth) or a chain of values reused
+/// as both operands.
+fn budget(cx: &Ctx<'_>) -> Cell<usize> {
+    Cell::new((16 * cx.graph.node.len() + 256).min(2048))
+}
+
+fn int_in(cx: &Ctx<'_>, name: &str, b: &Cell<usize>) -> Option<SymI> {
+    b.set(b.get().checked_sub(1)?);
     if let Some(v) = sym_of(cx, name) {
         return Some(v);
     }
     let n = producer(cx, name)?;
     let input = |k: usize| n.input.get(k).map(String::as_str);
     match op_of(n) {
-        "Squeeze" | "Unsqueeze" | "Reshape" => int_of(cx, input(0)?),
+        "Squeeze" | "Unsqueeze" | "Reshape" => int_in(cx, input(0)?, b),
         "Shape" => {
-            let s = shape_of(cx, input(0)?)?;
+            let s = shape_in(cx, input(0)?, b)?;
             let start = usize::try_from(int_attr(n, "start", 0)).ok()?;
             (s.len() == start + 1).then(|| s[start].clone())
         }
         "Gather" => {
             let s = producer(cx, input(0)?).filter(|s| op_of(s) == "Shape")?;
             let k = sym_of(cx, input(1)?)?.as_int()?;
-            let shape = shape_of(cx, s.input.first()?)?;
+            let shape = shape_in(cx, s.input.first()?, b)?;
             let start = int_attr(s, "start", 0);
             let at = usize::try_from(if k < 0 {
                 k + shape.len() as i64
@@ -52,15 +66,15 @@ pub(super) fn int_of(cx: &Ctx<'_>, name: &str) -> Option<SymI> {
             .ok()?;
             shape.get(at).cloned()
         }
-        "Size" => shape_of(cx, input(0)?)?
+        "Size" => shape_in(cx, input(0)?, b)?
             .iter()
             .try_fold(SymI::int(1), |a, d| a.mul(d)),
         op @ ("Add" | "Sub" | "Mul") => {
-            let (a, b) = (int_of(cx, input(0)?)?, int_of(cx, input(1)?)?);
+            let (x, y) = (int_in(cx, input(0)?, b)?, int_in(cx, input(1)?, b)?);
             match op {
-                "Add" => a.add(&b),
-                "Sub" => a.sub(&b),
-                _ => a.mul(&b),
+                "Add" => x.add(&y),
+                "Sub" => x.sub(&y),
+                _ => x.mul(&y),
             }
         }
         _ => None,
@@ -71,6 +85,11 @@ pub(super) fn int_of(cx: &Ctx<'_>, name: &str) -> Option<SymI> {
 /// ops that compute bag bounds (`Concat` and `Slice` of vectors, `Reshape` to
 /// `[-1]`, `Range`).
 pub(super) fn shape_of(cx: &Ctx<'_>, name: &str) -> Option<Vec<SymI>> {
+    shape_in(cx, name, &budget(cx))
+}
+
+fn shape_in(cx: &Ctx<'_>, name: &str, b: &Cell<usize>) -> Option<Vec<SymI>> {
+    b.set(b.get().checked_sub(1)?);
     if let Ok(v) = cx.lookup(name)
         && let Ok(ty) = cx.ty(&v)
     {
@@ -82,19 +101,19 @@ pub(super) fn shape_of(cx: &Ctx<'_>, name: &str) -> Option<Vec<SymI>> {
     match op_of(n) {
         "Unsqueeze" => {
             // A scalar made a one-element vector.
-            int_of(cx, input(0)?)?;
+            int_in(cx, input(0)?, b)?;
             Some(vec![SymI::int(1)])
         }
         "Concat" => {
             let mut total = SymI::int(0);
             for i in &n.input {
-                total = total.add(&len(shape_of(cx, i)?)?)?;
+                total = total.add(&len(shape_in(cx, i, b)?)?)?;
             }
             Some(vec![total])
         }
         "Slice" => {
             // One axis of a vector, a constant start and an end past it (`[s:]`).
-            let l = len(shape_of(cx, input(0)?)?)?;
+            let l = len(shape_in(cx, input(0)?, b)?)?;
             let s = sym_of(cx, input(1)?)?.as_int()?;
             let e = sym_of(cx, input(2)?)?.as_int()?;
             if let Some(st) = input(4).filter(|s| !s.is_empty()) {
@@ -107,16 +126,16 @@ pub(super) fn shape_of(cx: &Ctx<'_>, name: &str) -> Option<Vec<SymI>> {
         "Reshape" => {
             let t = cx.lookup(input(1)?).ok()?;
             (cx.const_ints(&t, "").ok()? == [-1]).then_some(())?;
-            let numel = shape_of(cx, input(0)?)?
+            let numel = shape_in(cx, input(0)?, b)?
                 .iter()
                 .try_fold(SymI::int(1), |a, d| a.mul(d))?;
             Some(vec![numel])
         }
         "Range" => {
             let (s, l, d) = (
-                int_of(cx, input(0)?)?,
-                int_of(cx, input(1)?)?,
-                int_of(cx, input(2)?)?,
+                int_in(cx, input(0)?, b)?,
+                int_in(cx, input(1)?, b)?,
+                int_in(cx, input(2)?, b)?,
             );
             (d.as_int()? > 0).then_some(())?;
             Some(vec![l.sub(&s)?.div(&d)?])
@@ -132,7 +151,12 @@ pub(super) fn len_of(cx: &Ctx<'_>, name: &str) -> Option<SymI> {
 }
 
 /// The producer of an outer name, through `Identity`/`Cast`.
-pub(super) fn producer<'m>(cx: &Ctx<'m>, mut name: &'m str) -> Option<&'m NodeProto> {
+pub(super) fn producer<'m>(cx: &Ctx<'m>, name: &'m str) -> Option<&'m NodeProto> {
+    producer_out(cx, name).map(|(n, _)| n)
+}
+
+/// [`producer`], and which of its outputs the name is (through `Identity`/`Cast`).
+pub(super) fn producer_out<'m>(cx: &Ctx<'m>, mut name: &'m str) -> Option<(&'m NodeProto, usize)> {
     for _ in 0..32 {
         let n = cx
             .graph
@@ -141,7 +165,7 @@ pub(super) fn producer<'m>(cx: &Ctx<'m>, mut name: &'m str) -> Option<&'m NodePr
             .find(|n| n.output.iter().any(|o| o == name))?;
         match op_of(n) {
             "Identity" | "Cast" => name = n.input.first()?,
-            _ => return Some(n),
+            _ => return Some((n, n.output.iter().position(|o| o == name)?)),
         }
     }
     None

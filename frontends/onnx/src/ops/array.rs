@@ -164,6 +164,9 @@ fn concat(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
         }
         return Ok(vec![sym_val(all, false, n)]);
     }
+    if let Some(x) = unsplit(cx, n) {
+        return Ok(vec![x]);
+    }
     let first = ins.first().ok_or("Concat needs operands")?;
     let rank = cx.ty(first)?.rank();
     let axis = norm_axis(n.attrs.int("axis", 0)?, rank)?;
@@ -178,6 +181,28 @@ fn concat(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
         }
     }
     Ok(vec![cx.emit(Op::Concat { axis }, &ins, &n.out_name(0))?])
+}
+
+/// The value a `Concat` puts back together: every piece of one `Split`, in order,
+/// on the split's axis (TorchRec's `KeyedTensor` splits the pooled embeddings by
+/// key and concatenates them again). `None` for any other `Concat`, or when the
+/// split did not import.
+fn unsplit(cx: &Ctx<'_>, n: &NodeCx<'_>) -> Option<Val> {
+    let first = n.proto.input.first()?;
+    let s = cx
+        .graph
+        .node
+        .iter()
+        .find(|p| p.output.iter().any(|o| o == first))?;
+    if s.op_type.as_deref() != Some("Split") || s.output != n.proto.input {
+        return None;
+    }
+    cx.lookup(first).ok()?;
+    let x = cx.lookup(s.input.first()?).ok()?;
+    let rank = cx.ty(&x).ok()?.rank();
+    let split_axis = crate::attrs::Attrs::new(s).int("axis", 0).ok()?;
+    let axis = n.attrs.int("axis", 0).ok()?;
+    (norm_axis(split_axis, rank).ok()? == norm_axis(axis, rank).ok()?).then_some(x)
 }
 
 /// A dimension as a symbolic integer.

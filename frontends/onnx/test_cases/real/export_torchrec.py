@@ -28,41 +28,41 @@ Each case directory gets what export_pytorch.py writes: `model.onnx`, `case.json
 checked against ONNX Runtime.
 
 Status (torch 2.14.1, torchrec 1.9.2, onnxruntime checked to 6e-8 on both exports):
-no case directory is committed, because dlrmc (at 6f8637b) does not import either
-export, and this directory's cases are all compiled and trained by the tests. Both
-fail at the first table's bag:
+both import (issue 43) and are committed here; like every case in this directory
+they are compiled, served against TorchRec's outputs and trained by the tests.
+`dlrmc compile` gives the plan of examples/dlrm-dcnv2-tiny.json (op for op after
+`fuse`, `--dump-ir fuse`; the JSON model's bags are fixed-size, these read jagged
+`values`/`lengths`): one `embedding_bag` (last_offset) per table, the `cat`
+interaction, the two cross layers as `brgemm`s and `cross_mix` (`contract-cross`).
 
-  ts17_torchrec_dcn:   node #72 `/model/sparse_arch/embedding_bag_collection/t0/Loop`
-  dynamo_torchrec_dcn: node #48 `n19_2`
-  (Loop): unsupported Loop: it does not compute an EmbeddingBag (the loop's bound is
-  not known at import)
-
-The bag Loops themselves are the usual ones (TorchScript: the include_last_offset
-body, trip count `Gather(Shape(Slice(offs_k, 1, INT64_MAX)), 0)`; dynamo: rows
-gathered outside, a `num_bag - 1` while-loop over a sequence). What bag/jagged.rs
-does not recognise is how TorchRec's KJT.to_dict() forms the per-key ids and offsets
-(`_maybe_compute_kjt_to_jt_dict`), with L = `lengths` viewed `[K, R]` (K = 3 keys):
+What the import recognises of KeyedJaggedTensor.to_dict() (frontends/onnx/src/bag/
+jagged.rs, by what each value computes, for any number of keys K), with L =
+`lengths` viewed `[K, R]` (`Reshape(lengths, [K, -1])`, or `[K, R]` with R =
+`Div(ReduceProd(Shape(lengths)), K)`, KJT's stride):
   ids of key k:  TorchScript: `Slice(values, s_k, s_k + n_k)` with
-                 `n = ReduceSum(Reshape(lengths, [3, -1]), axes=[1])` picked by
-                 `Split([1,1,1]) + Squeeze + Unsqueeze`, `s_0 = 0`, `s_k+1 = s_k + n_k`
-                 (an `Add` chain); dynamo: `Split(values, Concat(n_0, n_1, n_2))`
-                 (n_k by `Slice + Squeeze + Reshape + Gather` of the same ReduceSum).
-  offsets of k:  `O = Concat(ConstantOfShape([3, 1]) = 0, CumSum(L, axis=-1), axis=-1)`
-                 ([K, R+1], `_batched_lengths_to_offsets`), row k by
-                 `Split([1,1,1], axis 0) + Squeeze` (TorchScript) or
-                 `Slice(k, k+1) + Squeeze` (dynamo), used whole as include_last_offset
-                 bounds; its last entry is n_k, the ids' length, by arithmetic only.
-  R:             TorchScript: `Div(ReduceProd(Shape(lengths)), 3)` (KJT's stride) for
-                 the Reshape; dynamo: a `Reshape(lengths, ...)` of its own.
-(`graph.txt` of each case, written by hand with onnx, lists the whole graphs.) Past the
-bags (not reached by dlrmc, so its fusion is unchecked) the graph is
-`Concat(Unsqueeze(dense, 1), Reshape(Concat(pooled, axis 1), [-1, 3, 8]), axis 1)`,
-`Reshape([B, -1])`, then per layer
-MatMul/MatMul (Gemm/Gemm for dynamo) + Add(bias) + Mul(x0) + Add(x_l).
+                 `n = ReduceSum(L, axes=[1])` picked by `Split + Squeeze`, `s_0 = 0`,
+                 `s_k+1 = s_k + n_k` (an `Add` chain); dynamo:
+                 `Split(values, Concat(n_0, .., n_K-1))` (n_k by `Slice + Squeeze`,
+                 `Reshape` and `Gather` of the same ReduceSum).
+  offsets of k:  row k of `Concat(zeros[K, 1], CumSum(L, axis=-1), axis=-1)`
+                 (`_batched_lengths_to_offsets`), by `Split + Squeeze` (TorchScript)
+                 or `Slice(k, k+1) + Squeeze` (dynamo), used whole as
+                 include_last_offset bounds (its last entry is n_k, the ids' length).
+Each table's bag becomes `embedding_bag[last_offset](table, values,
+offsets_from_lengths{K, k}(lengths))`, with `len(lengths)` made `K·R` and R then
+the dense batch (the interaction's Concat). Past the bags, the graph is
+`Reshape(Concat(Unsqueeze(dense, 1), Reshape(pooled, [-1, K, D]), axis 1), [B, -1])`,
+which the `canon` rule `flatten-stacked-concat` gives back as one `cat`
+interaction (the `Split` of the pooled `KeyedTensor` that a `Concat` undoes is
+dropped at import), then per layer MatMul/MatMul (Gemm/Gemm for dynamo) + Add(bias)
++ Mul(x0) + Add(x_l), TorchRec's `LowRankCrossNet`.
 
-usage: export_torchrec.py [OUT_DIR] [--only NAME ...]
-  (OUT_DIR defaults to /tmp/trec-case, not this directory, until dlrmc imports
-  the cases)
+usage: export_torchrec.py [OUT_DIR] [--only NAME ...] [--rows R,R,..] [--batches B,..]
+  (OUT_DIR defaults to this directory; --rows gives other tables, and other than
+  3 of them the case names end in _k{tables} and case.json says "tables".
+  ../torchrec_keys/ was made with `--rows 40,30,20,10,25 --batches 1,7 --only
+  ts17_torchrec_dcn_k5` and `--rows 40,30 --batches 1,7 --only
+  dynamo_torchrec_dcn_k2`)
 needs: torchrec (1.9.2 tested), torch, fbgemm-gpu-cpu, onnx, onnxruntime, onnxscript
 """
 import argparse
@@ -84,19 +84,19 @@ BATCHES = (1, 7, 2048)
 DENSE = 4
 ROWS = (50, 30, 20)
 DIM = 8
-KEYS = [f"f{t}" for t in range(len(ROWS))]
 
 
 class TorchRecDCN(nn.Module):
     """Plain tensors in, TorchRec's DLRM_DCN inside, probabilities out."""
 
-    def __init__(self, seed=1, lpk_tensors=True):
+    def __init__(self, seed=1, lpk_tensors=True, rows=ROWS):
         super().__init__()
         torch.manual_seed(seed)
+        self.keys = [f"f{t}" for t in range(len(rows))]
         tables = [
-            EmbeddingBagConfig(name=f"t{t}", embedding_dim=DIM, num_embeddings=rows,
-                               feature_names=[KEYS[t]], pooling=PoolingType.SUM)
-            for t, rows in enumerate(ROWS)
+            EmbeddingBagConfig(name=f"t{t}", embedding_dim=DIM, num_embeddings=r,
+                               feature_names=[self.keys[t]], pooling=PoolingType.SUM)
+            for t, r in enumerate(rows)
         ]
         ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
         self.model = DLRM_DCN(
@@ -110,22 +110,23 @@ class TorchRecDCN(nn.Module):
         self.lpk_tensors = lpk_tensors
 
     def forward(self, dense_features, values, lengths):
+        keys = self.keys
         if self.lpk_tensors:
-            lpk = list(lengths.view(len(KEYS), -1).sum(1).unbind(0))
-            kjt = KeyedJaggedTensor(keys=KEYS, values=values, lengths=lengths,
+            lpk = list(lengths.view(len(keys), -1).sum(1).unbind(0))
+            kjt = KeyedJaggedTensor(keys=keys, values=values, lengths=lengths,
                                     length_per_key=lpk)
         else:
-            kjt = KeyedJaggedTensor(keys=KEYS, values=values, lengths=lengths)
+            kjt = KeyedJaggedTensor(keys=keys, values=values, lengths=lengths)
         return torch.sigmoid(self.model(dense_features, kjt))
 
 
-def make_inputs(batch, seed):
+def make_inputs(batch, seed, rows=ROWS):
     """Per bag 0-3 ids (empty bags included), `lengths` feature-major."""
     rng = np.random.default_rng(seed + batch)
     dense = rng.uniform(0, 3, size=(batch, DENSE)).astype(np.float32)
-    lens = rng.integers(0, 4, size=(len(ROWS), batch))
+    lens = rng.integers(0, 4, size=(len(rows), batch))
     vals = np.concatenate([rng.integers(0, r, size=int(lens[k].sum()))
-                           for k, r in enumerate(ROWS)])
+                           for k, r in enumerate(rows)])
     flat = {"dense_features": dense, "values": vals.astype(np.int64),
             "lengths": lens.reshape(-1).astype(np.int64)}
     return flat, tuple(torch.tensor(v) for v in flat.values())
@@ -139,12 +140,12 @@ CASES = {
 NAMES = ["dense_features", "values", "lengths"]
 
 
-def export(name, exporter, opset, out_dir, seed=7):
+def export(name, exporter, opset, out_dir, seed=7, rows=ROWS, batches=BATCHES):
     import torchrec
     d = os.path.join(out_dir, name)
     os.makedirs(d, exist_ok=True)
-    model = TorchRecDCN(lpk_tensors=(exporter == "torchscript")).eval()
-    _, args = make_inputs(5, seed)
+    model = TorchRecDCN(lpk_tensors=(exporter == "torchscript"), rows=rows).eval()
+    _, args = make_inputs(5, seed, rows)
     path = os.path.join(d, "model.onnx")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -164,12 +165,14 @@ def export(name, exporter, opset, out_dir, seed=7):
             prog.save(path)
     case = {"exporter": exporter, "opset": opset, "torch": torch.__version__,
             "torchrec": torchrec.__version__, "options": {"torchrec_dlrm_dcn": True},
-            "inputs": NAMES, "outputs": ["pred"], "batches": list(BATCHES)}
+            "inputs": NAMES, "outputs": ["pred"], "batches": list(batches)}
+    if len(rows) != 3:
+        case["tables"] = len(rows)
     import onnxruntime as ort
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     worst = 0.0
-    for b in BATCHES:
-        flat, args = make_inputs(b, seed)
+    for b in batches:
+        flat, args = make_inputs(b, seed, rows)
         with torch.no_grad():
             pred = model(*args).numpy()
         np.savez(os.path.join(d, f"inputs_{b}.npz"), **flat)
@@ -187,16 +190,22 @@ def export(name, exporter, opset, out_dir, seed=7):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    # Not this directory by default: the tests would pick up cases dlrmc cannot import.
-    ap.add_argument("out", nargs="?", default="/tmp/trec-case")
+    ap.add_argument("out", nargs="?", default=os.path.dirname(os.path.abspath(__file__)))
     ap.add_argument("--only", nargs="*", help="case names (default: all)")
+    ap.add_argument("--rows", help="the tables' rows, comma-separated (default: 50,30,20); "
+                    "other than 3 tables, the case names end in _k{tables}")
+    ap.add_argument("--batches", help="batch sizes, comma-separated (default: 1,7,2048)")
     a = ap.parse_args()
+    rows = tuple(int(r) for r in a.rows.split(",")) if a.rows else ROWS
+    batches = tuple(int(b) for b in a.batches.split(",")) if a.batches else BATCHES
+    suffix = "" if len(rows) == 3 else f"_k{len(rows)}"
     failed = []
-    for name, (exporter, opset) in CASES.items():
+    for base, (exporter, opset) in CASES.items():
+        name = base + suffix
         if a.only and name not in a.only:
             continue
         try:
-            export(name, exporter, opset, a.out)
+            export(name, exporter, opset, a.out, rows=rows, batches=batches)
         except Exception as e:  # report every failing export, then fail
             print(f"{name}: export failed: {type(e).__name__}: {e}", file=sys.stderr)
             failed.append(name)

@@ -33,6 +33,12 @@
 //!   in every `interaction-dot*` rule the kept pairs must be exactly the lower
 //!   triangle (`j < i`, or `j <= i`: `self=true`) in row-major order; any other
 //!   order or set keeps the generic ops;
+//! - `flatten-stacked-concat`: `reshape[S,W](concat{axis=1}(p_1, ..))` where each
+//!   `p_i` is `reshape[S,n_i,D](y_i)` of a 2-D `y_i[S,n_i·D]` (TorchRec's
+//!   `InteractionDCNArch`: the dense vector unsqueezed and the pooled embeddings
+//!   viewed `[S,F,D]`, stacked, then flattened) -> `concat{axis=1}(y_1, ..)`, with
+//!   a `y_i` that is itself a `concat{axis=1}` replaced by its operands (row-major:
+//!   each sample's stacked rows flattened are its pieces one after another);
 //! - `interaction-cat`: `concat{axis=1}(x, e_1, ..)` of 2-D values whose operands
 //!   after the first are embedding bags -> `interaction{cat}(x, e_1, ..)`.
 //!
@@ -113,6 +119,7 @@ pub fn rules(cfg: &RuleConfig) -> Vec<Rewrite<Dl, Types>> {
             dot_gather_nd_batched,
             cfg,
         ),
+        build_op_rule("flatten-stacked-concat", "reshape", flatten_stacked, cfg),
         build_op_rule("interaction-cat", "concat", cat, cfg),
     ]
 }
@@ -491,4 +498,76 @@ fn cat(eg: &mut DlGraph, m: Id, _: &Subst, _: &RuleConfig) -> Option<Id> {
     };
     let (r, _) = add1(eg, &op, &found.1)?;
     same_type(eg, m, r)
+}
+
+/// `flatten-stacked-concat` (see the module docs): the flat `concat` of the
+/// stacked pieces' 2-D sources.
+fn flatten_stacked(eg: &mut DlGraph, m: Id, _: &Subst, _: &RuleConfig) -> Option<Id> {
+    let mt = ty_of(eg, m)?;
+    let [samples, _] = mt.shape.as_slice() else {
+        return None;
+    };
+    for (_, ops) in op_nodes(eg, m, "reshape") {
+        let [x] = ops.as_slice() else { continue };
+        let Some(flat) = stacked_sources(eg, *x, samples) else {
+            continue;
+        };
+        let Some((r, _)) = add1(eg, &Op::Concat { axis: 1 }, &flat) else {
+            continue;
+        };
+        if let Some(r) = same_type(eg, m, r) {
+            return Some(r);
+        }
+    }
+    None
+}
+
+/// The 2-D sources `y_i[S, n_i·D]` of a `concat{axis=1}` of `reshape[S,n_i,D](y_i)`
+/// pieces (one `D` for all), a source that is a `concat{axis=1}` given as its
+/// operands.
+fn stacked_sources(eg: &DlGraph, x: Id, samples: &Dim) -> Option<Vec<Id>> {
+    let xt = ty_of(eg, x)?;
+    let [s, _, d] = xt.shape.as_slice() else {
+        return None;
+    };
+    if s != samples {
+        return None;
+    }
+    op_nodes(eg, x, "concat")
+        .into_iter()
+        .find_map(|(attrs, parts)| {
+            if !matches!(attrs.as_slice(), [(_, Attr::Int(1))]) {
+                return None;
+            }
+            let mut flat = Vec::new();
+            for p in parts {
+                let pt = ty_of(eg, p)?;
+                let [ps, Dim::Fixed(n), pd] = pt.shape.as_slice() else {
+                    return None;
+                };
+                let Dim::Fixed(dd) = pd else { return None };
+                if ps != samples || pd != d {
+                    return None;
+                }
+                let y = op_nodes(eg, p, "reshape")
+                    .into_iter()
+                    .find_map(|(_, ops)| {
+                        let [y] = ops.as_slice() else { return None };
+                        let yt = ty_of(eg, *y)?;
+                        (yt.shape.as_slice() == [samples.clone(), Dim::Fixed(n.checked_mul(*dd)?)])
+                            .then_some(*y)
+                    })?;
+                let inner = op_nodes(eg, y, "concat").into_iter().find_map(|(a, ops)| {
+                    let two_d = ops
+                        .iter()
+                        .all(|&o| ty_of(eg, o).is_some_and(|t| t.rank() == 2));
+                    (matches!(a.as_slice(), [(_, Attr::Int(1))]) && two_d).then_some(ops)
+                });
+                match inner {
+                    Some(ops) => flat.extend(ops),
+                    None => flat.push(y),
+                }
+            }
+            Some(flat)
+        })
 }
