@@ -185,24 +185,8 @@ pub fn export<'a>(
             graph.name
         )));
     }
-    // Ops defined as modules are written as the primitive ops they decompose
-    // into; an int8 bag (no primitive reads an f32 from its row's bytes) is
-    // lowered as a bag (`lower/bags.rs`).
-    let decomposable = |op: &dlrm_ir::Op| matches!(op, dlrm_ir::Op::Module(m) if m.mnemonic() != embedding_bag_q8::MNEMONIC);
-    let decomposed;
-    let graph = if graph.nodes().iter().any(|n| decomposable(&n.op)) {
-        decomposed =
-            dlrm_ir::module::rebuild(graph, &mut |_, node, out, ins, names| match &node.op {
-                dlrm_ir::Op::Module(m) if decomposable(&node.op) => {
-                    Some(m.def().decompose(m, out, ins, names))
-                }
-                _ => None,
-            })
-            .map_err(|e| export_err(format!("decomposing the module ops: {e}")))?;
-        &decomposed
-    } else {
-        graph
-    };
+    let decomposed = decompose(graph)?;
+    let graph = decomposed.as_ref();
     let mut b = Builder::new(opts.opset);
     let mut inputs = Vec::new();
     for &v in graph.inputs() {
@@ -299,4 +283,22 @@ pub fn export_to_file(
     opts: &ExportOptions,
 ) -> Result<ExportSummary> {
     export(graph, params, opts)?.write(path)
+}
+
+/// `graph` with its module ops written as the primitive ops they decompose
+/// into; an int8 bag (no primitive reads an f32 from its row's bytes) is kept
+/// and lowered as a bag (`lower/bags.rs`).
+fn decompose(graph: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
+    let decomposable = |op: &dlrm_ir::Op| matches!(op, dlrm_ir::Op::Module(m) if m.mnemonic() != embedding_bag_q8::MNEMONIC);
+    if !graph.nodes().iter().any(|n| decomposable(&n.op)) {
+        return Ok(std::borrow::Cow::Borrowed(graph));
+    }
+    dlrm_ir::module::rebuild(graph, &mut |_, node, out, ins, names| match &node.op {
+        dlrm_ir::Op::Module(m) if decomposable(&node.op) => {
+            Some(m.def().decompose(m, out, ins, names))
+        }
+        _ => None,
+    })
+    .map(std::borrow::Cow::Owned)
+    .map_err(|e| export_err(format!("decomposing the module ops: {e}")))
 }
