@@ -2,6 +2,8 @@
 //! bytes, the op against `embedding_bag` on the dequantized table in every
 //! operand form, the text form, and the errors.
 
+#![expect(clippy::unwrap_used, reason = "tests fail loudly")]
+
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::ops::embedding_bag_q8::{
     self, SCALE_BIAS_BYTES, dequantize_rows, quantize_rows, scale_bias,

@@ -1,6 +1,8 @@
 //! The `quantize-tables` pass: which tables become int8 rows, the bags that
 //! read them, a bf16 bag's cast, the values, and the refusals.
 
+#![expect(clippy::unwrap_used, reason = "tests fail loudly")]
+
 use dlrm_ir::{DType, text};
 use dlrm_passes::Pass;
 use dlrm_passes::quantize::{QuantizeTables, quantize_tables};

@@ -32,7 +32,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Import a model (`.json` description or `.onnx`), optimise it, write a plan.
-    Compile(CompileArgs),
+    Compile(Box<CompileArgs>),
     /// Summarise a plan: ops by kind, parameters by dtype, FLOPs per sample.
     Inspect(InspectArgs),
     /// Run passes on a textual IR file and print the result (the golden-test tool).
@@ -301,7 +301,7 @@ fn main() -> ExitCode {
     dlrmc::console::exit_quietly_on_closed_pipe();
     let cli = Cli::parse();
     let r = match cli.command {
-        Command::Compile(a) => cmd_compile(a),
+        Command::Compile(a) => cmd_compile(*a),
         Command::Inspect(a) => cmd_inspect(a),
         Command::Opt(a) => cmd_opt(a),
         Command::PlanShards(a) => cmd_plan_shards(a),

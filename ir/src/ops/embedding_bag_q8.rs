@@ -33,6 +33,7 @@ use crate::module::{GradCx, ModOp, OpModule, Work};
 use crate::op::{Attr, Op, Pool};
 use crate::tensor::Tensor;
 use crate::types::{DType, Dim, TensorType};
+use rayon::prelude::*;
 use std::collections::HashMap;
 
 type R<T> = std::result::Result<T, String>;
@@ -97,21 +98,23 @@ pub fn quantize_rows(values: &[f32], d: usize) -> R<Vec<u8>> {
     if d == 0 {
         return Err("cannot quantize rows of width 0".into());
     }
-    if values.len() % d != 0 {
+    if !values.len().is_multiple_of(d) {
         return Err(format!("{} values are not rows of {d}", values.len()));
     }
-    let w = d + SCALE_BIAS_BYTES;
-    let mut out = vec![0u8; values.len() / d * w];
-    for (r, (x, q)) in values
-        .chunks_exact(d)
-        .zip(out.chunks_exact_mut(w))
-        .enumerate()
-    {
-        if let Some(j) = x.iter().position(|v| !v.is_finite()) {
-            return Err(format!("row {r} holds {} at column {j}", x[j]));
-        }
-        quantize_row(x, q);
+    if let Some(at) = values.par_iter().position_first(|v| !v.is_finite()) {
+        return Err(format!(
+            "row {} holds {} at column {}",
+            at / d,
+            values[at],
+            at % d
+        ));
     }
+    let w = d + SCALE_BIAS_BYTES;
+    let mut out = crate::init::try_alloc::<u8>("int8 rows", values.len() / d * w)
+        .map_err(|e| e.to_string())?;
+    out.par_chunks_exact_mut(w)
+        .zip(values.par_chunks_exact(d))
+        .for_each(|(q, x)| quantize_row(x, q));
     Ok(out)
 }
 

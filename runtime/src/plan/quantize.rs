@@ -94,16 +94,14 @@ fn f32_values(name: &str, value: &ParamValue, lo: Option<&ParamValue>) -> Result
     let t = value.materialize(name)?;
     if let (DType::BF16, Some(lo)) = (t.dtype(), lo) {
         let lo = lo.materialize(&format!("{name}.lo"))?;
-        if let (Data::BF16(hi), Data::BF16(lo)) = (&t.data, &lo.data) {
-            if hi.len() == lo.len() {
-                return Ok(hi
-                    .iter()
-                    .zip(lo)
-                    .map(|(h, l)| {
-                        f32::from_bits(u32::from(h.to_bits()) << 16 | u32::from(l.to_bits()))
-                    })
-                    .collect());
-            }
+        if let (Data::BF16(hi), Data::BF16(lo)) = (&t.data, &lo.data)
+            && hi.len() == lo.len()
+        {
+            return Ok(hi
+                .iter()
+                .zip(lo)
+                .map(|(h, l)| f32::from_bits(u32::from(h.to_bits()) << 16 | u32::from(l.to_bits())))
+                .collect());
         }
     }
     Ok(t.to_f32_vec())
