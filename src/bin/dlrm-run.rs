@@ -144,7 +144,8 @@ struct Cli {
     /// Synthetic data: how many ids each variable bag holds, `N` or a range `A-B`
     /// (uniform), one for every table or a comma list per table in the model's
     /// input order, e.g. `1-100` or `3,2,1`. Default: 0 to 2 ids a bag. A
-    /// fixed-pooling model's bags keep their size.
+    /// fixed-pooling model's bags keep their size (another size given for them is
+    /// an error).
     #[arg(long, value_name = "SIZES", value_parser = parse_pooling, conflicts_with = "data")]
     pooling: Option<Pooling>,
     /// Seed of the synthetic data (default: the plan's).
