@@ -11,12 +11,13 @@
 //! Split-SGD-BF16 weight loads and stores); every inner function is
 //! `#[target_feature]` for exactly the features of
 //! [`super::RowKernel::Avx2`] (or inlined into one). No multiply-add is
-//! fused: the products are rounded before they are added, as the reference
-//! does.
+//! fused (the products are rounded before they are added, as the reference
+//! does) except an int8 row's dequantization, `fma(q, scale, bias)`, which the
+//! reference (`embedding_bag_q8`) defines with one rounding.
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
-    use super::super::bag::{self, bag_cols, bag_cols_q8};
+    use super::super::bag::{self, bag_cols};
     use super::super::update::{self, run_cols};
     use super::super::width::Width;
     use super::super::{BagArgs, RunArgs};
@@ -182,16 +183,6 @@ mod imp {
                 _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q))
             }
         }
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn cols_q8<const NV: usize>(
-            a: &BagArgs,
-            se: (usize, usize),
-            out: *mut u8,
-            cc: (usize, usize),
-        ) {
-            // SAFETY: forwarded; compiled with AVX2+FMA's features.
-            unsafe { bag_cols_q8::<Self, NV>(a, se, out, cc) }
-        }
         #[inline(always)]
         unsafe fn load<const BF: bool>(p: *const u8, n: usize) -> __m256 {
             // SAFETY: forwarded.
@@ -203,14 +194,14 @@ mod imp {
             unsafe { store8(bf, p, x, n) }
         }
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn cols<const NV: usize, const BF: bool>(
+        unsafe fn cols<const NV: usize, const T: u8>(
             a: &BagArgs,
             se: (usize, usize),
             out: *mut u8,
             cc: (usize, usize),
         ) {
             // SAFETY: forwarded; compiled with AVX2+FMA's features.
-            unsafe { bag_cols::<Self, NV, BF>(a, se, out, cc) }
+            unsafe { bag_cols::<Self, NV, T>(a, se, out, cc) }
         }
         #[inline(always)]
         unsafe fn load_w(split: bool, hi: *mut u8, lo: *mut u8, off: usize, p: usize) -> __m256 {

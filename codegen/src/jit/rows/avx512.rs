@@ -15,7 +15,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
-    use super::super::bag::{self, bag_cols, bag_cols_q8};
+    use super::super::bag::{self, bag_cols};
     use super::super::update::{self, run_cols};
     use super::super::width::Width;
     use super::super::{AHEAD, BagArgs, R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row};
@@ -128,16 +128,6 @@ mod imp {
             // SAFETY: the masked bytes are the caller's (others not read).
             unsafe { _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, p.cast()))) }
         }
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-        unsafe fn cols_q8<const NV: usize>(
-            a: &BagArgs,
-            se: (usize, usize),
-            out: *mut u8,
-            cc: (usize, usize),
-        ) {
-            // SAFETY: forwarded; compiled with AVX-512's features.
-            unsafe { bag_cols_q8::<Self, NV>(a, se, out, cc) }
-        }
         #[inline(always)]
         unsafe fn load<const BF: bool>(p: *const u8, m: __mmask16) -> __m512 {
             // SAFETY: forwarded.
@@ -149,14 +139,14 @@ mod imp {
             unsafe { store16(bf, p, x, m) }
         }
         #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-        unsafe fn cols<const NV: usize, const BF: bool>(
+        unsafe fn cols<const NV: usize, const T: u8>(
             a: &BagArgs,
             se: (usize, usize),
             out: *mut u8,
             cc: (usize, usize),
         ) {
             // SAFETY: forwarded; compiled with AVX-512's features.
-            unsafe { bag_cols::<Self, NV, BF>(a, se, out, cc) }
+            unsafe { bag_cols::<Self, NV, T>(a, se, out, cc) }
         }
         #[inline(always)]
         unsafe fn load_w(

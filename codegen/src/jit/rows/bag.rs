@@ -1,7 +1,8 @@
 //! The bag loop of the native forward, written once for both vector widths
-//! ([`Width`]: [`super::avx512`]'s and [`super::avx2`]'s) and both table
-//! element types (`BF`: a bf16 row is widened as it is loaded, the one step
-//! that differs). Each width instantiates [`bag_cols`] inside its
+//! ([`Width`]: [`super::avx512`]'s and [`super::avx2`]'s) and every table
+//! element type (`T`: f32, bf16 widened as it is loaded, or int8 row-wise
+//! dequantized as it is loaded: the one step that differs). Each width
+//! instantiates [`bag_cols`] inside its
 //! `#[target_feature]` [`Width::cols`], so the width's vector operations
 //! (`#[inline(always)]`) compile to its instructions there.
 
@@ -17,22 +18,31 @@ pub(super) type BagCols = unsafe fn(&BagArgs, (usize, usize), *mut u8, (usize, u
 /// Vectors per pass.
 const MAXV: usize = 8;
 
+/// [`bag_cols`]' table element type `T`: f32 rows.
+pub(super) const T_F32: u8 = 0;
+/// [`bag_cols`]' table element type `T`: bf16 rows, widened exactly.
+pub(super) const T_BF16: u8 = 1;
+/// [`bag_cols`]' table element type `T`: int8 row-wise rows ([`B_TABLE_Q8`]:
+/// `d` codes, then the row's f32 scale and bias), each element
+/// `fma(q, scale, bias)`.
+pub(super) const T_Q8: u8 = 2;
+
 /// Columns `c0..c0+cols` (`NV = ⌈cols/LANES⌉` vectors) of a bag: the rows of
-/// positions `start..end` (f32, or bf16 with `BF`) added in order (each
-/// product with a weight rounded, then added: never fused), the mean's
-/// division, the store.
+/// positions `start..end` (of element type `T`) added in order (each product
+/// with a weight rounded, then added: never fused), the mean's division, the
+/// store.
 ///
 /// # Safety
 /// [`super::BagFn`]'s contract; `c0 + cols <= d`; the CPU has `W`'s features
 /// and the caller is compiled with them.
 #[inline(always)]
-pub(super) unsafe fn bag_cols<W: Width, const NV: usize, const BF: bool>(
+pub(super) unsafe fn bag_cols<W: Width, const NV: usize, const T: u8>(
     a: &BagArgs,
     (start, end): (usize, usize),
     out: *mut u8,
     (c0, cols): (usize, usize),
 ) {
-    let es = if BF { 2 } else { 4 };
+    let stride = super::row_stride(a);
     // SAFETY (every width operation below): the caller has `W`'s features.
     let (last, full) = unsafe { (W::part(cols - W::LANES * (NV - 1)), W::part(W::LANES)) };
     let part = |k: usize| if k + 1 == NV { last } else { full };
@@ -42,8 +52,9 @@ pub(super) unsafe fn bag_cols<W: Width, const NV: usize, const BF: bool>(
     for p in start..end {
         // SAFETY (the block): the contract: positions `start..end` and those
         // below `pend` are indices of rows the table holds (a shard's only
-        // read when in it), `weights` one f32 per position when weighted; the
-        // last load reads only columns below `c0 + cols <= d`.
+        // read when in it), `weights` one f32 per position when weighted; an
+        // int8 row holds `d` codes and 8 bytes of scale and bias (read
+        // unaligned); the last load reads only columns below `c0 + cols <= d`.
         unsafe {
             if c0 == 0 {
                 fetch_bag_row(a, p + AHEAD);
@@ -52,14 +63,26 @@ pub(super) unsafe fn bag_cols<W: Width, const NV: usize, const BF: bool>(
             if shard && (i.wrapping_sub(a.first) as u64) >= a.span as u64 {
                 continue;
             }
-            let row = a.table.add((i as usize * a.d + c0) * es);
+            let row = a.table.add(i as usize * stride);
+            let (scale, bias) = match T {
+                T_Q8 => (
+                    W::splat(row.add(a.d).cast::<f32>().read_unaligned()),
+                    W::splat(row.add(a.d + 4).cast::<f32>().read_unaligned()),
+                ),
+                _ => (W::zero(), W::zero()),
+            };
             let w = if weighted {
                 Some(W::splat(*a.weights.add(p)))
             } else {
                 None
             };
             for (k, s) in acc.iter_mut().enumerate() {
-                let x = W::load::<BF>(row.add(W::LANES * k * es), part(k));
+                let col = c0 + W::LANES * k;
+                let x = match T {
+                    T_Q8 => W::fma(W::load_u8(row.add(col), part(k)), scale, bias),
+                    T_BF16 => W::load::<true>(row.add(col * 2), part(k)),
+                    _ => W::load::<false>(row.add(col * 4), part(k)),
+                };
                 let x = match w {
                     Some(w) => W::mul(w, x),
                     None => x,
@@ -107,87 +130,17 @@ unsafe fn finish<W: Width, const NV: usize>(
     }
 }
 
-/// [`bag_cols`] on an int8 row-wise table ([`B_TABLE_Q8`]): row `i`'s codes
-/// at `table + i·(d+8)`, its f32 scale and bias after them; each element
-/// `fma(q, scale, bias)`, then as [`bag_cols`] (weighted: the product
-/// rounded, then added).
-///
-/// # Safety
-/// [`bag_cols`]'s.
-#[inline(always)]
-pub(super) unsafe fn bag_cols_q8<W: Width, const NV: usize>(
-    a: &BagArgs,
-    (start, end): (usize, usize),
-    out: *mut u8,
-    (c0, cols): (usize, usize),
-) {
-    // SAFETY (every width operation below): the caller has `W`'s features.
-    let (last, full) = unsafe { (W::part(cols - W::LANES * (NV - 1)), W::part(W::LANES)) };
-    let part = |k: usize| if k + 1 == NV { last } else { full };
-    let idx64 = a.flags & B_IDX64 != 0;
-    let (shard, weighted) = (a.flags & B_SHARD != 0, a.flags & B_WEIGHTED != 0);
-    let stride = a.d + 8;
-    let mut acc = [unsafe { W::zero() }; NV];
-    for p in start..end {
-        // SAFETY (the block): as in `bag_cols`; a row holds `d` codes and 8
-        // bytes of scale and bias (read unaligned), the last load reads only
-        // codes below `c0 + cols <= d`.
-        unsafe {
-            if c0 == 0 {
-                fetch_bag_row(a, p + AHEAD);
-            }
-            let i = index_at(a.idx, idx64, p);
-            if shard && (i.wrapping_sub(a.first) as u64) >= a.span as u64 {
-                continue;
-            }
-            let row = a.table.add(i as usize * stride);
-            let scale = W::splat(row.add(a.d).cast::<f32>().read_unaligned());
-            let bias = W::splat(row.add(a.d + 4).cast::<f32>().read_unaligned());
-            let w = if weighted {
-                Some(W::splat(*a.weights.add(p)))
-            } else {
-                None
-            };
-            for (k, s) in acc.iter_mut().enumerate() {
-                let q = W::load_u8(row.add(c0 + W::LANES * k), part(k));
-                let x = W::fma(q, scale, bias);
-                let x = match w {
-                    Some(w) => W::mul(w, x),
-                    None => x,
-                };
-                *s = W::add(*s, x);
-            }
-        }
-    }
-    // SAFETY: forwarded (the caller's `out` and features).
-    unsafe { finish::<W, NV>(a, end - start, acc, out, (c0, cols)) }
-}
-
-/// `W`'s [`bag_cols_q8`] of `nv` vectors (1 to 8).
-fn cols_q8_of<W: Width>(nv: usize) -> BagCols {
+/// `W`'s [`bag_cols`] of `nv` vectors (1 to 8) and the table type `T`.
+fn cols_of<W: Width, const T: u8>(nv: usize) -> BagCols {
     match nv {
-        1 => W::cols_q8::<1>,
-        2 => W::cols_q8::<2>,
-        3 => W::cols_q8::<3>,
-        4 => W::cols_q8::<4>,
-        5 => W::cols_q8::<5>,
-        6 => W::cols_q8::<6>,
-        7 => W::cols_q8::<7>,
-        _ => W::cols_q8::<8>,
-    }
-}
-
-/// `W`'s [`bag_cols`] of `nv` vectors (1 to 8) and the table type `BF`.
-fn cols_of<W: Width, const BF: bool>(nv: usize) -> BagCols {
-    match nv {
-        1 => W::cols::<1, BF>,
-        2 => W::cols::<2, BF>,
-        3 => W::cols::<3, BF>,
-        4 => W::cols::<4, BF>,
-        5 => W::cols::<5, BF>,
-        6 => W::cols::<6, BF>,
-        7 => W::cols::<7, BF>,
-        _ => W::cols::<8, BF>,
+        1 => W::cols::<1, T>,
+        2 => W::cols::<2, T>,
+        3 => W::cols::<3, T>,
+        4 => W::cols::<4, T>,
+        5 => W::cols::<5, T>,
+        6 => W::cols::<6, T>,
+        7 => W::cols::<7, T>,
+        _ => W::cols::<8, T>,
     }
 }
 
@@ -206,11 +159,11 @@ pub(super) unsafe fn bag<W: Width>(args: *const BagArgs, start: i64, end: i64, o
             let cols = (a.d - c0).min(W::LANES * MAXV);
             let nv = cols.div_ceil(W::LANES);
             let f = if a.flags & B_TABLE_Q8 != 0 {
-                cols_q8_of::<W>(nv)
+                cols_of::<W, T_Q8>(nv)
             } else if a.flags & B_TABLE_BF16 != 0 {
-                cols_of::<W, true>(nv)
+                cols_of::<W, T_BF16>(nv)
             } else {
-                cols_of::<W, false>(nv)
+                cols_of::<W, T_F32>(nv)
             };
             f(a, se, out, (c0, cols));
             c0 += cols;

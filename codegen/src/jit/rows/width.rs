@@ -65,18 +65,9 @@ pub(super) trait Width {
         part: Self::Part,
     );
     /// [`super::bag::bag_cols`] of this width, `NV` vectors and table type
-    /// `BF`, compiled with the width's features; the contract is
+    /// `T`, compiled with the width's features; the contract is
     /// [`super::bag::bag_cols`]'s.
-    unsafe fn cols<const NV: usize, const BF: bool>(
-        a: &BagArgs,
-        se: (usize, usize),
-        out: *mut u8,
-        cc: (usize, usize),
-    );
-    /// [`super::bag::bag_cols_q8`] of this width and `NV` vectors, compiled
-    /// with the width's features; the contract is
-    /// [`super::bag::bag_cols_q8`]'s.
-    unsafe fn cols_q8<const NV: usize>(
+    unsafe fn cols<const NV: usize, const T: u8>(
         a: &BagArgs,
         se: (usize, usize),
         out: *mut u8,
