@@ -192,7 +192,8 @@ fn native_bag_sums_match_the_references_on_random_shapes() {
 /// the dequantized table), on random shapes: every operand form (fixed
 /// pooling, offsets, offsets with a last entry, weighted), sum and mean, i64
 /// and i32 indices, widths across vector and pass boundaries, 1 to 4 threads.
-/// On a CPU with no native row kernel the JIT declines (the interpreter runs).
+/// On a CPU with no native row kernel the JIT declines (the interpreter runs);
+/// where one runs, at least one comparison a case.
 #[test]
 fn int8_row_wise_bags_match_the_interpreter_on_random_shapes() {
     use dlrm_ir::ops::embedding_bag_q8::{self, quantize_rows};
@@ -240,14 +241,13 @@ fn int8_row_wise_bags_match_the_interpreter_on_random_shapes() {
                 let o = JitOptions::default();
                 let got = pool(threads)
                     .install(|| dlrm_codegen::jit::try_eval(&op, &ins, &outs, &sy, &o));
-                match (k, got) {
-                    (RowKernel::Cranelift, None) => {}
-                    (RowKernel::Cranelift, Some(_)) => panic!("{name}: Cranelift has no int8 rows"),
-                    (_, got) => {
-                        let got = got.expect("a JIT kernel").expect("runs");
-                        same_bits(&format!("{name} {k:?} t={threads}"), &got[0], &want[0]);
-                        compared += 1;
-                    }
+                // The forced kernel is process-wide: under `cargo test` another
+                // test may force another one meanwhile, so a declined call (the
+                // Cranelift kernels have no int8 rows) is not asserted here.
+                if let Some(got) = got {
+                    let got = got.expect("runs");
+                    same_bits(&format!("{name} {k:?} t={threads}"), &got[0], &want[0]);
+                    compared += 1;
                 }
             }
         }
