@@ -1,7 +1,8 @@
 //! A mutation fuzzer for every reader of `dlrmc` and `dlrm-run`, on the stable
 //! toolchain: `scripts/fuzz TARGET SECONDS [SEED]` (or `cargo run --release
 //! --example fuzz -- TARGET SECONDS [SEED]`), TARGET one of `onnx`, `ir`, `json`,
-//! `npz`, `plan`, `ds`, or `all`.
+//! `npz`, `plan`, `ds`, `model`, or `all`; `scripts/fuzz TARGET replay FILE` runs one
+//! input (a finding) again with its panic message in full.
 //!
 //! Each target starts from a seed corpus of the repository's own files (real
 //! PyTorch exports, golden IR files, the example models, PyTorch's npz inputs, a
@@ -19,11 +20,16 @@
 //! (`frontends/onnx/test_cases/fuzz/`, `data/tests/ds.rs`), and every `.onnx` under
 //! the test cases is a seed.
 
+mod model;
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// The message of the last panic (the hook keeps it).
+static LAST_PANIC: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
 
 /// The longest one case may run.
 const HANG: Duration = Duration::from_secs(5);
@@ -151,6 +157,17 @@ fn targets(work: &Path) -> Vec<Target> {
         feed: Box::new(move |b| {
             std::fs::write(&manifest, b).is_ok() && dlrm_runtime::read_plan(&plan).is_ok()
         }),
+    });
+    // Structure-aware: the bytes choose a model, compiled with and without the
+    // optimising passes, the two runs compared (model.rs).
+    let model_work = work.to_path_buf();
+    v.push(Target {
+        name: "model",
+        // Any bytes are a model: a few fixed seeds, then mutations.
+        seeds: (0u8..16)
+            .map(|k| (0..64u8).map(|i| i.wrapping_mul(37) ^ k).collect())
+            .collect(),
+        feed: Box::new(move |b| model::check(b, &model_work)),
     });
     let ds = work.join("data.ds");
     let spec = dlrm_data::Learnable {
@@ -285,6 +302,10 @@ fn run(t: &Target, secs: f64, seed: u64, out: &Path, clock: &Clock) -> (u64, u64
                     t.name,
                     p.display()
                 );
+                if crashes == 0 {
+                    let m = LAST_PANIC.lock().map(|m| m.clone()).unwrap_or_default();
+                    eprintln!("  {}", m.chars().take(600).collect::<String>());
+                }
                 crashes += 1;
             }
         }
@@ -297,6 +318,26 @@ fn run(t: &Target, secs: f64, seed: u64, out: &Path, clock: &Clock) -> (u64, u64
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let which = args.get(1).map_or("all", String::as_str).to_string();
+    // `fuzz TARGET replay FILE`: one case, its panic (if any) printed in full.
+    if args.get(2).map(String::as_str) == Some("replay") {
+        let Some(file) = args.get(3) else {
+            eprintln!("usage: fuzz TARGET replay FILE");
+            std::process::exit(2);
+        };
+        let work = tempfile::tempdir().expect("a temporary directory");
+        let all = targets(work.path());
+        let Some(t) = all.iter().find(|t| t.name == which) else {
+            eprintln!("unknown target `{which}`");
+            std::process::exit(2);
+        };
+        let input = std::fs::read(file).expect("the input file");
+        let ok = (t.feed)(&input);
+        println!(
+            "{which}: {}",
+            if ok { "accepted" } else { "refused (an error)" }
+        );
+        return;
+    }
     let secs: f64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10.0);
     let seed: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
     let out = root().join("target/fuzz");
@@ -334,7 +375,13 @@ fn main() {
             }
         }
     });
-    std::panic::set_hook(Box::new(|_| {}));
+    // A finding's message is kept (not printed by the default hook) and shown
+    // with the first finding of each target.
+    std::panic::set_hook(Box::new(|info| {
+        if let Ok(mut m) = LAST_PANIC.lock() {
+            *m = info.to_string();
+        }
+    }));
     let mut failed = false;
     for t in chosen {
         let t0 = Instant::now();
