@@ -30,16 +30,13 @@ pub enum Error {
     /// A plan's training setup names something this build cannot do.
     #[error("plan training setup: {0}")]
     Training(String),
-    /// Running the plan, or placing or partitioning it for N ranks, failed.
+    /// Running the plan, placing or partitioning it for N ranks, or measuring or
+    /// reading this machine's rates ([`dlrm_runtime::calibrate`]) failed.
     #[error(transparent)]
     Runtime(#[from] dlrm_runtime::RuntimeError),
     /// Options that cannot run.
     #[error("{0}")]
     Options(String),
-    /// Measuring this machine's rates, or reading or writing their file
-    /// ([`crate::calibrate`]), failed.
-    #[error("calibration: {0}")]
-    Calibration(String),
 }
 
 /// Result with [`Error`].

@@ -12,14 +12,14 @@
 //!   (the `--dump-ir` hook);
 //! - [`inspect`]: the summary of a plan that `dlrmc inspect` prints;
 //! - [`planner`]: the sharding planner's flags, which make the runtime's
-//!   [`dlrm_runtime::ShardSettings`] (with the rates of [`calibrate`]'s file);
+//!   [`dlrm_runtime::ShardSettings`] (with the rates of [`calibrate`]'s file: the
+//!   runtime's, which measures them, re-exported);
 //! - [`data_cmd`]: the `dlrmc data` subcommands (convert, inspect, generate).
 
 #![warn(missing_docs)]
 // Module docs link private helpers; the docs are built with --document-private-items.
 #![allow(rustdoc::private_intra_doc_links)]
 
-pub mod calibrate;
 pub mod compile;
 pub mod console;
 pub mod data_cmd;
@@ -30,6 +30,7 @@ pub mod planner;
 pub mod plot;
 
 pub use compile::{CompileOptions, Stage, compile};
+pub use dlrm_runtime::calibrate;
 pub use error::{Error, Result};
 pub use inspect::Inspection;
 pub use model::{Model, load_model};

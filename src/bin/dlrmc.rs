@@ -478,7 +478,7 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
 }
 
 fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
-    use dlrmc::calibrate::{self, CalibrateOptions};
+    use dlrm_runtime::calibrate::{self, CalibrateOptions};
     let opts = CalibrateOptions {
         threads: a.threads,
         ranks: a.ranks,
