@@ -1,9 +1,10 @@
-//! Errors of the dlrmc library; each names what was being done and wraps
+//! Errors of the compiler driver; each names what was being done and wraps
 //! the failing crate's own error as its source.
 
 use std::path::PathBuf;
 
-/// An error of [`crate::model`], [`mod@crate::compile`] or the other commands.
+/// An error of [`crate::model`] or [`mod@crate::compile`] (the `dlrmc` binary's
+/// other commands use it too).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The JSON model description is invalid (the error names file and field).
