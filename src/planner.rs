@@ -1,11 +1,12 @@
 //! The sharding planner's command-line flags (`--network`, `--machine`,
 //! `--calibration`, `--bucket-bytes`) and value parsers: they make the
 //! [`ShardSettings`] of the runtime's planner ([`dlrm_runtime::launch::shard`]),
-//! reading the `dlrmc calibrate` file ([`crate::calibrate`]) for the rates.
+//! with the rates of the `dlrmc calibrate` file ([`calibrate`]).
 
-use crate::error::{Error, Result};
+use crate::{Error, Result};
 use dlrm_passes::shard::{self, Machine, Network};
-use dlrm_runtime::launch::shard::{Rates, ShardSettings};
+use dlrm_runtime::calibrate;
+use dlrm_runtime::launch::shard::ShardSettings;
 
 /// Parses a `--bucket-bytes` value: `0` (no buckets) or a byte count such as
 /// `1MiB` (as `--mem-per-rank`).
@@ -43,35 +44,16 @@ pub struct PlannerArgs {
 
 impl PlannerArgs {
     /// The settings these flags give, with `mem_per_rank` bytes of tables per
-    /// rank: `--machine`/`--network` when given, else the calibration's rates
-    /// (`--calibration`, else the default file when it exists), else the
-    /// built-in guesses. An unreadable or invalid calibration file is an error.
+    /// rank ([`calibrate::shard_settings`]: `--machine`/`--network` when given,
+    /// else the calibration's rates, else the built-in guesses).
     pub fn settings(&self, mem_per_rank: u64) -> Result<ShardSettings> {
-        let d = ShardSettings::default();
-        let path = match &self.calibration {
-            Some(p) => Some(p.clone()),
-            None => crate::calibrate::default_path().filter(|p| p.exists()),
-        };
-        let measured = match (self.machine.is_some() && self.network.is_some(), path) {
-            (false, Some(p)) => Some(crate::calibrate::read(&p)?),
-            _ => None,
-        };
-        let rates = match (self.machine.is_some() || self.network.is_some(), &measured) {
-            (true, _) => Rates::Flags,
-            (false, Some(_)) => Rates::Calibrated,
-            (false, None) => Rates::Default,
-        };
-        let (machine, network) = match measured {
-            Some(c) => (c.machine, c.network),
-            None => (d.machine, d.network),
-        };
-        Ok(ShardSettings {
+        Ok(calibrate::shard_settings(
             mem_per_rank,
-            network: self.network.unwrap_or(network),
-            machine: self.machine.unwrap_or(machine),
-            bucket_bytes: self.bucket_bytes.unwrap_or(d.bucket_bytes),
-            rates,
-        })
+            self.machine,
+            self.network,
+            self.calibration.as_deref(),
+            self.bucket_bytes,
+        )?)
     }
 }
 

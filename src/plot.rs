@@ -2,76 +2,16 @@
 //! validation AUC and the validation log loss over steps, one panel each, several
 //! runs overlaid with a legend (each run labelled by its file's stem), as one SVG.
 //!
-//! A metrics file's lines are told apart by their keys: a line with `split` is an
-//! evaluation (`iter`, `auc`, `log_loss`), one with `iter` and a numeric `loss` a
-//! training step; other lines (the summary) are skipped.
+//! The curves are read by the runtime, which writes the file
+//! ([`dlrm_runtime::metrics::read_curves`]); this draws them.
 
-use crate::error::{Error, Result};
+use crate::{Error, Result};
+pub use dlrm_runtime::metrics::{Curves, read_curves};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
-/// One run's curves.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Curves {
-    /// The legend label (the file's stem).
-    pub label: String,
-    /// `(step, loss)` of the logged training steps.
-    pub loss: Vec<(f64, f64)>,
-    /// `(step, AUC)` of the evaluations during training.
-    pub auc: Vec<(f64, f64)>,
-    /// `(step, log loss)` of the evaluations during training.
-    pub log_loss: Vec<(f64, f64)>,
-}
-
 fn plot_err(path: &Path, reason: impl std::fmt::Display) -> Error {
     Error::Options(format!("{}: {reason}", path.display()))
-}
-
-/// Reads a metrics file's curves (evaluations of split `split` only).
-pub fn read_curves(path: &Path, split: &str) -> Result<Curves> {
-    let text = std::fs::read_to_string(path).map_err(|e| plot_err(path, e))?;
-    let mut c = Curves {
-        label: path.file_stem().map_or_else(
-            || path.display().to_string(),
-            |s| s.to_string_lossy().into_owned(),
-        ),
-        ..Curves::default()
-    };
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let v: serde_json::Value = serde_json::from_str(line)
-            .map_err(|e| plot_err(path, format!("line {}: {e}", n + 1)))?;
-        let Some(iter) = v.get("iter").and_then(serde_json::Value::as_f64) else {
-            continue;
-        };
-        match v.get("split").and_then(serde_json::Value::as_str) {
-            Some(s) if s == split => {
-                if let Some(a) = v["auc"].as_f64() {
-                    c.auc.push((iter, a));
-                }
-                if let Some(l) = v["log_loss"].as_f64() {
-                    c.log_loss.push((iter, l));
-                }
-            }
-            Some(_) => {}
-            None => {
-                if let Some(l) = v.get("loss").and_then(serde_json::Value::as_f64) {
-                    c.loss.push((iter, l));
-                }
-            }
-        }
-    }
-    if c.loss.is_empty() && c.auc.is_empty() {
-        return Err(plot_err(
-            path,
-            format!(
-                "no training loss and no `{split}` evaluation lines (a dlrm-run --metrics file?)"
-            ),
-        ));
-    }
-    Ok(c)
 }
 
 /// The range of `ys` with a margin (a flat curve gets ±0.05).
@@ -143,6 +83,6 @@ pub fn plot_files(files: &[PathBuf], split: &str, out: &Path) -> Result<()> {
     let runs = files
         .iter()
         .map(|f| read_curves(f, split))
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<dlrm_runtime::Result<Vec<_>>>()?;
     plot(&runs, out)
 }

@@ -97,13 +97,13 @@ fn read_all(paths: &[PathBuf]) -> Vec<Vec<u8>> {
 /// A directory holding a compiled plan of the tiny example model.
 fn tiny_plan(work: &Path) -> PathBuf {
     let dir = work.join("tiny.plan");
-    let model = dlrmc::model::load_model(
+    let model = dlrm_compiler::model::load_model(
         &root().join("examples/dlrm-tiny.json"),
-        dlrmc::model::Overrides::default(),
+        dlrm_compiler::model::Overrides::default(),
     )
     .expect("tiny model");
-    let opts = dlrmc::compile::CompileOptions::default();
-    let plan = dlrmc::compile::compile(model, &opts, &mut |_, _| {}).expect("tiny plan");
+    let opts = dlrm_compiler::compile::CompileOptions::default();
+    let plan = dlrm_compiler::compile::compile(model, &opts, &mut |_, _| {}).expect("tiny plan");
     dlrm_runtime::write_plan(&dir, &plan).expect("write the plan");
     dir
 }
@@ -139,7 +139,11 @@ fn targets(work: &Path) -> Vec<Target> {
         seeds: read_all(&files(&root().join("examples"), ".json")),
         feed: Box::new(move |b| {
             std::fs::write(&json_file, b).is_ok()
-                && dlrmc::model::load_model(&json_file, dlrmc::model::Overrides::default()).is_ok()
+                && dlrm_compiler::model::load_model(
+                    &json_file,
+                    dlrm_compiler::model::Overrides::default(),
+                )
+                .is_ok()
         }),
     });
     let npz_file = work.join("case.npz");

@@ -157,6 +157,19 @@ pub enum RuntimeError {
     /// [`crate::launch::memory`]).
     #[error("not enough memory: {0}")]
     Memory(String),
+    /// A metrics file (`dlrm-run --metrics`) that cannot be read back
+    /// ([`crate::metrics::read_curves`]).
+    #[error("metrics file {}: {reason}", path.display())]
+    Metrics {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Measuring this machine's rates, or reading or writing their file
+    /// ([`crate::calibrate`]), failed.
+    #[error("calibration: {0}")]
+    Calibration(String),
     /// `--comm mpi` in a build without the `mpi` cargo feature.
     #[error("built without MPI support; rebuild with `--features mpi`")]
     NoMpi,

@@ -1,5 +1,8 @@
 //! dlrm-runtime: runs dlrmc plans.
 //!
+//! - [`calibrate`]: this machine's rates for the sharding planner (GEMM GFLOP/s,
+//!   embedding-gather GB/s, all-to-all latency and bandwidth), measured with the
+//!   JIT kernels and the communicators, kept in a file the planner reads;
 //! - [`plan`]: plans on disk (a directory: manifest, graphs in IR text, safetensors
 //!   weights), written atomically, read with checksums;
 //! - [`checkpoint`]: training checkpoints (by parameter, per-rank writes, atomic,
@@ -37,6 +40,7 @@
 // Module docs link private helpers; the docs are built with --document-private-items.
 #![allow(rustdoc::private_intra_doc_links)]
 
+pub mod calibrate;
 pub mod checkpoint;
 pub mod data;
 pub mod dataset;

@@ -1,5 +1,6 @@
 //! Metrics: AUC, log loss, accuracy and normalized entropy of predictions, and the
-//! JSON-lines metrics file.
+//! JSON-lines metrics file ([`MetricsWriter`] writes it, [`read_curves`] reads its
+//! learning curves back).
 //!
 //! AUC is exact over the whole evaluated set: sort-based (O(n log n) time, one index
 //! per sample of memory), ties counted half. Log loss is the mean binary cross
@@ -274,6 +275,77 @@ pub fn peak_rss_bytes() -> Option<u64> {
         .parse::<u64>()
         .ok()?;
     Some(kib * 1024)
+}
+
+/// One run's learning curves, read back from its metrics file ([`read_curves`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Curves {
+    /// The legend label (the file's stem).
+    pub label: String,
+    /// `(step, loss)` of the logged training steps.
+    pub loss: Vec<(f64, f64)>,
+    /// `(step, AUC)` of the evaluations during training.
+    pub auc: Vec<(f64, f64)>,
+    /// `(step, log loss)` of the evaluations during training.
+    pub log_loss: Vec<(f64, f64)>,
+}
+
+/// Reads the curves of the metrics file at `path` (evaluations of split `split`
+/// only; `dlrmc plot` draws them). Its lines are told apart by their keys: a
+/// line with `split` is an evaluation (`iter`, `auc`, `log_loss`), one with
+/// `iter` and a numeric `loss` a training step; other lines (the summary) are
+/// skipped. A file with neither is an error.
+pub fn read_curves(path: &Path, split: &str) -> Result<Curves> {
+    let text = std::fs::read_to_string(path).map_err(|e| RuntimeError::io(path, e))?;
+    let mut c = Curves {
+        label: path.file_stem().map_or_else(
+            || path.display().to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        ),
+        ..Curves::default()
+    };
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line)
+            .map_err(|e| bad_metrics(path, format!("line {}: {e}", n + 1)))?;
+        let Some(iter) = v.get("iter").and_then(serde_json::Value::as_f64) else {
+            continue;
+        };
+        match v.get("split").and_then(serde_json::Value::as_str) {
+            Some(s) if s == split => {
+                if let Some(a) = v["auc"].as_f64() {
+                    c.auc.push((iter, a));
+                }
+                if let Some(l) = v["log_loss"].as_f64() {
+                    c.log_loss.push((iter, l));
+                }
+            }
+            Some(_) => {}
+            None => {
+                if let Some(l) = v.get("loss").and_then(serde_json::Value::as_f64) {
+                    c.loss.push((iter, l));
+                }
+            }
+        }
+    }
+    if c.loss.is_empty() && c.auc.is_empty() {
+        return Err(bad_metrics(
+            path,
+            format!(
+                "no training loss and no `{split}` evaluation lines (a dlrm-run --metrics file?)"
+            ),
+        ));
+    }
+    Ok(c)
+}
+
+fn bad_metrics(path: &Path, reason: String) -> RuntimeError {
+    RuntimeError::Metrics {
+        path: path.to_path_buf(),
+        reason,
+    }
 }
 
 #[cfg(test)]

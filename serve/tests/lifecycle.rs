@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 
 fn tiny_plan(dir: &Path) -> PathBuf {
     let json = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/dlrm-tiny.json");
-    let model = dlrmc::model::load_model(&json, dlrmc::model::Overrides::default()).unwrap();
-    let opts = dlrmc::compile::CompileOptions::default();
-    let plan = dlrmc::compile::compile(model, &opts, &mut |_, _| {}).unwrap();
+    let model = dlrm_compiler::model::load_model(&json, dlrm_compiler::model::Overrides::default())
+        .unwrap();
+    let opts = dlrm_compiler::compile::CompileOptions::default();
+    let plan = dlrm_compiler::compile::compile(model, &opts, &mut |_, _| {}).unwrap();
     let path = dir.join("tiny.plan");
     dlrm_runtime::write_plan(&path, &plan).unwrap();
     path

@@ -3,6 +3,9 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
+use dlrm_compiler::compile::{CompileOptions, Stage, compile_graphs, partition_stages};
+use dlrm_compiler::model::{Overrides, load_model, table_rows_of};
+use dlrm_compiler::{Inspection, compile};
 use dlrm_ir::{Communicator, Graph, dot, text};
 use dlrm_passes::pipeline::{self, DumpSpec, PipelineOptions, Precision};
 use dlrm_passes::{LossKind, TrainConfig};
@@ -12,10 +15,7 @@ use dlrm_runtime::launch::Comm;
 use dlrm_runtime::launch::shard::{PlanGraphs, plan_shards_graphs};
 use dlrm_runtime::plan::{read_plan, write_plan};
 use dlrm_runtime::{ShardSettings, plan_shards};
-use dlrmc::compile::{CompileOptions, Stage, partition_stages};
-use dlrmc::model::{Overrides, load_model, table_rows_of};
 use dlrmc::planner::{PlannerArgs, parse_mem_arg};
-use dlrmc::{Inspection, compile};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -149,7 +149,7 @@ struct ShardArgs {
 }
 
 impl ShardArgs {
-    fn settings(&self) -> dlrmc::Result<ShardSettings> {
+    fn settings(&self) -> dlrm_compiler::Result<ShardSettings> {
         let mem = self
             .mem_per_rank
             .unwrap_or(ShardSettings::default().mem_per_rank);
@@ -438,7 +438,7 @@ fn cmd_inspect(a: InspectArgs) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&info)?);
     } else {
-        print!("{info}");
+        print!("{}", dlrmc::inspect::Text(&info));
     }
     Ok(())
 }
@@ -478,7 +478,7 @@ fn cmd_export(a: ExportArgs) -> Result<()> {
 }
 
 fn cmd_calibrate(a: CalibrateArgs) -> Result<()> {
-    use dlrmc::calibrate::{self, CalibrateOptions};
+    use dlrm_runtime::calibrate::{self, CalibrateOptions};
     let opts = CalibrateOptions {
         threads: a.threads,
         ranks: a.ranks,
@@ -541,7 +541,7 @@ fn cmd_plan_shards(a: PlanShardsArgs) -> Result<()> {
             precision: a.precision,
             ..Default::default()
         };
-        let g = dlrmc::compile::compile_graphs(&a.plan, &opts)?;
+        let g = compile_graphs(&a.plan, &opts)?;
         let pg = PlanGraphs {
             name: &g.name,
             infer: &g.infer,

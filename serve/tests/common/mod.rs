@@ -4,8 +4,8 @@
 
 #![allow(dead_code, reason = "each test file uses some of the helpers")]
 
-use dlrmc::compile::{CompileOptions, compile};
-use dlrmc::model::{Overrides, load_model};
+use dlrm_compiler::compile::{CompileOptions, compile};
+use dlrm_compiler::model::{Overrides, load_model};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

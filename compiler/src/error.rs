@@ -1,9 +1,10 @@
-//! Errors of the dlrmc library; each names what was being done and wraps
+//! Errors of the compiler driver; each names what was being done and wraps
 //! the failing crate's own error as its source.
 
 use std::path::PathBuf;
 
-/// An error of [`crate::model`], [`mod@crate::compile`] or the other commands.
+/// An error of [`crate::model`] or [`mod@crate::compile`] (the `dlrmc` binary's
+/// other commands use it too).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The JSON model description is invalid (the error names file and field).
@@ -30,16 +31,13 @@ pub enum Error {
     /// A plan's training setup names something this build cannot do.
     #[error("plan training setup: {0}")]
     Training(String),
-    /// Running the plan, or placing or partitioning it for N ranks, failed.
+    /// Running the plan, placing or partitioning it for N ranks, or measuring or
+    /// reading this machine's rates ([`dlrm_runtime::calibrate`]) failed.
     #[error(transparent)]
     Runtime(#[from] dlrm_runtime::RuntimeError),
     /// Options that cannot run.
     #[error("{0}")]
     Options(String),
-    /// Measuring this machine's rates, or reading or writing their file
-    /// ([`crate::calibrate`]), failed.
-    #[error("calibration: {0}")]
-    Calibration(String),
 }
 
 /// Result with [`Error`].

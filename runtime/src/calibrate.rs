@@ -28,9 +28,17 @@
 //! `$XDG_CACHE_HOME/dlrmc/calibration.json`, else
 //! `~/.cache/dlrmc/calibration.json`). `dlrmc plan-shards`, `dlrmc compile` and
 //! `dlrm-run` read it when `--machine`/`--network` are not given
-//! ([`crate::planner::PlannerArgs`]); `DLRMC_CALIBRATION=none` turns that off.
+//! ([`shard_settings`], behind their planner flags); `DLRMC_CALIBRATION=none`
+//! turns that off.
+//!
+//! This is the runtime's: the rates are those of the kernels (the codegen JIT,
+//! run as the executor runs a plan's nodes) and the communicators (thread ranks,
+//! MPI) a job runs on, and the file feeds the placement of a plan on N ranks
+//! ([`ShardSettings`], [`crate::launch::shard`]); `dlrmc calibrate` only parses
+//! its flags and prints.
 
-use crate::error::{Error, Result};
+use crate::error::{Result, RuntimeError};
+use crate::launch::shard::{Rates, ShardSettings};
 use dlrm_codegen::jit::{self, JitOptions};
 use dlrm_ir::Op::{BlockAct, BlockWeight, Brgemm, BrgemmDgrad, BrgemmWgrad};
 use dlrm_ir::{
@@ -67,6 +75,45 @@ pub struct Calibration {
     pub measured_at: u64,
 }
 
+/// The sharding planner's settings, with `mem_per_rank` bytes of tables per
+/// rank: the rates `machine`/`network` (the `--machine`/`--network` flags) when
+/// given, else the calibration's (the file `calibration`, else the default file
+/// [`default_path`] when it exists), else the built-in guesses; `bucket_bytes`
+/// (`None`: the default). An unreadable or invalid calibration file is an error.
+pub fn shard_settings(
+    mem_per_rank: u64,
+    machine: Option<Machine>,
+    network: Option<Network>,
+    calibration: Option<&Path>,
+    bucket_bytes: Option<u64>,
+) -> Result<ShardSettings> {
+    let d = ShardSettings::default();
+    let path = match calibration {
+        Some(p) => Some(p.to_path_buf()),
+        None => default_path().filter(|p| p.exists()),
+    };
+    let measured = match (machine.is_some() && network.is_some(), path) {
+        (false, Some(p)) => Some(read(&p)?),
+        _ => None,
+    };
+    let rates = match (machine.is_some() || network.is_some(), &measured) {
+        (true, _) => Rates::Flags,
+        (false, Some(_)) => Rates::Calibrated,
+        (false, None) => Rates::Default,
+    };
+    let (m, n) = match measured {
+        Some(c) => (c.machine, c.network),
+        None => (d.machine, d.network),
+    };
+    Ok(ShardSettings {
+        mem_per_rank,
+        network: network.unwrap_or(n),
+        machine: machine.unwrap_or(m),
+        bucket_bytes: bucket_bytes.unwrap_or(d.bucket_bytes),
+        rates,
+    })
+}
+
 /// What to measure with.
 #[derive(Clone, Copy, Debug)]
 pub struct CalibrateOptions {
@@ -87,10 +134,10 @@ pub fn measure(
     say: &mut dyn FnMut(&str),
 ) -> Result<Calibration> {
     if opts.threads == 0 {
-        return Err(Error::Options("--threads must be at least 1".into()));
+        return Err(RuntimeError::Options("--threads must be at least 1".into()));
     }
     if comm.is_none() && opts.ranks < 2 {
-        return Err(Error::Options(
+        return Err(RuntimeError::Options(
             "--ranks must be at least 2 to measure exchanges between ranks".into(),
         ));
     }
@@ -98,7 +145,9 @@ pub fn measure(
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(opts.threads)
         .build()
-        .map_err(|e| Error::Calibration(format!("cannot start {} threads: {e}", opts.threads)))?;
+        .map_err(|e| {
+            RuntimeError::Calibration(format!("cannot start {} threads: {e}", opts.threads))
+        })?;
     let gflops = pool.install(|| dense_gflops(reps))?;
     let widths = DENSE_WIDTHS.map(|w| w.to_string()).join("-");
     say(&format!(
@@ -206,7 +255,7 @@ impl Instance {
     fn of(op: Op, ins: &[&Tensor]) -> Result<Instance> {
         let tys: Vec<TensorType> = ins.iter().map(|t| ty_of(t)).collect();
         let refs: Vec<&TensorType> = tys.iter().collect();
-        let bad = |e: String| Error::Calibration(format!("`{}`: {e}", op.mnemonic()));
+        let bad = |e: String| RuntimeError::Calibration(format!("`{}`: {e}", op.mnemonic()));
         let outs = dlrm_ir::infer(&op, &refs, &[]).map_err(bad)?;
         let inst = NodeInstance::of_operands(&op, ins, &outs, &HashMap::new()).map_err(bad)?;
         Ok(Instance { inst, outs })
@@ -234,15 +283,15 @@ fn first(op: &Op, results: Vec<Tensor>) -> Result<Tensor> {
     results
         .into_iter()
         .next()
-        .ok_or_else(|| Error::Calibration(format!("`{}` gave no result", op.mnemonic())))
+        .ok_or_else(|| RuntimeError::Calibration(format!("`{}` gave no result", op.mnemonic())))
 }
 
-fn failed(op: &Op, e: impl std::fmt::Display) -> Error {
-    Error::Calibration(format!("`{}` failed: {e}", op.mnemonic()))
+fn failed(op: &Op, e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::Calibration(format!("`{}` failed: {e}", op.mnemonic()))
 }
 
-fn no_jit(op: &Op) -> Error {
-    Error::Calibration(format!(
+fn no_jit(op: &Op) -> RuntimeError {
+    RuntimeError::Calibration(format!(
         "no JIT kernel for `{}` on this CPU: nothing to calibrate with",
         op.mnemonic()
     ))
@@ -252,7 +301,7 @@ fn no_jit(op: &Op) -> Error {
 /// not timed.
 fn relayout(op: Op, x: &Tensor) -> Result<Tensor> {
     let out = dlrm_ir::infer(&op, &[&ty_of(x)], &[])
-        .map_err(|e| Error::Calibration(format!("`{}`: {e}", op.mnemonic())))?;
+        .map_err(|e| RuntimeError::Calibration(format!("`{}`: {e}", op.mnemonic())))?;
     let syms = HashMap::new();
     let ctx = dlrm_ir::interp::EvalCtx {
         syms: &syms,
@@ -437,8 +486,9 @@ fn thread_exchange_rates(ranks: usize, reps: usize) -> Result<Network> {
         handles
             .into_iter()
             .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::Calibration("a rank thread panicked".into())))
+                h.join().unwrap_or_else(|_| {
+                    Err(RuntimeError::Calibration("a rank thread panicked".into()))
+                })
             })
             .collect()
     });
@@ -447,11 +497,11 @@ fn thread_exchange_rates(ranks: usize, reps: usize) -> Result<Network> {
     rates
         .into_iter()
         .next()
-        .ok_or_else(|| Error::Calibration("no ranks".into()))
+        .ok_or_else(|| RuntimeError::Calibration("no ranks".into()))
 }
 
-fn comm_err(e: dlrm_ir::IrError) -> Error {
-    Error::Calibration(format!("all_to_all_v failed: {e}"))
+fn comm_err(e: dlrm_ir::IrError) -> RuntimeError {
+    RuntimeError::Calibration(format!("all_to_all_v failed: {e}"))
 }
 
 /// The CPU's model name, or the architecture when `/proc/cpuinfo` has none.
@@ -484,7 +534,8 @@ pub fn default_path() -> Option<PathBuf> {
 
 /// Writes `c` to `path` atomically (its directory created if needed).
 pub fn write(path: &Path, c: &Calibration) -> Result<()> {
-    let json = serde_json::to_vec_pretty(c).map_err(|e| Error::Calibration(e.to_string()))?;
+    let json =
+        serde_json::to_vec_pretty(c).map_err(|e| RuntimeError::Calibration(e.to_string()))?;
     let dir = dlrm_data::durable::parent_of(path);
     std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
     dlrm_data::durable::write_file_atomic(path, &json).map_err(|e| io_err(path, e))
@@ -493,7 +544,7 @@ pub fn write(path: &Path, c: &Calibration) -> Result<()> {
 /// Reads a calibration file, checking its format and that every rate is positive.
 pub fn read(path: &Path) -> Result<Calibration> {
     let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
-    let bad = |why: String| Error::Calibration(format!("{}: {why}", path.display()));
+    let bad = |why: String| RuntimeError::Calibration(format!("{}: {why}", path.display()));
     let c: Calibration = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
     if c.format != FORMAT {
         return Err(bad(format!("format `{}`, expected `{FORMAT}`", c.format)));
@@ -512,6 +563,6 @@ pub fn read(path: &Path) -> Result<Calibration> {
     Ok(c)
 }
 
-fn io_err(path: &Path, e: std::io::Error) -> Error {
-    Error::Calibration(format!("{}: {e}", path.display()))
+fn io_err(path: &Path, e: std::io::Error) -> RuntimeError {
+    RuntimeError::Calibration(format!("{}: {e}", path.display()))
 }
