@@ -15,6 +15,10 @@
 //! size, are few and (with `warm_up`) compiled at start. When a merged batch fails (a bad id in one
 //! request, say), each of its requests runs again alone, so that only the bad
 //! one gets the error.
+//!
+//! The kernels run on the batcher's own thread pool: a lone executor runs its
+//! loop on one of the pool's workers (a kernel's parallel loop is then a
+//! fork-join among them, as in `dlrm-run`), several hand each batch to it.
 
 use crate::merge::{self, Key, Layout};
 use crate::metrics::Metrics;
@@ -66,6 +70,10 @@ impl Job {
 
 struct Shared {
     queue: Mutex<VecDeque<Job>>,
+    /// The threads the executors' kernels run on: each batch runs *on* this
+    /// pool (`install`), so a kernel's parallel loop is a fork-join among its
+    /// workers, not a hand-over from the executor's thread for every kernel.
+    pool: rayon::ThreadPool,
     ready: Condvar,
     opts: BatchOptions,
     layout: Option<Layout>,
@@ -115,8 +123,15 @@ impl Batcher {
         opts: BatchOptions,
         metrics: Arc<Metrics>,
     ) -> Result<Batcher, RuntimeError> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .thread_name(|i| format!("dlrm-serve-k{i}"))
+            .build()
+            .map_err(|e| RuntimeError::Data {
+                reason: format!("starting the kernels' threads: {e}"),
+            })?;
         let shared = Arc::new(Shared {
             queue: Mutex::new(VecDeque::new()),
+            pool,
             ready: Condvar::new(),
             opts,
             warm: AtomicBool::new(!(opts.warm_up && layout.is_some())),
@@ -129,7 +144,19 @@ impl Batcher {
             let sh = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name(format!("dlrm-serve-{i}"))
-                .spawn(move || worker(&sh, s, i == 0 && opts.warm_up))
+                .spawn(move || {
+                    let warm = i == 0 && opts.warm_up;
+                    // One executor runs its whole loop on a worker of the pool
+                    // (waiting for requests there too): no hand-over to the
+                    // pool and back per batch. Several each hand their batches
+                    // over, so that an idle one holds no worker of the pool.
+                    if opts.instances <= 1 {
+                        let pool = &sh.pool;
+                        pool.install(|| worker(&sh, s, warm));
+                    } else {
+                        worker(&sh, s, warm);
+                    }
+                })
                 .map_err(|e| RuntimeError::Data {
                     reason: format!("starting executor thread {i}: {e}"),
                 })?;
@@ -247,7 +274,8 @@ fn worker(sh: &Shared, mut session: Session, warm: bool) {
         // A kernel's panic is caught here as in a batch: the sizes left are
         // compiled on first use.
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            warm_up(&mut session, layout, sh.opts.max_batch);
+            sh.pool
+                .install(|| warm_up(&mut session, layout, sh.opts.max_batch));
         }));
         sh.warm.store(true, Ordering::SeqCst);
     }
@@ -278,7 +306,7 @@ fn worker(sh: &Shared, mut session: Session, warm: bool) {
         // A panic in a kernel must not take the worker down: its requests are
         // answered 500 (their reply channels dropped) and the worker goes on.
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            run(sh, &mut session, batch)
+            sh.pool.install(|| run(sh, &mut session, batch));
         }));
         if ran.is_err() {
             sh.metrics.set_queue_depth(lock(&sh.queue).len());
