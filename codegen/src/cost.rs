@@ -51,12 +51,67 @@ fn module_cost(m: &dlrm_ir::module::ModOp, inputs: &[&Tensor], outputs: &[&Tenso
 pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
     let out_elems: f64 = outputs.iter().map(|t| t.numel() as f64).sum();
     let io = bytes(inputs) + bytes(outputs);
-    let dims2 = |t: Option<&&Tensor>| match t.map(|t| &t.shape[..]) {
-        Some(&[a, b]) => (a as f64, b as f64),
-        _ => (0.0, 0.0),
-    };
     match op {
         Op::Module(m) => module_cost(m, inputs, outputs),
+        Op::Linear { .. } | Op::LinearDx | Op::LinearDw | Op::LinearDb => {
+            dense_cost(op, inputs, io)
+        }
+        Op::EmbeddingBag { .. }
+        | Op::EmbeddingBagRows { .. }
+        | Op::SparseSgd { .. }
+        | Op::SparseSgdRows { .. }
+        | Op::EmbeddingUpdate { .. }
+        | Op::SplitEmbeddingUpdate { .. }
+        | Op::SparseAdagrad { .. }
+        | Op::EmbeddingUpdateAdagrad { .. }
+        | Op::EmbeddingUpdateAdagradRows { .. } => embedding_cost(op, inputs, outputs),
+        Op::Adagrad { .. } => Cost {
+            flops: 7.0 * inputs.first().map_or(0.0, |t| t.numel() as f64),
+            bytes: io,
+        },
+        Op::SplitSgd { .. } => Cost {
+            flops: 2.0 * inputs.first().map_or(0.0, |t| t.numel() as f64),
+            bytes: io,
+        },
+        Op::BceLogits { .. } | Op::Bce { .. } | Op::Mse { .. } => Cost {
+            flops: inputs.first().map_or(0.0, |t| t.numel() as f64),
+            bytes: io,
+        },
+        Op::Interaction {
+            kind: InteractionKind::Dot,
+            ..
+        }
+        | Op::InteractionGrad {
+            kind: InteractionKind::Dot,
+            ..
+        } => interaction_cost(op, inputs, io),
+        // The blocked GEMM family: the work the kernels do, over the padded
+        // (blocked) dims `S × Nb·bn × Kb·bk`.
+        Op::Brgemm { .. } | Op::BrgemmDgrad { .. } | Op::BrgemmWgrad { .. } => {
+            brgemm_cost(op, inputs, io)
+        }
+        Op::Sgd { .. } => Cost {
+            flops: 2.0 * out_elems,
+            bytes: io,
+        },
+        _ => Cost {
+            flops: out_elems,
+            bytes: io,
+        },
+    }
+}
+
+/// `(rows, columns)` of a matrix operand (zeros if not rank 2).
+fn dims2(t: Option<&&Tensor>) -> (f64, f64) {
+    match t.map(|t| &t.shape[..]) {
+        Some(&[a, b]) => (a as f64, b as f64),
+        _ => (0.0, 0.0),
+    }
+}
+
+/// `linear` and its gradients.
+fn dense_cost(op: &Op, inputs: &[&Tensor], io: f64) -> Cost {
+    match op {
         Op::Linear { .. } => {
             let (s, k) = dims2(inputs.first());
             let (n, _) = dims2(inputs.get(1));
@@ -79,6 +134,13 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
                 bytes: io,
             }
         }
+        _ => unreachable!("`{}` is not a linear op", op.mnemonic()),
+    }
+}
+
+/// The embedding ops: only the table rows an index touches count.
+fn embedding_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
+    match op {
         Op::EmbeddingBag { .. } | Op::EmbeddingBagRows { .. } => {
             let (_, d) = dims2(inputs.first());
             let nidx = inputs.get(1).map_or(0.0, |t| t.numel() as f64);
@@ -139,25 +201,18 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
                 bytes: 2.0 * nidx * (d + acc) * 4.0 + bytes(&inputs[2.min(inputs.len())..]),
             }
         }
-        Op::Adagrad { .. } => Cost {
-            flops: 7.0 * inputs.first().map_or(0.0, |t| t.numel() as f64),
-            bytes: io,
-        },
-        Op::SplitSgd { .. } => Cost {
-            flops: 2.0 * inputs.first().map_or(0.0, |t| t.numel() as f64),
-            bytes: io,
-        },
-        Op::BceLogits { .. } | Op::Bce { .. } | Op::Mse { .. } => Cost {
-            flops: inputs.first().map_or(0.0, |t| t.numel() as f64),
-            bytes: io,
-        },
+        _ => unreachable!("`{}` is not an embedding op", op.mnemonic()),
+    }
+}
+
+/// The dot interaction and its gradient.
+fn interaction_cost(op: &Op, inputs: &[&Tensor], io: f64) -> Cost {
+    match op {
         Op::Interaction {
-            kind: InteractionKind::Dot,
-            self_interaction,
+            self_interaction, ..
         }
         | Op::InteractionGrad {
-            kind: InteractionKind::Dot,
-            self_interaction,
+            self_interaction, ..
         } => {
             let base = usize::from(matches!(op, Op::InteractionGrad { .. }));
             let (s, d) = dims2(inputs.get(base));
@@ -173,8 +228,13 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
                 bytes: io,
             }
         }
-        // The blocked GEMM family: the work the kernels do, over the padded
-        // (blocked) dims `S × Nb·bn × Kb·bk`.
+        _ => unreachable!("`{}` is not an interaction", op.mnemonic()),
+    }
+}
+
+/// The blocked GEMM family, over the padded dims.
+fn brgemm_cost(op: &Op, inputs: &[&Tensor], io: f64) -> Cost {
+    match op {
         Op::Brgemm { .. } => {
             let (kp, s) = blocked_act(inputs.first());
             let np = blocked_rows(inputs.get(1));
@@ -203,14 +263,7 @@ pub fn op_cost(op: &Op, inputs: &[&Tensor], outputs: &[&Tensor]) -> Cost {
                 bytes: io,
             }
         }
-        Op::Sgd { .. } => Cost {
-            flops: 2.0 * out_elems,
-            bytes: io,
-        },
-        _ => Cost {
-            flops: out_elems,
-            bytes: io,
-        },
+        _ => unreachable!("`{}` is not a blocked GEMM", op.mnemonic()),
     }
 }
 

@@ -51,12 +51,13 @@
 
 use crate::pass::Params;
 use crate::{LossKind, Optimizer, Pass, PassError, Ran, Result, TrainConfig};
-use dlrm_ir::{DType, Def, Dim, Graph, Op, Pool, Tensor, TensorType, ValueId, verify};
+use dlrm_ir::{DType, Def, Dim, Graph, Op, Tensor, TensorType, ValueId, verify};
 
 /// The pass id.
 pub const ID: &str = "autodiff";
 
 mod cx;
+mod rules;
 
 /// The autodiff pass with its training configuration.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -525,45 +526,9 @@ impl Ad {
         Ok(Some(acc))
     }
 
-    /// The backward of a `split` (node `n`): the `concat` of its results'
-    /// gradients, each of which must exist.
-    fn backward_split(
-        &mut self,
-        fwd: &Graph,
-        n: usize,
-        axis: usize,
-        dys: &[Option<ValueId>],
-    ) -> Result<()> {
-        let node = &fwd.nodes()[n];
-        let mut parts = Vec::with_capacity(dys.len());
-        for (k, d) in dys.iter().enumerate() {
-            let Some(d) = d else {
-                return Err(node_err(
-                    fwd,
-                    n,
-                    &node.op,
-                    format!(
-                        "unsupported: result {k} %{} has no gradient (it does not reach the loss)",
-                        fwd.name_of(node.outputs[k])
-                    ),
-                ));
-            };
-            parts.push(*d);
-        }
-        let x = node.inputs[0];
-        let hint = self.hint(x);
-        let dx = self
-            .g
-            .add(Op::Concat { axis }, &parts, &hint)
-            .map_err(PassError::ir(ID))?;
-        self.contribute(x, dx);
-        Ok(())
-    }
-
     /// Emits the backward of forward node `n`.
     fn backward(&mut self, fwd: &Graph, n: usize) -> Result<()> {
         let node = &fwd.nodes()[n];
-        let e = PassError::ir(ID);
         let mut dys = Vec::with_capacity(node.outputs.len());
         for &o in &node.outputs {
             dys.push(self.grad(o)?);
@@ -587,175 +552,26 @@ impl Ad {
             ));
         };
         let ins = node.inputs.as_slice();
-        let yname = fwd.name_of(y).to_string();
         match &node.op {
-            Op::Linear { act } => {
-                let (x, w, b) = (ins[0], ins[1], ins[2]);
-                let pre = format!("d.{yname}.pre");
-                let dz = match act {
-                    dlrm_ir::Act::None => dy,
-                    dlrm_ir::Act::Relu => self.g.add(Op::ReluGrad, &[dy, y], &pre).map_err(&e)?,
-                    dlrm_ir::Act::Sigmoid => {
-                        self.g.add(Op::SigmoidGrad, &[dy, y], &pre).map_err(&e)?
-                    }
-                };
-                if self.need[x.index()] {
-                    let h = self.hint(x);
-                    let dx = self.g.add(Op::LinearDx, &[dz, w], &h).map_err(&e)?;
-                    self.contribute(x, dx);
-                }
-                if self.need[w.index()] {
-                    let h = self.hint(w);
-                    let dw = self.g.add(Op::LinearDw, &[dz, x], &h).map_err(&e)?;
-                    self.contribute(w, dw);
-                }
-                if self.need[b.index()] {
-                    let h = self.hint(b);
-                    let db = self.g.add(Op::LinearDb, &[dz], &h).map_err(&e)?;
-                    self.contribute(b, db);
-                }
-            }
-            Op::Relu | Op::Sigmoid => {
-                let x = ins[0];
-                let op = if node.op == Op::Relu {
-                    Op::ReluGrad
-                } else {
-                    Op::SigmoidGrad
-                };
-                let h = self.hint(x);
-                let dx = self.g.add(op, &[dy, y], &h).map_err(&e)?;
-                self.contribute(x, dx);
-            }
-            Op::Gelu => {
-                // The gradient reads the forward input, not its output.
-                let x = ins[0];
-                let h = self.hint(x);
-                let dx = self.g.add(Op::GeluGrad, &[dy, x], &h).map_err(&e)?;
-                self.contribute(x, dx);
-            }
-            Op::Add => {
-                self.contribute(ins[0], dy);
-                self.contribute(ins[1], dy);
+            Op::Linear { act } => self.backward_linear(fwd, *act, ins, dy, y),
+            Op::Relu | Op::Sigmoid | Op::Gelu | Op::Add => {
+                self.backward_elementwise(&node.op, ins, dy, y)
             }
             Op::Interaction {
                 kind,
                 self_interaction,
-            } => {
-                let hints: Vec<String> = ins.iter().map(|&v| self.hint(v)).collect();
-                let hints: Vec<&str> = hints.iter().map(String::as_str).collect();
-                let mut operands = vec![dy];
-                operands.extend_from_slice(ins);
-                let outs = self
-                    .g
-                    .add_node(
-                        Op::InteractionGrad {
-                            kind: *kind,
-                            self_interaction: *self_interaction,
-                        },
-                        &operands,
-                        &hints,
-                    )
-                    .map_err(&e)?;
-                for (&v, d) in ins.iter().zip(outs) {
-                    self.contribute(v, d);
-                }
+            } => self.backward_interaction(*kind, *self_interaction, ins, dy),
+            Op::Concat { axis } => self.backward_concat(fwd, n, *axis, dy),
+            Op::Reshape { .. } => self.backward_reshape(fwd, ins[0], dy),
+            Op::EmbeddingBag { .. } | Op::EmbeddingBagWeighted => {
+                self.backward_embedding(fwd, n, dy)
             }
-            Op::Concat { axis } => {
-                let mut sizes = Vec::with_capacity(ins.len());
-                for &v in ins {
-                    let size = fwd.ty(v).shape.get(*axis).and_then(|d| d.fixed());
-                    let Some(size) = size else {
-                        return Err(node_err(
-                            fwd,
-                            n,
-                            &node.op,
-                            format!(
-                                "operand %{} has no fixed size on axis {axis}",
-                                fwd.name_of(v)
-                            ),
-                        ));
-                    };
-                    sizes.push(size);
-                }
-                let hints: Vec<String> = ins.iter().map(|&v| self.hint(v)).collect();
-                let hints: Vec<&str> = hints.iter().map(String::as_str).collect();
-                let outs = self
-                    .g
-                    .add_node(Op::Split { axis: *axis, sizes }, &[dy], &hints)
-                    .map_err(&e)?;
-                for (&v, d) in ins.iter().zip(outs) {
-                    self.contribute(v, d);
-                }
-            }
-            Op::Reshape { .. } => {
-                let x = ins[0];
-                if self.need[x.index()] {
-                    let shape = fwd.ty(x).shape.clone();
-                    let h = self.hint(x);
-                    let dx = self.g.add(Op::Reshape { shape }, &[dy], &h).map_err(&e)?;
-                    self.contribute(x, dx);
-                }
-            }
-            Op::EmbeddingBag { mode, last_offset } => {
-                let table = ins[0];
-                if self.need[table.index()] {
-                    let h = format!("d.{}.rows", fwd.name_of(table));
-                    let mut operands = vec![dy];
-                    operands.extend_from_slice(&ins[1..]);
-                    let rows = self
-                        .g
-                        .add(
-                            Op::EmbeddingBagGrad {
-                                mode: *mode,
-                                last_offset: *last_offset,
-                            },
-                            &operands,
-                            &h,
-                        )
-                        .map_err(&e)?;
-                    // Backward visits bags in reverse; keep bag order. The update
-                    // takes the indices, and a last_offset bag's offsets as the
-                    // bounds of the indices it reads (other keys' ids of a jagged
-                    // batch are not this table's).
-                    let index_ops = if *last_offset {
-                        ins[1..].to_vec()
-                    } else {
-                        vec![ins[1]]
-                    };
-                    self.rows[table.index()].insert(0, (index_ops, rows));
-                }
-            }
-            Op::EmbeddingBagWeighted => {
-                // Row i of the sum bag's gradient is dy[bag(i)] scaled by w[i]:
-                // the bag gradient with the weights as its fourth operand.
-                let [table, idx, off, w] = ins else {
-                    return Err(node_err(fwd, n, &node.op, "needs 4 operands".into()));
-                };
-                if self.need[table.index()] {
-                    let name = fwd.name_of(*table);
-                    let rows = self
-                        .g
-                        .add(
-                            Op::EmbeddingBagGrad {
-                                mode: Pool::Sum,
-                                last_offset: false,
-                            },
-                            &[dy, *idx, *off, *w],
-                            &format!("d.{name}.rows"),
-                        )
-                        .map_err(&e)?;
-                    self.rows[table.index()].insert(0, (vec![*idx], rows));
-                }
-            }
-            other => {
-                return Err(node_err(
-                    fwd,
-                    n,
-                    other,
-                    format!("autodiff: no gradient rule for `{}`", other.mnemonic()),
-                ));
-            }
+            other => Err(node_err(
+                fwd,
+                n,
+                other,
+                format!("autodiff: no gradient rule for `{}`", other.mnemonic()),
+            )),
         }
-        Ok(())
     }
 }

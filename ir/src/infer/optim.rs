@@ -9,7 +9,7 @@
 use super::{
     R, expect_arity, expect_dim, expect_float, expect_int, expect_rank, expect_same_shape,
 };
-use super::{infer_fused, shard_range};
+use super::{infer, infer_fused, shard_range};
 use crate::op::{Op, Pool};
 use crate::types::{DType, TensorType};
 
@@ -117,4 +117,51 @@ pub(super) fn bag_bounds(idx: &TensorType, bounds: &TensorType) -> R<()> {
         ));
     }
     Ok(())
+}
+
+/// The result types of an SGD update op.
+pub(super) fn infer_sgd(
+    op: &Op,
+    ins: &[&TensorType],
+    declared: &[TensorType],
+) -> R<Vec<TensorType>> {
+    match op {
+        Op::Sgd { .. } => {
+            expect_arity(op, ins, &[2])?;
+            expect_float("weight", ins[0])?;
+            expect_float("gradient", ins[1])?;
+            expect_same_shape("weight", ins[0], "gradient", ins[1])?;
+            Ok(vec![ins[0].clone()])
+        }
+        Op::SparseSgd { .. } => {
+            expect_arity(op, ins, &[3, 4])?;
+            let (table, idx, g) = (ins[0], ins[1], ins[2]);
+            if let Some(b) = ins.get(3) {
+                bag_bounds(idx, b)?;
+            }
+            expect_rank("table", table, 2)?;
+            expect_float("table", table)?;
+            expect_int("indices", idx)?;
+            let mut want = idx.shape.clone();
+            want.push(table.shape[1].clone());
+            if g.shape != want {
+                return Err(format!(
+                    "row gradient {g} must have shape [{}] (indices shape then the table width)",
+                    want.iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ));
+            }
+            Ok(vec![table.clone()])
+        }
+        Op::SparseSgdRows { lr, lo, rows } => {
+            shard_range(op, ins, *lo, *rows)?;
+            infer(&Op::SparseSgd { lr: *lr }, ins, declared)
+        }
+        _ => Err(format!(
+            "internal: `{}` is not an SGD update",
+            op.mnemonic()
+        )),
+    }
 }
