@@ -99,27 +99,28 @@ fn max_rel(a: &Tensor, b: &Tensor) -> Option<f32> {
     }))
 }
 
+/// The description's plans, optimised and `-O0` (`None`: the loader or the
+/// compiler refused it, an expected answer).
+fn plans(spec: &Value, work: &Path) -> Option<(dlrm_runtime::Plan, dlrm_runtime::Plan)> {
+    let file = work.join("fuzz-model.json");
+    std::fs::write(&file, spec.to_string()).ok()?;
+    let load = || load_model(&file, Overrides::default()).ok();
+    let (a, b) = (load()?, load()?);
+    let reference = CompileOptions {
+        optimize: false,
+        ..CompileOptions::default()
+    };
+    let fast = compile(a, &CompileOptions::default(), &mut |_, _| {}).ok()?;
+    let slow = compile(b, &reference, &mut |_, _| {}).ok()?;
+    Some((fast, slow))
+}
+
 /// One case (module docs); `work` holds the description's file.
 pub fn check(bytes: &[u8], work: &Path) -> bool {
     let Ok(spec) = spec(&mut Unstructured::new(bytes)) else {
         return false;
     };
-    let file = work.join("fuzz-model.json");
-    if std::fs::write(&file, spec.to_string()).is_err() {
-        return false;
-    }
-    let load = || load_model(&file, Overrides::default()).ok();
-    let (Some(a), Some(b)) = (load(), load()) else {
-        return false;
-    };
-    let reference = CompileOptions {
-        optimize: false,
-        ..CompileOptions::default()
-    };
-    let (Ok(fast), Ok(slow)) = (
-        compile(a, &CompileOptions::default(), &mut |_, _| {}),
-        compile(b, &reference, &mut |_, _| {}),
-    ) else {
+    let Some((fast, slow)) = plans(&spec, work) else {
         return false;
     };
     let (Some(fast_train), Some(slow_train)) = (&fast.train, &slow.train) else {
@@ -148,50 +149,11 @@ pub fn check(bytes: &[u8], work: &Path) -> bool {
         dlrm_ir::interp::bind_symbols(g, ins, p)
             .unwrap_or_else(|e| panic!("the inputs do not bind on {spec}: {e}"))
     };
-    // Inference before training, on the first batch.
-    let first: HashMap<String, Tensor> = slow
-        .infer
-        .inputs()
-        .iter()
-        .filter_map(|&v| {
-            let n = slow.infer.name_of(v);
-            step0.get(n).map(|t| (n.to_string(), t.clone()))
-        })
-        .collect();
-    let syms = bind(&slow.infer, &first, &params);
-    let mut p0 = params.clone();
-    let want = dlrm_ir::interp::run(&slow.infer, &first, &mut p0, &syms, &SingleRank)
-        .unwrap_or_else(|e| panic!("reference inference failed on {spec}: {e}"));
-    let declared: Vec<&str> = fast
-        .infer
-        .params()
-        .iter()
-        .map(|&p| fast.infer.name_of(p))
-        .collect();
-    let initial: HashMap<String, Tensor> = fast
-        .tensors()
-        .expect("params")
-        .into_iter()
-        .filter(|(n, _)| declared.contains(&n.as_str()))
-        .collect();
-    let mut infer = Executor::new(fast.infer.clone(), initial, 0)
-        .unwrap_or_else(|e| panic!("no inference executor for {spec}: {e}"));
-    let got = infer
-        .step(first, &syms, &SingleRank)
-        .unwrap_or_else(|e| panic!("optimised inference failed on {spec}: {e}"));
-    let d = max_rel(&want[0], &got[0]);
-    assert!(
-        d.is_some_and(|d| d <= TOL),
-        "inference differs ({d:?}) on {spec}"
-    );
-    // The optimised step's loss is `bce_logits` (the e-graph's stable form of
-    // `bce(sigmoid(z))`), which differs from the clamped `bce` where the sigmoid
-    // saturates in f32: such a batch is not compared further.
-    let saturated = want[0]
-        .to_f32_vec()
-        .iter()
-        .any(|&p| !(1e-6..=1.0 - 1e-6).contains(&p));
-    if saturated {
+    // Inference before training, on the first batch. The optimised step's loss
+    // is `bce_logits` (the e-graph's stable form of `bce(sigmoid(z))`), which
+    // differs from the clamped `bce` where the sigmoid saturates in f32: such a
+    // batch is not compared further.
+    if first_inference(&spec, (&fast, &slow), &step0, &params) {
         return true;
     }
     // One training step each.
@@ -241,4 +203,55 @@ pub fn check(bytes: &[u8], work: &Path) -> bool {
         "inference after a step differs ({d:?}) on {spec}"
     );
     true
+}
+
+/// Inference of both plans on the inputs of `step0` the inference graph reads,
+/// with the initial parameters (`params`, the `-O0` plan's): equal within
+/// [`TOL`]. Returns whether a probability saturates (within 1e-6 of 0 or 1).
+fn first_inference(
+    spec: &Value,
+    (fast, slow): (&dlrm_runtime::Plan, &dlrm_runtime::Plan),
+    step0: &HashMap<String, Tensor>,
+    params: &HashMap<String, Tensor>,
+) -> bool {
+    let first: HashMap<String, Tensor> = slow
+        .infer
+        .inputs()
+        .iter()
+        .filter_map(|&v| {
+            let n = slow.infer.name_of(v);
+            step0.get(n).map(|t| (n.to_string(), t.clone()))
+        })
+        .collect();
+    let syms = dlrm_ir::interp::bind_symbols(&slow.infer, &first, params)
+        .unwrap_or_else(|e| panic!("the inputs do not bind on {spec}: {e}"));
+    let mut p0 = params.clone();
+    let want = dlrm_ir::interp::run(&slow.infer, &first, &mut p0, &syms, &SingleRank)
+        .unwrap_or_else(|e| panic!("reference inference failed on {spec}: {e}"));
+    let declared: Vec<&str> = fast
+        .infer
+        .params()
+        .iter()
+        .map(|&p| fast.infer.name_of(p))
+        .collect();
+    let initial: HashMap<String, Tensor> = fast
+        .tensors()
+        .expect("params")
+        .into_iter()
+        .filter(|(n, _)| declared.contains(&n.as_str()))
+        .collect();
+    let mut infer = Executor::new(fast.infer.clone(), initial, 0)
+        .unwrap_or_else(|e| panic!("no inference executor for {spec}: {e}"));
+    let got = infer
+        .step(first, &syms, &SingleRank)
+        .unwrap_or_else(|e| panic!("optimised inference failed on {spec}: {e}"));
+    let d = max_rel(&want[0], &got[0]);
+    assert!(
+        d.is_some_and(|d| d <= TOL),
+        "inference differs ({d:?}) on {spec}"
+    );
+    want[0]
+        .to_f32_vec()
+        .iter()
+        .any(|&p| !(1e-6..=1.0 - 1e-6).contains(&p))
 }
