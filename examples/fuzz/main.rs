@@ -334,7 +334,13 @@ fn main() {
             eprintln!("unknown target `{which}`");
             std::process::exit(2);
         };
-        let input = std::fs::read(file).expect("the input file");
+        let input = match std::fs::read(file) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("cannot read {file}: {e}");
+                std::process::exit(2);
+            }
+        };
         let ok = (t.feed)(&input);
         println!(
             "{which}: {}",

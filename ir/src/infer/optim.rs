@@ -35,17 +35,7 @@ pub(super) fn infer_adagrad(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> 
             f32_state("table", table)?;
             accumulator(table, acc, rowwise)?;
             expect_int("indices", idx)?;
-            let mut want = idx.shape.clone();
-            want.push(table.shape[1].clone());
-            if g.shape != want {
-                return Err(format!(
-                    "row gradient {g} must have shape [{}] (indices shape then the table width)",
-                    want.iter()
-                        .map(|d| d.to_string())
-                        .collect::<Vec<_>>()
-                        .join(",")
-                ));
-            }
+            row_gradient(table, idx, g)?;
             expect_float("row gradient", g)?;
             Ok(vec![table.clone(), acc.clone()])
         }
@@ -142,17 +132,7 @@ pub(super) fn infer_sgd(
             expect_rank("table", table, 2)?;
             expect_float("table", table)?;
             expect_int("indices", idx)?;
-            let mut want = idx.shape.clone();
-            want.push(table.shape[1].clone());
-            if g.shape != want {
-                return Err(format!(
-                    "row gradient {g} must have shape [{}] (indices shape then the table width)",
-                    want.iter()
-                        .map(|d| d.to_string())
-                        .collect::<Vec<_>>()
-                        .join(",")
-                ));
-            }
+            row_gradient(table, idx, g)?;
             Ok(vec![table.clone()])
         }
         Op::SparseSgdRows { lr, lo, rows } => {
@@ -164,4 +144,21 @@ pub(super) fn infer_sgd(
             op.mnemonic()
         )),
     }
+}
+
+/// A sparse update's row gradient: one row of the table's width per index
+/// (`indices` shape, then the width).
+fn row_gradient(table: &TensorType, idx: &TensorType, g: &TensorType) -> R<()> {
+    let mut want = idx.shape.clone();
+    want.push(table.shape[1].clone());
+    if g.shape == want {
+        return Ok(());
+    }
+    Err(format!(
+        "row gradient {g} must have shape [{}] (indices shape then the table width)",
+        want.iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    ))
 }

@@ -189,22 +189,21 @@ impl Executor {
     /// the table's name (operand 0 of `embedding_bag`, `sparse_sgd`, the fused
     /// updates and their row-shard forms).
     fn with_table(&self, op: &Op, ids: &[ValueId], e: dlrm_codegen::KernelError) -> String {
-        let bag = op.bag_form().is_some();
-        match (&e, op, ids.first()) {
-            (dlrm_codegen::KernelError::IndexOutOfRange { .. }, _, Some(&t)) if bag => {
+        let on_table = op.bag_form().is_some()
+            || matches!(
+                op,
+                Op::SparseSgd { .. }
+                    | Op::EmbeddingUpdate { .. }
+                    | Op::SplitEmbeddingUpdate { .. }
+                    | Op::EmbeddingBagRows { .. }
+                    | Op::SparseSgdRows { .. }
+                    | Op::EmbeddingUpdateRows { .. }
+                    | Op::SplitEmbeddingUpdateRows { .. }
+            );
+        match (&e, ids.first()) {
+            (dlrm_codegen::KernelError::IndexOutOfRange { .. }, Some(&t)) if on_table => {
                 format!("table %{}: {e}", self.graph.name_of(t))
             }
-            (
-                dlrm_codegen::KernelError::IndexOutOfRange { .. },
-                Op::SparseSgd { .. }
-                | Op::EmbeddingUpdate { .. }
-                | Op::SplitEmbeddingUpdate { .. }
-                | Op::EmbeddingBagRows { .. }
-                | Op::SparseSgdRows { .. }
-                | Op::EmbeddingUpdateRows { .. }
-                | Op::SplitEmbeddingUpdateRows { .. },
-                Some(&t),
-            ) => format!("table %{}: {e}", self.graph.name_of(t)),
             _ => e.to_string(),
         }
     }
