@@ -26,10 +26,14 @@
 //!
 //! `cargo bench -p dlrm-codegen --bench embedding_probe -- --quick`
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
 use dlrm_codegen::jit::JitOptions;
 use dlrm_codegen::jit::rows::{RowKernel, force_row_kernel};
 use dlrm_ir::{Data, Dim, Op, Pool, Tensor, TensorType};
+use rayon::ThreadPool;
 use std::collections::HashMap;
 use std::hint::black_box;
 
@@ -236,7 +240,22 @@ fn bench_probe(c: &mut Criterion) {
     let mut g = c.benchmark_group("probe");
     g.sample_size(10);
 
-    // Forward.
+    let pools = (&one, &two);
+    bench_forward(&mut g, pools, &syms, &idx, &idx_t, &table);
+    bench_update(&mut g, pools, &idx, &idx_t, &table);
+    g.finish();
+}
+
+/// The bag forward: the JIT on 1 and 2 threads, each forced row kernel, the hand
+/// loops.
+fn bench_forward(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    (one, two): (&ThreadPool, &ThreadPool),
+    syms: &HashMap<String, usize>,
+    idx: &[i64],
+    idx_t: &Tensor,
+    table: &Tensor,
+) {
     let op = Op::EmbeddingBag {
         mode: Pool::Sum,
         last_offset: false,
@@ -246,20 +265,14 @@ fn bench_probe(c: &mut Criterion) {
         [Dim::batch(), Dim::Fixed(D)],
     )];
     let jit_bag = || {
-        dlrm_codegen::jit::try_eval(
-            &op,
-            &[&table, &idx_t],
-            &out_ty,
-            &syms,
-            &JitOptions::default(),
-        )
-        .expect("a JIT embedding_bag")
-        .expect("runs")
+        dlrm_codegen::jit::try_eval(&op, &[table, idx_t], &out_ty, syms, &JitOptions::default())
+            .expect("a JIT embedding_bag")
+            .expect("runs")
     };
-    let t = f32s(&table);
+    let t = f32s(table);
     let want = one.install(jit_bag);
     // SAFETY (all calls of the hand loops): AVX2 and FMA were checked above.
-    let got = unsafe { hand_bag(t, &idx, true) };
+    let got = unsafe { hand_bag(t, idx, true) };
     let worst = (f32s(&want[0]).iter().zip(&got))
         .map(|(a, b)| (a - b).abs() / a.abs().max(1.0))
         .fold(0.0f32, f32::max);
@@ -281,22 +294,30 @@ fn bench_probe(c: &mut Criterion) {
     }
     for (name, pf) in [("hand_prefetch", true), ("hand", false)] {
         g.bench_function(BenchmarkId::new("bag_fwd", name), |b| {
-            b.iter(|| black_box(unsafe { hand_bag(t, &idx, pf) }))
+            b.iter(|| black_box(unsafe { hand_bag(t, idx, pf) }))
         });
     }
     #[cfg(target_arch = "x86_64")]
     if avx512() {
         // SAFETY: AVX-512 F was checked.
-        let got = unsafe { hand_bag512(t, &idx, true) };
-        assert_eq!(got, unsafe { hand_bag(t, &idx, true) }, "the same sums");
+        let got = unsafe { hand_bag512(t, idx, true) };
+        assert_eq!(got, unsafe { hand_bag(t, idx, true) }, "the same sums");
         for (name, pf) in [("hand512_prefetch", true), ("hand512", false)] {
             g.bench_function(BenchmarkId::new("bag_fwd", name), |b| {
-                b.iter(|| black_box(unsafe { hand_bag512(t, &idx, pf) }))
+                b.iter(|| black_box(unsafe { hand_bag512(t, idx, pf) }))
             });
         }
     }
+}
 
-    // The fused sparse update, in place.
+/// The fused sparse update in place: the same variants as the forward.
+fn bench_update(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    (one, two): (&ThreadPool, &ThreadPool),
+    idx: &[i64],
+    idx_t: &Tensor,
+    table: &Tensor,
+) {
     let dy = Tensor::f32(vec![BATCH, D], vals(4, BATCH * D));
     let upd = Op::EmbeddingUpdate {
         mode: Pool::Sum,
@@ -304,12 +325,12 @@ fn bench_probe(c: &mut Criterion) {
     };
     let o = JitOptions::default();
     let mut params = vec![table.clone()];
-    let rest = [&dy, &idx_t];
+    let rest = [&dy, idx_t];
     one.install(|| dlrm_codegen::update_in_place(&upd, &mut params, &rest, Some(&o)))
         .expect("a JIT embedding_update")
         .expect("runs");
-    let mut mine = t.to_vec();
-    unsafe { hand_update(&mut mine, &idx, f32s(&dy), true) };
+    let mut mine = f32s(table).to_vec();
+    unsafe { hand_update(&mut mine, idx, f32s(&dy), true) };
     let worst = (f32s(&params[0]).iter().zip(&mine))
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
@@ -349,7 +370,7 @@ fn bench_probe(c: &mut Criterion) {
     for (name, pf) in [("hand_prefetch", true), ("hand", false)] {
         g.bench_function(BenchmarkId::new("update", name), |b| {
             b.iter(|| {
-                unsafe { hand_update(&mut mine, &idx, f32s(&dy), pf) };
+                unsafe { hand_update(&mut mine, idx, f32s(&dy), pf) };
                 black_box(&mine);
             })
         });
@@ -360,13 +381,12 @@ fn bench_probe(c: &mut Criterion) {
             g.bench_function(BenchmarkId::new("update", name), |b| {
                 b.iter(|| {
                     // SAFETY: AVX-512 F was checked.
-                    unsafe { hand_update512(&mut mine, &idx, f32s(&dy), pf) };
+                    unsafe { hand_update512(&mut mine, idx, f32s(&dy), pf) };
                     black_box(&mine);
                 })
             });
         }
     }
-    g.finish();
 }
 
 criterion_group!(benches, bench_probe);

@@ -249,6 +249,12 @@ fn main() {
         "rows {rows}, d {d}, batch {BATCH}, pooling {POOLING}, {} indices, {samples} samples",
         if zipf { "Zipf-like" } else { "uniform" }
     );
+    report(&pools, &mut times, bytes);
+}
+
+/// Per pool: the best and median time of the JIT and of the two hand loops, and
+/// the JIT's rate as a share of the faster hand loop's.
+fn report(pools: &[rayon::ThreadPool], times: &mut [[Vec<f64>; 3]], bytes: f64) {
     for (pool, ts) in pools.iter().zip(times.iter_mut()) {
         let mut best = [0.0; 3];
         for (k, v) in ts.iter_mut().enumerate() {

@@ -145,25 +145,7 @@ fn main() {
     if let Ok(only) = std::env::var("CASES") {
         cases.retain(|c| only.split(',').any(|o| o == c.0));
     }
-    let mut choices = vec![KernelChoice::Cranelift];
-    if micro::AVX2.available() {
-        choices.push(KernelChoice::Native);
-    }
-    if micro::AVX512.available() {
-        choices.push(KernelChoice::Avx512);
-    }
-    if bf16 {
-        choices.push(KernelChoice::Auto);
-        if micro::AVX512_BF16.available() {
-            choices.push(KernelChoice::Avx512Bf16);
-        }
-        if micro::AMX_BF16.available() {
-            choices.push(KernelChoice::AmxBf16);
-        }
-    }
-    if let Ok(only) = std::env::var("KERNELS") {
-        choices.retain(|c| c.name() == only);
-    }
+    let choices = kernel_choices(bf16);
     let pack_a = env("PACK").map(|p| p != 0);
     let flops = 2.0 * (s * n * k) as f64;
     let syms = HashMap::new();
@@ -193,11 +175,47 @@ fn main() {
             }
         }
     }
+    let names: Vec<&str> = cases.iter().map(|c| c.0).collect();
     println!(
         "S={s} K={k} N={n} bk={bk} bn={bn}, best of {reps}, {} threads",
         rayon::current_num_threads()
     );
-    for (ci, (name, ..)) in cases.iter().enumerate() {
+    print_best(&names, &choices, &best, &best_cpu, flops);
+}
+
+/// The kernels this CPU has (the bf16 ones for `DTYPE=bf16`), or only `KERNELS`.
+fn kernel_choices(bf16: bool) -> Vec<KernelChoice> {
+    let mut choices = vec![KernelChoice::Cranelift];
+    if micro::AVX2.available() {
+        choices.push(KernelChoice::Native);
+    }
+    if micro::AVX512.available() {
+        choices.push(KernelChoice::Avx512);
+    }
+    if bf16 {
+        choices.push(KernelChoice::Auto);
+        if micro::AVX512_BF16.available() {
+            choices.push(KernelChoice::Avx512Bf16);
+        }
+        if micro::AMX_BF16.available() {
+            choices.push(KernelChoice::AmxBf16);
+        }
+    }
+    if let Ok(only) = std::env::var("KERNELS") {
+        choices.retain(|c| c.name() == only);
+    }
+    choices
+}
+
+/// One line per case and kernel: the best wall and CPU times and their rates.
+fn print_best(
+    names: &[&str],
+    choices: &[KernelChoice],
+    best: &[f64],
+    best_cpu: &[f64],
+    flops: f64,
+) {
+    for (ci, name) in names.iter().enumerate() {
         for (ki, kc) in choices.iter().enumerate() {
             let dt = best[ci * choices.len() + ki];
             let dc = best_cpu[ci * choices.len() + ki];

@@ -90,15 +90,43 @@ fn main() {
             ));
         }
     }
+    variants.push(matrixmultiply_variant(m, k, n, &av, &w, &mut out));
+    let mut best = vec![f64::INFINITY; variants.len()];
+    for _ in 0..reps {
+        for (i, (_, f)) in variants.iter_mut().enumerate() {
+            let t0 = Instant::now();
+            f();
+            best[i] = best[i].min(t0.elapsed().as_secs_f64());
+        }
+    }
+    let threads = rayon::current_num_threads();
+    for ((name, _), t) in variants.iter().zip(best) {
+        println!(
+            "m{m} k{k} n{n} threads={threads} {name:<22} {:>7.1} GFLOP/s (best of {reps})",
+            flops / t / 1e9
+        );
+    }
+}
+
+/// matrixmultiply's `sgemm` on the same operands (f32), as a variant to time.
+fn matrixmultiply_variant(
+    m: usize,
+    k: usize,
+    n: usize,
+    av: &[f32],
+    w: &[f32],
+    out: &mut [f32],
+) -> (String, Box<dyn FnMut()>) {
     let (ap, wp, op) = (
         av.as_ptr() as usize,
         w.as_ptr() as usize,
         out.as_mut_ptr() as usize,
     );
-    variants.push((
+    (
         "matrixmultiply/f32".into(),
         Box::new(move || {
-            // SAFETY: A m×k, wᵀ by strides (k×n), C m×n, all alive (see above).
+            // SAFETY: A m×k, wᵀ by strides (k×n), C m×n: main keeps them alive
+            // past every run of the closure, which it runs one at a time.
             unsafe {
                 matrixmultiply::sgemm(
                     m,
@@ -118,20 +146,5 @@ fn main() {
                 );
             }
         }),
-    ));
-    let mut best = vec![f64::INFINITY; variants.len()];
-    for _ in 0..reps {
-        for (i, (_, f)) in variants.iter_mut().enumerate() {
-            let t0 = Instant::now();
-            f();
-            best[i] = best[i].min(t0.elapsed().as_secs_f64());
-        }
-    }
-    let threads = rayon::current_num_threads();
-    for ((name, _), t) in variants.iter().zip(best) {
-        println!(
-            "m{m} k{k} n{n} threads={threads} {name:<22} {:>7.1} GFLOP/s (best of {reps})",
-            flops / t / 1e9
-        );
-    }
+    )
 }

@@ -110,68 +110,8 @@ pub(super) fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
             Ok(vec![TensorType::new(wb.dtype, [f(*n), f(*k)])])
         }
         Op::Brgemm { .. } => brgemm(op, ins),
-        Op::BrgemmDgrad { act, mask, dtype } => {
-            let (ins, xb) = match mask {
-                Act::None => (ins, None),
-                _ => match ins.split_last() {
-                    Some((xb, rest)) => (rest, Some(*xb)),
-                    None => (ins, None),
-                },
-            };
-            let (dy, y, wb) = dy_y_last(op, *act, ins)?;
-            expect_rank("blocked dy", dy, 3)?;
-            expect_rank("blocked weight", wb, 4)?;
-            expect_float("blocked dy", dy)?;
-            expect_float("blocked y", y)?;
-            expect_same_shape("blocked dy", dy, "blocked y", y)?;
-            expect_dim("dy blocks vs weight row blocks", &dy.shape[0], &wb.shape[0])?;
-            expect_dim("dy block width vs weight bn", &dy.shape[2], &wb.shape[3])?;
-            expect_float("blocked weight", wb)?;
-            if !dtype.is_float() {
-                return Err(format!(
-                    "brgemm_dgrad dtype must be f32 or bf16, got {dtype}"
-                ));
-            }
-            let dx = TensorType::new(
-                *dtype,
-                [
-                    wb.shape[1].clone(),
-                    dy.shape[1].clone(),
-                    wb.shape[2].clone(),
-                ],
-            );
-            if let Some(xb) = xb {
-                expect_rank("blocked x (mask)", xb, 3)?;
-                expect_float("blocked x (mask)", xb)?;
-                expect_same_shape("blocked x (mask)", xb, "the result", &dx)?;
-            }
-            Ok(vec![dx])
-        }
-        Op::BrgemmWgrad { act, n } => {
-            let (dy, y, xb) = dy_y_last(op, *act, ins)?;
-            expect_rank("blocked dy", dy, 3)?;
-            expect_rank("blocked x", xb, 3)?;
-            expect_float("blocked dy", dy)?;
-            expect_float("blocked y", y)?;
-            expect_float("blocked x", xb)?;
-            expect_same_shape("blocked dy", dy, "blocked y", y)?;
-            expect_dim("dy vs x samples", &dy.shape[1], &xb.shape[1])?;
-            let nb = fixed_dim("dy blocks", &dy.shape[0])?;
-            let bn = fixed_dim("dy block width", &dy.shape[2])?;
-            fits_blocks("brgemm_wgrad n", *n, nb, bn)?;
-            Ok(vec![
-                TensorType::new(
-                    DType::F32,
-                    [
-                        dy.shape[0].clone(),
-                        xb.shape[0].clone(),
-                        xb.shape[2].clone(),
-                        dy.shape[2].clone(),
-                    ],
-                ),
-                TensorType::new(DType::F32, [f(*n)]),
-            ])
-        }
+        Op::BrgemmDgrad { act, mask, dtype } => brgemm_dgrad(op, *act, *mask, *dtype, ins),
+        Op::BrgemmWgrad { act, n } => brgemm_wgrad(op, *act, *n, ins),
         Op::BceLogits { .. } => {
             expect_arity(op, ins, &[2])?;
             expect_float("logits", ins[0])?;
@@ -186,6 +126,122 @@ pub(super) fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
             expect_same_shape("logits", ins[0], "label", ins[1])?;
             Ok(vec![ins[0].with_dtype(DType::F32)])
         }
+        Op::SplitSgd { .. } | Op::EmbeddingUpdate { .. } | Op::SplitEmbeddingUpdate { .. } => {
+            updates(op, ins)
+        }
+        other => Err(format!(
+            "internal: `{}` is not a fused op",
+            other.mnemonic()
+        )),
+    }
+}
+
+/// `brgemm(xb, wb[, b])`: the blocked forward layer (see [`Op::Brgemm`]).
+fn brgemm(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
+    expect_arity(op, ins, &[2, 3])?;
+    let (xb, wb) = (ins[0], ins[1]);
+    expect_rank("blocked x", xb, 3)?;
+    expect_rank("blocked weight", wb, 4)?;
+    for (n, t) in [("blocked x", xb), ("blocked weight", wb)] {
+        expect_float(n, t)?;
+    }
+    expect_dim(
+        "x blocks vs weight column blocks",
+        &xb.shape[0],
+        &wb.shape[1],
+    )?;
+    expect_dim("x block width vs weight bk", &xb.shape[2], &wb.shape[2])?;
+    let nb = fixed_dim("weight row blocks", &wb.shape[0])?;
+    let bn = fixed_dim("weight bn", &wb.shape[3])?;
+    if let Some(b) = ins.get(2) {
+        expect_rank("bias", b, 1)?;
+        expect_float("bias", b)?;
+        let n = fixed_dim("bias length", &b.shape[0])?;
+        fits_blocks("brgemm bias", n, nb, bn)?;
+    }
+    Ok(vec![TensorType::new(
+        float_result(&[xb, wb]),
+        [Dim::Fixed(nb), xb.shape[1].clone(), Dim::Fixed(bn)],
+    )])
+}
+
+/// `brgemm_dgrad(dy[, y], wb[, xb])` (see [`Op::BrgemmDgrad`]).
+fn brgemm_dgrad(
+    op: &Op,
+    act: Act,
+    mask: Act,
+    dtype: DType,
+    ins: &[&TensorType],
+) -> R<Vec<TensorType>> {
+    let (ins, xb) = match mask {
+        Act::None => (ins, None),
+        _ => match ins.split_last() {
+            Some((xb, rest)) => (rest, Some(*xb)),
+            None => (ins, None),
+        },
+    };
+    let (dy, y, wb) = dy_y_last(op, act, ins)?;
+    expect_rank("blocked dy", dy, 3)?;
+    expect_rank("blocked weight", wb, 4)?;
+    expect_float("blocked dy", dy)?;
+    expect_float("blocked y", y)?;
+    expect_same_shape("blocked dy", dy, "blocked y", y)?;
+    expect_dim("dy blocks vs weight row blocks", &dy.shape[0], &wb.shape[0])?;
+    expect_dim("dy block width vs weight bn", &dy.shape[2], &wb.shape[3])?;
+    expect_float("blocked weight", wb)?;
+    if !dtype.is_float() {
+        return Err(format!(
+            "brgemm_dgrad dtype must be f32 or bf16, got {dtype}"
+        ));
+    }
+    let dx = TensorType::new(
+        dtype,
+        [
+            wb.shape[1].clone(),
+            dy.shape[1].clone(),
+            wb.shape[2].clone(),
+        ],
+    );
+    if let Some(xb) = xb {
+        expect_rank("blocked x (mask)", xb, 3)?;
+        expect_float("blocked x (mask)", xb)?;
+        expect_same_shape("blocked x (mask)", xb, "the result", &dx)?;
+    }
+    Ok(vec![dx])
+}
+
+/// `brgemm_wgrad(dy[, y], xb)` (see [`Op::BrgemmWgrad`]).
+fn brgemm_wgrad(op: &Op, act: Act, n: usize, ins: &[&TensorType]) -> R<Vec<TensorType>> {
+    let f = Dim::Fixed;
+    let (dy, y, xb) = dy_y_last(op, act, ins)?;
+    expect_rank("blocked dy", dy, 3)?;
+    expect_rank("blocked x", xb, 3)?;
+    expect_float("blocked dy", dy)?;
+    expect_float("blocked y", y)?;
+    expect_float("blocked x", xb)?;
+    expect_same_shape("blocked dy", dy, "blocked y", y)?;
+    expect_dim("dy vs x samples", &dy.shape[1], &xb.shape[1])?;
+    let nb = fixed_dim("dy blocks", &dy.shape[0])?;
+    let bn = fixed_dim("dy block width", &dy.shape[2])?;
+    fits_blocks("brgemm_wgrad n", n, nb, bn)?;
+    Ok(vec![
+        TensorType::new(
+            DType::F32,
+            [
+                dy.shape[0].clone(),
+                xb.shape[0].clone(),
+                xb.shape[2].clone(),
+                dy.shape[2].clone(),
+            ],
+        ),
+        TensorType::new(DType::F32, [f(n)]),
+    ])
+}
+
+/// The fused and split updates: `split_sgd`, `embedding_update`,
+/// `split_embedding_update` (see their docs in `op.rs`).
+fn updates(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
+    match op {
         Op::SplitSgd { .. } => {
             expect_arity(op, ins, &[3])?;
             let (hi, lo, g) = (ins[0], ins[1], ins[2]);
@@ -241,37 +297,8 @@ pub(super) fn infer_fused(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
             Ok(vec![hi.clone(), lo.clone()])
         }
         other => Err(format!(
-            "internal: `{}` is not a fused op",
+            "internal: `{}` is not a fused update",
             other.mnemonic()
         )),
     }
-}
-
-/// `brgemm(xb, wb[, b])`: the blocked forward layer (see [`Op::Brgemm`]).
-fn brgemm(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
-    expect_arity(op, ins, &[2, 3])?;
-    let (xb, wb) = (ins[0], ins[1]);
-    expect_rank("blocked x", xb, 3)?;
-    expect_rank("blocked weight", wb, 4)?;
-    for (n, t) in [("blocked x", xb), ("blocked weight", wb)] {
-        expect_float(n, t)?;
-    }
-    expect_dim(
-        "x blocks vs weight column blocks",
-        &xb.shape[0],
-        &wb.shape[1],
-    )?;
-    expect_dim("x block width vs weight bk", &xb.shape[2], &wb.shape[2])?;
-    let nb = fixed_dim("weight row blocks", &wb.shape[0])?;
-    let bn = fixed_dim("weight bn", &wb.shape[3])?;
-    if let Some(b) = ins.get(2) {
-        expect_rank("bias", b, 1)?;
-        expect_float("bias", b)?;
-        let n = fixed_dim("bias length", &b.shape[0])?;
-        fits_blocks("brgemm bias", n, nb, bn)?;
-    }
-    Ok(vec![TensorType::new(
-        float_result(&[xb, wb]),
-        [Dim::Fixed(nb), xb.shape[1].clone(), Dim::Fixed(bn)],
-    )])
 }

@@ -127,6 +127,36 @@ pub(crate) fn infer_generic(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> 
             }
             one(x.dtype, perm.iter().map(|&p| x.shape[p].clone()).collect())
         }
+        Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } => gathers(op, ins),
+        Op::Slice { .. } => slice(op, ins),
+        Op::Reduce { axes, keepdims, .. } => {
+            arity(op, ins, 1)?;
+            let x = ins[0];
+            float("operand", x)?;
+            check_axes("reduce axis", axes, x.rank())?;
+            let mut shape = Vec::with_capacity(x.rank());
+            for (k, d) in x.shape.iter().enumerate() {
+                if !axes.contains(&k) {
+                    shape.push(d.clone());
+                } else if *keepdims {
+                    shape.push(Dim::Fixed(1));
+                }
+            }
+            one(x.dtype, shape)
+        }
+        Op::Cast { to } => {
+            arity(op, ins, 1)?;
+            one(*to, ins[0].shape.clone())
+        }
+        Op::EmbeddingBagWeighted | Op::OffsetsFromLengths { .. } => bags(op, ins),
+        _ => Err(format!("internal: `{}` is not a generic op", op.mnemonic())),
+    }
+}
+
+/// `gather`, `gather_elements` and `gather_nd`.
+fn gathers(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
+    let one = |dtype: DType, shape: Shape| Ok(vec![TensorType { dtype, shape }]);
+    match op {
         Op::Gather { axis } => {
             arity(op, ins, 2)?;
             let (d, i) = (ins[0], ins[1]);
@@ -187,6 +217,14 @@ pub(crate) fn infer_generic(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> 
             shape.extend(d.shape[b + k..].iter().cloned());
             one(d.dtype, shape)
         }
+        _ => Err(format!("internal: `{}` is not a generic op", op.mnemonic())),
+    }
+}
+
+/// `slice`.
+fn slice(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
+    let one = |dtype: DType, shape: Shape| Ok(vec![TensorType { dtype, shape }]);
+    match op {
         Op::Slice {
             axes,
             starts,
@@ -218,25 +256,14 @@ pub(crate) fn infer_generic(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> 
             }
             one(x.dtype, shape)
         }
-        Op::Reduce { axes, keepdims, .. } => {
-            arity(op, ins, 1)?;
-            let x = ins[0];
-            float("operand", x)?;
-            check_axes("reduce axis", axes, x.rank())?;
-            let mut shape = Vec::with_capacity(x.rank());
-            for (k, d) in x.shape.iter().enumerate() {
-                if !axes.contains(&k) {
-                    shape.push(d.clone());
-                } else if *keepdims {
-                    shape.push(Dim::Fixed(1));
-                }
-            }
-            one(x.dtype, shape)
-        }
-        Op::Cast { to } => {
-            arity(op, ins, 1)?;
-            one(*to, ins[0].shape.clone())
-        }
+        _ => Err(format!("internal: `{}` is not a generic op", op.mnemonic())),
+    }
+}
+
+/// `embedding_bag_weighted` and `offsets_from_lengths`.
+fn bags(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
+    let one = |dtype: DType, shape: Shape| Ok(vec![TensorType { dtype, shape }]);
+    match op {
         Op::EmbeddingBagWeighted => {
             arity(op, ins, 4)?;
             let (t, i, o, w) = (ins[0], ins[1], ins[2], ins[3]);

@@ -162,6 +162,61 @@ pub unsafe extern "C" fn ukernel(t: *const TileArgs) {
 #[cfg(not(target_arch = "x86_64"))]
 pub use super::unsupported as ukernel;
 
+// `len` k steps of `tile` from `pa`/`pb` into its accumulators `acc`:
+// `acc[r] += A[r·lda + kk·acs] · B[kk·ldb..]`, in order, one FMA per term (`lda`,
+// `acs` in bytes). A macro, so that each layout gets its own loop with the strides
+// it knows as constants folded into the addresses, inlined with the accumulators in
+// registers. It is expanded in `tile` only (`R`, `W` are `tile`'s parameters); it
+// stands outside to keep that function short.
+macro_rules! kloop {
+    ($acc:ident, $ldb:expr, $pa:expr, $lda:expr, $acs:expr, $pb:expr, $len:expr) => {{
+        let ldb: usize = $ldb;
+        let (lda, acs, len): (usize, usize, usize) = ($lda, $acs, $len);
+        // One k step: W B vectors, R broadcasts (load-port
+        // `vbroadcastss`, or folded into an FMA), W·R FMAs.
+        let kstep = |acc: &mut [[__m512; W]; R], pa: *const u8, pb: *const f32| {
+            // The B row PF k steps ahead into L1 (a hint: it never
+            // faults, so it may run past the tile's last row).
+            let pf = pb.wrapping_add(PF * ldb).cast::<i8>();
+            _mm_prefetch::<_MM_HINT_T0>(pf);
+            if W > 1 {
+                _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64));
+            }
+            let b0 = _mm512_loadu_ps(pb);
+            // (W = 1 never uses it.)
+            let b1 = if W > 1 {
+                _mm512_loadu_ps(pb.add(16))
+            } else {
+                b0
+            };
+            for (r, accr) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(pa.add(r * lda).cast::<f32>().read_unaligned());
+                accr[0] = _mm512_fmadd_ps(av, b0, accr[0]);
+                if W > 1 {
+                    accr[W - 1] = _mm512_fmadd_ps(av, b1, accr[W - 1]);
+                }
+            }
+        };
+        let mut pa: *const u8 = $pa;
+        let mut pb: *const f32 = $pb;
+        // Unrolled by 4: the loop overhead would otherwise crowd the
+        // front end.
+        for _ in 0..len / 4 {
+            kstep(&mut $acc, pa, pb);
+            kstep(&mut $acc, pa.add(acs), pb.add(ldb));
+            kstep(&mut $acc, pa.add(2 * acs), pb.add(2 * ldb));
+            kstep(&mut $acc, pa.add(3 * acs), pb.add(3 * ldb));
+            pa = pa.wrapping_add(4 * acs);
+            pb = pb.wrapping_add(4 * ldb);
+        }
+        for _ in 0..len % 4 {
+            kstep(&mut $acc, pa, pb);
+            pa = pa.wrapping_add(acs);
+            pb = pb.wrapping_add(ldb);
+        }
+    }};
+}
+
 /// One tile of `R` rows of `W` vectors (`W = 1` when `nr <= 16`, else 2), `A`
 /// f32 (`ABF = false`) or bf16.
 ///
@@ -194,57 +249,6 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
             prefetch_c::<R>(c, ldc, nr, flags);
         }
         let mut acc = acc_start::<R, W>(c, ldc, nr, flags);
-        // `len` k steps from `pa`/`pb`: `acc[r] += A[r·lda + kk·acs] · B[kk·ldb..]`,
-        // in order, one FMA per term (`lda`, `acs` in bytes). A macro, so that each
-        // layout gets its own loop with the strides it knows as constants folded
-        // into the addresses, inlined with the accumulators in registers.
-        macro_rules! kloop {
-            ($pa:expr, $lda:expr, $acs:expr, $pb:expr, $len:expr) => {{
-                let (lda, acs, len): (usize, usize, usize) = ($lda, $acs, $len);
-                // One k step: W B vectors, R broadcasts (load-port
-                // `vbroadcastss`, or folded into an FMA), W·R FMAs.
-                let kstep = |acc: &mut [[__m512; W]; R], pa: *const u8, pb: *const f32| {
-                    // The B row PF k steps ahead into L1 (a hint: it never
-                    // faults, so it may run past the tile's last row).
-                    let pf = pb.wrapping_add(PF * ldb).cast::<i8>();
-                    _mm_prefetch::<_MM_HINT_T0>(pf);
-                    if W > 1 {
-                        _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64));
-                    }
-                    let b0 = _mm512_loadu_ps(pb);
-                    // (W = 1 never uses it.)
-                    let b1 = if W > 1 {
-                        _mm512_loadu_ps(pb.add(16))
-                    } else {
-                        b0
-                    };
-                    for (r, accr) in acc.iter_mut().enumerate() {
-                        let av = _mm512_set1_ps(pa.add(r * lda).cast::<f32>().read_unaligned());
-                        accr[0] = _mm512_fmadd_ps(av, b0, accr[0]);
-                        if W > 1 {
-                            accr[W - 1] = _mm512_fmadd_ps(av, b1, accr[W - 1]);
-                        }
-                    }
-                };
-                let mut pa: *const u8 = $pa;
-                let mut pb: *const f32 = $pb;
-                // Unrolled by 4: the loop overhead would otherwise crowd the
-                // front end.
-                for _ in 0..len / 4 {
-                    kstep(&mut acc, pa, pb);
-                    kstep(&mut acc, pa.add(acs), pb.add(ldb));
-                    kstep(&mut acc, pa.add(2 * acs), pb.add(2 * ldb));
-                    kstep(&mut acc, pa.add(3 * acs), pb.add(3 * ldb));
-                    pa = pa.wrapping_add(4 * acs);
-                    pb = pb.wrapping_add(4 * ldb);
-                }
-                for _ in 0..len % 4 {
-                    kstep(&mut acc, pa, pb);
-                    pa = pa.wrapping_add(acs);
-                    pb = pb.wrapping_add(ldb);
-                }
-            }};
-        }
         let esize = if ABF { 2 } else { 4 };
         // Written before read (see `stage_a`), never read beyond what was written.
         let mut scratch = [std::mem::MaybeUninit::<f32>::uninit(); SCRATCH];
@@ -259,9 +263,9 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
                 // f32 with the rows adjacent (packed or transposed): in place,
                 // the row offsets are immediates.
                 if acs == R {
-                    kloop!(pa, 4, R * 4, pb, len);
+                    kloop!(acc, ldb, pa, 4, R * 4, pb, len);
                 } else {
-                    kloop!(pa, 4, acs * 4, pb, len);
+                    kloop!(acc, ldb, pa, 4, acs * 4, pb, len);
                 }
                 pb = pb.wrapping_add(len * ldb);
             } else if !ABF && acs == 1 && matches!(lda, 32 | 64 | 128) {
@@ -270,9 +274,9 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
                 // registers and address arithmetic: 4.9 against 3.1 ms for
                 // `brgemm` 2048×512×256 in `examples/brgemm_best`).
                 match lda {
-                    32 => kloop!(pa, 128, 4, pb, len),
-                    64 => kloop!(pa, 256, 4, pb, len),
-                    _ => kloop!(pa, 512, 4, pb, len),
+                    32 => kloop!(acc, ldb, pa, 128, 4, pb, len),
+                    64 => kloop!(acc, ldb, pa, 256, 4, pb, len),
+                    _ => kloop!(acc, ldb, pa, 512, 4, pb, len),
                 }
                 pb = pb.wrapping_add(len * ldb);
             } else {
@@ -283,9 +287,9 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
                     let n = KC.min(len - done);
                     let src = pa.add(done * acs * esize);
                     if stage_a::<R, ABF>(src, lda, acs, n, &mut scratch) {
-                        kloop!(sp, KC * 4, 4, pb, n);
+                        kloop!(acc, ldb, sp, KC * 4, 4, pb, n);
                     } else {
-                        kloop!(sp, 4, R * 4, pb, n);
+                        kloop!(acc, ldb, sp, 4, R * 4, pb, n);
                     }
                     pb = pb.wrapping_add(n * ldb);
                     done += n;

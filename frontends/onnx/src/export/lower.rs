@@ -325,6 +325,69 @@ impl<'g, 'a> Lower<'g, 'a> {
                 };
                 Repr::Plain(self.round(y, out_ty.dtype, &hint))
             }
+            Op::Concat { .. }
+            | Op::Split { .. }
+            | Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::GatherNd { .. }
+            | Op::Slice { .. } => match self.shape_op(node, &hint)? {
+                Some(r) => r,
+                None => return Ok(()),
+            },
+            Op::Reduce {
+                kind,
+                axes,
+                keepdims,
+            } => {
+                let x = self.plain(inp(0)?)?;
+                let y = self.reduce(&x, *kind, axes, *keepdims, &hint);
+                Repr::Plain(self.round(y, out_ty.dtype, &hint))
+            }
+            Op::Cast { to } => {
+                let x = self.plain(inp(0)?)?;
+                let y = self.b.node(
+                    "Cast",
+                    &[&x],
+                    vec![("to", A::Int(onnx_elem(*to) as i64))],
+                    &hint,
+                );
+                let from = g.ty(inp(0)?).dtype;
+                Repr::Plain(if from == DType::BF16 {
+                    y
+                } else {
+                    self.round(y, *to, &hint)
+                })
+            }
+            Op::BlockAct { .. }
+            | Op::UnblockAct { .. }
+            | Op::Brgemm { .. }
+            | Op::BlockWeight { .. }
+            | Op::UnblockWeight { .. } => self.blocked(node, &hint, &out_ty)?,
+            other => {
+                return Err(format!(
+                    "`{}` has no ONNX form here: the exporter writes inference graphs \
+                     (training, optimizer, sharded and collective ops are not exported)",
+                    other.mnemonic()
+                ));
+            }
+        };
+        self.set(out, r);
+        Ok(())
+    }
+
+    /// The ops that only move or select values (`concat`, `split`, `reshape`,
+    /// `transpose`, the gathers, `slice`): their ONNX node, or `None` when the
+    /// results are already set (`split`'s several).
+    fn shape_op(&mut self, node: &Node, hint: &str) -> Result<Option<Repr>, Fail> {
+        let ins = &node.inputs;
+        let inp = |k: usize| -> Result<ValueId, Fail> {
+            ins.get(k)
+                .copied()
+                .ok_or_else(|| format!("missing operand {k}"))
+        };
+        let r = match &node.op {
             Op::Concat { axis } => {
                 let parts = ins
                     .iter()
@@ -352,7 +415,7 @@ impl<'g, 'a> Lower<'g, 'a> {
                 for (&v, n) in node.outputs.iter().zip(outs) {
                     self.set(v, Repr::Plain(n));
                 }
-                return Ok(());
+                return Ok(None);
             }
             Op::Reshape { shape } => {
                 let x = self.plain(inp(0)?)?;
@@ -419,30 +482,32 @@ impl<'g, 'a> Lower<'g, 'a> {
                         .node("Slice", &[&x, &st, &en, &ax, &sp], vec![], &hint),
                 )
             }
-            Op::Reduce {
-                kind,
-                axes,
-                keepdims,
-            } => {
-                let x = self.plain(inp(0)?)?;
-                let y = self.reduce(&x, *kind, axes, *keepdims, &hint);
-                Repr::Plain(self.round(y, out_ty.dtype, &hint))
+            other => {
+                return Err(format!(
+                    "internal: `{}` is not handled here",
+                    other.mnemonic()
+                ));
             }
-            Op::Cast { to } => {
-                let x = self.plain(inp(0)?)?;
-                let y = self.b.node(
-                    "Cast",
-                    &[&x],
-                    vec![("to", A::Int(onnx_elem(*to) as i64))],
-                    &hint,
-                );
-                let from = g.ty(inp(0)?).dtype;
-                Repr::Plain(if from == DType::BF16 {
-                    y
-                } else {
-                    self.round(y, *to, &hint)
-                })
-            }
+        };
+        Ok(Some(r))
+    }
+
+    /// The blocked layouts and the blocked layer (`block_act`, `unblock_act`,
+    /// `brgemm`, `block_weight`, `unblock_weight`).
+    fn blocked(
+        &mut self,
+        node: &Node,
+        hint: &str,
+        out_ty: &dlrm_ir::TensorType,
+    ) -> Result<Repr, Fail> {
+        let g = self.g;
+        let ins = &node.inputs;
+        let inp = |k: usize| -> Result<ValueId, Fail> {
+            ins.get(k)
+                .copied()
+                .ok_or_else(|| format!("missing operand {k}"))
+        };
+        let r = match &node.op {
             Op::BlockAct { dtype, .. } => {
                 let x = self.plain(inp(0)?)?;
                 let k = fixed(&g.ty(inp(0)?).shape[1], "the blocked features")?;
@@ -495,14 +560,12 @@ impl<'g, 'a> Lower<'g, 'a> {
             Op::UnblockWeight { n, k } => Repr::Plain(self.weight(inp(0)?, *n, *k)?),
             other => {
                 return Err(format!(
-                    "`{}` has no ONNX form here: the exporter writes inference graphs \
-                     (training, optimizer, sharded and collective ops are not exported)",
+                    "internal: `{}` is not handled here",
                     other.mnemonic()
                 ));
             }
         };
-        self.set(out, r);
-        Ok(())
+        Ok(r)
     }
 
     /// `add`, `binary` or `matmul` of `a` and `b`; elementwise over two blocked
