@@ -134,6 +134,32 @@ pub struct Executor {
     /// verified instance ([`Executor::instantiate`]; `None`: collectives
     /// and nodes verified per call instead).
     instances: (Option<HashMap<String, usize>>, Vec<Option<NodeInstance>>),
+    /// Per node: the kernel that ran it and its cost under the instances' binding,
+    /// found on its first run and kept until its instance is rebuilt or the backend
+    /// changes ([`Resolved`]).
+    resolved: Vec<Resolved>,
+}
+
+/// Which kernel runs a node, and its cost, under one symbol binding: found on the
+/// node's first run (the JIT, else the reference kernel, else the interpreter),
+/// then taken directly on every later step.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Resolved {
+    route: Route,
+    cost: Option<dlrm_codegen::cost::Cost>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Route {
+    /// Not run yet under this binding.
+    #[default]
+    Unknown,
+    /// A JIT kernel.
+    Jit,
+    /// A reference kernel (`dlrm_codegen::try_eval`).
+    Reference,
+    /// The reference interpreter.
+    Interp,
 }
 
 impl Executor {
@@ -255,6 +281,7 @@ impl Executor {
             comm_exposed: Duration::ZERO,
             checked: (None, vec![0; nvals]),
             instances: (None, Vec::new()),
+            resolved: Vec::new(),
         })
     }
 
@@ -265,6 +292,7 @@ impl Executor {
             kernels,
             ..self.jit
         };
+        self.resolved.fill(Resolved::default());
     }
 
     /// Runs collectives on a progress thread, overlapped with compute (default), or
@@ -385,6 +413,7 @@ impl Executor {
             comm_exposed: Duration::ZERO,
             checked: (None, vec![0; nvals]),
             instances: (None, Vec::new()),
+            resolved: Vec::new(),
         })
     }
 

@@ -9,6 +9,11 @@
 //! ([`dlrm_codegen::update_in_place_instance`]), and into a copy of the op only
 //! for an update without an instance or an in-place kernel.
 //!
+//! The kernel that answered a node (JIT, reference kernel or interpreter) and the
+//! node's cost are kept per node ([`super::Resolved`]) until its instance is rebuilt
+//! under a new binding or the backend changes: later steps call that kernel
+//! directly and do not recompute the cost.
+//!
 //! Optimizer updates (`sgd`, `split_sgd`, `sparse_sgd`, `embedding_update`,
 //! `split_embedding_update`) run *in place* on the parameter storage
 //! ([`dlrm_codegen::update_in_place_instance`] on the node's instance: a JIT
@@ -20,11 +25,12 @@
 //! `t1 = sparse_sgd(t, ..); t2 = sparse_sgd(t1, ..)` moves the same storage along.)
 //! Otherwise the operand is copied first, which is always correct.
 
-use super::{Backend, Executor};
+use super::{Backend, Executor, Resolved, Route};
 use crate::error::Result;
 use dlrm_codegen::cost::{Cost, op_cost};
+use dlrm_codegen::kernels::KResult;
 use dlrm_ir::interp::{EvalCtx, eval_op};
-use dlrm_ir::{Communicator, Def, Op, Tensor, TensorType, ValueId};
+use dlrm_ir::{Communicator, Def, NodeInstance, Op, Tensor, TensorType, ValueId};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,30 +49,13 @@ impl Executor {
         if op.is_update() {
             return self.run_update(n, op, ins_ids, out_types, syms, comm);
         }
+        let known = self.resolved.get(n).copied().unwrap_or_default();
         let ins = self.operands(n, ins_ids)?;
         let inst = self.instances.1.get(n).and_then(Option::as_ref);
-        let res = match inst {
-            _ if op.is_collective() => None,
-            // The node's instance under this binding: the call checks its operands
-            // against it, the kernels re-derive no shape.
-            Some(inst) => {
-                let jit = match self.backend {
-                    Backend::Jit => {
-                        dlrm_codegen::jit::try_eval_instance(inst, &ins, out_types, syms, &self.jit)
-                    }
-                    Backend::Reference => None,
-                };
-                jit.or_else(|| dlrm_codegen::try_eval_instance(inst, &ins, out_types, syms))
-            }
-            None => {
-                let jit = match self.backend {
-                    Backend::Jit => {
-                        dlrm_codegen::jit::try_eval(op, &ins, out_types, syms, &self.jit)
-                    }
-                    Backend::Reference => None,
-                };
-                jit.or_else(|| dlrm_codegen::try_eval(op, &ins, out_types, syms))
-            }
+        let (res, route) = if op.is_collective() {
+            (None, Route::Interp)
+        } else {
+            self.kernel(known.route, op, inst, &ins, out_types, syms)
         };
         let outs = match res {
             Some(r) => r.map_err(|e| self.node_err(n, self.with_table(op, ins_ids, e))),
@@ -75,8 +64,58 @@ impl Executor {
                 eval_op(op, &ins, out_types, &ctx).map_err(|e| self.node_err(n, e))
             }
         }?;
-        let cost = op_cost(op, &ins, &outs.iter().collect::<Vec<_>>());
+        let cost = known
+            .cost
+            .unwrap_or_else(|| op_cost(op, &ins, &outs.iter().collect::<Vec<_>>()));
+        if let Some(r) = self.resolved.get_mut(n) {
+            *r = Resolved {
+                route,
+                cost: Some(cost),
+            };
+        }
         Ok((outs, cost))
+    }
+
+    /// The node's kernel: by `route` when it was resolved on an earlier run, else
+    /// the JIT (with that backend), then the reference kernel; `None` for the
+    /// interpreter. Returns the route that answered. On an instance under the
+    /// step's binding the call checks its operands against it, and the kernels
+    /// re-derive no shape; without one the call verifies the operands it is given.
+    fn kernel(
+        &self,
+        route: Route,
+        op: &Op,
+        inst: Option<&NodeInstance>,
+        ins: &[&Tensor],
+        out_types: &[TensorType],
+        syms: &HashMap<String, usize>,
+    ) -> (Option<KResult<Vec<Tensor>>>, Route) {
+        let jit = || match (self.backend, inst) {
+            (Backend::Reference, _) => None,
+            (Backend::Jit, Some(inst)) => {
+                dlrm_codegen::jit::try_eval_instance(inst, ins, out_types, syms, &self.jit)
+            }
+            (Backend::Jit, None) => {
+                dlrm_codegen::jit::try_eval(op, ins, out_types, syms, &self.jit)
+            }
+        };
+        let reference = || match inst {
+            Some(inst) => dlrm_codegen::try_eval_instance(inst, ins, out_types, syms),
+            None => dlrm_codegen::try_eval(op, ins, out_types, syms),
+        };
+        // A resolved route that no longer answers falls through to the rest.
+        if route == Route::Interp {
+            return (None, Route::Interp);
+        }
+        if matches!(route, Route::Unknown | Route::Jit)
+            && let Some(r) = jit()
+        {
+            return (Some(r), Route::Jit);
+        }
+        match reference() {
+            Some(r) => (Some(r), Route::Reference),
+            None => (None, Route::Interp),
+        }
     }
 
     fn operands(&self, n: usize, ids: &[ValueId]) -> Result<Vec<&Tensor>> {
@@ -169,11 +208,19 @@ impl Executor {
                 reason: format!("no in-place kernel for {} operands", ids.len()),
             })
         });
-        let cost = {
-            let mut all: Vec<&Tensor> = ws.iter().collect();
-            all.extend(rest.iter().copied());
-            op_cost(op, &all, &ws.iter().collect::<Vec<_>>())
-        };
+        let cost = self
+            .resolved
+            .get(n)
+            .and_then(|r| r.cost)
+            .unwrap_or_else(|| {
+                let mut all: Vec<&Tensor> = ws.iter().collect();
+                all.extend(rest.iter().copied());
+                op_cost(op, &all, &ws.iter().collect::<Vec<_>>())
+            });
+        drop(rest);
+        if let Some(r) = self.resolved.get_mut(n) {
+            r.cost = Some(cost);
+        }
         match res {
             Ok(()) => Ok((ws, cost)),
             Err(e) => {

@@ -19,7 +19,7 @@
 //! before anything is allocated); with the kernel's overcommit an allocation the
 //! machine cannot back still succeeds and fails later when touched.
 
-use super::{Executor, stored_len};
+use super::{Executor, Resolved, stored_len};
 use crate::error::{Result, RuntimeError};
 use dlrm_ir::{Def, Dim, NodeInstance, Tensor, TensorType, ValueId};
 use std::collections::HashMap;
@@ -143,7 +143,9 @@ impl Executor {
         let g = &self.graph;
         let n_nodes = g.nodes().len();
         self.instances.1.resize(n_nodes, None);
-        for (node, slot) in g.nodes().iter().zip(self.instances.1.iter_mut()) {
+        self.resolved.resize(n_nodes, Resolved::default());
+        let nodes = g.nodes().iter().zip(&mut self.instances.1);
+        for ((node, slot), resolved) in nodes.zip(&mut self.resolved) {
             if node.op.is_collective() {
                 continue;
             }
@@ -157,6 +159,7 @@ impl Executor {
             let ins: Vec<TensorType> = node.inputs.iter().map(|&v| g.ty(v).clone()).collect();
             let outs: Vec<TensorType> = node.outputs.iter().map(|&v| g.ty(v).clone()).collect();
             *slot = NodeInstance::new(&node.op, &ins, &outs, syms).ok();
+            *resolved = Resolved::default();
         }
         self.instances.0 = Some(syms.clone());
     }
