@@ -1,7 +1,7 @@
 //! A mutation fuzzer for every reader of `dlrmc` and `dlrm-run`, on the stable
 //! toolchain: `scripts/fuzz TARGET SECONDS [SEED]` (or `cargo run --release
 //! --example fuzz -- TARGET SECONDS [SEED]`), TARGET one of `onnx`, `ir`, `json`,
-//! `npz`, `plan`, `ds`, `model`, or `all`; `scripts/fuzz TARGET replay FILE` runs one
+//! `npz`, `plan`, `ds`, `model`, `tsv`, `mlperf`, `calib`, `metrics`, or `all`; `scripts/fuzz TARGET replay FILE` runs one
 //! input (a finding) again with its panic message in full.
 //!
 //! Each target starts from a seed corpus of the repository's own files (real
@@ -20,6 +20,7 @@
 //! (`frontends/onnx/test_cases/fuzz/`, `data/tests/ds.rs`), and every `.onnx` under
 //! the test cases is a seed.
 
+mod files;
 mod model;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -92,6 +93,17 @@ fn read_all(paths: &[PathBuf]) -> Vec<Vec<u8>> {
         .filter_map(|p| std::fs::read(p).ok())
         .filter(|b| b.len() <= MAX_INPUT)
         .collect()
+}
+
+/// The fuzzer's scratch directory: in `/dev/shm` where it exists (the data
+/// readers' writers fsync every file; on a memory file system that costs nothing,
+/// so a case takes milliseconds), else the system's temporary directory.
+fn work_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("dlrm-fuzz-")
+        .tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .expect("a temporary directory")
 }
 
 /// A directory holding a compiled plan of the tiny example model.
@@ -189,6 +201,7 @@ fn targets(work: &Path) -> Vec<Target> {
             std::fs::write(&ds_manifest, b).is_ok() && dlrm_data::Dataset::open(&ds).is_ok()
         }),
     });
+    v.extend(files::targets(work));
     v
 }
 
@@ -328,7 +341,7 @@ fn main() {
             eprintln!("usage: fuzz TARGET replay FILE");
             std::process::exit(2);
         };
-        let work = tempfile::tempdir().expect("a temporary directory");
+        let work = work_dir();
         let all = targets(work.path());
         let Some(t) = all.iter().find(|t| t.name == which) else {
             eprintln!("unknown target `{which}`");
@@ -352,7 +365,7 @@ fn main() {
     let seed: u64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1);
     let out = root().join("target/fuzz");
     std::fs::create_dir_all(out.join("crashes")).expect("target/fuzz");
-    let work = tempfile::tempdir().expect("a temporary directory");
+    let work = work_dir();
     let all = targets(work.path());
     let chosen: Vec<&Target> = all
         .iter()
