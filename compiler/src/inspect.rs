@@ -115,7 +115,7 @@ pub struct CheckpointSummary {
     /// The data position.
     pub data: dlrm_runtime::checkpoint::DataPosition,
     /// The learning-rate schedule recorded (`None`: the compiled rates).
-    pub lr_schedule: Option<dlrm_runtime::schedule::LrSchedule>,
+    pub lr_schedule: Option<dlrm_runtime::lr_schedule::LrSchedule>,
     /// The plan's identity (sha256 of its graphs).
     pub plan_sha256: String,
     /// Part files and their bytes.

@@ -130,7 +130,7 @@ pub enum RuntimeError {
         reason: String,
     },
     /// A learning rate or a learning-rate schedule that cannot be used (negative,
-    /// NaN, inconsistent steps; see [`crate::schedule`]).
+    /// NaN, inconsistent steps; see [`crate::lr_schedule`]).
     #[error("learning rate: {reason}")]
     LearningRate {
         /// What is wrong.

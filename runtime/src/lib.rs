@@ -20,7 +20,7 @@
 //!   inference, then held-out evaluation ([`run`] -> [`Report`]);
 //! - [`MpiComm`]: one rank per MPI process (`mpirun`), with the `mpi` cargo
 //!   feature; without it a stand-in whose [`MpiComm::init`] is a clear error;
-//! - [`schedule`]: learning-rate schedules ([`LrSchedule`]): each training step's
+//! - [`lr_schedule`]: learning-rate schedules ([`LrSchedule`]): each training step's
 //!   rate as a pure function of the step, handed to the executor per step;
 //! - [`metrics`]: AUC, log loss, accuracy, normalized entropy and the JSON-lines
 //!   metrics file;
@@ -48,6 +48,7 @@ pub mod driver;
 mod error;
 pub mod exec;
 pub mod launch;
+pub mod lr_schedule;
 pub mod metrics;
 #[cfg(feature = "mpi")]
 mod mpi_comm;
@@ -58,7 +59,6 @@ pub mod plan;
 mod prefetch;
 pub mod progress;
 pub mod roofline;
-pub mod schedule;
 pub mod session;
 pub mod source;
 pub mod trainer;
@@ -71,11 +71,11 @@ pub use error::{Result, RuntimeError};
 pub use exec::{Backend, Executor, KernelChoice, OpTime};
 pub use launch::shard::{ShardSettings, plan_shards};
 pub use launch::{CheckpointOptions, Comm, Ranks, RunOptions, infer_once, job_for, run_job};
+pub use lr_schedule::{LrPolicy, LrSchedule};
 pub use metrics::{EvalMetrics, MetricsWriter, accuracy, auc, log_loss, normalized_entropy};
 pub use mpi_comm::MpiComm;
 pub use plan::{Plan, QuantizeReport, Training, read_manifest, read_plan, write_plan};
 pub use progress::CommTimes;
-pub use schedule::{LrPolicy, LrSchedule};
 pub use session::Session;
 pub use source::{EvalSet, Source};
 pub use trainer::Trainer;

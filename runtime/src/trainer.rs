@@ -51,8 +51,8 @@ use crate::exec::{Backend, KernelChoice};
 use crate::launch::memory::run_budget;
 use crate::launch::shard::ShardSettings;
 use crate::launch::{CheckpointOptions, Ranks, RunOptions, job_for, resume_note};
+use crate::lr_schedule::LrPolicy;
 use crate::plan::{Plan, read_plan};
-use crate::schedule::LrPolicy;
 use std::path::Path;
 use std::sync::Arc;
 

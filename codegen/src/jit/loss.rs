@@ -82,9 +82,10 @@ extern "C" fn gelu_grad(dy: f32, x: f32) -> f32 {
 /// Elements per rayon task of the gradient.
 const CHUNK: usize = 1 << 14;
 
-/// Which loss a kernel computes.
+/// Which pointwise kernel (a loss, its gradient, or an elementwise activation)
+/// a JIT kernel of this module computes (not the model's loss, `dlrm_passes::LossKind`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LossKind {
+pub enum PointwiseKind {
     /// `bce_logits(z, y)`.
     BceLogits,
     /// `bce_logits_grad(z, y)`.
@@ -106,15 +107,18 @@ pub enum LossKind {
     GeluGrad,
 }
 
-impl LossKind {
+impl PointwiseKind {
     /// A scalar sum over the elements (else elementwise).
     fn reduces(self) -> bool {
-        matches!(self, LossKind::BceLogits | LossKind::Bce | LossKind::Mse)
+        matches!(
+            self,
+            PointwiseKind::BceLogits | PointwiseKind::Bce | PointwiseKind::Mse
+        )
     }
 
     /// Operands: 2 (prediction, label), or 1 for `sigmoid` and `gelu`.
     fn arity(self) -> usize {
-        if matches!(self, LossKind::Sigmoid | LossKind::Gelu) {
+        if matches!(self, PointwiseKind::Sigmoid | PointwiseKind::Gelu) {
             1
         } else {
             2
@@ -126,7 +130,7 @@ impl LossKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct LossSpec {
     /// The loss.
-    pub kind: LossKind,
+    pub kind: PointwiseKind,
     /// Logits (or probabilities) element type.
     pub z: Elt,
     /// Labels element type.
@@ -202,7 +206,7 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
             });
             if spec.kind.reduces() {
                 let mut a = b.use_var(acc);
-                if spec.kind == LossKind::Bce {
+                if spec.kind == PointwiseKind::Bce {
                     a = b.ins().fneg(a);
                 }
                 let r = b.ins().fdiv(a, den);
@@ -276,35 +280,35 @@ impl Calls {
 /// operation.
 fn element(
     b: &mut FunctionBuilder<'_>,
-    kind: LossKind,
+    kind: PointwiseKind,
     calls: Calls,
     (z, y, den): (Value, Value, Value),
     (fzero, one): (Value, Value),
 ) -> Value {
     match kind {
-        LossKind::Sigmoid => calls.sigmoid(b, z, one),
-        LossKind::Gelu => calls.call(b, calls.gelu, z),
-        LossKind::GeluGrad => {
+        PointwiseKind::Sigmoid => calls.sigmoid(b, z, one),
+        PointwiseKind::Gelu => calls.call(b, calls.gelu, z),
+        PointwiseKind::GeluGrad => {
             let c = b.ins().call(calls.gelu_grad, &[z, y]);
             b.inst_results(c)[0]
         }
-        LossKind::BceLogitsGrad => {
+        PointwiseKind::BceLogitsGrad => {
             let s = calls.sigmoid(b, z, one);
             let t = b.ins().fsub(s, y);
             b.ins().fdiv(t, den)
         }
-        LossKind::Mse => {
+        PointwiseKind::Mse => {
             let e = b.ins().fsub(z, y);
             b.ins().fmul(e, e)
         }
-        LossKind::MseGrad => {
+        PointwiseKind::MseGrad => {
             // `2·(p - y) / denom`, in that order.
             let e = b.ins().fsub(z, y);
             let two = b.ins().f32const(2.0);
             let t = b.ins().fmul(two, e);
             b.ins().fdiv(t, den)
         }
-        LossKind::BceLogits => {
+        PointwiseKind::BceLogits => {
             let pos = b.ins().fcmp(FloatCC::GreaterThan, z, fzero);
             let m = b.ins().select(pos, z, fzero);
             let zy = b.ins().fmul(z, y);
@@ -315,7 +319,7 @@ fn element(
             let l = calls.call(b, calls.log1p, e);
             b.ins().fadd(t, l)
         }
-        LossKind::Bce => {
+        PointwiseKind::Bce => {
             // y·ln p + (1-y)·ln(1-p), z being the probability p.
             let lp = calls.clamped_ln(b, z);
             let t1 = b.ins().fmul(y, lp);
@@ -325,7 +329,7 @@ fn element(
             let t2 = b.ins().fmul(ny, lq);
             b.ins().fadd(t1, t2)
         }
-        LossKind::BceGrad => {
+        PointwiseKind::BceGrad => {
             // (p - y) / max(p·(1-p), 1e-12) / denom; `f32::max` gives 1e-12
             // for a NaN product, as `q > 1e-12 ? q : 1e-12` does.
             let t = b.ins().fsub(z, y);
@@ -363,15 +367,15 @@ pub(crate) fn eval(
     syms: &HashMap<String, usize>,
 ) -> Option<KResult<Vec<Tensor>>> {
     let (kind, denom) = match c.op() {
-        Op::BceLogits { denom } => (LossKind::BceLogits, denom),
-        Op::BceLogitsGrad { denom } => (LossKind::BceLogitsGrad, denom),
-        Op::Bce { denom } => (LossKind::Bce, denom),
-        Op::BceGrad { denom } => (LossKind::BceGrad, denom),
-        Op::Mse { denom } => (LossKind::Mse, denom),
-        Op::MseGrad { denom } => (LossKind::MseGrad, denom),
-        Op::Sigmoid => (LossKind::Sigmoid, &Dim::Fixed(1)),
-        Op::Gelu => (LossKind::Gelu, &Dim::Fixed(1)),
-        Op::GeluGrad => (LossKind::GeluGrad, &Dim::Fixed(1)),
+        Op::BceLogits { denom } => (PointwiseKind::BceLogits, denom),
+        Op::BceLogitsGrad { denom } => (PointwiseKind::BceLogitsGrad, denom),
+        Op::Bce { denom } => (PointwiseKind::Bce, denom),
+        Op::BceGrad { denom } => (PointwiseKind::BceGrad, denom),
+        Op::Mse { denom } => (PointwiseKind::Mse, denom),
+        Op::MseGrad { denom } => (PointwiseKind::MseGrad, denom),
+        Op::Sigmoid => (PointwiseKind::Sigmoid, &Dim::Fixed(1)),
+        Op::Gelu => (PointwiseKind::Gelu, &Dim::Fixed(1)),
+        Op::GeluGrad => (PointwiseKind::GeluGrad, &Dim::Fixed(1)),
         _ => return None,
     };
     let name = c.name();

@@ -216,7 +216,7 @@ pub struct Manifest {
     /// is its position); `null`: every update at the rate it was compiled with. A
     /// resumed run continues with it unless `dlrm-run --lr`/`--lr-*` say otherwise.
     #[serde(default)]
-    pub lr_schedule: Option<crate::schedule::LrSchedule>,
+    pub lr_schedule: Option<crate::lr_schedule::LrSchedule>,
     /// The plan.
     pub plan: PlanInfo,
     /// The part files.

@@ -46,7 +46,7 @@ pub struct RunInfo {
     /// The plan's input contract.
     pub contract: dlrm_ir::contract::InputContract,
     /// The run's learning-rate schedule (`None`: every update at its compiled rate).
-    pub lr_schedule: Option<crate::schedule::LrSchedule>,
+    pub lr_schedule: Option<crate::lr_schedule::LrSchedule>,
 }
 
 /// A checkpoint put in place (reported by rank 0).

@@ -329,7 +329,7 @@ impl Executor {
 
     /// Sets the learning rate of the following steps: with `Some(lr)` every
     /// optimizer update runs as if its `lr` attribute were `lr` (the step's rate of
-    /// a schedule, [`crate::schedule`]); `None` (the default) keeps the rates the
+    /// a schedule, [`crate::lr_schedule`]); `None` (the default) keeps the rates the
     /// graph was compiled with. The same value reaches the JIT kernels, the
     /// reference kernels and the interpreter (each runs the update's op with it,
     /// [`dlrm_ir::Op::with_lr`]). A negative or non-finite rate is an error.

@@ -87,7 +87,7 @@ pub struct Training {
     #[serde(deserialize_with = "seal::optimizer")]
     pub optimizer: String,
     /// Learning rate: the base rate of the training graph's update ops (a run may
-    /// change each step's rate without recompiling, [`crate::schedule`]).
+    /// change each step's rate without recompiling, [`crate::lr_schedule`]).
     pub learning_rate: f32,
     /// Batch size (the global batch of a multi-rank run).
     pub batch_size: usize,
