@@ -32,8 +32,8 @@
 //! is padded with the split's last sample and the padded predictions are dropped
 //! ([`DatasetSource::eval_samples`]).
 
-use crate::data::{DataSchema, SparseFeature, hash, offsets_samples, splitmix64};
 use crate::error::{Result, RuntimeError};
+use crate::synthetic::{DataSchema, SparseFeature, hash, offsets_samples, splitmix64};
 use dlrm_data::{Dataset, TableInfo};
 use dlrm_ir::{DType, Dim, Graph, Tensor, batch_slice};
 use rayon::prelude::*;

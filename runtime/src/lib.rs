@@ -7,7 +7,7 @@
 //!   weights), written atomically, read with checksums;
 //! - [`checkpoint`]: training checkpoints (by parameter, per-rank writes, atomic,
 //!   checksummed) and resume at any rank count;
-//! - [`data`]: deterministic synthetic data that a DLRM can learn, identical
+//! - [`synthetic`]: deterministic synthetic data that a DLRM can learn, identical
 //!   whatever the rank count;
 //! - [`dataset`]: a `.ds` dataset (dlrm-data) as a plan's data: schema mapping,
 //!   deterministic block shuffle, rank slices; [`source`] puts both behind one
@@ -42,7 +42,6 @@
 
 pub mod calibrate;
 pub mod checkpoint;
-pub mod data;
 pub mod dataset;
 pub mod driver;
 mod error;
@@ -61,9 +60,9 @@ pub mod progress;
 pub mod roofline;
 pub mod session;
 pub mod source;
+pub mod synthetic;
 pub mod trainer;
 
-pub use data::{DataSchema, SyntheticData, eval_step};
 pub use dataset::{DataConfig, DatasetSource, LoaderBench, OnNonFinite, Position, bench_loader};
 pub use dlrm_ir::{AllReduceAlgo, Communicator, LocalComm, LocalGroup};
 pub use driver::{BestAuc, Event, Job, Mode, Report, RunSettings, run, run_rank, run_with_params};
@@ -78,4 +77,5 @@ pub use plan::{Plan, QuantizeReport, Training, read_manifest, read_plan, write_p
 pub use progress::CommTimes;
 pub use session::Session;
 pub use source::{EvalSet, Source};
+pub use synthetic::{DataSchema, SyntheticData, eval_step};
 pub use trainer::Trainer;

@@ -40,10 +40,10 @@
 //! ```
 
 use crate::checkpoint::{Checkpoint, is_checkpoint};
-use crate::data::{DataSchema, SyntheticData};
 use crate::error::{Result, RuntimeError};
 use crate::exec::{Backend, Executor, KernelChoice};
 use crate::plan::{Plan, read_plan};
+use crate::synthetic::{DataSchema, SyntheticData};
 use dlrm_ir::contract::{InputContract, ModelInput};
 use dlrm_ir::{Graph, SingleRank, Tensor};
 use std::collections::HashMap;

@@ -3,9 +3,9 @@
 //! "evaluation batch b of set S" without knowing which; both are pure functions of
 //! the seed and the step, so every rank (and every process) computes its own slice.
 
-use crate::data::{SyntheticData, eval_step};
 use crate::dataset::DatasetSource;
 use crate::error::Result;
+use crate::synthetic::{SyntheticData, eval_step};
 use dlrm_ir::{Graph, Tensor};
 use std::collections::HashMap;
 use std::ops::Range;

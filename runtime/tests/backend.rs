@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use dlrm_ir::{SingleRank, Tensor};
-use dlrm_runtime::data::{DataSchema, SyntheticData};
+use dlrm_runtime::synthetic::{DataSchema, SyntheticData};
 use dlrm_runtime::{Backend, Executor, Job, KernelChoice, RuntimeError, run};
 use std::collections::HashMap;
 

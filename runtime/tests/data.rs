@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use dlrm_ir::{DType, Dim, Graph, Op, Pool, Tensor, TensorType, batch_slice};
-use dlrm_runtime::data::{DataSchema, SyntheticData, eval_step};
+use dlrm_runtime::synthetic::{DataSchema, SyntheticData, eval_step};
 
 #[test]
 fn schema_is_found_structurally() {

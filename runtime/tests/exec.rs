@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use dlrm_ir::{SingleRank, Tensor, interp};
-use dlrm_runtime::data::{DataSchema, SyntheticData};
+use dlrm_runtime::synthetic::{DataSchema, SyntheticData};
 use dlrm_runtime::{Executor, RuntimeError};
 use std::collections::HashMap;
 

@@ -5,7 +5,7 @@
 
 use dlrm_data::{Learnable, write_learnable};
 use dlrm_ir::{DType, Dim, DimExpr, Graph, Op, Pool, Tensor, TensorType, batch_slice};
-use dlrm_runtime::data::{DataSchema, SyntheticData};
+use dlrm_runtime::synthetic::{DataSchema, SyntheticData};
 use dlrm_runtime::{DataConfig, DatasetSource};
 use std::collections::HashMap;
 

@@ -290,10 +290,10 @@ struct Cli {
 
 /// `--pooling`'s bag sizes (one value to clap).
 #[derive(Clone, Debug)]
-struct Pooling(Vec<dlrm_runtime::data::BagSizes>);
+struct Pooling(Vec<dlrm_runtime::synthetic::BagSizes>);
 
 fn parse_pooling(s: &str) -> Result<Pooling, String> {
-    dlrm_runtime::data::BagSizes::parse_list(s).map(Pooling)
+    dlrm_runtime::synthetic::BagSizes::parse_list(s).map(Pooling)
 }
 
 fn parse_lr(s: &str) -> Result<f32, String> {

@@ -33,7 +33,7 @@
 //!    evaluates a copy of its current parameters on the evaluation set (a dataset's
 //!    validation split, or the synthetic held-out batches) without stopping training;
 //! 4. every rank then runs its inference graph on the final evaluation set
-//!    (`eval_batches` held-out global batches, [`crate::data::eval_step`], or a
+//!    (`eval_batches` held-out global batches, [`crate::synthetic::eval_step`], or a
 //!    dataset's test split) with the trained parameters and sends its
 //!    predictions to rank 0 through the communicator (an `all_to_all_v` with empty
 //!    buffers to the other ranks); rank 0 joins them in rank order (= global sample
@@ -64,7 +64,6 @@ mod report;
 pub use report::{BENCH_NODES, BestAuc, Report};
 
 use crate::checkpoint::{Checkpoint, CheckpointSpec, CheckpointWritten, RowPiece, Writer};
-use crate::data::{DataSchema, SyntheticData};
 use crate::dataset::{DataConfig, DatasetSource};
 use crate::error::{Result, RuntimeError};
 use crate::exec::{Backend, KernelChoice, OpTime};
@@ -73,6 +72,7 @@ use crate::metrics::EvalMetrics;
 use crate::plan::Plan;
 use crate::progress::CommTimes;
 use crate::source::{EvalSet, Source};
+use crate::synthetic::{DataSchema, SyntheticData};
 use dlrm_ir::{AllReduceAlgo, Communicator, Graph, LocalGroup, ParamValue, Tensor};
 use handout::{Handout, hand_out};
 pub use limits::{MAX_EVAL_BATCHES, MAX_ITERS, MAX_SYNTHETIC_BATCHES, MAX_THREADS};
@@ -130,7 +130,7 @@ pub struct RunSettings {
     pub synthetic_batches: usize,
     /// Synthetic data: the bag sizes of the variable bags, one for every table or
     /// one per table (`--pooling`); empty: 0..=2 ids a bag.
-    pub pooling: Vec<crate::data::BagSizes>,
+    pub pooling: Vec<crate::synthetic::BagSizes>,
 }
 
 impl Default for RunSettings {
