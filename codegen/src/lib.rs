@@ -10,7 +10,7 @@
 //!   dot and cat interactions; the `block_act`/`unblock_act` layout copies; the
 //!   `bce_logits` and `bce` losses and their gradients; elementwise ops. Entry:
 //!   [`jit::try_eval`].
-//! - [`kernels`]: the plain-Rust *reference kernels* (rayon + `matrixmultiply`;
+//! - [`reference`]: the plain-Rust *reference kernels* (rayon + `matrixmultiply`;
 //!   the blocked GEMM family bitwise equal to the interpreter),
 //!   the JIT's oracle and fallback, and the in-place optimizer updates including
 //!   the SC20 race-free sparse update. Entry: [`try_eval`].
@@ -28,11 +28,11 @@
 
 pub mod cost;
 pub mod jit;
-pub mod kernels;
+pub mod reference;
 pub mod update;
 
 pub use jit::{Jit, JitError, JitOptions, KernelChoice};
-pub use kernels::{
+pub use reference::{
     Hyper, KernelError, Rows, sgd_in_place, sparse_sgd_in_place, try_eval, try_eval_instance,
 };
 pub use update::{in_place_operands, update_in_place, update_in_place_instance};

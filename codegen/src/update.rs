@@ -5,7 +5,7 @@
 //! `embedding_update_adagrad_rows`)
 //! with the best kernel there is: a
 //! JIT kernel when the caller allows it and one exists for these dtypes, else the
-//! reference kernel ([`crate::kernels::optim`]).
+//! reference kernel ([`crate::reference::optim`]).
 //!
 //! The updated parameters are operands `0..k` of the op (`k` from
 //! [`in_place_operands`]: 2 for the Split-SGD-BF16 ops, whose operands 0 and 1 are
@@ -20,7 +20,7 @@
 //! applied to the indices inside them only ([`dlrm_ir::interp::narrow_to_bags`]).
 
 use crate::jit::{self, JitOptions};
-use crate::kernels::{self, Hyper, KResult, KernelError, Rows, instance_err};
+use crate::reference::{self, Hyper, KResult, KernelError, Rows, instance_err};
 use dlrm_ir::{CheckedMut, Dim, NodeInstance, Op, Tensor, TensorType};
 use std::collections::HashMap;
 
@@ -119,7 +119,7 @@ pub fn update_in_place_instance(
 /// The update `op` on checked operands with the reference kernels (`None`: not
 /// an update with a reference kernel).
 fn reference(op: &Op, c: &mut CheckedMut<'_>) -> Option<KResult<()>> {
-    use kernels::{adagrad, optim};
+    use reference::{adagrad, optim};
     let rows = rows_of(op);
     Some(match *op {
         Op::Sgd { lr } => optim::sgd(c, lr),

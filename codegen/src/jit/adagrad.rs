@@ -13,7 +13,7 @@
 //!
 //! The dense update runs the kernel over chunks in parallel (row-wise: per row).
 //! The sparse updates keep the reference kernels' race-free owner-computes
-//! structure ([`crate::kernels::adagrad`]: row ranges per task, positions grouped
+//! structure ([`crate::reference::adagrad`]: row ranges per task, positions grouped
 //! by row, each row's gradient summed in index order) and call the kernel on each
 //! touched row. Gradients must be f32 and weight decay 0 for the JIT; otherwise
 //! the reference kernel runs (`None`).
@@ -22,8 +22,8 @@
 
 use super::clif::{flags, for_range};
 use super::{Jit, JitError};
-use crate::kernels::adagrad::{Hyper, embedding_update_adagrad, sparse_adagrad, state};
-use crate::kernels::{KResult, KernelError};
+use crate::reference::adagrad::{Hyper, embedding_update_adagrad, sparse_adagrad, state};
+use crate::reference::{KResult, KernelError};
 use crate::update::rows_of;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;

@@ -13,7 +13,7 @@ use super::buffers::{Floats, Fresh};
 use super::clif::{for_range, load_f32, load_f32x4, relu_x4, store_f32, store_f32x4};
 use super::gemm::Elt;
 use super::{Jit, JitError};
-use crate::kernels::{KResult, KernelError};
+use crate::reference::{KResult, KernelError};
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;

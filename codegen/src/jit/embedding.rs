@@ -41,9 +41,9 @@ use super::linear::{elt_of, operand};
 use super::prefetch::{self, Prefetch};
 use super::rows::{self, RowKernel};
 use super::{Jit, JitError};
-use crate::kernels::embedding::grad_bags;
-use crate::kernels::optim::{Rows, op_name};
-use crate::kernels::{
+use crate::reference::embedding::grad_bags;
+use crate::reference::optim::{Rows, op_name};
+use crate::reference::{
     Indices, KResult, KernelError, block_rows, dims_of, read_bounds, validate_bag_indices,
     validate_indices,
 };
@@ -600,7 +600,7 @@ unsafe fn run_bags(
 
 /// `embedding_bag_grad` with a JIT kernel (`None`: non-float `dy` or result).
 /// The operands are checked against the node's instance, the offsets as the
-/// reference checks them ([`crate::kernels::embedding::grad_bags`]; the index
+/// reference checks them ([`crate::reference::embedding::grad_bags`]; the index
 /// values are not read).
 pub(crate) fn embedding_bag_grad(
     jit: &Jit,

@@ -27,7 +27,7 @@ use super::clif::{flags, for_range, load_f32, load_f32x4, store_f32, store_f32x4
 use super::gemm::{Elt, Operand, OutBuf};
 use super::linear::{elt_of, operand};
 use super::{Jit, JitError};
-use crate::kernels::{KResult, KernelError, block_rows, dims_of, internal};
+use crate::reference::{KResult, KernelError, block_rows, dims_of, internal};
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
 use dlrm_ir::{Checked, Data, InteractionKind, Op, Tensor, TensorType, interaction_width};
@@ -374,7 +374,7 @@ fn unblock_act(jit: &Jit, k: usize, c: &Checked<'_>, out: Elt) -> KResult<Vec<Te
 fn cat(jit: &Jit, c: &Checked<'_>, out: Elt) -> KResult<Vec<Tensor>> {
     const OP: &str = "interaction";
     // The instance verified the operands' ranks and samples.
-    let (s, widths) = crate::kernels::interaction::samples_and_widths(c, 0)?;
+    let (s, widths) = crate::reference::interaction::samples_and_widths(c, 0)?;
     let ops = (0..c.inputs().len())
         .map(|i| float_operand(c, i))
         .collect::<KResult<Vec<_>>>()?;
@@ -420,7 +420,7 @@ fn cat_grad(jit: &Jit, c: &Checked<'_>, outs: &[Elt]) -> KResult<Vec<Tensor>> {
     const OP: &str = "interaction_grad";
     // The instance verified dr[S, width], the operands after it and one result
     // per operand.
-    let (s, widths) = crate::kernels::interaction::samples_and_widths(c, 1)?;
+    let (s, widths) = crate::reference::interaction::samples_and_widths(c, 1)?;
     let width = interaction_width(InteractionKind::Cat, false, &widths);
     let dr = float_operand(c, 0)?;
     let sb = sample_block(s);

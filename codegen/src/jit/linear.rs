@@ -18,7 +18,7 @@ use super::gemm::{BLayout, Elt, GemmKernel, GemmSpec, Micro, Operand, OutBuf, pa
 use super::micro::BPacking;
 use super::micro::avx512bf16::pack_b_pairs_into;
 use super::{Jit, JitError, JitOptions};
-use crate::kernels::{KResult, KernelError, shape_err};
+use crate::reference::{KResult, KernelError, shape_err};
 use dlrm_ir::{Act, Checked, DType, Data, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;

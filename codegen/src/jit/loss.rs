@@ -37,7 +37,7 @@ use super::clif::{for_range, load_f32, store_f32, var};
 use super::gemm::Elt;
 use super::linear::elt_of;
 use super::{Jit, JitError};
-use crate::kernels::{KResult, KernelError};
+use crate::reference::{KResult, KernelError};
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{AbiParam, FuncRef, InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;

@@ -75,7 +75,7 @@ pub mod reduce;
 pub mod rows;
 pub mod sparse;
 
-use crate::kernels::{KResult, Rows};
+use crate::reference::{KResult, Rows};
 use cranelift_codegen::ir::{AbiParam, InstBuilder, Value, types};
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
@@ -622,8 +622,8 @@ pub fn try_eval(
     let slot = std::cell::OnceCell::new();
     dispatch(op, out_types, syms, opts, || {
         let inst = NodeInstance::of_operands(op, inputs, out_types, syms)
-            .map_err(|reason| crate::kernels::instance_err(op, reason))?;
-        crate::kernels::bind(slot.get_or_init(|| inst), inputs)
+            .map_err(|reason| crate::reference::instance_err(op, reason))?;
+        crate::reference::bind(slot.get_or_init(|| inst), inputs)
     })
 }
 
@@ -640,7 +640,7 @@ pub fn try_eval_instance(
     opts: &JitOptions,
 ) -> Option<KResult<Vec<Tensor>>> {
     dispatch(inst.op(), out_types, syms, opts, || {
-        crate::kernels::bind(inst, inputs)
+        crate::reference::bind(inst, inputs)
     })
 }
 
@@ -726,5 +726,5 @@ fn dispatch<'a>(
         | Op::GeluGrad => checked!((jit, c) => loss::eval(jit, c, out_types, syms)),
         _ => None,
     }?;
-    Some(res.and_then(|outs| crate::kernels::check_results(op, outs, out_types, syms)))
+    Some(res.and_then(|outs| crate::reference::check_results(op, outs, out_types, syms)))
 }

@@ -8,9 +8,9 @@
 //! `mr`-row tile. On CPUs with AVX-512 an f32 source is transposed 16 columns
 //! at a time in registers (the scalar loop it replaces took ~16% of a
 //! 2048×512×512 `brgemm`); otherwise, and for bf16 sources, a scalar loop. Both compute every element exactly as
-//! [`crate::kernels::brgemm::act_grad`] does, so the results are bitwise equal.
+//! [`crate::reference::brgemm::act_grad`] does, so the results are bitwise equal.
 
-use crate::kernels::brgemm::act_grad;
+use crate::reference::brgemm::act_grad;
 use dlrm_ir::Act;
 use half::bf16;
 

@@ -22,7 +22,7 @@ use super::gemm::{Elt, Operand, OutBuf};
 use super::layout::{buf, jit_err, par_chunks, zeros};
 use super::linear::{elt_of, operand};
 use super::{Jit, JitError};
-use crate::kernels::{KResult, block_rows};
+use crate::reference::{KResult, block_rows};
 use cranelift_codegen::ir::condcodes::FloatCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;

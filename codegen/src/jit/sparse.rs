@@ -16,7 +16,7 @@
 //! by row, which the reference kernel does (no JIT kernel: `None`).
 //!
 //! Every operand is validated by the reference kernels' planners
-//! ([`crate::kernels::optim`]) before the kernel runs: every index lies in the
+//! ([`crate::reference::optim`]) before the kernel runs: every index lies in the
 //! table, bag bounds are a valid partition of the indices, lengths fit the shapes.
 //!
 //! While the kernel updates one entry's row, it asks the CPU for the row of the
@@ -40,11 +40,11 @@ use super::gemm::Elt;
 use super::prefetch::{self, Prefetch};
 use super::rows::{self, RowKernel};
 use super::{Jit, JitError};
-use crate::kernels::optim::{
+use crate::reference::optim::{
     Grad, GradRows, SparsePlan, bag_operands, embedding_update_plan, embedding_update_plan_of,
     grad_of, sparse_sgd_plan_of, split_pair,
 };
-use crate::kernels::{Indices, Ix, KResult, KernelError};
+use crate::reference::{Indices, Ix, KResult, KernelError};
 use crate::update::rows_of;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;

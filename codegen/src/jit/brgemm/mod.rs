@@ -51,7 +51,7 @@
 //! epilogue (on the k-pair kernels, AMX-BF16 or AVX-512 BF16, which `brgemm`
 //! with bf16 `x` and weights runs under `auto` where the CPU has them, exact
 //! products summed in the instruction's order); so the results differ from the reference kernels
-//! ([`crate::kernels::brgemm`]) by float reassociation of the multiply-adds only
+//! ([`crate::reference::brgemm`]) by float reassociation of the multiply-adds only
 //! (the bias gradient and `act'` are computed exactly as there). Padding outputs
 //! are exactly 0. Operands may be f32 or bf16 (widened exactly); results are
 //! stored in their declared dtype (bf16 rounded to nearest even: `brgemm`'s,
@@ -64,7 +64,7 @@ use super::linear::{elt_of, operand};
 use super::micro::BPacking;
 use super::micro::avx512bf16::pack_b_pairs_into;
 use super::{Jit, JitError, JitOptions};
-use crate::kernels::{KResult, KernelError};
+use crate::reference::{KResult, KernelError};
 use dlrm_ir::{Checked, Data, Tensor, TensorType};
 use rayon::prelude::*;
 

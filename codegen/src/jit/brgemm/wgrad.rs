@@ -7,8 +7,8 @@ use crate::jit::gemm::{Elt, GemmKernel, GemmSpec, Operand};
 use crate::jit::layout::{buf, zeros};
 use crate::jit::linear::{elt_of, operand};
 use crate::jit::{Jit, JitError, JitOptions};
-use crate::kernels::brgemm::{WgradArgs, act_grad, floats, wgrad_args};
-use crate::kernels::{KResult, shape_err};
+use crate::reference::brgemm::{WgradArgs, act_grad, floats, wgrad_args};
+use crate::reference::{KResult, shape_err};
 use dlrm_ir::{Act, Checked, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
@@ -449,7 +449,7 @@ const PACK_X_SAMPLES: usize = 64;
 #[cfg(test)]
 mod tests {
     use super::{pack_dz_any, pack_dz_rows};
-    use crate::kernels::brgemm::act_grad;
+    use crate::reference::brgemm::act_grad;
     use dlrm_ir::Act;
 
     /// The fixed-width panel is bit for bit the general loop's: values (NaN

@@ -18,8 +18,8 @@ use crate::jit::buffers::{Fresh, Scratch};
 use crate::jit::gemm::{Elt, GemmSpec, Micro, Operand, pack_b_into};
 use crate::jit::micro::BPacking;
 use crate::jit::{Jit, JitOptions, KernelChoice};
-use crate::kernels::KResult;
-use crate::kernels::brgemm::floats;
+use crate::reference::KResult;
+use crate::reference::brgemm::floats;
 use dlrm_ir::{Act, Data, Tensor};
 use half::bf16;
 use rayon::prelude::*;
@@ -190,7 +190,7 @@ pub(super) fn wgrad_gemm(
         result = Some((dw, dbp));
         Ok(())
     })?;
-    result.ok_or_else(|| crate::kernels::shape_err(OP, "internal: no result".into()))
+    result.ok_or_else(|| crate::reference::shape_err(OP, "internal: no result".into()))
 }
 
 /// One N block's `dz` whole (`S × bn`, for the FMA kernels' f32 panels), with

@@ -38,7 +38,7 @@ mod native;
 use super::buffers::Fresh;
 use super::gemm::Elt;
 use super::{Jit, JitError, JitOptions};
-use crate::kernels::{KResult, KernelError, block_rows, shape_err};
+use crate::reference::{KResult, KernelError, block_rows, shape_err};
 use cranelift_codegen::ir::types;
 use dlrm_ir::{Checked, DType, Data, InteractionKind, Op, Tensor, TensorType, interaction_width};
 use emit::{emit_backward, emit_forward};
