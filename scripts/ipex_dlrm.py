@@ -36,10 +36,12 @@ wider than one SIMD vector wrongly (its backward applies the gradient's first
 vector, 16 floats with AVX-512, 8 with AVX2, to every chunk of the row: wrong for
 embedding_dim > 16 on AVX-512 CPUs, > 8 on AVX2 ones). So (`--tables auto`, the
 default) one fused step on a 2-row table of the model's width is checked first,
-and where it is wrong training keeps the recipe's other form, one
+and where it is wrong training keeps the reference's tables, one
 `nn.EmbeddingBag(sparse=True)` per table (IPEX's own embedding-bag kernel, which
 importing IPEX installs for `torch.embedding_bag`) updated by the ipex-optimized
-`torch.optim.SGD` (sparse gradients); `--tables merged|per-table` forces a form.
+`torch.optim.SGD` (sparse gradients; the recipe unmerged on one process would
+use dense table gradients, a whole-table update every step);
+`--tables merged|per-table` forces a form.
 
 Inputs as scripts/pytorch_dlrm.py makes them: 4 batches made beforehand, cycled;
 3 warm-up steps, then `--iters` timed steps.
