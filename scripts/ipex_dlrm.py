@@ -112,10 +112,13 @@ def merged_correct(dim, sgd):
     cls = ipex.nn.modules.MergedEmbeddingBagWithSGD if sgd else ipex.nn.modules.MergedEmbeddingBagWithAdaGrad
     m = cls.from_embeddingbag_list([e], lr=1.0)
     (out,) = m([torch.tensor([1])], [torch.tensor([0])])
-    g = torch.arange(1.0, dim + 1).view(1, dim)
+    # Positive in the row's first half, negative in its second: a gradient chunk
+    # applied to the wrong columns changes the update under SGD and Adagrad alike.
+    j = torch.arange(dim)
+    g = ((j + 1.0) * torch.where(j < dim // 2, -1.0, 1.0)).view(1, dim)
     out.backward(g)
-    # SGD: w - g; Adagrad's first step: w - g / sqrt(g^2) = w - 1.
-    want = w0[1] - (g[0] if sgd else torch.ones(dim))
+    # SGD: w - g; Adagrad's first step: w - g / sqrt(g^2) = w - sign(g).
+    want = w0[1] - (g[0] if sgd else g[0].sign())
     return torch.allclose(m.weights[0].detach()[1], want, atol=1e-4) and torch.equal(m.weights[0].detach()[0], w0[0])
 
 
