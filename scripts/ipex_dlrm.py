@@ -44,7 +44,10 @@ use dense table gradients, a whole-table update every step);
 `--tables merged|per-table` forces a form.
 
 Inputs as scripts/pytorch_dlrm.py makes them: 4 batches made beforehand, cycled;
-3 warm-up steps, then `--iters` timed steps.
+3 warm-up steps, then `--iters` timed steps. A plain process with `--threads`
+intra-op threads: the recipe's launcher (`intel_extension_for_pytorch.cpu.launch`
+with tcmalloc and Intel OpenMP preloaded) is not used, as the venv has neither
+library.
 
 Not expressible with IPEX's interaction (refused): `interaction: "cat"` or
 `"dcn"`, `interaction_itself`, a bottom MLP not ending at `embedding_dim`.
