@@ -2,7 +2,8 @@
 """TorchRec's DLRM (`torchrec.models.dlrm.DLRM_DCN`, or `DLRM` for the dot
 interaction) built from a dlrmc JSON description, timed on random batches on the
 CPU: prints `train SAMPLES_PER_S` or `infer SAMPLES_PER_S` (one line), like
-scripts/pytorch_dlrm.py, for scripts/measure-dcnv2.
+scripts/pytorch_dlrm.py, for scripts/measure-dcnv2 (DLRM_DCN) and
+scripts/measure-peers (DLRM, the four dot shapes).
 
 usage: torchrec_dlrm.py MODEL.json train|infer [--iters N] [--threads T]
                         [--indices zipf|uniform] [--check [STEPS]]
