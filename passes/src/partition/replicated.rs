@@ -8,6 +8,7 @@ use super::ID;
 use super::node_err;
 use super::rank::RankBuilder;
 use crate::{PassError, Result};
+use dlrm_ir::ops::split_adagrad;
 use dlrm_ir::{Op, ValueId};
 
 impl RankBuilder<'_> {
@@ -135,6 +136,31 @@ impl RankBuilder<'_> {
                 let news = self
                     .ng
                     .add_node(op, &[w, acc, grad], &[name(0), name(1)])
+                    .map_err(&e)?;
+                for (&out, new) in node.outputs.iter().zip(news) {
+                    self.define(out, new)?;
+                }
+                Ok(())
+            }
+            (Op::Module(m), _) if m.mnemonic() == split_adagrad::TABLE => {
+                // Split-Adagrad's dense form, as for `embedding_update_adagrad`.
+                let (mode, h, _) = split_adagrad::table_attrs(m);
+                let table = self.sp.sgd_root[n]
+                    .ok_or_else(|| node_err(g, n, "internal: no table".into()))?;
+                let grad =
+                    self.replicated_grad(mode, table, node.inputs[3], &node.inputs[4..], name(0))?;
+                let mut ins = node.inputs[..3]
+                    .iter()
+                    .map(|&v| self.get(v))
+                    .collect::<Result<Vec<_>>>()?;
+                ins.push(grad);
+                let news = self
+                    .ng
+                    .add_node(
+                        split_adagrad::split_adagrad(h, 0.0),
+                        &ins,
+                        &[name(0), name(1), name(2)],
+                    )
                     .map_err(&e)?;
                 for (&out, new) in node.outputs.iter().zip(news) {
                     self.define(out, new)?;
