@@ -122,7 +122,10 @@ fn bf16_adagrad_learns_and_ranks_train_like_one() {
             params_agree(&p1, &pn, &what);
         }
         for kind in [ShardKind::RowWise, ShardKind::DataParallel] {
-            assert!(placed.contains(&kind), "{optimizer}: no {kind:?} table: {placed:?}");
+            assert!(
+                placed.contains(&kind),
+                "{optimizer}: no {kind:?} table: {placed:?}"
+            );
         }
     }
 }
@@ -166,7 +169,10 @@ fn bf16_dcnv2_trains_with_its_adagrad_at_1_and_2_ranks() {
     let (one, auc1) = run_metrics(&plan, 1, &run_args);
     let (two, auc2) = run_metrics(&plan, 2, &run_args);
     let d = max_rel(&one, &two, 0.0);
-    assert!(d <= 1e-3, "losses at 2 ranks differ by {d} rel: {one:?} vs {two:?}");
+    assert!(
+        d <= 1e-3,
+        "losses at 2 ranks differ by {d} rel: {one:?} vs {two:?}"
+    );
     assert!((auc1 - auc2).abs() <= 1e-3, "auc {auc1} vs {auc2}");
     let (head, tail) = (mean(&one[..3]), mean(&one[one.len() - 3..]));
     assert!(tail < 0.8 * head, "the loss does not fall: {one:?}");

@@ -3,13 +3,16 @@
 //! - the interpreter: the joined `(hi', lo')` equal the f32 update (`adagrad`,
 //!   `embedding_update_adagrad`, `embedding_update_adagrad_rows`) of the joined
 //!   master bit for bit, and the accumulators equal too;
-//! - the in-place reference kernels equal the interpreter bit for bit, with 1 to 4
-//!   threads, on random shapes (fixed and offset bags, sum and mean, row-wise and
-//!   elementwise, row shards, duplicate indices, f32 and bf16 gradients).
+//! - the in-place kernels (reference, and the JIT path: the JIT's Adagrad row
+//!   kernel on each joined master of the table update) equal the interpreter bit
+//!   for bit, with 1 to 4 threads, on random shapes (fixed and offset bags, sum
+//!   and mean, row-wise and elementwise, row shards, duplicate indices, f32 and
+//!   bf16 gradients).
 
+use dlrm_codegen::jit::JitOptions;
 use dlrm_codegen::update_in_place;
 use dlrm_ir::interp::{EvalCtx, eval_op};
-use dlrm_ir::ops::split_adagrad::{join1, split1, split_adagrad, split_embedding_update_adagrad};
+use dlrm_ir::ops::split_adagrad::{join1, split_adagrad, split_embedding_update_adagrad, split1};
 use dlrm_ir::{AdagradHyper, DType, Data, Dim, Op, Pool, SingleRank, Tensor, TensorType};
 use half::bf16;
 use proptest::prelude::*;
@@ -68,24 +71,34 @@ fn check(name: &str, split: &Op, plain: &Op, master: &Tensor, acc: &Tensor, rest
     let (hi, lo) = halves(master);
     let params = vec![hi, lo, acc.clone()];
     let got = interp(split, &params, rest);
-    same_bits(&format!("{name}: joined master"), &joined(&got[0], &got[1]), &want[0]);
+    same_bits(
+        &format!("{name}: joined master"),
+        &joined(&got[0], &got[1]),
+        &want[0],
+    );
     same_bits(&format!("{name}: accumulator"), &got[2], &want[1]);
+    let jit = JitOptions::default();
     for threads in 1..=4 {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
             .expect("a pool");
-        let mut ps = params.clone();
-        pool.install(|| update_in_place(split, &mut ps, rest, None))
-            .expect("an in-place kernel")
-            .expect("the kernel runs");
-        for (k, (a, b)) in ps.iter().zip(&got).enumerate() {
-            let what = format!("{name}: kernel result {k}, {threads} threads");
-            // `same_bits` compares widened values: the low halves as raw bits too.
-            same_bits(&what, a, b);
-            if k < 2 {
-                let same = bits(a).iter().zip(bits(b)).all(|(p, q)| p.to_bits() == q.to_bits());
-                assert!(same, "{what}: bits");
+        for (path, opts) in [("reference", None), ("jit", Some(&jit))] {
+            let mut ps = params.clone();
+            pool.install(|| update_in_place(split, &mut ps, rest, opts))
+                .expect("an in-place kernel")
+                .expect("the kernel runs");
+            for (k, (a, b)) in ps.iter().zip(&got).enumerate() {
+                let what = format!("{name}: {path} kernel result {k}, {threads} threads");
+                same_bits(&what, a, b);
+                if k < 2 {
+                    // The halves as raw bits (a low half may be a NaN pattern).
+                    let same = bits(a)
+                        .iter()
+                        .zip(bits(b))
+                        .all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(same, "{what}: bits");
+                }
             }
         }
     }
@@ -230,7 +243,15 @@ proptest! {
 fn multi_task_split_updates_are_bitwise_the_definition() {
     for rowwise in [false, true] {
         table_case((300, 64, 64, 8), true, false, rowwise, false, 7, None);
-        table_case((300, 64, 64, 8), false, true, rowwise, true, 8, Some((100, 150)));
+        table_case(
+            (300, 64, 64, 8),
+            false,
+            true,
+            rowwise,
+            true,
+            8,
+            Some((100, 150)),
+        );
         dense_case(700, 100, rowwise, 0.0, false, 9);
     }
     dense_case(300, 256, false, 0.01, true, 10);

@@ -17,8 +17,8 @@ pub(crate) mod family;
 mod table;
 mod update;
 pub use adagrad::AdagradHyper;
-pub use update::{BagUpdate, State};
 pub use table::MNEMONICS;
+pub use update::{BagUpdate, State};
 
 /// Pooling of an embedding bag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

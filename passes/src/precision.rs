@@ -308,7 +308,8 @@ impl Choice {
         let trained = nodes
             .iter()
             .filter(|n| {
-                matches!(n.op, Op::Sgd { .. } | Op::Adagrad { .. }) && weights.contains(&n.inputs[0])
+                matches!(n.op, Op::Sgd { .. } | Op::Adagrad { .. })
+                    && weights.contains(&n.inputs[0])
             })
             .map(|n| n.inputs[0])
             .collect();

@@ -10,14 +10,15 @@
 //!   update of [`super::adagrad`] (each task owns a range of rows of both halves
 //!   and of the accumulator, scans all indices, sums each touched row's gradient
 //!   in index order: [`touched_rows`]); each touched row is joined, updated by
-//!   the reference row update ([`reference_row`]) and split again.
+//!   the reference row update ([`reference_row`]; the JIT's Adagrad row kernel
+//!   on the JIT path, `jit::adagrad`) and split again.
 //!
 //! Every float operation is the interpreter's, on the same master: results equal
 //! the interpreter's bit for bit. Operands come checked against the update's
 //! instance ([`CheckedMut`]); the kernels check only data (indices, offsets),
 //! before writing.
 
-use super::adagrad::{Hyper, chunks, dense_chunk, prefetch, reference_row, touched_rows};
+use super::adagrad::{Hyper, RowFn, chunks, dense_chunk, prefetch, reference_row, touched_rows};
 use super::optim::{Grad, Rows, SparsePlan, bag_operands, embedding_update_plan_of, grad_of};
 use super::{Elem, KResult, internal_in};
 use dlrm_ir::module::ModOp;
@@ -34,19 +35,33 @@ pub(crate) fn update(m: &ModOp, c: &mut CheckedMut<'_>) -> Option<KResult<()>> {
             let (h, wd) = spec::dense_attrs(m);
             Some(split_adagrad(c, h, wd))
         }
-        spec::TABLE => Some(split_embedding_update_adagrad(c, m)),
+        spec::TABLE => {
+            let row = reference_row(spec::table_attrs(m).1);
+            Some(split_embedding_update_adagrad(c, m, &row))
+        }
         _ => None,
     }
 }
 
+/// The storage of a checked split update: the parameter's shape, its halves
+/// and its accumulator.
+struct Split<'a> {
+    shape: &'a [usize],
+    hi: &'a mut [bf16],
+    lo: &'a mut [bf16],
+    acc: &'a mut [f32],
+}
+
 /// The halves and accumulator of a checked split update.
-fn state<'a>(
-    op: &'static str,
-    ps: &'a mut [Tensor],
-) -> KResult<(&'a [usize], &'a mut [bf16], &'a mut [bf16], &'a mut [f32])> {
+fn state<'a>(op: &'static str, ps: &'a mut [Tensor]) -> KResult<Split<'a>> {
     match ps {
         [hi, lo, acc] => match (&mut hi.data, &mut lo.data, &mut acc.data) {
-            (Data::BF16(h), Data::BF16(l), Data::F32(a)) => Ok((&hi.shape, h, l, a)),
+            (Data::BF16(h), Data::BF16(l), Data::F32(a)) => Ok(Split {
+                shape: &hi.shape,
+                hi: h,
+                lo: l,
+                acc: a,
+            }),
             _ => Err(internal_in(op, "the state's dtypes")),
         },
         _ => Err(internal_in(op, &format!("{} parameters", ps.len()))),
@@ -77,7 +92,7 @@ fn split_adagrad(c: &mut CheckedMut<'_>, h: Hyper, wd: f32) -> KResult<()> {
         return Err(internal_in(OP, "1 gradient"));
     };
     let grad = grad_of(OP, g)?;
-    let (shape, hi, lo, a) = state(OP, ps)?;
+    let Split { shape, hi, lo, acc } = state(OP, ps)?;
     let d = shape.last().copied().unwrap_or(1);
     fn go<G: Elem>(
         hi: &mut [bf16],
@@ -101,15 +116,20 @@ fn split_adagrad(c: &mut CheckedMut<'_>, h: Hyper, wd: f32) -> KResult<()> {
             });
     }
     match grad {
-        Grad::F32(g) => go(hi, lo, a, g, (h, wd, d)),
-        Grad::BF16(g) => go(hi, lo, a, g, (h, wd, d)),
+        Grad::F32(g) => go(hi, lo, acc, g, (h, wd, d)),
+        Grad::BF16(g) => go(hi, lo, acc, g, (h, wd, d)),
     }
     Ok(())
 }
 
 /// `split_embedding_update_adagrad {mode, lr, eps, rowwise, lo, rows}(hi, lo,
-/// acc, dy, indices[, offsets])` in place.
-fn split_embedding_update_adagrad(c: &mut CheckedMut<'_>, m: &ModOp) -> KResult<()> {
+/// acc, dy, indices[, offsets])` in place, each touched row's joined master
+/// updated by `row` (the reference's, [`reference_row`], or the JIT's).
+pub(crate) fn split_embedding_update_adagrad(
+    c: &mut CheckedMut<'_>,
+    m: &ModOp,
+    row: RowFn<'_>,
+) -> KResult<()> {
     let (mode, h, (first, total)) = spec::table_attrs(m);
     let op = c.name();
     let (ps, rest) = c.split();
@@ -117,23 +137,22 @@ fn split_embedding_update_adagrad(c: &mut CheckedMut<'_>, m: &ModOp) -> KResult<
     let storage = ps.first().map(|t| t.shape.clone()).unwrap_or_default();
     let rows = Rows::Shard { first, total };
     let plan = embedding_update_plan_of(op, rows, &storage, mode, dy, indices, offsets)?;
-    let (_, hi, lo, a) = state(op, ps)?;
+    let Split { hi, lo, acc, .. } = state(op, ps)?;
     let d = plan.d;
     if d == 0 || plan.idx.len() == 0 {
         return Ok(());
     }
     let rr = plan.range_rows();
     let ad = if h.rowwise { 1 } else { d };
-    let row = reference_row(h);
     hi.par_chunks_mut(rr * d)
         .zip(lo.par_chunks_mut(rr * d))
-        .zip(a.par_chunks_mut(rr * ad))
+        .zip(acc.par_chunks_mut(rr * ad))
         .enumerate()
         .for_each(|(blk, ((hp, lp), ap))| {
             let r0 = plan.first + blk * rr;
             match plan.grad {
-                Grad::F32(g) => task(hp, lp, ap, (r0, ad), &plan, g, &row),
-                Grad::BF16(g) => task(hp, lp, ap, (r0, ad), &plan, g, &row),
+                Grad::F32(g) => task(hp, lp, ap, (r0, ad), &plan, g, row),
+                Grad::BF16(g) => task(hp, lp, ap, (r0, ad), &plan, g, row),
             }
         });
     Ok(())
@@ -148,7 +167,7 @@ fn task<G: Elem>(
     (r0, ad): (usize, usize),
     plan: &SparsePlan<'_>,
     g: &[G],
-    row: &(dyn Fn(&mut [f32], &mut [f32], &[f32]) + Sync),
+    row: RowFn<'_>,
 ) {
     let d = plan.d;
     let r1 = r0 + hi.len() / d;

@@ -169,7 +169,9 @@ fn check(attrs: &[(&'static str, Attr)]) -> R<()> {
             ("mode", Attr::Ident(m)) if m == "sum" || m == "mean" => {}
             ("lo" | "rows", Attr::Int(v)) if *v >= 0 => {}
             ("mode", other) => return Err(format!("mode must be sum or mean, got {other}")),
-            ("rowwise", other) => return Err(format!("rowwise must be true or false, got {other}")),
+            ("rowwise", other) => {
+                return Err(format!("rowwise must be true or false, got {other}"));
+            }
             ("lo" | "rows", other) => {
                 return Err(format!("{k} must be a row count (>= 0), got {other}"));
             }
@@ -189,7 +191,11 @@ fn infer(m: &ModOp, ins: &[&TensorType]) -> R<Vec<TensorType>> {
         } else {
             "5 or 6 operands (hi, lo, acc, dy, indices[, offsets])"
         };
-        return Err(format!("`{}` takes {what}, got {}", m.mnemonic(), ins.len()));
+        return Err(format!(
+            "`{}` takes {what}, got {}",
+            m.mnemonic(),
+            ins.len()
+        ));
     }
     let (hi, lo) = (ins[0], ins[1]);
     if hi.dtype != DType::BF16 || lo.dtype != DType::BF16 {
@@ -220,7 +226,8 @@ fn eval(c: &Checked<'_>) -> R<Vec<Tensor>> {
     );
     let mut operands: Vec<&Tensor> = vec![&master];
     operands.extend_from_slice(&c.inputs()[2..]);
-    let fixed = |k: usize, dtype| TensorType::new(dtype, c.out(k).shape.iter().map(|&n| Dim::Fixed(n)));
+    let fixed =
+        |k: usize, dtype| TensorType::new(dtype, c.out(k).shape.iter().map(|&n| Dim::Fixed(n)));
     let outs = [fixed(0, DType::F32), fixed(2, DType::F32)];
     let syms = HashMap::new();
     let ctx = EvalCtx {
@@ -275,7 +282,9 @@ fn update(m: &ModOp) -> OptimizerUpdate {
 fn no_decomposition(g: &Graph, op: &str) -> IrError {
     IrError::Graph {
         graph: g.name.clone(),
-        reason: format!("`{op}` is an optimizer update: it has no decomposition into primitive ops"),
+        reason: format!(
+            "`{op}` is an optimizer update: it has no decomposition into primitive ops"
+        ),
     }
 }
 
