@@ -3,7 +3,7 @@
 //! - bit-exact resume: a run of N steps against a run of k steps that checkpoints
 //!   and a `--resume` to N: the resumed steps' losses and the final evaluation are
 //!   equal bit for bit (1 and 2 ranks with row-wise tables, SGD fp32, bf16
-//!   Split-SGD, Adagrad);
+//!   Split-SGD, Adagrad, bf16 row-wise Adagrad as Split-Adagrad);
 //! - a run killed with SIGKILL (at a random point of a run that checkpoints every
 //!   step, and deterministically in the middle of a checkpoint write through the
 //!   `DLRM_CKPT_FAIL_AT` hook) resumes to the uninterrupted run's losses, bit for
@@ -190,6 +190,11 @@ fn resume_is_bit_exact_with_bf16_and_adagrad() {
     let ada = tiny(dir.path(), "ada", &["--optimizer", "adagrad"]);
     check_resume_bit_exact(&ada, "1", 8, 3, "adagrad 1 rank");
     check_resume_bit_exact(&ada, "3", 8, 3, "adagrad 3 ranks");
+    // Split-Adagrad: bf16 halves and f32 accumulators, a row-wise table on 2 ranks.
+    let args = ["--precision", "bf16", "--optimizer", "rowwise_adagrad"];
+    let split = tiny(dir.path(), "bf16ada", &args);
+    check_resume_bit_exact(&split, "1", 8, 3, "bf16 adagrad 1 rank");
+    check_resume_bit_exact(&split, "2", 8, 3, "bf16 adagrad 2 ranks");
 }
 
 #[test]

@@ -223,6 +223,20 @@ fn dcnv2_trains_under_mpi_like_threads() {
     mpi_matches_threads(&plan, 3, 6);
 }
 
+/// DLRM-DCNv2 with `--precision bf16`: its Adagrad as Split-Adagrad (bf16 halves,
+/// f32 accumulators) trains under `mpirun -n 2` like two thread ranks.
+#[test]
+fn bf16_dcnv2_with_split_adagrad_trains_under_mpi_like_threads() {
+    let dir = tempdir();
+    let plan = dir.path().join("dcn16.plan");
+    compile_model(
+        &example("dlrm-dcnv2-tiny.json"),
+        &plan,
+        &["--precision", "bf16"],
+    );
+    mpi_matches_threads(&plan, 2, 6);
+}
+
 /// DLRM-DCNv2 with variable-length bags (`"bags": "offsets"`: ids and offsets
 /// per table, synthetic bags of 1 to 5 ids) trains under `mpirun -n 2` like two
 /// thread ranks.

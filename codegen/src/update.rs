@@ -2,7 +2,8 @@
 //! `embedding_update`, `split_embedding_update`, and the row-shard forms
 //! `sparse_sgd_rows`, `embedding_update_rows`, `split_embedding_update_rows`; the
 //! Adagrad updates `adagrad`, `sparse_adagrad`, `embedding_update_adagrad`,
-//! `embedding_update_adagrad_rows`)
+//! `embedding_update_adagrad_rows`; the module updates `split_adagrad` and
+//! `split_embedding_update_adagrad`, [`crate::reference::split_adagrad`])
 //! with the best kernel there is: a
 //! JIT kernel when the caller allows it and one exists for these dtypes, else the
 //! reference kernel ([`crate::reference::optim`]).
@@ -10,7 +11,8 @@
 //! The updated parameters are operands `0..k` of the op (`k` from
 //! [`in_place_operands`]: 2 for the Split-SGD-BF16 ops, whose operands 0 and 1 are
 //! the high and low halves, and for the Adagrad ops, whose operands 0 and 1 are the
-//! weight and its accumulator; else 1); they are modified in place and are the op's
+//! weight and its accumulator; 3 for the Split-Adagrad ops (high half, low half,
+//! accumulator); else 1); they are modified in place and are the op's
 //! `k` results. The operands are checked against the update's [`NodeInstance`]
 //! ([`NodeInstance::bind_mut`]: shapes and dtypes verified once by the op's shape
 //! rule, each buffer's length per call); every kernel then validates the data
@@ -122,6 +124,8 @@ fn reference(op: &Op, c: &mut CheckedMut<'_>) -> Option<KResult<()>> {
     use reference::{adagrad, optim};
     let rows = rows_of(op);
     Some(match *op {
+        // A module update's kernel, by mnemonic (`None`: the interpreter runs it).
+        Op::Module(ref m) => return reference::split_adagrad::update(m, c),
         Op::Sgd { lr } => optim::sgd(c, lr),
         Op::SplitSgd { lr } => optim::split_sgd(c, lr),
         Op::SparseSgd { lr } | Op::SparseSgdRows { lr, .. } => optim::sparse_sgd(c, rows, lr),
@@ -149,7 +153,7 @@ fn reference(op: &Op, c: &mut CheckedMut<'_>) -> Option<KResult<()>> {
 }
 
 /// [`update_in_place`] with the reference kernels, for the public single-update
-/// wrappers ([`kernels::sgd_in_place`], [`kernels::sparse_sgd_in_place`]).
+/// wrappers ([`reference::sgd_in_place`], [`reference::sparse_sgd_in_place`]).
 pub(crate) fn reference_in_place(op: &Op, params: &mut [Tensor], rest: &[&Tensor]) -> KResult<()> {
     update_in_place(op, params, rest, None).unwrap_or_else(|| {
         Err(KernelError::Shape {

@@ -38,7 +38,8 @@ pub use instance::{Checked, CheckedMut, Concrete, NodeInstance, stored_len};
 pub use local_group::{AllReduceAlgo, LocalComm, LocalGroup, SMALL_ALLREDUCE};
 pub use module::gemm_flops;
 pub use op::{
-    A2aDir, Act, AdagradHyper, Attr, BinaryKind, InteractionKind, MNEMONICS, Op, Pool, State,
+    A2aDir, Act, AdagradHyper, Attr, BagUpdate, BinaryKind, InteractionKind, MNEMONICS, Op, Pool,
+    State,
 };
 pub use tensor::{Data, Tensor};
 pub use types::{DType, Dim, Shape, TensorType};

@@ -18,7 +18,7 @@
 use crate::error::Result;
 use crate::graph::{Graph, ValueId};
 use crate::instance::Checked;
-use crate::op::{Attr, Op};
+use crate::op::{Attr, Op, Pool, State};
 use crate::tensor::Tensor;
 use crate::types::TensorType;
 use std::fmt;
@@ -62,6 +62,48 @@ pub trait GradCx {
     fn add(&mut self, op: Op, operands: &[ValueId], names: &[&str]) -> Result<Vec<ValueId>>;
     /// Adds `grad` to the gradient of operand `k` (ignored when it needs none).
     fn contribute(&mut self, k: usize, grad: ValueId);
+}
+
+/// What an optimizer update op is ([`OpModule::update`]): the executor, the
+/// learning-rate schedule, the memory account and the passes read it through
+/// [`Op::lr`], [`Op::with_lr`], [`Op::is_update`], [`Op::state_operands`],
+/// [`Op::in_place_operands`], [`Op::dense_grad_operand`] and [`Op::bag_update`].
+///
+/// Conventions an update module follows: operand 0 is the parameter and
+/// operands `1..=states.len()` its states, all updated in place and returned as
+/// the results in that order; the learning rate is the attribute `lr`
+/// ([`Attr::Float`], replaced by [`Op::with_lr`]); an embedding update's row
+/// shard is the attributes `lo` and `rows` ([`Attr::Int`], replaced by
+/// [`Op::with_rows`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OptimizerUpdate {
+    /// The learning rate (the attribute `lr`).
+    pub lr: f32,
+    /// What each state operand holds, operands `1..` in order.
+    pub states: Vec<State>,
+    /// Where the gradient comes from.
+    pub grad: UpdateGrad,
+}
+
+/// The gradient of an [`OptimizerUpdate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateGrad {
+    /// A dense gradient of the parameter's shape, operand `k` (what the
+    /// data-parallel partition all-reduces).
+    Dense(usize),
+    /// A fused embedding update: the operand after the states is the bags'
+    /// output gradient `dy`, then the bags' `indices[, offsets]`; the parameter
+    /// holds rows `lo .. lo+Rs` of a table of `rows` rows (the attributes `lo`
+    /// and `rows`; the whole table is `lo = 0`, `rows = R`), so the partition
+    /// pass can shard it by rows.
+    Bags {
+        /// The forward bags' pooling.
+        mode: Pool,
+        /// The first table row the parameter holds.
+        lo: usize,
+        /// Rows of the whole table.
+        rows: usize,
+    },
 }
 
 /// One op's definition (see the module docs). Implemented by a unit struct per op,
@@ -114,6 +156,10 @@ pub trait OpModule: Send + Sync + 'static {
         operands: &[ValueId],
         names: &[&str],
     ) -> Result<Vec<ValueId>>;
+
+    /// The op as an optimizer update ([`OptimizerUpdate`]: its rate, its in-place
+    /// state, its gradient), `None` for an op that is not one.
+    fn update(&self, op: &ModOp) -> Option<OptimizerUpdate>;
 }
 
 /// A module op with its attribute values: the payload of [`Op::Module`].
@@ -171,6 +217,23 @@ impl ModOp {
     /// The value of attribute `key`.
     pub fn attr(&self, key: &str) -> Option<&Attr> {
         self.attrs.iter().find(|(k, _)| *k == key).map(|(_, a)| a)
+    }
+
+    /// This op with attribute `key` set to `value` (checked again); an error if
+    /// it has no such attribute or the value is invalid.
+    pub fn with_attr(&self, key: &str, value: Attr) -> std::result::Result<ModOp, String> {
+        let mut attrs = self.attrs.clone();
+        let slot = attrs
+            .iter_mut()
+            .find(|(k, _)| *k == key)
+            .ok_or_else(|| format!("`{}` has no attribute `{key}`", self.mnemonic()))?;
+        slot.1 = value;
+        ModOp::new(self.def, attrs)
+    }
+
+    /// The op as an optimizer update ([`OpModule::update`]).
+    pub fn update(&self) -> Option<OptimizerUpdate> {
+        self.def.update(self)
     }
 }
 

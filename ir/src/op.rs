@@ -15,8 +15,10 @@ use std::fmt;
 mod adagrad;
 pub(crate) mod family;
 mod table;
+mod update;
 pub use adagrad::AdagradHyper;
 pub use table::MNEMONICS;
+pub use update::{BagUpdate, State};
 
 /// Pooling of an embedding bag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -684,114 +686,4 @@ impl A2aDir {
             A2aDir::Gather => "gather",
         }
     }
-}
-
-impl Op {
-    /// The learning rate of an optimizer update ([`Op::is_update`]), `None` for
-    /// every other op.
-    ///
-    /// The attribute is the rate the graph was compiled with (the *base* rate). A
-    /// run may give each training step its own rate (a schedule, `dlrm-run --lr`):
-    /// the executor then runs every update of the step as if its `lr` attribute
-    /// were the step's rate ([`Op::with_lr`]), so the meaning of each update op is
-    /// unchanged and no graph is recompiled.
-    pub fn lr(&self) -> Option<f32> {
-        match *self {
-            Op::Sgd { lr }
-            | Op::SparseSgd { lr }
-            | Op::Adagrad { lr, .. }
-            | Op::SparseAdagrad { lr, .. }
-            | Op::SplitSgd { lr }
-            | Op::EmbeddingUpdate { lr, .. }
-            | Op::SplitEmbeddingUpdate { lr, .. }
-            | Op::EmbeddingUpdateAdagrad { lr, .. }
-            | Op::SparseSgdRows { lr, .. }
-            | Op::EmbeddingUpdateRows { lr, .. }
-            | Op::SplitEmbeddingUpdateRows { lr, .. }
-            | Op::EmbeddingUpdateAdagradRows { lr, .. } => Some(lr),
-            _ => None,
-        }
-    }
-
-    /// This op with its learning rate replaced by `lr` (an update; any other op is
-    /// returned unchanged): how a step's scheduled rate reaches the kernels and the
-    /// interpreter (see [`Op::lr`]).
-    pub fn with_lr(&self, lr: f32) -> Op {
-        let mut op = self.clone();
-        match &mut op {
-            Op::Sgd { lr: l }
-            | Op::SparseSgd { lr: l }
-            | Op::Adagrad { lr: l, .. }
-            | Op::SparseAdagrad { lr: l, .. }
-            | Op::SplitSgd { lr: l }
-            | Op::EmbeddingUpdate { lr: l, .. }
-            | Op::SplitEmbeddingUpdate { lr: l, .. }
-            | Op::EmbeddingUpdateAdagrad { lr: l, .. }
-            | Op::SparseSgdRows { lr: l, .. }
-            | Op::EmbeddingUpdateRows { lr: l, .. }
-            | Op::SplitEmbeddingUpdateRows { lr: l, .. }
-            | Op::EmbeddingUpdateAdagradRows { lr: l, .. } => *l = lr,
-            _ => {}
-        }
-        op
-    }
-
-    /// True for optimizer updates (their result replaces a parameter).
-    pub fn is_update(&self) -> bool {
-        matches!(
-            self,
-            Op::Sgd { .. }
-                | Op::SparseSgd { .. }
-                | Op::Adagrad { .. }
-                | Op::SparseAdagrad { .. }
-                // ---- fused / blocked ops (e-graph, precision)
-                | Op::SplitSgd { .. }
-                | Op::EmbeddingUpdate { .. }
-                | Op::SplitEmbeddingUpdate { .. }
-                | Op::EmbeddingUpdateAdagrad { .. }
-                // ---- sharded embeddings
-                | Op::SparseSgdRows { .. }
-                | Op::EmbeddingUpdateRows { .. }
-                | Op::SplitEmbeddingUpdateRows { .. }
-                | Op::EmbeddingUpdateAdagradRows { .. }
-        )
-    }
-
-    /// The optimizer state an update keeps beside its parameter: the operand that
-    /// holds it and what it is (`None` for plain SGD updates and every other op).
-    /// An update's first `1 + ` (this) operands are updated in place and are its
-    /// results ([`Op::in_place_operands`]): operand 0 is the parameter, operand 1
-    /// its state. The executor, the memory account and the sharding planner read
-    /// this one table.
-    pub fn state_operand(&self) -> Option<(usize, State)> {
-        match self {
-            Op::SplitSgd { .. }
-            | Op::SplitEmbeddingUpdate { .. }
-            | Op::SplitEmbeddingUpdateRows { .. } => Some((1, State::LowHalf)),
-            Op::Adagrad { .. }
-            | Op::SparseAdagrad { .. }
-            | Op::EmbeddingUpdateAdagrad { .. }
-            | Op::EmbeddingUpdateAdagradRows { .. } => Some((1, State::Accumulator)),
-            _ => None,
-        }
-    }
-
-    /// How many leading operands of an update are updated in place (and are its
-    /// results): the parameter and its state ([`Op::state_operand`]); `None` for an
-    /// op that is not an update.
-    pub fn in_place_operands(&self) -> Option<usize> {
-        if !self.is_update() {
-            return None;
-        }
-        Some(1 + usize::from(self.state_operand().is_some()))
-    }
-}
-
-/// What the state operand of an update holds ([`Op::state_operand`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum State {
-    /// The low 16 bits of a Split-SGD-BF16 f32 master (bf16-typed raw bits).
-    LowHalf,
-    /// An Adagrad accumulator (f32; per element, or per row when row-wise).
-    Accumulator,
 }

@@ -85,12 +85,9 @@ fn is_grad_reduce(g: &Graph, users: &[Vec<usize>], n: usize) -> bool {
         && node.outputs.iter().all(|&v| {
             !g.outputs().contains(&v)
                 && !users[v.index()].is_empty()
-                && users[v.index()].iter().all(|&u| {
-                    matches!(
-                        g.nodes()[u].op,
-                        Op::Sgd { .. } | Op::SplitSgd { .. } | Op::Adagrad { .. }
-                    )
-                })
+                && users[v.index()]
+                    .iter()
+                    .all(|&u| g.nodes()[u].op.dense_grad_operand().is_some())
         })
 }
 

@@ -38,6 +38,17 @@
 //! step). Biases stay f32. Parameter tensors are converted alike: split parameters
 //! (the bf16 value is the truncated high half), other bf16 ones rounded to nearest
 //! even.
+//!
+//! Adagrad trains the same split parameters as Split-Adagrad (the module ops of
+//! `dlrm_ir::ops::split_adagrad`): `adagrad(%w, %acc, g)` on a bf16 MLP weight
+//! becomes `split_adagrad(%w, %w.lo, %acc, g)` and a table's fused
+//! `embedding_update_adagrad(%t, %acc, dy, ..)` (row-wise or elementwise) becomes
+//! `split_embedding_update_adagrad(%t, %t.lo, %acc, dy, ..)` on the whole table
+//! (`lo=0`, `rows=R`; the partition pass shards it by rows). Each joins the f32
+//! master, runs the f32 Adagrad step with its exact arithmetic and splits it
+//! again; the accumulators stay f32. A table updated by an unfused
+//! `sparse_adagrad` (embedding fusion off, per-sample-weighted bags) is refused:
+//! it has no split form.
 
 use crate::pass::Params;
 use crate::{Pass, PassError, Ran, Result};
@@ -172,15 +183,15 @@ pub fn select(g: &Graph, precision: Precision, params: Option<&mut Params>) -> R
     Ok(out)
 }
 
-/// Adagrad keeps f32 state; Split-SGD-BF16 has no accumulator form yet.
+/// Adagrad on a bf16 table is Split-Adagrad only in the fused form
+/// (`embedding_update_adagrad`); an unfused `sparse_adagrad` (embedding fusion
+/// off, per-sample-weighted bags) would update a rounded bf16 table without its
+/// f32 master, so it is refused.
 fn refuse_adagrad(g: &Graph, precision: Precision) -> Result<()> {
     let Some(n) = g.nodes().iter().position(|n| {
         matches!(
             n.op,
-            Op::Adagrad { .. }
-                | Op::SparseAdagrad { .. }
-                | Op::EmbeddingUpdateAdagrad { .. }
-                | Op::EmbeddingUpdateAdagradRows { .. }
+            Op::SparseAdagrad { .. } | Op::EmbeddingUpdateAdagradRows { .. }
         )
     }) else {
         return Ok(());
@@ -190,8 +201,9 @@ fn refuse_adagrad(g: &Graph, precision: Precision) -> Result<()> {
         node: g.node_label(n),
         op: g.nodes()[n].op.mnemonic().into(),
         reason: format!(
-            "adagrad with bf16 tables is not supported yet (precision {precision}: \
-             use fp32 with adagrad)"
+            "adagrad on a bf16 table needs the fused update (embedding_update_adagrad, \
+             trained as Split-Adagrad); this unfused one is not supported (precision \
+             {precision}: compile with -O1 and unweighted bags, or use fp32)"
         ),
     })
 }
@@ -240,9 +252,11 @@ struct Choice {
     tables: HashSet<ValueId>,
     /// MLP weights stored in bf16 (not the last layers' under `mixed`).
     weights: HashSet<ValueId>,
-    /// Tables whose whole update chain is `embedding_update`: Split-SGD-BF16.
+    /// Tables whose whole update chain is `embedding_update` (Split-SGD-BF16) or
+    /// `embedding_update_adagrad` (Split-Adagrad).
     split_tables: HashSet<ValueId>,
-    /// bf16 weights updated by `sgd`: Split-SGD-BF16.
+    /// bf16 weights updated by `sgd` (Split-SGD-BF16) or `adagrad`
+    /// (Split-Adagrad).
     trained: HashSet<ValueId>,
     /// Outputs and loss operands (kept f32 when unblocked).
     sensitive: HashSet<ValueId>,
@@ -257,7 +271,10 @@ impl Choice {
         let mut fp32_weights: HashSet<ValueId> = HashSet::new();
         for (n, node) in nodes.iter().enumerate() {
             let w = match &node.op {
-                Op::EmbeddingBag { .. } | Op::EmbeddingUpdate { .. } | Op::SparseSgd { .. } => {
+                Op::EmbeddingBag { .. }
+                | Op::EmbeddingUpdate { .. }
+                | Op::EmbeddingUpdateAdagrad { .. }
+                | Op::SparseSgd { .. } => {
                     tables.insert(node.inputs[0]);
                     None
                 }
@@ -290,7 +307,10 @@ impl Choice {
             .collect();
         let trained = nodes
             .iter()
-            .filter(|n| matches!(n.op, Op::Sgd { .. }) && weights.contains(&n.inputs[0]))
+            .filter(|n| {
+                matches!(n.op, Op::Sgd { .. } | Op::Adagrad { .. })
+                    && weights.contains(&n.inputs[0])
+            })
             .map(|n| n.inputs[0])
             .collect();
         Choice {
@@ -309,7 +329,7 @@ impl Choice {
 }
 
 /// Is table `t` read by bags and updated only by a chain of `embedding_update`s
-/// (at least one)?
+/// or of `embedding_update_adagrad`s (at least one)?
 fn only_fused_updates(g: &Graph, users: &[Vec<usize>], t: ValueId) -> bool {
     let nodes = g.nodes();
     let mut updated = false;
@@ -318,7 +338,9 @@ fn only_fused_updates(g: &Graph, users: &[Vec<usize>], t: ValueId) -> bool {
         for &u in &users[v.index()] {
             match &nodes[u].op {
                 Op::EmbeddingBag { .. } if v == t && nodes[u].inputs[0] == v => {}
-                Op::EmbeddingUpdate { .. } if nodes[u].inputs[0] == v => {
+                Op::EmbeddingUpdate { .. } | Op::EmbeddingUpdateAdagrad { .. }
+                    if nodes[u].inputs[0] == v =>
+                {
                     updated = true;
                     frontier.push(nodes[u].outputs[0]);
                 }
@@ -464,46 +486,76 @@ impl<'g> Rewrite<'g> {
 
     /// Adds `node` as its Split-SGD-BF16 form if it is the update of a split
     /// parameter (`sgd` -> `split_sgd`, `embedding_update` ->
-    /// `split_embedding_update`); false if it is not.
+    /// `split_embedding_update`) or its Split-Adagrad form (`adagrad` ->
+    /// `split_adagrad`, `embedding_update_adagrad` ->
+    /// `split_embedding_update_adagrad`, the accumulator kept f32); false if it
+    /// is not.
     fn split_update(&mut self, node: &dlrm_ir::Node, ins: &[ValueId]) -> Result<bool> {
+        use dlrm_ir::ops::split_adagrad::{split_adagrad, split_embedding_update_adagrad};
         let e = PassError::ir(ID);
         let g = self.g;
-        let (op, lo, lo_next) = match &node.op {
-            Op::Sgd { lr } if self.choice.trained.contains(&node.inputs[0]) => {
-                let lo = self.lo_of[&node.inputs[0]];
-                let next = format!("{}.next", self.out.name_of(lo));
-                (Op::SplitSgd { lr: *lr }, lo, next)
+        let w = node.inputs[0];
+        let table_lo = self.cur_lo.get(&w).copied();
+        let trained = self.choice.trained.contains(&w);
+        let (op, lo, dense) = match (&node.op, table_lo) {
+            (&Op::Sgd { lr }, _) if trained => (Op::SplitSgd { lr }, self.lo_of[&w], true),
+            (
+                &Op::Adagrad {
+                    lr,
+                    eps,
+                    wd,
+                    rowwise,
+                },
+                _,
+            ) if trained => {
+                let h = dlrm_ir::AdagradHyper { lr, eps, rowwise };
+                (split_adagrad(h, wd), self.lo_of[&w], true)
             }
-            Op::EmbeddingUpdate { mode, lr } if self.cur_lo.contains_key(&node.inputs[0]) => {
-                let lo = self.cur_lo[&node.inputs[0]];
-                let next = self
-                    .out
-                    .fresh_name(&format!("{}.next", self.out.name_of(lo)));
-                let op = Op::SplitEmbeddingUpdate {
-                    mode: *mode,
-                    lr: *lr,
-                };
-                (op, lo, next)
+            (&Op::EmbeddingUpdate { mode, lr }, Some(lo)) => {
+                (Op::SplitEmbeddingUpdate { mode, lr }, lo, false)
+            }
+            (
+                &Op::EmbeddingUpdateAdagrad {
+                    mode,
+                    lr,
+                    eps,
+                    rowwise,
+                },
+                Some(lo),
+            ) => {
+                let rows = g.ty(w).shape[0].fixed().ok_or_else(|| PassError::Graph {
+                    pass: ID.into(),
+                    graph: g.name.clone(),
+                    reason: format!("table %{} has no fixed row count", g.name_of(w)),
+                })?;
+                let h = dlrm_ir::AdagradHyper { lr, eps, rowwise };
+                (split_embedding_update_adagrad(mode, h, 0, rows), lo, false)
             }
             _ => return Ok(false),
         };
-        // The low half is the operand after the parameter.
+        let lo_next = if dense {
+            format!("{}.next", self.out.name_of(lo))
+        } else {
+            self.out
+                .fresh_name(&format!("{}.next", self.out.name_of(lo)))
+        };
+        // The low half is the operand after the parameter, before its other
+        // state (an accumulator) and the gradient.
         let mut operands = vec![ins[0], lo];
         operands.extend_from_slice(&ins[1..]);
-        let outs = self
-            .out
-            .add_node(
-                op.clone(),
-                &operands,
-                &[g.name_of(node.outputs[0]), &lo_next],
-            )
-            .map_err(e)?;
+        // Results: the parameter, the low half, then the old node's other
+        // results (the accumulator).
+        let mut names = vec![g.name_of(node.outputs[0]), &lo_next];
+        names.extend(node.outputs[1..].iter().map(|&o| g.name_of(o)));
+        let outs = self.out.add_node(op, &operands, &names).map_err(e)?;
         self.map[node.outputs[0].index()] = Some(outs[0]);
-        match op {
-            Op::SplitSgd { .. } => self.extra_updates.push((lo, outs[1])),
-            _ => {
-                self.cur_lo.insert(node.outputs[0], outs[1]);
-            }
+        for (&o, &n) in node.outputs[1..].iter().zip(&outs[2..]) {
+            self.map[o.index()] = Some(n);
+        }
+        if dense {
+            self.extra_updates.push((lo, outs[1]));
+        } else {
+            self.cur_lo.insert(node.outputs[0], outs[1]);
         }
         Ok(true)
     }

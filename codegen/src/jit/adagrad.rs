@@ -206,6 +206,12 @@ pub(crate) fn update_in_place(op: &Op, c: &mut CheckedMut<'_>) -> Option<KResult
             let h = Hyper { lr, eps, rowwise };
             Some(row(h).and_then(|row| sparse_adagrad(c, rows_of(op), h, &row)))
         }
+        // Split-Adagrad's table update: the JIT row on each joined master.
+        Op::Module(ref m) if m.mnemonic() == dlrm_ir::ops::split_adagrad::TABLE => {
+            let h = dlrm_ir::ops::split_adagrad::table_attrs(m).1;
+            let split = crate::reference::split_adagrad::split_embedding_update_adagrad;
+            Some(row(h).and_then(|row| split(c, m, &row)))
+        }
         _ => {
             let (mode, h) = op.embedding_adagrad()?;
             Some(row(h).and_then(|row| embedding_update_adagrad(c, rows_of(op), mode, h, &row)))

@@ -62,48 +62,64 @@ pub(crate) fn adagrad(c: &mut CheckedMut<'_>, h: Hyper, wd: f32) -> KResult<()> 
     let grad = grad_of(OP, g)?;
     let (w, a, d) = state(OP, ps)?;
     fn go<G: Elem>(w: &mut [f32], a: &mut [f32], g: &[G], h: Hyper, wd: f32, d: usize) {
-        let grad = |w: f32, g: G| {
-            let g = g.load();
-            if wd != 0.0 { g + wd * w } else { g }
+        let Some((wc, ac)) = chunks(h, d) else {
+            return;
         };
-        if h.rowwise {
-            if d == 0 {
-                return;
-            }
-            let rows = (CHUNK / d).max(1);
-            w.par_chunks_mut(rows * d)
-                .zip(a.par_chunks_mut(rows))
-                .zip(g.par_chunks(rows * d))
-                .for_each(|((w, a), g)| {
-                    let mut gr = vec![0.0f32; d];
-                    for ((wr, ar), grow) in w.chunks_mut(d).zip(a.iter_mut()).zip(g.chunks(d)) {
-                        for ((x, &wi), &gi) in gr.iter_mut().zip(wr.iter()).zip(grow) {
-                            *x = grad(wi, gi);
-                        }
-                        *ar = adagrad_row_acc(*ar, &gr);
-                        for (wi, &gi) in wr.iter_mut().zip(&gr) {
-                            *wi = adagrad_step1(*wi, gi, *ar, h.lr, h.eps);
-                        }
-                    }
-                });
-        } else {
-            w.par_chunks_mut(CHUNK)
-                .zip(a.par_chunks_mut(CHUNK))
-                .zip(g.par_chunks(CHUNK))
-                .for_each(|((w, a), g)| {
-                    for ((wi, ai), &gi) in w.iter_mut().zip(a.iter_mut()).zip(g) {
-                        let gv = grad(*wi, gi);
-                        *ai = adagrad_acc1(*ai, gv);
-                        *wi = adagrad_step1(*wi, gv, *ai, h.lr, h.eps);
-                    }
-                });
-        }
+        w.par_chunks_mut(wc)
+            .zip(a.par_chunks_mut(ac))
+            .zip(g.par_chunks(wc))
+            .for_each(|((w, a), g)| dense_chunk(w, a, g, h, wd, d));
     }
     match grad {
         Grad::F32(g) => go(w, a, g, h, wd, d),
         Grad::BF16(g) => go(w, a, g, h, wd, d),
     }
     Ok(())
+}
+
+/// The elements of weight and of accumulator per task of the dense update
+/// (whole rows when row-wise); `None` when there is nothing to update.
+pub(crate) fn chunks(h: Hyper, d: usize) -> Option<(usize, usize)> {
+    if !h.rowwise {
+        return Some((CHUNK, CHUNK));
+    }
+    let rows = (CHUNK / d.max(1)).max(1);
+    (d > 0).then_some((rows * d, rows))
+}
+
+/// The dense update of one task's elements `w` (whole rows of `d` when
+/// row-wise), their accumulators `a` and gradient `g`, in order, with the
+/// interpreter's scalar functions.
+pub(crate) fn dense_chunk<G: Elem>(
+    w: &mut [f32],
+    a: &mut [f32],
+    g: &[G],
+    h: Hyper,
+    wd: f32,
+    d: usize,
+) {
+    let grad = |w: f32, g: G| {
+        let g = g.load();
+        if wd != 0.0 { g + wd * w } else { g }
+    };
+    if h.rowwise {
+        let mut gr = vec![0.0f32; d];
+        for ((wr, ar), grow) in w.chunks_mut(d).zip(a.iter_mut()).zip(g.chunks(d)) {
+            for ((x, &wi), &gi) in gr.iter_mut().zip(wr.iter()).zip(grow) {
+                *x = grad(wi, gi);
+            }
+            *ar = adagrad_row_acc(*ar, &gr);
+            for (wi, &gi) in wr.iter_mut().zip(&gr) {
+                *wi = adagrad_step1(*wi, gi, *ar, h.lr, h.eps);
+            }
+        }
+    } else {
+        for ((wi, ai), &gi) in w.iter_mut().zip(a.iter_mut()).zip(g) {
+            let gv = grad(*wi, gi);
+            *ai = adagrad_acc1(*ai, gv);
+            *wi = adagrad_step1(*wi, gv, *ai, h.lr, h.eps);
+        }
+    }
 }
 
 /// The update of one touched row: `(w[D], acc[D] or acc[1], summed g[D])`.
@@ -194,30 +210,47 @@ fn rows_of<G: Elem>(
 ) {
     let d = plan.d;
     let r1 = r0 + part.len() / d;
+    touched_rows(r0, r1, plan, g, |r, sum| match sum {
+        None => {
+            prefetch(&part[r * d..(r + 1) * d]);
+            prefetch(&acc[r * ad..(r + 1) * ad]);
+        }
+        Some(sum) => row(
+            &mut part[r * d..(r + 1) * d],
+            &mut acc[r * ad..(r + 1) * ad],
+            sum,
+        ),
+    });
+}
+
+/// The touched rows of `r0 .. r1` in increasing order: for each, its summed
+/// gradient (its positions in index order, from 0.0) given to `f(local row,
+/// Some(sum))`; `f(local row, None)` announces a row a few groups ahead (a
+/// random read to prefetch meanwhile).
+pub(crate) fn touched_rows<G: Elem>(
+    r0: usize,
+    r1: usize,
+    plan: &SparsePlan<'_>,
+    g: &[G],
+    mut f: impl FnMut(usize, Option<&[f32]>),
+) {
+    let d = plan.d;
     let mut hits: Vec<(usize, usize, Option<f32>)> = Vec::new();
     plan.visit(r0, r1, |r, src, div| hits.push((r, src, div)));
     hits.sort_by_key(|h| h.0);
     let groups: Vec<&[(usize, usize, Option<f32>)]> = hits.chunk_by(|a, b| a.0 == b.0).collect();
     let mut sum = vec![0.0f32; d];
     for (k, grp) in groups.iter().enumerate() {
-        // The rows a few groups ahead are random reads: fetch them meanwhile.
         if let Some(next) = groups.get(k + AHEAD) {
-            let r = next[0].0 - r0;
-            prefetch(&part[r * d..(r + 1) * d]);
-            prefetch(&acc[r * ad..(r + 1) * ad]);
+            f(next[0].0 - r0, None);
         }
-        let r = grp[0].0 - r0;
         sum.iter_mut().for_each(|s| *s = 0.0);
         for &(_, src, div) in grp.iter() {
             for (c, s) in sum.iter_mut().enumerate() {
                 *s += gval(g, d, src, c, div);
             }
         }
-        row(
-            &mut part[r * d..(r + 1) * d],
-            &mut acc[r * ad..(r + 1) * ad],
-            &sum,
-        );
+        f(grp[0].0 - r0, Some(&sum));
     }
 }
 
@@ -226,11 +259,11 @@ const AHEAD: usize = 4;
 
 /// Asks the CPU to bring `v` into the cache (a hint; no effect elsewhere).
 #[inline(always)]
-fn prefetch(v: &[f32]) {
+pub(crate) fn prefetch<T>(v: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        for line in v.chunks(16) {
+        for line in v.chunks((64 / std::mem::size_of::<T>().max(1)).max(1)) {
             // SAFETY: a prefetch is a hint that never faults; the address is
             // inside `v`.
             unsafe { _mm_prefetch::<_MM_HINT_T0>(line.as_ptr().cast::<i8>()) };

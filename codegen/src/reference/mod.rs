@@ -53,6 +53,7 @@ pub mod interaction;
 pub mod loss;
 pub mod optim;
 pub mod shard;
+pub(crate) mod split_adagrad;
 
 pub use adagrad::Hyper;
 pub use optim::{Rows, sgd_in_place, sparse_sgd_in_place};

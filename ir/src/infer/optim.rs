@@ -3,8 +3,8 @@
 //! plain messages, the caller attaches the node.
 //!
 //! Adagrad state is f32: the weight (or table) and its accumulator must be f32; a
-//! bf16 one is refused with "not supported yet" (Split-SGD-BF16 keeps no
-//! accumulator).
+//! bf16 one is refused with "not supported yet" (a bf16 parameter trained by
+//! Adagrad is a Split-Adagrad op's, `ir/src/ops/split_adagrad.rs`).
 
 use super::{
     R, expect_arity, expect_dim, expect_float, expect_int, expect_rank, expect_same_shape,
@@ -76,7 +76,8 @@ fn f32_state(what: &str, t: &TensorType) -> R<()> {
     match t.dtype {
         DType::F32 => Ok(()),
         DType::BF16 => Err(format!(
-            "adagrad with a bf16 {what} ({t}) is not supported yet (use fp32 storage)"
+            "adagrad with a bf16 {what} ({t}) is not supported yet (use fp32 storage, or \
+             Split-Adagrad: split_adagrad, split_embedding_update_adagrad)"
         )),
         _ => Err(format!("{what} must be f32, got {t}")),
     }

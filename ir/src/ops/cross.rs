@@ -261,6 +261,8 @@ impl OpModule for Cross {
         let p = g.add(mul(), &[x0, w], &format!("{y}.scaled"))?;
         Ok(vec![g.add(Op::Add, &[p, x], y)?])
     }
+
+    not_an_update!();
 }
 
 pub(super) fn mul() -> Op {
@@ -363,6 +365,8 @@ impl OpModule for CrossGrad {
         let (z, w) = decomposed_forward(g, x, v, u, b, &base)?;
         decomposed_grads(g, [dy, x0, x, v, u, z, w], names)
     }
+
+    not_an_update!();
 }
 
 /// The gradients of a layer as primitive ops, from `dy, x0, x, v, u, z, w`.

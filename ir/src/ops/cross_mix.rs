@@ -128,6 +128,8 @@ impl OpModule for CrossMix {
         let p = g.add(mul(), &[x0, w], &format!("{y}.scaled"))?;
         Ok(vec![g.add(Op::Add, &[p, x], y)?])
     }
+
+    not_an_update!();
 }
 
 impl OpModule for CrossMixGrad {
@@ -185,4 +187,6 @@ impl OpModule for CrossMixGrad {
         let dx0 = g.add(mul(), &[dy, w], &n(1, "dx0"))?;
         Ok(vec![gw, dx0])
     }
+
+    not_an_update!();
 }

@@ -104,6 +104,8 @@ impl OpModule for CrossSave {
         let p = g.add(mul(), &[x0, w], &format!("{y}.scaled"))?;
         Ok(vec![g.add(Op::Add, &[p, x], y)?, z, w])
     }
+
+    not_an_update!();
 }
 
 impl OpModule for CrossGradSaved {
@@ -169,4 +171,6 @@ impl OpModule for CrossGradSaved {
         };
         decomposed_grads(g, [dy, x0, x, v, u, z, w], names)
     }
+
+    not_an_update!();
 }

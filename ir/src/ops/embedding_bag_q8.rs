@@ -285,4 +285,6 @@ impl OpModule for EmbeddingBagQ8 {
             ),
         })
     }
+
+    not_an_update!();
 }

@@ -16,10 +16,20 @@ macro_rules! no_attributes {
     };
 }
 
+/// `update` of an op module that is not an optimizer update.
+macro_rules! not_an_update {
+    () => {
+        fn update(&self, _: &crate::module::ModOp) -> Option<crate::module::OptimizerUpdate> {
+            None
+        }
+    };
+}
+
 pub mod cross;
 pub mod cross_mix;
 pub mod cross_saved;
 pub mod embedding_bag_q8;
+pub mod split_adagrad;
 
 use crate::module::OpModule;
 
@@ -33,4 +43,6 @@ pub static MODULES: &[&dyn OpModule] = &[
     &cross_saved::CrossSave,
     &cross_saved::CrossGradSaved,
     &embedding_bag_q8::EmbeddingBagQ8,
+    &split_adagrad::SplitAdagrad,
+    &split_adagrad::SplitEmbeddingUpdateAdagrad,
 ];

@@ -65,11 +65,9 @@ fn def_node(g: &Graph, v: ValueId) -> Option<usize> {
 /// fused `embedding_update` / `split_embedding_update`).
 pub(super) fn bag_dy(g: &Graph, k: usize) -> ValueId {
     let node = &g.nodes()[k];
-    match node.op {
-        Op::EmbeddingUpdate { .. } => node.inputs[1],
-        Op::SplitEmbeddingUpdate { .. } | Op::EmbeddingUpdateAdagrad { .. } => node.inputs[2],
-        _ => node.inputs[0],
-    }
+    node.op
+        .bag_update()
+        .map_or(node.inputs[0], |u| node.inputs[u.dy])
 }
 
 impl Sparse {
@@ -123,10 +121,9 @@ impl Sparse {
                  do not fuse)"
                     .into(),
             )),
-            Op::SparseSgd { .. }
-            | Op::EmbeddingUpdate { .. }
-            | Op::SplitEmbeddingUpdate { .. }
-            | Op::EmbeddingUpdateAdagrad { .. } => {
+            // A sparse SGD or a fused embedding update (of `enum Op`, or a module
+            // update such as Split-Adagrad's).
+            ref op if matches!(op, Op::SparseSgd { .. }) || op.bag_update().is_some() => {
                 self.kinds[n] = if matches!(node.op, Op::SparseSgd { .. }) {
                     Kind::SparseSgd
                 } else {
@@ -290,17 +287,17 @@ impl Sparse {
                 continue;
             }
             self.check_dense_dy(g, k)?;
-            let (mode, first_index) = match node.op {
-                Op::EmbeddingUpdate { mode, .. } => (mode, 2),
-                Op::SplitEmbeddingUpdate { mode, .. } | Op::EmbeddingUpdateAdagrad { mode, .. } => {
-                    let lo = node.inputs[1];
-                    if let (Def::Param(_), Some(root)) = (g.value(lo).def, self.sgd_root[k]) {
-                        self.companions.push((lo, root));
-                    }
-                    (mode, 3)
-                }
-                _ => continue,
+            let Some(u) = node.op.bag_update() else {
+                continue;
             };
+            // The state operands (a low half, an accumulator, or both).
+            for (i, _) in node.op.state_operands() {
+                let s = node.inputs[i];
+                if let (Def::Param(_), Some(root)) = (g.value(s).def, self.sgd_root[k]) {
+                    self.companions.push((s, root));
+                }
+            }
+            let (mode, first_index) = (u.mode, u.dy + 1);
             let Some(root) = self.sgd_root[k] else {
                 continue;
             };
@@ -417,13 +414,13 @@ impl Sparse {
                 (Kind::Bag, &[1, 2, 3]),
                 (Kind::BagGrad, &[1, 2, 3]),
                 (Kind::SparseSgd, &[1]),
-                (Kind::Update, &[2, 3, 4]),
+                (Kind::Update, &[2, 3, 4, 5]),
             ]);
         }
         match def_node(g, v).map(|m| self.kinds[m]) {
             Some(Kind::BagGrad) => Some(&[(Kind::SparseSgd, &[2])]),
             Some(Kind::SparseSgd | Kind::Update) => {
-                Some(&[(Kind::SparseSgd, &[0]), (Kind::Update, &[0, 1])])
+                Some(&[(Kind::SparseSgd, &[0]), (Kind::Update, &[0, 1, 2])])
             }
             _ => None,
         }

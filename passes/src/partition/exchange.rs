@@ -204,11 +204,7 @@ impl<'a> RankBuilder<'a> {
         // The state operands before dy: none (bag gradient), the table (fused
         // update), the table and its low half (split update) or its accumulator
         // (Adagrad update).
-        let state = match node.op {
-            Op::EmbeddingUpdate { .. } => 1,
-            Op::SplitEmbeddingUpdate { .. } | Op::EmbeddingUpdateAdagrad { .. } => 2,
-            _ => 0,
-        };
+        let state = node.op.bag_update().map_or(0, |u| u.dy);
         for &v in &node.inputs[..state] {
             ins.push(self.get(v)?);
         }
@@ -255,12 +251,17 @@ impl<'a> RankBuilder<'a> {
                     rows: self.table_rows(table),
                 }
             }
-            (Some(_), op) => {
-                return Err(node_err(
-                    g,
-                    k,
-                    format!("`{}` has no row-wise form", op.mnemonic()),
-                ));
+            (Some(sk), op) => {
+                // A module update takes its row shard as attributes.
+                let s = self.shard(table, sk)?;
+                let Some(op) = op.with_rows(s.lo, self.table_rows(table)) else {
+                    return Err(node_err(
+                        g,
+                        k,
+                        format!("`{}` has no row-wise form", op.mnemonic()),
+                    ));
+                };
+                op
             }
         };
         let names: Vec<&str> = node.outputs.iter().map(|&o| g.name_of(o)).collect();

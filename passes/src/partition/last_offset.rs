@@ -5,7 +5,7 @@
 //! hold the table, as for any offsets bag).
 //!
 //! Why: the exchange looks a bag up for the global batch and the ranks' data sources
-//! build each rank's offsets from the samples anyway (`dlrm_runtime::data`: offsets
+//! build each rank's offsets from the samples anyway (`dlrm_runtime::synthetic`: offsets
 //! start at 0 and end at the number of indices), so the last entry carries nothing a
 //! plain bag does not know; plain bags have every placement's form already
 //! (`embedding_bag_rows`, `embedding_grad_dense`, the row-wise updates), none of

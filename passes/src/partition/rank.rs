@@ -42,12 +42,8 @@ impl<'a> RankBuilder<'a> {
         let nvals = g.values().len();
         let mut to_reduce = vec![false; nvals];
         for node in g.nodes() {
-            match node.op {
-                Op::Sgd { .. } => to_reduce[node.inputs[1].index()] = true,
-                Op::SplitSgd { .. } | Op::Adagrad { .. } => {
-                    to_reduce[node.inputs[2].index()] = true
-                }
-                _ => {}
+            if let Some(k) = node.op.dense_grad_operand() {
+                to_reduce[node.inputs[k].index()] = true;
             }
         }
         for &o in g.outputs() {
@@ -153,11 +149,7 @@ impl<'a> RankBuilder<'a> {
         let node = &g.nodes()[n];
         let mut ins = Vec::with_capacity(node.inputs.len());
         for (i, &v) in node.inputs.iter().enumerate() {
-            let grad_slot = match node.op {
-                Op::Sgd { .. } => 1,
-                Op::SplitSgd { .. } | Op::Adagrad { .. } => 2,
-                _ => usize::MAX,
-            };
+            let grad_slot = node.op.dense_grad_operand().unwrap_or(usize::MAX);
             let new = if i == grad_slot {
                 self.reduced[v.index()].ok_or_else(|| {
                     node_err(g, n, "internal: the gradient was not all-reduced".into())

@@ -8,6 +8,7 @@ use super::ID;
 use super::node_err;
 use super::rank::RankBuilder;
 use crate::{PassError, Result};
+use dlrm_ir::ops::split_adagrad;
 use dlrm_ir::{Op, ValueId};
 
 impl RankBuilder<'_> {
@@ -141,11 +142,42 @@ impl RankBuilder<'_> {
                 }
                 Ok(())
             }
+            (Op::Module(m), _) if m.mnemonic() == split_adagrad::TABLE => {
+                self.replicated_split_adagrad(n, m)
+            }
             (op, _) => Err(node_err(
                 g,
                 n,
                 format!("internal: `{}` on a replicated table", op.mnemonic()),
             )),
         }
+    }
+
+    /// `split_embedding_update_adagrad` on a data-parallel table: Split-Adagrad's
+    /// dense form `split_adagrad` on the all-reduced gradient, as
+    /// `embedding_update_adagrad` becomes `adagrad` (rows without gradient keep
+    /// their masters and accumulators exactly).
+    fn replicated_split_adagrad(&mut self, n: usize, m: &dlrm_ir::module::ModOp) -> Result<()> {
+        let g = self.g;
+        let node = &g.nodes()[n];
+        let name = |i: usize| g.name_of(node.outputs[i]);
+        let (mode, h, _) = split_adagrad::table_attrs(m);
+        let table =
+            self.sp.sgd_root[n].ok_or_else(|| node_err(g, n, "internal: no table".into()))?;
+        let grad = self.replicated_grad(mode, table, node.inputs[3], &node.inputs[4..], name(0))?;
+        let mut ins = node.inputs[..3]
+            .iter()
+            .map(|&v| self.get(v))
+            .collect::<Result<Vec<_>>>()?;
+        ins.push(grad);
+        let op = split_adagrad::split_adagrad(h, 0.0);
+        let news = self
+            .ng
+            .add_node(op, &ins, &[name(0), name(1), name(2)])
+            .map_err(PassError::ir(ID))?;
+        for (&out, new) in node.outputs.iter().zip(news) {
+            self.define(out, new)?;
+        }
+        Ok(())
     }
 }

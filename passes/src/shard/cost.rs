@@ -127,20 +127,16 @@ impl DenseProfile {
         let mut p = DenseProfile::default();
         let mut table = vec![false; g.values().len()];
         for node in g.nodes() {
-            match node.op {
-                Op::EmbeddingBag { .. }
-                | Op::SparseSgd { .. }
-                | Op::EmbeddingUpdate { .. }
-                | Op::SplitEmbeddingUpdate { .. }
-                | Op::SparseAdagrad { .. }
-                | Op::EmbeddingUpdateAdagrad { .. } => {
-                    table[node.inputs[0].index()] = true;
-                    // A low half or an accumulator is table state too.
-                    if let Some((k, _)) = node.op.state_operand() {
-                        table[node.inputs[k].index()] = true;
-                    }
+            let table_op = matches!(
+                node.op,
+                Op::EmbeddingBag { .. } | Op::SparseSgd { .. } | Op::SparseAdagrad { .. }
+            ) || node.op.bag_update().is_some();
+            if table_op {
+                table[node.inputs[0].index()] = true;
+                // A low half or an accumulator is table state too.
+                for (k, _) in node.op.state_operands() {
+                    table[node.inputs[k].index()] = true;
                 }
-                _ => {}
             }
         }
         for (n, node) in g.nodes().iter().enumerate() {
@@ -149,29 +145,16 @@ impl DenseProfile {
                 Op::EmbeddingBag { .. }
                     | Op::EmbeddingBagGrad { .. }
                     | Op::SparseSgd { .. }
-                    | Op::EmbeddingUpdate { .. }
-                    | Op::SplitEmbeddingUpdate { .. }
                     | Op::SparseAdagrad { .. }
-                    | Op::EmbeddingUpdateAdagrad { .. }
-            );
+            ) || node.op.bag_update().is_some();
             if !sparse {
                 p.flops_per_sample += stats::node_flops(g, n);
             }
-            match node.op {
-                Op::Sgd { .. } => {
-                    p.train = true;
-                    p.grad_bytes.push(bytes_of(g, node.inputs[1]));
-                }
-                Op::SplitSgd { .. } | Op::Adagrad { .. } => {
-                    p.train = true;
-                    p.grad_bytes.push(bytes_of(g, node.inputs[2]));
-                }
-                Op::EmbeddingUpdate { .. }
-                | Op::SplitEmbeddingUpdate { .. }
-                | Op::SparseSgd { .. }
-                | Op::SparseAdagrad { .. }
-                | Op::EmbeddingUpdateAdagrad { .. } => p.train = true,
-                _ => {}
+            if let Some(k) = node.op.dense_grad_operand() {
+                p.train = true;
+                p.grad_bytes.push(bytes_of(g, node.inputs[k]));
+            } else if node.op.is_update() {
+                p.train = true;
             }
         }
         for &v in g.params() {

@@ -9,7 +9,7 @@
 //!   `split_embedding_update[_rows]` operand 1), tables' and dense alike;
 //! - **optimizer state**: Adagrad accumulators (`adagrad`, `sparse_adagrad`,
 //!   `embedding_update_adagrad[_rows]` operand 1); which operand of an update holds
-//!   which state is [`Op::state_operand`], as for the executor;
+//!   which states are [`Op::state_operands`], as for the executor;
 //! - **dense parameters**: every other parameter (MLP weights and biases);
 //! - **activations** and **gradients**: the largest set of step values alive at once.
 //!   The executor runs the nodes in graph order and drops each value right after
@@ -203,20 +203,15 @@ fn roles(g: &Graph) -> (Vec<Role>, Vec<Option<ValueId>>) {
                 | Op::EmbeddingBagRows { .. }
                 | Op::SparseSgd { .. }
                 | Op::SparseSgdRows { .. }
-                | Op::EmbeddingUpdate { .. }
-                | Op::EmbeddingUpdateRows { .. }
-                | Op::SplitEmbeddingUpdate { .. }
-                | Op::SplitEmbeddingUpdateRows { .. }
                 | Op::SparseAdagrad { .. }
-                | Op::EmbeddingUpdateAdagrad { .. }
-                | Op::EmbeddingUpdateAdagradRows { .. }
-        );
+        ) || node.op.bag_update().is_some();
         if table_op && let Some(&t) = node.inputs.first() {
             role[t.index()] = Role::Table;
         }
-        if let Some((k, state)) = node.op.state_operand()
-            && let Some(&s) = node.inputs.get(k)
-        {
+        for (k, state) in node.op.state_operands() {
+            let Some(&s) = node.inputs.get(k) else {
+                continue;
+            };
             role[s.index()] = match state {
                 State::LowHalf => Role::LowHalf,
                 State::Accumulator => Role::Accumulator,
