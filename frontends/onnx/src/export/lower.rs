@@ -398,7 +398,7 @@ impl<'g, 'a> Lower<'g, 'a> {
                     "Concat",
                     &refs,
                     vec![("axis", A::Int(*axis as i64))],
-                    &hint,
+                    hint,
                 ))
             }
             Op::Split { axis, sizes } => {
@@ -409,7 +409,7 @@ impl<'g, 'a> Lower<'g, 'a> {
                     "Split",
                     &[&x, &s],
                     vec![("axis", A::Int(*axis as i64))],
-                    &hint,
+                    hint,
                     node.outputs.len(),
                 );
                 for (&v, n) in node.outputs.iter().zip(outs) {
@@ -420,14 +420,14 @@ impl<'g, 'a> Lower<'g, 'a> {
             Op::Reshape { shape } => {
                 let x = self.plain(inp(0)?)?;
                 let s = self.shape_of(shape)?;
-                Repr::Plain(self.b.node("Reshape", &[&x, &s], vec![], &hint))
+                Repr::Plain(self.b.node("Reshape", &[&x, &s], vec![], hint))
             }
             Op::Transpose { perm } => {
                 let x = self.plain(inp(0)?)?;
                 let p = perm.iter().map(|&a| a as i64).collect();
                 Repr::Plain(
                     self.b
-                        .node("Transpose", &[&x], vec![("perm", A::Ints(p))], &hint),
+                        .node("Transpose", &[&x], vec![("perm", A::Ints(p))], hint),
                 )
             }
             Op::Gather { axis } | Op::GatherElements { axis } => {
@@ -440,7 +440,7 @@ impl<'g, 'a> Lower<'g, 'a> {
                 };
                 Repr::Plain(
                     self.b
-                        .node(op, &[&x, &i], vec![("axis", A::Int(*axis as i64))], &hint),
+                        .node(op, &[&x, &i], vec![("axis", A::Int(*axis as i64))], hint),
                 )
             }
             Op::GatherNd { batch_dims } => {
@@ -450,7 +450,7 @@ impl<'g, 'a> Lower<'g, 'a> {
                     "GatherND",
                     &[&x, &i],
                     vec![("batch_dims", A::Int(*batch_dims as i64))],
-                    &hint,
+                    hint,
                 ))
             }
             Op::Slice {
@@ -479,7 +479,7 @@ impl<'g, 'a> Lower<'g, 'a> {
                 );
                 Repr::Plain(
                     self.b
-                        .node("Slice", &[&x, &st, &en, &ax, &sp], vec![], &hint),
+                        .node("Slice", &[&x, &st, &en, &ax, &sp], vec![], hint),
                 )
             }
             other => {
@@ -515,7 +515,7 @@ impl<'g, 'a> Lower<'g, 'a> {
                 let name = if from == DType::BF16 {
                     x
                 } else {
-                    self.round(x, *dtype, &hint)
+                    self.round(x, *dtype, hint)
                 };
                 Repr::Act { name, k }
             }
@@ -530,7 +530,7 @@ impl<'g, 'a> Lower<'g, 'a> {
                         self.b.ints(&[*k as i64]),
                         self.b.ints(&[1]),
                     );
-                    self.b.node("Slice", &[&x, &st, &en, &ax], vec![], &hint)
+                    self.b.node("Slice", &[&x, &st, &en, &ax], vec![], hint)
                 } else {
                     return Err(format!(
                         "unblock_act k={k} exceeds the {k0} features of its operand"
@@ -539,20 +539,20 @@ impl<'g, 'a> Lower<'g, 'a> {
                 Repr::Plain(if from == DType::BF16 {
                     x
                 } else {
-                    self.round(x, *dtype, &hint)
+                    self.round(x, *dtype, hint)
                 })
             }
             Op::Brgemm { act } if node.inputs.len() == 2 => {
-                self.product(inp(0)?, inp(1)?, *act, out_ty.dtype, &hint)?
+                self.product(inp(0)?, inp(1)?, *act, out_ty.dtype, hint)?
             }
             Op::Brgemm { act } => {
                 let (x, k) = self.act(inp(0)?)?;
                 let n = fixed(&g.ty(inp(2)?).shape[0], "the bias length")?;
                 let w = self.weight(inp(1)?, n, k)?;
                 let b = self.plain(inp(2)?)?;
-                let y = self.gemm(&x, &w, &b, *act, &hint);
+                let y = self.gemm(&x, &w, &b, *act, hint);
                 Repr::Act {
-                    name: self.round(y, out_ty.dtype, &hint),
+                    name: self.round(y, out_ty.dtype, hint),
                     k: n,
                 }
             }
