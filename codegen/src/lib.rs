@@ -10,7 +10,7 @@
 //!   dot and cat interactions; the `block_act`/`unblock_act` layout copies; the
 //!   `bce_logits` and `bce` losses and their gradients; elementwise ops. Entry:
 //!   [`jit::try_eval`].
-//! - [`reference`]: the plain-Rust *reference kernels* (rayon + `matrixmultiply`;
+//! - [`reference`](mod@reference): the plain-Rust *reference kernels* (rayon + `matrixmultiply`;
 //!   the blocked GEMM family bitwise equal to the interpreter),
 //!   the JIT's oracle and fallback, and the in-place optimizer updates including
 //!   the SC20 race-free sparse update. Entry: [`try_eval`].
