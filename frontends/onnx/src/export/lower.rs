@@ -272,11 +272,7 @@ impl<'g, 'a> Lower<'g, 'a> {
         let hint = g.name_of(out).to_string();
         let out_ty = g.ty(out).clone();
         let ins = &node.inputs;
-        let inp = |k: usize| -> Result<ValueId, Fail> {
-            ins.get(k)
-                .copied()
-                .ok_or_else(|| format!("missing operand {k}"))
-        };
+        let inp = |k: usize| operand(ins, k);
         let r = match &node.op {
             op if op.bag_form().is_some() => self.bag(node, &hint, &out_ty)?,
             Op::Linear { act } => {
@@ -382,11 +378,7 @@ impl<'g, 'a> Lower<'g, 'a> {
     /// results are already set (`split`'s several).
     fn shape_op(&mut self, node: &Node, hint: &str) -> Result<Option<Repr>, Fail> {
         let ins = &node.inputs;
-        let inp = |k: usize| -> Result<ValueId, Fail> {
-            ins.get(k)
-                .copied()
-                .ok_or_else(|| format!("missing operand {k}"))
-        };
+        let inp = |k: usize| operand(ins, k);
         let r = match &node.op {
             Op::Concat { axis } => {
                 let parts = ins
@@ -502,11 +494,7 @@ impl<'g, 'a> Lower<'g, 'a> {
     ) -> Result<Repr, Fail> {
         let g = self.g;
         let ins = &node.inputs;
-        let inp = |k: usize| -> Result<ValueId, Fail> {
-            ins.get(k)
-                .copied()
-                .ok_or_else(|| format!("missing operand {k}"))
-        };
+        let inp = |k: usize| operand(ins, k);
         let r = match &node.op {
             Op::BlockAct { dtype, .. } => {
                 let x = self.plain(inp(0)?)?;
@@ -691,4 +679,11 @@ impl<'g, 'a> Lower<'g, 'a> {
     pub(crate) fn def(&self, v: ValueId) -> Def {
         self.g.value(v).def
     }
+}
+
+/// Operand `k` of a node's `ins`, or the error naming the missing one.
+fn operand(ins: &[ValueId], k: usize) -> Result<ValueId, Fail> {
+    ins.get(k)
+        .copied()
+        .ok_or_else(|| format!("missing operand {k}"))
 }
