@@ -8,11 +8,12 @@
 //! `sgemm` sums in its own order, so results equal the interpreter's within
 //! rounding, not bit for bit (checked in `codegen/tests/cross.rs`).
 
-use super::KResult;
 use super::gemm::{MatRef, gemm};
-use dlrm_ir::{Checked, DType, Data, Tensor};
+use super::{Elem, KResult};
+use dlrm_ir::{Checked, DType, Tensor};
 use half::bf16;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// A module op's reference kernel: `None` for operands it does not handle.
 pub(crate) type Kernel = fn(&Checked<'_>) -> Option<KResult<Vec<Tensor>>>;
@@ -233,140 +234,115 @@ fn backward(c: &Checked<'_>, saved: bool) -> Option<KResult<Vec<Tensor>>> {
 /// Elements per parallel chunk of the elementwise steps.
 const CHUNK: usize = 1 << 14;
 
-/// A float operand of an elementwise step, read as f32 per element.
-#[derive(Clone, Copy)]
-enum Elems<'a> {
-    F32(&'a [f32]),
-    BF16(&'a [bf16]),
-}
-
-impl Elems<'_> {
-    fn of(t: &Tensor) -> Option<Elems<'_>> {
-        match &t.data {
-            Data::F32(v) => Some(Elems::F32(v)),
-            Data::BF16(v) => Some(Elems::BF16(v)),
+/// `$body` with `$T` the element type of storage `$dtype` (f32 or bf16;
+/// `None` for other dtypes).
+macro_rules! by_dtype {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::BF16 => {
+                type $T = bf16;
+                $body
+            }
             _ => None,
         }
-    }
+    };
+}
 
-    /// Elements `at..at + buf.len()` into `buf`, widened to f32 (exact).
-    fn load(self, at: usize, buf: &mut [f32]) {
-        match self {
-            Elems::F32(v) => buf.copy_from_slice(&v[at..at + buf.len()]),
-            Elems::BF16(v) => {
-                for (o, x) in buf.iter_mut().zip(&v[at..]) {
-                    *o = x.to_f32();
+/// `R` results of the elementwise step `f` of the three operands' elements,
+/// computed in f32 (operands widened exactly), stored in the declared dtypes
+/// (bf16: rounded once, to nearest even). One loop per combination of operand
+/// and result storage ([`direct`]), so every loop vectorises; results of two
+/// storages (no plan has them today) are computed in f32 and narrowed after.
+fn step<const R: usize>(
+    c: &Checked<'_>,
+    f: impl Fn(f32, f32, f32) -> [f32; R] + Sync + Copy,
+) -> Option<KResult<Vec<Tensor>>> {
+    let out = c.out(0).dtype;
+    let one_storage = (0..R).all(|k| c.out(k).dtype == out);
+    let ys = by_dtype!(c.input(0).dtype(), A => {
+        by_dtype!(c.input(1).dtype(), B => {
+            by_dtype!(c.input(2).dtype(), C => {
+                if one_storage {
+                    by_dtype!(out, O => direct::<A, B, C, O, R>(c, f))
+                } else {
+                    direct::<A, B, C, f32, R>(c, f)
+                }
+            })
+        })
+    })?;
+    let ys = ys
+        .into_iter()
+        .enumerate()
+        .map(|(k, y)| match (c.out(k).dtype, y.as_f32()) {
+            (DType::BF16, Some(v)) => Tensor::bf16(
+                y.shape.clone(),
+                v.par_iter().map(|&x| bf16::store(x)).collect(),
+            ),
+            _ => y,
+        })
+        .collect();
+    Some(Ok(ys))
+}
+
+/// `R` results stored as `O`, `f(a, b, d)` of operands stored as `A`, `B` and
+/// `C` (`None` if they are not); parallel over chunks, the results written
+/// once (never zeroed first).
+fn direct<A: Elem, B: Elem, C: Elem, O: Elem, const R: usize>(
+    c: &Checked<'_>,
+    f: impl Fn(f32, f32, f32) -> [f32; R] + Sync,
+) -> Option<Vec<Tensor>> {
+    let (xa, xb, xc) = (
+        A::slice(c.input(0))?,
+        B::slice(c.input(1))?,
+        C::slice(c.input(2))?,
+    );
+    // The shape rule gave the operands and the results one shape.
+    let n = xa.len();
+    let mut outs: [Vec<O>; R] = std::array::from_fn(|_| Vec::with_capacity(n));
+    {
+        let mut per_out: Vec<_> = outs
+            .iter_mut()
+            .map(|o| o.spare_capacity_mut()[..n].chunks_mut(CHUNK))
+            .collect();
+        // Per task, chunk `i` of every result (arrays: the loop below knows R).
+        let tasks: Vec<[&mut [MaybeUninit<O>]; R]> = (0..n.div_ceil(CHUNK))
+            .map(|_| std::array::from_fn(|r| per_out[r].next().unwrap_or_default()))
+            .collect();
+        tasks.into_par_iter().enumerate().for_each(|(i, mut ys)| {
+            let (at, len) = (i * CHUNK, CHUNK.min(n - i * CHUNK));
+            let (a, b, d) = (&xa[at..at + len], &xb[at..at + len], &xc[at..at + len]);
+            for k in 0..len {
+                let y = f(a[k].load(), b[k].load(), d[k].load());
+                for (o, v) in ys.iter_mut().zip(y) {
+                    o[k].write(O::store(v));
                 }
             }
-        }
+        });
     }
-}
-
-/// `f(a, b, c)` of the operands' elements, computed in f32 in parallel chunks
-/// (each operand widened a chunk at a time), stored as `dtype` (bf16: rounded
-/// once, to nearest even).
-fn elementwise(
-    dtype: DType,
-    shape: Vec<usize>,
-    ops: [Elems<'_>; 3],
-    f: impl Fn(f32, f32, f32) -> f32 + Sync,
-) -> Tensor {
-    let n: usize = shape.iter().product();
-    // Chunk `i` of the results, in f32.
-    let chunk = |i: usize, len: usize| -> Vec<f32> {
-        let at = i * CHUNK;
-        let mut bufs = [vec![0.0f32; len], vec![0.0f32; len], vec![0.0f32; len]];
-        for (b, e) in bufs.iter_mut().zip(ops) {
-            e.load(at, b);
-        }
-        let [a, b, c] = &bufs;
-        (0..len).map(|k| f(a[k], b[k], c[k])).collect()
-    };
-    match dtype {
-        DType::BF16 => {
-            let mut y = vec![bf16::ZERO; n];
-            y.par_chunks_mut(CHUNK).enumerate().for_each(|(i, yc)| {
-                let vals = chunk(i, yc.len());
-                for (o, v) in yc.iter_mut().zip(vals) {
-                    *o = bf16::from_f32(v);
-                }
-            });
-            Tensor::bf16(shape, y)
-        }
-        _ => {
-            let mut y = vec![0.0f32; n];
-            y.par_chunks_mut(CHUNK)
-                .enumerate()
-                .for_each(|(i, yc)| yc.copy_from_slice(&chunk(i, yc.len())));
-            Tensor::f32(shape, y)
-        }
-    }
-}
-
-/// The three float operands of an elementwise step.
-fn three<'a>(c: &'a Checked<'_>) -> Option<[Elems<'a>; 3]> {
-    Some([
-        Elems::of(c.input(0))?,
-        Elems::of(c.input(1))?,
-        Elems::of(c.input(2))?,
-    ])
-}
-
-/// The three operands as f32 slices, if all three are f32 (the loops over them
-/// vectorise with no widening copy).
-fn three_f32<'a>(c: &'a Checked<'_>) -> Option<[&'a [f32]; 3]> {
-    Some([
-        c.input(0).as_f32()?,
-        c.input(1).as_f32()?,
-        c.input(2).as_f32()?,
-    ])
+    let shape = c.in_shape(0).to_vec();
+    Some(
+        outs.into_iter()
+            .map(|mut v| {
+                // SAFETY: the tasks wrote every element of `0..n`: their chunks
+                // of `CHUNK` cover it, and each writes all of its chunk.
+                unsafe { v.set_len(n) };
+                O::tensor(shape.clone(), v)
+            })
+            .collect(),
+    )
 }
 
 /// `cross_mix(x0, w, x)`: `x0·w + x` per element (f32 or bf16 operands in any mix).
 fn cross_mix(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
-    if let (Some([x0, w, x]), DType::F32) = (three_f32(c), c.out(0).dtype) {
-        let mut y = vec![0.0f32; x.len()];
-        y.par_chunks_mut(CHUNK).enumerate().for_each(|(i, yc)| {
-            let at = i * CHUNK..i * CHUNK + yc.len();
-            let (x0, w, x) = (&x0[at.clone()], &w[at.clone()], &x[at]);
-            for (k, o) in yc.iter_mut().enumerate() {
-                *o = x0[k] * w[k] + x[k];
-            }
-        });
-        return Some(Ok(vec![Tensor::f32(c.in_shape(2).to_vec(), y)]));
-    }
-    let ops = three(c)?;
-    let shape = c.in_shape(2).to_vec();
-    let y = elementwise(c.out(0).dtype, shape, ops, |x0, w, x| x0 * w + x);
-    Some(Ok(vec![y]))
+    step(c, |x0, w, x| [x0 * w + x])
 }
 
 /// `cross_mix_grad(dy, x0, w)`: `(dy·x0, dy·w)` per element (f32 or bf16 operands
 /// in any mix).
 fn cross_mix_grad(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
-    let all_f32 = (0..2).all(|k| c.out(k).dtype == DType::F32);
-    if let (Some([dy, x0, w]), true) = (three_f32(c), all_f32) {
-        let (mut g, mut dx0) = (vec![0.0f32; dy.len()], vec![0.0f32; dy.len()]);
-        g.par_chunks_mut(CHUNK)
-            .zip(dx0.par_chunks_mut(CHUNK))
-            .enumerate()
-            .for_each(|(i, (gc, dc))| {
-                let at = i * CHUNK..i * CHUNK + gc.len();
-                let (dy, x0, w) = (&dy[at.clone()], &x0[at.clone()], &w[at]);
-                for k in 0..gc.len() {
-                    gc[k] = dy[k] * x0[k];
-                    dc[k] = dy[k] * w[k];
-                }
-            });
-        let shape = c.in_shape(0).to_vec();
-        return Some(Ok(vec![
-            Tensor::f32(shape.clone(), g),
-            Tensor::f32(shape, dx0),
-        ]));
-    }
-    let ops = three(c)?;
-    let shape = c.in_shape(0).to_vec();
-    let g = elementwise(c.out(0).dtype, shape.clone(), ops, |dy, x0, _| dy * x0);
-    let dx0 = elementwise(c.out(1).dtype, shape, ops, |dy, _, w| dy * w);
-    Some(Ok(vec![g, dx0]))
+    step(c, |dy, x0, w| [dy * x0, dy * w])
 }
