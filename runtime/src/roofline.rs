@@ -6,7 +6,11 @@
 //! The machine's two numbers are measured here, on the rank's threads
 //! ([`measure`]): the **FMA peak**, independent fused multiply-adds in registers
 //! (16-wide AVX-512 where the CPU has it, else 8-wide AVX2+FMA, else scalar),
-//! twelve independent accumulators per thread so the FMA latency is hidden; and
+//! twelve independent accumulators per thread so the FMA latency is hidden; the
+//! **bf16 peak**, the same with `vdpbf16ps` (two bf16 products per f32 lane) where
+//! the CPU has AVX512_BF16, else the FMA peak (the kernels widen bf16 to f32
+//! there; AMX tiles are not measured, so on an AMX CPU a bf16 product may pass
+//! it); and
 //! the **memory bandwidth**, a STREAM triad `a = b + s·c` over three 64 MiB
 //! arrays (12 bytes per element: two reads and a write; the write-allocate read is
 //! not counted, as STREAM does not). Each is the best of five runs.
@@ -31,6 +35,9 @@ pub struct Machine {
     pub threads: usize,
     /// The vector width measured (`avx512`, `avx2`, `scalar`).
     pub isa: &'static str,
+    /// Peak of the matrix products on bf16 operands, GFLOP/s: `vdpbf16ps`'s
+    /// where the CPU has AVX512_BF16, else `peak_gflops`.
+    pub bf16_peak_gflops: f64,
 }
 
 /// One row of the report: an op class, or the whole step.
@@ -97,9 +104,18 @@ fn row(class: &'static str, ts: &[&OpTime], steps: f64, m: &Machine) -> Row {
     };
     let (gflops, gbps) = (per_s(flops), per_s(bytes));
     let intensity = if bytes > 0.0 { flops / bytes } else { 0.0 };
+    // The compute roof of a mix: the flops over the least time they take, the
+    // bf16 products at their peak and the rest at the FMA peak.
+    let bf16: f64 = ts.iter().map(|t| t.bf16_flops).sum::<f64>().min(flops);
+    let least = (flops - bf16) / m.peak_gflops + bf16 / m.bf16_peak_gflops.max(m.peak_gflops);
+    let peak = if least > 0.0 {
+        flops / least
+    } else {
+        m.peak_gflops
+    };
     // Without flops (copies, gathers of ints) the roof is the bandwidth itself.
     let (bound, got) = if flops > 0.0 {
-        (m.peak_gflops.min(intensity * m.bandwidth_gbps), gflops)
+        (peak.min(intensity * m.bandwidth_gbps), gflops)
     } else {
         (m.bandwidth_gbps, gbps)
     };
@@ -140,8 +156,13 @@ impl Roofline {
     /// The table `dlrm-run --bench` prints.
     pub fn table(&self) -> String {
         let m = &self.machine;
+        let bf16 = if m.bf16_peak_gflops > m.peak_gflops {
+            format!(", bf16 dot peak {:.1}", m.bf16_peak_gflops)
+        } else {
+            String::new()
+        };
         let mut s = format!(
-            "roofline: FMA peak {:.1} GFLOP/s ({}, {} thread{}), triad bandwidth {:.1} GB/s\n",
+            "roofline: FMA peak {:.1} GFLOP/s{bf16} ({}, {} thread{}), triad bandwidth {:.1} GB/s\n",
             m.peak_gflops,
             m.isa,
             m.threads,
@@ -181,11 +202,13 @@ pub fn measure(threads: usize) -> Machine {
     };
     let (peak_gflops, isa) = run(&|| best_of(5, || fma_peak(threads)));
     let (bandwidth_gbps, _) = run(&|| best_of(5, || (triad(), "")));
+    let (bf16, _) = run(&|| best_of(5, || (bf16_peak(threads), "")));
     Machine {
         peak_gflops,
         bandwidth_gbps,
         threads,
         isa,
+        bf16_peak_gflops: bf16.max(peak_gflops),
     }
 }
 
@@ -245,6 +268,24 @@ fn fma_loop(iters: u64, seed: f32) -> (f64, &'static str) {
     )
 }
 
+/// GFLOP/s of `threads` threads each running the bf16 dot loop at once (0
+/// where the CPU has no AVX512_BF16).
+fn bf16_peak(threads: usize) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512bf16") {
+        const ITERS: u64 = 2_000_000;
+        let t0 = Instant::now();
+        let flops: f64 = (0..threads)
+            .into_par_iter()
+            // SAFETY: the CPU has AVX512_BF16 (checked above), so AVX-512F too.
+            .map(|_| unsafe { x86::dpbf16(ITERS) })
+            .sum();
+        return flops / t0.elapsed().as_secs_f64() / 1e9;
+    }
+    let _ = threads;
+    0.0
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -264,6 +305,32 @@ mod x86 {
             .iter()
             .fold(_mm512_setzero_ps(), |s, &x| _mm512_add_ps(s, x));
         (_mm512_reduce_add_ps(s), 12.0 * 16.0 * 2.0)
+    }
+
+    /// 12 accumulators of 16 lanes, each `vdpbf16ps` two products and two adds
+    /// per lane: 768 flops per round. Returns the flops done (0 if the sum is not
+    /// finite, which it always is: the loop is kept by using it).
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn dpbf16(iters: u64) -> f64 {
+        // bf16 pairs (1/256, 1/256): small products, so the sums stay finite.
+        let ones = _mm512_set1_epi32(0x3b80_3b80);
+        // SAFETY: same size; any bits are a valid __m512bh.
+        let x = unsafe { std::mem::transmute::<__m512i, __m512bh>(ones) };
+        let mut a = [_mm512_setzero_ps(); 12];
+        for _ in 0..iters {
+            for acc in &mut a {
+                *acc = _mm512_dpbf16_ps(*acc, x, x);
+            }
+        }
+        let s = a
+            .iter()
+            .fold(_mm512_setzero_ps(), |s, &v| _mm512_add_ps(s, v));
+        let sum = _mm512_reduce_add_ps(s);
+        if sum.is_finite() {
+            iters as f64 * 12.0 * 16.0 * 4.0
+        } else {
+            0.0
+        }
     }
 
     /// 12 accumulators of 8 lanes: 192 flops per round.
@@ -320,6 +387,7 @@ mod tests {
             seconds,
             flops,
             bytes,
+            bf16_flops: 0.0,
         }
     }
 
@@ -330,6 +398,7 @@ mod tests {
             bandwidth_gbps: 10.0,
             threads: 2,
             isa: "avx2",
+            bf16_peak_gflops: 100.0,
         };
         let times = [
             op("brgemm", 1.0, 80e9, 1e9),       // intensity 80: compute bound 100
@@ -354,9 +423,35 @@ mod tests {
         );
     }
 
+    /// Products on bf16 operands are bounded by the bf16 peak, the rest of a
+    /// class by the FMA peak: the compute roof of a mix is its flops over the
+    /// least time they take.
+    #[test]
+    fn bf16_products_are_bounded_by_the_bf16_peak() {
+        let m = Machine {
+            peak_gflops: 100.0,
+            bandwidth_gbps: 1e6,
+            threads: 2,
+            isa: "avx512",
+            bf16_peak_gflops: 200.0,
+        };
+        let mut all = op("brgemm", 1.0, 160e9, 1e6);
+        all.bf16_flops = 160e9;
+        let mut half = op("brgemm_wgrad", 1.0, 90e9, 1e6);
+        half.bf16_flops = 60e9;
+        let r = roofline(&[all, half], 1, m);
+        let get = |c: &str| r.classes.iter().find(|x| x.class == c).expect(c).clone();
+        assert!((get("gemm forward").bound - 200.0).abs() < 1e-9);
+        assert!((get("gemm forward").fraction - 0.8).abs() < 1e-12);
+        // 30 GF at 100 and 60 GF at 200: 0.6 s at best, so a roof of 150.
+        assert!((get("gemm wgrad").bound - 150.0).abs() < 1e-9);
+        assert!(r.table().contains("bf16 dot peak 200.0"), "{}", r.table());
+    }
+
     #[test]
     fn the_measured_machine_is_positive() {
         let m = measure(1);
         assert!(m.peak_gflops > 0.0 && m.bandwidth_gbps > 0.0, "{m:?}");
+        assert!(m.bf16_peak_gflops >= m.peak_gflops, "{m:?}");
     }
 }

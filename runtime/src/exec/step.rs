@@ -188,6 +188,11 @@ impl Executor {
                 self.slots[v.index()] = None;
             }
             let took = t0.elapsed();
+            let bf16_flops = if super::timing::bf16_product(&self.graph, n) {
+                cost.flops
+            } else {
+                0.0
+            };
             if self.graph.nodes()[n].op.is_collective() {
                 self.comm_busy += took;
                 self.comm_exposed += took;
@@ -200,6 +205,7 @@ impl Executor {
                 e.time += took;
                 e.cost.flops += cost.flops;
                 e.cost.bytes += cost.bytes;
+                e.bf16_flops += bf16_flops;
             }
         }
         while let Some((&c, _)) = replies.first_key_value() {

@@ -28,6 +28,10 @@ pub struct OpTime {
     pub flops: f64,
     /// Total bytes moved ([`dlrm_codegen::cost`] conventions).
     pub bytes: f64,
+    /// The part of `flops` in matrix products whose two matrix operands are
+    /// bf16 ([`bf16_product`]): the products a CPU with bf16 dot-product
+    /// instructions runs at its bf16 peak (the roofline's bound for them).
+    pub bf16_flops: f64,
 }
 
 impl OpTime {
@@ -56,6 +60,7 @@ pub(super) struct Acc {
     pub(super) calls: u64,
     pub(super) time: Duration,
     pub(super) cost: Cost,
+    pub(super) bf16_flops: f64,
 }
 
 impl Acc {
@@ -67,6 +72,7 @@ impl Acc {
             seconds: self.time.as_secs_f64(),
             flops: self.cost.flops,
             bytes: self.cost.bytes,
+            bf16_flops: self.bf16_flops,
         }
     }
 }
@@ -126,4 +132,26 @@ impl Executor {
         self.comm_busy = Duration::ZERO;
         self.comm_exposed = Duration::ZERO;
     }
+}
+
+/// Whether node `n` of `graph` is a matrix product (the blocked GEMMs and
+/// `linear`'s three products) whose two matrix operands, its first two, are
+/// both bf16.
+pub(super) fn bf16_product(graph: &dlrm_ir::Graph, n: usize) -> bool {
+    use dlrm_ir::{DType, Op};
+    let node = &graph.nodes()[n];
+    let product = matches!(
+        node.op,
+        Op::Brgemm { .. }
+            | Op::BrgemmDgrad { .. }
+            | Op::BrgemmWgrad { .. }
+            | Op::Linear { .. }
+            | Op::LinearDx
+            | Op::LinearDw
+    );
+    product
+        && node.inputs.len() >= 2
+        && node.inputs[..2]
+            .iter()
+            .all(|&v| graph.ty(v).dtype == DType::BF16)
 }
