@@ -82,7 +82,6 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module};
-use dlrm_ir::ops::embedding_bag_q8;
 use dlrm_ir::{Checked, InteractionKind, NodeInstance, Op, Pool, Tensor, TensorType};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -678,11 +677,12 @@ fn dispatch<'a>(
         Op::EmbeddingBag { mode, last_offset } => checked!((jit, c) => {
             embedding::embedding_bag(jit, (*mode, false, *last_offset), Rows::All, c, out_types)
         }),
-        Op::Module(m) if m.mnemonic() == embedding_bag_q8::MNEMONIC => checked!((jit, c) => {
-            let (mode, last_offset) = embedding_bag_q8::attrs_of(m);
-            let weighted = c.inputs().len() == 4;
-            embedding::embedding_bag(jit, (mode, weighted, last_offset), Rows::All, c, out_types)
-        }),
+        // A module op's JIT kernel, from the registry (`None`: the reference
+        // kernel, then the interpreter).
+        Op::Module(m) => {
+            let run = crate::modules::jit(m)?;
+            checked!((jit, c) => run(jit, m, c, out_types, opts))
+        }
         Op::EmbeddingBagWeighted => checked!((jit, c) => {
             embedding::embedding_bag(jit, (Pool::Sum, true, false), Rows::All, c, out_types)
         }),

@@ -45,7 +45,7 @@
 
 pub mod adagrad;
 pub mod brgemm;
-mod cross;
+pub(crate) mod cross;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemm;
@@ -214,12 +214,12 @@ fn dispatch<'a>(
         // A module op's kernel decides which dtypes it handles (`None`: the
         // interpreter runs) and stores its results in the declared dtypes.
         Op::Module(m) => {
-            let run = cross::kernel(m.mnemonic())?;
+            let run = crate::modules::reference(m)?;
             let c = match bind() {
                 Ok(c) => c,
                 Err(e) => return Some(Err(e)),
             };
-            run(&c)?
+            run(m, &c)?
         }
         Op::Linear { act } => checked!(c => one(gemm::linear(*act, c)?)),
         Op::LinearDx => checked!(c => one(gemm::linear_dx(c)?)),

@@ -25,6 +25,23 @@ macro_rules! not_an_update {
     };
 }
 
+/// `onnx` and `onnx_import` of an op module that ONNX has no op for (its
+/// decomposition is exported; no ONNX node imports as it).
+macro_rules! no_onnx_form {
+    () => {
+        fn onnx(&self, _: &crate::module::ModOp) -> Option<crate::module::OnnxNode> {
+            None
+        }
+
+        fn onnx_import(
+            &self,
+            _: &crate::module::OnnxNode,
+        ) -> Option<std::result::Result<crate::module::ModOp, String>> {
+            None
+        }
+    };
+}
+
 pub mod cross;
 pub mod cross_mix;
 pub mod cross_saved;
