@@ -462,7 +462,6 @@ fn all_graphs() -> Vec<Graph> {
         sharded_ops(),
         // ---- generic ops (ONNX import)
         generic_ops(),
-        gelu(),
         adagrad(),
         jagged(),
     ]
@@ -479,19 +478,6 @@ fn jagged() -> Graph {
 fn adagrad() -> Graph {
     let src = include_str!("text_cases/roundtrip/adagrad.ir");
     text::parse(src).unwrap()
-}
-
-/// `gelu` and its gradient (whose second operand is the forward input).
-fn gelu() -> Graph {
-    let mut g = Graph::new("gelu");
-    let ty = TensorType::f32([Dim::batch(), Dim::Fixed(8)]);
-    let x = g.add_input("x", ty.clone()).unwrap();
-    let dy = g.add_input("dy", ty).unwrap();
-    let y = g.add(Op::Gelu, &[x], "y").unwrap();
-    let dx = g.add(Op::GeluGrad, &[dy, x], "dx").unwrap();
-    g.add_output(y);
-    g.add_output(dx);
-    g
 }
 
 // ---- fused / blocked ops (e-graph, precision)

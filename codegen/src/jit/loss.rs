@@ -1,8 +1,8 @@
 //! Loss JIT kernels: `bce_logits` and `bce_logits_grad` on logits, `bce`,
 //! `bce_grad`, `mse` and `mse_grad` on probabilities, the `sigmoid` of an
 //! inference graph's output, and the elementwise ops defined by a Rust scalar
-//! function ([`Scalar`], [`map`]: `gelu`, `gelu_grad`, module ops whose formula
-//! needs a libm function); f32 or bf16 operands and result.
+//! function ([`Scalar`], [`map`]: module ops whose formula needs a libm
+//! function); f32 or bf16 operands and result.
 //!
 //! Cranelift has no `exp`/`log1p`/`ln`: the kernels call [`EXP_SYMBOL`],
 //! [`LOG1P_SYMBOL`] and [`LN_SYMBOL`], JIT symbols bound to Rust's own
@@ -23,7 +23,7 @@
 //! - `mse`: `acc += (p - y)·(p - y)` sequentially, then `acc / denom`; `mse_grad`:
 //!   `(2·(p - y)) / denom` elementwise; `sigmoid`: `1 / (1 + exp(-x))`
 //!   elementwise: bitwise the interpreter's;
-//! - a [`Scalar`] map (`gelu(x)`, `gelu_grad(dy, x)`): a call per element of
+//! - a [`Scalar`] map (`f(x)` or `f(a, b)`): a call per element of
 //!   [`MAP_SYMBOL`], bound to the op's own scalar definition (the function the
 //!   interpreter calls): bitwise the interpreter's.
 //!
@@ -68,14 +68,6 @@ extern "C" fn log1pf(x: f32) -> f32 {
 
 extern "C" fn logf(x: f32) -> f32 {
     x.ln()
-}
-
-extern "C" fn gelu(x: f32) -> f32 {
-    dlrm_ir::interp::gelu1(x)
-}
-
-extern "C" fn gelu_grad(dy: f32, x: f32) -> f32 {
-    dlrm_ir::interp::gelu_grad1(dy, x)
 }
 
 /// The scalar definition of an elementwise op, which a pointwise kernel calls
@@ -412,9 +404,9 @@ fn resolve(d: &Dim, syms: &HashMap<String, usize>) -> Option<f32> {
     (n > 0).then_some(n as f32)
 }
 
-/// `bce_logits`, `bce_logits_grad`, `bce`, `bce_grad`, `mse`, `mse_grad`,
-/// `sigmoid`, `gelu` and `gelu_grad` with JIT kernels (`None`: another op, non-float operands or
-/// result, or an unresolved or zero denominator).
+/// `bce_logits`, `bce_logits_grad`, `bce`, `bce_grad`, `mse`, `mse_grad` and
+/// `sigmoid` with JIT kernels (`None`: another op, non-float operands or result,
+/// or an unresolved or zero denominator).
 pub(crate) fn eval(
     jit: &Jit,
     c: &Checked<'_>,
@@ -429,11 +421,6 @@ pub(crate) fn eval(
         Op::Mse { denom } => (PointwiseKind::Mse, denom),
         Op::MseGrad { denom } => (PointwiseKind::MseGrad, denom),
         Op::Sigmoid => (PointwiseKind::Sigmoid, &Dim::Fixed(1)),
-        Op::Gelu => (PointwiseKind::Map(Scalar::Unary(gelu)), &Dim::Fixed(1)),
-        Op::GeluGrad => (
-            PointwiseKind::Map(Scalar::Binary(gelu_grad)),
-            &Dim::Fixed(1),
-        ),
         _ => return None,
     };
     run(jit, c, out_types, kind, resolve(denom, syms)?)

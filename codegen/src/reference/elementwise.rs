@@ -1,7 +1,7 @@
 //! Elementwise ops on f32, parallel over chunks: `relu`, `relu_grad`, `sigmoid`,
-//! `sigmoid_grad`, `gelu`, `gelu_grad`, `add`. Each element is computed exactly as
-//! the definition writes it (`gelu` and `gelu_grad` call the interpreter's own
-//! scalar functions), so results are bitwise equal to a sequential loop.
+//! `sigmoid_grad`, `add`, and module ops defined by a scalar function ([`unary`],
+//! [`binary`] of the module's own function). Each element is computed exactly as
+//! the definition writes it, so results are bitwise equal to a sequential loop.
 //!
 //! Each kernel takes its operands checked against the node's instance
 //! ([`Checked`]: the shape rule — one operand, or two of the same shape — was
@@ -69,16 +69,6 @@ pub fn relu_grad(c: &Checked<'_>) -> Option<KResult<Tensor>> {
 /// `sigmoid_grad(dy, y) = dy · y · (1 - y)`.
 pub fn sigmoid_grad(c: &Checked<'_>) -> Option<KResult<Tensor>> {
     binary(c, |dy, y| dy * y * (1.0 - y))
-}
-
-/// `gelu(x)`: [`dlrm_ir::interp::gelu1`] per element.
-pub fn gelu(c: &Checked<'_>) -> Option<KResult<Tensor>> {
-    unary(c, dlrm_ir::interp::gelu1)
-}
-
-/// `gelu_grad(dy, x)`: [`dlrm_ir::interp::gelu_grad1`] per element.
-pub fn gelu_grad(c: &Checked<'_>) -> Option<KResult<Tensor>> {
-    binary(c, dlrm_ir::interp::gelu_grad1)
 }
 
 /// `add(a, b) = a + b`.

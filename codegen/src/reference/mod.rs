@@ -8,8 +8,8 @@
 //! - [`embedding`]: `embedding_bag` and `embedding_bag_grad` (fixed pooling and
 //!   offsets), parallel over bags;
 //! - [`interaction`]: `interaction` and `interaction_grad` (`dot` and `cat`);
-//! - [`elementwise`]: `relu`, `relu_grad`, `sigmoid`, `sigmoid_grad`, `gelu`,
-//!   `gelu_grad`, `add`;
+//! - [`elementwise`]: `relu`, `relu_grad`, `sigmoid`, `sigmoid_grad`, `add`
+//!   (and the elementwise module ops' maps);
 //! - [`loss`]: `bce_logits`, `bce_logits_grad`;
 //! - [`optim`] and [`adagrad`]: the in-place updates (`sgd`, `split_sgd`,
 //!   `sparse_sgd`, `embedding_update`, `split_embedding_update`, SC20's race-free
@@ -243,8 +243,6 @@ fn dispatch<'a>(
         Op::ReluGrad => checked!(c => one(elementwise::relu_grad(c)?)),
         Op::Sigmoid => checked!(c => one(elementwise::sigmoid(c)?)),
         Op::SigmoidGrad => checked!(c => one(elementwise::sigmoid_grad(c)?)),
-        Op::Gelu => checked!(c => one(elementwise::gelu(c)?)),
-        Op::GeluGrad => checked!(c => one(elementwise::gelu_grad(c)?)),
         Op::Add => checked!(c => one(elementwise::add(c)?)),
         Op::BceLogits { denom } => checked!(c => one(loss::bce_logits(denom, c, syms)?)),
         Op::BceLogitsGrad { denom } => checked!(c => one(loss::bce_logits_grad(denom, c, syms)?)),

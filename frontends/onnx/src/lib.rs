@@ -50,8 +50,6 @@ mod ops;
 mod proto;
 mod sym;
 mod tensor;
-#[cfg(test)]
-mod test_models;
 
 pub use error::{OnnxError, Result};
 

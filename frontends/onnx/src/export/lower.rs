@@ -296,11 +296,6 @@ impl<'g, 'a> Lower<'g, 'a> {
                 let y = self.b.node(op, &[&x], vec![], &hint);
                 Repr::Plain(self.round(y, out_ty.dtype, &hint))
             }
-            Op::Gelu => {
-                let x = self.plain(inp(0)?)?;
-                let y = self.gelu(&x, &hint);
-                Repr::Plain(self.round(y, out_ty.dtype, &hint))
-            }
             Op::Add | Op::Binary { .. } | Op::MatMul => {
                 self.binary(node, inp(0)?, inp(1)?, out_ty.dtype, &hint)?
             }
