@@ -335,7 +335,6 @@ proptest! {
     }
 
     #[test]
-    #[ignore = "gelu returns as an op module in the next commit (issue 40)"]
     fn gelu_and_grad_match_the_references(
         shape in proptest::collection::vec(0usize..20, 1..4),
         bf_x in any::<bool>(),

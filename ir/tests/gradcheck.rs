@@ -199,7 +199,6 @@ fn sigmoid_grad_matches_sigmoid() {
 }
 
 #[test]
-#[ignore = "gelu returns as an op module in the next commit (issue 40)"]
 fn gelu_grad_matches_gelu() {
     let mut r = rng(3);
     // N(0, 2²): both tails and the curved middle.

@@ -350,7 +350,6 @@ fn elementwise_ops_and_their_grads() {
 /// `gelu` (tanh approximation) and `gelu_grad` against values computed by hand in
 /// f64 (`0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³)))` and its derivative).
 #[test]
-#[ignore = "gelu returns as an op module in the next commit (issue 40)"]
 fn gelu_and_its_grad_by_hand() {
     let xs = [-3., -1., -0.5, 0., 0.5, 1., 3.];
     let y = eval1(&ModOp::op("gelu"), &[&f(&[7], &xs)]);

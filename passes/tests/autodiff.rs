@@ -339,7 +339,6 @@ fn gradients_match_finite_differences_concat_split_reshape() {
 /// `gelu_grad(dy, x)` on the forward *input*, and the step matches finite
 /// differences of the loss.
 #[test]
-#[ignore = "gelu returns as an op module in the next commit (issue 40)"]
 fn gelu_gradient_reads_the_input_and_matches_finite_differences() {
     let (b, f) = (Dim::batch, Dim::Fixed);
     let mut g = Graph::new("gelu_mlp");

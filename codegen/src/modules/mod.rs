@@ -13,6 +13,8 @@
 //! computes what the module's `eval` defines (bit for bit or within the
 //! tolerance its file documents; `codegen/tests` check it).
 
+mod gelu;
+
 use crate::jit::{Jit, JitOptions};
 use crate::reference::KResult;
 use dlrm_ir::module::ModOp;
@@ -103,6 +105,12 @@ static KERNELS: &[Kernels] = {
         Kernels::of("cross_mix").reference(cross::cross_mix),
         Kernels::of("cross_mix_grad").reference(cross::cross_mix_grad),
         Kernels::of(embedding_bag_q8::MNEMONIC).jit(embedding::embedding_bag_q8),
+        Kernels::of("gelu")
+            .reference(gelu::gelu)
+            .jit(gelu::gelu_jit),
+        Kernels::of("gelu_grad")
+            .reference(gelu::gelu_grad)
+            .jit(gelu::gelu_grad_jit),
         Kernels::of(split_adagrad::DENSE).update(split::dense_update),
         Kernels::of(split_adagrad::TABLE)
             .update(split::table_update)

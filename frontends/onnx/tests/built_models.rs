@@ -146,7 +146,6 @@ fn gelu_model(approximate: Option<&str>) -> Vec<u8> {
 }
 
 #[test]
-#[ignore = "gelu returns as an op module in the next commit (issue 40)"]
 fn gelu_tanh_maps_to_gelu_and_erf_is_refused() {
     let m = dlrm_onnx::from_bytes(&gelu_model(Some("tanh")), "gelu.onnx", None)
         .unwrap_or_else(|e| panic!("{e}"));

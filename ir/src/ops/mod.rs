@@ -46,6 +46,7 @@ pub mod cross;
 pub mod cross_mix;
 pub mod cross_saved;
 pub mod embedding_bag_q8;
+pub mod gelu;
 pub mod split_adagrad;
 
 use crate::module::OpModule;
@@ -60,6 +61,8 @@ pub static MODULES: &[&dyn OpModule] = &[
     &cross_saved::CrossSave,
     &cross_saved::CrossGradSaved,
     &embedding_bag_q8::EmbeddingBagQ8,
+    &gelu::Gelu,
+    &gelu::GeluGrad,
     &split_adagrad::SplitAdagrad,
     &split_adagrad::SplitEmbeddingUpdateAdagrad,
 ];
