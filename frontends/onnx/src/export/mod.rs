@@ -23,7 +23,11 @@
 //!   order, `Concat` after the dense vector (PyTorch's export of the reference
 //!   DLRM, which the importer's `canon` pass turns back into `interaction`);
 //!   `cat`: `Concat`;
-//! - the generic ops of imported models map to their ONNX namesakes.
+//! - the generic ops of imported models map to their ONNX namesakes;
+//! - a module op (`dlrm_ir::ops`) is its native ONNX node from the opset that
+//!   has it (`OpModule::onnx`, `lower/modules.rs`: `gelu` is `Gelu` from 20),
+//!   else its decomposition into the ops above, with its constants as
+//!   initializers (an int8 bag is lowered as a bag).
 //!
 //! Precision: floats are f32 in the model. bf16 parameters are widened exactly
 //! (the model is twice their size); where the IR rounds a result to bf16 the model
