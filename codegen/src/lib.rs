@@ -15,6 +15,8 @@
 //!   the JIT's oracle and fallback, and the in-place optimizer updates including
 //!   the SC20 race-free sparse update. Entry: [`try_eval`].
 //! - [`update`]: the in-place optimizer updates (JIT kernel, else reference).
+//! - [`modules`]: the kernels of the module ops (`dlrm_ir::ops`), one registry
+//!   line per op, which the three above consult.
 //! - [`cost`]: flops and bytes of an op execution (the `--bench` table).
 //!
 //! Every kernel computes what `dlrm_ir::interp::eval_op` defines (up to float
@@ -28,6 +30,7 @@
 
 pub mod cost;
 pub mod jit;
+mod modules;
 pub mod reference;
 pub mod update;
 

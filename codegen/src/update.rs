@@ -3,7 +3,8 @@
 //! `sparse_sgd_rows`, `embedding_update_rows`, `split_embedding_update_rows`; the
 //! Adagrad updates `adagrad`, `sparse_adagrad`, `embedding_update_adagrad`,
 //! `embedding_update_adagrad_rows`; the module updates `split_adagrad` and
-//! `split_embedding_update_adagrad`, [`crate::reference::split_adagrad`])
+//! `split_embedding_update_adagrad`, [`crate::reference::split_adagrad`], their
+//! kernels found in the module registry, [`crate::modules`])
 //! with the best kernel there is: a
 //! JIT kernel when the caller allows it and one exists for these dtypes, else the
 //! reference kernel ([`crate::reference::optim`]).
@@ -109,6 +110,9 @@ pub fn update_in_place_instance(
         };
         return update_in_place_instance(&narrowed, None, params, &[&i, &g], jit);
     }
+    if let Op::Module(m) = &op {
+        return crate::modules::update(m, &mut c, jit.is_some());
+    }
     if jit.is_some()
         && let Some(r) = jit::sparse::update_in_place(&op, &mut c)
             .or_else(|| jit::adagrad::update_in_place(&op, &mut c))
@@ -124,8 +128,6 @@ fn reference(op: &Op, c: &mut CheckedMut<'_>) -> Option<KResult<()>> {
     use reference::{adagrad, optim};
     let rows = rows_of(op);
     Some(match *op {
-        // A module update's kernel, by mnemonic (`None`: the interpreter runs it).
-        Op::Module(ref m) => return reference::split_adagrad::update(m, c),
         Op::Sgd { lr } => optim::sgd(c, lr),
         Op::SplitSgd { lr } => optim::split_sgd(c, lr),
         Op::SparseSgd { lr } | Op::SparseSgdRows { lr, .. } => optim::sparse_sgd(c, rows, lr),

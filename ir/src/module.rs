@@ -4,16 +4,20 @@
 //! `ir/src/ops/`: its mnemonic and attributes (the text form and the e-graph form
 //! come from them), its shape rule, its interpreter definition, its gradient rule
 //! (the IR it adds to the backward graph), its work count (one model: flops and
-//! bytes, read by the graph statistics, the e-graph cost and the planner) and its
-//! decomposition into primitive ops (what the ONNX exporter writes). The trait has
-//! no default for any of them, so an aspect cannot be forgotten: a module that
+//! bytes, read by the graph statistics, the e-graph cost and the planner), its
+//! decomposition into primitive ops and its ONNX form (a native node the exporter
+//! writes from the opset that has it, and the importer reads back; the
+//! decomposition is written before it, or always when there is none). The trait
+//! has no default for any of them, so an aspect cannot be forgotten: a module that
 //! lacks one does not compile. The op reaches the IR as [`Op::Module`]; every
 //! consumer of ops has one arm for all modules, which calls the trait.
 //!
 //! Adding an op is therefore: its file under `ir/src/ops/`, one line in
 //! [`MODULES`] (`ir/src/ops/mod.rs`), and, for speed, a kernel file in `codegen/`
-//! with one line in that crate's kernel list (without one the interpreter runs).
-//! `docs/adding-an-op.md` walks through it with `cross` as the example.
+//! with one line in that crate's kernel registry (`codegen/src/modules/mod.rs`:
+//! its reference kernel, its JIT kernel, its in-place update; without one the
+//! interpreter runs). `docs/adding-an-op.md` walks through it with `gelu` as the
+//! example.
 
 use crate::error::Result;
 use crate::graph::{Graph, ValueId};
@@ -22,6 +26,7 @@ use crate::op::{Attr, Op, Pool, State};
 use crate::tensor::Tensor;
 use crate::types::TensorType;
 use std::fmt;
+use std::ops::{Deref, DerefMut};
 
 pub use crate::ops::MODULES;
 
@@ -147,19 +152,197 @@ pub trait OpModule: Send + Sync + 'static {
     fn backward(&self, op: &ModOp, cx: &mut dyn GradCx) -> Result<()>;
 
     /// The op as primitive ops (those an exporter writes): appends nodes computing
-    /// the same results from `operands` to `g` and returns them. `names` holds one
-    /// name hint per result.
+    /// the same results from `operands` to the graph of `g` and returns them;
+    /// the constants they need come from [`DecomposeCx::scalar`]. `names` holds
+    /// one name hint per result.
     fn decompose(
         &self,
         op: &ModOp,
-        g: &mut Graph,
+        g: &mut DecomposeCx<'_>,
         operands: &[ValueId],
         names: &[&str],
     ) -> Result<Vec<ValueId>>;
 
+    /// The op's native ONNX node ([`OnnxNode`]: op type, domain, the oldest opset
+    /// of that domain that has it, attributes), `None` for an op ONNX has none
+    /// for. The exporter writes it, one result per ONNX output, from that opset
+    /// on and the [`OpModule::decompose`] before it (and always when `None`).
+    fn onnx(&self, op: &ModOp) -> Option<OnnxNode>;
+
+    /// The op an ONNX node the importer has no builder for stands for: `None`
+    /// when `node` is not this module's ONNX op (another module may take it),
+    /// `Some(Err(reason))` when it is but its attributes have no exact
+    /// equivalent here (never an approximation; the importer names the node).
+    /// Its operands are the node's inputs, in order.
+    fn onnx_import(&self, node: &OnnxNode) -> Option<std::result::Result<ModOp, String>>;
+
     /// The op as an optimizer update ([`OptimizerUpdate`]: its rate, its in-place
     /// state, its gradient), `None` for an op that is not one.
     fn update(&self, op: &ModOp) -> Option<OptimizerUpdate>;
+}
+
+/// The ONNX domain of the standard ops (`ai.onnx`, written as the empty string).
+pub const ONNX_DEFAULT_DOMAIN: &str = "";
+
+/// One ONNX node as a module op sees it: the native form it exports to
+/// ([`OpModule::onnx`]) and the node it imports from ([`OpModule::onnx_import`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OnnxNode {
+    /// The op type (`Gelu`).
+    pub op_type: String,
+    /// The operator set domain: [`ONNX_DEFAULT_DOMAIN`] for the standard ops
+    /// (`ai.onnx` is read as it), else a custom domain (`com.microsoft`).
+    pub domain: String,
+    /// The opset version of `domain`: on export the oldest one that has the op
+    /// in this form, on import the model's.
+    pub opset: i64,
+    /// The attributes, by name.
+    pub attrs: Vec<(String, OnnxAttr)>,
+}
+
+impl OnnxNode {
+    /// A node of `op_type` in `domain` from opset `opset`, without attributes yet.
+    pub fn new(op_type: &str, domain: &str, opset: i64) -> OnnxNode {
+        OnnxNode {
+            op_type: op_type.to_string(),
+            domain: domain.to_string(),
+            opset,
+            attrs: Vec::new(),
+        }
+    }
+
+    /// This node with attribute `name` set to `value`.
+    pub fn with(mut self, name: &str, value: OnnxAttr) -> OnnxNode {
+        self.attrs.push((name.to_string(), value));
+        self
+    }
+
+    /// Whether the node is in the default domain ([`ONNX_DEFAULT_DOMAIN`], or
+    /// `ai.onnx`, its other name).
+    pub fn in_default_domain(&self) -> bool {
+        is_default_domain(&self.domain)
+    }
+
+    /// Whether this is the node `op_type` of `domain` (`ai.onnx` read as the
+    /// default domain).
+    pub fn is(&self, op_type: &str, domain: &str) -> bool {
+        let same_domain =
+            self.domain == domain || (self.in_default_domain() && is_default_domain(domain));
+        self.op_type == op_type && same_domain
+    }
+
+    /// The value of attribute `name`, if the node has it.
+    pub fn attr(&self, name: &str) -> Option<&OnnxAttr> {
+        self.attrs.iter().find(|(k, _)| k == name).map(|(_, a)| a)
+    }
+
+    /// The string attribute `name`, `default` when absent; an error naming it
+    /// when it is not a string.
+    pub fn string(&self, name: &str, default: &str) -> std::result::Result<String, String> {
+        match self.attr(name) {
+            None => Ok(default.to_string()),
+            Some(OnnxAttr::Str(s)) => Ok(s.clone()),
+            Some(other) => Err(format!(
+                "attribute `{name}` must be a string, got {other:?}"
+            )),
+        }
+    }
+
+    /// An error naming the first attribute not in `known` (an importer refuses
+    /// what it would otherwise ignore).
+    pub fn only_attrs(&self, known: &[&str]) -> std::result::Result<(), String> {
+        match self
+            .attrs
+            .iter()
+            .find(|(k, _)| !known.contains(&k.as_str()))
+        {
+            Some((k, _)) => Err(format!("unsupported attribute `{k}`")),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Whether `domain` names the default domain (`""` or `ai.onnx`).
+fn is_default_domain(domain: &str) -> bool {
+    matches!(domain, ONNX_DEFAULT_DOMAIN | "ai.onnx")
+}
+
+/// An ONNX attribute value ([`OnnxNode`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum OnnxAttr {
+    /// `i`.
+    Int(i64),
+    /// `f`.
+    Float(f32),
+    /// `s` (UTF-8).
+    Str(String),
+    /// `ints`.
+    Ints(Vec<i64>),
+    /// `floats`.
+    Floats(Vec<f32>),
+    /// A kind no module reads (a tensor, a graph, a list of strings): present,
+    /// so that an importer can refuse it by name.
+    Other,
+}
+
+/// The op of an ONNX node that a module imports ([`OpModule::onnx_import`], the
+/// first module of [`MODULES`] that takes it): `None` when none does.
+pub fn onnx_import(node: &OnnxNode) -> Option<std::result::Result<Op, String>> {
+    MODULES
+        .iter()
+        .find_map(|m| m.onnx_import(node))
+        .map(|r| r.map(Op::Module))
+}
+
+/// Where [`OpModule::decompose`] writes: the graph being built (the context
+/// dereferences to it: `g.add(..)`) and the constants the decomposition needs,
+/// which become parameters of that graph with their values recorded
+/// ([`DecomposeCx::scalar`]; [`Decomposed::constants`]).
+pub struct DecomposeCx<'a> {
+    graph: &'a mut Graph,
+    constants: &'a mut Vec<(String, Tensor)>,
+}
+
+impl<'a> DecomposeCx<'a> {
+    /// A context writing into `graph`, recording constants in `constants`.
+    pub fn new(graph: &'a mut Graph, constants: &'a mut Vec<(String, Tensor)>) -> Self {
+        DecomposeCx { graph, constants }
+    }
+
+    /// The f32 scalar `value` (shape `[]`) as a new parameter named after
+    /// `hint`, its value recorded.
+    pub fn scalar(&mut self, hint: &str, value: f32) -> Result<ValueId> {
+        let name = self.graph.fresh_name(hint);
+        let v = self.graph.add_param(&name, TensorType::f32([]))?;
+        self.constants
+            .push((name, Tensor::f32(Vec::new(), vec![value])));
+        Ok(v)
+    }
+}
+
+impl Deref for DecomposeCx<'_> {
+    type Target = Graph;
+
+    fn deref(&self) -> &Graph {
+        self.graph
+    }
+}
+
+impl DerefMut for DecomposeCx<'_> {
+    fn deref_mut(&mut self) -> &mut Graph {
+        self.graph
+    }
+}
+
+/// A graph whose module ops were decomposed ([`decompose_modules`]): the graph,
+/// and the values of the parameters the decompositions added (their constants).
+#[derive(Clone, Debug)]
+pub struct Decomposed {
+    /// The graph.
+    pub graph: Graph,
+    /// The added parameters' values, by name (every other parameter is the
+    /// original graph's).
+    pub constants: Vec<(String, Tensor)>,
 }
 
 /// A module op with its attribute values: the payload of [`Op::Module`].
@@ -234,6 +417,11 @@ impl ModOp {
     /// The op as an optimizer update ([`OpModule::update`]).
     pub fn update(&self) -> Option<OptimizerUpdate> {
         self.def.update(self)
+    }
+
+    /// The op's native ONNX node ([`OpModule::onnx`]).
+    pub fn onnx(&self) -> Option<OnnxNode> {
+        self.def.onnx(self)
     }
 }
 
@@ -332,14 +520,25 @@ pub(crate) fn from_parts(
 }
 
 /// `g` with every module op replaced by its [`OpModule::decompose`] (inputs,
-/// parameters, outputs, updates and every other value's name kept): the graph an
-/// exporter writes, and a second definition the tests check the module's own
-/// against.
-pub fn decompose_modules(g: &Graph) -> Result<Graph> {
-    rebuild(g, &mut |_, node, out, ins, names| match &node.op {
-        Op::Module(m) => Some(m.def().decompose(m, out, ins, names)),
+/// parameters, outputs, updates and every other value's name kept), and the
+/// constants the decompositions added: a second definition the tests check
+/// the module's own against.
+pub fn decompose_modules(g: &Graph) -> Result<Decomposed> {
+    decompose_modules_where(g, &|_| true)
+}
+
+/// [`decompose_modules`] of the module ops `which` selects (the others kept):
+/// what the ONNX exporter writes for the ops without a native form.
+pub fn decompose_modules_where(g: &Graph, which: &dyn Fn(&ModOp) -> bool) -> Result<Decomposed> {
+    let mut constants = Vec::new();
+    let graph = rebuild(g, &mut |_, node, out, ins, names| match &node.op {
+        Op::Module(m) if which(m) => {
+            let mut cx = DecomposeCx::new(out, &mut constants);
+            Some(m.def().decompose(m, &mut cx, ins, names))
+        }
         _ => None,
-    })
+    })?;
+    Ok(Decomposed { graph, constants })
 }
 
 /// What [`rebuild`] asks of each node: `(index, node, the new graph, its operands

@@ -96,11 +96,6 @@ pub enum Op {
     Add,
     /// `sigmoid(x) -> x'`: elementwise `1 / (1 + exp(-x))`.
     Sigmoid,
-    /// `gelu(x) -> x'`: elementwise GELU, the tanh approximation (PyTorch's
-    /// `approximate="tanh"`, ONNX `Gelu` with `approximate="tanh"`): in f32, with
-    /// `β = sqrt(2/π)` and `κ = 0.044715`, `u = β·(x + κ·((x·x)·x))` and
-    /// `y = (0.5·x)·(1 + tanh(u))`, in that order (PyTorch's CPU kernel).
-    Gelu,
     /// `interaction(x[S,D], e_0[S,D], .., e_{n-1}[S,D]) -> r`.
     /// `dot`: with `T = [x, e_0, .., e_{n-1}]` (F = n+1 vectors per sample),
     /// `Z[i][j] = T_i · T_j`; keep `i > j` (and `i == j` if `self_interaction`) in
@@ -149,11 +144,6 @@ pub enum Op {
     ReluGrad,
     /// `sigmoid_grad(dy, y) -> dx`: `dy · y · (1 - y)` (`y` is sigmoid's output).
     SigmoidGrad,
-    /// `gelu_grad(dy, x) -> dx`: the gradient of [`Op::Gelu`] at its *input* `x`
-    /// (not its output, unlike `relu_grad`/`sigmoid_grad`): with `u` as in `gelu`
-    /// and `t = tanh(u)`, in f32 and in this order (PyTorch's CPU kernel):
-    /// `dy · (0.5·(1 + t) + ((0.5·x)·(1 - t·t))·(β·(1 + (3·κ)·(x·x))))`.
-    GeluGrad,
     /// `linear_dx(dz[S,N], w[N,K]) -> [S,K]`: `dz · w` (gradient of the input; `dz`
     /// is the gradient after the activation's backward).
     LinearDx,

@@ -145,7 +145,7 @@ fn two_layers(s: usize, d: usize, r: usize) -> Graph {
 fn decomposition_computes_the_same_values() {
     let (s, d, r) = (4, 6, 3);
     let g = two_layers(s, d, r);
-    let flat = decompose_modules(&g).expect("test value");
+    let flat = decompose_modules(&g).expect("test value").graph;
     assert!(flat.nodes().iter().all(|n| !matches!(n.op, Op::Module(_))));
     assert_eq!(flat.outputs().len(), g.outputs().len());
     let mut rng = ChaCha8Rng::seed_from_u64(3);

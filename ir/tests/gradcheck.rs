@@ -21,6 +21,7 @@
 //! the f64 sums differs). Seeds are fixed.
 
 use dlrm_ir::interp::{EvalCtx, eval_op};
+use dlrm_ir::module::ModOp;
 use dlrm_ir::{
     A2aDir, Act, Communicator, DType, Dim, InteractionKind, LocalComm, LocalGroup, Op, Pool,
     SingleRank, Tensor, TensorType, batch_slice, infer,
@@ -208,8 +209,16 @@ fn gelu_grad_matches_gelu() {
     let dy = randn(&mut r, &[3, 5]);
     let s = no_syms();
     // The gradient takes the forward *input* (not its output).
-    let dx = eval(&Op::GeluGrad, &[&dy, &x], &s).remove(0);
-    check("gelu_grad", &Op::Gelu, &[x], 0, &dy.to_f32_vec(), &dx, &s);
+    let dx = eval(&ModOp::op("gelu_grad"), &[&dy, &x], &s).remove(0);
+    check(
+        "gelu_grad",
+        &ModOp::op("gelu"),
+        &[x],
+        0,
+        &dy.to_f32_vec(),
+        &dx,
+        &s,
+    );
 }
 
 // --------------------------------------------------------------------- linear

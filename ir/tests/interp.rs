@@ -8,6 +8,7 @@
 )]
 
 use dlrm_ir::interp::{EvalCtx, bind_symbols, eval_instance, eval_op, run};
+use dlrm_ir::module::ModOp;
 use dlrm_ir::{
     A2aDir, Act, Communicator, DType, Dim, Graph, InteractionKind, IrError, LocalComm, LocalGroup,
     NodeInstance, Op, Pool, SingleRank, Tensor, TensorType, batch_slice, infer,
@@ -351,7 +352,7 @@ fn elementwise_ops_and_their_grads() {
 #[test]
 fn gelu_and_its_grad_by_hand() {
     let xs = [-3., -1., -0.5, 0., 0.5, 1., 3.];
-    let y = eval1(&Op::Gelu, &[&f(&[7], &xs)]);
+    let y = eval1(&ModOp::op("gelu"), &[&f(&[7], &xs)]);
     let want_y: [f64; 7] = [
         -0.0036373920817729943,
         -0.15880800939172324,
@@ -374,14 +375,14 @@ fn gelu_and_its_grad_by_hand() {
     ];
     // dy = 2: twice the derivative.
     let dy = f(&[7], &[2.; 7]);
-    let dx = eval1(&Op::GeluGrad, &[&dy, &f(&[7], &xs)]);
+    let dx = eval1(&ModOp::op("gelu_grad"), &[&dy, &f(&[7], &xs)]);
     let want_dx: Vec<f32> = want_d.iter().map(|&v| (2.0 * v) as f32).collect();
     assert_close(&dx.to_f32_vec(), &want_dx, 1e-6);
     // Type rules: one float operand; `gelu_grad`'s `dy` and `x` agree in shape.
-    assert!(eval(&Op::GeluGrad, &[&dy, &f(&[6], &[0.; 6])]).is_err());
-    assert!(eval(&Op::Gelu, &[&i64t(&[1], &[1])]).is_err());
+    assert!(eval(&ModOp::op("gelu_grad"), &[&dy, &f(&[6], &[0.; 6])]).is_err());
+    assert!(eval(&ModOp::op("gelu"), &[&i64t(&[1], &[1])]).is_err());
     // bf16 storage: computed in f32, rounded once.
-    let yb = eval1(&Op::Gelu, &[&bf(&[7], &xs)]);
+    let yb = eval1(&ModOp::op("gelu"), &[&bf(&[7], &xs)]);
     assert_eq!(yb.dtype(), DType::BF16);
     assert_close(&yb.to_f32_vec(), &want_y, 1e-2);
 }

@@ -33,8 +33,7 @@
 //!   operand (`sparse_sgd(t, idx, rows, off)`, `sparse_adagrad(.., rows, off)`):
 //!   only the indices the bags read are applied (a jagged batch's `values` holds
 //!   other keys' ids, which need not be rows of `t`);
-//! - `relu`, `sigmoid`: `relu_grad(dy, y)`, `sigmoid_grad(dy, y)`; `gelu(x)`:
-//!   `gelu_grad(dy, x)` (the input);
+//! - `relu`, `sigmoid`: `relu_grad(dy, y)`, `sigmoid_grad(dy, y)`;
 //! - `add(a, b)`: both operands receive `dy`;
 //! - `interaction`: `interaction_grad(dy, operands..)`, the needed results taken;
 //! - `concat` -> `split` of `dy`; `reshape` -> `reshape` back; `split` -> `concat` of
@@ -554,9 +553,7 @@ impl Ad {
         let ins = node.inputs.as_slice();
         match &node.op {
             Op::Linear { act } => self.backward_linear(fwd, *act, ins, dy, y),
-            Op::Relu | Op::Sigmoid | Op::Gelu | Op::Add => {
-                self.backward_elementwise(&node.op, ins, dy, y)
-            }
+            Op::Relu | Op::Sigmoid | Op::Add => self.backward_elementwise(&node.op, ins, dy, y),
             Op::Interaction {
                 kind,
                 self_interaction,

@@ -84,13 +84,7 @@ pub(crate) fn node_flops(g: &Graph, n: usize) -> f64 {
             kind: InteractionKind::Dot,
             self_interaction,
         } => d(ty(1), 0) * dot_pairs(node.inputs.len() - 1, *self_interaction) * 4.0 * d(ty(1), 1),
-        Op::Relu
-        | Op::Sigmoid
-        | Op::Gelu
-        | Op::Add
-        | Op::ReluGrad
-        | Op::SigmoidGrad
-        | Op::GeluGrad => numel1(out()),
+        Op::Relu | Op::Sigmoid | Op::Add | Op::ReluGrad | Op::SigmoidGrad => numel1(out()),
         Op::Bce { .. } | Op::Mse { .. } | Op::BceGrad { .. } | Op::MseGrad { .. } => numel1(ty(0)),
         Op::Interaction { .. }
         | Op::InteractionGrad { .. }

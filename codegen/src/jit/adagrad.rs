@@ -28,6 +28,7 @@ use crate::update::rows_of;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
 use dlrm_ir::interp::adagrad_row_acc;
+use dlrm_ir::module::ModOp;
 use dlrm_ir::{CheckedMut, Data, Op, Tensor};
 use rayon::prelude::*;
 
@@ -184,6 +185,19 @@ fn dense(ps: &mut [Tensor], gv: &[f32], h: Hyper, jit: &Jit) -> KResult<()> {
     Ok(())
 }
 
+/// Split-Adagrad's table update (`split_embedding_update_adagrad`, its JIT
+/// kernel in the registry, `crate::modules`): the reference kernel with the JIT's
+/// Adagrad row on each joined master.
+pub(crate) fn split_table_update(
+    jit: &Jit,
+    m: &ModOp,
+    c: &mut CheckedMut<'_>,
+) -> Option<KResult<()>> {
+    let h = dlrm_ir::ops::split_adagrad::table_attrs(m).1;
+    let split = crate::reference::split_adagrad::split_embedding_update_adagrad;
+    Some(jit_row(m.mnemonic(), jit, h).and_then(|row| split(c, m, &row)))
+}
+
 /// The Adagrad update `op` on checked operands with JIT kernels (`None`: not an
 /// Adagrad op, weight decay, or a non-f32 gradient; the caller runs the
 /// reference kernel). Same contract as [`crate::update::update_in_place`].
@@ -205,12 +219,6 @@ pub(crate) fn update_in_place(op: &Op, c: &mut CheckedMut<'_>) -> Option<KResult
         Op::SparseAdagrad { lr, eps, rowwise } => {
             let h = Hyper { lr, eps, rowwise };
             Some(row(h).and_then(|row| sparse_adagrad(c, rows_of(op), h, &row)))
-        }
-        // Split-Adagrad's table update: the JIT row on each joined master.
-        Op::Module(ref m) if m.mnemonic() == dlrm_ir::ops::split_adagrad::TABLE => {
-            let h = dlrm_ir::ops::split_adagrad::table_attrs(m).1;
-            let split = crate::reference::split_adagrad::split_embedding_update_adagrad;
-            Some(row(h).and_then(|row| split(c, m, &row)))
         }
         _ => {
             let (mode, h) = op.embedding_adagrad()?;

@@ -40,7 +40,7 @@ use super::layout::{copy_row, jit_err, zeros};
 use super::linear::{elt_of, operand};
 use super::prefetch::{self, Prefetch};
 use super::rows::{self, RowKernel};
-use super::{Jit, JitError};
+use super::{Jit, JitError, JitOptions};
 use crate::reference::embedding::grad_bags;
 use crate::reference::optim::{Rows, op_name};
 use crate::reference::{
@@ -50,6 +50,7 @@ use crate::reference::{
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{InstBuilder, Value, types};
 use cranelift_frontend::FunctionBuilder;
+use dlrm_ir::module::ModOp;
 use dlrm_ir::{Checked, DType, Data, Pool, Tensor, TensorType};
 use rayon::prelude::*;
 
@@ -381,6 +382,20 @@ fn sum_chunk(
     for (l, &x) in ss.iter().enumerate() {
         store_f32(b, pool.out, x, orow, ((c0 + 4 * nv + l) * eo) as i32);
     }
+}
+
+/// `embedding_bag_q8` (its JIT kernel in the registry, `crate::modules`): the
+/// bag kernels' loop with the int8 row kernel, weighted with a 4th operand.
+pub(crate) fn embedding_bag_q8(
+    jit: &Jit,
+    m: &ModOp,
+    c: &Checked<'_>,
+    out_types: &[TensorType],
+    _: &JitOptions,
+) -> Option<KResult<Vec<Tensor>>> {
+    let (mode, last_offset) = dlrm_ir::ops::embedding_bag_q8::attrs_of(m);
+    let weighted = c.inputs().len() == 4;
+    embedding_bag(jit, (mode, weighted, last_offset), Rows::All, c, out_types)
 }
 
 /// `embedding_bag` with a JIT kernel (`None`: non-float table or result); with

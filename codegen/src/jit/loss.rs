@@ -1,7 +1,8 @@
 //! Loss JIT kernels: `bce_logits` and `bce_logits_grad` on logits, `bce`,
 //! `bce_grad`, `mse` and `mse_grad` on probabilities, the `sigmoid` of an
-//! inference graph's output, and the other elementwise ops that need a libm
-//! function (`gelu`, `gelu_grad`); f32 or bf16 operands and result.
+//! inference graph's output, and the elementwise ops defined by a Rust scalar
+//! function ([`Scalar`], [`map`]: module ops whose formula needs a libm
+//! function); f32 or bf16 operands and result.
 //!
 //! Cranelift has no `exp`/`log1p`/`ln`: the kernels call [`EXP_SYMBOL`],
 //! [`LOG1P_SYMBOL`] and [`LN_SYMBOL`], JIT symbols bound to Rust's own
@@ -22,9 +23,9 @@
 //! - `mse`: `acc += (p - y)·(p - y)` sequentially, then `acc / denom`; `mse_grad`:
 //!   `(2·(p - y)) / denom` elementwise; `sigmoid`: `1 / (1 + exp(-x))`
 //!   elementwise: bitwise the interpreter's;
-//! - `gelu(x)`, `gelu_grad(dy, x)`: a call per element of [`GELU_SYMBOL`] /
-//!   [`GELU_GRAD_SYMBOL`], bound to the interpreter's own scalar definitions
-//!   (`dlrm_ir::interp::gelu1`, `gelu_grad1`): bitwise the interpreter's.
+//! - a [`Scalar`] map (`f(x)` or `f(a, b)`): a call per element of
+//!   [`MAP_SYMBOL`], bound to the op's own scalar definition (the function the
+//!   interpreter calls): bitwise the interpreter's.
 //!
 //! `max(z, 0)` is `z > 0 ? z : 0`: a NaN logit gives 0 there, as `f32::max` does
 //! (the NaN still reaches the sum through `z·y`). bf16 operands widen exactly; a
@@ -54,10 +55,8 @@ pub const EXP_SYMBOL: &str = "dlrm_expf";
 pub const LOG1P_SYMBOL: &str = "dlrm_log1pf";
 /// The JIT symbol of `f32::ln`.
 pub const LN_SYMBOL: &str = "dlrm_logf";
-/// The JIT symbol of the interpreter's `gelu` of one element.
-pub const GELU_SYMBOL: &str = "dlrm_gelu";
-/// The JIT symbol of the interpreter's `gelu_grad` of one element (`dy`, `x`).
-pub const GELU_GRAD_SYMBOL: &str = "dlrm_gelu_grad";
+/// The JIT symbol of a [`Scalar`] map's function.
+pub const MAP_SYMBOL: &str = "dlrm_map";
 
 extern "C" fn expf(x: f32) -> f32 {
     x.exp()
@@ -71,12 +70,47 @@ extern "C" fn logf(x: f32) -> f32 {
     x.ln()
 }
 
-extern "C" fn gelu(x: f32) -> f32 {
-    dlrm_ir::interp::gelu1(x)
+/// The scalar definition of an elementwise op, which a pointwise kernel calls
+/// per element through [`MAP_SYMBOL`] ([`map`]). Kernels are cached by the
+/// function's address.
+#[derive(Clone, Copy, Debug)]
+pub enum Scalar {
+    /// `f(x)`: one operand.
+    Unary(extern "C" fn(f32) -> f32),
+    /// `f(a, b)`: two operands of one shape.
+    Binary(extern "C" fn(f32, f32) -> f32),
 }
 
-extern "C" fn gelu_grad(dy: f32, x: f32) -> f32 {
-    dlrm_ir::interp::gelu_grad1(dy, x)
+impl Scalar {
+    /// The operand count and the function's address (the cache key).
+    fn key(self) -> (usize, usize) {
+        match self {
+            Scalar::Unary(f) => (1, f as usize),
+            Scalar::Binary(f) => (2, f as usize),
+        }
+    }
+
+    /// The function's address (what [`MAP_SYMBOL`] is bound to).
+    fn address(self) -> *const u8 {
+        match self {
+            Scalar::Unary(f) => f as *const u8,
+            Scalar::Binary(f) => f as *const u8,
+        }
+    }
+}
+
+impl PartialEq for Scalar {
+    fn eq(&self, other: &Scalar) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Scalar {}
+
+impl std::hash::Hash for Scalar {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.key().hash(h);
+    }
 }
 
 /// Elements per rayon task of the gradient.
@@ -101,10 +135,9 @@ pub enum PointwiseKind {
     /// `sigmoid(x)` (elementwise, one operand: the kernel's `y` and `denom`
     /// are not read).
     Sigmoid,
-    /// `gelu(x)` (as `sigmoid`: one operand).
-    Gelu,
-    /// `gelu_grad(dy, x)` (elementwise, `denom` not read).
-    GeluGrad,
+    /// A scalar function per element ([`Scalar`]: one operand as `sigmoid`, or
+    /// two; `denom` not read).
+    Map(Scalar),
 }
 
 impl PointwiseKind {
@@ -116,12 +149,12 @@ impl PointwiseKind {
         )
     }
 
-    /// Operands: 2 (prediction, label), or 1 for `sigmoid` and `gelu`.
+    /// Operands: 2 (prediction, label), 1 for `sigmoid`, a map's own.
     fn arity(self) -> usize {
-        if matches!(self, PointwiseKind::Sigmoid | PointwiseKind::Gelu) {
-            1
-        } else {
-            2
+        match self {
+            PointwiseKind::Sigmoid => 1,
+            PointwiseKind::Map(f) => f.key().0,
+            _ => 2,
         }
     }
 }
@@ -149,14 +182,20 @@ pub struct LossKernel {
 }
 
 pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError> {
-    let mut module = jit.module_with_symbols(&[
+    let mut symbols = vec![
         (EXP_SYMBOL, expf as *const u8),
         (LOG1P_SYMBOL, log1pf as *const u8),
         (LN_SYMBOL, logf as *const u8),
-        (GELU_SYMBOL, gelu as *const u8),
-        (GELU_GRAD_SYMBOL, gelu_grad as *const u8),
-    ])?;
-    let ids = declare_imports(&mut module)?;
+    ];
+    let map = match spec.kind {
+        PointwiseKind::Map(f) => {
+            symbols.push((MAP_SYMBOL, f.address()));
+            Some(f.key().0)
+        }
+        _ => None,
+    };
+    let mut module = jit.module_with_symbols(&symbols)?;
+    let (ids, map) = declare_imports(&mut module, map)?;
     let f = jit.compile_fn(
         module,
         "loss",
@@ -164,14 +203,12 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
         &[types::I64, types::F32],
         |module, b, p| {
             let (pz, py, po, n, den) = (p[0], p[1], p[2], p[3], p[4]);
-            let [exp, log1p, ln, gelu, gelu_grad] =
-                ids.map(|id| module.declare_func_in_func(id, b.func));
+            let [exp, log1p, ln] = ids.map(|id| module.declare_func_in_func(id, b.func));
             let calls = Calls {
                 exp,
                 log1p,
                 ln,
-                gelu,
-                gelu_grad,
+                map: map.map(|id| module.declare_func_in_func(id, b.func)),
             };
             let (ez, ey, eo) = (
                 spec.z.size() as i64,
@@ -220,24 +257,31 @@ pub(crate) fn compile(jit: &Jit, spec: LossSpec) -> Result<LossKernel, JitError>
 }
 
 /// Declares the scalar functions a loss kernel imports in `module`: `exp`,
-/// `log1p`, `ln`, `gelu` (`f32 -> f32`) and `gelu_grad` (`(f32, f32) -> f32`).
-fn declare_imports(module: &mut JITModule) -> Result<[FuncId; 5], JitError> {
-    let mut sig = module.make_signature();
-    sig.params.push(AbiParam::new(types::F32));
-    sig.returns.push(AbiParam::new(types::F32));
-    let [exp_id, log1p_id, ln_id, gelu_id] = [EXP_SYMBOL, LOG1P_SYMBOL, LN_SYMBOL, GELU_SYMBOL]
-        .map(|name| {
-            module
-                .declare_function(name, Linkage::Import, &sig)
-                .map_err(JitError::module)
-        });
-    let (exp_id, log1p_id, ln_id, gelu_id) = (exp_id?, log1p_id?, ln_id?, gelu_id?);
-    let mut sig2 = sig.clone();
-    sig2.params.push(AbiParam::new(types::F32));
-    let gelu_grad_id = module
-        .declare_function(GELU_GRAD_SYMBOL, Linkage::Import, &sig2)
-        .map_err(JitError::module)?;
-    Ok([exp_id, log1p_id, ln_id, gelu_id, gelu_grad_id])
+/// `log1p`, `ln` (`f32 -> f32`) and, for a map of `map` operands, its function
+/// (`(f32, ..) -> f32`).
+fn declare_imports(
+    module: &mut JITModule,
+    map: Option<usize>,
+) -> Result<([FuncId; 3], Option<FuncId>), JitError> {
+    let sig = |module: &JITModule, n: usize| {
+        let mut sig = module.make_signature();
+        sig.params.extend((0..n).map(|_| AbiParam::new(types::F32)));
+        sig.returns.push(AbiParam::new(types::F32));
+        sig
+    };
+    let mut declare = |name: &str, n: usize| {
+        let s = sig(module, n);
+        module
+            .declare_function(name, Linkage::Import, &s)
+            .map_err(JitError::module)
+    };
+    let ids = [
+        declare(EXP_SYMBOL, 1)?,
+        declare(LOG1P_SYMBOL, 1)?,
+        declare(LN_SYMBOL, 1)?,
+    ];
+    let map = map.map(|n| declare(MAP_SYMBOL, n)).transpose()?;
+    Ok((ids, map))
 }
 
 /// The imported scalar functions in the function being built.
@@ -246,8 +290,8 @@ struct Calls {
     exp: FuncRef,
     log1p: FuncRef,
     ln: FuncRef,
-    gelu: FuncRef,
-    gelu_grad: FuncRef,
+    /// A map kernel's function (declared for those only).
+    map: Option<FuncRef>,
 }
 
 impl Calls {
@@ -287,9 +331,12 @@ fn element(
 ) -> Value {
     match kind {
         PointwiseKind::Sigmoid => calls.sigmoid(b, z, one),
-        PointwiseKind::Gelu => calls.call(b, calls.gelu, z),
-        PointwiseKind::GeluGrad => {
-            let c = b.ins().call(calls.gelu_grad, &[z, y]);
+        PointwiseKind::Map(f) => {
+            let Some(map) = calls.map else {
+                unreachable!("`compile` declares the function of a map kernel")
+            };
+            let args = [z, y];
+            let c = b.ins().call(map, &args[..f.key().0]);
             b.inst_results(c)[0]
         }
         PointwiseKind::BceLogitsGrad => {
@@ -357,9 +404,9 @@ fn resolve(d: &Dim, syms: &HashMap<String, usize>) -> Option<f32> {
     (n > 0).then_some(n as f32)
 }
 
-/// `bce_logits`, `bce_logits_grad`, `bce`, `bce_grad`, `mse`, `mse_grad`,
-/// `sigmoid`, `gelu` and `gelu_grad` with JIT kernels (`None`: another op, non-float operands or
-/// result, or an unresolved or zero denominator).
+/// `bce_logits`, `bce_logits_grad`, `bce`, `bce_grad`, `mse`, `mse_grad` and
+/// `sigmoid` with JIT kernels (`None`: another op, non-float operands or result,
+/// or an unresolved or zero denominator).
 pub(crate) fn eval(
     jit: &Jit,
     c: &Checked<'_>,
@@ -374,12 +421,33 @@ pub(crate) fn eval(
         Op::Mse { denom } => (PointwiseKind::Mse, denom),
         Op::MseGrad { denom } => (PointwiseKind::MseGrad, denom),
         Op::Sigmoid => (PointwiseKind::Sigmoid, &Dim::Fixed(1)),
-        Op::Gelu => (PointwiseKind::Gelu, &Dim::Fixed(1)),
-        Op::GeluGrad => (PointwiseKind::GeluGrad, &Dim::Fixed(1)),
         _ => return None,
     };
+    run(jit, c, out_types, kind, resolve(denom, syms)?)
+}
+
+/// The elementwise op of checked operands `c` whose every element is `f` of
+/// the operands' elements, with a JIT kernel calling `f` (`None`: non-float
+/// operands or result). Bitwise the interpreter's when the interpreter calls
+/// `f` too.
+pub fn map(
+    jit: &Jit,
+    c: &Checked<'_>,
+    out_types: &[TensorType],
+    f: Scalar,
+) -> Option<KResult<Vec<Tensor>>> {
+    run(jit, c, out_types, PointwiseKind::Map(f), 1.0)
+}
+
+/// The kernel of `kind` on `c`, denominator `den`.
+fn run(
+    jit: &Jit,
+    c: &Checked<'_>,
+    out_types: &[TensorType],
+    kind: PointwiseKind,
+    den: f32,
+) -> Option<KResult<Vec<Tensor>>> {
     let name = c.name();
-    let den = resolve(denom, syms)?;
     let out = elt_of(out_types.first()?.dtype)?;
     // The instance verified the arity and that `z` and `y` share one shape; the
     // buffers hold its `n` elements.

@@ -33,10 +33,10 @@
 //! - [`layout`]: one strided row copy (f32/bf16 in any mix, zero padding) for
 //!   `block_act`, `unblock_act` and the `cat` interaction forward and backward.
 //! - [`loss`]: `bce_logits`, `bce_logits_grad`, `bce`, `bce_grad`, `mse`,
-//!   `mse_grad`, `sigmoid`, `gelu` and `gelu_grad`, calling
-//!   Rust's `f32::exp`, `f32::ln_1p` and `f32::ln` and the interpreter's scalar
-//!   `gelu`/`gelu_grad` through JIT symbols (bitwise the reference's and the
-//!   interpreter's results).
+//!   `mse_grad`, `sigmoid` and the elementwise module ops' maps
+//!   ([`loss::map`]), calling Rust's `f32::exp`, `f32::ln_1p` and `f32::ln` and
+//!   the ops' own scalar functions through JIT symbols (bitwise the reference's
+//!   and the interpreter's results).
 //! - [`native_dot`]: the dot interaction on AVX-512 (f32 arithmetic; bf16
 //!   operands and results widened and rounded around it), forward and
 //!   backward, run instead of the Cranelift kernels under `Auto`, `Avx512`,
@@ -82,7 +82,6 @@ use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{FuncId, Linkage, Module};
-use dlrm_ir::ops::embedding_bag_q8;
 use dlrm_ir::{Checked, InteractionKind, NodeInstance, Op, Pool, Tensor, TensorType};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -678,11 +677,12 @@ fn dispatch<'a>(
         Op::EmbeddingBag { mode, last_offset } => checked!((jit, c) => {
             embedding::embedding_bag(jit, (*mode, false, *last_offset), Rows::All, c, out_types)
         }),
-        Op::Module(m) if m.mnemonic() == embedding_bag_q8::MNEMONIC => checked!((jit, c) => {
-            let (mode, last_offset) = embedding_bag_q8::attrs_of(m);
-            let weighted = c.inputs().len() == 4;
-            embedding::embedding_bag(jit, (mode, weighted, last_offset), Rows::All, c, out_types)
-        }),
+        // A module op's JIT kernel, from the registry (`None`: the reference
+        // kernel, then the interpreter).
+        Op::Module(m) => {
+            let run = crate::modules::jit(m)?;
+            checked!((jit, c) => run(jit, m, c, out_types, opts))
+        }
         Op::EmbeddingBagWeighted => checked!((jit, c) => {
             embedding::embedding_bag(jit, (Pool::Sum, true, false), Rows::All, c, out_types)
         }),
@@ -721,9 +721,7 @@ fn dispatch<'a>(
         | Op::BceGrad { .. }
         | Op::Mse { .. }
         | Op::MseGrad { .. }
-        | Op::Sigmoid
-        | Op::Gelu
-        | Op::GeluGrad => checked!((jit, c) => loss::eval(jit, c, out_types, syms)),
+        | Op::Sigmoid => checked!((jit, c) => loss::eval(jit, c, out_types, syms)),
         _ => None,
     }?;
     Some(res.and_then(|outs| crate::reference::check_results(op, outs, out_types, syms)))

@@ -10,27 +10,11 @@
 
 use super::gemm::{MatRef, gemm};
 use super::{Elem, KResult};
+use dlrm_ir::module::ModOp;
 use dlrm_ir::{Checked, DType, Tensor};
 use half::bf16;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
-
-/// A module op's reference kernel: `None` for operands it does not handle.
-pub(crate) type Kernel = fn(&Checked<'_>) -> Option<KResult<Vec<Tensor>>>;
-
-/// The kernel of a module op, by mnemonic: the one list of the module ops with a
-/// reference kernel (`None`: the interpreter runs them).
-pub(crate) fn kernel(mnemonic: &str) -> Option<Kernel> {
-    match mnemonic {
-        "cross" => Some(cross),
-        "cross_grad" => Some(cross_grad),
-        "cross_save" => Some(cross_save),
-        "cross_grad_saved" => Some(cross_grad_saved),
-        "cross_mix" => Some(cross_mix),
-        "cross_mix_grad" => Some(cross_mix_grad),
-        _ => None,
-    }
-}
 
 fn rm(data: &[f32], cols: usize) -> MatRef<'_> {
     MatRef {
@@ -76,11 +60,13 @@ fn f32s<'a>(c: &'a Checked<'_>, from: usize, n: usize) -> Option<Vec<&'a [f32]>>
     (from..from + n).map(|i| c.input(i).as_f32()).collect()
 }
 
-fn cross(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+/// `cross` (the registry's kernel, `crate::modules`).
+pub(crate) fn cross(_: &ModOp, c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
     forward(c, false)
 }
 
-fn cross_save(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+/// `cross_save`: `cross` keeping `z` and `w` for the backward.
+pub(crate) fn cross_save(_: &ModOp, c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
     forward(c, true)
 }
 
@@ -141,11 +127,13 @@ fn forward(c: &Checked<'_>, save: bool) -> Option<KResult<Vec<Tensor>>> {
     Some(Ok(out))
 }
 
-fn cross_grad(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+/// `cross_grad`.
+pub(crate) fn cross_grad(_: &ModOp, c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
     backward(c, false)
 }
 
-fn cross_grad_saved(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+/// `cross_grad_saved`: `cross_grad` on the saved `z` and `w`.
+pub(crate) fn cross_grad_saved(_: &ModOp, c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
     backward(c, true)
 }
 
@@ -385,13 +373,13 @@ fn direct<A: Elem, B: Elem, C: Elem, O: Elem, const R: usize>(
 }
 
 /// `cross_mix(x0, w, x)`: `x0·w + x` per element (f32 or bf16 operands in any mix).
-fn cross_mix(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+pub(crate) fn cross_mix(_: &ModOp, c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
     step(c, |x0, w, x| [x0 * w + x])
 }
 
 /// `cross_mix_grad(dy, x0, w)`: `(dy·x0, dy·w)` per element (f32 or bf16 operands
 /// in any mix).
-fn cross_mix_grad(c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
+pub(crate) fn cross_mix_grad(_: &ModOp, c: &Checked<'_>) -> Option<KResult<Vec<Tensor>>> {
     step(c, |dy, x0, w| [dy * x0, dy * w])
 }
 

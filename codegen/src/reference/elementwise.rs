@@ -1,21 +1,27 @@
 //! Elementwise ops on f32, parallel over chunks: `relu`, `relu_grad`, `sigmoid`,
-//! `sigmoid_grad`, `gelu`, `gelu_grad`, `add`. Each element is computed exactly as
-//! the definition writes it (`gelu` and `gelu_grad` call the interpreter's own
-//! scalar functions), so results are bitwise equal to a sequential loop.
+//! `sigmoid_grad`, `add`, and module ops defined by a scalar function ([`unary`],
+//! [`binary`] of the module's own function). Each element is computed exactly as
+//! the definition writes it, so results are bitwise equal to a sequential loop.
 //!
 //! Each kernel takes its operands checked against the node's instance
 //! ([`Checked`]: the shape rule — one operand, or two of the same shape — was
 //! verified by inference, and every buffer holds its shape's element count), so
-//! nothing here re-checks a shape. `None`: an operand is not f32 (no kernel).
+//! nothing here re-checks a shape. `None`: an operand or the result is not f32
+//! (no kernel).
 
 use super::KResult;
-use dlrm_ir::{Checked, Tensor};
+use dlrm_ir::{Checked, DType, Tensor};
 use rayon::prelude::*;
 
 /// Elements per rayon task.
 const CHUNK: usize = 1 << 15;
 
-fn unary(c: &Checked<'_>, f: impl Fn(f32) -> f32 + Sync) -> Option<KResult<Tensor>> {
+/// `f` of each element of the one operand (`None`: the operand or the result
+/// is not f32).
+pub(crate) fn unary(c: &Checked<'_>, f: impl Fn(f32) -> f32 + Sync) -> Option<KResult<Tensor>> {
+    if c.out(0).dtype != DType::F32 {
+        return None;
+    }
     let x = c.input(0).as_f32()?;
     let mut out = vec![0.0f32; x.len()];
     out.par_chunks_mut(CHUNK)
@@ -24,8 +30,15 @@ fn unary(c: &Checked<'_>, f: impl Fn(f32) -> f32 + Sync) -> Option<KResult<Tenso
     Some(Ok(Tensor::f32(c.in_shape(0).to_vec(), out)))
 }
 
-/// Two operands of one shape (verified by the instance).
-fn binary(c: &Checked<'_>, f: impl Fn(f32, f32) -> f32 + Sync) -> Option<KResult<Tensor>> {
+/// `f` of each pair of elements of two operands of one shape (verified by the
+/// instance; `None`: an operand or the result is not f32).
+pub(crate) fn binary(
+    c: &Checked<'_>,
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) -> Option<KResult<Tensor>> {
+    if c.out(0).dtype != DType::F32 {
+        return None;
+    }
     let (a, b) = (c.input(0).as_f32()?, c.input(1).as_f32()?);
     let mut out = vec![0.0f32; a.len()];
     out.par_chunks_mut(CHUNK)
@@ -56,16 +69,6 @@ pub fn relu_grad(c: &Checked<'_>) -> Option<KResult<Tensor>> {
 /// `sigmoid_grad(dy, y) = dy · y · (1 - y)`.
 pub fn sigmoid_grad(c: &Checked<'_>) -> Option<KResult<Tensor>> {
     binary(c, |dy, y| dy * y * (1.0 - y))
-}
-
-/// `gelu(x)`: [`dlrm_ir::interp::gelu1`] per element.
-pub fn gelu(c: &Checked<'_>) -> Option<KResult<Tensor>> {
-    unary(c, dlrm_ir::interp::gelu1)
-}
-
-/// `gelu_grad(dy, x)`: [`dlrm_ir::interp::gelu_grad1`] per element.
-pub fn gelu_grad(c: &Checked<'_>) -> Option<KResult<Tensor>> {
-    binary(c, dlrm_ir::interp::gelu_grad1)
 }
 
 /// `add(a, b) = a + b`.

@@ -8,8 +8,8 @@
 //! - [`embedding`]: `embedding_bag` and `embedding_bag_grad` (fixed pooling and
 //!   offsets), parallel over bags;
 //! - [`interaction`]: `interaction` and `interaction_grad` (`dot` and `cat`);
-//! - [`elementwise`]: `relu`, `relu_grad`, `sigmoid`, `sigmoid_grad`, `gelu`,
-//!   `gelu_grad`, `add`;
+//! - [`elementwise`]: `relu`, `relu_grad`, `sigmoid`, `sigmoid_grad`, `add`
+//!   (and the elementwise module ops' maps);
 //! - [`loss`]: `bce_logits`, `bce_logits_grad`;
 //! - [`optim`] and [`adagrad`]: the in-place updates (`sgd`, `split_sgd`,
 //!   `sparse_sgd`, `embedding_update`, `split_embedding_update`, SC20's race-free
@@ -45,7 +45,7 @@
 
 pub mod adagrad;
 pub mod brgemm;
-mod cross;
+pub(crate) mod cross;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemm;
@@ -214,12 +214,12 @@ fn dispatch<'a>(
         // A module op's kernel decides which dtypes it handles (`None`: the
         // interpreter runs) and stores its results in the declared dtypes.
         Op::Module(m) => {
-            let run = cross::kernel(m.mnemonic())?;
+            let run = crate::modules::reference(m)?;
             let c = match bind() {
                 Ok(c) => c,
                 Err(e) => return Some(Err(e)),
             };
-            run(&c)?
+            run(m, &c)?
         }
         Op::Linear { act } => checked!(c => one(gemm::linear(*act, c)?)),
         Op::LinearDx => checked!(c => one(gemm::linear_dx(c)?)),
@@ -243,8 +243,6 @@ fn dispatch<'a>(
         Op::ReluGrad => checked!(c => one(elementwise::relu_grad(c)?)),
         Op::Sigmoid => checked!(c => one(elementwise::sigmoid(c)?)),
         Op::SigmoidGrad => checked!(c => one(elementwise::sigmoid_grad(c)?)),
-        Op::Gelu => checked!(c => one(elementwise::gelu(c)?)),
-        Op::GeluGrad => checked!(c => one(elementwise::gelu_grad(c)?)),
         Op::Add => checked!(c => one(elementwise::add(c)?)),
         Op::BceLogits { denom } => checked!(c => one(loss::bce_logits(denom, c, syms)?)),
         Op::BceLogitsGrad { denom } => checked!(c => one(loss::bce_logits_grad(denom, c, syms)?)),

@@ -27,20 +27,17 @@ use dlrm_ir::{CheckedMut, Data, Tensor};
 use half::bf16;
 use rayon::prelude::*;
 
-/// The in-place kernel of a module update, by mnemonic: the one list of the
-/// module updates with a reference kernel (`None`: the interpreter runs them).
-pub(crate) fn update(m: &ModOp, c: &mut CheckedMut<'_>) -> Option<KResult<()>> {
-    match m.mnemonic() {
-        spec::DENSE => {
-            let (h, wd) = spec::dense_attrs(m);
-            Some(split_adagrad(c, h, wd))
-        }
-        spec::TABLE => {
-            let row = reference_row(spec::table_attrs(m).1);
-            Some(split_embedding_update_adagrad(c, m, &row))
-        }
-        _ => None,
-    }
+/// `split_adagrad` in place (its kernel in the registry, `crate::modules`).
+pub(crate) fn dense_update(m: &ModOp, c: &mut CheckedMut<'_>) -> Option<KResult<()>> {
+    let (h, wd) = spec::dense_attrs(m);
+    Some(split_adagrad(c, h, wd))
+}
+
+/// `split_embedding_update_adagrad` in place with the reference row update (its
+/// kernel in the registry; the JIT's is `jit::adagrad::split_table_update`).
+pub(crate) fn table_update(m: &ModOp, c: &mut CheckedMut<'_>) -> Option<KResult<()>> {
+    let row = reference_row(spec::table_attrs(m).1);
+    Some(split_embedding_update_adagrad(c, m, &row))
 }
 
 /// The storage of a checked split update: the parameter's shape, its halves

@@ -5,6 +5,7 @@
 use crate::proto::{AttributeProto, GraphProto, NodeProto};
 use crate::tensor::read_tensor;
 use dlrm_ir::Tensor;
+use dlrm_ir::module::OnnxAttr;
 
 /// The attributes of one node.
 pub(crate) struct Attrs<'a> {
@@ -84,6 +85,33 @@ impl<'a> Attrs<'a> {
         self.get(name)
             .and_then(|a| a.g.as_ref())
             .ok_or_else(|| format!("missing graph attribute `{name}`"))
+    }
+
+    /// Every attribute as a module op's importer reads it
+    /// ([`dlrm_ir::module::OnnxNode`]): the kinds it has a value for, the others
+    /// [`OnnxAttr::Other`].
+    pub(crate) fn onnx(&self) -> Vec<(String, OnnxAttr)> {
+        use crate::proto::attribute_proto::AttributeType as T;
+        let value = |a: &AttributeProto| match a.r#type.and_then(|t| T::try_from(t).ok()) {
+            Some(T::Int) => a.i.map(OnnxAttr::Int),
+            Some(T::Float) => a.f.map(OnnxAttr::Float),
+            Some(T::String) => {
+                a.s.as_deref()
+                    .and_then(|b| std::str::from_utf8(b).ok())
+                    .map(|s| OnnxAttr::Str(s.to_string()))
+            }
+            Some(T::Ints) => Some(OnnxAttr::Ints(a.ints.clone())),
+            Some(T::Floats) => Some(OnnxAttr::Floats(a.floats.clone())),
+            _ => None,
+        };
+        self.node
+            .attribute
+            .iter()
+            .map(|a| {
+                let name = a.name.clone().unwrap_or_default();
+                (name, value(a).unwrap_or(OnnxAttr::Other))
+            })
+            .collect()
     }
 
     /// Names of every attribute (for "unsupported attribute" checks).

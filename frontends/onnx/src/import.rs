@@ -102,10 +102,14 @@ pub(crate) struct Ctx<'m> {
     pub(crate) graph: &'m GraphProto,
     batch_param: Option<String>,
     unnamed: usize,
+    /// The model's opset of each domain it imports (`ai.onnx` as `""`).
+    opsets: HashMap<String, i64>,
 }
 
 impl<'m> Ctx<'m> {
-    pub(crate) fn new(origin: String, graph: &'m GraphProto) -> Self {
+    /// The import of `graph`, a graph of a model importing `opsets` (domain,
+    /// version).
+    pub(crate) fn new(origin: String, graph: &'m GraphProto, opsets: &[(&str, i64)]) -> Self {
         Ctx {
             origin,
             g: Graph::new(sanitize(graph.name.as_deref().unwrap_or("onnx"))),
@@ -115,7 +119,16 @@ impl<'m> Ctx<'m> {
             graph,
             batch_param: None,
             unnamed: 0,
+            opsets: opsets
+                .iter()
+                .map(|&(d, v)| (normal_domain(d).to_string(), v))
+                .collect(),
         }
+    }
+
+    /// The model's opset of `domain` (0 when it imports none).
+    pub(crate) fn opset(&self, domain: &str) -> i64 {
+        self.opsets.get(normal_domain(domain)).copied().unwrap_or(0)
     }
 
     fn model_err(&self, reason: String) -> OnnxError {
@@ -443,16 +456,33 @@ impl<'m> Ctx<'m> {
         self.emit_node(op, ins, hint)
     }
 
+    /// Adds `op` on `ins` with one result per name of `names` ([`Ctx::emit`]
+    /// for one result: folded when its operands are small constants).
+    pub(crate) fn emit_all(
+        &mut self,
+        op: Op,
+        ins: &[Val],
+        names: &[String],
+    ) -> Result<Vec<Val>, String> {
+        if let [name] = names {
+            return Ok(vec![self.emit(op, ins, name)?]);
+        }
+        let ids: Vec<ValueId> = ins
+            .iter()
+            .map(|v| self.tensor(v))
+            .collect::<Result<_, _>>()?;
+        let hints: Vec<&str> = names.iter().map(String::as_str).collect();
+        let outs = self.g.add_node(op, &ids, &hints).map_err(node_reason)?;
+        Ok(outs.into_iter().map(Val::Ir).collect())
+    }
+
     /// Adds `op` as an IR node (constants become parameters).
     fn emit_node(&mut self, op: Op, ins: &[Val], hint: &str) -> Result<Val, String> {
         let ids: Vec<ValueId> = ins
             .iter()
             .map(|v| self.tensor(v))
             .collect::<Result<_, _>>()?;
-        let id = self.g.add(op, &ids, hint).map_err(|e| match e {
-            dlrm_ir::IrError::Node { reason, .. } => reason,
-            other => other.to_string(),
-        })?;
+        let id = self.g.add(op, &ids, hint).map_err(node_reason)?;
         Ok(Val::Ir(id))
     }
 
@@ -470,6 +500,19 @@ impl<'m> Ctx<'m> {
             reason,
         }
     }
+}
+
+/// The reason of an error adding a node (the importer names the node itself).
+fn node_reason(e: dlrm_ir::IrError) -> String {
+    match e {
+        dlrm_ir::IrError::Node { reason, .. } => reason,
+        other => other.to_string(),
+    }
+}
+
+/// The default domain `ai.onnx` as the empty string; other domains as given.
+pub(crate) fn normal_domain(domain: &str) -> &str {
+    if domain == "ai.onnx" { "" } else { domain }
 }
 
 /// A builder's failure: its own message, or the error of a failed operand.

@@ -50,8 +50,6 @@ mod ops;
 mod proto;
 mod sym;
 mod tensor;
-#[cfg(test)]
-mod test_models;
 
 pub use error::{OnnxError, Result};
 
@@ -133,7 +131,12 @@ pub fn from_bytes(bytes: &[u8], origin: &str, base: Option<&Path>) -> Result<Imp
         .graph
         .as_ref()
         .ok_or_else(|| model_err("the model has no graph".into()))?;
-    let mut cx = Ctx::new(origin.to_string(), graph);
+    let opsets: Vec<(&str, i64)> = model
+        .opset_import
+        .iter()
+        .map(|o| (o.domain.as_deref().unwrap_or(""), o.version.unwrap_or(0)))
+        .collect();
+    let mut cx = Ctx::new(origin.to_string(), graph, &opsets);
     cx.read_inputs(base)?;
     import_nodes(&mut cx, &graph.node, usize::MAX).map_err(|e| match e {
         NodeErr::Failed(e) => e,
@@ -200,12 +203,15 @@ pub(crate) fn import_nodes(
                  input, an initializer or an earlier output): every value is defined once"
             )));
         }
-        let built = match (domain, registry.get(op)) {
-            ("" | "ai.onnx", Some(b)) => b(cx, &n),
-            ("" | "ai.onnx", None) => Err(NodeErr::Msg(format!("unsupported op `{op}`"))),
-            (d, _) => Err(NodeErr::Msg(format!(
-                "unsupported op `{op}` of domain `{d}`"
-            ))),
+        // The standard ops' builders, then the op modules (`dlrm_ir::ops`).
+        let built = match (import::normal_domain(domain), registry.get(op)) {
+            ("", Some(b)) => b(cx, &n),
+            (d, _) => ops::module(cx, &n).unwrap_or_else(|| {
+                Err(NodeErr::Msg(match d {
+                    "" => format!("unsupported op `{op}`"),
+                    d => format!("unsupported op `{op}` of domain `{d}`"),
+                }))
+            }),
         };
         match built {
             Ok(vals) => {

@@ -27,7 +27,7 @@ pub(super) fn infer_dense(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
                 [x.shape[0].clone(), w.shape[0].clone()],
             )])
         }
-        Op::Relu | Op::Sigmoid | Op::Gelu => {
+        Op::Relu | Op::Sigmoid => {
             expect_arity(op, ins, &[1])?;
             expect_float("operand", ins[0])?;
             Ok(vec![ins[0].clone()])
@@ -42,13 +42,12 @@ pub(super) fn infer_dense(op: &Op, ins: &[&TensorType]) -> R<Vec<TensorType>> {
                 ins[0].shape.clone(),
             )])
         }
-        Op::ReluGrad | Op::SigmoidGrad | Op::GeluGrad => {
-            // relu_grad and sigmoid_grad read the forward output, gelu_grad its input.
-            let fwd = if *op == Op::GeluGrad { "x" } else { "y" };
+        Op::ReluGrad | Op::SigmoidGrad => {
+            // Both read the forward output `y`.
             expect_arity(op, ins, &[2])?;
             expect_float("dy", ins[0])?;
-            expect_float(fwd, ins[1])?;
-            expect_same_shape("dy", ins[0], fwd, ins[1])?;
+            expect_float("y", ins[1])?;
+            expect_same_shape("dy", ins[0], "y", ins[1])?;
             Ok(vec![ins[0].clone()])
         }
         Op::LinearDx => {

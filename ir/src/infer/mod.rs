@@ -106,11 +106,9 @@ pub fn infer(op: &Op, ins: &[&TensorType], declared: &[TensorType]) -> R<Vec<Ten
         Op::Linear { .. }
         | Op::Relu
         | Op::Sigmoid
-        | Op::Gelu
         | Op::Add
         | Op::ReluGrad
         | Op::SigmoidGrad
-        | Op::GeluGrad
         | Op::LinearDx
         | Op::LinearDw
         | Op::LinearDb => dense::infer_dense(op, ins),

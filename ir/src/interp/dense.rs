@@ -1,5 +1,5 @@
 //! Dense ops: `linear` and its gradients, the elementwise ops (`relu`, `sigmoid`,
-//! `gelu`, `add` and the activation gradients) and the losses with their gradients.
+//! `add` and the activation gradients) and the losses with their gradients.
 //!
 //! Summation order (the reference every optimised kernel is compared with): every
 //! sum is one f32 accumulator that starts at `0.0` and adds its terms in increasing
@@ -22,34 +22,6 @@ fn sigmoid1(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-/// `β = sqrt(2/π)` of [`gelu1`] (PyTorch's `kBeta = M_SQRT2 * M_2_SQRTPI * 0.5`).
-const GELU_BETA: f32 = (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
-/// `κ` of [`gelu1`].
-const GELU_KAPPA: f32 = 0.044715;
-
-/// `tanh(β·(x + κ·x³))`, shared by `gelu` and `gelu_grad`.
-fn gelu_tanh(x: f32) -> f32 {
-    let cube = x * x * x;
-    (GELU_BETA * (x + GELU_KAPPA * cube)).tanh()
-}
-
-/// `gelu(x)`, the tanh approximation: `(0.5·x)·(1 + tanh(β·(x + κ·x³)))` (the
-/// definition of [`crate::Op::Gelu`]; kernels call this function).
-pub fn gelu1(x: f32) -> f32 {
-    0.5 * x * (1.0 + gelu_tanh(x))
-}
-
-/// `gelu_grad(dy, x)`: `dy · (0.5·(1 + t) + ((0.5·x)·(1 - t·t))·(β·(1 + 3κ·x²)))`
-/// with `t = tanh(β·(x + κ·x³))` (the definition of [`crate::Op::GeluGrad`];
-/// kernels call this function).
-pub fn gelu_grad1(dy: f32, x: f32) -> f32 {
-    let t = gelu_tanh(x);
-    let left_derivative = 0.5 * (1.0 + t);
-    let inner_derivative = GELU_BETA * (1.0 + 3.0 * GELU_KAPPA * (x * x));
-    let right_derivative = 0.5 * x * (1.0 - t * t) * inner_derivative;
-    dy * (left_derivative + right_derivative)
-}
-
 fn act1(act: Act, x: f32) -> f32 {
     match act {
         Act::None => x,
@@ -65,9 +37,7 @@ pub(super) fn eval(c: &Checked<'_>, syms: &HashMap<String, usize>) -> R<Tensor> 
         Op::Linear { act } => linear(*act, c),
         Op::Relu => map1(c, relu1),
         Op::Sigmoid => map1(c, sigmoid1),
-        Op::Gelu => map1(c, gelu1),
         Op::Add => map2(c, ["a", "b"], |a, b| a + b),
-        Op::GeluGrad => map2(c, ["dy", "x"], gelu_grad1),
         Op::ReluGrad => map2(c, ["dy", "y"], |dy, y| if y > 0.0 { dy } else { 0.0 }),
         Op::SigmoidGrad => map2(c, ["dy", "y"], |dy, y| dy * y * (1.0 - y)),
         Op::LinearDx => {

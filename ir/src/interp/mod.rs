@@ -50,7 +50,6 @@ mod shape;
 /// interpreter's bit for bit by construction (an elementwise op whose formula is
 /// longer than a line keeps it in one place).
 pub use adagrad::{adagrad_acc1, adagrad_row_acc, adagrad_step1};
-pub use dense::{gelu_grad1, gelu1};
 pub use jagged::narrow_to_bags;
 
 use crate::op::family::{fused_ops, generic_ops};
@@ -221,10 +220,8 @@ fn dispatch(c: &Checked<'_>, ctx: &EvalCtx<'_>) -> R<Vec<Tensor>> {
         | Op::Relu
         | Op::Add
         | Op::Sigmoid
-        | Op::Gelu
         | Op::ReluGrad
         | Op::SigmoidGrad
-        | Op::GeluGrad
         | Op::LinearDx
         | Op::LinearDw
         | Op::LinearDb

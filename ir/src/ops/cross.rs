@@ -27,7 +27,7 @@ use crate::error::{IrError, Result};
 use crate::graph::{Graph, ValueId};
 use crate::instance::Checked;
 use crate::interp::common::{floats, store};
-use crate::module::{GradCx, ModOp, OpModule, Work};
+use crate::module::{DecomposeCx, GradCx, ModOp, OpModule, Work};
 use crate::op::{BinaryKind, Op, Pool};
 use crate::tensor::Tensor;
 use crate::types::{Dim, TensorType};
@@ -249,7 +249,7 @@ impl OpModule for Cross {
     fn decompose(
         &self,
         _: &ModOp,
-        g: &mut Graph,
+        g: &mut DecomposeCx<'_>,
         ins: &[ValueId],
         names: &[&str],
     ) -> Result<Vec<ValueId>> {
@@ -261,6 +261,8 @@ impl OpModule for Cross {
         let p = g.add(mul(), &[x0, w], &format!("{y}.scaled"))?;
         Ok(vec![g.add(Op::Add, &[p, x], y)?])
     }
+
+    no_onnx_form!();
 
     not_an_update!();
 }
@@ -353,7 +355,7 @@ impl OpModule for CrossGrad {
     fn decompose(
         &self,
         _: &ModOp,
-        g: &mut Graph,
+        g: &mut DecomposeCx<'_>,
         ins: &[ValueId],
         names: &[&str],
     ) -> Result<Vec<ValueId>> {
@@ -365,6 +367,8 @@ impl OpModule for CrossGrad {
         let (z, w) = decomposed_forward(g, x, v, u, b, &base)?;
         decomposed_grads(g, [dy, x0, x, v, u, z, w], names)
     }
+
+    no_onnx_form!();
 
     not_an_update!();
 }

@@ -14,10 +14,10 @@
 
 use super::cross::{arity, arity_error, mul, no_gradient};
 use crate::error::Result;
-use crate::graph::{Graph, ValueId};
+use crate::graph::ValueId;
 use crate::instance::Checked;
 use crate::interp::common::{floats, store};
-use crate::module::{GradCx, ModOp, OpModule, Work};
+use crate::module::{DecomposeCx, GradCx, ModOp, OpModule, Work};
 use crate::op::Op;
 use crate::tensor::Tensor;
 use crate::types::{Dim, TensorType};
@@ -117,7 +117,7 @@ impl OpModule for CrossMix {
     fn decompose(
         &self,
         _: &ModOp,
-        g: &mut Graph,
+        g: &mut DecomposeCx<'_>,
         ins: &[ValueId],
         names: &[&str],
     ) -> Result<Vec<ValueId>> {
@@ -128,6 +128,8 @@ impl OpModule for CrossMix {
         let p = g.add(mul(), &[x0, w], &format!("{y}.scaled"))?;
         Ok(vec![g.add(Op::Add, &[p, x], y)?])
     }
+
+    no_onnx_form!();
 
     not_an_update!();
 }
@@ -175,7 +177,7 @@ impl OpModule for CrossMixGrad {
     fn decompose(
         &self,
         _: &ModOp,
-        g: &mut Graph,
+        g: &mut DecomposeCx<'_>,
         ins: &[ValueId],
         names: &[&str],
     ) -> Result<Vec<ValueId>> {
@@ -187,6 +189,8 @@ impl OpModule for CrossMixGrad {
         let dx0 = g.add(mul(), &[dy, w], &n(1, "dx0"))?;
         Ok(vec![gw, dx0])
     }
+
+    no_onnx_form!();
 
     not_an_update!();
 }

@@ -18,10 +18,10 @@ use super::cross::{
     layer_work, mul, no_gradient,
 };
 use crate::error::Result;
-use crate::graph::{Graph, ValueId};
+use crate::graph::ValueId;
 use crate::instance::Checked;
 use crate::interp::common::{floats, store};
-use crate::module::{GradCx, ModOp, OpModule, Work};
+use crate::module::{DecomposeCx, GradCx, ModOp, OpModule, Work};
 use crate::op::Op;
 use crate::tensor::Tensor;
 use crate::types::{Dim, TensorType};
@@ -92,7 +92,7 @@ impl OpModule for CrossSave {
     fn decompose(
         &self,
         _: &ModOp,
-        g: &mut Graph,
+        g: &mut DecomposeCx<'_>,
         ins: &[ValueId],
         names: &[&str],
     ) -> Result<Vec<ValueId>> {
@@ -104,6 +104,8 @@ impl OpModule for CrossSave {
         let p = g.add(mul(), &[x0, w], &format!("{y}.scaled"))?;
         Ok(vec![g.add(Op::Add, &[p, x], y)?, z, w])
     }
+
+    no_onnx_form!();
 
     not_an_update!();
 }
@@ -162,7 +164,7 @@ impl OpModule for CrossGradSaved {
     fn decompose(
         &self,
         _: &ModOp,
-        g: &mut Graph,
+        g: &mut DecomposeCx<'_>,
         ins: &[ValueId],
         names: &[&str],
     ) -> Result<Vec<ValueId>> {
@@ -171,6 +173,8 @@ impl OpModule for CrossGradSaved {
         };
         decomposed_grads(g, [dy, x0, x, v, u, z, w], names)
     }
+
+    no_onnx_form!();
 
     not_an_update!();
 }

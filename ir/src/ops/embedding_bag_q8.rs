@@ -26,10 +26,10 @@
 
 use super::cross::{arity_error, no_gradient};
 use crate::error::{IrError, Result};
-use crate::graph::{Graph, ValueId};
+use crate::graph::ValueId;
 use crate::instance::Checked;
 use crate::interp::{EvalCtx, eval_op};
-use crate::module::{GradCx, ModOp, OpModule, Work};
+use crate::module::{DecomposeCx, GradCx, ModOp, OpModule, Work};
 use crate::op::{Attr, Op, Pool};
 use crate::tensor::Tensor;
 use crate::types::{DType, Dim, TensorType};
@@ -268,7 +268,7 @@ impl OpModule for EmbeddingBagQ8 {
     fn decompose(
         &self,
         _: &ModOp,
-        g: &mut Graph,
+        g: &mut DecomposeCx<'_>,
         ins: &[ValueId],
         _: &[&str],
     ) -> Result<Vec<ValueId>> {
@@ -285,6 +285,8 @@ impl OpModule for EmbeddingBagQ8 {
             ),
         })
     }
+
+    no_onnx_form!();
 
     not_an_update!();
 }

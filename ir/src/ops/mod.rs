@@ -25,10 +25,28 @@ macro_rules! not_an_update {
     };
 }
 
+/// `onnx` and `onnx_import` of an op module that ONNX has no op for (its
+/// decomposition is exported; no ONNX node imports as it).
+macro_rules! no_onnx_form {
+    () => {
+        fn onnx(&self, _: &crate::module::ModOp) -> Option<crate::module::OnnxNode> {
+            None
+        }
+
+        fn onnx_import(
+            &self,
+            _: &crate::module::OnnxNode,
+        ) -> Option<std::result::Result<crate::module::ModOp, String>> {
+            None
+        }
+    };
+}
+
 pub mod cross;
 pub mod cross_mix;
 pub mod cross_saved;
 pub mod embedding_bag_q8;
+pub mod gelu;
 pub mod split_adagrad;
 
 use crate::module::OpModule;
@@ -43,6 +61,8 @@ pub static MODULES: &[&dyn OpModule] = &[
     &cross_saved::CrossSave,
     &cross_saved::CrossGradSaved,
     &embedding_bag_q8::EmbeddingBagQ8,
+    &gelu::Gelu,
+    &gelu::GeluGrad,
     &split_adagrad::SplitAdagrad,
     &split_adagrad::SplitEmbeddingUpdateAdagrad,
 ];

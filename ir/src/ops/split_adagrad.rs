@@ -32,7 +32,7 @@ use crate::error::{IrError, Result};
 use crate::graph::{Graph, ValueId};
 use crate::instance::Checked;
 use crate::interp::{EvalCtx, eval_op};
-use crate::module::{GradCx, ModOp, OpModule, OptimizerUpdate, UpdateGrad, Work};
+use crate::module::{DecomposeCx, GradCx, ModOp, OpModule, OptimizerUpdate, UpdateGrad, Work};
 use crate::op::{AdagradHyper, Attr, Op, Pool, State};
 use crate::tensor::{Data, Tensor};
 use crate::types::{DType, Dim, TensorType};
@@ -328,7 +328,7 @@ macro_rules! split_update {
         fn decompose(
             &self,
             _: &ModOp,
-            g: &mut Graph,
+            g: &mut DecomposeCx<'_>,
             ins: &[ValueId],
             _: &[&str],
         ) -> Result<Vec<ValueId>> {
@@ -337,6 +337,8 @@ macro_rules! split_update {
             }
             Err(no_decomposition(g, $mn))
         }
+
+        no_onnx_form!();
 
         fn update(&self, op: &ModOp) -> Option<OptimizerUpdate> {
             Some(update(op))

@@ -44,8 +44,8 @@ impl Ad {
         Ok(())
     }
 
-    /// `relu`, `sigmoid` (their gradients read the output `y`), `gelu` (reads the
-    /// input) and `add` (both operands receive `dy`).
+    /// `relu`, `sigmoid` (their gradients read the output `y`) and `add` (both
+    /// operands receive `dy`).
     pub(super) fn backward_elementwise(
         &mut self,
         op: &Op,
@@ -64,13 +64,6 @@ impl Ad {
                 };
                 let h = self.hint(x);
                 let dx = self.g.add(op, &[dy, y], &h).map_err(&e)?;
-                self.contribute(x, dx);
-            }
-            Op::Gelu => {
-                // The gradient reads the forward input, not its output.
-                let x = ins[0];
-                let h = self.hint(x);
-                let dx = self.g.add(Op::GeluGrad, &[dy, x], &h).map_err(&e)?;
                 self.contribute(x, dx);
             }
             Op::Add => {

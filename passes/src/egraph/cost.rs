@@ -9,9 +9,9 @@
 //!   `plain_eff` for `linear` and its gradients (strided, re-read weights), 1 for
 //!   the rest (memory bound: their bytes dominate);
 //! - `bytes` = operands + results, dtype-aware (bf16 moves half of f32);
-//! - each `exp`/`ln`/`tanh` counts `transcendental` flops: a sigmoid (op or
-//!   epilogue) or a `gelu`/`gelu_grad` one per element, `bce` three (two clamped
-//!   logs), `bce_logits` two;
+//! - each `exp`/`ln` counts `transcendental` flops: a sigmoid (op or epilogue)
+//!   one per element, `bce` three (two clamped logs), `bce_logits` two (a module
+//!   op's flops are its own work count, `OpModule::work`);
 //! - symbolic dimensions (`B`, `G`, bag sizes) are taken as `batch`;
 //! - `matmul` counts `2·M·N·K` flops per batch entry at `plain_eff` (as `linear`);
 //! - the generic ops of imported models ([`super::canon::GENERIC`]) pay the
@@ -221,15 +221,15 @@ impl DlCost<'_> {
                 None => (o0.map_or(0.0, |t| self.numel(t)), 1.0),
             },
         };
-        // exp/ln/tanh per element: the sigmoid epilogue, the losses (the clamped BCE
-        // takes two logs, its logits form one exp and one log1p), gelu's tanh.
+        // exp/ln per element: the sigmoid epilogue, the losses (the clamped BCE
+        // takes two logs, its logits form one exp and one log1p).
         let sigmoid_epilogue = children
             .iter()
             .any(|&c| matches!(&self.egraph[c].data, Data::Tag(t) if t.key.as_str() == "act" && t.val.as_str() == "sigmoid"));
         let per_elem = match m {
             "bce" => 3.0,
             "bce_logits" => 2.0,
-            "bce_grad" | "bce_logits_grad" | "sigmoid" | "gelu" | "gelu_grad" => 1.0,
+            "bce_grad" | "bce_logits_grad" | "sigmoid" => 1.0,
             _ if sigmoid_epilogue => 1.0,
             _ => 0.0,
         };

@@ -102,8 +102,14 @@ pub(crate) enum A {
     Int(i64),
     /// `ints`.
     Ints(Vec<i64>),
+    /// `f`.
+    Float(f32),
+    /// `floats`.
+    Floats(Vec<f32>),
     /// `s`.
     Str(&'static str),
+    /// `s`, owned (a module op's attribute).
+    Text(String),
     /// `t`: a one-element tensor (ConstantOfShape's `value`).
     Tensor(Box<TensorProto>),
 }
@@ -123,8 +129,20 @@ fn attr(name: &str, value: A) -> AttributeProto {
             a.ints = v;
             a.r#type = Some(AttributeType::Ints as i32);
         }
+        A::Float(f) => {
+            a.f = Some(f);
+            a.r#type = Some(AttributeType::Float as i32);
+        }
+        A::Floats(v) => {
+            a.floats = v;
+            a.r#type = Some(AttributeType::Floats as i32);
+        }
         A::Str(s) => {
             a.s = Some(s.as_bytes().to_vec());
+            a.r#type = Some(AttributeType::String as i32);
+        }
+        A::Text(s) => {
+            a.s = Some(s.into_bytes());
             a.r#type = Some(AttributeType::String as i32);
         }
         A::Tensor(t) => {
@@ -223,6 +241,24 @@ impl<'a> Builder<'a> {
             })
             .collect();
         self.push(op, inputs, attrs, &outs);
+        outs
+    }
+
+    /// [`Builder::node_n`] of op `op` in `domain` (the default domain when
+    /// empty).
+    pub(crate) fn node_in(
+        &mut self,
+        domain: &str,
+        op: &str,
+        inputs: &[&str],
+        attrs: Vec<(&str, A)>,
+        hint: &str,
+        n_out: usize,
+    ) -> Vec<String> {
+        let outs = self.node_n(op, inputs, attrs, hint, n_out);
+        if let (false, Some(n)) = (domain.is_empty(), self.nodes.last_mut()) {
+            n.domain = Some(domain.to_string());
+        }
         outs
     }
 

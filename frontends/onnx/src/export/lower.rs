@@ -49,6 +49,9 @@ pub(crate) struct Lower<'g, 'a> {
 }
 
 mod bags;
+mod modules;
+
+pub(crate) use modules::{keeps, native};
 
 fn dims_of(t: &Tensor) -> &[usize] {
     &t.shape
@@ -275,6 +278,7 @@ impl<'g, 'a> Lower<'g, 'a> {
         let inp = |k: usize| operand(ins, k);
         let r = match &node.op {
             op if op.bag_form().is_some() => self.bag(node, &hint, &out_ty)?,
+            Op::Module(m) => return self.module(node, m),
             Op::Linear { act } => {
                 let x = self.plain(inp(0)?)?;
                 let w = self.plain(inp(1)?)?;
@@ -290,11 +294,6 @@ impl<'g, 'a> Lower<'g, 'a> {
                     "Sigmoid"
                 };
                 let y = self.b.node(op, &[&x], vec![], &hint);
-                Repr::Plain(self.round(y, out_ty.dtype, &hint))
-            }
-            Op::Gelu => {
-                let x = self.plain(inp(0)?)?;
-                let y = self.gelu(&x, &hint);
                 Repr::Plain(self.round(y, out_ty.dtype, &hint))
             }
             Op::Add | Op::Binary { .. } | Op::MatMul => {

@@ -23,7 +23,11 @@
 //!   order, `Concat` after the dense vector (PyTorch's export of the reference
 //!   DLRM, which the importer's `canon` pass turns back into `interaction`);
 //!   `cat`: `Concat`;
-//! - the generic ops of imported models map to their ONNX namesakes.
+//! - the generic ops of imported models map to their ONNX namesakes;
+//! - a module op (`dlrm_ir::ops`) is its native ONNX node from the opset that
+//!   has it (`OpModule::onnx`, `lower/modules.rs`: `gelu` is `Gelu` from 20),
+//!   else its decomposition into the ops above, with its constants as
+//!   initializers (an int8 bag is lowered as a bag).
 //!
 //! Precision: floats are f32 in the model. bf16 parameters are widened exactly
 //! (the model is twice their size); where the IR rounds a result to bf16 the model
@@ -43,9 +47,9 @@ use crate::proto::{
     tensor_shape_proto::{Dimension, dimension},
     type_proto,
 };
-use builder::{Builder, Init};
-use dlrm_ir::ops::embedding_bag_q8;
-use dlrm_ir::{Def, Dim, Graph, Tensor};
+use builder::{Builder, Init, InitData};
+use dlrm_ir::module::ModOp;
+use dlrm_ir::{Def, Dim, Graph, Op, Tensor};
 use lower::{Lower, Repr, onnx_elem};
 use std::path::Path;
 
@@ -185,7 +189,7 @@ pub fn export<'a>(
             graph.name
         )));
     }
-    let decomposed = decompose(graph)?;
+    let (decomposed, constants) = decompose(graph, opts.opset)?;
     let graph = decomposed.as_ref();
     let mut b = Builder::new(opts.opset);
     let mut inputs = Vec::new();
@@ -210,6 +214,15 @@ pub fn export<'a>(
     }
     for &p in graph.params() {
         low.set(p, Repr::Param(p));
+    }
+    // The decompositions' constants: initializers of their own.
+    for (name, t) in &constants {
+        let v = graph
+            .find(name)
+            .ok_or_else(|| export_err(format!("the constant `{name}` is not in the graph")))?;
+        let data = InitData::F32(std::borrow::Cow::Owned(t.to_f32_vec()));
+        let init = low.b.init(name, &t.shape, data);
+        low.set(v, Repr::Plain(init));
     }
     for (n, node) in graph.nodes().iter().enumerate() {
         low.node(node).map_err(|reason| OnnxError::ExportNode {
@@ -253,10 +266,7 @@ pub fn export<'a>(
     };
     let model = ModelProto {
         ir_version: Some(ir_version),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(opts.opset),
-        }],
+        opset_import: opset_imports(graph, opts.opset),
         producer_name: Some("dlrmc".into()),
         producer_version: Some(env!("CARGO_PKG_VERSION").into()),
         graph: Some(crate::proto::GraphProto {
@@ -285,20 +295,47 @@ pub fn export_to_file(
     export(graph, params, opts)?.write(path)
 }
 
-/// `graph` with its module ops written as the primitive ops they decompose
-/// into; an int8 bag (no primitive reads an f32 from its row's bytes) is kept
-/// and lowered as a bag (`lower/bags.rs`).
-fn decompose(graph: &Graph) -> Result<std::borrow::Cow<'_, Graph>> {
-    let decomposable = |op: &dlrm_ir::Op| matches!(op, dlrm_ir::Op::Module(m) if m.mnemonic() != embedding_bag_q8::MNEMONIC);
-    if !graph.nodes().iter().any(|n| decomposable(&n.op)) {
-        return Ok(std::borrow::Cow::Borrowed(graph));
+/// The graph and the values of the constants it adds.
+type WithConstants<'g> = (std::borrow::Cow<'g, Graph>, Vec<(String, Tensor)>);
+
+/// `graph` with the module ops that have no native ONNX node at `opset` written
+/// as the primitive ops they decompose into (a whole-table bag, such as an
+/// int8 one, is kept and lowered as a bag: `lower/bags.rs`), and the constants
+/// the decompositions added.
+fn decompose(graph: &Graph, opset: i64) -> Result<WithConstants<'_>> {
+    let decomposed = |m: &ModOp| !lower::keeps(m, opset);
+    let any = graph
+        .nodes()
+        .iter()
+        .any(|n| matches!(&n.op, Op::Module(m) if decomposed(m)));
+    if !any {
+        return Ok((std::borrow::Cow::Borrowed(graph), Vec::new()));
     }
-    dlrm_ir::module::rebuild(graph, &mut |_, node, out, ins, names| match &node.op {
-        dlrm_ir::Op::Module(m) if decomposable(&node.op) => {
-            Some(m.def().decompose(m, out, ins, names))
+    let d = dlrm_ir::module::decompose_modules_where(graph, &decomposed)
+        .map_err(|e| export_err(format!("decomposing the module ops: {e}")))?;
+    Ok((std::borrow::Cow::Owned(d.graph), d.constants))
+}
+
+/// The opsets the model imports: the default domain's at `opset`, and each
+/// custom domain a module op's native node is in, at the newest version its
+/// nodes need.
+fn opset_imports(graph: &Graph, opset: i64) -> Vec<OperatorSetIdProto> {
+    let mut custom: std::collections::BTreeMap<String, i64> = Default::default();
+    for n in graph.nodes() {
+        if let Op::Module(m) = &n.op
+            && let Some(node) = lower::native(m, opset)
+            && !node.in_default_domain()
+        {
+            let v = custom.entry(node.domain).or_insert(node.opset);
+            *v = (*v).max(node.opset);
         }
-        _ => None,
-    })
-    .map(std::borrow::Cow::Owned)
-    .map_err(|e| export_err(format!("decomposing the module ops: {e}")))
+    }
+    let default = (String::new(), opset);
+    std::iter::once(default)
+        .chain(custom)
+        .map(|(domain, version)| OperatorSetIdProto {
+            domain: Some(domain),
+            version: Some(version),
+        })
+        .collect()
 }

@@ -1,6 +1,6 @@
-//! The multi-node ONNX forms of three IR ops: bags given by offsets (a segment
-//! sum without `Loop`), the dot interaction (PyTorch's export of the reference
-//! DLRM's `interact_features`) and GELU before opset 20.
+//! The multi-node ONNX forms of two IR ops: bags given by offsets (a segment
+//! sum without `Loop`) and the dot interaction (PyTorch's export of the reference
+//! DLRM's `interact_features`).
 
 use super::builder::{A, InitData, scalar_f32_tensor};
 use super::lower::Lower;
@@ -222,32 +222,5 @@ impl Lower<'_, '_> {
             &format!("{hint}.Zlow"),
         );
         b.node("Concat", &[&parts[0], &zl], vec![("axis", A::Int(1))], hint)
-    }
-
-    /// GELU, tanh approximation: the `Gelu` op from opset 20, else its formula in
-    /// the IR's order, `(0.5·x)·(1 + tanh(β·(x + κ·((x·x)·x))))`.
-    pub(crate) fn gelu(&mut self, x: &str, hint: &str) -> String {
-        if self.b.opset >= 20 {
-            return self
-                .b
-                .node("Gelu", &[x], vec![("approximate", A::Str("tanh"))], hint);
-        }
-        let beta = (2.0f32 / std::f32::consts::PI).sqrt();
-        let (k, bt, half, one) = (
-            self.b.float(0.044715),
-            self.b.float(beta),
-            self.b.float(0.5),
-            self.b.float(1.0),
-        );
-        let b = &mut self.b;
-        let xx = b.node("Mul", &[x, x], vec![], &format!("{hint}.xx"));
-        let xxx = b.node("Mul", &[&xx, x], vec![], &format!("{hint}.xxx"));
-        let kx = b.node("Mul", &[&k, &xxx], vec![], &format!("{hint}.kx"));
-        let s = b.node("Add", &[x, &kx], vec![], &format!("{hint}.s"));
-        let u = b.node("Mul", &[&bt, &s], vec![], &format!("{hint}.u"));
-        let t = b.node("Tanh", &[&u], vec![], &format!("{hint}.t"));
-        let t1 = b.node("Add", &[&one, &t], vec![], &format!("{hint}.t1"));
-        let hx = b.node("Mul", &[&half, x], vec![], &format!("{hint}.hx"));
-        b.node("Mul", &[&hx, &t1], vec![], hint)
     }
 }

@@ -30,6 +30,30 @@ pub(crate) fn registry() -> HashMap<&'static str, Builder> {
     r
 }
 
+/// A node no builder takes, as the op module that imports it
+/// ([`dlrm_ir::module::onnx_import`]; its operands are the node's inputs, in
+/// order), `None` when no module does.
+pub(crate) fn module(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Option<Built> {
+    let domain = n.proto.domain.as_deref().unwrap_or("");
+    let node = dlrm_ir::module::OnnxNode {
+        op_type: n.op_type().to_string(),
+        domain: domain.to_string(),
+        opset: cx.opset(domain),
+        attrs: n.attrs.onnx(),
+    };
+    let op = match dlrm_ir::module::onnx_import(&node)? {
+        Ok(op) => op,
+        Err(reason) => return Some(Err(reason.into())),
+    };
+    Some((|| {
+        let ins = (0..n.n_inputs())
+            .map(|k| cx.input(n, k))
+            .collect::<Result<Vec<_>, _>>()?;
+        let names: Vec<String> = (0..n.proto.output.len()).map(|k| n.out_name(k)).collect();
+        Ok(cx.emit_all(op, &ins, &names)?)
+    })())
+}
+
 /// An ONNX axis (negative counts from the end) for a value of rank `rank`.
 pub(crate) fn norm_axis(axis: i64, rank: usize) -> Result<usize, String> {
     let a = if axis < 0 { axis + rank as i64 } else { axis };

@@ -1,4 +1,4 @@
-//! Activations (`Relu`, `Sigmoid`, `Gelu`) and `Gemm`.
+//! Activations (`Relu`, `Sigmoid`) and `Gemm`.
 
 use super::{Builder, Built};
 use crate::import::{Ctx, NodeCx, Val};
@@ -9,25 +9,12 @@ use std::rc::Rc;
 pub(super) fn register(r: &mut HashMap<&'static str, Builder>) {
     r.insert("Relu", |cx, n| unary(cx, n, Op::Relu));
     r.insert("Sigmoid", |cx, n| unary(cx, n, Op::Sigmoid));
-    r.insert("Gelu", gelu);
     r.insert("Gemm", gemm);
 }
 
 fn unary(cx: &mut Ctx<'_>, n: &NodeCx<'_>, op: Op) -> Built {
     let x = cx.input(n, 0)?;
     Ok(vec![cx.emit(op, &[x], &n.out_name(0))?])
-}
-
-/// `Gelu` (opset 20): `gelu` for `approximate="tanh"`; the exact erf form
-/// (`approximate="none"`, the default) has no IR op and is refused.
-fn gelu(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
-    match n.attrs.string("approximate", "none")?.as_str() {
-        "tanh" => unary(cx, n, Op::Gelu),
-        other => Err(format!(
-            "unsupported attribute value approximate=\"{other}\" (only \"tanh\": dlrmc's gelu is the tanh approximation)"
-        )
-        .into()),
-    }
 }
 
 /// `Gemm`: `alpha * op(A) · op(B) + beta * C`. Maps to `linear` when that is exactly
@@ -123,49 +110,4 @@ fn gemm(cx: &mut Ctx<'_>, n: &NodeCx<'_>) -> Built {
         )?;
     }
     Ok(vec![y])
-}
-
-#[cfg(test)]
-mod tests {
-    //! `Gelu` on a model built here (no exporter with opset 20 `Gelu` is at hand:
-    //! the real-export cases under `test_cases/` come from the generator scripts).
-
-    use crate::proto::AttributeProto;
-    use crate::proto::attribute_proto::AttributeType;
-    use crate::proto::tensor_proto::DataType;
-    use crate::test_models::{model, node, value};
-
-    /// A one-node opset 20 model `y = Gelu(x)`, with `approximate` if given.
-    fn gelu_model(approximate: Option<&str>) -> Vec<u8> {
-        let mut n = node("Gelu", "act", &["x"], &["y"]);
-        n.attribute = approximate
-            .map(|a| AttributeProto {
-                name: Some("approximate".into()),
-                r#type: Some(AttributeType::String as i32),
-                s: Some(a.as_bytes().to_vec()),
-                ..Default::default()
-            })
-            .into_iter()
-            .collect();
-        let f = DataType::Float;
-        model(vec![n], vec![value("x", f)], vec![value("y", f)])
-    }
-
-    #[test]
-    fn gelu_tanh_maps_to_gelu_and_erf_is_refused() {
-        let m = crate::from_bytes(&gelu_model(Some("tanh")), "gelu.onnx", None)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let ops: Vec<&str> = m.graph.nodes().iter().map(|n| n.op.mnemonic()).collect();
-        assert_eq!(ops, ["gelu"]);
-        for approximate in [None, Some("none")] {
-            let err = crate::from_bytes(&gelu_model(approximate), "gelu.onnx", None)
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default();
-            assert!(
-                err.contains("`act`") && err.contains("approximate=\"none\""),
-                "{err}"
-            );
-        }
-    }
 }
