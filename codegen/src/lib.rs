@@ -17,7 +17,7 @@
 //! - [`update`]: the in-place optimizer updates (JIT kernel, else reference).
 //! - [`modules`]: the kernels of the module ops (`dlrm_ir::ops`), one registry
 //!   line per op, which the three above consult.
-//! - [`cost`]: flops and bytes of an op execution (the `--bench` table).
+//! - [`work`]: flops and bytes of an op execution (the `--bench` table).
 //!
 //! Every kernel computes what `dlrm_ir::interp::eval_op` defines (up to float
 //! reassociation for GEMMs and dot products; see each module); the tests check
@@ -28,11 +28,11 @@
 // Module docs link private helpers; the docs are built with --document-private-items.
 #![allow(rustdoc::private_intra_doc_links)]
 
-pub mod cost;
 pub mod jit;
 mod modules;
 pub mod reference;
 pub mod update;
+pub mod work;
 
 pub use jit::{Jit, JitError, JitOptions, KernelChoice};
 pub use reference::{

@@ -33,7 +33,7 @@ pub use crate::ops::MODULES;
 /// Floating-point operations of the matrix product of `linear`, `linear_dx` and
 /// `linear_dw`: `m·n` dot products of length `k`, a multiply-add (2 flops) per
 /// term. The one formula of the graph statistics (`dlrm_passes::stats`) and the
-/// executed work (`dlrm_codegen::cost`), which adds `linear`'s epilogue.
+/// executed work (`dlrm_codegen::work`), which adds `linear`'s epilogue.
 pub fn gemm_flops(m: f64, n: f64, k: f64) -> f64 {
     2.0 * m * n * k
 }

@@ -35,7 +35,7 @@
 //! symbolic `D` or `R`, or bf16 operands, are left as they are (and
 //! `save-activations` pairs them).
 
-use crate::egraph::cost::block_for;
+use crate::egraph::extract::block_for;
 use crate::pass::Params;
 use crate::{Pass, PassError, Ran, Result};
 use dlrm_ir::module::{ModOp, rebuild};

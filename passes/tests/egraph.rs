@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use dlrm_ir::{Act, Attr, Dim, Graph, Op, TensorType};
-use dlrm_passes::egraph::cost::{MAX_BLOCK, block_for};
+use dlrm_passes::egraph::extract::{MAX_BLOCK, block_for};
 use dlrm_passes::egraph::lang::{Tag, parse_attr};
 use dlrm_passes::egraph::rules::{RuleConfig, names};
 use dlrm_passes::egraph::{FuseOptions, Limits, fuse};

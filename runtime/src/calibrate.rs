@@ -44,7 +44,7 @@ use dlrm_ir::Op::{BlockAct, BlockWeight, Brgemm, BrgemmDgrad, BrgemmWgrad};
 use dlrm_ir::{
     Act, Communicator, DType, Dim, LocalGroup, NodeInstance, Op, Pool, Tensor, TensorType,
 };
-use dlrm_passes::egraph::cost::block_for;
+use dlrm_passes::egraph::extract::block_for;
 use dlrm_passes::shard::{Machine, Network};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;

@@ -12,7 +12,7 @@
 //! aborts the group when its own thread fails, which wakes a progress thread blocked
 //! in a collective, so no rank hangs (see `Executor::step`).
 
-use dlrm_codegen::cost::{Cost, op_cost};
+use dlrm_codegen::work::{Cost, op_cost};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Communicator, Op, Tensor, TensorType};
 use serde::Serialize;

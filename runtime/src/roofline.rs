@@ -15,7 +15,7 @@
 //! arrays (12 bytes per element: two reads and a write; the write-allocate read is
 //! not counted, as STREAM does not). Each is the best of five runs.
 //!
-//! The work of an op is [`dlrm_codegen::cost`]'s (compulsory bytes, not cache
+//! The work of an op is [`dlrm_codegen::work`]'s (compulsory bytes, not cache
 //! traffic), so a fraction above 1 for a memory-bound class means its operands
 //! were served from cache.
 

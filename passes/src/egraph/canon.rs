@@ -19,7 +19,7 @@
 //! the interface kept, the result verifies, f32 results bit-exact; see
 //! `rules/README.md`).
 
-use super::cost::CostModel;
+use super::extract::ExtractCost;
 use super::{EgraphStats, Limits, rules, saturate};
 use crate::copy::{Rewire, copy_rewired};
 use crate::pass::Params;
@@ -102,7 +102,7 @@ pub fn canonicalise(
     let mut rules = rules::canon::rules(&rules::RuleConfig::default());
     rules.extend(rules::cross::rules(&rules::RuleConfig::default()));
     rules.extend(rules::recognise::rules());
-    let (out, stats) = saturate(g, &rules, limits, CostModel::default(), consts)?;
+    let (out, stats) = saturate(g, &rules, limits, ExtractCost::default(), consts)?;
     let out = store_transposed(&out, params)?;
     Ok((out, stats))
 }

@@ -6,7 +6,7 @@
 //! The graph goes into an e-graph ([`convert::encode`]; training ops and every op
 //! no rule mentions are opaque e-nodes, kept as they are), the rules of
 //! [`rules::all`] run under explicit [`Limits`] (iterations, e-nodes, time), and the
-//! cheapest graph under the [`cost::CostModel`] is extracted ([`convert::decode`]).
+//! cheapest graph under the [`extract::ExtractCost`] is extracted ([`convert::decode`]).
 //! [`EgraphStats`] records the e-graph's size, the iterations, the stop reason and
 //! how often each rule applied; the pass returns it and the pipeline stores it in
 //! the pass log. The one rewrite tree extraction cannot choose, a gradient shared
@@ -19,15 +19,15 @@
 
 pub mod canon;
 pub mod convert;
-pub mod cost;
+pub mod extract;
 pub mod lang;
 pub mod rules;
 
 use crate::pass::Params;
 use crate::{Pass, PassStats, Ran, Result};
-use cost::{CostModel, DlCost};
 use dlrm_ir::Graph;
 use egg::{Extractor, Runner, SimpleScheduler, StopReason};
+use extract::{DlCost, ExtractCost};
 use lang::{Data, Dl, DlGraph, GET};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -63,7 +63,7 @@ pub struct FuseOptions {
     /// Runner limits.
     pub limits: Limits,
     /// The extraction cost model.
-    pub cost: CostModel,
+    pub cost: ExtractCost,
     /// Rule configuration (forced block size, embedding fusion).
     pub rules: rules::RuleConfig,
 }
@@ -137,7 +137,7 @@ pub fn saturate(
     g: &Graph,
     rules: &[egg::Rewrite<Dl, lang::Types>],
     limits: &Limits,
-    cost: CostModel,
+    cost: ExtractCost,
     consts: HashMap<egg::Symbol, Vec<i64>>,
 ) -> Result<(Graph, EgraphStats)> {
     let mut enc = convert::encode(g);
@@ -229,7 +229,7 @@ fn as_get(eg: &DlGraph, n: &Dl) -> Option<(bool, egg::Id)> {
 fn select(
     eg: &DlGraph,
     ex: &Extractor<'_, DlCost<'_>, Dl, lang::Types>,
-    model: CostModel,
+    model: ExtractCost,
     roots: &[egg::Id],
 ) -> HashMap<egg::Id, Dl> {
     let mut over: HashMap<egg::Id, Dl> = HashMap::new();

@@ -146,7 +146,7 @@ pub struct Executor {
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Resolved {
     route: Route,
-    cost: Option<dlrm_codegen::cost::Cost>,
+    cost: Option<dlrm_codegen::work::Cost>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

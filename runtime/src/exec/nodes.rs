@@ -27,8 +27,8 @@
 
 use super::{Backend, Executor, Resolved, Route};
 use crate::error::Result;
-use dlrm_codegen::cost::{Cost, op_cost};
 use dlrm_codegen::reference::KResult;
+use dlrm_codegen::work::{Cost, op_cost};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{Communicator, Def, NodeInstance, Op, Tensor, TensorType, ValueId};
 use std::borrow::Cow;

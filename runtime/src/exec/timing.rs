@@ -2,13 +2,13 @@
 //! each mnemonic (the node's evaluation plus dropping the values whose last use it
 //! is), and a per-node one the compute time of each node (collectives on the
 //! progress thread excluded), with the work and traffic of each execution
-//! ([`dlrm_codegen::cost::op_cost`]) for GFLOP/s and GB/s. The collective time
+//! ([`dlrm_codegen::work::op_cost`]) for GFLOP/s and GB/s. The collective time
 //! ([`Executor::comm_times`]) is how long the collectives took and how much of
 //! that the rank spent blocked.
 
 use super::Executor;
 use crate::progress::CommTimes;
-use dlrm_codegen::cost::Cost;
+use dlrm_codegen::work::Cost;
 use serde::Serialize;
 use std::time::Duration;
 
@@ -24,9 +24,9 @@ pub struct OpTime {
     pub calls: u64,
     /// Total wall time, in seconds.
     pub seconds: f64,
-    /// Total floating-point operations ([`dlrm_codegen::cost`] conventions).
+    /// Total floating-point operations ([`dlrm_codegen::work`] conventions).
     pub flops: f64,
-    /// Total bytes moved ([`dlrm_codegen::cost`] conventions).
+    /// Total bytes moved ([`dlrm_codegen::work`] conventions).
     pub bytes: f64,
     /// The part of `flops` in matrix products whose two matrix operands are
     /// bf16 ([`bf16_product`]): the products a CPU with bf16 dot-product

@@ -14,11 +14,11 @@
 //!   `unblock_weight(get 0 (brgemm_wgrad(..)))`, and when `linear_db(dz)` exists it
 //!   is united with `get 1` of the same `brgemm_wgrad` (bias gradient fused).
 //!
-//! Block sizes come from [`crate::egraph::cost::block_for`] per dimension (or the
+//! Block sizes come from [`crate::egraph::extract::block_for`] per dimension (or the
 //! forced size), so consecutive layers agree and forward and backward use one weight
 //! layout.
 
-use super::super::cost::block_for;
+use super::super::extract::block_for;
 use super::super::lang::{Dl, DlGraph, Types, class_name, set_hint};
 use super::{RuleConfig, add_op, add1, attr_of, bound, build_rule, get, same_type, ty_of};
 use dlrm_ir::{Act, Attr, DType, Op, TensorType};

@@ -26,7 +26,7 @@ use egg::{Applier, Id, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symb
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RuleConfig {
     /// Force this block size (capped at each dimension); `None`: the cost model
-    /// chooses per dimension ([`super::cost::block_for`]).
+    /// chooses per dimension ([`super::extract::block_for`]).
     pub block: Option<usize>,
     /// Include the fused embedding update (theme `embedding`).
     pub fuse_embedding: bool,

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 /// The machine model behind extraction.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct CostModel {
+pub struct ExtractCost {
     /// Peak f32 throughput, GFLOP/s (= flops per ns).
     pub gflops: f64,
     /// Fraction of peak reached by the blocked (brgemm) kernels.
@@ -52,9 +52,9 @@ pub struct CostModel {
     pub transcendental: f64,
 }
 
-impl Default for CostModel {
+impl Default for ExtractCost {
     fn default() -> Self {
-        CostModel {
+        ExtractCost {
             gflops: 20.0,
             blocked_eff: 0.9,
             plain_eff: 0.35,
@@ -101,7 +101,7 @@ pub struct DlCost<'a> {
     /// The e-graph (for the types of children).
     pub egraph: &'a DlGraph,
     /// The model.
-    pub model: CostModel,
+    pub model: ExtractCost,
 }
 
 impl DlCost<'_> {
