@@ -231,6 +231,7 @@ fn transpose_x(x: &[bf16], (kb, s, bk): (usize, usize, usize)) -> (Scratch, usiz
     // A pooled buffer (no fresh pages to fault in and zero on every call), two
     // bf16 a word; every element is written below, the padding with zeros.
     let mut xt = Scratch::new(kp * ld / 2);
+    let avx2 = x86::has_avx2();
     xt.par_chunks_mut(ROWS * ld / 2)
         .enumerate()
         .for_each(|(t, words)| {
@@ -247,6 +248,21 @@ fn transpose_x(x: &[bf16], (kb, s, bk): (usize, usize, usize)) -> (Scratch, usiz
                 let mut tile = [[0u16; ROWS]; ROWS];
                 for s0 in (0..s).step_by(ROWS) {
                     let n = ROWS.min(s - s0);
+                    if avx2 && n == ROWS && rows == ROWS {
+                        // SAFETY: the CPU has AVX2; the 16 source rows of 16
+                        // (samples s0.., columns r0 % bk..) and the 16
+                        // destination rows of 16 (from s0) are in bounds.
+                        #[cfg(target_arch = "x86_64")]
+                        unsafe {
+                            x86::transpose16(
+                                x[base + s0 * bk..].as_ptr().cast(),
+                                bk,
+                                dst[s0..].as_mut_ptr().cast(),
+                                ld,
+                            );
+                        }
+                        continue;
+                    }
                     for (j, si) in (s0..s0 + n).enumerate() {
                         let src = &x[base + si * bk..base + si * bk + rows];
                         for (t, v) in tile.iter_mut().zip(src) {
@@ -275,6 +291,82 @@ fn transpose_x(x: &[bf16], (kb, s, bk): (usize, usize, usize)) -> (Scratch, usiz
             }
         });
     (xt, ld)
+}
+
+/// The 16 × 16 tile transpose of [`transpose_x`] in AVX2 registers.
+mod x86 {
+    /// Whether the CPU has AVX2.
+    pub(super) fn has_avx2() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx2")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// `dst[c·dst_ld + i] = src[i·src_ld + c]` for `i, c < 16` (16-bit
+    /// elements): four rounds of in-lane unpacks (16-, 32- and 64-bit), then
+    /// the 128-bit lanes exchanged.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; the 16 rows of 16 elements at `src` (`src_ld` apart)
+    /// are readable and those at `dst` (`dst_ld` apart) writable.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn transpose16(src: *const u16, src_ld: usize, dst: *mut u16, dst_ld: usize) {
+        use std::arch::x86_64::*;
+        // SAFETY (the loads and stores): the caller's contract.
+        let a: [__m256i; 16] =
+            std::array::from_fn(|i| unsafe { _mm256_loadu_si256(src.add(i * src_ld).cast()) });
+        // Rows 2k, 2k+1 interleaved: columns 0-3 (and 8-11) from `lo`,
+        // 4-7 (and 12-15) from `hi`.
+        let lo: [__m256i; 8] =
+            std::array::from_fn(|k| _mm256_unpacklo_epi16(a[2 * k], a[2 * k + 1]));
+        let hi: [__m256i; 8] =
+            std::array::from_fn(|k| _mm256_unpackhi_epi16(a[2 * k], a[2 * k + 1]));
+        // Per group g of 4 rows: two columns each (c0, c0+1 and +8 in lane 1).
+        let quad = |v: &[__m256i; 8], high: bool| -> [__m256i; 4] {
+            std::array::from_fn(|g| {
+                if high {
+                    _mm256_unpackhi_epi32(v[2 * g], v[2 * g + 1])
+                } else {
+                    _mm256_unpacklo_epi32(v[2 * g], v[2 * g + 1])
+                }
+            })
+        };
+        let sets = [
+            (quad(&lo, false), 0),
+            (quad(&lo, true), 2),
+            (quad(&hi, false), 4),
+            (quad(&hi, true), 6),
+        ];
+        for (q, c0) in sets {
+            // Column c0 (+1 from the high halves) of rows 0-7 and of rows 8-15.
+            let cols = [
+                (
+                    _mm256_unpacklo_epi64(q[0], q[1]),
+                    _mm256_unpacklo_epi64(q[2], q[3]),
+                    c0,
+                ),
+                (
+                    _mm256_unpackhi_epi64(q[0], q[1]),
+                    _mm256_unpackhi_epi64(q[2], q[3]),
+                    c0 + 1,
+                ),
+            ];
+            for (top, bottom, c) in cols {
+                let first = _mm256_permute2x128_si256::<0x20>(top, bottom);
+                let second = _mm256_permute2x128_si256::<0x31>(top, bottom);
+                unsafe {
+                    _mm256_storeu_si256(dst.add(c * dst_ld).cast(), first);
+                    _mm256_storeu_si256(dst.add((c + 8) * dst_ld).cast(), second);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
