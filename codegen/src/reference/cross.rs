@@ -276,18 +276,6 @@ fn step<const R: usize>(
     Some(Ok(ys))
 }
 
-/// Whether the CPU has AVX2 (the elementwise loops' wider form).
-fn avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// One chunk of [`direct`]: `ys[r][k] = f(a[k], b[k], d[k])[r]` for every `k`
 /// of the operands' chunks (each as long as the results').
 #[inline(always)]
@@ -344,7 +332,7 @@ fn direct<A: Elem, B: Elem, C: Elem, O: Elem, const R: usize>(
         let tasks: Vec<[&mut [MaybeUninit<O>]; R]> = (0..n.div_ceil(CHUNK))
             .map(|_| std::array::from_fn(|r| per_out[r].next().unwrap_or_default()))
             .collect();
-        let avx2 = avx2();
+        let avx2 = super::convert::has_avx2();
         tasks.into_par_iter().enumerate().for_each(|(i, mut ys)| {
             let (at, len) = (i * CHUNK, CHUNK.min(n - i * CHUNK));
             let ins = (&xa[at..at + len], &xb[at..at + len], &xc[at..at + len]);
@@ -393,7 +381,7 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn avx2_chunk_is_the_baseline_chunk() {
-        if !avx2() {
+        if !super::super::convert::has_avx2() {
             return;
         }
         let mut bits = 0x9e37_79b9u32;

@@ -45,6 +45,7 @@
 
 pub mod adagrad;
 pub mod brgemm;
+pub(crate) mod convert;
 pub(crate) mod cross;
 pub mod elementwise;
 pub mod embedding;

@@ -231,7 +231,7 @@ fn transpose_x(x: &[bf16], (kb, s, bk): (usize, usize, usize)) -> (Scratch, usiz
     // A pooled buffer (no fresh pages to fault in and zero on every call), two
     // bf16 a word; every element is written below, the padding with zeros.
     let mut xt = Scratch::new(kp * ld / 2);
-    let avx2 = x86::has_avx2();
+    let avx2 = crate::reference::convert::has_avx2();
     xt.par_chunks_mut(ROWS * ld / 2)
         .enumerate()
         .for_each(|(t, words)| {
@@ -295,18 +295,6 @@ fn transpose_x(x: &[bf16], (kb, s, bk): (usize, usize, usize)) -> (Scratch, usiz
 
 /// The 16 × 16 tile transpose of [`transpose_x`] in AVX2 registers.
 mod x86 {
-    /// Whether the CPU has AVX2.
-    pub(super) fn has_avx2() -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::is_x86_feature_detected!("avx2")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    }
-
     /// `dst[c·dst_ld + i] = src[i·src_ld + c]` for `i, c < 16` (16-bit
     /// elements): four rounds of in-lane unpacks (16-, 32- and 64-bit), then
     /// the 128-bit lanes exchanged.

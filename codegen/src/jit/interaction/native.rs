@@ -15,7 +15,6 @@ use super::super::{JitOptions, KernelChoice};
 use super::{DotSpec, elt_of};
 use dlrm_ir::Tensor;
 use half::bf16;
-use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 /// Samples widened (and rounded) at a time where some operand or result is
@@ -83,7 +82,7 @@ unsafe fn operands<'v>(
 unsafe fn widen(src: *const bf16, dst: &mut [f32]) -> *const f32 {
     // SAFETY: the caller's contract.
     let src = unsafe { std::slice::from_raw_parts(src, dst.len()) };
-    src.convert_to_f32_slice(dst);
+    crate::reference::convert::widen(src, dst);
     dst.as_ptr()
 }
 
@@ -94,7 +93,7 @@ unsafe fn widen(src: *const bf16, dst: &mut [f32]) -> *const f32 {
 unsafe fn round_into(src: &[f32], dst: *mut bf16) {
     // SAFETY: the caller's contract.
     let dst = unsafe { std::slice::from_raw_parts_mut(dst, src.len()) };
-    dst.convert_from_f32_slice(src);
+    crate::reference::convert::narrow(src, dst);
 }
 
 /// The forward interaction, parallel over blocks of `sb` samples; shapes were

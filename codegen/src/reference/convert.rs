@@ -1,0 +1,113 @@
+//! bf16 ↔ f32 over slices, in loops that vectorise: the branch-free
+//! conversions of [`Elem`] (bit for bit `half`'s), compiled for AVX2 where the
+//! CPU has it (the crate's baseline, SSE2, has no 32-to-16-bit pack, so a
+//! narrowing loop would stay scalar there). `half`'s own slice conversions run
+//! one element at a time with a NaN branch each.
+
+use super::Elem;
+use half::bf16;
+
+/// Whether the CPU has AVX2 (detected once by the standard library).
+pub(crate) fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `dst[i] = src[i]` widened (exact); the slices have one length.
+pub(crate) fn widen(src: &[bf16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { widen_avx2(src, dst) };
+    }
+    widen_loop(src, dst);
+}
+
+/// `dst[i] = src[i]` rounded to nearest even (NaN kept NaN); the slices have
+/// one length.
+pub(crate) fn narrow(src: &[f32], dst: &mut [bf16]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { narrow_avx2(src, dst) };
+    }
+    narrow_loop(src, dst);
+}
+
+#[inline(always)]
+fn widen_loop(src: &[bf16], dst: &mut [f32]) {
+    for (o, &x) in dst.iter_mut().zip(src) {
+        *o = x.load();
+    }
+}
+
+#[inline(always)]
+fn narrow_loop(src: &[f32], dst: &mut [bf16]) {
+    for (o, &x) in dst.iter_mut().zip(src) {
+        *o = bf16::store(x);
+    }
+}
+
+/// [`widen_loop`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn widen_avx2(src: &[bf16], dst: &mut [f32]) {
+    widen_loop(src, dst);
+}
+
+/// [`narrow_loop`] compiled for AVX2.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn narrow_avx2(src: &[f32], dst: &mut [bf16]) {
+    narrow_loop(src, dst);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both forms are `half`'s conversions bit for bit, on every bf16 and on
+    /// f32 values around every rounding case.
+    #[test]
+    fn both_forms_are_halfs() {
+        let all: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
+        let mut wide = vec![0.0f32; all.len()];
+        let mut base = vec![0.0f32; all.len()];
+        widen(&all, &mut wide);
+        widen_loop(&all, &mut base);
+        for ((w, b), x) in wide.iter().zip(&base).zip(&all) {
+            assert_eq!(w.to_bits(), x.to_f32().to_bits());
+            assert_eq!(b.to_bits(), x.to_f32().to_bits());
+        }
+        let vals: Vec<f32> = (0..=u16::MAX as u32)
+            .flat_map(|h| {
+                [0u32, 0x7fff, 0x8000, 0x8001, 0xffff].map(|l| f32::from_bits(h << 16 | l))
+            })
+            .collect();
+        let mut wide = vec![bf16::ZERO; vals.len()];
+        let mut base = vec![bf16::ZERO; vals.len()];
+        narrow(&vals, &mut wide);
+        narrow_loop(&vals, &mut base);
+        for ((w, b), x) in wide.iter().zip(&base).zip(&vals) {
+            assert_eq!(
+                w.to_bits(),
+                bf16::from_f32(*x).to_bits(),
+                "{:#010x}",
+                x.to_bits()
+            );
+            assert_eq!(b.to_bits(), w.to_bits());
+        }
+    }
+}
