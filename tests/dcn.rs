@@ -37,7 +37,10 @@ fn dcnv2_trains_on_synthetic_bags_at_1_and_3_ranks_with_a_falling_loss() {
     let plan = dir.path().join("dcn.plan");
     compile(&example("dlrm-dcnv2-tiny.json"), &plan, &[]);
     let inspect = String::from_utf8(ok(DLRMC, &["inspect", s(&plan)]).stdout).expect("utf-8");
-    assert!(inspect.contains("cross_mix_grad"), "{inspect}");
+    // The elementwise steps in the GEMMs' epilogues (`fuse-cross-epilogue`).
+    for op in ["cross_brgemm_save", "cross_brgemm_dgrad"] {
+        assert!(inspect.contains(op), "no {op}: {inspect}");
+    }
     let args = ["--iters", "120", "--log-every", "10", "--pooling", "3,1,2"];
     let losses = agree(&plan, 3, &args);
     let (head, tail) = (mean(&losses[..3]), mean(&losses[losses.len() - 3..]));
@@ -299,7 +302,11 @@ fn bf16_cross_layers_run_on_bf16_operands_and_train() {
     let dump = String::from_utf8(out.stdout).expect("utf-8");
     for want in [
         "%cross.0.z: bf16[1,B,4] = brgemm %inter.blk, %cross.0.v {act=none}",
-        "%cross.1.blk: bf16[1,B,32] = cross_mix %inter.blk, %cross.1.w, %cross.0.blk",
+        // The mix in the second product's epilogue, `w` kept for the gradient.
+        "%cross.1.blk: bf16[1,B,32], %cross.1.w: bf16[1,B,32] = cross_brgemm_save \
+         %cross.1.z, %cross.1.u, %cross.1.b, %inter.blk, %cross.0.blk",
+        // The residual and the layer below's product step in the dgrad's.
+        "= cross_brgemm_dgrad %d.cross.1.t, %cross.1.v, %d.cross.1.blk, %inter.blk, %cross.0.w",
         "= split_sgd %cross.0.v, %cross.0.v.lo,",
         "%d.cross.0.t: bf16[1,B,4] = brgemm_dgrad",
     ] {

@@ -18,6 +18,8 @@
 //!   gradients);
 //! - [`mask`]: pass `fuse-dgrad-mask`, after `fuse` (an activation's gradient
 //!   computed once, in the epilogue of the GEMM that produces its operand);
+//! - [`cross_epilogue`]: pass `fuse-cross-epilogue`, after `precision` (DCN-v2's
+//!   elementwise cross steps in the epilogues of the cross layers' GEMMs);
 //! - [`mod@bucket`]: dense-gradient `all_reduce`s fused into buckets (DDP style), a
 //!   per-rank pass ([`pipeline::RANK_PASSES`]) run on every rank's graph after
 //!   `partition`;
@@ -63,6 +65,7 @@ pub mod bucket;
 pub mod canonical_bags;
 mod copy;
 pub mod cross;
+pub mod cross_epilogue;
 pub mod dce;
 pub mod described;
 pub mod egraph;

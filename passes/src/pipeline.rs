@@ -7,7 +7,9 @@
 //! GEMMs), `save-activations` (training only: forward intermediates kept for
 //! module ops' gradients, where `contract-cross` did not run), `fuse` (the e-graph), `fuse-dgrad-mask` (the
 //! rewrite extraction cannot choose), `layout` (blocked weights), `precision`
-//! (bf16 / mixed only), `dce`; `contract-cross`, `fuse`, `fuse-dgrad-mask`, `layout` and `precision`
+//! (bf16 / mixed only), `fuse-cross-epilogue` (the cross layers' elementwise steps
+//! in their GEMMs' epilogues, once the dtypes are final), `dce`; `contract-cross`,
+//! `fuse`, `fuse-dgrad-mask`, `layout`, `precision` and `fuse-cross-epilogue`
 //! run only when [`PipelineOptions::optimize`] is set. Passes that change
 //! parameters (layout, dtype, Split-SGD low halves) transform the parameter tensors
 //! given to [`compile_params`]; [`compile`] transforms only the graph.
@@ -33,6 +35,7 @@
 use crate::autodiff::{self, Autodiff};
 use crate::bucket::{self, Bucket};
 use crate::cross::{self, ContractCross};
+use crate::cross_epilogue::{self, FuseCrossEpilogue};
 use crate::dce::{self, Dce};
 use crate::egraph::canon::{self, Canon};
 use crate::egraph::{self, EgraphStats, Fuse, FuseOptions, Limits};
@@ -86,7 +89,7 @@ struct Stage {
 }
 
 /// The pipeline, in order: the one place a pass is listed.
-const PIPELINE: [Stage; 9] = [
+const PIPELINE: [Stage; 10] = [
     Stage {
         id: canon::ID,
         when: When::Canon,
@@ -137,6 +140,11 @@ const PIPELINE: [Stage; 9] = [
                 precision: o.precision,
             }))
         },
+    },
+    Stage {
+        id: cross_epilogue::ID,
+        when: When::Optimize,
+        make: |_| Some(Box::new(FuseCrossEpilogue)),
     },
     Stage {
         id: dce::ID,

@@ -119,6 +119,7 @@ fn inference_pipeline_skips_autodiff() {
             "fuse-dgrad-mask",
             "layout",
             "precision",
+            "fuse-cross-epilogue",
             "dce"
         ]
     );
@@ -138,6 +139,7 @@ fn inference_pipeline_skips_autodiff() {
             "fuse",
             "fuse-dgrad-mask",
             "layout",
+            "fuse-cross-epilogue",
             "dce"
         ]
     );
@@ -155,6 +157,7 @@ fn inference_pipeline_skips_autodiff() {
             "fuse-dgrad-mask",
             "layout",
             "precision",
+            "fuse-cross-epilogue",
             "dce"
         ]
     );
@@ -169,6 +172,7 @@ fn inference_pipeline_skips_autodiff() {
             "fuse",
             "fuse-dgrad-mask",
             "layout",
+            "fuse-cross-epilogue",
             "dce"
         ]
     );
@@ -231,6 +235,7 @@ fn dump_specs_are_validated() {
             "fuse-dgrad-mask",
             "layout",
             "precision",
+            "fuse-cross-epilogue",
             "dce",
             "partition",
             "bucket",
@@ -249,7 +254,7 @@ fn dump_specs_are_validated() {
         msg.contains("`fusion`")
             && msg.contains(
                 "all, input, canon, autodiff, contract-cross, save-activations, fuse, fuse-dgrad-mask, layout, \
-                 precision, dce, partition, bucket, schedule"
+                 precision, fuse-cross-epilogue, dce, partition, bucket, schedule"
             ),
         "{msg}"
     );

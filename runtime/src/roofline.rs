@@ -76,8 +76,9 @@ pub struct Roofline {
 /// interaction, collectives, the rest.
 pub fn class_of(op: &str) -> &'static str {
     match op {
-        "brgemm" | "linear" | "matmul" => "gemm forward",
-        "brgemm_dgrad" | "linear_dx" => "gemm dgrad",
+        // The cross layers' products with their elementwise steps fused.
+        "brgemm" | "linear" | "matmul" | "cross_brgemm" | "cross_brgemm_save" => "gemm forward",
+        "brgemm_dgrad" | "linear_dx" | "cross_brgemm_dgrad" => "gemm dgrad",
         "brgemm_wgrad" | "linear_dw" => "gemm wgrad",
         "cross" | "cross_save" => "cross forward",
         "cross_grad" | "cross_grad_saved" => "cross backward",

@@ -184,3 +184,63 @@ mod tests {
         assert_ne!(t.as_ptr(), s.as_ptr());
     }
 }
+
+/// A [`Fresh`] result that parallel tasks write in disjoint ranges: a GEMM
+/// epilogue's second result, written chunk by chunk at the offsets of the
+/// product's own chunks, which the GEMM drivers hand to one task each.
+pub(crate) struct Disjoint<'a> {
+    ptr: DisjointPtr,
+    len: usize,
+    _buf: std::marker::PhantomData<&'a mut Fresh>,
+}
+
+#[derive(Clone, Copy)]
+enum DisjointPtr {
+    F32(*mut MaybeUninit<f32>),
+    BF16(*mut MaybeUninit<bf16>),
+}
+
+// SAFETY: the pointers are into a buffer borrowed mutably for `'a`, and the
+// only access, [`Disjoint::range`], requires its callers' ranges not to overlap.
+unsafe impl Send for Disjoint<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for Disjoint<'_> {}
+
+impl<'a> Disjoint<'a> {
+    pub(crate) fn new(buf: &'a mut Fresh) -> Disjoint<'a> {
+        let len = buf.len();
+        let ptr = match buf {
+            Fresh::F32(v) => DisjointPtr::F32(v.as_mut_ptr()),
+            Fresh::BF16(v) => DisjointPtr::BF16(v.as_mut_ptr()),
+        };
+        Disjoint {
+            ptr,
+            len,
+            _buf: std::marker::PhantomData,
+        }
+    }
+
+    /// Elements `at..at + len` to write.
+    ///
+    /// # Safety
+    /// No other range of this buffer that overlaps it is in use at the same time.
+    ///
+    /// # Panics
+    /// If the range is not inside the buffer (a caller's arithmetic error).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn range(&self, at: usize, len: usize) -> crate::reference::cross::Out<'_> {
+        use crate::reference::cross::Out;
+        assert!(
+            at.checked_add(len).is_some_and(|end| end <= self.len),
+            "range {at}+{len} outside a result of {}",
+            self.len
+        );
+        // SAFETY: in bounds (checked); not aliased (the caller's promise).
+        unsafe {
+            match self.ptr {
+                DisjointPtr::F32(p) => Out::F32(std::slice::from_raw_parts_mut(p.add(at), len)),
+                DisjointPtr::BF16(p) => Out::BF16(std::slice::from_raw_parts_mut(p.add(at), len)),
+            }
+        }
+    }
+}

@@ -57,7 +57,7 @@
 
 pub mod adagrad;
 pub mod brgemm;
-mod buffers;
+pub(crate) mod buffers;
 mod clif;
 pub mod elementwise;
 pub mod embedding;

@@ -13,6 +13,7 @@
 //! computes what the module's `eval` defines (bit for bit or within the
 //! tolerance its file documents; `codegen/tests` check it).
 
+mod cross_brgemm;
 mod gelu;
 
 use crate::jit::{Jit, JitOptions};
@@ -104,6 +105,15 @@ static KERNELS: &[Kernels] = {
         Kernels::of("cross_grad_saved").reference(cross::cross_grad_saved),
         Kernels::of("cross_mix").reference(cross::cross_mix),
         Kernels::of("cross_mix_grad").reference(cross::cross_mix_grad),
+        Kernels::of("cross_brgemm")
+            .reference(cross_brgemm::forward)
+            .jit(cross_brgemm::forward_jit),
+        Kernels::of("cross_brgemm_save")
+            .reference(cross_brgemm::forward)
+            .jit(cross_brgemm::forward_jit),
+        Kernels::of("cross_brgemm_dgrad")
+            .reference(cross_brgemm::dgrad)
+            .jit(cross_brgemm::dgrad_jit),
         Kernels::of(embedding_bag_q8::MNEMONIC).jit(embedding::embedding_bag_q8),
         Kernels::of("gelu")
             .reference(gelu::gelu)

@@ -11,7 +11,7 @@
 use super::gemm::{MatRef, gemm};
 use super::{Elem, KResult};
 use dlrm_ir::module::ModOp;
-use dlrm_ir::{Checked, DType, Tensor};
+use dlrm_ir::{Checked, DType, Data, Tensor};
 use half::bf16;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -358,6 +358,89 @@ fn direct<A: Elem, B: Elem, C: Elem, O: Elem, const R: usize>(
             })
             .collect(),
     )
+}
+
+/// Elements of an operand of [`mix_into`]: f32 or bf16.
+#[derive(Clone, Copy)]
+pub(crate) enum In<'a> {
+    F32(&'a [f32]),
+    BF16(&'a [bf16]),
+}
+
+impl<'a> In<'a> {
+    /// `t`'s elements, if it is f32 or bf16.
+    pub(crate) fn of(t: &'a Tensor) -> Option<In<'a>> {
+        match &t.data {
+            Data::F32(v) => Some(In::F32(v)),
+            Data::BF16(v) => Some(In::BF16(v)),
+            _ => None,
+        }
+    }
+
+    /// Elements `at..at + len`.
+    pub(crate) fn range(self, at: usize, len: usize) -> In<'a> {
+        match self {
+            In::F32(v) => In::F32(&v[at..at + len]),
+            In::BF16(v) => In::BF16(&v[at..at + len]),
+        }
+    }
+}
+
+/// Where [`mix_into`] writes: f32 or bf16 elements, not yet initialised.
+pub(crate) enum Out<'a> {
+    F32(&'a mut [MaybeUninit<f32>]),
+    BF16(&'a mut [MaybeUninit<bf16>]),
+}
+
+/// `out[k] = f(a[k], b[k], d[k])` for every `k`, computed in f32 (operands
+/// widened exactly), stored in `out`'s storage (bf16 rounded once, to nearest
+/// even): the elementwise steps of [`cross_mix`] and [`cross_mix_grad`] on one
+/// chunk, for the GEMM epilogues that fuse them (`crate::modules`). The
+/// operands are as long as `out`.
+pub(crate) fn mix_into(
+    (a, b, d): (In<'_>, In<'_>, In<'_>),
+    out: Out<'_>,
+    f: &impl Fn(f32, f32, f32) -> f32,
+) {
+    let g = |x: f32, y: f32, z: f32| [f(x, y, z)];
+    macro_rules! of {
+        ($e:expr, $T:ident => $body:expr) => {
+            match $e {
+                In::F32(v) => {
+                    type $T = f32;
+                    let v: &[$T] = v;
+                    $body(v)
+                }
+                In::BF16(v) => {
+                    type $T = bf16;
+                    let v: &[$T] = v;
+                    $body(v)
+                }
+            }
+        };
+    }
+    fn run<A: Elem, B: Elem, C: Elem, O: Elem>(
+        ins: (&[A], &[B], &[C]),
+        out: &mut [MaybeUninit<O>],
+        f: &impl Fn(f32, f32, f32) -> [f32; 1],
+    ) {
+        let mut ys = [out];
+        if super::convert::has_avx2() {
+            // SAFETY: the CPU has AVX2.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                chunk_avx2(ins, &mut ys, f)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            chunk(ins, &mut ys, f);
+        } else {
+            chunk(ins, &mut ys, f);
+        }
+    }
+    of!(a, A => |a: &[A]| of!(b, B => |b: &[B]| of!(d, C => |d: &[C]| match out {
+        Out::F32(o) => run::<A, B, C, f32>((a, b, d), o, &g),
+        Out::BF16(o) => run::<A, B, C, bf16>((a, b, d), o, &g),
+    })))
 }
 
 /// `cross_mix(x0, w, x)`: `x0·w + x` per element (f32 or bf16 operands in any mix).

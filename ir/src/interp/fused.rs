@@ -223,7 +223,8 @@ fn unblock_weight(n: usize, k: usize, wb: &Tensor, out: DType) -> R<Tensor> {
     store(out, vec![n, k], y)
 }
 
-fn brgemm(act: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
+/// `brgemm` (see [`Op::Brgemm`]) on `ins = (xb, wb[, b])`, stored as `out`.
+pub(crate) fn brgemm(act: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
     let [kb, s, bk] = dims(&ins[0].shape);
     let [nb, _, _, bn] = dims(&ins[1].shape);
     // Without a bias every column is live (the weight's zero padding rows give
@@ -271,7 +272,8 @@ fn dy_y_last<'t>(act: Act, ins: &[&'t Tensor]) -> [&'t Tensor; 3] {
     }
 }
 
-fn brgemm_dgrad(act: Act, mask: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
+/// `brgemm_dgrad` (see [`Op::BrgemmDgrad`]) on its operands, stored as `out`.
+pub(crate) fn brgemm_dgrad(act: Act, mask: Act, ins: &[&Tensor], out: DType) -> R<Tensor> {
     // With a mask, the last operand is the layer's blocked input.
     let (ins, xb) = match (mask, ins.split_last()) {
         (Act::None, _) | (_, None) => (ins, None),

@@ -39,7 +39,7 @@ mod collective;
 pub(crate) mod common;
 mod dense;
 mod embedding;
-mod fused;
+pub(crate) mod fused;
 mod generic;
 mod interaction;
 mod jagged;

@@ -43,6 +43,7 @@ macro_rules! no_onnx_form {
 }
 
 pub mod cross;
+pub mod cross_brgemm;
 pub mod cross_mix;
 pub mod cross_saved;
 pub mod embedding_bag_q8;
@@ -56,6 +57,9 @@ use crate::module::OpModule;
 pub static MODULES: &[&dyn OpModule] = &[
     &cross::Cross,
     &cross::CrossGrad,
+    &cross_brgemm::CROSS_BRGEMM,
+    &cross_brgemm::CROSS_BRGEMM_SAVE,
+    &cross_brgemm::CrossBrgemmDgrad,
     &cross_mix::CrossMix,
     &cross_mix::CrossMixGrad,
     &cross_saved::CrossSave,

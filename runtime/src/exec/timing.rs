@@ -134,9 +134,9 @@ impl Executor {
     }
 }
 
-/// Whether node `n` of `graph` is a matrix product (the blocked GEMMs and
-/// `linear`'s three products) whose two matrix operands, its first two, are
-/// both bf16.
+/// Whether node `n` of `graph` is a matrix product (the blocked GEMMs, with
+/// the cross layers' fused forms, and `linear`'s three products) whose two
+/// matrix operands, its first two, are both bf16.
 pub(super) fn bf16_product(graph: &dlrm_ir::Graph, n: usize) -> bool {
     use dlrm_ir::{DType, Op};
     let node = &graph.nodes()[n];
@@ -148,7 +148,9 @@ pub(super) fn bf16_product(graph: &dlrm_ir::Graph, n: usize) -> bool {
             | Op::Linear { .. }
             | Op::LinearDx
             | Op::LinearDw
-    );
+    ) || ["cross_brgemm", "cross_brgemm_save", "cross_brgemm_dgrad"]
+        .iter()
+        .any(|m| node.op.is_module(m));
     product
         && node.inputs.len() >= 2
         && node.inputs[..2]

@@ -8,7 +8,7 @@
 //! as f32. A bf16 result with a mask is computed in f32, masked, then rounded
 //! once (the interpreter's order).
 
-use super::{Epilogue, row_block, run_blocks, run_row_chunks, tail, with_kernel};
+use super::{Epilogue, Written, row_block, run_blocks, run_row_chunks, tail, with_kernel};
 use super::{PooledBf16, masked, positive};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
 use crate::jit::gemm::{Elt, GemmSpec, Operand};
@@ -24,12 +24,16 @@ use std::borrow::Cow;
 use std::cell::OnceCell;
 
 /// `brgemm_dgrad(dyb[Nb,S,bn], (yb,) wb[Nb,Kb,bk,bn]) -> dx[Kb,S,bk]`.
+///
+/// `then` (if any) runs on each chunk of the f32 result as it is written, after
+/// the mask; the result is then f32 whatever `out` says.
 pub fn brgemm_dgrad(
     jit: &Jit,
     opts: &JitOptions,
     (act, mask): (Act, Act),
     c: &Checked<'_>,
     out: Elt,
+    then: Option<Epilogue<'_>>,
 ) -> KResult<Tensor> {
     const OP: &str = "brgemm_dgrad";
     let DgradArgs {
@@ -47,13 +51,20 @@ pub fn brgemm_dgrad(
     // it is in cache: the result is that layer's dz. It works on f32 rows, so
     // a bf16 result is then rounded from them.
     let xv = xb.map(floats);
-    let masking = |q: usize, r0: usize, rows: &mut [f32]| {
+    let masking = |q: usize, r0: usize, chunk: Written<'_>| {
+        let Written::F32(rows) = chunk else {
+            unreachable!("the GEMM writes f32 when an epilogue runs")
+        };
         if let Some(xv) = &xv {
             let from = (q * s + r0) * bk;
             mask_in_place(mask, rows, &xv[from..from + rows.len()]);
         }
+        if let Some(then) = then {
+            then(q, r0, Written::F32(rows));
+        }
     };
-    let epi: Option<Epilogue<'_>> = xv.as_ref().map(|_| &masking as Epilogue<'_>);
+    let epi: Option<Epilogue<'_>> =
+        (xv.is_some() || then.is_some()).then_some(&masking as Epilogue<'_>);
     let gemm_out = if epi.is_some() { Elt::F32 } else { out };
     // A = dz = act'(dy, y) in dy's blocked layout `[Nb][S][bn]`: read in place
     // as the batch-reduce over its Nb blocks (computed once, on first use: bf16
@@ -128,7 +139,7 @@ pub fn brgemm_dgrad(
     })?;
     let dx = result.ok_or_else(|| shape_err(OP, "internal: no result".into()))?;
     let dx = match (dx, out) {
-        (Floats::F32(v), Elt::BF16) => {
+        (Floats::F32(v), Elt::BF16) if then.is_none() => {
             Floats::BF16(v.par_iter().map(|&x| bf16::from_f32(x)).collect())
         }
         (dx, _) => dx,

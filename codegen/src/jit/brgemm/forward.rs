@@ -1,6 +1,9 @@
 //! `brgemm`: the blocked layer's forward pass (see the parent module's table).
 
-use super::{jit_err, pack_w_blocks, row_block, run_blocks, run_row_chunks, tail, with_kernel};
+use super::{
+    Epilogue, Written, jit_err, pack_w_blocks, row_block, run_blocks, run_row_chunks, tail,
+    with_kernel,
+};
 use crate::jit::buffers::{Floats, Fresh};
 use crate::jit::gemm::{BLayout, Elt, GemmSpec, Operand};
 use crate::jit::linear::operand;
@@ -18,12 +21,17 @@ use std::borrow::Cow;
 /// `A` is the blocked activation read in place (the batch-reduce over its `Kb`
 /// blocks); `B` is the f32 weight block `wb[nb]` read in place when `bn` is whole
 /// tiles (packed otherwise, and for bf16 weights).
+///
+/// `epi` (if any) runs on each chunk of the product as it is written (in
+/// `out`'s dtype), before `finish_forward` (the padding columns are not yet
+/// zero there); `act` must not be sigmoid.
 pub fn brgemm(
     jit: &Jit,
     opts: &JitOptions,
     act: Act,
     c: &Checked<'_>,
     out: Elt,
+    epi: Option<Epilogue<'_>>,
 ) -> KResult<Tensor> {
     const OP: &str = "brgemm";
     // The instance verified x's blocks against the weight's and the bias
@@ -39,6 +47,9 @@ pub fn brgemm(
     };
     let kp = kb * bk;
     let sigmoid = act == Act::Sigmoid;
+    if sigmoid && epi.is_some() {
+        return Err(shape_err(OP, "internal: an epilogue after sigmoid".into()));
+    }
     let c = if sigmoid { Elt::F32 } else { out };
     let (x, w) = (ins[0], ins[1]);
     let xa = operand(x).ok_or_else(|| shape_err(OP, "x must be a float tensor".into()))?;
@@ -49,8 +60,20 @@ pub fn brgemm(
     }
     let live_last = n - (nb - 1) * bn;
     if bn == 1 {
-        let y = forward_columns(jit, act, xa, w, &bias, (nb, kb, s, bk), c)
+        let mut y = forward_columns(jit, act, xa, w, &bias, (nb, kb, s, bk), c)
             .map_err(|e| jit_err(OP, e))?;
+        if let Some(epi) = epi {
+            match &mut y {
+                Floats::F32(v) => v
+                    .chunks_mut(s)
+                    .enumerate()
+                    .for_each(|(q, col)| epi(q, 0, Written::F32(col))),
+                Floats::BF16(v) => v
+                    .chunks_mut(s)
+                    .enumerate()
+                    .for_each(|(q, col)| epi(q, 0, Written::BF16(col))),
+            }
+        }
         let y = finish_forward(y, sigmoid, out, nb, s, bn, live_last);
         return Ok(y.tensor(vec![nb, s, bn]));
     }
@@ -100,7 +123,7 @@ pub fn brgemm(
             };
             let pack = |r0, rows, dst: &mut [f32]| pack_blocked(dst, (s, bk, mr), (r0, rows), src);
             let shape = (nb, s, bn, row_block(s, mr, 1));
-            run_row_chunks(kern, fresh, shape, &pack, &b_of, None)?
+            run_row_chunks(kern, fresh, shape, &pack, &b_of, epi)?
         } else {
             run_blocks(
                 kern,
@@ -108,7 +131,7 @@ pub fn brgemm(
                 (nb, s, bn, row_block(s, mr, nb)),
                 &|_, r0| tail(xa, r0 * bk),
                 &b_of,
-                None,
+                epi,
             )?
         };
         result = Some(y);

@@ -86,9 +86,9 @@ pub fn eval(
         return None;
     }
     Some(match op {
-        Op::Brgemm { act } => brgemm(jit, opts, *act, c, out).map(|t| vec![t]),
+        Op::Brgemm { act } => brgemm(jit, opts, *act, c, out, None).map(|t| vec![t]),
         Op::BrgemmDgrad { act, mask, .. } => {
-            brgemm_dgrad(jit, opts, (*act, *mask), c, out).map(|t| vec![t])
+            brgemm_dgrad(jit, opts, (*act, *mask), c, out, None).map(|t| vec![t])
         }
         Op::BrgemmWgrad { act, n } => brgemm_wgrad(jit, opts, *act, *n, c, out_types),
         _ => return None,
@@ -289,32 +289,40 @@ fn run_blocks<'d>(
     Ok(unsafe { out.assume_init() })
 }
 
+/// A chunk of a GEMM result as written, in its element type.
+pub(crate) enum Written<'a> {
+    F32(&'a mut [f32]),
+    BF16(&'a mut [half::bf16]),
+}
+
+impl Written<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Written::F32(v) => v.len(),
+            Written::BF16(v) => v.len(),
+        }
+    }
+}
+
 /// Work on a chunk of a GEMM result while it is in cache: `(block q, first row
 /// r0, the chunk's rows as written)`.
-type Epilogue<'e> = &'e (dyn Fn(usize, usize, &mut [f32]) + Sync);
+pub(crate) type Epilogue<'e> = &'e (dyn Fn(usize, usize, Written<'_>) + Sync);
 
 /// Runs `epi` (if any) on the chunk `cb` of block `q` from row `r0`, which
 /// `kern.run_block` has just written whole.
 fn run_epilogue(
     epi: Option<Epilogue<'_>>,
-    kern: &GemmKernel,
+    _kern: &GemmKernel,
     q: usize,
     r0: usize,
     mut cb: OutBuf<'_>,
 ) -> Result<(), JitError> {
-    let Some(epi) = epi else { return Ok(()) };
-    // SAFETY: the caller ran the kernel on this chunk, which wrote all of it
-    // (`check_cover`: whole rows of the chunk's width).
-    match unsafe { cb.f32_written() } {
-        Some(rows) => {
-            epi(q, r0, rows);
-            Ok(())
-        }
-        None => Err(JitError::Args {
-            kernel: format!("{:?}", kern.spec()),
-            reason: "an epilogue needs an f32 result".into(),
-        }),
+    if let Some(epi) = epi {
+        // SAFETY: the caller ran the kernel on this chunk, which wrote all of
+        // it (`check_cover`: whole rows of the chunk's width).
+        epi(q, r0, unsafe { cb.written() });
     }
+    Ok(())
 }
 
 /// `v[from..]` of an operand (empty past the end).
@@ -353,8 +361,8 @@ mod dgrad;
 mod forward;
 mod wgrad;
 mod wgrad_bf16;
-pub use dgrad::brgemm_dgrad;
-pub use forward::brgemm;
+pub(crate) use dgrad::brgemm_dgrad;
+pub(crate) use forward::brgemm;
 pub use wgrad::brgemm_wgrad;
 
 #[cfg(test)]

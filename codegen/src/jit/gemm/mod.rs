@@ -477,19 +477,24 @@ impl<'a> OutBuf<'a> {
         }
     }
 
-    /// The f32 elements as written (`None` for bf16 elements).
+    /// The buffer as initialised, in its element type.
     ///
     /// # Safety
     /// Every element has been written.
-    pub(crate) unsafe fn f32_written(&mut self) -> Option<&mut [f32]> {
+    pub(crate) unsafe fn written(&mut self) -> crate::jit::brgemm::Written<'_> {
+        use crate::jit::brgemm::Written;
         match self {
-            OutBuf::F32(v) => Some(v),
+            OutBuf::F32(v) => Written::F32(v),
+            OutBuf::BF16(v) => Written::BF16(v),
             // SAFETY: the caller's promise: every element is initialised, and
-            // `MaybeUninit<f32>` has `f32`'s layout.
-            OutBuf::F32Uninit(v) => {
-                Some(unsafe { &mut *(std::ptr::from_mut::<[MaybeUninit<f32>]>(*v) as *mut [f32]) })
-            }
-            OutBuf::BF16(_) | OutBuf::BF16Uninit(_) => None,
+            // `MaybeUninit<T>` has `T`'s layout.
+            OutBuf::F32Uninit(v) => Written::F32(unsafe {
+                &mut *(std::ptr::from_mut::<[MaybeUninit<f32>]>(*v) as *mut [f32])
+            }),
+            // SAFETY: as above.
+            OutBuf::BF16Uninit(v) => Written::BF16(unsafe {
+                &mut *(std::ptr::from_mut::<[MaybeUninit<bf16>]>(*v) as *mut [bf16])
+            }),
         }
     }
 
