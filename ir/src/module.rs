@@ -528,18 +528,35 @@ pub fn decompose_modules(g: &Graph) -> Result<Decomposed> {
 }
 
 /// [`decompose_modules`] of the module ops `which` selects (the others kept):
-/// what the ONNX exporter writes for the ops without a native form.
+/// what the ONNX exporter writes for the ops without a native form. A
+/// decomposition may use other module ops (`cross_brgemm` is `brgemm` then
+/// `cross_mix`): those `which` selects are decomposed in turn, up to
+/// [`DECOMPOSE_DEPTH`] levels.
 pub fn decompose_modules_where(g: &Graph, which: &dyn Fn(&ModOp) -> bool) -> Result<Decomposed> {
+    let selected = |g: &Graph| {
+        g.nodes()
+            .iter()
+            .any(|n| matches!(&n.op, Op::Module(m) if which(m)))
+    };
     let mut constants = Vec::new();
-    let graph = rebuild(g, &mut |_, node, out, ins, names| match &node.op {
-        Op::Module(m) if which(m) => {
-            let mut cx = DecomposeCx::new(out, &mut constants);
-            Some(m.def().decompose(m, &mut cx, ins, names))
+    let mut graph = g.clone();
+    for _ in 0..DECOMPOSE_DEPTH {
+        if !selected(&graph) {
+            break;
         }
-        _ => None,
-    })?;
+        graph = rebuild(&graph, &mut |_, node, out, ins, names| match &node.op {
+            Op::Module(m) if which(m) => {
+                let mut cx = DecomposeCx::new(out, &mut constants);
+                Some(m.def().decompose(m, &mut cx, ins, names))
+            }
+            _ => None,
+        })?;
+    }
     Ok(Decomposed { graph, constants })
 }
+
+/// How deep [`decompose_modules_where`] follows decompositions into module ops.
+pub const DECOMPOSE_DEPTH: usize = 4;
 
 /// What [`rebuild`] asks of each node: `(index, node, the new graph, its operands
 /// there, its results' names)`; `Some(results)` adds the node's replacement (its
