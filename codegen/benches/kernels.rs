@@ -93,6 +93,7 @@ fn bench_gemm(c: &mut Criterion) {
                     b: BLayout::Packed,
                     kb: 0,
                     a_blk: 0,
+                    kc: 0,
                 };
                 let kern = jit.gemm(spec).expect("compiles");
                 let bp = if micro.b_packing() == BPacking::KPairs {

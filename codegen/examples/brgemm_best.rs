@@ -157,7 +157,11 @@ fn main() {
     for _ in 0..reps {
         for (ci, (_, op, ins, tys)) in cases.iter().enumerate() {
             for (ki, &kernels) in choices.iter().enumerate() {
-                let opts = JitOptions { kernels, pack_a };
+                let opts = JitOptions {
+                    kernels,
+                    pack_a,
+                    chunk_k: None,
+                };
                 if let Some(f) = flush.as_mut() {
                     f.iter_mut().for_each(|b| *b = b.wrapping_add(1));
                     std::hint::black_box(&f);

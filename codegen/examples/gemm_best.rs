@@ -57,6 +57,7 @@ fn main() {
                 b: BLayout::Packed,
                 kb: 0,
                 a_blk: 0,
+                kc: 0,
             };
             let kern = jit.gemm(spec).expect("compiles");
             let bp = pack_b(&w, k, n, 1, k, micro.nr());

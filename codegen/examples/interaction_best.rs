@@ -101,6 +101,7 @@ fn main() {
                 let opts = JitOptions {
                     kernels,
                     pack_a: None,
+                    chunk_k: None,
                 };
                 let t0 = Instant::now();
                 let r = jit::try_eval(op, ins, tys, &syms, &opts)

@@ -245,9 +245,10 @@ fn kernel_choices() -> Vec<JitOptions> {
     }
     v.into_iter()
         .flat_map(|kernels| {
-            [false, true].map(|p| JitOptions {
+            [(false, false), (true, false), (false, true), (true, true)].map(|(p, c)| JitOptions {
                 kernels,
                 pack_a: Some(p),
+                chunk_k: Some(c),
             })
         })
         .collect()
@@ -586,5 +587,47 @@ fn relu_keeps_nan(n: usize, bn: usize) {
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert_eq!(g.is_nan(), w.is_nan(), "{name}: element {i}: {g} vs {w}");
         }
+    }
+}
+
+/// Long reductions (a layer's K of 1100, wgrad's batch of 1100) in chunks that
+/// keep `B`'s rows in L1 (`chunk_k`, [`dlrm_codegen::jit::gemm::GemmSpec::kc`]):
+/// the same bits as one pass, with `A` packed or in place, on every
+/// micro-kernel, and within tolerance of the reference (`check_jit`).
+#[test]
+fn chunked_reductions_give_the_same_bits() {
+    for (which, act, s, n, k, bn, bk, dt, seed) in [
+        (0, Act::Relu, 70, 96, 1100, 64, 64, DType::F32, 21),
+        (0, Act::Sigmoid, 70, 96, 1100, 64, 50, DType::F32, 22),
+        (1, Act::Relu, 70, 1100, 96, 64, 64, DType::F32, 23),
+        (2, Act::Relu, 1100, 96, 100, 64, 32, DType::F32, 24),
+        (2, Act::None, 1100, 300, 77, 64, 32, DType::F32, 25),
+        (0, Act::Relu, 70, 96, 1100, 64, 64, DType::BF16, 26),
+    ] {
+        let p = problem(which, act, s, n, k, bn, bk, dt, seed);
+        let ins: Vec<&Tensor> = p.ins.iter().collect();
+        let tys = out_types(&p.op, &ins);
+        for opts in kernel_choices() {
+            let run = |chunk_k| {
+                let o = JitOptions {
+                    chunk_k: Some(chunk_k),
+                    ..opts
+                };
+                jit::try_eval(&p.op, &ins, &tys, &HashMap::new(), &o)
+                    .expect("a JIT kernel")
+                    .unwrap_or_else(|e| panic!("{:?}: {e}", p.op))
+            };
+            let (whole, chunked) = (run(false), run(true));
+            for (a, b) in whole.iter().zip(&chunked) {
+                let (a, b) = (bits(a), bits(b));
+                let first = (0..a.len()).find(|&i| a[i] != b[i]);
+                assert!(
+                    a.len() == b.len() && first.is_none(),
+                    "{:?} under {opts:?}: element {first:?} differs",
+                    p.op
+                );
+            }
+        }
+        check_jit(&p);
     }
 }

@@ -46,6 +46,7 @@ fn runs_on(
     let opts = JitOptions {
         kernels,
         pack_a: None,
+        chunk_k: None,
     };
     let got = jit::try_eval(op, ins, &tys, &HashMap::new(), &opts)
         .expect("a JIT kernel")

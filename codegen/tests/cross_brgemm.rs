@@ -111,9 +111,10 @@ fn choices() -> Vec<JitOptions> {
     }
     ks.into_iter()
         .flat_map(|kernels| {
-            [true, false].map(|p| JitOptions {
+            [(true, false), (false, true)].map(|(p, c)| JitOptions {
                 kernels,
                 pack_a: Some(p),
+                chunk_k: Some(c),
             })
         })
         .collect()

@@ -507,6 +507,7 @@ fn interaction_case(
         let o = JitOptions {
             kernels,
             pack_a: None,
+            chunk_k: None,
         };
         interaction_case_with(&o, case)
     };

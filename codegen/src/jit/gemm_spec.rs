@@ -26,6 +26,7 @@ impl GemmSpec {
             b: BLayout::Packed,
             kb: 0,
             a_blk: 0,
+            kc: 0,
         }
     }
 

@@ -179,6 +179,11 @@ pub struct JitOptions {
     /// chunk of `A` once for all output blocks (`Some(true)`), read `A` in
     /// place (`Some(false)`), or time both per shape (`None`, the default).
     pub pack_a: Option<bool>,
+    /// Whether GEMMs with a long reduction and an f32 result run it in
+    /// chunks that keep `B`'s rows in L1 ([`gemm::GemmSpec::kc`]): always
+    /// where they can (`Some(true)`), never (`Some(false)`), or timed per
+    /// shape (`None`, the default). Every choice gives the same bits.
+    pub chunk_k: Option<bool>,
 }
 
 /// Compilation statistics of a [`Jit`].
@@ -529,10 +534,19 @@ impl Jit {
             (true, Some(true)) => &[true],
             (true, Some(false)) => &[false],
         };
+        // `DLRM_JIT_CHUNK_K=0|1` forces the choice where the options leave it
+        // open (to compare the two forms in a whole run).
+        let chunk_k = opts
+            .chunk_k
+            .or_else(|| match std::env::var("DLRM_JIT_CHUNK_K").as_deref() {
+                Ok("0") => Some(false),
+                Ok("1") => Some(true),
+                _ => None,
+            });
         let mut candidates = Vec::new();
         for &micro in &micros {
             for &pack in packs {
-                candidates.push(match pack {
+                let c = match pack {
                     false => gemm::GemmSpec { micro, ..spec },
                     true => gemm::GemmSpec {
                         micro,
@@ -540,7 +554,19 @@ impl Jit {
                         a: gemm::Elt::F32,
                         ..spec
                     },
-                });
+                };
+                candidates.push(c);
+                // The same in reduction chunks (the same sums, bit for bit).
+                let kc = c.normalized().chunk_for();
+                if kc > 0 && chunk_k != Some(false) {
+                    candidates.push(gemm::GemmSpec { kc, ..c });
+                }
+            }
+        }
+        if chunk_k == Some(true) {
+            let chunked: Vec<_> = candidates.iter().copied().filter(|c| c.kc > 0).collect();
+            if !chunked.is_empty() {
+                candidates = chunked;
             }
         }
         if let [only] = candidates[..] {

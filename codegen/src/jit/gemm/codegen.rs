@@ -154,43 +154,119 @@ impl Gen<'_, '_> {
         let (a, bp, c, bias, rows, p0, p1) = (
             params[0], params[1], params[2], params[3], params[4], params[5], params[6],
         );
-        let (mr, nr) = (s.micro.mr(), s.micro.nr());
         let mc = s.mc();
-        let ragged_n = s.n % nr;
-        let npanels = s.panels();
         let zero = self.iconst(0);
         self.for_loop(zero, rows, mc, &mut |g, mb| {
             // mend = min(mb + mc, rows)
             let mb_end = g.b.ins().iadd_imm_s(mb, mc as i64);
             let lt = g.b.ins().icmp(IntCC::SignedLessThan, mb_end, rows);
             let mend = g.b.ins().select(lt, mb_end, rows);
-            g.for_loop(p0, p1, 1, &mut |g, p| {
-                // Panel base pointers.
-                let bstride = g.iconst(s.b_geom().1 * 4);
-                let boff = g.b.ins().imul(p, bstride);
-                let bpan = g.b.ins().iadd(bp, boff);
-                let biasoff = g.b.ins().imul_imm_s(p, (nr * 4) as i64);
-                let biaspan = g.b.ins().iadd(bias, biasoff);
-                let coff = g.b.ins().imul_imm_s(p, (nr * s.c.size()) as i64);
-                let cpan = g.b.ins().iadd(c, coff);
-                let full = g.b.create_block();
-                let done = g.b.create_block();
-                if ragged_n != 0 {
-                    let ragged = g.b.create_block();
-                    let is_last = g.b.ins().icmp_imm_s(IntCC::Equal, p, (npanels - 1) as i64);
-                    g.b.ins().brif(is_last, ragged, &[], full, &[]);
-                    g.b.switch_to_block(ragged);
-                    g.row_tiles(a, bpan, cpan, biaspan, mb, mend, mr, ragged_n);
-                    g.b.ins().jump(done, &[]);
-                } else {
-                    g.b.ins().jump(full, &[]);
-                }
-                g.b.switch_to_block(full);
-                g.row_tiles(a, bpan, cpan, biaspan, mb, mend, mr, nr);
+            if s.kc == 0 {
+                g.panels(a, bp, (c, bias), (mb, mend), (p0, p1));
+            } else {
+                g.chunks(a, bp, (c, bias), (mb, mend), (p0, p1));
+            }
+        });
+    }
+
+    /// The reduction of rows `mb..mend` in chunks of [`GemmSpec::kc`] steps
+    /// (native micro-kernels only): per chunk, its length and flags stored in
+    /// the [`TileArgs`] (`F_ACC` after the first, the bias and relu on the
+    /// last), then every panel's tiles on `A` and `B` from the chunk's start.
+    fn chunks(
+        &mut self,
+        a: Value,
+        bp: Value,
+        cb: (Value, Value),
+        m: (Value, Value),
+        p: (Value, Value),
+    ) {
+        let s = self.spec;
+        let Some((_, slot)) = self.ukernel else {
+            unreachable!("GemmSpec::normalized keeps kc for native micro-kernels only")
+        };
+        let (_, _, acs) = s.a_layout();
+        let n = s.k.div_ceil(s.kc);
+        let last_len = s.k - (n - 1) * s.kc;
+        // Bytes from one chunk's start to the next's, in A and in B.
+        let a_step = if s.kb < s.k {
+            (s.kc / s.kb) * s.a_blk * s.a.size()
+        } else {
+            s.kc * acs * s.a.size()
+        };
+        let b_step = s.micro.b_packing().rows(s.kc) * s.b_geom().0 * 4;
+        let mut base = 0u32;
+        if s.a == Elt::BF16 {
+            base |= micro::F_A_BF16;
+        }
+        let mut fin = micro::F_ACC;
+        if s.bias {
+            fin |= micro::F_BIAS;
+        }
+        if s.relu {
+            fin |= micro::F_RELU;
+        }
+        let (zero, count) = (self.iconst(0), self.iconst(n));
+        self.for_loop(zero, count, 1, &mut |g, q| {
+            let is_last = g.b.ins().icmp_imm_s(IntCC::Equal, q, (n - 1) as i64);
+            let is_first = g.b.ins().icmp_imm_s(IntCC::Equal, q, 0);
+            let (kc, kl) = (g.iconst(s.kc), g.iconst(last_len));
+            let len = g.b.ins().select(is_last, kl, kc);
+            let f_mid = g.b.ins().iconst(types::I32, i64::from(base | micro::F_ACC));
+            let f_first = g.b.ins().iconst(types::I32, i64::from(base));
+            let f_last = g.b.ins().iconst(types::I32, i64::from(base | fin));
+            let fl = g.b.ins().select(is_first, f_first, f_mid);
+            // One chunk (n = 1 cannot happen: kc < k) is never both.
+            let fl = g.b.ins().select(is_last, f_last, fl);
+            g.b.ins().stack_store(g.ptr, len, slot, field!(k));
+            g.b.ins().stack_store(g.ptr, fl, slot, field!(flags));
+            let aq = g.b.ins().imul_imm_s(q, a_step as i64);
+            let aq = g.b.ins().iadd(a, aq);
+            let bq = g.b.ins().imul_imm_s(q, b_step as i64);
+            let bq = g.b.ins().iadd(bp, bq);
+            g.panels(aq, bq, cb, m, p);
+        });
+    }
+
+    /// Every panel `p0..p1`'s tiles of rows `mb..mend`, `A` and `B` from `a`
+    /// and `bp`.
+    fn panels(
+        &mut self,
+        a: Value,
+        bp: Value,
+        (c, bias): (Value, Value),
+        (mb, mend): (Value, Value),
+        (p0, p1): (Value, Value),
+    ) {
+        let s = self.spec;
+        let (mr, nr) = (s.micro.mr(), s.micro.nr());
+        let ragged_n = s.n % nr;
+        let npanels = s.panels();
+        self.for_loop(p0, p1, 1, &mut |g, p| {
+            // Panel base pointers.
+            let bstride = g.iconst(s.b_geom().1 * 4);
+            let boff = g.b.ins().imul(p, bstride);
+            let bpan = g.b.ins().iadd(bp, boff);
+            let biasoff = g.b.ins().imul_imm_s(p, (nr * 4) as i64);
+            let biaspan = g.b.ins().iadd(bias, biasoff);
+            let coff = g.b.ins().imul_imm_s(p, (nr * s.c.size()) as i64);
+            let cpan = g.b.ins().iadd(c, coff);
+            let full = g.b.create_block();
+            let done = g.b.create_block();
+            if ragged_n != 0 {
+                let ragged = g.b.create_block();
+                let is_last = g.b.ins().icmp_imm_s(IntCC::Equal, p, (npanels - 1) as i64);
+                g.b.ins().brif(is_last, ragged, &[], full, &[]);
+                g.b.switch_to_block(ragged);
+                g.row_tiles(a, bpan, cpan, biaspan, mb, mend, mr, ragged_n);
                 g.b.ins().jump(done, &[]);
-                g.b.switch_to_block(done);
-            });
-            let _ = mr;
+            } else {
+                g.b.ins().jump(full, &[]);
+            }
+            g.b.switch_to_block(full);
+            g.row_tiles(a, bpan, cpan, biaspan, mb, mend, mr, nr);
+            g.b.ins().jump(done, &[]);
+            g.b.switch_to_block(done);
         });
     }
 

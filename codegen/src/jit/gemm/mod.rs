@@ -174,6 +174,16 @@ pub struct GemmSpec {
     pub kb: usize,
     /// Elements between consecutive blocks of `A` (see [`GemmSpec::kb`]).
     pub a_blk: usize,
+    /// The reduction in chunks of `kc` steps (`0`: one pass over `k`): each
+    /// row block runs every panel's tiles on one chunk before the next, the
+    /// tiles of later chunks starting from the `C` the earlier ones wrote
+    /// ([`micro::F_ACC`]), the bias and relu on the last. A chunk's `B` rows
+    /// (`kc × nr`) then stay in L1 across the row block's tiles instead of
+    /// streaming from L2 per tile. The sums are unchanged bit for bit (each
+    /// element's one accumulator resumes from its stored f32 partial sum).
+    /// Native micro-kernels and an f32 `C` only, chunks on batch-reduce block
+    /// bounds and k pairs ([`GemmSpec::normalized`] clears it otherwise).
+    pub kc: usize,
 }
 
 /// Where a GEMM's `B` operand and bias live.
@@ -218,7 +228,35 @@ impl GemmSpec {
             s.kb = s.k;
             s.a_blk = 0;
         }
+        let pairs = s.micro.b_packing() == BPacking::KPairs;
+        let chunkable = s.micro != Micro::Cranelift
+            && s.c == Elt::F32
+            && s.kc > 0
+            && s.kc < s.k
+            && (s.kb >= s.k || s.kc.is_multiple_of(s.kb))
+            && (!pairs || s.kc.is_multiple_of(2));
+        if !chunkable {
+            s.kc = 0;
+        }
         s
+    }
+
+    /// The reduction chunk [`GemmSpec::kc`] for this spec's micro-kernel when
+    /// chunking pays (`k` at least two chunks, an f32 `C`; `0` otherwise): the
+    /// rows of `B` whose `nr` f32 fill 32 KiB of L1, rounded to whole
+    /// batch-reduce blocks.
+    pub fn chunk_for(&self) -> usize {
+        let nr = self.micro.nr().max(1);
+        let mut kc = (32 * 1024 / (4 * nr)).max(1);
+        if self.kb > 0 && self.kb < self.k {
+            kc = (kc / self.kb).max(1) * self.kb;
+        }
+        kc += kc % 2;
+        if self.micro == Micro::Cranelift || self.c != Elt::F32 || self.k < 2 * kc {
+            0
+        } else {
+            kc
+        }
     }
 
     /// Whether the kernel reads a packed `B` ([`pack_b`], or
@@ -305,7 +343,8 @@ impl GemmSpec {
     /// quarter of this machine's L2), a multiple of the tile height.
     fn mc(&self) -> usize {
         let mr = self.micro.mr();
-        let rows = (512 * 1024) / (self.k.max(1) * self.a.size());
+        let k = if self.kc > 0 { self.kc } else { self.k };
+        let rows = (512 * 1024) / (k.max(1) * self.a.size());
         (rows / mr).clamp(1, 64) * mr
     }
 }
