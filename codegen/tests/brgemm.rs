@@ -603,6 +603,9 @@ fn chunked_reductions_give_the_same_bits() {
         (2, Act::Relu, 1100, 96, 100, 64, 32, DType::F32, 24),
         (2, Act::None, 1100, 300, 77, 64, 32, DType::F32, 25),
         (0, Act::Relu, 70, 96, 1100, 64, 64, DType::BF16, 26),
+        // bf16 weight gradients (k pairs where a k-pair kernel runs).
+        (2, Act::Relu, 1100, 96, 100, 64, 32, DType::BF16, 27),
+        (2, Act::None, 1101, 130, 64, 64, 64, DType::BF16, 28),
     ] {
         let p = problem(which, act, s, n, k, bn, bk, dt, seed);
         let ins: Vec<&Tensor> = p.ins.iter().collect();

@@ -506,15 +506,16 @@ impl Jit {
                 .find(|m| m.available()),
             _ => None,
         };
-        if let Some(m) = forced {
-            if !m.available() {
-                return Err(JitError::NoNative(m.name()));
-            }
-            if k_pairs {
-                return picked(gemm::GemmSpec { micro: m, ..spec });
-            }
+        if let Some(m) = forced
+            && !m.available()
+        {
+            return Err(JitError::NoNative(m.name()));
         }
+        // A k-pair kernel is chosen, not timed; only its reduction chunks
+        // (the same bits) are.
+        let k_pair = forced.filter(|_| k_pairs);
         let micros: Vec<Micro> = match opts.kernels {
+            _ if k_pair.is_some() => k_pair.into_iter().collect(),
             KernelChoice::Cranelift => vec![Micro::Cranelift],
             KernelChoice::Native => vec![Micro::Native],
             KernelChoice::Avx512 | KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16 => {
@@ -528,7 +529,7 @@ impl Jit {
         if let Some(m) = micros.iter().find(|m| !m.available()) {
             return Err(JitError::NoNative(m.name()));
         }
-        let packs: &[bool] = match (packable && !spec.pack_a, opts.pack_a) {
+        let packs: &[bool] = match (packable && !spec.pack_a && k_pair.is_none(), opts.pack_a) {
             (false, _) => &[false],
             (true, None) => &[false, true],
             (true, Some(true)) => &[true],
