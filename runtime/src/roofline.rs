@@ -85,7 +85,11 @@ pub fn class_of(op: &str) -> &'static str {
         "all_reduce" | "all_to_all" => "collectives",
         "interaction" | "interaction_grad" => "interaction",
         o if o.starts_with("embedding_bag") || o == "embedding_grad_dense" => "bags",
-        o if o.contains("sgd") || o.contains("adagrad") || o.starts_with("embedding_update") => {
+        o if o.contains("sgd")
+            || o.contains("adagrad")
+            || o.starts_with("embedding_update")
+            || o.starts_with("split_embedding_update") =>
+        {
             "updates"
         }
         _ => "rest",
@@ -389,6 +393,25 @@ mod tests {
             flops,
             bytes,
             bf16_flops: 0.0,
+        }
+    }
+
+    #[test]
+    fn ops_fall_in_their_classes() {
+        for (op, class) in [
+            ("brgemm", "gemm forward"),
+            ("cross_brgemm", "gemm forward"),
+            ("cross_brgemm_save", "gemm forward"),
+            ("cross_brgemm_dgrad", "gemm dgrad"),
+            ("brgemm_wgrad", "gemm wgrad"),
+            ("embedding_update_adagrad", "updates"),
+            ("split_embedding_update", "updates"),
+            ("split_embedding_update_adagrad", "updates"),
+            ("split_sgd", "updates"),
+            ("embedding_bag_q8", "bags"),
+            ("cross_mix", "rest"),
+        ] {
+            assert_eq!(class_of(op), class, "{op}");
         }
     }
 
