@@ -20,6 +20,7 @@
 //! same float operations, so a fused plan equals the unfused one bit for bit.
 
 use super::cross::{arity_error, no_gradient};
+use super::cross_mix::{mix, mix_grad};
 use crate::error::Result;
 use crate::graph::ValueId;
 use crate::instance::Checked;
@@ -143,8 +144,7 @@ impl OpModule for CrossBrgemm {
             floats(&w, "w")?,
             floats(ins[4], "x")?,
         );
-        let y = (0..x.len()).map(|i| x0[i] * wv[i] + x[i]).collect();
-        let y = store(c.out(0).dtype, c.in_shape(4).to_vec(), y)?;
+        let y = store(c.out(0).dtype, c.in_shape(4).to_vec(), mix(&x0, &wv, &x))?;
         Ok(if self.save { vec![y, w] } else { vec![y] })
     }
 
@@ -226,8 +226,7 @@ impl OpModule for CrossBrgemmDgrad {
             return Ok(vec![Tensor::f32(shape, dx)]);
         }
         let (x0, w) = (floats(ins[3], "x0")?, floats(ins[4], "w")?);
-        let g = (0..dx.len()).map(|i| dx[i] * x0[i]).collect();
-        let dx0 = (0..dx.len()).map(|i| dx[i] * w[i]).collect();
+        let (g, dx0) = mix_grad(&dx, &x0, &w);
         Ok(vec![
             Tensor::f32(shape.clone(), dx),
             store(c.out(1).dtype, shape.clone(), g)?,

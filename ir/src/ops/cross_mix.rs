@@ -46,6 +46,19 @@ fn same_floats(ins: &[&TensorType], names: [&str; 3]) -> R<()> {
     Ok(())
 }
 
+/// `cross_mix`'s values: `x0[i]·w[i] + x[i]`, in f32 (the one definition, which
+/// the fused ops of [`super::cross_brgemm`] share).
+pub(super) fn mix(x0: &[f32], w: &[f32], x: &[f32]) -> Vec<f32> {
+    (0..x.len()).map(|i| x0[i] * w[i] + x[i]).collect()
+}
+
+/// `cross_mix_grad`'s values: `(dy[i]·x0[i], dy[i]·w[i])`, in f32.
+pub(super) fn mix_grad(dy: &[f32], x0: &[f32], w: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let g = (0..dy.len()).map(|i| dy[i] * x0[i]).collect();
+    let dx0 = (0..dy.len()).map(|i| dy[i] * w[i]).collect();
+    (g, dx0)
+}
+
 /// `n` flops per element and the bytes of every operand and result.
 fn elementwise_work(
     ins: &[&TensorType],
@@ -81,8 +94,11 @@ impl OpModule for CrossMix {
         let x0 = floats(c.input(0), "x0")?;
         let w = floats(c.input(1), "w")?;
         let x = floats(c.input(2), "x")?;
-        let y = (0..x.len()).map(|i| x0[i] * w[i] + x[i]).collect();
-        Ok(vec![store(c.out(0).dtype, c.in_shape(2).to_vec(), y)?])
+        Ok(vec![store(
+            c.out(0).dtype,
+            c.in_shape(2).to_vec(),
+            mix(&x0, &w, &x),
+        )?])
     }
 
     fn work(
@@ -151,8 +167,7 @@ impl OpModule for CrossMixGrad {
         let dy = floats(c.input(0), "dy")?;
         let x0 = floats(c.input(1), "x0")?;
         let w = floats(c.input(2), "w")?;
-        let g = (0..dy.len()).map(|i| dy[i] * x0[i]).collect();
-        let dx0 = (0..dy.len()).map(|i| dy[i] * w[i]).collect();
+        let (g, dx0) = mix_grad(&dy, &x0, &w);
         let shape = c.in_shape(0).to_vec();
         Ok(vec![
             store(c.out(0).dtype, shape.clone(), g)?,
