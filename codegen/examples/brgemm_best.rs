@@ -157,11 +157,7 @@ fn main() {
     for _ in 0..reps {
         for (ci, (_, op, ins, tys)) in cases.iter().enumerate() {
             for (ki, &kernels) in choices.iter().enumerate() {
-                let opts = JitOptions {
-                    kernels,
-                    pack_a,
-                    chunk_k: None,
-                };
+                let opts = options(kernels, pack_a);
                 if let Some(f) = flush.as_mut() {
                     f.iter_mut().for_each(|b| *b = b.wrapping_add(1));
                     std::hint::black_box(&f);
@@ -232,5 +228,14 @@ fn print_best(
                 flops / dc / 1e9
             );
         }
+    }
+}
+
+/// The JIT options of one timed variant (the reduction chunks timed per shape).
+fn options(kernels: KernelChoice, pack_a: Option<bool>) -> JitOptions {
+    JitOptions {
+        kernels,
+        pack_a,
+        ..JitOptions::default()
     }
 }

@@ -241,24 +241,6 @@ impl GemmSpec {
         s
     }
 
-    /// The reduction chunk [`GemmSpec::kc`] for this spec's micro-kernel when
-    /// chunking pays (`k` at least two chunks, an f32 `C`; `0` otherwise): the
-    /// rows of `B` whose `nr` f32 fill 32 KiB of L1, rounded to whole
-    /// batch-reduce blocks.
-    pub fn chunk_for(&self) -> usize {
-        let nr = self.micro.nr().max(1);
-        let mut kc = (32 * 1024 / (4 * nr)).max(1);
-        if self.kb > 0 && self.kb < self.k {
-            kc = (kc / self.kb).max(1) * self.kb;
-        }
-        kc += kc % 2;
-        if self.micro == Micro::Cranelift || self.c != Elt::F32 || self.k < 2 * kc {
-            0
-        } else {
-            kc
-        }
-    }
-
     /// Whether the kernel reads a packed `B` ([`pack_b`], or
     /// [`micro::avx512bf16::pack_b_pairs_into`] for the k-pair kernels) and
     /// bias ([`pack_bias`]).
