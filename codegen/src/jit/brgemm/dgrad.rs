@@ -9,7 +9,7 @@
 //! once (the interpreter's order).
 
 use super::{Epilogue, Written, row_block, run_blocks, run_row_chunks, tail, with_kernel};
-use super::{PooledBf16, masked, positive};
+use super::{PooledBf16, mask_into_self, masked, positive};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
 use crate::jit::gemm::{Elt, GemmSpec, Operand};
 use crate::jit::micro::BPacking;
@@ -48,15 +48,32 @@ pub fn brgemm_dgrad(
         return Ok(Floats::zeros(out, kb * s * bk).tensor(vec![kb, s, bk]));
     }
     // The mask (the previous layer's act'), applied to each chunk of dx while
-    // it is in cache: the result is that layer's dz. It works on f32 rows, so
-    // a bf16 result is then rounded from them.
-    let xv = xb.map(floats);
+    // it is in cache: the result is that layer's dz. relu's keeps an element
+    // or zeroes it, so it commutes with rounding: a bf16 result is rounded by
+    // the kernel and masked in bf16 (no f32 result, no rounding pass, `xb`
+    // read as it is stored). Other masks (sigmoid's) work on f32 rows, from
+    // which a bf16 result is then rounded.
+    let direct = out == Elt::BF16 && mask == Act::Relu && then.is_none();
+    let xv = xb.filter(|_| !direct).map(floats);
+    let keep = xb.filter(|_| direct);
     let masking = |q: usize, r0: usize, chunk: Written<'_>| {
-        let Written::F32(rows) = chunk else {
-            unreachable!("the GEMM writes f32 when an epilogue runs")
+        let from = (q * s + r0) * bk;
+        let rows = match (chunk, keep) {
+            (Written::BF16(rows), Some(xb)) => {
+                let to = from + rows.len();
+                match &xb.data {
+                    Data::BF16(x) => mask_into_self(rows, &x[from..to], positive),
+                    Data::F32(x) => mask_into_self(rows, &x[from..to], |y: f32| y > 0.0),
+                    _ => {}
+                }
+                return;
+            }
+            (Written::F32(rows), _) => rows,
+            (Written::BF16(_), None) => {
+                unreachable!("the GEMM writes f32 when an f32 epilogue runs")
+            }
         };
         if let Some(xv) = &xv {
-            let from = (q * s + r0) * bk;
             mask_in_place(mask, rows, &xv[from..from + rows.len()]);
         }
         if let Some(then) = then {
@@ -64,8 +81,12 @@ pub fn brgemm_dgrad(
         }
     };
     let epi: Option<Epilogue<'_>> =
-        (xv.is_some() || then.is_some()).then_some(&masking as Epilogue<'_>);
-    let gemm_out = if epi.is_some() { Elt::F32 } else { out };
+        (xb.is_some() || then.is_some()).then_some(&masking as Epilogue<'_>);
+    let gemm_out = if epi.is_some() && !direct {
+        Elt::F32
+    } else {
+        out
+    };
     // A = dz = act'(dy, y) in dy's blocked layout `[Nb][S][bn]`: read in place
     // as the batch-reduce over its Nb blocks (computed once, on first use: bf16
     // when `dz16` is), or computed into each row chunk's packed tiles.

@@ -114,6 +114,15 @@ fn mask_into<T: Copy>(z: &mut [half::bf16], d: &[half::bf16], y: &[T], keep: imp
     }
 }
 
+/// [`mask_into`] in place: `z = keep(y) ? z : 0`.
+#[inline]
+fn mask_into_self<T: Copy>(z: &mut [half::bf16], y: &[T], keep: impl Fn(T) -> bool) {
+    // A select, not a branch (see `mask_in_place`).
+    for (z, &y) in z.iter_mut().zip(y) {
+        *z = if keep(y) { *z } else { half::bf16::ZERO };
+    }
+}
+
 /// bf16 values in a pooled buffer (two a word): no fresh pages to fault in and
 /// zero on every call.
 struct PooledBf16 {
