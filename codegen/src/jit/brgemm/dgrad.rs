@@ -47,46 +47,12 @@ pub fn brgemm_dgrad(
     if s == 0 || kb == 0 || bk == 0 {
         return Ok(Floats::zeros(out, kb * s * bk).tensor(vec![kb, s, bk]));
     }
-    // The mask (the previous layer's act'), applied to each chunk of dx while
-    // it is in cache: the result is that layer's dz. relu's keeps an element
-    // or zeroes it, so it commutes with rounding: a bf16 result is rounded by
-    // the kernel and masked in bf16 (no f32 result, no rounding pass, `xb`
-    // read as it is stored). Other masks (sigmoid's) work on f32 rows, from
-    // which a bf16 result is then rounded.
-    let direct = out == Elt::BF16 && mask == Act::Relu && then.is_none();
-    let xv = xb.filter(|_| !direct).map(floats);
-    let keep = xb.filter(|_| direct);
-    let masking = |q: usize, r0: usize, chunk: Written<'_>| {
-        let from = (q * s + r0) * bk;
-        let rows = match (chunk, keep) {
-            (Written::BF16(rows), Some(xb)) => {
-                let to = from + rows.len();
-                match &xb.data {
-                    Data::BF16(x) => mask_into_self(rows, &x[from..to], positive),
-                    Data::F32(x) => mask_into_self(rows, &x[from..to], |y: f32| y > 0.0),
-                    _ => {}
-                }
-                return;
-            }
-            (Written::F32(rows), _) => rows,
-            (Written::BF16(_), None) => {
-                unreachable!("the GEMM writes f32 when an f32 epilogue runs")
-            }
-        };
-        if let Some(xv) = &xv {
-            mask_in_place(mask, rows, &xv[from..from + rows.len()]);
-        }
-        if let Some(then) = then {
-            then(q, r0, Written::F32(rows));
-        }
-    };
-    let epi: Option<Epilogue<'_>> =
-        (xb.is_some() || then.is_some()).then_some(&masking as Epilogue<'_>);
-    let gemm_out = if epi.is_some() && !direct {
-        Elt::F32
-    } else {
-        out
-    };
+    // The mask (the previous layer's act') on each chunk of dx while it is in
+    // cache: the result is that layer's dz ([`MaskEpilogue`]).
+    let me = MaskEpilogue::new(mask, (s, bk), xb, out, then);
+    let masking = |q: usize, r0: usize, chunk: Written<'_>| me.run(q, r0, chunk);
+    let epi: Option<Epilogue<'_>> = me.runs().then_some(&masking as Epilogue<'_>);
+    let gemm_out = me.gemm_out(out);
     // A = dz = act'(dy, y) in dy's blocked layout `[Nb][S][bn]`: read in place
     // as the batch-reduce over its Nb blocks (computed once, on first use: bf16
     // when `dz16` is), or computed into each row chunk's packed tiles.
@@ -166,6 +132,80 @@ pub fn brgemm_dgrad(
         (dx, _) => dx,
     };
     Ok(dx.tensor(vec![kb, s, bk]))
+}
+
+/// The epilogue of a masked `brgemm_dgrad` (and of one with a `then`): the
+/// mask on each chunk of `dx` as it is written. relu's keeps an element or
+/// zeroes it, so it commutes with rounding: a bf16 result is rounded by the
+/// kernel and masked in bf16 (no f32 result, no rounding pass, the layer input
+/// `keep` read as it is stored). Other masks (sigmoid's) work on f32 rows
+/// (`xv`), from which a bf16 result is then rounded.
+struct MaskEpilogue<'a, 'e> {
+    mask: Act,
+    s: usize,
+    bk: usize,
+    keep: Option<&'a Tensor>,
+    xv: Option<Cow<'a, [f32]>>,
+    then: Option<Epilogue<'e>>,
+}
+
+impl<'a, 'e> MaskEpilogue<'a, 'e> {
+    fn new(
+        mask: Act,
+        (s, bk): (usize, usize),
+        xb: Option<&'a Tensor>,
+        out: Elt,
+        then: Option<Epilogue<'e>>,
+    ) -> Self {
+        let direct = out == Elt::BF16 && mask == Act::Relu && then.is_none();
+        MaskEpilogue {
+            mask,
+            s,
+            bk,
+            keep: xb.filter(|_| direct),
+            xv: xb.filter(|_| !direct).map(floats),
+            then,
+        }
+    }
+
+    /// Whether there is anything to run.
+    fn runs(&self) -> bool {
+        self.keep.is_some() || self.xv.is_some() || self.then.is_some()
+    }
+
+    /// The GEMM's result type: f32 for an f32 epilogue, else `out`.
+    fn gemm_out(&self, out: Elt) -> Elt {
+        if self.xv.is_some() || self.then.is_some() {
+            Elt::F32
+        } else {
+            out
+        }
+    }
+
+    fn run(&self, q: usize, r0: usize, chunk: Written<'_>) {
+        let from = (q * self.s + r0) * self.bk;
+        let rows = match (chunk, self.keep) {
+            (Written::BF16(rows), Some(xb)) => {
+                let to = from + rows.len();
+                match &xb.data {
+                    Data::BF16(x) => mask_into_self(rows, &x[from..to], positive),
+                    Data::F32(x) => mask_into_self(rows, &x[from..to], |y: f32| y > 0.0),
+                    _ => {}
+                }
+                return;
+            }
+            (Written::F32(rows), _) => rows,
+            (Written::BF16(_), None) => {
+                unreachable!("the GEMM writes f32 when an f32 epilogue runs")
+            }
+        };
+        if let Some(xv) = &self.xv {
+            mask_in_place(self.mask, rows, &xv[from..from + rows.len()]);
+        }
+        if let Some(then) = self.then {
+            then(q, r0, Written::F32(rows));
+        }
+    }
 }
 
 /// A bf16 `dz`: `dy` itself, or computed into a pooled buffer.
