@@ -20,7 +20,7 @@ use crate::jit::buffers::{Disjoint, Floats, Fresh};
 use crate::jit::gemm::Elt;
 use crate::jit::linear::elt_of;
 use crate::jit::{Jit, JitOptions};
-use crate::reference::cross::{In, mix_into};
+use crate::reference::cross::{CHUNK, In, mix_into};
 use crate::reference::{self, Elem, KResult, bind, instance_err};
 use dlrm_ir::module::ModOp;
 use dlrm_ir::{Act, Checked, DType, NodeInstance, Op, Tensor, TensorType};
@@ -70,7 +70,6 @@ fn mix_tensor(
     (dt, shape): (DType, Vec<usize>),
     f: impl Fn(f32, f32, f32) -> f32 + Sync,
 ) -> Option<Tensor> {
-    const CHUNK: usize = 1 << 14;
     let n = shape.iter().product::<usize>();
     let mut out = Fresh::new(elt_of(dt)?, n);
     {
@@ -168,7 +167,7 @@ pub(crate) fn forward_jit(
         } else {
             Elt::F32
         };
-        let [nb, _, _, bn] = dims4(&ins[1].shape);
+        let [nb, _, _, bn] = reference::dims_of::<4>(c, 1)?;
         let s = ins[0].shape[1];
         let live_last = ins[2].shape[0] - (nb.max(1) - 1) * bn;
         let shape = vec![nb, s, bn];
@@ -298,11 +297,6 @@ fn mix_in_place<W: Elem>(w: &mut [W], x0: In<'_>, x: In<'_>) {
         (In::BF16(a), In::F32(d)) => run(w, a, d),
         (In::BF16(a), In::BF16(d)) => run(w, a, d),
     }
-}
-
-/// The four dims of a blocked weight (its instance verified the rank).
-fn dims4(s: &[usize]) -> [usize; 4] {
-    std::array::from_fn(|i| s.get(i).copied().unwrap_or(0))
 }
 
 /// `cross_brgemm_dgrad` on the JIT's blocked GEMM, the residual and the mix in

@@ -220,7 +220,7 @@ fn backward(c: &Checked<'_>, saved: bool) -> Option<KResult<Vec<Tensor>>> {
 }
 
 /// Elements per parallel chunk of the elementwise steps.
-const CHUNK: usize = 1 << 14;
+pub(crate) const CHUNK: usize = 1 << 14;
 
 /// `$body` with `$T` the element type of storage `$dtype` (f32 or bf16;
 /// `None` for other dtypes).
