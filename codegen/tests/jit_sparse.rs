@@ -689,6 +689,10 @@ fn dot_interaction_at_dlrm_shapes() {
     ] {
         interaction_case(f, d, 37, self_i, 0, false, 5);
         interaction_case(f, d, 37, self_i, !1, true, 6);
+        // Every operand bf16 (read in place by the AVX-512 kernels, widened
+        // in registers), f32 and bf16 results.
+        interaction_case(f, d, 37, self_i, !0, false, 8);
+        interaction_case(f, d, 37, self_i, !0, true, 9);
     }
     // More operands than the unrolled backward takes (it loops over operands
     // and partners at run time when operands 1.. share a type): every width

@@ -38,7 +38,7 @@
 //!   the ops' own scalar functions through JIT symbols (bitwise the reference's
 //!   and the interpreter's results).
 //! - [`native_dot`]: the dot interaction on AVX-512 (f32 arithmetic; bf16
-//!   operands and results widened and rounded around it), forward and
+//!   operands widened in registers, bf16 results rounded after it), forward and
 //!   backward, run instead of the Cranelift kernels under `Auto`, `Avx512`,
 //!   `Avx512Bf16` and `AmxBf16` where the CPU has it (the backward's sums bit
 //!   for bit the same, the forward's in 16 lanes, not 4).

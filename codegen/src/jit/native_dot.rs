@@ -40,11 +40,13 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-/// True if this CPU can run these kernels (AVX-512 F and VL).
+/// True if this CPU can run these kernels (AVX-512 F, BW and VL).
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl")
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -93,6 +95,58 @@ fn mask(c: usize, d: usize) -> u16 {
     if n == 16 { u16::MAX } else { (1u16 << n) - 1 }
 }
 
+/// An operand element type the kernels read as f32 lanes: f32, or bf16
+/// widened exactly in registers as it is loaded (no widened copy of the
+/// operands). Its methods are inlined into the kernels' `#[target_feature]`
+/// functions, which have the features they need (AVX-512 F, BW and VL).
+#[cfg(target_arch = "x86_64")]
+pub trait Elem: Copy {
+    /// 16 elements at `p` as f32 (lanes outside `m` zero, not read).
+    ///
+    /// # Safety
+    /// The lanes of `m` lie inside an allocation; AVX-512 F, BW and VL.
+    unsafe fn load16(p: *const Self, m: __mmask16) -> __m512;
+
+    /// The element at `p` as f32.
+    ///
+    /// # Safety
+    /// `p` is valid for reads.
+    unsafe fn get(p: *const Self) -> f32;
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Elem for f32 {
+    #[inline(always)]
+    unsafe fn load16(p: *const f32, m: __mmask16) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_maskz_loadu_ps(m, p) }
+    }
+
+    #[inline(always)]
+    unsafe fn get(p: *const f32) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { *p }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Elem for half::bf16 {
+    #[inline(always)]
+    unsafe fn load16(p: *const half::bf16, m: __mmask16) -> __m512 {
+        // SAFETY: the caller's contract; a bf16 is the high half of its f32.
+        unsafe {
+            let h = _mm256_maskz_loadu_epi16(m, p.cast());
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn get(p: *const half::bf16) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { (*p).to_f32() }
+    }
+}
+
 /// Rows of a gradient block: the operands whose gradients one pass over the
 /// partners computes together (each load of a partner's columns feeds `ROWS`
 /// FMAs; `ROWS × 4` accumulators, 4 loaded vectors and a broadcast fit the 32
@@ -114,10 +168,10 @@ const ROWS: usize = 6;
 /// f32, every `grads[i]` rows `0..s1` of `d` f32 whose rows `s0..s1` no other
 /// thread touches; `f <= MAX_F`; the CPU has AVX-512 F ([`available`]).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-pub unsafe fn backward(
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub unsafe fn backward<E: Elem>(
     dot: Dot,
-    ops: &[*const f32],
+    ops: &[*const E],
     dr: *const f32,
     grads: &[*mut f32],
     s0: usize,
@@ -125,7 +179,7 @@ pub unsafe fn backward(
 ) {
     let Dot { f, d, .. } = dot;
     let width = dot.width();
-    let mut rows = [std::ptr::null::<f32>(); MAX_F];
+    let mut rows = [std::ptr::null::<E>(); MAX_F];
     let mut outs = [std::ptr::null_mut::<f32>(); MAX_F];
     // Column of operand `i`'s first pair in a `dr` row (its pairs with
     // partners `0..i`, and `i` itself with self-interaction, follow it).
@@ -145,7 +199,8 @@ pub unsafe fn backward(
             }
             if s + AHEAD < s1 {
                 for &op in ops {
-                    super::prefetch::fetch_lines(op.add((s + AHEAD) * d) as *const u8, 4 * d);
+                    let bytes = d * size_of::<E>();
+                    super::prefetch::fetch_lines(op.add((s + AHEAD) * d) as *const u8, bytes);
                 }
                 super::prefetch::fetch_lines(dr.add((s + AHEAD) * width) as *const u8, 4 * width);
             }
@@ -171,7 +226,7 @@ pub unsafe fn backward(
 
 /// One sample's operands for [`Block::run`].
 #[cfg(target_arch = "x86_64")]
-struct Block<'a> {
+struct Block<'a, E> {
     f: usize,
     self_interaction: bool,
     /// The sample's `dr` row.
@@ -179,20 +234,20 @@ struct Block<'a> {
     /// [`backward`]'s first pair column of each operand.
     first: &'a [usize],
     /// Its operands' rows.
-    rows: &'a [*const f32],
+    rows: &'a [*const E],
     /// Its gradients' rows.
     outs: &'a [*mut f32],
 }
 
 #[cfg(target_arch = "x86_64")]
-impl Block<'_> {
+impl<E: Elem> Block<'_, E> {
     /// Gradients `i0..i0 + r` (`r <= ROWS`), columns `c0..c0 + n` in `nv`
     /// vectors (`1..=4`, `n <= 16·nv`), through the block kernel specialised
     /// on `(r, nv)`.
     ///
     /// # Safety
     /// [`backward`]'s contract for this sample; AVX-512 F.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn run(&self, i0: usize, r: usize, nv: usize, c0: usize, n: usize) {
         macro_rules! dispatch {
             ($($r:literal),*) => {
@@ -226,7 +281,7 @@ impl Block<'_> {
     ///
     /// # Safety
     /// [`backward`]'s contract for this sample; `i0 + R <= f`; AVX-512 F.
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn rows_cols<const R: usize, const NV: usize>(&self, i0: usize, c0: usize, n: usize) {
         let ms: [u16; NV] = std::array::from_fn(|v| mask(16 * v, n));
         let mut acc = [[_mm512_setzero_ps(); NV]; R];
@@ -236,7 +291,7 @@ impl Block<'_> {
         unsafe {
             let load = |k: usize| -> [__m512; NV] {
                 let t = self.rows[k].add(c0);
-                std::array::from_fn(|v| _mm512_maskz_loadu_ps(ms[v], t.add(16 * v)))
+                std::array::from_fn(|v| E::load16(t.add(16 * v), ms[v]))
             };
             let fma = |row: &mut [__m512; NV], c: f32, x: &[__m512; NV]| {
                 let cv = _mm512_set1_ps(c);
@@ -308,15 +363,15 @@ impl Block<'_> {
 /// f32 whose rows `s0..s1` no other thread touches; the CPU has AVX-512 F and
 /// VL ([`available`]).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl")]
-pub unsafe fn forward(dot: Dot, ops: &[*const f32], out: *mut f32, s0: usize, s1: usize) {
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+pub unsafe fn forward<E: Elem>(dot: Dot, ops: &[*const E], out: *mut f32, s0: usize, s1: usize) {
     if (1..=16).contains(&dot.d) && dot.f <= NARROW_F {
         // SAFETY: forwarded; the operands fit `forward_narrow`'s registers.
         return unsafe { forward_narrow(dot, ops, out, s0, s1) };
     }
     let Dot { f, d, .. } = dot;
     let width = dot.width();
-    let mut rows = [std::ptr::null::<f32>(); MAX_F + BLK];
+    let mut rows = [std::ptr::null::<E>(); MAX_F + BLK];
     for s in s0..s1 {
         // SAFETY: the caller's contract: row `s` of every operand and of the
         // result; pair columns are inside the row (`Dot::col`); a prefetch
@@ -331,11 +386,15 @@ pub unsafe fn forward(dot: Dot, ops: &[*const f32], out: *mut f32, s0: usize, s1
             rows[f..f + BLK].fill(r0);
             if s + AHEAD < s1 {
                 for &op in ops {
-                    super::prefetch::fetch_lines(op.add((s + AHEAD) * d) as *const u8, 4 * d);
+                    let bytes = d * size_of::<E>();
+                    super::prefetch::fetch_lines(op.add((s + AHEAD) * d) as *const u8, bytes);
                 }
             }
             let orow = out.add(s * width);
-            std::ptr::copy_nonoverlapping(rows[0], orow, d);
+            for c in (0..d).step_by(16) {
+                let m = mask(c, d);
+                _mm512_mask_storeu_ps(orow.add(c), m, E::load16(rows[0].add(c), m));
+            }
             for i0 in (0..f).step_by(BLK) {
                 for j0 in (0..=i0).step_by(BLK) {
                     block_dots(dot, &rows, (i0, j0), orow);
@@ -355,8 +414,13 @@ const BLK: usize = 4;
 /// `rows[..f + BLK]` hold `d` f32 each; `orow` holds the sample's `width`
 /// result columns; AVX-512 F and VL.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512vl")]
-unsafe fn block_dots(dot: Dot, rows: &[*const f32], (i0, j0): (usize, usize), orow: *mut f32) {
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn block_dots<E: Elem>(
+    dot: Dot,
+    rows: &[*const E],
+    (i0, j0): (usize, usize),
+    orow: *mut f32,
+) {
     let d = dot.d;
     let mut acc = [[_mm512_setzero_ps(); BLK]; BLK];
     // SAFETY: the caller's contract; the masked loads touch the live columns
@@ -364,10 +428,8 @@ unsafe fn block_dots(dot: Dot, rows: &[*const f32], (i0, j0): (usize, usize), or
     unsafe {
         for c in (0..d).step_by(16) {
             let m = mask(c, d);
-            let a: [__m512; BLK] =
-                std::array::from_fn(|r| _mm512_maskz_loadu_ps(m, rows[i0 + r].add(c)));
-            let b: [__m512; BLK] =
-                std::array::from_fn(|q| _mm512_maskz_loadu_ps(m, rows[j0 + q].add(c)));
+            let a: [__m512; BLK] = std::array::from_fn(|r| E::load16(rows[i0 + r].add(c), m));
+            let b: [__m512; BLK] = std::array::from_fn(|q| E::load16(rows[j0 + q].add(c), m));
             for (ar, &av) in acc.iter_mut().zip(&a) {
                 for (x, &bv) in ar.iter_mut().zip(&b) {
                     *x = _mm512_fmadd_ps(av, bv, *x);
@@ -445,8 +507,8 @@ const NARROW_F: usize = 32;
 /// # Safety
 /// [`forward`]'s contract; `1 <= d <= 16`, `f <= NARROW_F`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn forward_narrow(dot: Dot, ops: &[*const f32], out: *mut f32, s0: usize, s1: usize) {
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn forward_narrow<E: Elem>(dot: Dot, ops: &[*const E], out: *mut f32, s0: usize, s1: usize) {
     let Dot {
         f,
         d,
@@ -458,7 +520,7 @@ unsafe fn forward_narrow(dot: Dot, ops: &[*const f32], out: *mut f32, s0: usize,
     let first: [usize; NARROW_F] = std::array::from_fn(|i| dot.col(i, 0));
     let kept = |i: usize| if self_interaction { i + 1 } else { i };
     let start = if self_interaction { 0 } else { 1 };
-    let mut rows = [std::ptr::null::<f32>(); NARROW_F];
+    let mut rows = [std::ptr::null::<E>(); NARROW_F];
     for s in s0..s1 {
         // SAFETY: the caller's contract: row `s` of every operand and of the
         // result; loads masked to the `d` columns, stores to each operand's
@@ -469,7 +531,7 @@ unsafe fn forward_narrow(dot: Dot, ops: &[*const f32], out: *mut f32, s0: usize,
             }
             let t: [__m512; NARROW_F] = std::array::from_fn(|j| {
                 if j < f {
-                    _mm512_maskz_loadu_ps(md, rows[j])
+                    E::load16(rows[j], md)
                 } else {
                     _mm512_setzero_ps()
                 }
@@ -488,14 +550,14 @@ unsafe fn forward_narrow(dot: Dot, ops: &[*const f32], out: *mut f32, s0: usize,
                 let mut acc = [[_mm512_setzero_ps(); 2]; 4];
                 let a = &mut acc;
                 match (n, kept(i0 + n - 1) > 16) {
-                    (4, false) => narrow_rows::<4, false>(&tt, &rows, i0, d, a),
-                    (4, true) => narrow_rows::<4, true>(&tt, &rows, i0, d, a),
-                    (3, false) => narrow_rows::<3, false>(&tt, &rows, i0, d, a),
-                    (3, true) => narrow_rows::<3, true>(&tt, &rows, i0, d, a),
-                    (2, false) => narrow_rows::<2, false>(&tt, &rows, i0, d, a),
-                    (2, true) => narrow_rows::<2, true>(&tt, &rows, i0, d, a),
-                    (_, false) => narrow_rows::<1, false>(&tt, &rows, i0, d, a),
-                    (_, true) => narrow_rows::<1, true>(&tt, &rows, i0, d, a),
+                    (4, false) => narrow_rows::<E, 4, false>(&tt, &rows, i0, d, a),
+                    (4, true) => narrow_rows::<E, 4, true>(&tt, &rows, i0, d, a),
+                    (3, false) => narrow_rows::<E, 3, false>(&tt, &rows, i0, d, a),
+                    (3, true) => narrow_rows::<E, 3, true>(&tt, &rows, i0, d, a),
+                    (2, false) => narrow_rows::<E, 2, false>(&tt, &rows, i0, d, a),
+                    (2, true) => narrow_rows::<E, 2, true>(&tt, &rows, i0, d, a),
+                    (_, false) => narrow_rows::<E, 1, false>(&tt, &rows, i0, d, a),
+                    (_, true) => narrow_rows::<E, 1, true>(&tt, &rows, i0, d, a),
                 }
                 for (r, [lo, hi]) in acc.iter().take(n).enumerate() {
                     let (i, k) = (i0 + r, kept(i0 + r));
@@ -517,10 +579,10 @@ unsafe fn forward_narrow(dot: Dot, ops: &[*const f32], out: *mut f32, s0: usize,
 /// # Safety
 /// `rows[i0..i0 + R]` hold `d` f32; AVX-512 F.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn narrow_rows<const R: usize, const HI: bool>(
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn narrow_rows<E: Elem, const R: usize, const HI: bool>(
     tt: &[__m512; 32],
-    rows: &[*const f32; NARROW_F],
+    rows: &[*const E; NARROW_F],
     i0: usize,
     d: usize,
     out: &mut [[__m512; 2]; 4],
@@ -529,7 +591,7 @@ unsafe fn narrow_rows<const R: usize, const HI: bool>(
     for c in 0..d {
         for (r, a) in acc.iter_mut().enumerate() {
             // SAFETY: column `c < d` of operand `i0 + r`'s row.
-            let b = _mm512_set1_ps(unsafe { *rows[i0 + r].add(c) });
+            let b = _mm512_set1_ps(unsafe { E::get(rows[i0 + r].add(c)) });
             a[0] = _mm512_fmadd_ps(b, tt[c], a[0]);
             if HI {
                 a[1] = _mm512_fmadd_ps(b, tt[16 + c], a[1]);

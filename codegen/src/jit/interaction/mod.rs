@@ -21,8 +21,9 @@
 //! and their partners at run time instead (the unrolled code grows as `F²`).
 //!
 //! Under `--kernels auto|avx512|avx512bf16|amxbf16`, on a CPU with AVX-512, both
-//! directions run on [`super::native_dot`]'s f32 kernels instead ([`native`]:
-//! bf16 operands, `dr` and results are widened and rounded around them in
+//! directions run on [`super::native_dot`]'s kernels instead ([`native`]:
+//! operands of one type read in place, bf16 widened in registers; mixed
+//! operands, a bf16 `dr` and bf16 results widened and rounded around them in
 //! blocks of samples): the backward sums in the same order (the same
 //! gradients, bit for bit, on the columns of whole f32x4 vectors); the forward
 //! sums 16 lanes, not 4 (within the same tolerance of the reference).
@@ -33,6 +34,7 @@
 //! each gradient (absolute rows). Shapes are checked by the Rust wrappers.
 
 mod emit;
+#[cfg(target_arch = "x86_64")]
 mod native;
 
 use super::buffers::Fresh;
@@ -210,6 +212,9 @@ pub(crate) fn eval(
         let width = interaction_width(InteractionKind::Dot, self_interaction, &vec![d; f]);
         debug_assert_eq!(width, spec.width());
         let sb = block_rows(s, 8, 256);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = opts;
+        #[cfg(target_arch = "x86_64")]
         if native::applies(opts, &spec) {
             return Ok(match backward {
                 false => native::forward(&spec, &ptrs, s, sb),

@@ -1,10 +1,13 @@
-//! The dot interaction on [`native_dot`]'s AVX-512 f32 kernels, for every mix
-//! of element types the Cranelift kernels take: all-f32 operands, `dr` and
-//! results are handed to the kernels in place; otherwise each task widens its
-//! samples' bf16 operands (and a bf16 `dr`) into f32 scratch [`STAGE`] samples
-//! at a time, runs the kernel on them, and rounds bf16 results once to nearest
-//! even (`half::bf16::from_f32`, as the Cranelift kernels store them). Widening
-//! is exact, so the products and sums are the f32 path's: the backward's
+//! The dot interaction on [`native_dot`]'s AVX-512 kernels (f32 arithmetic),
+//! for every mix of element types the Cranelift kernels take. Operands that
+//! share one type, f32 or bf16, are read in place (bf16 widened in registers
+//! as loaded), and f32 `dr` and results too: a `--precision bf16` plan's
+//! interaction (bf16 operands, f32 `dr` and gradients) stages nothing but its
+//! bf16 forward result. Otherwise each task widens its samples' operands of
+//! mixed types (and a bf16 `dr`) into f32 scratch [`STAGE`] samples at a time,
+//! runs the kernel on them, and rounds bf16 results once to nearest even
+//! (`half::bf16::from_f32`, as the Cranelift kernels store them). Widening is
+//! exact, so the products and sums are the f32 path's: the backward's
 //! gradients equal the Cranelift kernel's bit for bit on the columns of whole
 //! f32x4 vectors, bf16 or not.
 
@@ -96,13 +99,104 @@ unsafe fn round_into(src: &[f32], dst: *mut bf16) {
     crate::reference::convert::narrow(src, dst);
 }
 
+/// The element type all operands share, if they share one (then the kernels
+/// read them in place, bf16 widened in registers).
+fn uniform(spec: &DotSpec) -> Option<Elt> {
+    let all = if spec.f >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << spec.f) - 1
+    };
+    match spec.bf16_ops & all {
+        0 => Some(Elt::F32),
+        b if b == all => Some(Elt::BF16),
+        _ => None,
+    }
+}
+
+/// Operands of one type `E` from sample `c0`: each view's row 0 is sample
+/// `c0` of its operand.
+///
+/// # Safety
+/// Every operand holds at least `c0` rows of `d` elements of type `E`.
+unsafe fn views_of<E>(ptrs: &[usize], c0: usize, d: usize) -> [*const E; MAX_F] {
+    let mut v = [std::ptr::null(); MAX_F];
+    for (v, &p) in v.iter_mut().zip(ptrs) {
+        // SAFETY: the caller's contract.
+        *v = unsafe { (p as *const E).add(c0 * d) };
+    }
+    v
+}
+
+/// The forward kernel on samples `c0..c0 + n` into `out` (`n` f32 rows of
+/// `width`, sample `c0`'s first): operands of one type in place, else widened
+/// into `buf` first.
+///
+/// # Safety
+/// Every operand holds rows `c0..c0 + n` of `spec.d` elements of its spec
+/// type; `out` holds `n·width` f32 that no other thread touches; `n <=
+/// STAGE` unless the operands share a type; `applies(spec)`.
+unsafe fn fwd_rows(
+    spec: &DotSpec,
+    ptrs: &[usize],
+    (c0, n): (usize, usize),
+    buf: &mut [f32],
+    out: *mut f32,
+) {
+    let (dot, d, f) = (dot_of(spec), spec.d, spec.f);
+    // SAFETY: the caller's contract.
+    unsafe {
+        match uniform(spec) {
+            Some(Elt::F32) => fwd_kernel(dot, &views_of::<f32>(ptrs, c0, d)[..f], out, (0, n)),
+            Some(Elt::BF16) => fwd_kernel(dot, &views_of::<bf16>(ptrs, c0, d)[..f], out, (0, n)),
+            None => {
+                let mut views = [std::ptr::null(); MAX_F];
+                let ops = operands(spec, ptrs, (c0, n), buf, &mut views);
+                fwd_kernel(dot, ops, out, (0, n))
+            }
+        }
+    }
+}
+
+/// The backward kernel on samples `c0..c0 + n`: `dr` and `grads` f32 rows of
+/// those samples (sample `c0`'s first); operands as [`fwd_rows`]'.
+///
+/// # Safety
+/// As [`fwd_rows`], with `dr` holding `n·width` f32 and every `grads[i]`
+/// `n·d` f32 that no other thread touches.
+unsafe fn bwd_rows(
+    spec: &DotSpec,
+    ptrs: &[usize],
+    (c0, n): (usize, usize),
+    buf: &mut [f32],
+    (dr, grads): (*const f32, &[*mut f32]),
+) {
+    let (dot, d, f) = (dot_of(spec), spec.d, spec.f);
+    // SAFETY: the caller's contract.
+    unsafe {
+        match uniform(spec) {
+            Some(Elt::F32) => {
+                bwd_kernel(dot, &views_of::<f32>(ptrs, c0, d)[..f], dr, grads, (0, n))
+            }
+            Some(Elt::BF16) => {
+                bwd_kernel(dot, &views_of::<bf16>(ptrs, c0, d)[..f], dr, grads, (0, n))
+            }
+            None => {
+                let mut views = [std::ptr::null(); MAX_F];
+                let ops = operands(spec, ptrs, (c0, n), buf, &mut views);
+                bwd_kernel(dot, ops, dr, grads, (0, n))
+            }
+        }
+    }
+}
+
 /// The forward interaction, parallel over blocks of `sb` samples; shapes were
 /// checked by [`super::eval`] (every operand `[s, d]` of its spec type at
 /// `ptrs`).
 pub(super) fn forward(spec: &DotSpec, ptrs: &[usize], s: usize, sb: usize) -> Vec<Tensor> {
-    let dot = dot_of(spec);
     let (d, width, f) = (spec.d, spec.width(), spec.f);
-    let direct = spec.bf16_ops == 0 && spec.out == Elt::F32;
+    // Operands of one type and f32 results: whole blocks, in place.
+    let direct = uniform(spec).is_some() && spec.out == Elt::F32;
     // Not zeroed: the kernel writes every column of its rows.
     let mut fresh = Fresh::new(spec.out, s * width);
     if s > 0 && width > 0 {
@@ -113,22 +207,26 @@ pub(super) fn forward(spec: &DotSpec, ptrs: &[usize], s: usize, sb: usize) -> Ve
             // types, the result s·width (allocated above); this task reads and
             // writes rows s0..s1 only; `applies` checked the CPU and F.
             if direct {
-                let ops: Vec<*const f32> = ptrs.iter().map(|&p| p as *const f32).collect();
-                unsafe { fwd_kernel(dot, &ops, out as *mut f32, (s0, s1)) };
+                let o = unsafe { (out as *mut f32).add(s0 * width) };
+                unsafe { fwd_rows(spec, ptrs, (s0, s1 - s0), &mut [], o) };
                 return;
             }
-            let mut buf = Scratch::new(f * STAGE * d);
-            let mut views = [std::ptr::null(); MAX_F];
+            let mut buf = match uniform(spec) {
+                Some(_) => Scratch::new(0),
+                None => Scratch::new(f * STAGE * d),
+            };
             // f32 results are written in place: no scratch.
             let mut res = (spec.out == Elt::BF16).then(|| Scratch::new(STAGE * width));
             for c0 in (s0..s1).step_by(STAGE) {
                 let n = STAGE.min(s1 - c0);
                 unsafe {
-                    let ops = operands(spec, ptrs, (c0, n), &mut buf, &mut views);
                     match res.as_deref_mut() {
-                        None => fwd_kernel(dot, ops, (out as *mut f32).add(c0 * width), (0, n)),
+                        None => {
+                            let o = (out as *mut f32).add(c0 * width);
+                            fwd_rows(spec, ptrs, (c0, n), &mut buf, o)
+                        }
                         Some(res) => {
-                            fwd_kernel(dot, ops, res.as_mut_ptr(), (0, n));
+                            fwd_rows(spec, ptrs, (c0, n), &mut buf, res.as_mut_ptr());
                             round_into(&res[..n * width], (out as *mut bf16).add(c0 * width));
                         }
                     }
@@ -151,9 +249,9 @@ pub(super) fn backward(
     s: usize,
     sb: usize,
 ) -> Vec<Tensor> {
-    let dot = dot_of(spec);
     let (d, width, f) = (spec.d, spec.width(), spec.f);
-    let direct = spec.bf16_ops == 0 && spec.dr == Elt::F32 && spec.out == Elt::F32;
+    // Operands of one type, f32 `dr` and gradients: whole blocks, in place.
+    let direct = uniform(spec).is_some() && spec.dr == Elt::F32 && spec.out == Elt::F32;
     // Not zeroed: the kernel writes every column of its rows of each.
     let mut grads: Vec<Fresh> = (0..f).map(|_| Fresh::new(spec.out, s * d)).collect();
     if s > 0 && d > 0 {
@@ -165,26 +263,29 @@ pub(super) fn backward(
         let dr = elt_of(inputs[0]).map_or(0, |(_, p)| p);
         (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
             let (s0, s1) = (blk * sb, ((blk + 1) * sb).min(s));
+            let mut gs = [std::ptr::null_mut(); MAX_F];
             // SAFETY (every block below): operands hold s·d elements, dr
             // s·width, every gradient s·d, each of its type (checked or
             // allocated above); this task reads and writes rows s0..s1 only;
             // `applies` checked the CPU and F.
             if direct {
-                let ops: Vec<*const f32> = ptrs.iter().map(|&p| p as *const f32).collect();
-                let gs: Vec<*mut f32> = gaddrs.iter().map(|&p| p as *mut f32).collect();
-                unsafe { bwd_kernel(dot, &ops, dr as *const f32, &gs, (s0, s1)) };
+                for (g, &p) in gs.iter_mut().zip(&gaddrs) {
+                    *g = unsafe { (p as *mut f32).add(s0 * d) };
+                }
+                let drp = unsafe { (dr as *const f32).add(s0 * width) };
+                unsafe { bwd_rows(spec, ptrs, (s0, s1 - s0), &mut [], (drp, &gs[..f])) };
                 return;
             }
-            let mut buf = Scratch::new(f * STAGE * d);
-            let mut views = [std::ptr::null(); MAX_F];
-            let mut gs = [std::ptr::null_mut(); MAX_F];
+            let mut buf = match uniform(spec) {
+                Some(_) => Scratch::new(0),
+                None => Scratch::new(f * STAGE * d),
+            };
             // An f32 `dr` is read, f32 gradients written, in place: no scratch.
             let mut drb = (spec.dr == Elt::BF16).then(|| Scratch::new(STAGE * width));
             let mut gbuf = (spec.out == Elt::BF16).then(|| Scratch::new(f * STAGE * d));
             for c0 in (s0..s1).step_by(STAGE) {
                 let n = STAGE.min(s1 - c0);
                 unsafe {
-                    let ops = operands(spec, ptrs, (c0, n), &mut buf, &mut views);
                     let drp = match drb.as_deref_mut() {
                         None => (dr as *const f32).add(c0 * width),
                         Some(drb) => {
@@ -203,7 +304,7 @@ pub(super) fn backward(
                             }
                         }
                     }
-                    bwd_kernel(dot, ops, drp, &gs[..f], (0, n));
+                    bwd_rows(spec, ptrs, (c0, n), &mut buf, (drp, &gs[..f]));
                     if let Some(gbuf) = &gbuf {
                         for (g, &p) in gbuf.chunks_exact(STAGE * d).zip(&gaddrs) {
                             round_into(&g[..n * d], (p as *mut bf16).add(c0 * d));
@@ -225,32 +326,29 @@ pub(super) fn backward(
 ///
 /// # Safety
 /// As [`native_dot::forward`]'s.
-unsafe fn fwd_kernel(dot: Dot, ops: &[*const f32], out: *mut f32, (s0, s1): (usize, usize)) {
+#[cfg(target_arch = "x86_64")]
+unsafe fn fwd_kernel<E: native_dot::Elem>(
+    dot: Dot,
+    ops: &[*const E],
+    out: *mut f32,
+    (s0, s1): (usize, usize),
+) {
     // SAFETY: the caller's contract.
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        native_dot::forward(dot, ops, out, s0, s1)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (dot, ops, out, s0, s1);
+    unsafe { native_dot::forward(dot, ops, out, s0, s1) }
 }
 
 /// [`native_dot::backward`] on rows `s0..s1`.
 ///
 /// # Safety
 /// As [`native_dot::backward`]'s.
-unsafe fn bwd_kernel(
+#[cfg(target_arch = "x86_64")]
+unsafe fn bwd_kernel<E: native_dot::Elem>(
     dot: Dot,
-    ops: &[*const f32],
+    ops: &[*const E],
     dr: *const f32,
     grads: &[*mut f32],
     (s0, s1): (usize, usize),
 ) {
     // SAFETY: the caller's contract.
-    #[cfg(target_arch = "x86_64")]
-    unsafe {
-        native_dot::backward(dot, ops, dr, grads, s0, s1)
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (dot, ops, dr, grads, s0, s1);
+    unsafe { native_dot::backward(dot, ops, dr, grads, s0, s1) }
 }
