@@ -81,6 +81,45 @@ fn inference_matches_the_interpreter_and_times_ops() {
     );
 }
 
+/// From the second step under one binding, consecutive independent bags run
+/// side by side (one rayon task each): the results stay the interpreter's,
+/// step after step, training and inference, and each bag is timed once per
+/// step.
+#[test]
+fn bags_side_by_side_match_the_interpreter() {
+    for train in [false, true] {
+        let g = tiny(1, 0, train, 0.05);
+        let bag = |n: &dlrm_ir::Node| n.op.mnemonic() == "embedding_bag";
+        let nodes = g.nodes();
+        assert!(
+            nodes.windows(2).any(|w| bag(&w[0]) && bag(&w[1])),
+            "the graph has consecutive bags (the case under test)"
+        );
+        let init: HashMap<String, Tensor> = params(4).into_iter().collect();
+        let mut exec = Executor::new(g.clone(), init.clone(), 0).expect("executor");
+        let mut ref_params = init;
+        for step in 0..3 {
+            let ins = inputs(&g, step, 40);
+            let want =
+                interp::run(&g, &ins, &mut ref_params, &syms(40), &SingleRank).expect("interp");
+            let got = exec.step(ins, &syms(40), &SingleRank).expect("step");
+            assert!(
+                close(&got[0].to_f32_vec(), &want[0].to_f32_vec(), 1e-5),
+                "train={train} step {step}: {got:?} vs {want:?}"
+            );
+        }
+        for (name, want) in &ref_params {
+            let got = exec.param(name).expect("param");
+            assert!(close(&got.to_f32_vec(), &want.to_f32_vec(), 1e-4), "{name}");
+        }
+        let bags = exec
+            .op_times()
+            .into_iter()
+            .find(|t| t.op == "embedding_bag");
+        assert_eq!(bags.expect("bags timed").calls, 9, "train={train}");
+    }
+}
+
 #[test]
 fn tables_are_updated_in_place_without_a_copy() {
     let g = tiny(1, 0, true, 0.05);

@@ -35,6 +35,13 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// A node's evaluation: its results, cost and the kernel that answered.
+pub(super) struct Ran {
+    outs: Vec<Tensor>,
+    cost: Cost,
+    route: Route,
+}
+
 impl Executor {
     pub(super) fn run_node(
         &mut self,
@@ -49,6 +56,22 @@ impl Executor {
         if op.is_update() {
             return self.run_update(n, op, ins_ids, out_types, syms, comm);
         }
+        let ran = self.eval_node(n, syms, Some(comm))?;
+        Ok(self.resolve(n, ran))
+    }
+
+    /// Evaluates node `n` (not an update) on its operands: its kernel, else
+    /// the interpreter (which needs `comm`; without one the node must have
+    /// resolved to a kernel, [`Executor::kernel_resolved`]). Reads the executor
+    /// only, so that independent nodes may run side by side.
+    pub(super) fn eval_node(
+        &self,
+        n: usize,
+        syms: &HashMap<String, usize>,
+        comm: Option<&dyn Communicator>,
+    ) -> Result<Ran> {
+        let (node, out_types) = (&self.graph.nodes()[n], &self.out_types[n][..]);
+        let (op, ins_ids) = (&node.op, &node.inputs[..]);
         let known = self.resolved.get(n).copied().unwrap_or_default();
         let ins = self.operands(n, ins_ids)?;
         let inst = self.instances.1.get(n).and_then(Option::as_ref);
@@ -57,23 +80,41 @@ impl Executor {
         } else {
             self.kernel(known.route, op, inst, &ins, out_types, syms)
         };
-        let outs = match res {
-            Some(r) => r.map_err(|e| self.node_err(n, self.with_table(op, ins_ids, e))),
-            None => {
+        let outs = match (res, comm) {
+            (Some(r), _) => r.map_err(|e| self.node_err(n, self.with_table(op, ins_ids, e))),
+            (None, Some(comm)) => {
                 let ctx = EvalCtx { syms, comm };
                 eval_op(op, &ins, out_types, &ctx).map_err(|e| self.node_err(n, e))
             }
+            (None, None) => Err(self.node_err(
+                n,
+                "internal: no kernel answered a node run beside others".into(),
+            )),
         }?;
         let cost = known
             .cost
             .unwrap_or_else(|| op_cost(op, &ins, &outs.iter().collect::<Vec<_>>()));
+        Ok(Ran { outs, cost, route })
+    }
+
+    /// Keeps node `n`'s route and cost for the next steps; returns its results
+    /// and cost.
+    pub(super) fn resolve(&mut self, n: usize, ran: Ran) -> (Vec<Tensor>, Cost) {
         if let Some(r) = self.resolved.get_mut(n) {
             *r = Resolved {
-                route,
-                cost: Some(cost),
+                route: ran.route,
+                cost: Some(ran.cost),
             };
         }
-        Ok((outs, cost))
+        (ran.outs, ran.cost)
+    }
+
+    /// Whether node `n` ran with a kernel under the instances' binding (so it
+    /// runs without the interpreter, and without a communicator).
+    pub(super) fn kernel_resolved(&self, n: usize) -> bool {
+        self.resolved
+            .get(n)
+            .is_some_and(|r| matches!(r.route, Route::Jit | Route::Reference))
     }
 
     /// The node's kernel: by `route` when it was resolved on an earlier run, else
