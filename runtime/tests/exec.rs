@@ -5,6 +5,8 @@ mod common;
 
 use common::*;
 use dlrm_ir::{SingleRank, Tensor, interp};
+use dlrm_passes::pipeline::{PipelineOptions, compile_params};
+use dlrm_passes::{LossKind, TrainConfig};
 use dlrm_runtime::synthetic::{DataSchema, SyntheticData};
 use dlrm_runtime::{Executor, RuntimeError};
 use std::collections::HashMap;
@@ -81,7 +83,7 @@ fn inference_matches_the_interpreter_and_times_ops() {
     );
 }
 
-/// From the second step under one binding, consecutive independent bags run
+/// Consecutive independent bags (from the second step under one binding) run
 /// side by side (one rayon task each): the results stay the interpreter's,
 /// step after step, training and inference, and each bag is timed once per
 /// step.
@@ -89,11 +91,14 @@ fn inference_matches_the_interpreter_and_times_ops() {
 fn bags_side_by_side_match_the_interpreter() {
     for train in [false, true] {
         let g = tiny(1, 0, train, 0.05);
-        let bag = |n: &dlrm_ir::Node| n.op.mnemonic() == "embedding_bag";
-        let nodes = g.nodes();
+        let pair = |op: &str| {
+            g.nodes()
+                .windows(2)
+                .any(|w| w.iter().all(|n| n.op.mnemonic() == op))
+        };
         assert!(
-            nodes.windows(2).any(|w| bag(&w[0]) && bag(&w[1])),
-            "the graph has consecutive bags (the case under test)"
+            pair("embedding_bag"),
+            "consecutive bags (a case under test)"
         );
         let init: HashMap<String, Tensor> = params(4).into_iter().collect();
         let mut exec = Executor::new(g.clone(), init.clone(), 0).expect("executor");
@@ -117,6 +122,57 @@ fn bags_side_by_side_match_the_interpreter() {
             .into_iter()
             .find(|t| t.op == "embedding_bag");
         assert_eq!(bags.expect("bags timed").calls, 9, "train={train}");
+    }
+}
+
+/// A compiled training graph's fused table updates (consecutive, one per
+/// table) run side by side, as its bags do: three steps at one batch size
+/// give the interpreter's losses and parameters.
+#[test]
+fn fused_updates_side_by_side_match_the_interpreter() {
+    let src = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/dlrm-tiny.json"
+    ))
+    .expect("example");
+    let m = dlrm_json::from_str(&src, "dlrm-tiny.json").expect("model");
+    let opts = PipelineOptions {
+        train: Some(TrainConfig {
+            loss: LossKind::Bce,
+            lr: 0.2,
+            optimizer: Default::default(),
+        }),
+        // As `dlrmc compile` optimises: fused updates, blocked MLPs.
+        ..PipelineOptions::optimized(None)
+    };
+    let c = compile_params(m.graph, m.params, &opts, &mut |_, _| {}).expect("compiled");
+    let g = c.graph;
+    let updates = g
+        .nodes()
+        .windows(2)
+        .any(|w| w.iter().all(|n| n.op.mnemonic() == "embedding_update"));
+    assert!(
+        updates,
+        "consecutive fused table updates (the case under test)"
+    );
+    let init: HashMap<String, Tensor> = c.params.into_iter().collect();
+    let mut exec = Executor::new(g.clone(), init.clone(), 0).expect("executor");
+    let mut ref_params = init.clone();
+    for step in 0..3 {
+        let ins = inputs(&g, step, 24);
+        let want = interp::run(&g, &ins, &mut ref_params, &syms(24), &SingleRank).expect("interp");
+        let got = exec.step(ins, &syms(24), &SingleRank).expect("step");
+        assert!(
+            close(&got[0].to_f32_vec(), &want[0].to_f32_vec(), 1e-5),
+            "step {step}: {got:?} vs {want:?}"
+        );
+    }
+    for (name, want) in &ref_params {
+        let got = exec.param(name).expect("param").to_f32_vec();
+        assert!(close(&got, &want.to_f32_vec(), 1e-4), "{name}");
+        if name.starts_with("emb") {
+            assert_ne!(&got, &init[name].to_f32_vec(), "{name} trained");
+        }
     }
 }
 

@@ -35,6 +35,14 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// An in-place update's run: its node, storage, result and cost (`None`
+/// when its operands were missing).
+pub(super) struct Updated {
+    ws: Vec<Tensor>,
+    res: Result<()>,
+    cost: Option<Cost>,
+}
+
 /// A node's evaluation: its results, cost and the kernel that answered.
 pub(super) struct Ran {
     outs: Vec<Tensor>,
@@ -189,27 +197,40 @@ impl Executor {
         comm: &dyn Communicator,
     ) -> Result<(Vec<Tensor>, Cost)> {
         let k = dlrm_codegen::in_place_operands(op).unwrap_or(0);
-        // The in-place kernels keep the storage's dtype; the declared results must too.
-        let fits = k > 0
-            && ids.len() > k
-            && out_types.len() == k
-            && (0..k).all(|i| self.value(ids[i]).map(|t| t.dtype()) == Some(out_types[i].dtype));
-        // The op with the step's rate, for the calls that take no rate beside it.
-        let lr = self.lr;
-        let with_lr = || match lr {
-            Some(lr) => Cow::Owned(op.with_lr(lr)),
-            None => Cow::Borrowed(op),
-        };
-        if !fits {
+        if !self.updates_in_place(n) {
+            // The op with the step's rate.
+            let with_lr = match self.lr {
+                Some(lr) => Cow::Owned(op.with_lr(lr)),
+                None => Cow::Borrowed(op),
+            };
             let ins = self.operands(n, ids)?;
             let ctx = EvalCtx { syms, comm };
-            let outs =
-                eval_op(&with_lr(), &ins, out_types, &ctx).map_err(|e| self.node_err(n, e))?;
+            let outs = eval_op(&with_lr, &ins, out_types, &ctx).map_err(|e| self.node_err(n, e))?;
             let cost = op_cost(op, &ins, &outs.iter().collect::<Vec<_>>());
             return Ok((outs, cost));
         }
-        let mut ws: Vec<Tensor> = Vec::with_capacity(k);
-        for &w_id in &ids[..k] {
+        let ws = self.take_storage(n, &ids[..k])?;
+        let done = self.update_kernel(n, ws);
+        self.finish_update(n, done)
+    }
+
+    /// Whether update node `n` runs in place on its storage operands (see
+    /// [`Executor::run_update`]).
+    pub(super) fn updates_in_place(&self, n: usize) -> bool {
+        let (node, out_types) = (&self.graph.nodes()[n], &self.out_types[n][..]);
+        let ids = &node.inputs[..];
+        let k = dlrm_codegen::in_place_operands(&node.op).unwrap_or(0);
+        k > 0
+            && ids.len() > k
+            && out_types.len() == k
+            && (0..k).all(|i| self.value(ids[i]).map(|t| t.dtype()) == Some(out_types[i].dtype))
+    }
+
+    /// The storage operands `ids` of update node `n`: moved out when they die
+    /// there, else copied; on an error, those taken are put back.
+    pub(super) fn take_storage(&mut self, n: usize, ids: &[ValueId]) -> Result<Vec<Tensor>> {
+        let mut ws: Vec<Tensor> = Vec::with_capacity(ids.len());
+        for &w_id in ids {
             let t = if self.may_move[n] {
                 self.take(w_id)
             } else {
@@ -227,11 +248,24 @@ impl Executor {
                 }
             }
         }
+        Ok(ws)
+    }
+
+    /// Runs update node `n`'s in-place kernel on its storage `ws` (taken by
+    /// [`Executor::take_storage`]) and its other operands. Reads the executor
+    /// only, so that updates of different tables may run side by side.
+    pub(super) fn update_kernel(&self, n: usize, mut ws: Vec<Tensor>) -> Updated {
+        let op = &self.graph.nodes()[n].op;
+        let ids = &self.graph.nodes()[n].inputs[..];
+        let k = ws.len();
         let rest = match self.operands(n, &ids[k..]) {
             Ok(r) => r,
             Err(e) => {
-                self.put_back_all(n, &ids[..k], ws);
-                return Err(e);
+                return Updated {
+                    ws,
+                    res: Err(e),
+                    cost: None,
+                };
             }
         };
         let jit = (self.backend == Backend::Jit).then_some(&self.jit);
@@ -241,14 +275,21 @@ impl Executor {
             Some(inst) => {
                 dlrm_codegen::update_in_place_instance(inst, self.lr, &mut ws, &rest, jit)
             }
-            None => dlrm_codegen::update_in_place(&with_lr(), &mut ws, &rest, jit),
+            None => {
+                let op = match self.lr {
+                    Some(lr) => Cow::Owned(op.with_lr(lr)),
+                    None => Cow::Borrowed(op),
+                };
+                dlrm_codegen::update_in_place(&op, &mut ws, &rest, jit)
+            }
         }
         .unwrap_or_else(|| {
             Err(dlrm_codegen::KernelError::Shape {
                 op: op.mnemonic(),
                 reason: format!("no in-place kernel for {} operands", ids.len()),
             })
-        });
+        })
+        .map_err(|e| self.node_err(n, self.with_table(op, ids, e)));
         let cost = self
             .resolved
             .get(n)
@@ -258,17 +299,28 @@ impl Executor {
                 all.extend(rest.iter().copied());
                 op_cost(op, &all, &ws.iter().collect::<Vec<_>>())
             });
-        drop(rest);
-        if let Some(r) = self.resolved.get_mut(n) {
-            r.cost = Some(cost);
+        Updated {
+            ws,
+            res,
+            cost: Some(cost),
+        }
+    }
+
+    /// The end of an in-place update: its cost kept for the next steps, and
+    /// the updated storage as its results; on an error the storage (intact:
+    /// the kernels validate before writing) is put back.
+    pub(super) fn finish_update(&mut self, n: usize, done: Updated) -> Result<(Vec<Tensor>, Cost)> {
+        let Updated { ws, res, cost, .. } = done;
+        if let (Some(r), Some(c)) = (self.resolved.get_mut(n), cost) {
+            r.cost = Some(c);
         }
         match res {
-            Ok(()) => Ok((ws, cost)),
+            Ok(()) => Ok((ws, cost.unwrap_or_default())),
             Err(e) => {
-                let err = self.node_err(n, self.with_table(op, ids, e));
-                // The kernels validate before writing: the storage is intact.
-                self.put_back_all(n, &ids[..k], ws);
-                Err(err)
+                let k = ws.len();
+                let ids = self.graph.nodes()[n].inputs[..k].to_vec();
+                self.put_back_all(n, &ids, ws);
+                Err(e)
             }
         }
     }
@@ -296,7 +348,7 @@ impl Executor {
         }
     }
 
-    fn put_back_all(&mut self, n: usize, ids: &[ValueId], ts: Vec<Tensor>) {
+    pub(super) fn put_back_all(&mut self, n: usize, ids: &[ValueId], ts: Vec<Tensor>) {
         for (&v, t) in ids.iter().zip(ts) {
             self.put_back(n, v, t);
         }

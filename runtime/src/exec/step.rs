@@ -2,10 +2,10 @@
 //! bound ([`super::preflight`]), every node is evaluated in order — each node's
 //! values dropped after their last use, collectives handed to the progress thread
 //! when they overlap ([`super::collectives`]), runs of independent bag forwards
-//! side by side once their kernels are known (one parallel loop for the run,
-//! not one per table: dlrm-small's 8 bags at batch 2048 took 0.34-0.36 ms
-//! a step instead of 0.43-0.46, `dlrm-run --infer --bench`, 2026-11-29, AMD
-//! EPYC Zen 5 class, 2 threads, interleaved) — then the outputs are taken (copied
+//! (once their kernels are known) and of table updates side by side (one
+//! parallel loop for the run, not one per table: dlrm-small's 8 bags at batch
+//! 2048 took 0.34-0.36 ms a step instead of 0.43-0.46, `dlrm-run --infer
+//! --bench`, 2026-11-29, AMD EPYC Zen 5 class, 2 threads, interleaved) — then the outputs are taken (copied
 //! when an update or a later output still needs the value) and the update list's
 //! new values move into the parameter slots. After a failed step the executor
 //! refuses to run again (its parameters may have been moved out mid-step).
@@ -171,7 +171,11 @@ impl Executor {
                 }
             }
             if end > n + 1 {
-                self.run_side_by_side(n..end, syms)?;
+                if self.graph.nodes()[n].op.is_update() {
+                    self.update_side_by_side(n..end)?;
+                } else {
+                    self.run_side_by_side(n..end, syms)?;
+                }
                 n = end;
                 continue;
             }
@@ -192,22 +196,38 @@ impl Executor {
         Ok(())
     }
 
-    /// The end of the run of nodes from `n` that may run side by side: bag
-    /// forwards (each a few tens of microseconds at serving and training
-    /// batches, most of it the start and end of its parallel loop), already
-    /// resolved to a kernel, none reading another's result. `n + 1` when
-    /// there is no such run.
+    /// The end of the run of nodes from `n` that may run side by side, one
+    /// kind of node in a run: bag forwards already resolved to a kernel, or
+    /// sparse table updates in place (each some tens of microseconds at
+    /// serving and training batches, much of it the start and end of its
+    /// parallel loop); none reading another's result. `n + 1` when there is
+    /// no such run.
     fn side_by_side(&self, n: usize) -> usize {
         let nodes = self.graph.nodes();
-        let fits = |m: usize| {
-            matches!(
-                nodes[m].op,
-                Op::EmbeddingBag { .. } | Op::EmbeddingBagRows { .. } | Op::EmbeddingBagWeighted
-            ) && self.kernel_resolved(m)
+        let kind = |m: usize| match nodes[m].op {
+            Op::EmbeddingBag { .. } | Op::EmbeddingBagRows { .. } | Op::EmbeddingBagWeighted
+                if self.kernel_resolved(m) =>
+            {
+                Some(false)
+            }
+            Op::EmbeddingUpdate { .. }
+            | Op::SplitEmbeddingUpdate { .. }
+            | Op::SparseSgd { .. }
+            | Op::EmbeddingUpdateRows { .. }
+            | Op::SplitEmbeddingUpdateRows { .. }
+            | Op::SparseSgdRows { .. }
+                if self.updates_in_place(m) =>
+            {
+                Some(true)
+            }
+            _ => None,
         };
-        let mut end = n;
+        let Some(first) = kind(n) else {
+            return n + 1;
+        };
+        let mut end = n + 1;
         while end < nodes.len()
-            && fits(end)
+            && kind(end) == Some(first)
             && !nodes[end]
                 .inputs
                 .iter()
@@ -215,7 +235,56 @@ impl Executor {
         {
             end += 1;
         }
-        end.max(n + 1)
+        end
+    }
+
+    /// Runs the in-place updates `run` side by side: each one's storage taken
+    /// in turn ([`Executor::take_storage`]), the kernels one rayon task each,
+    /// then each one's end in turn ([`Executor::finish_update`]); timed as
+    /// [`Executor::run_side_by_side`]. On an error the other updates still
+    /// end (their results stored, or their storage put back) before the
+    /// first error returns.
+    fn update_side_by_side(&mut self, run: std::ops::Range<usize>) -> Result<()> {
+        let t0 = Instant::now();
+        let mut taken = Vec::with_capacity(run.len());
+        for m in run {
+            let node = &self.graph.nodes()[m];
+            let k = dlrm_codegen::in_place_operands(&node.op).unwrap_or(0);
+            let ids = node.inputs[..k].to_vec();
+            match self.take_storage(m, &ids) {
+                Ok(ws) => taken.push((m, ws)),
+                Err(e) => {
+                    for (m, ws) in taken {
+                        let ids = self.graph.nodes()[m].inputs[..ws.len()].to_vec();
+                        self.put_back_all(m, &ids, ws);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let this = &*self;
+        let done: Vec<(usize, super::nodes::Updated, Duration)> = taken
+            .into_par_iter()
+            .map(|(m, ws)| {
+                let t = Instant::now();
+                (m, this.update_kernel(m, ws), t.elapsed())
+            })
+            .collect();
+        let wall = t0.elapsed();
+        let own: Duration = done.iter().map(|d| d.2).sum();
+        let mut first_err = None;
+        for (m, d, t) in done {
+            match self.finish_update(m, d) {
+                Ok((outs, cost)) => {
+                    self.store(m, outs)?;
+                    self.account(m, share_of(wall, t, own), cost);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Runs nodes `run` side by side, one rayon task each (each kernel's own
@@ -242,12 +311,7 @@ impl Executor {
         for (m, (r, t)) in run.zip(ran) {
             let (outs, cost) = self.resolve(m, r?);
             self.store(m, outs)?;
-            let share = if own.is_zero() {
-                Duration::ZERO
-            } else {
-                wall.mul_f64(t.as_secs_f64() / own.as_secs_f64())
-            };
-            self.account(m, share, cost);
+            self.account(m, share_of(wall, t, own), cost);
         }
         Ok(())
     }
@@ -299,5 +363,15 @@ impl Executor {
             e.cost.bytes += cost.bytes;
             e.bf16_flops += bf16_flops;
         }
+    }
+}
+
+/// A node's share of a side-by-side run's `wall` time: in proportion to its
+/// own time `t` of the run's total `own`.
+fn share_of(wall: Duration, t: Duration, own: Duration) -> Duration {
+    if own.is_zero() {
+        Duration::ZERO
+    } else {
+        wall.mul_f64(t.as_secs_f64() / own.as_secs_f64())
     }
 }
