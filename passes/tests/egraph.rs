@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use dlrm_ir::{Act, Attr, Dim, Graph, Op, TensorType};
-use dlrm_passes::egraph::extract::{MAX_BLOCK, block_for};
+use dlrm_passes::egraph::extract::{MAX_BLOCK, MAX_WIDE_BLOCK, block_for};
 use dlrm_passes::egraph::lang::{Tag, parse_attr};
 use dlrm_passes::egraph::rules::{RuleConfig, names};
 use dlrm_passes::egraph::{FuseOptions, Limits, fuse};
@@ -66,13 +66,24 @@ fn attribute_tags_round_trip() {
 
 #[test]
 fn block_sizes_depend_on_the_dimension_only() {
+    let padded = |d: usize, b: usize| d.div_ceil(b) * b;
     for d in 1..600 {
         let b = block_for(d, None);
-        assert!(b >= 1 && b <= MAX_BLOCK.max(d.min(MAX_BLOCK)), "{d} -> {b}");
+        assert!(b >= 1 && b <= MAX_WIDE_BLOCK, "{d} -> {b}");
         assert!(d > MAX_BLOCK || b <= d, "{d} -> {b}");
+        // A block wider than MAX_BLOCK only to pad less than blocks of 64
+        // (to the next multiple of 32).
+        if b > MAX_BLOCK {
+            assert!(b.is_multiple_of(32), "{d} -> {b}");
+            assert_eq!(padded(d, b), padded(d, 32), "{d} -> {b}");
+            assert!(padded(d, b) < padded(d, 64), "{d} -> {b}");
+        }
     }
     assert_eq!(block_for(13, None), 13);
     assert_eq!(block_for(512, None), 64);
+    assert_eq!(block_for(1024, None), 64);
+    // dlrm-mlperf's interaction width: 480 in 3 blocks, not 512 in 8.
+    assert_eq!(block_for(479, None), 160);
     assert_eq!(block_for(1, None), 1);
     assert_eq!(block_for(100, Some(16)), 16);
     assert_eq!(block_for(8, Some(16)), 8);
