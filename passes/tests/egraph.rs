@@ -69,7 +69,7 @@ fn block_sizes_depend_on_the_dimension_only() {
     let padded = |d: usize, b: usize| d.div_ceil(b) * b;
     for d in 1..600 {
         let b = block_for(d, None);
-        assert!(b >= 1 && b <= MAX_WIDE_BLOCK, "{d} -> {b}");
+        assert!((1..=MAX_WIDE_BLOCK).contains(&b), "{d} -> {b}");
         assert!(d > MAX_BLOCK || b <= d, "{d} -> {b}");
         // A block wider than MAX_BLOCK only to pad less than blocks of 64
         // (to the next multiple of 32).
