@@ -2,7 +2,8 @@
 //! on the same problem (robust on a shared machine: runs interleaved, best kept):
 //! `brgemm`/`linear` (relu), `brgemm_dgrad`/`linear_dx`, `brgemm_wgrad`/`linear_dw`,
 //! each with the Cranelift and the native micro-kernel. Blocks as the e-graph
-//! picks them for these dims (`min(dim, 64)`, or `BLOCK`).
+//! picks them for dims that 64 divides (`min(dim, 64)`; `BLOCK` to force another,
+//! as the e-graph's `block_for` does where 64 would pad, e.g. 160 for 479).
 //!
 //! `RAYON_NUM_THREADS=2 cargo run --release -p dlrm-codegen --example brgemm_best -- S K N [reps]`
 //!
