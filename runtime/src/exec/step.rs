@@ -198,9 +198,10 @@ impl Executor {
 
     /// The end of the run of nodes from `n` that may run side by side, one
     /// kind of node in a run: bag forwards already resolved to a kernel, or
-    /// sparse table updates in place (each some tens of microseconds at
-    /// serving and training batches, much of it the start and end of its
-    /// parallel loop); none reading another's result. `n + 1` when there is
+    /// optimizer updates in place (the table updates each some tens of
+    /// microseconds at serving and training batches, much of it the start and
+    /// end of its parallel loop; a layer's weight and bias); none reading
+    /// another's result. `n + 1` when there is
     /// no such run.
     fn side_by_side(&self, n: usize) -> usize {
         let nodes = self.graph.nodes();
@@ -210,16 +211,7 @@ impl Executor {
             {
                 Some(false)
             }
-            Op::EmbeddingUpdate { .. }
-            | Op::SplitEmbeddingUpdate { .. }
-            | Op::SparseSgd { .. }
-            | Op::EmbeddingUpdateRows { .. }
-            | Op::SplitEmbeddingUpdateRows { .. }
-            | Op::SparseSgdRows { .. }
-                if self.updates_in_place(m) =>
-            {
-                Some(true)
-            }
+            ref op if op.is_update() && self.updates_in_place(m) => Some(true),
             _ => None,
         };
         let Some(first) = kind(n) else {
