@@ -10,7 +10,7 @@
 //! - the kernels that read f32 `B` rows ([`BPacking::F32`]: one FMA per term in
 //!   `k` order) bit for bit against a `mul_add` reference from `0.0` or the
 //!   `F_ACC` start, on row-major, transposed, contiguous, general strided and
-//!   blocked (widths 32/64/128) `A`, `B` rows padded with NaN garbage in the
+//!   blocked (widths 32/64/96/128/160/192) `A`, `B` rows padded with NaN garbage in the
 //!   lanes past `nr`, special values (NaN, ±inf, -0); and bit for bit against
 //!   each other kernel of that kind on the part of the tile both express;
 //! - the kernels that read `B` in k pairs ([`BPacking::KPairs`]: the AVX-512
@@ -18,7 +18,7 @@
 //!   within 1e-5 of the sum of the terms' magnitudes (plus a bf16 step for
 //!   bf16 `C`), NaN for NaN, on bf16 `A` row-major per block, `k` odd and
 //!   even, one block, blocks of even length and of 32/64/96 steps, the
-//!   blocked widths 32/64/128 and other row strides, full and ragged tiles,
+//!   blocked widths 32/64/96/128/160/192 and other row strides, full and ragged tiles,
 //!   some `A` elements NaN; plus their packing and layout rules. Why a
 //!   tolerance: the products of two bf16 are exact in f32, but `vdpbf16ps`
 //!   adds the two of a pair into the accumulator in its own order and
@@ -86,7 +86,7 @@ enum Layout {
     /// Arbitrary strides (elements may alias).
     General,
     /// Blocks of `mr` rows of this many elements (`acs = 1`), `kb_len` of each
-    /// used: a blocked activation, whose widths 32, 64 and 128 the kernels
+    /// used: a blocked activation, whose widths 32 to 192 the kernels
     /// read in place with the stride a constant.
     Blocked(usize),
     /// Given strides `(lda, a_blk)`, `acs = 1` (the k-pair kernel's cases).
@@ -147,7 +147,15 @@ fn fma_cases(mr: usize, nr: usize) -> impl Strategy<Value = Case> {
             Just(Layout::Transposed),
             Just(Layout::Contiguous),
             Just(Layout::General),
-            prop_oneof![Just(32usize), Just(64), Just(128)].prop_map(Layout::Blocked)
+            prop_oneof![
+                Just(32usize),
+                Just(64),
+                Just(96),
+                Just(128),
+                Just(160),
+                Just(192)
+            ]
+            .prop_map(Layout::Blocked)
         ],
         (0usize..5, 0usize..40, 0usize..60),
         (0usize..3, 0usize..5),
@@ -189,7 +197,16 @@ fn pair_cases(mr: usize, nr: usize) -> impl Strategy<Value = Case> {
         1..=nr,
         0usize..300,
         (0u8..3, 1usize..40),
-        prop_oneof![Just(0usize), Just(32), Just(64), Just(128), 1usize..9],
+        prop_oneof![
+            Just(0usize),
+            Just(32),
+            Just(64),
+            Just(96),
+            Just(128),
+            Just(160),
+            Just(192),
+            1usize..9
+        ],
         (0usize..50, 0usize..3),
         0u32..32,
         any::<bool>(),

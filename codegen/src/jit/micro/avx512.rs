@@ -268,15 +268,19 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
                     kloop!(acc, ldb, pa, 4, acs * 4, pb, len);
                 }
                 pb = pb.wrapping_add(len * ldb);
-            } else if !ABF && acs == 1 && matches!(lda, 32 | 64 | 128) {
+            } else if !ABF && acs == 1 && matches!(lda, 32 | 64 | 96 | 128 | 160 | 192) {
                 // f32 rows of the blocked layouts' widths: in place, with the
                 // row stride a constant of each loop (a run-time stride costs
                 // registers and address arithmetic: 4.9 against 3.1 ms for
-                // `brgemm` 2048×512×256 in `examples/brgemm_best`).
+                // `brgemm` 2048×512×256 in `examples/brgemm_best`). The widths
+                // are `block_for`'s: up to 64, and the wide blocks up to 192.
                 match lda {
                     32 => kloop!(acc, ldb, pa, 128, 4, pb, len),
                     64 => kloop!(acc, ldb, pa, 256, 4, pb, len),
-                    _ => kloop!(acc, ldb, pa, 512, 4, pb, len),
+                    96 => kloop!(acc, ldb, pa, 384, 4, pb, len),
+                    128 => kloop!(acc, ldb, pa, 512, 4, pb, len),
+                    160 => kloop!(acc, ldb, pa, 640, 4, pb, len),
+                    _ => kloop!(acc, ldb, pa, 768, 4, pb, len),
                 }
                 pb = pb.wrapping_add(len * ldb);
             } else {

@@ -314,9 +314,13 @@ unsafe fn tile<const R: usize, const W: usize>(t: &TileArgs) {
             pb = match lda {
                 32 => kloop!(pa, 64, pb, pairs, odd),
                 64 => kloop!(pa, 128, pb, pairs, odd),
+                96 => kloop!(pa, 192, pb, pairs, odd),
                 128 => kloop!(pa, 256, pb, pairs, odd),
+                160 => kloop!(pa, 320, pb, pairs, odd),
+                192 => kloop!(pa, 384, pb, pairs, odd),
                 _ => {
-                    // Another row stride: staged, KC steps at a time, into
+                    // Another row stride (the blocked layouts' widths, those of
+                    // `block_for`, are above): staged, KC steps at a time, into
                     // rows of KC elements, so that the loop's stride is a
                     // constant (a run-time stride measured 161 against 210
                     // GFLOP/s in `examples/ukernel_best`).
