@@ -135,4 +135,14 @@ fn bf16_gradients_run_on_the_k_pair_kernels() {
         };
         runs_on(jit, choice, &Op::BrgemmWgrad { act, n: 96 }, &ins);
     }
+    // wgrad's `xᵀ` in blocks of 64 samples: whole blocks, a ragged last one
+    // (odd: the kernels' single last step), fewer samples than one block.
+    for s in [128, 77, 5] {
+        let [dy, y, x, _] = layer(s);
+        let op = Op::BrgemmWgrad {
+            act: Act::Relu,
+            n: 96,
+        };
+        runs_on(jit, choices[0], &op, &[&dy, &y, &x]);
+    }
 }

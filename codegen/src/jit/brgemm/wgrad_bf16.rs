@@ -4,8 +4,9 @@
 //! keeps bf16 values exact (`none`; `relu`: `dz` is `dy` or 0).
 //!
 //! The reduction runs over the samples, so the k pairs the kernel reads are
-//! pairs of samples: `A = xᵀ` is copied once per call into `[Kb·bk][S]` bf16
-//! rows (consecutive samples adjacent, one batch-reduce block), and `B =
+//! pairs of samples: `A = xᵀ` is copied once per call into a blocked layout
+//! `[⌈S/64⌉][Kb·bk][64]` (consecutive samples adjacent, batch-reduce blocks of
+//! 64 samples, read in place by the kernels), and `B =
 //! dz[nb]` (`S × bn`) is packed in sample pairs as
 //! [`crate::jit::micro::avx512bf16::pack_b_pairs_into`] packs them, in one pass
 //! over `dy` that applies relu's mask and sums `db` (in f32, sample order, as
@@ -153,9 +154,9 @@ pub(super) fn wgrad_gemm(
     const OP: &str = "brgemm_wgrad";
     let kp = kb * bk;
     let (dy, mask) = dz.parts();
-    let (xt, ld) = transpose_x(x, (kb, s, bk));
+    let xt = transpose_x(x, (kb, s, bk));
     let xt16: &[bf16] = bytemuck::cast_slice(&xt[..]);
-    let base = GemmSpec::new(kp, bn, s, Elt::BF16, dw_elt).a_strides(ld, 1);
+    let base = GemmSpec::new(kp, bn, s, Elt::BF16, dw_elt).blocked_a(SB);
     let mut result = None;
     with_kernel(jit, opts, OP, (base, false, true), &mut |kern| {
         let sp = *kern.spec();
@@ -183,7 +184,7 @@ pub(super) fn wgrad_gemm(
             kern,
             Fresh::new(dw_elt, nb * kp * bn),
             (nb, kp, bn, row_block(kp, mr, nb)),
-            &|_, r0| Operand::BF16(&xt16[(r0 * ld).min(xt16.len())..]),
+            &|_, r0| Operand::BF16(&xt16[(r0 * SB).min(xt16.len())..]),
             &b_of,
             None,
         )?;
@@ -216,84 +217,68 @@ fn dz_block<'a>(
     dz
 }
 
-/// Rows of `xᵀ` each task of [`transpose_x`] writes.
-const ROWS: usize = 16;
+/// Samples per block of [`transpose_x`]'s `xᵀ`: a blocked width the k-pair
+/// kernels read in place with a constant row stride.
+const SB: usize = 64;
 
-/// `xᵀ` of a blocked activation `xb[Kb][S][bk]`: `Kb·bk` rows of `S` bf16 (in
-/// a pooled f32 buffer, two a word),
-/// row `r` being column `r % bk` of block `r / bk`, rows `ld` elements apart
-/// (returned: `S` rounded up to whole cache lines, plus one line, so that the
-/// kernel's 12 rows per tile do not fall in one cache set when a row is a
-/// power of two bytes), [`ROWS`] rows per task.
-fn transpose_x(x: &[bf16], (kb, s, bk): (usize, usize, usize)) -> (Scratch, usize) {
+/// `xᵀ` of a blocked activation `xb[Kb][S][bk]` as a blocked activation
+/// itself, `[⌈S/SB⌉][Kb·bk][SB]` bf16 (in a pooled f32 buffer, two a word):
+/// block `q` holds samples `q·SB..` of every row `r` (column `r % bk` of
+/// block `r / bk`), zero past `S`. The GEMM reads it as the forward reads
+/// its activations ([`GemmSpec::blocked_a`]), in place: a row-major `xᵀ`
+/// (rows `S` long) had each micro-kernel tile copied into a staging buffer
+/// for every column panel. One task per sample block.
+fn transpose_x(x: &[bf16], (kb, s, bk): (usize, usize, usize)) -> Scratch {
     let kp = kb * bk;
-    let ld = s.next_multiple_of(32) + 32;
-    // A pooled buffer (no fresh pages to fault in and zero on every call), two
-    // bf16 a word; every element is written below, the padding with zeros.
-    let mut xt = Scratch::new(kp * ld / 2);
+    let blocks = s.div_ceil(SB);
+    let mut xt = Scratch::new(blocks * kp * SB / 2);
     let avx2 = crate::reference::convert::has_avx2();
-    xt.par_chunks_mut(ROWS * ld / 2)
+    xt.par_chunks_mut(kp * SB / 2)
         .enumerate()
-        .for_each(|(t, words)| {
+        .for_each(|(q, words)| {
             let dst: &mut [bf16] = bytemuck::cast_slice_mut(words);
-            let r0 = t * ROWS;
-            let rows = dst.len() / ld;
-            for row in dst.chunks_exact_mut(ld) {
-                row[s..].fill(bf16::ZERO);
-            }
-            if r0 % bk + rows <= bk {
-                // The rows are adjacent columns of one block: tiles of
-                // ROWS samples, read row by row, written row by row.
-                let base = (r0 / bk) * s * bk + r0 % bk;
-                let mut tile = [[0u16; ROWS]; ROWS];
-                for s0 in (0..s).step_by(ROWS) {
-                    let n = ROWS.min(s - s0);
-                    if avx2 && n == ROWS && rows == ROWS {
-                        // SAFETY: the CPU has AVX2; the 16 source rows of 16
-                        // (samples s0.., columns r0 % bk..) and the 16
-                        // destination rows of 16 (from s0) are in bounds.
-                        #[cfg(target_arch = "x86_64")]
-                        unsafe {
-                            x86::transpose16(
-                                x[base + s0 * bk..].as_ptr().cast(),
-                                bk,
-                                dst[s0..].as_mut_ptr().cast(),
-                                ld,
-                            );
-                        }
-                        continue;
-                    }
-                    for (j, si) in (s0..s0 + n).enumerate() {
-                        let src = &x[base + si * bk..base + si * bk + rows];
-                        for (t, v) in tile.iter_mut().zip(src) {
-                            t[j] = v.to_bits();
-                        }
-                    }
-                    for (rr, t) in tile.iter().enumerate().take(rows) {
-                        let out = &mut dst[rr * ld + s0..rr * ld + s0 + n];
-                        for (o, &b) in out.iter_mut().zip(t) {
-                            *o = bf16::from_bits(b);
-                        }
-                    }
+            let (s0, n) = (q * SB, SB.min(s - q * SB));
+            if n < SB {
+                for row in dst.chunks_exact_mut(SB) {
+                    row[n..].fill(bf16::ZERO);
                 }
-                return;
             }
-            // Where each row's sample 0 is in `x`; sample `si` is `si·bk` further.
-            let mut base = [0usize; ROWS];
-            for (rr, b) in base.iter_mut().enumerate().take(rows) {
-                let r = r0 + rr;
-                *b = (r / bk) * s * bk + r % bk;
-            }
-            for si in 0..s {
-                for (rr, &b) in base.iter().enumerate().take(rows) {
-                    dst[rr * ld + si] = x[b + si * bk];
+            for b in 0..kb {
+                // Samples s0.. of block b: rows of bk elements.
+                let src = &x[(b * s + s0) * bk..(b * s + s0 + n) * bk];
+                let out = &mut dst[b * bk * SB..(b + 1) * bk * SB];
+                for c0 in (0..bk).step_by(16) {
+                    for i0 in (0..n).step_by(16) {
+                        let (cols, rows) = (16.min(bk - c0), 16.min(n - i0));
+                        if avx2 && cols == 16 && rows == 16 {
+                            // SAFETY: the CPU has AVX2; the 16 source rows of
+                            // 16 (samples i0.., columns c0..) and the 16
+                            // destination rows of 16 (rows c0.., samples i0..)
+                            // are inside `src` and `out`.
+                            #[cfg(target_arch = "x86_64")]
+                            unsafe {
+                                x86::transpose16(
+                                    src[i0 * bk + c0..].as_ptr().cast(),
+                                    bk,
+                                    out[c0 * SB + i0..].as_mut_ptr().cast(),
+                                    SB,
+                                );
+                            }
+                            continue;
+                        }
+                        for i in i0..i0 + rows {
+                            for c in c0..c0 + cols {
+                                out[c * SB + i] = src[i * bk + c];
+                            }
+                        }
+                    }
                 }
             }
         });
-    (xt, ld)
+    xt
 }
 
-/// The 16 × 16 tile transpose of [`transpose_x`] in AVX2 registers.
+/// The 16 × 16 tile transposes of [`transpose_x`] in AVX2 registers.
 mod x86 {
     /// `dst[c·dst_ld + i] = src[i·src_ld + c]` for `i, c < 16` (16-bit
     /// elements): four rounds of in-lane unpacks (16-, 32- and 64-bit), then
