@@ -373,22 +373,32 @@ mod tests {
 
     #[test]
     fn transpose_x_is_the_transpose() {
-        // Block widths whose 16-row tasks stay in one block (tiles) and
-        // cross blocks (the general loop); sample counts ragged to the tile.
-        for (kb, s, bk) in [(2, 37, 64), (3, 16, 32), (2, 5, 20), (4, 33, 8), (1, 1, 3)] {
+        use super::SB;
+        // Widths of whole and ragged 16-element tiles; sample counts of
+        // whole, ragged and partial blocks of SB.
+        for (kb, s, bk) in [
+            (2, 37, 64),
+            (3, 16, 32),
+            (2, 5, 20),
+            (4, 33, 8),
+            (1, 1, 3),
+            (2, 128, 16),
+            (1, 150, 48),
+        ] {
             let x = values(kb as u64 * 31 + s as u64, kb * s * bk);
-            let (xt, ld) = super::transpose_x(&x, (kb, s, bk));
+            let xt = super::transpose_x(&x, (kb, s, bk));
             let xt: &[bf16] = bytemuck::cast_slice(&xt[..]);
-            assert!(ld >= s && xt.len() == kb * bk * ld, "kb {kb} s {s} bk {bk}");
-            for r in 0..kb * bk {
-                for si in 0..ld {
+            let (kp, blocks) = (kb * bk, s.div_ceil(SB));
+            assert_eq!(xt.len(), blocks * kp * SB, "kb {kb} s {s} bk {bk}");
+            for r in 0..kp {
+                for si in 0..blocks * SB {
                     let want = if si < s {
                         x[(r / bk) * s * bk + si * bk + r % bk].to_bits()
                     } else {
                         0
                     };
                     assert_eq!(
-                        xt[r * ld + si].to_bits(),
+                        xt[((si / SB) * kp + r) * SB + si % SB].to_bits(),
                         want,
                         "bk {bk} s {s}: row {r} sample {si}"
                     );
