@@ -110,11 +110,31 @@ fn pack_dz_pairs(
     };
     let widen = |b: u16| f32::from_bits(u32::from(b) << 16);
     let (mut lo, mut hi) = ([0u16; W], [0u16; W]);
+    #[cfg(target_arch = "x86_64")]
+    let wide =
+        std::is_x86_feature_detected!("avx512bw") && std::is_x86_feature_detected!("avx512vl");
     for (p, panel) in dst.chunks_mut(k2 * nr).enumerate() {
         let j0 = p * nr;
         let cols = nr.min(bn - j0);
         for (q, row) in panel.chunks_exact_mut(nr).enumerate() {
             let pair = 2 * q + 1 < s;
+            #[cfg(target_arch = "x86_64")]
+            if wide && cols == 32 && nr == 32 {
+                let at = |i: usize| i * bn + j0;
+                let ys = y.map(|y| {
+                    (
+                        &y[at(2 * q)..at(2 * q) + 32],
+                        pair.then(|| &y[at(2 * q + 1)..]),
+                    )
+                });
+                let his = pair.then(|| &dy[at(2 * q + 1)..at(2 * q + 1) + 32]);
+                // SAFETY: the CPU has AVX-512 BW and VL; each slice holds the
+                // 32 elements read ([`x86::pair_row32`]).
+                unsafe {
+                    x86::pair_row32(row, &mut db[j0..j0 + 32], (&dy[at(2 * q)..], his), ys);
+                }
+                continue;
+            }
             for c0 in (0..cols).step_by(W) {
                 let len = W.min(cols - c0);
                 dz(2 * q * bn + j0 + c0, len, &mut lo);
@@ -278,8 +298,64 @@ fn transpose_x(x: &[bf16], (kb, s, bk): (usize, usize, usize)) -> Scratch {
     xt
 }
 
-/// The 16 × 16 tile transposes of [`transpose_x`] in AVX2 registers.
+/// The 16 × 16 tile transposes of [`transpose_x`] in AVX2 registers, and
+/// [`pack_dz_pairs`]'s rows of 32 columns in AVX-512 ones.
 mod x86 {
+    /// One row of 32 k-pair words of [`super::pack_dz_pairs`]: word `j` is
+    /// `dz` of the pair's first sample (`lo[j]`) in its low half and of its
+    /// second (`hi[j]`, zero without one) in its high half, `dz` being `dy`
+    /// masked by `y > 0` ([`super::super::positive`]: bits `1..=0x7F80`)
+    /// where `y` is given; `db[j]` += the first's `dz`, then the second's (f32,
+    /// the scalar loop's order and values).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, BW and VL; `row`, `db` and every slice given
+    /// hold at least 32 elements.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    pub(super) unsafe fn pair_row32(
+        row: &mut [f32],
+        db: &mut [f32],
+        (lo, hi): (&[half::bf16], Option<&[half::bf16]>),
+        y: Option<(&[half::bf16], Option<&[half::bf16]>)>,
+    ) {
+        use std::arch::x86_64::*;
+        assert!(row.len() >= 32 && db.len() >= 32 && lo.len() >= 32);
+        assert!(hi.is_none_or(|h| h.len() >= 32));
+        assert!(y.is_none_or(|(a, b)| a.len() >= 32 && b.is_none_or(|b| b.len() >= 32)));
+        // SAFETY (the loads and stores): the lengths asserted above.
+        unsafe {
+            let load =
+                |v: &[half::bf16], h: usize| _mm256_loadu_si256(v.as_ptr().add(16 * h).cast());
+            let dz = |d: __m256i, y: Option<&[half::bf16]>, h: usize| match y {
+                Some(y) => {
+                    let below = _mm256_sub_epi16(load(y, h), _mm256_set1_epi16(1));
+                    let keep = _mm256_cmplt_epu16_mask(below, _mm256_set1_epi16(0x7F80));
+                    _mm256_maskz_mov_epi16(keep, d)
+                }
+                None => d,
+            };
+            for h in 0..2 {
+                let l = _mm512_cvtepu16_epi32(dz(load(lo, h), y.map(|y| y.0), h));
+                let u = match hi {
+                    Some(hi) => _mm512_cvtepu16_epi32(dz(load(hi, h), y.and_then(|y| y.1), h)),
+                    None => _mm512_setzero_si512(),
+                };
+                let w = _mm512_or_si512(l, _mm512_slli_epi32::<16>(u));
+                _mm512_storeu_si512(row.as_mut_ptr().add(16 * h).cast(), w);
+                let acc = db.as_mut_ptr().add(16 * h);
+                let mut sum = _mm512_add_ps(
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(l)),
+                    _mm512_loadu_ps(acc),
+                );
+                if hi.is_some() {
+                    sum = _mm512_add_ps(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(u)), sum);
+                }
+                _mm512_storeu_ps(acc, sum);
+            }
+        }
+    }
+
     /// `dst[c·dst_ld + i] = src[i·src_ld + c]` for `i, c < 16` (16-bit
     /// elements): four rounds of in-lane unpacks (16-, 32- and 64-bit), then
     /// the 128-bit lanes exchanged.
@@ -451,16 +527,25 @@ mod tests {
                     bits(&want),
                     "panels: s {s} bn {bn} nr {nr} relu {relu}"
                 );
+                // The sums' bits, any NaN as one: which NaN a sum of NaN
+                // operands gives (sign, payload) depends on the operands'
+                // order in the add instruction, which Rust leaves to the
+                // compiler (the scalar and the AVX-512 loops differ there).
+                let sums = |v: &[f32]| {
+                    v.iter()
+                        .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+                        .collect::<Vec<_>>()
+                };
                 assert_eq!(
-                    bits(&db),
-                    bits(&db_want),
+                    sums(&db),
+                    sums(&db_want),
                     "db: s {s} bn {bn} nr {nr} relu {relu}"
                 );
                 let mut db_block = vec![0.0f32; bn];
                 let whole = dz_block(&mut db_block, (&dy, mask), bn);
                 let raw = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(raw(&whole), raw(&dz), "dz_block: s {s} bn {bn}");
-                assert_eq!(bits(&db_block), bits(&db_want), "dz_block's db");
+                assert_eq!(sums(&db_block), sums(&db_want), "dz_block's db");
             }
         }
         for b in 0..=u16::MAX {
