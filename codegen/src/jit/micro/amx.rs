@@ -207,7 +207,7 @@ struct Aligned<T>(T);
 #[cfg(target_arch = "x86_64")]
 pub unsafe extern "C" fn ukernel(t: *const TileArgs) {
     // SAFETY: the caller's contract: `t` points to the call's arguments.
-    let t = unsafe { *t };
+    let t = unsafe { TileArgs::read(t) };
     let ok = (1..=MR).contains(&t.mr)
         && (1..=NR).contains(&t.nr)
         && t.kb != 0

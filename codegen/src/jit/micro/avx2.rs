@@ -63,7 +63,7 @@ pub unsafe extern "C" fn ukernel(t: *const TileArgs) {
         mr,
         nr,
         flags,
-    } = unsafe { *t };
+    } = unsafe { TileArgs::read(t) };
     let g = Geom {
         k,
         lda,

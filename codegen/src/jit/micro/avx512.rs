@@ -135,7 +135,7 @@ const SCRATCH: usize = KC * MR + 16;
 #[cfg(target_arch = "x86_64")]
 pub unsafe extern "C" fn ukernel(t: *const TileArgs) {
     // SAFETY: the caller's contract: `t` points to the call's arguments.
-    let t = unsafe { *t };
+    let t = unsafe { TileArgs::read(t) };
     let (mr, nr, flags) = (t.mr, t.nr, t.flags);
     if nr == 0 || nr > NR || t.kb == 0 {
         return;

@@ -140,7 +140,7 @@ pub fn pack_b_pairs_into(
 #[cfg(target_arch = "x86_64")]
 pub unsafe extern "C" fn ukernel(t: *const TileArgs) {
     // SAFETY: the caller's contract: `t` points to the call's arguments.
-    let t = unsafe { *t };
+    let t = unsafe { TileArgs::read(t) };
     let (k, mr, nr, kb) = (t.k, t.mr, t.nr, t.kb);
     if nr == 0 || nr > NR || kb == 0 || t.flags & F_A_BF16 == 0 || !fits(k, t.acs, kb) {
         return;
