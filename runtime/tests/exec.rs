@@ -207,6 +207,41 @@ fn values_die_after_their_last_use() {
     assert_eq!(lu[id("emb.0.next")], usize::MAX, "update values too");
 }
 
+/// A bad index in a bag run side by side (the second step under one binding)
+/// is the same node error as in a bag run alone, and costs nothing: the
+/// executor runs again.
+#[test]
+fn bad_index_in_bags_side_by_side_is_the_node_error() {
+    let g = tiny(1, 0, false, 0.0);
+    let mut exec = Executor::new(g.clone(), params(1).into_iter().collect(), 3).expect("executor");
+    exec.step(inputs(&g, 0, 4), &syms(4), &SingleRank)
+        .expect("first step");
+    let mut ins = inputs(&g, 1, 4);
+    ins.insert("idx.1".into(), Tensor::i64(vec![4, 1], vec![0, 1, 30, 2]));
+    let err = exec
+        .step(ins, &syms(4), &SingleRank)
+        .expect_err("row 30 of 30");
+    match &err {
+        RuntimeError::Node {
+            rank,
+            step,
+            node,
+            op,
+            reason,
+        } => {
+            assert_eq!((*rank, *step, op.as_str()), (3, 1, "embedding_bag"));
+            assert!(node.contains("%bag.1"), "{node}");
+            assert!(
+                reason.contains("30") && reason.contains("sample 2"),
+                "{reason}"
+            );
+        }
+        other => panic!("wrong error {other}"),
+    }
+    exec.step(inputs(&g, 2, 4), &syms(4), &SingleRank)
+        .expect("still usable");
+}
+
 #[test]
 fn bad_index_is_a_node_error_naming_rank_step_and_node() {
     let g = tiny(1, 0, false, 0.0);
