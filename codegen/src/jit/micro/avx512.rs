@@ -64,8 +64,9 @@
 //! The `kb` split is hoisted: the kernel loops over `A` blocks, and inside a
 //! block runs a branch-free k loop unrolled by 4. f32 `A` whose rows are adjacent
 //! (`lda = 1`: packed `[kk][MR]` or a transposed view) is read in place, and so
-//! is row-major f32 `A` whose row stride is 32, 64 or 128 elements (the blocked
-//! activations `[Kb][S][bk]` at those block widths: each width its own loop, the
+//! is row-major f32 `A` whose row stride is 32, 64, 96, 128, 160 or 192 elements
+//! (the blocked activations `[Kb][S][bk]` at the block widths `block_for`
+//! picks: each width its own loop, the
 //! stride folded into the broadcasts' displacements), so the loop nest need not
 //! pack it; any other `A` (row-major, general strides, bf16) is first copied,
 //! [`KC`] k steps at a time, into an f32 scratch on the stack (bf16 widened exactly; vectorised with
