@@ -35,7 +35,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// An in-place update's run: its node, storage, result and cost (`None`
+/// An in-place update's run: its storage, its result and its cost (`None`
 /// when its operands were missing).
 pub(super) struct Updated {
     ws: Vec<Tensor>,
@@ -64,20 +64,22 @@ impl Executor {
         if op.is_update() {
             return self.run_update(n, op, ins_ids, out_types, syms, comm);
         }
-        let ran = self.eval_node(n, syms, Some(comm))?;
-        Ok(self.resolve(n, ran))
+        match self.eval_node(n, syms, Some(comm))? {
+            Some(ran) => Ok(self.resolve(n, ran)),
+            None => Err(self.node_err(n, "internal: the interpreter did not run".into())),
+        }
     }
 
     /// Evaluates node `n` (not an update) on its operands: its kernel, else
-    /// the interpreter (which needs `comm`; without one the node must have
-    /// resolved to a kernel, [`Executor::kernel_resolved`]). Reads the executor
-    /// only, so that independent nodes may run side by side.
+    /// the interpreter with `comm`; `None` when no kernel answers and there is
+    /// no `comm` (the caller runs the node itself). Reads the executor only, so
+    /// that independent nodes may run side by side.
     pub(super) fn eval_node(
         &self,
         n: usize,
         syms: &HashMap<String, usize>,
         comm: Option<&dyn Communicator>,
-    ) -> Result<Ran> {
+    ) -> Result<Option<Ran>> {
         let (node, out_types) = (&self.graph.nodes()[n], &self.out_types[n][..]);
         let (op, ins_ids) = (&node.op, &node.inputs[..]);
         let known = self.resolved.get(n).copied().unwrap_or_default();
@@ -94,15 +96,12 @@ impl Executor {
                 let ctx = EvalCtx { syms, comm };
                 eval_op(op, &ins, out_types, &ctx).map_err(|e| self.node_err(n, e))
             }
-            (None, None) => Err(self.node_err(
-                n,
-                "internal: no kernel answered a node run beside others".into(),
-            )),
+            (None, None) => return Ok(None),
         }?;
         let cost = known
             .cost
             .unwrap_or_else(|| op_cost(op, &ins, &outs.iter().collect::<Vec<_>>()));
-        Ok(Ran { outs, cost, route })
+        Ok(Some(Ran { outs, cost, route }))
     }
 
     /// Keeps node `n`'s route and cost for the next steps; returns its results
@@ -310,7 +309,7 @@ impl Executor {
     /// the updated storage as its results; on an error the storage (intact:
     /// the kernels validate before writing) is put back.
     pub(super) fn finish_update(&mut self, n: usize, done: Updated) -> Result<(Vec<Tensor>, Cost)> {
-        let Updated { ws, res, cost, .. } = done;
+        let Updated { ws, res, cost } = done;
         if let (Some(r), Some(c)) = (self.resolved.get_mut(n), cost) {
             r.cost = Some(c);
         }

@@ -2,10 +2,11 @@
 //! bound ([`super::preflight`]), every node is evaluated in order — each node's
 //! values dropped after their last use, collectives handed to the progress thread
 //! when they overlap ([`super::collectives`]), runs of independent bag forwards
-//! (once their kernels are known) and of table updates side by side (one
+//! (once their kernels are known) and of in-place updates side by side (one
 //! parallel loop for the run, not one per table: dlrm-small's 8 bags at batch
-//! 2048 took 0.34-0.36 ms a step instead of 0.43-0.46, `dlrm-run --infer
-//! --bench`, 2026-11-29, AMD EPYC Zen 5 class, 2 threads, interleaved) — then the outputs are taken (copied
+//! 2048 took 0.34-0.36 ms a step instead of 0.43-0.46, dlrm-mlperf's 26 table
+//! updates 2.2 ms instead of 2.6, `dlrm-run --bench`, 2026-11-29, AMD EPYC Zen 5
+//! class, 2 threads, interleaved) — then the outputs are taken (copied
 //! when an update or a later output still needs the value) and the update list's
 //! new values move into the parameter slots. After a failed step the executor
 //! refuses to run again (its parameters may have been moved out mid-step).
@@ -174,7 +175,7 @@ impl Executor {
                 if self.graph.nodes()[n].op.is_update() {
                     self.update_side_by_side(n..end)?;
                 } else {
-                    self.run_side_by_side(n..end, syms)?;
+                    self.run_side_by_side(n..end, syms, comm)?;
                 }
                 n = end;
                 continue;
@@ -198,11 +199,12 @@ impl Executor {
 
     /// The end of the run of nodes from `n` that may run side by side, one
     /// kind of node in a run: bag forwards already resolved to a kernel, or
-    /// optimizer updates in place (the table updates each some tens of
+    /// optimizer updates in place (a table update takes some tens of
     /// microseconds at serving and training batches, much of it the start and
-    /// end of its parallel loop; a layer's weight and bias); none reading
-    /// another's result. `n + 1` when there is
-    /// no such run.
+    /// end of its parallel loop; or a layer's weight and bias). A node joins
+    /// when it reads no result of the run's nodes and, for updates, shares no
+    /// value with them where either side updates it (its storage operands).
+    /// `n + 1` when there is no such run.
     fn side_by_side(&self, n: usize) -> usize {
         let nodes = self.graph.nodes();
         let kind = |m: usize| match nodes[m].op {
@@ -214,17 +216,24 @@ impl Executor {
             ref op if op.is_update() && self.updates_in_place(m) => Some(true),
             _ => None,
         };
+        // The operands an update node writes (none for a bag).
+        let storage = |m: usize| {
+            let k = dlrm_codegen::in_place_operands(&nodes[m].op).unwrap_or(0);
+            &nodes[m].inputs[..k.min(nodes[m].inputs.len())]
+        };
         let Some(first) = kind(n) else {
             return n + 1;
         };
+        let independent = |end: usize| {
+            let ins = &nodes[end].inputs;
+            (n..end).all(|k| {
+                !ins.iter().any(|v| nodes[k].outputs.contains(v))
+                    && !storage(end).iter().any(|v| nodes[k].inputs.contains(v))
+                    && !storage(k).iter().any(|v| ins.contains(v))
+            })
+        };
         let mut end = n + 1;
-        while end < nodes.len()
-            && kind(end) == Some(first)
-            && !nodes[end]
-                .inputs
-                .iter()
-                .any(|v| (n..end).any(|k| nodes[k].outputs.contains(v)))
-        {
+        while end < nodes.len() && kind(end) == Some(first) && independent(end) {
             end += 1;
         }
         end
@@ -266,11 +275,11 @@ impl Executor {
         let own: Duration = done.iter().map(|d| d.2).sum();
         let mut first_err = None;
         for (m, d, t) in done {
-            match self.finish_update(m, d) {
-                Ok((outs, cost)) => {
-                    self.store(m, outs)?;
-                    self.account(m, share_of(wall, t, own), cost);
-                }
+            let stored = self
+                .finish_update(m, d)
+                .and_then(|(outs, cost)| self.store(m, outs).map(|()| cost));
+            match stored {
+                Ok(cost) => self.account(m, share_of(wall, t, own), cost),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }
@@ -282,15 +291,18 @@ impl Executor {
     /// Runs nodes `run` side by side, one rayon task each (each kernel's own
     /// parallel loop inside it, so idle threads take its blocks): one start and
     /// end of a parallel loop for the run, not one per node. Each node's time
-    /// is its share of the run's, in proportion to its own.
+    /// is its share of the run's, in proportion to its own. A node whose
+    /// kernel no longer answers runs after the others, on its own, as
+    /// [`Executor::run_node`] runs it.
     fn run_side_by_side(
         &mut self,
         run: std::ops::Range<usize>,
         syms: &HashMap<String, usize>,
+        comm: &dyn Communicator,
     ) -> Result<()> {
         let t0 = Instant::now();
         let this = &*self;
-        let ran: Vec<(Result<super::nodes::Ran>, Duration)> = run
+        let ran: Vec<(Result<Option<super::nodes::Ran>>, Duration)> = run
             .clone()
             .into_par_iter()
             .map(|m| {
@@ -301,9 +313,16 @@ impl Executor {
         let wall = t0.elapsed();
         let own: Duration = ran.iter().map(|(_, t)| *t).sum();
         for (m, (r, t)) in run.zip(ran) {
-            let (outs, cost) = self.resolve(m, r?);
+            let ((outs, cost), took) = match r? {
+                Some(ran) => (self.resolve(m, ran), share_of(wall, t, own)),
+                None => {
+                    let t0 = Instant::now();
+                    let done = self.run_node(m, syms, comm)?;
+                    (done, t0.elapsed())
+                }
+            };
             self.store(m, outs)?;
-            self.account(m, share_of(wall, t, own), cost);
+            self.account(m, took, cost);
         }
         Ok(())
     }
