@@ -198,10 +198,7 @@ pub unsafe fn backward<E: Elem>(
                 *o = g.add(s * d);
             }
             if s + AHEAD < s1 {
-                for &op in ops {
-                    let bytes = d * size_of::<E>();
-                    super::prefetch::fetch_lines(op.add((s + AHEAD) * d) as *const u8, bytes);
-                }
+                fetch_sample(ops, s + AHEAD, d);
                 super::prefetch::fetch_lines(dr.add((s + AHEAD) * width) as *const u8, 4 * width);
             }
             let blk = Block {
@@ -385,10 +382,7 @@ pub unsafe fn forward<E: Elem>(dot: Dot, ops: &[*const E], out: *mut f32, s0: us
             let r0 = rows[0];
             rows[f..f + BLK].fill(r0);
             if s + AHEAD < s1 {
-                for &op in ops {
-                    let bytes = d * size_of::<E>();
-                    super::prefetch::fetch_lines(op.add((s + AHEAD) * d) as *const u8, bytes);
-                }
+                fetch_sample(ops, s + AHEAD, d);
             }
             let orow = out.add(s * width);
             for c in (0..d).step_by(16) {
@@ -644,6 +638,14 @@ fn transpose16(r: &[__m512; 16]) -> [__m512; 16] {
 
 /// Samples ahead of the one computed whose rows are prefetched.
 const AHEAD: usize = 1;
+
+/// Asks for sample `s`'s row of every operand (a hint: nothing is read).
+fn fetch_sample<E>(ops: &[*const E], s: usize, d: usize) {
+    for &op in ops {
+        let row = op.wrapping_add(s * d) as *const u8;
+        super::prefetch::fetch_lines(row, d * size_of::<E>());
+    }
+}
 
 /// Most operands these kernels take (the row-pointer array's size).
 pub const MAX_F: usize = 64;

@@ -147,12 +147,16 @@ unsafe fn fwd_rows(
     // SAFETY: the caller's contract.
     unsafe {
         match uniform(spec) {
-            Some(Elt::F32) => fwd_kernel(dot, &views_of::<f32>(ptrs, c0, d)[..f], out, (0, n)),
-            Some(Elt::BF16) => fwd_kernel(dot, &views_of::<bf16>(ptrs, c0, d)[..f], out, (0, n)),
+            Some(Elt::F32) => {
+                native_dot::forward(dot, &views_of::<f32>(ptrs, c0, d)[..f], out, 0, n)
+            }
+            Some(Elt::BF16) => {
+                native_dot::forward(dot, &views_of::<bf16>(ptrs, c0, d)[..f], out, 0, n)
+            }
             None => {
                 let mut views = [std::ptr::null(); MAX_F];
                 let ops = operands(spec, ptrs, (c0, n), buf, &mut views);
-                fwd_kernel(dot, ops, out, (0, n))
+                native_dot::forward(dot, ops, out, 0, n)
             }
         }
     }
@@ -176,15 +180,15 @@ unsafe fn bwd_rows(
     unsafe {
         match uniform(spec) {
             Some(Elt::F32) => {
-                bwd_kernel(dot, &views_of::<f32>(ptrs, c0, d)[..f], dr, grads, (0, n))
+                native_dot::backward(dot, &views_of::<f32>(ptrs, c0, d)[..f], dr, grads, 0, n)
             }
             Some(Elt::BF16) => {
-                bwd_kernel(dot, &views_of::<bf16>(ptrs, c0, d)[..f], dr, grads, (0, n))
+                native_dot::backward(dot, &views_of::<bf16>(ptrs, c0, d)[..f], dr, grads, 0, n)
             }
             None => {
                 let mut views = [std::ptr::null(); MAX_F];
                 let ops = operands(spec, ptrs, (c0, n), buf, &mut views);
-                bwd_kernel(dot, ops, dr, grads, (0, n))
+                native_dot::backward(dot, ops, dr, grads, 0, n)
             }
         }
     }
@@ -320,35 +324,4 @@ pub(super) fn backward(
         .into_iter()
         .map(|g| unsafe { g.assume_init() }.tensor(vec![s, d]))
         .collect()
-}
-
-/// [`native_dot::forward`] on rows `s0..s1`.
-///
-/// # Safety
-/// As [`native_dot::forward`]'s.
-#[cfg(target_arch = "x86_64")]
-unsafe fn fwd_kernel<E: native_dot::Elem>(
-    dot: Dot,
-    ops: &[*const E],
-    out: *mut f32,
-    (s0, s1): (usize, usize),
-) {
-    // SAFETY: the caller's contract.
-    unsafe { native_dot::forward(dot, ops, out, s0, s1) }
-}
-
-/// [`native_dot::backward`] on rows `s0..s1`.
-///
-/// # Safety
-/// As [`native_dot::backward`]'s.
-#[cfg(target_arch = "x86_64")]
-unsafe fn bwd_kernel<E: native_dot::Elem>(
-    dot: Dot,
-    ops: &[*const E],
-    dr: *const f32,
-    grads: &[*mut f32],
-    (s0, s1): (usize, usize),
-) {
-    // SAFETY: the caller's contract.
-    unsafe { native_dot::backward(dot, ops, dr, grads, s0, s1) }
 }
