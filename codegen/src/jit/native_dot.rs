@@ -24,12 +24,14 @@
 //! register blocks of 4 operands × 4 partners (16-lane partial sums, each
 //! loaded vector feeding four FMAs), the block's 16 sums across lanes at once
 //! (a reassociation, as the Cranelift kernel's 4-lane sums are). The next
-//! sample's rows are prefetched meanwhile: at dlrm-mlperf's 27×128 the
-//! operands are 27 streams, more than the hardware prefetchers follow. There
+//! sample's rows are prefetched meanwhile, a few before each block of work
+//! ([`Ahead`]): at dlrm-mlperf's 27×128 the operands are 27 streams, more
+//! than the hardware prefetchers follow. There
 //! (`examples/interaction_best 27 128 2048`, 2026-11-29, AMD EPYC Zen 5 class,
 //! 2 threads, interleaved) the blocks and the prefetch took the forward from
 //! 2.48-2.52 to 1.38-1.45 ms, and the prefetch the backward from 3.08-3.09
-//! to 2.52-2.55 ms (its reads and writes alone take 1.9 ms). An earlier
+//! to 2.52-2.55 ms (its reads and writes alone take 1.9 ms); spreading the
+//! prefetch over the sample's blocks took them on to 0.87 and 1.84 ms. An earlier
 //! forward (one operand against 8 partners, a load per FMA) ran at 16% of the
 //! FMA peak. Operands of at most 16 columns (dlrm-kaggle's 27×16), where
 //! the sums across lanes were most of the work, take [`forward_narrow`]: the
@@ -197,8 +199,8 @@ pub unsafe fn backward<E: Elem>(
             for (o, &g) in outs.iter_mut().zip(grads) {
                 *o = g.add(s * d);
             }
+            let mut ahead = Ahead::new(ops, s + AHEAD, s1, d, d.div_ceil(64) * f.div_ceil(ROWS));
             if s + AHEAD < s1 {
-                fetch_sample(ops, s + AHEAD, d);
                 super::prefetch::fetch_lines(dr.add((s + AHEAD) * width) as *const u8, 4 * width);
             }
             let blk = Block {
@@ -214,6 +216,7 @@ pub unsafe fn backward<E: Elem>(
                 // `zmm`, not four).
                 let n = d - c0;
                 for i0 in (0..f).step_by(ROWS) {
+                    ahead.step();
                     blk.run(i0, (f - i0).min(ROWS), n.div_ceil(16).min(4), c0, n);
                 }
             }
@@ -381,9 +384,7 @@ pub unsafe fn forward<E: Elem>(dot: Dot, ops: &[*const E], out: *mut f32, s0: us
             // products are not stored).
             let r0 = rows[0];
             rows[f..f + BLK].fill(r0);
-            if s + AHEAD < s1 {
-                fetch_sample(ops, s + AHEAD, d);
-            }
+            let mut ahead = Ahead::new(ops, s + AHEAD, s1, d, forward_blocks(f));
             let orow = out.add(s * width);
             for c in (0..d).step_by(16) {
                 let m = mask(c, d);
@@ -391,11 +392,19 @@ pub unsafe fn forward<E: Elem>(dot: Dot, ops: &[*const E], out: *mut f32, s0: us
             }
             for i0 in (0..f).step_by(BLK) {
                 for j0 in (0..=i0).step_by(BLK) {
+                    ahead.step();
                     block_dots(dot, &rows, (i0, j0), orow);
                 }
             }
         }
     }
+}
+
+/// The register blocks of [`forward`] for `f` operands (`BLK × BLK` pairs on
+/// and below the diagonal).
+fn forward_blocks(f: usize) -> usize {
+    let n = f.div_ceil(BLK);
+    n * (n + 1) / 2
 }
 
 /// Operands and partners in one register block of [`forward`].
@@ -639,11 +648,43 @@ fn transpose16(r: &[__m512; 16]) -> [__m512; 16] {
 /// Samples ahead of the one computed whose rows are prefetched.
 const AHEAD: usize = 1;
 
-/// Asks for sample `s`'s row of every operand (a hint: nothing is read).
-fn fetch_sample<E>(ops: &[*const E], s: usize, d: usize) {
-    for &op in ops {
-        let row = op.wrapping_add(s * d) as *const u8;
-        super::prefetch::fetch_lines(row, d * size_of::<E>());
+/// The prefetch of a later sample's operand rows, spread over the work of
+/// the current one: a few rows before each of its `steps` pieces of work
+/// ([`Ahead::step`]). All 27 rows asked for at once (216 lines at dlrm-mlperf's
+/// 27×128) wait for each other in the core's few miss buffers and stall the
+/// loads behind them; spread, they overlap with the arithmetic
+/// (`examples/interaction_best 27 128 2048`, 2026-11-29, AMD EPYC Zen 5 class,
+/// 2 threads, interleaved: forward 1.14-1.15 to 0.87-0.88 ms).
+struct Ahead<'a, E> {
+    ops: &'a [*const E],
+    /// The sample's first element in each operand, `None` past the last one.
+    at: Option<usize>,
+    bytes: usize,
+    /// Operands asked for so far, and per step.
+    next: usize,
+    per: usize,
+}
+
+impl<'a, E> Ahead<'a, E> {
+    /// Sample `s`'s rows of `d` elements (none if `s >= end`) over `steps`.
+    fn new(ops: &'a [*const E], s: usize, end: usize, d: usize, steps: usize) -> Self {
+        Ahead {
+            ops,
+            at: (s < end).then(|| s * d),
+            bytes: d * size_of::<E>(),
+            next: 0,
+            per: ops.len().div_ceil(steps.max(1)),
+        }
+    }
+
+    /// Asks for the next few rows (a hint: nothing is read).
+    #[inline(always)]
+    fn step(&mut self) {
+        let Some(at) = self.at else { return };
+        for &op in self.ops.iter().skip(self.next).take(self.per) {
+            super::prefetch::fetch_lines(op.wrapping_add(at) as *const u8, self.bytes);
+        }
+        self.next += self.per;
     }
 }
 
