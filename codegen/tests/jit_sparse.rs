@@ -7,7 +7,7 @@
 //! up to reassociation (1e-5 relative to the terms' magnitudes, plus one bf16
 //! rounding step for bf16 results).
 
-use dlrm_codegen::jit::JitOptions;
+use dlrm_codegen::jit::{JitOptions, micro};
 use dlrm_codegen::{KernelChoice, KernelError, update_in_place};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::{DType, Dim, InteractionKind, Op, Pool, SingleRank, Tensor, TensorType};
@@ -513,16 +513,25 @@ fn interaction_case(
     };
     let cl = run(KernelChoice::Cranelift);
     let auto = run(KernelChoice::Auto);
+    // Where `auto` takes AVX512_BF16's pair dot product for bf16 operands,
+    // the AVX-512 F kernels' widened bf16 path under `avx512` too (each run
+    // checks its forward against the reference).
+    let mut others = vec![("auto", auto)];
+    if micro::AVX512.available() {
+        others.push(("avx512", run(KernelChoice::Avx512)));
+    }
     let whole = d / 4 * 4;
-    for (k, (a, b)) in cl.iter().zip(&auto).enumerate() {
-        let (a, b) = (a.to_f32_vec(), b.to_f32_vec());
-        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            if i % d < whole {
-                assert_eq!(
-                    x.to_bits(),
-                    y.to_bits(),
-                    "f={f} d={d} s={s} self={self_i}: gradient {k} element {i}: {x} vs {y}"
-                );
+    for (kernels, grads) in &others {
+        for (k, (a, b)) in cl.iter().zip(grads).enumerate() {
+            let (a, b) = (a.to_f32_vec(), b.to_f32_vec());
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                if i % d < whole {
+                    assert_eq!(
+                        x.to_bits(),
+                        y.to_bits(),
+                        "{kernels}: f={f} d={d} s={s} self={self_i}: gradient {k} element {i}: {x} vs {y}"
+                    );
+                }
             }
         }
     }

@@ -217,7 +217,7 @@ pub(crate) fn eval(
         #[cfg(target_arch = "x86_64")]
         if native::applies(opts, &spec) {
             return Ok(match backward {
-                false => native::forward(&spec, &ptrs, s, sb),
+                false => native::forward(&spec, &ptrs, (s, sb), native::pairs(opts)),
                 true => native::backward(&spec, &ptrs, inputs, s, sb),
             });
         }

@@ -40,6 +40,19 @@ pub(super) fn applies(opts: &JitOptions, spec: &DotSpec) -> bool {
         && spec.d > 0
 }
 
+/// Whether the forward on bf16 operands takes [`native_dot::forward_pairs`]
+/// (AVX512_BF16's pair dot product): where the CPU has it, under the kernel
+/// choices that let the GEMMs use it (`auto`, `avx512-bf16`, `amx-bf16`), as
+/// the bf16 GEMMs choose their k-pair kernels: not timed, so a run's numbers
+/// are the same on every run on one CPU. Under `avx512` the bf16 operands are
+/// widened and the f32 path's sums computed.
+pub(super) fn pairs(opts: &JitOptions) -> bool {
+    matches!(
+        opts.kernels,
+        KernelChoice::Auto | KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16
+    ) && native_dot::pairs_available()
+}
+
 fn dot_of(spec: &DotSpec) -> Dot {
     Dot {
         f: spec.f,
@@ -129,14 +142,17 @@ unsafe fn views_of<E>(ptrs: &[usize], c0: usize, d: usize) -> [*const E; MAX_F] 
 }
 
 /// The forward kernel on samples `c0..c0 + n` into `out` (`n` f32 rows of
-/// `width`, sample `c0`'s first): operands of one type in place, else widened
-/// into `buf` first.
+/// `width`, sample `c0`'s first): operands of one type in place (all bf16:
+/// with [`native_dot::forward_pairs`] if `pairs`), else widened into `buf`
+/// first.
 ///
 /// # Safety
 /// Every operand holds rows `c0..c0 + n` of `spec.d` elements of its spec
 /// type; `out` holds `n·width` f32 that no other thread touches; `n <=
-/// STAGE` unless the operands share a type; `applies(spec)`.
+/// STAGE` unless the operands share a type; `applies(spec)`; `pairs` only
+/// where [`native_dot::pairs_available`].
 unsafe fn fwd_rows(
+    pairs: bool,
     spec: &DotSpec,
     ptrs: &[usize],
     (c0, n): (usize, usize),
@@ -149,6 +165,9 @@ unsafe fn fwd_rows(
         match uniform(spec) {
             Some(Elt::F32) => {
                 native_dot::forward(dot, &views_of::<f32>(ptrs, c0, d)[..f], out, 0, n)
+            }
+            Some(Elt::BF16) if pairs => {
+                native_dot::forward_pairs(dot, &views_of::<bf16>(ptrs, c0, d)[..f], out, 0, n)
             }
             Some(Elt::BF16) => {
                 native_dot::forward(dot, &views_of::<bf16>(ptrs, c0, d)[..f], out, 0, n)
@@ -197,7 +216,13 @@ unsafe fn bwd_rows(
 /// The forward interaction, parallel over blocks of `sb` samples; shapes were
 /// checked by [`super::eval`] (every operand `[s, d]` of its spec type at
 /// `ptrs`).
-pub(super) fn forward(spec: &DotSpec, ptrs: &[usize], s: usize, sb: usize) -> Vec<Tensor> {
+/// `pairs`: bf16 operands take [`native_dot::forward_pairs`] ([`pairs`]).
+pub(super) fn forward(
+    spec: &DotSpec,
+    ptrs: &[usize],
+    (s, sb): (usize, usize),
+    pairs: bool,
+) -> Vec<Tensor> {
     let (d, width, f) = (spec.d, spec.width(), spec.f);
     // Operands of one type and f32 results: whole blocks, in place.
     let direct = uniform(spec).is_some() && spec.out == Elt::F32;
@@ -212,7 +237,7 @@ pub(super) fn forward(spec: &DotSpec, ptrs: &[usize], s: usize, sb: usize) -> Ve
             // writes rows s0..s1 only; `applies` checked the CPU and F.
             if direct {
                 let o = unsafe { (out as *mut f32).add(s0 * width) };
-                unsafe { fwd_rows(spec, ptrs, (s0, s1 - s0), &mut [], o) };
+                unsafe { fwd_rows(pairs, spec, ptrs, (s0, s1 - s0), &mut [], o) };
                 return;
             }
             let mut buf = match uniform(spec) {
@@ -227,10 +252,10 @@ pub(super) fn forward(spec: &DotSpec, ptrs: &[usize], s: usize, sb: usize) -> Ve
                     match res.as_deref_mut() {
                         None => {
                             let o = (out as *mut f32).add(c0 * width);
-                            fwd_rows(spec, ptrs, (c0, n), &mut buf, o)
+                            fwd_rows(pairs, spec, ptrs, (c0, n), &mut buf, o)
                         }
                         Some(res) => {
-                            fwd_rows(spec, ptrs, (c0, n), &mut buf, res.as_mut_ptr());
+                            fwd_rows(pairs, spec, ptrs, (c0, n), &mut buf, res.as_mut_ptr());
                             round_into(&res[..n * width], (out as *mut bf16).add(c0 * width));
                         }
                     }
