@@ -9,7 +9,9 @@
 //! (`half::bf16::from_f32`, as the Cranelift kernels store them). Widening is
 //! exact, so the products and sums are the f32 path's: the backward's
 //! gradients equal the Cranelift kernel's bit for bit on the columns of whole
-//! f32x4 vectors, bf16 or not.
+//! f32x4 vectors, bf16 or not. The one exception: a forward on all-bf16
+//! operands where the CPU has AVX512_BF16 ([`pairs`]) sums column pairs with
+//! `vdpbf16ps` (a reassociation, subnormal inputs as zero).
 
 use super::super::buffers::{Fresh, Scratch};
 use super::super::gemm::Elt;
