@@ -449,9 +449,9 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
     // The mask on both dgrad forms (A packed per row chunk, or read in place).
     let p = problem(1, Act::Relu, 301, 100, 77, 64, 32, DType::F32, 12);
     check_jit(&masked(p, Act::Relu, 13));
-    // wgrad with xᵀ packed (at least 4 N blocks: here 5), its tiles across K
-    // blocks; on 2 threads each N block packs its dz in its own GEMM task, on 8
-    // all blocks' dz are packed first.
+    // wgrad with 5 N blocks: an f32 xᵀ read in place; a bf16 one packed (at
+    // least 4 N blocks), its tiles across K blocks; on 2 threads each N block
+    // packs its dz in its own GEMM task, on 8 all blocks' dz are packed first.
     for threads in [2, 8] {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

@@ -16,7 +16,7 @@
 //! | --- | --- | --- | --- | --- |
 //! | `brgemm(xb, wb, b)` | `yb[nb]` rows `r0..`: `S × bn`, `k = Kb·bk` | `xb`, batch-reduce over `Kb` | `wb[nb]` (`Kb·bk × bn`), in place | bias, relu fused; sigmoid after |
 //! | `brgemm_dgrad(dyb, (yb,) wb)` | `dx[kb]` rows `r0..`: `S × bk`, `k = Nb·bn` | `dz = act'(dy, y)`, batch-reduce over `Nb` | `wb[·][kb]ᵀ`, packed | none |
-//! | `brgemm_wgrad(dyb, (yb,) xb)` | `dw[nb][kb]`: `bk × bn`, `k = S` | `xb[kb]ᵀ`: the transposed view in place, or packed once when at least 4 N blocks reuse it | `dz[nb]`, packed (`act'` applied on the way) | none; `db` summed from `dz` |
+//! | `brgemm_wgrad(dyb, (yb,) xb)` | `dw[nb][kb]`: `bk × bn`, `k = S` | `xb[kb]ᵀ`: the transposed view in place (a bf16 `x`: packed once when at least 4 N blocks reuse it) | `dz[nb]`, packed (`act'` applied on the way) | none; `db` summed from `dz` |
 //!
 //! `brgemm_wgrad` with one-column blocks (`bn = 1`: the DLRM's last layer, one
 //! output) is a matrix-vector product per column, computed as a weighted sum of

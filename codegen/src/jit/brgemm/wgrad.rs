@@ -58,7 +58,8 @@ pub fn brgemm_wgrad(
         s,
         bn,
     };
-    let base = wgrad_spec(nb >= PACK_X_MIN_NB, (kb, s, bk, bn), xa.elt(), dw_elt);
+    let pack_x = xa.elt() == Elt::BF16 && nb >= PACK_X_MIN_NB;
+    let base = wgrad_spec(pack_x, (kb, s, bk, bn), xa.elt(), dw_elt);
     let mut result = None;
     with_kernel(jit, opts, OP, (base, false, false), &mut |kern| {
         result = Some(wgrad_gemm(kern, &dz, xa, (nb, kb, bk), dw_elt)?);
@@ -69,10 +70,18 @@ pub fn brgemm_wgrad(
 }
 
 /// The GEMM spec of `brgemm_wgrad` for `[Kb·bk] × S` of `xᵀ` (elements `xa`)
-/// times `S × bn` of `dz`. xᵀ packed once per call (`pack_x`) pays off when
-/// many N blocks reuse it; with few, the transposed view read in place is
-/// faster (`brgemm_best`: 256→64 1.0 vs 1.4 ms, 256→1 0.4 vs 1.1; 512→256 ~5%
-/// slower).
+/// times `S × bn` of `dz`. An f32 `x` is read in place, its transposed view
+/// (each tile's `mr` columns of a block, `bk` apart from one sample to the
+/// next); a bf16 `x` is packed once per call (`pack_x`, widened) when at least
+/// [`PACK_X_MIN_NB`] N blocks reuse it, as the FMA kernels' bf16 `A` read in
+/// place costs a widening per broadcast. Packing an f32 `x` copied `S·K`
+/// floats through memory to save the ragged last tile of each block
+/// (`examples/brgemm_best`, 2026-11-29, AMD EPYC Zen 5 class, 2 threads,
+/// `FLUSH=1`, interleaved: in place 512→256 1.33-1.36 against 1.65-1.66 ms
+/// packed, 1024→512 4.9-5.0 against 5.5-5.6, 1024→1024 9.8-9.9 against
+/// 9.8-10.3, 479→1024 in blocks of 160 5.5-5.7 against 6.0-6.2; the AVX2
+/// kernel 3-8% faster in place too; a bf16 `x` 10% slower in place at
+/// 1024→1024).
 fn wgrad_spec(
     pack_x: bool,
     (kb, s, bk, bn): (usize, usize, usize, usize),
@@ -289,7 +298,8 @@ fn wgrad_columns(
     Ok(vec![dw, db_of(db, db_elt)])
 }
 
-/// N blocks from which `brgemm_wgrad` packs `xᵀ` (fewer read it in place).
+/// N blocks from which `brgemm_wgrad` packs a bf16 `xᵀ` (fewer read it in
+/// place; an f32 one is always read in place, see [`wgrad_spec`]).
 const PACK_X_MIN_NB: usize = 4;
 
 /// N blocks per thread from which `brgemm_wgrad` (packed `xᵀ`) packs each
