@@ -1,0 +1,220 @@
+//! The dot interaction on AVX-512, forward and backward (f32 operands, `dr`,
+//! results and gradients): the 512-bit sibling of the Cranelift kernel of
+//! [`super::interaction`], whose vectors are 128 bits wide (the x86-64 backend
+//! has no wider ones). Chosen at run time ([`available`]) under
+//! [`super::KernelChoice::Auto`], `Avx512`, `Avx512Bf16` or `AmxBf16`, like the
+//! GEMM micro-kernels (bf16 operands and results are widened and rounded
+//! around these kernels by the interaction's driver); under the other
+//! choices the Cranelift kernel runs.
+//!
+//! Per sample, 64 columns at a time (up to four `zmm`, as many as have live
+//! columns) and six operands `i` at a time (each partner's loaded columns feed
+//! all six):
+//! `dT_i = [i == 0] dr[..D] + Σ_k c_ik T_k` over the partners `k` of `i` in
+//! ascending order, one FMA per term, with `c_ik` the `dr` entry of the pair
+//! `(max, min)` (`2·dr` on the diagonal with self-interaction): the Cranelift
+//! kernel's order term for term, so the two agree bit for bit on the columns
+//! of its whole f32x4 vectors (its last `D mod 4` columns use a multiply and
+//! an add). Columns past a multiple of 16 are masked loads and stores: nothing
+//! outside a row is read or written. The coefficients are read where they lie
+//! in the sample's `dr` row (no per-sample `F × F` matrix of them: gathering
+//! one took a third of the backward's time at 16 columns).
+//!
+//! The forward ([`forward`](forward())): per sample, `x`, then the dot products in
+//! register blocks of 4 operands × 4 partners (16-lane partial sums, each
+//! loaded vector feeding four FMAs), the block's 16 sums across lanes at once
+//! (a reassociation, as the Cranelift kernel's 4-lane sums are). The next
+//! sample's rows are prefetched meanwhile, a few before each block of work
+//! ([`Ahead`]): at dlrm-mlperf's 27×128 the operands are 27 streams, more
+//! than the hardware prefetchers follow. There
+//! (`examples/interaction_best 27 128 2048`, 2026-11-29, AMD EPYC Zen 5 class,
+//! 2 threads, interleaved) the blocks and the prefetch took the forward from
+//! 2.48-2.52 to 1.38-1.45 ms, and the prefetch the backward from 3.08-3.09
+//! to 2.52-2.55 ms (its reads and writes alone take 1.9 ms); spreading the
+//! prefetch over the sample's blocks took them on to 0.87 and 1.84 ms. An earlier
+//! forward (one operand against 8 partners, a load per FMA) ran at 16% of the
+//! FMA peak. Operands of at most 16 columns (dlrm-kaggle's 27×16), where
+//! the sums across lanes were most of the work, take [`forward_narrow`](narrow::forward_narrow): the
+//! operands transposed in registers once per sample, then each operand's dot
+//! products with all its partners as lanes of one or two vectors, summed in
+//! column order. bf16 operands, where the CPU has AVX512_BF16, take
+//! [`forward_pairs`](forward_pairs()): the same register blocks on `vdpbf16ps` (32 columns an
+//! instruction, nothing widened; a bf16 dlrm-mlperf step's forward went from
+//! 1.05-1.10 to 0.68-0.72 ms, `dlrm-run --bench`, interleaved, Zen 5 class).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// True if this CPU can run these kernels (AVX-512 F, BW and VL).
+pub fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// True if this CPU also has AVX512_BF16's pair dot product
+/// (`vdpbf16ps`), for [`forward_pairs`](forward_pairs()).
+pub fn pairs_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        available() && std::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The shape of one interaction: `f` operands of `d` columns, diagonal pairs
+/// kept or not.
+#[derive(Clone, Copy, Debug)]
+pub struct Dot {
+    /// Operands `F` (`x` and the embeddings).
+    pub f: usize,
+    /// Their width `D`.
+    pub d: usize,
+    /// Keep the diagonal pairs.
+    pub self_interaction: bool,
+}
+
+impl Dot {
+    /// The result's width: `D` plus one column per kept pair.
+    pub fn width(&self) -> usize {
+        dlrm_ir::interaction_width(
+            dlrm_ir::InteractionKind::Dot,
+            self.self_interaction,
+            &vec![self.d; self.f],
+        )
+    }
+
+    /// The result column of pair `(hi, lo)`, `lo <= hi` (`lo < hi` without
+    /// self-interaction): pairs in row-major order after the `D` columns of `x`.
+    fn col(&self, hi: usize, lo: usize) -> usize {
+        let before = if self.self_interaction {
+            hi * (hi + 1) / 2
+        } else {
+            hi * hi.saturating_sub(1) / 2
+        };
+        self.d + before + lo
+    }
+}
+
+/// The lane mask of the 16 columns from `c` of a `d`-column row.
+#[cfg(target_arch = "x86_64")]
+fn mask(c: usize, d: usize) -> u16 {
+    let n = d.saturating_sub(c).min(16);
+    if n == 16 { u16::MAX } else { (1u16 << n) - 1 }
+}
+
+/// An operand element type the kernels read as f32 lanes: f32, or bf16
+/// widened exactly in registers as it is loaded (no widened copy of the
+/// operands). Its methods are inlined into the kernels' `#[target_feature]`
+/// functions, which have the features they need (AVX-512 F, BW and VL).
+#[cfg(target_arch = "x86_64")]
+pub trait Elem: Copy {
+    /// 16 elements at `p` as f32 (lanes outside `m` zero, not read).
+    ///
+    /// # Safety
+    /// The lanes of `m` lie inside an allocation; AVX-512 F, BW and VL.
+    unsafe fn load16(p: *const Self, m: __mmask16) -> __m512;
+
+    /// The element at `p` as f32.
+    ///
+    /// # Safety
+    /// `p` is valid for reads.
+    unsafe fn get(p: *const Self) -> f32;
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Elem for f32 {
+    #[inline(always)]
+    unsafe fn load16(p: *const f32, m: __mmask16) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_maskz_loadu_ps(m, p) }
+    }
+
+    #[inline(always)]
+    unsafe fn get(p: *const f32) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { *p }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Elem for half::bf16 {
+    #[inline(always)]
+    unsafe fn load16(p: *const half::bf16, m: __mmask16) -> __m512 {
+        // SAFETY: the caller's contract; a bf16 is the high half of its f32.
+        unsafe {
+            let h = _mm256_maskz_loadu_epi16(m, p.cast());
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn get(p: *const half::bf16) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { (*p).to_f32() }
+    }
+}
+
+/// Samples ahead of the one computed whose rows are prefetched.
+const AHEAD: usize = 1;
+
+/// The prefetch of a later sample's operand rows, spread over the work of
+/// the current one: a few rows before each of its `steps` pieces of work
+/// ([`Ahead::step`]). All 27 rows asked for at once (216 lines at dlrm-mlperf's
+/// 27×128) wait for each other in the core's few miss buffers and stall the
+/// loads behind them; spread, they overlap with the arithmetic
+/// (`examples/interaction_best 27 128 2048`, 2026-11-29, AMD EPYC Zen 5 class,
+/// 2 threads, interleaved: forward 1.14-1.15 to 0.87-0.88 ms).
+struct Ahead<'a, E> {
+    ops: &'a [*const E],
+    /// The sample's first element in each operand, `None` past the last one.
+    at: Option<usize>,
+    bytes: usize,
+    /// Operands asked for so far, and per step.
+    next: usize,
+    per: usize,
+}
+
+impl<'a, E> Ahead<'a, E> {
+    /// Sample `s`'s rows of `d` elements (none if `s >= end`) over `steps`.
+    fn new(ops: &'a [*const E], s: usize, end: usize, d: usize, steps: usize) -> Self {
+        Ahead {
+            ops,
+            at: (s < end).then(|| s * d),
+            bytes: d * size_of::<E>(),
+            next: 0,
+            per: ops.len().div_ceil(steps.max(1)),
+        }
+    }
+
+    /// Asks for the next few rows (a hint: nothing is read).
+    #[inline(always)]
+    fn step(&mut self) {
+        let Some(at) = self.at else { return };
+        for &op in self.ops.iter().skip(self.next).take(self.per) {
+            crate::jit::prefetch::fetch_lines(op.wrapping_add(at) as *const u8, self.bytes);
+        }
+        self.next += self.per;
+    }
+}
+
+/// Most operands these kernels take (the row-pointer array's size).
+pub const MAX_F: usize = 64;
+
+mod backward;
+mod forward;
+mod narrow;
+#[cfg(target_arch = "x86_64")]
+pub use backward::backward;
+#[cfg(target_arch = "x86_64")]
+pub use forward::{forward, forward_pairs};
