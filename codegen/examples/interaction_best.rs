@@ -1,6 +1,7 @@
 //! Best-of-N time of the dot interaction, forward (`interaction`) and backward
 //! (`interaction_grad`): the Cranelift kernels against the AVX-512 ones
-//! (`--kernels cranelift` / `avx512`), interleaved (robust on a shared
+//! (`--kernels cranelift` / `avx512`; and `native`, the AVX2 ones, where the
+//! CPU has AVX2), interleaved (robust on a shared
 //! machine), f32, batch `S`. Each time is also given as GFLOP/s (the
 //! multiply-adds: `2·S·D` per kept pair forward, per (operand, partner) pair
 //! backward) and as a share of this machine's FMA peak: every thread of the pool
@@ -26,6 +27,24 @@ use std::time::Instant;
 /// costs as a training step.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The kernel choices timed: Cranelift, the AVX2 kernels (`native`) and the
+/// AVX-512 ones where the CPU has them; `KERNELS=avx512,native` keeps only
+/// those named (`cranelift`, `native`, `avx512`), e.g. to compare two builds'
+/// AVX-512 kernels alone.
+fn kernel_choices() -> Vec<KernelChoice> {
+    let mut choices = vec![KernelChoice::Cranelift];
+    if native_dot::avx2::available() {
+        choices.push(KernelChoice::Native);
+    }
+    if native_dot::available() {
+        choices.push(KernelChoice::Avx512);
+    }
+    if let Ok(only) = std::env::var("KERNELS") {
+        choices.retain(|c| only.split(',').any(|k| k == c.name()));
+    }
+    choices
+}
 
 fn main() {
     let a: Vec<usize> = std::env::args()
@@ -74,10 +93,7 @@ fn main() {
         self_interaction,
     };
     let fwd_ins: Vec<&Tensor> = ops.iter().collect();
-    let mut choices = vec![KernelChoice::Cranelift];
-    if native_dot::available() {
-        choices.push(KernelChoice::Avx512);
-    }
+    let choices = kernel_choices();
     let syms = HashMap::new();
     let cases: [(&str, &Op, &[&Tensor], Vec<TensorType>); 2] = [
         ("forward", &fwd, &fwd_ins, vec![ty(width)]),

@@ -514,11 +514,15 @@ fn interaction_case(
     let cl = run(KernelChoice::Cranelift);
     let auto = run(KernelChoice::Auto);
     // Where `auto` takes AVX512_BF16's pair dot product for bf16 operands,
-    // the AVX-512 F kernels' widened bf16 path under `avx512` too (each run
-    // checks its forward against the reference).
+    // the AVX-512 F kernels' widened bf16 path under `avx512` too, and the
+    // AVX2 kernels under `native` (each run checks its forward against the
+    // reference).
     let mut others = vec![("auto", auto)];
     if micro::AVX512.available() {
         others.push(("avx512", run(KernelChoice::Avx512)));
+    }
+    if micro::AVX2.available() {
+        others.push(("native", run(KernelChoice::Native)));
     }
     let whole = d / 4 * 4;
     for (kernels, grads) in &others {
@@ -728,6 +732,13 @@ fn dot_interaction_at_dlrm_shapes() {
         (30, 1, true),
     ] {
         interaction_case(f, d, 21, self_i, 0, false, 10);
+    }
+    // Widths of whole 8-lane vectors whose AVX2 backward passes end in a
+    // partial chunk of one or two vectors (24-column chunks), operand counts
+    // around its blocks of 3 (forward) and 4 (backward).
+    for (f, d, self_i) in [(5, 8, false), (7, 40, true), (4, 56, false), (28, 16, true)] {
+        interaction_case(f, d, 19, self_i, 0, false, 11);
+        interaction_case(f, d, 19, self_i, !0, true, 12);
     }
     // Zero-width operands (the result is the empty pairs' zeros), f32 and bf16.
     for (mask, bf_out) in [(0, false), (!0, true), (0b10, false)] {

@@ -26,7 +26,11 @@
 //! operands, a bf16 `dr` and bf16 results widened and rounded around them in
 //! blocks of samples): the backward sums in the same order (the same
 //! gradients, bit for bit, on the columns of whole f32x4 vectors); the forward
-//! sums 16 lanes, not 4 (within the same tolerance of the reference).
+//! sums 16 lanes, not 4 (within the same tolerance of the reference). On a CPU
+//! with AVX2 and FMA but no AVX-512, under `--kernels auto|native`, operands
+//! whose width is a multiple of 8 take [`super::native_dot::avx2`]'s kernels
+//! the same way (the backward the same gradients bit for bit again, the
+//! forward 8-lane sums).
 //!
 //! ABI: forward `fn(ops: *const *const u8, out: *mut u8, s0: i64, s1: i64)` writes
 //! samples `s0..s1` from `out` (sample `s0`'s row first); backward
@@ -215,10 +219,10 @@ pub(crate) fn eval(
         #[cfg(not(target_arch = "x86_64"))]
         let _ = opts;
         #[cfg(target_arch = "x86_64")]
-        if native::applies(opts, &spec) {
+        if let Some(kern) = native::kernels(opts, &spec) {
             return Ok(match backward {
-                false => native::forward(&spec, &ptrs, (s, sb), native::pairs(opts)),
-                true => native::backward(&spec, &ptrs, inputs, s, sb),
+                false => native::forward(kern, &spec, &ptrs, (s, sb)),
+                true => native::backward(kern, &spec, &ptrs, inputs, (s, sb)),
             });
         }
         let k = jit.interaction(spec).map_err(|e| KernelError::Jit {

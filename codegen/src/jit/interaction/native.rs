@@ -1,5 +1,6 @@
-//! The dot interaction on [`native_dot`]'s AVX-512 kernels (f32 arithmetic),
-//! for every mix of element types the Cranelift kernels take. Operands that
+//! The dot interaction on [`native_dot`]'s AVX-512 kernels, or its AVX2 ones
+//! ([`native_dot::avx2`]; [`kernels`] chooses), f32 arithmetic, for every mix
+//! of element types the Cranelift kernels take. Operands that
 //! share one type, f32 or bf16, are read in place (bf16 widened in registers
 //! as loaded), and f32 `dr` and results too: a `--precision bf16` plan's
 //! interaction (bf16 operands, f32 `dr` and gradients) stages nothing but its
@@ -15,7 +16,7 @@
 
 use super::super::buffers::{Fresh, Scratch};
 use super::super::gemm::Elt;
-use super::super::native_dot::{self, Dot, MAX_F};
+use super::super::native_dot::{self, Dot, Elem, MAX_F};
 use super::super::{JitOptions, KernelChoice};
 use super::{DotSpec, elt_of};
 use dlrm_ir::Tensor;
@@ -27,19 +28,35 @@ use rayon::prelude::*;
 /// operands and as much of gradients, well inside a core's L2.
 const STAGE: usize = 16;
 
-/// Whether the AVX-512 kernels run `spec`: a CPU that has AVX-512, a kernel
-/// choice that allows it, and at most [`MAX_F`] operands.
-pub(super) fn applies(opts: &JitOptions, spec: &DotSpec) -> bool {
-    matches!(
-        opts.kernels,
-        KernelChoice::Auto
-            | KernelChoice::Avx512
-            | KernelChoice::Avx512Bf16
-            | KernelChoice::AmxBf16
-    ) && native_dot::available()
-        && spec.f <= MAX_F
-        // Zero-width operands: nothing to stage (the Cranelift kernel runs).
-        && spec.d > 0
+/// The native kernels that run a dot interaction ([`kernels`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kernels {
+    /// [`native_dot`]'s AVX-512 kernels; `pairs`: the forward on all-bf16
+    /// operands with [`native_dot::forward_pairs`] ([`pairs`]).
+    Avx512 { pairs: bool },
+    /// [`native_dot::avx2`]'s AVX2+FMA kernels.
+    Avx2,
+}
+
+/// The native kernels that run `spec`, if any (else the Cranelift kernels
+/// do): at most [`MAX_F`] operands of at least one column; the AVX-512
+/// kernels where the CPU has AVX-512 and the kernel choice allows it (`auto`,
+/// `avx512`, `avx512-bf16`, `amx-bf16`), else the AVX2 ones where it has AVX2
+/// and FMA under `auto` or `native` (the AVX2 micro-kernel's choice), for
+/// widths that are whole 8-lane vectors ([`native_dot::avx2::fits`]).
+pub(super) fn kernels(opts: &JitOptions, spec: &DotSpec) -> Option<Kernels> {
+    use KernelChoice as K;
+    if spec.f > MAX_F || spec.d == 0 {
+        return None;
+    }
+    let k = opts.kernels;
+    if matches!(k, K::Auto | K::Avx512 | K::Avx512Bf16 | K::AmxBf16) && native_dot::available() {
+        return Some(Kernels::Avx512 { pairs: pairs(opts) });
+    }
+    (matches!(k, K::Auto | K::Native)
+        && native_dot::avx2::available()
+        && native_dot::avx2::fits(spec.d))
+    .then_some(Kernels::Avx2)
 }
 
 /// Whether the forward on bf16 operands takes [`native_dot::forward_pairs`]
@@ -48,11 +65,47 @@ pub(super) fn applies(opts: &JitOptions, spec: &DotSpec) -> bool {
 /// the bf16 GEMMs choose their k-pair kernels: not timed, so a run's numbers
 /// are the same on every run on one CPU. Under `avx512` the bf16 operands are
 /// widened and the f32 path's sums computed.
-pub(super) fn pairs(opts: &JitOptions) -> bool {
+fn pairs(opts: &JitOptions) -> bool {
     matches!(
         opts.kernels,
         KernelChoice::Auto | KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16
     ) && native_dot::pairs_available()
+}
+
+/// The forward kernel of `kern` on operands of one type `E`.
+///
+/// # Safety
+/// [`native_dot::forward()`]'s contract (with `kern`'s features: [`kernels`]
+/// chose it; for AVX2, `d` whole vectors).
+unsafe fn fwd<E: Elem>(kern: Kernels, dot: Dot, ops: &[*const E], out: *mut f32, n: usize) {
+    // SAFETY: forwarded.
+    unsafe {
+        match kern {
+            Kernels::Avx512 { .. } => native_dot::forward(dot, ops, out, 0, n),
+            Kernels::Avx2 => native_dot::avx2::forward(dot, ops, out, 0, n),
+        }
+    }
+}
+
+/// The backward kernel of `kern` on operands of one type `E`.
+///
+/// # Safety
+/// [`native_dot::backward()`]'s contract (with `kern`'s features, as
+/// [`fwd`]).
+unsafe fn bwd<E: Elem>(
+    kern: Kernels,
+    dot: Dot,
+    ops: &[*const E],
+    (dr, grads): (*const f32, &[*mut f32]),
+    n: usize,
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        match kern {
+            Kernels::Avx512 { .. } => native_dot::backward(dot, ops, dr, grads, 0, n),
+            Kernels::Avx2 => native_dot::avx2::backward(dot, ops, dr, grads, 0, n),
+        }
+    }
 }
 
 fn dot_of(spec: &DotSpec) -> Dot {
@@ -145,16 +198,16 @@ unsafe fn views_of<E>(ptrs: &[usize], c0: usize, d: usize) -> [*const E; MAX_F] 
 
 /// The forward kernel on samples `c0..c0 + n` into `out` (`n` f32 rows of
 /// `width`, sample `c0`'s first): operands of one type in place (all bf16:
-/// with [`native_dot::forward_pairs`] if `pairs`), else widened into `buf`
-/// first.
+/// with [`native_dot::forward_pairs`] if `kern` says so), else widened into
+/// `buf` first.
 ///
 /// # Safety
 /// Every operand holds rows `c0..c0 + n` of `spec.d` elements of its spec
 /// type; `out` holds `n·width` f32 that no other thread touches; `n <=
-/// STAGE` unless the operands share a type; `applies(spec)`; `pairs` only
-/// where [`native_dot::pairs_available`].
+/// STAGE` unless the operands share a type; `kern` is [`kernels`]' choice for
+/// `spec`.
 unsafe fn fwd_rows(
-    pairs: bool,
+    kern: Kernels,
     spec: &DotSpec,
     ptrs: &[usize],
     (c0, n): (usize, usize),
@@ -165,19 +218,15 @@ unsafe fn fwd_rows(
     // SAFETY: the caller's contract.
     unsafe {
         match uniform(spec) {
-            Some(Elt::F32) => {
-                native_dot::forward(dot, &views_of::<f32>(ptrs, c0, d)[..f], out, 0, n)
-            }
-            Some(Elt::BF16) if pairs => {
+            Some(Elt::F32) => fwd(kern, dot, &views_of::<f32>(ptrs, c0, d)[..f], out, n),
+            Some(Elt::BF16) if kern == (Kernels::Avx512 { pairs: true }) => {
                 native_dot::forward_pairs(dot, &views_of::<bf16>(ptrs, c0, d)[..f], out, 0, n)
             }
-            Some(Elt::BF16) => {
-                native_dot::forward(dot, &views_of::<bf16>(ptrs, c0, d)[..f], out, 0, n)
-            }
+            Some(Elt::BF16) => fwd(kern, dot, &views_of::<bf16>(ptrs, c0, d)[..f], out, n),
             None => {
                 let mut views = [std::ptr::null(); MAX_F];
                 let ops = operands(spec, ptrs, (c0, n), buf, &mut views);
-                native_dot::forward(dot, ops, out, 0, n)
+                fwd(kern, dot, ops, out, n)
             }
         }
     }
@@ -190,26 +239,23 @@ unsafe fn fwd_rows(
 /// As [`fwd_rows`], with `dr` holding `n·width` f32 and every `grads[i]`
 /// `n·d` f32 that no other thread touches.
 unsafe fn bwd_rows(
+    kern: Kernels,
     spec: &DotSpec,
     ptrs: &[usize],
     (c0, n): (usize, usize),
     buf: &mut [f32],
-    (dr, grads): (*const f32, &[*mut f32]),
+    io: (*const f32, &[*mut f32]),
 ) {
     let (dot, d, f) = (dot_of(spec), spec.d, spec.f);
     // SAFETY: the caller's contract.
     unsafe {
         match uniform(spec) {
-            Some(Elt::F32) => {
-                native_dot::backward(dot, &views_of::<f32>(ptrs, c0, d)[..f], dr, grads, 0, n)
-            }
-            Some(Elt::BF16) => {
-                native_dot::backward(dot, &views_of::<bf16>(ptrs, c0, d)[..f], dr, grads, 0, n)
-            }
+            Some(Elt::F32) => bwd(kern, dot, &views_of::<f32>(ptrs, c0, d)[..f], io, n),
+            Some(Elt::BF16) => bwd(kern, dot, &views_of::<bf16>(ptrs, c0, d)[..f], io, n),
             None => {
                 let mut views = [std::ptr::null(); MAX_F];
                 let ops = operands(spec, ptrs, (c0, n), buf, &mut views);
-                native_dot::backward(dot, ops, dr, grads, 0, n)
+                bwd(kern, dot, ops, io, n)
             }
         }
     }
@@ -218,12 +264,12 @@ unsafe fn bwd_rows(
 /// The forward interaction, parallel over blocks of `sb` samples; shapes were
 /// checked by [`super::eval`] (every operand `[s, d]` of its spec type at
 /// `ptrs`).
-/// `pairs`: bf16 operands take [`native_dot::forward_pairs`] ([`pairs`]).
+/// `kern`: [`kernels`]' choice for `spec`.
 pub(super) fn forward(
+    kern: Kernels,
     spec: &DotSpec,
     ptrs: &[usize],
     (s, sb): (usize, usize),
-    pairs: bool,
 ) -> Vec<Tensor> {
     let (d, width, f) = (spec.d, spec.width(), spec.f);
     // Operands of one type and f32 results: whole blocks, in place.
@@ -236,10 +282,10 @@ pub(super) fn forward(
             let (s0, s1) = (blk * sb, ((blk + 1) * sb).min(s));
             // SAFETY (every block below): operands hold s·d elements of their
             // types, the result s·width (allocated above); this task reads and
-            // writes rows s0..s1 only; `applies` checked the CPU and F.
+            // writes rows s0..s1 only; `kernels` checked the CPU, F and D.
             if direct {
                 let o = unsafe { (out as *mut f32).add(s0 * width) };
-                unsafe { fwd_rows(pairs, spec, ptrs, (s0, s1 - s0), &mut [], o) };
+                unsafe { fwd_rows(kern, spec, ptrs, (s0, s1 - s0), &mut [], o) };
                 return;
             }
             let mut buf = match uniform(spec) {
@@ -254,10 +300,10 @@ pub(super) fn forward(
                     match res.as_deref_mut() {
                         None => {
                             let o = (out as *mut f32).add(c0 * width);
-                            fwd_rows(pairs, spec, ptrs, (c0, n), &mut buf, o)
+                            fwd_rows(kern, spec, ptrs, (c0, n), &mut buf, o)
                         }
                         Some(res) => {
-                            fwd_rows(pairs, spec, ptrs, (c0, n), &mut buf, res.as_mut_ptr());
+                            fwd_rows(kern, spec, ptrs, (c0, n), &mut buf, res.as_mut_ptr());
                             round_into(&res[..n * width], (out as *mut bf16).add(c0 * width));
                         }
                     }
@@ -273,12 +319,13 @@ pub(super) fn forward(
 /// The interaction's gradients, parallel over blocks of `sb` samples; shapes
 /// were checked by [`super::eval`] (every operand `[s, d]` at `ptrs`, `dr`
 /// `[s, width]`, each of its spec type).
+/// `kern`: [`kernels`]' choice for `spec`.
 pub(super) fn backward(
+    kern: Kernels,
     spec: &DotSpec,
     ptrs: &[usize],
     inputs: &[&Tensor],
-    s: usize,
-    sb: usize,
+    (s, sb): (usize, usize),
 ) -> Vec<Tensor> {
     let (d, width, f) = (spec.d, spec.width(), spec.f);
     // Operands of one type, f32 `dr` and gradients: whole blocks, in place.
@@ -298,13 +345,13 @@ pub(super) fn backward(
             // SAFETY (every block below): operands hold s·d elements, dr
             // s·width, every gradient s·d, each of its type (checked or
             // allocated above); this task reads and writes rows s0..s1 only;
-            // `applies` checked the CPU and F.
+            // `kernels` checked the CPU, F and D.
             if direct {
                 for (g, &p) in gs.iter_mut().zip(&gaddrs) {
                     *g = unsafe { (p as *mut f32).add(s0 * d) };
                 }
                 let drp = unsafe { (dr as *const f32).add(s0 * width) };
-                unsafe { bwd_rows(spec, ptrs, (s0, s1 - s0), &mut [], (drp, &gs[..f])) };
+                unsafe { bwd_rows(kern, spec, ptrs, (s0, s1 - s0), &mut [], (drp, &gs[..f])) };
                 return;
             }
             let mut buf = match uniform(spec) {
@@ -335,7 +382,7 @@ pub(super) fn backward(
                             }
                         }
                     }
-                    bwd_rows(spec, ptrs, (c0, n), &mut buf, (drp, &gs[..f]));
+                    bwd_rows(kern, spec, ptrs, (c0, n), &mut buf, (drp, &gs[..f]));
                     if let Some(gbuf) = &gbuf {
                         for (g, &p) in gbuf.chunks_exact(STAGE * d).zip(&gaddrs) {
                             round_into(&g[..n * d], (p as *mut bf16).add(c0 * d));

@@ -85,19 +85,76 @@ pub unsafe fn backward<E: Elem>(
     }
 }
 
+/// The terms of gradients `i0..i0 + R` of one sample's [`Block`] `blk`, in
+/// their order, into the accumulator rows `acc` (`[[V; NV]; R]`): per partner
+/// `k` ascending, its columns loaded once (`x = load(k)`), then `fma(row, c,
+/// &x)` for each row that has the pair, `c = c_ik` the `dr` entry of the pair
+/// `(max, min)` (`2·dr` on the diagonal with self-interaction; `k == i`
+/// skipped without it). A macro rather than a function taking closures: both
+/// backward kernels expand it into their own loops, where the accumulators
+/// stay in registers (through a closure call, the AVX2 kernel's spilled).
+///
+/// The partners come in three runs, each reading its coefficients where they
+/// lie in the `dr` row: `k < i0` (below every row of the block: `c_ik` is
+/// entry `k` of operand `i`'s pairs), the block's own `i0..i0 + R` (either
+/// side, and the diagonal), and `k >= i0 + R` (above every row: the block's
+/// `R` coefficients are entries `i0..i0 + R` of operand `k`'s pairs, side by
+/// side).
+///
+/// Inside `unsafe`: the `dr` row holds the sample's `width` columns, `i0 + R
+/// <= f`.
+macro_rules! each_term {
+    ($blk:expr, $acc:ident, $i0:expr, $r:expr, $load:ident, $fma:ident) => {{
+        let (blk, i0) = (&$blk, $i0);
+        // Below the block: row `i`'s pairs, entry `k`.
+        let below: [*const f32; $r] = std::array::from_fn(|r| blk.drow.add(blk.first[i0 + r]));
+        for k in 0..i0 {
+            let x = $load(k);
+            for (row, p) in $acc.iter_mut().zip(below) {
+                $fma(row, *p.add(k), &x);
+            }
+        }
+        // The block's own partners.
+        for k in i0..i0 + $r {
+            let x = $load(k);
+            for (r, row) in $acc.iter_mut().enumerate() {
+                let i = i0 + r;
+                let c = match k.cmp(&i) {
+                    std::cmp::Ordering::Less => *blk.drow.add(blk.first[i] + k),
+                    std::cmp::Ordering::Greater => *blk.drow.add(blk.first[k] + i),
+                    std::cmp::Ordering::Equal if blk.self_interaction => {
+                        *blk.drow.add(blk.first[i] + i) * 2.0
+                    }
+                    std::cmp::Ordering::Equal => continue,
+                };
+                $fma(row, c, &x);
+            }
+        }
+        // Above the block: operand `k`'s pairs, entries `i0..i0 + R`.
+        for k in i0 + $r..blk.f {
+            let x = $load(k);
+            let p = blk.drow.add(blk.first[k] + i0);
+            for (r, row) in $acc.iter_mut().enumerate() {
+                $fma(row, *p.add(r), &x);
+            }
+        }
+    }};
+}
+pub(super) use each_term;
+
 /// One sample's operands for [`Block::run`].
 #[cfg(target_arch = "x86_64")]
-struct Block<'a, E> {
-    f: usize,
-    self_interaction: bool,
+pub(super) struct Block<'a, E> {
+    pub(super) f: usize,
+    pub(super) self_interaction: bool,
     /// The sample's `dr` row.
-    drow: *const f32,
+    pub(super) drow: *const f32,
     /// [`backward`]'s first pair column of each operand.
-    first: &'a [usize],
+    pub(super) first: &'a [usize],
     /// Its operands' rows.
-    rows: &'a [*const E],
+    pub(super) rows: &'a [*const E],
     /// Its gradients' rows.
-    outs: &'a [*mut f32],
+    pub(super) outs: &'a [*mut f32],
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -131,14 +188,8 @@ impl<E: Elem> Block<'_, E> {
     /// 0's starts from `dr`'s first `D` columns, the others from zero; then
     /// per partner `k` ascending (skipping `k == i` without self-interaction),
     /// `acc_i += c_ik · T_k`, one FMA per term, with `c_ik` the `dr` entry of
-    /// the pair `(max, min)` (`2·dr` on the diagonal with self-interaction).
-    ///
-    /// The partners come in three runs, each reading its coefficients where
-    /// they lie in the `dr` row: `k < i0` (below every row of the block: `c_ik`
-    /// is entry `k` of operand `i`'s pairs), the block's own `i0..i0 + R`
-    /// (either side, and the diagonal), and `k >= i0 + R` (above every row:
-    /// the block's `R` coefficients are entries `i0..i0 + R` of operand `k`'s
-    /// pairs, side by side).
+    /// the pair `(max, min)` (`2·dr` on the diagonal with self-interaction),
+    /// in [`each_term`]'s order.
     ///
     /// # Safety
     /// [`backward`]'s contract for this sample; `i0 + R <= f`; AVX-512 F.
@@ -165,38 +216,7 @@ impl<E: Elem> Block<'_, E> {
                     acc[0][v] = _mm512_maskz_loadu_ps(ms[v], self.drow.add(c0 + 16 * v));
                 }
             }
-            // Below the block: row `i`'s pairs, entry `k`.
-            let below: [*const f32; R] = std::array::from_fn(|r| self.drow.add(self.first[i0 + r]));
-            for k in 0..i0 {
-                let x = load(k);
-                for (row, p) in acc.iter_mut().zip(below) {
-                    fma(row, *p.add(k), &x);
-                }
-            }
-            // The block's own partners.
-            for k in i0..i0 + R {
-                let x = load(k);
-                for (r, row) in acc.iter_mut().enumerate() {
-                    let i = i0 + r;
-                    let c = match k.cmp(&i) {
-                        std::cmp::Ordering::Less => *self.drow.add(self.first[i] + k),
-                        std::cmp::Ordering::Greater => *self.drow.add(self.first[k] + i),
-                        std::cmp::Ordering::Equal if self.self_interaction => {
-                            *self.drow.add(self.first[i] + i) * 2.0
-                        }
-                        std::cmp::Ordering::Equal => continue,
-                    };
-                    fma(row, c, &x);
-                }
-            }
-            // Above the block: operand `k`'s pairs, entries `i0..i0 + R`.
-            for k in i0 + R..self.f {
-                let x = load(k);
-                let p = self.drow.add(self.first[k] + i0);
-                for (r, row) in acc.iter_mut().enumerate() {
-                    fma(row, *p.add(r), &x);
-                }
-            }
+            each_term!(self, acc, i0, R, load, fma);
             for (row, out) in acc.iter().zip(&self.outs[i0..i0 + R]) {
                 let g = out.add(c0);
                 for (v, a) in row.iter().enumerate() {

@@ -148,10 +148,15 @@ unsafe fn block_dots<E: Elem>(
     // SAFETY: the caller's contract; the masked loads touch the live columns
     // only.
     unsafe {
+        // The block's rows, looked up once (not per column step).
+        let (ra, rb): ([*const E; BLK], [*const E; BLK]) = (
+            std::array::from_fn(|r| rows[i0 + r]),
+            std::array::from_fn(|q| rows[j0 + q]),
+        );
         for c in (0..d).step_by(16) {
             let m = mask(c, d);
-            let a: [__m512; BLK] = std::array::from_fn(|r| E::load16(rows[i0 + r].add(c), m));
-            let b: [__m512; BLK] = std::array::from_fn(|q| E::load16(rows[j0 + q].add(c), m));
+            let a: [__m512; BLK] = std::array::from_fn(|r| E::load16(ra[r].add(c), m));
+            let b: [__m512; BLK] = std::array::from_fn(|q| E::load16(rb[q].add(c), m));
             for (ar, &av) in acc.iter_mut().zip(&a) {
                 for (x, &bv) in ar.iter_mut().zip(&b) {
                     *x = _mm512_fmadd_ps(av, bv, *x);
@@ -180,14 +185,18 @@ unsafe fn block_pairs(
     // SAFETY: the caller's contract; the masked loads touch the live columns
     // only (the others read as zeros, whose products add nothing).
     unsafe {
+        let (ra, rb): ([*const half::bf16; BLK], [*const half::bf16; BLK]) = (
+            std::array::from_fn(|r| rows[i0 + r]),
+            std::array::from_fn(|q| rows[j0 + q]),
+        );
         for c in (0..d).step_by(32) {
             let n = (d - c).min(32);
             let m: __mmask32 = if n == 32 { !0 } else { (1u32 << n) - 1 };
             let load = |p: *const half::bf16| -> __m512bh {
                 std::mem::transmute(_mm512_maskz_loadu_epi16(m, p.add(c).cast()))
             };
-            let a: [__m512bh; BLK] = std::array::from_fn(|r| load(rows[i0 + r]));
-            let b: [__m512bh; BLK] = std::array::from_fn(|q| load(rows[j0 + q]));
+            let a: [__m512bh; BLK] = std::array::from_fn(|r| load(ra[r]));
+            let b: [__m512bh; BLK] = std::array::from_fn(|q| load(rb[q]));
             for (ar, &av) in acc.iter_mut().zip(&a) {
                 for (x, &bv) in ar.iter_mut().zip(&b) {
                     *x = _mm512_dpbf16_ps(*x, av, bv);

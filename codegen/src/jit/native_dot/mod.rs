@@ -86,6 +86,7 @@ pub struct Dot {
 
 impl Dot {
     /// The result's width: `D` plus one column per kept pair.
+    #[inline]
     pub fn width(&self) -> usize {
         dlrm_ir::interaction_width(
             dlrm_ir::InteractionKind::Dot,
@@ -96,6 +97,7 @@ impl Dot {
 
     /// The result column of pair `(hi, lo)`, `lo <= hi` (`lo < hi` without
     /// self-interaction): pairs in row-major order after the `D` columns of `x`.
+    #[inline]
     fn col(&self, hi: usize, lo: usize) -> usize {
         let before = if self.self_interaction {
             hi * (hi + 1) / 2
@@ -108,6 +110,7 @@ impl Dot {
 
 /// The lane mask of the 16 columns from `c` of a `d`-column row.
 #[cfg(target_arch = "x86_64")]
+#[inline]
 fn mask(c: usize, d: usize) -> u16 {
     let n = d.saturating_sub(c).min(16);
     if n == 16 { u16::MAX } else { (1u16 << n) - 1 }
@@ -116,7 +119,8 @@ fn mask(c: usize, d: usize) -> u16 {
 /// An operand element type the kernels read as f32 lanes: f32, or bf16
 /// widened exactly in registers as it is loaded (no widened copy of the
 /// operands). Its methods are inlined into the kernels' `#[target_feature]`
-/// functions, which have the features they need (AVX-512 F, BW and VL).
+/// functions, which have the features they need (AVX-512 F, BW and VL; AVX2
+/// for [`Elem::load8`]).
 #[cfg(target_arch = "x86_64")]
 pub trait Elem: Copy {
     /// 16 elements at `p` as f32 (lanes outside `m` zero, not read).
@@ -124,6 +128,12 @@ pub trait Elem: Copy {
     /// # Safety
     /// The lanes of `m` lie inside an allocation; AVX-512 F, BW and VL.
     unsafe fn load16(p: *const Self, m: __mmask16) -> __m512;
+
+    /// 8 elements at `p` as f32 ([`avx2`]'s kernels).
+    ///
+    /// # Safety
+    /// The 8 elements lie inside an allocation; AVX2.
+    unsafe fn load8(p: *const Self) -> __m256;
 
     /// The element at `p` as f32.
     ///
@@ -141,6 +151,12 @@ impl Elem for f32 {
     }
 
     #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+
+    #[inline(always)]
     unsafe fn get(p: *const f32) -> f32 {
         // SAFETY: the caller's contract.
         unsafe { *p }
@@ -155,6 +171,15 @@ impl Elem for half::bf16 {
         unsafe {
             let h = _mm256_maskz_loadu_epi16(m, p.cast());
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load8(p: *const half::bf16) -> __m256 {
+        // SAFETY: the caller's contract; a bf16 is the high half of its f32.
+        unsafe {
+            let h = _mm_loadu_si128(p.cast());
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
         }
     }
 
@@ -187,6 +212,7 @@ struct Ahead<'a, E> {
 
 impl<'a, E> Ahead<'a, E> {
     /// Sample `s`'s rows of `d` elements (none if `s >= end`) over `steps`.
+    #[inline]
     fn new(ops: &'a [*const E], s: usize, end: usize, d: usize, steps: usize) -> Self {
         Ahead {
             ops,
@@ -211,6 +237,8 @@ impl<'a, E> Ahead<'a, E> {
 /// Most operands these kernels take (the row-pointer array's size).
 pub const MAX_F: usize = 64;
 
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
 mod backward;
 mod forward;
 mod narrow;
