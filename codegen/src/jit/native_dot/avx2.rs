@@ -14,7 +14,7 @@
 //! Both prefetch the next sample's rows spread over the sample's blocks
 //! ([`Ahead`]), as the AVX-512 kernels do.
 
-use super::backward::{Block, each_term};
+use super::backward::{Block, each_sample, each_term};
 use super::{AHEAD, Ahead, Dot, Elem, MAX_F};
 use std::arch::x86_64::*;
 
@@ -176,45 +176,18 @@ pub unsafe fn backward<E: Elem>(
     s1: usize,
 ) {
     let Dot { f, d, .. } = dot;
-    let width = dot.width();
-    let mut rows = [std::ptr::null::<E>(); MAX_F];
-    let mut outs = [std::ptr::null_mut::<f32>(); MAX_F];
-    let mut first = [0usize; MAX_F];
-    for (i, c) in first.iter_mut().enumerate().take(f) {
-        *c = dot.col(i, 0);
-    }
     let steps = d.div_ceil(8 * NV) * f.div_ceil(ROWS);
-    for s in s0..s1 {
-        // SAFETY: the caller's contract: row `s` of every operand, of `dr` and
-        // of every gradient; the loads and stores are whole vectors of them.
-        unsafe {
-            for (r, &op) in rows.iter_mut().zip(ops) {
-                *r = op.add(s * d);
-            }
-            for (o, &g) in outs.iter_mut().zip(grads) {
-                *o = g.add(s * d);
-            }
-            let mut ahead = Ahead::new(ops, s + AHEAD, s1, d, steps);
-            if s + AHEAD < s1 {
-                let next = dr.add((s + AHEAD) * width) as *const u8;
-                crate::jit::prefetch::fetch_lines(next, 4 * width);
-            }
-            let blk = Block {
-                f,
-                self_interaction: dot.self_interaction,
-                drow: dr.add(s * width),
-                first: &first[..f],
-                rows: &rows[..f],
-                outs: &outs[..f],
-            };
+    // SAFETY: forwarded; the loads and stores are whole vectors of the rows.
+    unsafe {
+        each_sample(dot, ops, (dr, grads), (s0, s1), steps, |blk, ahead| {
             for c0 in (0..d).step_by(8 * NV) {
                 let nv = ((d - c0) / 8).min(NV);
                 for i0 in (0..f).step_by(ROWS) {
                     ahead.step();
-                    run(&blk, i0, (f - i0).min(ROWS), nv, c0);
+                    run(blk, i0, (f - i0).min(ROWS), nv, c0);
                 }
             }
-        }
+        })
     }
 }
 

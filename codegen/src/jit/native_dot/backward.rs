@@ -38,6 +38,42 @@ pub unsafe fn backward<E: Elem>(
     s1: usize,
 ) {
     let Dot { f, d, .. } = dot;
+    let steps = d.div_ceil(64) * f.div_ceil(ROWS);
+    // SAFETY: forwarded.
+    unsafe {
+        each_sample(dot, ops, (dr, grads), (s0, s1), steps, |blk, ahead| {
+            for c0 in (0..d).step_by(64) {
+                // Only the vectors with live columns (a 16-wide operand is one
+                // `zmm`, not four).
+                let n = d - c0;
+                for i0 in (0..f).step_by(ROWS) {
+                    ahead.step();
+                    blk.run(i0, (f - i0).min(ROWS), n.div_ceil(16).min(4), c0, n);
+                }
+            }
+        })
+    }
+}
+
+/// The backward kernels' loop over samples `s0..s1`: each sample's [`Block`]
+/// (its operand, gradient and `dr` rows), and the prefetch of the next
+/// sample's spread over the `steps` calls of `ahead.step()` that `body` makes
+/// while it computes the sample.
+///
+/// # Safety
+/// [`backward`]'s contract for the operands, `dr` and gradients; `body`'s
+/// kernels have their CPU features.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) unsafe fn each_sample<E: Elem>(
+    dot: Dot,
+    ops: &[*const E],
+    (dr, grads): (*const f32, &[*mut f32]),
+    (s0, s1): (usize, usize),
+    steps: usize,
+    mut body: impl FnMut(&Block<'_, E>, &mut Ahead<'_, E>),
+) {
+    let Dot { f, d, .. } = dot;
     let width = dot.width();
     let mut rows = [std::ptr::null::<E>(); MAX_F];
     let mut outs = [std::ptr::null_mut::<f32>(); MAX_F];
@@ -49,7 +85,7 @@ pub unsafe fn backward<E: Elem>(
     }
     for s in s0..s1 {
         // SAFETY: the caller's contract: row `s` of every operand, of `dr` and
-        // of every gradient; the masked loads and stores stay inside the rows.
+        // of every gradient; a prefetch never faults.
         unsafe {
             for (r, &op) in rows.iter_mut().zip(ops) {
                 *r = op.add(s * d);
@@ -57,12 +93,10 @@ pub unsafe fn backward<E: Elem>(
             for (o, &g) in outs.iter_mut().zip(grads) {
                 *o = g.add(s * d);
             }
-            let mut ahead = Ahead::new(ops, s + AHEAD, s1, d, d.div_ceil(64) * f.div_ceil(ROWS));
+            let mut ahead = Ahead::new(ops, s + AHEAD, s1, d, steps);
             if s + AHEAD < s1 {
-                crate::jit::prefetch::fetch_lines(
-                    dr.add((s + AHEAD) * width) as *const u8,
-                    4 * width,
-                );
+                let next = dr.add((s + AHEAD) * width) as *const u8;
+                crate::jit::prefetch::fetch_lines(next, 4 * width);
             }
             let blk = Block {
                 f,
@@ -72,15 +106,7 @@ pub unsafe fn backward<E: Elem>(
                 rows: &rows[..f],
                 outs: &outs[..f],
             };
-            for c0 in (0..d).step_by(64) {
-                // Only the vectors with live columns (a 16-wide operand is one
-                // `zmm`, not four).
-                let n = d - c0;
-                for i0 in (0..f).step_by(ROWS) {
-                    ahead.step();
-                    blk.run(i0, (f - i0).min(ROWS), n.div_ceil(16).min(4), c0, n);
-                }
-            }
+            body(&blk, &mut ahead);
         }
     }
 }
