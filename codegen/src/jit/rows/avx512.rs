@@ -18,7 +18,7 @@ mod imp {
     use super::super::bag::{self, bag_cols};
     use super::super::update::{self, run_cols};
     use super::super::width::Width;
-    use super::super::{AHEAD, BagArgs, R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row};
+    use super::super::{BagArgs, R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row};
     use std::arch::x86_64::*;
 
     /// Lanes per vector.
@@ -321,13 +321,14 @@ mod imp {
             st[1] = _mm512_permutex2var_ps(half[0], hi_cols, half[1]);
         }
         let low = _mm512_set1_epi32(0xFFFF);
+        let ahead = super::super::ahead_for(a.d * 4);
         for e in i..j {
             // SAFETY: entries `e < j <= n` name rows of `d` elements the table
             // holds (both halves), touched by this thread only; masked to
             // `c0 + cols`.
             unsafe {
                 if c0 == 0 {
-                    fetch_run_row(a, ent, e + AHEAD, n);
+                    fetch_run_row(a, ent, e + ahead, n);
                 }
                 let r = (*ent.add(e))[0] as usize;
                 for (w, st) in step.iter().enumerate() {

@@ -8,7 +8,7 @@
 
 use super::width::Width;
 use super::{
-    AHEAD, B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_TABLE_Q8, B_WEIGHTED, BagArgs,
+    B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_TABLE_Q8, B_WEIGHTED, BagArgs,
     fetch_bag_row, index_at,
 };
 
@@ -49,6 +49,7 @@ pub(super) unsafe fn bag_cols<W: Width, const NV: usize, const T: u8>(
     let idx64 = a.flags & B_IDX64 != 0;
     let (shard, weighted) = (a.flags & B_SHARD != 0, a.flags & B_WEIGHTED != 0);
     let mut acc = [unsafe { W::zero() }; NV];
+    let ahead = super::ahead_for(stride);
     for p in start..end {
         // SAFETY (the block): the contract: positions `start..end` and those
         // below `pend` are indices of rows the table holds (a shard's only
@@ -57,7 +58,7 @@ pub(super) unsafe fn bag_cols<W: Width, const NV: usize, const T: u8>(
         // unaligned); the last load reads only columns below `c0 + cols <= d`.
         unsafe {
             if c0 == 0 {
-                fetch_bag_row(a, p + AHEAD);
+                fetch_bag_row(a, p + ahead);
             }
             let i = index_at(a.idx, idx64, p);
             if shard && (i.wrapping_sub(a.first) as u64) >= a.span as u64 {

@@ -15,7 +15,7 @@
 //! The JIT kernels keep the loop over bags (or over runs of entries) and the
 //! validation; each call does one bag's (one run's) row work: with 512-bit (or
 //! 256-bit) vectors where Cranelift has 128-bit ones, the accumulators in
-//! registers across the `_mm_prefetch` of the row [`AHEAD`] positions on (no
+//! registers across the `_mm_prefetch` of the row [`ahead_for`] positions on (no
 //! call in the row loop), and the update's step `lr·g` computed once per run
 //! rather than once per row. The float operations per element are the
 //! reference's, in its order (a bag's rows added to +0 in index order, then
@@ -50,6 +50,14 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Index positions ahead of the one being read whose rows are fetched.
 pub const AHEAD: usize = 8;
+
+/// Positions ahead whose rows a kernel fetches for rows of `bytes`: [`AHEAD`],
+/// or more for rows of fewer than 4 cache lines, so that about 32 lines are
+/// in flight (64-byte rows: 32 positions).
+#[inline(always)]
+pub(crate) fn ahead_for(bytes: usize) -> usize {
+    (2048 / bytes.max(1)).clamp(AHEAD, 4 * AHEAD)
+}
 
 /// [`BagArgs::flags`]: the indices are i64 (else i32).
 pub const B_IDX64: u32 = 1;
@@ -115,7 +123,7 @@ pub struct BagArgs {
 }
 
 /// Sums the rows of index positions `start..end` into the `d` elements at
-/// `out` (f32, or bf16 with [`B_OUT_BF16`]), fetching the rows [`AHEAD`]
+/// `out` (f32, or bf16 with [`B_OUT_BF16`]), fetching the rows [`ahead_for`]
 /// positions on (below `pend`).
 ///
 /// # Safety (for the caller)
@@ -151,7 +159,7 @@ pub struct RunArgs {
 
 /// Applies the entries `[row, s]` from `i` on while their bag `s` is entry
 /// `i`'s (a run), each `w[row] -= lr·g[s]` (`g[s] / size(s)` with
-/// [`R_MEAN`]), fetching the rows of the entries [`AHEAD`] on (below `n`);
+/// [`R_MEAN`]), fetching the rows of the entries [`ahead_for`] on (below `n`);
 /// returns the end of the run.
 ///
 /// # Safety (for the caller)

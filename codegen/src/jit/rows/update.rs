@@ -9,7 +9,7 @@
 //! ([`Width::own_pass`]: AVX-512's Split-SGD-BF16 one).
 
 use super::width::Width;
-use super::{AHEAD, R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row, run_of};
+use super::{R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row, run_of};
 
 /// Vectors per pass.
 const MAXV: usize = 8;
@@ -33,6 +33,8 @@ pub(super) unsafe fn run_cols<W: Width, const NV: usize>(
     let (last, full) = unsafe { (W::part(cols - W::LANES * (NV - 1)), W::part(W::LANES)) };
     let part = |k: usize| if k + 1 == NV { last } else { full };
     let split = a.flags & R_SPLIT != 0;
+    // A row's bytes (both halves of a split one).
+    let ahead = super::ahead_for(a.d * 4);
     let (lr, div) = unsafe { (W::splat(a.lr), W::splat(size)) };
     let mut step = [unsafe { W::zero() }; NV];
     let gbf = a.flags & R_GRAD_BF16 != 0;
@@ -59,7 +61,7 @@ pub(super) unsafe fn run_cols<W: Width, const NV: usize>(
         // limited to `c0 + cols`.
         unsafe {
             if c0 == 0 {
-                fetch_run_row(a, ent, e + AHEAD, n);
+                fetch_run_row(a, ent, e + ahead, n);
             }
             let r = (*ent.add(e))[0] as usize;
             for (k, st) in step.iter().enumerate() {
