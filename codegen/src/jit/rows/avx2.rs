@@ -17,7 +17,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
-    use super::super::bag::{self, bag_cols};
+    use super::super::bag::{self, bags_cols};
     use super::super::update::{self, run_cols};
     use super::super::width::Width;
     use super::super::{BagArgs, RunArgs};
@@ -201,7 +201,7 @@ mod imp {
             cc: (usize, usize),
         ) {
             // SAFETY: forwarded; compiled with AVX2+FMA's features.
-            unsafe { bag_cols::<Self, NV, T>(a, se, out, cc) }
+            unsafe { bags_cols::<Self, NV, T>(a, se, out, cc) }
         }
         #[inline(always)]
         unsafe fn load_w(split: bool, hi: *mut u8, lo: *mut u8, off: usize, p: usize) -> __m256 {
@@ -231,9 +231,9 @@ mod imp {
     ///
     /// # Safety
     /// [`super::super::BagFn`]'s contract.
-    pub unsafe extern "C" fn bag(args: *const BagArgs, start: i64, end: i64, out: *mut u8) {
+    pub unsafe extern "C" fn bag(args: *const BagArgs, s0: i64, s1: i64, out: *mut u8) {
         // SAFETY: forwarded; the caller checked the CPU's features.
-        unsafe { bag::bag::<Avx2>(args, start, end, out) }
+        unsafe { bag::bag::<Avx2>(args, s0, s1, out) }
     }
 
     /// 8 stored weights at element `off` of the row at `hi` (`lo`) as f32,

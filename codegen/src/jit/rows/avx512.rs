@@ -15,7 +15,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
-    use super::super::bag::{self, bag_cols};
+    use super::super::bag::{self, bags_cols};
     use super::super::update::{self, run_cols};
     use super::super::width::Width;
     use super::super::{BagArgs, R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row};
@@ -146,7 +146,7 @@ mod imp {
             cc: (usize, usize),
         ) {
             // SAFETY: forwarded; compiled with AVX-512's features.
-            unsafe { bag_cols::<Self, NV, T>(a, se, out, cc) }
+            unsafe { bags_cols::<Self, NV, T>(a, se, out, cc) }
         }
         #[inline(always)]
         unsafe fn load_w(
@@ -214,9 +214,9 @@ mod imp {
     ///
     /// # Safety
     /// [`super::super::BagFn`]'s contract.
-    pub unsafe extern "C" fn bag(args: *const BagArgs, start: i64, end: i64, out: *mut u8) {
+    pub unsafe extern "C" fn bag(args: *const BagArgs, s0: i64, s1: i64, out: *mut u8) {
         // SAFETY: forwarded; the caller checked the CPU's features.
-        unsafe { bag::bag::<Avx512>(args, start, end, out) }
+        unsafe { bag::bag::<Avx512>(args, s0, s1, out) }
     }
 
     /// 16 (masked: `m`'s) stored weights at element `off` of the row at `hi`

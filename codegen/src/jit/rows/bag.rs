@@ -12,7 +12,7 @@ use super::{
     fetch_bag_row, index_at,
 };
 
-/// A [`bag_cols`] instance (a width's [`Width::cols`]).
+/// A [`bags_cols`] instance (a width's [`Width::cols`]): bags `s0..s1`.
 pub(super) type BagCols = unsafe fn(&BagArgs, (usize, usize), *mut u8, (usize, usize));
 
 /// Vectors per pass.
@@ -145,18 +145,39 @@ fn cols_of<W: Width, const T: u8>(nv: usize) -> BagCols {
     }
 }
 
-/// [`super::BagFn`] on `W`: a bag's sum in passes of up to 8 vectors of
-/// columns (the first one fetching rows ahead).
+/// [`bag_cols`] on each bag `s` of `s0..s1` (its result row at `out + (s -
+/// s0)` rows).
+///
+/// # Safety
+/// [`super::BagFn`]'s contract; `c0 + cols <= d`; the CPU has `W`'s features
+/// and the caller is compiled with them.
+#[inline(always)]
+pub(super) unsafe fn bags_cols<W: Width, const NV: usize, const T: u8>(
+    a: &BagArgs,
+    (s0, s1): (usize, usize),
+    out: *mut u8,
+    cc: (usize, usize),
+) {
+    let ob = super::out_row_bytes(a);
+    for s in s0..s1 {
+        // SAFETY: the caller's contract: bag `s`'s bounds and result row.
+        unsafe { bag_cols::<W, NV, T>(a, super::bag_range(a, s), out.add((s - s0) * ob), cc) };
+    }
+}
+
+/// [`super::BagFn`] on `W`: bags `s0..s1`, each in passes of up to 8 vectors
+/// of columns (the first one fetching rows ahead). Rows of one pass run every
+/// bag in one call of the pass's instance; wider rows take every pass of a
+/// bag before the next bag, while its rows are in cache.
 ///
 /// # Safety
 /// [`super::BagFn`]'s contract; the CPU has `W`'s features.
-pub(super) unsafe fn bag<W: Width>(args: *const BagArgs, start: i64, end: i64, out: *mut u8) {
-    // SAFETY: forwarded (the contract's `args`, positions and `out`).
+pub(super) unsafe fn bag<W: Width>(args: *const BagArgs, s0: i64, s1: i64, out: *mut u8) {
+    // SAFETY: forwarded (the contract's `args`, bags and `out`).
     unsafe {
         let a = &*args;
-        let se = (start as usize, end as usize);
-        let mut c0 = 0;
-        while c0 < a.d {
+        let (s0, s1) = (s0 as usize, s1 as usize);
+        let pass = |c0: usize| {
             let cols = (a.d - c0).min(W::LANES * MAXV);
             let nv = cols.div_ceil(W::LANES);
             let f = if a.flags & B_TABLE_Q8 != 0 {
@@ -166,8 +187,25 @@ pub(super) unsafe fn bag<W: Width>(args: *const BagArgs, start: i64, end: i64, o
             } else {
                 cols_of::<W, T_F32>(nv)
             };
-            f(a, se, out, (c0, cols));
-            c0 += cols;
+            (f, cols)
+        };
+        if a.d == 0 {
+            return;
+        }
+        if a.d <= W::LANES * MAXV {
+            let (f, cols) = pass(0);
+            f(a, (s0, s1), out, (0, cols));
+            return;
+        }
+        let ob = super::out_row_bytes(a);
+        for s in s0..s1 {
+            let orow = out.add((s - s0) * ob);
+            let mut c0 = 0;
+            while c0 < a.d {
+                let (f, cols) = pass(c0);
+                f(a, (s, s + 1), orow, (c0, cols));
+                c0 += cols;
+            }
         }
     }
 }

@@ -71,7 +71,7 @@ fn args_slot<T>(b: &mut FunctionBuilder<'_>, fields: &[(Value, usize)]) -> Value
 }
 
 /// The embedding-bag forward of `spec` (which [`covers_bag`]) calling `k`'s
-/// native bag sum once per bag; the ABI of [`crate::jit::embedding`]'s kernel.
+/// native bag sum once for all its bags; the ABI of [`crate::jit::embedding`]'s kernel.
 pub(crate) fn compile_bag(jit: &Jit, spec: BagSpec, k: RowKernel) -> Result<*const u8, JitError> {
     let (symbol, entry) = k.bag().ok_or(JitError::NoNative(k.name()))?;
     let (module, id) = module_for(jit, symbol, entry as *const u8, false)?;
@@ -93,6 +93,8 @@ pub(crate) fn compile_bag(jit: &Jit, spec: BagSpec, k: RowKernel) -> Result<*con
         }
         // The rows fetched ahead run up to the last position of bag s1 - 1.
         let (pend, _) = bag_bounds(b, spec.pooling, bounds, s1);
+        let pooling = spec.pooling.map_or(-1, |l| l as i64);
+        let pooling = b.ins().iconst(types::I64, pooling);
         let d = b.ins().iconst(types::I64, spec.d as i64);
         let fl = b.ins().iconst(types::I32, i64::from(fl));
         let args = args_slot::<BagArgs>(
@@ -105,16 +107,13 @@ pub(crate) fn compile_bag(jit: &Jit, spec: BagSpec, k: RowKernel) -> Result<*con
                 (first, offset_of!(BagArgs, first)),
                 (span, offset_of!(BagArgs, span)),
                 (pend, offset_of!(BagArgs, pend)),
+                (bounds, offset_of!(BagArgs, bounds)),
+                (pooling, offset_of!(BagArgs, pooling)),
                 (fl, offset_of!(BagArgs, flags)),
             ],
         );
-        super::super::clif::for_range(b, s0, s1, 1, &mut |b, s| {
-            let (start, end) = bag_bounds(b, spec.pooling, bounds, s);
-            let rel = b.ins().isub(s, s0);
-            let off = b.ins().imul_imm_s(rel, (spec.d * spec.out.size()) as i64);
-            let orow = b.ins().iadd(out, off);
-            b.ins().call(f, &[args, start, end, orow]);
-        });
+        // One call for all the bags (`out` is bag s0's row).
+        b.ins().call(f, &[args, s0, s1, out]);
     })
 }
 

@@ -118,20 +118,49 @@ pub struct BagArgs {
     pub span: i64,
     /// Rows are fetched ahead for the positions below this one only.
     pub pend: i64,
+    /// The bag bounds (when `pooling < 0`): bag `s` is `bounds[s]..bounds[s+1]`.
+    pub bounds: *const i64,
+    /// Fixed pooling `L` (`>= 0`: bag `s` is `s·L..(s+1)·L`), else `-1`.
+    pub pooling: i64,
     /// `B_*` flags.
     pub flags: u32,
 }
 
-/// Sums the rows of index positions `start..end` into the `d` elements at
-/// `out` (f32, or bf16 with [`B_OUT_BF16`]), fetching the rows [`ahead_for`]
-/// positions on (below `pend`).
+/// Index positions `start..end` of bag `s`.
+///
+/// # Safety
+/// With `pooling < 0`, `a.bounds` holds `s + 2` entries.
+#[inline(always)]
+unsafe fn bag_range(a: &BagArgs, s: usize) -> (usize, usize) {
+    if a.pooling >= 0 {
+        let l = a.pooling as usize;
+        (s * l, (s + 1) * l)
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { (*a.bounds.add(s) as usize, *a.bounds.add(s + 1) as usize) }
+    }
+}
+
+/// Bytes from one bag's result row to the next.
+#[inline(always)]
+fn out_row_bytes(a: &BagArgs) -> usize {
+    a.d * if a.flags & B_OUT_BF16 != 0 { 2 } else { 4 }
+}
+
+/// Sums, for each bag `s` of `s0..s1` (its index positions from the bounds
+/// or the fixed pooling of [`BagArgs`]), its rows into its result row, the
+/// `d` elements at `out + (s - s0)·d` (f32, or bf16 with [`B_OUT_BF16`]),
+/// fetching the rows [`ahead_for`] positions on (below `pend`). One call per
+/// task: with pooling 1 a bag is one row, and a call per bag cost more than
+/// the row (dlrm-kaggle's 64-byte rows).
 ///
 /// # Safety (for the caller)
-/// `args` is a valid [`BagArgs`]; every index of `start..end` names a row the
-/// table holds (with [`B_SHARD`], only those in the shard are read), the
-/// positions below `pend` are indices too, `out` holds `d` elements of the
+/// `args` is a valid [`BagArgs`] (its bounds hold `s1 + 1` entries when
+/// `pooling < 0`); every index of the bags' positions names a row the table
+/// holds (with [`B_SHARD`], only those in the shard are read), the positions
+/// below `pend` are indices too, `out` holds `(s1 - s0)·d` elements of the
 /// result type, and the CPU has the kernel's features.
-pub type BagFn = unsafe extern "C" fn(args: *const BagArgs, start: i64, end: i64, out: *mut u8);
+pub type BagFn = unsafe extern "C" fn(args: *const BagArgs, s0: i64, s1: i64, out: *mut u8);
 
 /// The arguments of a sparse update JIT call, for its [`RunFn`] calls.
 #[repr(C)]
