@@ -160,7 +160,8 @@ pub(crate) fn compile_run(
             ],
         );
         // i = 0; while i < n { i = run(args, ent, i, n) } (each call returns
-        // the end of its run, > i).
+        // the end of the runs it applied, > i: the native kernels apply all
+        // of them, so one call).
         let zero = b.ins().iconst(types::I64, 0);
         let iv = var(b, types::I64, zero);
         let (head, body, exit) = (b.create_block(), b.create_block(), b.create_block());

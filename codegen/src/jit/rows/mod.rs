@@ -186,10 +186,11 @@ pub struct RunArgs {
     pub flags: u32,
 }
 
-/// Applies the entries `[row, s]` from `i` on while their bag `s` is entry
-/// `i`'s (a run), each `w[row] -= lr·g[s]` (`g[s] / size(s)` with
-/// [`R_MEAN`]), fetching the rows of the entries [`ahead_for`] on (below `n`);
-/// returns the end of the run.
+/// Applies the entries `[row, s]` from `i` to `n`, run by run (a run: the
+/// entries from one on while their bag `s` is its), each `w[row] -= lr·g[s]`
+/// (`g[s] / size(s)` with [`R_MEAN`]), fetching the rows of the entries
+/// [`ahead_for`] on (below `n`); returns the end of the last run applied (`n`:
+/// one call per task, as at pooling 1 a call per run cost more than its row).
 ///
 /// # Safety (for the caller)
 /// `args` is a valid [`RunArgs`]; `ent` holds `n > i >= 0` entries, each a row

@@ -73,9 +73,9 @@ pub(super) unsafe fn run_cols<W: Width, const NV: usize>(
     }
 }
 
-/// [`super::RunFn`] on `W`: entry `i`'s run in passes of up to 8 vectors of
-/// columns (the first one fetching rows ahead), each [`Width::own_pass`] or
-/// else `W`'s [`run_cols`].
+/// [`super::RunFn`] on `W`: the runs from entry `i` to `n`, each in passes
+/// of up to 8 vectors of columns (the first one fetching rows ahead), each
+/// [`Width::own_pass`] or else `W`'s [`run_cols`].
 ///
 /// # Safety
 /// [`super::RunFn`]'s contract; the CPU has `W`'s features.
@@ -89,26 +89,29 @@ pub(super) unsafe fn run<W: Width>(
     // SAFETY: forwarded (the contract's `args` and entries).
     unsafe {
         let a = &*args;
-        let (i, n) = (i as usize, n as usize);
-        let (j, s, size) = run_of(a, ent, i, n);
-        let mut c0 = 0;
-        while c0 < a.d {
-            let cols = (a.d - c0).min(W::LANES * MAXV);
-            let (r, g, cc) = ((i, j, n), (s, size), (c0, cols));
-            if !W::own_pass(a, ent, r, g, cc) {
-                match cols.div_ceil(W::LANES) {
-                    1 => W::run_cols::<1>(a, ent, r, g, cc),
-                    2 => W::run_cols::<2>(a, ent, r, g, cc),
-                    3 => W::run_cols::<3>(a, ent, r, g, cc),
-                    4 => W::run_cols::<4>(a, ent, r, g, cc),
-                    5 => W::run_cols::<5>(a, ent, r, g, cc),
-                    6 => W::run_cols::<6>(a, ent, r, g, cc),
-                    7 => W::run_cols::<7>(a, ent, r, g, cc),
-                    _ => W::run_cols::<8>(a, ent, r, g, cc),
+        let (mut i, n) = (i as usize, n as usize);
+        while i < n {
+            let (j, s, size) = run_of(a, ent, i, n);
+            let mut c0 = 0;
+            while c0 < a.d {
+                let cols = (a.d - c0).min(W::LANES * MAXV);
+                let (r, g, cc) = ((i, j, n), (s, size), (c0, cols));
+                if !W::own_pass(a, ent, r, g, cc) {
+                    match cols.div_ceil(W::LANES) {
+                        1 => W::run_cols::<1>(a, ent, r, g, cc),
+                        2 => W::run_cols::<2>(a, ent, r, g, cc),
+                        3 => W::run_cols::<3>(a, ent, r, g, cc),
+                        4 => W::run_cols::<4>(a, ent, r, g, cc),
+                        5 => W::run_cols::<5>(a, ent, r, g, cc),
+                        6 => W::run_cols::<6>(a, ent, r, g, cc),
+                        7 => W::run_cols::<7>(a, ent, r, g, cc),
+                        _ => W::run_cols::<8>(a, ent, r, g, cc),
+                    }
                 }
+                c0 += cols;
             }
-            c0 += cols;
+            i = j;
         }
-        j as i64
+        n as i64
     }
 }
