@@ -124,7 +124,7 @@ mod imp {
         }
     }
 
-    /// The AVX2 vectors of the shared bag and update loops ([`bag_cols`],
+    /// The AVX2 vectors of the shared bag and update loops ([`bags_cols`],
     /// [`run_cols`]): a part is a
     /// count of lanes (a partial vector's loads and stores masked or one by
     /// one, a whole one's plain).

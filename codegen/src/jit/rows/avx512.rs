@@ -81,7 +81,7 @@ mod imp {
         }
     }
 
-    /// The AVX-512 vectors of the shared bag and update loops ([`bag_cols`],
+    /// The AVX-512 vectors of the shared bag and update loops ([`bags_cols`],
     /// [`run_cols`]).
     pub(in super::super) struct Avx512;
 
