@@ -15,9 +15,9 @@
 //!
 //! The bag sums (f32 or bf16 tables and results; not the gradient) go instead
 //! to a native row kernel where the CPU has one ([`super::rows`]: AVX-512 or
-//! AVX2+FMA): the generated loop over bags calls it once per bag, with the
-//! same float operations in the same order, and it fetches the rows ahead
-//! itself.
+//! AVX2+FMA): the generated code calls it once for all its bags, which it
+//! sums with the same float operations in the same order, fetching the rows
+//! ahead itself.
 //!
 //! Every index is validated against the table *before* the kernel runs (the error
 //! names the position and the sample; the executor adds the table's name): the

@@ -24,9 +24,10 @@
 //! latency-bound like the embedding bag's; [`prefetch`]).
 //! On an f32 or split table (f32 or bf16 gradients), a native row kernel
 //! ([`super::rows`], AVX-512 or AVX2+FMA where the CPU has one) does the row
-//! work instead: the generated loop calls it once per run of entries of one
-//! bag, and it computes `lr·g` once per run (the same value as per entry) and
-//! fetches the rows ahead itself.
+//! work instead: the generated code calls it once for all its entries, which
+//! it applies run by run (a run: the entries of one bag), computing `lr·g`
+//! once per run (the same value as per entry) and fetching the rows ahead
+//! itself.
 //!
 //! ABI, sparse: `fn(hi, lo, grad, entries, bounds, n: i64, lr: f32)` over the
 //! `n` entries `[row, s]` (i64 pairs): storage row `row` (at `hi + row·d`)

@@ -226,7 +226,7 @@ mod imp {
         }
     }
 
-    /// [`super::super::BagFn`]: a bag's sum in passes of up to 64 columns
+    /// [`super::super::BagFn`]: each bag's sum in passes of up to 64 columns
     /// (the first one fetching rows ahead).
     ///
     /// # Safety
@@ -304,19 +304,14 @@ mod imp {
         }
     }
 
-    /// [`super::super::RunFn`]: entry `i`'s run in passes of up to 64
+    /// [`super::super::RunFn`]: every run, each in passes of up to 64
     /// columns (the first one fetching rows ahead).
     ///
     /// # Safety
     /// [`super::super::RunFn`]'s contract.
-    pub unsafe extern "C" fn run(
-        args: *const RunArgs,
-        ent: *const [i64; 2],
-        i: i64,
-        n: i64,
-    ) -> i64 {
+    pub unsafe extern "C" fn run(args: *const RunArgs, ent: *const [i64; 2], n: i64) {
         // SAFETY: forwarded; the caller checked the CPU's features.
-        unsafe { update::run::<Avx2>(args, ent, i, n) }
+        unsafe { update::run::<Avx2>(args, ent, n) }
     }
 }
 
@@ -329,6 +324,4 @@ pub unsafe extern "C" fn bag(_: *const super::BagArgs, _: i64, _: i64, _: *mut u
 
 /// Never called: no native row kernel is available off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
-pub unsafe extern "C" fn run(_: *const super::RunArgs, _: *const [i64; 2], _: i64, n: i64) -> i64 {
-    n
-}
+pub unsafe extern "C" fn run(_: *const super::RunArgs, _: *const [i64; 2], _: i64) {}

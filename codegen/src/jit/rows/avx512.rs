@@ -209,7 +209,7 @@ mod imp {
         }
     }
 
-    /// [`super::super::BagFn`]: a bag's sum in passes of up to 128 columns
+    /// [`super::super::BagFn`]: each bag's sum in passes of up to 128 columns
     /// (the first one fetching rows ahead).
     ///
     /// # Safety
@@ -321,7 +321,7 @@ mod imp {
             st[1] = _mm512_permutex2var_ps(half[0], hi_cols, half[1]);
         }
         let low = _mm512_set1_epi32(0xFFFF);
-        let ahead = super::super::ahead_for(a.d * 4);
+        let ahead = a.ahead;
         for e in i..j {
             // SAFETY: entries `e < j <= n` name rows of `d` elements the table
             // holds (both halves), touched by this thread only; masked to
@@ -353,19 +353,14 @@ mod imp {
         }
     }
 
-    /// [`super::super::RunFn`]: entry `i`'s run in passes of up to 128
+    /// [`super::super::RunFn`]: every run, each in passes of up to 128
     /// columns (the first one fetching rows ahead).
     ///
     /// # Safety
     /// [`super::super::RunFn`]'s contract.
-    pub unsafe extern "C" fn run(
-        args: *const RunArgs,
-        ent: *const [i64; 2],
-        i: i64,
-        n: i64,
-    ) -> i64 {
+    pub unsafe extern "C" fn run(args: *const RunArgs, ent: *const [i64; 2], n: i64) {
         // SAFETY: forwarded; the caller checked the CPU's features.
-        unsafe { update::run::<Avx512>(args, ent, i, n) }
+        unsafe { update::run::<Avx512>(args, ent, n) }
     }
 }
 
@@ -378,6 +373,4 @@ pub unsafe extern "C" fn bag(_: *const super::BagArgs, _: i64, _: i64, _: *mut u
 
 /// Never called: no native row kernel is available off x86-64.
 #[cfg(not(target_arch = "x86_64"))]
-pub unsafe extern "C" fn run(_: *const super::RunArgs, _: *const [i64; 2], _: i64, n: i64) -> i64 {
-    n
-}
+pub unsafe extern "C" fn run(_: *const super::RunArgs, _: *const [i64; 2], _: i64) {}

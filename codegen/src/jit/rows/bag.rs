@@ -30,7 +30,7 @@ pub(super) const T_Q8: u8 = 2;
 /// Columns `c0..c0+cols` (`NV = ⌈cols/LANES⌉` vectors) of a bag: the rows of
 /// positions `start..end` (of element type `T`) added in order (each product
 /// with a weight rounded, then added: never fused), the mean's division, the
-/// store.
+/// store; the rows `ahead` positions on fetched meanwhile.
 ///
 /// # Safety
 /// [`super::BagFn`]'s contract; `c0 + cols <= d`; the CPU has `W`'s features
@@ -41,6 +41,7 @@ pub(super) unsafe fn bag_cols<W: Width, const NV: usize, const T: u8>(
     (start, end): (usize, usize),
     out: *mut u8,
     (c0, cols): (usize, usize),
+    ahead: usize,
 ) {
     let stride = super::row_stride(a);
     // SAFETY (every width operation below): the caller has `W`'s features.
@@ -49,7 +50,6 @@ pub(super) unsafe fn bag_cols<W: Width, const NV: usize, const T: u8>(
     let idx64 = a.flags & B_IDX64 != 0;
     let (shard, weighted) = (a.flags & B_SHARD != 0, a.flags & B_WEIGHTED != 0);
     let mut acc = [unsafe { W::zero() }; NV];
-    let ahead = super::ahead_for(stride);
     for p in start..end {
         // SAFETY (the block): the contract: positions `start..end` and those
         // below `pend` are indices of rows the table holds (a shard's only
@@ -158,10 +158,15 @@ pub(super) unsafe fn bags_cols<W: Width, const NV: usize, const T: u8>(
     out: *mut u8,
     cc: (usize, usize),
 ) {
-    let ob = super::out_row_bytes(a);
+    // Read once, not per bag (the stores to `out` may alias `a` for all the
+    // compiler knows).
+    let (ob, ahead) = (super::out_row_bytes(a), a.ahead);
     for s in s0..s1 {
         // SAFETY: the caller's contract: bag `s`'s bounds and result row.
-        unsafe { bag_cols::<W, NV, T>(a, super::bag_range(a, s), out.add((s - s0) * ob), cc) };
+        unsafe {
+            let (se, orow) = (super::bag_range(a, s), out.add((s - s0) * ob));
+            bag_cols::<W, NV, T>(a, se, orow, cc, ahead);
+        }
     }
 }
 

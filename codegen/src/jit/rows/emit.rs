@@ -9,16 +9,14 @@
 //! JIT functions' own ABIs are those of the Cranelift kernels they replace
 //! ([`crate::jit::embedding`], [`crate::jit::sparse`]).
 
-use super::super::clif::var;
 use super::super::embedding::{BagSpec, bag_bounds};
 use super::super::gemm::Elt;
 use super::super::sparse::{SparseSpec, Store};
 use super::super::{Jit, JitError};
 use super::{
     B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_TABLE_Q8, B_WEIGHTED, BagArgs,
-    R_GRAD_BF16, R_MEAN, R_SPLIT, RowKernel, RunArgs,
+    R_GRAD_BF16, R_MEAN, R_SPLIT, RowKernel, RunArgs, ahead_for,
 };
-use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{AbiParam, InstBuilder, StackSlotData, StackSlotKind, Value, types};
 use cranelift_frontend::FunctionBuilder;
 use cranelift_jit::JITModule;
@@ -38,19 +36,17 @@ pub(crate) fn covers_run(spec: &SparseSpec) -> bool {
 }
 
 /// A module in which `symbol` is bound to `entry`, with the import declared:
-/// `fn(args, a: i64, b: i64, c: i64)`, returning an i64 when `ret`.
+/// `fn(args, …)` of `params` i64 (pointer) parameters, returning nothing.
 fn module_for(
     jit: &Jit,
     symbol: &str,
     entry: *const u8,
-    ret: bool,
+    params: usize,
 ) -> Result<(JITModule, FuncId), JitError> {
     let mut module = jit.module_with_symbols(&[(symbol, entry)])?;
     let mut sig = module.make_signature();
-    sig.params.extend([AbiParam::new(types::I64); 4]);
-    if ret {
-        sig.returns.push(AbiParam::new(types::I64));
-    }
+    sig.params
+        .extend(std::iter::repeat_n(AbiParam::new(types::I64), params));
     let id = module
         .declare_function(symbol, Linkage::Import, &sig)
         .map_err(JitError::module)?;
@@ -74,7 +70,7 @@ fn args_slot<T>(b: &mut FunctionBuilder<'_>, fields: &[(Value, usize)]) -> Value
 /// native bag sum once for all its bags; the ABI of [`crate::jit::embedding`]'s kernel.
 pub(crate) fn compile_bag(jit: &Jit, spec: BagSpec, k: RowKernel) -> Result<*const u8, JitError> {
     let (symbol, entry) = k.bag().ok_or(JitError::NoNative(k.name()))?;
-    let (module, id) = module_for(jit, symbol, entry as *const u8, false)?;
+    let (module, id) = module_for(jit, symbol, entry as *const u8, 4)?;
     jit.compile_fn(module, "embedding_bag", 5, &[types::I64; 4], |m, b, p| {
         let f = m.declare_func_in_func(id, b.func);
         let (table, idx, bounds, out, weights) = (p[0], p[1], p[2], p[3], p[4]);
@@ -95,6 +91,14 @@ pub(crate) fn compile_bag(jit: &Jit, spec: BagSpec, k: RowKernel) -> Result<*con
         let (pend, _) = bag_bounds(b, spec.pooling, bounds, s1);
         let pooling = spec.pooling.map_or(-1, |l| l as i64);
         let pooling = b.ins().iconst(types::I64, pooling);
+        // A table row's bytes (f32, bf16, or int8 codes and their scale and
+        // bias), as `row_stride` reads them.
+        let row = match (spec.q8, spec.table) {
+            (true, _) => spec.d + 8,
+            (false, Elt::BF16) => spec.d * 2,
+            (false, Elt::F32) => spec.d * 4,
+        };
+        let ahead = b.ins().iconst(types::I64, ahead_for(row) as i64);
         let d = b.ins().iconst(types::I64, spec.d as i64);
         let fl = b.ins().iconst(types::I32, i64::from(fl));
         let args = args_slot::<BagArgs>(
@@ -109,6 +113,7 @@ pub(crate) fn compile_bag(jit: &Jit, spec: BagSpec, k: RowKernel) -> Result<*con
                 (pend, offset_of!(BagArgs, pend)),
                 (bounds, offset_of!(BagArgs, bounds)),
                 (pooling, offset_of!(BagArgs, pooling)),
+                (ahead, offset_of!(BagArgs, ahead)),
                 (fl, offset_of!(BagArgs, flags)),
             ],
         );
@@ -118,15 +123,15 @@ pub(crate) fn compile_bag(jit: &Jit, spec: BagSpec, k: RowKernel) -> Result<*con
 }
 
 /// The sparse update of `spec` (which [`covers_run`]) calling `k`'s native
-/// run update once per run of entries of one bag; the ABI of
-/// [`crate::jit::sparse`]'s kernel.
+/// run update once for all its entries; the ABI of [`crate::jit::sparse`]'s
+/// kernel.
 pub(crate) fn compile_run(
     jit: &Jit,
     spec: SparseSpec,
     k: RowKernel,
 ) -> Result<*const u8, JitError> {
     let (symbol, entry) = k.run().ok_or(JitError::NoNative(k.name()))?;
-    let (module, id) = module_for(jit, symbol, entry as *const u8, true)?;
+    let (module, id) = module_for(jit, symbol, entry as *const u8, 3)?;
     let scalars = [types::I64, types::F32];
     jit.compile_fn(module, "sparse_update", 5, &scalars, |m, b, p| {
         let f = m.declare_func_in_func(id, b.func);
@@ -145,6 +150,8 @@ pub(crate) fn compile_run(
         let d = b.ins().iconst(types::I64, spec.d as i64);
         let pooling = spec.pooling.map_or(-1, |l| l as i64);
         let pooling = b.ins().iconst(types::I64, pooling);
+        // A row's bytes: f32, or both bf16 halves of a split one.
+        let ahead = b.ins().iconst(types::I64, ahead_for(spec.d * 4) as i64);
         let fl = b.ins().iconst(types::I32, i64::from(fl));
         let args = args_slot::<RunArgs>(
             b,
@@ -155,27 +162,12 @@ pub(crate) fn compile_run(
                 (bounds, offset_of!(RunArgs, bounds)),
                 (d, offset_of!(RunArgs, d)),
                 (pooling, offset_of!(RunArgs, pooling)),
+                (ahead, offset_of!(RunArgs, ahead)),
                 (lr, offset_of!(RunArgs, lr)),
                 (fl, offset_of!(RunArgs, flags)),
             ],
         );
-        // i = 0; while i < n { i = run(args, ent, i, n) } (each call returns
-        // the end of the runs it applied, > i: the native kernels apply all
-        // of them, so one call).
-        let zero = b.ins().iconst(types::I64, 0);
-        let iv = var(b, types::I64, zero);
-        let (head, body, exit) = (b.create_block(), b.create_block(), b.create_block());
-        b.ins().jump(head, &[]);
-        b.switch_to_block(head);
-        let i = b.use_var(iv);
-        let more = b.ins().icmp(IntCC::SignedLessThan, i, n);
-        b.ins().brif(more, body, &[], exit, &[]);
-        b.switch_to_block(body);
-        let i = b.use_var(iv);
-        let call = b.ins().call(f, &[args, ent, i, n]);
-        let next = b.inst_results(call)[0];
-        b.def_var(iv, next);
-        b.ins().jump(head, &[]);
-        b.switch_to_block(exit);
+        // One call for all the entries, run by run.
+        b.ins().call(f, &[args, ent, n]);
     })
 }

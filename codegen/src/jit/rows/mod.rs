@@ -12,12 +12,13 @@
 //! AVX512-BF16 instruction, whose conversion flushes subnormals), so every
 //! element type computes the same f32 operations as the f32 kernels.
 //!
-//! The JIT kernels keep the loop over bags (or over runs of entries) and the
-//! validation; each call does one bag's (one run's) row work: with 512-bit (or
-//! 256-bit) vectors where Cranelift has 128-bit ones, the accumulators in
-//! registers across the `_mm_prefetch` of the row [`ahead_for`] positions on (no
-//! call in the row loop), and the update's step `lr·g` computed once per run
-//! rather than once per row. The float operations per element are the
+//! The JIT kernels keep the validation and the split into tasks; each task
+//! makes one call, which does all its bags' (all its runs') row work: with
+//! 512-bit (or 256-bit) vectors where Cranelift has 128-bit ones, the
+//! accumulators in registers across the `_mm_prefetch` of the row
+//! [`ahead_for`] positions on (no call in the row loop), and the update's step
+//! `lr·g` computed once per run rather than once per row. (A call per bag, as
+//! before stop 53, cost more than the bag's row at pooling 1.) The float operations per element are the
 //! reference's, in its order (a bag's rows added to +0 in index order, then
 //! the mean's division; `w - lr·(g / size)` per entry, in entry order), so the
 //! results are bitwise those of the Cranelift kernels and of the reference.
@@ -53,8 +54,8 @@ pub const AHEAD: usize = 8;
 
 /// Positions ahead whose rows a kernel fetches for rows of `bytes`: [`AHEAD`],
 /// or more for rows of fewer than 4 cache lines, so that about 32 lines are
-/// in flight (64-byte rows: 32 positions).
-#[inline(always)]
+/// in flight (64-byte rows: 32 positions). Computed when the JIT kernel is
+/// compiled ([`BagArgs::ahead`], [`RunArgs::ahead`]), not per bag.
 pub(crate) fn ahead_for(bytes: usize) -> usize {
     (2048 / bytes.max(1)).clamp(AHEAD, 4 * AHEAD)
 }
@@ -118,6 +119,9 @@ pub struct BagArgs {
     pub span: i64,
     /// Rows are fetched ahead for the positions below this one only.
     pub pend: i64,
+    /// Positions ahead whose rows are fetched ([`ahead_for`] of the row's
+    /// bytes).
+    pub ahead: usize,
     /// The bag bounds (when `pooling < 0`): bag `s` is `bounds[s]..bounds[s+1]`.
     pub bounds: *const i64,
     /// Fixed pooling `L` (`>= 0`: bag `s` is `s·L..(s+1)·L`), else `-1`.
@@ -180,24 +184,26 @@ pub struct RunArgs {
     pub d: usize,
     /// Fixed pooling `L` (`>= 0`), else `-1`: a [`R_MEAN`] bag's size.
     pub pooling: i64,
+    /// Entries ahead whose rows are fetched ([`ahead_for`] of the row's
+    /// bytes, both halves of a split one).
+    pub ahead: usize,
     /// The learning rate.
     pub lr: f32,
     /// `R_*` flags.
     pub flags: u32,
 }
 
-/// Applies the entries `[row, s]` from `i` to `n`, run by run (a run: the
+/// Applies the entries `[row, s]` `0..n`, run by run (a run: the
 /// entries from one on while their bag `s` is its), each `w[row] -= lr·g[s]`
 /// (`g[s] / size(s)` with [`R_MEAN`]), fetching the rows of the entries
-/// [`ahead_for`] on (below `n`); returns the end of the last run applied (`n`:
-/// one call per task, as at pooling 1 a call per run cost more than its row).
+/// [`RunArgs::ahead`] on (below `n`): one call per task, as at pooling 1 a
+/// call per run cost more than its row.
 ///
 /// # Safety (for the caller)
-/// `args` is a valid [`RunArgs`]; `ent` holds `n > i >= 0` entries, each a row
+/// `args` is a valid [`RunArgs`]; `ent` holds `n >= 0` entries, each a row
 /// the table holds and a bag of the gradient (and bounds); no other thread
 /// touches these rows; the CPU has the kernel's features.
-pub type RunFn =
-    unsafe extern "C" fn(args: *const RunArgs, ent: *const [i64; 2], i: i64, n: i64) -> i64;
+pub type RunFn = unsafe extern "C" fn(args: *const RunArgs, ent: *const [i64; 2], n: i64);
 
 /// Which row kernels the JIT's bag forward and sparse update use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -34,7 +34,7 @@ pub(super) unsafe fn run_cols<W: Width, const NV: usize>(
     let part = |k: usize| if k + 1 == NV { last } else { full };
     let split = a.flags & R_SPLIT != 0;
     // A row's bytes (both halves of a split one).
-    let ahead = super::ahead_for(a.d * 4);
+    let ahead = a.ahead;
     let (lr, div) = unsafe { (W::splat(a.lr), W::splat(size)) };
     let mut step = [unsafe { W::zero() }; NV];
     let gbf = a.flags & R_GRAD_BF16 != 0;
@@ -73,23 +73,18 @@ pub(super) unsafe fn run_cols<W: Width, const NV: usize>(
     }
 }
 
-/// [`super::RunFn`] on `W`: the runs from entry `i` to `n`, each in passes
+/// [`super::RunFn`] on `W`: the runs of entries `0..n`, each in passes
 /// of up to 8 vectors of columns (the first one fetching rows ahead), each
 /// [`Width::own_pass`] or else `W`'s [`run_cols`].
 ///
 /// # Safety
 /// [`super::RunFn`]'s contract; the CPU has `W`'s features.
 #[inline(always)]
-pub(super) unsafe fn run<W: Width>(
-    args: *const RunArgs,
-    ent: *const [i64; 2],
-    i: i64,
-    n: i64,
-) -> i64 {
+pub(super) unsafe fn run<W: Width>(args: *const RunArgs, ent: *const [i64; 2], n: i64) {
     // SAFETY: forwarded (the contract's `args` and entries).
     unsafe {
         let a = &*args;
-        let (mut i, n) = (i as usize, n as usize);
+        let (mut i, n) = (0, n as usize);
         while i < n {
             let (j, s, size) = run_of(a, ent, i, n);
             let mut c0 = 0;
@@ -112,6 +107,5 @@ pub(super) unsafe fn run<W: Width>(
             }
             i = j;
         }
-        n as i64
     }
 }
