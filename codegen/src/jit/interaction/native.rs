@@ -41,7 +41,7 @@ pub(super) enum Kernels {
 /// The native kernels that run `spec`, if any (else the Cranelift kernels
 /// do): at most [`MAX_F`] operands of at least one column; the AVX-512
 /// kernels where the CPU has AVX-512 and the kernel choice allows it (`auto`,
-/// `avx512`, `avx512-bf16`, `amx-bf16`), else the AVX2 ones where it has AVX2
+/// `avx512`, `avx512bf16`, `amxbf16`), else the AVX2 ones where it has AVX2
 /// and FMA under `auto` or `native` (the AVX2 micro-kernel's choice), for
 /// widths that are whole 8-lane vectors ([`native_dot::avx2::fits`]).
 pub(super) fn kernels(opts: &JitOptions, spec: &DotSpec) -> Option<Kernels> {
@@ -61,7 +61,7 @@ pub(super) fn kernels(opts: &JitOptions, spec: &DotSpec) -> Option<Kernels> {
 
 /// Whether the forward on bf16 operands takes [`native_dot::forward_pairs`]
 /// (AVX512_BF16's pair dot product): where the CPU has it, under the kernel
-/// choices that let the GEMMs use it (`auto`, `avx512-bf16`, `amx-bf16`), as
+/// choices that let the GEMMs use it (`auto`, `avx512bf16`, `amxbf16`), as
 /// the bf16 GEMMs choose their k-pair kernels: not timed, so a run's numbers
 /// are the same on every run on one CPU. Under `avx512` the bf16 operands are
 /// widened and the f32 path's sums computed.
