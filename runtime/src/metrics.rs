@@ -239,6 +239,7 @@ impl MetricsWriter {
             "jit_compile_s": r.jit_compile_s,
             "peak_rss_bytes": r.peak_rss_bytes,
             "gemm_kernels": r.gemm_picks.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+            "bf16_dot_speedup": r.bf16_dot_speedup,
             "ops": r.op_times.iter().map(|t| json!({
                 "op": t.op,
                 "calls": t.calls,

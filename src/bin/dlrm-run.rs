@@ -186,8 +186,9 @@ struct Cli {
     /// dot product for GEMMs of two bf16 operands, AVX-512 for the others),
     /// `amxbf16` (the AMX-BF16 tile kernel for GEMMs of two bf16 operands,
     /// AVX-512 for the others) or `auto` (the fastest this CPU can run, per
-    /// shape; for two bf16 operands the AMX-BF16 kernel, else the AVX-512
-    /// BF16 one, where the CPU has it, untimed); with all but `cranelift` and
+    /// shape; for two bf16 operands the AMX-BF16 kernel where the CPU has
+    /// it, else the AVX-512 BF16 one where a probe finds it at least 1.25x
+    /// the FMA kernel's rate, not timed per shape); with all but `cranelift` and
     /// `native` the dot interaction (both directions) runs on AVX-512 too.
     #[arg(long, default_value = "auto", value_parser = parse_kernels)]
     kernels: KernelChoice,

@@ -136,8 +136,10 @@ pub enum KernelChoice {
     /// Per shape, the fastest of those this CPU can run (timed on the first
     /// call); GEMMs whose operands are both bf16 run on the AMX-BF16 kernel
     /// where the CPU and OS allow it, else on the AVX-512 BF16 one where the
-    /// CPU has it (not timed: their sums are neither the FMA kernels' bits
-    /// nor each other's, so a timing race must not choose the numbers).
+    /// CPU has it and it pays ([`micro::probe::bf16_dot_pays`]), else on the
+    /// timed FMA kernels (the k-pair kernels are not timed against those:
+    /// their sums are neither the FMA kernels' bits nor each other's, so a
+    /// timing race must not choose the numbers).
     #[default]
     Auto,
 }
@@ -472,7 +474,9 @@ impl Jit {
     /// k-pair kernels (AVX-512 BF16, AMX-BF16: `B` packed in k pairs) compute
     /// exact products; for such a spec whose `A` fits them, `Avx512Bf16` and
     /// `AmxBf16` force their kernel, and `Auto` picks AMX-BF16 where available,
-    /// else AVX-512 BF16 where available, without timing: their sums differ
+    /// else AVX-512 BF16 where it pays ([`micro::probe::bf16_dot_pays`]: on
+    /// Intel Xeons it runs at half the FMA kernels' rate), else times the FMA
+    /// kernels as for f32. The k-pair kernels are not timed: their sums differ
     /// from the FMA kernels' and from each other's in the last bits, so a
     /// timing race between them would make a run's numbers differ from one
     /// process to the next (a resumed run must repeat the uninterrupted one
@@ -503,7 +507,7 @@ impl Jit {
             KernelChoice::AmxBf16 => Some(Micro::Amx),
             KernelChoice::Auto if k_pairs => [Micro::Amx, Micro::Bf16Dot]
                 .into_iter()
-                .find(|m| m.available()),
+                .find(|&m| m.available() && (m != Micro::Bf16Dot || micro::probe::bf16_dot_pays())),
             _ => None,
         };
         if let Some(m) = forced

@@ -72,6 +72,9 @@ pub struct Report {
     /// GEMM shapes per micro-kernel the JIT picked so far
     /// ([`dlrm_codegen::Jit::gemm_picks`]).
     pub gemm_picks: Vec<(String, usize)>,
+    /// The AVX-512 BF16 kernel's tile rate over the FMA kernel's, where this
+    /// run measured it ([`dlrm_codegen::jit::micro::probe`]).
+    pub bf16_dot_speedup: Option<f64>,
     /// Whether collectives overlapped compute.
     pub overlap: bool,
     /// How the communicator all-reduces (the thread group's algorithm, or MPI's).
@@ -182,6 +185,20 @@ impl Report {
                 picks.join(", ")
             ));
         }
+        if let Some(r) = self.bf16_dot_speedup {
+            let (verdict, pays) = (
+                if r >= dlrm_codegen::jit::micro::probe::PAYS {
+                    "taken"
+                } else {
+                    "not taken"
+                },
+                dlrm_codegen::jit::micro::probe::PAYS,
+            );
+            s.push_str(&format!(
+                "AVX-512 BF16 kernel: {r:.2}x the AVX-512 FMA kernel's tile rate on this CPU, \
+                 so {verdict} for bf16 GEMMs under `auto` (from {pays}x)\n"
+            ));
+        }
         s
     }
 }
@@ -263,6 +280,7 @@ pub(super) fn report(rank0: &RankOutput, cfg: &RankCfg, wall: Instant, allreduce
         gemm_picks: dlrm_codegen::Jit::global()
             .map(|j| j.gemm_picks())
             .unwrap_or_default(),
+        bf16_dot_speedup: dlrm_codegen::jit::micro::probe::bf16_dot_measured(),
         overlap: cfg.overlap,
         allreduce: allreduce.to_string(),
         comm: rank0.comm,

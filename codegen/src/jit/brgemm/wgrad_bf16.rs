@@ -12,7 +12,8 @@
 //! over `dy` that applies relu's mask and sums `db` (in f32, sample order, as
 //! the interpreter) on the way ([`pack_dz_pairs`]). One GEMM per N block over
 //! all `Kb·bk` rows gives `dw[nb]` in its blocked layout. Taken only where `auto` (or the forced
-//! `avx512bf16` / `amxbf16`) runs such a kernel; elsewhere the general path runs.
+//! `avx512bf16` / `amxbf16`) runs such a kernel (`auto`: AMX-BF16, or AVX-512 BF16 where
+//! [`crate::jit::micro::probe::bf16_dot_pays`]); elsewhere the general path runs.
 
 use super::{PooledBf16, mask_into, masked, positive, row_block, run_blocks, with_kernel};
 use crate::jit::buffers::{Fresh, Scratch};
@@ -60,7 +61,10 @@ pub(super) fn operands<'t>(
         return None;
     };
     let dot = match opts.kernels {
-        KernelChoice::Auto => Micro::Bf16Dot.available() || Micro::Amx.available(),
+        KernelChoice::Auto => {
+            Micro::Amx.available()
+                || (Micro::Bf16Dot.available() && crate::jit::micro::probe::bf16_dot_pays())
+        }
         KernelChoice::Avx512Bf16 => Micro::Bf16Dot.available(),
         KernelChoice::AmxBf16 => Micro::Amx.available(),
         _ => false,

@@ -61,10 +61,15 @@ pub(super) fn kernels(opts: &JitOptions, spec: &DotSpec) -> Option<Kernels> {
 
 /// Whether the forward on bf16 operands takes [`native_dot::forward_pairs`]
 /// (AVX512_BF16's pair dot product): where the CPU has it, under the kernel
-/// choices that let the GEMMs use it (`auto`, `avx512bf16`, `amxbf16`), as
-/// the bf16 GEMMs choose their k-pair kernels: not timed, so a run's numbers
-/// are the same on every run on one CPU. Under `avx512` the bf16 operands are
-/// widened and the f32 path's sums computed.
+/// choices that let the GEMMs use it (`auto`, `avx512bf16`, `amxbf16`): not
+/// timed, so a run's numbers are the same on every run on one CPU. Unlike the
+/// GEMMs' choice under `auto` ([`crate::jit::micro::probe`]) it holds where
+/// `vdpbf16ps` is slow: the forward is bound by its reads and the horizontal
+/// sums, not its products, and widening in registers takes the FMA ports on
+/// Intel (an Intel Xeon, model 207, 2026-11-30, whose probe read 0.48x:
+/// dlrm-mlperf's bf16 forward 2.3-2.5 ms with the pairs against 2.46 widened
+/// in registers and 2.7-3.0 widened into scratch first). Under `avx512` the
+/// bf16 operands are widened and the f32 path's sums computed.
 fn pairs(opts: &JitOptions) -> bool {
     matches!(
         opts.kernels,

@@ -50,6 +50,7 @@ pub mod amx;
 pub mod avx2;
 pub mod avx512;
 pub mod avx512bf16;
+pub mod probe;
 
 /// Flag: `A` holds bf16.
 pub const F_A_BF16: u32 = 1;
