@@ -2,12 +2,12 @@
 //! process.
 //!
 //! `vdpbf16ps` does twice the multiply-adds of an f32 FMA per instruction, but
-//! CPUs issue it at different rates: on AMD's Zen 4 and 5 the AVX-512 BF16
-//! kernel ([`super::avx512bf16`]) runs a tile well above the AVX-512 FMA
-//! kernel's rate; on Intel Xeons (one `vdpbf16ps` port, against two FMA
-//! ports) at about half of it, so a bf16 plan whose GEMMs took it there trained
-//! at 0.6x of fp32 (an Intel Xeon, model 207, 2026-11-30: 10.7k against 17.3k
-//! samples/s on dlrm-mlperf). Under `--kernels auto` the GEMMs of two bf16
+//! CPUs issue it at different rates. On an AMD EPYC of the Zen 5 class a bf16
+//! dlrm-mlperf step on the AVX-512 BF16 kernel ([`super::avx512bf16`]) trained
+//! at 1.66-1.78x fp32 (stop 53); on Intel Xeons its tile runs at about half
+//! the AVX-512 FMA kernel's rate (this probe read 0.48 on one, model 207,
+//! 2026-11-30), so a bf16 plan whose GEMMs took it there trained at 0.6x of
+//! fp32 (10.7k against 17.3k samples/s on dlrm-mlperf). Under `--kernels auto` the GEMMs of two bf16
 //! operands take it only where it pays ([`bf16_dot_pays`]); elsewhere they run
 //! on the FMA kernels, timed like f32 GEMMs. AMX-BF16 is chosen wherever the
 //! CPU has it, without this probe.
@@ -18,8 +18,8 @@
 //! best of [`SAMPLES`] each: about a millisecond. The choice changes the bits
 //! of a run (the k-pair kernels add in their own order), so it must not flip
 //! from one process to the next on one CPU: the threshold [`PAYS`] sits far
-//! from the rates seen (about 0.5 on Intel, well above 1.5 on Zen 4 and 5),
-//! and `DLRM_BF16_DOT=1` (or `0`) fixes the answer for a run whose CPU would
+//! from the rates expected (about 0.5 on Intel; on Zen 5, where the probe has
+//! not run yet, the whole bf16 step ran 1.7x fp32 on the kernel), and `DLRM_BF16_DOT=1` (or `0`) fixes the answer for a run whose CPU would
 //! sit near it. `--kernels avx512bf16` forces the kernel regardless.
 
 use super::{AVX512, AVX512_BF16, BPacking, F_A_BF16, MicroKernel, TileArgs};
