@@ -8,8 +8,8 @@ use crate::jit::layout::{buf, zeros};
 use crate::jit::linear::{elt_of, operand};
 use crate::jit::{Jit, JitError, JitOptions};
 use crate::reference::brgemm::{WgradArgs, act_grad, floats, wgrad_args};
-use crate::reference::{KResult, shape_err};
-use dlrm_ir::{Act, Checked, Tensor, TensorType};
+use crate::reference::{Elem, KResult, shape_err};
+use dlrm_ir::{Act, Checked, Data, Tensor, TensorType};
 use half::bf16;
 use rayon::prelude::*;
 
@@ -47,22 +47,39 @@ pub fn brgemm_wgrad(
         let (dw, dbp) = super::wgrad_bf16::wgrad_gemm(jit, opts, (&dz, x16), dims, dw_elt)?;
         return Ok(finish_wgrad(dw, dbp, n, (nb, kb, bk, bn), db_elt));
     }
-    let (dyv, yv) = (floats(dy), floats(y));
     if bn == 1 {
+        let (dyv, yv) = (floats(dy), floats(y));
         return wgrad_columns(jit, act, (&dyv, &yv), xa, (nb, kb, s, bk), (dw_elt, db_elt));
     }
-    let dz = DzRows {
-        act,
-        dy: &dyv,
-        y: &yv,
-        s,
-        bn,
-    };
     let pack_x = xa.elt() == Elt::BF16 && nb >= PACK_X_MIN_NB;
     let base = wgrad_spec(pack_x, (kb, s, bk, bn), xa.elt(), dw_elt);
     let mut result = None;
+    let dims = (nb, kb, bk);
+    // bf16 `dy` and `y` are widened as each panel is packed (a widened copy
+    // of the whole tensors first was 8-12% of a bf16 dlrm-small training step
+    // under the FMA kernels); mixed types take the f32 copies.
+    // `Ok`: both bf16, read in place; `Err`: the f32 copies.
+    let operands = match (&dy.data, &y.data) {
+        (Data::BF16(d), Data::BF16(yy)) => Ok((d.as_slice(), yy.as_slice())),
+        _ => Err((floats(dy), floats(y))),
+    };
     with_kernel(jit, opts, OP, (base, false, false), &mut |kern| {
-        result = Some(wgrad_gemm(kern, &dz, xa, (nb, kb, bk), dw_elt)?);
+        result = Some(match &operands {
+            Ok((dy, y)) => {
+                let dz = DzRows { act, dy, y, s, bn };
+                wgrad_gemm(kern, &dz, xa, dims, dw_elt)?
+            }
+            Err((dy, y)) => {
+                let dz = DzRows {
+                    act,
+                    dy: &**dy,
+                    y: &**y,
+                    s,
+                    bn,
+                };
+                wgrad_gemm(kern, &dz, xa, dims, dw_elt)?
+            }
+        });
         Ok(())
     })?;
     let (dw, dbp) = result.ok_or_else(|| shape_err(OP, "internal: no result".into()))?;
@@ -101,15 +118,15 @@ fn wgrad_spec(
 
 /// `dz = act'(dy, y)` over the `[Nb][S][bn]` blocks of `dy` and `y`, the `B`
 /// operand of `brgemm_wgrad`'s GEMMs.
-struct DzRows<'v> {
+struct DzRows<'v, E> {
     act: Act,
-    dy: &'v [f32],
-    y: &'v [f32],
+    dy: &'v [E],
+    y: &'v [E],
     s: usize,
     bn: usize,
 }
 
-impl DzRows<'_> {
+impl<E: Elem> DzRows<'_, E> {
     /// Panel `q` (`S × nr`; `panels` per N block) of the packed dz, its db
     /// columns summed into `dbq`.
     fn pack_panel(&self, (q, panels, nr): (usize, usize, usize), pan: &mut [f32], dbq: &mut [f32]) {
@@ -125,12 +142,12 @@ impl DzRows<'_> {
             &self.y[nbi * s * bn..(nbi + 1) * s * bn],
         );
         match self.act {
-            Act::None => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, _| d),
+            Act::None => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, _| d.load()),
             Act::Relu => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
-                act_grad(Act::Relu, d, y)
+                act_grad(Act::Relu, d.load(), y.load())
             }),
             Act::Sigmoid => pack_dz(rows, pan, &mut dbq[..cols], (bn, j0, nr), |d, y| {
-                act_grad(Act::Sigmoid, d, y)
+                act_grad(Act::Sigmoid, d.load(), y.load())
             }),
         }
     }
@@ -138,9 +155,9 @@ impl DzRows<'_> {
 
 /// `dw` (`[Nb][Kb·bk][bn]`) with `kern` ([`wgrad_spec`]), and the per-panel
 /// column sums of dz (`db`, `[Nb][panels·nr]`).
-fn wgrad_gemm(
+fn wgrad_gemm<E: Elem>(
     kern: GemmKernel,
-    dz: &DzRows<'_>,
+    dz: &DzRows<'_, E>,
     xa: Operand<'_>,
     (nb, kb, bk): (usize, usize, usize),
     dw_elt: Elt,
@@ -311,27 +328,27 @@ const FUSED_DZ_BLOCKS_PER_THREAD: usize = 2;
 /// row into `db` in sample order. A whole panel of the AVX-512 tile width takes
 /// [`pack_dz_rows`] (fixed-length rows: vector moves, the sums in registers);
 /// the general loop's row copies compiled to a `memcpy` call per 128-byte row.
-fn pack_dz(
-    (dy, y): (&[f32], &[f32]),
+fn pack_dz<E: Copy>(
+    (dy, y): (&[E], &[E]),
     pan: &mut [f32],
     db: &mut [f32],
     (bn, j0, nr): (usize, usize, usize),
-    g: impl Fn(f32, f32) -> f32,
+    g: impl Fn(E, E) -> f32,
 ) {
     if db.len() == nr && nr == 32 {
-        pack_dz_rows::<32>((dy, y), pan, db, (bn, j0), g);
+        pack_dz_rows::<32, E>((dy, y), pan, db, (bn, j0), g);
     } else {
         pack_dz_any((dy, y), pan, db, (bn, j0, nr), g);
     }
 }
 
 /// [`pack_dz`] for any panel.
-fn pack_dz_any(
-    (dy, y): (&[f32], &[f32]),
+fn pack_dz_any<E: Copy>(
+    (dy, y): (&[E], &[E]),
     pan: &mut [f32],
     db: &mut [f32],
     (bn, j0, nr): (usize, usize, usize),
-    g: impl Fn(f32, f32) -> f32,
+    g: impl Fn(E, E) -> f32,
 ) {
     let cols = db.len();
     for ((row, d), yy) in pan
@@ -354,12 +371,12 @@ fn pack_dz_any(
 
 /// [`pack_dz`] for a panel of `N` live columns: the same values and the same
 /// sums in the same order, on fixed-length rows.
-fn pack_dz_rows<const N: usize>(
-    (dy, y): (&[f32], &[f32]),
+fn pack_dz_rows<const N: usize, E: Copy>(
+    (dy, y): (&[E], &[E]),
     pan: &mut [f32],
     db: &mut [f32],
     (bn, j0): (usize, usize),
-    g: impl Fn(f32, f32) -> f32,
+    g: impl Fn(E, E) -> f32,
 ) {
     let mut acc = [0.0f32; N];
     acc.copy_from_slice(&db[..N]);
@@ -485,7 +502,7 @@ mod tests {
                 let g = |d, yy| act_grad(act, d, yy);
                 let (mut p1, mut p2) = (vec![9.0f32; s * 32], vec![9.0f32; s * 32]);
                 let (mut d1, mut d2) = (vec![0.5f32; 32], vec![0.5f32; 32]);
-                pack_dz_rows::<32>((&dy, &y), &mut p1, &mut d1, (bn, j0), g);
+                pack_dz_rows::<32, f32>((&dy, &y), &mut p1, &mut d1, (bn, j0), g);
                 pack_dz_any((&dy, &y), &mut p2, &mut d2, (bn, j0, 32), g);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&p1), bits(&p2), "{act:?} from column {j0}: panel");
