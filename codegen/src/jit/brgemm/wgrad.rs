@@ -70,13 +70,7 @@ pub fn brgemm_wgrad(
                 wgrad_gemm(kern, &dz, xa, dims, dw_elt)?
             }
             Err((dy, y)) => {
-                let dz = DzRows {
-                    act,
-                    dy: &**dy,
-                    y: &**y,
-                    s,
-                    bn,
-                };
+                let dz = DzRows { act, dy, y, s, bn };
                 wgrad_gemm(kern, &dz, xa, dims, dw_elt)?
             }
         });
