@@ -124,6 +124,7 @@ unsafe fn transpose_tiles(
     (r0, rows): (usize, usize),
     src: Src<'_>,
 ) {
+    use crate::jit::native_dot::Elem;
     use std::arch::x86_64::*;
     let blocks = k / w;
     let store: __mmask16 = ((1u32 << mr) - 1) as u16;
@@ -157,12 +158,8 @@ unsafe fn transpose_tiles(
                                 let one_minus = _mm512_sub_ps(_mm512_set1_ps(1.0), yv);
                                 _mm512_mul_ps(_mm512_mul_ps(load(d), yv), one_minus)
                             }
-                            // Exact: the bf16 bits are the f32's top half.
-                            Src::BF16(v) => {
-                                let h = _mm256_maskz_loadu_epi16(m, v.as_ptr().add(at).cast());
-                                let wide = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
-                                _mm512_castsi512_ps(wide)
-                            }
+                            // Widened exactly, as the interaction kernels load.
+                            Src::BF16(v) => <half::bf16 as Elem>::load16(v.as_ptr().add(at), m),
                         }
                     };
                 }

@@ -55,10 +55,9 @@ pub fn brgemm_wgrad(
     let base = wgrad_spec(pack_x, (kb, s, bk, bn), xa.elt(), dw_elt);
     let mut result = None;
     let dims = (nb, kb, bk);
-    // bf16 `dy` and `y` are widened as each panel is packed (a widened copy
-    // of the whole tensors first was 8-12% of a bf16 dlrm-small training step
-    // under the FMA kernels); mixed types take the f32 copies.
-    // `Ok`: both bf16, read in place; `Err`: the f32 copies.
+    // `Ok`: bf16 `dy` and `y`, read in place and widened as each panel is
+    // packed (a widened copy of both first was 8-12% of a bf16 dlrm-small
+    // training step under the FMA kernels); `Err`: f32 (or mixed) as f32.
     let operands = match (&dy.data, &y.data) {
         (Data::BF16(d), Data::BF16(yy)) => Ok((d.as_slice(), yy.as_slice())),
         _ => Err((floats(dy), floats(y))),

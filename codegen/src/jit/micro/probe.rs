@@ -7,8 +7,9 @@
 //! at 1.66-1.78x fp32 (stop 53); on Intel Xeons its tile runs at about half
 //! the AVX-512 FMA kernel's rate (this probe read 0.48 on one, model 207,
 //! 2026-11-30), so a bf16 plan whose GEMMs took it there trained at 0.6x of
-//! fp32 (10.7k against 17.3k samples/s on dlrm-mlperf). Under `--kernels auto` the GEMMs of two bf16
-//! operands take it only where it pays ([`bf16_dot_pays`]); elsewhere they run
+//! fp32 (10.7k against 17.3k samples/s on dlrm-mlperf). Under `--kernels
+//! auto` the GEMMs of two bf16 operands take it only where it pays
+//! ([`bf16_dot_pays`]); elsewhere they run
 //! on the FMA kernels, timed like f32 GEMMs. AMX-BF16 is chosen wherever the
 //! CPU has it, without this probe.
 //!
@@ -19,8 +20,9 @@
 //! of a run (the k-pair kernels add in their own order), so it must not flip
 //! from one process to the next on one CPU: the threshold [`PAYS`] sits far
 //! from the rates expected (about 0.5 on Intel; on Zen 5, where the probe has
-//! not run yet, the whole bf16 step ran 1.7x fp32 on the kernel), and `DLRM_BF16_DOT=1` (or `0`) fixes the answer for a run whose CPU would
-//! sit near it. `--kernels avx512bf16` forces the kernel regardless.
+//! not run yet, the whole bf16 step ran 1.7x fp32 on the kernel), and
+//! `DLRM_BF16_DOT=1` (or `0`) fixes the answer for a run whose CPU would sit
+//! near it. `--kernels avx512bf16` forces the kernel regardless.
 
 use super::{AVX512, AVX512_BF16, BPacking, F_A_BF16, MicroKernel, TileArgs};
 use half::bf16;
@@ -50,7 +52,8 @@ pub fn bf16_dot_measured() -> Option<f64> {
 }
 
 /// Whether `--kernels auto` runs the GEMMs of two bf16 operands (and the
-/// interaction's bf16 forward) on `vdpbf16ps`: the CPU has AVX512_BF16 and
+/// bf16 weight gradients' k-pair path) on `vdpbf16ps` (the interaction's bf16
+/// forward does not ask: `interaction::native`'s `pairs`): the CPU has AVX512_BF16 and
 /// [`bf16_dot_speedup`] is at least [`PAYS`], unless `DLRM_BF16_DOT` is `1`
 /// or `0`.
 pub fn bf16_dot_pays() -> bool {
