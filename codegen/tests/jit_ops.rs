@@ -9,7 +9,7 @@ use dlrm_codegen::KernelError;
 use dlrm_codegen::jit::{JitOptions, try_eval};
 use dlrm_ir::interp::{EvalCtx, eval_op};
 use dlrm_ir::module::ModOp;
-use dlrm_ir::{DType, Dim, InteractionKind, Op, Pool, SingleRank, Tensor, TensorType};
+use dlrm_ir::{DType, Data, Dim, InteractionKind, Op, Pool, SingleRank, Tensor, TensorType};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -234,6 +234,77 @@ fn three_way(name: &str, op: &Op, ins: &[&Tensor], outs: &[TensorType], s: usize
             assert_close(&format!("{name} vs reference"), g, r, tol);
         }
     }
+}
+
+/// The bits of a bf16 tensor's elements.
+fn bf16_bits(t: &Tensor) -> Vec<u16> {
+    match &t.data {
+        Data::BF16(v) => v.iter().map(|x| x.to_bits()).collect(),
+        _ => panic!("a bf16 tensor"),
+    }
+}
+
+/// bf16 → bf16 layout copies (`block_act` with padding, `unblock_act`, the
+/// `cat` interaction and its gradient) on every bf16 bit pattern give the
+/// interpreter's bits (`assert_close` lets any NaN match any NaN; here a
+/// signalling NaN must come out quiet, its sign and payload kept, as the
+/// definition's widen-then-round does).
+#[test]
+fn bf16_layout_copies_keep_every_bit_pattern_as_the_reference_does() {
+    let (s, k) = (1024, 64);
+    let x = Tensor {
+        shape: vec![s, k],
+        data: Data::BF16((0..=u16::MAX).map(half::bf16::from_bits).collect()),
+    };
+    let sy = syms(s);
+    let run = |op: &Op, ins: &[&Tensor], outs: &[TensorType]| {
+        let got = try_eval(op, ins, outs, &sy, &JitOptions::default())
+            .expect("a JIT kernel exists")
+            .expect("runs");
+        let ctx = EvalCtx {
+            syms: &sy,
+            comm: &SingleRank,
+        };
+        let want = eval_op(op, ins, outs, &ctx).expect("interpreter");
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.shape, w.shape, "{op:?}: shape");
+            let (g, w) = (bf16_bits(g), bf16_bits(w));
+            if let Some(i) = (0..g.len()).find(|&i| g[i] != w[i]) {
+                panic!("{op:?}: element {i}: {:#06x} vs {:#06x}", g[i], w[i]);
+            }
+        }
+        got
+    };
+    let bf = |dims: Vec<Dim>| TensorType::new(DType::BF16, dims);
+    // 64 columns in blocks of 24: the last block has 16 live and 8 padding.
+    let op = Op::BlockAct {
+        bk: 24,
+        dtype: DType::BF16,
+    };
+    let xb = run(
+        &op,
+        &[&x],
+        &[bf(vec![Dim::Fixed(3), Dim::batch(), Dim::Fixed(24)])],
+    );
+    let op = Op::UnblockAct {
+        k,
+        dtype: DType::BF16,
+    };
+    run(&op, &[&xb[0]], &[bf(vec![Dim::batch(), Dim::Fixed(k)])]);
+    let op = Op::Interaction {
+        kind: InteractionKind::Cat,
+        self_interaction: false,
+    };
+    let cat = run(&op, &[&x, &x], &[bf(vec![Dim::batch(), Dim::Fixed(2 * k)])]);
+    let op = Op::InteractionGrad {
+        kind: InteractionKind::Cat,
+        self_interaction: false,
+    };
+    let outs = [
+        bf(vec![Dim::batch(), Dim::Fixed(k)]),
+        bf(vec![Dim::batch(), Dim::Fixed(k)]),
+    ];
+    run(&op, &[&cat[0], &x, &x], &outs);
 }
 
 fn dt(bf: bool) -> DType {
