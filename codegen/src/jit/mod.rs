@@ -70,6 +70,8 @@ pub mod loss;
 pub mod micro;
 pub mod native_dot;
 mod pack;
+#[cfg(test)]
+mod pick_tests;
 mod prefetch;
 pub mod reduce;
 pub mod rows;
@@ -171,6 +173,16 @@ impl KernelChoice {
         }
     }
 }
+
+/// How many times the fastest candidate's warm-up time a GEMM candidate's
+/// may take and still be timed by [`Jit::pick_variant`]: the candidates give
+/// the same bits, so dropping the slow ones early changes no number, only the
+/// time the choice takes. The Cranelift kernels (3-5x the native kernels'
+/// time) and, on an AVX-512 CPU, the AVX2 ones (about 2x) stop after one
+/// run; variants of one micro-kernel (packed `A` or not, reduction chunks,
+/// within about 1.3x of each other) stay. dlrm-mlperf's first training step
+/// took 7.6 s of which 6.2 s choosing, every candidate run four times.
+const PRUNE: f64 = 1.5;
 
 /// Options of a JIT evaluation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -481,9 +493,9 @@ impl Jit {
     /// timing race between them would make a run's numbers differ from one
     /// process to the next (a resumed run must repeat the uninterrupted one
     /// bit for bit); the timed candidates below all give the same bits. With
-    /// more than one candidate, `trial` runs each three times, taking turns
-    /// (after a warm-up run each), on the first call of a shape and the
-    /// fastest is remembered.
+    /// more than one candidate, `trial` runs each once (a warm-up, timed),
+    /// then those within [`PRUNE`] of the fastest three times more, taking
+    /// turns, on the first call of a shape, and the fastest is remembered.
     pub(crate) fn pick_variant(
         &self,
         spec: gemm::GemmSpec,
@@ -580,17 +592,26 @@ impl Jit {
         if let Some(&s) = lock(&self.auto).get(&pick_key) {
             return Ok(s);
         }
-        let kernels = candidates
+        // Each candidate's warm-up run, timed: those over `PRUNE` times the
+        // fastest warm-up's time are not timed again (the fastest always is).
+        let warm = candidates
             .iter()
             .map(|&c| {
                 let k = self.gemm(c)?;
+                let t0 = Instant::now();
                 trial(k)?;
-                Ok((c, k))
+                Ok((c, k, t0.elapsed().as_secs_f64()))
             })
             .collect::<Result<Vec<_>, JitError>>()?;
+        let fastest = warm.iter().map(|w| w.2).fold(f64::INFINITY, f64::min);
+        let kernels: Vec<_> = warm
+            .iter()
+            .filter(|w| w.2 <= PRUNE * fastest)
+            .map(|&(c, k, _)| (c, k))
+            .collect();
         // Best of three timed runs each, the candidates taking turns: robust to
         // a busy machine, and to one whose speed drifts while it is timed.
-        let mut best = (f64::INFINITY, candidates[0]);
+        let mut best = (f64::INFINITY, kernels[0].0);
         for _ in 0..3 {
             for &(cand, k) in &kernels {
                 let t0 = Instant::now();
