@@ -592,6 +592,17 @@ impl Jit {
         if let Some(&s) = lock(&self.auto).get(&pick_key) {
             return Ok(s);
         }
+        picked(self.race(&candidates, trial)?)
+    }
+
+    /// The fastest of `candidates` under `trial` ([`Jit::pick_variant`]'s
+    /// race): each one's warm-up run, timed, then the best of three more runs
+    /// of those within [`PRUNE`] of the fastest warm-up, taking turns.
+    fn race(
+        &self,
+        candidates: &[gemm::GemmSpec],
+        trial: &mut dyn FnMut(gemm::GemmKernel) -> Result<(), JitError>,
+    ) -> Result<gemm::GemmSpec, JitError> {
         // Each candidate's warm-up run, timed: those over `PRUNE` times the
         // fastest warm-up's time are not timed again (the fastest always is).
         let warm = candidates
@@ -603,7 +614,12 @@ impl Jit {
                 Ok((c, k, t0.elapsed().as_secs_f64()))
             })
             .collect::<Result<Vec<_>, JitError>>()?;
-        let fastest = warm.iter().map(|w| w.2).fold(f64::INFINITY, f64::min);
+        let Some(&(first, _, fastest)) = warm.iter().min_by(|a, b| a.2.total_cmp(&b.2)) else {
+            return Err(JitError::Args {
+                kernel: "gemm".into(),
+                reason: "no candidate kernel to time".into(),
+            });
+        };
         let kernels: Vec<_> = warm
             .iter()
             .filter(|w| w.2 <= PRUNE * fastest)
@@ -611,7 +627,7 @@ impl Jit {
             .collect();
         // Best of three timed runs each, the candidates taking turns: robust to
         // a busy machine, and to one whose speed drifts while it is timed.
-        let mut best = (f64::INFINITY, kernels[0].0);
+        let mut best = (f64::INFINITY, first);
         for _ in 0..3 {
             for &(cand, k) in &kernels {
                 let t0 = Instant::now();
@@ -622,7 +638,7 @@ impl Jit {
                 }
             }
         }
-        picked(best.1)
+        Ok(best.1)
     }
 
     /// How many GEMM shapes [`Jit::pick_variant`] has given to each
