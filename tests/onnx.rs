@@ -3,6 +3,7 @@
 //! as its JSON twin, and ONNX models train (with `--label`).
 
 use dlrm_ir::interp::{bind_symbols, run};
+use dlrm_ir::ops::interaction_blocked;
 use dlrm_ir::{Graph, InteractionKind, Op, SingleRank, Tensor};
 use dlrm_passes::egraph::Limits;
 use dlrm_passes::egraph::canon::{GENERIC, canonicalise};
@@ -99,11 +100,15 @@ fn canonicalisation_is_complete_and_exact_on_onnx_dlrms() {
 fn dot_interactions(g: &Graph) -> Vec<bool> {
     g.nodes()
         .iter()
-        .filter_map(|n| match n.op {
+        .filter_map(|n| match &n.op {
             Op::Interaction {
                 kind: InteractionKind::Dot,
                 self_interaction,
-            } => Some(self_interaction),
+            } => Some(*self_interaction),
+            // Written straight in the top MLP's blocked layout.
+            Op::Module(m) if m.mnemonic() == interaction_blocked::MNEMONIC => {
+                Some(interaction_blocked::attrs_of(m).0)
+            }
             _ => None,
         })
         .collect()
@@ -194,7 +199,7 @@ fn onnx_dlrm_plan_is_as_optimised_as_its_json_twin() {
     for graph in ["infer", "train"] {
         let (o, j) = (&onnx.graphs[graph].ops, &json.graphs[graph].ops);
         assert_eq!(o, j, "{graph}: ONNX plan vs JSON plan ops by kind");
-        for kind in ["brgemm", "embedding_bag", "interaction"] {
+        for kind in ["brgemm", "embedding_bag", "interaction_blocked"] {
             assert!(j.contains_key(kind), "{graph}: no {kind} in {j:?}");
         }
         assert!(
@@ -556,9 +561,12 @@ fn real_pytorch_exports_compile_to_fused_plans_that_match_pytorch() {
         .expect("case.json is JSON");
         let tables = meta["tables"].as_u64().unwrap_or(3) as usize;
         assert_eq!(bags, tables, "{name}: one bag per table: {ops:?}");
-        for kind in ["interaction", "brgemm"] {
-            assert!(ops.contains_key(kind), "{name}: no {kind} in {ops:?}");
-        }
+        // The interaction (a dot one written in the top MLP's blocked layout).
+        assert!(
+            ops.contains_key("interaction") || ops.contains_key("interaction_blocked"),
+            "{name}: no interaction in {ops:?}"
+        );
+        assert!(ops.contains_key("brgemm"), "{name}: no brgemm in {ops:?}");
         assert!(
             ops.keys().all(|k| !GENERIC.contains(&k.as_str())),
             "{name}: generic ops left: {ops:?}"

@@ -784,3 +784,95 @@ fn bce_logits_kernels_are_bitwise_the_interpreter() {
     let ty = TensorType::new(DType::F32, []);
     assert!(dlrm_codegen::try_eval(&op, &[&z, &z], &[ty], &HashMap::new()).is_none());
 }
+
+/// `interaction_blocked` (the dot interaction written in the top MLP's
+/// blocked layout) equals the composition it replaces, `block_act` of the
+/// interaction, bit for bit, under every kernel choice (the native kernels
+/// write their rows into the blocks; the Cranelift ones block after), and the
+/// interpreter's definition within the interaction's reassociation.
+#[test]
+fn interaction_blocked_is_block_act_of_the_interaction() {
+    let mut kernels = vec![KernelChoice::Auto, KernelChoice::Cranelift];
+    if micro::AVX512.available() {
+        kernels.push(KernelChoice::Avx512);
+    }
+    if micro::AVX2.available() {
+        kernels.push(KernelChoice::Native);
+    }
+    // (operands, width, samples, diagonal, bf16, block): the DLRM shapes
+    // (dlrm-small, dlrm-kaggle, dlrm-mlperf into blocks of 64), blocks that
+    // pad the last one, a block wider than the row, one column, no samples.
+    for (f, d, s, self_i, bf, bk) in [
+        (9, 64, 37, false, false, 64),
+        (27, 16, 37, false, false, 64),
+        (27, 16, 37, false, true, 64),
+        (27, 128, 21, false, true, 64),
+        (27, 128, 21, false, false, 160),
+        (6, 6, 19, false, false, 8),
+        (3, 33, 19, true, true, 7),
+        (5, 8, 19, true, false, 100),
+        (30, 1, 9, true, false, 16),
+        (4, 16, 0, false, false, 64),
+    ] {
+        let dt = if bf { DType::BF16 } else { DType::F32 };
+        let ops: Vec<Tensor> = (0..f)
+            .map(|i| Tensor::from_f32(dt, vec![s, d], vals(40 + i as u64, s * d)))
+            .collect();
+        let ins: Vec<&Tensor> = ops.iter().collect();
+        let width = d + if self_i {
+            f * (f + 1) / 2
+        } else {
+            f * (f - 1) / 2
+        };
+        let kb = width.div_ceil(bk);
+        let fused_op = dlrm_ir::ops::interaction_blocked::op(self_i, bk, dt);
+        let blocked = TensorType::new(dt, [Dim::Fixed(kb), Dim::batch(), Dim::Fixed(bk)]);
+        let rows = TensorType::new(dt, [Dim::batch(), Dim::Fixed(width)]);
+        let inter = Op::Interaction {
+            kind: InteractionKind::Dot,
+            self_interaction: self_i,
+        };
+        let syms = HashMap::from([("B".to_string(), s)]);
+        let name = format!("f={f} d={d} s={s} self={self_i} bf16={bf} bk={bk}");
+        for &k in &kernels {
+            let o = JitOptions {
+                kernels: k,
+                ..JitOptions::default()
+            };
+            let run = |op: &Op, ins: &[&Tensor], out: &TensorType| {
+                dlrm_codegen::jit::try_eval(op, ins, std::slice::from_ref(out), &syms, &o)
+                    .unwrap_or_else(|| panic!("{name} {k:?}: a JIT kernel for {op:?}"))
+                    .unwrap_or_else(|e| panic!("{name} {k:?}: {e}"))
+                    .remove(0)
+            };
+            let fused = run(&fused_op, &ins, &blocked);
+            let r = run(&inter, &ins, &rows);
+            let composed = run(&Op::BlockAct { bk, dtype: dt }, &[&r], &blocked);
+            assert_eq!(fused.shape, vec![kb, s, bk], "{name} {k:?}");
+            same_bits(
+                &format!("{name} {k:?}: fused vs composed"),
+                &fused,
+                &composed,
+            );
+        }
+        let ctx = EvalCtx {
+            syms: &syms,
+            comm: &SingleRank,
+        };
+        let want = eval_op(&fused_op, &ins, std::slice::from_ref(&blocked), &ctx)
+            .expect("interpreter")
+            .remove(0);
+        let o = JitOptions::default();
+        let got = dlrm_codegen::jit::try_eval(&fused_op, &ins, &[blocked], &syms, &o)
+            .expect("a JIT kernel")
+            .expect("runs")
+            .remove(0);
+        let tol = if bf { 1.0 / 128.0 } else { 1e-5 };
+        for (i, (a, b)) in got.to_f32_vec().iter().zip(want.to_f32_vec()).enumerate() {
+            assert!(
+                (a - b).abs() <= tol * b.abs().max(1.0),
+                "{name}: element {i}: {a} vs the interpreter's {b}"
+            );
+        }
+    }
+}

@@ -20,6 +20,9 @@
 //!   computed once, in the epilogue of the GEMM that produces its operand);
 //! - [`cross_epilogue`]: pass `fuse-cross-epilogue`, after `precision` (DCN-v2's
 //!   elementwise cross steps in the epilogues of the cross layers' GEMMs);
+//! - [`interaction_layout`]: pass `fuse-interaction-layout`, after
+//!   `fuse-cross-epilogue` (a dot interaction written straight in the blocked
+//!   layout of the GEMM that reads it);
 //! - [`mod@bucket`]: dense-gradient `all_reduce`s fused into buckets (DDP style), a
 //!   per-rank pass ([`pipeline::RANK_PASSES`]) run on every rank's graph after
 //!   `partition`;
@@ -70,6 +73,7 @@ pub mod dce;
 pub mod described;
 pub mod egraph;
 mod error;
+pub mod interaction_layout;
 pub mod layout;
 pub mod mask;
 pub mod partition;

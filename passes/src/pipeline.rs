@@ -39,6 +39,7 @@ use crate::cross_epilogue::{self, FuseCrossEpilogue};
 use crate::dce::{self, Dce};
 use crate::egraph::canon::{self, Canon};
 use crate::egraph::{self, EgraphStats, Fuse, FuseOptions, Limits};
+use crate::interaction_layout::{self, FuseInteractionLayout};
 use crate::layout::{self, Layout};
 use crate::mask::{self, FuseDgradMask};
 use crate::partition::Partitioned;
@@ -89,7 +90,7 @@ struct Stage {
 }
 
 /// The pipeline, in order: the one place a pass is listed.
-const PIPELINE: [Stage; 10] = [
+const PIPELINE: [Stage; 11] = [
     Stage {
         id: canon::ID,
         when: When::Canon,
@@ -145,6 +146,11 @@ const PIPELINE: [Stage; 10] = [
         id: cross_epilogue::ID,
         when: When::Optimize,
         make: |_| Some(Box::new(FuseCrossEpilogue)),
+    },
+    Stage {
+        id: interaction_layout::ID,
+        when: When::Optimize,
+        make: |_| Some(Box::new(FuseInteractionLayout)),
     },
     Stage {
         id: dce::ID,

@@ -120,6 +120,7 @@ fn inference_pipeline_skips_autodiff() {
             "layout",
             "precision",
             "fuse-cross-epilogue",
+            "fuse-interaction-layout",
             "dce"
         ]
     );
@@ -140,6 +141,7 @@ fn inference_pipeline_skips_autodiff() {
             "fuse-dgrad-mask",
             "layout",
             "fuse-cross-epilogue",
+            "fuse-interaction-layout",
             "dce"
         ]
     );
@@ -158,6 +160,7 @@ fn inference_pipeline_skips_autodiff() {
             "layout",
             "precision",
             "fuse-cross-epilogue",
+            "fuse-interaction-layout",
             "dce"
         ]
     );
@@ -173,6 +176,7 @@ fn inference_pipeline_skips_autodiff() {
             "fuse-dgrad-mask",
             "layout",
             "fuse-cross-epilogue",
+            "fuse-interaction-layout",
             "dce"
         ]
     );
@@ -236,6 +240,7 @@ fn dump_specs_are_validated() {
             "layout",
             "precision",
             "fuse-cross-epilogue",
+            "fuse-interaction-layout",
             "dce",
             "partition",
             "bucket",
@@ -254,7 +259,7 @@ fn dump_specs_are_validated() {
         msg.contains("`fusion`")
             && msg.contains(
                 "all, input, canon, autodiff, contract-cross, save-activations, fuse, fuse-dgrad-mask, layout, \
-                 precision, fuse-cross-epilogue, dce, partition, bucket, schedule"
+                 precision, fuse-cross-epilogue, fuse-interaction-layout, dce, partition, bucket, schedule"
             ),
         "{msg}"
     );

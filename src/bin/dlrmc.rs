@@ -198,7 +198,7 @@ struct CompileArgs {
     quantize_tables: Option<String>,
     /// Print the IR to stdout after the named stages: `all`, or a comma list of
     /// `input`, pass ids (`canon`, `autodiff`, `contract-cross`, `save-activations`,
-    /// `fuse`, `fuse-dgrad-mask`, `layout`, `precision`, `fuse-cross-epilogue`, `dce`),
+    /// `fuse`, `fuse-dgrad-mask`, `layout`, `precision`, `fuse-cross-epilogue`, `fuse-interaction-layout`, `dce`),
     /// `partition` and the
     /// per-rank pass ids (`bucket`, `schedule`).
     #[arg(long, value_name = "STAGES")]

@@ -15,6 +15,7 @@
 
 mod cross_brgemm;
 mod gelu;
+mod interaction_blocked;
 
 use crate::jit::{Jit, JitOptions};
 use crate::reference::KResult;
@@ -121,6 +122,8 @@ static KERNELS: &[Kernels] = {
         Kernels::of("gelu_grad")
             .reference(gelu::gelu_grad)
             .jit(gelu::gelu_grad_jit),
+        Kernels::of(dlrm_ir::ops::interaction_blocked::MNEMONIC)
+            .jit(interaction_blocked::interaction_blocked_jit),
         Kernels::of(split_adagrad::DENSE).update(split::dense_update),
         Kernels::of(split_adagrad::TABLE)
             .update(split::table_update)

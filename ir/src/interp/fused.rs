@@ -168,7 +168,8 @@ fn act_grad(act: Act, dy: f32, y: f32) -> f32 {
     }
 }
 
-fn block_act(bk: usize, x: &Tensor, out: DType) -> R<Tensor> {
+/// `block_act{bk}(x[S,K])` stored as `out`.
+pub(crate) fn block_act(bk: usize, x: &Tensor, out: DType) -> R<Tensor> {
     let [s, k] = dims(&x.shape);
     let kb = k.div_ceil(bk);
     let x = floats(x, "x")?;

@@ -12,7 +12,7 @@
 //! `cat` gradient: `dr` split back into the operands' widths.
 
 use super::common::{R, floats, store};
-use crate::{Checked, InteractionKind, Op, Tensor, interaction_width};
+use crate::{Checked, DType, InteractionKind, Op, Tensor, interaction_width};
 use std::borrow::Cow;
 
 /// Forward operands: samples, widths and the widened values.
@@ -60,7 +60,17 @@ fn pairs(f: usize, self_interaction: bool) -> Vec<(usize, usize)> {
 
 /// `interaction(x, e_0, .., e_{n-1})`.
 fn interaction(kind: InteractionKind, self_interaction: bool, c: &Checked<'_>) -> R<Tensor> {
-    let ins = c.inputs();
+    interaction_of(kind, self_interaction, c.inputs(), c.out(0).dtype)
+}
+
+/// `interaction(ins..)` stored as `out` (the operands' shapes checked by the
+/// caller: `[S, w_i]`, one `S`, one width for `dot`).
+pub(crate) fn interaction_of(
+    kind: InteractionKind,
+    self_interaction: bool,
+    ins: &[&Tensor],
+    out: DType,
+) -> R<Tensor> {
     let (s, widths, vals) = operands(ins)?;
     let width = interaction_width(kind, self_interaction, &widths);
     let mut r = Vec::with_capacity(s * width);
@@ -88,7 +98,7 @@ fn interaction(kind: InteractionKind, self_interaction: bool, c: &Checked<'_>) -
             }
         }
     }
-    store(c.out(0).dtype, vec![s, width], r)
+    store(out, vec![s, width], r)
 }
 
 /// `interaction_grad(dr, x, e_0, .., e_{n-1}) -> (dx, de_0, .., de_{n-1})`.

@@ -41,7 +41,7 @@ mod dense;
 mod embedding;
 pub(crate) mod fused;
 mod generic;
-mod interaction;
+pub(crate) mod interaction;
 mod jagged;
 mod optim;
 mod shape;

@@ -48,6 +48,7 @@ pub mod cross_mix;
 pub mod cross_saved;
 pub mod embedding_bag_q8;
 pub mod gelu;
+pub mod interaction_blocked;
 pub mod split_adagrad;
 
 use crate::module::OpModule;
@@ -67,6 +68,7 @@ pub static MODULES: &[&dyn OpModule] = &[
     &embedding_bag_q8::EmbeddingBagQ8,
     &gelu::Gelu,
     &gelu::GeluGrad,
+    &interaction_blocked::InteractionBlocked,
     &split_adagrad::SplitAdagrad,
     &split_adagrad::SplitEmbeddingUpdateAdagrad,
 ];

@@ -176,10 +176,51 @@ pub(crate) fn eval(
         } => (*self_interaction, true),
         _ => return None,
     };
-    let name = op.mnemonic();
+    let out = elt_dtype(out_types.first()?.dtype)?;
+    if out_types.iter().any(|t| elt_dtype(t.dtype) != Some(out)) {
+        return None;
+    }
+    dot(jit, opts, inputs, (self_interaction, backward), out, None)
+}
+
+/// `interaction_blocked{self, bk}` (`dlrm_ir::ops::interaction_blocked`)
+/// with results stored as `out`, whose dtype is the interaction's own
+/// (`None` where [`eval`] has none): where the native kernels run, their
+/// rows are written straight into the `bk`-column blocks
+/// ([`native::forward`]); otherwise the row-major result is blocked after.
+pub(crate) fn eval_blocked(
+    jit: &Jit,
+    opts: &JitOptions,
+    inputs: &[&Tensor],
+    (self_interaction, bk): (bool, usize),
+    out: DType,
+) -> Option<KResult<Tensor>> {
+    let out = elt_dtype(out)?;
+    let r = dot(jit, opts, inputs, (self_interaction, false), out, Some(bk))?;
+    Some(r.and_then(|mut v| {
+        v.pop()
+            .ok_or_else(|| shape_err("interaction_blocked", "internal: no result".into()))
+    }))
+}
+
+/// The dot interaction's kernels on `inputs` (`dr` first when `backward`),
+/// results of `out`; with `blocked = Some(bk)` (forward only), the result
+/// `[Kb, S, bk]` ([`eval_blocked`]).
+fn dot(
+    jit: &Jit,
+    opts: &JitOptions,
+    inputs: &[&Tensor],
+    (self_interaction, backward): (bool, bool),
+    out: Elt,
+    blocked: Option<usize>,
+) -> Option<KResult<Vec<Tensor>>> {
+    let name = match backward {
+        false => "interaction",
+        true => "interaction_grad",
+    };
     let fwd = if backward { inputs.get(1..)? } else { inputs };
     let f = fwd.len();
-    if f == 0 || f > MAX_F {
+    if f == 0 || f > MAX_F || (backward && blocked.is_some()) || blocked == Some(0) {
         return None;
     }
     let mut bf16_ops = 0u64;
@@ -188,10 +229,6 @@ pub(crate) fn eval(
         let (e, p) = elt_of(t)?;
         bf16_ops |= u64::from(e == Elt::BF16) << i;
         ptrs.push(p);
-    }
-    let out = elt_dtype(out_types.first()?.dtype)?;
-    if out_types.iter().any(|t| elt_dtype(t.dtype) != Some(out)) {
-        return None;
     }
     let dr = if backward {
         elt_of(inputs[0])?.0
@@ -221,7 +258,7 @@ pub(crate) fn eval(
         #[cfg(target_arch = "x86_64")]
         if let Some(kern) = native::kernels(opts, &spec) {
             return Ok(match backward {
-                false => native::forward(kern, &spec, &ptrs, (s, sb)),
+                false => native::forward(kern, &spec, &ptrs, (s, sb), blocked),
                 true => native::backward(kern, &spec, &ptrs, inputs, (s, sb)),
             });
         }
@@ -233,13 +270,50 @@ pub(crate) fn eval(
         // `s·d` elements of its spec type, `inputs[0]` (backward) is `dr` of
         // `s·width` (the node's instance verified the shapes, the bind the
         // buffers' lengths), and `k` was compiled for `spec`.
-        unsafe {
+        let r = unsafe {
             match backward {
                 false => run_forward(k, &ptrs, s, sb),
                 true => run_backward(k, (&ptrs, inputs[0]), s, sb),
             }
-        }
+        }?;
+        Ok(match blocked {
+            None => r,
+            Some(bk) => r.iter().map(|t| block_rows_of(t, bk)).collect(),
+        })
     })())
+}
+
+/// `block_act{bk}` of a row-major result `t` (`[S, width]`), in its dtype:
+/// the padding columns zero.
+fn block_rows_of(t: &Tensor, bk: usize) -> Tensor {
+    let (s, width) = (t.shape[0], t.shape[1]);
+    let kb = width.div_ceil(bk);
+    fn blocks<T: Copy + Default + Send + Sync>(
+        v: &[T],
+        (s, width, bk, kb): (usize, usize, usize, usize),
+    ) -> Vec<T> {
+        let mut y = vec![T::default(); kb * s * bk];
+        if y.is_empty() {
+            return y;
+        }
+        y.par_chunks_mut(s * bk).enumerate().for_each(|(q, blk)| {
+            let (c0, w) = (q * bk, bk.min(width - q * bk));
+            for (si, row) in blk.chunks_mut(bk).enumerate() {
+                row[..w].copy_from_slice(&v[si * width + c0..si * width + c0 + w]);
+            }
+        });
+        y
+    }
+    let dims = (s, width, bk, kb);
+    let data = match &t.data {
+        Data::F32(v) => Data::F32(blocks(v, dims)),
+        Data::BF16(v) => Data::BF16(blocks(v, dims)),
+        other => other.clone(),
+    };
+    Tensor {
+        shape: vec![kb, s, bk],
+        data,
+    }
 }
 
 /// The forward dot interaction with kernel `k` over `s` samples in blocks of

@@ -268,26 +268,35 @@ unsafe fn bwd_rows(
 
 /// The forward interaction, parallel over blocks of `sb` samples; shapes were
 /// checked by [`super::eval`] (every operand `[s, d]` of its spec type at
-/// `ptrs`).
+/// `ptrs`). With `blocked = Some(bk)` the result is `[Kb, S, bk]`, each row
+/// written into its blocks from the task's scratch (zeros in the last block's
+/// padding columns): `block_act{bk}` of the row-major result, which is never
+/// stored.
 /// `kern`: [`kernels`]' choice for `spec`.
 pub(super) fn forward(
     kern: Kernels,
     spec: &DotSpec,
     ptrs: &[usize],
     (s, sb): (usize, usize),
+    blocked: Option<usize>,
 ) -> Vec<Tensor> {
     let (d, width, f) = (spec.d, spec.width(), spec.f);
-    // Operands of one type and f32 results: whole blocks, in place.
-    let direct = uniform(spec).is_some() && spec.out == Elt::F32;
-    // Not zeroed: the kernel writes every column of its rows.
-    let mut fresh = Fresh::new(spec.out, s * width);
+    // Operands of one type and f32 row-major results: whole blocks, in place.
+    let direct = uniform(spec).is_some() && spec.out == Elt::F32 && blocked.is_none();
+    let (bk, kb) = match blocked {
+        Some(bk) => (bk, width.div_ceil(bk)),
+        None => (width, 1),
+    };
+    // Not zeroed: the kernel (or the blocking) writes every element.
+    let mut fresh = Fresh::new(spec.out, kb * s * bk);
     if s > 0 && width > 0 {
         let out = fresh.buf().as_mut_ptr() as usize;
         (0..s.div_ceil(sb)).into_par_iter().for_each(|blk| {
             let (s0, s1) = (blk * sb, ((blk + 1) * sb).min(s));
             // SAFETY (every block below): operands hold s·d elements of their
-            // types, the result s·width (allocated above); this task reads and
-            // writes rows s0..s1 only; `kernels` checked the CPU, F and D.
+            // types, the result s·width (allocated above, in `kb` blocks of
+            // `s·bk` when blocked); this task reads and writes rows s0..s1
+            // only; `kernels` checked the CPU, F and D.
             if direct {
                 let o = unsafe { (out as *mut f32).add(s0 * width) };
                 unsafe { fwd_rows(kern, spec, ptrs, (s0, s1 - s0), &mut [], o) };
@@ -297,8 +306,9 @@ pub(super) fn forward(
                 Some(_) => Scratch::new(0),
                 None => Scratch::new(f * STAGE * d),
             };
-            // f32 results are written in place: no scratch.
-            let mut res = (spec.out == Elt::BF16).then(|| Scratch::new(STAGE * width));
+            // f32 row-major results are written in place: no scratch.
+            let staged = spec.out == Elt::BF16 || blocked.is_some();
+            let mut res = staged.then(|| Scratch::new(STAGE * width));
             for c0 in (s0..s1).step_by(STAGE) {
                 let n = STAGE.min(s1 - c0);
                 unsafe {
@@ -309,7 +319,11 @@ pub(super) fn forward(
                         }
                         Some(res) => {
                             fwd_rows(kern, spec, ptrs, (c0, n), &mut buf, res.as_mut_ptr());
-                            round_into(&res[..n * width], (out as *mut bf16).add(c0 * width));
+                            let rows = &res[..n * width];
+                            match blocked {
+                                None => round_into(rows, (out as *mut bf16).add(c0 * width)),
+                                Some(_) => into_blocks(rows, (out, spec.out), (s, width, bk), c0),
+                            }
                         }
                     }
                 }
@@ -317,8 +331,49 @@ pub(super) fn forward(
         });
     }
     // SAFETY: the tasks cover rows 0..s, each row written whole (`x`, then
-    // every kept pair); empty if s·width = 0.
-    vec![unsafe { fresh.assume_init() }.tensor(vec![s, width])]
+    // every kept pair; blocked: every block's row, padding included); empty
+    // if s·width = 0.
+    let shape = match blocked {
+        Some(_) => vec![kb, s, bk],
+        None => vec![s, width],
+    };
+    vec![unsafe { fresh.assume_init() }.tensor(shape)]
+}
+
+/// Rows `c0..` of a `[Kb, S, bk]` result at `out` (elements `e`) from the
+/// f32 `rows` (`width` columns each): per block, the row's columns there
+/// (rounded to bf16 for a bf16 result), then zeros to `bk`.
+///
+/// # Safety
+/// `out` holds `Kb·s·bk` elements of `e`, `Kb = ⌈width / bk⌉`, whose rows
+/// `c0..c0 + rows.len() / width` no other thread touches.
+unsafe fn into_blocks(
+    rows: &[f32],
+    (out, e): (usize, Elt),
+    (s, width, bk): (usize, usize, usize),
+    c0: usize,
+) {
+    for (r, row) in rows.chunks_exact(width).enumerate() {
+        for (q, part) in row.chunks(bk).enumerate() {
+            let at = (q * s + c0 + r) * bk;
+            // SAFETY: the caller's contract: row `c0 + r` of block `q`.
+            unsafe {
+                match e {
+                    Elt::F32 => {
+                        let dst = std::slice::from_raw_parts_mut((out as *mut f32).add(at), bk);
+                        dst[..part.len()].copy_from_slice(part);
+                        dst[part.len()..].fill(0.0);
+                    }
+                    Elt::BF16 => {
+                        let dst = (out as *mut bf16).add(at);
+                        round_into(part, dst);
+                        std::slice::from_raw_parts_mut(dst.add(part.len()), bk - part.len())
+                            .fill(bf16::ZERO);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The interaction's gradients, parallel over blocks of `sb` samples; shapes

@@ -1,0 +1,33 @@
+//! The JIT kernel of `interaction_blocked` (`dlrm_ir::ops::interaction_blocked`,
+//! whose doc is the specification): the dot interaction's kernels writing
+//! their rows straight into the result's column blocks
+//! ([`crate::jit::interaction::eval_blocked`]), where the result's dtype is
+//! the interaction's own (what `fuse-interaction-layout` fuses); other dtype
+//! mixes run on the interpreter's definition.
+
+use crate::jit::{Jit, JitOptions};
+use crate::reference::KResult;
+use dlrm_ir::module::ModOp;
+use dlrm_ir::ops::interaction_blocked::attrs_of;
+use dlrm_ir::{Checked, DType, Tensor, TensorType};
+
+pub(crate) fn interaction_blocked_jit(
+    jit: &Jit,
+    op: &ModOp,
+    c: &Checked<'_>,
+    _: &[TensorType],
+    opts: &JitOptions,
+) -> Option<KResult<Vec<Tensor>>> {
+    let (self_interaction, bk, dtype) = attrs_of(op);
+    let ins = c.inputs();
+    // The interaction's own result dtype (`interaction`'s rule).
+    let mid = match ins.iter().all(|t| t.dtype() == DType::BF16) {
+        true => DType::BF16,
+        false => DType::F32,
+    };
+    if mid != dtype {
+        return None;
+    }
+    crate::jit::interaction::eval_blocked(jit, opts, ins, (self_interaction, bk), dtype)
+        .map(|r| r.map(|t| vec![t]))
+}

@@ -1,0 +1,100 @@
+//! Pass `fuse-interaction-layout` (optimising, after `precision`): a dot
+//! interaction whose only reader is the `block_act` that lays it out for the
+//! top MLP's first GEMM is written in that layout directly
+//! (`dlrm_ir::ops::interaction_blocked`), so the `[S, width]` result is never
+//! stored and copied:
+//!
+//! ```text
+//! r = interaction{dot, self}(x, e_0, ..)
+//! rb = block_act{bk, dtype}(r)              =>  rb = interaction_blocked{self, bk, dtype}(x, e_0, ..)
+//! ```
+//!
+//! The fused op is defined as this composition, so values are unchanged bit
+//! for bit. It runs after `precision` so the dtypes it sees are final, and
+//! takes a pair only where `block_act` keeps the interaction's dtype (its
+//! kernels write the rows once, in that dtype).
+
+use crate::copy::Copier;
+use crate::pass::Params;
+use crate::{Pass, Ran, Result};
+use dlrm_ir::ops::interaction_blocked;
+use dlrm_ir::{Graph, InteractionKind, Op};
+
+/// The pass id.
+pub const ID: &str = "fuse-interaction-layout";
+
+/// The pass's count in the pass log: the interactions fused.
+pub const FUSED: &str = "fused";
+
+/// The interaction-layout fusion pass.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FuseInteractionLayout;
+
+impl Pass for FuseInteractionLayout {
+    fn id(&self) -> &'static str {
+        ID
+    }
+
+    fn run(&self, g: Graph, _params: Option<&mut Params>) -> Result<Ran> {
+        let (graph, fused) = fuse_interaction_layout(&g, ID)?;
+        Ok(Ran::counted(graph, FUSED, fused))
+    }
+}
+
+/// `g` with every eligible pair fused (see the module docs) and the number
+/// fused; `pass` names the pass in errors.
+pub fn fuse_interaction_layout(g: &Graph, pass: &str) -> Result<(Graph, usize)> {
+    let nodes = g.nodes();
+    let users = g.users();
+    let mut def: Vec<Option<usize>> = vec![None; g.values().len()];
+    for (i, n) in nodes.iter().enumerate() {
+        for &o in &n.outputs {
+            def[o.index()] = Some(i);
+        }
+    }
+    let exported = |v: dlrm_ir::ValueId| {
+        g.outputs().contains(&v) || g.updates().iter().any(|u| u.value == v || u.param == v)
+    };
+    // Per node: absorbed into a later one, or replaced by a fused op.
+    let mut absorbed = vec![false; nodes.len()];
+    let mut fused_op: Vec<Option<Op>> = vec![None; nodes.len()];
+    let mut fused = 0;
+    for (i, n) in nodes.iter().enumerate() {
+        let Op::BlockAct { bk, dtype } = n.op else {
+            continue;
+        };
+        let &[r] = n.inputs.as_slice() else {
+            continue;
+        };
+        let Some(p) = def[r.index()] else {
+            continue;
+        };
+        if let Op::Interaction {
+            kind: InteractionKind::Dot,
+            self_interaction,
+        } = nodes[p].op
+            && !absorbed[p]
+            && users[r.index()] == [i]
+            && !exported(r)
+            && g.ty(r).dtype == dtype
+        {
+            absorbed[p] = true;
+            fused_op[i] = Some(interaction_blocked::op(self_interaction, bk, dtype));
+            fused += 1;
+        }
+    }
+    let mut c = Copier::new(g, pass, &[])?;
+    for (i, n) in nodes.iter().enumerate() {
+        match (&fused_op[i], absorbed[i]) {
+            (_, true) => {}
+            (Some(op), false) => {
+                // The absorbed interaction's operands.
+                let r = n.inputs[0];
+                let p = def[r.index()].unwrap_or(i);
+                c.push(op.clone(), &nodes[p].inputs, &n.outputs)?;
+            }
+            (None, false) => c.push(n.op.clone(), &n.inputs, &n.outputs)?,
+        }
+    }
+    Ok((c.finish()?, fused))
+}
