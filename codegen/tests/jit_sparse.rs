@@ -789,9 +789,11 @@ fn bce_logits_kernels_are_bitwise_the_interpreter() {
 /// blocked layout) equals the composition it replaces, `block_act` of the
 /// interaction, bit for bit, under every kernel choice (the native kernels
 /// write their rows into the blocks; the Cranelift ones block after), and the
-/// interpreter's definition within the interaction's reassociation.
+/// interpreter's definition within the interaction's reassociation; and
+/// `interaction_grad_blocked` equals `interaction_grad` of the unblocked
+/// gradient bit for bit.
 #[test]
-fn interaction_blocked_is_block_act_of_the_interaction() {
+fn interaction_blocked_and_its_gradient_are_their_compositions() {
     let mut kernels = vec![KernelChoice::Auto, KernelChoice::Cranelift];
     if micro::AVX512.available() {
         kernels.push(KernelChoice::Avx512);
@@ -854,6 +856,36 @@ fn interaction_blocked_is_block_act_of_the_interaction() {
                 &fused,
                 &composed,
             );
+            // The gradient from a blocked `dr` (garbage in the padding,
+            // which is not read) against the gradient of its unblocked rows.
+            let drb = Tensor::from_f32(dt, vec![kb, s, bk], vals(90, kb * s * bk));
+            let dr = run(
+                &Op::UnblockAct {
+                    k: width,
+                    dtype: dt,
+                },
+                &[&drb],
+                &rows,
+            );
+            let gty = TensorType::new(DType::F32, [Dim::batch(), Dim::Fixed(d)]);
+            let gtys = vec![gty; f];
+            let grads = |op: &Op, first: &Tensor| {
+                let mut gins = vec![first];
+                gins.extend(ins.iter().copied());
+                dlrm_codegen::jit::try_eval(op, &gins, &gtys, &syms, &o)
+                    .unwrap_or_else(|| panic!("{name} {k:?}: a JIT kernel for {op:?}"))
+                    .unwrap_or_else(|e| panic!("{name} {k:?}: {e}"))
+            };
+            let grad_op = dlrm_ir::ops::interaction_blocked::grad_op(self_i);
+            let plain = Op::InteractionGrad {
+                kind: InteractionKind::Dot,
+                self_interaction: self_i,
+            };
+            let (gf, gc) = (grads(&grad_op, &drb), grads(&plain, &dr));
+            assert_eq!(gf.len(), f, "{name} {k:?}");
+            for (q, (a, b)) in gf.iter().zip(&gc).enumerate() {
+                same_bits(&format!("{name} {k:?}: gradient {q}"), a, b);
+            }
         }
         let ctx = EvalCtx {
             syms: &syms,

@@ -7,7 +7,14 @@
 //! ```text
 //! r = interaction{dot, self}(x, e_0, ..)
 //! rb = block_act{bk, dtype}(r)              =>  rb = interaction_blocked{self, bk, dtype}(x, e_0, ..)
+//!
+//! dr = unblock_act{width, dtype}(drb)
+//! dx, de_0, .. =                            =>  dx, de_0, .. =
+//!   interaction_grad{dot, self}(dr, x, ..)        interaction_grad_blocked{self}(drb, x, ..)
 //! ```
+//!
+//! (the gradient read where the top MLP's first `brgemm_dgrad` wrote it,
+//! without the row-major copy).
 //!
 //! The fused op is defined as this composition, so values are unchanged bit
 //! for bit. It runs after `precision` so the dtypes it sees are final, and
@@ -23,7 +30,7 @@ use dlrm_ir::{Graph, InteractionKind, Op};
 /// The pass id.
 pub const ID: &str = "fuse-interaction-layout";
 
-/// The pass's count in the pass log: the interactions fused.
+/// The pass's count in the pass log: the interactions (and gradients) fused.
 pub const FUSED: &str = "fused";
 
 /// The interaction-layout fusion pass.
@@ -55,45 +62,52 @@ pub fn fuse_interaction_layout(g: &Graph, pass: &str) -> Result<(Graph, usize)> 
     let exported = |v: dlrm_ir::ValueId| {
         g.outputs().contains(&v) || g.updates().iter().any(|u| u.value == v || u.param == v)
     };
-    // Per node: absorbed into a later one, or replaced by a fused op.
+    // Per node: absorbed into a later one, or replaced by a fused op on
+    // these operands.
     let mut absorbed = vec![false; nodes.len()];
-    let mut fused_op: Vec<Option<Op>> = vec![None; nodes.len()];
+    let mut fused_op: Vec<Option<(Op, Vec<dlrm_ir::ValueId>)>> = vec![None; nodes.len()];
     let mut fused = 0;
     for (i, n) in nodes.iter().enumerate() {
-        let Op::BlockAct { bk, dtype } = n.op else {
-            continue;
-        };
-        let &[r] = n.inputs.as_slice() else {
+        let Some(&r) = n.inputs.first() else {
             continue;
         };
         let Some(p) = def[r.index()] else {
             continue;
         };
-        if let Op::Interaction {
-            kind: InteractionKind::Dot,
-            self_interaction,
-        } = nodes[p].op
-            && !absorbed[p]
-            && users[r.index()] == [i]
-            && !exported(r)
-            && g.ty(r).dtype == dtype
-        {
-            absorbed[p] = true;
-            fused_op[i] = Some(interaction_blocked::op(self_interaction, bk, dtype));
-            fused += 1;
+        let only = !absorbed[p] && users[r.index()] == [i] && !exported(r);
+        match (&n.op, &nodes[p].op) {
+            (
+                &Op::BlockAct { bk, dtype },
+                &Op::Interaction {
+                    kind: InteractionKind::Dot,
+                    self_interaction,
+                },
+            ) if only && n.inputs.len() == 1 && g.ty(r).dtype == dtype => {
+                let op = interaction_blocked::op(self_interaction, bk, dtype);
+                fused_op[i] = Some((op, nodes[p].inputs.clone()));
+            }
+            (
+                &Op::InteractionGrad {
+                    kind: InteractionKind::Dot,
+                    self_interaction,
+                },
+                &Op::UnblockAct { dtype, .. },
+            ) if only && !n.inputs[1..].contains(&r) && g.ty(nodes[p].inputs[0]).dtype == dtype => {
+                let mut inputs = nodes[p].inputs.clone();
+                inputs.extend_from_slice(&n.inputs[1..]);
+                fused_op[i] = Some((interaction_blocked::grad_op(self_interaction), inputs));
+            }
+            _ => continue,
         }
+        absorbed[p] = true;
+        fused += 1;
     }
     let mut c = Copier::new(g, pass, &[])?;
     for (i, n) in nodes.iter().enumerate() {
-        match (&fused_op[i], absorbed[i]) {
-            (_, true) => {}
-            (Some(op), false) => {
-                // The absorbed interaction's operands.
-                let r = n.inputs[0];
-                let p = def[r.index()].unwrap_or(i);
-                c.push(op.clone(), &nodes[p].inputs, &n.outputs)?;
-            }
-            (None, false) => c.push(n.op.clone(), &n.inputs, &n.outputs)?,
+        match &fused_op[i] {
+            _ if absorbed[i] => {}
+            Some((op, inputs)) => c.push(op.clone(), inputs, &n.outputs)?,
+            None => c.push(n.op.clone(), &n.inputs, &n.outputs)?,
         }
     }
     Ok((c.finish()?, fused))

@@ -98,7 +98,9 @@ pub fn class_of(op: &str) -> &'static str {
         "cross" | "cross_save" => "cross forward",
         "cross_grad" | "cross_grad_saved" => "cross backward",
         "all_reduce" | "all_to_all" => "collectives",
-        "interaction" | "interaction_grad" | "interaction_blocked" => "interaction",
+        "interaction" | "interaction_grad" | "interaction_blocked" | "interaction_grad_blocked" => {
+            "interaction"
+        }
         o if o.starts_with("embedding_bag") || o == "embedding_grad_dense" => "bags",
         o if o.contains("sgd")
             || o.contains("adagrad")

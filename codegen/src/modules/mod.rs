@@ -124,6 +124,8 @@ static KERNELS: &[Kernels] = {
             .jit(gelu::gelu_grad_jit),
         Kernels::of(dlrm_ir::ops::interaction_blocked::MNEMONIC)
             .jit(interaction_blocked::interaction_blocked_jit),
+        Kernels::of(dlrm_ir::ops::interaction_blocked::GRAD)
+            .jit(interaction_blocked::interaction_grad_blocked_jit),
         Kernels::of(split_adagrad::DENSE).update(split::dense_update),
         Kernels::of(split_adagrad::TABLE)
             .update(split::table_update)

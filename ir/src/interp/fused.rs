@@ -182,7 +182,8 @@ pub(crate) fn block_act(bk: usize, x: &Tensor, out: DType) -> R<Tensor> {
     store(out, vec![kb, s, bk], y)
 }
 
-fn unblock_act(k: usize, xb: &Tensor, out: DType) -> R<Tensor> {
+/// `unblock_act{k}(xb[Kb,S,bk])` stored as `out`.
+pub(crate) fn unblock_act(k: usize, xb: &Tensor, out: DType) -> R<Tensor> {
     let [_, s, bk] = dims(&xb.shape);
     let xb = floats(xb, "blocked x")?;
     let mut y = Vec::with_capacity(s * k);

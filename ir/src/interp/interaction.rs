@@ -110,6 +110,19 @@ fn interaction_grad(
     let Some((dr_t, fwd)) = c.inputs().split_first() else {
         return Err("internal: interaction_grad without operands".into());
     };
+    let outs: Vec<DType> = (0..fwd.len()).map(|k| c.out(k).dtype).collect();
+    interaction_grad_of(kind, self_interaction, dr_t, fwd, &outs)
+}
+
+/// `interaction_grad(dr, fwd..)` with gradient `k` stored as `outs[k]` (the
+/// shapes checked by the caller).
+pub(crate) fn interaction_grad_of(
+    kind: InteractionKind,
+    self_interaction: bool,
+    dr_t: &Tensor,
+    fwd: &[&Tensor],
+    outs: &[DType],
+) -> R<Vec<Tensor>> {
     let (s, widths, vals) = operands(fwd)?;
     let width = interaction_width(kind, self_interaction, &widths);
     let dr = floats(dr_t, "dr")?;
@@ -145,6 +158,6 @@ fn interaction_grad(
         .into_iter()
         .zip(widths)
         .enumerate()
-        .map(|(k, (g, w))| store(c.out(k).dtype, vec![s, w], g))
+        .map(|(k, (g, w))| store(outs[k], vec![s, w], g))
         .collect()
 }

@@ -69,6 +69,7 @@ pub static MODULES: &[&dyn OpModule] = &[
     &gelu::Gelu,
     &gelu::GeluGrad,
     &interaction_blocked::InteractionBlocked,
+    &interaction_blocked::InteractionGradBlocked,
     &split_adagrad::SplitAdagrad,
     &split_adagrad::SplitEmbeddingUpdateAdagrad,
 ];

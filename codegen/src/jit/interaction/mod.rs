@@ -203,9 +203,29 @@ pub(crate) fn eval_blocked(
     }))
 }
 
+/// `interaction_grad_blocked{self}` (`dlrm_ir::ops::interaction_blocked`):
+/// the gradients (all of `out`) of the dot interaction from `dr` blocked as
+/// `[Kb, S, bk]` (`inputs[0]`; `None` where [`eval`] has none): the native
+/// kernels gather each staged row from the blocks ([`native::backward`]);
+/// otherwise `dr` is unblocked first.
+pub(crate) fn eval_grad_blocked(
+    jit: &Jit,
+    opts: &JitOptions,
+    inputs: &[&Tensor],
+    self_interaction: bool,
+    out: DType,
+) -> Option<KResult<Vec<Tensor>>> {
+    let out = elt_dtype(out)?;
+    let &[_, _, bk] = inputs.first()?.shape.as_slice() else {
+        return None;
+    };
+    dot(jit, opts, inputs, (self_interaction, true), out, Some(bk))
+}
+
 /// The dot interaction's kernels on `inputs` (`dr` first when `backward`),
-/// results of `out`; with `blocked = Some(bk)` (forward only), the result
-/// `[Kb, S, bk]` ([`eval_blocked`]).
+/// results of `out`; with `blocked = Some(bk)`, the forward's result is
+/// `[Kb, S, bk]` ([`eval_blocked`]) and the backward's `dr` is
+/// ([`eval_grad_blocked`]).
 fn dot(
     jit: &Jit,
     opts: &JitOptions,
@@ -220,7 +240,7 @@ fn dot(
     };
     let fwd = if backward { inputs.get(1..)? } else { inputs };
     let f = fwd.len();
-    if f == 0 || f > MAX_F || (backward && blocked.is_some()) || blocked == Some(0) {
+    if f == 0 || f > MAX_F || blocked == Some(0) {
         return None;
     }
     let mut bf16_ops = 0u64;
@@ -259,7 +279,7 @@ fn dot(
         if let Some(kern) = native::kernels(opts, &spec) {
             return Ok(match backward {
                 false => native::forward(kern, &spec, &ptrs, (s, sb), blocked),
-                true => native::backward(kern, &spec, &ptrs, inputs, (s, sb)),
+                true => native::backward(kern, &spec, &ptrs, inputs, (s, sb), blocked),
             });
         }
         let k = jit.interaction(spec).map_err(|e| KernelError::Jit {
@@ -270,17 +290,54 @@ fn dot(
         // `s·d` elements of its spec type, `inputs[0]` (backward) is `dr` of
         // `s·width` (the node's instance verified the shapes, the bind the
         // buffers' lengths), and `k` was compiled for `spec`.
+        // A blocked `dr` is unblocked first (the same values).
+        let dr_rows = match (backward, blocked) {
+            (true, Some(_)) => Some(unblock_rows_of(inputs[0], width)),
+            _ => None,
+        };
+        let dr = dr_rows.as_ref().unwrap_or(inputs[0]);
         let r = unsafe {
             match backward {
                 false => run_forward(k, &ptrs, s, sb),
-                true => run_backward(k, (&ptrs, inputs[0]), s, sb),
+                true => run_backward(k, (&ptrs, dr), s, sb),
             }
         }?;
-        Ok(match blocked {
-            None => r,
-            Some(bk) => r.iter().map(|t| block_rows_of(t, bk)).collect(),
+        Ok(match (backward, blocked) {
+            (false, Some(bk)) => r.iter().map(|t| block_rows_of(t, bk)).collect(),
+            _ => r,
         })
     })())
+}
+
+/// `unblock_act{width}` of a blocked `tb` (`[Kb, S, bk]`), in its dtype.
+fn unblock_rows_of(tb: &Tensor, width: usize) -> Tensor {
+    let (s, bk) = (tb.shape[1], tb.shape[2]);
+    fn rows<T: Copy + Default + Send + Sync>(
+        v: &[T],
+        (s, width, bk): (usize, usize, usize),
+    ) -> Vec<T> {
+        let mut y = vec![T::default(); s * width];
+        if y.is_empty() {
+            return y;
+        }
+        y.par_chunks_mut(width).enumerate().for_each(|(si, row)| {
+            for (q, part) in row.chunks_mut(bk).enumerate() {
+                let at = (q * s + si) * bk;
+                part.copy_from_slice(&v[at..at + part.len()]);
+            }
+        });
+        y
+    }
+    let dims = (s, width, bk);
+    let data = match &tb.data {
+        Data::F32(v) => Data::F32(rows(v, dims)),
+        Data::BF16(v) => Data::BF16(rows(v, dims)),
+        other => other.clone(),
+    };
+    Tensor {
+        shape: vec![s, width],
+        data,
+    }
 }
 
 /// `block_act{bk}` of a row-major result `t` (`[S, width]`), in its dtype:

@@ -340,6 +340,37 @@ pub(super) fn forward(
     vec![unsafe { fresh.assume_init() }.tensor(shape)]
 }
 
+/// Rows `c0..c0 + rows.len() / width` of the `[Kb, S, bk]` tensor at `src`
+/// (elements `e`) into the f32 `rows` (`width` columns each, bf16 widened):
+/// per block, the row's live columns there.
+///
+/// # Safety
+/// `src` holds `Kb·s·bk` elements of `e`, `Kb = ⌈width / bk⌉`, and those rows.
+unsafe fn from_blocks(
+    (src, e): (usize, Elt),
+    (s, width, bk): (usize, usize, usize),
+    c0: usize,
+    rows: &mut [f32],
+) {
+    for (r, row) in rows.chunks_exact_mut(width).enumerate() {
+        for (q, part) in row.chunks_mut(bk).enumerate() {
+            let at = (q * s + c0 + r) * bk;
+            // SAFETY: the caller's contract: row `c0 + r` of block `q`.
+            unsafe {
+                match e {
+                    Elt::F32 => part.copy_from_slice(std::slice::from_raw_parts(
+                        (src as *const f32).add(at),
+                        part.len(),
+                    )),
+                    Elt::BF16 => {
+                        widen((src as *const bf16).add(at), part);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Rows `c0..` of a `[Kb, S, bk]` result at `out` (elements `e`) from the
 /// f32 `rows` (`width` columns each): per block, the row's columns there
 /// (rounded to bf16 for a bf16 result), then zeros to `bk`.
@@ -386,10 +417,13 @@ pub(super) fn backward(
     ptrs: &[usize],
     inputs: &[&Tensor],
     (s, sb): (usize, usize),
+    blocked: Option<usize>,
 ) -> Vec<Tensor> {
     let (d, width, f) = (spec.d, spec.width(), spec.f);
-    // Operands of one type, f32 `dr` and gradients: whole blocks, in place.
-    let direct = uniform(spec).is_some() && spec.dr == Elt::F32 && spec.out == Elt::F32;
+    // Operands of one type, f32 row-major `dr` and f32 gradients: whole
+    // blocks, in place.
+    let direct =
+        uniform(spec).is_some() && spec.dr == Elt::F32 && spec.out == Elt::F32 && blocked.is_none();
     // Not zeroed: the kernel writes every column of its rows of each.
     let mut grads: Vec<Fresh> = (0..f).map(|_| Fresh::new(spec.out, s * d)).collect();
     if s > 0 && d > 0 {
@@ -419,15 +453,21 @@ pub(super) fn backward(
                 None => Scratch::new(f * STAGE * d),
             };
             // An f32 `dr` is read, f32 gradients written, in place: no scratch.
-            let mut drb = (spec.dr == Elt::BF16).then(|| Scratch::new(STAGE * width));
+            let staged_dr = spec.dr == Elt::BF16 || blocked.is_some();
+            let mut drb = staged_dr.then(|| Scratch::new(STAGE * width));
             let mut gbuf = (spec.out == Elt::BF16).then(|| Scratch::new(f * STAGE * d));
             for c0 in (s0..s1).step_by(STAGE) {
                 let n = STAGE.min(s1 - c0);
                 unsafe {
-                    let drp = match drb.as_deref_mut() {
-                        None => (dr as *const f32).add(c0 * width),
-                        Some(drb) => {
+                    let drp = match (drb.as_deref_mut(), blocked) {
+                        (None, _) => (dr as *const f32).add(c0 * width),
+                        (Some(drb), None) => {
                             widen((dr as *const bf16).add(c0 * width), &mut drb[..n * width])
+                        }
+                        (Some(drb), Some(bk)) => {
+                            let rows = &mut drb[..n * width];
+                            from_blocks((dr, spec.dr), (s, width, bk), c0, rows);
+                            rows.as_ptr()
                         }
                     };
                     match gbuf.as_deref_mut() {
