@@ -14,6 +14,25 @@ use dlrm_ir::{Graph, Node, Op, TensorType, ValueId};
 
 /// `g` with the nodes `order` (indices into `g.nodes()`, each at most once), in that
 /// order. `pass` names the pass in errors.
+/// Per value of `g`, the node that defines it (`None`: an input or a
+/// parameter, defined before every node): what the peephole fusion passes
+/// look up an operand's producer in.
+pub(crate) fn definitions(g: &Graph) -> Vec<Option<usize>> {
+    let mut def = vec![None; g.values().len()];
+    for (i, n) in g.nodes().iter().enumerate() {
+        for &o in &n.outputs {
+            def[o.index()] = Some(i);
+        }
+    }
+    def
+}
+
+/// Whether `v` leaves `g`: an output, or a parameter update's value or
+/// parameter (a fusion that absorbs its producer would drop it).
+pub(crate) fn exported(g: &Graph, v: ValueId) -> bool {
+    g.outputs().contains(&v) || g.updates().iter().any(|u| u.value == v || u.param == v)
+}
+
 pub(crate) fn copy_nodes(
     g: &Graph,
     order: impl IntoIterator<Item = usize>,

@@ -67,15 +67,8 @@ enum Plan {
 pub fn fuse_cross_epilogue(g: &Graph, pass: &str) -> Result<(Graph, usize)> {
     let nodes = g.nodes();
     let users = g.users();
-    let mut def: Vec<Option<usize>> = vec![None; g.values().len()];
-    for (i, n) in nodes.iter().enumerate() {
-        for &o in &n.outputs {
-            def[o.index()] = Some(i);
-        }
-    }
-    let exported = |v: ValueId| {
-        g.outputs().contains(&v) || g.updates().iter().any(|u| u.value == v || u.param == v)
-    };
+    let def = crate::copy::definitions(g);
+    let exported = |v| crate::copy::exported(g, v);
     // Defined before node `i` (inputs and parameters are).
     let before = |v: ValueId, i: usize| def[v.index()].is_none_or(|d| d < i);
     let mut plan = vec![Plan::Keep; nodes.len()];

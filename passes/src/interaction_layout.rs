@@ -53,15 +53,8 @@ impl Pass for FuseInteractionLayout {
 pub fn fuse_interaction_layout(g: &Graph, pass: &str) -> Result<(Graph, usize)> {
     let nodes = g.nodes();
     let users = g.users();
-    let mut def: Vec<Option<usize>> = vec![None; g.values().len()];
-    for (i, n) in nodes.iter().enumerate() {
-        for &o in &n.outputs {
-            def[o.index()] = Some(i);
-        }
-    }
-    let exported = |v: dlrm_ir::ValueId| {
-        g.outputs().contains(&v) || g.updates().iter().any(|u| u.value == v || u.param == v)
-    };
+    let def = crate::copy::definitions(g);
+    let exported = |v| crate::copy::exported(g, v);
     // Per node: absorbed into a later one, or replaced by a fused op on
     // these operands.
     let mut absorbed = vec![false; nodes.len()];

@@ -49,15 +49,8 @@ pub fn fuse_dgrad_mask(g: &Graph, pass: &str) -> Result<(Graph, usize)> {
     let nodes = g.nodes();
     let users = g.users();
     // Where each value is defined (inputs and parameters: before every node).
-    let mut def: Vec<Option<usize>> = vec![None; g.values().len()];
-    for (i, n) in nodes.iter().enumerate() {
-        for &o in &n.outputs {
-            def[o.index()] = Some(i);
-        }
-    }
-    let exported = |v: ValueId| {
-        g.outputs().contains(&v) || g.updates().iter().any(|u| u.value == v || u.param == v)
-    };
+    let def = crate::copy::definitions(g);
+    let exported = |v| crate::copy::exported(g, v);
     // Per node: the mask (act, y) it takes on, and whether it drops its act.
     let mut mask: Vec<Option<(Act, ValueId)>> = vec![None; nodes.len()];
     let mut drop_act = vec![false; nodes.len()];

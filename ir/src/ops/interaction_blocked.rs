@@ -126,6 +126,35 @@ fn parts(op: &ModOp) -> (Op, Op) {
     (inter, Op::BlockAct { bk, dtype })
 }
 
+/// The work of a dot interaction or its gradient on forward operands `fwd`
+/// (of all operands `ins`): `per·D` flops per kept pair of each sample, and
+/// the bytes of every operand and result.
+fn dot_work(
+    (ins, fwd): (&[&TensorType], &[&TensorType]),
+    outs: &[&TensorType],
+    dim: &dyn Fn(&Dim) -> f64,
+    (self_interaction, per): (bool, f64),
+) -> Work {
+    let numel = |t: &TensorType| t.shape.iter().map(dim).product::<f64>();
+    let (s, d) = match fwd.first() {
+        Some(x) if x.shape.len() == 2 => (dim(&x.shape[0]), dim(&x.shape[1])),
+        _ => (0.0, 0.0),
+    };
+    let f = fwd.len() as f64;
+    let pairs = match self_interaction {
+        true => f * (f + 1.0) / 2.0,
+        false => f * (f - 1.0) / 2.0,
+    };
+    Work {
+        flops: per * s * d * pairs,
+        bytes: ins
+            .iter()
+            .chain(outs)
+            .map(|t| numel(t) * t.dtype.size_bytes() as f64)
+            .sum(),
+    }
+}
+
 impl OpModule for InteractionBlocked {
     fn mnemonic(&self) -> &'static str {
         MNEMONIC
@@ -177,25 +206,8 @@ impl OpModule for InteractionBlocked {
         outs: &[&TensorType],
         dim: &dyn Fn(&Dim) -> f64,
     ) -> Work {
-        let numel = |t: &TensorType| t.shape.iter().map(dim).product::<f64>();
         // `2·D` per kept pair of each sample (a multiply-add per column).
-        let (s, d) = match ins.first() {
-            Some(x) if x.shape.len() == 2 => (dim(&x.shape[0]), dim(&x.shape[1])),
-            _ => (0.0, 0.0),
-        };
-        let f = ins.len() as f64;
-        let pairs = match attrs_of(op).0 {
-            true => f * (f + 1.0) / 2.0,
-            false => f * (f - 1.0) / 2.0,
-        };
-        Work {
-            flops: 2.0 * s * d * pairs,
-            bytes: ins
-                .iter()
-                .chain(outs)
-                .map(|t| numel(t) * t.dtype.size_bytes() as f64)
-                .sum(),
-        }
+        dot_work((ins, ins), outs, dim, (attrs_of(op).0, 2.0))
     }
 
     fn backward(&self, _: &ModOp, _: &mut dyn GradCx) -> Result<()> {
@@ -283,26 +295,14 @@ impl OpModule for InteractionGradBlocked {
         outs: &[&TensorType],
         dim: &dyn Fn(&Dim) -> f64,
     ) -> Work {
-        let numel = |t: &TensorType| t.shape.iter().map(dim).product::<f64>();
         // `4·D` per kept pair of each sample (a multiply-add per column into
         // each of the pair's two gradients), as `interaction_grad`.
-        let (s, d) = match ins.get(1) {
-            Some(x) if x.shape.len() == 2 => (dim(&x.shape[0]), dim(&x.shape[1])),
-            _ => (0.0, 0.0),
-        };
-        let f = ins.len().saturating_sub(1) as f64;
-        let pairs = match grad_self(op) {
-            true => f * (f + 1.0) / 2.0,
-            false => f * (f - 1.0) / 2.0,
-        };
-        Work {
-            flops: 4.0 * s * d * pairs,
-            bytes: ins
-                .iter()
-                .chain(outs)
-                .map(|t| numel(t) * t.dtype.size_bytes() as f64)
-                .sum(),
-        }
+        dot_work(
+            (ins, ins.get(1..).unwrap_or(&[])),
+            outs,
+            dim,
+            (grad_self(op), 4.0),
+        )
     }
 
     fn backward(&self, _: &ModOp, _: &mut dyn GradCx) -> Result<()> {
