@@ -10,8 +10,8 @@
 use crate::jit::{Jit, JitOptions};
 use crate::reference::KResult;
 use dlrm_ir::module::ModOp;
-use dlrm_ir::ops::interaction_blocked::{attrs_of, grad_self};
-use dlrm_ir::{Checked, DType, Tensor, TensorType};
+use dlrm_ir::ops::interaction_blocked::{attrs_of, grad_self, interaction_dtype};
+use dlrm_ir::{Checked, Tensor, TensorType};
 
 pub(crate) fn interaction_blocked_jit(
     jit: &Jit,
@@ -22,12 +22,7 @@ pub(crate) fn interaction_blocked_jit(
 ) -> Option<KResult<Vec<Tensor>>> {
     let (self_interaction, bk, dtype) = attrs_of(op);
     let ins = c.inputs();
-    // The interaction's own result dtype (`interaction`'s rule).
-    let mid = match ins.iter().all(|t| t.dtype() == DType::BF16) {
-        true => DType::BF16,
-        false => DType::F32,
-    };
-    if mid != dtype {
+    if interaction_dtype(ins) != dtype {
         return None;
     }
     crate::jit::interaction::eval_blocked(jit, opts, ins, (self_interaction, bk), dtype)

@@ -116,6 +116,16 @@ fn dtype_name(d: DType) -> &'static str {
     }
 }
 
+/// The dtype the dot interaction of `ins` stores its result in
+/// (`interaction`'s rule: bf16 when every operand is, else f32): the
+/// intermediate of `interaction_blocked`, which its kernels must match.
+pub fn interaction_dtype(ins: &[&Tensor]) -> DType {
+    match ins.iter().all(|t| t.dtype() == DType::BF16) {
+        true => DType::BF16,
+        false => DType::F32,
+    }
+}
+
 /// The two ops it composes.
 fn parts(op: &ModOp) -> (Op, Op) {
     let (self_interaction, bk, dtype) = attrs_of(op);
@@ -190,11 +200,7 @@ impl OpModule for InteractionBlocked {
         };
         let (self_interaction, bk, dtype) = attrs_of(m);
         let ins = c.inputs();
-        // The interaction's own result dtype (`interaction`'s rule).
-        let mid = match ins.iter().all(|t| t.dtype() == DType::BF16) {
-            true => DType::BF16,
-            false => DType::F32,
-        };
+        let mid = interaction_dtype(ins);
         let r = interaction_of(InteractionKind::Dot, self_interaction, ins, mid)?;
         Ok(vec![block_act(bk, &r, dtype)?])
     }
