@@ -16,7 +16,7 @@ use crate::jit::micro::BPacking;
 use crate::jit::pack::{Src, pack_blocked};
 use crate::jit::{Jit, JitOptions};
 use crate::reference::brgemm::{DgradArgs, act_grads, dgrad_args, floats, mask_in_place};
-use crate::reference::{KResult, shape_err};
+use crate::reference::{Elem, KResult, shape_err};
 use dlrm_ir::{Act, Checked, Data, Tensor};
 use half::bf16;
 use rayon::prelude::*;
@@ -61,7 +61,11 @@ pub fn brgemm_dgrad(
     let dv = || dv.get_or_init(|| floats(dy));
     let yv = || yv.get_or_init(|| floats(y));
     let dz = OnceCell::new();
-    let wv = OnceCell::new();
+    // f32 weights as they are (bf16 ones are widened while packed).
+    let w32 = match &w.data {
+        Data::BF16(_) => Cow::Borrowed(&[][..]),
+        _ => floats(w),
+    };
     let a = if dz16.is_some() { Elt::BF16 } else { Elt::F32 };
     let base = GemmSpec::new(s, bk, np, a, gemm_out).blocked_a(bn);
     let mut result = None;
@@ -74,27 +78,29 @@ pub fn brgemm_dgrad(
         let pan_len = sp.b_rows() * nr;
         let blk_b = panels * pan_len;
         let mut bp = Scratch::new(kb * blk_b);
-        let w16 = match &w.data {
-            Data::BF16(v) if sp.micro.b_packing() == BPacking::KPairs => Some(v.as_slice()),
-            _ => None,
-        };
-        let wv: &[f32] = match w16 {
-            Some(_) => &[],
-            None => wv.get_or_init(|| floats(w)),
-        };
+        // bf16 weights are widened as each panel is packed (no f32 copy of
+        // the whole weight first).
+        let pairs = sp.micro.b_packing() == BPacking::KPairs;
         bp.par_chunks_mut(pan_len).enumerate().for_each(|(q, pan)| {
             let (kbi, i0) = (q / panels, (q % panels) * nr);
             let geom = (nb, kb, bk, bn);
-            match w16 {
-                Some(w16) => pack_wt_pairs(pan, w16, geom, (kbi, i0, nr)),
-                None => pack_wt(pan, wv, geom, (kbi, i0, nr)),
+            match &w.data {
+                Data::BF16(w16) if pairs => pack_wt_pairs(pan, w16, geom, (kbi, i0, nr)),
+                Data::BF16(w16) => pack_wt(pan, w16, geom, (kbi, i0, nr)),
+                _ => pack_wt(pan, &w32, geom, (kbi, i0, nr)),
             }
         });
         let fresh = Fresh::new(gemm_out, kb * s * bk);
         let mr = sp.micro.mr();
         let b_of = |q: usize| (&bp[q * blk_b..(q + 1) * blk_b], None);
         let dx = if sp.pack_a {
-            let src = Src::Dz(act, dv(), yv());
+            // A bf16 dz is packed (widened) straight from its bf16 values:
+            // widening dy and y to f32 first was two conversions of the whole
+            // operand per call.
+            let src = match &dz16 {
+                Some(z) => Src::BF16(z.values()),
+                None => Src::Dz(act, dv(), yv()),
+            };
             let pack = |r0, rows, dst: &mut [f32]| pack_blocked(dst, (s, bn, mr), (r0, rows), src);
             run_row_chunks(
                 kern,
@@ -240,9 +246,9 @@ fn bf16_dz<'t>(act: Act, dy: &'t Tensor, y: &Tensor, w: &Tensor) -> Option<Dz16<
 
 /// One panel of `wᵀ` for K block `kbi` (`Nb·bn` rows of `nr` f32, columns
 /// `i0..` of the block; columns past `bk` zero).
-fn pack_wt(
+fn pack_wt<E: Elem>(
     pan: &mut [f32],
-    wv: &[f32],
+    wv: &[E],
     (nb, kb, bk, bn): (usize, usize, usize, usize),
     (kbi, i0, nr): (usize, usize, usize),
 ) {
@@ -256,7 +262,7 @@ fn pack_wt(
         for ii in 0..cols {
             let src = &wv[blk + (i0 + ii) * bn..blk + (i0 + ii + 1) * bn];
             for (d, &e) in dst[ii..].iter_mut().step_by(nr).zip(src) {
-                *d = e;
+                *d = e.load();
             }
         }
     }
