@@ -13,10 +13,10 @@ use super::{PooledBf16, mask_into_self, masked, positive};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
 use crate::jit::gemm::{Elt, GemmSpec, Operand};
 use crate::jit::micro::BPacking;
-use crate::jit::pack::{Src, pack_blocked};
+use crate::jit::pack::{Src, pack_blocked, pack_wt};
 use crate::jit::{Jit, JitOptions};
 use crate::reference::brgemm::{DgradArgs, act_grads, dgrad_args, floats, mask_in_place};
-use crate::reference::{Elem, KResult, shape_err};
+use crate::reference::{KResult, shape_err};
 use dlrm_ir::{Act, Checked, Data, Tensor};
 use half::bf16;
 use rayon::prelude::*;
@@ -86,8 +86,8 @@ pub fn brgemm_dgrad(
             let geom = (nb, kb, bk, bn);
             match &w.data {
                 Data::BF16(w16) if pairs => pack_wt_pairs(pan, w16, geom, (kbi, i0, nr)),
-                Data::BF16(w16) => pack_wt(pan, w16, geom, (kbi, i0, nr)),
-                _ => pack_wt(pan, &w32, geom, (kbi, i0, nr)),
+                Data::BF16(w16) => pack_wt(pan, Src::BF16(w16), geom, (kbi, i0, nr)),
+                _ => pack_wt(pan, Src::F32(&w32), geom, (kbi, i0, nr)),
             }
         });
         let fresh = Fresh::new(gemm_out, kb * s * bk);
@@ -241,30 +241,6 @@ fn bf16_dz<'t>(act: Act, dy: &'t Tensor, y: &Tensor, w: &Tensor) -> Option<Dz16<
         (Act::Relu, Data::BF16(yv)) => masked(d, yv, positive).map(Dz16::Pooled),
         (Act::Relu, _) => masked(d, &floats(y), |y: f32| y > 0.0).map(Dz16::Pooled),
         (Act::Sigmoid, _) => None,
-    }
-}
-
-/// One panel of `wᵀ` for K block `kbi` (`Nb·bn` rows of `nr` f32, columns
-/// `i0..` of the block; columns past `bk` zero).
-fn pack_wt<E: Elem>(
-    pan: &mut [f32],
-    wv: &[E],
-    (nb, kb, bk, bn): (usize, usize, usize, usize),
-    (kbi, i0, nr): (usize, usize, usize),
-) {
-    let cols = nr.min(bk - i0);
-    if cols < nr {
-        pan.fill(0.0);
-    }
-    for nbi in 0..nb {
-        let blk = (nbi * kb + kbi) * bk * bn;
-        let dst = &mut pan[nbi * bn * nr..(nbi + 1) * bn * nr];
-        for ii in 0..cols {
-            let src = &wv[blk + (i0 + ii) * bn..blk + (i0 + ii + 1) * bn];
-            for (d, &e) in dst[ii..].iter_mut().step_by(nr).zip(src) {
-                *d = e.load();
-            }
-        }
     }
 }
 
