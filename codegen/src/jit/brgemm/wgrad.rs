@@ -172,14 +172,15 @@ fn wgrad_gemm<E: Elem>(
         pack_x_t(&mut xt, xa, (kb, s, bk), mr);
         xt
     });
-    let dw = if let Some(xt) = xt
-        .as_ref()
-        .filter(|_| nb >= FUSED_DZ_BLOCKS_PER_THREAD * threads)
-    {
+    let dw = if nb >= FUSED_DZ_BLOCKS_PER_THREAD * threads {
         // One task per N block packs that block's dz into a buffer of its
-        // own and runs the GEMM on it at once, while it is in cache (enough
-        // blocks to share out; the packed dz never goes through memory).
-        check_cover(&kern, &fresh, (nb, kp, bn))?;
+        // own and runs the GEMMs on it at once, while it is in cache (enough
+        // blocks to share out; the packed dz never goes through memory):
+        // one GEMM over the packed xᵀ, or one per K block reading x in place.
+        match &xt {
+            Some(_) => check_cover(&kern, &fresh, (nb, kp, bn))?,
+            None => check_cover(&kern, &fresh, (nb * kb, bk, bn))?,
+        }
         let tasks: Vec<_> = fresh
             .buf()
             .chunks(kp * bn)
@@ -195,10 +196,20 @@ fn wgrad_gemm<E: Elem>(
                 for (p, (pan, dbp)) in b.chunks_mut(s * nr).zip(dbq.chunks_mut(nr)).enumerate() {
                     pack_panel(nbi * panels + p, pan, dbp);
                 }
-                kern.run_block(Operand::F32(xt), &b, None, cb, kp)
+                match &xt {
+                    Some(xt) => kern.run_block(Operand::F32(xt), &b, None, cb, kp),
+                    None => cb
+                        .chunks(bk * bn)
+                        .into_iter()
+                        .enumerate()
+                        .try_for_each(|(kbi, ck)| {
+                            kern.run_block(tail(xa, kbi * s * bk), &b, None, ck, bk)
+                        }),
+                }
             })?;
         // SAFETY: every task returned Ok, and `check_cover` held: task nb
-        // wrote all `Kb·bk` rows of block nb, and the tasks cover every block.
+        // wrote all `Kb·bk` rows of block nb (one GEMM, or one per K block of
+        // `bk` rows), and the tasks cover every block.
         unsafe { fresh.assume_init() }
     } else {
         let mut bp = Scratch::new(nb * blk_b);
@@ -312,8 +323,11 @@ fn wgrad_columns(
 /// place; an f32 one is always read in place, see [`wgrad_spec`]).
 const PACK_X_MIN_NB: usize = 4;
 
-/// N blocks per thread from which `brgemm_wgrad` (packed `xᵀ`) packs each
-/// block's `dz` inside that block's GEMM task instead of all blocks first.
+/// N blocks per thread from which `brgemm_wgrad` packs each block's `dz`
+/// inside that block's GEMM task instead of all blocks first (`xᵀ` packed or
+/// read in place: with f32 `x`, `examples/brgemm_best` `FLUSH=1`, 3 interleaved
+/// pairs, Intel Xeon model 207, 2026-11-30: 1024→1024 14.8-15.1 to 14.6-14.8
+/// ms, 1024→512 7.4-7.6 to 7.3-7.4, 512→256 1.98-2.05 to 1.93-1.98).
 const FUSED_DZ_BLOCKS_PER_THREAD: usize = 2;
 
 /// One packed panel of `dz = g(dy, y)` (`S` rows of `nr`, the first `db.len()`
