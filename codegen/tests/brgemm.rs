@@ -450,8 +450,11 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
     let p = problem(1, Act::Relu, 301, 100, 77, 64, 32, DType::F32, 12);
     check_jit(&masked(p, Act::Relu, 13));
     // wgrad with 5 N blocks: an f32 xᵀ read in place; a bf16 one packed (at
-    // least 4 N blocks), its tiles across K blocks; on 2 threads each N block
-    // packs its dz in its own GEMM task, on 8 all blocks' dz are packed first.
+    // least 4 N blocks): on 2 threads its 8 K blocks packed one per task
+    // against every N block; with 2 K blocks (and on 8 threads) packed whole,
+    // its tiles across K blocks. On 2 threads each N block packs its dz in its
+    // own GEMM task (xᵀ in place or packed whole), on 8 all blocks' dz are
+    // packed first.
     for threads in [2, 8] {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -469,6 +472,17 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
                 13,
                 DType::BF16,
                 11,
+            ));
+            check_jit(&problem(
+                2,
+                Act::Relu,
+                130,
+                200,
+                26,
+                40,
+                13,
+                DType::BF16,
+                12,
             ));
         });
     }

@@ -52,7 +52,9 @@ pub fn brgemm_wgrad(
         return wgrad_columns(jit, act, (&dyv, &yv), xa, (nb, kb, s, bk), (dw_elt, db_elt));
     }
     let pack_x = xa.elt() == Elt::BF16 && nb >= PACK_X_MIN_NB;
-    let base = wgrad_spec(pack_x, (kb, s, bk, bn), xa.elt(), dw_elt);
+    let threads = rayon::current_num_threads().max(1);
+    let per_k = pack_x && kb >= K_BLOCKS_PER_THREAD * threads;
+    let base = wgrad_spec((pack_x, per_k), (kb, s, bk, bn), xa.elt(), dw_elt);
     let mut result = None;
     let dims = (nb, kb, bk);
     // `Ok`: bf16 `dy` and `y`, read in place and widened as each panel is
@@ -93,16 +95,21 @@ pub fn brgemm_wgrad(
 /// kernel 3-8% faster in place too; a bf16 `x` 10% slower in place at
 /// 1024→1024).
 fn wgrad_spec(
-    pack_x: bool,
+    (pack_x, per_k): (bool, bool),
     (kb, s, bk, bn): (usize, usize, usize, usize),
     xa: Elt,
     dw_elt: Elt,
 ) -> GemmSpec {
     let kp = kb * bk;
-    // Packed: one GEMM per N block over all `Kb·bk` rows of xᵀ (its tiles run
-    // across the K blocks: no ragged tile per block), whose `[Kb·bk][bn]`
-    // result is exactly dw[nb]. In place: one per block dw[nb][kb].
-    let (m, a) = if pack_x { (kp, Elt::F32) } else { (bk, xa) };
+    // Packed whole: one GEMM per N block over all `Kb·bk` rows of xᵀ (its
+    // tiles run across the K blocks: no ragged tile per block), whose
+    // `[Kb·bk][bn]` result is exactly dw[nb]. Packed per K block (`per_k`)
+    // or in place: one per block dw[nb][kb].
+    let (m, a) = match (pack_x, per_k) {
+        (true, false) => (kp, Elt::F32),
+        (true, true) => (bk, Elt::F32),
+        (false, _) => (bk, xa),
+    };
     GemmSpec {
         pack_a: pack_x,
         ..GemmSpec::new(m, bn, s, a, dw_elt).a_strides(1, bk)
@@ -167,6 +174,9 @@ fn wgrad_gemm<E: Elem>(
         |q: usize, pan: &mut [f32], dbq: &mut [f32]| dz.pack_panel((q, panels, nr), pan, dbq);
     let mut fresh = Fresh::new(dw_elt, nb * kp * bn);
     let threads = rayon::current_num_threads().max(1);
+    if sp.pack_a && sp.m < kp {
+        return per_k_block(kern, dz, xa, (nb, kb, bk), dw_elt);
+    }
     let xt = sp.pack_a.then(|| {
         let mut xt = Scratch::new(kp.div_ceil(mr) * mr * s);
         pack_x_t(&mut xt, xa, (kb, s, bk), mr);
@@ -242,6 +252,54 @@ fn wgrad_gemm<E: Elem>(
         }
     };
     Ok((dw, dbp))
+}
+
+/// [`wgrad_gemm`] with xᵀ packed one K block at a time (a spec of `bk`
+/// packed rows, [`wgrad_spec`]'s `per_k`): every N block's dz packed first
+/// (with its `db` sums), then one task per K block packs that block of xᵀ
+/// (in cache, `bk × S`) and runs it against every N block, writing
+/// `dw[..][kb]`. Packing all of xᵀ first wrote it through memory and read it
+/// back once per N block.
+fn per_k_block<E: Elem>(
+    kern: GemmKernel,
+    dz: &DzRows<'_, E>,
+    xa: Operand<'_>,
+    (nb, kb, bk): (usize, usize, usize),
+    dw_elt: Elt,
+) -> Result<(Floats, Vec<f32>), JitError> {
+    let (s, bn) = (dz.s, dz.bn);
+    let sp = *kern.spec();
+    let (mr, nr) = (sp.micro.mr(), sp.micro.nr());
+    let panels = bn.div_ceil(nr);
+    let blk_b = panels * s * nr;
+    let mut dbp = vec![0.0f32; nb * panels * nr];
+    let mut bp = Scratch::new(nb * blk_b);
+    bp.par_chunks_mut(s * nr)
+        .zip(dbp.par_chunks_mut(nr))
+        .enumerate()
+        .for_each(|(q, (pan, dbq))| dz.pack_panel((q, panels, nr), pan, dbq));
+    let mut fresh = Fresh::new(dw_elt, nb * kb * bk * bn);
+    check_cover(&kern, &fresh, (nb * kb, bk, bn))?;
+    // Block dw[nbi][kbi] is chunk nbi·kb + kbi: task kbi takes every kb-th.
+    let mut tasks: Vec<Vec<_>> = (0..kb).map(|_| Vec::new()).collect();
+    for (c, ch) in fresh.buf().chunks(bk * bn).into_iter().enumerate() {
+        tasks[c % kb].push(ch);
+    }
+    tasks
+        .into_par_iter()
+        .with_max_len(1)
+        .enumerate()
+        .try_for_each(|(kbi, parts)| {
+            let mut xk = Scratch::new(bk.div_ceil(mr) * mr * s);
+            pack_x_t(&mut xk, tail(xa, kbi * s * bk), (1, s, bk), mr);
+            parts.into_iter().enumerate().try_for_each(|(nbi, cb)| {
+                let b = &bp[nbi * blk_b..(nbi + 1) * blk_b];
+                kern.run_block(Operand::F32(&xk), b, None, cb, bk)
+            })
+        })?;
+    // SAFETY: every task returned Ok, and `check_cover` held: task kbi wrote
+    // the `bk` rows of every block dw[nb][kbi], and the tasks cover every kbi.
+    Ok((unsafe { fresh.assume_init() }, dbp))
 }
 
 /// `brgemm_wgrad`'s results from the GEMMs' `dw` and per-panel `db` sums:
@@ -322,6 +380,10 @@ fn wgrad_columns(
 /// N blocks from which `brgemm_wgrad` packs a bf16 `xᵀ` (fewer read it in
 /// place; an f32 one is always read in place, see [`wgrad_spec`]).
 const PACK_X_MIN_NB: usize = 4;
+
+/// K blocks per thread from which `brgemm_wgrad` packs a bf16 `xᵀ` one K
+/// block per task ([`per_k_block`]) instead of all of it first.
+const K_BLOCKS_PER_THREAD: usize = 2;
 
 /// N blocks per thread from which `brgemm_wgrad` packs each block's `dz`
 /// inside that block's GEMM task instead of all blocks first (`xᵀ` packed or
