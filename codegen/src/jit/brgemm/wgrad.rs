@@ -127,6 +127,17 @@ struct DzRows<'v, E> {
 }
 
 impl<E: Elem> DzRows<'_, E> {
+    /// Every N block's packed dz (`[Nb][panels][S][nr]`), the panels packed in
+    /// parallel, each one's db column sums into its `nr` of `dbp`.
+    fn pack_all(&self, (nb, panels, nr): (usize, usize, usize), dbp: &mut [f32]) -> Scratch {
+        let mut bp = Scratch::new(nb * panels * self.s * nr);
+        bp.par_chunks_mut(self.s * nr)
+            .zip(dbp.par_chunks_mut(nr))
+            .enumerate()
+            .for_each(|(q, (pan, dbq))| self.pack_panel((q, panels, nr), pan, dbq));
+        bp
+    }
+
     /// Panel `q` (`S × nr`; `panels` per N block) of the packed dz, its db
     /// columns summed into `dbq`.
     fn pack_panel(&self, (q, panels, nr): (usize, usize, usize), pan: &mut [f32], dbq: &mut [f32]) {
@@ -175,7 +186,9 @@ fn wgrad_gemm<E: Elem>(
     let mut fresh = Fresh::new(dw_elt, nb * kp * bn);
     let threads = rayon::current_num_threads().max(1);
     if sp.pack_a && sp.m < kp {
-        return per_k_block(kern, dz, xa, (nb, kb, bk), dw_elt);
+        let bp = dz.pack_all((nb, panels, nr), &mut dbp);
+        let dw = per_k_block(kern, xa, (&bp, blk_b), fresh, (nb, kb, bk, s))?;
+        return Ok((dw, dbp));
     }
     let xt = sp.pack_a.then(|| {
         let mut xt = Scratch::new(kp.div_ceil(mr) * mr * s);
@@ -222,11 +235,7 @@ fn wgrad_gemm<E: Elem>(
         // `bk` rows), and the tasks cover every block.
         unsafe { fresh.assume_init() }
     } else {
-        let mut bp = Scratch::new(nb * blk_b);
-        bp.par_chunks_mut(s * nr)
-            .zip(dbp.par_chunks_mut(nr))
-            .enumerate()
-            .for_each(|(q, (pan, dbq))| pack_panel(q, pan, dbq));
+        let bp = dz.pack_all((nb, panels, nr), &mut dbp);
         let b_of = |nbi: usize| (&bp[nbi * blk_b..(nbi + 1) * blk_b], None);
         if let Some(xt) = &xt {
             // Row chunks of dw[nb] (whole tiles: chunk r0 starts at tile
@@ -254,31 +263,21 @@ fn wgrad_gemm<E: Elem>(
     Ok((dw, dbp))
 }
 
-/// [`wgrad_gemm`] with xᵀ packed one K block at a time (a spec of `bk`
-/// packed rows, [`wgrad_spec`]'s `per_k`): every N block's dz packed first
-/// (with its `db` sums), then one task per K block packs that block of xᵀ
-/// (in cache, `bk × S`) and runs it against every N block, writing
-/// `dw[..][kb]`. Packing all of xᵀ first wrote it through memory and read it
+/// [`wgrad_gemm`]'s `dw` with xᵀ packed one K block at a time (a spec of
+/// `bk` packed rows, [`wgrad_spec`]'s `per_k`), on every N block's dz packed
+/// first (`bp`, `blk_b` floats a block): one task per K block packs that
+/// block of xᵀ (in cache, `bk × S`) and runs it against every N block,
+/// writing `dw[..][kb]`. Packing all of xᵀ first wrote it through memory and read it
 /// back once per N block.
-fn per_k_block<E: Elem>(
+fn per_k_block(
     kern: GemmKernel,
-    dz: &DzRows<'_, E>,
     xa: Operand<'_>,
-    (nb, kb, bk): (usize, usize, usize),
-    dw_elt: Elt,
-) -> Result<(Floats, Vec<f32>), JitError> {
-    let (s, bn) = (dz.s, dz.bn);
+    (bp, blk_b): (&[f32], usize),
+    mut fresh: Fresh,
+    (nb, kb, bk, s): (usize, usize, usize, usize),
+) -> Result<Floats, JitError> {
     let sp = *kern.spec();
-    let (mr, nr) = (sp.micro.mr(), sp.micro.nr());
-    let panels = bn.div_ceil(nr);
-    let blk_b = panels * s * nr;
-    let mut dbp = vec![0.0f32; nb * panels * nr];
-    let mut bp = Scratch::new(nb * blk_b);
-    bp.par_chunks_mut(s * nr)
-        .zip(dbp.par_chunks_mut(nr))
-        .enumerate()
-        .for_each(|(q, (pan, dbq))| dz.pack_panel((q, panels, nr), pan, dbq));
-    let mut fresh = Fresh::new(dw_elt, nb * kb * bk * bn);
+    let (mr, bn) = (sp.micro.mr(), sp.n);
     check_cover(&kern, &fresh, (nb * kb, bk, bn))?;
     // Block dw[nbi][kbi] is chunk nbi·kb + kbi: task kbi takes every kb-th.
     let mut tasks: Vec<Vec<_>> = (0..kb).map(|_| Vec::new()).collect();
@@ -299,7 +298,7 @@ fn per_k_block<E: Elem>(
         })?;
     // SAFETY: every task returned Ok, and `check_cover` held: task kbi wrote
     // the `bk` rows of every block dw[nb][kbi], and the tasks cover every kbi.
-    Ok((unsafe { fresh.assume_init() }, dbp))
+    Ok(unsafe { fresh.assume_init() })
 }
 
 /// `brgemm_wgrad`'s results from the GEMMs' `dw` and per-panel `db` sums:
