@@ -1,5 +1,6 @@
 //! Packing a blocked activation's rows into the micro-kernels' `A` tiles (the
-//! row-chunk form of `brgemm` and `brgemm_dgrad`, [`super::brgemm`]).
+//! row-chunk form of `brgemm` and `brgemm_dgrad`, [`super::brgemm`]), and the
+//! blocked weights' transpose into `brgemm_dgrad`'s `B` panels (`pack_wt`).
 //!
 //! The source is a blocked operand `[Kb][S][w]` read as the batch-reduce `A`
 //! (`k = Kb·w`, element `(row, q·w + j)` at `(q·S + row)·w + j`): `x` itself, or
