@@ -643,14 +643,18 @@ impl Jit {
 
     /// How many GEMM shapes [`Jit::pick_variant`] has given to each
     /// micro-kernel so far (timed picks and forced ones alike), by name, with
-    /// `A` packed per row chunk counted apart: e.g. `("AVX-512, A packed", 3)`.
+    /// `A` packed per row chunk and the reduction in chunks counted apart:
+    /// e.g. `("AVX-512, A packed, k chunks", 3)`.
     pub fn gemm_picks(&self) -> Vec<(String, usize)> {
         let mut counts = std::collections::BTreeMap::new();
         for s in lock(&self.auto).values() {
-            let name = match s.pack_a {
-                true => format!("{}, A packed", s.micro.name()),
-                false => s.micro.name().to_string(),
-            };
+            let mut name = s.micro.name().to_string();
+            if s.pack_a {
+                name.push_str(", A packed");
+            }
+            if s.kc > 0 {
+                name.push_str(", k chunks");
+            }
             *counts.entry(name).or_insert(0) += 1;
         }
         counts.into_iter().collect()

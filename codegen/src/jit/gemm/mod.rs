@@ -540,6 +540,31 @@ impl<'a> OutBuf<'a> {
         }
     }
 
+    /// Consecutive disjoint chunks of the given lengths (each at most what is
+    /// left; the rest, if any, is dropped).
+    pub(crate) fn split_lens(self, lens: &[usize]) -> Vec<OutBuf<'a>> {
+        fn cut<'a, T>(
+            mut v: &'a mut [T],
+            lens: &[usize],
+            f: fn(&'a mut [T]) -> OutBuf<'a>,
+        ) -> Vec<OutBuf<'a>> {
+            lens.iter()
+                .map(|&l| {
+                    let mid = l.min(v.len());
+                    let (head, rest) = std::mem::take(&mut v).split_at_mut(mid);
+                    v = rest;
+                    f(head)
+                })
+                .collect()
+        }
+        match self {
+            OutBuf::F32(v) => cut(v, lens, OutBuf::F32),
+            OutBuf::BF16(v) => cut(v, lens, OutBuf::BF16),
+            OutBuf::F32Uninit(v) => cut(v, lens, OutBuf::F32Uninit),
+            OutBuf::BF16Uninit(v) => cut(v, lens, OutBuf::BF16Uninit),
+        }
+    }
+
     /// Consecutive disjoint chunks of `len` elements (the last may be shorter).
     pub(crate) fn chunks(self, len: usize) -> Vec<OutBuf<'a>> {
         let len = len.max(1);
