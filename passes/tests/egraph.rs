@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use dlrm_ir::{Act, Attr, Dim, Graph, Op, TensorType};
-use dlrm_passes::egraph::extract::{MAX_BLOCK, MAX_WIDE_BLOCK, block_for};
+use dlrm_passes::egraph::extract::{MAX_BLOCK, MAX_WIDE_BLOCK, block_for, lanes};
 use dlrm_passes::egraph::lang::{Tag, parse_attr};
 use dlrm_passes::egraph::rules::{RuleConfig, names};
 use dlrm_passes::egraph::{FuseOptions, Limits, fuse};
@@ -72,13 +72,40 @@ fn block_sizes_depend_on_the_dimension_only() {
         assert!((1..=MAX_WIDE_BLOCK).contains(&b), "{d} -> {b}");
         assert!(d > MAX_BLOCK || b <= d, "{d} -> {b}");
         // A block wider than MAX_BLOCK only to pad less than blocks of 64
-        // (to the next multiple of 32).
-        if b > MAX_BLOCK {
+        // (to the next multiple of 32), or as one block of the whole
+        // dimension computing fewer micro-kernel lanes than blocks of 64 or
+        // of any divisor of it (at most as many).
+        if b > MAX_BLOCK && b != d {
             assert!(b.is_multiple_of(32), "{d} -> {b}");
             assert_eq!(padded(d, b), padded(d, 32), "{d} -> {b}");
             assert!(padded(d, b) < padded(d, 64), "{d} -> {b}");
         }
+        if b == d && d > MAX_BLOCK {
+            assert!(d <= MAX_WIDE_BLOCK, "{d}");
+            for n in (8..=MAX_BLOCK).filter(|n| d.is_multiple_of(*n)).chain([64]) {
+                assert!(
+                    lanes(d, d) <= lanes(d, n),
+                    "{d}: lanes {} against {} in blocks of {n}",
+                    lanes(d, d),
+                    lanes(d, n)
+                );
+            }
+        }
     }
+    // Lanes: 32-lane panels, the last one 16 wide for at most 16 columns.
+    assert_eq!(
+        (
+            lanes(100, 50),
+            lanes(100, 100),
+            lanes(479, 160),
+            lanes(13, 13)
+        ),
+        (128, 112, 480, 16)
+    );
+    // dlrm-small's interaction width: one block of 100 (112 lanes), not two
+    // of 50 (128).
+    assert_eq!(block_for(100, None), 100);
+    assert_eq!(block_for(160, None), 160);
     assert_eq!(block_for(13, None), 13);
     assert_eq!(block_for(512, None), 64);
     assert_eq!(block_for(1024, None), 64);

@@ -82,12 +82,30 @@ pub const MAX_WIDE_BLOCK: usize = 192;
 /// else the candidate minimising `padded(d, b) / d · (1 + 8 / b)` among `d` itself
 /// (when `d <= 64`), its divisors in `8..=64`, and 16, 32, 64 (ties: the larger);
 /// where that choice pads past the next multiple of 32, also among the wider
-/// blocks of [`MAX_WIDE_BLOCK`] (which pad to it).
+/// blocks of [`MAX_WIDE_BLOCK`] (which pad to it). Then, where the blocks
+/// chosen waste micro-kernel lanes ([`lanes`] past the padded width rounded up
+/// to 16) and `d` is at most [`MAX_WIDE_BLOCK`], one block of `d` if it
+/// scores better with the lanes counted ([`lane_score`]): `d = 100` in one
+/// block, not two of 50.
 pub fn block_for(d: usize, forced: Option<usize>) -> usize {
     let d = d.max(1);
     if let Some(b) = forced {
         return b.clamp(1, d);
     }
+    let b = padding_block(d);
+    let padded = d.div_ceil(b) * b;
+    if d > MAX_BLOCK
+        && d <= MAX_WIDE_BLOCK
+        && lanes(d, b) > padded.next_multiple_of(16)
+        && lane_score(d, d) <= lane_score(d, b)
+    {
+        return d;
+    }
+    b
+}
+
+/// [`block_for`]'s choice by padding alone.
+fn padding_block(d: usize) -> usize {
     let mut cands: Vec<usize> = vec![16, 32, 64];
     if d <= MAX_BLOCK {
         cands.push(d);
@@ -122,6 +140,38 @@ fn best_block(d: usize, cands: &[usize]) -> Option<usize> {
             }
         })
         .map(|(b, _)| b)
+}
+
+/// The micro-kernel lanes computed for `d` columns in blocks of `b` (`d`
+/// padded to whole blocks), as the AVX-512 tile computes them (the AVX2
+/// one's 16-lane panels waste the same lanes for the blocks it concerns):
+/// each block in 32-lane panels, its last partial one 16 lanes wide when at most 16
+/// columns are left (the AVX-512 tile's one-vector form). A GEMM whose output
+/// runs in such blocks (the forward and wgrad of the layer producing `d`, the
+/// dgrad of the one consuming it) does this much work: `d = 100` in blocks of
+/// 50 is two panels of 32 a block, 128 lanes, against 112 in one block of 100.
+pub fn lanes(d: usize, b: usize) -> usize {
+    let b = b.max(1);
+    let per_block = |w: usize| {
+        let rem = w % 32;
+        w - rem
+            + match rem {
+                0 => 0,
+                1..=16 => 16,
+                _ => 32,
+            }
+    };
+    // A padded dimension's last block is as wide as the others.
+    d.div_ceil(b) * per_block(b)
+}
+
+/// [`best_block`]'s score with the lanes counted beside the padding: a
+/// dimension is the reduction (padded) of three of its layers' GEMMs and
+/// the output (lanes) of the other three, so the mean of the two, times the
+/// per-block overhead `1 + 8 / b`.
+fn lane_score(d: usize, b: usize) -> f64 {
+    let padded = d.div_ceil(b) * b;
+    (padded + lanes(d, b)) as f64 / (2 * d) as f64 * (1.0 + 8.0 / b as f64)
 }
 
 /// The tree cost function over the e-graph (see the module docs).
