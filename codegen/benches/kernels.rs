@@ -88,6 +88,7 @@ fn bench_gemm(c: &mut Criterion) {
                     c: if bf { Elt::BF16 } else { Elt::F32 },
                     bias: false,
                     relu: false,
+                    mask: false,
                     micro,
                     pack_a: false,
                     b: BLayout::Packed,

@@ -52,6 +52,7 @@ fn main() {
                 c: if bf { Elt::BF16 } else { Elt::F32 },
                 bias: false,
                 relu: false,
+                mask: false,
                 micro,
                 pack_a,
                 b: BLayout::Packed,

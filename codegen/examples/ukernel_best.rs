@@ -208,6 +208,7 @@ fn variant(
                     mr,
                     nr,
                     flags,
+                    mask: 0,
                 });
             }
             std::hint::black_box(&mut c);

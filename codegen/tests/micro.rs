@@ -31,7 +31,7 @@
 //!   stay under 1e-5 of the magnitudes in practice.
 
 use dlrm_codegen::jit::micro::{
-    self, BPacking, F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_RELU, MicroKernel, TileArgs,
+    self, BPacking, F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_MASK, F_RELU, MicroKernel, TileArgs,
 };
 use half::bf16;
 use proptest::prelude::*;
@@ -159,7 +159,7 @@ fn fma_cases(mr: usize, nr: usize) -> impl Strategy<Value = Case> {
         ],
         (0usize..5, 0usize..40, 0usize..60),
         (0usize..3, 0usize..5),
-        0u32..32,
+        0u32..64,
         any::<bool>(),
         0u64..1_000_000,
     )
@@ -208,7 +208,7 @@ fn pair_cases(mr: usize, nr: usize) -> impl Strategy<Value = Case> {
             1usize..9
         ],
         (0usize..50, 0usize..3),
-        0u32..32,
+        0u32..64,
         any::<bool>(),
         0u64..1_000_000,
     )
@@ -235,7 +235,7 @@ fn pair_cases(mr: usize, nr: usize) -> impl Strategy<Value = Case> {
                     pads: (0, 0, 0),
                     ldb_pad: 0,
                     ldc_pad,
-                    flags: (flags & (F_BIAS | F_RELU | F_C_BF16 | F_ACC)) | F_A_BF16,
+                    flags: (flags & (F_BIAS | F_RELU | F_C_BF16 | F_ACC | F_MASK)) | F_A_BF16,
                     specials,
                     seed,
                 }
@@ -245,10 +245,23 @@ fn pair_cases(mr: usize, nr: usize) -> impl Strategy<Value = Case> {
 
 /// The case strategy for `kern`'s kind.
 fn cases(kern: &MicroKernel) -> BoxedStrategy<Case> {
+    let masks = kern.masks;
+    let without_mask = move |mut c: Case| {
+        if !masks {
+            c.flags &= !F_MASK;
+        }
+        c
+    };
     match kern.b_packing {
-        BPacking::F32 => fma_cases(kern.mr, kern.nr).boxed(),
-        BPacking::KPairs => pair_cases(kern.mr, kern.nr).boxed(),
+        BPacking::F32 => fma_cases(kern.mr, kern.nr).prop_map(without_mask).boxed(),
+        BPacking::KPairs => pair_cases(kern.mr, kern.nr).prop_map(without_mask).boxed(),
     }
+}
+
+/// Whether [`F_MASK`] keeps an element whose mask element is `m`: `m > 0`
+/// (NaN: not).
+fn kept(m: f32) -> bool {
+    m.partial_cmp(&0.0) == Some(std::cmp::Ordering::Greater)
 }
 
 /// Bitwise equal, or both NaN (NaN payloads may differ between the hardware FMA
@@ -278,6 +291,9 @@ struct Problem {
     /// with `F_C_BF16`), sentinels around.
     c0: Vec<f32>,
     ldc: usize,
+    /// The [`F_MASK`] operand, laid out as `c0` (bf16-exact): positive,
+    /// negative, ±0, ±inf and NaN elements.
+    mask: Vec<f32>,
 }
 
 impl Problem {
@@ -357,6 +373,27 @@ impl Problem {
                 };
             }
         }
+        let specials = [
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e-30,
+            -1e-30,
+        ];
+        let mask = vals(case.seed + 4, c0.len(), false)
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                bf16::from_f32(if i % 5 == 0 {
+                    specials[i / 5 % specials.len()]
+                } else {
+                    v
+                })
+                .to_f32()
+            })
+            .collect();
         Problem {
             case,
             a,
@@ -368,6 +405,7 @@ impl Problem {
             bias,
             c0,
             ldc,
+            mask,
         }
     }
 
@@ -392,6 +430,9 @@ impl Problem {
                 if c.flags & F_RELU != 0 {
                     acc = if acc > 0.0 || acc.is_nan() { acc } else { 0.0 };
                 }
+                if c.flags & F_MASK != 0 && !kept(self.mask[r * self.ldc + j]) {
+                    acc = 0.0;
+                }
                 out[r * self.ldc + j] = if c.flags & F_C_BF16 != 0 {
                     bf16::from_f32(acc).to_f32()
                 } else {
@@ -415,7 +456,13 @@ impl Problem {
     fn run(&self, kern: &MicroKernel, (mr, nr): (usize, usize), flags: u32) -> Vec<f32> {
         let c = &self.case;
         let (lda, acs, a_blk) = c.strides();
+        let mask_bf: Vec<bf16> = self.mask.iter().map(|&x| bf16::from_f32(x)).collect();
         let call = |cp: *mut u8| {
+            let mp: *const u8 = if c.flags & F_C_BF16 != 0 {
+                mask_bf.as_ptr().cast()
+            } else {
+                self.mask.as_ptr().cast()
+            };
             let args = TileArgs {
                 a: self.a_ptr(),
                 b: self.b.as_ptr(),
@@ -431,10 +478,12 @@ impl Problem {
                 mr,
                 nr,
                 flags,
+                mask: (mp as isize).wrapping_sub(cp as isize),
             };
             // SAFETY: the buffers cover the tile as the kernels require (A by
             // construction of `alen`, the B rows `ldb` apart with the kernel's
-            // `nr` words each, its `nr` bias floats, the C tile `ldc` apart);
+            // `nr` words each, its `nr` bias floats, the C tile `ldc` apart,
+            // the mask laid out as C);
             // the callers checked the CPU features and the layout.
             unsafe { kern.call(&args) }
         };
@@ -474,6 +523,7 @@ fn check_fma(kern: &MicroKernel, case: Case) -> Result<(), TestCaseError> {
             || other.b_packing != BPacking::F32
             || !other.available()
             || other.nr > p.ldb
+            || (c.flags & F_MASK != 0 && !other.masks)
         {
             continue;
         }
@@ -539,6 +589,11 @@ fn check_pairs(kern: &MicroKernel, case: Case) -> Result<(), TestCaseError> {
                 sum = 0.0;
             }
             let g = f64::from(got[i]);
+            if c.flags & F_MASK != 0 && !kept(p.mask[i]) {
+                // Masked: +0 whatever the sum (NaN included).
+                prop_assert_eq!(got[i].to_bits(), 0, "{:?}: C[{}][{}] masked", c, r, j);
+                continue;
+            }
             if sum.is_nan() {
                 // A NaN of `A` in the row (kept through relu and bf16).
                 prop_assert!(g.is_nan(), "{:?}: C[{}][{}] = {}, want NaN", c, r, j, g);
@@ -596,7 +651,8 @@ fn every_flag_and_height(kern: &MicroKernel) {
         BPacking::F32 => &[(37, 10)],
         BPacking::KPairs => &[(37, 10), (71, 32), (64, 64)],
     };
-    for flags in 0..32 {
+    let all = if kern.masks { 64 } else { 32 };
+    for flags in 0..all {
         let flags = match kern.b_packing {
             BPacking::F32 => flags,
             BPacking::KPairs => flags | F_A_BF16,

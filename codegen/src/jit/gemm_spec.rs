@@ -21,6 +21,7 @@ impl GemmSpec {
             c,
             bias: false,
             relu: false,
+            mask: false,
             micro: Micro::Cranelift,
             pack_a: false,
             b: BLayout::Packed,

@@ -85,7 +85,7 @@ pub const MAX_WIDE_BLOCK: usize = 192;
 /// blocks of [`MAX_WIDE_BLOCK`] (which pad to it). Then, where the blocks
 /// chosen waste micro-kernel lanes ([`lanes`] past the padded width rounded up
 /// to 16) and `d` is at most [`MAX_WIDE_BLOCK`], one block of `d` if it
-/// scores better with the lanes counted ([`lane_score`]): `d = 100` in one
+/// scores better with the lanes counted (`lane_score`): `d = 100` in one
 /// block, not two of 50.
 pub fn block_for(d: usize, forced: Option<usize>) -> usize {
     let d = d.max(1);

@@ -12,6 +12,7 @@ use super::{Epilogue, Written, row_block, run_blocks, run_row_chunks, tail, with
 use super::{PooledBf16, mask_into_self, masked, positive};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
 use crate::jit::gemm::{Elt, GemmSpec, Operand};
+use crate::jit::linear::operand;
 use crate::jit::micro::BPacking;
 use crate::jit::pack::{Src, pack_blocked, pack_wt};
 use crate::jit::{Jit, JitOptions};
@@ -53,6 +54,17 @@ pub fn brgemm_dgrad(
     let masking = |q: usize, r0: usize, chunk: Written<'_>| me.run(q, r0, chunk);
     let epi: Option<Epilogue<'_>> = me.runs().then_some(&masking as Epilogue<'_>);
     let gemm_out = me.gemm_out(out);
+    // relu's mask in the micro-kernel's epilogue instead, where it can
+    // ([`GemmSpec::mask`]: the AVX-512 kernels), when the layer input has the
+    // GEMM result's element type (read at the result's offsets): its lines
+    // prefetched as each tile starts, it costs no pass of its own over `dx`
+    // and the input (that pass, waiting on the input, was 1.2% of a
+    // dlrm-mlperf training step). `then` still runs after.
+    let in_kernel = mask == Act::Relu && xb.and_then(operand).is_some_and(|x| x.elt() == gemm_out);
+    let kernel_mask = xb.and_then(operand).filter(|_| in_kernel);
+    let me_then = MaskEpilogue::new(Act::None, (s, bk), None, out, then);
+    let then_only = |q: usize, r0: usize, chunk: Written<'_>| me_then.run(q, r0, chunk);
+    let epi_then: Option<Epilogue<'_>> = me_then.runs().then_some(&then_only as Epilogue<'_>);
     // A = dz = act'(dy, y) in dy's blocked layout `[Nb][S][bn]`: read in place
     // as the batch-reduce over its Nb blocks (computed once, on first use: bf16
     // when `dz16` is), or computed into each row chunk's packed tiles.
@@ -67,29 +79,20 @@ pub fn brgemm_dgrad(
         _ => floats(w),
     };
     let a = if dz16.is_some() { Elt::BF16 } else { Elt::F32 };
-    let base = GemmSpec::new(s, bk, np, a, gemm_out).blocked_a(bn);
+    let base = GemmSpec {
+        mask: in_kernel,
+        ..GemmSpec::new(s, bk, np, a, gemm_out).blocked_a(bn)
+    };
     let mut result = None;
     let bf16_b = dz16.is_some();
     with_kernel(jit, opts, OP, (base, true, bf16_b), &mut |kern| {
         let sp = *kern.spec();
-        let nr = sp.micro.nr();
-        // B for dx block kb: wᵀ, `Nb·bn × bk`: B(n', i) = wb[n'/bn][kb][i][n'%bn].
-        let panels = bk.div_ceil(nr);
-        let pan_len = sp.b_rows() * nr;
-        let blk_b = panels * pan_len;
-        let mut bp = Scratch::new(kb * blk_b);
-        // bf16 weights are widened as each panel is packed (no f32 copy of
-        // the whole weight first).
-        let pairs = sp.micro.b_packing() == BPacking::KPairs;
-        bp.par_chunks_mut(pan_len).enumerate().for_each(|(q, pan)| {
-            let (kbi, i0) = (q / panels, (q % panels) * nr);
-            let geom = (nb, kb, bk, bn);
-            match &w.data {
-                Data::BF16(w16) if pairs => pack_wt_pairs(pan, w16, geom, (kbi, i0, nr)),
-                Data::BF16(w16) => pack_wt(pan, Src::BF16(w16), geom, (kbi, i0, nr)),
-                _ => pack_wt(pan, Src::F32(&w32), geom, (kbi, i0, nr)),
-            }
-        });
+        // The kernel masks (`sp.mask`), or the epilogue does.
+        let (epi, mk) = match sp.mask {
+            true => (epi_then, kernel_mask),
+            false => (epi, None),
+        };
+        let (bp, blk_b) = pack_b(&sp, (w, &w32), (nb, kb, bk, bn));
         let fresh = Fresh::new(gemm_out, kb * s * bk);
         let mr = sp.micro.mr();
         let b_of = |q: usize| (&bp[q * blk_b..(q + 1) * blk_b], None);
@@ -108,7 +111,7 @@ pub fn brgemm_dgrad(
                 (kb, s, bk, row_block(s, mr, 1)),
                 &pack,
                 &b_of,
-                epi,
+                (epi, mk),
             )?
         } else {
             let a = match &dz16 {
@@ -124,7 +127,7 @@ pub fn brgemm_dgrad(
                 (kb, s, bk, row_block(s, mr, kb)),
                 &|_, r0| tail(a, r0 * bn),
                 &b_of,
-                epi,
+                (epi, mk),
             )?
         };
         result = Some(dx);
@@ -138,6 +141,33 @@ pub fn brgemm_dgrad(
         (dx, _) => dx,
     };
     Ok(dx.tensor(vec![kb, s, bk]))
+}
+
+/// `B` of every dx block for the kernel of spec `sp`: `wᵀ` (`Nb·bn × bk`
+/// for block kb: `B(n', i) = wb[n'/bn][kb][i][n'%bn]`) in `⌈bk/nr⌉` panels
+/// (in k pairs for the k-pair kernels); `w32` is the f32 weights unless `w`
+/// holds bf16, which are widened as each panel is packed (no f32 copy of the
+/// whole weight first). Returns the panels and the floats of one block's.
+fn pack_b(
+    sp: &GemmSpec,
+    (w, w32): (&Tensor, &[f32]),
+    geom: (usize, usize, usize, usize),
+) -> (Scratch, usize) {
+    let (_, kb, bk, _) = geom;
+    let nr = sp.micro.nr();
+    let panels = bk.div_ceil(nr);
+    let pan_len = sp.b_rows() * nr;
+    let mut bp = Scratch::new(kb * panels * pan_len);
+    let pairs = sp.micro.b_packing() == BPacking::KPairs;
+    bp.par_chunks_mut(pan_len).enumerate().for_each(|(q, pan)| {
+        let (kbi, i0) = (q / panels, (q % panels) * nr);
+        match &w.data {
+            Data::BF16(w16) if pairs => pack_wt_pairs(pan, w16, geom, (kbi, i0, nr)),
+            Data::BF16(w16) => pack_wt(pan, Src::BF16(w16), geom, (kbi, i0, nr)),
+            _ => pack_wt(pan, Src::F32(w32), geom, (kbi, i0, nr)),
+        }
+    });
+    (bp, panels * pan_len)
 }
 
 /// The epilogue of a masked `brgemm_dgrad` (and of one with a `then`): the

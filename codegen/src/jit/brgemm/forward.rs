@@ -123,7 +123,7 @@ pub fn brgemm(
             };
             let pack = |r0, rows, dst: &mut [f32]| pack_blocked(dst, (s, bk, mr), (r0, rows), src);
             let shape = (nb, s, bn, row_block(s, mr, 1));
-            run_row_chunks(kern, fresh, shape, &pack, &b_of, epi)?
+            run_row_chunks(kern, fresh, shape, &pack, &b_of, (epi, None))?
         } else {
             run_blocks(
                 kern,
@@ -131,7 +131,7 @@ pub fn brgemm(
                 (nb, s, bn, row_block(s, mr, nb)),
                 &|_, r0| tail(xa, r0 * bk),
                 &b_of,
-                epi,
+                (epi, None),
             )?
         };
         result = Some(y);

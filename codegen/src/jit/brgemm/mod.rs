@@ -33,9 +33,12 @@
 //! GFLOP/s when it came in).
 //!
 //! `brgemm_dgrad` with a `mask` (the previous layer's `act'`, see
-//! [`dlrm_ir::Op::BrgemmDgrad`]) applies it to each chunk of `dx` right after
-//! the chunk's GEMM, while it is in cache (the epilogue hook of both forms),
-//! reading the layer input's rows of that chunk.
+//! [`dlrm_ir::Op::BrgemmDgrad`]) applies relu's in the micro-kernel's
+//! epilogue where the kernel can ([`GemmSpec::mask`]: the AVX-512 family,
+//! the layer input of the result's element type, its tile prefetched as the
+//! tile starts); otherwise, and for sigmoid's, to each chunk of `dx` right
+//! after the chunk's GEMM, while it is in cache (the epilogue hook of both
+//! forms), reading the layer input's rows of that chunk.
 //!
 //! Results are not zeroed first (`Fresh`): the kernels write every element.
 //!
@@ -230,7 +233,7 @@ fn run_row_chunks<'d>(
     (blocks, m, width, rb): (usize, usize, usize, usize),
     pack: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
     b_of: &(dyn Fn(usize) -> (&'d [f32], Option<&'d [f32]>) + Sync),
-    epi: Option<Epilogue<'_>>,
+    (epi, mask): (Option<Epilogue<'_>>, Option<Operand<'d>>),
 ) -> Result<Floats, JitError> {
     check_cover(&kern, &out, (blocks, m, width))?;
     let (mr, k) = (kern.spec().micro.mr(), kern.spec().k);
@@ -252,7 +255,8 @@ fn run_row_chunks<'d>(
             pack(r0, rows, &mut a);
             for (q, mut cb) in parts.into_iter().enumerate() {
                 let (b, bias) = b_of(q);
-                kern.run_block(Operand::F32(&a), b, bias, cb.reborrow(), rows)?;
+                let mk = mask.map(|mk| tail(mk, (q * m + r0) * width));
+                kern.run_block_masked(Operand::F32(&a), b, bias, cb.reborrow(), rows, mk)?;
                 run_epilogue(epi, &kern, q, r0, cb)?;
             }
             Ok(())
@@ -296,7 +300,7 @@ fn run_blocks<'d>(
     (blocks, m, width, rb): (usize, usize, usize, usize),
     a_of: &(dyn Fn(usize, usize) -> Operand<'d> + Sync),
     b_of: &(dyn Fn(usize) -> (&'d [f32], Option<&'d [f32]>) + Sync),
-    epi: Option<Epilogue<'_>>,
+    (epi, mask): (Option<Epilogue<'_>>, Option<Operand<'d>>),
 ) -> Result<Floats, JitError> {
     check_cover(&kern, &out, (blocks, m, width))?;
     let rb = rb.max(1);
@@ -313,7 +317,8 @@ fn run_blocks<'d>(
         .try_for_each(|(q, ri, mut cb)| {
             let r0 = ri * rb;
             let (b, bias) = b_of(q);
-            kern.run_block(a_of(q, r0), b, bias, cb.reborrow(), rb.min(m - r0))?;
+            let mk = mask.map(|mk| tail(mk, (q * m + r0) * width));
+            kern.run_block_masked(a_of(q, r0), b, bias, cb.reborrow(), rb.min(m - r0), mk)?;
             run_epilogue(epi, &kern, q, r0, cb)
         })?;
     // SAFETY: every task returned Ok, and `check_cover` held: each wrote its

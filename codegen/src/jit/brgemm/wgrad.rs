@@ -246,7 +246,7 @@ fn wgrad_gemm<E: Elem>(
                 (nb, kp, bn, row_block(kp, mr, nb)),
                 &|_, r0| Operand::F32(&xt[(r0 * s).min(xt.len())..]),
                 &b_of,
-                None,
+                (None, None),
             )?
         } else {
             // One task per block dw[nb][kb]: `xb[kb]` read as its transpose.
@@ -256,7 +256,7 @@ fn wgrad_gemm<E: Elem>(
                 (nb * kb, bk, bn, bk),
                 &|blk, _| tail(xa, (blk % kb) * s * bk),
                 &|blk| b_of(blk / kb),
-                None,
+                (None, None),
             )?
         }
     };

@@ -210,7 +210,7 @@ pub(super) fn wgrad_gemm(
             (nb, kp, bn, row_block(kp, mr, nb)),
             &|_, r0| Operand::BF16(&xt16[(r0 * SB).min(xt16.len())..]),
             &b_of,
-            None,
+            (None, None),
         )?;
         result = Some((dw, dbp));
         Ok(())

@@ -31,7 +31,7 @@ pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError>
     } else {
         None
     };
-    let f = jit.compile_fn(module, "gemm", 4, &[types::I64; 3], |module, b, params| {
+    let f = jit.compile_fn(module, "gemm", 4, &[types::I64; 4], |module, b, params| {
         let uref = ukernel.map(|u| module.declare_func_in_func(u, b.func));
         let mut g = Gen {
             b,
@@ -45,8 +45,8 @@ pub(crate) fn compile(jit: &Jit, spec: GemmSpec) -> Result<GemmKernel, JitError>
         }
         g.body(params);
     })?;
-    // SAFETY: the function was generated with exactly this signature (7 params:
-    // 4 pointers, 3 i64) and the platform's default call convention (C).
+    // SAFETY: the function was generated with exactly this signature (8 params:
+    // 4 pointers, 4 i64) and the platform's default call convention (C).
     let f: GemmFn = unsafe { std::mem::transmute::<*const u8, GemmFn>(f) };
     Ok(GemmKernel { spec, f })
 }
@@ -131,6 +131,9 @@ impl Gen<'_, '_> {
         if s.relu {
             fl |= micro::F_RELU;
         }
+        if s.mask {
+            fl |= micro::F_MASK;
+        }
         for (v, off) in [
             (s.k, field!(k)),
             (lda, field!(lda)),
@@ -154,6 +157,12 @@ impl Gen<'_, '_> {
         let (a, bp, c, bias, rows, p0, p1) = (
             params[0], params[1], params[2], params[3], params[4], params[5], params[6],
         );
+        if let Some((_, slot)) = self.ukernel {
+            // The mask's offset from C: constant through the call.
+            self.b
+                .ins()
+                .stack_store(self.ptr, params[7], slot, field!(mask));
+        }
         let mc = s.mc();
         let zero = self.iconst(0);
         self.for_loop(zero, rows, mc, &mut |g, mb| {
@@ -205,6 +214,9 @@ impl Gen<'_, '_> {
         }
         if s.relu {
             fin |= micro::F_RELU;
+        }
+        if s.mask {
+            fin |= micro::F_MASK;
         }
         let (zero, count) = (self.iconst(0), self.iconst(n));
         self.for_loop(zero, count, 1, &mut |g, q| {

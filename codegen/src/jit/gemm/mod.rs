@@ -44,8 +44,8 @@
 use super::JitError;
 use super::micro::{self, BPacking, MicroKernel};
 use half::bf16;
+pub use operands::{Operand, OutBuf};
 use rayon::prelude::*;
-use std::mem::MaybeUninit;
 
 /// Element type of a GEMM operand in memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -124,6 +124,12 @@ impl Micro {
     pub fn b_packing(self) -> BPacking {
         self.kernel().map_or(BPacking::F32, |k| k.b_packing)
     }
+
+    /// Whether the micro-kernel applies a mask in its epilogue
+    /// ([`micro::F_MASK`], [`GemmSpec::mask`]; [`MicroKernel::masks`]).
+    pub fn masks(self) -> bool {
+        self.kernel().is_some_and(|k| k.masks)
+    }
 }
 
 /// Rows of a Cranelift tile.
@@ -156,6 +162,14 @@ pub struct GemmSpec {
     pub bias: bool,
     /// Apply relu.
     pub relu: bool,
+    /// After the bias and relu, zero each element of `C` whose element of a
+    /// mask operand (laid out as `C`, of its element type) is not > 0:
+    /// `brgemm_dgrad`'s mask (the previous layer's relu derivative) in the
+    /// tile's epilogue, its mask lines prefetched as the tile starts
+    /// ([`micro::F_MASK`]; [`GemmKernel::run_block_masked`] passes the
+    /// operand). Only where the micro-kernel [`Micro::masks`]
+    /// ([`GemmSpec::normalized`] clears it otherwise; the caller then masks).
+    pub mask: bool,
     /// The micro-kernel.
     pub micro: Micro,
     /// Pack each row block of `A` into tile-major panels (`[tile][k][mr]`, zero
@@ -237,6 +251,9 @@ impl GemmSpec {
             && (!pairs || s.kc.is_multiple_of(2));
         if !chunkable {
             s.kc = 0;
+        }
+        if !s.micro.masks() {
+            s.mask = false;
         }
         s
     }
@@ -331,7 +348,9 @@ impl GemmSpec {
     }
 }
 
-type GemmFn = unsafe extern "C" fn(*const u8, *const f32, *mut u8, *const f32, i64, i64, i64);
+/// `(a, b, c, bias, rows, p0, p1, mask)`: `mask` the bytes from `C` to the
+/// mask operand ([`GemmSpec::mask`]; 0 without one).
+type GemmFn = unsafe extern "C" fn(*const u8, *const f32, *mut u8, *const f32, i64, i64, i64, i64);
 
 /// A compiled GEMM kernel for one [`GemmSpec`].
 #[derive(Clone, Copy, Debug)]
@@ -422,161 +441,6 @@ pub fn pack_bias(bias: &[f32], nr: usize) -> Vec<f32> {
     out
 }
 
-/// A GEMM operand: f32 or bf16 elements.
-#[derive(Clone, Copy, Debug)]
-pub enum Operand<'a> {
-    /// f32 elements.
-    F32(&'a [f32]),
-    /// bf16 elements.
-    BF16(&'a [bf16]),
-}
-
-impl Operand<'_> {
-    /// The element type.
-    pub(crate) fn elt(&self) -> Elt {
-        match self {
-            Operand::F32(_) => Elt::F32,
-            Operand::BF16(_) => Elt::BF16,
-        }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Operand::F32(v) => v.len(),
-            Operand::BF16(v) => v.len(),
-        }
-    }
-
-    pub(crate) fn ptr_at(&self, elem: usize) -> *const u8 {
-        match self {
-            Operand::F32(v) => v[elem..].as_ptr().cast(),
-            Operand::BF16(v) => v[elem..].as_ptr().cast(),
-        }
-    }
-}
-
-/// A GEMM result: f32 or bf16 elements, initialised or not. The kernels only
-/// ever write it, so an uninitialised buffer is as good as a zeroed one for a
-/// kernel that writes all of it (the blocked GEMM ops, [`super::brgemm`], skip
-/// zeroing their results this way).
-#[derive(Debug)]
-pub enum OutBuf<'a> {
-    /// f32 elements.
-    F32(&'a mut [f32]),
-    /// bf16 elements.
-    BF16(&'a mut [bf16]),
-    /// f32 elements not yet initialised.
-    F32Uninit(&'a mut [MaybeUninit<f32>]),
-    /// bf16 elements not yet initialised.
-    BF16Uninit(&'a mut [MaybeUninit<bf16>]),
-}
-
-impl<'a> OutBuf<'a> {
-    pub(crate) fn elt(&self) -> Elt {
-        match self {
-            OutBuf::F32(_) | OutBuf::F32Uninit(_) => Elt::F32,
-            OutBuf::BF16(_) | OutBuf::BF16Uninit(_) => Elt::BF16,
-        }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            OutBuf::F32(v) => v.len(),
-            OutBuf::BF16(v) => v.len(),
-            OutBuf::F32Uninit(v) => v.len(),
-            OutBuf::BF16Uninit(v) => v.len(),
-        }
-    }
-
-    /// The first element, for the generated code to write through.
-    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
-        match self {
-            OutBuf::F32(v) => v.as_mut_ptr().cast(),
-            OutBuf::BF16(v) => v.as_mut_ptr().cast(),
-            OutBuf::F32Uninit(v) => v.as_mut_ptr().cast(),
-            OutBuf::BF16Uninit(v) => v.as_mut_ptr().cast(),
-        }
-    }
-
-    /// The buffer as initialised, in its element type.
-    ///
-    /// # Safety
-    /// Every element has been written.
-    pub(crate) unsafe fn written(&mut self) -> crate::jit::brgemm::Written<'_> {
-        use crate::jit::brgemm::Written;
-        match self {
-            OutBuf::F32(v) => Written::F32(v),
-            OutBuf::BF16(v) => Written::BF16(v),
-            // SAFETY: the caller's promise: every element is initialised, and
-            // `MaybeUninit<T>` has `T`'s layout.
-            OutBuf::F32Uninit(v) => Written::F32(unsafe {
-                &mut *(std::ptr::from_mut::<[MaybeUninit<f32>]>(*v) as *mut [f32])
-            }),
-            // SAFETY: as above.
-            OutBuf::BF16Uninit(v) => Written::BF16(unsafe {
-                &mut *(std::ptr::from_mut::<[MaybeUninit<bf16>]>(*v) as *mut [bf16])
-            }),
-        }
-    }
-
-    /// The same buffer, borrowed for a shorter time.
-    pub(crate) fn reborrow(&mut self) -> OutBuf<'_> {
-        match self {
-            OutBuf::F32(v) => OutBuf::F32(v),
-            OutBuf::BF16(v) => OutBuf::BF16(v),
-            OutBuf::F32Uninit(v) => OutBuf::F32Uninit(v),
-            OutBuf::BF16Uninit(v) => OutBuf::BF16Uninit(v),
-        }
-    }
-
-    /// The first `len` elements (all of them if fewer).
-    pub(crate) fn prefix(self, len: usize) -> OutBuf<'a> {
-        let len = len.min(self.len());
-        match self {
-            OutBuf::F32(v) => OutBuf::F32(&mut v[..len]),
-            OutBuf::BF16(v) => OutBuf::BF16(&mut v[..len]),
-            OutBuf::F32Uninit(v) => OutBuf::F32Uninit(&mut v[..len]),
-            OutBuf::BF16Uninit(v) => OutBuf::BF16Uninit(&mut v[..len]),
-        }
-    }
-
-    /// Consecutive disjoint chunks of the given lengths (each at most what is
-    /// left; the rest, if any, is dropped).
-    pub(crate) fn split_lens(self, lens: &[usize]) -> Vec<OutBuf<'a>> {
-        fn cut<'a, T>(
-            mut v: &'a mut [T],
-            lens: &[usize],
-            f: fn(&'a mut [T]) -> OutBuf<'a>,
-        ) -> Vec<OutBuf<'a>> {
-            lens.iter()
-                .map(|&l| {
-                    let mid = l.min(v.len());
-                    let (head, rest) = std::mem::take(&mut v).split_at_mut(mid);
-                    v = rest;
-                    f(head)
-                })
-                .collect()
-        }
-        match self {
-            OutBuf::F32(v) => cut(v, lens, OutBuf::F32),
-            OutBuf::BF16(v) => cut(v, lens, OutBuf::BF16),
-            OutBuf::F32Uninit(v) => cut(v, lens, OutBuf::F32Uninit),
-            OutBuf::BF16Uninit(v) => cut(v, lens, OutBuf::BF16Uninit),
-        }
-    }
-
-    /// Consecutive disjoint chunks of `len` elements (the last may be shorter).
-    pub(crate) fn chunks(self, len: usize) -> Vec<OutBuf<'a>> {
-        let len = len.max(1);
-        match self {
-            OutBuf::F32(v) => v.chunks_mut(len).map(OutBuf::F32).collect(),
-            OutBuf::BF16(v) => v.chunks_mut(len).map(OutBuf::BF16).collect(),
-            OutBuf::F32Uninit(v) => v.chunks_mut(len).map(OutBuf::F32Uninit).collect(),
-            OutBuf::BF16Uninit(v) => v.chunks_mut(len).map(OutBuf::BF16Uninit).collect(),
-        }
-    }
-}
-
 impl GemmKernel {
     /// The spec this kernel was compiled for.
     pub fn spec(&self) -> &GemmSpec {
@@ -601,6 +465,9 @@ impl GemmKernel {
         };
         if a.elt() != s.a || c.elt() != s.c {
             return Err(bad("operand dtypes differ from the spec".into()));
+        }
+        if s.mask {
+            return Err(bad("a masked spec runs through run_block_masked".into()));
         }
         if s.m == 0 || s.n == 0 {
             return Ok(());
@@ -660,6 +527,7 @@ impl GemmKernel {
                     rows as i64,
                     0,
                     panels,
+                    0,
                 );
             }
         };
@@ -697,13 +565,32 @@ impl GemmKernel {
         c: OutBuf<'_>,
         rows: usize,
     ) -> Result<(), JitError> {
+        self.run_block_masked(a, bp, bias, c, rows, None)
+    }
+
+    /// [`GemmKernel::run_block`] with the mask operand of a spec with
+    /// [`GemmSpec::mask`] (`Some` exactly then): `mask` is laid out as `c`
+    /// (the same element type, rows `ldc` apart, from the block's first row)
+    /// and covers as many elements as the block of `C` it masks.
+    pub fn run_block_masked(
+        &self,
+        a: Operand<'_>,
+        bp: &[f32],
+        bias: Option<&[f32]>,
+        c: OutBuf<'_>,
+        rows: usize,
+        mask: Option<Operand<'_>>,
+    ) -> Result<(), JitError> {
         let s = &self.spec;
         let bad = |what: String| JitError::Args {
             kernel: format!("{s:?}"),
             reason: what,
         };
-        if a.elt() != s.a || c.elt() != s.c {
+        if a.elt() != s.a || c.elt() != s.c || mask.is_some_and(|m| m.elt() != s.c) {
             return Err(bad("operand dtypes differ from the spec".into()));
+        }
+        if mask.is_some() != s.mask {
+            return Err(bad("mask presence differs from the spec".into()));
         }
         if rows == 0 || s.n == 0 {
             return Ok(());
@@ -735,14 +622,27 @@ impl GemmKernel {
         } else {
             bp.as_ptr().cast()
         };
+        if let Some(m) = mask
+            && m.len() < c_need
+        {
+            return Err(bad(format!(
+                "the mask holds {} elements, needs {c_need}",
+                m.len()
+            )));
+        }
         let mut c = c;
         let cptr = c.as_mut_ptr();
         let bias_ptr = bias.map_or(std::ptr::null(), <[f32]>::as_ptr);
+        // Bytes from C to the mask (any two addresses differ by less than
+        // isize::MAX bytes: every allocation is at most that).
+        let mask_off = mask.map_or(0, |m| (m.ptr_at(0) as isize).wrapping_sub(cptr as isize));
         // SAFETY: checked above: `a` holds the ⌈rows/mr⌉ packed tiles or the
         // `rows` strided rows the code reads, `bp` every panel `0..panels` as
         // laid out (`b_len`), the bias (if any) `bias_len` f32, and `c` the `rows` rows of stride ldc up to column n it
-        // writes; `rows` is whole tiles or ends with the compiled remainder tile.
-        // The generated code touches exactly these ranges (module docs).
+        // writes, and the mask (with `GemmSpec::mask`) as many elements laid
+        // out as C, read at the offsets of the C elements written; `rows` is
+        // whole tiles or ends with the compiled remainder tile. The generated
+        // code touches exactly these ranges (module docs).
         unsafe {
             (self.f)(
                 aptr,
@@ -752,6 +652,7 @@ impl GemmKernel {
                 rows as i64,
                 0,
                 s.panels() as i64,
+                mask_off as i64,
             );
         }
         Ok(())
@@ -811,4 +712,5 @@ fn pack_a_block<T: Copy + Default>(a: &[T], s: GemmSpec, r0: usize, rows: usize)
 }
 
 mod codegen;
+mod operands;
 pub(crate) use codegen::compile;

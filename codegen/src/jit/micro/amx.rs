@@ -303,7 +303,8 @@ unsafe fn tile(t: &TileArgs) {
                 _mm512_load_ps(cp.add(r * NR)),
                 _mm512_load_ps(cp.add(r * NR + 16)),
             ]];
-            super::avx512::finish::<1, 2>(row, c.add(r * ldc * esize), ldc, nr, t.bias, flags);
+            let c = c.add(r * ldc * esize);
+            super::avx512::finish::<1, 2>(row, c, ldc, nr, (t.bias, t.mask), flags);
         }
     }
 }

@@ -63,6 +63,8 @@ pub unsafe extern "C" fn ukernel(t: *const TileArgs) {
         mr,
         nr,
         flags,
+        // F_MASK is not taken here (`Micro::masks`).
+        mask: _,
     } = unsafe { TileArgs::read(t) };
     let g = Geom {
         k,

@@ -103,7 +103,7 @@
 use std::arch::x86_64::*;
 
 use super::TileArgs;
-pub use super::{F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_RELU};
+pub use super::{F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_MASK, F_RELU};
 
 /// Rows of an AVX-512 tile.
 pub const MR: usize = 12;
@@ -240,15 +240,17 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
         ldb,
         kb: kb_len,
         a_blk,
+        mask,
         ..
     } = *t;
     // SAFETY: the caller's contract: the C tile (masked to `nr` lanes), every
-    // `A(r,kk)`, the `B` rows and the bias row are accessible as documented; the
-    // masked loads and stores touch no lane outside the tile.
+    // `A(r,kk)`, the `B` rows, the bias row and the mask tile are accessible as
+    // documented; the masked loads and stores touch no lane outside the tile.
     unsafe {
         if flags & F_ACC == 0 {
             prefetch_c::<R>(c, ldc, nr, flags);
         }
+        prefetch_mask::<R>(t);
         let mut acc = acc_start::<R, W>(c, ldc, nr, flags);
         let esize = if ABF { 2 } else { 4 };
         // Written before read (see `stage_a`), never read beyond what was written.
@@ -303,27 +305,44 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
             kk += len;
             pa = pa.wrapping_add(a_blk * esize);
         }
-        finish::<R, W>(acc, c, ldc, nr, bias, flags);
+        finish::<R, W>(acc, c, ldc, nr, (bias, mask), flags);
     }
 }
 
-/// Prefetches the `R × nr` tile of `C` for writing (`prefetchw`: the lines
-/// arrive owned, so the epilogue's stores do not wait for them): every line
-/// each row touches, its first, its 64th byte and its last element. A hint
-/// that never faults and reads nothing.
+/// Prefetches the `R × nr` tile of `C` into L1: every line each row
+/// touches, once. A hint that never faults and reads nothing. It asks for
+/// the lines owned (`_MM_HINT_ET0`), but without the `prfchw` target feature
+/// (unstable in this Rust) that compiles to `prefetcht0`; an `asm!`
+/// `prefetchw` and no prefetch at all measured level with it in dlrm-mlperf
+/// training (Intel Xeon model 207, 4 interleaved triples), and one prefetch a
+/// line instead of three a row (the last element's line again) saved a
+/// little beside the mask's ([`prefetch_mask`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
-fn prefetch_c<const R: usize>(c: *mut u8, ldc: usize, nr: usize, flags: u32) {
+pub(super) fn prefetch_c<const R: usize>(c: *mut u8, ldc: usize, nr: usize, flags: u32) {
     let esize = if flags & F_C_BF16 != 0 { 2 } else { 4 };
     let last = (nr - 1) * esize;
     for r in 0..R {
         let row = c.wrapping_add(r * ldc * esize).cast::<i8>().cast_const();
-        _mm_prefetch::<_MM_HINT_ET0>(row);
-        if last >= 64 {
-            _mm_prefetch::<_MM_HINT_ET0>(row.wrapping_add(64));
+        // Each line of the row once: from the first's start to the last's.
+        let skip = row.addr() & 63;
+        let mut off = 0;
+        while off <= skip + last {
+            _mm_prefetch::<_MM_HINT_ET0>(row.wrapping_add(off).wrapping_sub(skip));
+            off += 64;
         }
-        _mm_prefetch::<_MM_HINT_ET0>(row.wrapping_add(last));
+    }
+}
+
+/// With [`F_MASK`], prefetches the tile's mask (as [`prefetch_c`] the `C`
+/// tile): the epilogue reads it after the k loop has hidden its latency.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+pub(super) fn prefetch_mask<const R: usize>(t: &TileArgs) {
+    if t.flags & F_MASK != 0 {
+        prefetch_c::<R>(t.c.wrapping_offset(t.mask), t.ldc, t.nr, t.flags);
     }
 }
 
@@ -371,15 +390,17 @@ fn lane_masks(nr: usize) -> [u16; 2] {
     [mask as u16, (mask >> 16) as u16]
 }
 
-/// The epilogue of a tile: bias ([`F_BIAS`]), relu ([`F_RELU`]), and the store
-/// of its `R × nr` values to `C` (f32, or bf16 with [`F_C_BF16`]). The
+/// The epilogue of a tile: bias ([`F_BIAS`]), relu ([`F_RELU`]), the mask
+/// ([`F_MASK`], its elements `mask` bytes from `C`'s), and the store of its
+/// `R × nr` values to `C` (f32, or bf16 with [`F_C_BF16`]). The
 /// accumulators come by value: taking their address (`&mut`) in a call that is
 /// not inlined kept them in memory through the whole k loop (the AVX-512
 /// kernel ran at 45 against 112 GFLOP/s in `examples/ukernel_best`).
 ///
 /// # Safety
 /// The `R × nr` tile of `C` (row stride `ldc` elements) is writable; with
-/// [`F_BIAS`], `bias` covers `16·W` f32; `1 <= nr <= NR`.
+/// [`F_BIAS`], `bias` covers `16·W` f32; with [`F_MASK`], the `R × nr` tile
+/// `mask` bytes from `C`'s is readable; `1 <= nr <= NR`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 #[inline]
@@ -388,7 +409,7 @@ pub(super) unsafe fn finish<const R: usize, const W: usize>(
     c: *mut u8,
     ldc: usize,
     nr: usize,
-    bias: *const f32,
+    (bias, mask): (*const f32, isize),
     flags: u32,
 ) {
     let ms = lane_masks(nr);
@@ -420,6 +441,28 @@ pub(super) unsafe fn finish<const R: usize, const W: usize>(
             for accr in acc.iter_mut() {
                 for w in 0..W {
                     accr[w] = relu(accr[w]);
+                }
+            }
+        }
+        if flags & F_MASK != 0 {
+            // `C` zeroed where its mask element is not > 0 (NaN: not), the
+            // mask read as `C` is laid out, `mask` bytes on.
+            let z = _mm512_setzero_ps();
+            #[allow(clippy::needless_range_loop)]
+            for r in 0..R {
+                for w in 0..W {
+                    let m = if cbf {
+                        let row = c.wrapping_offset(mask).wrapping_add(r * ldc * 2);
+                        widen_bf16(_mm256_maskz_loadu_epi16(
+                            ms[w],
+                            row.cast::<i16>().wrapping_add(16 * w),
+                        ))
+                    } else {
+                        let row = c.wrapping_offset(mask).wrapping_add(r * ldc * 4);
+                        _mm512_maskz_loadu_ps(ms[w], row.cast::<f32>().wrapping_add(16 * w))
+                    };
+                    let keep = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(m, z);
+                    acc[r][w] = _mm512_maskz_mov_ps(keep, acc[r][w]);
                 }
             }
         }

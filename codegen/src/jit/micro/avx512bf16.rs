@@ -247,6 +247,7 @@ unsafe fn tile<const R: usize, const W: usize>(t: &TileArgs) {
     // accessible as documented.
     unsafe {
         let mut acc = super::avx512::acc_start::<R, W>(c, ldc, nr, flags);
+        super::avx512::prefetch_mask::<R>(t);
         // `pairs` k pairs from `pa` (a row's steps adjacent, rows `$lda`
         // bytes apart: a constant in each loop) and `pb` (`ldb` words a row),
         // then the odd last step when `odd`. A macro, so that each row stride
@@ -338,6 +339,6 @@ unsafe fn tile<const R: usize, const W: usize>(t: &TileArgs) {
             kk += len;
             pa = pa.wrapping_add(a_blk * 2);
         }
-        super::avx512::finish::<R, W>(acc, c, ldc, nr, bias, flags);
+        super::avx512::finish::<R, W>(acc, c, ldc, nr, (bias, t.mask), flags);
     }
 }

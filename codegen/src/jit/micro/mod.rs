@@ -18,10 +18,10 @@
 //! with `A(r, kk) = a[r·lda + (kk / kb)·a_blk + (kk % kb)·acs]` (f32, or bf16
 //! widened exactly with [`F_A_BF16`]), `B` rows `ldb` words apart in the
 //! kernel's [`BPacking`], the accumulators starting at 0 (or at `C` with
-//! [`F_ACC`]), then [`F_BIAS`], [`F_RELU`] (`x > 0 || x is NaN ? x : 0`), and
-//! `C` stored as f32 or bf16 ([`F_C_BF16`]: nearest even, NaN kept NaN). Only
-//! the `mr × nr` tile of `C` is written and nothing outside the tile of `A` is
-//! read.
+//! [`F_ACC`]), then [`F_BIAS`], [`F_RELU`] (`x > 0 || x is NaN ? x : 0`),
+//! [`F_MASK`] (AVX-512 family only), and `C` stored as f32 or bf16
+//! ([`F_C_BF16`]: nearest even, NaN kept NaN). Only the `mr × nr` tile of `C`
+//! is written and nothing outside the tiles of `A` (and of the mask) is read.
 //!
 //! # The registry
 //! [`KERNELS`] lists every native micro-kernel as a [`MicroKernel`]: its name
@@ -64,6 +64,13 @@ pub const F_RELU: u32 = 8;
 /// loop nest may split `k` into chunks and get the one-pass result bit for bit
 /// (f32 `C`; bf16 `C` is widened exactly).
 pub const F_ACC: u32 = 16;
+/// Flag: after the bias and relu, zero each element whose mask element is not
+/// greater than 0 (NaN is not): relu's derivative of the mask, as
+/// `brgemm_dgrad` applies the previous layer's. The mask has `C`'s layout and
+/// element type, `mask` bytes from `C` ([`TileArgs::mask`]). The AVX-512
+/// kernels' epilogue ([`avx512::finish`]: AVX-512, AVX-512 BF16, AMX-BF16)
+/// honours it; [`MicroKernel::masks`] says which.
+pub const F_MASK: u32 = 32;
 
 /// The arguments of one micro-kernel call: one tile (the module docs give the
 /// formula). Strides and lengths are in elements of the operand's type (`B`'s
@@ -100,6 +107,9 @@ pub struct TileArgs {
     pub nr: usize,
     /// `F_*` flags.
     pub flags: u32,
+    /// With [`F_MASK`]: bytes from each element of `C` to its mask element
+    /// (the mask laid out as `C`, in its element type).
+    pub mask: isize,
 }
 
 impl TileArgs {
@@ -137,6 +147,7 @@ impl TileArgs {
                 mr: field!(mr),
                 nr: field!(nr),
                 flags: field!(flags),
+                mask: field!(mask),
             }
         }
     }
@@ -263,6 +274,8 @@ pub struct MicroKernel {
     pub entry: UkernelFn,
     /// How it reads `B`.
     pub b_packing: BPacking,
+    /// Whether its epilogue applies [`F_MASK`].
+    pub masks: bool,
 }
 
 impl MicroKernel {
@@ -306,6 +319,7 @@ pub static AVX2: MicroKernel = MicroKernel {
     features: &[Feature::Avx2, Feature::Fma],
     entry: avx2::ukernel,
     b_packing: BPacking::F32,
+    masks: false,
 };
 
 /// The AVX-512 `12×32` kernel ([`avx512`]).
@@ -317,6 +331,7 @@ pub static AVX512: MicroKernel = MicroKernel {
     features: &[Feature::Avx512F, Feature::Avx512Bw, Feature::Avx512Vl],
     entry: avx512::ukernel,
     b_packing: BPacking::F32,
+    masks: true,
 };
 
 /// The AVX-512 BF16 `12×32` kernel ([`avx512bf16`]: `vdpbf16ps`).
@@ -333,6 +348,7 @@ pub static AVX512_BF16: MicroKernel = MicroKernel {
     ],
     entry: avx512bf16::ukernel,
     b_packing: BPacking::KPairs,
+    masks: true,
 };
 
 /// The AMX-BF16 `32×32` kernel ([`amx`]: `tdpbf16ps`; its epilogue is
@@ -351,6 +367,7 @@ pub static AMX_BF16: MicroKernel = MicroKernel {
     ],
     entry: amx::ukernel,
     b_packing: BPacking::KPairs,
+    masks: true,
 };
 
 /// Every registered micro-kernel.

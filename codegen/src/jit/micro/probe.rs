@@ -141,6 +141,7 @@ impl Tile {
                     mr,
                     nr,
                     flags,
+                    mask: 0,
                 });
             }
             std::hint::black_box(&mut self.c);
