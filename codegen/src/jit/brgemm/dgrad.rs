@@ -60,8 +60,9 @@ pub fn brgemm_dgrad(
     // prefetched as each tile starts, it costs no pass of its own over `dx`
     // and the input (that pass, waiting on the input, was 1.2% of a
     // dlrm-mlperf training step). `then` still runs after.
-    let in_kernel = mask == Act::Relu && xb.and_then(operand).is_some_and(|x| x.elt() == gemm_out);
-    let kernel_mask = xb.and_then(operand).filter(|_| in_kernel);
+    let kernel_mask = xb
+        .and_then(operand)
+        .filter(|x| mask == Act::Relu && x.elt() == gemm_out);
     let me_then = MaskEpilogue::new(Act::None, (s, bk), None, out, then);
     let then_only = |q: usize, r0: usize, chunk: Written<'_>| me_then.run(q, r0, chunk);
     let epi_then: Option<Epilogue<'_>> = me_then.runs().then_some(&then_only as Epilogue<'_>);
@@ -80,7 +81,7 @@ pub fn brgemm_dgrad(
     };
     let a = if dz16.is_some() { Elt::BF16 } else { Elt::F32 };
     let base = GemmSpec {
-        mask: in_kernel,
+        mask: kernel_mask.is_some(),
         ..GemmSpec::new(s, bk, np, a, gemm_out).blocked_a(bn)
     };
     let mut result = None;
@@ -92,7 +93,7 @@ pub fn brgemm_dgrad(
             true => (epi_then, kernel_mask),
             false => (epi, None),
         };
-        let (bp, blk_b) = pack_b(&sp, (w, &w32), (nb, kb, bk, bn));
+        let (bp, blk_b) = pack_wt_blocks(&sp, (w, &w32), (nb, kb, bk, bn));
         let fresh = Fresh::new(gemm_out, kb * s * bk);
         let mr = sp.micro.mr();
         let b_of = |q: usize| (&bp[q * blk_b..(q + 1) * blk_b], None);
@@ -148,7 +149,7 @@ pub fn brgemm_dgrad(
 /// (in k pairs for the k-pair kernels); `w32` is the f32 weights unless `w`
 /// holds bf16, which are widened as each panel is packed (no f32 copy of the
 /// whole weight first). Returns the panels and the floats of one block's.
-fn pack_b(
+fn pack_wt_blocks(
     sp: &GemmSpec,
     (w, w32): (&Tensor, &[f32]),
     geom: (usize, usize, usize, usize),

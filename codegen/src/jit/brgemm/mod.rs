@@ -256,7 +256,7 @@ fn run_row_chunks<'d>(
             for (q, mut cb) in parts.into_iter().enumerate() {
                 let (b, bias) = b_of(q);
                 let mk = mask.map(|mk| tail(mk, (q * m + r0) * width));
-                kern.run_block_masked(Operand::F32(&a), b, bias, cb.reborrow(), rows, mk)?;
+                kern.run_block(Operand::F32(&a), b, bias, cb.reborrow(), rows, mk)?;
                 run_epilogue(epi, &kern, q, r0, cb)?;
             }
             Ok(())
@@ -274,10 +274,10 @@ fn run_row_chunks<'d>(
 fn balanced_chunks(m: usize, mr: usize, n: usize) -> Vec<(usize, usize)> {
     let mr = mr.max(1);
     let tiles = m.div_ceil(mr);
-    let n = n.clamp(1, tiles.max(1));
     if tiles == 0 {
         return Vec::new();
     }
+    let n = n.clamp(1, tiles);
     (0..n)
         .map(|i| {
             let (t0, t1) = (i * tiles / n, (i + 1) * tiles / n);
@@ -318,7 +318,7 @@ fn run_blocks<'d>(
             let r0 = ri * rb;
             let (b, bias) = b_of(q);
             let mk = mask.map(|mk| tail(mk, (q * m + r0) * width));
-            kern.run_block_masked(a_of(q, r0), b, bias, cb.reborrow(), rb.min(m - r0), mk)?;
+            kern.run_block(a_of(q, r0), b, bias, cb.reborrow(), rb.min(m - r0), mk)?;
             run_epilogue(epi, &kern, q, r0, cb)
         })?;
     // SAFETY: every task returned Ok, and `check_cover` held: each wrote its

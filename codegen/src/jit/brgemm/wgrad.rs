@@ -220,13 +220,13 @@ fn wgrad_gemm<E: Elem>(
                     pack_panel(nbi * panels + p, pan, dbp);
                 }
                 match &xt {
-                    Some(xt) => kern.run_block(Operand::F32(xt), &b, None, cb, kp),
+                    Some(xt) => kern.run_block(Operand::F32(xt), &b, None, cb, kp, None),
                     None => cb
                         .chunks(bk * bn)
                         .into_iter()
                         .enumerate()
                         .try_for_each(|(kbi, ck)| {
-                            kern.run_block(tail(xa, kbi * s * bk), &b, None, ck, bk)
+                            kern.run_block(tail(xa, kbi * s * bk), &b, None, ck, bk, None)
                         }),
                 }
             })?;
@@ -293,7 +293,7 @@ fn per_k_block(
             pack_x_t(&mut xk, tail(xa, kbi * s * bk), (1, s, bk), mr);
             parts.into_iter().enumerate().try_for_each(|(nbi, cb)| {
                 let b = &bp[nbi * blk_b..(nbi + 1) * blk_b];
-                kern.run_block(Operand::F32(&xk), b, None, cb, bk)
+                kern.run_block(Operand::F32(&xk), b, None, cb, bk, None)
             })
         })?;
     // SAFETY: every task returned Ok, and `check_cover` held: task kbi wrote

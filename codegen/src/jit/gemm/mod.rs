@@ -166,7 +166,7 @@ pub struct GemmSpec {
     /// mask operand (laid out as `C`, of its element type) is not > 0:
     /// `brgemm_dgrad`'s mask (the previous layer's relu derivative) in the
     /// tile's epilogue, its mask lines prefetched as the tile starts
-    /// ([`micro::F_MASK`]; [`GemmKernel::run_block_masked`] passes the
+    /// ([`micro::F_MASK`]; [`GemmKernel::run_block`] passes the
     /// operand). Only where the micro-kernel [`Micro::masks`]
     /// ([`GemmSpec::normalized`] clears it otherwise; the caller then masks).
     pub mask: bool,
@@ -467,7 +467,9 @@ impl GemmKernel {
             return Err(bad("operand dtypes differ from the spec".into()));
         }
         if s.mask {
-            return Err(bad("a masked spec runs through run_block_masked".into()));
+            return Err(bad(
+                "a masked spec runs through run_block, with its mask".into()
+            ));
         }
         if s.m == 0 || s.n == 0 {
             return Ok(());
@@ -556,23 +558,11 @@ impl GemmKernel {
     /// height, or have the compiled remainder `m % mr`. Every length is checked
     /// first (a mismatch is an error, nothing is written). The blocked GEMM ops
     /// ([`super::brgemm`]) split their outputs into such blocks, one rayon task
-    /// each.
+    /// each. `mask` is the mask operand of a spec with [`GemmSpec::mask`]
+    /// (`Some` exactly then): laid out as `c` (the same element type, rows
+    /// `ldc` apart, from the block's first row), covering as many elements as
+    /// the block of `C` it masks.
     pub fn run_block(
-        &self,
-        a: Operand<'_>,
-        bp: &[f32],
-        bias: Option<&[f32]>,
-        c: OutBuf<'_>,
-        rows: usize,
-    ) -> Result<(), JitError> {
-        self.run_block_masked(a, bp, bias, c, rows, None)
-    }
-
-    /// [`GemmKernel::run_block`] with the mask operand of a spec with
-    /// [`GemmSpec::mask`] (`Some` exactly then): `mask` is laid out as `c`
-    /// (the same element type, rows `ldc` apart, from the block's first row)
-    /// and covers as many elements as the block of `C` it masks.
-    pub fn run_block_masked(
         &self,
         a: Operand<'_>,
         bp: &[f32],
