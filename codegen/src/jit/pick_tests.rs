@@ -47,3 +47,67 @@ fn candidates_far_slower_than_the_fastest_run_once_and_are_not_picked() {
     // The fastest candidate ran its warm-up and three timed rounds.
     assert!(runs.values().any(|&n| n == 4), "{runs:?}");
 }
+
+/// A chunked candidate ([`GemmSpec::kc`]) wins the race only when it beats
+/// its unchunked twin by [`super::CHUNK_MARGIN`]: a near tie goes to the
+/// plain one, a clear win to the chunked one, and without its twin among the
+/// timed candidates the fastest wins as it is.
+#[test]
+fn a_chunked_candidate_needs_the_margin_over_its_unchunked_twin() {
+    let plain = GemmSpec {
+        micro: Micro::Native512,
+        ..GemmSpec::new(48, 64, 1024, Elt::F32, Elt::F32)
+    };
+    let chunked = GemmSpec { kc: 256, ..plain };
+    let packed = GemmSpec {
+        pack_a: true,
+        ..plain
+    };
+    let near = 1.0 / (super::CHUNK_MARGIN - 0.01);
+    let far = 1.0 / (super::CHUNK_MARGIN + 0.01);
+    let pick = |t: &[(GemmSpec, f64)]| super::race_winner(t).expect("a winner");
+    assert_eq!(pick(&[(plain, 1.0), (chunked, near)]), plain);
+    assert_eq!(pick(&[(plain, 1.0), (chunked, far)]), chunked);
+    // The margin is against the chunked one's own twin, not the field.
+    assert_eq!(pick(&[(packed, 1.0), (chunked, near)]), chunked);
+    assert_eq!(
+        pick(&[(plain, 1.0), (packed, 0.99), (chunked, near * 0.99)]),
+        packed
+    );
+    assert_eq!(pick(&[(plain, 2.0), (chunked, 1.0)]), chunked);
+    assert_eq!(pick(&[(plain, 1.0), (chunked, 2.0)]), plain);
+    assert_eq!(super::race_winner(&[]), None);
+}
+
+/// Through the race itself: a chunked variant twice as fast as its twin (by
+/// the trial's sleeps) is picked, and one as fast as its twin is not.
+#[test]
+fn the_race_picks_chunks_only_when_they_clearly_pay() {
+    if !Micro::Native512.available() && !Micro::Native.available() {
+        return; // Only the Cranelift kernels: no chunked candidate.
+    }
+    for (chunked_ms, want_chunks) in [(10, true), (20, false)] {
+        let jit = Jit::new().expect("a JIT");
+        let spec = GemmSpec::new(48, 64, 1024, Elt::F32, Elt::F32);
+        let opts = JitOptions {
+            kernels: KernelChoice::Auto,
+            ..JitOptions::default()
+        };
+        let mut trial = |k: super::gemm::GemmKernel| {
+            let s = *k.spec();
+            let ms = match (s.micro, s.pack_a, s.kc > 0) {
+                (Micro::Cranelift, ..) => 200,
+                (_, true, _) => 60,
+                (_, false, true) => chunked_ms,
+                (_, false, false) => 20,
+            };
+            std::thread::sleep(Duration::from_millis(ms));
+            Ok(())
+        };
+        let picked = jit
+            .pick_variant(spec, &opts, (true, false), &mut trial)
+            .expect("a pick");
+        assert_eq!(picked.kc > 0, want_chunks, "picked {picked:?}");
+        assert!(!picked.pack_a, "picked {picked:?}");
+    }
+}
