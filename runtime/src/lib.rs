@@ -65,7 +65,9 @@ pub mod trainer;
 
 pub use dataset::{DataConfig, DatasetSource, LoaderBench, OnNonFinite, Position, bench_loader};
 pub use dlrm_ir::{AllReduceAlgo, Communicator, LocalComm, LocalGroup};
-pub use driver::{BestAuc, Event, Job, Mode, Report, RunSettings, run, run_rank, run_with_params};
+pub use driver::{
+    BestAuc, Event, Job, Mode, Report, RunSettings, WaitPolicy, run, run_rank, run_with_params,
+};
 pub use error::{Result, RuntimeError};
 pub use exec::{Backend, Executor, KernelChoice, OpTime};
 pub use launch::shard::{ShardSettings, plan_shards};

@@ -13,7 +13,7 @@ use dlrm_runtime::metrics::{MetricsWriter, peak_rss_bytes};
 use dlrm_runtime::plan::Plan;
 use dlrm_runtime::{
     AllReduceAlgo, Backend, DataConfig, KernelChoice, LrPolicy, MpiComm, OnNonFinite, RunSettings,
-    ShardSettings, Trainer, bench_loader,
+    ShardSettings, Trainer, WaitPolicy, bench_loader,
 };
 use dlrmc::console::{Console, Show, summary};
 use dlrmc::planner::{PlannerArgs, parse_mem_arg};
@@ -211,6 +211,14 @@ struct Cli {
     /// RAYON_NUM_THREADS, shared among the ranks of this process].
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// How each rank's idle worker threads wait for the next parallel loop
+    /// (OpenMP's OMP_WAIT_POLICY): `active` keeps them looking for work,
+    /// yielding the CPU between looks (fewer sleeps and wake-ups between
+    /// kernels; the cores stay busy while the rank has no parallel work),
+    /// `passive` lets them sleep, `auto` is active where this process's
+    /// workers fit its CPUs and no other process of an MPI job shares them.
+    #[arg(long, default_value = "auto", value_name = "POLICY")]
+    wait_policy: WaitPolicy,
     /// With --infer: run the model once on these arrays (`.npz`, named after the
     /// model's inputs) instead of synthetic data.
     #[arg(long, value_name = "FILE", requires = "infer")]
@@ -506,6 +514,7 @@ fn configure(
             overlap: !cli.no_overlap,
             allreduce: cli.allreduce,
             threads: cli.threads,
+            wait: cli.wait_policy,
             data,
             eval_every: cli.eval_every,
             synthetic_batches: cli.synthetic_batches.unwrap_or(0),

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 /// The Cranelift candidates sleep 60 ms a run and the native ones 1 ms: each
-/// Cranelift candidate runs once (its warm-up, over [`super::PRUNE`] times
+/// Cranelift candidate runs once (its warm-up, over [`super::race::PRUNE`] times
 /// the fastest), and a native candidate is picked.
 #[test]
 fn candidates_far_slower_than_the_fastest_run_once_and_are_not_picked() {
@@ -49,7 +49,7 @@ fn candidates_far_slower_than_the_fastest_run_once_and_are_not_picked() {
 }
 
 /// A chunked candidate ([`GemmSpec::kc`]) wins the race only when it beats
-/// its unchunked twin by [`super::CHUNK_MARGIN`]: a near tie goes to the
+/// its unchunked twin by [`super::race::CHUNK_MARGIN`]: a near tie goes to the
 /// plain one, a clear win to the chunked one, and without its twin among the
 /// timed candidates the fastest wins as it is.
 #[test]
@@ -63,9 +63,9 @@ fn a_chunked_candidate_needs_the_margin_over_its_unchunked_twin() {
         pack_a: true,
         ..plain
     };
-    let near = 1.0 / (super::CHUNK_MARGIN - 0.01);
-    let far = 1.0 / (super::CHUNK_MARGIN + 0.01);
-    let pick = |t: &[(GemmSpec, f64)]| super::race_winner(t).expect("a winner");
+    let near = 1.0 / (super::race::CHUNK_MARGIN - 0.01);
+    let far = 1.0 / (super::race::CHUNK_MARGIN + 0.01);
+    let pick = |t: &[(GemmSpec, f64)]| super::race::race_winner(t).expect("a winner");
     assert_eq!(pick(&[(plain, 1.0), (chunked, near)]), plain);
     assert_eq!(pick(&[(plain, 1.0), (chunked, far)]), chunked);
     // The margin is against the chunked one's own twin, not the field.
@@ -76,7 +76,7 @@ fn a_chunked_candidate_needs_the_margin_over_its_unchunked_twin() {
     );
     assert_eq!(pick(&[(plain, 2.0), (chunked, 1.0)]), chunked);
     assert_eq!(pick(&[(plain, 1.0), (chunked, 2.0)]), plain);
-    assert_eq!(super::race_winner(&[]), None);
+    assert_eq!(super::race::race_winner(&[]), None);
 }
 
 /// Through the race itself: a chunked variant twice as fast as its twin (by

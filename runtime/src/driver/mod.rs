@@ -60,8 +60,10 @@ mod handout;
 mod limits;
 mod rank;
 mod report;
+mod wait;
 
 pub use report::{BENCH_NODES, BestAuc, Report};
+pub use wait::WaitPolicy;
 
 use crate::checkpoint::{Checkpoint, CheckpointSpec, CheckpointWritten, RowPiece, Writer};
 use crate::dataset::{DataConfig, DatasetSource};
@@ -119,6 +121,8 @@ pub struct RunSettings {
     /// Threads of each rank's worker pool (`--threads`); `None`: this process's
     /// CPUs ([`default_threads`]) shared among the ranks it runs.
     pub threads: Option<usize>,
+    /// How each rank's idle workers wait (`--wait-policy`, [`WaitPolicy`]).
+    pub wait: WaitPolicy,
     /// Train on a dataset instead of synthetic data (`--data`).
     pub data: Option<DataConfig>,
     /// Evaluate on the evaluation set every this many training steps and after the
@@ -148,6 +152,7 @@ impl Default for RunSettings {
             overlap: true,
             allreduce: AllReduceAlgo::default(),
             threads: None,
+            wait: WaitPolicy::Auto,
             data: None,
             eval_every: 0,
             synthetic_batches: 0,
@@ -301,6 +306,11 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
         .settings
         .threads
         .unwrap_or_else(|| (default_threads() / ranks_here).max(1));
+    // This process runs every rank, or one of an MPI job's.
+    let procs_here = match ranks_here == job.settings.ranks {
+        true => Some(1),
+        false => wait::mpi_local_size(),
+    };
     let mode = job.mode();
     let lr = lr_setup(job)?;
     let schema_graph = job.full_train.as_ref().unwrap_or(&job.full_infer);
@@ -380,6 +390,10 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
             overlap: job.settings.overlap,
             allreduce: job.settings.allreduce,
             threads,
+            hot: job
+                .settings
+                .wait
+                .active(threads, ranks_here, default_threads(), procs_here),
             lr,
             start: job.start,
             writer,
@@ -446,7 +460,9 @@ pub fn run_with_params(
                     let graphs = (train, infer);
                     match rank_pool(rank, cfg.threads) {
                         Ok(pool) => pool.install(|| {
-                            rank_guarded(rank, &comm, graphs, params, data, cfg, &mut send)
+                            wait::hot_workers(cfg.hot, || {
+                                rank_guarded(rank, &comm, graphs, params, data, cfg, &mut send)
+                            })
                         }),
                         Err(e) => {
                             comm.abort(&e.to_string());
@@ -554,15 +570,9 @@ pub fn run_rank(
                     let _ = tx.send(ev);
                 }
             };
-            *out = Some(rank_guarded(
-                rank,
-                comm,
-                (train, infer),
-                params,
-                data,
-                cfg,
-                &mut send,
-            ));
+            *out = Some(wait::hot_workers(cfg.hot, || {
+                rank_guarded(rank, comm, (train, infer), params, data, cfg, &mut send)
+            }));
         });
         for ev in rx {
             on_event(&ev);
@@ -700,6 +710,8 @@ struct RankCfg {
     allreduce: AllReduceAlgo,
     /// Threads of the rank's worker pool.
     threads: usize,
+    /// Its idle workers wait actively ([`wait::hot_workers`]).
+    hot: bool,
     iters: u64,
     global_batch: usize,
     log_every: u64,

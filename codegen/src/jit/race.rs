@@ -1,0 +1,92 @@
+//! [`Jit::pick_variant`]'s timing race among GEMM candidates that give the
+//! same bits: which candidates are timed again after their warm-up run
+//! ([`PRUNE`]), and which wins ([`race_winner`]).
+
+use super::{Jit, JitError, gemm};
+use std::time::Instant;
+
+/// How many times the fastest candidate's warm-up time a GEMM candidate's
+/// may take and still be timed by [`Jit::pick_variant`]: the candidates give
+/// the same bits, so dropping the slow ones early changes no number, only the
+/// time the choice takes. The Cranelift kernels (3-5x the native kernels'
+/// time) and, on an AVX-512 CPU, the AVX2 ones (about 2x) stop after one
+/// run; variants of one micro-kernel (packed `A` or not, reduction chunks,
+/// within about 1.3x of each other) stay. dlrm-mlperf's first training step
+/// took 7.6 s of which 6.2 s choosing, every candidate run four times.
+pub(super) const PRUNE: f64 = 1.5;
+
+/// How much faster than the same variant without reduction chunks a chunked
+/// GEMM candidate must be in [`Jit::pick_variant`]'s race to be chosen. The
+/// race times a shape's first calls back to back, its operands warm in cache;
+/// in a training step they come from further out, and there the chunked picks
+/// of such near ties were slower: with the chunks forced off
+/// (`DLRM_JIT_CHUNK_K=0`) against the race's picks, 3 interleaved pairs
+/// (Intel Xeon model 207, 2026-11-30), dlrm-small trained 1.9-2.7% and
+/// dlrm-mlperf 0.1-2.2% more samples/s. Where chunks pay (DLRM-DCNv2's
+/// weight gradients, 20% faster chunked on a Zen 5 class CPU) they clear
+/// this margin.
+pub(super) const CHUNK_MARGIN: f64 = 1.05;
+
+/// The race's winner among `timed` (candidate, best time): the fastest, a
+/// chunked candidate ([`gemm::GemmSpec::kc`]) counted [`CHUNK_MARGIN`] times
+/// slower than timed when its unchunked twin was timed too (so it wins only
+/// by that margin over its twin). `None` if empty.
+pub(super) fn race_winner(timed: &[(gemm::GemmSpec, f64)]) -> Option<gemm::GemmSpec> {
+    let counted = |&(c, t): &(gemm::GemmSpec, f64)| {
+        let plain = gemm::GemmSpec { kc: 0, ..c };
+        let twin = c.kc > 0 && timed.iter().any(|(p, _)| *p == plain);
+        (c, if twin { t * CHUNK_MARGIN } else { t })
+    };
+    timed
+        .iter()
+        .map(counted)
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .map(|(c, _)| c)
+}
+
+impl Jit {
+    /// The winner of `candidates` under `trial` ([`Jit::pick_variant`]'s
+    /// race): each one's warm-up run, timed, then the best of three more runs
+    /// of those within [`PRUNE`] of the fastest warm-up, taking turns, and
+    /// [`race_winner`] of those times.
+    pub(super) fn race(
+        &self,
+        candidates: &[gemm::GemmSpec],
+        trial: &mut dyn FnMut(gemm::GemmKernel) -> Result<(), JitError>,
+    ) -> Result<gemm::GemmSpec, JitError> {
+        // Each candidate's warm-up run, timed: those over `PRUNE` times the
+        // fastest warm-up's time are not timed again (the fastest always is).
+        let warm = candidates
+            .iter()
+            .map(|&c| {
+                let k = self.gemm(c)?;
+                let t0 = Instant::now();
+                trial(k)?;
+                Ok((c, k, t0.elapsed().as_secs_f64()))
+            })
+            .collect::<Result<Vec<_>, JitError>>()?;
+        let Some(&(first, _, fastest)) = warm.iter().min_by(|a, b| a.2.total_cmp(&b.2)) else {
+            return Err(JitError::Args {
+                kernel: "gemm".into(),
+                reason: "no candidate kernel to time".into(),
+            });
+        };
+        let kernels: Vec<_> = warm
+            .iter()
+            .filter(|w| w.2 <= PRUNE * fastest)
+            .map(|&(c, k, _)| (c, k))
+            .collect();
+        // Best of three timed runs each, the candidates taking turns: robust to
+        // a busy machine, and to one whose speed drifts while it is timed.
+        let mut times = vec![f64::INFINITY; kernels.len()];
+        for _ in 0..3 {
+            for (&(_, k), t) in kernels.iter().zip(&mut times) {
+                let t0 = Instant::now();
+                trial(k)?;
+                *t = t.min(t0.elapsed().as_secs_f64());
+            }
+        }
+        let timed: Vec<_> = kernels.iter().map(|&(c, _)| c).zip(times).collect();
+        Ok(race_winner(&timed).unwrap_or(first))
+    }
+}
