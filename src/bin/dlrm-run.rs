@@ -196,7 +196,8 @@ struct Cli {
     /// after the warm-up at the end, then the heaviest nodes, with several ranks
     /// how much collective time the overlap hid, and the roofline report: per op
     /// class and for the step, the fraction reached of this machine's bound (its
-    /// FMA peak and triad bandwidth, measured at the end, about a second)
+    /// FMA peak and triad bandwidth, measured before and after the run, about a
+    /// second each, the higher kept)
     #[arg(long)]
     bench: bool,
     /// Run collectives inline instead of on a progress thread overlapped with
@@ -441,6 +442,16 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
             _ => None,
         },
     );
+    // The machine's bounds for --bench, measured before the run and again
+    // after it (about a second each; `Machine::best_of`).
+    let bounds_before = (cli.bench && root).then(|| {
+        let ranks = job.settings.ranks.max(1);
+        let threads = job
+            .settings
+            .threads
+            .unwrap_or_else(|| (dlrm_runtime::driver::default_threads() / ranks).max(1));
+        dlrm_runtime::roofline::measure(threads)
+    });
     let report = run_job(job, place, &mut |e| console.event(e));
     let metrics = console.finish();
     let Some(mut report) = report? else {
@@ -462,8 +473,10 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         m.finish(&report)?;
     }
     if cli.bench {
-        // The machine's bounds, measured now on a rank's threads (about a second).
-        let machine = dlrm_runtime::roofline::measure(report.threads);
+        // The machine's bounds, measured now on a rank's threads (about a
+        // second), and the higher of this and the measurement before the run.
+        let after = dlrm_runtime::roofline::measure(report.threads);
+        let machine = bounds_before.map_or(after, |b| after.best_of(b));
         let r = dlrm_runtime::roofline::roofline(&report.op_times, report.timed_steps, machine);
         report.roofline = Some(r);
     }
