@@ -444,7 +444,7 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
     );
     // The machine's bounds for --bench, measured before the run and again
     // after it (about a second each; `Machine::best_of`).
-    let bounds_before = (cli.bench && root).then(|| bounds_before_run(&job.settings));
+    let bounds_before = (cli.bench && root).then(|| bounds_before_run(&job.settings, &place));
     let report = run_job(job, place, &mut |e| console.event(e));
     let metrics = console.finish();
     let Some(mut report) = report? else {
@@ -647,12 +647,13 @@ fn convert_tsv(tsv: &Path, say: bool) -> Result<(tempfile::TempDir, PathBuf)> {
 }
 
 /// The roofline's bounds measured before a run, on the threads a rank of this
-/// job will have (`--threads`, or the CPUs shared among `--ranks`); after the
-/// run, `run_plan` keeps the higher of this and its second measurement.
-fn bounds_before_run(settings: &RunSettings) -> dlrm_runtime::roofline::Machine {
-    let ranks = settings.ranks.max(1);
-    let threads = settings
-        .threads
-        .unwrap_or_else(|| (dlrm_runtime::driver::default_threads() / ranks).max(1));
-    dlrm_runtime::roofline::measure(threads)
+/// job will have (`driver::rank_threads`: one rank in an MPI process, every
+/// rank in this one with threads); after the run, `run_plan` keeps the
+/// higher of this and its second measurement.
+fn bounds_before_run(settings: &RunSettings, place: &Ranks<'_>) -> dlrm_runtime::roofline::Machine {
+    let ranks_here = match place {
+        Ranks::Threads => settings.ranks,
+        Ranks::Process(_) => 1,
+    };
+    dlrm_runtime::roofline::measure(dlrm_runtime::driver::rank_threads(settings, ranks_here))
 }

@@ -295,6 +295,15 @@ pub fn default_threads() -> usize {
         .unwrap_or(1)
 }
 
+/// The threads of each rank's worker pool when this process runs `ranks_here`
+/// ranks: [`RunSettings::threads`], else this process's CPUs
+/// ([`default_threads`]) shared among them, at least one each.
+pub fn rank_threads(settings: &RunSettings, ranks_here: usize) -> usize {
+    settings
+        .threads
+        .unwrap_or_else(|| (default_threads() / ranks_here.max(1)).max(1))
+}
+
 /// Checks the job and builds the data (step 1 of the module docs). `ranks_here`:
 /// the ranks this process runs, which share its CPUs unless the job sets
 /// [`RunSettings::threads`].
@@ -302,10 +311,7 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
     let wall = Instant::now();
     check_job(job)?;
     limits::check_counts(job)?;
-    let threads = job
-        .settings
-        .threads
-        .unwrap_or_else(|| (default_threads() / ranks_here).max(1));
+    let threads = rank_threads(&job.settings, ranks_here);
     // This process runs every rank, or one of an MPI job's.
     let procs_here = match ranks_here == job.settings.ranks {
         true => Some(1),
@@ -393,7 +399,7 @@ fn setup(job: &Job, ranks_here: usize) -> Result<Setup> {
             hot: job
                 .settings
                 .wait
-                .active(threads, ranks_here, default_threads(), procs_here),
+                .active(threads, ranks_here, wait::cpus(), procs_here),
             lr,
             start: job.start,
             writer,

@@ -13,10 +13,12 @@
 //! about 5 a step. Against passive waiting, 3 interleaved rounds (Intel Xeon
 //! model 207, 2 threads, `dlrm-run --bench`): dlrm-small trained 2.7-3.5% and
 //! served 0.9-7.6% more samples a second, dlrm-kaggle served -1.3 to +4.5%,
-//! dlrm-mlperf (long kernels, few waits) level within the noise. Like OpenMP's active wait, it keeps the rank's cores
-//! busy while the rank has no parallel work (evaluation, checkpoints, reading
-//! data); [`WaitPolicy::Auto`] uses it only where this process's workers fit its
-//! CPUs ([`WaitPolicy::active`]).
+//! dlrm-mlperf (long kernels, few waits) level within the noise.
+//!
+//! Like OpenMP's active wait, it keeps the rank's cores busy while the rank
+//! has no parallel work (evaluation, checkpoints, reading data);
+//! [`WaitPolicy::Auto`] uses it only where this process's workers fit the
+//! machine's CPUs ([`WaitPolicy::active`], [`cpus`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -88,6 +90,13 @@ impl FromStr for WaitPolicy {
             .find(|p| p.name() == s)
             .ok_or_else(|| format!("unknown wait policy `{s}` (auto, active, passive)"))
     }
+}
+
+/// The CPUs this process may run on (its affinity and cgroup quota, as the
+/// standard library reads them; 1 if unknown). Not `RAYON_NUM_THREADS`: that
+/// sets how many workers to start, not how many CPUs they share.
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// The processes of this job on this machine, as an MPI launcher tells its
