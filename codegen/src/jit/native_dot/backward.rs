@@ -195,12 +195,16 @@ impl<E: Elem> Block<'_, E> {
     unsafe fn run(&self, i0: usize, r: usize, nv: usize, c0: usize, n: usize) {
         macro_rules! dispatch {
             ($($r:literal),*) => {
-                match (r, nv) {
+                match (r, nv, n == 16 * nv) {
                     $(
-                        ($r, 1) => self.rows_cols::<$r, 1>(i0, c0, n),
-                        ($r, 2) => self.rows_cols::<$r, 2>(i0, c0, n),
-                        ($r, 3) => self.rows_cols::<$r, 3>(i0, c0, n),
-                        ($r, _) => self.rows_cols::<$r, 4>(i0, c0, n),
+                        ($r, 1, true) => self.rows_cols::<$r, 1, true>(i0, c0, n),
+                        ($r, 2, true) => self.rows_cols::<$r, 2, true>(i0, c0, n),
+                        ($r, 3, true) => self.rows_cols::<$r, 3, true>(i0, c0, n),
+                        ($r, _, true) => self.rows_cols::<$r, 4, true>(i0, c0, n),
+                        ($r, 1, false) => self.rows_cols::<$r, 1, false>(i0, c0, n),
+                        ($r, 2, false) => self.rows_cols::<$r, 2, false>(i0, c0, n),
+                        ($r, 3, false) => self.rows_cols::<$r, 3, false>(i0, c0, n),
+                        ($r, _, false) => self.rows_cols::<$r, 4, false>(i0, c0, n),
                     )*
                     _ => unreachable!("a block has 1..=ROWS rows"),
                 }
@@ -220,7 +224,12 @@ impl<E: Elem> Block<'_, E> {
     /// # Safety
     /// [`backward`]'s contract for this sample; `i0 + R <= f`; AVX-512 F.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-    unsafe fn rows_cols<const R: usize, const NV: usize>(&self, i0: usize, c0: usize, n: usize) {
+    unsafe fn rows_cols<const R: usize, const NV: usize, const WHOLE: bool>(
+        &self,
+        i0: usize,
+        c0: usize,
+        n: usize,
+    ) {
         let ms: [u16; NV] = std::array::from_fn(|v| mask(16 * v, n));
         let mut acc = [[_mm512_setzero_ps(); NV]; R];
         // SAFETY: the caller's contract; the masked loads and stores touch the
@@ -229,7 +238,11 @@ impl<E: Elem> Block<'_, E> {
         unsafe {
             let load = |k: usize| -> [__m512; NV] {
                 let t = self.rows[k].add(c0);
-                std::array::from_fn(|v| E::load16(t.add(16 * v), ms[v]))
+                if WHOLE {
+                    std::array::from_fn(|v| E::load16_all(t.add(16 * v)))
+                } else {
+                    std::array::from_fn(|v| E::load16(t.add(16 * v), ms[v]))
+                }
             };
             let fma = |row: &mut [__m512; NV], c: f32, x: &[__m512; NV]| {
                 let cv = _mm512_set1_ps(c);

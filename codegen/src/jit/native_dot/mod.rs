@@ -129,6 +129,14 @@ pub trait Elem: Copy {
     /// The lanes of `m` lie inside an allocation; AVX-512 F, BW and VL.
     unsafe fn load16(p: *const Self, m: __mmask16) -> __m512;
 
+    /// 16 elements at `p` as f32, all of them read: a plain load where
+    /// [`Elem::load16`] is a masked one, which the kernels' loops take for
+    /// whole vectors (see [`forward`](forward())).
+    ///
+    /// # Safety
+    /// The 16 elements lie inside an allocation; AVX-512 F, BW and VL.
+    unsafe fn load16_all(p: *const Self) -> __m512;
+
     /// 8 elements at `p` as f32 ([`avx2`]'s kernels).
     ///
     /// # Safety
@@ -151,6 +159,12 @@ impl Elem for f32 {
     }
 
     #[inline(always)]
+    unsafe fn load16_all(p: *const f32) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+
+    #[inline(always)]
     unsafe fn load8(p: *const f32) -> __m256 {
         // SAFETY: the caller's contract.
         unsafe { _mm256_loadu_ps(p) }
@@ -170,6 +184,15 @@ impl Elem for half::bf16 {
         // SAFETY: the caller's contract; a bf16 is the high half of its f32.
         unsafe {
             let h = _mm256_maskz_loadu_epi16(m, p.cast());
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load16_all(p: *const half::bf16) -> __m512 {
+        // SAFETY: the caller's contract; a bf16 is the high half of its f32.
+        unsafe {
+            let h = _mm256_loadu_si256(p.cast());
             _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
         }
     }
