@@ -70,23 +70,29 @@ pub(super) unsafe fn forward_narrow<E: Elem>(
             if f > 16 {
                 tt[16..].copy_from_slice(&transpose16(t[16..].try_into().expect("16 rows")));
             }
+            let narrower = size_of::<E>() < size_of::<f32>();
+            if narrower {
+                // Narrower elements: the widened rows, staged once per
+                // sample, so each broadcast is one f32 load (a bf16
+                // broadcast took a scalar load, shift and move per column:
+                // the bf16 dlrm-kaggle forward ran 1.6-1.7x the f32 one's
+                // time). Once a sample, not once a group of operands: the
+                // bf16 dlrm-kaggle forward in a `--bench` inference step
+                // 0.58-0.70 to 0.50-0.56 ms (Intel Xeon model 207,
+                // interleaved).
+                for (j, &tj) in t.iter().enumerate().take(f) {
+                    _mm512_storeu_ps(wp.add(j).cast(), tj);
+                }
+            }
             for i0 in (start..f).step_by(4) {
                 let n = (f - i0).min(4);
                 // The group's last operand has the most partners.
                 let mut acc = [[_mm512_setzero_ps(); 2]; 4];
                 let hi = kept(i0 + n - 1) > 16;
-                if size_of::<E>() == size_of::<f32>() {
-                    group(n, hi, (&tt, &rows), i0, d, &mut acc);
-                } else {
-                    // Narrower elements: the widened rows, staged once per
-                    // sample, so each broadcast is one f32 load (a bf16
-                    // broadcast took a scalar load, shift and move per
-                    // column: the bf16 dlrm-kaggle forward ran 1.6-1.7x the
-                    // f32 one's time).
-                    for (j, &tj) in t.iter().enumerate().take(f) {
-                        _mm512_storeu_ps(wp.add(j).cast(), tj);
-                    }
+                if narrower {
                     group(n, hi, (&tt, &wide_rows), i0, d, &mut acc);
+                } else {
+                    group(n, hi, (&tt, &rows), i0, d, &mut acc);
                 }
                 for (r, [lo, hi]) in acc.iter().take(n).enumerate() {
                     let (i, k) = (i0 + r, kept(i0 + r));
