@@ -187,31 +187,34 @@ pub(super) struct Block<'a, E> {
 impl<E: Elem> Block<'_, E> {
     /// Gradients `i0..i0 + r` (`r <= ROWS`), columns `c0..c0 + n` in `nv`
     /// vectors (`1..=4`, `n <= 16·nv`), through the block kernel specialised
-    /// on `(r, nv)`.
+    /// on `(r, nv)` and on whether the columns fill the vectors.
     ///
     /// # Safety
     /// [`backward`]'s contract for this sample; AVX-512 F.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn run(&self, i0: usize, r: usize, nv: usize, c0: usize, n: usize) {
         macro_rules! dispatch {
-            ($($r:literal),*) => {
-                match (r, nv, n == 16 * nv) {
+            ($whole:literal; $($r:literal),*) => {
+                match (r, nv) {
                     $(
-                        ($r, 1, true) => self.rows_cols::<$r, 1, true>(i0, c0, n),
-                        ($r, 2, true) => self.rows_cols::<$r, 2, true>(i0, c0, n),
-                        ($r, 3, true) => self.rows_cols::<$r, 3, true>(i0, c0, n),
-                        ($r, _, true) => self.rows_cols::<$r, 4, true>(i0, c0, n),
-                        ($r, 1, false) => self.rows_cols::<$r, 1, false>(i0, c0, n),
-                        ($r, 2, false) => self.rows_cols::<$r, 2, false>(i0, c0, n),
-                        ($r, 3, false) => self.rows_cols::<$r, 3, false>(i0, c0, n),
-                        ($r, _, false) => self.rows_cols::<$r, 4, false>(i0, c0, n),
+                        ($r, 1) => self.rows_cols::<$r, 1, $whole>(i0, c0, n),
+                        ($r, 2) => self.rows_cols::<$r, 2, $whole>(i0, c0, n),
+                        ($r, 3) => self.rows_cols::<$r, 3, $whole>(i0, c0, n),
+                        ($r, _) => self.rows_cols::<$r, 4, $whole>(i0, c0, n),
                     )*
                     _ => unreachable!("a block has 1..=ROWS rows"),
                 }
             };
         }
-        // SAFETY: forwarded.
-        unsafe { dispatch!(1, 2, 3, 4, 5, 6) }
+        // SAFETY: forwarded; `WHOLE` when the `n` columns fill the `nv`
+        // vectors (plain loads, as the forward's: see `rows_cols`).
+        unsafe {
+            if n == 16 * nv {
+                dispatch!(true; 1, 2, 3, 4, 5, 6)
+            } else {
+                dispatch!(false; 1, 2, 3, 4, 5, 6)
+            }
+        }
     }
 
     /// Columns `c0..c0 + n` (`NV` vectors) of gradients `i0..i0 + R`: operand
@@ -219,7 +222,8 @@ impl<E: Elem> Block<'_, E> {
     /// per partner `k` ascending (skipping `k == i` without self-interaction),
     /// `acc_i += c_ik · T_k`, one FMA per term, with `c_ik` the `dr` entry of
     /// the pair `(max, min)` (`2·dr` on the diagonal with self-interaction),
-    /// in [`each_term`]'s order.
+    /// in [`each_term`]'s order. `WHOLE`: `n = 16·NV`, the partners' columns
+    /// read by plain loads (masked ones otherwise).
     ///
     /// # Safety
     /// [`backward`]'s contract for this sample; `i0 + R <= f`; AVX-512 F.
