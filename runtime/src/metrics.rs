@@ -21,7 +21,7 @@
 //! `gemm_kernels` counting
 //! the GEMM shapes per micro-kernel the JIT picked, `ops` being the per-op-kind
 //! bench table: `op`, `calls`, `seconds`, `gflops`, `gbytes_per_s`, and `nodes`
-//! the heaviest nodes'). Every line is written whole and flushed
+//! every node's, most expensive first). Every line is written whole and flushed
 //! before the call returns, so a reader (or a crash) sees only complete lines,
 //! except at worst a truncated last line if the process dies inside the write; the
 //! file as a whole is not atomic (it grows while training runs, so progress can be

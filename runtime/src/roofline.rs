@@ -3,13 +3,16 @@
 //! `min(FMA peak, arithmetic intensity × memory bandwidth)`), and the fraction of
 //! that bound it reaches; the same for the whole step.
 //!
-//! The step's bound is the sum of its classes' least times (each class's work
-//! at its own roof): the executor runs one op after another, so a
-//! memory-bound class's time adds to the GEMMs' rather than hiding behind it.
-//! The report also gives the looser bound of the step's work as one mix
-//! (`step, one roof`: all its flops at the peak when its blended intensity is
-//! past the ridge), which would need the memory-bound ops overlapped with the
-//! compute-bound ones.
+//! The executor runs one node after another, so each node's work is bounded
+//! on its own: its least time is that of its flops at the peak or of its bytes
+//! at the bandwidth, whichever is longer. A class's least time is the sum of
+//! its nodes' (so a memory-bound layer, such as a 13-wide first layer or a
+//! one-column last one, adds its memory time to the class's rather than
+//! hiding behind the large layers' flops), its bound that class's flops over
+//! that time; the step's bound is the sum of its classes'. The report also
+//! gives the looser bound of the step's work as one mix (`step, one roof`: all
+//! its flops at the peak when its blended intensity is past the ridge), which
+//! would need the memory-bound work overlapped with the compute-bound work.
 //!
 //! The machine's two numbers are measured here, on the rank's threads
 //! ([`measure`]): the **FMA peak**, independent fused multiply-adds in registers
@@ -80,8 +83,10 @@ pub struct Row {
     pub gbps: f64,
     /// Flops per byte.
     pub intensity: f64,
-    /// The roofline bound at that intensity, GFLOP/s (for a class without flops:
-    /// the bandwidth, in GB/s).
+    /// The roof of the row's work: its flops over its least time (each node's
+    /// work at its own roof: `min(FMA peak, intensity × bandwidth)` for one
+    /// node), GFLOP/s; for a class without flops, its bytes over that time
+    /// (the bandwidth), GB/s.
     pub bound: f64,
     /// Achieved over bound.
     pub fraction: f64,
@@ -132,6 +137,24 @@ pub fn class_of(op: &str) -> &'static str {
     }
 }
 
+/// The least seconds `t`'s work takes on `m`: its flops at the compute roof
+/// (the bf16 products at the bf16 peak, the rest at the FMA peak) or its bytes
+/// at the bandwidth, whichever is longer.
+fn least_seconds(t: &OpTime, m: &Machine) -> f64 {
+    let bf16 = t.bf16_flops.min(t.flops);
+    let compute = (t.flops - bf16) / (m.peak_gflops * 1e9)
+        + bf16 / (m.bf16_peak_gflops.max(m.peak_gflops) * 1e9);
+    let memory = if m.bandwidth_gbps > 0.0 {
+        t.bytes / (m.bandwidth_gbps * 1e9)
+    } else {
+        0.0
+    };
+    compute.max(memory)
+}
+
+/// The row of the work `ts` (each one node's, or one op kind's, run on its
+/// own): the achieved rates over their summed time, and the bound of the mix,
+/// each at its own roof ([`least_seconds`], summed).
 fn row(class: &'static str, ts: &[&OpTime], steps: f64, m: &Machine) -> Row {
     let (seconds, flops, bytes) = ts.iter().fold((0.0, 0.0, 0.0), |(s, f, b), t| {
         (s + t.seconds, f + t.flops, b + t.bytes)
@@ -145,28 +168,18 @@ fn row(class: &'static str, ts: &[&OpTime], steps: f64, m: &Machine) -> Row {
     };
     let (gflops, gbps) = (per_s(flops), per_s(bytes));
     let intensity = if bytes > 0.0 { flops / bytes } else { 0.0 };
-    // The compute roof of a mix: the flops over the least time they take, the
-    // bf16 products at their peak and the rest at the FMA peak.
-    let bf16: f64 = ts.iter().map(|t| t.bf16_flops).sum::<f64>().min(flops);
-    let least = (flops - bf16) / m.peak_gflops + bf16 / m.bf16_peak_gflops.max(m.peak_gflops);
-    let peak = if least > 0.0 {
-        flops / least
-    } else {
+    let least: f64 = ts.iter().map(|t| least_seconds(t, m)).sum();
+    // The roof of the mix: its flops (or, without flops, as for copies and
+    // gathers of ints, its bytes) over the least time they take.
+    let work = if flops > 0.0 { flops } else { bytes };
+    let bound = if least > 0.0 {
+        work / least / 1e9
+    } else if flops > 0.0 {
         m.peak_gflops
-    };
-    // Without flops (copies, gathers of ints) the roof is the bandwidth itself.
-    let (bound, got) = if flops > 0.0 {
-        (peak.min(intensity * m.bandwidth_gbps), gflops)
     } else {
-        (m.bandwidth_gbps, gbps)
+        m.bandwidth_gbps
     };
-    // At the bound: the flops at `bound` GFLOP/s, or the bytes at the
-    // bandwidth.
-    let least = match (flops > 0.0, bound > 0.0) {
-        (true, true) => flops / (bound * 1e9),
-        (false, true) => bytes / (bound * 1e9),
-        _ => 0.0,
-    };
+    let got = if flops > 0.0 { gflops } else { gbps };
     Row {
         class,
         ms_per_step: 1e3 * seconds / steps,
@@ -199,7 +212,9 @@ fn step_row(classes: &[Row], one_roof: &Row) -> Row {
     }
 }
 
-/// The report of `op_times` (totals over `steps` steps) on machine `m`.
+/// The report of `op_times` (totals over `steps` steps) on machine `m`: each
+/// entry the work of one node (`dlrm-run` passes every node's), or of one op
+/// kind, each bounded on its own.
 pub fn roofline(op_times: &[OpTime], steps: u64, m: Machine) -> Roofline {
     let steps = steps.max(1) as f64;
     let mut names: Vec<&'static str> = op_times.iter().map(|t| class_of(&t.op)).collect();
@@ -213,8 +228,27 @@ pub fn roofline(op_times: &[OpTime], steps: u64, m: Machine) -> Roofline {
         })
         .collect();
     classes.sort_by(|a, b| b.ms_per_step.total_cmp(&a.ms_per_step));
-    let all: Vec<&OpTime> = op_times.iter().collect();
-    let one_roof = row("step, one roof", &all, steps, &m);
+    // All the work as one blended mix under one roof.
+    let all = op_times.iter().fold(
+        OpTime {
+            op: "step".into(),
+            node: None,
+            calls: 0,
+            seconds: 0.0,
+            flops: 0.0,
+            bytes: 0.0,
+            bf16_flops: 0.0,
+        },
+        |mut a, t| {
+            a.calls += t.calls;
+            a.seconds += t.seconds;
+            a.flops += t.flops;
+            a.bytes += t.bytes;
+            a.bf16_flops += t.bf16_flops;
+            a
+        },
+    );
+    let one_roof = row("step, one roof", &[&all], steps, &m);
     Roofline {
         machine: m,
         step: step_row(&classes, &one_roof),
@@ -549,6 +583,46 @@ mod tests {
                 && t.contains("step, one roof"),
             "{t}"
         );
+    }
+
+    /// Each node is bounded on its own: a memory-bound layer beside a
+    /// compute-bound one in the same class adds its memory time to the
+    /// class's least time, where the blended mix would hide it behind the
+    /// other's flops.
+    #[test]
+    fn each_node_is_bounded_on_its_own() {
+        let m = Machine {
+            peak_gflops: 100.0,
+            bandwidth_gbps: 10.0,
+            threads: 2,
+            isa: "avx512",
+            bf16_peak_gflops: 100.0,
+        };
+        let big = op("brgemm", 1.0, 80e9, 1e9); // 0.8 s at the peak
+        let thin = op("brgemm", 1.0, 1e9, 5e9); // 0.5 s at the bandwidth
+        let r = roofline(&[big.clone(), thin.clone()], 1, m);
+        let fwd = r
+            .classes
+            .iter()
+            .find(|x| x.class == "gemm forward")
+            .expect("the forward class");
+        assert!((fwd.least_ms - 1300.0).abs() < 1e-9, "{fwd:?}");
+        assert!((fwd.bound - 81.0 / 1.3).abs() < 1e-9, "{fwd:?}");
+        assert!((fwd.fraction - 0.65).abs() < 1e-12, "{fwd:?}");
+        assert!((r.step.least_ms - 1300.0).abs() < 1e-9);
+        // As one mix (81 GFLOP over 6 GB, past the ridge): 0.81 s at the peak.
+        assert!((r.step_one_roof.least_ms - 810.0).abs() < 1e-9);
+        assert!((r.step_one_roof.bound - 100.0).abs() < 1e-12);
+        // The op kind's total alone, one entry, is the blended mix again.
+        let kind = OpTime {
+            calls: 2,
+            seconds: 2.0,
+            flops: 81e9,
+            bytes: 6e9,
+            ..big
+        };
+        let blended = roofline(&[kind], 1, m);
+        assert!((blended.step.least_ms - 810.0).abs() < 1e-9);
     }
 
     /// Products on bf16 operands are bounded by the bf16 peak, the rest of a

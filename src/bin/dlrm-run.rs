@@ -466,12 +466,7 @@ fn run_plan(cli: &Cli, ranks: usize, place: Ranks<'_>) -> Result<()> {
         m.finish(&report)?;
     }
     if cli.bench {
-        // The machine's bounds, measured now on a rank's threads (about a
-        // second), and the higher of this and the measurement before the run.
-        let after = dlrm_runtime::roofline::measure(report.threads);
-        let machine = bounds_before.map_or(after, |b| after.best_of(b));
-        let r = dlrm_runtime::roofline::roofline(&report.op_times, report.timed_steps, machine);
-        report.roofline = Some(r);
+        report.roofline = Some(roofline_of(&report, bounds_before));
     }
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -644,6 +639,24 @@ fn convert_tsv(tsv: &Path, say: bool) -> Result<(tempfile::TempDir, PathBuf)> {
     };
     convert(&opts, &mut |_| {}).with_context(|| format!("converting {}", tsv.display()))?;
     Ok((dir, ds))
+}
+
+/// The roofline report of `report`'s timed steps: the machine's bounds
+/// measured now on a rank's threads (about a second), the higher of this and
+/// the measurement `before` the run, and each node bounded on its own (the op
+/// kinds' totals if no node was timed).
+fn roofline_of(
+    report: &dlrm_runtime::driver::Report,
+    before: Option<dlrm_runtime::roofline::Machine>,
+) -> dlrm_runtime::roofline::Roofline {
+    let after = dlrm_runtime::roofline::measure(report.threads);
+    let machine = before.map_or(after, |b| after.best_of(b));
+    let times = if report.node_times.is_empty() {
+        &report.op_times
+    } else {
+        &report.node_times
+    };
+    dlrm_runtime::roofline::roofline(times, report.timed_steps, machine)
 }
 
 /// The roofline's bounds measured before a run, on the threads a rank of this

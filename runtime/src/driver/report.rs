@@ -55,8 +55,9 @@ pub struct Report {
     /// Rank 0's time per op kind during the timed steps (evaluation and
     /// warm-up excluded).
     pub op_times: Vec<OpTime>,
-    /// Rank 0's heaviest nodes during the timed steps ([`BENCH_NODES`] of them,
-    /// most expensive first).
+    /// Rank 0's time per node during the timed steps, every node that ran,
+    /// most expensive first (the `--bench` table shows the first
+    /// [`BENCH_NODES`]; the roofline bounds each node's work on its own).
     pub node_times: Vec<OpTime>,
     /// Steps `op_times`, `node_times` and `comm` cover (the steps after the warm-up, or all
     /// if there are no more than `warmup`).
@@ -133,7 +134,7 @@ impl Report {
                 "\n{:<20} {:<24} {:>10} {:>9} {:>8}\n",
                 "heaviest nodes", "result", "ms/step", "GFLOP/s", "GB/s"
             ));
-            for t in &self.node_times {
+            for t in self.node_times.iter().take(BENCH_NODES) {
                 s.push_str(&format!(
                     "{:<20} {:<24} {:>10.3} {:>9.2} {:>8.2}\n",
                     t.op,
