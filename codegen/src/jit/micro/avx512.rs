@@ -94,6 +94,20 @@
 //! aligned) gained nothing; plain stores for whole vectors instead of masked
 //! ones gained nothing.
 //!
+//! A blocked activation read in place (`lda` one of the block widths) is
+//! a layer's input as the previous op wrote it, in L3 or further when the
+//! layer starts (its row chunks were written by both cores, 4 MiB at
+//! dlrm-small's widths): the loop nest's first panel of each row block reads
+//! it cold, the hardware prefetchers following a tile's rows only for the
+//! 3 KiB of one block. So the k loop over block `q` also prefetches, into
+//! L2, the next tile's rows of that block (one line a k step, 4 a group of 4),
+//! which the next tile then finds there. dlrm-small inference (Intel Xeon
+//! model 207, 3 interleaved pairs, `dlrm-run --bench --infer`, 100 steps):
+//! the forward GEMMs 5.19/5.29/5.32 → 5.18/5.05/5.07 ms a step;
+//! `examples/brgemm_best 2048 512 256` in place with `FLUSH=1`: 1.85/1.88 →
+//! 1.82/1.79 ms; dlrm-mlperf training level within the noise (its layers
+//! mostly take the packed `A`, whose packing reads the rows in streams).
+//!
 //! Invariants the caller (the JIT loop nest, validated by its Rust wrapper)
 //! guarantees: `1 <= mr <= MR`, `1 <= nr <= NR`, `kb >= 1`, the pointers cover
 //! the documented ranges, and the CPU has AVX-512 F/BW/VL
@@ -165,12 +179,17 @@ pub use super::unsupported as ukernel;
 
 // `len` k steps of `tile` from `pa`/`pb` into its accumulators `acc`:
 // `acc[r] += A[r·lda + kk·acs] · B[kk·ldb..]`, in order, one FMA per term (`lda`,
-// `acs` in bytes). A macro, so that each layout gets its own loop with the strides
+// `acs` in bytes). With a `$pfa` (the blocked layouts read in place), one
+// cache line a k step from there is prefetched into L2 (see "Prefetch"). A macro, so that each layout gets its own loop with the strides
 // it knows as constants folded into the addresses, inlined with the accumulators in
 // registers. It is expanded in `tile` only (`R`, `W` are `tile`'s parameters); it
 // stands outside to keep that function short.
 macro_rules! kloop {
-    ($acc:ident, $ldb:expr, $pa:expr, $lda:expr, $acs:expr, $pb:expr, $len:expr) => {{
+    ($acc:ident, $ldb:expr, $pa:expr, $lda:expr, $acs:expr, $pb:expr, $len:expr) => {
+        kloop!($acc, $ldb, $pa, $lda, $acs, $pb, $len, None)
+    };
+    ($acc:ident, $ldb:expr, $pa:expr, $lda:expr, $acs:expr, $pb:expr, $len:expr, $pfa:expr) => {{
+        let mut pfa: Option<*const i8> = $pfa;
         let ldb: usize = $ldb;
         let (lda, acs, len): (usize, usize, usize) = ($lda, $acs, $len);
         // One k step: W B vectors, R broadcasts (load-port
@@ -203,6 +222,13 @@ macro_rules! kloop {
         // Unrolled by 4: the loop overhead would otherwise crowd the
         // front end.
         for _ in 0..len / 4 {
+            if let Some(p) = pfa {
+                // Hints: they never fault, so they may run past `A`.
+                for line in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * line));
+                }
+                pfa = Some(p.wrapping_add(256));
+            }
             kstep(&mut $acc, pa, pb);
             kstep(&mut $acc, pa.add(acs), pb.add(ldb));
             kstep(&mut $acc, pa.add(2 * acs), pb.add(2 * ldb));
@@ -277,13 +303,18 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
                 // registers and address arithmetic: 4.9 against 3.1 ms for
                 // `brgemm` 2048×512×256 in `examples/brgemm_best`). The widths
                 // are `block_for`'s: up to 64, and the wide blocks up to 192.
+                // The next tile's rows of this block (`R·lda` floats from
+                // the end of this tile's: `R·lda / 16` lines, fewer than the
+                // `lda` k steps that prefetch one each) into L2, from where
+                // the previous op left them.
+                let next = Some(pa.wrapping_add(R * lda * 4).cast::<i8>());
                 match lda {
-                    32 => kloop!(acc, ldb, pa, 128, 4, pb, len),
-                    64 => kloop!(acc, ldb, pa, 256, 4, pb, len),
-                    96 => kloop!(acc, ldb, pa, 384, 4, pb, len),
-                    128 => kloop!(acc, ldb, pa, 512, 4, pb, len),
-                    160 => kloop!(acc, ldb, pa, 640, 4, pb, len),
-                    _ => kloop!(acc, ldb, pa, 768, 4, pb, len),
+                    32 => kloop!(acc, ldb, pa, 128, 4, pb, len, next),
+                    64 => kloop!(acc, ldb, pa, 256, 4, pb, len, next),
+                    96 => kloop!(acc, ldb, pa, 384, 4, pb, len, next),
+                    128 => kloop!(acc, ldb, pa, 512, 4, pb, len, next),
+                    160 => kloop!(acc, ldb, pa, 640, 4, pb, len, next),
+                    _ => kloop!(acc, ldb, pa, 768, 4, pb, len, next),
                 }
                 pb = pb.wrapping_add(len * ldb);
             } else {
