@@ -102,8 +102,8 @@
 //! 3 KiB of one block. So the k loop over block `q` also prefetches, into
 //! L2, the next tile's rows of that block (one line a k step, 4 a group of 4),
 //! which the next tile then finds there. dlrm-small inference (Intel Xeon
-//! model 207, 3 interleaved pairs, `dlrm-run --bench --infer`, 100 steps):
-//! the forward GEMMs 5.19/5.29/5.32 → 5.18/5.05/5.07 ms a step;
+//! model 207, 4 interleaved pairs, `dlrm-run --bench --infer`, 100 steps):
+//! the forward GEMMs 5.12/5.49/5.39/5.26 → 5.08/5.07/5.27/5.32 ms a step;
 //! `examples/brgemm_best 2048 512 256` in place with `FLUSH=1`: 1.85/1.88 →
 //! 1.82/1.79 ms; dlrm-mlperf training level within the noise (its layers
 //! mostly take the packed `A`, whose packing reads the rows in streams).
