@@ -197,7 +197,8 @@ struct Cli {
     /// how much collective time the overlap hid, and the roofline report: per op
     /// class and for the step, the fraction reached of this machine's bound (its
     /// FMA peak and triad bandwidth, measured before and after the run, about a
-    /// second each, the higher kept)
+    /// second each, the higher kept; each node's work bounded on its own, by its
+    /// flops at the peak or its bytes at the bandwidth, whichever is longer)
     #[arg(long)]
     bench: bool,
     /// Run collectives inline instead of on a progress thread overlapped with
