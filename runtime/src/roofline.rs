@@ -232,12 +232,7 @@ pub fn roofline(op_times: &[OpTime], steps: u64, m: Machine) -> Roofline {
     let all = op_times.iter().fold(
         OpTime {
             op: "step".into(),
-            node: None,
-            calls: 0,
-            seconds: 0.0,
-            flops: 0.0,
-            bytes: 0.0,
-            bf16_flops: 0.0,
+            ..OpTime::default()
         },
         |mut a, t| {
             a.calls += t.calls;

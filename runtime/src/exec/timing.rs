@@ -13,7 +13,7 @@ use serde::Serialize;
 use std::time::Duration;
 
 /// Time spent in one op kind, or in one node ([`Executor::node_times`]).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct OpTime {
     /// The op mnemonic.
     pub op: String,

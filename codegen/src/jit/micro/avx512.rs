@@ -180,9 +180,10 @@ pub use super::unsupported as ukernel;
 // `len` k steps of `tile` from `pa`/`pb` into its accumulators `acc`:
 // `acc[r] += A[r·lda + kk·acs] · B[kk·ldb..]`, in order, one FMA per term (`lda`,
 // `acs` in bytes). With a `$pfa` (the blocked layouts read in place), one
-// cache line a k step from there is prefetched into L2 (see "Prefetch"). A macro, so that each layout gets its own loop with the strides
-// it knows as constants folded into the addresses, inlined with the accumulators in
-// registers. It is expanded in `tile` only (`R`, `W` are `tile`'s parameters); it
+// cache line a k step from there is prefetched into L2 (module docs, the end
+// of "Prefetch"). A macro, so that each layout gets its own loop with the
+// strides it knows as constants folded into the addresses, inlined with the
+// accumulators in registers. It is expanded in `tile` only (`R`, `W` are `tile`'s parameters); it
 // stands outside to keep that function short.
 macro_rules! kloop {
     ($acc:ident, $ldb:expr, $pa:expr, $lda:expr, $acs:expr, $pb:expr, $len:expr) => {
