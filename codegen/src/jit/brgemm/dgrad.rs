@@ -8,7 +8,7 @@
 //! as f32. A bf16 result with a mask is computed in f32, masked, then rounded
 //! once (the interpreter's order).
 
-use super::{Epilogue, Written, row_block, run_blocks, run_row_chunks, tail, with_kernel};
+use super::{Epilogue, RowsA, Written, row_block, run_row_chunks, tail, with_kernel};
 use super::{PooledBf16, mask_into_self, masked, positive};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
 use crate::jit::gemm::{Elt, GemmSpec, Operand};
@@ -110,7 +110,7 @@ pub fn brgemm_dgrad(
                 kern,
                 fresh,
                 (kb, s, bk, row_block(s, mr, 1)),
-                &pack,
+                RowsA::Packed(&pack),
                 &b_of,
                 (epi, mk),
             )?
@@ -122,11 +122,11 @@ pub fn brgemm_dgrad(
                     _ => Cow::Owned(act_grads(act, dv(), yv())),
                 })),
             };
-            run_blocks(
+            run_row_chunks(
                 kern,
                 fresh,
                 (kb, s, bk, row_block(s, mr, kb)),
-                &|_, r0| tail(a, r0 * bn),
+                RowsA::InPlace(&|_, r0| tail(a, r0 * bn)),
                 &b_of,
                 (epi, mk),
             )?

@@ -1,8 +1,7 @@
 //! `brgemm`: the blocked layer's forward pass (see the parent module's table).
 
 use super::{
-    Epilogue, Written, jit_err, pack_w_blocks, row_block, run_blocks, run_row_chunks, tail,
-    with_kernel,
+    Epilogue, RowsA, Written, jit_err, pack_w_blocks, row_block, run_row_chunks, tail, with_kernel,
 };
 use crate::jit::buffers::{Floats, Fresh};
 use crate::jit::gemm::{BLayout, Elt, GemmSpec, Operand};
@@ -123,13 +122,13 @@ pub fn brgemm(
             };
             let pack = |r0, rows, dst: &mut [f32]| pack_blocked(dst, (s, bk, mr), (r0, rows), src);
             let shape = (nb, s, bn, row_block(s, mr, 1));
-            run_row_chunks(kern, fresh, shape, &pack, &b_of, (epi, None))?
+            run_row_chunks(kern, fresh, shape, RowsA::Packed(&pack), &b_of, (epi, None))?
         } else {
-            run_blocks(
+            run_row_chunks(
                 kern,
                 fresh,
                 (nb, s, bn, row_block(s, mr, nb)),
-                &|_, r0| tail(xa, r0 * bk),
+                RowsA::InPlace(&|_, r0| tail(xa, r0 * bk)),
                 &b_of,
                 (epi, None),
             )?

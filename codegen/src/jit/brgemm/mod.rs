@@ -9,8 +9,8 @@
 //! whole tiles of the micro-kernel). Only what the layouts cannot
 //! express is copied, once per call: `wᵀ` for dgrad (`K·N` elements), `dz` when
 //! the activation has a derivative, and `B` when its block width is ragged or its
-//! elements are bf16. One compiled kernel then runs on disjoint output blocks, one
-//! rayon task each ([`GemmKernel::run_block`]):
+//! elements are bf16. One compiled kernel then runs on disjoint output blocks
+//! ([`GemmKernel::run_block`]; how the blocks are shared out is below the table):
 //!
 //! | op | GEMM per output block | A | B | epilogue |
 //! | --- | --- | --- | --- | --- |
@@ -23,14 +23,24 @@
 //! `x`'s rows (`x` read once; a GEMM tile would use one of its 8 or 32 lanes)
 //! with the same float operations.
 //!
-//! `brgemm` and `brgemm_dgrad` have a second form (`run_row_chunks`): one task
-//! per row chunk packs its rows of `A` once into the micro-kernel's tiles (f32,
-//! bf16 widened, dgrad's `act'` applied on the way) and runs every output block
-//! on them, instead of each output block reading the blocked `A` in place. Which
-//! form runs is timed per shape with the micro-kernel (`Jit::pick_variant`,
-//! [`JitOptions::pack_a`]); the AVX-512 kernel gains most from packing
-//! (`examples/brgemm_best` at 2048×512×512, 2 threads: `brgemm` 182 against 170
-//! GFLOP/s when it came in).
+//! `brgemm` and `brgemm_dgrad` run one task per row chunk (`run_row_chunks`),
+//! which runs every output block on its rows, so a chunk's `A` stays with one
+//! thread. `A` is read in place, or (the second form) the task first packs its
+//! rows of `A` once into the micro-kernel's tiles (f32, bf16 widened, dgrad's
+//! `act'` applied on the way). Which form runs is timed per shape with the
+//! micro-kernel (`Jit::pick_variant`, [`JitOptions::pack_a`]); the AVX-512
+//! kernel gains most from packing (`examples/brgemm_best` at 2048×512×512, 2
+//! threads: `brgemm` 182 against 170 GFLOP/s when it came in). The threads
+//! take the chunks in order from one counter, and the last chunks are smaller
+//! (`guided_chunks`), so both threads finish a layer at about the same time.
+//! Before (stop 61), the in-place form ran each (row chunk, output block) as
+//! a rayon task, both threads reading the same chunk's `A`, and equal chunks
+//! left one thread waiting at the end of each layer: on an Intel Xeon model
+//! 207 (2 threads, `dlrm-run --bench`, interleaved pairs) the rayon idle
+//! time fell from 6.4-6.7% to about 4% of the CPU time, and the forward GEMMs
+//! of a dlrm-small inference step from 5.17-5.25 to 4.96-5.05 ms, of
+//! dlrm-kaggle's from 7.15-7.27 to 6.91-7.09 ms; dlrm-mlperf's are level.
+//! `brgemm_wgrad` keeps rayon tasks of one output block each (`run_blocks`).
 //!
 //! `brgemm_dgrad` with a `mask` (the previous layer's `act'`, see
 //! [`dlrm_ir::Op::BrgemmDgrad`]) applies relu's in the micro-kernel's
@@ -217,27 +227,37 @@ fn with_kernel<T>(
     go(k).map_err(|e| jit_err(op, e))
 }
 
-/// Runs `kern` (a spec with [`GemmSpec::pack_a`]) on about `m / rb` row
-/// chunks, one rayon task each ([`balanced_chunks`]: whole tiles, sizes
-/// within one tile of each other): `out` holds `blocks` blocks of `m` rows ×
-/// `width` (row stride `width`); the task for rows `r0..r0+rows` packs them
-/// once — `pack(r0, rows, dst)` must write all of `dst`, `⌈rows/mr⌉` tiles
-/// `[k][mr]`, rows past `rows` zero — and then runs every output block `q` on
-/// the packed rows, reading `B` and the bias from `b_of(q)`. So `A` is packed
-/// once per call, however many blocks reuse it. `epi` runs on each chunk once
-/// written.
+/// Where a row chunk's `A` comes from in [`run_row_chunks`].
+pub(crate) enum RowsA<'p, 'd> {
+    /// Packed per chunk (a spec with [`GemmSpec::pack_a`]): `pack(r0, rows,
+    /// dst)` must write all of `dst`, `⌈rows/mr⌉` tiles `[k][mr]`, rows past
+    /// `rows` zero.
+    Packed(&'p (dyn Fn(usize, usize, &mut [f32]) + Sync)),
+    /// Read in place: output block `q`'s `A` from row `r0` is `a_of(q, r0)`.
+    InPlace(&'p (dyn Fn(usize, usize) -> Operand<'d> + Sync)),
+}
+
+/// Runs `kern` on row chunks of about `rb` rows, one task each, taken in
+/// order from one counter ([`run_dynamic`], the chunks [`guided_chunks`]'):
+/// `out` holds `blocks` blocks of `m` rows × `width` (row stride `width`);
+/// the task for rows `r0..r0+rows` runs every output block `q` on them,
+/// reading `B` and the bias from `b_of(q)`, `A` from `a` — packed once per
+/// chunk however many blocks reuse it, or in place. A chunk's rows stay
+/// with one thread: output blocks of one chunk on both threads (the
+/// blocks as tasks) read its `A` into both cores' caches. `epi` runs on each
+/// chunk once written.
 #[allow(clippy::type_complexity)]
 fn run_row_chunks<'d>(
     kern: GemmKernel,
     mut out: Fresh,
     (blocks, m, width, rb): (usize, usize, usize, usize),
-    pack: &(dyn Fn(usize, usize, &mut [f32]) + Sync),
+    a: RowsA<'_, 'd>,
     b_of: &(dyn Fn(usize) -> (&'d [f32], Option<&'d [f32]>) + Sync),
     (epi, mask): (Option<Epilogue<'_>>, Option<Operand<'d>>),
 ) -> Result<Floats, JitError> {
     check_cover(&kern, &out, (blocks, m, width))?;
     let (mr, k) = (kern.spec().micro.mr(), kern.spec().k);
-    let chunks = balanced_chunks(m, mr, m.div_ceil(rb.max(1)));
+    let chunks = guided_chunks(m, mr, rb, ROW_CHUNK_MIN_TILES);
     let lens: Vec<usize> = chunks.iter().map(|&(_, rows)| rows * width).collect();
     let mut tasks: Vec<Vec<OutBuf<'_>>> = chunks.iter().map(|_| Vec::new()).collect();
     for blk in out.buf().chunks(m * width) {
@@ -245,49 +265,114 @@ fn run_row_chunks<'d>(
             task.push(part);
         }
     }
-    tasks
-        .into_par_iter()
-        .with_max_len(1)
-        .zip(chunks)
-        .try_for_each(|(parts, (r0, rows))| {
-            // This worker's reusable buffer: packing allocates nothing.
-            let mut a = Scratch::new(rows.div_ceil(mr) * mr * k);
-            pack(r0, rows, &mut a);
-            for (q, mut cb) in parts.into_iter().enumerate() {
-                let (b, bias) = b_of(q);
-                let mk = mask.map(|mk| tail(mk, (q * m + r0) * width));
-                kern.run_block(Operand::F32(&a), b, bias, cb.reborrow(), rows, mk)?;
-                run_epilogue(epi, &kern, q, r0, cb)?;
+    let tasks: Vec<_> = tasks.into_iter().zip(chunks).collect();
+    run_dynamic(tasks, &|(parts, (r0, rows))| {
+        // This worker's reusable buffer: packing allocates nothing.
+        let packed = match &a {
+            RowsA::Packed(pack) => {
+                let mut buf = Scratch::new(rows.div_ceil(mr) * mr * k);
+                pack(r0, rows, &mut buf);
+                Some(buf)
             }
-            Ok(())
-        })?;
+            RowsA::InPlace(_) => None,
+        };
+        for (q, mut cb) in parts.into_iter().enumerate() {
+            let xa = match (&a, &packed) {
+                (RowsA::InPlace(a_of), _) => a_of(q, r0),
+                (_, Some(buf)) => Operand::F32(buf),
+                (RowsA::Packed(_), None) => unreachable!("packed above"),
+            };
+            let (b, bias) = b_of(q);
+            let mk = mask.map(|mk| tail(mk, (q * m + r0) * width));
+            kern.run_block(xa, b, bias, cb.reborrow(), rows, mk)?;
+            run_epilogue(epi, &kern, q, r0, cb)?;
+        }
+        Ok(())
+    })?;
     // SAFETY: every task returned Ok, and `check_cover` held: each wrote its
     // `rows` whole rows of every block, and the chunks cover `0..m`.
     Ok(unsafe { out.assume_init() })
 }
 
-/// `0..m` cut into `n` chunks `(r0, rows)` on tile bounds (`mr` rows), their
-/// tile counts within one of each other (at most one chunk a tile, at least
-/// one chunk): with uniform chunks the last one's shortfall left a thread idle
-/// (2048 rows in 8 chunks of 22 tiles: 88 tiles on one of 2 threads, against
-/// 85.5 shared evenly).
-fn balanced_chunks(m: usize, mr: usize, n: usize) -> Vec<(usize, usize)> {
+/// Least tiles in a row chunk of [`guided_chunks`]' tail.
+const ROW_CHUNK_MIN_TILES: usize = 4;
+
+/// `0..m` cut into row chunks `(r0, rows)` on tile bounds (`mr` rows) for
+/// [`run_dynamic`]: chunks of about `rb` rows while much work is left, then,
+/// near the end, smaller ones (a `2·threads`-th of the tiles left, at least
+/// `min_tiles`), so that the threads' last chunks end close together (guided
+/// self-scheduling): with equal chunks one thread idled at the end of every
+/// GEMM for up to a chunk while the other ran its last one.
+fn guided_chunks(m: usize, mr: usize, rb: usize, min_tiles: usize) -> Vec<(usize, usize)> {
     let mr = mr.max(1);
     let tiles = m.div_ceil(mr);
-    if tiles == 0 {
-        return Vec::new();
+    let threads = rayon::current_num_threads().max(1);
+    let base = rb.div_ceil(mr).max(1);
+    let least = min_tiles.clamp(1, base);
+    let mut chunks = Vec::new();
+    let mut t0 = 0;
+    while t0 < tiles {
+        let left = tiles - t0;
+        let n = left.div_ceil(2 * threads).clamp(least, base).min(left);
+        // No runt chunk after the last whole one.
+        let n = if left - n < least && left <= base {
+            left
+        } else {
+            n
+        };
+        let r0 = t0 * mr;
+        chunks.push((r0, ((t0 + n) * mr).min(m) - r0));
+        t0 += n;
     }
-    let n = n.clamp(1, tiles);
-    (0..n)
-        .map(|i| {
-            let (t0, t1) = (i * tiles / n, (i + 1) * tiles / n);
-            let r0 = (t0 * mr).min(m);
-            (r0, (t1 * mr).min(m) - r0)
-        })
-        .collect()
+    chunks
 }
 
-/// Runs `kern` on every row chunk of every output block, one rayon task each:
+/// Runs `f` on every task, each thread of the pool taking the next task from
+/// one shared counter as it finishes one, so the tasks end in about the order
+/// they are listed (a parallel iterator splits the list in halves, and runs
+/// the small last tasks of [`guided_chunks`] in the middle of one thread's
+/// half). Stops taking tasks after a failure and returns the first error.
+fn run_dynamic<T: Send>(
+    tasks: Vec<T>,
+    f: &(dyn Fn(T) -> Result<(), JitError> + Sync),
+) -> Result<(), JitError> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    use std::sync::{Mutex, PoisonError};
+    let n = tasks.len();
+    let slots: Vec<Mutex<Option<T>>> = tasks.into_iter().map(|t| Mutex::new(Some(t))).collect();
+    let (next, failed) = (AtomicUsize::new(0), AtomicBool::new(false));
+    let error: Mutex<Option<JitError>> = Mutex::new(None);
+    let work = || {
+        while !failed.load(Relaxed) {
+            let Some(slot) = slots.get(next.fetch_add(1, Relaxed)) else {
+                break;
+            };
+            let task = slot.lock().unwrap_or_else(PoisonError::into_inner).take();
+            if let Some(Err(e)) = task.map(f) {
+                failed.store(true, Relaxed);
+                error
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get_or_insert(e);
+            }
+        }
+    };
+    rayon::scope(|s| {
+        for _ in 1..rayon::current_num_threads().clamp(1, n.max(1)) {
+            s.spawn(|_| work());
+        }
+        work();
+    });
+    match error.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Runs `kern` on every row chunk of every output block, one rayon task each
+/// (`brgemm_wgrad`'s blocks of `dw`, whose `A` rows, `xᵀ` over the whole
+/// batch, are too long to keep a chunk's with one thread; the forward and
+/// dgrad take [`run_row_chunks`]):
 /// `out` holds `blocks` blocks of `m` rows × `width` (row stride `width`), cut
 /// into chunks of `rb` rows; the chunk of block `q` from row `r0` reads `A` from
 /// `a_of(q, r0)` and `B` and the bias from `b_of(q)`. Chunks are ordered row
@@ -404,42 +489,74 @@ pub use wgrad::brgemm_wgrad;
 
 #[cfg(test)]
 mod tests {
-    use super::{balanced_chunks, masked, positive};
+    use super::{JitError, guided_chunks, masked, positive, run_dynamic};
     use half::bf16;
 
     #[test]
-    fn balanced_chunks_cover_the_rows_on_tile_bounds_within_a_tile_of_each_other() {
+    fn guided_chunks_cover_the_rows_on_tile_bounds_and_shrink_to_the_end() {
         for m in [0, 1, 11, 12, 13, 200, 2048, 2051] {
             for mr in [1, 6, 12] {
-                for n in [0, 1, 2, 3, 8, 300] {
-                    let c = balanced_chunks(m, mr, n);
-                    let tiles = m.div_ceil(mr);
-                    assert_eq!(
-                        c.len(),
-                        n.clamp(1, tiles.max(1)) * usize::from(m > 0),
-                        "{m} {mr} {n}"
-                    );
+                for rb in [1, 12, 264, 384, 5000] {
+                    let c = guided_chunks(m, mr, rb, 4);
                     let mut next = 0;
                     for &(r0, rows) in &c {
-                        assert_eq!(r0, next, "contiguous: {m} {mr} {n} {c:?}");
-                        assert!(rows > 0 && r0 % mr == 0, "{m} {mr} {n} {c:?}");
+                        assert_eq!(r0, next, "contiguous: {m} {mr} {rb} {c:?}");
+                        assert!(rows > 0 && r0 % mr == 0, "{m} {mr} {rb} {c:?}");
+                        assert!(rows <= rb.div_ceil(mr).max(1) * mr, "{m} {mr} {rb} {c:?}");
                         next = r0 + rows;
                     }
                     assert_eq!(next, m, "the chunks cover 0..{m}");
                     let t: Vec<usize> = c.iter().map(|&(_, rows)| rows.div_ceil(mr)).collect();
-                    let (lo, hi) = (t.iter().min(), t.iter().max());
-                    if let (Some(lo), Some(hi)) = (lo, hi) {
-                        assert!(hi - lo <= 1, "{m} {mr} {n}: tiles {t:?}");
-                    }
+                    // Shrinking, but for the last (a runt joined to it).
+                    let head = &t[..t.len().saturating_sub(1)];
+                    assert!(
+                        head.windows(2).all(|w| w[0] >= w[1]),
+                        "{m} {mr} {rb}: {t:?}"
+                    );
                 }
             }
         }
-        // 2048 rows of 12-row tiles in 8 chunks: 171 tiles as 21 or 22 each.
-        let t: Vec<usize> = balanced_chunks(2048, 12, 8)
+        // 2048 rows of 12-row tiles (171 tiles) in chunks of up to 22 tiles,
+        // on 2 threads: a quarter of the tiles left once that is less, down
+        // to 4 tiles, the last 1-tile runt joined to its neighbour.
+        let t: Vec<usize> = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .expect("a pool")
+            .install(|| guided_chunks(2048, 12, 264, 4))
             .iter()
             .map(|c| c.1.div_ceil(12))
             .collect();
-        assert_eq!(t, [21, 21, 22, 21, 21, 22, 21, 22]);
+        assert_eq!(t, [22, 22, 22, 22, 21, 16, 12, 9, 7, 5, 4, 4, 5]);
+    }
+
+    #[test]
+    fn run_dynamic_runs_every_task_once_and_returns_the_first_error() {
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("a pool");
+        let runs: Vec<AtomicUsize> = (0..100).map(|_| AtomicUsize::new(0)).collect();
+        pool.install(|| {
+            run_dynamic((0..100).collect(), &|i: usize| {
+                runs[i].fetch_add(1, Relaxed);
+                Ok(())
+            })
+        })
+        .expect("no task fails");
+        assert!(runs.iter().all(|r| r.load(Relaxed) == 1));
+        let err = pool.install(|| {
+            run_dynamic((0..100).collect(), &|i: usize| match i {
+                7 => Err(JitError::Codegen(format!("task {i}"))),
+                _ => Ok(()),
+            })
+        });
+        assert!(matches!(err, Err(JitError::Codegen(m)) if m == "task 7"));
+        assert!(
+            pool.install(|| run_dynamic(Vec::<usize>::new(), &|_| Ok(())))
+                .is_ok()
+        );
     }
 
     #[test]
