@@ -76,6 +76,7 @@ mod prefetch;
 mod race;
 pub mod reduce;
 pub mod rows;
+mod sched;
 pub mod sparse;
 
 use crate::reference::{KResult, Rows};
