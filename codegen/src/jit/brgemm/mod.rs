@@ -30,16 +30,18 @@
 //! `act'` applied on the way). Which form runs is timed per shape with the
 //! micro-kernel (`Jit::pick_variant`, [`JitOptions::pack_a`]); the AVX-512
 //! kernel gains most from packing (`examples/brgemm_best` at 2048×512×512, 2
-//! threads: `brgemm` 182 against 170 GFLOP/s when it came in). The threads
-//! take the chunks in order from one counter, and the last chunks are smaller
-//! (`guided_chunks`), so both threads finish a layer at about the same time.
-//! Before (stop 61), the in-place form ran each (row chunk, output block) as
-//! a rayon task, both threads reading the same chunk's `A`, and equal chunks
+//! threads: `brgemm` 182 against 170 GFLOP/s when it came in). In place, the
+//! threads take the chunks in order from one counter and the last chunks are
+//! smaller (`super::sched`), so both threads finish a layer at about the same
+//! time. Before (stop 61) that form ran each (row chunk, output block) as a
+//! rayon task, both threads reading the same chunk's `A`, and equal chunks
 //! left one thread waiting at the end of each layer: on an Intel Xeon model
-//! 207 (2 threads, `dlrm-run --bench`, interleaved pairs) the rayon idle
-//! time fell from 6.4-6.7% to about 4% of the CPU time, and the forward GEMMs
-//! of a dlrm-small inference step from 5.17-5.25 to 4.96-5.05 ms, of
-//! dlrm-kaggle's from 7.15-7.27 to 6.91-7.09 ms; dlrm-mlperf's are level.
+//! 207 (2 threads, interleaved with the build before) `brgemm_best 2048 512
+//! 256` in place went from 1.74-1.85 to 1.71-1.75 ms (f32) and from 2.01-2.09
+//! to 1.87-1.97 ms (bf16), and the forward GEMMs of a dlrm-small inference
+//! step from 5.22-5.31 to 4.83-4.94 ms. The packed form keeps equal chunks
+//! as rayon tasks: the counter and the smaller last chunks were 1-10% slower
+//! there (each chunk streams all of `B` for its rows).
 //! `brgemm_wgrad` keeps rayon tasks of one output block each (`run_blocks`).
 //!
 //! `brgemm_dgrad` with a `mask` (the previous layer's `act'`, see
@@ -238,8 +240,10 @@ pub(crate) enum RowsA<'p, 'd> {
     InPlace(&'p (dyn Fn(usize, usize) -> Operand<'d> + Sync)),
 }
 
-/// Runs `kern` on row chunks of about `rb` rows, one task each, taken in
-/// order from one counter ([`run_dynamic`], the chunks [`guided_chunks`]'):
+/// Runs `kern` on row chunks of about `rb` rows, one task each (in place:
+/// taken in order from one counter, [`run_dynamic`], the chunks
+/// [`guided_chunks`]'; packed: equal chunks, [`balanced_chunks`], as rayon
+/// tasks):
 /// `out` holds `blocks` blocks of `m` rows × `width` (row stride `width`);
 /// the task for rows `r0..r0+rows` runs every output block `q` on them,
 /// reading `B` and the bias from `b_of(q)`, `A` from `a` — packed once per
@@ -258,7 +262,11 @@ fn run_row_chunks<'d>(
 ) -> Result<Floats, JitError> {
     check_cover(&kern, &out, (blocks, m, width))?;
     let (mr, k) = (kern.spec().micro.mr(), kern.spec().k);
-    let chunks = guided_chunks(m, mr, rb, ROW_CHUNK_MIN_TILES);
+    // Packed: equal chunks as rayon tasks (see the module docs).
+    let chunks = match &a {
+        RowsA::Packed(_) => balanced_chunks(m, mr, m.div_ceil(rb.max(1))),
+        RowsA::InPlace(_) => guided_chunks(m, mr, rb, ROW_CHUNK_MIN_TILES),
+    };
     let lens: Vec<usize> = chunks.iter().map(|&(_, rows)| rows * width).collect();
     let mut tasks: Vec<Vec<OutBuf<'_>>> = chunks.iter().map(|_| Vec::new()).collect();
     for blk in out.buf().chunks(m * width) {
@@ -267,7 +275,7 @@ fn run_row_chunks<'d>(
         }
     }
     let tasks: Vec<_> = tasks.into_iter().zip(chunks).collect();
-    run_dynamic(tasks, &|(parts, (r0, rows))| {
+    let task = |(parts, (r0, rows)): (Vec<OutBuf<'_>>, (usize, usize))| {
         // This worker's reusable buffer: packing allocates nothing.
         let packed = match &a {
             RowsA::Packed(pack) => {
@@ -281,7 +289,9 @@ fn run_row_chunks<'d>(
             let xa = match (&a, &packed) {
                 (RowsA::InPlace(a_of), _) => a_of(q, r0),
                 (_, Some(buf)) => Operand::F32(buf),
-                (RowsA::Packed(_), None) => unreachable!("packed above"),
+                (RowsA::Packed(_), None) => {
+                    return Err(JitError::Codegen("internal: a row chunk not packed".into()));
+                }
             };
             let (b, bias) = b_of(q);
             let mk = mask.map(|mk| tail(mk, (q * m + r0) * width));
@@ -289,7 +299,11 @@ fn run_row_chunks<'d>(
             run_epilogue(epi, &kern, q, r0, cb)?;
         }
         Ok(())
-    })?;
+    };
+    match a {
+        RowsA::Packed(_) => tasks.into_par_iter().with_max_len(1).try_for_each(task)?,
+        RowsA::InPlace(_) => run_dynamic(tasks, &task)?,
+    }
     // SAFETY: every task returned Ok, and `check_cover` held: each wrote its
     // `rows` whole rows of every block, and the chunks cover `0..m`.
     Ok(unsafe { out.assume_init() })
@@ -297,6 +311,27 @@ fn run_row_chunks<'d>(
 
 /// Least tiles in a row chunk of [`guided_chunks`]' tail.
 const ROW_CHUNK_MIN_TILES: usize = 4;
+
+/// `0..m` cut into `n` chunks `(r0, rows)` on tile bounds (`mr` rows), their
+/// tile counts within one of each other (at most one chunk a tile, at least
+/// one chunk): with uniform chunks the last one's shortfall left a thread idle
+/// (2048 rows in 8 chunks of 22 tiles: 88 tiles on one of 2 threads, against
+/// 85.5 shared evenly).
+fn balanced_chunks(m: usize, mr: usize, n: usize) -> Vec<(usize, usize)> {
+    let mr = mr.max(1);
+    let tiles = m.div_ceil(mr);
+    if tiles == 0 {
+        return Vec::new();
+    }
+    let n = n.clamp(1, tiles);
+    (0..n)
+        .map(|i| {
+            let (t0, t1) = (i * tiles / n, (i + 1) * tiles / n);
+            let r0 = (t0 * mr).min(m);
+            (r0, (t1 * mr).min(m) - r0)
+        })
+        .collect()
+}
 
 /// Runs `kern` on every row chunk of every output block, one rayon task each
 /// (`brgemm_wgrad`'s blocks of `dw`, whose `A` rows, `xᵀ` over the whole
@@ -418,8 +453,43 @@ pub use wgrad::brgemm_wgrad;
 
 #[cfg(test)]
 mod tests {
-    use super::{masked, positive};
+    use super::{balanced_chunks, masked, positive};
     use half::bf16;
+
+    #[test]
+    fn balanced_chunks_cover_the_rows_on_tile_bounds_within_a_tile_of_each_other() {
+        for m in [0, 1, 11, 12, 13, 200, 2048, 2051] {
+            for mr in [1, 6, 12] {
+                for n in [0, 1, 2, 3, 8, 300] {
+                    let c = balanced_chunks(m, mr, n);
+                    let tiles = m.div_ceil(mr);
+                    assert_eq!(
+                        c.len(),
+                        n.clamp(1, tiles.max(1)) * usize::from(m > 0),
+                        "{m} {mr} {n}"
+                    );
+                    let mut next = 0;
+                    for &(r0, rows) in &c {
+                        assert_eq!(r0, next, "contiguous: {m} {mr} {n} {c:?}");
+                        assert!(rows > 0 && r0 % mr == 0, "{m} {mr} {n} {c:?}");
+                        next = r0 + rows;
+                    }
+                    assert_eq!(next, m, "the chunks cover 0..{m}");
+                    let t: Vec<usize> = c.iter().map(|&(_, rows)| rows.div_ceil(mr)).collect();
+                    let (lo, hi) = (t.iter().min(), t.iter().max());
+                    if let (Some(lo), Some(hi)) = (lo, hi) {
+                        assert!(hi - lo <= 1, "{m} {mr} {n}: tiles {t:?}");
+                    }
+                }
+            }
+        }
+        // 2048 rows of 12-row tiles in 8 chunks: 171 tiles as 21 or 22 each.
+        let t: Vec<usize> = balanced_chunks(2048, 12, 8)
+            .iter()
+            .map(|c| c.1.div_ceil(12))
+            .collect();
+        assert_eq!(t, [21, 21, 22, 21, 21, 22, 21, 22]);
+    }
 
     #[test]
     fn masked_keeps_dy_where_y_is_positive_and_zero_elsewhere() {
