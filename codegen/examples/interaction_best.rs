@@ -118,6 +118,7 @@ fn main() {
                     kernels,
                     pack_a: None,
                     chunk_k: None,
+                    widen_a: None,
                 };
                 let t0 = Instant::now();
                 let r = jit::try_eval(op, ins, tys, &syms, &opts)

@@ -225,8 +225,8 @@ fn abs(t: &Tensor) -> Tensor {
     tensor(t.shape.clone(), v, t.dtype())
 }
 
-/// Every micro-kernel this CPU can run, each with `A` packed per row chunk and
-/// read in place, forced.
+/// Every micro-kernel this CPU can run, each with `A` packed per row chunk,
+/// read in place and (bf16) widened per row chunk, forced.
 fn kernel_choices() -> Vec<JitOptions> {
     let mut v = vec![KernelChoice::Cranelift];
     if micro::AVX2.available() {
@@ -245,10 +245,19 @@ fn kernel_choices() -> Vec<JitOptions> {
     }
     v.into_iter()
         .flat_map(|kernels| {
-            [(false, false), (true, false), (false, true), (true, true)].map(|(p, c)| JitOptions {
+            [
+                (false, false, false),
+                (false, false, true),
+                (true, false, false),
+                (false, true, false),
+                (false, true, true),
+                (true, true, false),
+            ]
+            .map(|(p, c, w)| JitOptions {
                 kernels,
                 pack_a: Some(p),
                 chunk_k: Some(c),
+                widen_a: Some(w),
             })
         })
         .collect()
@@ -647,4 +656,60 @@ fn chunked_reductions_give_the_same_bits() {
         }
         check_jit(&p);
     }
+}
+
+/// A bf16 `A` widened once per row chunk into an f32 copy
+/// ([`dlrm_codegen::jit::gemm::GemmSpec::widened`]) gives the bits of the
+/// same kernel widening it per tile, forward and dgrad (relu's mask, bf16
+/// `dz`), on every FMA micro-kernel, at batches that take several row
+/// chunks of unequal size and a ragged last tile; the picks then name the
+/// widened form.
+#[test]
+fn widened_bf16_a_gives_the_same_bits_as_widening_per_tile() {
+    let mut kernels = vec![KernelChoice::Cranelift];
+    if micro::AVX2.available() {
+        kernels.push(KernelChoice::Native);
+    }
+    if micro::AVX512.available() {
+        kernels.push(KernelChoice::Avx512);
+    }
+    for (which, act, s, n, k, bn, bk, seed) in [
+        (0, Act::Relu, 1001, 96, 192, 64, 64, 41),
+        (0, Act::None, 777, 64, 100, 32, 50, 42),
+        (1, Act::Relu, 1001, 128, 96, 64, 32, 43),
+        (1, Act::None, 403, 64, 64, 64, 64, 44),
+    ] {
+        let p = problem(which, act, s, n, k, bn, bk, DType::BF16, seed);
+        let ins: Vec<&Tensor> = p.ins.iter().collect();
+        let tys = out_types(&p.op, &ins);
+        for &kernels in &kernels {
+            let run = |widen| {
+                let o = JitOptions {
+                    kernels,
+                    pack_a: Some(false),
+                    chunk_k: Some(false),
+                    widen_a: Some(widen),
+                };
+                jit::try_eval(&p.op, &ins, &tys, &HashMap::new(), &o)
+                    .expect("a JIT kernel")
+                    .unwrap_or_else(|e| panic!("{:?}: {e}", p.op))
+            };
+            let (per_tile, widened) = (run(false), run(true));
+            for (a, b) in per_tile.iter().zip(&widened) {
+                let (a, b) = (bits(a), bits(b));
+                let first = (0..a.len()).find(|&i| a[i] != b[i]);
+                assert!(
+                    a.len() == b.len() && first.is_none(),
+                    "{:?} under {kernels:?}: element {first:?} differs",
+                    p.op
+                );
+            }
+        }
+        check_jit(&p);
+    }
+    let picks = jit::Jit::global().expect("a JIT").gemm_picks();
+    assert!(
+        picks.iter().any(|(name, _)| name.contains("A widened")),
+        "no widened pick in {picks:?}"
+    );
 }

@@ -47,6 +47,7 @@ fn runs_on(
         kernels,
         pack_a: None,
         chunk_k: None,
+        widen_a: None,
     };
     let got = jit::try_eval(op, ins, &tys, &HashMap::new(), &opts)
         .expect("a JIT kernel")

@@ -115,6 +115,7 @@ fn choices() -> Vec<JitOptions> {
                 kernels,
                 pack_a: Some(p),
                 chunk_k: Some(c),
+                widen_a: None,
             })
         })
         .collect()

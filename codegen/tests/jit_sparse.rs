@@ -508,6 +508,7 @@ fn interaction_case(
             kernels,
             pack_a: None,
             chunk_k: None,
+            widen_a: None,
         };
         interaction_case_with(&o, case)
     };

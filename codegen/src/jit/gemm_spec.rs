@@ -58,6 +58,21 @@ impl GemmSpec {
         }
     }
 
+    /// The spec that reads a bf16 blocked `A` ([`GemmSpec::blocked_a`]) from
+    /// an f32 copy of each row chunk, widened once per chunk (the blocked
+    /// GEMMs' widened form, `super::brgemm`): `[k / kb][rows][kb]`, blocks
+    /// [`widen_rows`]`(m, mr)` rows apart, which the f32 in-place loops read
+    /// (a bf16 `A` read in place is widened per tile and output block
+    /// instead). `None` for any other `A`.
+    pub fn widened(self, mr: usize) -> Option<GemmSpec> {
+        let blocked = self.kb > 0 && self.lda == self.kb && self.acs == 1;
+        (self.a == Elt::BF16 && !self.pack_a && blocked).then(|| GemmSpec {
+            a: Elt::F32,
+            a_blk: widen_rows(self.m, mr) * self.kb,
+            ..self
+        })
+    }
+
     /// The reduction chunk [`GemmSpec::kc`] for this spec's micro-kernel when
     /// chunking pays (`k` at least two chunks, an f32 `C`; `0` otherwise): the
     /// rows of `B` whose `nr` f32 fill 32 KiB of L1, rounded to whole
@@ -75,4 +90,14 @@ impl GemmSpec {
             kc
         }
     }
+}
+
+/// Most tiles in one row chunk of the blocked GEMMs (`super::brgemm`).
+pub(crate) const ROW_CHUNK_MAX_TILES: usize = 32;
+
+/// Rows of one block of a widened `A`'s copy ([`GemmSpec::widened`]): the
+/// largest row chunk of `m` rows in tiles of `mr`.
+pub(crate) fn widen_rows(m: usize, mr: usize) -> usize {
+    let mr = mr.max(1);
+    (ROW_CHUNK_MAX_TILES * mr).min(m.div_ceil(mr) * mr).max(mr)
 }

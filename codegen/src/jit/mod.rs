@@ -190,6 +190,13 @@ pub struct JitOptions {
     /// where they can (`Some(true)`), never (`Some(false)`), or timed per
     /// shape (`None`, the default). Every choice gives the same bits.
     pub chunk_k: Option<bool>,
+    /// Whether the blocked GEMM ops read a bf16 `A` in place from an f32
+    /// copy of each row chunk, widened once for all output blocks
+    /// (`Some(true)`, [`gemm::GemmSpec::widened`]), widen it per tile and
+    /// output block (`Some(false)`), or time both per shape (`None`, the
+    /// default; `DLRM_JIT_WIDEN=0|1` then forces either). The same bits
+    /// either way.
+    pub widen_a: Option<bool>,
 }
 
 /// Compilation statistics of a [`Jit`].
@@ -554,23 +561,40 @@ impl Jit {
                 Ok("1") => Some(true),
                 _ => None,
             });
+        // A bf16 blocked `A` read in place may also be widened once per row
+        // chunk (`GemmSpec::widened`, `JitOptions::widen_a`).
+        let widen = opts
+            .widen_a
+            .or_else(|| match std::env::var("DLRM_JIT_WIDEN").as_deref() {
+                Ok("0") => Some(false),
+                Ok("1") => Some(true),
+                _ => None,
+            });
         let mut candidates = Vec::new();
         for &micro in &micros {
             for &pack in packs {
-                let c = match pack {
-                    false => gemm::GemmSpec { micro, ..spec },
-                    true => gemm::GemmSpec {
+                let plain = gemm::GemmSpec { micro, ..spec };
+                let widened = plain
+                    .widened(micro.mr())
+                    .filter(|_| packable && k_pair.is_none());
+                let forms = match (pack, widened, widen) {
+                    (true, ..) => vec![gemm::GemmSpec {
                         micro,
                         pack_a: true,
                         a: gemm::Elt::F32,
                         ..spec
-                    },
+                    }],
+                    (false, Some(w), Some(true)) => vec![w],
+                    (false, Some(w), None) => vec![plain, w],
+                    (false, ..) => vec![plain],
                 };
-                candidates.push(c);
-                // The same in reduction chunks (the same sums, bit for bit).
-                let kc = c.normalized().chunk_for();
-                if kc > 0 && chunk_k != Some(false) {
-                    candidates.push(gemm::GemmSpec { kc, ..c });
+                for c in forms {
+                    candidates.push(c);
+                    // The same in reduction chunks (the same sums, bit for bit).
+                    let kc = c.normalized().chunk_for();
+                    if kc > 0 && chunk_k != Some(false) {
+                        candidates.push(gemm::GemmSpec { kc, ..c });
+                    }
                 }
             }
         }
@@ -591,14 +615,17 @@ impl Jit {
 
     /// How many GEMM shapes [`Jit::pick_variant`] has given to each
     /// micro-kernel so far (timed picks and forced ones alike), by name, with
-    /// `A` packed per row chunk and the reduction in chunks counted apart:
+    /// `A` packed or widened per row chunk and the reduction in chunks
+    /// counted apart:
     /// e.g. `("AVX-512, A packed, k chunks", 3)`.
     pub fn gemm_picks(&self) -> Vec<(String, usize)> {
         let mut counts = std::collections::BTreeMap::new();
-        for s in lock(&self.auto).values() {
+        for ((key, ..), s) in lock(&self.auto).iter() {
             let mut name = s.micro.name().to_string();
             if s.pack_a {
                 name.push_str(", A packed");
+            } else if s.a != key.a {
+                name.push_str(", A widened");
             }
             if s.kc > 0 {
                 name.push_str(", k chunks");

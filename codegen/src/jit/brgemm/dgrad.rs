@@ -122,14 +122,15 @@ pub fn brgemm_dgrad(
                     _ => Cow::Owned(act_grads(act, dv(), yv())),
                 })),
             };
-            run_row_chunks(
-                kern,
-                fresh,
-                (kb, s, bk, row_block(s, mr, kb)),
-                RowsA::InPlace(&|_, r0| tail(a, r0 * bn)),
-                &b_of,
-                (epi, mk),
-            )?
+            let a = match (a, sp.a) {
+                (Operand::BF16(v), Elt::F32) => RowsA::Widened {
+                    a: v,
+                    src_blk: s * bn,
+                },
+                _ => RowsA::InPlace(&|_, r0| tail(a, r0 * bn)),
+            };
+            let shape = (kb, s, bk, row_block(s, mr, kb));
+            run_row_chunks(kern, fresh, shape, a, &b_of, (epi, mk))?
         };
         result = Some(dx);
         Ok(())

@@ -124,14 +124,15 @@ pub fn brgemm(
             let shape = (nb, s, bn, row_block(s, mr, 1));
             run_row_chunks(kern, fresh, shape, RowsA::Packed(&pack), &b_of, (epi, None))?
         } else {
-            run_row_chunks(
-                kern,
-                fresh,
-                (nb, s, bn, row_block(s, mr, nb)),
-                RowsA::InPlace(&|_, r0| tail(xa, r0 * bk)),
-                &b_of,
-                (epi, None),
-            )?
+            let a = match (xa, sp.a) {
+                (Operand::BF16(v), Elt::F32) => RowsA::Widened {
+                    a: v,
+                    src_blk: s * bk,
+                },
+                _ => RowsA::InPlace(&|_, r0| tail(xa, r0 * bk)),
+            };
+            let shape = (nb, s, bn, row_block(s, mr, nb));
+            run_row_chunks(kern, fresh, shape, a, &b_of, (epi, None))?
         };
         result = Some(y);
         Ok(())

@@ -44,6 +44,19 @@
 //! there (each chunk streams all of `B` for its rows).
 //! `brgemm_wgrad` keeps rayon tasks of one output block each (`run_blocks`).
 //!
+//! A bf16 `A` read in place (a `--precision bf16` plan's activations, and
+//! `dz` in its backward) has a third form, timed beside the two: each task
+//! first widens its rows of every block into an f32 copy laid out as the
+//! blocked activation (`[Kb][rows][bk]`, a straight conversion, no
+//! transpose), which the f32 in-place loops then read
+//! ([`GemmSpec::widened`], [`JitOptions::widen_a`]). Read in place, a bf16
+//! `A` is widened per tile and per output block by the micro-kernel (into
+//! its stack), so `Nb` times over. On an Intel Xeon model 207 (2 threads,
+//! interleaved, `brgemm_best 2048 512 256` bf16 in place, the FMA kernel):
+//! 1.83-1.84 ms widened against 1.94-1.97 ms per tile; dlrm-small's bf16
+//! inference, whose picks then take it for one or two of the four shapes,
+//! forward GEMMs 4.89-5.06 against 4.92-5.63 ms a step (6 pairs).
+//!
 //! `brgemm_dgrad` with a `mask` (the previous layer's `act'`, see
 //! [`dlrm_ir::Op::BrgemmDgrad`]) applies relu's in the micro-kernel's
 //! epilogue where the kernel can ([`GemmSpec::mask`]: the AVX-512 family,
@@ -75,6 +88,7 @@
 
 use super::buffers::{Floats, Fresh, Scratch};
 use super::gemm::{GemmKernel, GemmSpec, Operand, OutBuf, pack_b_into};
+use super::gemm_spec::ROW_CHUNK_MAX_TILES;
 use super::linear::{elt_of, operand};
 use super::micro::BPacking;
 use super::micro::avx512bf16::pack_b_pairs_into;
@@ -206,7 +220,7 @@ fn row_block(m: usize, mr: usize, blocks: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let want_row_blocks = (4 * threads).div_ceil(blocks.max(1)).max(1);
     let rb = m.div_ceil(want_row_blocks).div_ceil(mr) * mr;
-    rb.clamp(mr, 32 * mr.max(1))
+    rb.clamp(mr, ROW_CHUNK_MAX_TILES * mr.max(1))
         .min(m.div_ceil(mr) * mr)
         .max(mr)
 }
@@ -238,6 +252,43 @@ pub(crate) enum RowsA<'p, 'd> {
     Packed(&'p (dyn Fn(usize, usize, &mut [f32]) + Sync)),
     /// Read in place: output block `q`'s `A` from row `r0` is `a_of(q, r0)`.
     InPlace(&'p (dyn Fn(usize, usize) -> Operand<'d> + Sync)),
+    /// A bf16 blocked `A` (`[k / kb][m][kb]`, blocks `src_blk` elements
+    /// apart) that every output block reads, widened once per chunk into
+    /// f32 for a spec of [`GemmSpec::widened`] (its `a_blk` apart).
+    Widened { a: &'d [half::bf16], src_blk: usize },
+}
+
+/// `rows` rows of every block of the bf16 blocked `A` from row `r0`
+/// ([`RowsA::Widened`]) widened into `dst` for the kernel of spec `sp`
+/// (`lda = kb`, blocks `sp.a_blk` apart, or one block): exact (`<< 16`).
+fn widen_rows_into(
+    sp: &GemmSpec,
+    (a, src_blk): (&[half::bf16], usize),
+    (r0, rows): (usize, usize),
+    dst: &mut [f32],
+) -> Result<(), JitError> {
+    let lda = sp.lda.max(1);
+    let blocks = sp.k.div_ceil(sp.kb.clamp(1, sp.k.max(1)));
+    let len = rows * lda;
+    let dst_blk = if blocks > 1 { sp.a_blk } else { 0 };
+    if blocks > 1 && dst_blk < len {
+        return Err(JitError::Codegen(format!(
+            "internal: a widened chunk of {rows} rows in blocks of {dst_blk} elements"
+        )));
+    }
+    for q in 0..blocks {
+        let from = q * src_blk + r0 * lda;
+        let (Some(src), Some(to)) = (
+            a.get(from..from + len),
+            dst.get_mut(q * dst_blk..q * dst_blk + len),
+        ) else {
+            return Err(JitError::Codegen(format!(
+                "internal: block {q} of a widened A outside its operand or scratch"
+            )));
+        };
+        crate::reference::convert::widen(src, to);
+    }
+    Ok(())
 }
 
 /// Runs `kern` on row chunks of about `rb` rows, one task each (in place:
@@ -265,7 +316,7 @@ fn run_row_chunks<'d>(
     // Packed: equal chunks as rayon tasks (see the module docs).
     let chunks = match &a {
         RowsA::Packed(_) => balanced_chunks(m, mr, m.div_ceil(rb.max(1))),
-        RowsA::InPlace(_) => guided_chunks(m, mr, rb, ROW_CHUNK_MIN_TILES),
+        RowsA::InPlace(_) | RowsA::Widened { .. } => guided_chunks(m, mr, rb, ROW_CHUNK_MIN_TILES),
     };
     let lens: Vec<usize> = chunks.iter().map(|&(_, rows)| rows * width).collect();
     let mut tasks: Vec<Vec<OutBuf<'_>>> = chunks.iter().map(|_| Vec::new()).collect();
@@ -283,13 +334,24 @@ fn run_row_chunks<'d>(
                 pack(r0, rows, &mut buf);
                 Some(buf)
             }
+            RowsA::Widened { a, src_blk } => {
+                let sp = kern.spec();
+                let blocks = sp.k.div_ceil(sp.kb.clamp(1, k.max(1)));
+                let len = match blocks {
+                    1 => rows * sp.lda,
+                    _ => blocks * sp.a_blk,
+                };
+                let mut buf = Scratch::new(len);
+                widen_rows_into(sp, (a, *src_blk), (r0, rows), &mut buf)?;
+                Some(buf)
+            }
             RowsA::InPlace(_) => None,
         };
         for (q, mut cb) in parts.into_iter().enumerate() {
             let xa = match (&a, &packed) {
                 (RowsA::InPlace(a_of), _) => a_of(q, r0),
                 (_, Some(buf)) => Operand::F32(buf),
-                (RowsA::Packed(_), None) => {
+                (_, None) => {
                     return Err(JitError::Codegen("internal: a row chunk not packed".into()));
                 }
             };
@@ -302,7 +364,7 @@ fn run_row_chunks<'d>(
     };
     match a {
         RowsA::Packed(_) => tasks.into_par_iter().with_max_len(1).try_for_each(task)?,
-        RowsA::InPlace(_) => run_dynamic(tasks, &task)?,
+        RowsA::InPlace(_) | RowsA::Widened { .. } => run_dynamic(tasks, &task)?,
     }
     // SAFETY: every task returned Ok, and `check_cover` held: each wrote its
     // `rows` whole rows of every block, and the chunks cover `0..m`.
