@@ -546,7 +546,16 @@ impl Jit {
         if let Some(m) = micros.iter().find(|m| !m.available()) {
             return Err(JitError::NoNative(m.name()));
         }
-        let packs: &[bool] = match (packable && !spec.pack_a && k_pair.is_none(), opts.pack_a) {
+        // `DLRM_JIT_PACK_A=0|1` forces the choice where the options leave it
+        // open (to compare the forms in a whole run).
+        let pack_a = opts
+            .pack_a
+            .or_else(|| match std::env::var("DLRM_JIT_PACK_A").as_deref() {
+                Ok("0") => Some(false),
+                Ok("1") => Some(true),
+                _ => None,
+            });
+        let packs: &[bool] = match (packable && !spec.pack_a && k_pair.is_none(), pack_a) {
             (false, _) => &[false],
             (true, None) => &[false, true],
             (true, Some(true)) => &[true],

@@ -111,3 +111,48 @@ fn the_race_picks_chunks_only_when_they_clearly_pay() {
         assert!(!picked.pack_a, "picked {picked:?}");
     }
 }
+
+/// A candidate whose first run is slow (here 3x its later runs, 2x the
+/// fastest first run) is run once more before it is pruned, and wins on its
+/// later speed; one far slower ([`super::race::RETRY`] times) still runs once.
+#[test]
+fn a_slow_first_run_within_retry_gets_a_second_and_can_win() {
+    if !(Micro::Native.available() && Micro::Native512.available()) {
+        return; // The race under test is between the two native kernels.
+    }
+    let jit = Jit::new().expect("a JIT");
+    let spec = GemmSpec::new(48, 64, 1024, Elt::F32, Elt::F32);
+    let opts = JitOptions {
+        kernels: KernelChoice::Auto,
+        chunk_k: Some(false),
+        pack_a: Some(false),
+        ..JitOptions::default()
+    };
+    let mut runs: HashMap<GemmSpec, usize> = HashMap::new();
+    let mut trial = |k: super::gemm::GemmKernel| {
+        let s = *k.spec();
+        let n = runs.entry(s).or_insert(0);
+        *n += 1;
+        let ms = match (s.micro, *n) {
+            (Micro::Cranelift, _) => 400,
+            (Micro::Native512, 1) => 60,
+            (Micro::Native512, _) => 20,
+            _ => 30,
+        };
+        std::thread::sleep(Duration::from_millis(ms));
+        Ok(())
+    };
+    let picked = jit
+        .pick_variant(spec, &opts, (true, false), &mut trial)
+        .expect("a pick");
+    assert_eq!(
+        picked.micro,
+        Micro::Native512,
+        "picked {picked:?}: {runs:?}"
+    );
+    for (s, &n) in &runs {
+        if s.micro == Micro::Cranelift {
+            assert_eq!(n, 1, "{s:?} ran {n} times");
+        }
+    }
+}
