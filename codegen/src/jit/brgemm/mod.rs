@@ -482,15 +482,15 @@ fn tail(a: Operand<'_>, from: usize) -> Operand<'_> {
 }
 
 /// `nb` blocks of `k × bn` (`B` of the forward op: the blocked weights
-/// `[Nb][Kb·bk][bn]`) packed for the kernel of spec `sp` (`k`, `n = bn`): into
-/// `⌈bn/nr⌉` zero-padded panels each, of f32, or of k pairs for the k-pair
-/// kernels (bf16 weights).
-fn pack_w_blocks(w: &Tensor, nb: usize, sp: &GemmSpec) -> Scratch {
+/// `[Nb][kp][bn]`, `kp = Kb·bk >= k`: the first `k` rows of each) packed for
+/// the kernel of spec `sp` (`k`, `n = bn`): into `⌈bn/nr⌉` zero-padded panels
+/// each, of f32, or of k pairs for the k-pair kernels (bf16 weights).
+fn pack_w_blocks(w: &Tensor, (nb, kp): (usize, usize), sp: &GemmSpec) -> Scratch {
     let (k, bn, nr) = (sp.k, sp.n, sp.micro.nr());
     let blk = sp.packed_b_len();
     let mut bp = Scratch::new(nb * blk);
     bp.par_chunks_mut(blk).enumerate().for_each(|(q, dst)| {
-        let src = q * k * bn;
+        let src = q * kp * bn;
         let geom = (k, bn, bn, 1);
         match &w.data {
             Data::BF16(v) if sp.micro.b_packing() == BPacking::KPairs => {
