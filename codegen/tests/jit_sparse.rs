@@ -909,3 +909,60 @@ fn interaction_blocked_and_its_gradient_are_their_compositions() {
         }
     }
 }
+
+/// The AVX-512 forward on bf16 operands (each sample's rows widened once,
+/// `native_dot::forward_widened`, or `forward_narrow` up to 16 columns)
+/// gives the bits of the f32 forward on the widened values, at the DLRM
+/// widths and ragged ones, with and without the diagonal.
+#[test]
+fn the_bf16_interaction_forward_is_the_f32_one_on_the_widened_operands() {
+    if !micro::AVX512.available() {
+        return; // The AVX-512 kernels only.
+    }
+    let o = JitOptions {
+        kernels: KernelChoice::Avx512,
+        ..JitOptions::default()
+    };
+    for (f, d, s, self_i) in [
+        (9, 64, 37, false),
+        (27, 128, 21, false),
+        (27, 16, 19, false),
+        (3, 33, 19, true),
+        (5, 100, 8, false),
+    ] {
+        let b16: Vec<Tensor> = (0..f)
+            .map(|i| Tensor::from_f32(DType::BF16, vec![s, d], vals(70 + i as u64, s * d)))
+            .collect();
+        let f32s: Vec<Tensor> = b16
+            .iter()
+            .map(|t| Tensor::f32(vec![s, d], t.to_f32_vec()))
+            .collect();
+        let op = Op::Interaction {
+            kind: InteractionKind::Dot,
+            self_interaction: self_i,
+        };
+        let width = d + if self_i {
+            f * (f + 1) / 2
+        } else {
+            f * (f - 1) / 2
+        };
+        let ty = [TensorType::new(
+            DType::F32,
+            [Dim::Fixed(s), Dim::Fixed(width)],
+        )];
+        let run = |ops: &[Tensor]| {
+            let ins: Vec<&Tensor> = ops.iter().collect();
+            dlrm_codegen::jit::try_eval(&op, &ins, &ty, &HashMap::new(), &o)
+                .expect("a JIT kernel")
+                .expect("runs")
+                .remove(0)
+                .to_f32_vec()
+        };
+        let (a, b) = (run(&b16), run(&f32s));
+        let first = (0..a.len()).find(|&i| a[i].to_bits() != b[i].to_bits());
+        assert!(
+            a.len() == b.len() && first.is_none(),
+            "f={f} d={d}: element {first:?} differs"
+        );
+    }
+}

@@ -22,7 +22,8 @@
 //!
 //! Under `--kernels auto|avx512|avx512bf16|amxbf16`, on a CPU with AVX-512, both
 //! directions run on [`super::native_dot`]'s kernels instead ([`native`]:
-//! operands of one type read in place, bf16 widened in registers; mixed
+//! operands of one type read in place, bf16 widened in registers (the
+//! forward: once a sample's rows); mixed
 //! operands, a bf16 `dr` and bf16 results widened and rounded around them in
 //! blocks of samples): the backward sums in the same order (the same
 //! gradients, bit for bit, on the columns of whole f32x4 vectors); the forward

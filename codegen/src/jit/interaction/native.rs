@@ -2,7 +2,8 @@
 //! ([`native_dot::avx2`]; [`kernels`] chooses), f32 arithmetic, for every mix
 //! of element types the Cranelift kernels take. Operands that
 //! share one type, f32 or bf16, are read in place (bf16 widened in registers
-//! as loaded), and f32 `dr` and results too: a `--precision bf16` plan's
+//! as loaded; the AVX-512 forward widens each sample's rows once,
+//! [`native_dot::forward_widened`]), and f32 `dr` and results too: a `--precision bf16` plan's
 //! interaction (bf16 operands, f32 `dr` and gradients) stages nothing but its
 //! bf16 forward result. Otherwise each task widens its samples' operands of
 //! mixed types (and a bf16 `dr`) into f32 scratch [`STAGE`] samples at a time,
@@ -11,11 +12,12 @@
 //! exact, so the products and sums are the f32 path's: the backward's
 //! gradients equal the Cranelift kernel's bit for bit on the columns of whole
 //! f32x4 vectors, bf16 or not. The one exception: a forward on all-bf16
-//! operands where the CPU has AVX512_BF16 ([`pairs`]) sums column pairs with
-//! `vdpbf16ps` (a reassociation, subnormal inputs as zero).
+//! operands where [`pairs`] takes AVX512_BF16's pair dot product sums column
+//! pairs with `vdpbf16ps` (a reassociation, subnormal inputs as zero).
 
 use super::super::buffers::{Fresh, Scratch};
 use super::super::gemm::Elt;
+use super::super::micro::probe;
 use super::super::native_dot::{self, Dot, Elem, MAX_F};
 use super::super::{JitOptions, KernelChoice};
 use super::{DotSpec, elt_of};
@@ -60,21 +62,24 @@ pub(super) fn kernels(opts: &JitOptions, spec: &DotSpec) -> Option<Kernels> {
 }
 
 /// Whether the forward on bf16 operands takes [`native_dot::forward_pairs`]
-/// (AVX512_BF16's pair dot product): where the CPU has it, under the kernel
-/// choices that let the GEMMs use it (`auto`, `avx512bf16`, `amxbf16`): not
-/// timed, so a run's numbers are the same on every run on one CPU. Unlike the
-/// GEMMs' choice under `auto` ([`crate::jit::micro::probe`]) it holds where
-/// `vdpbf16ps` is slow: the forward is bound by its reads and the horizontal
-/// sums, not its products, and widening in registers takes the FMA ports on
-/// Intel (an Intel Xeon, model 207, 2026-11-30, whose probe read 0.48x:
-/// dlrm-mlperf's bf16 forward 2.3-2.5 ms with the pairs against 2.46 widened
-/// in registers and 2.7-3.0 widened into scratch first). Under `avx512` the
-/// bf16 operands are widened and the f32 path's sums computed.
+/// (AVX512_BF16's pair dot product): where the CPU has it, under
+/// `avx512bf16` and `amxbf16`, and under `auto` where the GEMMs take
+/// `vdpbf16ps` too ([`probe::bf16_dot_pays`]: the probe, or
+/// `DLRM_BF16_DOT`). Otherwise bf16 operands are widened once a sample
+/// ([`native_dot::forward_widened`]) and the f32 path's sums computed. Where
+/// `vdpbf16ps` is slow, the pairs lose to that: an Intel Xeon model 207
+/// (2026-11-30, probe 0.48x, 2 threads, interleaved), the forward alone at
+/// dlrm-small's 9 operands of 64 0.271-0.283 ms with the pairs against
+/// 0.214-0.218 widened (f32 0.208-0.216), at dlrm-mlperf's 27 of 128
+/// 1.80-1.84 against 1.33-1.37 (f32 1.43-1.49); widening as each register
+/// block loads a row had been slower than the pairs there.
 fn pairs(opts: &JitOptions) -> bool {
-    matches!(
-        opts.kernels,
-        KernelChoice::Auto | KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16
-    ) && native_dot::pairs_available()
+    native_dot::pairs_available()
+        && match opts.kernels {
+            KernelChoice::Avx512Bf16 | KernelChoice::AmxBf16 => true,
+            KernelChoice::Auto => probe::bf16_dot_pays(),
+            _ => false,
+        }
 }
 
 /// The forward kernel of `kern` on operands of one type `E`.
@@ -227,6 +232,10 @@ unsafe fn fwd_rows(
             Some(Elt::BF16) if kern == (Kernels::Avx512 { pairs: true }) => {
                 native_dot::forward_pairs(dot, &views_of::<bf16>(ptrs, c0, d)[..f], out, 0, n)
             }
+            Some(Elt::BF16) if kern == (Kernels::Avx512 { pairs: false }) => {
+                let ops = &views_of::<bf16>(ptrs, c0, d)[..f];
+                native_dot::forward_widened(dot, ops, out, (0, n), buf)
+            }
             Some(Elt::BF16) => fwd(kern, dot, &views_of::<bf16>(ptrs, c0, d)[..f], out, n),
             None => {
                 let mut views = [std::ptr::null(); MAX_F];
@@ -283,6 +292,12 @@ pub(super) fn forward(
     let (d, width, f) = (spec.d, spec.width(), spec.f);
     // Operands of one type and f32 row-major results: whole blocks, in place.
     let direct = uniform(spec).is_some() && spec.out == Elt::F32 && blocked.is_none();
+    // bf16 operands widened once a sample ([`native_dot::forward_widened`]):
+    // the task's buffer of one sample's rows.
+    let wide_len = match (uniform(spec), kern) {
+        (Some(Elt::BF16), Kernels::Avx512 { pairs: false }) => f * d,
+        _ => 0,
+    };
     let (bk, kb) = match blocked {
         Some(bk) => (bk, width.div_ceil(bk)),
         None => (width, 1),
@@ -299,11 +314,12 @@ pub(super) fn forward(
             // only; `kernels` checked the CPU, F and D.
             if direct {
                 let o = unsafe { (out as *mut f32).add(s0 * width) };
-                unsafe { fwd_rows(kern, spec, ptrs, (s0, s1 - s0), &mut [], o) };
+                let mut wide = Scratch::new(wide_len);
+                unsafe { fwd_rows(kern, spec, ptrs, (s0, s1 - s0), &mut wide, o) };
                 return;
             }
             let mut buf = match uniform(spec) {
-                Some(_) => Scratch::new(0),
+                Some(_) => Scratch::new(wide_len),
                 None => Scratch::new(f * STAGE * d),
             };
             // f32 row-major results are written in place: no scratch.

@@ -52,8 +52,8 @@ pub fn bf16_dot_measured() -> Option<f64> {
 }
 
 /// Whether `--kernels auto` runs the GEMMs of two bf16 operands (and the
-/// bf16 weight gradients' k-pair path) on `vdpbf16ps` (the interaction's bf16
-/// forward does not ask: `interaction::native`'s `pairs`): the CPU has AVX512_BF16 and
+/// bf16 weight gradients' k-pair path, and the interaction's bf16 forward:
+/// `interaction::native`'s `pairs`) on `vdpbf16ps`: the CPU has AVX512_BF16 and
 /// [`bf16_dot_speedup`] is at least [`PAYS`], unless `DLRM_BF16_DOT` is `1`
 /// or `0`.
 pub fn bf16_dot_pays() -> bool {

@@ -268,4 +268,4 @@ mod narrow;
 #[cfg(target_arch = "x86_64")]
 pub use backward::backward;
 #[cfg(target_arch = "x86_64")]
-pub use forward::{forward, forward_pairs};
+pub use forward::{forward, forward_pairs, forward_widened};
