@@ -835,3 +835,54 @@ fn pair_packing_of_rows_matches_packing_of_columns() {
         assert_eq!(bits(&a), bits(&b), "k {k} n {n} nr {nr}");
     }
 }
+
+/// A bf16 `C` of subnormal values is rounded as `half` rounds them, bit for
+/// bit, on every FMA kernel: the AVX-512 store's `vcvtneps2bf16` flushes
+/// subnormal inputs to zero, so a vector holding one must take the integer
+/// rounding. Row 0 of the tile is normal-sized, the others' sums (37 products
+/// of 1e-20 by 1e-20) subnormal.
+#[test]
+fn bf16_c_keeps_subnormal_results() {
+    for kern in micro::KERNELS
+        .iter()
+        .filter(|k| k.b_packing == BPacking::F32 && k.available())
+    {
+        let case = Case {
+            mr: kern.mr,
+            nr: kern.nr,
+            k: 37,
+            kb_len: 10,
+            layout: Layout::RowMajor,
+            pads: (1, 3, 7),
+            ldb_pad: 3,
+            ldc_pad: 2,
+            flags: F_C_BF16,
+            specials: false,
+            seed: 5,
+        };
+        let mut p = Problem::new(kern, case.clone());
+        for r in 0..case.mr {
+            for kk in 0..case.k {
+                let i = case.a_index(r, kk);
+                p.a[i] = if r == 0 { 0.5 } else { 1e-20 };
+                p.a_bf[i] = bf16::from_f32(p.a[i]);
+            }
+        }
+        for row in 0..case.k {
+            for j in 0..case.nr {
+                p.b[row * p.ldb + j] = 1e-20;
+                p.b_vals[row * p.ldb_vals + j] = 1e-20;
+            }
+        }
+        let want = p.reference();
+        let tiny = want
+            .iter()
+            .filter(|x| x.is_subnormal() && **x != 0.0)
+            .count();
+        assert!(tiny > 0, "{}: no subnormal result to check", kern.name);
+        let got = p.run(kern, (case.mr, case.nr), case.flags);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(same(*g, *w), "{}: C[{i}]: got {g:e}, want {w:e}", kern.name);
+        }
+    }
+}
