@@ -39,9 +39,10 @@ impl Src<'_> {
 }
 
 /// Packs rows `r0..r0+rows` of the blocked `src` (`[Kb][s][w]`) into `dst`
-/// (`⌈rows/mr⌉` tiles `[k][mr]`, every element written). Panics if `src` is
-/// shorter than `Kb·s·w` or the chunk's rows pass `s` (the callers' shapes
-/// are checked before).
+/// (`⌈rows/mr⌉` tiles `[k][mr]`, every element written): the first `k`
+/// columns, `Kb = ⌈k/w⌉` (the last block's first `k - (Kb-1)·w`, the GEMM
+/// stopping before its zero tail). Panics if `src` is shorter than `Kb·s·w`
+/// or the chunk's rows pass `s` (the callers' shapes are checked before).
 pub(crate) fn pack_blocked(
     dst: &mut [f32],
     (s, w, mr): (usize, usize, usize),
@@ -54,12 +55,9 @@ pub(crate) fn pack_blocked(
         return;
     }
     let k = dst.len() / tiles / mr;
-    let blocks = k / w;
+    let blocks = k.div_ceil(w);
     assert!(
-        dst.len() == tiles * mr * k
-            && k == blocks * w
-            && r0 + rows <= s
-            && src.len() >= blocks * s * w,
+        dst.len() == tiles * mr * k && r0 + rows <= s && src.len() >= blocks * s * w,
         "pack_blocked: {} rows from {r0} of [{blocks}][{s}][{w}] into {} floats",
         rows,
         dst.len()
@@ -84,7 +82,7 @@ fn scalar_tiles(
     (r0, rows): (usize, usize),
     src: Src<'_>,
 ) {
-    let blocks = k / w;
+    let blocks = k.div_ceil(w);
     let at = |i: usize| match src {
         Src::F32(v) => v[i],
         Src::BF16(v) => v[i].to_f32(),
@@ -99,7 +97,8 @@ fn scalar_tiles(
             let row = r0 + t * mr + r;
             for q in 0..blocks {
                 let from = (q * s + row) * w;
-                let seg = &mut tile[q * w * mr..(q + 1) * w * mr];
+                let wq = w.min(k - q * w);
+                let seg = &mut tile[q * w * mr..(q * w + wq) * mr];
                 for (j, d) in seg.iter_mut().skip(r).step_by(mr).enumerate() {
                     *d = at(from + j);
                 }
@@ -116,7 +115,7 @@ fn scalar_tiles(
 ///
 /// # Safety
 /// AVX-512 F, BW and VL are available; `mr <= 16`; `dst` is `⌈rows/mr⌉·mr·k` floats with
-/// `k = Kb·w`; `r0 + rows <= s`; `src` holds `Kb·s·w` elements.
+/// `Kb = ⌈k/w⌉`; `r0 + rows <= s`; `src` holds `Kb·s·w` elements.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn transpose_tiles(
@@ -127,7 +126,7 @@ unsafe fn transpose_tiles(
 ) {
     use crate::jit::native_dot::Elem;
     use std::arch::x86_64::*;
-    let blocks = k / w;
+    let blocks = k.div_ceil(w);
     let store: __mmask16 = ((1u32 << mr) - 1) as u16;
     let zero = _mm512_setzero_ps();
     let esize = match src {
@@ -145,14 +144,16 @@ unsafe fn transpose_tiles(
         for q in 0..blocks {
             let base = (q * s + r0 + t * mr) * w;
             prefetch_rows(&src, (base + mr * w) * esize, next * w * esize);
-            for j in (0..w).step_by(16) {
-                let cols = 16.min(w - j);
+            // The last block may end before its `w` columns (`k`).
+            let wq = w.min(k - q * w);
+            for j in (0..wq).step_by(16) {
+                let cols = 16.min(wq - j);
                 let m: __mmask16 = ((1u32 << cols) - 1) as u16;
                 let mut r = [zero; 16];
                 for (i, ri) in r.iter_mut().enumerate().take(live) {
                     let at = base + i * w + j;
                     // SAFETY: lanes < cols read elements at..at+cols of row
-                    // (q·s + row)·w + j.., row < r0 + rows <= s, j + cols <= w:
+                    // (q·s + row)·w + j.., row < r0 + rows <= s, j + cols <= wq <= w:
                     // inside `src` (the caller's contract); masked lanes read
                     // nothing.
                     *ri = unsafe {
@@ -445,16 +446,38 @@ mod tests {
                 Src::Dz(Act::Relu, &d, &y),
                 Src::Dz(Act::Sigmoid, &d, &y),
             ];
-            for mr in [1, 4, 6, 12, 16] {
+            // Whole blocks, and the last one cut short (the GEMM stopping
+            // before a zero tail).
+            let ks = [blocks * w, (blocks - 1) * w + w.div_ceil(2)];
+            for (mr, k) in [1, 4, 6, 12, 16]
+                .into_iter()
+                .flat_map(|m| ks.map(|k| (m, k)))
+            {
                 for (r0, rows) in [(0, s), (3, 13), (28, 1), (12, 12)] {
                     for src in srcs {
-                        let len = rows.div_ceil(mr) * mr * blocks * w;
+                        let len = rows.div_ceil(mr) * mr * k;
                         let mut got = vec![f32::INFINITY; len];
                         let mut want = vec![f32::INFINITY; len];
                         pack_blocked(&mut got, (s, w, mr), (r0, rows), src);
-                        scalar_tiles(&mut want, (s, w, mr, blocks * w), (r0, rows), src);
+                        scalar_tiles(&mut want, (s, w, mr, k), (r0, rows), src);
                         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(bits(&got), bits(&want), "w {w} mr {mr} rows {r0}+{rows}");
+                        let what = format!("w {w} k {k} mr {mr} rows {r0}+{rows}");
+                        assert_eq!(bits(&got), bits(&want), "{what}");
+                        // The definition: tile t's k step kk, row r.
+                        let x = |i: usize| match src {
+                            Src::F32(v) => v[i],
+                            Src::BF16(v) => v[i].to_f32(),
+                            Src::Dz(act, d, y) => act_grad(act, d[i], y[i]),
+                        };
+                        for (i, g) in got.iter().enumerate() {
+                            let (t, kk, r) = (i / (k * mr), i / mr % k, i % mr);
+                            let row = t * mr + r;
+                            let e = match row < rows {
+                                true => x((kk / w * s + r0 + row) * w + kk % w),
+                                false => 0.0,
+                            };
+                            assert_eq!(g.to_bits(), e.to_bits(), "{what}: element {i}");
+                        }
                     }
                 }
             }

@@ -81,8 +81,7 @@ pub fn brgemm(
         _ => None,
     };
     // The GEMM stops before the zero tail of the last block (`live_k`);
-    // the blocks keep their `Kb·bk` strides. Packing `A` per row chunk
-    // takes whole blocks, so a shorter reduction reads `A` in place.
+    // the blocks keep their `Kb·bk` strides.
     let k = live_k(xa, w, (nb, kb, s, bk, bn));
     let base = GemmSpec {
         b: match w_f32 {
@@ -95,7 +94,7 @@ pub fn brgemm(
     };
     let mut result = None;
     let bf16_w = matches!(w.data, Data::BF16(_));
-    with_kernel(jit, opts, OP, (base, k == kp, bf16_w), &mut |kern| {
+    with_kernel(jit, opts, OP, (base, true, bf16_w), &mut |kern| {
         let sp = *kern.spec();
         let nr = sp.micro.nr();
         let packed;
