@@ -546,39 +546,17 @@ impl Jit {
         if let Some(m) = micros.iter().find(|m| !m.available()) {
             return Err(JitError::NoNative(m.name()));
         }
-        // `DLRM_JIT_PACK_A=0|1` forces the choice where the options leave it
-        // open (to compare the forms in a whole run).
-        let pack_a = opts
-            .pack_a
-            .or_else(|| match std::env::var("DLRM_JIT_PACK_A").as_deref() {
-                Ok("0") => Some(false),
-                Ok("1") => Some(true),
-                _ => None,
-            });
+        let pack_a = env_choice(opts.pack_a, "DLRM_JIT_PACK_A");
         let packs: &[bool] = match (packable && !spec.pack_a && k_pair.is_none(), pack_a) {
             (false, _) => &[false],
             (true, None) => &[false, true],
             (true, Some(true)) => &[true],
             (true, Some(false)) => &[false],
         };
-        // `DLRM_JIT_CHUNK_K=0|1` forces the choice where the options leave it
-        // open (to compare the two forms in a whole run).
-        let chunk_k = opts
-            .chunk_k
-            .or_else(|| match std::env::var("DLRM_JIT_CHUNK_K").as_deref() {
-                Ok("0") => Some(false),
-                Ok("1") => Some(true),
-                _ => None,
-            });
+        let chunk_k = env_choice(opts.chunk_k, "DLRM_JIT_CHUNK_K");
         // A bf16 blocked `A` read in place may also be widened once per row
         // chunk (`GemmSpec::widened`, `JitOptions::widen_a`).
-        let widen = opts
-            .widen_a
-            .or_else(|| match std::env::var("DLRM_JIT_WIDEN").as_deref() {
-                Ok("0") => Some(false),
-                Ok("1") => Some(true),
-                _ => None,
-            });
+        let widen = env_choice(opts.widen_a, "DLRM_JIT_WIDEN");
         let mut candidates = Vec::new();
         for &micro in &micros {
             for &pack in packs {
@@ -643,6 +621,17 @@ impl Jit {
         }
         counts.into_iter().collect()
     }
+}
+
+/// `choice`, or where the options leave it open, `var=0|1` from the
+/// environment (`DLRM_JIT_PACK_A`, `DLRM_JIT_CHUNK_K`, `DLRM_JIT_WIDEN`: to
+/// compare [`Jit::pick_variant`]'s forms in a whole run).
+fn env_choice(choice: Option<bool>, var: &str) -> Option<bool> {
+    choice.or_else(|| match std::env::var(var).as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    })
 }
 
 /// A JIT module for `isa` with `symbols` registered.
