@@ -8,7 +8,7 @@
 //! as f32. A bf16 result with a mask is computed in f32, masked, then rounded
 //! once (the interpreter's order).
 
-use super::{Epilogue, RowsA, Written, row_block, run_row_chunks, tail, with_kernel};
+use super::{Epilogue, RowsA, Written, row_block, rows_a, run_row_chunks, tail, with_kernel};
 use super::{PooledBf16, mask_into_self, masked, positive};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
 use crate::jit::gemm::{Elt, GemmSpec, Operand};
@@ -122,13 +122,8 @@ pub fn brgemm_dgrad(
                     _ => Cow::Owned(act_grads(act, dv(), yv())),
                 })),
             };
-            let a = match (a, sp.a) {
-                (Operand::BF16(v), Elt::F32) => RowsA::Widened {
-                    a: v,
-                    src_blk: s * bn,
-                },
-                _ => RowsA::InPlace(&|_, r0| tail(a, r0 * bn)),
-            };
+            let in_place = |_, r0| tail(a, r0 * bn);
+            let a = rows_a(a, &sp, s * bn, &in_place);
             let shape = (kb, s, bk, row_block(s, mr, kb));
             run_row_chunks(kern, fresh, shape, a, &b_of, (epi, mk))?
         };

@@ -1,7 +1,8 @@
 //! `brgemm`: the blocked layer's forward pass (see the parent module's table).
 
 use super::{
-    Epilogue, RowsA, Written, jit_err, pack_w_blocks, row_block, run_row_chunks, tail, with_kernel,
+    Epilogue, RowsA, Written, jit_err, pack_w_blocks, row_block, rows_a, run_row_chunks, tail,
+    with_kernel,
 };
 use crate::jit::buffers::{Floats, Fresh};
 use crate::jit::gemm::{BLayout, Elt, GemmSpec, Operand};
@@ -127,13 +128,8 @@ pub fn brgemm(
             let shape = (nb, s, bn, row_block(s, mr, 1));
             run_row_chunks(kern, fresh, shape, RowsA::Packed(&pack), &b_of, (epi, None))?
         } else {
-            let a = match (xa, sp.a) {
-                (Operand::BF16(v), Elt::F32) => RowsA::Widened {
-                    a: v,
-                    src_blk: s * bk,
-                },
-                _ => RowsA::InPlace(&|_, r0| tail(xa, r0 * bk)),
-            };
+            let in_place = |_, r0| tail(xa, r0 * bk);
+            let a = rows_a(xa, &sp, s * bk, &in_place);
             let shape = (nb, s, bn, row_block(s, mr, nb));
             run_row_chunks(kern, fresh, shape, a, &b_of, (epi, None))?
         };

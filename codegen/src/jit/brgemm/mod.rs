@@ -87,7 +87,7 @@
 //! is chosen per shape by `Jit::pick_variant` under [`JitOptions::kernels`].
 
 use super::buffers::{Floats, Fresh, Scratch};
-use super::gemm::{GemmKernel, GemmSpec, Operand, OutBuf, pack_b_into};
+use super::gemm::{Elt, GemmKernel, GemmSpec, Operand, OutBuf, pack_b_into};
 use super::gemm_spec::ROW_CHUNK_MAX_TILES;
 use super::linear::{elt_of, operand};
 use super::micro::BPacking;
@@ -259,14 +259,13 @@ pub(crate) enum RowsA<'p, 'd> {
 }
 
 /// `rows` rows of every block of the bf16 blocked `A` from row `r0`
-/// ([`RowsA::Widened`]) widened into `dst` for the kernel of spec `sp`
-/// (`lda = kb`, blocks `sp.a_blk` apart, or one block): exact (`<< 16`).
-fn widen_rows_into(
+/// ([`RowsA::Widened`]) widened (exactly) into this worker's scratch for the
+/// kernel of spec `sp`: `lda = kb`, blocks `sp.a_blk` apart, or one block.
+fn widened_rows(
     sp: &GemmSpec,
     (a, src_blk): (&[half::bf16], usize),
     (r0, rows): (usize, usize),
-    dst: &mut [f32],
-) -> Result<(), JitError> {
+) -> Result<Scratch, JitError> {
     let lda = sp.lda.max(1);
     let blocks = sp.k.div_ceil(sp.kb.clamp(1, sp.k.max(1)));
     let len = rows * lda;
@@ -276,6 +275,7 @@ fn widen_rows_into(
             "internal: a widened chunk of {rows} rows in blocks of {dst_blk} elements"
         )));
     }
+    let mut dst = Scratch::new((blocks - 1) * dst_blk + len);
     for q in 0..blocks {
         let from = q * src_blk + r0 * lda;
         let (Some(src), Some(to)) = (
@@ -283,12 +283,27 @@ fn widen_rows_into(
             dst.get_mut(q * dst_blk..q * dst_blk + len),
         ) else {
             return Err(JitError::Codegen(format!(
-                "internal: block {q} of a widened A outside its operand or scratch"
+                "internal: block {q} of a widened A outside its operand"
             )));
         };
         crate::reference::convert::widen(src, to);
     }
-    Ok(())
+    Ok(dst)
+}
+
+/// [`RowsA::Widened`] for a kernel whose spec reads an f32 `A`
+/// ([`GemmSpec::widened`]) where the operand `a` is bf16 (blocks `src_blk`
+/// elements apart), else `a` read in place through `in_place`.
+fn rows_a<'p, 'd>(
+    a: Operand<'d>,
+    sp: &GemmSpec,
+    src_blk: usize,
+    in_place: &'p (dyn Fn(usize, usize) -> Operand<'d> + Sync),
+) -> RowsA<'p, 'd> {
+    match (a, sp.a) {
+        (Operand::BF16(a), Elt::F32) => RowsA::Widened { a, src_blk },
+        _ => RowsA::InPlace(in_place),
+    }
 }
 
 /// Runs `kern` on row chunks of about `rb` rows, one task each (in place:
@@ -335,15 +350,7 @@ fn run_row_chunks<'d>(
                 Some(buf)
             }
             RowsA::Widened { a, src_blk } => {
-                let sp = kern.spec();
-                let blocks = sp.k.div_ceil(sp.kb.clamp(1, k.max(1)));
-                let len = match blocks {
-                    1 => rows * sp.lda,
-                    _ => blocks * sp.a_blk,
-                };
-                let mut buf = Scratch::new(len);
-                widen_rows_into(sp, (a, *src_blk), (r0, rows), &mut buf)?;
-                Some(buf)
+                Some(widened_rows(kern.spec(), (a, *src_blk), (r0, rows))?)
             }
             RowsA::InPlace(_) => None,
         };
