@@ -12,7 +12,9 @@
 //! only those ops; `PACK=1` (or `0`) forces `A` packed per row chunk (or read in
 //! place) where the op can do either ([`JitOptions::pack_a`]); `WIDEN=1` (or
 //! `0`) a bf16 `A` read in place from an f32 copy of each row chunk (or
-//! widened per tile, [`JitOptions::widen_a`]); `FLUSH=1` writes
+//! widened per tile, [`JitOptions::widen_a`]); `PACK_B=1` (or `0`) packs a
+//! weight block wider than one tile once per call (or reads it in place,
+//! [`JitOptions::pack_b`]); `FLUSH=1` writes
 //! 64 MiB before each timed run, so the operands come from memory as in a
 //! training step whose other ops evicted them, not from a warm L2/L3.
 //! `DTYPE=bf16` gives the blocked ops bf16 operands and results (wgrad's f32),
@@ -149,8 +151,7 @@ fn main() {
         cases.retain(|c| only.split(',').any(|o| o == c.0));
     }
     let choices = kernel_choices(bf16);
-    let pack_a = env("PACK").map(|p| p != 0);
-    let widen_a = env("WIDEN").map(|w| w != 0);
+    let forms = ["PACK", "WIDEN", "PACK_B"].map(|v| env(v).map(|p| p != 0));
     let flops = 2.0 * (s * n * k) as f64;
     let syms = HashMap::new();
     let mut best = vec![f64::INFINITY; cases.len() * choices.len()];
@@ -161,7 +162,7 @@ fn main() {
     for _ in 0..reps {
         for (ci, (_, op, ins, tys)) in cases.iter().enumerate() {
             for (ki, &kernels) in choices.iter().enumerate() {
-                let opts = options(kernels, pack_a, widen_a);
+                let opts = options(kernels, forms);
                 if let Some(f) = flush.as_mut() {
                     f.iter_mut().for_each(|b| *b = b.wrapping_add(1));
                     std::hint::black_box(&f);
@@ -236,11 +237,12 @@ fn print_best(
 }
 
 /// The JIT options of one timed variant (the reduction chunks timed per shape).
-fn options(kernels: KernelChoice, pack_a: Option<bool>, widen_a: Option<bool>) -> JitOptions {
+fn options(kernels: KernelChoice, [pack_a, widen_a, pack_b]: [Option<bool>; 3]) -> JitOptions {
     JitOptions {
         kernels,
         pack_a,
         widen_a,
+        pack_b,
         ..JitOptions::default()
     }
 }

@@ -116,9 +116,7 @@ fn main() {
             for (ki, &kernels) in choices.iter().enumerate() {
                 let opts = JitOptions {
                     kernels,
-                    pack_a: None,
-                    chunk_k: None,
-                    widen_a: None,
+                    ..JitOptions::default()
                 };
                 let t0 = Instant::now();
                 let r = jit::try_eval(op, ins, tys, &syms, &opts)

@@ -226,7 +226,8 @@ fn abs(t: &Tensor) -> Tensor {
 }
 
 /// Every micro-kernel this CPU can run, each with `A` packed per row chunk,
-/// read in place and (bf16) widened per row chunk, forced.
+/// read in place and (bf16) widened per row chunk, forced, and a weight block
+/// wider than one tile packed or read in place.
 fn kernel_choices() -> Vec<JitOptions> {
     let mut v = vec![KernelChoice::Cranelift];
     if micro::AVX2.available() {
@@ -258,6 +259,9 @@ fn kernel_choices() -> Vec<JitOptions> {
                 pack_a: Some(p),
                 chunk_k: Some(c),
                 widen_a: Some(w),
+                // B packed where A is in place and not chunked (both forms
+                // of B thus meet every form of A).
+                pack_b: Some(!p && !c),
             })
         })
         .collect()
@@ -689,6 +693,7 @@ fn widened_bf16_a_gives_the_same_bits_as_widening_per_tile() {
                     pack_a: Some(false),
                     chunk_k: Some(false),
                     widen_a: Some(widen),
+                    pack_b: None,
                 };
                 jit::try_eval(&p.op, &ins, &tys, &HashMap::new(), &o)
                     .expect("a JIT kernel")

@@ -45,9 +45,7 @@ fn runs_on(
     let before = picks(jit, kernel);
     let opts = JitOptions {
         kernels,
-        pack_a: None,
-        chunk_k: None,
-        widen_a: None,
+        ..JitOptions::default()
     };
     let got = jit::try_eval(op, ins, &tys, &HashMap::new(), &opts)
         .expect("a JIT kernel")

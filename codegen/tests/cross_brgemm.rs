@@ -116,6 +116,7 @@ fn choices() -> Vec<JitOptions> {
                 pack_a: Some(p),
                 chunk_k: Some(c),
                 widen_a: None,
+                pack_b: Some(c),
             })
         })
         .collect()

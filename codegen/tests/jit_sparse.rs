@@ -506,9 +506,7 @@ fn interaction_case(
     let run = |kernels| {
         let o = JitOptions {
             kernels,
-            pack_a: None,
-            chunk_k: None,
-            widen_a: None,
+            ..JitOptions::default()
         };
         interaction_case_with(&o, case)
     };

@@ -197,6 +197,16 @@ pub struct JitOptions {
     /// default; `DLRM_JIT_WIDEN=0|1` then forces either). The same bits
     /// either way.
     pub widen_a: Option<bool>,
+    /// Whether a GEMM whose f32 `B` could be read in place across several
+    /// panels (a blocked layer's weight block `[K][bn]` with `bn` more than
+    /// one tile wide: 64 columns against the AVX-512 kernel's 32) packs it
+    /// once per call instead (`Some(true)`), reads it in place
+    /// (`Some(false)`), or times both per shape (`None`, the default;
+    /// `DLRM_JIT_PACK_B=0|1` then forces either). Packing costs a pass over
+    /// the weights every call, most of a layer's time at serving batches;
+    /// in place, each panel's rows are `bn` floats apart. The same bits
+    /// either way.
+    pub pack_b: Option<bool>,
 }
 
 /// Compilation statistics of a [`Jit`].
@@ -493,7 +503,7 @@ impl Jit {
     /// process to the next (a resumed run must repeat the uninterrupted one
     /// bit for bit); the timed candidates below all give the same bits. With
     /// more than one candidate, `trial` runs each once (a warm-up, timed),
-    /// then those within [`race::PRUNE`] of the fastest three times more, taking
+    /// then those within [`race::PRUNE`] of the fastest three or more times, taking
     /// turns, on the first call of a shape, and the fastest is remembered (a
     /// chunked one only by [`race::CHUNK_MARGIN`] over its unchunked twin:
     /// [`race::race_winner`]).
@@ -557,6 +567,7 @@ impl Jit {
         // A bf16 blocked `A` read in place may also be widened once per row
         // chunk (`GemmSpec::widened`, `JitOptions::widen_a`).
         let widen = env_choice(opts.widen_a, "DLRM_JIT_WIDEN");
+        let pack_b = env_choice(opts.pack_b, "DLRM_JIT_PACK_B");
         let mut candidates = Vec::new();
         for &micro in &micros {
             for &pack in packs {
@@ -575,7 +586,7 @@ impl Jit {
                     (false, Some(w), None) => vec![plain, w],
                     (false, ..) => vec![plain],
                 };
-                for c in forms {
+                for c in forms.into_iter().flat_map(|c| race::b_forms(c, pack_b)) {
                     candidates.push(c);
                     // The same in reduction chunks (the same sums, bit for bit).
                     let kc = c.normalized().chunk_for();
@@ -602,9 +613,9 @@ impl Jit {
 
     /// How many GEMM shapes [`Jit::pick_variant`] has given to each
     /// micro-kernel so far (timed picks and forced ones alike), by name, with
-    /// `A` packed or widened per row chunk and the reduction in chunks
-    /// counted apart:
-    /// e.g. `("AVX-512, A packed, k chunks", 3)`.
+    /// `A` packed or widened per row chunk, a weight block packed per call
+    /// and the reduction in chunks counted apart:
+    /// e.g. `("AVX-512, A packed, B packed, k chunks", 3)`.
     pub fn gemm_picks(&self) -> Vec<(String, usize)> {
         let mut counts = std::collections::BTreeMap::new();
         for ((key, ..), s) in lock(&self.auto).iter() {
@@ -613,6 +624,9 @@ impl Jit {
                 name.push_str(", A packed");
             } else if s.a != key.a {
                 name.push_str(", A widened");
+            }
+            if s.b == gemm::BLayout::Packed && key.b != gemm::BLayout::Packed {
+                name.push_str(", B packed");
             }
             if s.kc > 0 {
                 name.push_str(", k chunks");
@@ -624,7 +638,8 @@ impl Jit {
 }
 
 /// `choice`, or where the options leave it open, `var=0|1` from the
-/// environment (`DLRM_JIT_PACK_A`, `DLRM_JIT_CHUNK_K`, `DLRM_JIT_WIDEN`: to
+/// environment (`DLRM_JIT_PACK_A`, `DLRM_JIT_CHUNK_K`, `DLRM_JIT_WIDEN`,
+/// `DLRM_JIT_PACK_B`: to
 /// compare [`Jit::pick_variant`]'s forms in a whole run).
 fn env_choice(choice: Option<bool>, var: &str) -> Option<bool> {
     choice.or_else(|| match std::env::var(var).as_deref() {

@@ -54,12 +54,51 @@ pub(super) fn race_winner(timed: &[(gemm::GemmSpec, f64)]) -> Option<gemm::GemmS
         .map(|(c, _)| c)
 }
 
+/// `c`, and where `c` reads an f32 `B` in place across more than one panel,
+/// its twin that packs `B` once per call, as `pack_b` allows
+/// ([`JitOptions::pack_b`]): on an Intel Xeon model 207 (2 threads, one
+/// binary, interleaved) reading dlrm-small's 64-wide weight blocks in place
+/// took its inference from 195-197k to 269-272k samples/s at batch 64 and
+/// 308-310k to 350-360k at 256, level at 2048; the AVX2 kernel's four
+/// 16-wide panels a block were 2-5% slower in place on dlrm-mlperf at 2048.
+pub(super) fn b_forms(c: gemm::GemmSpec, pack_b: Option<bool>) -> Vec<gemm::GemmSpec> {
+    let packed = gemm::GemmSpec {
+        b: gemm::BLayout::Packed,
+        ..c
+    };
+    let norm = c.normalized();
+    let wide = matches!(norm.b, gemm::BLayout::InPlace { .. }) && norm.n > norm.micro.nr();
+    match (wide, pack_b) {
+        (true, None) => vec![c, packed],
+        (true, Some(true)) => vec![packed],
+        _ => vec![c],
+    }
+}
+
+/// Timed rounds of [`Jit::race`] for a shape whose fastest warm-up took
+/// `fastest` seconds: three, or as many as give each candidate about
+/// [`ROUNDS_TIME`] of runs, at most [`MAX_ROUNDS`]. At serving batches a
+/// layer takes 20-100 µs, where one busy moment decides a best of three:
+/// dlrm-small's batch-64 inference got the AVX2 kernel for a layer in one
+/// of two runs (Intel Xeon model 207, AVX-512).
+fn rounds(fastest: f64) -> usize {
+    let want = (ROUNDS_TIME / fastest.max(1e-9)).ceil();
+    (want.min(MAX_ROUNDS as f64) as usize).max(3)
+}
+
+/// Timed runs [`rounds`] aims at for each candidate, in seconds.
+const ROUNDS_TIME: f64 = 2e-3;
+
+/// Most timed rounds of [`Jit::race`].
+const MAX_ROUNDS: usize = 16;
+
 impl Jit {
     /// The winner of `candidates` under `trial` ([`Jit::pick_variant`]'s
     /// race): each one's warm-up run, timed (a second one for those between
     /// [`PRUNE`] and [`RETRY`] times the fastest, the better counting), then
-    /// the best of three more runs of those within [`PRUNE`] of the fastest
-    /// warm-up, taking turns, and [`race_winner`] of those times.
+    /// the best of three or more runs ([`rounds`]) of those within [`PRUNE`]
+    /// of the fastest warm-up, taking turns, and [`race_winner`] of those
+    /// times.
     pub(super) fn race(
         &self,
         candidates: &[gemm::GemmSpec],
@@ -98,10 +137,11 @@ impl Jit {
             .filter(|w| w.2 <= PRUNE * fastest)
             .map(|&(c, k, _)| (c, k))
             .collect();
-        // Best of three timed runs each, the candidates taking turns: robust to
-        // a busy machine, and to one whose speed drifts while it is timed.
+        // Best of three timed runs each (more for a short GEMM: `rounds`),
+        // the candidates taking turns: robust to a busy machine, and to one
+        // whose speed drifts while it is timed.
         let mut times = vec![f64::INFINITY; kernels.len()];
-        for _ in 0..3 {
+        for _ in 0..rounds(fastest) {
             for (&(_, k), t) in kernels.iter().zip(&mut times) {
                 let t0 = Instant::now();
                 trial(k)?;
@@ -110,5 +150,23 @@ impl Jit {
         }
         let timed: Vec<_> = kernels.iter().map(|&(c, _)| c).zip(times).collect();
         Ok(race_winner(&timed).unwrap_or(first))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_ROUNDS, ROUNDS_TIME, rounds};
+
+    /// Three rounds for a GEMM of a millisecond or more, more for a
+    /// shorter one (up to [`MAX_ROUNDS`]), each candidate timed for about
+    /// [`ROUNDS_TIME`] in all.
+    #[test]
+    fn short_gemms_are_timed_in_more_rounds() {
+        assert_eq!(rounds(0.5), 3);
+        assert_eq!(rounds(ROUNDS_TIME / 2.5), 3);
+        assert_eq!(rounds(ROUNDS_TIME / 4.5), 5);
+        assert_eq!(rounds(ROUNDS_TIME / 9.5), 10);
+        assert_eq!(rounds(1e-6), MAX_ROUNDS);
+        assert_eq!(rounds(0.0), MAX_ROUNDS);
     }
 }

@@ -207,9 +207,8 @@ pub enum BLayout {
     /// [`pack_bias`].
     Packed,
     /// In place: `B[kk][j]` at `b[kk·ldb + j]` (f32), the bias as `n` f32 — e.g.
-    /// one block `[K][bn]` of the blocked weights when `bn` is the tile width.
-    /// Only when `n` is exactly one tile wide (the micro-kernels read whole tile
-    /// rows, and a contiguous panel streams best); [`GemmSpec::normalized`]
+    /// one block `[K][bn]` of the blocked weights. Only when `n` is whole
+    /// tiles (the micro-kernels read whole tile rows); [`GemmSpec::normalized`]
     /// falls back to [`BLayout::Packed`] otherwise.
     InPlace {
         /// Row stride of `B`, in f32 (`>= n`).
@@ -229,12 +228,12 @@ impl GemmSpec {
             s.pack_a = false;
         }
         if let BLayout::InPlace { ldb } = s.b {
-            // In place only when each B row is one tile row (`n = nr`): then the
-            // panel is contiguous, as packed. Panels strided by a wider row
-            // (e.g. 16 columns of a 64-wide weight block) measured 2–3× slower
-            // than packing them once per call (`examples/brgemm_best`): their
-            // rows fall in a quarter of the L1 sets.
-            if s.n != s.micro.nr() || ldb < s.n {
+            // In place only when `B`'s rows are whole tile rows (`n` a multiple
+            // of `nr`): panel `p` starts at column `p·nr`, its rows `ldb`
+            // apart (contiguous, as packed, when `n = nr`). Whether a wider
+            // `B` is better read in place or packed once per call is timed
+            // (`Jit::pick_variant`, `JitOptions::pack_b`).
+            if !s.n.is_multiple_of(s.micro.nr()) || ldb < s.n {
                 s.b = BLayout::Packed;
             }
         }
