@@ -56,7 +56,7 @@ pub(super) fn race_winner(timed: &[(gemm::GemmSpec, f64)]) -> Option<gemm::GemmS
 
 /// `c`, and where `c` reads an f32 `B` in place across more than one panel,
 /// its twin that packs `B` once per call, as `pack_b` allows
-/// ([`JitOptions::pack_b`]): on an Intel Xeon model 207 (2 threads, one
+/// ([`super::JitOptions::pack_b`]): on an Intel Xeon model 207 (2 threads, one
 /// binary, interleaved) reading dlrm-small's 64-wide weight blocks in place
 /// took its inference from 195-197k to 269-272k samples/s at batch 64 and
 /// 308-310k to 350-360k at 256, level at 2048; the AVX2 kernel's four
