@@ -568,6 +568,31 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
 /// A NaN reaching the fused relu stays NaN, as in the interpreter (a diverging
 /// model must not be hidden by the epilogue), with every micro-kernel, and the
 /// reference kernel agrees; in GEMM tiles and in one-column blocks (row dots).
+/// At serving batches a layer has fewer row chunks than two a thread, and
+/// each chunk's output blocks are cut into groups, a task each: the forward
+/// and dgrad (f32 and bf16, `A` packed or in place, every micro-kernel) of a
+/// 30-row batch (3 tiles of 12 rows, the last short) with 5 and 16 output
+/// blocks, on 2 and 8 threads, against the reference kernels.
+#[test]
+fn serving_batches_cut_output_blocks_into_groups() {
+    for threads in [2, 8] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a thread pool");
+        pool.install(|| {
+            for (which, dt, n, seed) in [
+                (0, DType::F32, 320, 21),
+                (1, DType::F32, 320, 22),
+                (0, DType::BF16, 1024, 23),
+                (1, DType::BF16, 300, 24),
+            ] {
+                check_jit(&problem(which, Act::Relu, 30, n, 130, 64, 64, dt, seed));
+            }
+        });
+    }
+}
+
 #[test]
 fn fused_relu_keeps_nan_like_the_interpreter() {
     for (n, bn) in [(17, 16), (3, 1)] {
