@@ -13,6 +13,8 @@
 //!   blocked (widths 32/64/96/128/160/192) `A`, `B` rows padded with NaN garbage in the
 //!   lanes past `nr`, special values (NaN, ±inf, -0); and bit for bit against
 //!   each other kernel of that kind on the part of the tile both express;
+//!   a kernel that reads a bf16 `B` in place (`F_B_BF16`, f32 `A`) bit for
+//!   bit against itself on the f32 `B` of the same values;
 //! - the kernels that read `B` in k pairs ([`BPacking::KPairs`]: the AVX-512
 //!   BF16 dot product and the AMX-BF16 tiles) against an f64 reference,
 //!   within 1e-5 of the sum of the terms' magnitudes (plus a bf16 step for
@@ -31,7 +33,8 @@
 //!   stay under 1e-5 of the magnitudes in practice.
 
 use dlrm_codegen::jit::micro::{
-    self, BPacking, F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_MASK, F_RELU, MicroKernel, TileArgs,
+    self, BPacking, F_A_BF16, F_ACC, F_B_BF16, F_BIAS, F_C_BF16, F_MASK, F_RELU, MicroKernel,
+    TileArgs,
 };
 use half::bf16;
 use proptest::prelude::*;
@@ -453,7 +456,19 @@ impl Problem {
 
     /// Runs `kern` on the `mr × nr` corner of the case's tile (on a fresh copy
     /// of `c0` in the case's `C` type) with `flags`, returns the buffer as f32.
-    fn run(&self, kern: &MicroKernel, (mr, nr): (usize, usize), flags: u32) -> Vec<f32> {
+    fn run(&self, kern: &MicroKernel, tile: (usize, usize), flags: u32) -> Vec<f32> {
+        self.run_b(kern, tile, flags, self.b.as_ptr())
+    }
+
+    /// [`Problem::run`] with `B` at `b` (its rows `ldb` elements apart: bf16
+    /// with [`F_B_BF16`]).
+    fn run_b(
+        &self,
+        kern: &MicroKernel,
+        (mr, nr): (usize, usize),
+        flags: u32,
+        b: *const f32,
+    ) -> Vec<f32> {
         let c = &self.case;
         let (lda, acs, a_blk) = c.strides();
         let mask_bf: Vec<bf16> = self.mask.iter().map(|&x| bf16::from_f32(x)).collect();
@@ -465,7 +480,7 @@ impl Problem {
             };
             let args = TileArgs {
                 a: self.a_ptr(),
-                b: self.b.as_ptr(),
+                b,
                 c: cp,
                 bias: self.bias.as_ptr(),
                 k: c.k,
@@ -615,9 +630,40 @@ fn check_pairs(kern: &MicroKernel, case: Case) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// One case on `kern`, by its kind.
+/// A kernel that reads a bf16 `B` in place ([`F_B_BF16`], with an f32 `A`):
+/// the bits it gives on the f32 `B` of the same (bf16-exact) values, the
+/// garbage lanes past `nr` too.
+fn check_bf16_b(kern: &MicroKernel, case: Case) -> Result<(), TestCaseError> {
+    let mut p = Problem::new(kern, case);
+    for x in &mut p.b {
+        *x = bf16::from_f32(*x).to_f32();
+    }
+    let b16: Vec<bf16> = p.b.iter().map(|&x| bf16::from_f32(x)).collect();
+    let c = &p.case;
+    let want = p.run(kern, (c.mr, c.nr), c.flags);
+    let got = p.run_b(kern, (c.mr, c.nr), c.flags | F_B_BF16, b16.as_ptr().cast());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        prop_assert!(
+            g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+            "{} with bf16 B: C[{}]: got {:e}, want {:e}",
+            kern.name,
+            i,
+            g,
+            w
+        );
+    }
+    Ok(())
+}
+
+/// One case on `kern`, by its kind (and with a bf16 `B` where the kernel
+/// reads one and `A` is f32).
 fn check(kern: &MicroKernel, case: Case) -> Result<(), TestCaseError> {
+    let bf16_b = kern.reads_bf16_b && case.flags & F_A_BF16 == 0;
     match kern.b_packing {
+        BPacking::F32 if bf16_b => {
+            check_fma(kern, case.clone())?;
+            check_bf16_b(kern, case)
+        }
         BPacking::F32 => check_fma(kern, case),
         BPacking::KPairs => check_pairs(kern, case),
     }

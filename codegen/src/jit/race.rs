@@ -54,8 +54,9 @@ pub(super) fn race_winner(timed: &[(gemm::GemmSpec, f64)]) -> Option<gemm::GemmS
         .map(|(c, _)| c)
 }
 
-/// `c`, and where `c` reads an f32 `B` in place across more than one panel,
-/// its twin that packs `B` once per call, as `pack_b` allows
+/// `c`, and where `c` reads an f32 `B` in place across more than one panel
+/// or a bf16 `B` in place, its twin that packs `B` once per call (to f32),
+/// as `pack_b` allows
 /// ([`super::JitOptions::pack_b`]): on an Intel Xeon model 207 (2 threads, one
 /// binary, interleaved) reading dlrm-small's 64-wide weight blocks in place
 /// took its inference from 195-197k to 269-272k samples/s at batch 64 and
@@ -67,8 +68,12 @@ pub(super) fn b_forms(c: gemm::GemmSpec, pack_b: Option<bool>) -> Vec<gemm::Gemm
         ..c
     };
     let norm = c.normalized();
-    let wide = matches!(norm.b, gemm::BLayout::InPlace { .. }) && norm.n > norm.micro.nr();
-    match (wide, pack_b) {
+    let either = match norm.b {
+        gemm::BLayout::InPlace { .. } => norm.n > norm.micro.nr(),
+        gemm::BLayout::InPlaceBf16 { .. } => true,
+        gemm::BLayout::Packed => false,
+    };
+    match (either, pack_b) {
         (true, None) => vec![c, packed],
         (true, Some(true)) => vec![packed],
         _ => vec![c],

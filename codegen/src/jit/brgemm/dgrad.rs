@@ -96,7 +96,7 @@ pub fn brgemm_dgrad(
         let (bp, blk_b) = pack_wt_blocks(&sp, (w, &w32), (nb, kb, bk, bn));
         let fresh = Fresh::new(gemm_out, kb * s * bk);
         let mr = sp.micro.mr();
-        let b_of = |q: usize| (&bp[q * blk_b..(q + 1) * blk_b], None);
+        let b_of = |q: usize| (Operand::F32(&bp[q * blk_b..(q + 1) * blk_b]), None);
         let dx = if sp.pack_a {
             // A bf16 dz is packed (widened) straight from its bf16 values:
             // widening dy and y to f32 first was two conversions of the whole

@@ -19,8 +19,10 @@ use std::borrow::Cow;
 /// `brgemm(xb[Kb,S,bk], wb[Nb,Kb,bk,bn][, b[N]]) -> act(x·wᵀ + b)` as `[Nb,S,bn]`.
 ///
 /// `A` is the blocked activation read in place (the batch-reduce over its `Kb`
-/// blocks); `B` is the f32 weight block `wb[nb]` read in place when `bn` is whole
-/// tiles (packed otherwise, and for bf16 weights).
+/// blocks); `B` is the weight block `wb[nb]`, read in place when `bn` is whole
+/// tiles (bf16 weights only by a micro-kernel that widens them as it loads,
+/// with an f32 `A`) or packed once per call, as the race finds faster
+/// (`JitOptions::pack_b`).
 ///
 /// `epi` (if any) runs on each chunk of the product as it is written (in
 /// `out`'s dtype), before `finish_forward` (the padding columns are not yet
@@ -77,16 +79,20 @@ pub fn brgemm(
         let y = finish_forward(y, sigmoid, out, nb, s, bn, live_last);
         return Ok(y.tensor(vec![nb, s, bn]));
     }
-    let w_f32 = match &w.data {
-        Data::F32(v) => Some(v.as_slice()),
+    // The weight block `[K][bn]` read in place (f32, or bf16 widened as the
+    // micro-kernel loads it) where the kernel can, else packed per call.
+    let w_op = match &w.data {
+        Data::F32(v) => Some(Operand::F32(v.as_slice())),
+        Data::BF16(v) => Some(Operand::BF16(v.as_slice())),
         _ => None,
     };
     // The GEMM stops before the zero tail of the last block (`live_k`);
     // the blocks keep their `Kb·bk` strides.
     let k = live_k(xa, w, (nb, kb, s, bk, bn));
     let base = GemmSpec {
-        b: match w_f32 {
-            Some(_) => BLayout::InPlace { ldb: bn },
+        b: match w_op {
+            Some(Operand::F32(_)) => BLayout::InPlace { ldb: bn },
+            Some(Operand::BF16(_)) => BLayout::InPlaceBf16 { ldb: bn },
             None => BLayout::Packed,
         },
         ..GemmSpec::new(s, bn, k, xa.elt(), c)
@@ -99,7 +105,7 @@ pub fn brgemm(
         let sp = *kern.spec();
         let nr = sp.micro.nr();
         let packed;
-        let (bp, pbias, blk_b, blk_bias) = match (sp.packed_b(), w_f32) {
+        let (bp, pbias, blk_b, blk_bias) = match (sp.packed_b(), w_op) {
             (false, Some(v)) => (v, Cow::Borrowed(&bias[..]), kp * bn, bn),
             _ => {
                 let panels = bn.div_ceil(nr);
@@ -108,14 +114,15 @@ pub fn brgemm(
                     dst[..bn].copy_from_slice(&bias[q * bn..(q + 1) * bn]);
                 }
                 packed = pack_w_blocks(w, (nb, kp), &sp);
-                (&packed[..], Cow::Owned(pb), sp.packed_b_len(), panels * nr)
+                let v = Operand::F32(&packed[..]);
+                (v, Cow::Owned(pb), sp.packed_b_len(), panels * nr)
             }
         };
         let fresh = Fresh::new(c, nb * s * bn);
         let mr = sp.micro.mr();
         let b_of = |q: usize| {
             (
-                &bp[q * blk_b..(q + 1) * blk_b],
+                tail(bp, q * blk_b),
                 Some(&pbias[q * blk_bias..(q + 1) * blk_bias]),
             )
         };

@@ -4,12 +4,15 @@
 //! The operands are read where they are, in their blocked layouts, wherever the
 //! GEMM core can address them: the activations as a batch-reduce over their
 //! blocks (`A` block `q` of row `i` at `i·lda + q·a_blk`, [`GemmSpec::kb`]), the
-//! f32 weight blocks and `dz` as in-place `B`
+//! weight blocks and `dz` as in-place `B`
 //! ([`BLayout::InPlace`](super::gemm::BLayout::InPlace), when the block width is
-//! whole tiles of the micro-kernel). Only what the layouts cannot
+//! whole tiles of the micro-kernel; bf16 weight blocks
+//! [`BLayout::InPlaceBf16`](super::gemm::BLayout::InPlaceBf16) where the
+//! micro-kernel widens them as it loads). Only what the layouts cannot
 //! express is copied, once per call: `wᵀ` for dgrad (`K·N` elements), `dz` when
-//! the activation has a derivative, and `B` when its block width is ragged or its
-//! elements are bf16. One compiled kernel then runs on disjoint output blocks
+//! the activation has a derivative, and the forward's `B` when its block width
+//! is ragged, its bf16 elements are not read in place, or the race finds
+//! packing faster (`JitOptions::pack_b`). One compiled kernel then runs on disjoint output blocks
 //! ([`GemmKernel::run_block`]; how the blocks are shared out is below the table):
 //!
 //! | op | GEMM per output block | A | B | epilogue |
@@ -325,7 +328,7 @@ fn run_row_chunks<'d>(
     mut out: Fresh,
     (blocks, m, width, rb): (usize, usize, usize, usize),
     a: RowsA<'_, 'd>,
-    b_of: &(dyn Fn(usize) -> (&'d [f32], Option<&'d [f32]>) + Sync),
+    b_of: &(dyn Fn(usize) -> (Operand<'d>, Option<&'d [f32]>) + Sync),
     (epi, mask): (Option<Epilogue<'_>>, Option<Operand<'d>>),
 ) -> Result<Floats, JitError> {
     check_cover(&kern, &out, (blocks, m, width))?;
@@ -376,7 +379,7 @@ fn run_row_chunks<'d>(
             };
             let (b, bias) = b_of(q);
             let mk = mask.map(|mk| tail(mk, (q * m + r0) * width));
-            kern.run_block(xa, b, bias, cb.reborrow(), rows, mk)?;
+            kern.run_block_b(xa, b, bias, cb.reborrow(), rows, mk)?;
             run_epilogue(epi, &kern, q, r0, cb)?;
         }
         Ok(())

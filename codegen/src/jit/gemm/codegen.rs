@@ -134,6 +134,9 @@ impl Gen<'_, '_> {
         if s.mask {
             fl |= micro::F_MASK;
         }
+        if s.b_size() == 2 {
+            fl |= micro::F_B_BF16;
+        }
         for (v, off) in [
             (s.k, field!(k)),
             (lda, field!(lda)),
@@ -203,10 +206,13 @@ impl Gen<'_, '_> {
         } else {
             s.kc * acs * s.a.size()
         };
-        let b_step = s.micro.b_packing().rows(s.kc) * s.b_geom().0 * 4;
+        let b_step = s.micro.b_packing().rows(s.kc) * s.b_geom().0 * s.b_size();
         let mut base = 0u32;
         if s.a == Elt::BF16 {
             base |= micro::F_A_BF16;
+        }
+        if s.b_size() == 2 {
+            base |= micro::F_B_BF16;
         }
         let mut fin = micro::F_ACC;
         if s.bias {
@@ -256,7 +262,7 @@ impl Gen<'_, '_> {
         let npanels = s.panels();
         self.for_loop(p0, p1, 1, &mut |g, p| {
             // Panel base pointers.
-            let bstride = g.iconst(s.b_geom().1 * 4);
+            let bstride = g.iconst(s.b_geom().1 * s.b_size());
             let boff = g.b.ins().imul(p, bstride);
             let bpan = g.b.ins().iadd(bp, boff);
             let biasoff = g.b.ins().imul_imm_s(p, (nr * 4) as i64);

@@ -214,11 +214,22 @@ pub enum BLayout {
         /// Row stride of `B`, in f32 (`>= n`).
         ldb: usize,
     },
+    /// In place as [`BLayout::InPlace`], the elements bf16, widened as the
+    /// micro-kernel loads each row ([`micro::F_B_BF16`]): a bf16 weight
+    /// block without a widening copy per call. Only on a micro-kernel that
+    /// [`micro::MicroKernel::reads_bf16_b`], with an f32 `A`;
+    /// [`GemmSpec::normalized`] falls back to [`BLayout::Packed`] (f32)
+    /// otherwise.
+    InPlaceBf16 {
+        /// Row stride of `B`, in bf16 elements (`>= n`).
+        ldb: usize,
+    },
 }
 
 impl GemmSpec {
     /// The spec as compiled: an in-place `B` whose width is not whole tiles of
-    /// this micro-kernel, or whose row stride is below `n`, becomes packed (and
+    /// this micro-kernel, or whose row stride is below `n`, becomes packed (so
+    /// does a bf16 one the micro-kernel cannot read, [`BLayout::InPlaceBf16`]; and
     /// a k-pair kernel's `B` always is, in k pairs, with `A` unpacked:
     /// [`BPacking::KPairs`]); a one-block or packed `A` gets `kb = k`.
     pub fn normalized(self) -> GemmSpec {
@@ -227,7 +238,12 @@ impl GemmSpec {
             s.b = BLayout::Packed;
             s.pack_a = false;
         }
-        if let BLayout::InPlace { ldb } = s.b {
+        if let BLayout::InPlaceBf16 { .. } = s.b
+            && !(s.micro.kernel().is_some_and(|k| k.reads_bf16_b) && s.a == Elt::F32)
+        {
+            s.b = BLayout::Packed;
+        }
+        if let BLayout::InPlace { ldb } | BLayout::InPlaceBf16 { ldb } = s.b {
             // In place only when `B`'s rows are whole tile rows (`n` a multiple
             // of `nr`): panel `p` starts at column `p·nr`, its rows `ldb`
             // apart (contiguous, as packed, when `n = nr`). Whether a wider
@@ -283,12 +299,21 @@ impl GemmSpec {
         self.panels() * self.b_rows() * self.micro.nr()
     }
 
-    /// (Row stride of `B` in f32 words, words between consecutive panels).
+    /// Bytes of one element of `B` as the kernel reads it (2 for
+    /// [`BLayout::InPlaceBf16`], else 4).
+    pub fn b_size(&self) -> usize {
+        match self.b {
+            BLayout::InPlaceBf16 { .. } => 2,
+            _ => 4,
+        }
+    }
+
+    /// (Row stride of `B` in elements, elements between consecutive panels).
     fn b_geom(&self) -> (usize, usize) {
         let nr = self.micro.nr();
         match self.b {
             BLayout::Packed => (nr, self.b_rows() * nr),
-            BLayout::InPlace { ldb } => (ldb, nr),
+            BLayout::InPlace { ldb } | BLayout::InPlaceBf16 { ldb } => (ldb, nr),
         }
     }
 
@@ -305,7 +330,7 @@ impl GemmSpec {
     pub fn bias_len(&self) -> usize {
         match self.b {
             BLayout::Packed => self.panels() * self.micro.nr(),
-            BLayout::InPlace { .. } => self.n,
+            BLayout::InPlace { .. } | BLayout::InPlaceBf16 { .. } => self.n,
         }
     }
 
@@ -480,7 +505,7 @@ impl GemmKernel {
         if s.k > 0 && a.len() < a_need {
             return Err(bad(format!("A holds {} elements, needs {a_need}", a.len())));
         }
-        check_b_bias(s, bp, bias).map_err(bad)?;
+        check_b_bias(s, Operand::F32(bp), bias).map_err(bad)?;
         let c_need = (s.m - 1) * s.ldc + s.n;
         if c.len() < c_need {
             return Err(bad(format!("C holds {} elements, needs {c_need}", c.len())));
@@ -570,6 +595,20 @@ impl GemmKernel {
         rows: usize,
         mask: Option<Operand<'_>>,
     ) -> Result<(), JitError> {
+        self.run_block_b(a, Operand::F32(bp), bias, c, rows, mask)
+    }
+
+    /// [`GemmKernel::run_block`] with `B` of either element type: bf16
+    /// exactly when the spec reads it so ([`BLayout::InPlaceBf16`]).
+    pub fn run_block_b(
+        &self,
+        a: Operand<'_>,
+        bp: Operand<'_>,
+        bias: Option<&[f32]>,
+        c: OutBuf<'_>,
+        rows: usize,
+        mask: Option<Operand<'_>>,
+    ) -> Result<(), JitError> {
         let s = &self.spec;
         let bad = |what: String| JitError::Args {
             kernel: format!("{s:?}"),
@@ -606,11 +645,8 @@ impl GemmKernel {
         if c.len() < c_need {
             return Err(bad(format!("C holds {} elements, needs {c_need}", c.len())));
         }
-        let aptr = if s.k > 0 {
-            a.ptr_at(0)
-        } else {
-            bp.as_ptr().cast()
-        };
+        let bptr = bp.ptr_at(0);
+        let aptr = if s.k > 0 { a.ptr_at(0) } else { bptr };
         if let Some(m) = mask
             && m.len() < c_need
         {
@@ -635,7 +671,7 @@ impl GemmKernel {
         unsafe {
             (self.f)(
                 aptr,
-                bp.as_ptr(),
+                bptr.cast(),
                 cptr,
                 bias_ptr,
                 rows as i64,
@@ -648,11 +684,16 @@ impl GemmKernel {
     }
 }
 
-/// Checks that `bp` and `bias` cover what a kernel of spec `s` reads.
-fn check_b_bias(s: &GemmSpec, bp: &[f32], bias: Option<&[f32]>) -> Result<(), String> {
+/// Checks that `bp` and `bias` cover what a kernel of spec `s` reads, and
+/// that `bp` has the element type it reads.
+fn check_b_bias(s: &GemmSpec, bp: Operand<'_>, bias: Option<&[f32]>) -> Result<(), String> {
+    let want = if s.b_size() == 2 { Elt::BF16 } else { Elt::F32 };
+    if bp.elt() != want {
+        return Err(format!("B holds {:?}, the kernel reads {want:?}", bp.elt()));
+    }
     if bp.len() < s.b_len() {
         return Err(format!(
-            "B holds {} f32, the kernel reads {}",
+            "B holds {} elements, the kernel reads {}",
             bp.len(),
             s.b_len()
         ));

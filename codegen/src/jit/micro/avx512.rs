@@ -13,7 +13,11 @@
 //! `A(r,kk) = a[r·lda + (kk / kb)·a_blk + (kk % kb)·acs]`, f32, or bf16
 //! widened exactly (`<< 16`) with [`F_A_BF16`]. `b` rows are `ldb >= NR` f32 apart,
 //! each with `NR` readable floats (lanes `>= nr` may hold anything: they only reach
-//! accumulator lanes that are never stored).
+//! accumulator lanes that are never stored); with [`F_B_BF16`] (f32 `A` only)
+//! they are bf16, `ldb` bf16 elements apart, each row widened exactly as it is
+//! loaded (`vpmovzxwd` and a shift a vector: a bf16 weight block read in place
+//! instead of packed to f32 by every call, which at serving batches cost
+//! more than the GEMM's widening does).
 //!
 //! Flags (every kernel's, [`super`]): [`F_A_BF16`]; [`F_C_BF16`] stores `C`
 //! as bf16 (round to nearest even, NaN kept NaN with the quiet bit set, as
@@ -117,7 +121,7 @@
 use std::arch::x86_64::*;
 
 use super::TileArgs;
-pub use super::{F_A_BF16, F_ACC, F_BIAS, F_C_BF16, F_MASK, F_RELU};
+pub use super::{F_A_BF16, F_ACC, F_B_BF16, F_BIAS, F_C_BF16, F_MASK, F_RELU};
 
 /// Rows of an AVX-512 tile.
 pub const MR: usize = 12;
@@ -142,11 +146,12 @@ const SCRATCH: usize = KC * MR + 16;
 /// `t` points to a [`TileArgs`] where, for `r < mr`, `kk < k`: `A(r,kk)`
 /// (module docs) is readable at `a + index·esize` (`esize` 2 with
 /// [`F_A_BF16`], else 4); `b` covers `NR` f32 at `b + kk·ldb` for every
-/// `kk < k`; `bias` covers `NR` f32 when [`F_BIAS`] is set; `c` covers the
+/// `kk < k` (`NR` bf16 with [`F_B_BF16`], `ldb` then in bf16 elements);
+/// `bias` covers `NR` f32 when [`F_BIAS`] is set; `c` covers the
 /// `mr × nr` tile with row stride `ldc` elements (readable too with
 /// [`F_ACC`]); `1 <= mr <= MR`, `1 <= nr <= NR`, `kb >= 1`; the CPU has
-/// AVX-512 F, BW and VL ([`super::MicroKernel::available`]). Other `mr`/`nr`
-/// return without a write.
+/// AVX-512 F, BW and VL ([`super::MicroKernel::available`]). Other `mr`/`nr`,
+/// or [`F_B_BF16`] with [`F_A_BF16`], return without a write.
 #[cfg(target_arch = "x86_64")]
 pub unsafe extern "C" fn ukernel(t: *const TileArgs) {
     // SAFETY: the caller's contract: `t` points to the call's arguments.
@@ -161,11 +166,14 @@ pub unsafe extern "C" fn ukernel(t: *const TileArgs) {
         macro_rules! go {
             ($($r:literal)*) => {
                 // A tile at most 16 columns wide: one vector per row.
-                match (mr, flags & F_A_BF16 != 0, nr <= 16) {
-                    $(($r, true, true) => tile::<$r, true, 1>(&t),
-                    ($r, true, false) => tile::<$r, true, 2>(&t),
-                    ($r, false, true) => tile::<$r, false, 1>(&t),
-                    ($r, false, false) => tile::<$r, false, 2>(&t),)*
+                // A bf16 `B` only with an f32 `A` (`GemmSpec::normalized`).
+                match (mr, flags & F_A_BF16 != 0, nr <= 16, flags & F_B_BF16 != 0) {
+                    $(($r, true, true, false) => tile::<$r, true, 1, false>(&t),
+                    ($r, true, false, false) => tile::<$r, true, 2, false>(&t),
+                    ($r, false, true, false) => tile::<$r, false, 1, false>(&t),
+                    ($r, false, false, false) => tile::<$r, false, 2, false>(&t),
+                    ($r, false, true, true) => tile::<$r, false, 1, true>(&t),
+                    ($r, false, false, true) => tile::<$r, false, 2, true>(&t),)*
                     _ => {}
                 }
             };
@@ -183,8 +191,9 @@ pub use super::unsupported as ukernel;
 // cache line a k step from there is prefetched into L2 (module docs, the end
 // of "Prefetch"). A macro, so that each layout gets its own loop with the
 // strides it knows as constants folded into the addresses, inlined with the
-// accumulators in registers. It is expanded in `tile` only (`R`, `W` are `tile`'s parameters); it
-// stands outside to keep that function short.
+// accumulators in registers. It is expanded in `tile` only (`R`, `W`, `BBF` are `tile`'s
+// parameters); it stands outside to keep that function short. `ldb` and `pb`
+// are in bytes (f32 or, with `BBF`, bf16 rows of `B`).
 macro_rules! kloop {
     ($acc:ident, $ldb:expr, $pa:expr, $lda:expr, $acs:expr, $pb:expr, $len:expr) => {
         kloop!($acc, $ldb, $pa, $lda, $acs, $pb, $len, None)
@@ -195,21 +204,15 @@ macro_rules! kloop {
         let (lda, acs, len): (usize, usize, usize) = ($lda, $acs, $len);
         // One k step: W B vectors, R broadcasts (load-port
         // `vbroadcastss`, or folded into an FMA), W·R FMAs.
-        let kstep = |acc: &mut [[__m512; W]; R], pa: *const u8, pb: *const f32| {
+        let kstep = |acc: &mut [[__m512; W]; R], pa: *const u8, pb: *const u8| {
             // The B row PF k steps ahead into L1 (a hint: it never
             // faults, so it may run past the tile's last row).
             let pf = pb.wrapping_add(PF * ldb).cast::<i8>();
             _mm_prefetch::<_MM_HINT_T0>(pf);
-            if W > 1 {
+            if W > 1 && !BBF {
                 _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(64));
             }
-            let b0 = _mm512_loadu_ps(pb);
-            // (W = 1 never uses it.)
-            let b1 = if W > 1 {
-                _mm512_loadu_ps(pb.add(16))
-            } else {
-                b0
-            };
+            let [b0, b1] = load_b::<W, BBF>(pb);
             for (r, accr) in acc.iter_mut().enumerate() {
                 let av = _mm512_set1_ps(pa.add(r * lda).cast::<f32>().read_unaligned());
                 accr[0] = _mm512_fmadd_ps(av, b0, accr[0]);
@@ -219,7 +222,7 @@ macro_rules! kloop {
             }
         };
         let mut pa: *const u8 = $pa;
-        let mut pb: *const f32 = $pb;
+        let mut pb: *const u8 = $pb;
         // Unrolled by 4: the loop overhead would otherwise crowd the
         // front end.
         for _ in 0..len / 4 {
@@ -245,14 +248,38 @@ macro_rules! kloop {
     }};
 }
 
+/// Row `pb` of `B`'s tile: its `W` vectors of 16 columns (the second `b0`
+/// again when `W = 1`, never used then), f32, or bf16 widened exactly with
+/// `BBF`.
+///
+/// # Safety
+/// `pb` covers `16·W` elements of `B`'s type.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+unsafe fn load_b<const W: usize, const BBF: bool>(pb: *const u8) -> [__m512; 2] {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let load = |i: usize| {
+            if BBF {
+                widen_bf16(_mm256_loadu_si256(pb.add(32 * i).cast()))
+            } else {
+                _mm512_loadu_ps(pb.add(64 * i).cast())
+            }
+        };
+        let b0 = load(0);
+        [b0, if W > 1 { load(1) } else { b0 }]
+    }
+}
+
 /// One tile of `R` rows of `W` vectors (`W = 1` when `nr <= 16`, else 2), `A`
-/// f32 (`ABF = false`) or bf16.
+/// f32 (`ABF = false`) or bf16, `B` f32 (`BBF = false`) or bf16.
 ///
 /// # Safety
 /// [`ukernel`]'s contract with `mr = R`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
+unsafe fn tile<const R: usize, const ABF: bool, const W: usize, const BBF: bool>(t: &TileArgs) {
     let TileArgs {
         a,
         b,
@@ -285,7 +312,9 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize>(t: &TileArgs) {
         let sp = scratch.as_ptr().cast::<u8>();
         let mut kk = 0;
         let mut pa = a;
-        let mut pb = b;
+        let mut pb = b.cast::<u8>();
+        // `B`'s row stride in bytes.
+        let ldb = ldb * if BBF { 2 } else { 4 };
         // The batch-reduce blocks: `A` jumps by `a_blk` elements, `B` runs on.
         while kk < k {
             let len = kb_len.min(k - kk);

@@ -71,6 +71,11 @@ pub const F_ACC: u32 = 16;
 /// kernels' epilogue ([`avx512::finish`]: AVX-512, AVX-512 BF16, AMX-BF16)
 /// honours it; [`MicroKernel::masks`] says which.
 pub const F_MASK: u32 = 32;
+/// Flag: `B` holds bf16 (the row stride `ldb` then counts bf16 elements),
+/// widened exactly as each row is loaded: a bf16 weight block read in place
+/// instead of packed to f32 per call. The AVX-512 kernel only, with an f32
+/// `A` ([`MicroKernel::reads_bf16_b`]).
+pub const F_B_BF16: u32 = 64;
 
 /// The arguments of one micro-kernel call: one tile (the module docs give the
 /// formula). Strides and lengths are in elements of the operand's type (`B`'s
@@ -81,7 +86,8 @@ pub struct TileArgs {
     /// `A`'s first element of the tile (f32, or bf16 with [`F_A_BF16`]).
     pub a: *const u8,
     /// `B`'s first row: `k` rows (`⌈k/2⌉` rows of k pairs for
-    /// [`BPacking::KPairs`]) of the kernel's `nr` readable words, `ldb` apart.
+    /// [`BPacking::KPairs`]) of the kernel's `nr` readable words, `ldb` apart
+    /// (bf16 elements with [`F_B_BF16`]: the pointer is then to bf16).
     pub b: *const f32,
     /// `C`'s first element of the tile (f32, or bf16 with [`F_C_BF16`]).
     pub c: *mut u8,
@@ -276,6 +282,8 @@ pub struct MicroKernel {
     pub b_packing: BPacking,
     /// Whether its epilogue applies [`F_MASK`].
     pub masks: bool,
+    /// Whether it reads a bf16 `B` in place ([`F_B_BF16`], with an f32 `A`).
+    pub reads_bf16_b: bool,
 }
 
 impl MicroKernel {
@@ -320,6 +328,7 @@ pub static AVX2: MicroKernel = MicroKernel {
     entry: avx2::ukernel,
     b_packing: BPacking::F32,
     masks: false,
+    reads_bf16_b: false,
 };
 
 /// The AVX-512 `12×32` kernel ([`avx512`]).
@@ -332,6 +341,7 @@ pub static AVX512: MicroKernel = MicroKernel {
     entry: avx512::ukernel,
     b_packing: BPacking::F32,
     masks: true,
+    reads_bf16_b: true,
 };
 
 /// The AVX-512 BF16 `12×32` kernel ([`avx512bf16`]: `vdpbf16ps`).
@@ -349,6 +359,7 @@ pub static AVX512_BF16: MicroKernel = MicroKernel {
     entry: avx512bf16::ukernel,
     b_packing: BPacking::KPairs,
     masks: true,
+    reads_bf16_b: false,
 };
 
 /// The AMX-BF16 `32×32` kernel ([`amx`]: `tdpbf16ps`; its epilogue is
@@ -368,6 +379,7 @@ pub static AMX_BF16: MicroKernel = MicroKernel {
     entry: amx::ukernel,
     b_packing: BPacking::KPairs,
     masks: true,
+    reads_bf16_b: false,
 };
 
 /// Every registered micro-kernel.
