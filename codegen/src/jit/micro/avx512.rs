@@ -250,7 +250,12 @@ macro_rules! kloop {
 
 /// Row `pb` of `B`'s tile: its `W` vectors of 16 columns (the second `b0`
 /// again when `W = 1`, never used then), f32, or bf16 widened exactly with
-/// `BBF`.
+/// `BBF`. A two-vector bf16 row comes *interleaved*: its 32 columns loaded
+/// as one vector, the even columns widened by a shift and the odd ones by
+/// masking off the low halves (two operations a row against four for two
+/// zero-extensions and two shifts, on the FMAs' ports), so the first vector
+/// holds columns 0, 2, .., 30 and the second 1, 3, .., 31: the tile's
+/// accumulators hold that order ([`interleave`]).
 ///
 /// # Safety
 /// `pb` covers `16·W` elements of `B`'s type.
@@ -260,6 +265,12 @@ macro_rules! kloop {
 unsafe fn load_b<const W: usize, const BBF: bool>(pb: *const u8) -> [__m512; 2] {
     // SAFETY: the caller's contract.
     unsafe {
+        if BBF && W > 1 {
+            let v = _mm512_loadu_si512(pb.cast());
+            let even = _mm512_slli_epi32::<16>(v);
+            let odd = _mm512_and_si512(v, _mm512_set1_epi32(0xFFFF_0000u32 as i32));
+            return [_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd)];
+        }
         let load = |i: usize| {
             if BBF {
                 widen_bf16(_mm256_loadu_si256(pb.add(32 * i).cast()))
@@ -269,6 +280,39 @@ unsafe fn load_b<const W: usize, const BBF: bool>(pb: *const u8) -> [__m512; 2] 
         };
         let b0 = load(0);
         [b0, if W > 1 { load(1) } else { b0 }]
+    }
+}
+
+/// The accumulators of a two-vector bf16-`B` tile ([`load_b`]) between the
+/// natural column order (`to_natural`: columns 0-15, 16-31) and the
+/// interleaved one (even columns, odd columns), row by row.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+#[inline]
+fn interleave<const R: usize, const W: usize>(acc: &mut [[__m512; W]; R], to_natural: bool) {
+    if W < 2 {
+        return;
+    }
+    let idx = |f: &dyn Fn(i32) -> i32| {
+        let v: [i32; 16] = std::array::from_fn(|i| f(i as i32));
+        // SAFETY: 16 i32 are one 512-bit vector.
+        unsafe { std::mem::transmute::<[i32; 16], __m512i>(v) }
+    };
+    // Lane i of the result takes lane idx[i] of (first, second) (16 + j:
+    // the second's lane j).
+    let (lo, hi) = if to_natural {
+        // Column 2m is the first vector's lane m, column 2m+1 the second's.
+        (
+            idx(&|i| if i % 2 == 0 { i / 2 } else { 16 + i / 2 }),
+            idx(&|i| if i % 2 == 0 { 8 + i / 2 } else { 24 + i / 2 }),
+        )
+    } else {
+        (idx(&|i| 2 * i), idx(&|i| 2 * i + 1))
+    };
+    for accr in acc.iter_mut() {
+        let (a, b) = (accr[0], accr[W - 1]);
+        accr[0] = _mm512_permutex2var_ps(a, lo, b);
+        accr[W - 1] = _mm512_permutex2var_ps(a, hi, b);
     }
 }
 
@@ -306,6 +350,9 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize, const BBF: bool>
         }
         prefetch_mask::<R>(t);
         let mut acc = acc_start::<R, W>(c, ldc, nr, flags);
+        if BBF && flags & F_ACC != 0 {
+            interleave::<R, W>(&mut acc, false);
+        }
         let esize = if ABF { 2 } else { 4 };
         // Written before read (see `stage_a`), never read beyond what was written.
         let mut scratch = [std::mem::MaybeUninit::<f32>::uninit(); SCRATCH];
@@ -365,6 +412,9 @@ unsafe fn tile<const R: usize, const ABF: bool, const W: usize, const BBF: bool>
             }
             kk += len;
             pa = pa.wrapping_add(a_blk * esize);
+        }
+        if BBF {
+            interleave::<R, W>(&mut acc, true);
         }
         finish::<R, W>(acc, c, ldc, nr, (bias, mask), flags);
     }
