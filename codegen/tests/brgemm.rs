@@ -267,6 +267,15 @@ fn kernel_choices() -> Vec<JitOptions> {
         .collect()
 }
 
+/// Runs `f` on a pool of `threads` threads.
+fn on_threads(threads: usize, f: impl FnOnce() + Send) {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a thread pool")
+        .install(f);
+}
+
 /// The JIT kernel of `p` against the reference kernel, for every micro-kernel:
 /// `|jit - ref| <= 1e-5·scale (+ one bf16 step for bf16 results)`, where `scale`
 /// is the reference kernel run on the operands' magnitudes (Σ|terms|; `y` kept,
@@ -469,11 +478,7 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
     // own GEMM task (xᵀ in place or packed whole), on 8 all blocks' dz are
     // packed first.
     for threads in [2, 8] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("a thread pool");
-        pool.install(|| {
+        on_threads(threads, || {
             check_jit(&problem(2, Act::Relu, 301, 300, 77, 64, 32, DType::F32, 10));
             check_jit(&problem(
                 2,
@@ -565,9 +570,6 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
     }
 }
 
-/// A NaN reaching the fused relu stays NaN, as in the interpreter (a diverging
-/// model must not be hidden by the epilogue), with every micro-kernel, and the
-/// reference kernel agrees; in GEMM tiles and in one-column blocks (row dots).
 /// At serving batches a layer has fewer row chunks than two a thread, and
 /// each chunk's output blocks are cut into groups, a task each: the forward
 /// and dgrad (f32 and bf16, `A` packed or in place, every micro-kernel) of a
@@ -576,11 +578,7 @@ fn jit_kernels_match_the_reference_at_a_layer_shape() {
 #[test]
 fn serving_batches_cut_output_blocks_into_groups() {
     for threads in [2, 8] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .expect("a thread pool");
-        pool.install(|| {
+        on_threads(threads, || {
             for (which, dt, n, seed) in [
                 (0, DType::F32, 320, 21),
                 (1, DType::F32, 320, 22),
@@ -593,6 +591,9 @@ fn serving_batches_cut_output_blocks_into_groups() {
     }
 }
 
+/// A NaN reaching the fused relu stays NaN, as in the interpreter (a diverging
+/// model must not be hidden by the epilogue), with every micro-kernel, and the
+/// reference kernel agrees; in GEMM tiles and in one-column blocks (row dots).
 #[test]
 fn fused_relu_keeps_nan_like_the_interpreter() {
     for (n, bn) in [(17, 16), (3, 1)] {
