@@ -400,7 +400,9 @@ fn run_row_chunks<'d>(
 /// (batch 64: 6 tiles of 12 rows, two chunks of 3 tiles, the second with
 /// a 4-row tile), and a thread with a short chunk waited for the other;
 /// with the blocks in groups each thread also reads only its groups'
-/// weights. `dlrm-run --bench`, Intel Xeon model 207, 2 threads, 4
+/// weights. A chunk whose `A` is packed or widened is then converted once
+/// per group (a chunk's rows, small beside its groups' weights at these
+/// batches). `dlrm-run --bench`, Intel Xeon model 207, 2 threads, 4
 /// interleaved pairs, samples/s: dlrm-mlperf inference at batch 64
 /// 42.9-44.6k to 51.0-51.9k, dlrm-small at 128 261-296k to 301-311k,
 /// dlrm-small training at 64 65-70k to 72-76k; dlrm-small inference at 64

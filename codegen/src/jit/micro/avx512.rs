@@ -283,6 +283,33 @@ unsafe fn load_b<const W: usize, const BBF: bool>(pb: *const u8) -> [__m512; 2] 
     }
 }
 
+/// The lane indices of [`interleave`]'s permutations (`_mm512_permutex2var_ps`:
+/// lane `i` of the result takes lane `v[i]` of the first vector, or lane
+/// `v[i] - 16` of the second): to the natural order, columns 0-15 (`hi`:
+/// 16-31), column `2m` being the first vector's lane `m` and `2m + 1` the
+/// second's; from it, the even columns (`hi`: the odd ones).
+const fn perm(to_natural: bool, hi: bool) -> [i32; 16] {
+    let mut v = [0i32; 16];
+    let mut i = 0;
+    while i < 16 {
+        let (m, odd) = ((i / 2) as i32, i % 2 == 1);
+        v[i] = match (to_natural, hi) {
+            (true, false) => m + if odd { 16 } else { 0 },
+            (true, true) => 8 + m + if odd { 16 } else { 0 },
+            (false, false) => 2 * i as i32,
+            (false, true) => 2 * i as i32 + 1,
+        };
+        i += 1;
+    }
+    v
+}
+
+/// [`perm`]'s four index vectors: `[to_natural][hi]`.
+static PERMS: [[[i32; 16]; 2]; 2] = [
+    [perm(false, false), perm(false, true)],
+    [perm(true, false), perm(true, true)],
+];
+
 /// The accumulators of a two-vector bf16-`B` tile ([`load_b`]) between the
 /// natural column order (`to_natural`: columns 0-15, 16-31) and the
 /// interleaved one (even columns, odd columns), row by row.
@@ -293,21 +320,13 @@ fn interleave<const R: usize, const W: usize>(acc: &mut [[__m512; W]; R], to_nat
     if W < 2 {
         return;
     }
-    let idx = |f: &dyn Fn(i32) -> i32| {
-        let v: [i32; 16] = std::array::from_fn(|i| f(i as i32));
-        // SAFETY: 16 i32 are one 512-bit vector.
-        unsafe { std::mem::transmute::<[i32; 16], __m512i>(v) }
-    };
-    // Lane i of the result takes lane idx[i] of (first, second) (16 + j:
-    // the second's lane j).
-    let (lo, hi) = if to_natural {
-        // Column 2m is the first vector's lane m, column 2m+1 the second's.
+    let [lo, hi] = &PERMS[usize::from(to_natural)];
+    // SAFETY: each index array is 16 i32, one 512-bit load.
+    let (lo, hi) = unsafe {
         (
-            idx(&|i| if i % 2 == 0 { i / 2 } else { 16 + i / 2 }),
-            idx(&|i| if i % 2 == 0 { 8 + i / 2 } else { 24 + i / 2 }),
+            _mm512_loadu_si512(lo.as_ptr().cast()),
+            _mm512_loadu_si512(hi.as_ptr().cast()),
         )
-    } else {
-        (idx(&|i| 2 * i), idx(&|i| 2 * i + 1))
     };
     for accr in acc.iter_mut() {
         let (a, b) = (accr[0], accr[W - 1]);
