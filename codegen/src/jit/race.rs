@@ -154,8 +154,41 @@ impl Jit {
             }
         }
         let timed: Vec<_> = kernels.iter().map(|&(c, _)| c).zip(times).collect();
-        Ok(race_winner(&timed).unwrap_or(first))
+        let won = race_winner(&timed).unwrap_or(first);
+        if std::env::var_os("DLRM_JIT_RACE_LOG").is_some() {
+            log_race(&warm, &timed, won);
+        }
+        Ok(won)
     }
+}
+
+/// One race on stderr (`DLRM_JIT_RACE_LOG` set): the shape, then each
+/// candidate's form, warm-up time and best timed run (none if pruned), the
+/// winner marked.
+fn log_race(
+    warm: &[(gemm::GemmSpec, gemm::GemmKernel, f64)],
+    timed: &[(gemm::GemmSpec, f64)],
+    won: gemm::GemmSpec,
+) {
+    let Some(&(s, ..)) = warm.first() else {
+        return;
+    };
+    let mut out = format!("race m={} n={} k={} kb={} a={:?} c={:?}", s.m, s.n, s.k, s.kb, s.a, s.c);
+    for &(c, _, w) in warm {
+        let best = timed.iter().find(|t| t.0 == c).map(|t| t.1);
+        let form = format!(
+            "{}{}{}{}{}",
+            c.micro.name(),
+            if c.pack_a { ", A packed" } else { "" },
+            if c.a != s.a { ", A widened" } else { "" },
+            if c.b == gemm::BLayout::Packed { ", B packed" } else { "" },
+            if c.kc > 0 { ", k chunks" } else { "" },
+        );
+        let mark = if c == won { "*" } else { " " };
+        let best = best.map_or("pruned".into(), |b| format!("{:.3} ms", b * 1e3));
+        out.push_str(&format!("\n  {mark} {form:<36} warm {:.3} ms, best {best}", w * 1e3));
+    }
+    eprintln!("{out}");
 }
 
 #[cfg(test)]
