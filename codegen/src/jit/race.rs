@@ -173,7 +173,10 @@ fn log_race(
     let Some(&(s, ..)) = warm.first() else {
         return;
     };
-    let mut out = format!("race m={} n={} k={} kb={} a={:?} c={:?}", s.m, s.n, s.k, s.kb, s.a, s.c);
+    let mut out = format!(
+        "race m={} n={} k={} kb={} a={:?} c={:?}",
+        s.m, s.n, s.k, s.kb, s.a, s.c
+    );
     for &(c, _, w) in warm {
         let best = timed.iter().find(|t| t.0 == c).map(|t| t.1);
         let form = format!(
@@ -181,12 +184,19 @@ fn log_race(
             c.micro.name(),
             if c.pack_a { ", A packed" } else { "" },
             if c.a != s.a { ", A widened" } else { "" },
-            if c.b == gemm::BLayout::Packed { ", B packed" } else { "" },
+            if c.b == gemm::BLayout::Packed {
+                ", B packed"
+            } else {
+                ""
+            },
             if c.kc > 0 { ", k chunks" } else { "" },
         );
         let mark = if c == won { "*" } else { " " };
         let best = best.map_or("pruned".into(), |b| format!("{:.3} ms", b * 1e3));
-        out.push_str(&format!("\n  {mark} {form:<36} warm {:.3} ms, best {best}", w * 1e3));
+        out.push_str(&format!(
+            "\n  {mark} {form:<36} warm {:.3} ms, best {best}",
+            w * 1e3
+        ));
     }
     eprintln!("{out}");
 }
