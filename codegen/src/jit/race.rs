@@ -156,54 +156,100 @@ impl Jit {
         let timed: Vec<_> = kernels.iter().map(|&(c, _)| c).zip(times).collect();
         let won = race_winner(&timed).unwrap_or(first);
         if std::env::var_os("DLRM_JIT_RACE_LOG").is_some() {
-            log_race(&warm, &timed, won);
+            let warm: Vec<_> = warm.iter().map(|&(c, _, t)| (c, t)).collect();
+            eprintln!("{}", race_report(&warm, &timed, won));
         }
         Ok(won)
     }
 }
 
-/// One race on stderr (`DLRM_JIT_RACE_LOG` set): the shape, then each
-/// candidate's form, warm-up time and best timed run (none if pruned), the
-/// winner marked.
-fn log_race(
-    warm: &[(gemm::GemmSpec, gemm::GemmKernel, f64)],
+/// One race as `DLRM_JIT_RACE_LOG` prints it on stderr: the shape, then
+/// each candidate's form (its kernel, and what it does apart from the first
+/// candidate: `A` packed or widened, `B` packed, reduction chunks), its
+/// warm-up time and its best timed run (`pruned` if it was not timed again),
+/// the winner starred.
+fn race_report(
+    warm: &[(gemm::GemmSpec, f64)],
     timed: &[(gemm::GemmSpec, f64)],
     won: gemm::GemmSpec,
-) {
-    let Some(&(s, ..)) = warm.first() else {
-        return;
+) -> String {
+    let Some(&(s, _)) = warm.first() else {
+        return String::new();
     };
     let mut out = format!(
         "race m={} n={} k={} kb={} a={:?} c={:?}",
         s.m, s.n, s.k, s.kb, s.a, s.c
     );
-    for &(c, _, w) in warm {
-        let best = timed.iter().find(|t| t.0 == c).map(|t| t.1);
-        let form = format!(
-            "{}{}{}{}{}",
-            c.micro.name(),
-            if c.pack_a { ", A packed" } else { "" },
-            if c.a != s.a { ", A widened" } else { "" },
-            if c.b == gemm::BLayout::Packed {
-                ", B packed"
-            } else {
-                ""
-            },
-            if c.kc > 0 { ", k chunks" } else { "" },
-        );
+    for &(c, w) in warm {
+        let mut form = c.micro.name().to_string();
+        for (apart, what) in [
+            (c.pack_a, ", A packed"),
+            (c.a != s.a, ", A widened"),
+            (c.b != s.b, ", B packed"),
+            (c.kc > 0, ", k chunks"),
+        ] {
+            if apart {
+                form.push_str(what);
+            }
+        }
         let mark = if c == won { "*" } else { " " };
-        let best = best.map_or("pruned".into(), |b| format!("{:.3} ms", b * 1e3));
+        let best = timed
+            .iter()
+            .find(|t| t.0 == c)
+            .map_or("pruned".into(), |t| format!("{:.3} ms", t.1 * 1e3));
         out.push_str(&format!(
             "\n  {mark} {form:<36} warm {:.3} ms, best {best}",
             w * 1e3
         ));
     }
-    eprintln!("{out}");
+    out
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{MAX_ROUNDS, ROUNDS_TIME, rounds};
+    use super::{MAX_ROUNDS, ROUNDS_TIME, race_report, rounds};
+    use crate::jit::gemm::{BLayout, Elt, GemmSpec, Micro};
+
+    /// The race log names every candidate by what sets it apart, with its
+    /// times, `pruned` where it was not timed again, and stars the winner.
+    #[test]
+    fn race_report_names_the_forms_and_stars_the_winner() {
+        let base = GemmSpec {
+            b: BLayout::InPlace { ldb: 64 },
+            ..GemmSpec::new(2048, 64, 512, Elt::F32, Elt::F32)
+        };
+        let plain = GemmSpec {
+            micro: Micro::Native,
+            ..base
+        };
+        let packed = GemmSpec {
+            micro: Micro::Native512,
+            pack_a: true,
+            b: BLayout::Packed,
+            ..base
+        };
+        let chunked = GemmSpec {
+            micro: Micro::Native512,
+            kc: 256,
+            ..base
+        };
+        let warm = [(plain, 3e-3), (packed, 2.5e-3), (chunked, 9e-3)];
+        let timed = [(plain, 2.9e-3), (packed, 2.4e-3)];
+        let r = race_report(&warm, &timed, packed);
+        let lines: Vec<&str> = r.lines().collect();
+        assert_eq!(lines.len(), 4, "{r}");
+        assert!(lines[0].starts_with("race m=2048 n=64 k=512"), "{r}");
+        assert!(lines[1].starts_with("    AVX2+FMA  "), "{r}");
+        assert!(lines[1].ends_with("warm 3.000 ms, best 2.900 ms"), "{r}");
+        assert!(
+            lines[2].starts_with("  * AVX-512, A packed, B packed "),
+            "{r}"
+        );
+        assert!(lines[2].ends_with("best 2.400 ms"), "{r}");
+        assert!(lines[3].starts_with("    AVX-512, k chunks "), "{r}");
+        assert!(lines[3].ends_with("warm 9.000 ms, best pruned"), "{r}");
+        assert_eq!(race_report(&[], &[], packed), "");
+    }
 
     /// Three rounds for a GEMM of a millisecond or more, more for a
     /// shorter one (up to [`MAX_ROUNDS`]), each candidate timed for about
