@@ -619,19 +619,7 @@ impl Jit {
     pub fn gemm_picks(&self) -> Vec<(String, usize)> {
         let mut counts = std::collections::BTreeMap::new();
         for ((key, ..), s) in lock(&self.auto).iter() {
-            let mut name = s.micro.name().to_string();
-            if s.pack_a {
-                name.push_str(", A packed");
-            } else if s.a != key.a {
-                name.push_str(", A widened");
-            }
-            if s.b == gemm::BLayout::Packed && key.b != gemm::BLayout::Packed {
-                name.push_str(", B packed");
-            }
-            if s.kc > 0 {
-                name.push_str(", k chunks");
-            }
-            *counts.entry(name).or_insert(0) += 1;
+            *counts.entry(race::form_name(*s, *key)).or_insert(0) += 1;
         }
         counts.into_iter().collect()
     }

@@ -163,9 +163,28 @@ impl Jit {
     }
 }
 
+/// A GEMM candidate's form as `gemm_picks` and the race log name it: its
+/// micro-kernel, then what it does apart from `key` (the shape as asked):
+/// `A` packed (or else widened) per row chunk, a weight block packed per
+/// call, the reduction in chunks; e.g. `AVX-512, A packed, B packed`.
+pub(super) fn form_name(c: gemm::GemmSpec, key: gemm::GemmSpec) -> String {
+    let mut name = c.micro.name().to_string();
+    if c.pack_a {
+        name.push_str(", A packed");
+    } else if c.a != key.a {
+        name.push_str(", A widened");
+    }
+    if c.b == gemm::BLayout::Packed && key.b != gemm::BLayout::Packed {
+        name.push_str(", B packed");
+    }
+    if c.kc > 0 {
+        name.push_str(", k chunks");
+    }
+    name
+}
+
 /// One race as `DLRM_JIT_RACE_LOG` prints it on stderr: the shape, then
-/// each candidate's form (its kernel, and what it does apart from the first
-/// candidate: `A` packed or widened, `B` packed, reduction chunks), its
+/// each candidate's form ([`form_name`], against the first candidate), its
 /// warm-up time and its best timed run (`pruned` if it was not timed again),
 /// the winner starred.
 fn race_report(
@@ -181,17 +200,7 @@ fn race_report(
         s.m, s.n, s.k, s.kb, s.a, s.c
     );
     for &(c, w) in warm {
-        let mut form = c.micro.name().to_string();
-        for (apart, what) in [
-            (c.pack_a, ", A packed"),
-            (c.a != s.a, ", A widened"),
-            (c.b != s.b, ", B packed"),
-            (c.kc > 0, ", k chunks"),
-        ] {
-            if apart {
-                form.push_str(what);
-            }
-        }
+        let form = form_name(c, s);
         let mark = if c == won { "*" } else { " " };
         let best = timed
             .iter()
