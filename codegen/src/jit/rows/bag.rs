@@ -194,8 +194,16 @@ pub(super) unsafe fn bag<W: Width>(args: *const BagArgs, s0: i64, s1: i64, out: 
             };
             (f, cols)
         };
-        if a.d == 0 {
+        if a.d == 0 || s0 >= s1 {
             return;
+        }
+        // The rows of the call's first `ahead` positions: the loops below
+        // fetch each position's row `ahead` positions before it is read, so
+        // without this ramp these rows would each wait a whole miss (at
+        // pooling 1 and 64-byte rows, 32 of a task's 256 lookups).
+        let first = super::bag_range(a, s0).0;
+        for q in first..first + a.ahead {
+            fetch_bag_row(a, q);
         }
         if a.d <= W::LANES * MAXV {
             let (f, cols) = pass(0);

@@ -85,6 +85,12 @@ pub(super) unsafe fn run<W: Width>(args: *const RunArgs, ent: *const [i64; 2], n
     unsafe {
         let a = &*args;
         let (mut i, n) = (0, n as usize);
+        // The rows of the first `ahead` entries (the passes fetch each
+        // entry's row `ahead` entries before it is updated): a ramp, so that
+        // they do not each wait a whole miss.
+        for q in 0..a.ahead {
+            fetch_run_row(a, ent, q, n);
+        }
         while i < n {
             let (j, s, size) = run_of(a, ent, i, n);
             let mut c0 = 0;
