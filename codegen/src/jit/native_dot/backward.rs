@@ -93,7 +93,7 @@ pub(super) unsafe fn each_sample<E: Elem>(
             for (o, &g) in outs.iter_mut().zip(grads) {
                 *o = g.add(s * d);
             }
-            let mut ahead = Ahead::new(ops, s + AHEAD, s1, d, steps);
+            let mut ahead = Ahead::new(ops, s + AHEAD, s1, d, steps).with_grads(grads);
             if s + AHEAD < s1 {
                 let next = dr.add((s + AHEAD) * width) as *const u8;
                 crate::jit::prefetch::fetch_lines(next, 4 * width);
