@@ -339,7 +339,16 @@ unsafe fn fetch_bag_row(a: &BagArgs, q: usize) {
 unsafe fn fetch_run_row(a: &RunArgs, ent: *const [i64; 2], q: usize, n: usize) {
     if q < n {
         // SAFETY: `q < n` entries.
-        let r = unsafe { (*ent.add(q))[0] } as usize;
+        let [r, bag] = unsafe { *ent.add(q) };
+        let r = r as usize;
+        // The bag's gradient row: a task's entries name every `tasks`-th
+        // bag or so (the bags whose rows it owns), a sparse walk that the
+        // hardware prefetchers do not follow.
+        let gs = if a.flags & R_GRAD_BF16 != 0 { 2 } else { 4 };
+        fetch_lines(
+            (a.grad as usize).wrapping_add(bag as usize * a.d * gs) as *const u8,
+            a.d * gs,
+        );
         let es = if a.flags & R_SPLIT != 0 { 2 } else { 4 };
         fetch_lines(
             (a.hi as usize).wrapping_add(r * a.d * es) as *const u8,
