@@ -69,7 +69,12 @@ fn runs_on(
 /// A 150 -> 96 layer's blocked operands for `s` samples, blocks of 64
 /// (outputs) and 32 (inputs, the last one ragged): `(dy, y, x, w)`, all bf16.
 fn layer(s: usize) -> [Tensor; 4] {
-    let (n, k) = (96, 150);
+    layer_n(s, 96)
+}
+
+/// [`layer`] with `n` outputs.
+fn layer_n(s: usize, n: usize) -> [Tensor; 4] {
+    let k = 150;
     let act = |bk, seed, cols| {
         let op = Op::BlockAct {
             bk,
@@ -143,5 +148,16 @@ fn bf16_gradients_run_on_the_k_pair_kernels() {
             n: 96,
         };
         runs_on(jit, choices[0], &op, &[&dy, &y, &x]);
+    }
+    // Enough N blocks (17, the last one ragged) that each wgrad task packs
+    // its own block's `dz` just before its GEMM, on up to 8 threads.
+    for (s, act) in [(130, Act::Relu), (131, Act::None)] {
+        let n = 16 * 64 + 24;
+        let [dy, y, x, _] = layer_n(s, n);
+        let ins = match act {
+            Act::None => vec![&dy, &x],
+            _ => vec![&dy, &y, &x],
+        };
+        runs_on(jit, choices[0], &Op::BrgemmWgrad { act, n }, &ins);
     }
 }

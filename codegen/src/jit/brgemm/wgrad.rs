@@ -388,8 +388,9 @@ const K_BLOCKS_PER_THREAD: usize = 2;
 /// inside that block's GEMM task instead of all blocks first (`xᵀ` packed or
 /// read in place: with f32 `x`, `examples/brgemm_best` `FLUSH=1`, 3 interleaved
 /// pairs, Intel Xeon model 207, 2026-11-30: 1024→1024 14.8-15.1 to 14.6-14.8
-/// ms, 1024→512 7.4-7.6 to 7.3-7.4, 512→256 1.98-2.05 to 1.93-1.98).
-const FUSED_DZ_BLOCKS_PER_THREAD: usize = 2;
+/// ms, 1024→512 7.4-7.6 to 7.3-7.4, 512→256 1.98-2.05 to 1.93-1.98). The
+/// bf16 k-pair path ([`super::wgrad_bf16`]) does the same from as many blocks.
+pub(super) const FUSED_DZ_BLOCKS_PER_THREAD: usize = 2;
 
 /// One packed panel of `dz = g(dy, y)` (`S` rows of `nr`, the first `db.len()`
 /// columns live, from column `j0` of the `[S][bn]` block `dy`, `y`), adding each
