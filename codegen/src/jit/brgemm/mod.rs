@@ -217,6 +217,51 @@ fn check_cover(
     Ok(())
 }
 
+/// Packs N block `nbi`'s `dz` into a task's buffer and its `db` sums into
+/// that block's share of them: `(nbi, buffer, db)`.
+type PackDz<'p> = dyn Fn(usize, &mut [f32], &mut [f32]) + Sync + 'p;
+
+/// Writes N block `nbi`'s result chunk from its packed `dz`: `(nbi, dz, chunk)`.
+type BlockGemm<'g> = dyn Fn(usize, &[f32], OutBuf<'_>) -> Result<(), JitError> + Sync + 'g;
+
+/// `brgemm_wgrad`'s `dw` with one task per N block: the block's `dz` packed
+/// into a buffer of its own (`blk_b` floats, `pack`, its `db` into its
+/// `db_len` of `dbp`), then at once its GEMMs on it (`gemm`, on the block's
+/// chunk of `fresh`), while the packed `dz` is in cache: it never goes through
+/// memory, as it does when every block is packed first and read back per row
+/// chunk. `fresh` holds `dbp.len() / db_len` blocks.
+///
+/// # Safety
+/// `gemm` returning `Ok` has written every element of its chunk.
+unsafe fn per_n_block(
+    mut fresh: Fresh,
+    blk_b: usize,
+    (dbp, db_len): (&mut [f32], usize),
+    pack: &PackDz<'_>,
+    gemm: &BlockGemm<'_>,
+) -> Result<Floats, JitError> {
+    let nb = dbp.len() / db_len.max(1);
+    let blk = fresh.len() / nb.max(1);
+    let tasks: Vec<_> = fresh
+        .buf()
+        .chunks(blk)
+        .into_iter()
+        .zip(dbp.chunks_mut(db_len))
+        .enumerate()
+        .collect();
+    tasks
+        .into_par_iter()
+        .with_max_len(1)
+        .try_for_each(|(nbi, (cb, db))| {
+            let mut b = Scratch::new(blk_b);
+            pack(nbi, &mut b, db);
+            gemm(nbi, &b, cb)
+        })?;
+    // SAFETY: every task returned Ok, so each wrote its whole chunk (the
+    // caller's contract), and the chunks cover `fresh`.
+    Ok(unsafe { fresh.assume_init() })
+}
+
 /// Row blocks of `m` rows for `tasks_per_row_block` output blocks: whole tiles,
 /// about four tasks per thread overall, at least one tile, at most `mc_rows`.
 fn row_block(m: usize, mr: usize, blocks: usize) -> usize {

@@ -1,9 +1,9 @@
 //! `brgemm_wgrad`: the weight and bias gradients of a blocked layer (see the parent
 //! module's table).
 
-use super::{check_cover, jit_err, row_block, run_blocks, tail, with_kernel};
+use super::{check_cover, jit_err, per_n_block, row_block, run_blocks, tail, with_kernel};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
-use crate::jit::gemm::{Elt, GemmKernel, GemmSpec, Operand};
+use crate::jit::gemm::{Elt, GemmKernel, GemmSpec, Operand, OutBuf};
 use crate::jit::layout::{buf, zeros};
 use crate::jit::linear::{elt_of, operand};
 use crate::jit::{Jit, JitError, JitOptions};
@@ -183,7 +183,7 @@ fn wgrad_gemm<E: Elem>(
     let mut dbp = vec![0.0f32; nb * panels * nr];
     let pack_panel =
         |q: usize, pan: &mut [f32], dbq: &mut [f32]| dz.pack_panel((q, panels, nr), pan, dbq);
-    let mut fresh = Fresh::new(dw_elt, nb * kp * bn);
+    let fresh = Fresh::new(dw_elt, nb * kp * bn);
     let threads = rayon::current_num_threads().max(1);
     if sp.pack_a && sp.m < kp {
         let bp = dz.pack_all((nb, panels, nr), &mut dbp);
@@ -204,36 +204,24 @@ fn wgrad_gemm<E: Elem>(
             Some(_) => check_cover(&kern, &fresh, (nb, kp, bn))?,
             None => check_cover(&kern, &fresh, (nb * kb, bk, bn))?,
         }
-        let tasks: Vec<_> = fresh
-            .buf()
-            .chunks(kp * bn)
-            .into_iter()
-            .zip(dbp.chunks_mut(panels * nr))
-            .enumerate()
-            .collect();
-        tasks
-            .into_par_iter()
-            .with_max_len(1)
-            .try_for_each(|(nbi, (cb, dbq))| {
-                let mut b = Scratch::new(blk_b);
-                for (p, (pan, dbp)) in b.chunks_mut(s * nr).zip(dbq.chunks_mut(nr)).enumerate() {
-                    pack_panel(nbi * panels + p, pan, dbp);
-                }
-                match &xt {
-                    Some(xt) => kern.run_block(Operand::F32(xt), &b, None, cb, kp, None),
-                    None => cb
-                        .chunks(bk * bn)
-                        .into_iter()
-                        .enumerate()
-                        .try_for_each(|(kbi, ck)| {
-                            kern.run_block(tail(xa, kbi * s * bk), &b, None, ck, bk, None)
-                        }),
-                }
-            })?;
-        // SAFETY: every task returned Ok, and `check_cover` held: task nb
-        // wrote all `Kb·bk` rows of block nb (one GEMM, or one per K block of
-        // `bk` rows), and the tasks cover every block.
-        unsafe { fresh.assume_init() }
+        let pack = |nbi: usize, b: &mut [f32], dbq: &mut [f32]| {
+            for (p, (pan, dbp)) in b.chunks_mut(s * nr).zip(dbq.chunks_mut(nr)).enumerate() {
+                pack_panel(nbi * panels + p, pan, dbp);
+            }
+        };
+        let gemm = |_: usize, b: &[f32], cb: OutBuf<'_>| match &xt {
+            Some(xt) => kern.run_block(Operand::F32(xt), b, None, cb, kp, None),
+            None => cb
+                .chunks(bk * bn)
+                .into_iter()
+                .enumerate()
+                .try_for_each(|(kbi, ck)| {
+                    kern.run_block(tail(xa, kbi * s * bk), b, None, ck, bk, None)
+                }),
+        };
+        // SAFETY: `check_cover` held: a task's one GEMM (or one per K block
+        // of `bk` rows) writes all `Kb·bk` rows of its block.
+        unsafe { per_n_block(fresh, blk_b, (&mut dbp, panels * nr), &pack, &gemm)? }
     } else {
         let bp = dz.pack_all((nb, panels, nr), &mut dbp);
         let b_of = |nbi: usize| (&bp[nbi * blk_b..(nbi + 1) * blk_b], None);

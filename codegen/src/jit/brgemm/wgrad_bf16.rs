@@ -12,14 +12,22 @@
 //! over `dy` that applies relu's mask and sums `db` (in f32, sample order, as
 //! the interpreter) on the way ([`pack_dz_pairs`]). One GEMM per N block over
 //! all `Kb·bk` rows gives `dw[nb]` in its blocked layout; with enough N blocks
-//! each task packs its block's `dz` just before that GEMM ([`fused_dz`]).
+//! each task packs its block's `dz` just before that GEMM
+//! ([`super::per_n_block`]: `examples/brgemm_best`, `DTYPE=bf16 FLUSH=1`, 2
+//! interleaved rounds, AMD EPYC Zen 4, 2026-12-01: 1024→1024 10.94-11.08 to
+//! 10.57-10.69 ms, 1024→512 5.69-5.76 to 5.52-5.55, 480→1024 5.65-5.67 to
+//! 5.42-5.47, 512→256 level; in dlrm-mlperf bf16 training steps of a slow
+//! minute the wgrad nodes 33.7-34.3 to 25.8-26.3 ms a step).
 //! Taken only where `auto` (or the forced `avx512bf16` / `amxbf16`) runs such
 //! a kernel (`auto`: AMX-BF16, or AVX-512 BF16 where
 //! [`crate::jit::micro::probe::bf16_dot_pays`]); elsewhere the general path runs.
 
-use super::{PooledBf16, mask_into, masked, positive, row_block, run_blocks, with_kernel};
+use super::{
+    PooledBf16, check_cover, mask_into, masked, per_n_block, positive, row_block, run_blocks,
+    with_kernel,
+};
 use crate::jit::buffers::{Fresh, Scratch};
-use crate::jit::gemm::{Elt, GemmKernel, GemmSpec, Micro, Operand, pack_b_into};
+use crate::jit::gemm::{Elt, GemmSpec, Micro, Operand, OutBuf, pack_b_into};
 use crate::jit::micro::BPacking;
 use crate::jit::{Jit, JitOptions, KernelChoice};
 use crate::reference::KResult;
@@ -203,13 +211,14 @@ pub(super) fn wgrad_gemm(
         };
         let threads = rayon::current_num_threads().max(1);
         if nb >= super::wgrad::FUSED_DZ_BLOCKS_PER_THREAD * threads {
-            let dw = fused_dz(
-                kern,
-                Fresh::new(dw_elt, nb * kp * bn),
-                (&mut dbp, bn),
-                &pack,
-                Operand::BF16(xt16),
-            )?;
+            let fresh = Fresh::new(dw_elt, nb * kp * bn);
+            check_cover(&kern, &fresh, (nb, kp, bn))?;
+            let gemm = |_: usize, b: &[f32], cb: OutBuf<'_>| {
+                kern.run_block(Operand::BF16(xt16), b, None, cb, kp, None)
+            };
+            // SAFETY: `check_cover` held: a task's one GEMM over all `Kb·bk`
+            // rows writes its whole block.
+            let dw = unsafe { per_n_block(fresh, blk_b, (&mut dbp, bn), &pack, &gemm)? };
             result = Some((dw, dbp));
             return Ok(());
         }
@@ -232,52 +241,6 @@ pub(super) fn wgrad_gemm(
         Ok(())
     })?;
     result.ok_or_else(|| crate::reference::shape_err(OP, "internal: no result".into()))
-}
-
-/// Packs N block `nbi`'s `dz` into its panels, its `db` into `db`:
-/// `(nbi, panels, db)`.
-type PackDz<'p> = dyn Fn(usize, &mut [f32], &mut [f32]) + Sync + 'p;
-
-/// `dw` (`[Nb][Kb·bk][bn]` in `fresh`, `Nb = dbp.len() / bn`) with one task
-/// per N block that packs that block's `dz` (`pack(nbi, panels, db)`, its
-/// `db` into its `bn` of `dbp`) into a buffer of its own and at once runs
-/// the GEMM over all `Kb·bk` rows of `xt` on it, while it is in cache: the
-/// packed `dz` never goes through memory, as when every block was packed
-/// first and each read back per row chunk (`examples/brgemm_best`,
-/// `DTYPE=bf16 FLUSH=1`, 2 interleaved rounds, AMD EPYC Zen 4, 2026-12-01:
-/// 1024→1024 10.94-11.08 to 10.57-10.69 ms, 1024→512 5.69-5.76 to
-/// 5.52-5.55, 480→1024 5.65-5.67 to 5.42-5.47, 512→256 level; in
-/// dlrm-mlperf bf16 training steps, a slow minute's wgrad 33.7-34.3 to
-/// 25.8-26.3 ms a step).
-fn fused_dz(
-    kern: GemmKernel,
-    mut fresh: Fresh,
-    (dbp, bn): (&mut [f32], usize),
-    pack: &PackDz<'_>,
-    xt: Operand<'_>,
-) -> Result<crate::jit::buffers::Floats, crate::jit::JitError> {
-    let sp = *kern.spec();
-    let (nb, kp) = (dbp.len() / bn, sp.m);
-    super::check_cover(&kern, &fresh, (nb, kp, bn))?;
-    let blk_b = sp.packed_b_len();
-    let tasks: Vec<_> = fresh
-        .buf()
-        .chunks(kp * bn)
-        .into_iter()
-        .zip(dbp.chunks_mut(bn))
-        .enumerate()
-        .collect();
-    tasks
-        .into_par_iter()
-        .with_max_len(1)
-        .try_for_each(|(nbi, (cb, db))| {
-            let mut dst = Scratch::new(blk_b);
-            pack(nbi, &mut dst, db);
-            kern.run_block(xt, &dst, None, cb, kp, None)
-        })?;
-    // SAFETY: every task returned Ok, and `check_cover` held: task nb wrote
-    // all `Kb·bk` rows of block nb (one GEMM), and the tasks cover every block.
-    Ok(unsafe { fresh.assume_init() })
 }
 
 /// One N block's `dz` whole (`S × bn`, for the FMA kernels' f32 panels), with
