@@ -221,8 +221,21 @@ fn check_cover(
 /// that block's share of them: `(nbi, buffer, db)`.
 type PackDz<'p> = dyn Fn(usize, &mut [f32], &mut [f32]) + Sync + 'p;
 
-/// Writes N block `nbi`'s result chunk from its packed `dz`: `(nbi, dz, chunk)`.
-type BlockGemm<'g> = dyn Fn(usize, &[f32], OutBuf<'_>) -> Result<(), JitError> + Sync + 'g;
+/// Writes an N block's result chunk from its packed `dz`: `(dz, chunk)`.
+type BlockGemm<'g> = dyn Fn(&[f32], OutBuf<'_>) -> Result<(), JitError> + Sync + 'g;
+
+/// N blocks per thread from which `brgemm_wgrad` packs each block's `dz`
+/// inside that block's GEMM task ([`per_n_block`]) instead of all blocks
+/// first (with f32 `x`, `examples/brgemm_best` `FLUSH=1`, 3 interleaved
+/// pairs, Intel Xeon model 207, 2026-11-30: 1024→1024 14.8-15.1 to 14.6-14.8
+/// ms, 1024→512 7.4-7.6 to 7.3-7.4, 512→256 1.98-2.05 to 1.93-1.98; bf16 on
+/// the k-pair kernels: [`wgrad_bf16`]).
+const FUSED_DZ_BLOCKS_PER_THREAD: usize = 2;
+
+/// True if [`per_n_block`] has enough of the `nb` N blocks to share out.
+fn per_n_block_pays(nb: usize) -> bool {
+    nb >= FUSED_DZ_BLOCKS_PER_THREAD * rayon::current_num_threads().max(1)
+}
 
 /// `brgemm_wgrad`'s `dw` with one task per N block: the block's `dz` packed
 /// into a buffer of its own (`blk_b` floats, `pack`, its `db` into its
@@ -255,7 +268,7 @@ unsafe fn per_n_block(
         .try_for_each(|(nbi, (cb, db))| {
             let mut b = Scratch::new(blk_b);
             pack(nbi, &mut b, db);
-            gemm(nbi, &b, cb)
+            gemm(&b, cb)
         })?;
     // SAFETY: every task returned Ok, so each wrote its whole chunk (the
     // caller's contract), and the chunks cover `fresh`.

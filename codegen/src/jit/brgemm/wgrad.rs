@@ -1,7 +1,9 @@
 //! `brgemm_wgrad`: the weight and bias gradients of a blocked layer (see the parent
 //! module's table).
 
-use super::{check_cover, jit_err, per_n_block, row_block, run_blocks, tail, with_kernel};
+use super::{
+    check_cover, jit_err, per_n_block, per_n_block_pays, row_block, run_blocks, tail, with_kernel,
+};
 use crate::jit::buffers::{Floats, Fresh, Scratch};
 use crate::jit::gemm::{Elt, GemmKernel, GemmSpec, Operand, OutBuf};
 use crate::jit::layout::{buf, zeros};
@@ -184,7 +186,6 @@ fn wgrad_gemm<E: Elem>(
     let pack_panel =
         |q: usize, pan: &mut [f32], dbq: &mut [f32]| dz.pack_panel((q, panels, nr), pan, dbq);
     let fresh = Fresh::new(dw_elt, nb * kp * bn);
-    let threads = rayon::current_num_threads().max(1);
     if sp.pack_a && sp.m < kp {
         let bp = dz.pack_all((nb, panels, nr), &mut dbp);
         let dw = per_k_block(kern, xa, (&bp, blk_b), fresh, (nb, kb, bk, s))?;
@@ -195,7 +196,7 @@ fn wgrad_gemm<E: Elem>(
         pack_x_t(&mut xt, xa, (kb, s, bk), mr);
         xt
     });
-    let dw = if nb >= FUSED_DZ_BLOCKS_PER_THREAD * threads {
+    let dw = if per_n_block_pays(nb) {
         // One task per N block packs that block's dz into a buffer of its
         // own and runs the GEMMs on it at once, while it is in cache (enough
         // blocks to share out; the packed dz never goes through memory):
@@ -209,7 +210,7 @@ fn wgrad_gemm<E: Elem>(
                 pack_panel(nbi * panels + p, pan, dbp);
             }
         };
-        let gemm = |_: usize, b: &[f32], cb: OutBuf<'_>| match &xt {
+        let gemm = |b: &[f32], cb: OutBuf<'_>| match &xt {
             Some(xt) => kern.run_block(Operand::F32(xt), b, None, cb, kp, None),
             None => cb
                 .chunks(bk * bn)
@@ -371,14 +372,6 @@ const PACK_X_MIN_NB: usize = 4;
 /// K blocks per thread from which `brgemm_wgrad` packs a bf16 `xᵀ` one K
 /// block per task ([`per_k_block`]) instead of all of it first.
 const K_BLOCKS_PER_THREAD: usize = 2;
-
-/// N blocks per thread from which `brgemm_wgrad` packs each block's `dz`
-/// inside that block's GEMM task instead of all blocks first (`xᵀ` packed or
-/// read in place: with f32 `x`, `examples/brgemm_best` `FLUSH=1`, 3 interleaved
-/// pairs, Intel Xeon model 207, 2026-11-30: 1024→1024 14.8-15.1 to 14.6-14.8
-/// ms, 1024→512 7.4-7.6 to 7.3-7.4, 512→256 1.98-2.05 to 1.93-1.98). The
-/// bf16 k-pair path ([`super::wgrad_bf16`]) does the same from as many blocks.
-pub(super) const FUSED_DZ_BLOCKS_PER_THREAD: usize = 2;
 
 /// One packed panel of `dz = g(dy, y)` (`S` rows of `nr`, the first `db.len()`
 /// columns live, from column `j0` of the `[S][bn]` block `dy`, `y`), adding each

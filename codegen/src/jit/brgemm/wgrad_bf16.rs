@@ -23,8 +23,8 @@
 //! [`crate::jit::micro::probe::bf16_dot_pays`]); elsewhere the general path runs.
 
 use super::{
-    PooledBf16, check_cover, mask_into, masked, per_n_block, positive, row_block, run_blocks,
-    with_kernel,
+    PooledBf16, check_cover, mask_into, masked, per_n_block, per_n_block_pays, positive, row_block,
+    run_blocks, with_kernel,
 };
 use crate::jit::buffers::{Fresh, Scratch};
 use crate::jit::gemm::{Elt, GemmSpec, Micro, Operand, OutBuf, pack_b_into};
@@ -209,11 +209,10 @@ pub(super) fn wgrad_gemm(
                 }
             }
         };
-        let threads = rayon::current_num_threads().max(1);
-        if nb >= super::wgrad::FUSED_DZ_BLOCKS_PER_THREAD * threads {
+        if per_n_block_pays(nb) {
             let fresh = Fresh::new(dw_elt, nb * kp * bn);
             check_cover(&kern, &fresh, (nb, kp, bn))?;
-            let gemm = |_: usize, b: &[f32], cb: OutBuf<'_>| {
+            let gemm = |b: &[f32], cb: OutBuf<'_>| {
                 kern.run_block(Operand::BF16(xt16), b, None, cb, kp, None)
             };
             // SAFETY: `check_cover` held: a task's one GEMM over all `Kb·bk`
