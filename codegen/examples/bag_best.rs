@@ -18,6 +18,11 @@
 //! `INDICES=zipf` draws the lookups by `dlrm-run`'s synthetic law (Zipf-like:
 //! about half of them among the first `√rows` ranks, whose rows stay in the
 //! caches) instead of uniformly.
+//! `POOLING=N` sets the lookups per bag (100 by default; dlrm-small and
+//! dlrm-kaggle look up 1);
+//! `HAND_AHEAD=N` the hand loops' distance (8 by default: into L2, 16 to 32
+//! ahead kept more rows in flight than any distance into L1 did on the Zen 4
+//! of stop 66).
 //! (AVX-512 F only: elsewhere it says so and stops).
 
 use dlrm_codegen::jit::JitOptions;
@@ -31,11 +36,32 @@ use std::time::Instant;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const BATCH: usize = 2048;
-const POOLING: usize = 100;
+/// Lookups per bag: `POOLING`, else dlrm-intel-small's 100.
+fn pooling() -> usize {
+    static P: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+        std::env::var("POOLING")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&p| p > 0)
+            .unwrap_or(100)
+    });
+    *P
+}
 /// Tables, used in turn.
 const TABLES: usize = 4;
 /// Lookups ahead whose rows the hand loop prefetches (as the JIT's row kernels).
 const AHEAD: usize = 8;
+
+/// The hand loops' distance: `HAND_AHEAD`, else [`AHEAD`].
+fn ahead() -> usize {
+    static A: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
+        std::env::var("HAND_AHEAD")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(AHEAD)
+    });
+    *A
+}
 /// Bags per task of the hand loop.
 const BAGS_PER_TASK: usize = 16;
 
@@ -58,7 +84,7 @@ fn indices(seed: u64, rows: usize, zipf: bool) -> Vec<i64> {
         a += 2;
     }
     let ln = ((rows + 1) as f64).ln();
-    (0..BATCH * POOLING)
+    (0..BATCH * pooling())
         .map(|_| {
             let h = next();
             if zipf {
@@ -116,9 +142,9 @@ unsafe fn hand_bags<const HINT: i32>(
         for c in (0..d).step_by(64) {
             let n = (d - c).min(64) / 16;
             let mut acc = [_mm512_setzero_ps(); 4];
-            for j in b * POOLING..(b + 1) * POOLING {
-                if j + AHEAD < idx.len() {
-                    let p = row(j + AHEAD);
+            for j in b * pooling()..(b + 1) * pooling() {
+                if j + ahead() < idx.len() {
+                    let p = row(j + ahead());
                     for k in 0..n {
                         // SAFETY: a prefetch never faults.
                         unsafe { _mm_prefetch::<HINT>(p.add(c + 16 * k).cast()) };
@@ -168,7 +194,7 @@ fn main() {
         .collect();
     let idx_t: Vec<Tensor> = idx
         .iter()
-        .map(|v| Tensor::i64(vec![BATCH, POOLING], v.clone()))
+        .map(|v| Tensor::i64(vec![BATCH, pooling()], v.clone()))
         .collect();
     let op = Op::EmbeddingBag {
         mode: Pool::Sum,
@@ -244,9 +270,10 @@ fn main() {
             }
         }
     }
-    let bytes = (BATCH * POOLING * d * 4) as f64;
+    let bytes = (BATCH * pooling() * d * 4) as f64;
     println!(
-        "rows {rows}, d {d}, batch {BATCH}, pooling {POOLING}, {} indices, {samples} samples",
+        "rows {rows}, d {d}, batch {BATCH}, pooling {}, {} indices, {samples} samples",
+        pooling(),
         if zipf { "Zipf-like" } else { "uniform" }
     );
     report(&pools, &mut times, bytes);

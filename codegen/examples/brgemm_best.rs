@@ -74,7 +74,7 @@ fn main() {
         .map(|s| s.parse().expect("numbers: S K N [reps]"))
         .collect();
     let (s, k, n) = (a[0], a[1], a[2]);
-    let reps = a.get(3).copied().unwrap_or(10);
+    let reps = a.get(3).copied().unwrap_or(10).max(1);
     let env = |name: &str| {
         std::env::var(name)
             .ok()
@@ -154,8 +154,8 @@ fn main() {
     let forms = ["PACK", "WIDEN", "PACK_B"].map(|v| env(v).map(|p| p != 0));
     let flops = 2.0 * (s * n * k) as f64;
     let syms = HashMap::new();
-    let mut best = vec![f64::INFINITY; cases.len() * choices.len()];
-    let mut best_cpu = best.clone();
+    let mut times = vec![Vec::with_capacity(reps); cases.len() * choices.len()];
+    let mut best_cpu = vec![f64::INFINITY; times.len()];
     let mut flush = env("FLUSH")
         .filter(|&f| f != 0)
         .map(|_| vec![0u8; 64 << 20]);
@@ -173,8 +173,7 @@ fn main() {
                     .expect("runs");
                 let (dt, dc) = (t0.elapsed().as_secs_f64(), cpu_seconds() - c0);
                 std::hint::black_box(r);
-                let e = &mut best[ci * choices.len() + ki];
-                *e = e.min(dt);
+                times[ci * choices.len() + ki].push(dt);
                 let e = &mut best_cpu[ci * choices.len() + ki];
                 *e = e.min(dc);
             }
@@ -185,7 +184,7 @@ fn main() {
         "S={s} K={k} N={n} bk={bk} bn={bn}, best of {reps}, {} threads",
         rayon::current_num_threads()
     );
-    print_best(&names, &choices, &best, &best_cpu, flops);
+    print_best(&names, &choices, &mut times, &best_cpu, flops);
 }
 
 /// The kernels this CPU has (the bf16 ones for `DTYPE=bf16`), or only `KERNELS`.
@@ -212,23 +211,28 @@ fn kernel_choices(bf16: bool) -> Vec<KernelChoice> {
     choices
 }
 
-/// One line per case and kernel: the best wall and CPU times and their rates.
+/// One line per case and kernel: the best wall time and its rate, the
+/// median wall time (a step runs each op once, so its time is nearer the
+/// median than the best), and the best CPU time and its rate.
 fn print_best(
     names: &[&str],
     choices: &[KernelChoice],
-    best: &[f64],
+    times: &mut [Vec<f64>],
     best_cpu: &[f64],
     flops: f64,
 ) {
     for (ci, name) in names.iter().enumerate() {
         for (ki, kc) in choices.iter().enumerate() {
-            let dt = best[ci * choices.len() + ki];
+            let t = &mut times[ci * choices.len() + ki];
+            t.sort_by(f64::total_cmp);
+            let (dt, med) = (t[0], t[t.len() / 2]);
             let dc = best_cpu[ci * choices.len() + ki];
             println!(
-                "{name:>14} {:>9}: {:8.3} ms {:7.1} GFLOP/s; CPU {:8.3} ms {:7.1} GFLOP/CPU-s",
+                "{name:>14} {:>9}: {:8.3} ms {:7.1} GFLOP/s, median {:8.3} ms; CPU {:8.3} ms {:7.1} GFLOP/CPU-s",
                 kc.name(),
                 dt * 1e3,
                 flops / dt / 1e9,
+                med * 1e3,
                 dc * 1e3,
                 flops / dc / 1e9
             );
