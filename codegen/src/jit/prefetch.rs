@@ -30,28 +30,46 @@ pub(crate) extern "C" fn prefetch_row(p: *const u8, bytes: i64) {
 }
 
 /// Fetches the cache lines of the `bytes` bytes at `p` into L1
-/// (`prefetcht0`), the row prefetch of every row kernel (these Cranelift ones
-/// and the native ones, [`super::rows`]). Into L2 instead (`prefetcht1`) was
-/// measured in stop 38 (2026-11-27, an Intel Xeon, `examples/bag_best`,
-/// interleaved pairs of builds, the native kernels): on uniform lookups the
-/// JIT bag forward rose from 64-78% to 77-93% of the faster hand loop (and
+/// (`prefetcht0`): the row prefetch of every row kernel (these Cranelift ones
+/// and the native ones, [`super::rows`], which also ask for rows further
+/// ahead into L2 only: [`fetch_into`]). Into L2 instead of L1 was measured
+/// in stop 38 (2026-11-27, an Intel Xeon, `examples/bag_best`, interleaved
+/// pairs of builds, the native kernels): on uniform lookups the JIT bag
+/// forward rose from 64-78% to 77-93% of the faster hand loop (and
 /// `examples/update_best`'s f32 update from 5.1-6.1 to 4.5-4.7 ms), but on
 /// `dlrm-run`'s Zipf-like lookups (`INDICES=zipf`), whose hot rows stay in
 /// the caches and then want to be in L1, it fell from 3.5-5.5 to 5.1-5.9 ms
 /// on one thread, and in a dlrm-intel-small training step (`--bench`, 4
 /// interleaved pairs) the bag and the update took 5-7% longer against the
-/// step's GEMMs. Real lookups are skewed, so L1 it is.
+/// step's GEMMs. Real lookups are skewed, so L1 it is, near.
 #[inline(always)]
 pub(crate) fn fetch_lines(p: *const u8, bytes: usize) {
+    fetch_into::<false>(p, bytes);
+}
+
+/// [`fetch_lines`] (`L2` false), or into L2 only (`prefetcht1`): the native
+/// row kernels' far prefetch ([`super::rows::FAR`]). Further ahead into L2 more rows are
+/// in flight than into L1, where a deeper distance gains nothing
+/// (`examples/bag_best`'s hand loops, 2 threads, AMD EPYC Zen 4, 2026-12-01:
+/// 8, 16, 32, 64 rows ahead 16.2, 17.1, 17.1, 16.5 GB/s into L1, 17.2, 21.9,
+/// 20.7, 19.0 into L2).
+#[inline(always)]
+pub(crate) fn fetch_into<const L2: bool>(p: *const u8, bytes: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1, _mm_prefetch};
         let mut a = (p as usize) & !63;
         let end = (p as usize).wrapping_add(bytes);
         while a < end {
             // SAFETY: a prefetch is a hint that never faults and reads nothing
             // the program can observe.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(a as *const i8) };
+            unsafe {
+                if L2 {
+                    _mm_prefetch::<_MM_HINT_T1>(a as *const i8);
+                } else {
+                    _mm_prefetch::<_MM_HINT_T0>(a as *const i8);
+                }
+            }
             a += 64;
         }
     }

@@ -18,7 +18,7 @@ mod imp {
     use super::super::bag::{self, bags_cols};
     use super::super::update::{self, run_cols};
     use super::super::width::Width;
-    use super::super::{BagArgs, R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row};
+    use super::super::{BagArgs, FAR, R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row};
     use std::arch::x86_64::*;
 
     /// Lanes per vector.
@@ -328,7 +328,8 @@ mod imp {
             // `c0 + cols`.
             unsafe {
                 if c0 == 0 {
-                    fetch_run_row(a, ent, e + ahead, n);
+                    fetch_run_row::<true>(a, ent, e + FAR * ahead, n);
+                    fetch_run_row::<false>(a, ent, e + ahead, n);
                 }
                 let r = (*ent.add(e))[0] as usize;
                 for (w, st) in step.iter().enumerate() {

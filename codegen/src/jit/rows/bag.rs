@@ -8,7 +8,7 @@
 
 use super::width::Width;
 use super::{
-    B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_TABLE_Q8, B_WEIGHTED, BagArgs,
+    B_IDX64, B_MEAN, B_OUT_BF16, B_SHARD, B_TABLE_BF16, B_TABLE_Q8, B_WEIGHTED, BagArgs, FAR,
     fetch_bag_row, index_at,
 };
 
@@ -30,7 +30,8 @@ pub(super) const T_Q8: u8 = 2;
 /// Columns `c0..c0+cols` (`NV = ⌈cols/LANES⌉` vectors) of a bag: the rows of
 /// positions `start..end` (of element type `T`) added in order (each product
 /// with a weight rounded, then added: never fused), the mean's division, the
-/// store; the rows `ahead` positions on fetched meanwhile.
+/// store; the rows `ahead` positions on fetched meanwhile, and those
+/// [`FAR`]` · ahead` on into L2.
 ///
 /// # Safety
 /// [`super::BagFn`]'s contract; `c0 + cols <= d`; the CPU has `W`'s features
@@ -58,7 +59,8 @@ pub(super) unsafe fn bag_cols<W: Width, const NV: usize, const T: u8>(
         // unaligned); the last load reads only columns below `c0 + cols <= d`.
         unsafe {
             if c0 == 0 {
-                fetch_bag_row(a, p + ahead);
+                fetch_bag_row::<true>(a, p + FAR * ahead);
+                fetch_bag_row::<false>(a, p + ahead);
             }
             let i = index_at(a.idx, idx64, p);
             if shard && (i.wrapping_sub(a.first) as u64) >= a.span as u64 {
@@ -197,13 +199,17 @@ pub(super) unsafe fn bag<W: Width>(args: *const BagArgs, s0: i64, s1: i64, out: 
         if a.d == 0 || s0 >= s1 {
             return;
         }
-        // The rows of the call's first `ahead` positions: the loops below
-        // fetch each position's row `ahead` positions before it is read, so
-        // without this ramp these rows would each wait a whole miss (at
-        // pooling 1 and 64-byte rows, 32 of a task's 256 lookups).
+        // The rows of the call's first `ahead` positions, then into L2 those
+        // up to `FAR · ahead`: the loops below fetch each position's row
+        // `ahead` positions before it is read (and into L2 `FAR · ahead`
+        // before), so without this ramp these rows would each wait a whole
+        // miss (at pooling 1 and 64-byte rows, 32 of a task's 256 lookups).
         let first = super::bag_range(a, s0).0;
         for q in first..first + a.ahead {
-            fetch_bag_row(a, q);
+            fetch_bag_row::<false>(a, q);
+        }
+        for q in first + a.ahead..first + FAR * a.ahead {
+            fetch_bag_row::<true>(a, q);
         }
         if a.d <= W::LANES * MAXV {
             let (f, cols) = pass(0);

@@ -16,7 +16,8 @@
 //! makes one call, which does all its bags' (all its runs') row work: with
 //! 512-bit (or 256-bit) vectors where Cranelift has 128-bit ones, the
 //! accumulators in registers across the `_mm_prefetch` of the row
-//! [`ahead_for`] positions on (no call in the row loop), and the update's step
+//! [`ahead_for`] positions on (and into L2 [`FAR`] times as far; no call in
+//! the row loop), and the update's step
 //! `lr·g` computed once per run rather than once per row. (A call per bag, as
 //! before stop 53, cost more than the bag's row at pooling 1.) The float operations per element are the
 //! reference's, in its order (a bag's rows added to +0 in index order, then
@@ -46,7 +47,7 @@ mod update;
 mod width;
 
 use super::micro::Feature;
-use super::prefetch::fetch_lines;
+use super::prefetch::fetch_into;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Index positions ahead of the one being read whose rows are fetched.
@@ -59,6 +60,19 @@ pub const AHEAD: usize = 8;
 pub(crate) fn ahead_for(bytes: usize) -> usize {
     (2048 / bytes.max(1)).clamp(AHEAD, 4 * AHEAD)
 }
+
+/// How many times [`BagArgs::ahead`] (or [`RunArgs::ahead`]) positions on a
+/// native row kernel also fetches each row into L2 only
+/// ([`super::prefetch::fetch_into`]), so that a row coming from memory
+/// is on its way long before its L1 fetch: 32 rows of 256 bytes, 128 of 64,
+/// 32 of 512. `dlrm-run --bench`, AMD EPYC Zen 4, 2026-12-01, interleaved:
+/// dlrm-intel-small (pooling 100) inference bags 15.9-16.4 to 11.6-11.8 ms a
+/// step (2, 3, 4, 6 times: 14.4, 13.1, 12.9-13.2, 13.0-13.1), its training
+/// bags 16.3-17.2 to 12.0-12.9 and updates 21.0-21.9 to 18.1-18.5;
+/// dlrm-mlperf training updates 2.66-2.83 to 2.02-2.07 (bf16 3.39-3.48 to
+/// 2.99-3.02); the pooling-1 bags of dlrm-small, dlrm-kaggle and dlrm-mlperf
+/// level.
+pub const FAR: usize = 4;
 
 /// [`BagArgs::flags`]: the indices are i64 (else i32).
 pub const B_IDX64: u32 = 1;
@@ -319,14 +333,14 @@ unsafe fn index_at(idx: *const u8, idx64: bool, p: usize) -> i64 {
 /// # Safety
 /// `a`'s indices hold position `q` when `q < pend`.
 #[inline(always)]
-unsafe fn fetch_bag_row(a: &BagArgs, q: usize) {
+unsafe fn fetch_bag_row<const L2: bool>(a: &BagArgs, q: usize) {
     if (q as i64) < a.pend {
         // SAFETY: position `q < pend` is an index (the caller's contract).
         let i = unsafe { index_at(a.idx, a.flags & B_IDX64 != 0, q) };
         if a.flags & B_SHARD == 0 || (i.wrapping_sub(a.first) as u64) < a.span as u64 {
             let stride = row_stride(a);
             let row = (a.table as usize).wrapping_add(i as usize * stride);
-            fetch_lines(row as *const u8, stride);
+            fetch_into::<L2>(row as *const u8, stride);
         }
     }
 }
@@ -336,7 +350,7 @@ unsafe fn fetch_bag_row(a: &BagArgs, q: usize) {
 /// # Safety
 /// `ent` holds `n` entries.
 #[inline(always)]
-unsafe fn fetch_run_row(a: &RunArgs, ent: *const [i64; 2], q: usize, n: usize) {
+unsafe fn fetch_run_row<const L2: bool>(a: &RunArgs, ent: *const [i64; 2], q: usize, n: usize) {
     if q < n {
         // SAFETY: `q < n` entries.
         let [r, bag] = unsafe { *ent.add(q) };
@@ -345,17 +359,17 @@ unsafe fn fetch_run_row(a: &RunArgs, ent: *const [i64; 2], q: usize, n: usize) {
         // bag or so (the bags whose rows it owns), a sparse walk that the
         // hardware prefetchers do not follow.
         let gs = if a.flags & R_GRAD_BF16 != 0 { 2 } else { 4 };
-        fetch_lines(
+        fetch_into::<L2>(
             (a.grad as usize).wrapping_add(bag as usize * a.d * gs) as *const u8,
             a.d * gs,
         );
         let es = if a.flags & R_SPLIT != 0 { 2 } else { 4 };
-        fetch_lines(
+        fetch_into::<L2>(
             (a.hi as usize).wrapping_add(r * a.d * es) as *const u8,
             a.d * es,
         );
         if a.flags & R_SPLIT != 0 {
-            fetch_lines(
+            fetch_into::<L2>(
                 (a.lo as usize).wrapping_add(r * a.d * 2) as *const u8,
                 a.d * 2,
             );

@@ -9,7 +9,7 @@
 //! ([`Width::own_pass`]: AVX-512's Split-SGD-BF16 one).
 
 use super::width::Width;
-use super::{R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row, run_of};
+use super::{FAR, R_GRAD_BF16, R_MEAN, R_SPLIT, RunArgs, fetch_run_row, run_of};
 
 /// Vectors per pass.
 const MAXV: usize = 8;
@@ -61,7 +61,8 @@ pub(super) unsafe fn run_cols<W: Width, const NV: usize>(
         // limited to `c0 + cols`.
         unsafe {
             if c0 == 0 {
-                fetch_run_row(a, ent, e + ahead, n);
+                fetch_run_row::<true>(a, ent, e + FAR * ahead, n);
+                fetch_run_row::<false>(a, ent, e + ahead, n);
             }
             let r = (*ent.add(e))[0] as usize;
             for (k, st) in step.iter().enumerate() {
@@ -85,11 +86,15 @@ pub(super) unsafe fn run<W: Width>(args: *const RunArgs, ent: *const [i64; 2], n
     unsafe {
         let a = &*args;
         let (mut i, n) = (0, n as usize);
-        // The rows of the first `ahead` entries (the passes fetch each
-        // entry's row `ahead` entries before it is updated): a ramp, so that
-        // they do not each wait a whole miss.
+        // The rows of the first `ahead` entries, then into L2 those up to
+        // `FAR · ahead` (the passes fetch each entry's row `ahead` entries
+        // before it is updated, and into L2 `FAR · ahead` before): a ramp, so
+        // that they do not each wait a whole miss.
         for q in 0..a.ahead {
-            fetch_run_row(a, ent, q, n);
+            fetch_run_row::<false>(a, ent, q, n);
+        }
+        for q in a.ahead..FAR * a.ahead {
+            fetch_run_row::<true>(a, ent, q, n);
         }
         while i < n {
             let (j, s, size) = run_of(a, ent, i, n);
