@@ -143,8 +143,8 @@ unsafe fn hand_bags<const HINT: i32>(
             let n = (d - c).min(64) / 16;
             let mut acc = [_mm512_setzero_ps(); 4];
             for j in b * pooling()..(b + 1) * pooling() {
-                if j + ahead() < idx.len() {
-                    let p = row(j + ahead());
+                if let Some(q) = j.checked_add(ahead()).filter(|&q| q < idx.len()) {
+                    let p = row(q);
                     for k in 0..n {
                         // SAFETY: a prefetch never faults.
                         unsafe { _mm_prefetch::<HINT>(p.add(c + 16 * k).cast()) };
