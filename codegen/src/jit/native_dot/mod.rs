@@ -216,6 +216,24 @@ impl Elem for half::bf16 {
 /// Samples ahead of the one computed whose rows are prefetched.
 const AHEAD: usize = 1;
 
+/// Samples ahead of the one computed whose operand and gradient rows the
+/// backward also fetches into L2 ([`Ahead::with_far`]), where a sample's
+/// f32 operand rows hold at least [`FAR_MIN_BYTES`].
+const FAR: usize = 4;
+
+/// Bytes of a sample's f32 operand rows (`F·D` elements) from which the
+/// backward fetches rows [`FAR`] samples ahead into L2 as well: one sample ahead into
+/// L1 cannot hide a miss to memory across so many streams. `examples/
+/// interaction_best F D 2048`, 2026-12-01, AMD EPYC Zen 4, 2 threads, f32,
+/// interleaved (no far fetch → 4 samples ahead): 27×128 (13.5 KiB a sample,
+/// dlrm-mlperf) 4.23-4.29 → 3.10-3.29 ms, 17×128 2.15-2.51 → 1.42, 27×64
+/// 1.67-2.06 → 1.45-1.71; below this size 9×128 and 27×16 level, 27×32 one
+/// pair each way, 9×64 (dlrm-small, its operands in cache) 0.19-0.20 →
+/// 0.22-0.28 ms. 2 and 8 samples ahead measured as 4 at 27×128. In the
+/// forward the same fetch measured no gain (stop 67; slower on the Intel
+/// Xeon of stop 60).
+const FAR_MIN_BYTES: usize = 6 << 10;
+
 /// The prefetch of a later sample's operand rows, spread over the work of
 /// the current one: a few rows before each of its `steps` pieces of work
 /// ([`Ahead::step`]). All 27 rows asked for at once (216 lines at dlrm-mlperf's
@@ -245,6 +263,9 @@ struct Ahead<'a, E> {
     /// Operands asked for so far, and per step.
     next: usize,
     per: usize,
+    /// The first element of a later sample whose rows (and gradient rows)
+    /// each step also fetches into L2 ([`Ahead::with_far`]).
+    far: Option<usize>,
 }
 
 impl<'a, E> Ahead<'a, E> {
@@ -259,6 +280,18 @@ impl<'a, E> Ahead<'a, E> {
             grad_bytes: d * size_of::<f32>(),
             next: 0,
             per: ops.len().div_ceil(steps.max(1)),
+            far: None,
+        }
+    }
+
+    /// The same, also fetching sample `s`'s rows into L2 (none if `s >=
+    /// end`), each step beside the rows it fetches into L1.
+    #[inline]
+    fn with_far(self, s: usize, end: usize) -> Self {
+        let d = self.bytes / size_of::<E>().max(1);
+        Ahead {
+            far: (s < end).then(|| s * d),
+            ..self
         }
     }
 
@@ -278,6 +311,15 @@ impl<'a, E> Ahead<'a, E> {
         }
         for &g in self.grads.iter().skip(self.next).take(self.per) {
             crate::jit::prefetch::fetch_lines(g.wrapping_add(at) as *const u8, self.grad_bytes);
+        }
+        if let Some(far) = self.far {
+            use crate::jit::prefetch::fetch_into;
+            for &op in self.ops.iter().skip(self.next).take(self.per) {
+                fetch_into::<true>(op.wrapping_add(far) as *const u8, self.bytes);
+            }
+            for &g in self.grads.iter().skip(self.next).take(self.per) {
+                fetch_into::<true>(g.wrapping_add(far) as *const u8, self.grad_bytes);
+            }
         }
         self.next += self.per;
     }
