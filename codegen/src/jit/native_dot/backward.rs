@@ -84,8 +84,9 @@ pub(super) unsafe fn each_sample<E: Elem>(
     for (i, c) in first.iter_mut().enumerate().take(f) {
         *c = dot.col(i, 0);
     }
-    // f32 operands only: bf16 ones (dlrm-mlperf's at `--precision bf16`,
-    // 6.75 KiB a sample) measured 0.10-0.25 ms a step slower with it.
+    // f32 operands only: with bf16 ones (dlrm-mlperf's at `--precision
+    // bf16`, 6.75 KiB a sample) the backward measured 0.10-0.25 ms a step
+    // slower in 3 pairs of steps, level in 4 more.
     let far = size_of::<E>() == 4 && f * d * 4 >= FAR_MIN_BYTES;
     for s in s0..s1 {
         // SAFETY: the caller's contract: row `s` of every operand, of `dr` and
