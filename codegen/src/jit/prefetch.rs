@@ -48,7 +48,8 @@ pub(crate) fn fetch_lines(p: *const u8, bytes: usize) {
 }
 
 /// [`fetch_lines`] (`L2` false), or into L2 only (`prefetcht1`): the native
-/// row kernels' far prefetch ([`super::rows::FAR`]). Further ahead into L2
+/// row kernels' far prefetch ([`super::rows::FAR`]) and the interaction
+/// backward's (`native_dot::FAR`). Further ahead into L2
 /// more rows are in flight than into L1, where a deeper distance gains nothing
 /// (`examples/bag_best`'s hand loops, 2 threads, AMD EPYC Zen 4, 2026-12-01:
 /// 8, 16, 32, 64 rows ahead 16.2, 17.1, 17.1, 16.5 GB/s into L1, 17.2, 21.9,

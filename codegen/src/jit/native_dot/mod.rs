@@ -257,7 +257,8 @@ struct Ahead<'a, E> {
     grads: &'a [*mut f32],
     /// The sample's first element in each operand, `None` past the last one.
     at: Option<usize>,
-    /// Bytes of an operand's row, and of a gradient's.
+    /// Elements of a row, and bytes of an operand's row and of a gradient's.
+    d: usize,
     bytes: usize,
     grad_bytes: usize,
     /// Operands asked for so far, and per step.
@@ -276,6 +277,7 @@ impl<'a, E> Ahead<'a, E> {
             ops,
             grads: &[],
             at: (s < end).then(|| s * d),
+            d,
             bytes: d * size_of::<E>(),
             grad_bytes: d * size_of::<f32>(),
             next: 0,
@@ -288,9 +290,8 @@ impl<'a, E> Ahead<'a, E> {
     /// end`), each step beside the rows it fetches into L1.
     #[inline]
     fn with_far(self, s: usize, end: usize) -> Self {
-        let d = self.bytes / size_of::<E>().max(1);
         Ahead {
-            far: (s < end).then(|| s * d),
+            far: (s < end).then(|| s * self.d),
             ..self
         }
     }
@@ -306,22 +307,24 @@ impl<'a, E> Ahead<'a, E> {
     #[inline(always)]
     fn step(&mut self) {
         let Some(at) = self.at else { return };
-        for &op in self.ops.iter().skip(self.next).take(self.per) {
-            crate::jit::prefetch::fetch_lines(op.wrapping_add(at) as *const u8, self.bytes);
-        }
-        for &g in self.grads.iter().skip(self.next).take(self.per) {
-            crate::jit::prefetch::fetch_lines(g.wrapping_add(at) as *const u8, self.grad_bytes);
-        }
+        self.fetch::<false>(at);
         if let Some(far) = self.far {
-            use crate::jit::prefetch::fetch_into;
-            for &op in self.ops.iter().skip(self.next).take(self.per) {
-                fetch_into::<true>(op.wrapping_add(far) as *const u8, self.bytes);
-            }
-            for &g in self.grads.iter().skip(self.next).take(self.per) {
-                fetch_into::<true>(g.wrapping_add(far) as *const u8, self.grad_bytes);
-            }
+            self.fetch::<true>(far);
         }
         self.next += self.per;
+    }
+
+    /// This step's operand and gradient rows from element `at` on, into L1
+    /// (or with `L2`, into L2 only: [`crate::jit::prefetch::fetch_into`]).
+    #[inline(always)]
+    fn fetch<const L2: bool>(&self, at: usize) {
+        use crate::jit::prefetch::fetch_into;
+        for &op in self.ops.iter().skip(self.next).take(self.per) {
+            fetch_into::<L2>(op.wrapping_add(at) as *const u8, self.bytes);
+        }
+        for &g in self.grads.iter().skip(self.next).take(self.per) {
+            fetch_into::<L2>(g.wrapping_add(at) as *const u8, self.grad_bytes);
+        }
     }
 }
 
