@@ -12,7 +12,10 @@
 //! rounds, and the rate at which a kernel taking that long would run; a kernel
 //! near 100% of it is bound by memory, not by its FMAs (the backward at 27×128
 //! reads 27 operands and writes 27 gradients of the same size: about 6.5 flops
-//! a byte).
+//! a byte). A third case, `blocked`, is the forward as the plans run it:
+//! `interaction_blocked`, its rows written into the next layer's column
+//! blocks of `BK` (64 by default; dlrm-mlperf's plans block its 479 columns
+//! by 160).
 //!
 //! `cargo run --release -p dlrm-codegen --example interaction_best -- [F D S reps]`
 //! (default 9 64 2048 30: dlrm-small's interaction).
@@ -87,6 +90,7 @@ fn main() {
     let flops = [
         2.0 * (s * d * pairs) as f64,
         2.0 * (s * d * f * partners) as f64,
+        2.0 * (s * d * pairs) as f64,
     ];
     let fwd = Op::Interaction {
         kind,
@@ -95,18 +99,29 @@ fn main() {
     let fwd_ins: Vec<&Tensor> = ops.iter().collect();
     let choices = kernel_choices();
     let syms = HashMap::new();
-    let cases: [(&str, &Op, &[&Tensor], Vec<TensorType>); 2] = [
+    // The forward as the plans run it (`interaction_blocked`, its rows
+    // written into the next layer's column blocks of `BK`, 64 by default).
+    let bk: usize = std::env::var("BK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let kb = width.div_ceil(bk);
+    let blocked = dlrm_ir::ops::interaction_blocked::op(self_interaction, bk, dlrm_ir::DType::F32);
+    let blocked_ty = TensorType::f32([Dim::Fixed(kb), Dim::Fixed(s), Dim::Fixed(bk)]);
+    let cases: [(&str, &Op, &[&Tensor], Vec<TensorType>); 3] = [
         ("forward", &fwd, &fwd_ins, vec![ty(width)]),
         ("backward", &bwd, &bwd_ins, bwd_tys),
+        ("blocked", &blocked, &fwd_ins, vec![blocked_ty]),
     ];
     let mut best = vec![f64::INFINITY; cases.len() * choices.len()];
     let mut peak = 0f64;
     // Each direction's inputs (as slices) and result lengths.
-    let traffic: [(Vec<&[f32]>, Vec<usize>); 2] = [
+    let traffic: [(Vec<&[f32]>, Vec<usize>); 3] = [
         (slices(&fwd_ins), vec![s * width]),
         (slices(&bwd_ins), vec![s * d; f]),
+        (slices(&fwd_ins), vec![kb * s * bk]),
     ];
-    let mut mem = [f64::INFINITY; 2];
+    let mut mem = [f64::INFINITY; 3];
     for _ in 0..reps {
         peak = peak.max(fma_peak());
         for (m, (ins, outs)) in mem.iter_mut().zip(&traffic) {
@@ -133,7 +148,20 @@ fn main() {
         "F={f} D={d} S={s}, best of {reps}, {} threads; FMA peak {peak:.1} GFLOP/s",
         rayon::current_num_threads()
     );
-    for (ci, (name, ..)) in cases.iter().enumerate() {
+    let names: Vec<&str> = cases.iter().map(|c| c.0).collect();
+    report(&names, &choices, (&flops, &mem, &best), peak);
+}
+
+/// One line per case: its memory time and the rate a kernel taking that long
+/// would run at; then one per kernel choice: its best time, GFLOP/s, share of
+/// the FMA peak and of the memory rate (`best[case · choices + choice]`).
+fn report(
+    names: &[&str],
+    choices: &[KernelChoice],
+    (flops, mem, best): (&[f64], &[f64], &[f64]),
+    peak: f64,
+) {
+    for (ci, name) in names.iter().enumerate() {
         let bound = flops[ci] / mem[ci] / 1e9;
         println!(
             "{name:>9}    memory: {:7.3} ms for its reads and writes alone: {bound:6.1} GFLOP/s, \
