@@ -35,7 +35,11 @@ pub unsafe fn forward<E: Elem>(dot: Dot, ops: &[*const E], out: *mut f32, s0: us
     // SAFETY: forwarded; `block_dots` wants what this function has.
     unsafe {
         each_sample(dot, ops, out, (s0, s1), |rows, ij, orow| {
-            block_dots(dot, rows, ij, orow)
+            if ij.0 == ij.1 {
+                block_dots::<E, true>(dot, rows, ij, orow)
+            } else {
+                block_dots::<E, false>(dot, rows, ij, orow)
+            }
         })
     }
 }
@@ -131,7 +135,11 @@ pub unsafe fn forward_widened(
             for i0 in (0..f).step_by(BLK) {
                 for j0 in (0..=i0).step_by(BLK) {
                     ahead.step();
-                    block_dots::<f32>(dot, &rows, (i0, j0), orow);
+                    if i0 == j0 {
+                        block_dots::<f32, true>(dot, &rows, (i0, j0), orow);
+                    } else {
+                        block_dots::<f32, false>(dot, &rows, (i0, j0), orow);
+                    }
                 }
             }
         }
@@ -195,14 +203,22 @@ fn forward_blocks(f: usize) -> usize {
 const BLK: usize = 4;
 
 /// The kept pairs among operands `i0..i0 + 4` (those below `f`) and partners
-/// `j0..j0 + 4` of one sample, into its result row `orow`.
+/// `j0..j0 + 4` of one sample, into its result row `orow`. On the diagonal
+/// (`DIAG`, `j0 == i0`) only the pairs `j <= i`, the partners' rows being the
+/// operands' own (loaded once): 10 FMAs and 4 loads a column step, not 16
+/// and 8, the same products in the same order. One function per form, called
+/// by the loop over blocks (one function holding both, its accumulators went
+/// through the stack before the lane sums and the forward ran 7-20% slower):
+/// `examples/interaction_best 27 128 2048`, 2026-12-01, AMD EPYC Zen 4, 2
+/// threads, 4 interleaved pairs, 1.57-1.62 → 1.52-1.54 ms (blocked 1.69-1.74
+/// → 1.63-1.67), 9×64 0.19-0.24 → 0.17-0.19.
 ///
 /// # Safety
 /// `rows[..f + BLK]` hold `d` f32 each; `orow` holds the sample's `width`
 /// result columns; AVX-512 F and VL.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn block_dots<E: Elem>(
+unsafe fn block_dots<E: Elem, const DIAG: bool>(
     dot: Dot,
     rows: &[*const E],
     (i0, j0): (usize, usize),
@@ -219,31 +235,33 @@ unsafe fn block_dots<E: Elem>(
             std::array::from_fn(|q| rows[j0 + q]),
         );
         let mut fma = |a: [__m512; BLK], b: [__m512; BLK]| {
-            for (ar, &av) in acc.iter_mut().zip(&a) {
-                for (x, &bv) in ar.iter_mut().zip(&b) {
-                    *x = _mm512_fmadd_ps(av, bv, *x);
+            for (r, (ar, &av)) in acc.iter_mut().zip(&a).enumerate() {
+                for (q, (x, &bv)) in ar.iter_mut().zip(&b).enumerate() {
+                    if !DIAG || q <= r {
+                        *x = _mm512_fmadd_ps(av, bv, *x);
+                    }
                 }
             }
         };
-        // Whole vectors by plain loads, a ragged last one masked: a masked
-        // load in every step, with its mask computed per step, made the
-        // forward 15-20% slower (`examples/interaction_best 27 128 2048`,
-        // Intel Xeon model 207, 2 threads, interleaved: 1.60-1.72 to
-        // 1.38-1.47 ms; dlrm-mlperf's in a `--bench` inference step 1.99-2.09
-        // to 1.70-1.76 ms).
         let whole = d / 16 * 16;
         for c in (0..whole).step_by(16) {
-            fma(
-                std::array::from_fn(|r| E::load16_all(ra[r].add(c))),
-                std::array::from_fn(|q| E::load16_all(rb[q].add(c))),
-            );
+            let a: [__m512; BLK] = std::array::from_fn(|r| E::load16_all(ra[r].add(c)));
+            let b = if DIAG {
+                a
+            } else {
+                std::array::from_fn(|q| E::load16_all(rb[q].add(c)))
+            };
+            fma(a, b);
         }
         if whole < d {
             let m = mask(whole, d);
-            fma(
-                std::array::from_fn(|r| E::load16(ra[r].add(whole), m)),
-                std::array::from_fn(|q| E::load16(rb[q].add(whole), m)),
-            );
+            let a: [__m512; BLK] = std::array::from_fn(|r| E::load16(ra[r].add(whole), m));
+            let b = if DIAG {
+                a
+            } else {
+                std::array::from_fn(|q| E::load16(rb[q].add(whole), m))
+            };
+            fma(a, b);
         }
         store_block(dot, &acc, (i0, j0), orow);
     }
