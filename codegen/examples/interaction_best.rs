@@ -104,6 +104,7 @@ fn main() {
     let bk: usize = std::env::var("BK")
         .ok()
         .and_then(|v| v.parse().ok())
+        .filter(|&b| b > 0)
         .unwrap_or(64);
     let kb = width.div_ceil(bk);
     let blocked = dlrm_ir::ops::interaction_blocked::op(self_interaction, bk, dlrm_ir::DType::F32);

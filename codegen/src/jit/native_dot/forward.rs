@@ -243,6 +243,12 @@ unsafe fn block_dots<E: Elem, const DIAG: bool>(
                 }
             }
         };
+        // Whole vectors by plain loads, a ragged last one masked: a masked
+        // load in every step, with its mask computed per step, made the
+        // forward 15-20% slower (`examples/interaction_best 27 128 2048`,
+        // Intel Xeon model 207, 2 threads, interleaved: 1.60-1.72 to
+        // 1.38-1.47 ms; dlrm-mlperf's in a `--bench` inference step 1.99-2.09
+        // to 1.70-1.76 ms).
         let whole = d / 16 * 16;
         for c in (0..whole).step_by(16) {
             let a: [__m512; BLK] = std::array::from_fn(|r| E::load16_all(ra[r].add(c)));
