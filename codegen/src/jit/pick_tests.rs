@@ -79,6 +79,37 @@ fn a_chunked_candidate_needs_the_margin_over_its_unchunked_twin() {
     assert_eq!(super::race::race_winner(&[]), None);
 }
 
+/// An AVX2 (or Cranelift) candidate wins over a timed AVX-512 one only by
+/// [`super::race::NARROW_MARGIN`]; among narrow kernels alone the fastest
+/// wins as it is.
+#[test]
+fn a_narrower_kernel_needs_the_margin_over_the_avx512_one() {
+    let wide = GemmSpec {
+        micro: Micro::Native512,
+        ..GemmSpec::new(48, 64, 256, Elt::F32, Elt::F32)
+    };
+    let avx2 = GemmSpec {
+        micro: Micro::Native,
+        ..wide
+    };
+    let clif = GemmSpec {
+        micro: Micro::Cranelift,
+        ..wide
+    };
+    let near = 1.0 / (super::race::NARROW_MARGIN - 0.01);
+    let far = 1.0 / (super::race::NARROW_MARGIN + 0.01);
+    let pick = |t: &[(GemmSpec, f64)]| super::race::race_winner(t).expect("a winner");
+    assert_eq!(pick(&[(wide, 1.0), (avx2, near)]), wide);
+    assert_eq!(pick(&[(avx2, near), (wide, 1.0)]), wide);
+    assert_eq!(pick(&[(wide, 1.0), (avx2, far)]), avx2);
+    assert_eq!(pick(&[(wide, 1.0), (clif, near)]), wide);
+    assert_eq!(pick(&[(avx2, 1.0), (clif, 0.99)]), clif);
+    // With chunks too: both margins count.
+    let chunked = GemmSpec { kc: 128, ..avx2 };
+    let both = 1.0 / (super::race::NARROW_MARGIN * super::race::CHUNK_MARGIN - 0.01);
+    assert_eq!(pick(&[(wide, 1.0), (avx2, 2.0), (chunked, both)]), wide);
+}
+
 /// Through the race itself: a chunked variant twice as fast as its twin (by
 /// the trial's sleeps) is picked, and one as fast as its twin is not.
 #[test]

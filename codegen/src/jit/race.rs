@@ -37,15 +37,34 @@ pub(super) const RETRY: f64 = 4.0;
 /// this margin.
 pub(super) const CHUNK_MARGIN: f64 = 1.05;
 
+/// How much faster than the AVX-512 candidates a narrower one (the AVX2 or
+/// the Cranelift kernel) must be in [`Jit::pick_variant`]'s race to be
+/// chosen where the AVX-512 kernel was timed too. On an AMD EPYC Zen 4
+/// (512-bit operations on 256-bit units) the AVX2 kernel comes within
+/// 4-30% of the AVX-512 one (`DLRM_JIT_RACE_LOG`, dlrm-mlperf training:
+/// k = 256 0.664 against 0.633 ms, k = 512 2.83 against 2.55, k = 13 0.26
+/// against 0.20), close enough for a busy moment of this VM to hand it a
+/// shape: 2 of 16 runs (dlrm-mlperf training, dlrm-small inference) gave
+/// one shape to the AVX2 kernel, and in one training run profiled
+/// (`perf record`) its tile took 7.2% of the step's cycles. No timed shape
+/// has had the AVX2 kernel truly faster on an AVX-512 CPU.
+pub(super) const NARROW_MARGIN: f64 = 1.05;
+
 /// The race's winner among `timed` (candidate, best time): the fastest, a
 /// chunked candidate ([`gemm::GemmSpec::kc`]) counted [`CHUNK_MARGIN`] times
 /// slower than timed when its unchunked twin was timed too (so it wins only
-/// by that margin over its twin). `None` if empty.
+/// by that margin over its twin), and a narrower kernel's
+/// [`NARROW_MARGIN`] times slower when an AVX-512 one was timed. `None` if
+/// empty.
 pub(super) fn race_winner(timed: &[(gemm::GemmSpec, f64)]) -> Option<gemm::GemmSpec> {
+    use gemm::Micro;
+    let wide = timed.iter().any(|(c, _)| c.micro == Micro::Native512);
     let counted = |&(c, t): &(gemm::GemmSpec, f64)| {
         let plain = gemm::GemmSpec { kc: 0, ..c };
         let twin = c.kc > 0 && timed.iter().any(|(p, _)| *p == plain);
-        (c, if twin { t * CHUNK_MARGIN } else { t })
+        let narrow = wide && matches!(c.micro, Micro::Native | Micro::Cranelift);
+        let t = if twin { t * CHUNK_MARGIN } else { t };
+        (c, if narrow { t * NARROW_MARGIN } else { t })
     };
     timed
         .iter()
