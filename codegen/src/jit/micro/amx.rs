@@ -304,7 +304,7 @@ unsafe fn tile(t: &TileArgs) {
                 _mm512_load_ps(cp.add(r * NR + 16)),
             ]];
             let c = c.add(r * ldc * esize);
-            super::avx512::finish::<1, 2>(row, c, ldc, nr, (t.bias, t.mask), flags);
+            super::avx512::finish::<1, 2, false>(row, c, ldc, nr, (t.bias, t.mask), flags);
         }
     }
 }

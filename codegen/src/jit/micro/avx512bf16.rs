@@ -223,7 +223,7 @@ unsafe fn stage<const R: usize>(
 /// # Safety
 /// [`ukernel`]'s contract with `mr = R` and `fits(k, 1, kb)`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")]
 unsafe fn tile<const R: usize, const W: usize>(t: &TileArgs) {
     let TileArgs {
         a,
@@ -339,6 +339,6 @@ unsafe fn tile<const R: usize, const W: usize>(t: &TileArgs) {
             kk += len;
             pa = pa.wrapping_add(a_blk * 2);
         }
-        super::avx512::finish::<R, W>(acc, c, ldc, nr, (bias, t.mask), flags);
+        super::avx512::finish::<R, W, true>(acc, c, ldc, nr, (bias, t.mask), flags);
     }
 }

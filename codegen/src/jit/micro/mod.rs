@@ -187,6 +187,8 @@ pub enum Feature {
     Avx512Bw,
     /// x86-64 AVX-512 Vector Length.
     Avx512Vl,
+    /// x86-64 AVX-512 Doubleword and Quadword (`vfpclassps`).
+    Avx512Dq,
     /// x86-64 AVX-512 BF16 (`vdpbf16ps`).
     Avx512Bf16,
     /// x86-64 AMX-TILE (the tile registers), with the OS's tile state
@@ -206,6 +208,7 @@ impl Feature {
             Feature::Avx512F => "avx512f",
             Feature::Avx512Bw => "avx512bw",
             Feature::Avx512Vl => "avx512vl",
+            Feature::Avx512Dq => "avx512dq",
             Feature::Avx512Bf16 => "avx512bf16",
             Feature::AmxTile => "amx-tile",
             Feature::AmxBf16 => "amx-bf16",
@@ -223,6 +226,7 @@ impl Feature {
                 Feature::Avx512F => std::is_x86_feature_detected!("avx512f"),
                 Feature::Avx512Bw => std::is_x86_feature_detected!("avx512bw"),
                 Feature::Avx512Vl => std::is_x86_feature_detected!("avx512vl"),
+                Feature::Avx512Dq => std::is_x86_feature_detected!("avx512dq"),
                 Feature::Avx512Bf16 => std::is_x86_feature_detected!("avx512bf16"),
                 Feature::AmxTile => amx::tile_state_ready().0,
                 Feature::AmxBf16 => amx::tile_state_ready().1,
@@ -354,6 +358,7 @@ pub static AVX512_BF16: MicroKernel = MicroKernel {
         Feature::Avx512F,
         Feature::Avx512Bw,
         Feature::Avx512Vl,
+        Feature::Avx512Dq,
         Feature::Avx512Bf16,
     ],
     entry: avx512bf16::ukernel,
