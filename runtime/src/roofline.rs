@@ -108,6 +108,39 @@ pub struct Roofline {
     /// The whole step as one mix of work under one roof (a looser bound: the
     /// memory-bound classes' bytes blended into the GEMMs' intensity).
     pub step_one_roof: Row,
+    /// Why the fractions may read high ([`probe_warning`]); empty when
+    /// nothing was seen.
+    pub warnings: Vec<String>,
+}
+
+/// How far above the measured FMA peak a node's f32 products must run before
+/// the report says the peak was probed low: the flops counted include each
+/// GEMM's epilogue (a bias add and an activation an output) beside its FMAs,
+/// a few percent of a narrow layer's.
+const ABOVE_PEAK: f64 = 1.05;
+
+/// A warning when a node whose flops are all f32 products ran faster than the
+/// FMA peak measured (by [`ABOVE_PEAK`]), which no kernel can: the peak was
+/// probed while the machine ran slower than during the steps (a VM's speed
+/// drifts by up to 2x, in phases of seconds that can cover both probes), so
+/// the report's compute bounds are low and its fractions high. The fastest
+/// such node is named. Memory-bound work above its bound is not flagged: its
+/// operands were served from cache (module docs).
+fn probe_warning(op_times: &[OpTime], m: &Machine) -> Option<String> {
+    let fastest = op_times
+        .iter()
+        .filter(|t| t.seconds > 0.0 && t.flops > 0.0 && t.bf16_flops == 0.0)
+        .max_by(|a, b| (a.flops / a.seconds).total_cmp(&(b.flops / b.seconds)))?;
+    let rate = fastest.flops / fastest.seconds / 1e9;
+    (m.peak_gflops > 0.0 && rate > ABOVE_PEAK * m.peak_gflops).then(|| {
+        format!(
+            "`{}` ran its f32 products at {rate:.1} GFLOP/s, above the FMA peak measured \
+             ({:.1}): the peak was probed while this machine ran slower than during the \
+             steps, so the fractions read high",
+            fastest.node.as_deref().unwrap_or(&fastest.op),
+            m.peak_gflops
+        )
+    })
 }
 
 /// The class of an op mnemonic: GEMMs by product (forward, dgrad, wgrad), the
@@ -249,6 +282,7 @@ pub fn roofline(op_times: &[OpTime], steps: u64, m: Machine) -> Roofline {
         step: step_row(&classes, &one_roof),
         step_one_roof: one_roof,
         classes,
+        warnings: probe_warning(op_times, &m).into_iter().collect(),
     }
 }
 
@@ -287,6 +321,9 @@ impl Roofline {
                 if unit == "GB/s" { "GB" } else { "GF" },
                 100.0 * r.fraction
             ));
+        }
+        for w in &self.warnings {
+            s.push_str(&format!("warning: {w}\n"));
         }
         s
     }
@@ -618,6 +655,40 @@ mod tests {
         };
         let blended = roofline(&[kind], 1, m);
         assert!((blended.step.least_ms - 810.0).abs() < 1e-9);
+    }
+
+    /// A node of f32 products faster than the measured FMA peak means the
+    /// peak was probed in a slow moment: the report says so and names it;
+    /// at the peak (within the epilogue's margin), or in bf16 products (an
+    /// AMX CPU passes the measured bf16 peak), or memory-bound work above its
+    /// bandwidth (served from cache), it says nothing.
+    #[test]
+    fn a_node_above_the_fma_peak_flags_the_probe() {
+        let m = Machine {
+            peak_gflops: 100.0,
+            bandwidth_gbps: 10.0,
+            threads: 2,
+            isa: "avx512",
+            bf16_peak_gflops: 200.0,
+        };
+        let named = |name: &str, t: OpTime| OpTime {
+            node: Some(name.into()),
+            ..t
+        };
+        let at_peak = named("top.0.blk", op("brgemm", 1.0, 104e9, 1e9));
+        let cached = op("embedding_bag", 1.0, 0.0, 30e9);
+        let mut amx = op("brgemm", 1.0, 300e9, 1e9);
+        amx.bf16_flops = 300e9;
+        assert!(
+            roofline(&[at_peak.clone(), cached, amx], 1, m)
+                .warnings
+                .is_empty()
+        );
+        let fast = named("top.1.blk", op("brgemm_wgrad", 1.0, 131e9, 1e9));
+        let r = roofline(&[at_peak, fast], 1, m);
+        assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+        assert!(r.warnings[0].contains("`top.1.blk`") && r.warnings[0].contains("131.0"));
+        assert!(r.table().contains("warning: `top.1.blk`"), "{}", r.table());
     }
 
     /// Products on bf16 operands are bounded by the bf16 peak, the rest of a
