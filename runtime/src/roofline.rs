@@ -129,9 +129,9 @@ const ABOVE_PEAK: f64 = 1.05;
 fn probe_warning(op_times: &[OpTime], m: &Machine) -> Option<String> {
     let fastest = op_times
         .iter()
-        .filter(|t| t.seconds > 0.0 && t.flops > 0.0 && t.bf16_flops == 0.0)
-        .max_by(|a, b| (a.flops / a.seconds).total_cmp(&(b.flops / b.seconds)))?;
-    let rate = fastest.flops / fastest.seconds / 1e9;
+        .filter(|t| t.bf16_flops == 0.0)
+        .max_by(|a, b| a.gflops().total_cmp(&b.gflops()))?;
+    let rate = fastest.gflops();
     (m.peak_gflops > 0.0 && rate > ABOVE_PEAK * m.peak_gflops).then(|| {
         format!(
             "`{}` ran its f32 products at {rate:.1} GFLOP/s, above the FMA peak measured \
